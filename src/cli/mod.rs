@@ -1,0 +1,174 @@
+//! The command line: `serve`, `migrate`, `quickstart`, the local operator
+//! commands and `mcp-config`. Thin like the tools: parse, call one library
+//! function, print. Listings print a table, or JSON with `--json`.
+
+mod operator;
+mod output;
+mod serve;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::db::Database;
+use crate::db::embedded::{EmbeddedPostgres, Role};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "ai-crew-sync",
+    version,
+    about = "A self-hosted coordination bus for teams of AI coding agents (MCP over HTTP).",
+    long_about = "A self-hosted coordination bus for teams of AI coding agents.\n\n\
+                  Agents connect over MCP (Streamable HTTP, bearer tokens) to `serve`. Without \
+                  DATABASE_URL every command uses a private PostgreSQL kept in --data-dir, \
+                  started from the system's PostgreSQL server binaries."
+)]
+pub struct Cli {
+    /// PostgreSQL to use. Without it, the embedded cluster in --data-dir is used.
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    database_url: Option<String>,
+
+    /// Where the embedded PostgreSQL keeps its data [default: $XDG_DATA_HOME/ai-crew-sync].
+    #[arg(long, env = "BUS_DATA_DIR", global = true)]
+    data_dir: Option<PathBuf>,
+
+    /// Log format on stderr (levels from RUST_LOG).
+    #[arg(
+        long,
+        value_enum,
+        env = "BUS_LOG_FORMAT",
+        default_value = "text",
+        global = true
+    )]
+    log_format: LogFormat,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the server: MCP at POST /mcp, health at GET /health.
+    Serve(serve::ServeArgs),
+    /// Apply database migrations, then exit.
+    Migrate,
+    /// Create a team and an agent (reusing existing ones), print a token and an MCP client config.
+    Quickstart(operator::QuickstartArgs),
+    /// Manage teams.
+    #[command(subcommand)]
+    Team(operator::TeamCommand),
+    /// Manage agents of a team.
+    #[command(subcommand)]
+    Agent(operator::AgentCommand),
+    /// Manage agent tokens.
+    #[command(subcommand)]
+    Token(operator::TokenCommand),
+    /// Print the MCP client config block for a URL and token.
+    McpConfig(operator::McpConfigArgs),
+}
+
+/// Parse the command line and run it. Errors print on stderr and exit 1.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format, matches!(cli.command, Command::Serve(_)));
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("error: could not start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let ctx = Context {
+        database_url: cli.database_url,
+        data_dir: cli
+            .data_dir
+            .unwrap_or_else(EmbeddedPostgres::default_data_dir),
+    };
+    match cli.command {
+        Command::Serve(args) => serve::run(&ctx, args).await,
+        Command::Migrate => {
+            let db = ctx.open_database(Role::Command).await?;
+            let result = db.migrate().await;
+            let location = db.location.clone();
+            db.close().await;
+            result?;
+            println!("migrations applied ({location})");
+            Ok(())
+        }
+        Command::Quickstart(args) => operator::quickstart(&ctx, args).await,
+        Command::Team(cmd) => operator::team(&ctx, cmd).await,
+        Command::Agent(cmd) => operator::agent(&ctx, cmd).await,
+        Command::Token(cmd) => operator::token(&ctx, cmd).await,
+        Command::McpConfig(args) => {
+            operator::print_mcp_config(&args.url, &args.token, args.session.as_deref());
+            Ok(())
+        }
+    }
+}
+
+/// What every command that touches the database needs.
+pub(crate) struct Context {
+    database_url: Option<String>,
+    data_dir: PathBuf,
+}
+
+impl Context {
+    pub(crate) async fn open_database(&self, role: Role) -> anyhow::Result<Database> {
+        let max_connections = if role == Role::Server { 32 } else { 4 };
+        Ok(Database::open(
+            self.database_url.as_deref(),
+            &self.data_dir,
+            role,
+            max_connections,
+        )
+        .await?)
+    }
+
+    /// Open, migrate (so a fresh embedded database works for any command), run, close.
+    pub(crate) async fn with_database<T>(
+        &self,
+        work: impl AsyncFnOnce(&sqlx::PgPool) -> anyhow::Result<T>,
+    ) -> anyhow::Result<T> {
+        let db = self.open_database(Role::Command).await?;
+        let result = match db.migrate().await {
+            Ok(()) => work(&db.pool).await,
+            Err(err) => Err(err.into()),
+        };
+        db.close().await;
+        result
+    }
+}
+
+fn init_logging(format: LogFormat, serving: bool) {
+    use tracing_subscriber::EnvFilter;
+    let default = if serving {
+        "info,sqlx=warn,rmcp=warn"
+    } else {
+        "warn"
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}

@@ -1,0 +1,125 @@
+//! `ai-crew-sync serve`: open (or start) the database, migrate, serve HTTP
+//! until SIGINT/SIGTERM, then drain in-flight requests within a bound and stop
+//! the embedded database if this process owns it.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+
+use super::Context;
+use crate::config::{self, HttpSettings};
+use crate::db::embedded::Role;
+use crate::http;
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "BUS_BIND", default_value = "127.0.0.1:8787")]
+    bind: SocketAddr,
+    /// Host names clients may use in the Host header (comma-separated; `*` allows any).
+    /// Default: localhost, 127.0.0.1, ::1.
+    #[arg(long, env = "BUS_ALLOWED_HOSTS", value_delimiter = ',')]
+    allowed_hosts: Vec<String>,
+    /// Browser origins allowed to call /mcp (comma-separated, with scheme). Default: no Origin check.
+    #[arg(long, env = "BUS_ALLOWED_ORIGINS", value_delimiter = ',')]
+    allowed_origins: Vec<String>,
+    /// Largest request body accepted, in bytes.
+    #[arg(long, env = "BUS_MAX_REQUEST_BYTES", default_value_t = config::DEFAULT_MAX_REQUEST_BYTES)]
+    max_request_bytes: usize,
+    /// Requests per token per minute in this process (0 = no limit).
+    #[arg(long, env = "BUS_RATE_LIMIT_PER_MINUTE", default_value_t = config::DEFAULT_RATE_LIMIT_PER_MINUTE)]
+    rate_limit_per_minute: u32,
+    /// Apply database migrations on start.
+    #[arg(long, env = "BUS_AUTO_MIGRATE", default_value_t = true, action = clap::ArgAction::Set)]
+    auto_migrate: bool,
+    /// Seconds to let in-flight requests finish after SIGINT/SIGTERM.
+    #[arg(long, env = "BUS_SHUTDOWN_GRACE_SECS", default_value_t = 10)]
+    shutdown_grace_secs: u64,
+}
+
+pub async fn run(ctx: &Context, args: ServeArgs) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(args.bind)
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "cannot listen on {}: {e}. Pick another address with --bind.",
+                args.bind
+            )
+        })?;
+    let local = listener.local_addr()?;
+
+    let shutdown = CancellationToken::new();
+    spawn_signal_handler(shutdown.clone());
+
+    let db = ctx.open_database(Role::Server).await?;
+    eprintln!("database: {}", db.location);
+    let result = serve_on(&db, listener, local, &args, shutdown).await;
+    db.close().await;
+    eprintln!("stopped");
+    result
+}
+
+async fn serve_on(
+    db: &crate::db::Database,
+    listener: tokio::net::TcpListener,
+    local: SocketAddr,
+    args: &ServeArgs,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    if args.auto_migrate {
+        db.migrate().await?;
+    }
+    let teams: i64 = sqlx::query_scalar("SELECT count(*) FROM teams")
+        .fetch_one(&db.pool)
+        .await?;
+    if teams == 0 {
+        eprintln!(
+            "no teams yet. Create one and an agent with a token:\n  ai-crew-sync quickstart --team my-team --agent my-agent\n\
+             or step by step:\n  ai-crew-sync team create --slug my-team --name 'My team'\n  ai-crew-sync agent add --team my-team --name my-agent"
+        );
+    }
+    let mut allowed_hosts = args.allowed_hosts.clone();
+    allowed_hosts.retain(|h| !h.trim().is_empty());
+    if allowed_hosts.is_empty() {
+        allowed_hosts = config::default_allowed_hosts();
+        if local.ip().is_unspecified() {
+            tracing::warn!(
+                "listening on all interfaces with only loopback Host names allowed; set --allowed-hosts to the names clients use"
+            );
+        }
+    }
+    let settings = HttpSettings {
+        allowed_hosts,
+        allowed_origins: args.allowed_origins.clone(),
+        max_request_bytes: args.max_request_bytes,
+        rate_limit_per_minute: args.rate_limit_per_minute,
+        shutdown_grace: Duration::from_secs(args.shutdown_grace_secs),
+    };
+    let grace = settings.shutdown_grace;
+    let app = http::router(db.pool.clone(), settings, shutdown.clone());
+    eprintln!(
+        "listening on http://{local} (MCP: POST http://{local}/mcp, health: GET http://{local}/health)"
+    );
+    http::serve(listener, app, shutdown, grace).await?;
+    Ok(())
+}
+
+fn spawn_signal_handler(shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            tracing::error!("could not install signal handlers; stop the server with SIGKILL");
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => eprintln!("SIGTERM: stopping (finishing in-flight requests)"),
+            _ = int.recv() => eprintln!("SIGINT: stopping (finishing in-flight requests)"),
+        }
+        shutdown.cancel();
+    });
+}

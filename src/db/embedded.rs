@@ -1,0 +1,454 @@
+//! The embedded default: a private PostgreSQL cluster in the bus's data directory.
+//!
+//! With no `DATABASE_URL`, every command that needs the database uses one
+//! cluster under `--data-dir`, started from the system's server binaries:
+//!
+//! ```text
+//! <data-dir>/pgdata/        the cluster (initdb on first use, reused afterwards)
+//! <data-dir>/pgrun/         its Unix socket, its log, and who owns the process
+//! <data-dir>/embedded.lock  held briefly while starting, adopting or stopping
+//! ```
+//!
+//! The cluster listens on a Unix socket only (`listen_addresses = ''`), in a
+//! directory only its owner can reach, so trust authentication reaches no one
+//! else. The first process that finds it stopped starts it and owns it; later
+//! processes connect as guests. A long-lived `serve` that is a guest registers
+//! itself, so an owning short command hands the cluster over instead of
+//! stopping it under the server's feet; an owner that died is replaced by the
+//! next process to arrive.
+//!
+//! PostgreSQL refuses to run as root. When we are root, every server binary
+//! runs as the `postgres` user (or `nobody`) through `setpriv`, with the one
+//! capability that lets it traverse a data directory under `/root`.
+//!
+//! What this does not do: tune the cluster, upgrade it across major
+//! versions, or serve anything but this bus.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use thiserror::Error;
+
+/// The database the bus keeps its tables in, inside the embedded cluster.
+pub const EMBEDDED_DATABASE: &str = "ai_crew_sync";
+const SUPERUSER: &str = "postgres";
+const PORT: u16 = 5432;
+
+#[derive(Debug, Error)]
+pub enum EmbeddedError {
+    #[error(
+        "no PostgreSQL server binaries (initdb, pg_ctl) were found on PATH, via `pg_config --bindir`, \
+         or under /usr/lib/postgresql/*/bin. Install them (Debian/Ubuntu: `apt-get install postgresql`; \
+         Fedora: `dnf install postgresql-server`; macOS: `brew install postgresql`), or set DATABASE_URL \
+         to a PostgreSQL you run yourself"
+    )]
+    NoBinaries,
+    #[error(
+        "running as root, the embedded PostgreSQL must run as an unprivileged user through `setpriv` \
+         (util-linux), which was not found. Install util-linux, run as a normal user, or set DATABASE_URL"
+    )]
+    NoSetpriv,
+    #[error("the embedded PostgreSQL data directory {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`{command}` failed: {detail}")]
+    Command { command: String, detail: String },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> EmbeddedError + '_ {
+    move |source| EmbeddedError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Whether this process is a long-lived server or a short command. Only a
+/// server registers itself so that a short owner hands the cluster to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Server,
+    Command,
+}
+
+/// The unprivileged user the server binaries run as when we are root.
+#[derive(Clone, Debug)]
+struct RunAs {
+    uid: u32,
+    gid: u32,
+}
+
+/// A running embedded cluster, as seen by one process.
+#[derive(Debug)]
+pub struct EmbeddedPostgres {
+    data_dir: PathBuf,
+    bin_dir: PathBuf,
+    run_as: Option<RunAs>,
+    role: Role,
+}
+
+impl EmbeddedPostgres {
+    /// `$XDG_DATA_HOME/ai-crew-sync`, else `~/.local/share/ai-crew-sync`.
+    pub fn default_data_dir() -> PathBuf {
+        if let Some(xdg) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+            return PathBuf::from(xdg).join("ai-crew-sync");
+        }
+        let home = std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("."));
+        home.join(".local/share/ai-crew-sync")
+    }
+
+    /// Start the cluster in `data_dir` (creating it on first use), or join the
+    /// one already running there.
+    pub fn start(data_dir: &Path, role: Role) -> Result<Self, EmbeddedError> {
+        let bin_dir = find_bin_dir().ok_or(EmbeddedError::NoBinaries)?;
+        let run_as = if unsafe { libc::geteuid() } == 0 {
+            if which("setpriv").is_none() {
+                return Err(EmbeddedError::NoSetpriv);
+            }
+            Some(unprivileged_user())
+        } else {
+            None
+        };
+        fs::create_dir_all(data_dir).map_err(io_err(data_dir))?;
+        let data_dir = data_dir.canonicalize().map_err(io_err(data_dir))?;
+        let this = EmbeddedPostgres {
+            data_dir,
+            bin_dir,
+            run_as,
+            role,
+        };
+        let _lock = this.lock()?;
+        this.prepare_dirs()?;
+        if !this.pgdata().join("PG_VERSION").exists() {
+            this.initdb()?;
+        }
+        let me = std::process::id();
+        if this.is_running()? {
+            let owner = read_pid(&this.owner_file());
+            if owner.is_none_or(|pid| !pid_alive(pid)) {
+                // The process that started it is gone: whoever arrives next owns it,
+                // so someone is left to stop it.
+                write_pid(&this.owner_file(), me)?;
+            }
+        } else {
+            this.pg_ctl_start()?;
+            write_pid(&this.owner_file(), me)?;
+        }
+        if role == Role::Server {
+            write_pid(&this.servers_dir().join(me.to_string()), me)?;
+        }
+        Ok(this)
+    }
+
+    /// The root of the bus's data (the cluster lives in `pgdata/` under it).
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// Where the cluster's files live.
+    pub fn pgdata(&self) -> PathBuf {
+        self.data_dir.join("pgdata")
+    }
+
+    fn rundir(&self) -> PathBuf {
+        self.data_dir.join("pgrun")
+    }
+
+    fn owner_file(&self) -> PathBuf {
+        self.rundir().join("owner.pid")
+    }
+
+    fn servers_dir(&self) -> PathBuf {
+        self.rundir().join("servers")
+    }
+
+    /// A connection URL for `database` over the private socket.
+    pub fn database_url(&self, database: &str) -> String {
+        format!(
+            "postgres://{SUPERUSER}@localhost:{PORT}/{database}?host={}",
+            self.rundir().display()
+        )
+    }
+
+    /// Whether this process started (or adopted) the cluster and must stop it.
+    pub fn is_owner(&self) -> bool {
+        read_pid(&self.owner_file()) == Some(std::process::id())
+    }
+
+    /// Leave the cluster: the owner stops it, unless a live server is using it,
+    /// in which case that server becomes the owner. A guest only deregisters.
+    pub fn stop(&self) -> Result<(), EmbeddedError> {
+        let _lock = self.lock()?;
+        let me = std::process::id();
+        if self.role == Role::Server {
+            let _ = fs::remove_file(self.servers_dir().join(me.to_string()));
+        }
+        if read_pid(&self.owner_file()) != Some(me) {
+            return Ok(());
+        }
+        if let Some(heir) = self.live_servers().into_iter().find(|pid| *pid != me) {
+            write_pid(&self.owner_file(), heir)?;
+            return Ok(());
+        }
+        let out = self.run_pg(
+            "pg_ctl",
+            &[
+                "stop",
+                "-D",
+                &self.pgdata().to_string_lossy(),
+                "-m",
+                "fast",
+                "-w",
+                "-t",
+                "60",
+            ],
+        )?;
+        if !out.status.success() && self.is_running()? {
+            return Err(command_error("pg_ctl stop", &out));
+        }
+        let _ = fs::remove_file(self.owner_file());
+        Ok(())
+    }
+
+    fn live_servers(&self) -> Vec<u32> {
+        let Ok(entries) = fs::read_dir(self.servers_dir()) else {
+            return Vec::new();
+        };
+        let mut pids = Vec::new();
+        for entry in entries.flatten() {
+            match entry.file_name().to_string_lossy().parse::<u32>() {
+                Ok(pid) if pid_alive(pid) => pids.push(pid),
+                _ => {
+                    let _ = fs::remove_file(entry.path());
+                }
+            }
+        }
+        pids
+    }
+
+    fn lock(&self) -> Result<File, EmbeddedError> {
+        let path = self.data_dir.join("embedded.lock");
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        // Blocks until any other process finishes starting or stopping; the
+        // kernel releases it if that process dies.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(io_err(&path)(std::io::Error::last_os_error()));
+        }
+        Ok(file)
+    }
+
+    fn prepare_dirs(&self) -> Result<(), EmbeddedError> {
+        for dir in [self.pgdata(), self.rundir(), self.servers_dir()] {
+            fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        }
+        // initdb insists on 0700 (or 0750) for the cluster; the socket directory
+        // stays private so trust authentication reaches only its owner (and root).
+        for dir in [self.pgdata(), self.rundir()] {
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).map_err(io_err(&dir))?;
+            if let Some(user) = &self.run_as {
+                chown(&dir, user)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn initdb(&self) -> Result<(), EmbeddedError> {
+        let out = self.run_pg(
+            "initdb",
+            &[
+                "-D",
+                &self.pgdata().to_string_lossy(),
+                "-U",
+                SUPERUSER,
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C.UTF-8",
+                "--no-instructions",
+            ],
+        )?;
+        if !out.status.success() {
+            return Err(command_error("initdb", &out));
+        }
+        Ok(())
+    }
+
+    fn is_running(&self) -> Result<bool, EmbeddedError> {
+        let out = self.run_pg(
+            "pg_ctl",
+            &["status", "-D", &self.pgdata().to_string_lossy()],
+        )?;
+        // 0: running; 3: not running; 4: no readable data directory.
+        Ok(out.status.code() == Some(0))
+    }
+
+    fn pg_ctl_start(&self) -> Result<(), EmbeddedError> {
+        let rundir = self.rundir();
+        let options = format!(
+            "-c listen_addresses='' -c unix_socket_directories='{}' -p {PORT} -c max_connections=200",
+            rundir.display()
+        );
+        let log = rundir.join("postgres.log");
+        let out = self.run_pg(
+            "pg_ctl",
+            &[
+                "start",
+                "-D",
+                &self.pgdata().to_string_lossy(),
+                "-l",
+                &log.to_string_lossy(),
+                "-w",
+                "-t",
+                "60",
+                "-o",
+                &options,
+            ],
+        )?;
+        if !out.status.success() {
+            let tail = fs::read_to_string(&log)
+                .map(|s| s.lines().rev().take(5).collect::<Vec<_>>().join(" | "))
+                .unwrap_or_default();
+            return Err(EmbeddedError::Command {
+                command: "pg_ctl start".into(),
+                detail: format!("{} (log {}: {tail})", output_text(&out), log.display()),
+            });
+        }
+        Ok(())
+    }
+
+    /// Run one server binary, as the unprivileged user when we are root.
+    fn run_pg(&self, program: &str, args: &[&str]) -> Result<Output, EmbeddedError> {
+        let binary = self.bin_dir.join(program);
+        let mut command = match &self.run_as {
+            None => Command::new(&binary),
+            Some(user) => {
+                let mut c = Command::new("setpriv");
+                c.arg(format!("--reuid={}", user.uid))
+                    .arg(format!("--regid={}", user.gid))
+                    .arg("--clear-groups")
+                    .arg("--inh-caps=+dac_read_search")
+                    .arg("--ambient-caps=+dac_read_search")
+                    .arg("--")
+                    .arg(&binary);
+                c
+            }
+        };
+        command
+            .args(args)
+            .current_dir(&self.data_dir)
+            .stdin(std::process::Stdio::null());
+        command.output().map_err(|e| EmbeddedError::Command {
+            command: format!("{} {}", binary.display(), args.join(" ")),
+            detail: e.to_string(),
+        })
+    }
+}
+
+fn command_error(name: &str, out: &Output) -> EmbeddedError {
+    EmbeddedError::Command {
+        command: name.into(),
+        detail: output_text(out),
+    }
+}
+
+fn output_text(out: &Output) -> String {
+    let mut text = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    if text.is_empty() {
+        text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    }
+    format!("{} ({})", text, out.status)
+}
+
+fn has_server_binaries(dir: &Path) -> bool {
+    dir.join("initdb").is_file() && dir.join("pg_ctl").is_file()
+}
+
+/// PATH first, then `pg_config --bindir`, then the newest `/usr/lib/postgresql/*/bin`.
+fn find_bin_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("BUS_PG_BIN_DIR").map(PathBuf::from) {
+        return has_server_binaries(&dir).then_some(dir);
+    }
+    if let Some(initdb) = which("initdb") {
+        let resolved = initdb.canonicalize().unwrap_or(initdb);
+        if let Some(dir) = resolved.parent().filter(|d| has_server_binaries(d)) {
+            return Some(dir.to_path_buf());
+        }
+    }
+    if let Ok(out) = Command::new("pg_config").arg("--bindir").output()
+        && out.status.success()
+    {
+        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        if has_server_binaries(&dir) {
+            return Some(dir);
+        }
+    }
+    let mut versions: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let version = e.file_name().to_string_lossy().parse::<u32>().ok()?;
+            let bin = e.path().join("bin");
+            has_server_binaries(&bin).then_some((version, bin))
+        })
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, bin)| bin)
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.is_file())
+}
+
+fn unprivileged_user() -> RunAs {
+    for name in [c"postgres", c"nobody"] {
+        let pw = unsafe { libc::getpwnam(name.as_ptr()) };
+        if !pw.is_null() {
+            let (uid, gid) = unsafe { ((*pw).pw_uid, (*pw).pw_gid) };
+            return RunAs { uid, gid };
+        }
+    }
+    RunAs {
+        uid: 65534,
+        gid: 65534,
+    }
+}
+
+fn chown(path: &Path, user: &RunAs) -> Result<(), EmbeddedError> {
+    std::os::unix::fs::chown(path, Some(user.uid), Some(user.gid)).map_err(io_err(path))
+}
+
+fn read_pid(path: &Path) -> Option<u32> {
+    fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+fn write_pid(path: &Path, pid: u32) -> Result<(), EmbeddedError> {
+    let tmp = path.with_extension("tmp");
+    let mut file = File::create(&tmp).map_err(io_err(&tmp))?;
+    writeln!(file, "{pid}").map_err(io_err(&tmp))?;
+    fs::rename(&tmp, path).map_err(io_err(path))
+}
+
+fn pid_alive(pid: u32) -> bool {
+    let Ok(pid) = i32::try_from(pid) else {
+        return false;
+    };
+    // Signal 0 checks existence; EPERM means it exists but is someone else's.
+    unsafe { libc::kill(pid, 0) == 0 || *libc::__errno_location() == libc::EPERM }
+}

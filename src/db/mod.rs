@@ -1,0 +1,186 @@
+//! Where the database comes from, and its schema.
+//!
+//! `DATABASE_URL` names a PostgreSQL the operator runs; without it the
+//! embedded cluster in the data directory is started or joined
+//! ([`embedded`]). Either way the caller gets one [`Database`]: a pool, and the
+//! duty to [`Database::close`] it so an owned embedded cluster is stopped.
+
+pub mod embedded;
+
+use std::path::Path;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, PgPool};
+use thiserror::Error;
+
+use embedded::{EMBEDDED_DATABASE, EmbeddedError, EmbeddedPostgres, Role};
+
+/// The embedded migrations. A database migrated by a newer binary still works
+/// with this one (migrations are additive), so unknown applied versions are
+/// ignored rather than refused.
+pub fn migrator() -> sqlx::migrate::Migrator {
+    let mut migrator = sqlx::migrate!("./migrations");
+    migrator.set_ignore_missing(true);
+    migrator
+}
+
+#[derive(Debug, Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Embedded(#[from] EmbeddedError),
+    #[error("could not connect to PostgreSQL at {target}: {source}")]
+    Connect {
+        target: String,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error("could not migrate the database: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+/// A connected database, and the embedded cluster behind it if there is one.
+pub struct Database {
+    pub pool: PgPool,
+    embedded: Option<EmbeddedPostgres>,
+    /// What to tell a human about where the data lives (never a password).
+    pub location: String,
+}
+
+impl Database {
+    /// Connect to `database_url`, or start/join the embedded cluster in `data_dir`.
+    pub async fn open(
+        database_url: Option<&str>,
+        data_dir: &Path,
+        role: Role,
+        max_connections: u32,
+    ) -> Result<Database, OpenError> {
+        match database_url.filter(|u| !u.trim().is_empty()) {
+            Some(url) => {
+                let pool = connect(url, max_connections).await?;
+                Ok(Database {
+                    pool,
+                    embedded: None,
+                    location: redact(url),
+                })
+            }
+            None => {
+                let data_dir = data_dir.to_path_buf();
+                let embedded =
+                    tokio::task::spawn_blocking(move || EmbeddedPostgres::start(&data_dir, role))
+                        .await
+                        .expect("embedded start does not panic")?;
+                let opened = async {
+                    create_database_if_missing(
+                        &embedded.database_url("postgres"),
+                        EMBEDDED_DATABASE,
+                    )
+                    .await?;
+                    connect(&embedded.database_url(EMBEDDED_DATABASE), max_connections).await
+                }
+                .await;
+                match opened {
+                    Ok(pool) => Ok(Database {
+                        pool,
+                        location: format!(
+                            "embedded PostgreSQL, data in {}",
+                            embedded.pgdata().display()
+                        ),
+                        embedded: Some(embedded),
+                    }),
+                    Err(err) => {
+                        let _ = tokio::task::spawn_blocking(move || embedded.stop()).await;
+                        Err(err)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Apply every migration not yet applied. Migrations are additive, so an
+    /// older binary keeps working beside a newer schema during a rolling restart.
+    pub async fn migrate(&self) -> Result<(), OpenError> {
+        migrator().run(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Close the pool and leave the embedded cluster (stopping it if we own it).
+    pub async fn close(self) {
+        self.pool.close().await;
+        if let Some(embedded) = self.embedded {
+            match tokio::task::spawn_blocking(move || embedded.stop()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(err)) => {
+                    tracing::error!(error = %err, "could not stop the embedded PostgreSQL")
+                }
+                Err(err) => tracing::error!(error = %err, "embedded PostgreSQL stop panicked"),
+            }
+        }
+    }
+}
+
+/// A pool on `url`; statement logging is off (it would log every heartbeat).
+pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, OpenError> {
+    let options: PgConnectOptions = url.parse().map_err(|source| OpenError::Connect {
+        target: redact(url),
+        source,
+    })?;
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options.disable_statement_logging())
+        .await
+        .map_err(|source| OpenError::Connect {
+            target: redact(url),
+            source,
+        })
+}
+
+/// `CREATE DATABASE name` unless it exists, through the maintenance database at `admin_url`.
+pub async fn create_database_if_missing(admin_url: &str, name: &str) -> Result<(), OpenError> {
+    let connect_err = |source| OpenError::Connect {
+        target: redact(admin_url),
+        source,
+    };
+    let mut conn = sqlx::PgConnection::connect(admin_url)
+        .await
+        .map_err(connect_err)?;
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+            .bind(name)
+            .fetch_one(&mut conn)
+            .await
+            .map_err(connect_err)?;
+    if !exists {
+        // An identifier cannot be a bind parameter; the name is quoted with
+        // embedded quotes doubled, which is PostgreSQL's escaping for identifiers.
+        let sql = format!("CREATE DATABASE \"{}\"", name.replace('"', "\"\""));
+        if let Err(err) = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&mut conn)
+            .await
+        {
+            // Another process may have created it between the check and here.
+            let raced = err
+                .as_database_error()
+                .and_then(|e| e.code())
+                .is_some_and(|code| code == "42P04" || code == "23505");
+            if !raced {
+                return Err(connect_err(err));
+            }
+        }
+    }
+    let _ = conn.close().await;
+    Ok(())
+}
+
+/// The URL without its password, for messages and logs.
+pub fn redact(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            let _ = parsed.set_password(Some("***"));
+            parsed.to_string()
+        }
+        Ok(parsed) => parsed.to_string(),
+        Err(_) => "(unparseable DATABASE_URL)".to_string(),
+    }
+}

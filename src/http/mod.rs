@@ -1,0 +1,291 @@
+//! The HTTP surface: `POST /mcp`, `GET /health`, and a JSON 404 for the rest.
+//!
+//! Checks run outside-in, cheapest first, and each refusal is a JSON body a
+//! model or a human can act on:
+//!
+//! 1. `Host` against the allow-list (DNS-rebinding defence), every route.
+//! 2. On `/mcp`: a declared body over the limit (413) before anything else,
+//!    then a malformed `X-Crew-Session` (400) before the token is looked up,
+//!    then the bearer token (401 unknown/revoked, 403 disabled agent), then
+//!    the per-token rate limit (429 + `Retry-After`), then the body is read
+//!    with the limit enforced while streaming (413).
+//! 3. rmcp's Streamable HTTP service, stateless with JSON responses, sees the
+//!    caller's [`Identity`] in the request extensions.
+
+mod health;
+mod rate_limit;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use serde_json::json;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+pub use rate_limit::RateLimiter;
+
+use crate::auth;
+use crate::config::HttpSettings;
+use crate::error::BusError;
+use crate::mcp::BusServer;
+use crate::store::tokens;
+
+pub const SESSION_HEADER: &str = "x-crew-session";
+
+/// The routes that exist, named in every 404.
+const ROUTES: &[&str] = &["POST /mcp", "GET /health"];
+
+pub struct AppState {
+    pub pool: PgPool,
+    pub settings: HttpSettings,
+    pub limiter: RateLimiter,
+}
+
+/// The whole HTTP application. `shutdown` ends rmcp's open streams when cancelled.
+pub fn router(pool: PgPool, settings: HttpSettings, shutdown: CancellationToken) -> Router {
+    let state = Arc::new(AppState {
+        pool: pool.clone(),
+        limiter: RateLimiter::new(settings.rate_limit_per_minute),
+        settings: settings.clone(),
+    });
+
+    // Host is checked by our own layer for every route, so rmcp's copy of the
+    // check is off rather than kept in step with it.
+    let mcp_config = StreamableHttpServerConfig::default()
+        .with_legacy_session_mode(false)
+        .with_json_response(true)
+        .with_sse_keep_alive(None)
+        .disable_allowed_hosts()
+        .with_allowed_origins(settings.allowed_origins.clone())
+        .with_max_request_body_bytes(settings.max_request_bytes)
+        .with_cancellation_token(shutdown.child_token());
+    let server = BusServer::new(pool);
+    let mcp = StreamableHttpService::new(
+        move || Ok(server.clone()),
+        Arc::new(NeverSessionManager::default()),
+        mcp_config,
+    );
+
+    let mcp_routes = Router::new()
+        .fallback_service(mcp)
+        .layer(middleware::from_fn_with_state(state.clone(), mcp_gate));
+
+    Router::new()
+        .route("/health", get(health::health))
+        .nest("/mcp", mcp_routes)
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), host_check))
+        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+/// A JSON refusal: `{"error": kind, "message": text}`.
+pub fn json_error(status: StatusCode, kind: &str, message: impl Into<String>) -> Response {
+    (
+        status,
+        axum::Json(json!({ "error": kind, "message": message.into() })),
+    )
+        .into_response()
+}
+
+fn bus_error_response(err: &BusError) -> Response {
+    let status =
+        StatusCode::from_u16(err.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = json_error(status, err.kind(), err.to_string());
+    if status == StatusCode::UNAUTHORIZED {
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    response
+}
+
+async fn not_found(request: Request) -> Response {
+    let (method, path) = (request.method().clone(), request.uri().path().to_string());
+    (
+        StatusCode::NOT_FOUND,
+        axum::Json(json!({
+            "error": "not_found",
+            "message": format!("no route for {method} {path}. The routes are: {}.", ROUTES.join(", ")),
+            "routes": ROUTES,
+        })),
+    )
+        .into_response()
+}
+
+/// The `Host` of a request without its port, and with it.
+fn request_host(request: &Request) -> Option<(String, String)> {
+    let authority = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| request.uri().authority().map(|a| a.to_string()))?
+        .to_ascii_lowercase();
+    let bare = if let Some(rest) = authority.strip_prefix('[') {
+        rest.split(']').next().unwrap_or_default().to_string()
+    } else {
+        authority
+            .rsplit_once(':')
+            .map_or(authority.as_str(), |(h, _)| h)
+            .to_string()
+    };
+    Some((bare, authority))
+}
+
+async fn host_check(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let allowed = &state.settings.allowed_hosts;
+    if allowed.iter().any(|h| h == "*") {
+        return next.run(request).await;
+    }
+    let ok = request_host(&request).is_some_and(|(bare, full)| {
+        allowed
+            .iter()
+            .any(|h| h.eq_ignore_ascii_case(&bare) || h.eq_ignore_ascii_case(&full))
+    });
+    if !ok {
+        return json_error(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!(
+                "the Host header is not one this server answers to (allowed: {}). This guards \
+                 against DNS rebinding. Connect with an allowed name, or start the server with \
+                 `--allowed-hosts` naming the host clients use.",
+                allowed.join(", ")
+            ),
+        );
+    }
+    next.run(request).await
+}
+
+fn too_large(limit: usize) -> Response {
+    json_error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "invalid",
+        format!(
+            "the request body is larger than the limit of {limit} bytes ({} MiB). Send less per \
+             call: split large content across messages or attachments.",
+            limit / (1024 * 1024)
+        ),
+    )
+}
+
+fn bearer(headers: &HeaderMap) -> Result<&str, BusError> {
+    let value = headers.get(header::AUTHORIZATION).ok_or_else(|| {
+        BusError::unauthenticated(
+            "no credential: send `Authorization: Bearer acs_…` with your agent token. An operator \
+             issues one with `ai-crew-sync token issue --team T --agent A`.",
+        )
+    })?;
+    let value = value.to_str().unwrap_or_default().trim();
+    match value.split_once(' ') {
+        Some((scheme, token))
+            if scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty() =>
+        {
+            Ok(token.trim())
+        }
+        _ => Err(BusError::unauthenticated(
+            "the Authorization header must be `Bearer acs_…` (the Bearer scheme with your agent token).",
+        )),
+    }
+}
+
+/// Everything `/mcp` checks before rmcp sees the request (see the module docs).
+async fn mcp_gate(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let limit = state.settings.max_request_bytes;
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return too_large(limit);
+    }
+
+    // The window label is checked before the token is looked up, so a
+    // malformed header never costs a database round trip.
+    let session = match request.headers().get(SESSION_HEADER) {
+        None => String::new(),
+        Some(raw) => match raw.to_str().map_err(|_| {
+            BusError::invalid("the X-Crew-Session header is not valid ASCII text; use letters, digits and `-_.:`.")
+        }) {
+            Ok(text) => match auth::normalize_session_label(text) {
+                Ok(label) => label,
+                Err(err) => return bus_error_response(&err),
+            },
+            Err(err) => return bus_error_response(&err),
+        },
+    };
+
+    let identity = match bearer(request.headers()).and_then(auth::parse_agent_token) {
+        Ok(digest) => match tokens::authenticate(&state.pool, &digest, session).await {
+            Ok(identity) => identity,
+            Err(err) => return bus_error_response(&err),
+        },
+        Err(err) => return bus_error_response(&err),
+    };
+
+    if let Err(wait) = state.limiter.check(identity.token_id) {
+        let seconds = wait.as_secs() + 1;
+        let mut response = json_error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            format!(
+                "this token made more than {} requests in the last minute (the per-token limit of \
+                 this server). Wait {seconds} s before the next call; batch work or use \
+                 wait_for_updates instead of polling.",
+                state.limiter.per_minute()
+            ),
+        );
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        return response;
+    }
+
+    let (mut parts, body) = request.into_parts();
+    let bytes = match Limited::new(body, limit).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(err) if err.downcast_ref::<LengthLimitError>().is_some() => return too_large(limit),
+        Err(err) => {
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                "invalid",
+                format!("could not read the request body: {err}"),
+            );
+        }
+    };
+    parts.extensions.insert(identity);
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
+}
+
+/// Serve `app` on `listener` until `shutdown` is cancelled, then stop
+/// accepting and give in-flight requests up to `grace` to finish.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    shutdown: CancellationToken,
+    grace: std::time::Duration,
+) -> std::io::Result<()> {
+    let stopping = shutdown.clone();
+    let server = axum::serve(listener, app)
+        .with_graceful_shutdown(async move { stopping.cancelled().await });
+    let server = std::pin::pin!(server.into_future());
+    tokio::select! {
+        result = server => result,
+        _ = async { shutdown.cancelled().await; tokio::time::sleep(grace).await } => {
+            tracing::warn!(grace_secs = grace.as_secs(), "in-flight requests did not finish in time; closing them");
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,3 @@
+fn main() -> std::process::ExitCode {
+    ai_crew_sync::cli::main()
+}

@@ -1,0 +1,88 @@
+//! The MCP surface: one [`BusServer`] answering every tool, served statelessly
+//! over Streamable HTTP (any replica answers any call).
+//!
+//! Tools are thin: read the caller's [`Identity`] (put on the request by the
+//! HTTP layer before any tool runs), parse arguments, call one store function,
+//! shape the answer. A refusal is a tool result with `isError: true` and a
+//! structured `{error, message}` body, so the model reads the explanation
+//! instead of a bare protocol error.
+
+mod identity;
+
+use std::sync::Arc;
+
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::model::{CallToolResult, Implementation, ServerCapabilities, ServerConfig};
+use rmcp::{ErrorData, ServerHandler, tool_handler};
+use serde::Serialize;
+use serde_json::json;
+use sqlx::PgPool;
+
+use crate::auth::Identity;
+use crate::error::{BusError, BusResult};
+
+pub const SERVER_NAME: &str = "ai-crew-sync";
+
+const INSTRUCTIONS: &str = "ai-crew-sync is the coordination bus your team's agents share. \
+Your identity comes from your token; your window from the X-Crew-Session header. \
+Call `whoami` to see who and where you are.";
+
+/// Everything a tool call may need; built once per process and shared.
+pub struct Shared {
+    pub pool: PgPool,
+    tools: ToolRouter<BusServer>,
+}
+
+/// The MCP handler. Cheap to clone: the service factory makes one per request.
+#[derive(Clone)]
+pub struct BusServer {
+    shared: Arc<Shared>,
+}
+
+impl BusServer {
+    pub fn new(pool: PgPool) -> Self {
+        let tools = Self::identity_router();
+        BusServer {
+            shared: Arc::new(Shared { pool, tools }),
+        }
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.shared.pool
+    }
+}
+
+#[tool_handler(router = self.shared.tools)]
+impl ServerHandler for BusServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new(SERVER_NAME, env!("CARGO_PKG_VERSION")))
+            .with_instructions(INSTRUCTIONS)
+    }
+}
+
+/// The caller of this request. The HTTP layer refuses every request it cannot
+/// authenticate, so a missing identity is a wiring bug, not a user error.
+pub(crate) fn caller(parts: &http::request::Parts) -> Result<&Identity, ErrorData> {
+    parts.extensions.get::<Identity>().ok_or_else(|| {
+        ErrorData::internal_error("request reached a tool without an identity", None)
+    })
+}
+
+/// Shape a store answer as a tool result: the value as structured JSON, or a
+/// refusal the model can read and act on.
+pub(crate) fn reply<T: Serialize>(result: BusResult<T>) -> Result<CallToolResult, ErrorData> {
+    match result {
+        Ok(value) => {
+            let value = serde_json::to_value(value).map_err(|e| {
+                ErrorData::internal_error(format!("could not encode the answer: {e}"), None)
+            })?;
+            Ok(CallToolResult::structured(value))
+        }
+        Err(err) => Ok(refusal(&err)),
+    }
+}
+
+pub(crate) fn refusal(err: &BusError) -> CallToolResult {
+    CallToolResult::structured_error(json!({ "error": err.kind(), "message": err.to_string() }))
+}

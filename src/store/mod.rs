@@ -1,0 +1,118 @@
+//! All domain logic and all SQL, one file per aggregate.
+//!
+//! Tools, HTTP routes and CLI commands translate arguments, call one function
+//! here and shape the answer; nothing above this module writes SQL. Every state
+//! change is one short transaction that validates first, writes second, and
+//! records its audit row inside the same transaction.
+
+pub mod agents;
+pub mod audit;
+pub mod teams;
+pub mod tokens;
+
+use crate::error::{BusError, BusResult};
+
+/// Who made a change, for the audit log.
+#[derive(Clone, Debug)]
+pub struct Actor {
+    pub name: String,
+    pub source: Source,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    Cli,
+    Http,
+    Mcp,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Cli => "cli",
+            Source::Http => "http",
+            Source::Mcp => "mcp",
+        }
+    }
+}
+
+impl Actor {
+    /// The operator at a local terminal: `cli:<unix user>`.
+    pub fn local_operator() -> Actor {
+        let user = std::env::var("USER")
+            .or_else(|_| std::env::var("LOGNAME"))
+            .unwrap_or_else(|_| format!("uid{}", unsafe { libc::geteuid() }));
+        Actor {
+            name: format!("cli:{user}"),
+            source: Source::Cli,
+        }
+    }
+}
+
+/// Team slugs: trimmed, lower-cased, `[a-z0-9][a-z0-9-]*`, at most 63 bytes.
+pub fn normalize_team_slug(raw: &str) -> BusResult<String> {
+    let slug = raw.trim().to_ascii_lowercase();
+    let ok = !slug.is_empty()
+        && slug.len() <= 63
+        && slug.as_bytes()[0].is_ascii_alphanumeric()
+        && slug.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    if !ok {
+        return Err(BusError::invalid(format!(
+            "team slug {raw:?} is not valid: use 1-63 lower-case ASCII letters, digits and `-`, \
+             starting with a letter or digit (for example `acme-web`)."
+        )));
+    }
+    Ok(slug)
+}
+
+/// Agent names: trimmed, lower-cased, `[a-z0-9][a-z0-9._-]*`, at most 64 bytes.
+/// No `/`: it separates agent and window in an address.
+pub fn normalize_agent_name(raw: &str) -> BusResult<String> {
+    let name = raw.trim().to_ascii_lowercase();
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if !ok {
+        return Err(BusError::invalid(format!(
+            "agent name {raw:?} is not valid: use 1-64 lower-case ASCII letters, digits and `-_.`, \
+             starting with a letter or digit (for example `alice-claude`). `/` is reserved for \
+             addresses (`agent/window`)."
+        )));
+    }
+    Ok(name)
+}
+
+/// Free-text display names: trimmed, 1..=200 bytes, no control characters.
+pub fn check_display_name(what: &str, raw: &str) -> BusResult<String> {
+    let name = raw.trim();
+    if name.is_empty() || name.len() > 200 || name.chars().any(char::is_control) {
+        return Err(BusError::invalid(format!(
+            "{what} must be 1-200 bytes of text without control characters (got {} bytes).",
+            name.len()
+        )));
+    }
+    Ok(name.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_normalised_or_refused() {
+        assert_eq!(normalize_team_slug(" Acme-Web ").unwrap(), "acme-web");
+        assert!(normalize_team_slug("-acme").is_err());
+        assert!(normalize_team_slug("acme_web").is_err());
+        assert!(normalize_team_slug("").is_err());
+        assert_eq!(
+            normalize_agent_name("Alice.Claude").unwrap(),
+            "alice.claude"
+        );
+        assert!(normalize_agent_name("alice/claude").is_err());
+        assert!(normalize_agent_name(&"a".repeat(65)).is_err());
+        assert!(check_display_name("team name", " ").is_err());
+    }
+}

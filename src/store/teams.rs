@@ -1,0 +1,85 @@
+//! Teams: the tenant. Everything else belongs to exactly one team.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::json;
+use sqlx::{PgExecutor, PgPool};
+use uuid::Uuid;
+
+use super::{Actor, audit, check_display_name, normalize_team_slug};
+use crate::error::{BusError, BusResult};
+
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct Team {
+    pub id: Uuid,
+    pub slug: String,
+    pub name: String,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct TeamSummary {
+    pub id: Uuid,
+    pub slug: String,
+    pub name: String,
+    pub created_at: DateTime<Utc>,
+    pub agents: i64,
+}
+
+pub async fn create(pool: &PgPool, slug: &str, name: &str, actor: &Actor) -> BusResult<Team> {
+    let slug = normalize_team_slug(slug)?;
+    let name = check_display_name("team name", name)?;
+    let mut tx = pool.begin().await?;
+    let team: Option<Team> = sqlx::query_as(
+        "INSERT INTO teams (id, slug, name) VALUES ($1, $2, $3)
+         ON CONFLICT (slug) DO NOTHING
+         RETURNING id, slug, name, created_at",
+    )
+    .bind(Uuid::new_v4())
+    .bind(&slug)
+    .bind(&name)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(team) = team else {
+        return Err(BusError::conflict(format!(
+            "team `{slug}` already exists. Pick another slug, or add agents to it with \
+             `ai-crew-sync agent add --team {slug} --name NAME`."
+        )));
+    };
+    audit::record(
+        &mut tx,
+        Some(team.id),
+        actor,
+        "team.create",
+        &team.slug,
+        json!({ "name": team.name }),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(team)
+}
+
+pub async fn list(pool: &PgPool) -> BusResult<Vec<TeamSummary>> {
+    Ok(sqlx::query_as(
+        "SELECT t.id, t.slug, t.name, t.created_at,
+                (SELECT count(*) FROM agents a WHERE a.team_id = t.id) AS agents
+         FROM teams t ORDER BY t.slug",
+    )
+    .fetch_all(pool)
+    .await?)
+}
+
+/// The team with this slug, or a not-found that says how to see the real ones.
+pub async fn find(db: impl PgExecutor<'_>, slug: &str) -> BusResult<Team> {
+    let slug = normalize_team_slug(slug)?;
+    sqlx::query_as("SELECT id, slug, name, created_at FROM teams WHERE slug = $1")
+        .bind(&slug)
+        .fetch_optional(db)
+        .await?
+        .ok_or_else(|| {
+            BusError::not_found(format!(
+                "no team `{slug}`. `ai-crew-sync team list` shows the teams; \
+                 `ai-crew-sync team create --slug {slug} --name NAME` creates it."
+            ))
+        })
+}

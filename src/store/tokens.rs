@@ -1,0 +1,301 @@
+//! Agent tokens: the credential that *is* one agent.
+//!
+//! Stored as SHA-256 with a 12-character display prefix; the plaintext exists
+//! only in the answer to the call that minted it. At most
+//! [`MAX_ACTIVE_TOKENS_PER_AGENT`] live tokens per agent, counted under the
+//! agent's row lock so two concurrent issues cannot both take the last slot.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::json;
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use super::{Actor, audit, normalize_agent_name, teams};
+use crate::auth::{self, Identity};
+use crate::error::{BusError, BusResult};
+
+pub const MAX_ACTIVE_TOKENS_PER_AGENT: i64 = 100;
+pub const TOKEN_LABEL_MAX_BYTES: usize = 64;
+
+/// A token just minted. `token` is the only copy of the secret there will ever be.
+#[derive(Clone, Debug, Serialize)]
+pub struct IssuedToken {
+    pub id: Uuid,
+    pub team: String,
+    pub agent: String,
+    pub token: String,
+    pub display_prefix: String,
+    pub label: Option<String>,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct TokenSummary {
+    pub id: Uuid,
+    pub team: String,
+    pub agent: String,
+    pub display_prefix: String,
+    pub label: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub last_used_at: Option<DateTime<Utc>>,
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Revocation {
+    pub token: TokenSummary,
+    /// True when this call made the transition; false when it was already revoked.
+    pub revoked_now: bool,
+}
+
+/// Issue a token for `agent` of `team` (the agent must exist).
+pub async fn issue(
+    pool: &PgPool,
+    team: &str,
+    agent: &str,
+    label: Option<&str>,
+    actor: &Actor,
+) -> BusResult<IssuedToken> {
+    let label = check_label(label)?;
+    let agent_name = normalize_agent_name(agent)?;
+    let mut tx = pool.begin().await?;
+    let team = teams::find(&mut *tx, team).await?;
+    let agent_id: Option<Uuid> =
+        sqlx::query_scalar("SELECT id FROM agents WHERE team_id = $1 AND name = $2 FOR UPDATE")
+            .bind(team.id)
+            .bind(&agent_name)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let Some(agent_id) = agent_id else {
+        return Err(BusError::not_found(format!(
+            "no agent `{agent_name}` in team `{}`. `ai-crew-sync agent list --team {}` shows them; \
+             `ai-crew-sync agent add --team {} --name {agent_name}` creates it with a first token.",
+            team.slug, team.slug, team.slug
+        )));
+    };
+    let issued = issue_locked(
+        &mut tx,
+        team.id,
+        &team.slug,
+        agent_id,
+        &agent_name,
+        label,
+        actor,
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(issued)
+}
+
+/// Mint and record a token inside the caller's transaction, which must hold
+/// the agent row locked (`FOR UPDATE`) so the limit below is exact.
+pub(crate) async fn issue_locked(
+    conn: &mut PgConnection,
+    team_id: Uuid,
+    team_slug: &str,
+    agent_id: Uuid,
+    agent_name: &str,
+    label: Option<String>,
+    actor: &Actor,
+) -> BusResult<IssuedToken> {
+    let active: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM agent_tokens
+         WHERE team_id = $1 AND agent_id = $2 AND revoked_at IS NULL",
+    )
+    .bind(team_id)
+    .bind(agent_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    if active >= MAX_ACTIVE_TOKENS_PER_AGENT {
+        return Err(BusError::conflict(format!(
+            "agent `{agent_name}` already has {active} active tokens; the limit is \
+             {MAX_ACTIVE_TOKENS_PER_AGENT}. Revoke unused ones first (`ai-crew-sync token list \
+             --team {team_slug}`, then `ai-crew-sync token revoke --id ID`)."
+        )));
+    }
+    let secret = auth::new_agent_token();
+    let id = Uuid::new_v4();
+    let created_at: DateTime<Utc> = sqlx::query_scalar(
+        "INSERT INTO agent_tokens (id, team_id, agent_id, token_sha256, display_prefix, label)
+         VALUES ($1, $2, $3, $4, $5, $6) RETURNING created_at",
+    )
+    .bind(id)
+    .bind(team_id)
+    .bind(agent_id)
+    .bind(&secret.sha256[..])
+    .bind(&secret.display_prefix)
+    .bind(&label)
+    .fetch_one(&mut *conn)
+    .await?;
+    audit::record(
+        conn,
+        Some(team_id),
+        actor,
+        "token.issue",
+        agent_name,
+        json!({ "token_id": id, "display_prefix": secret.display_prefix, "label": label }),
+    )
+    .await?;
+    Ok(IssuedToken {
+        id,
+        team: team_slug.to_string(),
+        agent: agent_name.to_string(),
+        token: secret.plaintext,
+        display_prefix: secret.display_prefix,
+        label,
+        created_at,
+    })
+}
+
+fn check_label(label: Option<&str>) -> BusResult<Option<String>> {
+    let Some(label) = label.map(str::trim).filter(|l| !l.is_empty()) else {
+        return Ok(None);
+    };
+    if label.len() > TOKEN_LABEL_MAX_BYTES || label.chars().any(char::is_control) {
+        return Err(BusError::invalid(format!(
+            "token label must be at most {TOKEN_LABEL_MAX_BYTES} bytes without control characters \
+             (got {} bytes). Use a short note such as `laptop` or `ci`.",
+            label.len()
+        )));
+    }
+    Ok(Some(label.to_string()))
+}
+
+/// The columns of a [`TokenSummary`]; a macro so queries can `concat!` a literal.
+macro_rules! summary_select {
+    () => {
+        "SELECT t.id, tm.slug AS team, a.name AS agent, t.display_prefix, t.label,
+            t.created_at, t.last_used_at, t.revoked_at
+     FROM agent_tokens t
+     JOIN agents a ON a.team_id = t.team_id AND a.id = t.agent_id
+     JOIN teams tm ON tm.id = t.team_id"
+    };
+}
+
+/// Every token of the team, live and revoked, newest first. Never a secret.
+pub async fn list(pool: &PgPool, team: &str) -> BusResult<Vec<TokenSummary>> {
+    let team = teams::find(pool, team).await?;
+    Ok(sqlx::query_as(concat!(
+        summary_select!(),
+        " WHERE t.team_id = $1 ORDER BY a.name, t.created_at DESC"
+    ))
+    .bind(team.id)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Revoke one token. Concurrent revocations make one transition and one audit
+/// row: the conditional UPDATE lets exactly one of them change the row.
+pub async fn revoke(pool: &PgPool, id: Uuid, actor: &Actor) -> BusResult<Revocation> {
+    let mut tx = pool.begin().await?;
+    let changed: Option<(Uuid, String)> = sqlx::query_as(
+        "UPDATE agent_tokens SET revoked_at = now()
+         WHERE id = $1 AND revoked_at IS NULL
+         RETURNING team_id, display_prefix",
+    )
+    .bind(id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if let Some((team_id, prefix)) = &changed {
+        audit::record(
+            &mut tx,
+            Some(*team_id),
+            actor,
+            "token.revoke",
+            &id.to_string(),
+            json!({ "display_prefix": prefix }),
+        )
+        .await?;
+    }
+    let token: Option<TokenSummary> =
+        sqlx::query_as(concat!(summary_select!(), " WHERE t.id = $1"))
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let Some(token) = token else {
+        return Err(BusError::not_found(format!(
+            "no token with id {id}. `ai-crew-sync token list --team T` shows token ids."
+        )));
+    };
+    tx.commit().await?;
+    Ok(Revocation {
+        token,
+        revoked_now: changed.is_some(),
+    })
+}
+
+/// Resolve a token digest to the agent it is, refusing revoked tokens (401)
+/// and disabled agents (403). `session` is the already-validated window label.
+pub async fn authenticate(
+    pool: &PgPool,
+    sha256: &[u8; 32],
+    session: String,
+) -> BusResult<Identity> {
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        token_id: Uuid,
+        revoked_at: Option<DateTime<Utc>>,
+        last_used_stale: bool,
+        agent_id: Uuid,
+        agent: String,
+        disabled_at: Option<DateTime<Utc>>,
+        team_id: Uuid,
+        team: String,
+    }
+    let row: Option<Row> = sqlx::query_as(
+        "SELECT t.id AS token_id, t.revoked_at,
+                (t.last_used_at IS NULL OR t.last_used_at < now() - interval '60 seconds') AS last_used_stale,
+                a.id AS agent_id, a.name AS agent, a.disabled_at,
+                tm.id AS team_id, tm.slug AS team
+         FROM agent_tokens t
+         JOIN agents a ON a.team_id = t.team_id AND a.id = t.agent_id
+         JOIN teams tm ON tm.id = t.team_id
+         WHERE t.token_sha256 = $1",
+    )
+    .bind(&sha256[..])
+    .fetch_optional(pool)
+    .await?;
+    let Some(row) = row else {
+        return Err(BusError::unauthenticated(
+            "unknown agent token: no agent has this token. Ask the operator for a token \
+             (`ai-crew-sync token issue --team T --agent A`) and put it in your MCP client config.",
+        ));
+    };
+    if let Some(at) = row.revoked_at {
+        return Err(BusError::unauthenticated(format!(
+            "this agent token was revoked at {}. Ask the operator for a new one \
+             (`ai-crew-sync token issue --team {} --agent {}`).",
+            at.to_rfc3339(),
+            row.team,
+            row.agent
+        )));
+    }
+    if let Some(at) = row.disabled_at {
+        return Err(BusError::forbidden(format!(
+            "agent `{}` of team `{}` is disabled (since {}); every token and window of it is \
+             refused. An operator can re-enable it with `ai-crew-sync agent enable --team {} --name {}`.",
+            row.agent,
+            row.team,
+            at.to_rfc3339(),
+            row.team,
+            row.agent
+        )));
+    }
+    if row.last_used_stale {
+        // At most one write per token per minute, so listings can say when a
+        // token was last used without a write on every call.
+        sqlx::query("UPDATE agent_tokens SET last_used_at = now() WHERE id = $1")
+            .bind(row.token_id)
+            .execute(pool)
+            .await?;
+    }
+    Ok(Identity {
+        team_id: row.team_id,
+        team: row.team,
+        agent_id: row.agent_id,
+        agent: row.agent,
+        token_id: row.token_id,
+        session,
+    })
+}
