@@ -216,7 +216,7 @@ async fn mcp_gate(State(state): State<Arc<AppState>>, request: Request, next: Ne
     let session = match request.headers().get(SESSION_HEADER) {
         None => String::new(),
         Some(raw) => match raw.to_str().map_err(|_| {
-            BusError::invalid("the X-Crew-Session header is not valid ASCII text; use letters, digits and `-_.:`.")
+            BusError::invalid("the X-Crew-Session header (the window label) is not ASCII text; a label may hold only ASCII letters, digits and `-_.:`.")
         }) {
             Ok(text) => match auth::normalize_session_label(text) {
                 Ok(label) => label,

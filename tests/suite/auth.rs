@@ -1,0 +1,299 @@
+//! Who is calling: bearer tokens, disabled agents, the window header, and
+//! `whoami` over a real MCP client.
+
+use ai_crew_sync::store::{agents, tokens};
+use serde_json::{Value, json};
+
+use crate::support::{McpClient, spawn_app, test_actor};
+
+#[tokio::test]
+async fn whoami_over_mcp_returns_the_tokens_agent_team_and_window() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let token = app.agent("acme", "alice").await;
+
+    let client = app.mcp(&token, Some("Frontend")).await;
+    let info = client.server_info().expect("serverInfo after initialize");
+    assert_eq!(info.name, "ai-crew-sync");
+    assert_eq!(info.version, env!("CARGO_PKG_VERSION"));
+    assert!(
+        client
+            .list_tool_names()
+            .await
+            .contains(&"whoami".to_string())
+    );
+
+    let me = client
+        .call("whoami", json!({}))
+        .await
+        .expect("whoami answers");
+    assert_eq!(me["agent"], "alice");
+    assert_eq!(me["team"], "acme");
+    assert_eq!(
+        me["session"], "frontend",
+        "the label is normalised to lower case"
+    );
+    assert_eq!(me["address"], "alice/frontend");
+    let agent_id: uuid::Uuid = sqlx::query_scalar("SELECT id FROM agents WHERE name = 'alice'")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(me["agent_id"], agent_id.to_string());
+
+    let shared = app.mcp(&token, None).await;
+    let me = shared.call("whoami", json!({})).await.unwrap();
+    assert_eq!(me["session"], "", "no header is the shared session");
+    assert_eq!(me["address"], "alice");
+}
+
+async fn status_and_body(response: reqwest::Response) -> (u16, Value) {
+    let status = response.status().as_u16();
+    let body: Value = response.json().await.expect("a JSON error body");
+    (status, body)
+}
+
+#[tokio::test]
+async fn missing_malformed_and_revoked_tokens_get_401_with_an_explanation() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let token = app.agent("acme", "alice").await;
+
+    let (status, body) = status_and_body(app.raw_tool_call("whoami").send().await.unwrap()).await;
+    assert_eq!(status, 401);
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("Authorization: Bearer"),
+        "{body}"
+    );
+
+    let malformed = app
+        .raw_tool_call("whoami")
+        .bearer_auth("acs_nothex")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(malformed.headers()["www-authenticate"], "Bearer");
+    let (status, body) = status_and_body(malformed).await;
+    assert_eq!(status, 401);
+    assert!(
+        body["message"].as_str().unwrap().contains("64 hex"),
+        "{body}"
+    );
+
+    let unknown = format!("acs_{}", "0".repeat(64));
+    let (status, body) = status_and_body(
+        app.raw_tool_call("whoami")
+            .bearer_auth(unknown)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 401);
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("unknown agent token"),
+        "{body}"
+    );
+
+    let (status, body) = status_and_body(
+        app.raw_tool_call("whoami")
+            .bearer_auth("acsa_admin")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 401);
+    assert!(
+        body["message"].as_str().unwrap().contains("/admin"),
+        "{body}"
+    );
+
+    // The token works, then is revoked, then is refused from the next request on.
+    let client = app.mcp(&token, None).await;
+    client
+        .call("whoami", json!({}))
+        .await
+        .expect("a live token works");
+    let id = tokens::list(&app.pool, "acme").await.unwrap()[0].id;
+    tokens::revoke(&app.pool, id, &test_actor()).await.unwrap();
+    let (status, body) = status_and_body(
+        app.raw_tool_call("whoami")
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 401);
+    assert!(
+        body["message"].as_str().unwrap().contains("revoked"),
+        "{body}"
+    );
+    assert!(
+        McpClient::connect(&app.mcp_url(), &token, None)
+            .await
+            .is_err(),
+        "MCP initialize is refused too"
+    );
+}
+
+#[tokio::test]
+async fn a_disabled_agent_gets_403_on_every_token_until_enabled() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let first = app.agent("acme", "alice").await;
+    let second = tokens::issue(&app.pool, "acme", "alice", Some("laptop"), &test_actor())
+        .await
+        .unwrap()
+        .token;
+
+    agents::set_disabled(&app.pool, "acme", "alice", true, &test_actor())
+        .await
+        .unwrap();
+    for token in [&first, &second] {
+        let (status, body) = status_and_body(
+            app.raw_tool_call("whoami")
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(status, 403);
+        assert_eq!(body["error"], "forbidden");
+        assert!(
+            body["message"].as_str().unwrap().contains("agent enable"),
+            "{body}"
+        );
+    }
+
+    agents::set_disabled(&app.pool, "acme", "alice", false, &test_actor())
+        .await
+        .unwrap();
+    let me = app
+        .mcp(&second, None)
+        .await
+        .call("whoami", json!({}))
+        .await
+        .unwrap();
+    assert_eq!(me["agent"], "alice");
+}
+
+#[tokio::test]
+async fn a_malformed_session_header_is_refused_before_the_token_is_looked_up() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let token = app.agent("acme", "alice").await;
+
+    // With an unknown token the answer is still about the header: the token was never consulted.
+    let unknown = format!("acs_{}", "f".repeat(64));
+    for bad in ["alice/win", "x\tab", &"w".repeat(65), "wín"] {
+        let (status, body) = status_and_body(
+            app.raw_tool_call("whoami")
+                .bearer_auth(&unknown)
+                .header("X-Crew-Session", bad)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(status, 400, "{bad:?}: {body}");
+        assert_eq!(body["error"], "invalid");
+        assert!(
+            body["message"].as_str().unwrap().contains("label"),
+            "{body}"
+        );
+    }
+
+    // A valid token with a bad header is refused too, and its use is not recorded.
+    let response = app
+        .raw_tool_call("whoami")
+        .bearer_auth(&token)
+        .header("X-Crew-Session", "a/b")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 400);
+    let last_used: Option<chrono::DateTime<chrono::Utc>> =
+        sqlx::query_scalar("SELECT last_used_at FROM agent_tokens")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert!(last_used.is_none(), "the token was not looked up");
+}
+
+#[tokio::test]
+async fn concurrent_revocations_make_one_transition_and_one_audit_row() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    app.agent("acme", "alice").await;
+    let id = tokens::list(&app.pool, "acme").await.unwrap()[0].id;
+
+    let attempts: Vec<_> = (0..8)
+        .map(|_| {
+            let pool = app.pool.clone();
+            tokio::spawn(async move {
+                tokens::revoke(&pool, id, &test_actor())
+                    .await
+                    .unwrap()
+                    .revoked_now
+            })
+        })
+        .collect();
+    let mut transitions = 0;
+    for attempt in attempts {
+        transitions += usize::from(attempt.await.unwrap());
+    }
+    assert_eq!(transitions, 1);
+    let rows: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE action = 'token.revoke'")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(rows, 1);
+}
+
+#[tokio::test]
+async fn an_agent_holds_at_most_100_active_tokens_and_secrets_are_never_stored() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let first = app.agent("acme", "alice").await;
+    for _ in 1..100 {
+        tokens::issue(&app.pool, "acme", "alice", None, &test_actor())
+            .await
+            .unwrap();
+    }
+    let refused = tokens::issue(&app.pool, "acme", "alice", None, &test_actor())
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("limit is 100"), "{refused}");
+    assert!(
+        refused.to_string().contains("token revoke"),
+        "says what to do: {refused}"
+    );
+
+    // Revoking one frees a slot.
+    let id = tokens::list(&app.pool, "acme").await.unwrap()[0].id;
+    tokens::revoke(&app.pool, id, &test_actor()).await.unwrap();
+    tokens::issue(&app.pool, "acme", "alice", None, &test_actor())
+        .await
+        .expect("a freed slot");
+
+    // Neither the tokens table nor the audit log holds a secret.
+    let dump: String = sqlx::query_scalar(
+        "SELECT (SELECT string_agg(t::text, ' ') FROM agent_tokens t) || (SELECT string_agg(a::text, ' ') FROM audit_log a)",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert!(
+        !dump.contains(&first[4..]),
+        "a token's secret part is stored somewhere"
+    );
+}

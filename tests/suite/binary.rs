@@ -1,0 +1,167 @@
+//! The binary as a user starts it: `serve` with no DATABASE_URL runs its own
+//! PostgreSQL in the data directory, keeps data across restarts, and leaves no
+//! PostgreSQL process behind after SIGTERM.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::support::{McpClient, free_port, http_client};
+
+fn bus(data_dir: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"));
+    command
+        .env_remove("DATABASE_URL")
+        .arg("--data-dir")
+        .arg(data_dir);
+    command
+}
+
+fn start_server(data_dir: &Path, port: u16) -> Child {
+    bus(data_dir)
+        .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn serve")
+}
+
+async fn wait_healthy(port: u16) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(response) = http_client()
+            .get(format!("http://127.0.0.1:{port}/health"))
+            .send()
+            .await
+            && response.status().is_success()
+        {
+            return response.json().await.unwrap();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "serve did not answer /health within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn sigterm_and_wait(mut child: Child) {
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "serve exits cleanly on SIGTERM: {status}");
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "serve did not stop within 60 s of SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Processes whose command line names `needle` (the cluster's data directory).
+fn processes_mentioning(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
+            let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            if text.contains(needle) {
+                found.push(format!("{}: {text}", entry.file_name().to_string_lossy()));
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn serve_without_database_url_runs_embedded_postgres_keeps_data_and_cleans_up() {
+    let dir = tempfile::Builder::new()
+        .prefix("acs-serve-")
+        .tempdir()
+        .unwrap();
+    let data_dir = dir.path().join("data");
+    let pgdata = data_dir
+        .join("pgdata")
+        .canonicalize()
+        .unwrap_or(data_dir.join("pgdata"));
+
+    // A command with no server running starts the cluster for itself and stops it.
+    let out = bus(&data_dir)
+        .args(["quickstart", "--team", "acme", "--agent", "alice", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let token = serde_json::from_slice::<Value>(&out.stdout).unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        processes_mentioning(&pgdata.to_string_lossy()).is_empty(),
+        "quickstart left PostgreSQL running"
+    );
+
+    for round in 0..2 {
+        let port = free_port();
+        let child = start_server(&data_dir, port);
+        let health = wait_healthy(port).await;
+        assert_eq!(health["database"], "ok");
+
+        // The agent created before (by quickstart, then by the previous serve) is still there.
+        let client =
+            McpClient::connect(&format!("http://127.0.0.1:{port}/mcp"), &token, Some("w1"))
+                .await
+                .unwrap();
+        let me = client.call("whoami", json!({})).await.unwrap();
+        assert_eq!(me["team"], "acme", "round {round}");
+
+        // A command while serve runs joins the same cluster and leaves it running.
+        let out = bus(&data_dir)
+            .args(["team", "list", "--json"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let teams: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(teams[0]["slug"], "acme");
+        wait_healthy(port).await;
+
+        drop(client);
+        sigterm_and_wait(child);
+        let pgdata = data_dir.join("pgdata").canonicalize().unwrap();
+        let left = processes_mentioning(&pgdata.to_string_lossy());
+        assert!(
+            left.is_empty(),
+            "PostgreSQL still running after SIGTERM: {left:?}"
+        );
+        assert!(!pgdata.join("postmaster.pid").exists());
+    }
+}
+
+#[tokio::test]
+async fn no_postgres_binaries_gives_one_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty_bin = dir.path().join("bin");
+    std::fs::create_dir_all(&empty_bin).unwrap();
+    let out = bus(&dir.path().join("data"))
+        .args(["team", "list"])
+        .env("BUS_PG_BIN_DIR", &empty_bin)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("apt-get install postgresql") && err.contains("DATABASE_URL"),
+        "{err}"
+    );
+}

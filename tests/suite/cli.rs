@@ -1,0 +1,234 @@
+//! The operator CLI as an operator runs it: the real binary against a real
+//! database, reading what it prints.
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+use crate::support::postgres::fresh_database_url;
+
+fn bus(database_url: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"))
+        .args(args)
+        .env("DATABASE_URL", database_url)
+        .output()
+        .expect("run ai-crew-sync")
+}
+
+fn ok_json(database_url: &str, args: &[&str]) -> Value {
+    let out = bus(database_url, args);
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{args:?} printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+#[tokio::test]
+async fn operator_commands_create_list_disable_and_revoke() {
+    let db = fresh_database_url().await;
+
+    let team = ok_json(
+        &db,
+        &[
+            "team", "create", "--slug", "Acme", "--name", "Acme Web", "--json",
+        ],
+    );
+    assert_eq!(team["slug"], "acme", "slugs are normalised");
+
+    let added = ok_json(
+        &db,
+        &[
+            "agent", "add", "--team", "acme", "--name", "alice", "--json",
+        ],
+    );
+    let token = added["token"]
+        .as_str()
+        .expect("the minted secret is the JSON field `token`");
+    assert!(token.starts_with("acs_") && token.len() == 68, "{token}");
+
+    let issued = ok_json(
+        &db,
+        &[
+            "token", "issue", "--team", "acme", "--agent", "alice", "--label", "laptop", "--json",
+        ],
+    );
+    assert_ne!(issued["token"], added["token"]);
+
+    let listed = ok_json(&db, &["token", "list", "--team", "acme", "--json"]);
+    let listed_text = listed.to_string();
+    assert_eq!(listed.as_array().unwrap().len(), 2);
+    assert!(
+        !listed_text.contains(&token[4..]),
+        "a listing never shows a secret"
+    );
+    assert!(
+        listed_text.contains(&token[..12]),
+        "it shows the display prefix"
+    );
+
+    let revoked = ok_json(
+        &db,
+        &[
+            "token",
+            "revoke",
+            "--id",
+            issued["id"].as_str().unwrap(),
+            "--json",
+        ],
+    );
+    assert_eq!(revoked["revoked_now"], true);
+    let again = ok_json(
+        &db,
+        &[
+            "token",
+            "revoke",
+            "--id",
+            issued["id"].as_str().unwrap(),
+            "--json",
+        ],
+    );
+    assert_eq!(
+        again["revoked_now"], false,
+        "revoking twice changes nothing"
+    );
+
+    let disabled = ok_json(
+        &db,
+        &[
+            "agent", "disable", "--team", "acme", "--name", "alice", "--json",
+        ],
+    );
+    assert!(disabled["agent"]["disabled_at"].is_string());
+    let agents = ok_json(&db, &["agent", "list", "--team", "acme", "--json"]);
+    assert_eq!(agents[0]["active_tokens"], 1);
+    assert!(agents[0]["disabled_at"].is_string());
+    ok_json(
+        &db,
+        &[
+            "agent", "enable", "--team", "acme", "--name", "alice", "--json",
+        ],
+    );
+
+    let teams = ok_json(&db, &["team", "list", "--json"]);
+    assert_eq!(teams[0]["agents"], 1);
+
+    let audit: Vec<String> = {
+        let pool = ai_crew_sync::db::connect(&db, 1).await.unwrap();
+        sqlx::query_scalar("SELECT action FROM audit_log ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+    };
+    assert_eq!(
+        audit,
+        [
+            "team.create",
+            "agent.add",
+            "token.issue",
+            "token.issue",
+            "token.revoke",
+            "agent.disable",
+            "agent.enable"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_with_what_to_do_and_changes_nothing() {
+    let db = fresh_database_url().await;
+    ok_json(
+        &db,
+        &[
+            "team", "create", "--slug", "acme", "--name", "Acme", "--json",
+        ],
+    );
+
+    let out = bus(
+        &db,
+        &["team", "create", "--slug", "acme", "--name", "Again"],
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("already exists") && err.contains("agent add"),
+        "{err}"
+    );
+
+    let out = bus(
+        &db,
+        &["agent", "add", "--team", "acme", "--name", "alice/claude"],
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("`/` is reserved"));
+
+    let out = bus(&db, &["agent", "add", "--team", "nope", "--name", "alice"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("team list"));
+
+    let teams = ok_json(&db, &["team", "list", "--json"]);
+    assert_eq!(teams.as_array().unwrap().len(), 1);
+    assert_eq!(
+        teams[0]["agents"], 0,
+        "no agent was created by the refused commands"
+    );
+}
+
+#[tokio::test]
+async fn quickstart_prints_a_token_and_a_client_config_and_reuses_on_rerun() {
+    let db = fresh_database_url().await;
+    let first = ok_json(
+        &db,
+        &[
+            "quickstart",
+            "--team",
+            "demo",
+            "--agent",
+            "bot",
+            "--url",
+            "http://bus:8787/mcp",
+            "--json",
+        ],
+    );
+    assert_eq!(first["team_created"], true);
+    let server = &first["mcp_config"]["mcpServers"]["ai-crew-sync"];
+    assert_eq!(server["url"], "http://bus:8787/mcp");
+    assert_eq!(
+        server["headers"]["Authorization"],
+        format!("Bearer {}", first["token"].as_str().unwrap())
+    );
+
+    let second = ok_json(
+        &db,
+        &["quickstart", "--team", "demo", "--agent", "bot", "--json"],
+    );
+    assert_eq!(second["team_created"], false);
+    assert_eq!(second["agent_created"], false);
+    assert_ne!(
+        second["token"], first["token"],
+        "a rerun issues a new token for the same agent"
+    );
+
+    let out = Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"))
+        .args([
+            "mcp-config",
+            "--url",
+            "http://h/mcp",
+            "--token",
+            "acs_x",
+            "--session",
+            "win-2",
+        ])
+        .output()
+        .unwrap();
+    let block: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        block["mcpServers"]["ai-crew-sync"]["headers"]["X-Crew-Session"],
+        "win-2"
+    );
+}

@@ -1,0 +1,194 @@
+//! The HTTP surface outside the tools: health, the JSON 404, body and rate
+//! limits, and the Host allow-list.
+
+use ai_crew_sync::config::HttpSettings;
+use serde_json::{Value, json};
+
+use crate::support::{http_client, spawn_app, spawn_app_with};
+
+#[tokio::test]
+async fn health_answers_200_json_while_the_database_answers() {
+    let app = spawn_app().await;
+    let response = http_client().get(app.url("/health")).send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["status"], "ok");
+    assert_eq!(body["database"], "ok");
+
+    app.pool.close().await;
+    let response = http_client().get(app.url("/health")).send().await.unwrap();
+    assert_eq!(
+        response.status().as_u16(),
+        503,
+        "a closed pool is reported, not hidden"
+    );
+}
+
+#[tokio::test]
+async fn unknown_paths_get_a_json_404_naming_the_real_routes() {
+    let app = spawn_app().await;
+    let response = http_client()
+        .get(app.url("/api/v1/nothing"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 404);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"], "not_found");
+    assert_eq!(body["routes"], json!(["POST /mcp", "GET /health"]));
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("/api/v1/nothing")
+    );
+}
+
+#[tokio::test]
+async fn an_oversized_request_gets_413_json_whether_declared_or_streamed() {
+    let settings = HttpSettings {
+        max_request_bytes: 64 * 1024,
+        ..HttpSettings::default()
+    };
+    let app = spawn_app_with(settings).await;
+    app.team("acme").await;
+    let token = app.agent("acme", "alice").await;
+    let big = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"whoami","arguments":{{"pad":"{}"}}}}}}"#,
+        "x".repeat(100 * 1024)
+    );
+
+    // Declared by Content-Length.
+    let response = app
+        .raw_tool_call("whoami")
+        .bearer_auth(&token)
+        .body(big.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 413);
+    let body: Value = response.json().await.unwrap();
+    assert!(
+        body["message"].as_str().unwrap().contains("65536 bytes"),
+        "{body}"
+    );
+
+    // Streamed without a length: the limit holds while reading.
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = big
+        .into_bytes()
+        .chunks(8192)
+        .map(|c| Ok(c.to_vec()))
+        .collect();
+    let stream = futures::stream::iter(chunks);
+    let response = app
+        .raw_tool_call("whoami")
+        .bearer_auth(&token)
+        .body(reqwest::Body::wrap_stream(stream))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 413);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"], "invalid");
+}
+
+#[tokio::test]
+async fn a_burst_over_the_rate_limit_gets_429_with_retry_after_per_token() {
+    let settings = HttpSettings {
+        rate_limit_per_minute: 5,
+        ..HttpSettings::default()
+    };
+    let app = spawn_app_with(settings).await;
+    app.team("acme").await;
+    let alice = app.agent("acme", "alice").await;
+    let bob = app.agent("acme", "bob").await;
+
+    let mut statuses = Vec::new();
+    for _ in 0..7 {
+        let response = app
+            .raw_tool_call("whoami")
+            .bearer_auth(&alice)
+            .send()
+            .await
+            .unwrap();
+        statuses.push(response.status().as_u16());
+        if response.status().as_u16() == 429 {
+            let retry: u64 = response.headers()["retry-after"]
+                .to_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!(
+                (1..=13).contains(&retry),
+                "one request in 12 s comes back: {retry}"
+            );
+            let body: Value = response.json().await.unwrap();
+            assert!(
+                body["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("more than 5 requests"),
+                "{body}"
+            );
+        }
+    }
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429]);
+
+    let response = app
+        .raw_tool_call("whoami")
+        .bearer_auth(&bob)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.status().as_u16(),
+        200,
+        "another token has its own allowance"
+    );
+}
+
+#[tokio::test]
+async fn a_host_outside_the_allow_list_is_refused_on_every_route() {
+    let app = spawn_app().await;
+    for path in ["/health", "/mcp", "/nothing"] {
+        let response = http_client()
+            .get(app.url(path))
+            .header("Host", "evil.example:8787")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 403, "{path}");
+        let body: Value = response.json().await.unwrap();
+        assert!(
+            body["message"]
+                .as_str()
+                .unwrap()
+                .contains("--allowed-hosts"),
+            "{body}"
+        );
+    }
+    let response = http_client()
+        .get(app.url("/health"))
+        .header("Host", format!("localhost:{}", app.addr.port()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+
+    let open = spawn_app_with(HttpSettings {
+        allowed_hosts: vec!["bus.internal".into()],
+        ..HttpSettings::default()
+    })
+    .await;
+    let response = http_client()
+        .get(open.url("/health"))
+        .header("Host", "bus.internal")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.status().as_u16(),
+        200,
+        "a configured name is accepted"
+    );
+}

@@ -1,0 +1,11 @@
+//! The integration suite: one test binary (builds are slow here), one module per area.
+//! Every test talks to a real PostgreSQL, and to the server over real HTTP.
+
+mod support;
+
+mod auth;
+mod binary;
+mod cli;
+mod http_surface;
+mod support_servers;
+mod tenancy;

@@ -1,0 +1,195 @@
+//! What every integration test stands on: the real router on a free loopback
+//! port against a fresh database ([`spawn_app`]), a real MCP client over HTTP
+//! ([`McpClient`]), and throwaway PostgreSQL / NATS servers when the
+//! environment names none.
+
+pub mod nats;
+pub mod postgres;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+use ai_crew_sync::config::HttpSettings;
+use ai_crew_sync::store::{Actor, Source, agents, teams};
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::service::RunningService;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::Value;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+/// One server under test.
+pub struct TestApp {
+    pub addr: SocketAddr,
+    pub pool: PgPool,
+    shutdown: CancellationToken,
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// The real router with default settings on a fresh database.
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(HttpSettings::default()).await
+}
+
+pub async fn spawn_app_with(settings: HttpSettings) -> TestApp {
+    install_crypto_provider();
+    let (pool, _) = postgres::fresh_pool().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let addr = listener.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    let grace = settings.shutdown_grace;
+    let app = ai_crew_sync::http::router(pool.clone(), settings, shutdown.clone());
+    tokio::spawn(ai_crew_sync::http::serve(
+        listener,
+        app,
+        shutdown.clone(),
+        grace,
+    ));
+    TestApp {
+        addr,
+        pool,
+        shutdown,
+    }
+}
+
+impl TestApp {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub fn mcp_url(&self) -> String {
+        self.url("/mcp")
+    }
+
+    /// Create a team; panics on failure (setup, not the subject of a test).
+    pub async fn team(&self, slug: &str) {
+        teams::create(&self.pool, slug, &format!("Team {slug}"), &test_actor())
+            .await
+            .expect("create team");
+    }
+
+    /// Add an agent to a team and return its first token.
+    pub async fn agent(&self, team: &str, name: &str) -> String {
+        agents::add(&self.pool, team, name, &test_actor())
+            .await
+            .expect("add agent")
+            .token
+    }
+
+    /// A connected MCP client for `token`, as window `session` (None = shared session).
+    pub async fn mcp(&self, token: &str, session: Option<&str>) -> McpClient {
+        McpClient::connect(&self.mcp_url(), token, session)
+            .await
+            .expect("MCP client connects")
+    }
+
+    /// A POST to /mcp carrying a `tools/call` body, for checks below the MCP client.
+    pub fn raw_tool_call(&self, tool: &str) -> reqwest::RequestBuilder {
+        http_client()
+            .post(self.mcp_url())
+            .header("Accept", "application/json, text/event-stream")
+            .header("Content-Type", "application/json")
+            .body(
+                serde_json::json!({
+                    "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                    "params": { "name": tool, "arguments": {} }
+                })
+                .to_string(),
+            )
+    }
+}
+
+pub fn test_actor() -> Actor {
+    Actor {
+        name: "test".into(),
+        source: Source::Cli,
+    }
+}
+
+pub fn http_client() -> reqwest::Client {
+    install_crypto_provider();
+    reqwest::Client::new()
+}
+
+fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// A free loopback TCP port (bound, then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
+/// A real MCP client (rmcp, Streamable HTTP) speaking to the server under test.
+pub struct McpClient {
+    service: RunningService<RoleClient, ()>,
+}
+
+impl McpClient {
+    pub async fn connect(
+        url: &str,
+        token: &str,
+        session: Option<&str>,
+    ) -> anyhow::Result<McpClient> {
+        install_crypto_provider();
+        let mut headers = HashMap::new();
+        if let Some(session) = session {
+            headers.insert(
+                http::HeaderName::from_static("x-crew-session"),
+                session.parse()?,
+            );
+        }
+        let config = StreamableHttpClientTransportConfig::with_uri(url)
+            .auth_header(token)
+            .custom_headers(headers);
+        let transport = StreamableHttpClientTransport::from_config(config);
+        let service = ().serve(transport).await?;
+        Ok(McpClient { service })
+    }
+
+    pub fn server_info(&self) -> Option<rmcp::model::Implementation> {
+        self.service
+            .peer_info()
+            .and_then(|info| info.server_info.clone())
+    }
+
+    pub async fn list_tool_names(&self) -> Vec<String> {
+        let tools = self.service.list_all_tools().await.expect("tools/list");
+        tools.into_iter().map(|t| t.name.to_string()).collect()
+    }
+
+    /// Call `tool`; `Ok` with its structured result, `Err` with its refusal
+    /// (the `{error, message}` body of an `isError` result).
+    pub async fn call(&self, tool: &str, args: Value) -> Result<Value, Value> {
+        let mut params = CallToolRequestParams::new(tool.to_string());
+        if let Value::Object(map) = args {
+            params = params.with_arguments(map);
+        }
+        let result: CallToolResult = self
+            .service
+            .call_tool(params)
+            .await
+            .expect("tools/call transport");
+        let value = result
+            .structured_content
+            .clone()
+            .expect("every tool answers structured JSON");
+        if result.is_error == Some(true) {
+            Err(value)
+        } else {
+            Ok(value)
+        }
+    }
+}

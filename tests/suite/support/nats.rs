@@ -1,0 +1,91 @@
+//! The NATS server the tests use: `TEST_NATS_URL` when given, otherwise a
+//! throwaway `nats-server -js` on a free loopback port, started once per test
+//! process and killed when it exits. Its `max_payload` is raised to 8 MiB, so a
+//! full 1 MiB body plus headers fits (the default 1 MB does not).
+
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+struct Server {
+    url: String,
+    child: Mutex<Option<Child>>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+static SERVER: OnceLock<Server> = OnceLock::new();
+
+/// `nats://host:port` of a JetStream-enabled server for this test process.
+pub fn nats_url() -> String {
+    SERVER.get_or_init(start).url.clone()
+}
+
+fn start() -> Server {
+    if let Some(url) = std::env::var("TEST_NATS_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+    {
+        return Server {
+            url,
+            child: Mutex::new(None),
+            _dir: None,
+        };
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("acs-test-nats-")
+        .tempdir()
+        .expect("a temp dir for the throwaway nats-server");
+    let port = super::free_port();
+    let config = dir.path().join("nats.conf");
+    std::fs::write(
+        &config,
+        format!(
+            "listen: 127.0.0.1:{port}\nmax_payload: 8MB\njetstream {{\n  store_dir: \"{}\"\n}}\n",
+            dir.path().join("js").display()
+        ),
+    )
+    .expect("write nats.conf");
+    let child = Command::new("nats-server")
+        .arg("-c")
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "no TEST_NATS_URL and `nats-server` could not be started ({e}). Install it \
+                 (Debian/Ubuntu: apt-get install nats-server) or set TEST_NATS_URL."
+            )
+        });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "nats-server did not listen on {port} within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: registering a plain extern "C" fn; it runs once at process exit.
+    unsafe { libc::atexit(kill_at_exit) };
+    Server {
+        url: format!("nats://127.0.0.1:{port}"),
+        child: Mutex::new(Some(child)),
+        _dir: Some(dir),
+    }
+}
+
+extern "C" fn kill_at_exit() {
+    if let Some(server) = SERVER.get()
+        && let Some(mut child) = server
+            .child
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    {
+        let _ = child.kill();
+        let _ = child.wait();
+        if let Some(dir) = &server._dir {
+            let _ = std::fs::remove_dir_all(dir.path());
+        }
+    }
+}
