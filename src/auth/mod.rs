@@ -26,9 +26,20 @@ pub struct Identity {
     pub team: String,
     pub agent_id: Uuid,
     pub agent: String,
+    /// The agent token the call rests on (directly, or as a session's parent).
     pub token_id: Uuid,
     /// The window label; `""` is the agent's shared session.
     pub session: String,
+    /// Set when the caller used a session credential: which row, at which epoch.
+    pub window: Option<WindowCredential>,
+}
+
+/// A session credential as it was when the request authenticated. Mutations
+/// re-check it inside their own transaction ([`crate::store::sessions::guard`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowCredential {
+    pub session_id: Uuid,
+    pub epoch: i64,
 }
 
 impl Identity {
@@ -51,9 +62,15 @@ pub struct NewSecret {
 
 /// `acs_` followed by 32 random bytes in lower-case hex.
 pub fn new_agent_token() -> NewSecret {
+    new_secret(AGENT_TOKEN_PREFIX)
+}
+
+/// `prefix` followed by 32 random bytes in lower-case hex; every credential
+/// class has this shape, only the prefix differs.
+pub fn new_secret(prefix: &str) -> NewSecret {
     let mut bytes = [0u8; 32];
     rand::rng().fill_bytes(&mut bytes);
-    let plaintext = format!("{AGENT_TOKEN_PREFIX}{}", hex::encode(bytes));
+    let plaintext = format!("{prefix}{}", hex::encode(bytes));
     NewSecret {
         sha256: digest(&plaintext),
         display_prefix: plaintext[..DISPLAY_PREFIX_LEN].to_string(),
@@ -65,36 +82,84 @@ pub fn digest(secret: &str) -> [u8; 32] {
     Sha256::digest(secret.as_bytes()).into()
 }
 
+/// A credential presented to `/mcp`, checked for class and shape only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentCredential {
+    /// The digest of an agent token (`acs_…`).
+    Token([u8; 32]),
+    /// The digest of a session credential (`acss_…`).
+    Session([u8; 32]),
+}
+
 /// Check a bearer credential's class and shape before anything is looked up.
-/// Returns the digest of a well-formed agent token.
-pub fn parse_agent_token(bearer: &str) -> BusResult<[u8; 32]> {
+pub fn parse_agent_credential(bearer: &str) -> BusResult<AgentCredential> {
     if bearer.starts_with(ADMIN_CREDENTIAL_PREFIX) {
         return Err(BusError::unauthenticated(
             "an admin credential (acsa_…) cannot call /mcp: admin credentials manage teams, agents \
-             and tokens over /admin only. Connect with an agent token (acs_…) issued by \
-             `ai-crew-sync token issue --team T --agent A`.",
+             and tokens over /admin only. Connect with an agent token (acs_…) or a session \
+             credential (acss_…).",
         ));
     }
-    if bearer.starts_with(SESSION_CREDENTIAL_PREFIX) {
-        return Err(BusError::unauthenticated(
-            "session credentials (acss_…) are not accepted by this server version. Connect with \
-             the agent token (acs_…) and name the window in the X-Crew-Session header.",
-        ));
+    if let Some(rest) = bearer.strip_prefix(SESSION_CREDENTIAL_PREFIX) {
+        return Ok(AgentCredential::Session(well_formed(
+            "session credential",
+            SESSION_CREDENTIAL_PREFIX,
+            rest,
+            bearer,
+        )?));
     }
-    let Some(hex_part) = bearer.strip_prefix(AGENT_TOKEN_PREFIX) else {
+    let Some(rest) = bearer.strip_prefix(AGENT_TOKEN_PREFIX) else {
         return Err(BusError::unauthenticated(
             "the bearer credential is not an agent token: agent tokens start with `acs_` followed \
              by 64 hex characters. Check the Authorization header of your MCP client config.",
         ));
     };
+    Ok(AgentCredential::Token(well_formed(
+        "agent token",
+        AGENT_TOKEN_PREFIX,
+        rest,
+        bearer,
+    )?))
+}
+
+/// Check an `/admin` bearer credential; agent tokens and session credentials
+/// are refused with a message naming where they belong.
+pub fn parse_admin_credential(bearer: &str) -> BusResult<[u8; 32]> {
+    if bearer.starts_with(SESSION_CREDENTIAL_PREFIX) || bearer.starts_with(AGENT_TOKEN_PREFIX) {
+        return Err(BusError::unauthenticated(
+            "agent tokens (acs_…) and session credentials (acss_…) call /mcp; /admin needs an \
+             admin credential (acsa_…). `ai-crew-sync admin bootstrap` mints the first one; a \
+             global admin grants more with `ai-crew-sync admin grant`.",
+        ));
+    }
+    let Some(rest) = bearer.strip_prefix(ADMIN_CREDENTIAL_PREFIX) else {
+        return Err(BusError::unauthenticated(
+            "the bearer credential is not an admin credential: those start with `acsa_` followed \
+             by 64 hex characters.",
+        ));
+    };
+    well_formed("admin credential", ADMIN_CREDENTIAL_PREFIX, rest, bearer)
+}
+
+fn well_formed(what: &str, prefix: &str, hex_part: &str, whole: &str) -> BusResult<[u8; 32]> {
     if hex_part.len() != 64 || !hex_part.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(BusError::unauthenticated(format!(
-            "malformed agent token: expected `acs_` followed by 64 hex characters, got {} characters \
-             after the prefix. Copy the whole token printed by `ai-crew-sync token issue`.",
+            "malformed {what}: expected `{prefix}` followed by 64 hex characters, got {} characters \
+             after the prefix. Copy the whole credential as it was printed.",
             hex_part.len()
         )));
     }
-    Ok(digest(&bearer.to_ascii_lowercase()))
+    Ok(digest(&whole.to_ascii_lowercase()))
+}
+
+/// Parse `X-Crew-Epoch`: a positive integer.
+pub fn parse_epoch(raw: &str) -> BusResult<i64> {
+    raw.trim().parse::<i64>().ok().filter(|e| *e >= 1).ok_or_else(|| {
+        BusError::invalid(format!(
+            "X-Crew-Epoch must be a positive integer (the epoch register_session or resume_session \
+             returned); got {raw:?}. Omit the header to skip the check."
+        ))
+    })
 }
 
 /// Normalise an `X-Crew-Session` label: trimmed, lower-cased, ASCII letters,
@@ -150,15 +215,29 @@ mod tests {
     fn tokens_have_the_documented_shape_and_classes_do_not_cross() {
         let t = new_agent_token();
         assert_eq!(t.plaintext.len(), 4 + 64);
-        assert_eq!(parse_agent_token(&t.plaintext).unwrap(), t.sha256);
+        assert_eq!(
+            parse_agent_credential(&t.plaintext).unwrap(),
+            AgentCredential::Token(t.sha256)
+        );
         assert_eq!(t.display_prefix, &t.plaintext[..12]);
+        let s = new_secret(SESSION_CREDENTIAL_PREFIX);
+        assert_eq!(
+            parse_agent_credential(&s.plaintext).unwrap(),
+            AgentCredential::Session(s.sha256)
+        );
+        let admin_on_mcp = parse_agent_credential("acsa_whatever").unwrap_err();
+        assert!(admin_on_mcp.to_string().contains("/admin"));
+        assert!(parse_agent_credential("acs_123").is_err());
+        assert!(parse_agent_credential("Bearer-ish").is_err());
+        let a = new_secret(ADMIN_CREDENTIAL_PREFIX);
+        assert_eq!(parse_admin_credential(&a.plaintext).unwrap(), a.sha256);
         assert!(
-            parse_agent_token("acsa_whatever")
+            parse_admin_credential(&t.plaintext)
                 .unwrap_err()
                 .to_string()
-                .contains("/admin")
+                .contains("/mcp")
         );
-        assert!(parse_agent_token("acs_123").is_err());
-        assert!(parse_agent_token("Bearer-ish").is_err());
+        assert!(parse_epoch("0").is_err() && parse_epoch("x").is_err());
+        assert_eq!(parse_epoch(" 3 ").unwrap(), 3);
     }
 }

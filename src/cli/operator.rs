@@ -300,7 +300,7 @@ pub async fn token(ctx: &Context, command: TokenCommand) -> anyhow::Result<()> {
         }
         TokenCommand::Revoke { id, json } => {
             let revocation = ctx
-                .with_database(async |pool| Ok(tokens::revoke(pool, id, &actor).await?))
+                .with_database(async |pool| Ok(tokens::revoke(pool, id, None, &actor).await?))
                 .await?;
             if json {
                 return output::json(&revocation);

@@ -5,8 +5,10 @@
 //!
 //! 1. `Host` against the allow-list (DNS-rebinding defence), every route.
 //! 2. On `/mcp`: a declared body over the limit (413) before anything else,
-//!    then a malformed `X-Crew-Session` (400) before the token is looked up,
-//!    then the bearer token (401 unknown/revoked, 403 disabled agent), then
+//!    then a malformed `X-Crew-Session` or `X-Crew-Epoch` (400) before the
+//!    credential is looked up, then the bearer credential: an agent token or a
+//!    session credential (401 unknown/revoked/expired/stale, 403 disabled
+//!    agent), then
 //!    the per-token rate limit (429 + `Retry-After`), then the body is read
 //!    with the limit enforced while streaming (413).
 //! 3. rmcp's Streamable HTTP service, stateless with JSON responses, sees the
@@ -33,13 +35,14 @@ use tokio_util::sync::CancellationToken;
 
 pub use rate_limit::RateLimiter;
 
-use crate::auth;
+use crate::auth::{self, AgentCredential};
 use crate::config::HttpSettings;
 use crate::error::BusError;
 use crate::mcp::BusServer;
-use crate::store::tokens;
+use crate::store::{sessions, tokens};
 
 pub const SESSION_HEADER: &str = "x-crew-session";
+pub const EPOCH_HEADER: &str = "x-crew-epoch";
 
 /// The routes that exist, named in every 404.
 const ROUTES: &[&str] = &["POST /mcp", "GET /health"];
@@ -179,6 +182,51 @@ fn too_large(limit: usize) -> Response {
     )
 }
 
+/// `X-Crew-Session` (normalised) and `X-Crew-Epoch`, each optional.
+fn window_headers(headers: &HeaderMap) -> Result<(Option<String>, Option<i64>), BusError> {
+    let text = |name: &str| -> Result<Option<&str>, BusError> {
+        headers
+            .get(name)
+            .map(|v| {
+                v.to_str().map_err(|_| {
+                    BusError::invalid(format!(
+                        "the {name} header is not ASCII text; a window label may hold only ASCII \
+                         letters, digits and `-_.:`, an epoch only digits."
+                    ))
+                })
+            })
+            .transpose()
+    };
+    let label = text(SESSION_HEADER)?
+        .map(auth::normalize_session_label)
+        .transpose()?;
+    let epoch = text(EPOCH_HEADER)?.map(auth::parse_epoch).transpose()?;
+    Ok((label, epoch))
+}
+
+/// Resolve the bearer credential (agent token or session credential) to the caller.
+async fn authenticate(
+    pool: &PgPool,
+    headers: &HeaderMap,
+    label: Option<String>,
+    epoch: Option<i64>,
+) -> Result<crate::auth::Identity, BusError> {
+    match auth::parse_agent_credential(bearer(headers)?)? {
+        AgentCredential::Session(digest) => {
+            sessions::authenticate(pool, &digest, label.as_deref(), epoch).await
+        }
+        AgentCredential::Token(digest) => {
+            if epoch.is_some() {
+                return Err(BusError::invalid(
+                    "X-Crew-Epoch fences session credentials (acss_…); this call used an agent \
+                     token. Drop the header, or register_session and call with its credential.",
+                ));
+            }
+            tokens::authenticate(pool, &digest, label.unwrap_or_default()).await
+        }
+    }
+}
+
 fn bearer(headers: &HeaderMap) -> Result<&str, BusError> {
     let value = headers.get(header::AUTHORIZATION).ok_or_else(|| {
         BusError::unauthenticated(
@@ -211,26 +259,14 @@ async fn mcp_gate(State(state): State<Arc<AppState>>, request: Request, next: Ne
         return too_large(limit);
     }
 
-    // The window label is checked before the token is looked up, so a
-    // malformed header never costs a database round trip.
-    let session = match request.headers().get(SESSION_HEADER) {
-        None => String::new(),
-        Some(raw) => match raw.to_str().map_err(|_| {
-            BusError::invalid("the X-Crew-Session header (the window label) is not ASCII text; a label may hold only ASCII letters, digits and `-_.:`.")
-        }) {
-            Ok(text) => match auth::normalize_session_label(text) {
-                Ok(label) => label,
-                Err(err) => return bus_error_response(&err),
-            },
-            Err(err) => return bus_error_response(&err),
-        },
+    // The window headers are checked before the credential is looked up, so
+    // a malformed header never costs a database round trip.
+    let (label, epoch) = match window_headers(request.headers()) {
+        Ok(headers) => headers,
+        Err(err) => return bus_error_response(&err),
     };
-
-    let identity = match bearer(request.headers()).and_then(auth::parse_agent_token) {
-        Ok(digest) => match tokens::authenticate(&state.pool, &digest, session).await {
-            Ok(identity) => identity,
-            Err(err) => return bus_error_response(&err),
-        },
+    let identity = match authenticate(&state.pool, request.headers(), label, epoch).await {
+        Ok(identity) => identity,
         Err(err) => return bus_error_response(&err),
     };
 

@@ -18,6 +18,11 @@ struct WhoAmI {
     session: String,
     /// How other agents reach exactly this caller: `agent` or `agent/session`.
     address: String,
+    /// `agent_token`, or `session` for a session credential.
+    credential: &'static str,
+    /// The session credential's epoch (absent for an agent token).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    epoch: Option<i64>,
 }
 
 #[tool_router(router = identity_router, vis = "pub(super)")]
@@ -39,6 +44,12 @@ impl BusServer {
             team_id: me.team_id,
             session: me.session.clone(),
             address: me.address(),
+            credential: if me.window.is_some() {
+                "session"
+            } else {
+                "agent_token"
+            },
+            epoch: me.window.map(|w| w.epoch),
         }))
     }
 }

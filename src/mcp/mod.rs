@@ -8,6 +8,7 @@
 //! instead of a bare protocol error.
 
 mod identity;
+mod sessions;
 
 use std::sync::Arc;
 
@@ -41,7 +42,7 @@ pub struct BusServer {
 
 impl BusServer {
     pub fn new(pool: PgPool) -> Self {
-        let tools = Self::identity_router();
+        let tools = Self::identity_router() + Self::session_router();
         BusServer {
             shared: Arc::new(Shared { pool, tools }),
         }

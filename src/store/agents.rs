@@ -93,6 +93,17 @@ pub async fn set_disabled(
     let name = normalize_agent_name(name)?;
     let mut tx = pool.begin().await?;
     let team = teams::find(&mut *tx, team).await?;
+    // Take the agent's session rows first: a mutation in flight holds its row
+    // FOR SHARE (sessions::guard), so it commits before this does, and every
+    // later one sees the agent disabled.
+    sqlx::query(
+        "SELECT 1 FROM agent_sessions s JOIN agents a ON a.team_id = s.team_id AND a.id = s.agent_id
+         WHERE a.team_id = $1 AND a.name = $2 FOR UPDATE OF s",
+    )
+    .bind(team.id)
+    .bind(&name)
+    .execute(&mut *tx)
+    .await?;
     let changed: Option<Uuid> = sqlx::query_scalar(
         "UPDATE agents SET disabled_at = CASE WHEN $3 THEN now() ELSE NULL END
          WHERE team_id = $1 AND name = $2 AND (disabled_at IS NOT NULL) <> $3

@@ -7,6 +7,7 @@
 
 pub mod agents;
 pub mod audit;
+pub mod sessions;
 pub mod teams;
 pub mod tokens;
 

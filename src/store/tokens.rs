@@ -185,26 +185,47 @@ pub async fn list(pool: &PgPool, team: &str) -> BusResult<Vec<TokenSummary>> {
     .await?)
 }
 
-/// Revoke one token. Concurrent revocations make one transition and one audit
-/// row: the conditional UPDATE lets exactly one of them change the row.
-pub async fn revoke(pool: &PgPool, id: Uuid, actor: &Actor) -> BusResult<Revocation> {
+/// Revoke one token, and every session derived from it. With `team`, a token
+/// of another team is "not found" (and untouched). Concurrent revocations make
+/// one transition and one audit row: the conditional UPDATE lets exactly one
+/// of them change the row.
+pub async fn revoke(
+    pool: &PgPool,
+    id: Uuid,
+    team: Option<&str>,
+    actor: &Actor,
+) -> BusResult<Revocation> {
     let mut tx = pool.begin().await?;
+    let team_id = match team {
+        Some(slug) => Some(teams::find(&mut *tx, slug).await?.id),
+        None => None,
+    };
     let changed: Option<(Uuid, String)> = sqlx::query_as(
         "UPDATE agent_tokens SET revoked_at = now()
-         WHERE id = $1 AND revoked_at IS NULL
+         WHERE id = $1 AND revoked_at IS NULL AND ($2::uuid IS NULL OR team_id = $2)
          RETURNING team_id, display_prefix",
     )
     .bind(id)
+    .bind(team_id)
     .fetch_optional(&mut *tx)
     .await?;
     if let Some((team_id, prefix)) = &changed {
+        // Every window derived from the token dies with it, in this transaction.
+        let sessions = sqlx::query(
+            "UPDATE agent_sessions SET revoked_at = now(), updated_at = now()
+             WHERE token_id = $1 AND revoked_at IS NULL",
+        )
+        .bind(id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
         audit::record(
             &mut tx,
             Some(*team_id),
             actor,
             "token.revoke",
             &id.to_string(),
-            json!({ "display_prefix": prefix }),
+            json!({ "display_prefix": prefix, "sessions_revoked": sessions }),
         )
         .await?;
     }
@@ -297,5 +318,6 @@ pub async fn authenticate(
         agent: row.agent,
         token_id: row.token_id,
         session,
+        window: None,
     })
 }

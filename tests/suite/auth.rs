@@ -121,7 +121,9 @@ async fn missing_malformed_and_revoked_tokens_get_401_with_an_explanation() {
         .await
         .expect("a live token works");
     let id = tokens::list(&app.pool, "acme").await.unwrap()[0].id;
-    tokens::revoke(&app.pool, id, &test_actor()).await.unwrap();
+    tokens::revoke(&app.pool, id, None, &test_actor())
+        .await
+        .unwrap();
     let (status, body) = status_and_body(
         app.raw_tool_call("whoami")
             .bearer_auth(&token)
@@ -239,7 +241,7 @@ async fn concurrent_revocations_make_one_transition_and_one_audit_row() {
         .map(|_| {
             let pool = app.pool.clone();
             tokio::spawn(async move {
-                tokens::revoke(&pool, id, &test_actor())
+                tokens::revoke(&pool, id, None, &test_actor())
                     .await
                     .unwrap()
                     .revoked_now
@@ -280,7 +282,9 @@ async fn an_agent_holds_at_most_100_active_tokens_and_secrets_are_never_stored()
 
     // Revoking one frees a slot.
     let id = tokens::list(&app.pool, "acme").await.unwrap()[0].id;
-    tokens::revoke(&app.pool, id, &test_actor()).await.unwrap();
+    tokens::revoke(&app.pool, id, None, &test_actor())
+        .await
+        .unwrap();
     tokens::issue(&app.pool, "acme", "alice", None, &test_actor())
         .await
         .expect("a freed slot");

@@ -7,5 +7,6 @@ mod auth;
 mod binary;
 mod cli;
 mod http_surface;
+mod sessions;
 mod support_servers;
 mod tenancy;

@@ -143,12 +143,23 @@ impl McpClient {
         token: &str,
         session: Option<&str>,
     ) -> anyhow::Result<McpClient> {
+        let headers: Vec<(&str, &str)> =
+            session.map(|s| ("x-crew-session", s)).into_iter().collect();
+        Self::connect_with(url, token, &headers).await
+    }
+
+    /// Connect with a bearer credential and extra headers (`x-crew-session`, `x-crew-epoch`).
+    pub async fn connect_with(
+        url: &str,
+        token: &str,
+        extra: &[(&str, &str)],
+    ) -> anyhow::Result<McpClient> {
         install_crypto_provider();
         let mut headers = HashMap::new();
-        if let Some(session) = session {
+        for (name, value) in extra {
             headers.insert(
-                http::HeaderName::from_static("x-crew-session"),
-                session.parse()?,
+                http::HeaderName::from_bytes(name.as_bytes())?,
+                value.parse()?,
             );
         }
         let config = StreamableHttpClientTransportConfig::with_uri(url)

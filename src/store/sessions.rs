@@ -1,0 +1,527 @@
+//! Session credentials: authenticated windows (`acss_…`).
+//!
+//! One row per (agent, label). A label with a live row cannot be registered
+//! again; a dead row (revoked, expired, parent token revoked) is taken over
+//! with its epoch bumped. `resume` rotates the secret and bumps the epoch,
+//! fenced on the epoch the caller holds; `renew` only moves the expiry.
+//!
+//! The fence that makes revocation mean something is [`guard`]: every mutation
+//! made with a session credential calls it first inside its own transaction.
+//! It takes the session row `FOR SHARE`, so a revoke, a resume or a token
+//! revocation (each an UPDATE of that row) either committed before, and the
+//! guard refuses, or waits until the mutation has committed. A mutation can
+//! never commit after the revoke that should have stopped it.
+//!
+//! Not here: presence of windows (heartbeats) and the shared session `""`,
+//! which needs no credential.
+
+use chrono::{DateTime, Duration, Utc};
+use serde::Serialize;
+use serde_json::json;
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use super::{Actor, Source, audit};
+use crate::auth::{self, Identity, SESSION_CREDENTIAL_PREFIX, WindowCredential};
+use crate::error::{BusError, BusResult};
+
+pub const MIN_TTL_SECONDS: i64 = 60;
+pub const MAX_TTL_SECONDS: i64 = 86_400;
+pub const DEFAULT_TTL_SECONDS: i64 = 86_400;
+
+/// A credential just minted (register or resume): the only copy of the secret.
+#[derive(Clone, Debug, Serialize)]
+pub struct IssuedSession {
+    pub session_id: Uuid,
+    pub session: String,
+    pub address: String,
+    pub credential: String,
+    pub epoch: i64,
+    pub expires_at: DateTime<Utc>,
+    /// What to do with it, for the model that receives it.
+    pub usage: String,
+}
+
+/// A session's state, without its secret.
+#[derive(Clone, Debug, Serialize)]
+pub struct SessionState {
+    pub session_id: Uuid,
+    pub session: String,
+    pub address: String,
+    pub epoch: i64,
+    pub expires_at: DateTime<Utc>,
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+fn check_ttl(ttl_seconds: Option<i64>) -> BusResult<Duration> {
+    let ttl = ttl_seconds.unwrap_or(DEFAULT_TTL_SECONDS);
+    if !(MIN_TTL_SECONDS..=MAX_TTL_SECONDS).contains(&ttl) {
+        return Err(BusError::invalid(format!(
+            "ttl_seconds must be between {MIN_TTL_SECONDS} and {MAX_TTL_SECONDS} (24 h); got {ttl}. \
+             Omit it for 24 h, and call renew_session before it runs out."
+        )));
+    }
+    Ok(Duration::seconds(ttl))
+}
+
+fn address(agent: &str, label: &str) -> String {
+    format!("{agent}/{label}")
+}
+
+fn usage(credential: &str, label: &str, epoch: i64) -> String {
+    format!(
+        "Use `Authorization: Bearer {}…` for this window from now on (optionally with \
+         `X-Crew-Session: {label}` and `X-Crew-Epoch: {epoch}`). It expires unless renewed with \
+         renew_session; resume_session rotates it.",
+        &credential[..auth::DISPLAY_PREFIX_LEN]
+    )
+}
+
+/// The re-check every mutation makes first, inside its own transaction.
+///
+/// With a session credential: the session row is locked `FOR SHARE` (see the
+/// module docs) and must be unrevoked, unexpired, at the caller's epoch, under
+/// a live token and an enabled agent. With a bare agent token: the token must
+/// still be live and the agent enabled (read, not locked: a token carries many
+/// windows, and a shared lock on one hot row would serialise them all).
+pub async fn guard(conn: &mut PgConnection, me: &Identity) -> BusResult<()> {
+    match me.window {
+        Some(window) => {
+            let row: Option<GuardRow> = sqlx::query_as(
+                "SELECT s.epoch, s.revoked_at, s.expires_at <= now() AS expired,
+                        t.revoked_at AS token_revoked_at, a.disabled_at
+                 FROM agent_sessions s
+                 JOIN agent_tokens t ON t.team_id = s.team_id AND t.agent_id = s.agent_id AND t.id = s.token_id
+                 JOIN agents a ON a.team_id = s.team_id AND a.id = s.agent_id
+                 WHERE s.team_id = $1 AND s.id = $2
+                 FOR SHARE OF s",
+            )
+            .bind(me.team_id)
+            .bind(window.session_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+            let row =
+                row.ok_or_else(|| BusError::unauthenticated("this session no longer exists."))?;
+            row.check(me, Some(window.epoch))
+        }
+        None => {
+            #[derive(sqlx::FromRow)]
+            struct TokenState {
+                revoked_at: Option<DateTime<Utc>>,
+                disabled_at: Option<DateTime<Utc>>,
+            }
+            let row: Option<TokenState> = sqlx::query_as(
+                "SELECT t.revoked_at, a.disabled_at
+                 FROM agent_tokens t JOIN agents a ON a.team_id = t.team_id AND a.id = t.agent_id
+                 WHERE t.team_id = $1 AND t.id = $2",
+            )
+            .bind(me.team_id)
+            .bind(me.token_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+            let state =
+                row.ok_or_else(|| BusError::unauthenticated("this agent token no longer exists."))?;
+            if state.revoked_at.is_some() {
+                return Err(BusError::unauthenticated(
+                    "this agent token was revoked; nothing was written. Ask the operator for a new token.",
+                ));
+            }
+            if state.disabled_at.is_some() {
+                return Err(disabled(me));
+            }
+            Ok(())
+        }
+    }
+}
+
+#[derive(sqlx::FromRow)]
+struct GuardRow {
+    epoch: i64,
+    revoked_at: Option<DateTime<Utc>>,
+    expired: bool,
+    token_revoked_at: Option<DateTime<Utc>>,
+    disabled_at: Option<DateTime<Utc>>,
+}
+
+impl GuardRow {
+    /// Why this session may not act, if it may not. `held_epoch` is the epoch
+    /// the caller presented (None: no fence asked for).
+    fn check(&self, me: &Identity, held_epoch: Option<i64>) -> BusResult<()> {
+        let label = &me.session;
+        if self.disabled_at.is_some() {
+            return Err(disabled(me));
+        }
+        if self.token_revoked_at.is_some() {
+            return Err(BusError::unauthenticated(format!(
+                "session `{label}` is revoked: the agent token it was registered with was revoked. \
+                 Nothing was written. Register the window again with a live agent token."
+            )));
+        }
+        if let Some(at) = self.revoked_at {
+            return Err(BusError::unauthenticated(format!(
+                "session `{label}` was revoked at {}; nothing was written. Register the window again \
+                 (register_session with your agent token) to get a new credential.",
+                at.to_rfc3339()
+            )));
+        }
+        if self.expired {
+            return Err(BusError::unauthenticated(format!(
+                "session `{label}` has expired; nothing was written. Register the window again \
+                 (register_session with your agent token), and renew_session before expiry next time."
+            )));
+        }
+        if let Some(held) = held_epoch
+            && held != self.epoch
+        {
+            return Err(BusError::conflict(format!(
+                "this connection is stale: it holds epoch {held} of session `{label}`, which is now at \
+                 epoch {} (it was resumed or taken over elsewhere). Nothing was written. Use the \
+                 credential and epoch the latest resume_session or register_session returned.",
+                self.epoch
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn disabled(me: &Identity) -> BusError {
+    BusError::forbidden(format!(
+        "agent `{}` of team `{}` is disabled; every token and window of it is refused. An operator \
+         can re-enable it with `ai-crew-sync agent enable --team {} --name {}`.",
+        me.agent, me.team, me.team, me.agent
+    ))
+}
+
+/// Resolve a session credential to its window. `header_label` is a validated
+/// `X-Crew-Session` (it must agree); `epoch` a validated `X-Crew-Epoch`.
+pub async fn authenticate(
+    pool: &PgPool,
+    sha256: &[u8; 32],
+    header_label: Option<&str>,
+    epoch: Option<i64>,
+) -> BusResult<Identity> {
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        session_id: Uuid,
+        label: String,
+        token_id: Uuid,
+        agent_id: Uuid,
+        agent: String,
+        team_id: Uuid,
+        team: String,
+        #[sqlx(flatten)]
+        guard: GuardRow,
+    }
+    let row: Option<Row> = sqlx::query_as(
+        "SELECT s.id AS session_id, s.label, s.token_id, s.epoch, s.revoked_at,
+                s.expires_at <= now() AS expired, t.revoked_at AS token_revoked_at,
+                a.id AS agent_id, a.name AS agent, a.disabled_at, tm.id AS team_id, tm.slug AS team
+         FROM agent_sessions s
+         JOIN agent_tokens t ON t.team_id = s.team_id AND t.agent_id = s.agent_id AND t.id = s.token_id
+         JOIN agents a ON a.team_id = s.team_id AND a.id = s.agent_id
+         JOIN teams tm ON tm.id = s.team_id
+         WHERE s.secret_sha256 = $1",
+    )
+    .bind(&sha256[..])
+    .fetch_optional(pool)
+    .await?;
+    let Some(row) = row else {
+        return Err(BusError::unauthenticated(
+            "unknown session credential: it was never issued, or was rotated by resume_session \
+             (only the newest secret works). Register the window again with your agent token.",
+        ));
+    };
+    if let Some(header) = header_label
+        && header != row.label
+    {
+        return Err(BusError::unauthenticated(format!(
+            "this session credential belongs to window `{}`, but X-Crew-Session says `{header}`. \
+             Drop the header or make it match the credential's window.",
+            row.label
+        )));
+    }
+    let identity = Identity {
+        team_id: row.team_id,
+        team: row.team,
+        agent_id: row.agent_id,
+        agent: row.agent,
+        token_id: row.token_id,
+        session: row.label,
+        window: Some(WindowCredential {
+            session_id: row.session_id,
+            epoch: row.guard.epoch,
+        }),
+    };
+    row.guard.check(&identity, epoch)?;
+    Ok(identity)
+}
+
+fn actor_of(me: &Identity) -> Actor {
+    Actor {
+        name: format!("agent:{}", me.address()),
+        source: Source::Mcp,
+    }
+}
+
+/// `register_session`: a credential for window `label`, derived from the
+/// caller's agent token. Refused while the label has a live session.
+pub async fn register(
+    pool: &PgPool,
+    me: &Identity,
+    label: &str,
+    ttl_seconds: Option<i64>,
+) -> BusResult<IssuedSession> {
+    if me.window.is_some() {
+        return Err(BusError::forbidden(
+            "a session credential cannot mint credentials. Call register_session with the agent \
+             token (acs_…) instead.",
+        ));
+    }
+    let label = auth::normalize_session_label(label)?;
+    if label.is_empty() {
+        return Err(BusError::invalid(
+            "register_session needs a non-empty `session` label naming the window (for example \
+             `frontend`); the unnamed shared session needs no credential.",
+        ));
+    }
+    let ttl = check_ttl(ttl_seconds)?;
+    let secret = auth::new_secret(SESSION_CREDENTIAL_PREFIX);
+    let mut tx = pool.begin().await?;
+    guard(&mut tx, me).await?;
+    let inserted: Option<(Uuid, i64, DateTime<Utc>)> = sqlx::query_as(
+        "INSERT INTO agent_sessions (id, team_id, agent_id, token_id, label, secret_sha256, display_prefix, expires_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, now() + $8)
+         ON CONFLICT (team_id, agent_id, label) DO NOTHING
+         RETURNING id, epoch, expires_at",
+    )
+    .bind(Uuid::new_v4())
+    .bind(me.team_id)
+    .bind(me.agent_id)
+    .bind(me.token_id)
+    .bind(&label)
+    .bind(&secret.sha256[..])
+    .bind(&secret.display_prefix)
+    .bind(ttl)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let (session_id, epoch, expires_at, took_over) = match inserted {
+        Some((id, epoch, expires_at)) => (id, epoch, expires_at, false),
+        None => {
+            // The label has a row: take it over only if it is dead. The row lock
+            // orders this against a concurrent registration of the same label.
+            let existing: (Uuid, bool, DateTime<Utc>) = sqlx::query_as(
+                "SELECT s.id,
+                        s.revoked_at IS NULL AND s.expires_at > now() AND t.revoked_at IS NULL AS live,
+                        s.expires_at
+                 FROM agent_sessions s
+                 JOIN agent_tokens t ON t.team_id = s.team_id AND t.agent_id = s.agent_id AND t.id = s.token_id
+                 WHERE s.team_id = $1 AND s.agent_id = $2 AND s.label = $3
+                 FOR UPDATE OF s",
+            )
+            .bind(me.team_id)
+            .bind(me.agent_id)
+            .bind(&label)
+            .fetch_one(&mut *tx)
+            .await?;
+            if existing.1 {
+                return Err(BusError::conflict(format!(
+                    "window `{label}` already has a live session (until {}). Pick another label, \
+                     resume_session with that window's credential, or revoke_session {{\"session\": \
+                     \"{label}\"}} first.",
+                    existing.2.to_rfc3339()
+                )));
+            }
+            let (epoch, expires_at): (i64, DateTime<Utc>) = sqlx::query_as(
+                "UPDATE agent_sessions
+                 SET token_id = $2, secret_sha256 = $3, display_prefix = $4, epoch = epoch + 1,
+                     expires_at = now() + $5, revoked_at = NULL, updated_at = now()
+                 WHERE id = $1
+                 RETURNING epoch, expires_at",
+            )
+            .bind(existing.0)
+            .bind(me.token_id)
+            .bind(&secret.sha256[..])
+            .bind(&secret.display_prefix)
+            .bind(ttl)
+            .fetch_one(&mut *tx)
+            .await?;
+            (existing.0, epoch, expires_at, true)
+        }
+    };
+    audit::record(
+        &mut tx,
+        Some(me.team_id),
+        &actor_of(me),
+        "session.register",
+        &address(&me.agent, &label),
+        json!({ "session_id": session_id, "epoch": epoch, "took_over": took_over,
+                "display_prefix": secret.display_prefix }),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(IssuedSession {
+        session_id,
+        address: address(&me.agent, &label),
+        usage: usage(&secret.plaintext, &label, epoch),
+        session: label,
+        credential: secret.plaintext,
+        epoch,
+        expires_at,
+    })
+}
+
+fn needs_session_credential(tool: &str) -> BusError {
+    BusError::invalid(format!(
+        "{tool} works on the window whose session credential (acss_…) makes the call; this call \
+         used the agent token. Call it with the window's credential, or register_session first."
+    ))
+}
+
+/// `resume_session`: rotate the secret and bump the epoch, fenced on the
+/// epoch this connection holds. The old secret stops working at commit.
+pub async fn resume(pool: &PgPool, me: &Identity) -> BusResult<IssuedSession> {
+    let window = me
+        .window
+        .ok_or_else(|| needs_session_credential("resume_session"))?;
+    let secret = auth::new_secret(SESSION_CREDENTIAL_PREFIX);
+    let mut tx = pool.begin().await?;
+    guard(&mut tx, me).await?;
+    let (epoch, expires_at): (i64, DateTime<Utc>) = sqlx::query_as(
+        "UPDATE agent_sessions
+         SET secret_sha256 = $3, display_prefix = $4, epoch = epoch + 1, updated_at = now()
+         WHERE team_id = $1 AND id = $2
+         RETURNING epoch, expires_at",
+    )
+    .bind(me.team_id)
+    .bind(window.session_id)
+    .bind(&secret.sha256[..])
+    .bind(&secret.display_prefix)
+    .fetch_one(&mut *tx)
+    .await?;
+    audit::record(
+        &mut tx,
+        Some(me.team_id),
+        &actor_of(me),
+        "session.resume",
+        &me.address(),
+        json!({ "session_id": window.session_id, "epoch": epoch, "display_prefix": secret.display_prefix }),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(IssuedSession {
+        session_id: window.session_id,
+        address: me.address(),
+        usage: usage(&secret.plaintext, &me.session, epoch),
+        session: me.session.clone(),
+        credential: secret.plaintext,
+        epoch,
+        expires_at,
+    })
+}
+
+/// `renew_session`: push the expiry to now + ttl; secret and epoch stay.
+pub async fn renew(
+    pool: &PgPool,
+    me: &Identity,
+    ttl_seconds: Option<i64>,
+) -> BusResult<SessionState> {
+    let window = me
+        .window
+        .ok_or_else(|| needs_session_credential("renew_session"))?;
+    let ttl = check_ttl(ttl_seconds)?;
+    let mut tx = pool.begin().await?;
+    guard(&mut tx, me).await?;
+    let (epoch, expires_at): (i64, DateTime<Utc>) = sqlx::query_as(
+        "UPDATE agent_sessions SET expires_at = now() + $3, updated_at = now()
+         WHERE team_id = $1 AND id = $2
+         RETURNING epoch, expires_at",
+    )
+    .bind(me.team_id)
+    .bind(window.session_id)
+    .bind(ttl)
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(SessionState {
+        session_id: window.session_id,
+        session: me.session.clone(),
+        address: me.address(),
+        epoch,
+        expires_at,
+        revoked_at: None,
+    })
+}
+
+/// `revoke_session`: end this window's session, or (by `label`) another
+/// window of the same agent. Revoking a dead session changes nothing.
+pub async fn revoke(pool: &PgPool, me: &Identity, label: Option<&str>) -> BusResult<SessionState> {
+    let label = match label.map(auth::normalize_session_label).transpose()? {
+        Some(label) if !label.is_empty() => label,
+        _ if me.window.is_some() => me.session.clone(),
+        _ => {
+            return Err(BusError::invalid(
+                "revoke_session with the agent token needs `session`: the label of the window to \
+                 revoke (with a session credential, omit it to revoke the calling window).",
+            ));
+        }
+    };
+    let mut tx = pool.begin().await?;
+    // Like any mutation: a stale or revoked connection cannot revoke anything,
+    // including the session that replaced it.
+    guard(&mut tx, me).await?;
+    #[derive(sqlx::FromRow)]
+    struct Revoked {
+        id: Uuid,
+        epoch: i64,
+        expires_at: DateTime<Utc>,
+        revoked_at: Option<DateTime<Utc>>,
+        was_live: bool,
+    }
+    let row: Option<Revoked> = sqlx::query_as(
+        "WITH target AS (
+             SELECT id, revoked_at IS NULL AS was_live FROM agent_sessions
+             WHERE team_id = $1 AND agent_id = $2 AND label = $3 FOR UPDATE
+         )
+         UPDATE agent_sessions s SET revoked_at = coalesce(s.revoked_at, now()), updated_at = now()
+         FROM target WHERE s.id = target.id
+         RETURNING s.id, s.epoch, s.expires_at, s.revoked_at, target.was_live",
+    )
+    .bind(me.team_id)
+    .bind(me.agent_id)
+    .bind(&label)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(Revoked {
+        id: session_id,
+        epoch,
+        expires_at,
+        revoked_at,
+        was_live,
+    }) = row
+    else {
+        return Err(BusError::not_found(format!(
+            "agent `{}` has no registered window `{label}`; nothing to revoke.",
+            me.agent
+        )));
+    };
+    if was_live {
+        audit::record(
+            &mut tx,
+            Some(me.team_id),
+            &actor_of(me),
+            "session.revoke",
+            &address(&me.agent, &label),
+            json!({ "session_id": session_id, "epoch": epoch }),
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(SessionState {
+        session_id,
+        address: address(&me.agent, &label),
+        session: label,
+        epoch,
+        expires_at,
+        revoked_at,
+    })
+}
