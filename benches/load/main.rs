@@ -1,0 +1,242 @@
+//! The load benchmark: `scripts/bench [SCENARIO…]` (that is,
+//! `cargo bench --bench load -- [SCENARIO…]`).
+//!
+//! It answers "how much can the bus carry on this machine?" in a form that
+//! survives a noisy machine: every figure sits beside a baseline measured in
+//! the same run on the same PostgreSQL (the raw single-row INSERT+COMMIT rate,
+//! `pg_insert_commit`), and `ratio` is the scenario's rate over the baseline's
+//! at the same client count. Figures, never pass/fail: targets live in the issues.
+//!
+//! Everything it needs it starts itself and stops at the end, also on error or
+//! Ctrl-C: a throwaway PostgreSQL in a temporary directory, and the real
+//! `ai-crew-sync serve` binary (built by cargo in the bench profile) on a free
+//! loopback port. All traffic stays on 127.0.0.1.
+//!
+//! Output: one JSON line per (scenario, client count) on stdout, baseline
+//! lines included; progress on stderr. `BENCH_SECS` sets the measured window
+//! of each line (default 5). Under `cargo test --benches` (no `--bench` flag)
+//! it does nothing, so a test run never turns into a load run.
+
+mod harness;
+mod scenarios;
+mod servers;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ai_crew_sync::db;
+use ai_crew_sync::store::{Actor, Source, agents};
+use anyhow::{Context as _, Result, bail};
+use serde::Serialize;
+
+use harness::{Run, Timing};
+use scenarios::{BASELINE, Ctx, SCENARIOS, Scenario};
+use servers::{Postgres, Server};
+
+/// Concurrency levels: one client shows latency, sixteen show contention.
+const CLIENT_COUNTS: &[usize] = &[1, 16];
+const DEFAULT_SECS: f64 = 5.0;
+const DATABASE: &str = "bench";
+
+fn main() -> ExitCode {
+    match main_inner() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("bench: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn main_inner() -> Result<()> {
+    let Some(selected) = parse_args(std::env::args().skip(1))? else {
+        eprintln!("bench: not run without --bench (as under `cargo test`); use scripts/bench");
+        return Ok(());
+    };
+    let timing = Timing::new(window_from_env()?);
+    let _ = rustls::crypto::ring::default_provider().install_default();
+
+    eprintln!("bench: starting a throwaway PostgreSQL");
+    let postgres = Postgres::start()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("building the tokio runtime")?;
+    let result = runtime.block_on(async {
+        tokio::select! {
+            result = run(&postgres, &selected, timing) => result,
+            signal = interrupted() => bail!("interrupted by {signal}"),
+        }
+    });
+    // Workers still running (after an error) must not outlive the database.
+    drop(runtime);
+    drop(postgres);
+    result
+}
+
+/// `Some(scenarios)` to run, or `None` when not invoked as a benchmark.
+fn parse_args(args: impl Iterator<Item = String>) -> Result<Option<Vec<&'static Scenario>>> {
+    let known = || {
+        SCENARIOS
+            .iter()
+            .map(|s| s.name)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut as_bench = false;
+    let mut selected: Vec<&'static Scenario> = Vec::new();
+    for arg in args {
+        match arg.as_str() {
+            // cargo bench passes this to a harness-less bench; cargo test does not.
+            "--bench" => as_bench = true,
+            flag if flag.starts_with('-') => bail!(
+                "unknown option `{flag}`. Usage: scripts/bench [SCENARIO…]; scenarios: {}",
+                known()
+            ),
+            name => {
+                let Some(scenario) = SCENARIOS.iter().find(|s| s.name == name) else {
+                    bail!("unknown scenario `{name}`; known scenarios: {}", known());
+                };
+                if !selected.iter().any(|s| s.name == name) {
+                    selected.push(scenario);
+                }
+            }
+        }
+    }
+    if !as_bench {
+        return Ok(None);
+    }
+    if selected.is_empty() {
+        selected = SCENARIOS.iter().collect();
+    }
+    Ok(Some(selected))
+}
+
+fn window_from_env() -> Result<Duration> {
+    let Ok(raw) = std::env::var("BENCH_SECS") else {
+        return Ok(Duration::from_secs_f64(DEFAULT_SECS));
+    };
+    match raw.trim().parse::<f64>() {
+        Ok(secs) if secs.is_finite() && secs > 0.0 && secs <= 3600.0 => {
+            Ok(Duration::from_secs_f64(secs))
+        }
+        _ => bail!("BENCH_SECS must be a number of seconds in (0, 3600], not `{raw}`"),
+    }
+}
+
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without handlers a signal kills us outright; the guards then cannot
+        // run, but there is nothing better to do than carry on.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    }
+}
+
+async fn run(postgres: &Postgres, selected: &[&Scenario], timing: Timing) -> Result<()> {
+    db::create_database_if_missing(&postgres.database_url("postgres"), DATABASE).await?;
+    let url = postgres.database_url(DATABASE);
+    let max_clients = CLIENT_COUNTS.iter().copied().max().unwrap_or(1);
+    let pool = db::connect(&url, max_clients as u32 + 4).await?;
+    db::migrator()
+        .run(&pool)
+        .await
+        .context("migrating the benchmark database")?;
+    let actor = Actor {
+        name: "bench".into(),
+        source: Source::Cli,
+    };
+    let token = agents::quickstart(&pool, "bench", "bench", &actor)
+        .await
+        .context("creating the bench team and agent")?
+        .issued
+        .token;
+
+    eprintln!("bench: starting the server");
+    let mut server = Server::start(&url, postgres.scratch()).await?;
+    let ctx = Arc::new(Ctx {
+        mcp_url: server.mcp_url(),
+        token,
+        pool: pool.clone(),
+        timing,
+    });
+
+    // Each client count's baseline is measured right before its scenarios, so
+    // both see the same state of a noisy machine.
+    for &clients in CLIENT_COUNTS {
+        eprintln!("bench: {BASELINE} with {clients} client(s)");
+        let baseline = scenarios::pg_insert_commit(pool.clone(), timing, clients).await?;
+        let baseline_ops = baseline.ops_per_s();
+        emit(BASELINE, clients, &baseline, None, baseline_ops);
+        for scenario in selected {
+            eprintln!("bench: {} with {clients} client(s)", scenario.name);
+            server.reset_peak_rss();
+            let measured = (scenario.run)(ctx.clone(), clients)
+                .await
+                .with_context(|| format!("scenario {} with {clients} client(s)", scenario.name))?;
+            emit(
+                scenario.name,
+                clients,
+                &measured,
+                server.peak_rss_mib(),
+                baseline_ops,
+            );
+        }
+    }
+
+    server.stop();
+    pool.close().await;
+    Ok(())
+}
+
+/// One output line. Field order is the documented one, so a reader scanning
+/// the lines by eye finds the figures in the same place on every line.
+#[derive(Serialize)]
+struct Line<'a> {
+    scenario: &'a str,
+    clients: usize,
+    ops_per_s: f64,
+    p50_ms: Option<f64>,
+    p99_ms: Option<f64>,
+    server_peak_rss_mib: Option<f64>,
+    baseline: &'static str,
+    baseline_ops_per_s: f64,
+    ratio: Option<f64>,
+    ops: usize,
+    secs: f64,
+}
+
+fn emit(scenario: &str, clients: usize, run: &Run, rss_mib: Option<f64>, baseline_ops: f64) {
+    let ops_per_s = run.ops_per_s();
+    let line = Line {
+        scenario,
+        clients,
+        ops_per_s: round(ops_per_s, 1),
+        p50_ms: run.percentile_ms(50.0).map(|v| round(v, 3)),
+        p99_ms: run.percentile_ms(99.0).map(|v| round(v, 3)),
+        server_peak_rss_mib: rss_mib.map(|v| round(v, 1)),
+        baseline: BASELINE,
+        baseline_ops_per_s: round(baseline_ops, 1),
+        // No ratio to a baseline that did nothing.
+        ratio: (baseline_ops > 0.0).then(|| round(ops_per_s / baseline_ops, 4)),
+        ops: run.ops(),
+        secs: round(run.secs(), 3),
+    };
+    match serde_json::to_string(&line) {
+        Ok(text) => println!("{text}"),
+        Err(err) => eprintln!("bench: could not encode a line: {err}"),
+    }
+}
+
+fn round(value: f64, decimals: i32) -> f64 {
+    let scale = 10f64.powi(decimals);
+    (value * scale).round() / scale
+}
