@@ -9,9 +9,11 @@
 //! - [`db`]: the pool, migrations, the embedded local PostgreSQL.
 //! - [`auth`]: credentials and the caller's identity.
 //! - [`cli`]: the command line (thin, over `store`).
+//! - [`client`]: speaking MCP to a server, as an agent would.
 
 pub mod auth;
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod db;
 pub mod error;

@@ -2,6 +2,7 @@
 //! commands and `mcp-config`. Thin like the tools: parse, call one library
 //! function, print. Listings print a table, or JSON with `--json`.
 
+mod admin;
 mod operator;
 mod output;
 mod serve;
@@ -72,11 +73,17 @@ enum Command {
     Token(operator::TokenCommand),
     /// Print the MCP client config block for a URL and token.
     McpConfig(operator::McpConfigArgs),
+    /// Administration: `bootstrap` locally, the rest over a server's /admin API.
+    #[command(subcommand)]
+    Admin(admin::AdminCommand),
 }
 
 /// Parse the command line and run it. Errors print on stderr and exit 1.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    // reqwest is built without a TLS provider of its own (no C toolchain for
+    // aws-lc); ring serves https URLs of remote servers.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     init_logging(cli.log_format, matches!(cli.command, Command::Serve(_)));
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
@@ -116,6 +123,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Team(cmd) => operator::team(&ctx, cmd).await,
         Command::Agent(cmd) => operator::agent(&ctx, cmd).await,
         Command::Token(cmd) => operator::token(&ctx, cmd).await,
+        Command::Admin(cmd) => admin::run(&ctx, cmd).await,
         Command::McpConfig(args) => {
             operator::print_mcp_config(&args.url, &args.token, args.session.as_deref());
             Ok(())

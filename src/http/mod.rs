@@ -14,6 +14,7 @@
 //! 3. rmcp's Streamable HTTP service, stateless with JSON responses, sees the
 //!    caller's [`Identity`] in the request extensions.
 
+mod admin;
 mod health;
 mod rate_limit;
 
@@ -45,12 +46,25 @@ pub const SESSION_HEADER: &str = "x-crew-session";
 pub const EPOCH_HEADER: &str = "x-crew-epoch";
 
 /// The routes that exist, named in every 404.
-const ROUTES: &[&str] = &["POST /mcp", "GET /health"];
+const ROUTES: &[&str] = &[
+    "POST /mcp",
+    "GET /health",
+    "GET /admin/whoami",
+    "GET|POST /admin/teams",
+    "GET|POST /admin/teams/{team}/agents",
+    "POST /admin/teams/{team}/agents/{name}/disable|enable",
+    "GET|POST /admin/teams/{team}/tokens",
+    "DELETE /admin/teams/{team}/tokens/{id}",
+    "GET|POST /admin/credentials",
+    "DELETE /admin/credentials/{id}",
+];
 
 pub struct AppState {
     pub pool: PgPool,
     pub settings: HttpSettings,
     pub limiter: RateLimiter,
+    /// `/admin` has its own allowance: a tenth of the MCP one.
+    pub admin_limiter: RateLimiter,
 }
 
 /// The whole HTTP application. `shutdown` ends rmcp's open streams when cancelled.
@@ -58,6 +72,7 @@ pub fn router(pool: PgPool, settings: HttpSettings, shutdown: CancellationToken)
     let state = Arc::new(AppState {
         pool: pool.clone(),
         limiter: RateLimiter::new(settings.rate_limit_per_minute),
+        admin_limiter: RateLimiter::new(settings.rate_limit_per_minute.div_ceil(10)),
         settings: settings.clone(),
     });
 
@@ -85,6 +100,7 @@ pub fn router(pool: PgPool, settings: HttpSettings, shutdown: CancellationToken)
     Router::new()
         .route("/health", get(health::health))
         .nest("/mcp", mcp_routes)
+        .nest("/admin", admin::routes(state.clone()))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), host_check))
         .layer(tower_http::trace::TraceLayer::new_for_http())
@@ -100,7 +116,7 @@ pub fn json_error(status: StatusCode, kind: &str, message: impl Into<String>) ->
         .into_response()
 }
 
-fn bus_error_response(err: &BusError) -> Response {
+pub(crate) fn bus_error_response(err: &BusError) -> Response {
     let status =
         StatusCode::from_u16(err.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut response = json_error(status, err.kind(), err.to_string());
@@ -112,7 +128,7 @@ fn bus_error_response(err: &BusError) -> Response {
     response
 }
 
-async fn not_found(request: Request) -> Response {
+pub(crate) async fn not_found(request: Request) -> Response {
     let (method, path) = (request.method().clone(), request.uri().path().to_string());
     (
         StatusCode::NOT_FOUND,
@@ -170,7 +186,7 @@ async fn host_check(State(state): State<Arc<AppState>>, request: Request, next: 
     next.run(request).await
 }
 
-fn too_large(limit: usize) -> Response {
+pub(crate) fn too_large(limit: usize) -> Response {
     json_error(
         StatusCode::PAYLOAD_TOO_LARGE,
         "invalid",
@@ -227,7 +243,7 @@ async fn authenticate(
     }
 }
 
-fn bearer(headers: &HeaderMap) -> Result<&str, BusError> {
+pub(crate) fn bearer(headers: &HeaderMap) -> Result<&str, BusError> {
     let value = headers.get(header::AUTHORIZATION).ok_or_else(|| {
         BusError::unauthenticated(
             "no credential: send `Authorization: Bearer acs_…` with your agent token. An operator \
@@ -245,6 +261,24 @@ fn bearer(headers: &HeaderMap) -> Result<&str, BusError> {
             "the Authorization header must be `Bearer acs_…` (the Bearer scheme with your agent token).",
         )),
     }
+}
+
+/// 429 with `Retry-After`, saying which allowance ran out.
+pub(crate) fn rate_limited(wait: std::time::Duration, per_minute: u32, what: &str) -> Response {
+    let seconds = wait.as_secs() + 1;
+    let mut response = json_error(
+        StatusCode::TOO_MANY_REQUESTS,
+        "rate_limited",
+        format!(
+            "this {what} made more than {per_minute} requests in the last minute (the limit of \
+             this server). Wait {seconds} s before the next call; batch work or use \
+             wait_for_updates instead of polling."
+        ),
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    response
 }
 
 /// Everything `/mcp` checks before rmcp sees the request (see the module docs).
@@ -271,21 +305,7 @@ async fn mcp_gate(State(state): State<Arc<AppState>>, request: Request, next: Ne
     };
 
     if let Err(wait) = state.limiter.check(identity.token_id) {
-        let seconds = wait.as_secs() + 1;
-        let mut response = json_error(
-            StatusCode::TOO_MANY_REQUESTS,
-            "rate_limited",
-            format!(
-                "this token made more than {} requests in the last minute (the per-token limit of \
-                 this server). Wait {seconds} s before the next call; batch work or use \
-                 wait_for_updates instead of polling.",
-                state.limiter.per_minute()
-            ),
-        );
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
-        return response;
+        return rate_limited(wait, state.limiter.per_minute(), "token");
     }
 
     let (mut parts, body) = request.into_parts();

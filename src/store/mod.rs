@@ -5,6 +5,7 @@
 //! change is one short transaction that validates first, writes second, and
 //! records its audit row inside the same transaction.
 
+pub mod admin;
 pub mod agents;
 pub mod audit;
 pub mod sessions;

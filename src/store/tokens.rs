@@ -229,11 +229,14 @@ pub async fn revoke(
         )
         .await?;
     }
-    let token: Option<TokenSummary> =
-        sqlx::query_as(concat!(summary_select!(), " WHERE t.id = $1"))
-            .bind(id)
-            .fetch_optional(&mut *tx)
-            .await?;
+    let token: Option<TokenSummary> = sqlx::query_as(concat!(
+        summary_select!(),
+        " WHERE t.id = $1 AND ($2::uuid IS NULL OR t.team_id = $2)"
+    ))
+    .bind(id)
+    .bind(team_id)
+    .fetch_optional(&mut *tx)
+    .await?;
     let Some(token) = token else {
         return Err(BusError::not_found(format!(
             "no token with id {id}. `ai-crew-sync token list --team T` shows token ids."

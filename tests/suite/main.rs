@@ -3,6 +3,7 @@
 
 mod support;
 
+mod admin;
 mod auth;
 mod binary;
 mod cli;

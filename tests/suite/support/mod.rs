@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 pub struct TestApp {
     pub addr: SocketAddr,
     pub pool: PgPool,
+    pub database_url: String,
     shutdown: CancellationToken,
 }
 
@@ -40,7 +41,7 @@ pub async fn spawn_app() -> TestApp {
 
 pub async fn spawn_app_with(settings: HttpSettings) -> TestApp {
     install_crypto_provider();
-    let (pool, _) = postgres::fresh_pool().await;
+    let (pool, database_url) = postgres::fresh_pool().await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind a loopback port");
@@ -57,6 +58,7 @@ pub async fn spawn_app_with(settings: HttpSettings) -> TestApp {
     TestApp {
         addr,
         pool,
+        database_url,
         shutdown,
     }
 }

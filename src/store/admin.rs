@@ -1,0 +1,325 @@
+//! Admin credentials (`acsa_…`): global, or confined to one team.
+//!
+//! They manage teams, agents, tokens and credentials over `/admin`; they never
+//! post, read or claim. A team credential stays inside its team: another
+//! team's slug is refused (403) whether that team exists or not, so a scoped
+//! credential cannot even learn which teams exist. Only a global credential
+//! creates teams or grants credentials. `bootstrap` (local, beside the
+//! database) mints the first global one.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::json;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::{Actor, Source, audit, normalize_team_slug, teams};
+use crate::auth::{self, ADMIN_CREDENTIAL_PREFIX};
+use crate::error::{BusError, BusResult};
+
+/// The caller of one `/admin` request.
+#[derive(Clone, Debug)]
+pub struct AdminIdentity {
+    pub credential_id: Uuid,
+    pub display_prefix: String,
+    pub label: Option<String>,
+    /// `None` for a global credential.
+    pub team_id: Option<Uuid>,
+    pub team: Option<String>,
+}
+
+impl AdminIdentity {
+    pub fn actor(&self) -> Actor {
+        Actor {
+            name: format!("admin:{}", self.display_prefix),
+            source: Source::Http,
+        }
+    }
+
+    pub fn is_global(&self) -> bool {
+        self.team_id.is_none()
+    }
+
+    /// Refuse a team credential acting on any team but its own. Answers the
+    /// same for a team that exists and one that does not.
+    pub fn authorize_team(&self, slug: &str) -> BusResult<()> {
+        match &self.team {
+            None => Ok(()),
+            Some(own) if slug.trim().eq_ignore_ascii_case(own) => Ok(()),
+            Some(own) => Err(BusError::forbidden(format!(
+                "this admin credential is confined to team `{own}` and cannot act on another team. \
+                 Use a global admin credential, or one granted for that team."
+            ))),
+        }
+    }
+
+    pub fn require_global(&self, what: &str) -> BusResult<()> {
+        match &self.team {
+            None => Ok(()),
+            Some(own) => Err(BusError::forbidden(format!(
+                "only a global admin credential can {what}; this one is confined to team `{own}`."
+            ))),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct IssuedAdminCredential {
+    pub id: Uuid,
+    /// `global`, or the team slug the credential is confined to.
+    pub scope: String,
+    pub credential: String,
+    pub display_prefix: String,
+    pub label: Option<String>,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct AdminCredentialSummary {
+    pub id: Uuid,
+    pub scope: String,
+    pub display_prefix: String,
+    pub label: Option<String>,
+    pub created_by: String,
+    pub created_at: DateTime<Utc>,
+    pub last_used_at: Option<DateTime<Utc>>,
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct AdminRevocation {
+    pub credential: AdminCredentialSummary,
+    pub revoked_now: bool,
+}
+
+/// Resolve an admin credential digest; revoked or unknown is 401.
+pub async fn authenticate(pool: &PgPool, sha256: &[u8; 32]) -> BusResult<AdminIdentity> {
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        id: Uuid,
+        display_prefix: String,
+        label: Option<String>,
+        team_id: Option<Uuid>,
+        team: Option<String>,
+        revoked_at: Option<DateTime<Utc>>,
+        last_used_stale: bool,
+    }
+    let row: Option<Row> = sqlx::query_as(
+        "SELECT c.id, c.display_prefix, c.label, c.team_id, t.slug AS team, c.revoked_at,
+                (c.last_used_at IS NULL OR c.last_used_at < now() - interval '60 seconds') AS last_used_stale
+         FROM admin_credentials c LEFT JOIN teams t ON t.id = c.team_id
+         WHERE c.secret_sha256 = $1",
+    )
+    .bind(&sha256[..])
+    .fetch_optional(pool)
+    .await?;
+    let Some(row) = row else {
+        return Err(BusError::unauthenticated(
+            "unknown admin credential. `ai-crew-sync admin bootstrap` (beside the database) mints \
+             the first one; a global admin grants more with `ai-crew-sync admin grant`.",
+        ));
+    };
+    if let Some(at) = row.revoked_at {
+        return Err(BusError::unauthenticated(format!(
+            "this admin credential was revoked at {}. Ask a global admin for a new one.",
+            at.to_rfc3339()
+        )));
+    }
+    if row.last_used_stale {
+        sqlx::query("UPDATE admin_credentials SET last_used_at = now() WHERE id = $1")
+            .bind(row.id)
+            .execute(pool)
+            .await?;
+    }
+    Ok(AdminIdentity {
+        credential_id: row.id,
+        display_prefix: row.display_prefix,
+        label: row.label,
+        team_id: row.team_id,
+        team: row.team,
+    })
+}
+
+fn check_label(label: Option<&str>) -> BusResult<Option<String>> {
+    let Some(label) = label.map(str::trim).filter(|l| !l.is_empty()) else {
+        return Ok(None);
+    };
+    if label.len() > 64 || label.chars().any(char::is_control) {
+        return Err(BusError::invalid(format!(
+            "a credential label must be at most 64 bytes without control characters (got {} bytes).",
+            label.len()
+        )));
+    }
+    Ok(Some(label.to_string()))
+}
+
+/// The first global credential, minted locally. Refused while a live global
+/// credential exists unless `force` (the operator lost it, say).
+pub async fn bootstrap(
+    pool: &PgPool,
+    label: Option<&str>,
+    force: bool,
+    actor: &Actor,
+) -> BusResult<IssuedAdminCredential> {
+    let label = check_label(label)?.or_else(|| Some("bootstrap".into()));
+    let mut tx = pool.begin().await?;
+    // Serialises concurrent bootstraps so only one of them sees "none yet".
+    sqlx::query("LOCK TABLE admin_credentials IN SHARE ROW EXCLUSIVE MODE")
+        .execute(&mut *tx)
+        .await?;
+    let live: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM admin_credentials WHERE team_id IS NULL AND revoked_at IS NULL",
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    if live > 0 && !force {
+        return Err(BusError::conflict(format!(
+            "{live} live global admin credential(s) already exist. Use one of them \
+             (`ai-crew-sync admin login`), or pass --force to mint another."
+        )));
+    }
+    let issued = insert_credential(&mut tx, None, None, label, actor).await?;
+    tx.commit().await?;
+    Ok(issued)
+}
+
+/// A new credential: confined to `team`, or global when `team` is None.
+/// Only a global credential (or a local operator) may call this.
+pub async fn grant(
+    pool: &PgPool,
+    team: Option<&str>,
+    label: Option<&str>,
+    actor: &Actor,
+) -> BusResult<IssuedAdminCredential> {
+    let label = check_label(label)?;
+    let mut tx = pool.begin().await?;
+    let team = match team {
+        Some(slug) => Some(teams::find(&mut *tx, slug).await?),
+        None => None,
+    };
+    let issued = insert_credential(
+        &mut tx,
+        team.as_ref().map(|t| t.id),
+        team.as_ref().map(|t| t.slug.as_str()),
+        label,
+        actor,
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(issued)
+}
+
+async fn insert_credential(
+    conn: &mut sqlx::PgConnection,
+    team_id: Option<Uuid>,
+    team_slug: Option<&str>,
+    label: Option<String>,
+    actor: &Actor,
+) -> BusResult<IssuedAdminCredential> {
+    let secret = auth::new_secret(ADMIN_CREDENTIAL_PREFIX);
+    let id = Uuid::new_v4();
+    let created_at: DateTime<Utc> = sqlx::query_scalar(
+        "INSERT INTO admin_credentials (id, team_id, secret_sha256, display_prefix, label, created_by)
+         VALUES ($1, $2, $3, $4, $5, $6) RETURNING created_at",
+    )
+    .bind(id)
+    .bind(team_id)
+    .bind(&secret.sha256[..])
+    .bind(&secret.display_prefix)
+    .bind(&label)
+    .bind(&actor.name)
+    .fetch_one(&mut *conn)
+    .await?;
+    let scope = team_slug.unwrap_or("global").to_string();
+    audit::record(
+        conn,
+        team_id,
+        actor,
+        "admin_credential.grant",
+        &id.to_string(),
+        json!({ "scope": scope, "display_prefix": secret.display_prefix, "label": label }),
+    )
+    .await?;
+    Ok(IssuedAdminCredential {
+        id,
+        scope,
+        credential: secret.plaintext,
+        display_prefix: secret.display_prefix,
+        label,
+        created_at,
+    })
+}
+
+macro_rules! credential_select {
+    () => {
+        "SELECT c.id, coalesce(t.slug, 'global') AS scope, c.display_prefix, c.label, c.created_by,
+                c.created_at, c.last_used_at, c.revoked_at
+         FROM admin_credentials c LEFT JOIN teams t ON t.id = c.team_id"
+    };
+}
+
+pub async fn list(pool: &PgPool) -> BusResult<Vec<AdminCredentialSummary>> {
+    Ok(
+        sqlx::query_as(concat!(credential_select!(), " ORDER BY c.created_at"))
+            .fetch_all(pool)
+            .await?,
+    )
+}
+
+/// Revoke an admin credential. One transition and one audit row however many
+/// callers race.
+pub async fn revoke(pool: &PgPool, id: Uuid, actor: &Actor) -> BusResult<AdminRevocation> {
+    let mut tx = pool.begin().await?;
+    let changed: Option<(Option<Uuid>, String)> = sqlx::query_as(
+        "UPDATE admin_credentials SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL
+         RETURNING team_id, display_prefix",
+    )
+    .bind(id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if let Some((team_id, prefix)) = &changed {
+        audit::record(
+            &mut tx,
+            *team_id,
+            actor,
+            "admin_credential.revoke",
+            &id.to_string(),
+            json!({ "display_prefix": prefix }),
+        )
+        .await?;
+    }
+    let credential: Option<AdminCredentialSummary> =
+        sqlx::query_as(concat!(credential_select!(), " WHERE c.id = $1"))
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let credential = credential.ok_or_else(|| {
+        BusError::not_found(format!(
+            "no admin credential with id {id}. `ai-crew-sync admin credential list` shows them."
+        ))
+    })?;
+    tx.commit().await?;
+    Ok(AdminRevocation {
+        credential,
+        revoked_now: changed.is_some(),
+    })
+}
+
+/// The teams this credential may see: all for a global one, its own otherwise.
+pub async fn visible_teams(
+    pool: &PgPool,
+    me: &AdminIdentity,
+) -> BusResult<Vec<teams::TeamSummary>> {
+    let mut all = teams::list(pool).await?;
+    if let Some(own) = me.team_id {
+        all.retain(|t| t.id == own);
+    }
+    Ok(all)
+}
+
+/// The normalised slug, after the scope check (scope first: a scoped
+/// credential learns nothing, not even whether the slug is well-formed).
+pub fn scoped_slug(me: &AdminIdentity, slug: &str) -> BusResult<String> {
+    me.authorize_team(slug)?;
+    normalize_team_slug(slug)
+}
