@@ -506,3 +506,95 @@ async fn the_admin_cli_logs_in_and_onboards_a_team_with_a_verified_token() {
     let (ok, _, err) = bus(&app, config.path(), &["admin", "whoami"], None).await;
     assert!(!ok && err.contains("admin login"), "{err}");
 }
+
+/// A front that sends `/mcp` to one server and everything else to another:
+/// the network fault that makes a freshly issued token fail verification.
+async fn split_front(admin_side: String, mcp_side: String) -> String {
+    use axum::body::{Body, to_bytes};
+    use axum::extract::Request;
+    use axum::response::Response;
+
+    let forward = move |request: Request| {
+        let (admin_side, mcp_side) = (admin_side.clone(), mcp_side.clone());
+        async move {
+            let path = request
+                .uri()
+                .path_and_query()
+                .map(|p| p.to_string())
+                .unwrap_or_default();
+            let base = if path.starts_with("/mcp") {
+                mcp_side
+            } else {
+                admin_side
+            };
+            let (parts, body) = request.into_parts();
+            let body = to_bytes(body, usize::MAX).await.unwrap();
+            let mut outgoing = http_client()
+                .request(parts.method, format!("{base}{path}"))
+                .body(body);
+            for (name, value) in parts.headers.iter().filter(|(n, _)| *n != "host") {
+                outgoing = outgoing.header(name, value);
+            }
+            let answer = outgoing.send().await.unwrap();
+            let mut response = Response::builder().status(answer.status());
+            for (name, value) in answer.headers() {
+                response = response.header(name, value);
+            }
+            response
+                .body(Body::from(answer.bytes().await.unwrap()))
+                .unwrap()
+        }
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, axum::Router::new().fallback(forward)).await });
+    format!("http://{addr}")
+}
+
+#[tokio::test]
+async fn admin_token_issue_revokes_a_token_that_does_not_verify() {
+    let issuing = spawn_app().await;
+    let elsewhere = spawn_app().await;
+    let root = global_credential(&issuing).await;
+    issuing.team("acme").await;
+    issuing.agent("acme", "alice").await;
+    let front = split_front(issuing.url(""), elsewhere.url("")).await;
+    let config = tempfile::tempdir().unwrap();
+
+    let (ok, out, err) = {
+        let (root, front, dir) = (root.clone(), front.clone(), config.path().to_path_buf());
+        tokio::task::spawn_blocking(move || {
+            let out = Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"))
+                .args([
+                    "admin", "token", "issue", "--team", "acme", "--agent", "alice", "--json",
+                ])
+                .env("BUS_ADMIN_URL", front)
+                .env("BUS_ADMIN_TOKEN", root)
+                .env("BUS_CONFIG_DIR", dir)
+                .output()
+                .unwrap();
+            (
+                out.status.success(),
+                String::from_utf8_lossy(&out.stdout).to_string(),
+                String::from_utf8_lossy(&out.stderr).to_string(),
+            )
+        })
+        .await
+        .unwrap()
+    };
+    assert!(!ok, "a token that does not verify is an error");
+    assert!(out.trim().is_empty(), "no token is printed: {out}");
+    assert!(
+        err.contains("did not verify") && err.contains("it was revoked"),
+        "{err}"
+    );
+    let live: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM agent_tokens WHERE revoked_at IS NULL")
+            .fetch_one(&issuing.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        live, 1,
+        "only the first token is live; the unverified one was revoked"
+    );
+}
