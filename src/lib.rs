@@ -6,6 +6,7 @@
 //! - [`store`]: all domain logic and all SQL.
 //! - [`mcp`]: the MCP tools (thin, over `store`).
 //! - [`http`]: the router: `/mcp`, `/health`, authentication, limits.
+//! - [`events`]: the LISTEN/NOTIFY hub that wakes waiting calls on every replica.
 //! - [`db`]: the pool, migrations, the embedded local PostgreSQL.
 //! - [`auth`]: credentials and the caller's identity.
 //! - [`cli`]: the command line (thin, over `store`).
@@ -17,8 +18,29 @@ pub mod client;
 pub mod config;
 pub mod db;
 pub mod error;
+pub mod events;
 pub mod http;
 pub mod mcp;
 pub mod store;
 
 pub use error::{BusError, BusResult};
+
+/// What every tool and worker works with: the database and the event hub.
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct Bus {
+    pub pool: sqlx::PgPool,
+    pub events: events::Events,
+}
+
+impl Bus {
+    /// Connect the event hub to `pool`; its tasks stop with `shutdown`.
+    pub fn start(
+        pool: sqlx::PgPool,
+        event_ping: std::time::Duration,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> Bus {
+        let events = events::Events::start(pool.clone(), event_ping, shutdown);
+        Bus { pool, events }
+    }
+}

@@ -34,6 +34,9 @@ pub struct ServeArgs {
     /// Apply database migrations on start.
     #[arg(long, env = "BUS_AUTO_MIGRATE", default_value_t = true, action = clap::ArgAction::Set)]
     auto_migrate: bool,
+    /// Seconds between event-listener pings (how fast /health notices a silent listener).
+    #[arg(long, env = "BUS_EVENT_PING_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    event_ping_secs: u64,
     /// Seconds to let in-flight requests finish after SIGINT/SIGTERM.
     #[arg(long, env = "BUS_SHUTDOWN_GRACE_SECS", default_value_t = 10)]
     shutdown_grace_secs: u64,
@@ -98,7 +101,12 @@ async fn serve_on(
         shutdown_grace: Duration::from_secs(args.shutdown_grace_secs),
     };
     let grace = settings.shutdown_grace;
-    let app = http::router(db.pool.clone(), settings, shutdown.clone());
+    let bus = crate::Bus::start(
+        db.pool.clone(),
+        Duration::from_secs(args.event_ping_secs),
+        shutdown.clone(),
+    );
+    let app = http::router(bus, settings, shutdown.clone());
     eprintln!(
         "listening on http://{local} (MCP: POST http://{local}/mcp, health: GET http://{local}/health)"
     );

@@ -1,4 +1,5 @@
-//! `GET /health`: 200 while the database answers, with a JSON body saying so.
+//! `GET /health`: 200 while the database answers, with a JSON body saying so,
+//! and the event listener's state (`live`, `silent`, `detached`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,14 +19,17 @@ pub async fn health(State(state): State<Arc<AppState>>) -> (StatusCode, Json<ser
         Err(_) => Err("no answer within 3 s".to_string()),
     };
     let version = env!("CARGO_PKG_VERSION");
+    let events = state.events.state();
     match database {
         Ok(()) => (
             StatusCode::OK,
-            Json(json!({ "status": "ok", "database": "ok", "version": version })),
+            Json(json!({ "status": "ok", "database": "ok", "events": events, "version": version })),
         ),
         Err(detail) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({ "status": "unavailable", "database": detail, "version": version })),
+            Json(
+                json!({ "status": "unavailable", "database": detail, "events": events, "version": version }),
+            ),
         ),
     }
 }

@@ -36,6 +36,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use rate_limit::RateLimiter;
 
+use crate::Bus;
 use crate::auth::{self, AgentCredential};
 use crate::config::HttpSettings;
 use crate::error::BusError;
@@ -61,6 +62,7 @@ const ROUTES: &[&str] = &[
 
 pub struct AppState {
     pub pool: PgPool,
+    pub events: crate::events::Events,
     pub settings: HttpSettings,
     pub limiter: RateLimiter,
     /// `/admin` has its own allowance: a tenth of the MCP one.
@@ -68,9 +70,10 @@ pub struct AppState {
 }
 
 /// The whole HTTP application. `shutdown` ends rmcp's open streams when cancelled.
-pub fn router(pool: PgPool, settings: HttpSettings, shutdown: CancellationToken) -> Router {
+pub fn router(bus: Bus, settings: HttpSettings, shutdown: CancellationToken) -> Router {
     let state = Arc::new(AppState {
-        pool: pool.clone(),
+        pool: bus.pool.clone(),
+        events: bus.events.clone(),
         limiter: RateLimiter::new(settings.rate_limit_per_minute),
         admin_limiter: RateLimiter::new(settings.rate_limit_per_minute.div_ceil(10)),
         settings: settings.clone(),
@@ -86,7 +89,7 @@ pub fn router(pool: PgPool, settings: HttpSettings, shutdown: CancellationToken)
         .with_allowed_origins(settings.allowed_origins.clone())
         .with_max_request_body_bytes(settings.max_request_bytes)
         .with_cancellation_token(shutdown.child_token());
-    let server = BusServer::new(pool);
+    let server = BusServer::new(bus);
     let mcp = StreamableHttpService::new(
         move || Ok(server.clone()),
         Arc::new(NeverSessionManager::default()),

@@ -19,6 +19,7 @@ use serde::Serialize;
 use serde_json::json;
 use sqlx::PgPool;
 
+use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 
@@ -30,7 +31,7 @@ Call `whoami` to see who and where you are.";
 
 /// Everything a tool call may need; built once per process and shared.
 pub struct Shared {
-    pub pool: PgPool,
+    pub bus: Bus,
     tools: ToolRouter<BusServer>,
 }
 
@@ -41,15 +42,19 @@ pub struct BusServer {
 }
 
 impl BusServer {
-    pub fn new(pool: PgPool) -> Self {
+    pub fn new(bus: Bus) -> Self {
         let tools = Self::identity_router() + Self::session_router();
         BusServer {
-            shared: Arc::new(Shared { pool, tools }),
+            shared: Arc::new(Shared { bus, tools }),
         }
     }
 
     pub fn pool(&self) -> &PgPool {
-        &self.shared.pool
+        &self.shared.bus.pool
+    }
+
+    pub fn bus(&self) -> &Bus {
+        &self.shared.bus
     }
 }
 

@@ -7,6 +7,7 @@ mod admin;
 mod auth;
 mod binary;
 mod cli;
+mod events;
 mod http_surface;
 mod sessions;
 mod support_servers;

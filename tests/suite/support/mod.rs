@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 pub struct TestApp {
     pub addr: SocketAddr,
     pub pool: PgPool,
+    pub bus: ai_crew_sync::Bus,
     pub database_url: String,
     shutdown: CancellationToken,
 }
@@ -40,15 +41,24 @@ pub async fn spawn_app() -> TestApp {
 }
 
 pub async fn spawn_app_with(settings: HttpSettings) -> TestApp {
-    install_crypto_provider();
     let (pool, database_url) = postgres::fresh_pool().await;
+    spawn_on(pool, database_url, settings).await
+}
+
+async fn spawn_on(pool: PgPool, database_url: String, settings: HttpSettings) -> TestApp {
+    install_crypto_provider();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind a loopback port");
     let addr = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
     let grace = settings.shutdown_grace;
-    let app = ai_crew_sync::http::router(pool.clone(), settings, shutdown.clone());
+    let bus = ai_crew_sync::Bus::start(
+        pool.clone(),
+        std::time::Duration::from_secs(1),
+        shutdown.clone(),
+    );
+    let app = ai_crew_sync::http::router(bus.clone(), settings, shutdown.clone());
     tokio::spawn(ai_crew_sync::http::serve(
         listener,
         app,
@@ -58,12 +68,21 @@ pub async fn spawn_app_with(settings: HttpSettings) -> TestApp {
     TestApp {
         addr,
         pool,
+        bus,
         database_url,
         shutdown,
     }
 }
 
 impl TestApp {
+    /// Another replica: its own router, pool and event listener on the same database.
+    pub async fn replica(&self) -> TestApp {
+        let pool = ai_crew_sync::db::connect(&self.database_url, 8)
+            .await
+            .expect("connect a replica");
+        spawn_on(pool, self.database_url.clone(), HttpSettings::default()).await
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }
