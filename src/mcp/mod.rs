@@ -8,6 +8,7 @@
 //! instead of a bare protocol error.
 
 mod identity;
+mod messaging;
 mod sessions;
 
 use std::sync::Arc;
@@ -43,7 +44,7 @@ pub struct BusServer {
 
 impl BusServer {
     pub fn new(bus: Bus) -> Self {
-        let tools = Self::identity_router() + Self::session_router();
+        let tools = Self::identity_router() + Self::session_router() + Self::messaging_router();
         BusServer {
             shared: Arc::new(Shared { bus, tools }),
         }
@@ -87,6 +88,15 @@ pub(crate) fn reply<T: Serialize>(result: BusResult<T>) -> Result<CallToolResult
         }
         Err(err) => Ok(refusal(&err)),
     }
+}
+
+/// Like [`reply`], for a list: MCP structured content is an object, so the
+/// list goes under `key` (`{"channels": [...]}`).
+pub(crate) fn reply_list<T: Serialize>(
+    key: &str,
+    result: BusResult<Vec<T>>,
+) -> Result<CallToolResult, ErrorData> {
+    reply(result.map(|items| json!({ key: items })))
 }
 
 pub(crate) fn refusal(err: &BusError) -> CallToolResult {

@@ -8,6 +8,8 @@
 pub mod admin;
 pub mod agents;
 pub mod audit;
+pub mod channels;
+pub mod messages;
 pub mod sessions;
 pub mod teams;
 pub mod tokens;

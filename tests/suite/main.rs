@@ -9,6 +9,7 @@ mod binary;
 mod cli;
 mod events;
 mod http_surface;
+mod messaging;
 mod sessions;
 mod support_servers;
 mod tenancy;

@@ -1,0 +1,158 @@
+//! Channels: team-wide topics, usually one per repository.
+//!
+//! Names are normalised (trimmed, lower-cased, a leading `#` dropped) so
+//! `#Backend` and `backend` are one channel. Creating is idempotent; posting to
+//! a channel that does not exist yet creates it.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use super::sessions;
+use crate::Bus;
+use crate::auth::Identity;
+use crate::error::{BusError, BusResult};
+
+pub const CHANNEL_NAME_MAX_BYTES: usize = 64;
+pub const TOPIC_MAX_BYTES: usize = 256;
+
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct Channel {
+    pub id: Uuid,
+    pub name: String,
+    pub topic: Option<String>,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct ChannelSummary {
+    pub name: String,
+    pub topic: Option<String>,
+    pub messages: i64,
+    pub last_message_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// `#Backend ` → `backend`; refused unless `[a-z0-9][a-z0-9._-]*`, <= 64 bytes.
+pub fn normalize_name(raw: &str) -> BusResult<String> {
+    let name = raw.trim().trim_start_matches('#').to_ascii_lowercase();
+    let ok = !name.is_empty()
+        && name.len() <= CHANNEL_NAME_MAX_BYTES
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if !ok {
+        return Err(BusError::invalid(format!(
+            "channel name {raw:?} is not valid: use 1-{CHANNEL_NAME_MAX_BYTES} ASCII letters, digits \
+             and `-_.`, starting with a letter or digit (for example `backend` or `web-app`)."
+        )));
+    }
+    Ok(name)
+}
+
+fn check_topic(topic: Option<&str>) -> BusResult<Option<String>> {
+    let Some(topic) = topic.map(str::trim) else {
+        return Ok(None);
+    };
+    if topic.len() > TOPIC_MAX_BYTES {
+        return Err(BusError::invalid(format!(
+            "channel topic is {} bytes; the limit is {TOPIC_MAX_BYTES}. Shorten it to one line.",
+            topic.len()
+        )));
+    }
+    Ok(Some(topic.to_string()))
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Created {
+    pub channel: Channel,
+    pub created: bool,
+}
+
+/// `create_channel`: idempotent. A topic given replaces the stored one.
+pub async fn create(
+    bus: &Bus,
+    me: &Identity,
+    name: &str,
+    topic: Option<&str>,
+) -> BusResult<Created> {
+    let name = normalize_name(name)?;
+    let topic = check_topic(topic)?;
+    let mut tx = bus.pool.begin().await?;
+    sessions::guard(&mut tx, me).await?;
+    let (channel, created) = find_or_create(&mut tx, me, &name).await?;
+    let channel = match topic {
+        Some(topic) if channel.topic.as_deref() != Some(topic.as_str()) => {
+            sqlx::query_as(
+                "UPDATE channels SET topic = $3 WHERE team_id = $1 AND id = $2
+                 RETURNING id, name, topic, created_at",
+            )
+            .bind(me.team_id)
+            .bind(channel.id)
+            .bind(&topic)
+            .fetch_one(&mut *tx)
+            .await?
+        }
+        _ => channel,
+    };
+    tx.commit().await?;
+    Ok(Created { channel, created })
+}
+
+/// The channel called `name` (already normalised), created if missing.
+pub(crate) async fn find_or_create(
+    conn: &mut PgConnection,
+    me: &Identity,
+    name: &str,
+) -> BusResult<(Channel, bool)> {
+    let inserted: Option<Channel> = sqlx::query_as(
+        "INSERT INTO channels (id, team_id, name, created_by) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (team_id, name) DO NOTHING
+         RETURNING id, name, topic, created_at",
+    )
+    .bind(Uuid::new_v4())
+    .bind(me.team_id)
+    .bind(name)
+    .bind(me.agent_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if let Some(channel) = inserted {
+        return Ok((channel, true));
+    }
+    let channel = sqlx::query_as(
+        "SELECT id, name, topic, created_at FROM channels WHERE team_id = $1 AND name = $2",
+    )
+    .bind(me.team_id)
+    .bind(name)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok((channel, false))
+}
+
+/// The channel called `name` in the caller's team, if it exists.
+pub async fn find(bus: &Bus, me: &Identity, name: &str) -> BusResult<Option<Channel>> {
+    Ok(sqlx::query_as(
+        "SELECT id, name, topic, created_at FROM channels WHERE team_id = $1 AND name = $2",
+    )
+    .bind(me.team_id)
+    .bind(name)
+    .fetch_optional(&bus.pool)
+    .await?)
+}
+
+/// `list_channels`: every channel of the team with its message count.
+pub async fn list(bus: &Bus, me: &Identity) -> BusResult<Vec<ChannelSummary>> {
+    Ok(sqlx::query_as(
+        "SELECT c.name, c.topic, c.created_at,
+                count(m.id) AS messages, max(m.created_at) AS last_message_at
+         FROM channels c
+         LEFT JOIN messages m ON m.team_id = c.team_id AND m.channel_id = c.id
+         WHERE c.team_id = $1
+         GROUP BY c.id ORDER BY c.name",
+    )
+    .bind(me.team_id)
+    .fetch_all(&bus.pool)
+    .await?)
+}

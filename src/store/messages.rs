@@ -1,0 +1,511 @@
+//! Messages: channel posts and direct messages, per-window read cursors, and
+//! full-text search over what the caller may see.
+//!
+//! Visibility: a channel message is seen by the whole team; a direct message
+//! only by its sender and its recipient. A DM to `agent` reaches every window
+//! of that agent; a DM to `agent/window` reaches exactly that window (even if
+//! the window has never connected: it waits there).
+//!
+//! Cursors: one per (agent, window, scope). Reading order is (xact_id, seq);
+//! `only_new` reads return only rows whose writing transaction is below the
+//! snapshot's xmin horizon, so a message committed late by a slow transaction
+//! is returned by a later read instead of being skipped (see migration 0003).
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::{channels, normalize_agent_name, sessions};
+use crate::Bus;
+use crate::auth::{self, Identity};
+use crate::error::{BusError, BusResult};
+use crate::events::{BusEvent, EventKind};
+
+pub const BODY_MAX_BYTES: usize = 1024 * 1024;
+pub const METADATA_MAX_BYTES: usize = 16 * 1024;
+pub const PAGE_MAX: i64 = 200;
+pub const PAGE_DEFAULT: i64 = 50;
+pub const QUERY_MAX_BYTES: usize = 256;
+
+/// A message as a reader sees it.
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct MessageView {
+    pub id: Uuid,
+    /// The sender's address: `agent`, or `agent/window`.
+    pub from: String,
+    /// The channel, for channel messages.
+    pub channel: Option<String>,
+    /// The recipient's address, for direct messages.
+    pub to: Option<String>,
+    pub body: String,
+    pub announce: bool,
+    pub question: bool,
+    pub reply_to: Option<Uuid>,
+    pub metadata: Option<Value>,
+    pub created_at: DateTime<Utc>,
+    #[serde(skip)]
+    pub xact_id: i64,
+    #[serde(skip)]
+    pub seq: i64,
+}
+
+/// The columns of a [`MessageView`], for `concat!` into queries over `messages m`.
+macro_rules! view_columns {
+    () => {
+        "m.id, m.body, m.announce, m.is_question AS question, m.reply_to, m.metadata,
+         m.created_at, m.xact_id, m.seq, c.name AS channel,
+         CASE WHEN m.sender_session = '' THEN s.name ELSE s.name || '/' || m.sender_session END AS from,
+         CASE WHEN m.recipient_id IS NULL THEN NULL
+              WHEN m.recipient_session IS NULL THEN r.name
+              ELSE r.name || '/' || m.recipient_session END AS to
+         FROM messages m
+         JOIN agents s ON s.team_id = m.team_id AND s.id = m.sender_id
+         LEFT JOIN agents r ON r.team_id = m.team_id AND r.id = m.recipient_id
+         LEFT JOIN channels c ON c.team_id = m.team_id AND c.id = m.channel_id"
+    };
+}
+
+/// What `post_message` was asked to do.
+#[derive(Clone, Debug, Default)]
+pub struct NewMessage {
+    pub channel: Option<String>,
+    pub to: Option<String>,
+    pub body: String,
+    pub announce: bool,
+    pub reply_to: Option<Uuid>,
+    pub metadata: Option<Value>,
+    /// Set by `ask_agent`: the message is a question awaiting a reply.
+    pub question: bool,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Posted {
+    pub message: MessageView,
+    /// Where it went: `#channel`, `agent` (every window) or `agent/window`.
+    pub delivered_to: Vec<String>,
+    /// True when posting created the channel.
+    pub channel_created: bool,
+}
+
+/// An address `agent` or `agent/window`, normalised.
+pub fn parse_address(raw: &str) -> BusResult<(String, Option<String>)> {
+    let (agent, window) = match raw.trim().split_once('/') {
+        Some((agent, window)) => (agent, Some(window)),
+        None => (raw.trim(), None),
+    };
+    let agent = normalize_agent_name(agent).map_err(|_| {
+        BusError::invalid(format!(
+            "address {raw:?} is not `agent` or `agent/window`. list_agents and list_sessions show \
+             the addresses of your team."
+        ))
+    })?;
+    let window = match window.map(auth::normalize_session_label).transpose()? {
+        Some(label) if label.is_empty() => None,
+        other => other,
+    };
+    Ok((agent, window))
+}
+
+/// A metadata object: JSON object, or a string holding one, at most 16 KiB.
+pub fn normalize_metadata(metadata: Option<Value>) -> BusResult<Option<Value>> {
+    let value = match metadata {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(text)) => match serde_json::from_str::<Value>(&text) {
+            Ok(object @ Value::Object(_)) => object,
+            _ => {
+                return Err(BusError::invalid(
+                    "metadata must be a JSON object (or a string holding one), e.g. \
+                     {\"pr\": 42}. Put free text in the body instead.",
+                ));
+            }
+        },
+        Some(object @ Value::Object(_)) => object,
+        Some(_) => {
+            return Err(BusError::invalid(
+                "metadata must be a JSON object, e.g. {\"pr\": 42}. Put free text in the body instead.",
+            ));
+        }
+    };
+    let size = value.to_string().len();
+    if size > METADATA_MAX_BYTES {
+        return Err(BusError::invalid(format!(
+            "metadata is {size} bytes; the limit is {METADATA_MAX_BYTES} (16 KiB). Keep metadata to \
+             small keys and ids; put large content in the body or an attachment."
+        )));
+    }
+    Ok(Some(value))
+}
+
+fn check_body(body: &str) -> BusResult<()> {
+    if body.trim().is_empty() {
+        return Err(BusError::invalid(
+            "the message body is empty; write what you want to say.",
+        ));
+    }
+    if body.len() > BODY_MAX_BYTES {
+        return Err(BusError::invalid(format!(
+            "the message body is {} bytes; the limit is {BODY_MAX_BYTES} (1 MiB). Split it into \
+             several messages, or share large content as an attachment or a note.",
+            body.len()
+        )));
+    }
+    Ok(())
+}
+
+/// The window's default channel: named after its `project` label, else after
+/// its window label, else none.
+pub async fn default_channel(bus: &Bus, me: &Identity) -> BusResult<Option<String>> {
+    let _ = bus;
+    let candidate = Some(me.session.clone()).filter(|s| !s.is_empty());
+    Ok(candidate.and_then(|name| channels::normalize_name(&name).ok()))
+}
+
+/// `post_message`.
+pub async fn post(bus: &Bus, me: &Identity, new: NewMessage) -> BusResult<Posted> {
+    check_body(&new.body)?;
+    let metadata = normalize_metadata(new.metadata)?;
+    let channel = match (&new.channel, &new.to) {
+        (Some(_), Some(_)) => {
+            return Err(BusError::invalid(
+                "give either `channel` or `to`, not both: a message goes to one channel or one address.",
+            ));
+        }
+        (Some(channel), None) => Some(channels::normalize_name(channel)?),
+        (None, Some(_)) => None,
+        (None, None) => Some(default_channel(bus, me).await?.ok_or_else(|| {
+            BusError::invalid(
+                "no `channel` or `to`, and this window has no default channel (it comes from the \
+                 heartbeat `project` label, or the window name). Name a channel or an address.",
+            )
+        })?),
+    };
+    let recipient = new.to.as_deref().map(parse_address).transpose()?;
+    if new.announce && channel.is_none() {
+        return Err(BusError::invalid(
+            "`announce` applies to channel messages only (it reaches every window whatever it is \
+             focused on); a direct message already reaches its recipient.",
+        ));
+    }
+
+    let mut tx = bus.pool.begin().await?;
+    sessions::guard(&mut tx, me).await?;
+    let (channel, channel_created) = match &channel {
+        Some(name) => {
+            let (channel, created) = channels::find_or_create(&mut tx, me, name).await?;
+            (Some(channel), created)
+        }
+        None => (None, false),
+    };
+    let recipient_id = match &recipient {
+        Some((agent, _)) => Some(
+            sqlx::query_scalar::<_, Uuid>("SELECT id FROM agents WHERE team_id = $1 AND name = $2")
+                .bind(me.team_id)
+                .bind(agent)
+                .fetch_optional(&mut *tx)
+                .await?
+                .ok_or_else(|| {
+                    BusError::not_found(format!(
+                        "no agent `{agent}` in your team. list_agents shows who is here."
+                    ))
+                })?,
+        ),
+        None => None,
+    };
+    if let Some(reply_to) = new.reply_to {
+        let exists: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM messages WHERE team_id = $1 AND id = $2)",
+        )
+        .bind(me.team_id)
+        .bind(reply_to)
+        .fetch_one(&mut *tx)
+        .await?;
+        if !exists {
+            return Err(BusError::not_found(format!(
+                "reply_to {reply_to} is not a message of your team. Use the id read_messages returned."
+            )));
+        }
+    }
+    let id = Uuid::new_v4();
+    let recipient_session = recipient.as_ref().and_then(|(_, window)| window.clone());
+    sqlx::query(
+        "INSERT INTO messages (id, team_id, channel_id, sender_id, sender_session, recipient_id,
+                               recipient_session, body, announce, is_question, reply_to, metadata)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+    )
+    .bind(id)
+    .bind(me.team_id)
+    .bind(channel.as_ref().map(|c| c.id))
+    .bind(me.agent_id)
+    .bind(&me.session)
+    .bind(recipient_id)
+    .bind(&recipient_session)
+    .bind(&new.body)
+    .bind(new.announce)
+    .bind(new.question)
+    .bind(new.reply_to)
+    .bind(&metadata)
+    .execute(&mut *tx)
+    .await?;
+    let message: MessageView = sqlx::query_as(concat!(
+        "SELECT ",
+        view_columns!(),
+        " WHERE m.team_id = $1 AND m.id = $2"
+    ))
+    .bind(me.team_id)
+    .bind(id)
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+
+    let mut event = BusEvent::new(me.team_id, EventKind::Message, id.to_string()).by(me);
+    event.channel_id = channel.as_ref().map(|c| c.id);
+    event.recipient = recipient_id;
+    event.recipient_session = recipient_session;
+    event.announce = new.announce;
+    bus.events.emit(event);
+
+    let delivered_to = match (&channel, &message.to) {
+        (Some(channel), _) => vec![format!("#{}", channel.name)],
+        (None, Some(address)) => vec![address.clone()],
+        (None, None) => Vec::new(),
+    };
+    Ok(Posted {
+        message,
+        delivered_to,
+        channel_created,
+    })
+}
+
+/// What `read_messages` reads.
+#[derive(Clone, Debug)]
+pub struct ReadRequest {
+    /// `all`, `inbox`, or a channel name.
+    pub scope: String,
+    pub only_new: bool,
+    pub limit: Option<i64>,
+    /// Include direct messages addressed to this agent's other windows.
+    pub all_sessions: bool,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ReadResult {
+    pub scope: String,
+    pub messages: Vec<MessageView>,
+    /// True when the page was full: more may be waiting, read again.
+    pub more: bool,
+}
+
+pub(crate) fn check_limit(limit: Option<i64>) -> BusResult<i64> {
+    let limit = limit.unwrap_or(PAGE_DEFAULT);
+    if !(1..=PAGE_MAX).contains(&limit) {
+        return Err(BusError::invalid(format!(
+            "limit must be between 1 and {PAGE_MAX}; got {limit}. Page through with repeated calls."
+        )));
+    }
+    Ok(limit)
+}
+
+/// `read_messages`. With `only_new`, returns what came after this window's
+/// cursor for the scope (oldest first) and advances it; without, the latest
+/// page, leaving the cursor alone.
+pub async fn read(bus: &Bus, me: &Identity, request: ReadRequest) -> BusResult<ReadResult> {
+    let limit = check_limit(request.limit)?;
+    let scope_raw = request.scope.trim();
+    let (scope, want_channels, want_dms, channel_name) =
+        match scope_raw.to_ascii_lowercase().as_str() {
+            "" | "all" => ("all".to_string(), true, true, None),
+            "inbox" => ("inbox".to_string(), false, true, None),
+            _ => {
+                let name = channels::normalize_name(scope_raw)?;
+                (format!("#{name}"), true, false, Some(name))
+            }
+        };
+    let channel_id = match &channel_name {
+        Some(name) => match channels::find(bus, me, name).await? {
+            Some(channel) => Some(channel.id),
+            None => {
+                return Err(BusError::not_found(format!(
+                    "no channel `{name}` in your team. list_channels shows them."
+                )));
+            }
+        },
+        None => None,
+    };
+
+    let mut tx = bus.pool.begin().await?;
+    let (after_xact, after_seq) = if request.only_new {
+        cursor_for_update(&mut tx, me, &scope).await?
+    } else {
+        (0, 0)
+    };
+    let sql = if request.only_new {
+        concat!(
+            "SELECT ",
+            view_columns!(),
+            " WHERE m.team_id = $1
+                AND (($3 AND m.channel_id IS NOT NULL AND ($4::uuid IS NULL OR m.channel_id = $4))
+                  OR ($5 AND m.recipient_id = $2
+                      AND ($6 OR m.recipient_session IS NULL OR m.recipient_session = $7)))
+                AND (m.xact_id, m.seq) > ($8, $9)
+                AND m.xact_id < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+                AND NOT (m.sender_id = $2 AND m.sender_session = $7)
+              ORDER BY m.xact_id, m.seq
+              LIMIT $10"
+        )
+    } else {
+        concat!(
+            "SELECT * FROM (SELECT ",
+            view_columns!(),
+            " WHERE m.team_id = $1
+                AND (($3 AND m.channel_id IS NOT NULL AND ($4::uuid IS NULL OR m.channel_id = $4))
+                  OR ($5 AND ((m.recipient_id = $2
+                               AND ($6 OR m.recipient_session IS NULL OR m.recipient_session = $7))
+                              OR (m.recipient_id IS NOT NULL AND m.sender_id = $2
+                                  AND ($6 OR m.sender_session = $7)))))
+                AND $8::bigint >= 0 AND $9::bigint >= 0
+              ORDER BY m.xact_id DESC, m.seq DESC
+              LIMIT $10) latest
+             ORDER BY xact_id, seq"
+        )
+    };
+    let messages: Vec<MessageView> = sqlx::query_as(sql)
+        .bind(me.team_id)
+        .bind(me.agent_id)
+        .bind(want_channels)
+        .bind(channel_id)
+        .bind(want_dms)
+        .bind(request.all_sessions)
+        .bind(&me.session)
+        .bind(after_xact)
+        .bind(after_seq)
+        .bind(limit)
+        .fetch_all(&mut *tx)
+        .await?;
+    if request.only_new
+        && let Some(last) = messages.last()
+    {
+        sqlx::query(
+            "UPDATE read_cursors SET last_xact = $5, last_seq = $6, updated_at = now()
+             WHERE team_id = $1 AND agent_id = $2 AND session = $3 AND scope = $4",
+        )
+        .bind(me.team_id)
+        .bind(me.agent_id)
+        .bind(&me.session)
+        .bind(&scope)
+        .bind(last.xact_id)
+        .bind(last.seq)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(ReadResult {
+        scope,
+        more: messages.len() as i64 == limit,
+        messages,
+    })
+}
+
+/// This window's position for `scope`, locked so two reads of the same
+/// window and scope take turns instead of returning the same page twice.
+async fn cursor_for_update(
+    conn: &mut sqlx::PgConnection,
+    me: &Identity,
+    scope: &str,
+) -> BusResult<(i64, i64)> {
+    sqlx::query(
+        "INSERT INTO read_cursors (team_id, agent_id, session, scope, last_xact, last_seq)
+         VALUES ($1, $2, $3, $4, 0, 0) ON CONFLICT DO NOTHING",
+    )
+    .bind(me.team_id)
+    .bind(me.agent_id)
+    .bind(&me.session)
+    .bind(scope)
+    .execute(&mut *conn)
+    .await?;
+    Ok(sqlx::query_as(
+        "SELECT last_xact, last_seq FROM read_cursors
+         WHERE team_id = $1 AND agent_id = $2 AND session = $3 AND scope = $4 FOR UPDATE",
+    )
+    .bind(me.team_id)
+    .bind(me.agent_id)
+    .bind(&me.session)
+    .bind(scope)
+    .fetch_one(&mut *conn)
+    .await?)
+}
+
+/// Direct messages to this window not yet read (past both its `inbox` and
+/// its `all` cursor), for `whoami` and waits.
+pub async fn unread_direct(bus: &Bus, me: &Identity) -> BusResult<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM messages m
+         WHERE m.team_id = $1 AND m.recipient_id = $2
+           AND (m.recipient_session IS NULL OR m.recipient_session = $3)
+           AND NOT (m.sender_id = $2 AND m.sender_session = $3)
+           AND (m.xact_id, m.seq) > (
+               SELECT coalesce(max((last_xact, last_seq)), (0::bigint, 0::bigint))
+               FROM read_cursors
+               WHERE team_id = $1 AND agent_id = $2 AND session = $3 AND scope IN ('inbox', 'all'))",
+    )
+    .bind(me.team_id)
+    .bind(me.agent_id)
+    .bind(&me.session)
+    .fetch_one(&bus.pool)
+    .await?)
+}
+
+/// `search_messages`: full-text over channel messages and this window's DMs
+/// (sent or received), best match first.
+pub async fn search(
+    bus: &Bus,
+    me: &Identity,
+    query: &str,
+    limit: Option<i64>,
+) -> BusResult<Vec<MessageView>> {
+    let limit = check_limit(limit)?;
+    let query = query.trim();
+    if query.is_empty() || query.len() > QUERY_MAX_BYTES {
+        return Err(BusError::invalid(format!(
+            "query must be 1-{QUERY_MAX_BYTES} bytes of words to look for (got {} bytes); quotes, \
+             OR and -word work as in a web search.",
+            query.len()
+        )));
+    }
+    Ok(sqlx::query_as(concat!(
+        "SELECT ",
+        view_columns!(),
+        " , websearch_to_tsquery('simple', $4) AS q
+         WHERE m.team_id = $1 AND m.search @@ q
+           AND (m.channel_id IS NOT NULL
+                OR (m.recipient_id = $2 AND (m.recipient_session IS NULL OR m.recipient_session = $3))
+                OR (m.recipient_id IS NOT NULL AND m.sender_id = $2 AND m.sender_session = $3))
+         ORDER BY ts_rank(m.search, q) DESC, m.created_at DESC
+         LIMIT $5"
+    ))
+    .bind(me.team_id)
+    .bind(me.agent_id)
+    .bind(&me.session)
+    .bind(query)
+    .bind(limit)
+    .fetch_all(&bus.pool)
+    .await?)
+}
+
+/// The messages among `ids` this window may see (for wait summaries).
+pub async fn visible(bus: &Bus, me: &Identity, ids: &[Uuid]) -> BusResult<Vec<MessageView>> {
+    Ok(sqlx::query_as(concat!(
+        "SELECT ",
+        view_columns!(),
+        " WHERE m.team_id = $1 AND m.id = ANY($4)
+           AND (m.channel_id IS NOT NULL
+                OR (m.recipient_id = $2 AND (m.recipient_session IS NULL OR m.recipient_session = $3)))
+         ORDER BY m.xact_id, m.seq"
+    ))
+    .bind(me.team_id)
+    .bind(me.agent_id)
+    .bind(&me.session)
+    .bind(ids)
+    .fetch_all(&bus.pool)
+    .await?)
+}
