@@ -10,6 +10,7 @@
 mod identity;
 mod messaging;
 mod sessions;
+mod waiting;
 
 use std::sync::Arc;
 
@@ -44,7 +45,10 @@ pub struct BusServer {
 
 impl BusServer {
     pub fn new(bus: Bus) -> Self {
-        let tools = Self::identity_router() + Self::session_router() + Self::messaging_router();
+        let tools = Self::identity_router()
+            + Self::session_router()
+            + Self::messaging_router()
+            + Self::waiting_router();
         BusServer {
             shared: Arc::new(Shared { bus, tools }),
         }

@@ -435,23 +435,54 @@ async fn cursor_for_update(
     .await?)
 }
 
-/// Direct messages to this window not yet read (past both its `inbox` and
-/// its `all` cursor), for `whoami` and waits.
+/// The direct messages to this window that it has not read yet: past both
+/// its `inbox` and its `all` cursor (either read consumes them). Binds: $1
+/// team, $2 agent, $3 window.
+macro_rules! unread_dm_predicate {
+    () => {
+        " m.team_id = $1 AND m.recipient_id = $2
+          AND (m.recipient_session IS NULL OR m.recipient_session = $3)
+          AND NOT (m.sender_id = $2 AND m.sender_session = $3)
+          AND (m.xact_id, m.seq) > (
+              SELECT x, s FROM (
+                  SELECT last_xact AS x, last_seq AS s FROM read_cursors
+                  WHERE team_id = $1 AND agent_id = $2 AND session = $3 AND scope IN ('inbox', 'all')
+                  UNION ALL SELECT 0, 0) positions
+              ORDER BY x DESC, s DESC LIMIT 1) "
+    };
+}
+
+/// How many direct messages this window has not read, for `whoami`.
 pub async fn unread_direct(bus: &Bus, me: &Identity) -> BusResult<i64> {
-    Ok(sqlx::query_scalar(
-        "SELECT count(*) FROM messages m
-         WHERE m.team_id = $1 AND m.recipient_id = $2
-           AND (m.recipient_session IS NULL OR m.recipient_session = $3)
-           AND NOT (m.sender_id = $2 AND m.sender_session = $3)
-           AND (m.xact_id, m.seq) > (
-               SELECT coalesce(max((last_xact, last_seq)), (0::bigint, 0::bigint))
-               FROM read_cursors
-               WHERE team_id = $1 AND agent_id = $2 AND session = $3 AND scope IN ('inbox', 'all'))",
-    )
+    Ok(sqlx::query_scalar(concat!(
+        "SELECT count(*) FROM messages m WHERE",
+        unread_dm_predicate!()
+    ))
     .bind(me.team_id)
     .bind(me.agent_id)
     .bind(&me.session)
     .fetch_one(&bus.pool)
+    .await?)
+}
+
+/// The oldest `limit` unread direct messages of this window; no cursor moves.
+pub async fn unread_direct_messages(
+    bus: &Bus,
+    me: &Identity,
+    limit: i64,
+) -> BusResult<Vec<MessageView>> {
+    Ok(sqlx::query_as(concat!(
+        "SELECT ",
+        view_columns!(),
+        " WHERE",
+        unread_dm_predicate!(),
+        " ORDER BY m.xact_id, m.seq LIMIT $4"
+    ))
+    .bind(me.team_id)
+    .bind(me.agent_id)
+    .bind(&me.session)
+    .bind(limit)
+    .fetch_all(&bus.pool)
     .await?)
 }
 

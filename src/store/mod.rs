@@ -13,6 +13,7 @@ pub mod messages;
 pub mod sessions;
 pub mod teams;
 pub mod tokens;
+pub mod waits;
 
 use crate::error::{BusError, BusResult};
 

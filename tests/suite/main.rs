@@ -13,3 +13,4 @@ mod messaging;
 mod sessions;
 mod support_servers;
 mod tenancy;
+mod waiting;

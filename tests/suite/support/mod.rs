@@ -143,6 +143,11 @@ pub fn http_client() -> reqwest::Client {
 
 fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
+    // Server-side errors (a failing query behind "try again") show in the test's output.
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("error"))
+        .try_init();
 }
 
 /// A free loopback TCP port (bound, then released).

@@ -1,0 +1,430 @@
+//! Waiting: `wait_for_updates` and `ask_agent`.
+//!
+//! The rule that makes a wait reliable: subscribe to the event hub first, then
+//! check the database, then block. Anything committed before the subscription
+//! is found by the check; anything after arrives as an event. Notifications
+//! can still be lost (a listener reconnecting), so a blocked wait re-checks
+//! the database every few seconds: a lost notification delays a wake, it never
+//! loses one.
+//!
+//! What wakes a window: direct messages to it (or to its agent as a whole),
+//! tasks, locks and notes (team-wide), announcements, and channel messages in
+//! its focused channel (all channels with `all_channels`). Never its own
+//! actions, and never a DM addressed to a sibling window.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::{channels, messages};
+use crate::Bus;
+use crate::auth::Identity;
+use crate::error::{BusError, BusResult};
+use crate::events::{BusEvent, EventKind};
+
+pub const TIMEOUT_MIN_SECONDS: u64 = 1;
+pub const TIMEOUT_MAX_SECONDS: u64 = 300;
+/// Under the ~60 s at which common MCP clients cut a tool call.
+pub const TIMEOUT_DEFAULT_SECONDS: u64 = 50;
+/// How often a blocked wait re-checks the database regardless of events.
+const RECHECK_EVERY: Duration = Duration::from_secs(5);
+/// After the first event, how long to gather more before answering.
+const GATHER_FOR: Duration = Duration::from_millis(50);
+const MAX_SUMMARIES: usize = 50;
+const PREVIEW_CHARS: usize = 200;
+
+pub fn check_timeout(timeout_seconds: Option<u64>) -> BusResult<Duration> {
+    let secs = timeout_seconds.unwrap_or(TIMEOUT_DEFAULT_SECONDS);
+    if !(TIMEOUT_MIN_SECONDS..=TIMEOUT_MAX_SECONDS).contains(&secs) {
+        return Err(BusError::invalid(format!(
+            "timeout_seconds must be between {TIMEOUT_MIN_SECONDS} and {TIMEOUT_MAX_SECONDS}; got \
+             {secs}. Many MCP clients cut a call near 60 s, so the default {TIMEOUT_DEFAULT_SECONDS} \
+             is the safe choice; call again to keep waiting."
+        )));
+    }
+    Ok(Duration::from_secs(secs))
+}
+
+/// One thing that happened, as a waiter sees it.
+#[derive(Clone, Debug, Serialize)]
+pub struct EventSummary {
+    pub kind: EventKind,
+    /// A message id, task key, lock name or note key.
+    pub id: String,
+    /// Who did it (an address), when known.
+    pub by: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub channel: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    /// The first 200 characters of a message.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preview: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct WaitResult {
+    pub woke: bool,
+    pub timed_out: bool,
+    pub events: Vec<EventSummary>,
+}
+
+#[derive(Clone, Debug)]
+pub struct WaitRequest {
+    pub timeout: Duration,
+    /// Which kinds wake this wait (None = all).
+    pub kinds: Option<Vec<EventKind>>,
+    pub all_channels: bool,
+}
+
+/// Parse `kinds`: each of message, task, lock, note.
+pub fn parse_kinds(kinds: Option<Vec<String>>) -> BusResult<Option<Vec<EventKind>>> {
+    let Some(kinds) = kinds else { return Ok(None) };
+    let mut parsed = Vec::new();
+    for kind in kinds {
+        parsed.push(match kind.trim().to_ascii_lowercase().as_str() {
+            "message" | "messages" => EventKind::Message,
+            "task" | "tasks" => EventKind::Task,
+            "lock" | "locks" => EventKind::Lock,
+            "note" | "notes" => EventKind::Note,
+            other => {
+                return Err(BusError::invalid(format!(
+                    "unknown kind {other:?}: kinds are message, task, lock and note (omit `kinds` \
+                     to wake on all of them)."
+                )));
+            }
+        });
+    }
+    Ok(Some(parsed))
+}
+
+/// Whether `event` concerns this window.
+fn concerns(event: &BusEvent, me: &Identity, focus: Option<Uuid>, request: &WaitRequest) -> bool {
+    if event.team_id != me.team_id {
+        return false;
+    }
+    if event.actor == Some(me.agent_id)
+        && event.actor_session.as_deref() == Some(me.session.as_str())
+    {
+        return false;
+    }
+    if let Some(kinds) = &request.kinds
+        && !kinds.contains(&event.kind)
+    {
+        return false;
+    }
+    match event.kind {
+        EventKind::Message => match event.recipient {
+            Some(recipient) => {
+                recipient == me.agent_id
+                    && event
+                        .recipient_session
+                        .as_deref()
+                        .is_none_or(|s| s == me.session)
+            }
+            None => {
+                event.announce
+                    || request.all_channels
+                    || (focus.is_some() && event.channel_id == focus)
+            }
+        },
+        EventKind::Task | EventKind::Lock | EventKind::Note => true,
+    }
+}
+
+/// `wait_for_updates`.
+pub async fn wait_for_updates(
+    bus: &Bus,
+    me: &Identity,
+    request: WaitRequest,
+) -> BusResult<WaitResult> {
+    let mut events = bus.events.subscribe();
+    let focus = match messages::default_channel(bus, me).await? {
+        Some(name) => channels::find(bus, me, &name).await?.map(|c| c.id),
+        None => None,
+    };
+    let wants_messages = request
+        .kinds
+        .as_ref()
+        .is_none_or(|k| k.contains(&EventKind::Message));
+    let deadline = Instant::now() + request.timeout;
+    loop {
+        // Unread direct messages wake at once: they may have arrived before we subscribed.
+        if wants_messages {
+            let pending = pending_direct(bus, me).await?;
+            if !pending.is_empty() {
+                return Ok(WaitResult {
+                    woke: true,
+                    timed_out: false,
+                    events: pending,
+                });
+            }
+        }
+        let recheck_at = (Instant::now() + RECHECK_EVERY).min(deadline);
+        let mut woken: Vec<Arc<BusEvent>> = Vec::new();
+        loop {
+            let received = tokio::select! {
+                received = events.recv() => received,
+                _ = tokio::time::sleep_until(recheck_at) => break,
+            };
+            match received {
+                Ok(event) if concerns(&event, me, focus, &request) => {
+                    woken.push(event);
+                    gather(&mut events, &mut woken, me, focus, &request).await;
+                    return Ok(WaitResult {
+                        woke: true,
+                        timed_out: false,
+                        events: summarize(bus, me, &woken).await?,
+                    });
+                }
+                Ok(_) => {}
+                // Missed some: the database check at the top finds what matters.
+                Err(RecvError::Lagged(_)) => break,
+                Err(RecvError::Closed) => {
+                    tokio::time::sleep_until(recheck_at).await;
+                    break;
+                }
+            }
+        }
+        if Instant::now() >= deadline {
+            return Ok(WaitResult {
+                woke: false,
+                timed_out: true,
+                events: Vec::new(),
+            });
+        }
+    }
+}
+
+/// Collect whatever else concerns us in the next few milliseconds, so one
+/// answer carries a burst instead of the caller waiting again at once.
+async fn gather(
+    events: &mut tokio::sync::broadcast::Receiver<Arc<BusEvent>>,
+    woken: &mut Vec<Arc<BusEvent>>,
+    me: &Identity,
+    focus: Option<Uuid>,
+    request: &WaitRequest,
+) {
+    let until = Instant::now() + GATHER_FOR;
+    while woken.len() < MAX_SUMMARIES {
+        match tokio::time::timeout_at(until, events.recv()).await {
+            Ok(Ok(event)) if concerns(&event, me, focus, request) => woken.push(event),
+            Ok(Ok(_)) | Ok(Err(RecvError::Lagged(_))) => {}
+            Ok(Err(RecvError::Closed)) | Err(_) => return,
+        }
+    }
+}
+
+/// Unread direct messages to this window, as summaries; the cursors are not
+/// moved (read_messages does that).
+async fn pending_direct(bus: &Bus, me: &Identity) -> BusResult<Vec<EventSummary>> {
+    let unread = messages::unread_direct_messages(bus, me, MAX_SUMMARIES as i64).await?;
+    Ok(unread.into_iter().map(message_summary).collect())
+}
+
+fn message_summary(m: messages::MessageView) -> EventSummary {
+    EventSummary {
+        kind: EventKind::Message,
+        id: m.id.to_string(),
+        by: Some(m.from),
+        channel: m.channel,
+        to: m.to,
+        preview: Some(m.body.chars().take(PREVIEW_CHARS).collect()),
+    }
+}
+
+/// Events as summaries: messages re-read from the database (only what this
+/// window may see), everything else named with who did it.
+async fn summarize(
+    bus: &Bus,
+    me: &Identity,
+    woken: &[Arc<BusEvent>],
+) -> BusResult<Vec<EventSummary>> {
+    let message_ids: Vec<Uuid> = woken
+        .iter()
+        .filter(|e| e.kind == EventKind::Message)
+        .filter_map(|e| e.id.parse().ok())
+        .collect();
+    let mut by_id: HashMap<String, messages::MessageView> =
+        messages::visible(bus, me, &message_ids)
+            .await?
+            .into_iter()
+            .map(|m| (m.id.to_string(), m))
+            .collect();
+    let actors: Vec<Uuid> = woken.iter().filter_map(|e| e.actor).collect();
+    let names: HashMap<Uuid, String> = sqlx::query_as::<_, (Uuid, String)>(
+        "SELECT id, name FROM agents WHERE team_id = $1 AND id = ANY($2)",
+    )
+    .bind(me.team_id)
+    .bind(&actors)
+    .fetch_all(&bus.pool)
+    .await?
+    .into_iter()
+    .collect();
+    let mut out = Vec::new();
+    for event in woken {
+        if event.kind == EventKind::Message {
+            if let Some(message) = by_id.remove(&event.id) {
+                out.push(message_summary(message));
+            }
+            continue;
+        }
+        let by = event.actor.and_then(|id| names.get(&id)).map(|name| {
+            match event.actor_session.as_deref() {
+                Some("") | None => name.clone(),
+                Some(session) => format!("{name}/{session}"),
+            }
+        });
+        out.push(EventSummary {
+            kind: event.kind,
+            id: event.id.clone(),
+            by,
+            channel: None,
+            to: None,
+            preview: None,
+        });
+    }
+    Ok(out)
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct AskResult {
+    pub answered: bool,
+    pub answer: Option<String>,
+    /// Who answered (an address).
+    pub answered_by: Option<String>,
+    pub answer_message_id: Option<Uuid>,
+    pub question_message_id: Uuid,
+    /// What to do when there is no answer yet.
+    pub suggestion: Option<String>,
+}
+
+/// `ask_agent`: a direct message flagged as a question, then a wait for the
+/// reply addressed back to this window. Only a reply (`reply_to` = the
+/// question) sent to this window, or to this agent as a whole, by another
+/// agent answers it: a sibling window of the asker cannot answer for it.
+pub async fn ask(
+    bus: &Bus,
+    me: &Identity,
+    to: &str,
+    question: &str,
+    timeout: Duration,
+    resume_message_id: Option<Uuid>,
+) -> BusResult<AskResult> {
+    let mut events = bus.events.subscribe();
+    let question_id = match resume_message_id {
+        Some(id) => {
+            let mine: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM messages WHERE team_id = $1 AND id = $2 AND is_question
+                                AND sender_id = $3 AND sender_session = $4)",
+            )
+            .bind(me.team_id)
+            .bind(id)
+            .bind(me.agent_id)
+            .bind(&me.session)
+            .fetch_one(&bus.pool)
+            .await?;
+            if !mine {
+                return Err(BusError::not_found(format!(
+                    "resume_message_id {id} is not a question this window asked. Use the \
+                     question_message_id an earlier ask_agent returned, from the same window."
+                )));
+            }
+            id
+        }
+        None => {
+            let new = messages::NewMessage {
+                to: Some(to.to_string()),
+                body: question.to_string(),
+                question: true,
+                ..Default::default()
+            };
+            messages::post(bus, me, new).await?.message.id
+        }
+    };
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(answer) = find_answer(bus, me, question_id).await? {
+            return Ok(answered(answer, question_id));
+        }
+        let recheck_at = (Instant::now() + RECHECK_EVERY).min(deadline);
+        loop {
+            let received = tokio::select! {
+                received = events.recv() => received,
+                _ = tokio::time::sleep_until(recheck_at) => break,
+            };
+            match received {
+                // A DM to us may be the answer: look.
+                Ok(event)
+                    if event.kind == EventKind::Message && event.recipient == Some(me.agent_id) =>
+                {
+                    break;
+                }
+                Ok(_) => {}
+                Err(RecvError::Lagged(_)) => break,
+                Err(RecvError::Closed) => {
+                    tokio::time::sleep_until(recheck_at).await;
+                    break;
+                }
+            }
+        }
+        if Instant::now() >= deadline {
+            if let Some(answer) = find_answer(bus, me, question_id).await? {
+                return Ok(answered(answer, question_id));
+            }
+            return Ok(AskResult {
+                answered: false,
+                answer: None,
+                answered_by: None,
+                answer_message_id: None,
+                question_message_id: question_id,
+                suggestion: Some(format!(
+                    "No answer within {} s. Call ask_agent again with resume_message_id \
+                     \"{question_id}\" to keep waiting without asking twice, or carry on and look \
+                     for the reply later with read_messages (scope inbox).",
+                    timeout.as_secs()
+                )),
+            });
+        }
+    }
+}
+
+fn answered(answer: messages::MessageView, question_id: Uuid) -> AskResult {
+    AskResult {
+        answered: true,
+        answer: Some(answer.body),
+        answered_by: Some(answer.from),
+        answer_message_id: Some(answer.id),
+        question_message_id: question_id,
+        suggestion: None,
+    }
+}
+
+async fn find_answer(
+    bus: &Bus,
+    me: &Identity,
+    question_id: Uuid,
+) -> BusResult<Option<messages::MessageView>> {
+    Ok(sqlx::query_as(
+        "SELECT m.id, m.body, m.announce, m.is_question AS question, m.reply_to, m.metadata,
+                m.created_at, m.xact_id, m.seq, NULL::text AS channel,
+                CASE WHEN m.sender_session = '' THEN s.name ELSE s.name || '/' || m.sender_session END AS from,
+                NULL::text AS to
+         FROM messages m JOIN agents s ON s.team_id = m.team_id AND s.id = m.sender_id
+         WHERE m.team_id = $1 AND m.reply_to = $2 AND m.recipient_id = $3
+           AND (m.recipient_session IS NULL OR m.recipient_session = $4)
+           AND m.sender_id <> $3
+         ORDER BY m.xact_id, m.seq LIMIT 1",
+    )
+    .bind(me.team_id)
+    .bind(question_id)
+    .bind(me.agent_id)
+    .bind(&me.session)
+    .fetch_optional(&bus.pool)
+    .await?)
+}

@@ -1,0 +1,231 @@
+//! wait_for_updates and ask_agent: waking across replicas, what wakes whom,
+//! and questions answered only by the window they were asked from.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::support::{McpClient, spawn_app};
+
+/// Keep posting `args` as `client` until `waiter` finishes (at most `tries`).
+async fn post_until_done(
+    client: &McpClient,
+    args: Value,
+    waiter: &tokio::task::JoinHandle<Value>,
+    tries: usize,
+) {
+    for _ in 0..tries {
+        if waiter.is_finished() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        client.call("post_message", args.clone()).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_wait_on_one_replica_wakes_on_a_teammates_write_on_another() {
+    let first = spawn_app().await;
+    let second = first.replica().await;
+    first.team("acme").await;
+    let alice = McpClient::connect(&first.mcp_url(), &first.agent("acme", "alice").await, None)
+        .await
+        .unwrap();
+    let bob_token = first.agent("acme", "bob").await;
+    let bob = McpClient::connect(&second.mcp_url(), &bob_token, Some("web"))
+        .await
+        .unwrap();
+
+    // Bob's window `web` focuses on channel `web`. The timeout (3 s) is shorter
+    // than the database re-check (5 s): only an event can wake it in time.
+    alice
+        .call("create_channel", json!({"name": "web"}))
+        .await
+        .unwrap();
+    let waiter = tokio::spawn(async move {
+        bob.call("wait_for_updates", json!({"timeout_seconds": 3}))
+            .await
+            .unwrap()
+    });
+    post_until_done(
+        &alice,
+        json!({"channel": "web", "body": "build is green"}),
+        &waiter,
+        8,
+    )
+    .await;
+    let woke = waiter.await.unwrap();
+    assert_eq!(woke["woke"], true, "{woke}");
+    assert_eq!(woke["events"][0]["kind"], "message");
+    assert_eq!(woke["events"][0]["channel"], "web");
+    assert_eq!(woke["events"][0]["preview"], "build is green");
+    assert_eq!(woke["events"][0]["by"], "alice");
+}
+
+#[tokio::test]
+async fn a_wait_does_not_wake_for_a_sibling_windows_dm_or_other_channels_or_itself() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.mcp(&app.agent("acme", "alice").await, None).await;
+    let bob_token = app.agent("acme", "bob").await;
+    let w1 = app.mcp(&bob_token, Some("w1")).await;
+    alice
+        .call("create_channel", json!({"name": "elsewhere"}))
+        .await
+        .unwrap();
+
+    let waiter = tokio::spawn(async move {
+        let result = w1
+            .call("wait_for_updates", json!({"timeout_seconds": 2}))
+            .await
+            .unwrap();
+        (w1, result)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    alice
+        .call("post_message", json!({"to": "bob/w2", "body": "for w2"}))
+        .await
+        .unwrap();
+    alice
+        .call(
+            "post_message",
+            json!({"channel": "elsewhere", "body": "chatter"}),
+        )
+        .await
+        .unwrap();
+    let (w1, result) = waiter.await.unwrap();
+    assert_eq!(result["timed_out"], true, "{result}");
+    assert_eq!(result["woke"], false);
+
+    // Its own post does not wake it either; an announcement anywhere does.
+    let waiter = tokio::spawn(async move {
+        w1.call("wait_for_updates", json!({"timeout_seconds": 3}))
+            .await
+            .unwrap()
+    });
+    let bob_w1 = app.mcp(&bob_token, Some("w1")).await;
+    bob_w1
+        .call(
+            "post_message",
+            json!({"channel": "elsewhere", "body": "mine", "announce": true}),
+        )
+        .await
+        .unwrap();
+    post_until_done(
+        &alice,
+        json!({"channel": "elsewhere", "body": "all hands at 3", "announce": true}),
+        &waiter,
+        8,
+    )
+    .await;
+    let result = waiter.await.unwrap();
+    assert_eq!(result["woke"], true, "{result}");
+    assert_eq!(result["events"][0]["preview"], "all hands at 3");
+
+    // An unread DM to the window wakes it at once, even if sent before the wait.
+    let w2 = app.mcp(&bob_token, Some("w2")).await;
+    let result = w2
+        .call("wait_for_updates", json!({"timeout_seconds": 2}))
+        .await
+        .unwrap();
+    assert_eq!(result["woke"], true);
+    assert_eq!(result["events"][0]["preview"], "for w2");
+    let refused = w2
+        .call("wait_for_updates", json!({"timeout_seconds": 301}))
+        .await
+        .unwrap_err();
+    assert!(
+        refused["message"].as_str().unwrap().contains("300"),
+        "{refused}"
+    );
+    let refused = w2
+        .call("wait_for_updates", json!({"kinds": ["gossip"]}))
+        .await
+        .unwrap_err();
+    assert!(
+        refused["message"]
+            .as_str()
+            .unwrap()
+            .contains("message, task, lock and note"),
+        "{refused}"
+    );
+}
+
+#[tokio::test]
+async fn ask_agent_returns_the_teammates_answer_and_a_sibling_cannot_answer_for_the_asker() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice_token = app.agent("acme", "alice").await;
+    let asker = app.mcp(&alice_token, Some("w1")).await;
+    let sibling = app.mcp(&alice_token, Some("w2")).await;
+    let bob = app.mcp(&app.agent("acme", "bob").await, None).await;
+
+    let asking = tokio::spawn(async move {
+        let result = asker
+            .call(
+                "ask_agent",
+                json!({"to": "bob", "question": "which port?", "timeout_seconds": 2}),
+            )
+            .await
+            .unwrap();
+        (asker, result)
+    });
+    // The sibling window sees nothing to answer in its inbox, but tries anyway.
+    let question_id = loop {
+        let inbox = bob
+            .call(
+                "read_messages",
+                json!({"scope": "inbox", "only_new": false}),
+            )
+            .await
+            .unwrap();
+        if let Some(q) = inbox["messages"].as_array().unwrap().first() {
+            assert_eq!(q["from"], "alice/w1", "the question says where to answer");
+            assert_eq!(q["question"], true);
+            break q["id"].clone();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    sibling
+        .call(
+            "post_message",
+            json!({"to": "alice/w1", "reply_to": question_id, "body": "8080 (says the sibling)"}),
+        )
+        .await
+        .unwrap();
+    let (asker, timed_out) = asking.await.unwrap();
+    assert_eq!(timed_out["answered"], false, "{timed_out}");
+    assert_eq!(timed_out["question_message_id"], question_id);
+    assert!(
+        timed_out["suggestion"]
+            .as_str()
+            .unwrap()
+            .contains("resume_message_id")
+    );
+
+    bob.call(
+        "post_message",
+        json!({"to": "alice/w1", "reply_to": question_id, "body": "8787"}),
+    )
+    .await
+    .unwrap();
+    let answered = asker
+        .call("ask_agent", json!({"to": "bob", "question": "ignored on resume", "resume_message_id": question_id, "timeout_seconds": 5}))
+        .await
+        .unwrap();
+    assert_eq!(answered["answered"], true, "{answered}");
+    assert_eq!(answered["answer"], "8787");
+    assert_eq!(answered["answered_by"], "bob");
+    let questions: i64 = sqlx::query_scalar("SELECT count(*) FROM messages WHERE is_question")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(questions, 1, "resuming does not ask again");
+
+    // Only the asking window can resume its question.
+    let refused = sibling
+        .call("ask_agent", json!({"to": "bob", "question": "x", "resume_message_id": question_id, "timeout_seconds": 1}))
+        .await
+        .unwrap_err();
+    assert_eq!(refused["error"], "not_found");
+}
