@@ -37,10 +37,20 @@ pub struct Scenario {
     pub run: RunFn,
 }
 
-pub const SCENARIOS: &[Scenario] = &[Scenario {
-    name: "whoami",
-    run: |ctx, clients| Box::pin(whoami(ctx, clients)),
-}];
+pub const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "whoami",
+        run: |ctx, clients| Box::pin(whoami(ctx, clients)),
+    },
+    Scenario {
+        name: "post_read",
+        run: |ctx, clients| Box::pin(post_read(ctx, clients)),
+    },
+    Scenario {
+        name: "wake_latency",
+        run: |ctx, clients| Box::pin(wake_latency(ctx, clients)),
+    },
+];
 
 /// The name the baseline's lines carry.
 pub const BASELINE: &str = "pg_insert_commit";
@@ -97,6 +107,15 @@ async fn whoami(ctx: Arc<Ctx>, clients: usize) -> Result<Run> {
 /// A connected MCP client (initialize done), as agents use: rmcp's Streamable
 /// HTTP client with a bearer token.
 pub async fn connect_mcp(url: &str, token: &str) -> Result<RunningService<RoleClient, ()>> {
+    connect_mcp_as(url, token, None).await
+}
+
+/// [`connect_mcp`] as window `session` (the `X-Crew-Session` header).
+pub async fn connect_mcp_as(
+    url: &str,
+    token: &str,
+    session: Option<&str>,
+) -> Result<RunningService<RoleClient, ()>> {
     // The same settings as rmcp's default client (it keeps no idle
     // connections, to dodge delayed-ACK stalls, so each call opens one), so
     // the figures are what an rmcp agent sees; plus no proxy, so traffic
@@ -107,7 +126,16 @@ pub async fn connect_mcp(url: &str, token: &str) -> Result<RunningService<RoleCl
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .context("building the MCP client's HTTP client")?;
-    let config = StreamableHttpClientTransportConfig::with_uri(url).auth_header(token);
+    let mut headers = std::collections::HashMap::new();
+    if let Some(session) = session {
+        headers.insert(
+            http::HeaderName::from_static("x-crew-session"),
+            session.parse().context("a window label")?,
+        );
+    }
+    let config = StreamableHttpClientTransportConfig::with_uri(url)
+        .auth_header(token)
+        .custom_headers(headers);
     let transport = StreamableHttpClientTransport::with_client(http, config);
     ().serve(transport).await.context("MCP initialize")
 }
@@ -132,4 +160,83 @@ pub async fn call_tool(
         bail!("tools/call {tool} was refused: {value}");
     }
     Ok(value)
+}
+
+/// One op = `post_message` (a DM to the next worker's window) + that worker's
+/// own `read_messages` of its inbox: the write path with a commit, the event
+/// emit and the cursor-advancing read.
+async fn post_read(ctx: Arc<Ctx>, clients: usize) -> Result<Run> {
+    closed_loop(clients, ctx.timing, move |i, window| {
+        let ctx = ctx.clone();
+        async move {
+            let me = format!("w{i}");
+            let next = format!("bench/w{}", (i + 1) % clients);
+            let client = connect_mcp_as(&ctx.mcp_url, &ctx.token, Some(&me)).await?;
+            let post =
+                serde_json::json!({"to": next, "body": "a short message about the work at hand"});
+            let read = serde_json::json!({"scope": "inbox", "limit": 50});
+            let mut rec = window.open().await;
+            while rec.is_open() {
+                let started = Instant::now();
+                call_tool(&client, "post_message", post.clone()).await?;
+                call_tool(&client, "read_messages", read.clone()).await?;
+                rec.record(started);
+            }
+            let _ = client.cancel().await;
+            Ok(rec.finish())
+        }
+    })
+    .await
+}
+
+/// Latency from the start of a `post_message` to the moment a
+/// `wait_for_updates` blocked in the recipient's window returns with it. It
+/// includes the posting call's own round trip (the commit happens inside it).
+/// Each worker is one waiter/poster pair; ops/s is pairs completed.
+async fn wake_latency(ctx: Arc<Ctx>, clients: usize) -> Result<Run> {
+    closed_loop(clients, ctx.timing, move |i, window| {
+        let ctx = ctx.clone();
+        async move {
+            let waiter_window = format!("wait{i}");
+            let waiter =
+                Arc::new(connect_mcp_as(&ctx.mcp_url, &ctx.token, Some(&waiter_window)).await?);
+            let poster =
+                connect_mcp_as(&ctx.mcp_url, &ctx.token, Some(&format!("post{i}"))).await?;
+            let post =
+                serde_json::json!({"to": format!("bench/{waiter_window}"), "body": "wake up"});
+            let mut rec = window.open().await;
+            while rec.is_open() {
+                let waiting = {
+                    let waiter = waiter.clone();
+                    tokio::spawn(async move {
+                        call_tool(
+                            &waiter,
+                            "wait_for_updates",
+                            serde_json::json!({"timeout_seconds": 10, "kinds": ["message"]}),
+                        )
+                        .await
+                    })
+                };
+                // Let the wait subscribe first; not part of the measured latency.
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                let started = Instant::now();
+                call_tool(&poster, "post_message", post.clone()).await?;
+                let woke = waiting.await.context("the waiting task")??;
+                if woke["woke"] != true {
+                    bail!("wait_for_updates did not wake for a DM: {woke}");
+                }
+                rec.record(started);
+                // Consume the DM so the next wait blocks again.
+                call_tool(
+                    &waiter,
+                    "read_messages",
+                    serde_json::json!({"scope": "inbox"}),
+                )
+                .await?;
+            }
+            let _ = poster.cancel().await;
+            Ok(rec.finish())
+        }
+    })
+    .await
 }
