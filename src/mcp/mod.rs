@@ -8,6 +8,7 @@
 //! instead of a bare protocol error.
 
 mod identity;
+mod presence;
 mod sessions;
 
 use std::sync::Arc;
@@ -43,7 +44,7 @@ pub struct BusServer {
 
 impl BusServer {
     pub fn new(bus: Bus) -> Self {
-        let tools = Self::identity_router() + Self::session_router();
+        let tools = Self::identity_router() + Self::session_router() + Self::presence_router();
         BusServer {
             shared: Arc::new(Shared { bus, tools }),
         }
