@@ -8,6 +8,7 @@
 //! instead of a bare protocol error.
 
 mod identity;
+mod notes;
 mod presence;
 mod sessions;
 
@@ -44,7 +45,10 @@ pub struct BusServer {
 
 impl BusServer {
     pub fn new(bus: Bus) -> Self {
-        let tools = Self::identity_router() + Self::session_router() + Self::presence_router();
+        let tools = Self::identity_router()
+            + Self::session_router()
+            + Self::presence_router()
+            + Self::note_router();
         BusServer {
             shared: Arc::new(Shared { bus, tools }),
         }

@@ -8,6 +8,7 @@
 pub mod admin;
 pub mod agents;
 pub mod audit;
+pub mod notes;
 pub mod presence;
 pub mod sessions;
 pub mod teams;

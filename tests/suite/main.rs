@@ -9,6 +9,7 @@ mod binary;
 mod cli;
 mod events;
 mod http_surface;
+mod notes;
 mod presence;
 mod sessions;
 mod support_servers;
