@@ -22,6 +22,7 @@ pub mod events;
 pub mod http;
 pub mod mcp;
 pub mod store;
+pub mod workers;
 
 pub use error::{BusError, BusResult};
 

@@ -106,6 +106,7 @@ async fn serve_on(
         Duration::from_secs(args.event_ping_secs),
         shutdown.clone(),
     );
+    crate::workers::presence_sweeper::spawn(bus.clone(), shutdown.clone());
     let app = http::router(bus, settings, shutdown.clone());
     eprintln!(
         "listening on http://{local} (MCP: POST http://{local}/mcp, health: GET http://{local}/health)"

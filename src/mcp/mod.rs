@@ -9,6 +9,8 @@
 
 mod identity;
 mod messaging;
+mod notes;
+mod presence;
 mod sessions;
 mod waiting;
 
@@ -48,7 +50,9 @@ impl BusServer {
         let tools = Self::identity_router()
             + Self::session_router()
             + Self::messaging_router()
-            + Self::waiting_router();
+            + Self::waiting_router()
+            + Self::presence_router()
+            + Self::note_router();
         BusServer {
             shared: Arc::new(Shared { bus, tools }),
         }

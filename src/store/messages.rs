@@ -156,8 +156,10 @@ fn check_body(body: &str) -> BusResult<()> {
 /// The window's default channel: named after its `project` label, else after
 /// its window label, else none.
 pub async fn default_channel(bus: &Bus, me: &Identity) -> BusResult<Option<String>> {
-    let _ = bus;
-    let candidate = Some(me.session.clone()).filter(|s| !s.is_empty());
+    let project: Option<String> = super::presence::window_labels(&bus.pool, me).await?.0;
+    let candidate = project
+        .filter(|p| !p.is_empty())
+        .or_else(|| Some(me.session.clone()).filter(|s| !s.is_empty()));
     Ok(candidate.and_then(|name| channels::normalize_name(&name).ok()))
 }
 

@@ -10,6 +10,8 @@ pub mod agents;
 pub mod audit;
 pub mod channels;
 pub mod messages;
+pub mod notes;
+pub mod presence;
 pub mod sessions;
 pub mod teams;
 pub mod tokens;

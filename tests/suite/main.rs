@@ -10,6 +10,8 @@ mod cli;
 mod events;
 mod http_surface;
 mod messaging;
+mod notes;
+mod presence;
 mod sessions;
 mod support_servers;
 mod tenancy;

@@ -266,6 +266,16 @@ async fn metadata_default_channel_announcements_and_channels() {
     assert_eq!(list[0]["messages"], 1);
 
     let shared = app.mcp(&alice_token, None).await;
+    // The project label wins over the window name.
+    alice
+        .call("heartbeat", json!({"project": "Platform"}))
+        .await
+        .unwrap();
+    let posted = alice
+        .call("post_message", json!({"body": "to the project"}))
+        .await
+        .unwrap();
+    assert_eq!(posted["delivered_to"], json!(["#platform"]));
     let refused = shared
         .call("post_message", json!({"body": "where to?"}))
         .await

@@ -1,0 +1,616 @@
+//! Notes: the team's shared memory. A note is a text value under a key inside
+//! a scope (`global` unless said otherwise), with up to 16 tags.
+//!
+//! Every change keeps a revision (number, value, tags, author agent and
+//! window, time), deletions included, so nothing a teammate wrote is lost to
+//! an overwrite. A `set_note` that changes nothing (same value, same tags) is
+//! not a change: no revision, no event. A deleted note keeps its row (value
+//! and tags emptied, `deleted_at` set) so its revision numbers keep growing
+//! if the key is set again; reads treat it as absent.
+//!
+//! Keys are case-sensitive text; scopes and tags are normalised (trimmed,
+//! lower-cased). Search is PostgreSQL full text (English stemming) over the
+//! key, the tags and the first 100,000 characters of the value. Listings show
+//! a preview, never whole values: a value can be 1 MiB.
+//!
+//! Changes emit a `note` event after commit (id = the key), which wakes
+//! waiting windows of the team.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::sessions;
+use crate::Bus;
+use crate::auth::Identity;
+use crate::error::{BusError, BusResult};
+use crate::events::{BusEvent, EventKind};
+
+pub const DEFAULT_SCOPE: &str = "global";
+pub const MAX_SCOPE_BYTES: usize = 64;
+pub const MAX_KEY_BYTES: usize = 256;
+pub const MAX_VALUE_BYTES: usize = 1024 * 1024;
+pub const MAX_TAGS: usize = 16;
+pub const MAX_TAG_BYTES: usize = 64;
+pub const MAX_QUERY_BYTES: usize = 1024;
+/// Characters of the value shown in listings and search results (the literal
+/// in `summary_columns!` must match).
+pub const PREVIEW_CHARS: usize = 160;
+/// Most notes a listing returns (most recently updated first).
+pub const MAX_LISTED: i64 = 200;
+/// Most notes a search returns (best match first).
+pub const MAX_FOUND: i64 = 50;
+
+/// Scopes: trimmed, lower-cased, ASCII letters, digits and `._:/-`, starting
+/// with a letter or digit, 1..=64 bytes. `None` or empty is [`DEFAULT_SCOPE`].
+pub fn normalize_scope(raw: Option<&str>) -> BusResult<String> {
+    let scope = raw.unwrap_or("").trim().to_ascii_lowercase();
+    if scope.is_empty() {
+        return Ok(DEFAULT_SCOPE.to_string());
+    }
+    let ok = scope.len() <= MAX_SCOPE_BYTES
+        && scope.as_bytes()[0].is_ascii_alphanumeric()
+        && scope
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'/' | b'-'));
+    if !ok {
+        return Err(BusError::invalid(format!(
+            "scope {raw:?} is not valid: use 1-{MAX_SCOPE_BYTES} ASCII letters, digits and `._:/-`, \
+             starting with a letter or digit (for example `global` or `project:web`). Nothing was \
+             written. Omit scope for `{DEFAULT_SCOPE}`."
+        )));
+    }
+    Ok(scope)
+}
+
+/// Keys: trimmed, 1..=256 bytes, no control characters; case is kept.
+pub fn check_key(raw: &str) -> BusResult<String> {
+    let key = raw.trim();
+    if key.is_empty() {
+        return Err(BusError::invalid(
+            "key is empty; a note needs a key of 1-256 bytes (for example `build/commands`). \
+             Nothing was written.",
+        ));
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(BusError::invalid(format!(
+            "key is {} bytes; the limit is {MAX_KEY_BYTES} bytes. Nothing was written. Use a short \
+             key and put the detail in the value.",
+            key.len()
+        )));
+    }
+    if key.chars().any(char::is_control) {
+        return Err(BusError::invalid(
+            "key contains a control character (a newline, tab, …); keys are one line. Nothing was \
+             written. Remove the control characters.",
+        ));
+    }
+    Ok(key.to_string())
+}
+
+fn normalize_tag(raw: &str) -> BusResult<String> {
+    let tag = raw.trim().to_lowercase();
+    if tag.is_empty() || tag.len() > MAX_TAG_BYTES || tag.chars().any(char::is_control) {
+        return Err(BusError::invalid(format!(
+            "tag {raw:?} is not valid: each tag is 1-{MAX_TAG_BYTES} bytes of text without control \
+             characters (this one is {} bytes). Nothing was written. Use short tags such as `ci` \
+             or `decision`.",
+            tag.len()
+        )));
+    }
+    Ok(tag)
+}
+
+/// Tags: each normalised, duplicates merged, sorted, at most 16.
+pub fn normalize_tags(raw: &[String]) -> BusResult<Vec<String>> {
+    let mut tags = raw
+        .iter()
+        .map(|t| normalize_tag(t))
+        .collect::<BusResult<Vec<_>>>()?;
+    tags.sort();
+    tags.dedup();
+    if tags.len() > MAX_TAGS {
+        return Err(BusError::invalid(format!(
+            "{} distinct tags; a note has at most {MAX_TAGS}. Nothing was written. Keep the tags \
+             that help find the note and put the rest in the value.",
+            tags.len()
+        )));
+    }
+    Ok(tags)
+}
+
+fn check_value(value: &str) -> BusResult<()> {
+    if value.len() > MAX_VALUE_BYTES {
+        return Err(BusError::invalid(format!(
+            "value is {} bytes; the limit is {MAX_VALUE_BYTES} bytes (1 MiB). Nothing was written. \
+             Split it across several notes (for example `{{key}}/part-1`, `{{key}}/part-2`) or keep \
+             only what teammates need.",
+            value.len()
+        )));
+    }
+    Ok(())
+}
+
+/// The answer to `set_note`.
+#[derive(Clone, Debug, Serialize)]
+pub struct NoteSet {
+    pub scope: String,
+    pub key: String,
+    /// The note's revision after this call.
+    pub revision: i64,
+    /// False when the note already held this value and these tags: nothing
+    /// was written and no revision was added.
+    pub changed: bool,
+    /// True when this call created the note (or set it again after a delete).
+    pub created: bool,
+    pub tags: Vec<String>,
+    pub bytes: i64,
+    pub updated_at: DateTime<Utc>,
+    /// Who made the note's current revision: `agent` or `agent/window`.
+    pub updated_by: String,
+}
+
+/// A whole note, as `get_note` returns it (beside its scope and key).
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct Note {
+    pub value: String,
+    pub tags: Vec<String>,
+    pub revision: i64,
+    pub created_at: DateTime<Utc>,
+    pub created_by: String,
+    pub updated_at: DateTime<Utc>,
+    pub updated_by: String,
+}
+
+/// The answer to `get_note`: `found` says whether `note` is there.
+#[derive(Clone, Debug, Serialize)]
+pub struct NoteLookup {
+    pub found: bool,
+    pub scope: String,
+    pub key: String,
+    #[serde(flatten)]
+    pub note: Option<Note>,
+    /// When the note was deleted, if it existed and was deleted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deleted_at: Option<DateTime<Utc>>,
+}
+
+/// A note in a listing: everything but the value, plus a preview of it.
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct NoteSummary {
+    pub scope: String,
+    pub key: String,
+    pub tags: Vec<String>,
+    /// Size of the whole value in bytes.
+    pub bytes: i64,
+    /// The value's first characters (160 at most).
+    pub preview: String,
+    /// True when the preview is not the whole value: call get_note for it.
+    pub preview_truncated: bool,
+    pub revision: i64,
+    pub updated_at: DateTime<Utc>,
+    pub updated_by: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct NoteList {
+    pub notes: Vec<NoteSummary>,
+    /// True when more notes matched than a listing returns (200): narrow by
+    /// scope or tag, or use search_notes.
+    pub truncated: bool,
+}
+
+/// A search hit: the summary plus the passages that matched.
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct NoteHit {
+    #[sqlx(flatten)]
+    #[serde(flatten)]
+    pub note: NoteSummary,
+    /// Passages of the value around the matched words (in `**bold**`); the
+    /// start of the value when only the key or tags matched.
+    pub snippet: String,
+    pub rank: f32,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SearchResult {
+    pub query: String,
+    pub results: Vec<NoteHit>,
+    /// True when more notes matched than a search returns (50).
+    pub truncated: bool,
+}
+
+/// The answer to `delete_note`.
+#[derive(Clone, Debug, Serialize)]
+pub struct NoteDeleted {
+    pub scope: String,
+    pub key: String,
+    /// False when there was no such note (or it was already deleted): nothing changed.
+    pub deleted: bool,
+    /// The revision that records the deletion.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revision: Option<i64>,
+}
+
+/// The address (`agent` or `agent/window`) of a note's last author, over
+/// `notes n JOIN agents u`; macros so queries can `concat!` a literal.
+macro_rules! updated_by {
+    () => {
+        "CASE WHEN n.updated_by_session = '' THEN u.name
+              ELSE u.name || '/' || n.updated_by_session END"
+    };
+}
+
+/// The columns of a [`NoteSummary`] over `notes n JOIN agents u`.
+macro_rules! summary_columns {
+    () => {
+        concat!(
+            "n.scope, n.key, n.tags, octet_length(n.value)::bigint AS bytes,
+             left(n.value, 160) AS preview, length(n.value) > 160 AS preview_truncated,
+             n.revision, n.updated_at, ",
+            updated_by!(),
+            " AS updated_by"
+        )
+    };
+}
+
+/// `notes n` joined to its last author `u`.
+macro_rules! notes_with_author {
+    () => {
+        "notes n JOIN agents u ON u.team_id = n.team_id AND u.id = n.updated_by_agent_id"
+    };
+}
+
+/// `set_note`: create or replace a note. `tags: None` keeps the current tags
+/// (none on a new note); `Some(vec![])` clears them.
+pub async fn set(
+    bus: &Bus,
+    me: &Identity,
+    scope: Option<&str>,
+    key: &str,
+    value: &str,
+    tags: Option<&[String]>,
+) -> BusResult<NoteSet> {
+    let scope = normalize_scope(scope)?;
+    let key = check_key(key)?;
+    check_value(value)?;
+    let tags = tags.map(normalize_tags).transpose()?;
+
+    let mut tx = bus.pool.begin().await?;
+    sessions::guard(&mut tx, me).await?;
+    #[derive(sqlx::FromRow)]
+    struct Written {
+        id: Uuid,
+        revision: i64,
+        created: bool,
+        tags: Vec<String>,
+        bytes: i64,
+        updated_at: DateTime<Utc>,
+    }
+    // The WHERE on the update makes an identical set a no-op: no row comes
+    // back, and no revision is written. A deleted note is set again (it
+    // counts as created, with the next revision number).
+    // Lock the note if it exists, so "was it deleted?" still holds when the
+    // upsert below runs. (A missing note cannot be locked; a concurrent first
+    // set then meets the upsert's conflict and becomes revision 2.)
+    let was_deleted: Option<bool> = sqlx::query_scalar(
+        "SELECT deleted_at IS NOT NULL FROM notes WHERE team_id = $1 AND scope = $2 AND key = $3
+         FOR UPDATE",
+    )
+    .bind(me.team_id)
+    .bind(&scope)
+    .bind(&key)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let written: Option<Written> = sqlx::query_as(
+        "INSERT INTO notes AS n (id, team_id, scope, key, value, tags, revision,
+                                 created_by_agent_id, created_by_session,
+                                 updated_by_agent_id, updated_by_session)
+         VALUES ($1, $2, $3, $4, $5, coalesce($6, '{}'::text[]), 1, $7, $8, $7, $8)
+         ON CONFLICT (team_id, scope, key) DO UPDATE SET
+             value = EXCLUDED.value,
+             tags = CASE WHEN n.deleted_at IS NOT NULL THEN EXCLUDED.tags
+                         ELSE coalesce($6, n.tags) END,
+             revision = n.revision + 1,
+             updated_by_agent_id = EXCLUDED.updated_by_agent_id,
+             updated_by_session = EXCLUDED.updated_by_session,
+             updated_at = now(),
+             deleted_at = NULL
+         WHERE n.deleted_at IS NOT NULL
+            OR n.value IS DISTINCT FROM EXCLUDED.value
+            OR ($6::text[] IS NOT NULL AND n.tags IS DISTINCT FROM $6::text[])
+         RETURNING n.id, n.revision,
+                   n.revision = 1 OR $9 AS created,
+                   n.tags, octet_length(n.value)::bigint AS bytes, n.updated_at",
+    )
+    .bind(Uuid::new_v4())
+    .bind(me.team_id)
+    .bind(&scope)
+    .bind(&key)
+    .bind(value)
+    .bind(&tags)
+    .bind(me.agent_id)
+    .bind(&me.session)
+    .bind(was_deleted.unwrap_or(false))
+    .fetch_optional(&mut *tx)
+    .await?;
+
+    let Some(written) = written else {
+        // Unchanged: report the note as it stands.
+        let current: (i64, Vec<String>, i64, DateTime<Utc>, String) = sqlx::query_as(concat!(
+            "SELECT n.revision, n.tags, octet_length(n.value)::bigint, n.updated_at, ",
+            updated_by!(),
+            " FROM ",
+            notes_with_author!(),
+            " WHERE n.team_id = $1 AND n.scope = $2 AND n.key = $3"
+        ))
+        .bind(me.team_id)
+        .bind(&scope)
+        .bind(&key)
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        return Ok(NoteSet {
+            scope,
+            key,
+            revision: current.0,
+            changed: false,
+            created: false,
+            tags: current.1,
+            bytes: current.2,
+            updated_at: current.3,
+            updated_by: current.4,
+        });
+    };
+    // The revision copies the stored value inside the database: a 1 MiB value
+    // crosses the wire once.
+    sqlx::query(
+        "INSERT INTO note_revisions (team_id, note_id, revision, action, value, tags,
+                                     author_agent_id, author_session, at)
+         SELECT team_id, id, revision, 'set', value, tags, updated_by_agent_id,
+                updated_by_session, updated_at
+         FROM notes WHERE team_id = $1 AND id = $2",
+    )
+    .bind(me.team_id)
+    .bind(written.id)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    bus.events
+        .emit(BusEvent::new(me.team_id, EventKind::Note, key.clone()).by(me));
+    Ok(NoteSet {
+        scope,
+        key,
+        revision: written.revision,
+        changed: true,
+        created: written.created,
+        tags: written.tags,
+        bytes: written.bytes,
+        updated_at: written.updated_at,
+        updated_by: me.address(),
+    })
+}
+
+/// `get_note`: the whole note, or `found: false` (not an error).
+pub async fn get(
+    bus: &Bus,
+    me: &Identity,
+    scope: Option<&str>,
+    key: &str,
+) -> BusResult<NoteLookup> {
+    let scope = normalize_scope(scope)?;
+    let key = check_key(key)?;
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        deleted_at: Option<DateTime<Utc>>,
+        #[sqlx(flatten)]
+        note: Note,
+    }
+    let row: Option<Row> = sqlx::query_as(concat!(
+        "SELECT n.deleted_at, n.value, n.tags, n.revision, n.created_at,
+                CASE WHEN n.created_by_session = '' THEN c.name
+                     ELSE c.name || '/' || n.created_by_session END AS created_by,
+                n.updated_at, ",
+        updated_by!(),
+        " AS updated_by FROM ",
+        notes_with_author!(),
+        " JOIN agents c ON c.team_id = n.team_id AND c.id = n.created_by_agent_id
+          WHERE n.team_id = $1 AND n.scope = $2 AND n.key = $3"
+    ))
+    .bind(me.team_id)
+    .bind(&scope)
+    .bind(&key)
+    .fetch_optional(&bus.pool)
+    .await?;
+    let (note, deleted_at) = match row {
+        Some(Row {
+            deleted_at: None,
+            note,
+        }) => (Some(note), None),
+        Some(Row { deleted_at, .. }) => (None, deleted_at),
+        None => (None, None),
+    };
+    Ok(NoteLookup {
+        found: note.is_some(),
+        scope,
+        key,
+        note,
+        deleted_at,
+    })
+}
+
+/// `list_notes`: notes of one scope (or every scope when `scope` is None),
+/// optionally only those carrying `tag`; most recently updated first.
+pub async fn list(
+    bus: &Bus,
+    me: &Identity,
+    scope: Option<&str>,
+    tag: Option<&str>,
+) -> BusResult<NoteList> {
+    let scope = scope
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| normalize_scope(Some(s)))
+        .transpose()?;
+    let tag = tag
+        .filter(|t| !t.trim().is_empty())
+        .map(normalize_tag)
+        .transpose()?;
+    let mut notes: Vec<NoteSummary> = sqlx::query_as(concat!(
+        "SELECT ",
+        summary_columns!(),
+        " FROM ",
+        notes_with_author!(),
+        " WHERE n.team_id = $1 AND n.deleted_at IS NULL
+            AND ($2::text IS NULL OR n.scope = $2)
+            AND ($3::text IS NULL OR n.tags @> ARRAY[$3::text])
+          ORDER BY n.updated_at DESC, n.scope, n.key
+          LIMIT $4"
+    ))
+    .bind(me.team_id)
+    .bind(&scope)
+    .bind(&tag)
+    .bind(MAX_LISTED + 1)
+    .fetch_all(&bus.pool)
+    .await?;
+    let truncated = notes.len() as i64 > MAX_LISTED;
+    notes.truncate(MAX_LISTED as usize);
+    Ok(NoteList { notes, truncated })
+}
+
+/// `search_notes`: full-text search (web-search syntax: words, "quoted
+/// phrases", `or`, `-excluded`) over key, tags and value; best match first.
+pub async fn search(
+    bus: &Bus,
+    me: &Identity,
+    query: &str,
+    scope: Option<&str>,
+) -> BusResult<SearchResult> {
+    let query = query.trim();
+    if query.is_empty() {
+        return Err(BusError::invalid(
+            "query is empty. Give a few words to look for (for example `deploy staging`); \
+             list_notes shows every note without searching.",
+        ));
+    }
+    if query.len() > MAX_QUERY_BYTES {
+        return Err(BusError::invalid(format!(
+            "query is {} bytes; the limit is {MAX_QUERY_BYTES}. Search for a few distinctive words \
+             instead of a passage.",
+            query.len()
+        )));
+    }
+    let scope = scope
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| normalize_scope(Some(s)))
+        .transpose()?;
+    let mut results: Vec<NoteHit> = sqlx::query_as(concat!(
+        "SELECT ",
+        summary_columns!(),
+        ", ts_headline('english', left(n.value, 100000), q,
+                            'StartSel=**, StopSel=**, MaxFragments=2, MaxWords=24, MinWords=8, FragmentDelimiter=\" … \"')
+                    AS snippet,
+                ts_rank(n.search, q) AS rank
+         FROM ",
+        notes_with_author!(),
+        ", websearch_to_tsquery('english', $2) q
+          WHERE n.team_id = $1 AND n.deleted_at IS NULL AND n.search @@ q
+            AND ($3::text IS NULL OR n.scope = $3)
+          ORDER BY rank DESC, n.updated_at DESC
+          LIMIT $4"
+    ))
+    .bind(me.team_id)
+    .bind(query)
+    .bind(&scope)
+    .bind(MAX_FOUND + 1)
+    .fetch_all(&bus.pool)
+    .await?;
+    let truncated = results.len() as i64 > MAX_FOUND;
+    results.truncate(MAX_FOUND as usize);
+    Ok(SearchResult {
+        query: query.to_string(),
+        results,
+        truncated,
+    })
+}
+
+/// `delete_note`: delete a note, recording the deletion as a revision.
+/// Deleting a missing (or already deleted) note answers `deleted: false`.
+pub async fn delete(
+    bus: &Bus,
+    me: &Identity,
+    scope: Option<&str>,
+    key: &str,
+) -> BusResult<NoteDeleted> {
+    let scope = normalize_scope(scope)?;
+    let key = check_key(key)?;
+    let mut tx = bus.pool.begin().await?;
+    sessions::guard(&mut tx, me).await?;
+    let deleted: Option<(Uuid, i64)> = sqlx::query_as(
+        "UPDATE notes SET value = '', tags = '{}', revision = revision + 1, deleted_at = now(),
+                          updated_at = now(), updated_by_agent_id = $4, updated_by_session = $5
+         WHERE team_id = $1 AND scope = $2 AND key = $3 AND deleted_at IS NULL
+         RETURNING id, revision",
+    )
+    .bind(me.team_id)
+    .bind(&scope)
+    .bind(&key)
+    .bind(me.agent_id)
+    .bind(&me.session)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((id, revision)) = deleted else {
+        tx.commit().await?;
+        return Ok(NoteDeleted {
+            scope,
+            key,
+            deleted: false,
+            revision: None,
+        });
+    };
+    sqlx::query(
+        "INSERT INTO note_revisions (team_id, note_id, revision, action, author_agent_id, author_session)
+         VALUES ($1, $2, $3, 'delete', $4, $5)",
+    )
+    .bind(me.team_id)
+    .bind(id)
+    .bind(revision)
+    .bind(me.agent_id)
+    .bind(&me.session)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    bus.events
+        .emit(BusEvent::new(me.team_id, EventKind::Note, key.clone()).by(me));
+    Ok(NoteDeleted {
+        scope,
+        key,
+        deleted: true,
+        revision: Some(revision),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes_keys_and_tags_are_normalised_or_refused() {
+        assert_eq!(normalize_scope(None).unwrap(), "global");
+        assert_eq!(normalize_scope(Some("  ")).unwrap(), "global");
+        assert_eq!(
+            normalize_scope(Some(" Project:Web/API ")).unwrap(),
+            "project:web/api"
+        );
+        assert!(normalize_scope(Some("-x")).is_err());
+        assert!(normalize_scope(Some("a b")).is_err());
+        assert!(normalize_scope(Some(&"s".repeat(65))).is_err());
+        assert_eq!(check_key(" Build Commands ").unwrap(), "Build Commands");
+        assert!(check_key("a\nb").is_err());
+        assert!(check_key(&"k".repeat(257)).is_err());
+        assert_eq!(
+            normalize_tags(&["CI".into(), "ci".into(), " deploy ".into()]).unwrap(),
+            vec!["ci", "deploy"]
+        );
+        assert!(normalize_tags(&["".into()]).is_err());
+    }
+}
