@@ -8,7 +8,9 @@
 pub mod admin;
 pub mod agents;
 pub mod audit;
+pub mod locks;
 pub mod sessions;
+pub mod tasks;
 pub mod teams;
 pub mod tokens;
 
