@@ -8,7 +8,9 @@
 //! instead of a bare protocol error.
 
 mod identity;
+mod locks;
 mod sessions;
+mod tasks;
 
 use std::sync::Arc;
 
@@ -43,7 +45,10 @@ pub struct BusServer {
 
 impl BusServer {
     pub fn new(bus: Bus) -> Self {
-        let tools = Self::identity_router() + Self::session_router();
+        let tools = Self::identity_router()
+            + Self::session_router()
+            + Self::task_router()
+            + Self::lock_router();
         BusServer {
             shared: Arc::new(Shared { bus, tools }),
         }
