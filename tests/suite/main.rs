@@ -9,6 +9,8 @@ mod binary;
 mod cli;
 mod events;
 mod http_surface;
+mod locks;
 mod sessions;
 mod support_servers;
+mod tasks;
 mod tenancy;
