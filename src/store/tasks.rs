@@ -12,7 +12,7 @@
 //! overwrites the holder. So a crashed agent's work comes back by itself, and
 //! the lapsed holder can neither renew nor complete what it no longer holds.
 //!
-//! `claim_next_task` takes the oldest ready task with `FOR UPDATE SKIP
+//! `claim_next_task` takes the oldest ready task with `FOR NO KEY UPDATE SKIP
 //! LOCKED`: concurrent claimers each lock a different row, and a row another
 //! claimer just took fails the re-check and is passed over, so no task is ever
 //! handed to two windows.
@@ -545,14 +545,16 @@ async fn read_task(conn: &mut PgConnection, me: &Identity, key: &str) -> BusResu
     row.ok_or_else(|| no_such_task(me, key))
 }
 
-/// The task row locked for a change (`FOR UPDATE`): claims, renewals,
-/// releases and completions of one task queue up here.
+/// The task row locked for a change: claims, renewals, releases and
+/// completions of one task queue up here. `NO KEY UPDATE` because no change
+/// touches the key columns, so foreign-key checks (a new task depending on
+/// this one, an event row) are not made to wait behind it.
 async fn lock_task(conn: &mut PgConnection, me: &Identity, key: &str) -> BusResult<TaskRow> {
     let row: Option<TaskRow> = sqlx::query_as(concat!(
         "SELECT ",
         task_columns!(),
         task_from!(),
-        "WHERE t.team_id = $1 AND t.key = $2 FOR UPDATE OF t"
+        "WHERE t.team_id = $1 AND t.key = $2 FOR NO KEY UPDATE OF t"
     ))
     .bind(me.team_id)
     .bind(key)
@@ -795,7 +797,7 @@ pub async fn claim_next(
                    WHERE d.team_id = t.team_id AND d.task_id = t.id AND p.status <> 'done')
              ORDER BY t.created_at, t.seq
              LIMIT 1
-             FOR UPDATE OF t SKIP LOCKED
+             FOR NO KEY UPDATE OF t SKIP LOCKED
          )
          UPDATE tasks t
          SET status = 'claimed', holder_agent_id = $2, holder_session = $3,
