@@ -3,6 +3,8 @@
 
 use std::collections::{HashMap, HashSet};
 
+use ai_crew_sync::auth::{self, AgentCredential};
+use ai_crew_sync::store::{locks, sessions, tasks};
 use serde_json::{Value, json};
 
 use crate::support::{McpClient, TestApp, spawn_app};
@@ -749,4 +751,75 @@ async fn another_teams_tasks_are_invisible_and_keys_are_per_team() {
         .collect();
     assert_eq!(keys.len(), 1);
     assert_eq!(count(&app, "tasks").await, 2);
+}
+
+#[tokio::test]
+async fn a_revoked_window_can_no_longer_change_tasks_or_locks() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let token = app.agent("acme", "alice").await;
+    let agent = app.mcp(&token, None).await;
+    let registered = agent
+        .call("register_session", json!({ "session": "w1" }))
+        .await
+        .unwrap();
+    let credential = registered["credential"].as_str().unwrap();
+    let w1 = app.mcp(credential, None).await;
+    create(&w1, "t1", &[]).await;
+    create(&w1, "t2", &[]).await;
+    w1.call("claim_task", json!({ "key": "t1" })).await.unwrap();
+
+    // The identity a request in flight resolved before the revocation.
+    let AgentCredential::Session(digest) = auth::parse_agent_credential(credential).unwrap() else {
+        unreachable!()
+    };
+    let in_flight = sessions::authenticate(&app.pool, &digest, None, None)
+        .await
+        .unwrap();
+    agent
+        .call("revoke_session", json!({ "session": "w1" }))
+        .await
+        .unwrap();
+    let before = (task_rows(&app).await, count(&app, "locks").await);
+
+    let refusals = [
+        tasks::complete(&app.bus, &in_flight, "t1", "late")
+            .await
+            .unwrap_err(),
+        tasks::claim_next(&app.bus, &in_flight, None)
+            .await
+            .unwrap_err(),
+        tasks::create(
+            &app.bus,
+            &in_flight,
+            tasks::NewTask {
+                key: "t3".into(),
+                title: "t3".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err(),
+        locks::acquire(&app.bus, &in_flight, "deploy", None, None)
+            .await
+            .unwrap_err(),
+    ];
+    for err in refusals {
+        assert_eq!(err.kind(), "unauthenticated", "{err}");
+        assert!(err.to_string().contains("revoked"), "{err}");
+    }
+    assert_eq!(
+        (task_rows(&app).await, count(&app, "locks").await),
+        before,
+        "nothing was written"
+    );
+    let t1 = agent
+        .call("get_task", json!({ "key": "t1" }))
+        .await
+        .unwrap();
+    assert_eq!(
+        t1["status"], "claimed",
+        "still the (now dead) window's until it lapses"
+    );
+    assert_eq!(t1["holder"]["address"], "alice/w1");
 }
