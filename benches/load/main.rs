@@ -5,7 +5,10 @@
 //! survives a noisy machine: every figure sits beside a baseline measured in
 //! the same run on the same PostgreSQL (the raw single-row INSERT+COMMIT rate,
 //! `pg_insert_commit`), and `ratio` is the scenario's rate over the baseline's
-//! at the same client count. Figures, never pass/fail: targets live in the issues.
+//! at the same client count. A scenario may bring a baseline of its own, the
+//! same work done in raw SQL (`claim_complete` against `pg_claim_complete`);
+//! its lines then carry that baseline instead. Figures, never pass/fail:
+//! targets live in the issues.
 //!
 //! Everything it needs it starts itself and stops at the end, also on error or
 //! Ctrl-C: a throwaway PostgreSQL in a temporary directory, and the real
@@ -175,8 +178,22 @@ async fn run(postgres: &Postgres, selected: &[&Scenario], timing: Timing) -> Res
         eprintln!("bench: {BASELINE} with {clients} client(s)");
         let baseline = scenarios::pg_insert_commit(pool.clone(), timing, clients).await?;
         let baseline_ops = baseline.ops_per_s();
-        emit(BASELINE, clients, &baseline, None, baseline_ops);
+        emit(BASELINE, clients, &baseline, None, BASELINE, baseline_ops);
         for scenario in selected {
+            // A scenario with a baseline of its own (the same work done in raw
+            // SQL) is measured against it, right before it.
+            let (baseline_name, baseline_ops) = match &scenario.baseline {
+                Some(own) => {
+                    eprintln!("bench: {} with {clients} client(s)", own.name);
+                    let measured = (own.run)(ctx.clone(), clients).await.with_context(|| {
+                        format!("baseline {} with {clients} client(s)", own.name)
+                    })?;
+                    let ops = measured.ops_per_s();
+                    emit(own.name, clients, &measured, None, own.name, ops);
+                    (own.name, ops)
+                }
+                None => (BASELINE, baseline_ops),
+            };
             eprintln!("bench: {} with {clients} client(s)", scenario.name);
             server.reset_peak_rss();
             let measured = (scenario.run)(ctx.clone(), clients)
@@ -187,6 +204,7 @@ async fn run(postgres: &Postgres, selected: &[&Scenario], timing: Timing) -> Res
                 clients,
                 &measured,
                 server.peak_rss_mib(),
+                baseline_name,
                 baseline_ops,
             );
         }
@@ -214,7 +232,14 @@ struct Line<'a> {
     secs: f64,
 }
 
-fn emit(scenario: &str, clients: usize, run: &Run, rss_mib: Option<f64>, baseline_ops: f64) {
+fn emit(
+    scenario: &str,
+    clients: usize,
+    run: &Run,
+    rss_mib: Option<f64>,
+    baseline: &'static str,
+    baseline_ops: f64,
+) {
     let ops_per_s = run.ops_per_s();
     let line = Line {
         scenario,
@@ -223,7 +248,7 @@ fn emit(scenario: &str, clients: usize, run: &Run, rss_mib: Option<f64>, baselin
         p50_ms: run.percentile_ms(50.0).map(|v| round(v, 3)),
         p99_ms: run.percentile_ms(99.0).map(|v| round(v, 3)),
         server_peak_rss_mib: rss_mib.map(|v| round(v, 1)),
-        baseline: BASELINE,
+        baseline,
         baseline_ops_per_s: round(baseline_ops, 1),
         // No ratio to a baseline that did nothing.
         ratio: (baseline_ops > 0.0).then(|| round(ops_per_s / baseline_ops, 4)),

@@ -8,10 +8,12 @@
 //! instead of a bare protocol error.
 
 mod identity;
+mod locks;
 mod messaging;
 mod notes;
 mod presence;
 mod sessions;
+mod tasks;
 mod waiting;
 
 use std::sync::Arc;
@@ -52,7 +54,9 @@ impl BusServer {
             + Self::messaging_router()
             + Self::waiting_router()
             + Self::presence_router()
-            + Self::note_router();
+            + Self::note_router()
+            + Self::task_router()
+            + Self::lock_router();
         BusServer {
             shared: Arc::new(Shared { bus, tools }),
         }

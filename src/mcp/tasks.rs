@@ -1,0 +1,209 @@
+//! Task tools: `create_task`, `claim_task`, `claim_next_task`,
+//! `renew_task_lease`, `release_task`, `complete_task`, `list_tasks`,
+//! `get_task`. All logic lives in `store::tasks`.
+
+use rmcp::handler::server::tool::Extension;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::CallToolResult;
+use rmcp::{ErrorData, schemars, tool, tool_router};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::{BusServer, caller, reply};
+use crate::store::tasks::{self, NewTask};
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTaskArgs {
+    /// Identifier unique in the team, at most 128 bytes (e.g. `api-auth-refactor`).
+    pub key: String,
+    /// One line saying what is to be done, at most 512 bytes.
+    pub title: String,
+    /// The details, at most 64 KiB.
+    pub description: Option<String>,
+    /// A JSON object of small facts (or a string holding one), at most 16 KiB.
+    pub metadata: Option<Value>,
+    /// Keys of existing tasks that must be done before this one can be claimed (at most 32).
+    pub depends_on: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimTaskArgs {
+    /// The task's key.
+    pub key: String,
+    /// Lease length in seconds, 30..86400 (default 900). Renew before it lapses.
+    pub lease_seconds: Option<i64>,
+}
+
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimNextArgs {
+    /// Lease length in seconds, 30..86400 (default 900). Renew before it lapses.
+    pub lease_seconds: Option<i64>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RenewLeaseArgs {
+    /// The task's key.
+    pub key: String,
+    /// New lease length from now, in seconds, 30..86400 (default 900).
+    pub lease_seconds: Option<i64>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TaskKeyArgs {
+    /// The task's key.
+    pub key: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompleteTaskArgs {
+    /// The task's key.
+    pub key: String,
+    /// What was done: the outcome another agent needs, at most 64 KiB.
+    pub result: String,
+}
+
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListTasksArgs {
+    /// `open`, `claimed`, `done`, `cancelled` or `any` (default). A lapsed lease counts as open.
+    pub status: Option<String>,
+    /// Only tasks this window holds (or held, lapsed) or completed. Default false.
+    pub mine_only: Option<bool>,
+    /// At most this many tasks, 1..200 (default 50).
+    pub limit: Option<i64>,
+}
+
+#[tool_router(router = task_router, vis = "pub(super)")]
+impl BusServer {
+    #[tool(
+        description = "Create a task in the team's shared queue. `key` is unique in the team; \
+                       `depends_on` names existing tasks that must be done first (the task \
+                       cannot be claimed until then). The task starts open."
+    )]
+    async fn create_task(
+        &self,
+        Extension(parts): Extension<http::request::Parts>,
+        Parameters(args): Parameters<CreateTaskArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let me = caller(&parts)?;
+        let new = NewTask {
+            key: args.key,
+            title: args.title,
+            description: args.description,
+            metadata: args.metadata,
+            depends_on: args.depends_on.unwrap_or_default(),
+        };
+        reply(tasks::create(self.bus(), me, new).await)
+    }
+
+    #[tool(
+        description = "Claim a task by key for this window, for `lease_seconds`. Claiming a task \
+                       this window already holds extends the lease. Refused while another \
+                       window's lease is live (naming it and the expiry) or while a dependency \
+                       is unfinished. A lapsed lease may be taken over by anyone."
+    )]
+    async fn claim_task(
+        &self,
+        Extension(parts): Extension<http::request::Parts>,
+        Parameters(args): Parameters<ClaimTaskArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let me = caller(&parts)?;
+        reply(tasks::claim(self.bus(), me, &args.key, args.lease_seconds).await)
+    }
+
+    #[tool(
+        description = "Claim the oldest open task whose dependencies are all done (a lapsed \
+                       lease counts as open). Safe with many agents at once: no two get the \
+                       same task. Answers `claimed: false` with the reason when nothing is ready."
+    )]
+    async fn claim_next_task(
+        &self,
+        Extension(parts): Extension<http::request::Parts>,
+        Parameters(args): Parameters<ClaimNextArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let me = caller(&parts)?;
+        reply(tasks::claim_next(self.bus(), me, args.lease_seconds).await)
+    }
+
+    #[tool(
+        description = "Extend this window's lease on a task to now + lease_seconds. Only the \
+                       holding window; refused once the lease has lapsed (claim it again)."
+    )]
+    async fn renew_task_lease(
+        &self,
+        Extension(parts): Extension<http::request::Parts>,
+        Parameters(args): Parameters<RenewLeaseArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let me = caller(&parts)?;
+        reply(tasks::renew(self.bus(), me, &args.key, args.lease_seconds).await)
+    }
+
+    #[tool(
+        description = "Hand a task back: it becomes open for anyone. Only the window holding it."
+    )]
+    async fn release_task(
+        &self,
+        Extension(parts): Extension<http::request::Parts>,
+        Parameters(args): Parameters<TaskKeyArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let me = caller(&parts)?;
+        reply(tasks::release(self.bus(), me, &args.key).await)
+    }
+
+    #[tool(
+        description = "Mark a task done with a result (at most 64 KiB). Only the window holding \
+                       a live claim; tasks that depend on it become claimable."
+    )]
+    async fn complete_task(
+        &self,
+        Extension(parts): Extension<http::request::Parts>,
+        Parameters(args): Parameters<CompleteTaskArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let me = caller(&parts)?;
+        reply(tasks::complete(self.bus(), me, &args.key, &args.result).await)
+    }
+
+    #[tool(
+        description = "List the team's tasks, filtered by status (open, claimed, done, \
+                       cancelled, any). open and claimed come oldest first (queue order); the \
+                       others most recently changed first. `more` says when limit cut it short.",
+        annotations(read_only_hint = true)
+    )]
+    async fn list_tasks(
+        &self,
+        Extension(parts): Extension<http::request::Parts>,
+        Parameters(args): Parameters<ListTasksArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let me = caller(&parts)?;
+        reply(
+            tasks::list(
+                self.bus(),
+                me,
+                args.status.as_deref(),
+                args.mine_only.unwrap_or(false),
+                args.limit,
+            )
+            .await,
+        )
+    }
+
+    #[tool(
+        description = "One task with its description, metadata, dependencies, holder (or \
+                       lapsed_holder), result and event history.",
+        annotations(read_only_hint = true)
+    )]
+    async fn get_task(
+        &self,
+        Extension(parts): Extension<http::request::Parts>,
+        Parameters(args): Parameters<TaskKeyArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let me = caller(&parts)?;
+        reply(tasks::get(self.bus(), me, &args.key).await)
+    }
+}

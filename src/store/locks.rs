@@ -1,0 +1,373 @@
+//! Advisory locks: team-wide names ("deploy:prod", "src/schema.sql") that one
+//! window at a time may hold for a while.
+//!
+//! A lock belongs to the window that took it, the (agent, session label) pair:
+//! that window may extend it by acquiring again, and only it may release it.
+//! Another window of the same agent is another holder. Every lock expires
+//! (`ttl_seconds`, on the database's clock), so a crashed holder blocks nobody
+//! for long; an expired row is taken over in place by the next acquire and is
+//! never listed. Nothing sweeps expired rows: there is one per name ever used.
+//!
+//! Acquire is one upsert whose `WHERE` decides who may take the row, so two
+//! windows racing for a free name cannot both win: the second one's upsert
+//! waits on the first one's row and then finds it held.
+
+use chrono::{DateTime, Duration, SecondsFormat, Utc};
+use serde::Serialize;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use super::sessions;
+use crate::Bus;
+use crate::auth::Identity;
+use crate::error::{BusError, BusResult};
+use crate::events::{BusEvent, EventKind};
+
+pub const NAME_MAX_BYTES: usize = 256;
+pub const PURPOSE_MAX_BYTES: usize = 256;
+pub const MIN_TTL_SECONDS: i64 = 5;
+pub const MAX_TTL_SECONDS: i64 = 86_400;
+pub const DEFAULT_TTL_SECONDS: i64 = 300;
+/// `list_locks` shows at most this many (nearest expiry last) and says so.
+pub const MAX_LISTED: i64 = 200;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Lock {
+    pub name: String,
+    pub agent: String,
+    /// The holding window's label; `""` is the agent's shared session.
+    pub session: String,
+    /// `agent` or `agent/session`.
+    pub holder: String,
+    pub purpose: Option<String>,
+    pub acquired_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    /// Whole seconds until it expires.
+    pub seconds_left: i64,
+}
+
+/// `acquire_lock`'s answer.
+#[derive(Clone, Debug, Serialize)]
+pub struct Acquired {
+    #[serde(flatten)]
+    pub lock: Lock,
+    /// True when this window already held it and the call only moved the expiry.
+    pub extended: bool,
+}
+
+/// `release_lock`'s answer.
+#[derive(Clone, Debug, Serialize)]
+pub struct Released {
+    pub name: String,
+    pub released: bool,
+    /// The lock had already expired when it was released (anyone could have taken it).
+    pub had_expired: bool,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct LockList {
+    pub count: usize,
+    /// More unexpired locks exist than were listed.
+    pub more: bool,
+    pub locks: Vec<Lock>,
+}
+
+/// Lock names: trimmed, lower-cased, 1..=256 bytes, no control characters.
+/// Anything else is allowed, so a file path or `deploy:prod` is a name as is.
+pub fn normalize_name(raw: &str) -> BusResult<String> {
+    let name = raw.trim().to_lowercase();
+    if name.is_empty() {
+        return Err(BusError::invalid(
+            "a lock name is required, e.g. `deploy:prod` or `src/schema.sql` (names are team-wide \
+             and lower-cased).",
+        ));
+    }
+    if name.len() > NAME_MAX_BYTES {
+        return Err(BusError::invalid(format!(
+            "lock name is {} bytes; the limit is {NAME_MAX_BYTES}. Name the resource briefly, \
+             e.g. `deploy:prod` or a repository-relative path.",
+            name.len()
+        )));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(BusError::invalid(
+            "lock name contains a control character (newline, tab, …); use printable text only.",
+        ));
+    }
+    Ok(name)
+}
+
+fn check_ttl(ttl_seconds: Option<i64>) -> BusResult<Duration> {
+    let ttl = ttl_seconds.unwrap_or(DEFAULT_TTL_SECONDS);
+    if !(MIN_TTL_SECONDS..=MAX_TTL_SECONDS).contains(&ttl) {
+        return Err(BusError::invalid(format!(
+            "ttl_seconds must be between {MIN_TTL_SECONDS} and {MAX_TTL_SECONDS} (24 h); got {ttl}. \
+             Omit it for {DEFAULT_TTL_SECONDS} s, and acquire again before it runs out to extend it."
+        )));
+    }
+    Ok(Duration::seconds(ttl))
+}
+
+fn check_purpose(raw: Option<&str>) -> BusResult<Option<String>> {
+    let Some(purpose) = raw.map(str::trim).filter(|p| !p.is_empty()) else {
+        return Ok(None);
+    };
+    if purpose.len() > PURPOSE_MAX_BYTES {
+        return Err(BusError::invalid(format!(
+            "purpose is {} bytes; the limit is {PURPOSE_MAX_BYTES}. One short line saying why you \
+             hold the lock is enough.",
+            purpose.len()
+        )));
+    }
+    if purpose.chars().any(char::is_control) {
+        return Err(BusError::invalid(
+            "purpose contains a control character (newline, tab, …); keep it to one line.",
+        ));
+    }
+    Ok(Some(purpose.to_string()))
+}
+
+#[derive(sqlx::FromRow)]
+struct LockRow {
+    name: String,
+    holder_agent_id: Uuid,
+    agent: String,
+    holder_session: String,
+    purpose: Option<String>,
+    acquired_at: DateTime<Utc>,
+    expires_at: DateTime<Utc>,
+    seconds_left: i64,
+    expired: bool,
+}
+
+macro_rules! lock_columns {
+    () => {
+        "l.name, l.holder_agent_id, a.name AS agent, l.holder_session, l.purpose, l.acquired_at,
+         l.expires_at,
+         greatest(0, ceil(extract(epoch FROM l.expires_at - now())))::bigint AS seconds_left,
+         l.expires_at <= now() AS expired"
+    };
+}
+
+fn address(agent: &str, session: &str) -> String {
+    if session.is_empty() {
+        agent.to_string()
+    } else {
+        format!("{agent}/{session}")
+    }
+}
+
+fn window_phrase(agent: &str, session: &str) -> String {
+    if session.is_empty() {
+        format!("agent `{agent}` in its shared session (no X-Crew-Session)")
+    } else {
+        format!("agent `{agent}` in window `{session}` (address {agent}/{session})")
+    }
+}
+
+fn at(time: DateTime<Utc>) -> String {
+    time.to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+impl LockRow {
+    fn held_by(&self, me: &Identity) -> bool {
+        self.holder_agent_id == me.agent_id && self.holder_session == me.session
+    }
+
+    /// "held by … until … (N s left)", and why a sibling window does not count.
+    fn held_phrase(&self, me: &Identity) -> String {
+        let sibling = if self.holder_agent_id == me.agent_id {
+            " A lock belongs to the window that took it: another window of the same agent \
+             cannot release or take it."
+        } else {
+            ""
+        };
+        format!(
+            "held by {} until {} ({} s left).{sibling}",
+            window_phrase(&self.agent, &self.holder_session),
+            at(self.expires_at),
+            self.seconds_left
+        )
+    }
+
+    fn into_lock(self) -> Lock {
+        Lock {
+            holder: address(&self.agent, &self.holder_session),
+            name: self.name,
+            agent: self.agent,
+            session: self.holder_session,
+            purpose: self.purpose,
+            acquired_at: self.acquired_at,
+            expires_at: self.expires_at,
+            seconds_left: self.seconds_left,
+        }
+    }
+}
+
+async fn read_lock(
+    conn: &mut PgConnection,
+    me: &Identity,
+    name: &str,
+    for_update: bool,
+) -> BusResult<Option<LockRow>> {
+    let query = if for_update {
+        concat!(
+            "SELECT ",
+            lock_columns!(),
+            " FROM locks l JOIN agents a ON a.team_id = l.team_id AND a.id = l.holder_agent_id
+             WHERE l.team_id = $1 AND l.name = $2 FOR UPDATE OF l"
+        )
+    } else {
+        concat!(
+            "SELECT ",
+            lock_columns!(),
+            " FROM locks l JOIN agents a ON a.team_id = l.team_id AND a.id = l.holder_agent_id
+             WHERE l.team_id = $1 AND l.name = $2"
+        )
+    };
+    Ok(sqlx::query_as(query)
+        .bind(me.team_id)
+        .bind(name)
+        .fetch_optional(&mut *conn)
+        .await?)
+}
+
+/// `acquire_lock`: take `name` if it is free or expired, or extend it if this
+/// window holds it (expiry = now + ttl; a new purpose replaces the old).
+pub async fn acquire(
+    bus: &Bus,
+    me: &Identity,
+    name: &str,
+    ttl_seconds: Option<i64>,
+    purpose: Option<&str>,
+) -> BusResult<Acquired> {
+    let name = normalize_name(name)?;
+    let ttl = check_ttl(ttl_seconds)?;
+    let purpose = check_purpose(purpose)?;
+    let mut tx = bus.pool.begin().await?;
+    sessions::guard(&mut tx, me).await?;
+    // The WHERE of DO UPDATE is the rule: an expired row goes to anyone, a
+    // live one only to its own window. When it refuses, the row stays locked
+    // by this statement, so the holder read below is the one that refused us.
+    let taken: Option<bool> = sqlx::query_scalar(
+        "INSERT INTO locks AS l (team_id, name, holder_agent_id, holder_session, purpose,
+                                 acquired_at, expires_at)
+         VALUES ($1, $2, $3, $4, $5, now(), now() + $6)
+         ON CONFLICT (team_id, name) DO UPDATE SET
+             holder_agent_id = EXCLUDED.holder_agent_id,
+             holder_session = EXCLUDED.holder_session,
+             purpose = CASE WHEN l.expires_at > now() THEN coalesce(EXCLUDED.purpose, l.purpose)
+                            ELSE EXCLUDED.purpose END,
+             acquired_at = CASE WHEN l.expires_at > now() THEN l.acquired_at ELSE now() END,
+             expires_at = EXCLUDED.expires_at
+         WHERE l.expires_at <= now()
+            OR (l.holder_agent_id = EXCLUDED.holder_agent_id
+                AND l.holder_session = EXCLUDED.holder_session)
+         RETURNING l.acquired_at < now() AS extended",
+    )
+    .bind(me.team_id)
+    .bind(&name)
+    .bind(me.agent_id)
+    .bind(&me.session)
+    .bind(&purpose)
+    .bind(ttl)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let row = read_lock(&mut tx, me, &name, false)
+        .await?
+        .ok_or_else(|| BusError::conflict("the lock vanished while it was taken; try again."))?;
+    let Some(extended) = taken else {
+        return Err(BusError::conflict(format!(
+            "lock `{name}` is {} Nothing was changed. Wait for it to be released or to expire \
+             (wait_for_updates with kinds [\"lock\"]), or ask its holder.",
+            row.held_phrase(me)
+        )));
+    };
+    tx.commit().await?;
+    bus.events
+        .emit(BusEvent::new(me.team_id, EventKind::Lock, name.as_str()).by(me));
+    Ok(Acquired {
+        lock: row.into_lock(),
+        extended,
+    })
+}
+
+/// `release_lock`: only the holding window. Its own expired lock may be
+/// released too (it was free already; this removes the stale row).
+pub async fn release(bus: &Bus, me: &Identity, name: &str) -> BusResult<Released> {
+    let name = normalize_name(name)?;
+    let mut tx = bus.pool.begin().await?;
+    sessions::guard(&mut tx, me).await?;
+    let row = read_lock(&mut tx, me, &name, true).await?;
+    let row = match row {
+        Some(row) if row.held_by(me) => row,
+        Some(row) if !row.expired => {
+            return Err(BusError::conflict(format!(
+                "lock `{name}` is {} Only the holding window can release it; nothing was changed.",
+                row.held_phrase(me)
+            )));
+        }
+        _ => {
+            return Err(BusError::not_found(format!(
+                "lock `{name}` is not held by anyone (free or expired), so there is nothing to \
+                 release. list_locks shows the locks held now."
+            )));
+        }
+    };
+    sqlx::query("DELETE FROM locks WHERE team_id = $1 AND name = $2")
+        .bind(me.team_id)
+        .bind(&name)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    bus.events
+        .emit(BusEvent::new(me.team_id, EventKind::Lock, name.as_str()).by(me));
+    Ok(Released {
+        name,
+        released: true,
+        had_expired: row.expired,
+    })
+}
+
+/// `list_locks`: the team's unexpired locks, soonest expiry first.
+pub async fn list(bus: &Bus, me: &Identity) -> BusResult<LockList> {
+    let mut rows: Vec<LockRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        lock_columns!(),
+        " FROM locks l JOIN agents a ON a.team_id = l.team_id AND a.id = l.holder_agent_id
+         WHERE l.team_id = $1 AND l.expires_at > now()
+         ORDER BY l.expires_at, l.name
+         LIMIT $2"
+    ))
+    .bind(me.team_id)
+    .bind(MAX_LISTED + 1)
+    .fetch_all(&bus.pool)
+    .await?;
+    let more = rows.len() as i64 > MAX_LISTED;
+    rows.truncate(MAX_LISTED as usize);
+    let locks: Vec<Lock> = rows.into_iter().map(LockRow::into_lock).collect();
+    Ok(LockList {
+        count: locks.len(),
+        more,
+        locks,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_lower_cased_and_bounded() {
+        assert_eq!(normalize_name("  Deploy:PROD ").unwrap(), "deploy:prod");
+        assert_eq!(normalize_name("src/Main.rs").unwrap(), "src/main.rs");
+        assert!(normalize_name(" ").is_err());
+        assert!(normalize_name("a\tb").is_err());
+        let long = normalize_name(&"x".repeat(257)).unwrap_err().to_string();
+        assert!(long.contains("256"), "{long}");
+        assert!(normalize_name(&"x".repeat(256)).is_ok());
+        assert!(check_ttl(Some(4)).unwrap_err().to_string().contains("5"));
+        assert!(check_ttl(Some(86_401)).is_err());
+        assert_eq!(check_ttl(None).unwrap(), Duration::seconds(300));
+    }
+}
