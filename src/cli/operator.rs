@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use super::Context;
 use super::output::{self, opt_time, time};
-use crate::store::{Actor, agents, teams, tokens};
+use crate::store::{Actor, agents, attachments, teams, tokens};
 
 #[derive(Subcommand, Debug)]
 pub enum TeamCommand {
@@ -24,6 +24,16 @@ pub enum TeamCommand {
     },
     /// List teams.
     List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the team's attachment quota, or set it with --bytes (new uploads beyond it are refused).
+    Quota {
+        #[arg(long)]
+        team: String,
+        /// New limit in bytes (default for a new team: 1 GiB).
+        #[arg(long)]
+        bytes: Option<i64>,
         #[arg(long)]
         json: bool,
     },
@@ -128,6 +138,20 @@ pub struct McpConfigArgs {
 pub async fn team(ctx: &Context, command: TeamCommand) -> anyhow::Result<()> {
     let actor = Actor::local_operator();
     match command {
+        TeamCommand::Quota { team, bytes, json } => {
+            let quota = ctx
+                .with_database(async |pool| {
+                    Ok(attachments::quota(pool, &team, bytes, &actor).await?)
+                })
+                .await?;
+            if json {
+                return output::json(&quota);
+            }
+            println!(
+                "team `{}`: attachments use {} of {} bytes",
+                quota.team, quota.attachment_bytes_used, quota.attachment_bytes_limit
+            );
+        }
         TeamCommand::Create { slug, name, json } => {
             let team = ctx
                 .with_database(async |pool| Ok(teams::create(pool, &slug, &name, &actor).await?))

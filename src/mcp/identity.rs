@@ -1,55 +1,54 @@
-//! `whoami`: who the token is, and which window is calling.
+//! `whoami` and `team_digest`: who you are and what the team has been doing.
 
 use rmcp::handler::server::tool::Extension;
+use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::CallToolResult;
-use rmcp::{ErrorData, tool, tool_router};
-use serde::Serialize;
-use uuid::Uuid;
+use rmcp::{ErrorData, schemars, tool, tool_router};
+use serde::Deserialize;
 
+use super::sessions::NoArgs;
 use super::{BusServer, caller, reply};
+use crate::store::overview;
 
-#[derive(Serialize)]
-struct WhoAmI {
-    agent: String,
-    agent_id: Uuid,
-    team: String,
-    team_id: Uuid,
-    /// The window label; empty for the agent's shared session.
-    session: String,
-    /// How other agents reach exactly this caller: `agent` or `agent/session`.
-    address: String,
-    /// `agent_token`, or `session` for a session credential.
-    credential: &'static str,
-    /// The session credential's epoch (absent for an agent token).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    epoch: Option<i64>,
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DigestArgs {
+    /// How far back to look, 1..336 hours (default 24).
+    pub hours: Option<i32>,
+    /// Every channel's activity, not only this window's focused channel (announcements are always in).
+    #[serde(default)]
+    pub all_channels: bool,
 }
 
 #[tool_router(router = identity_router, vis = "pub(super)")]
 impl BusServer {
     #[tool(
-        description = "Who you are on the bus: your agent, team and window (session). Identity \
-                       comes from your token; the window from the X-Crew-Session header.",
+        description = "Who you are on the bus (agent, team, window, address) and your pending work: \
+                       unread direct messages and tasks you hold. Identity comes from your token; \
+                       the window from the X-Crew-Session header or your session credential.",
         annotations(read_only_hint = true)
     )]
     async fn whoami(
         &self,
         Extension(parts): Extension<http::request::Parts>,
+        Parameters(_): Parameters<NoArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(Ok(WhoAmI {
-            agent: me.agent.clone(),
-            agent_id: me.agent_id,
-            team: me.team.clone(),
-            team_id: me.team_id,
-            session: me.session.clone(),
-            address: me.address(),
-            credential: if me.window.is_some() {
-                "session"
-            } else {
-                "agent_token"
-            },
-            epoch: me.window.map(|w| w.epoch),
-        }))
+        reply(overview::whoami(self.bus(), me).await)
+    }
+
+    #[tool(
+        description = "What the team did in the last `hours`: per channel a count and the latest \
+                       messages (your focused channel unless all_channels; announcements always), \
+                       tasks that moved, notes updated, agents seen. Never DMs.",
+        annotations(read_only_hint = true)
+    )]
+    async fn team_digest(
+        &self,
+        Extension(parts): Extension<http::request::Parts>,
+        Parameters(args): Parameters<DigestArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let me = caller(&parts)?;
+        reply(overview::team_digest(self.bus(), me, args.hours, args.all_channels).await)
     }
 }

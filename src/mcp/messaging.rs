@@ -10,8 +10,8 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::sessions::NoArgs;
-use super::{BusServer, caller, reply, reply_list};
-use crate::store::{channels, messages};
+use super::{BusServer, caller, refusal, reply, reply_list};
+use crate::store::{attachments, channels, messages};
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -30,6 +30,20 @@ pub struct PostArgs {
     pub reply_to: Option<Uuid>,
     /// A JSON object (or a string holding one), up to 16 KiB.
     pub metadata: Option<Value>,
+    /// Files to attach: up to 8, each up to 256 KiB.
+    #[serde(default)]
+    pub attachments: Vec<FileArg>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FileArg {
+    /// The file's name, e.g. `trace.log`.
+    pub filename: String,
+    /// Its media type, e.g. `text/plain`.
+    pub content_type: String,
+    /// Its bytes in standard base64.
+    pub data_base64: String,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -65,6 +79,26 @@ pub struct CreateChannelArgs {
     pub topic: Option<String>,
 }
 
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AttachArgs {
+    /// Key of the task to attach the file to.
+    pub task: String,
+    /// The file's name, e.g. `failing-test.log`.
+    pub filename: String,
+    /// Its media type, e.g. `text/plain`.
+    pub content_type: String,
+    /// Its bytes in standard base64 (at most 256 KiB decoded).
+    pub data_base64: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GetAttachmentArgs {
+    /// The attachment's id, as listed on its message or task.
+    pub id: Uuid,
+}
+
 #[tool_router(router = messaging_router, vis = "pub(super)")]
 impl BusServer {
     #[tool(
@@ -78,6 +112,15 @@ impl BusServer {
         Parameters(args): Parameters<PostArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
+        let uploads: Result<Vec<_>, _> = args
+            .attachments
+            .iter()
+            .map(|f| attachments::decode(&f.filename, &f.content_type, &f.data_base64))
+            .collect();
+        let uploads = match attachments::check_count(args.attachments.len()).and(uploads) {
+            Ok(uploads) => uploads,
+            Err(err) => return Ok(refusal(&err)),
+        };
         let new = messages::NewMessage {
             channel: args.channel,
             to: args.to,
@@ -86,6 +129,7 @@ impl BusServer {
             reply_to: args.reply_to,
             metadata: args.metadata,
             question: false,
+            attachments: uploads,
         };
         reply(messages::post(self.bus(), me, new).await)
     }
@@ -150,5 +194,37 @@ impl BusServer {
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
         reply(channels::create(self.bus(), me, &args.name, args.topic.as_deref()).await)
+    }
+
+    #[tool(
+        description = "Attach a file (up to 256 KiB, 8 per task) to a task. Counts against the \
+                          team's attachment quota."
+    )]
+    async fn attach_file(
+        &self,
+        Extension(parts): Extension<http::request::Parts>,
+        Parameters(args): Parameters<AttachArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let me = caller(&parts)?;
+        let upload =
+            match attachments::decode(&args.filename, &args.content_type, &args.data_base64) {
+                Ok(upload) => upload,
+                Err(err) => return Ok(refusal(&err)),
+            };
+        reply(attachments::attach_to_task(self.bus(), me, &args.task, upload).await)
+    }
+
+    #[tool(
+        description = "Download an attachment of a message or task you may read: its bytes as \
+                       data_base64, with filename, content_type, sha256 and uploaded_by.",
+        annotations(read_only_hint = true)
+    )]
+    async fn get_attachment(
+        &self,
+        Extension(parts): Extension<http::request::Parts>,
+        Parameters(args): Parameters<GetAttachmentArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let me = caller(&parts)?;
+        reply(attachments::get(self.bus(), me, args.id).await)
     }
 }

@@ -16,7 +16,7 @@ use serde::Serialize;
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::{channels, normalize_agent_name, sessions};
+use super::{attachments, channels, normalize_agent_name, sessions};
 use crate::Bus;
 use crate::auth::{self, Identity};
 use crate::error::{BusError, BusResult};
@@ -43,6 +43,8 @@ pub struct MessageView {
     pub question: bool,
     pub reply_to: Option<Uuid>,
     pub metadata: Option<Value>,
+    /// `[{id, filename, content_type, size_bytes}]`; get_attachment fetches one.
+    pub attachments: Value,
     pub created_at: DateTime<Utc>,
     #[serde(skip)]
     pub xact_id: i64,
@@ -55,6 +57,9 @@ macro_rules! view_columns {
     () => {
         "m.id, m.body, m.announce, m.is_question AS question, m.reply_to, m.metadata,
          m.created_at, m.xact_id, m.seq, c.name AS channel,
+         (SELECT coalesce(jsonb_agg(jsonb_build_object('id', a.id, 'filename', a.filename,
+                 'content_type', a.content_type, 'size_bytes', a.size_bytes) ORDER BY a.created_at), '[]')
+          FROM attachments a WHERE a.team_id = m.team_id AND a.message_id = m.id) AS attachments,
          CASE WHEN m.sender_session = '' THEN s.name ELSE s.name || '/' || m.sender_session END AS from,
          CASE WHEN m.recipient_id IS NULL THEN NULL
               WHEN m.recipient_session IS NULL THEN r.name
@@ -77,6 +82,8 @@ pub struct NewMessage {
     pub metadata: Option<Value>,
     /// Set by `ask_agent`: the message is a question awaiting a reply.
     pub question: bool,
+    /// Files to store with the message (already decoded and checked).
+    pub attachments: Vec<attachments::Upload>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -166,6 +173,7 @@ pub async fn default_channel(bus: &Bus, me: &Identity) -> BusResult<Option<Strin
 /// `post_message`.
 pub async fn post(bus: &Bus, me: &Identity, new: NewMessage) -> BusResult<Posted> {
     check_body(&new.body)?;
+    attachments::check_count(new.attachments.len())?;
     let metadata = normalize_metadata(new.metadata)?;
     let channel = match (&new.channel, &new.to) {
         (Some(_), Some(_)) => {
@@ -248,6 +256,13 @@ pub async fn post(bus: &Bus, me: &Identity, new: NewMessage) -> BusResult<Posted
     .bind(new.reply_to)
     .bind(&metadata)
     .execute(&mut *tx)
+    .await?;
+    attachments::insert_all(
+        &mut tx,
+        me,
+        attachments::Owner::Message(id),
+        &new.attachments,
+    )
     .await?;
     let message: MessageView = sqlx::query_as(concat!(
         "SELECT ",
@@ -540,5 +555,28 @@ pub async fn visible(bus: &Bus, me: &Identity, ids: &[Uuid]) -> BusResult<Vec<Me
     .bind(&me.session)
     .bind(ids)
     .fetch_all(&bus.pool)
+    .await?)
+}
+
+/// The first reply to `question_id` addressed to this window (or its whole
+/// agent) by another agent: what answers an `ask_agent` question.
+pub async fn answer_to(
+    bus: &Bus,
+    me: &Identity,
+    question_id: Uuid,
+) -> BusResult<Option<MessageView>> {
+    Ok(sqlx::query_as(concat!(
+        "SELECT ",
+        view_columns!(),
+        " WHERE m.team_id = $1 AND m.reply_to = $2 AND m.recipient_id = $3
+            AND (m.recipient_session IS NULL OR m.recipient_session = $4)
+            AND m.sender_id <> $3
+          ORDER BY m.xact_id, m.seq LIMIT 1"
+    ))
+    .bind(me.team_id)
+    .bind(question_id)
+    .bind(me.agent_id)
+    .bind(&me.session)
+    .fetch_optional(&bus.pool)
     .await?)
 }

@@ -7,11 +7,13 @@
 
 pub mod admin;
 pub mod agents;
+pub mod attachments;
 pub mod audit;
 pub mod channels;
 pub mod locks;
 pub mod messages;
 pub mod notes;
+pub mod overview;
 pub mod presence;
 pub mod sessions;
 pub mod tasks;

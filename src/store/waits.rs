@@ -33,8 +33,6 @@ pub const TIMEOUT_MAX_SECONDS: u64 = 300;
 pub const TIMEOUT_DEFAULT_SECONDS: u64 = 50;
 /// How often a blocked wait re-checks the database regardless of events.
 const RECHECK_EVERY: Duration = Duration::from_secs(5);
-/// After the first event, how long to gather more before answering.
-const GATHER_FOR: Duration = Duration::from_millis(50);
 const MAX_SUMMARIES: usize = 50;
 const PREVIEW_CHARS: usize = 200;
 
@@ -175,7 +173,7 @@ pub async fn wait_for_updates(
             match received {
                 Ok(event) if concerns(&event, me, focus, &request) => {
                     woken.push(event);
-                    gather(&mut events, &mut woken, me, focus, &request).await;
+                    gather(&mut events, &mut woken, me, focus, &request);
                     return Ok(WaitResult {
                         woke: true,
                         timed_out: false,
@@ -201,21 +199,20 @@ pub async fn wait_for_updates(
     }
 }
 
-/// Collect whatever else concerns us in the next few milliseconds, so one
-/// answer carries a burst instead of the caller waiting again at once.
-async fn gather(
+/// Take whatever else concerning us has already arrived, without waiting: a
+/// burst comes back in one answer, and the first event is never delayed.
+fn gather(
     events: &mut tokio::sync::broadcast::Receiver<Arc<BusEvent>>,
     woken: &mut Vec<Arc<BusEvent>>,
     me: &Identity,
     focus: Option<Uuid>,
     request: &WaitRequest,
 ) {
-    let until = Instant::now() + GATHER_FOR;
     while woken.len() < MAX_SUMMARIES {
-        match tokio::time::timeout_at(until, events.recv()).await {
-            Ok(Ok(event)) if concerns(&event, me, focus, request) => woken.push(event),
-            Ok(Ok(_)) | Ok(Err(RecvError::Lagged(_))) => {}
-            Ok(Err(RecvError::Closed)) | Err(_) => return,
+        match events.try_recv() {
+            Ok(event) if concerns(&event, me, focus, request) => woken.push(event),
+            Ok(_) | Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_)) => {}
+            Err(_) => return,
         }
     }
 }
@@ -349,7 +346,7 @@ pub async fn ask(
     };
     let deadline = Instant::now() + timeout;
     loop {
-        if let Some(answer) = find_answer(bus, me, question_id).await? {
+        if let Some(answer) = messages::answer_to(bus, me, question_id).await? {
             return Ok(answered(answer, question_id));
         }
         let recheck_at = (Instant::now() + RECHECK_EVERY).min(deadline);
@@ -374,7 +371,7 @@ pub async fn ask(
             }
         }
         if Instant::now() >= deadline {
-            if let Some(answer) = find_answer(bus, me, question_id).await? {
+            if let Some(answer) = messages::answer_to(bus, me, question_id).await? {
                 return Ok(answered(answer, question_id));
             }
             return Ok(AskResult {
@@ -403,28 +400,4 @@ fn answered(answer: messages::MessageView, question_id: Uuid) -> AskResult {
         question_message_id: question_id,
         suggestion: None,
     }
-}
-
-async fn find_answer(
-    bus: &Bus,
-    me: &Identity,
-    question_id: Uuid,
-) -> BusResult<Option<messages::MessageView>> {
-    Ok(sqlx::query_as(
-        "SELECT m.id, m.body, m.announce, m.is_question AS question, m.reply_to, m.metadata,
-                m.created_at, m.xact_id, m.seq, NULL::text AS channel,
-                CASE WHEN m.sender_session = '' THEN s.name ELSE s.name || '/' || m.sender_session END AS from,
-                NULL::text AS to
-         FROM messages m JOIN agents s ON s.team_id = m.team_id AND s.id = m.sender_id
-         WHERE m.team_id = $1 AND m.reply_to = $2 AND m.recipient_id = $3
-           AND (m.recipient_session IS NULL OR m.recipient_session = $4)
-           AND m.sender_id <> $3
-         ORDER BY m.xact_id, m.seq LIMIT 1",
-    )
-    .bind(me.team_id)
-    .bind(question_id)
-    .bind(me.agent_id)
-    .bind(&me.session)
-    .fetch_optional(&bus.pool)
-    .await?)
 }

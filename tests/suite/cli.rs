@@ -119,6 +119,16 @@ async fn operator_commands_create_list_disable_and_revoke() {
     let teams = ok_json(&db, &["team", "list", "--json"]);
     assert_eq!(teams[0]["agents"], 1);
 
+    let quota = ok_json(
+        &db,
+        &[
+            "team", "quota", "--team", "acme", "--bytes", "1000", "--json",
+        ],
+    );
+    assert_eq!(quota["attachment_bytes_limit"], 1000);
+    let out = bus(&db, &["team", "quota", "--team", "acme", "--bytes=-1"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("0 or more"));
+
     let audit: Vec<String> = {
         let pool = ai_crew_sync::db::connect(&db, 1).await.unwrap();
         sqlx::query_scalar("SELECT action FROM audit_log ORDER BY id")
@@ -135,7 +145,8 @@ async fn operator_commands_create_list_disable_and_revoke() {
             "token.issue",
             "token.revoke",
             "agent.disable",
-            "agent.enable"
+            "agent.enable",
+            "team.quota"
         ]
     );
 }

@@ -4,6 +4,7 @@
 mod support;
 
 mod admin;
+mod attachments;
 mod auth;
 mod binary;
 mod cli;
@@ -12,6 +13,7 @@ mod http_surface;
 mod locks;
 mod messaging;
 mod notes;
+mod overview;
 mod presence;
 mod sessions;
 mod support_servers;

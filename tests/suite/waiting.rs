@@ -229,3 +229,65 @@ async fn ask_agent_returns_the_teammates_answer_and_a_sibling_cannot_answer_for_
         .unwrap_err();
     assert_eq!(refused["error"], "not_found");
 }
+
+#[tokio::test]
+async fn tasks_locks_and_notes_wake_a_wait_and_kinds_filter_them() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.mcp(&app.agent("acme", "alice").await, None).await;
+    let bob = app.mcp(&app.agent("acme", "bob").await, None).await;
+
+    let waiter = tokio::spawn(async move {
+        let result = bob
+            .call(
+                "wait_for_updates",
+                json!({"timeout_seconds": 3, "kinds": ["task"]}),
+            )
+            .await
+            .unwrap();
+        (bob, result)
+    });
+    for i in 0..8 {
+        if waiter.is_finished() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // A note does not wake a wait for tasks; the task does.
+        alice
+            .call("set_note", json!({"key": format!("n{i}"), "value": "v"}))
+            .await
+            .unwrap();
+        alice
+            .call("create_task", json!({"key": format!("t{i}"), "title": "T"}))
+            .await
+            .unwrap();
+    }
+    let (bob, result) = waiter.await.unwrap();
+    assert_eq!(result["woke"], true, "{result}");
+    let kinds: Vec<&str> = result["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert!(kinds.iter().all(|k| *k == "task"), "{result}");
+    assert_eq!(result["events"][0]["by"], "alice");
+
+    let waiter = tokio::spawn(async move {
+        bob.call("wait_for_updates", json!({"timeout_seconds": 3}))
+            .await
+            .unwrap()
+    });
+    for i in 0..8 {
+        if waiter.is_finished() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        alice
+            .call("acquire_lock", json!({"name": format!("deploy-{i}")}))
+            .await
+            .unwrap();
+    }
+    let result = waiter.await.unwrap();
+    assert_eq!(result["events"][0]["kind"], "lock", "{result}");
+}

@@ -1,0 +1,273 @@
+//! Overviews: `whoami`'s pending work and `team_digest`.
+//!
+//! The digest is a fixed handful of queries whatever the team's size: one for
+//! channel activity (a window function keeps the last few per channel), one
+//! each for tasks, notes and agents. Its cost follows the activity in the
+//! period, never the number of channels. It never shows direct messages or
+//! private conversation bodies.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::{channels, messages, presence, tasks};
+use crate::Bus;
+use crate::auth::Identity;
+use crate::error::{BusError, BusResult};
+
+pub const DIGEST_HOURS_MAX: i32 = 336;
+pub const DIGEST_HOURS_DEFAULT: i32 = 24;
+const LATEST_PER_CHANNEL: i64 = 3;
+const DIGEST_LIST_MAX: i64 = 50;
+const PREVIEW_CHARS: i32 = 280;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct WhoAmI {
+    pub agent: String,
+    pub agent_id: Uuid,
+    pub team: String,
+    pub team_id: Uuid,
+    /// The window label; empty for the agent's shared session.
+    pub session: String,
+    /// How other agents reach exactly this caller: `agent` or `agent/session`.
+    pub address: String,
+    /// `agent_token`, or `session` for a session credential.
+    pub credential: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<i64>,
+    /// This window's discovery labels (from heartbeat).
+    pub project: Option<String>,
+    pub role: Option<String>,
+    /// Where post_message goes without `channel` or `to`.
+    pub default_channel: Option<String>,
+    pub unread_direct_messages: i64,
+    /// Tasks this window holds with a live lease.
+    pub open_claimed_tasks: i64,
+}
+
+pub async fn whoami(bus: &Bus, me: &Identity) -> BusResult<WhoAmI> {
+    let (project, role) = presence::window_labels(&bus.pool, me).await?;
+    let default_channel = messages::default_channel(bus, me).await?;
+    let unread_direct_messages = messages::unread_direct(bus, me).await?;
+    let open_claimed_tasks = tasks::count_claimed(bus, me).await?;
+    Ok(WhoAmI {
+        agent: me.agent.clone(),
+        agent_id: me.agent_id,
+        team: me.team.clone(),
+        team_id: me.team_id,
+        session: me.session.clone(),
+        address: me.address(),
+        credential: if me.window.is_some() {
+            "session"
+        } else {
+            "agent_token"
+        },
+        epoch: me.window.map(|w| w.epoch),
+        project,
+        role,
+        default_channel,
+        unread_direct_messages,
+        open_claimed_tasks,
+    })
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Digest {
+    pub hours: i32,
+    pub since: DateTime<Utc>,
+    /// The channel the digest focuses on (None: no focus, or all_channels).
+    pub focus: Option<String>,
+    pub all_channels: bool,
+    pub channels: Vec<ChannelActivity>,
+    pub tasks: Vec<TaskMove>,
+    pub notes: Vec<NoteChange>,
+    pub agents_seen: Vec<AgentSeen>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ChannelActivity {
+    pub channel: String,
+    /// Messages counted in the period (outside the focus: announcements only).
+    pub messages: i64,
+    pub latest: Vec<DigestMessage>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DigestMessage {
+    pub id: Uuid,
+    pub from: String,
+    pub preview: String,
+    pub announce: bool,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct TaskMove {
+    pub key: String,
+    pub title: String,
+    /// Current status; a lapsed claim reads as `open`.
+    pub status: String,
+    /// The latest event in the period: created, claimed, renewed, released, completed, cancelled.
+    pub last_event: String,
+    pub by: String,
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct NoteChange {
+    pub scope: String,
+    pub key: String,
+    pub revision: i64,
+    pub deleted: bool,
+    pub by: String,
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct AgentSeen {
+    pub agent: String,
+    pub windows: i64,
+    pub last_seen_at: DateTime<Utc>,
+}
+
+/// `team_digest {hours, all_channels}`.
+pub async fn team_digest(
+    bus: &Bus,
+    me: &Identity,
+    hours: Option<i32>,
+    all_channels: bool,
+) -> BusResult<Digest> {
+    let hours = hours.unwrap_or(DIGEST_HOURS_DEFAULT);
+    if !(1..=DIGEST_HOURS_MAX).contains(&hours) {
+        return Err(BusError::invalid(format!(
+            "hours must be between 1 and {DIGEST_HOURS_MAX} (two weeks); got {hours}."
+        )));
+    }
+    let focus = if all_channels {
+        None
+    } else {
+        messages::default_channel(bus, me).await?
+    };
+    let focus_id = match &focus {
+        Some(name) => channels::find(bus, me, name).await?.map(|c| c.id),
+        None => None,
+    };
+    let since: DateTime<Utc> = sqlx::query_scalar("SELECT now() - make_interval(hours => $1)")
+        .bind(hours)
+        .fetch_one(&bus.pool)
+        .await?;
+
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        channel: String,
+        total: i64,
+        id: Uuid,
+        from: String,
+        preview: String,
+        announce: bool,
+        created_at: DateTime<Utc>,
+    }
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT channel, total, id, \"from\", preview, announce, created_at FROM (
+             SELECT c.name AS channel, m.id, m.announce, m.created_at, m.xact_id, m.seq,
+                    left(m.body, $5) AS preview,
+                    CASE WHEN m.sender_session = '' THEN s.name ELSE s.name || '/' || m.sender_session END AS \"from\",
+                    count(*) OVER (PARTITION BY m.channel_id) AS total,
+                    row_number() OVER (PARTITION BY m.channel_id ORDER BY m.xact_id DESC, m.seq DESC) AS rn
+             FROM messages m
+             JOIN channels c ON c.team_id = m.team_id AND c.id = m.channel_id
+             JOIN agents s ON s.team_id = m.team_id AND s.id = m.sender_id
+             WHERE m.team_id = $1 AND m.channel_id IS NOT NULL AND m.created_at > $2
+               AND ($3 OR m.channel_id = $4 OR m.announce)
+         ) recent
+         WHERE rn <= $6
+         ORDER BY channel, xact_id, seq",
+    )
+    .bind(me.team_id)
+    .bind(since)
+    .bind(all_channels)
+    .bind(focus_id)
+    .bind(PREVIEW_CHARS)
+    .bind(LATEST_PER_CHANNEL)
+    .fetch_all(&bus.pool)
+    .await?;
+    let mut channel_activity: Vec<ChannelActivity> = Vec::new();
+    for row in rows {
+        if channel_activity
+            .last()
+            .is_none_or(|c| c.channel != row.channel)
+        {
+            channel_activity.push(ChannelActivity {
+                channel: row.channel.clone(),
+                messages: row.total,
+                latest: Vec::new(),
+            });
+        }
+        if let Some(current) = channel_activity.last_mut() {
+            current.latest.push(DigestMessage {
+                id: row.id,
+                from: row.from,
+                preview: row.preview,
+                announce: row.announce,
+                created_at: row.created_at,
+            });
+        }
+    }
+
+    let tasks: Vec<TaskMove> = sqlx::query_as(
+        "SELECT key, title, status, last_event, by, at FROM (
+             SELECT DISTINCT ON (t.id) t.key, t.title,
+                    CASE WHEN t.status = 'claimed' AND t.lease_expires_at <= now() THEN 'open' ELSE t.status END
+                        AS status,
+                    e.kind AS last_event, e.at,
+                    CASE WHEN e.session = '' THEN a.name ELSE a.name || '/' || e.session END AS by
+             FROM task_events e
+             JOIN tasks t ON t.team_id = e.team_id AND t.id = e.task_id
+             JOIN agents a ON a.team_id = e.team_id AND a.id = e.agent_id
+             WHERE e.team_id = $1 AND e.at > $2
+             ORDER BY t.id, e.at DESC, e.id DESC
+         ) moved
+         ORDER BY at DESC LIMIT $3",
+    )
+    .bind(me.team_id)
+    .bind(since)
+    .bind(DIGEST_LIST_MAX)
+    .fetch_all(&bus.pool)
+    .await?;
+
+    let notes: Vec<NoteChange> = sqlx::query_as(
+        "SELECT n.scope, n.key, n.revision, n.deleted_at IS NOT NULL AS deleted, n.updated_at AS at,
+                CASE WHEN n.updated_by_session = '' THEN a.name ELSE a.name || '/' || n.updated_by_session END AS by
+         FROM notes n JOIN agents a ON a.team_id = n.team_id AND a.id = n.updated_by_agent_id
+         WHERE n.team_id = $1 AND n.updated_at > $2
+         ORDER BY n.updated_at DESC LIMIT $3",
+    )
+    .bind(me.team_id)
+    .bind(since)
+    .bind(DIGEST_LIST_MAX)
+    .fetch_all(&bus.pool)
+    .await?;
+
+    let agents_seen: Vec<AgentSeen> = sqlx::query_as(
+        "SELECT a.name AS agent, count(*) AS windows, max(p.last_seen_at) AS last_seen_at
+         FROM presence p JOIN agents a ON a.team_id = p.team_id AND a.id = p.agent_id
+         WHERE p.team_id = $1 AND p.last_seen_at > $2
+         GROUP BY a.name ORDER BY max(p.last_seen_at) DESC LIMIT $3",
+    )
+    .bind(me.team_id)
+    .bind(since)
+    .bind(DIGEST_LIST_MAX)
+    .fetch_all(&bus.pool)
+    .await?;
+
+    Ok(Digest {
+        hours,
+        since,
+        focus,
+        all_channels,
+        channels: channel_activity,
+        tasks,
+        notes,
+        agents_seen,
+    })
+}
