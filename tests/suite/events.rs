@@ -60,3 +60,70 @@ async fn an_event_emitted_on_one_replica_reaches_subscribers_on_another() {
         assert_eq!(got, sent, "in order, none lost, none duplicated");
     }
 }
+
+#[tokio::test]
+async fn the_listener_reconnects_by_itself_and_events_flow_again() {
+    let app = spawn_app().await;
+    let health = |app: &crate::support::TestApp| {
+        let url = app.url("/health");
+        async move {
+            let body: Value = http_client()
+                .get(url)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            body["events"].as_str().unwrap().to_string()
+        }
+    };
+    let wait_for = |wanted: &'static str| {
+        let app = &app;
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+            loop {
+                if health(app).await == wanted {
+                    return;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the listener never became {wanted}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    wait_for("live").await;
+
+    // Cut the LISTEN connection from the server side, as a failover would.
+    let cut: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = current_database() AND query ILIKE 'LISTEN%') cut",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(cut, 1, "one listener per process");
+    wait_for("live").await;
+
+    let mut events = app.bus.events.subscribe();
+    let team = Uuid::new_v4();
+    let event = BusEvent::new(team, EventKind::Lock, "after-reconnect");
+    // The listener may report live a moment before its LISTEN is back; keep
+    // emitting until one arrives.
+    let got = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            app.bus.events.emit(event.clone());
+            if let Ok(Ok(got)) =
+                tokio::time::timeout(Duration::from_millis(200), events.recv()).await
+                && got.team_id == team
+            {
+                return got;
+            }
+        }
+    })
+    .await
+    .expect("events flow again after the reconnect");
+    assert_eq!(got.id, "after-reconnect");
+}
