@@ -15,7 +15,8 @@ use uuid::Uuid;
 use super::{BusServer, caller, refusal, reply};
 use crate::store::waits;
 
-const PROGRESS_EVERY: Duration = Duration::from_secs(10);
+/// Often enough that clients which extend a call's deadline on progress keep it alive.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]

@@ -291,3 +291,45 @@ async fn tasks_locks_and_notes_wake_a_wait_and_kinds_filter_them() {
     let result = waiter.await.unwrap();
     assert_eq!(result["events"][0]["kind"], "lock", "{result}");
 }
+
+/// A client that records the progress notifications it receives.
+#[derive(Clone)]
+struct ProgressRecorder(tokio::sync::mpsc::UnboundedSender<rmcp::model::ProgressNotificationParam>);
+
+impl rmcp::ClientHandler for ProgressRecorder {
+    async fn on_progress(
+        &self,
+        params: rmcp::model::ProgressNotificationParam,
+        _context: rmcp::service::NotificationContext<rmcp::RoleClient>,
+    ) {
+        let _ = self.0.send(params);
+    }
+}
+
+#[tokio::test]
+async fn a_blocked_wait_sends_progress_when_the_client_asks_for_it() {
+    use rmcp::ServiceExt;
+    use rmcp::model::{CallToolRequestParams, NumberOrString, ProgressToken, RequestParamsMeta};
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let token = app.agent("acme", "alice").await;
+    let (sender, mut received) = tokio::sync::mpsc::unbounded_channel();
+    let config = StreamableHttpClientTransportConfig::with_uri(app.mcp_url()).auth_header(token);
+    let client = ProgressRecorder(sender)
+        .serve(StreamableHttpClientTransport::from_config(config))
+        .await
+        .unwrap();
+    // rmcp's client assigns its own token; asking for one is what matters.
+    let mut params = CallToolRequestParams::new("wait_for_updates")
+        .with_arguments(json!({"timeout_seconds": 7}).as_object().unwrap().clone());
+    params.set_progress_token(ProgressToken(NumberOrString::String("w-1".into())));
+    let result = client.call_tool(params).await.unwrap();
+    assert_eq!(result.structured_content.unwrap()["timed_out"], true);
+    let progress = received
+        .try_recv()
+        .expect("a progress notification while blocked");
+    assert_eq!(progress.total, Some(7.0));
+}
