@@ -27,6 +27,10 @@ pub const METADATA_MAX_BYTES: usize = 16 * 1024;
 pub const PAGE_MAX: i64 = 200;
 pub const PAGE_DEFAULT: i64 = 50;
 pub const QUERY_MAX_BYTES: usize = 256;
+/// How long a read waits for an older, still-open writer before answering
+/// with what is settled (and `more: true`).
+const SETTLE_WAIT_STEP: std::time::Duration = std::time::Duration::from_millis(5);
+const SETTLE_WAIT_ROUNDS: u32 = 40;
 
 /// A message as a reader sees it.
 #[derive(Clone, Debug, Serialize, sqlx::FromRow)]
@@ -294,6 +298,46 @@ pub async fn post(bus: &Bus, me: &Identity, new: NewMessage) -> BusResult<Posted
     })
 }
 
+#[derive(Clone, Copy)]
+enum ScopeKind {
+    All,
+    Inbox,
+    Channel,
+}
+
+/// `read_messages` with `only_new`: past the cursor, not this window's own
+/// posts; the caller keeps only the settled prefix (see [`read`]). Binds: $1 team, $2 agent, $3 channel, $4
+/// all_sessions, $5 window, $6/$7 cursor, $8 limit.
+macro_rules! read_new {
+    ($scope:literal) => {
+        concat!(
+            "SELECT ",
+            view_columns!(),
+            " WHERE m.team_id = $1 AND ",
+            $scope,
+            " AND (m.xact_id, m.seq) > ($6, $7)
+              AND NOT (m.sender_id = $2 AND m.sender_session = $5)
+              ORDER BY m.xact_id, m.seq LIMIT $8"
+        )
+    };
+}
+
+/// `read_messages` without `only_new`: the latest page, oldest first; the
+/// cursor binds ($6, $7) are unused but typed so every variant binds alike.
+macro_rules! read_latest {
+    ($scope:literal) => {
+        concat!(
+            "SELECT * FROM (SELECT ",
+            view_columns!(),
+            " WHERE m.team_id = $1 AND ",
+            $scope,
+            " AND $6::bigint IS NOT NULL AND $7::bigint IS NOT NULL
+              ORDER BY m.xact_id DESC, m.seq DESC LIMIT $8) latest
+             ORDER BY xact_id, seq"
+        )
+    };
+}
+
 /// What `read_messages` reads.
 #[derive(Clone, Debug)]
 pub struct ReadRequest {
@@ -350,77 +394,106 @@ pub async fn read(bus: &Bus, me: &Identity, request: ReadRequest) -> BusResult<R
         None => None,
     };
 
-    let mut tx = bus.pool.begin().await?;
-    let (after_xact, after_seq) = if request.only_new {
-        cursor_for_update(&mut tx, me, &scope).await?
-    } else {
-        (0, 0)
+    let scope_kind = match (want_channels, want_dms) {
+        (true, true) => ScopeKind::All,
+        (false, true) => ScopeKind::Inbox,
+        _ => ScopeKind::Channel,
     };
-    let sql = if request.only_new {
-        concat!(
-            "SELECT ",
-            view_columns!(),
-            " WHERE m.team_id = $1
-                AND (($3 AND m.channel_id IS NOT NULL AND ($4::uuid IS NULL OR m.channel_id = $4))
-                  OR ($5 AND m.recipient_id = $2
-                      AND ($6 OR m.recipient_session IS NULL OR m.recipient_session = $7)))
-                AND (m.xact_id, m.seq) > ($8, $9)
-                AND m.xact_id < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
-                AND NOT (m.sender_id = $2 AND m.sender_session = $7)
-              ORDER BY m.xact_id, m.seq
-              LIMIT $10"
-        )
-    } else {
-        concat!(
-            "SELECT * FROM (SELECT ",
-            view_columns!(),
-            " WHERE m.team_id = $1
-                AND (($3 AND m.channel_id IS NOT NULL AND ($4::uuid IS NULL OR m.channel_id = $4))
-                  OR ($5 AND ((m.recipient_id = $2
-                               AND ($6 OR m.recipient_session IS NULL OR m.recipient_session = $7))
-                              OR (m.recipient_id IS NOT NULL AND m.sender_id = $2
-                                  AND ($6 OR m.sender_session = $7)))))
-                AND $8::bigint >= 0 AND $9::bigint >= 0
-              ORDER BY m.xact_id DESC, m.seq DESC
-              LIMIT $10) latest
-             ORDER BY xact_id, seq"
-        )
-    };
-    let messages: Vec<MessageView> = sqlx::query_as(sql)
-        .bind(me.team_id)
-        .bind(me.agent_id)
-        .bind(want_channels)
-        .bind(channel_id)
-        .bind(want_dms)
-        .bind(request.all_sessions)
-        .bind(&me.session)
-        .bind(after_xact)
-        .bind(after_seq)
-        .bind(limit)
-        .fetch_all(&mut *tx)
-        .await?;
-    if request.only_new
-        && let Some(last) = messages.last()
-    {
-        sqlx::query(
-            "UPDATE read_cursors SET last_xact = $5, last_seq = $6, updated_at = now()
-             WHERE team_id = $1 AND agent_id = $2 AND session = $3 AND scope = $4",
-        )
-        .bind(me.team_id)
-        .bind(me.agent_id)
-        .bind(&me.session)
-        .bind(&scope)
-        .bind(last.xact_id)
-        .bind(last.seq)
-        .execute(&mut *tx)
-        .await?;
+    let mut waited = 0;
+    loop {
+        let mut tx = bus.pool.begin().await?;
+        // The horizon is read first, before this transaction takes an id of
+        // its own (the cursor lock gives it one), so it is not held back by itself.
+        let horizon: i64 =
+            sqlx::query_scalar("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
+                .fetch_one(&mut *tx)
+                .await?;
+        let (after_xact, after_seq) = if request.only_new {
+            cursor_for_update(&mut tx, me, &scope).await?
+        } else {
+            (0, 0)
+        };
+        let mut messages: Vec<MessageView> = sqlx::query_as(read_sql(request.only_new, scope_kind))
+            .bind(me.team_id)
+            .bind(me.agent_id)
+            .bind(channel_id)
+            .bind(request.all_sessions)
+            .bind(&me.session)
+            .bind(after_xact)
+            .bind(after_seq)
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await?;
+        // Rows come in (xact_id, seq) order, so the settled ones are a prefix.
+        // A row past it was written by a transaction that started after one
+        // still open: returning it could move the cursor past a message that
+        // commits a moment later. Such transactions are short; wait for them.
+        let settled = messages
+            .iter()
+            .take_while(|m| !request.only_new || m.xact_id < horizon)
+            .count();
+        let held_back = settled < messages.len();
+        if held_back && waited < SETTLE_WAIT_ROUNDS {
+            tx.rollback().await?;
+            waited += 1;
+            tokio::time::sleep(SETTLE_WAIT_STEP).await;
+            continue;
+        }
+        messages.truncate(settled);
+        if request.only_new
+            && let Some(last) = messages.last()
+        {
+            sqlx::query(
+                "UPDATE read_cursors SET last_xact = $5, last_seq = $6, updated_at = now()
+                 WHERE team_id = $1 AND agent_id = $2 AND session = $3 AND scope = $4",
+            )
+            .bind(me.team_id)
+            .bind(me.agent_id)
+            .bind(&me.session)
+            .bind(&scope)
+            .bind(last.xact_id)
+            .bind(last.seq)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        return Ok(ReadResult {
+            scope,
+            more: held_back || messages.len() as i64 == limit,
+            messages,
+        });
     }
-    tx.commit().await?;
-    Ok(ReadResult {
-        scope,
-        more: messages.len() as i64 == limit,
-        messages,
-    })
+}
+
+/// The statement for one read: one per scope, so each uses its own index (a
+/// generic plan cannot drop an OR branch that a bound flag turns off).
+fn read_sql(only_new: bool, scope_kind: ScopeKind) -> &'static str {
+    // One statement per scope, so each uses its own index (a generic plan
+    // cannot drop an OR branch that a bound flag turns off).
+    match (only_new, scope_kind) {
+        (true, ScopeKind::All) => read_new!(
+            "(m.channel_id IS NOT NULL
+              OR (m.recipient_id = $2 AND ($4 OR m.recipient_session IS NULL OR m.recipient_session = $5)))"
+        ),
+        (true, ScopeKind::Inbox) => read_new!(
+            "m.recipient_id = $2 AND ($4 OR m.recipient_session IS NULL OR m.recipient_session = $5)
+             AND $3::uuid IS NULL"
+        ),
+        (true, ScopeKind::Channel) => read_new!("m.channel_id = $3 AND $4::bool IS NOT NULL"),
+        (false, ScopeKind::All) => read_latest!(
+            "(m.channel_id IS NOT NULL
+              OR (m.recipient_id = $2 AND ($4 OR m.recipient_session IS NULL OR m.recipient_session = $5))
+              OR (m.recipient_id IS NOT NULL AND m.sender_id = $2 AND ($4 OR m.sender_session = $5)))"
+        ),
+        (false, ScopeKind::Inbox) => read_latest!(
+            "((m.recipient_id = $2 AND ($4 OR m.recipient_session IS NULL OR m.recipient_session = $5))
+              OR (m.recipient_id IS NOT NULL AND m.sender_id = $2 AND ($4 OR m.sender_session = $5)))
+             AND $3::uuid IS NULL"
+        ),
+        (false, ScopeKind::Channel) => {
+            read_latest!("m.channel_id = $3 AND $4::bool IS NOT NULL AND $2::uuid IS NOT NULL")
+        }
+    }
 }
 
 /// This window's position for `scope`, locked so two reads of the same
