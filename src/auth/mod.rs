@@ -45,11 +45,7 @@ pub struct WindowCredential {
 impl Identity {
     /// `agent` for the shared session, `agent/session` for a named window.
     pub fn address(&self) -> String {
-        if self.session.is_empty() {
-            self.agent.clone()
-        } else {
-            format!("{}/{}", self.agent, self.session)
-        }
+        crate::store::address(&self.agent, &self.session)
     }
 }
 

@@ -12,12 +12,12 @@
 //! windows racing for a free name cannot both win: the second one's upsert
 //! waits on the first one's row and then finds it held.
 
-use chrono::{DateTime, Duration, SecondsFormat, Utc};
+use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::sessions;
+use super::{address, at, sessions, window_phrase};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -147,26 +147,6 @@ macro_rules! lock_columns {
          greatest(0, ceil(extract(epoch FROM l.expires_at - now())))::bigint AS seconds_left,
          l.expires_at <= now() AS expired"
     };
-}
-
-fn address(agent: &str, session: &str) -> String {
-    if session.is_empty() {
-        agent.to_string()
-    } else {
-        format!("{agent}/{session}")
-    }
-}
-
-fn window_phrase(agent: &str, session: &str) -> String {
-    if session.is_empty() {
-        format!("agent `{agent}` in its shared session (no X-Crew-Session)")
-    } else {
-        format!("agent `{agent}` in window `{session}` (address {agent}/{session})")
-    }
-}
-
-fn at(time: DateTime<Utc>) -> String {
-    time.to_rfc3339_opts(SecondsFormat::Secs, true)
 }
 
 impl LockRow {

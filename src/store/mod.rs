@@ -60,6 +60,29 @@ impl Actor {
     }
 }
 
+/// An address: `agent` for the shared session, `agent/window` otherwise.
+pub fn address(agent: &str, session: &str) -> String {
+    if session.is_empty() {
+        agent.to_string()
+    } else {
+        format!("{agent}/{session}")
+    }
+}
+
+/// How a refusal names a window, so the reader knows exactly who holds what.
+pub(crate) fn window_phrase(agent: &str, session: &str) -> String {
+    if session.is_empty() {
+        format!("agent `{agent}` in its shared session (no X-Crew-Session)")
+    } else {
+        format!("agent `{agent}` in window `{session}` (address {agent}/{session})")
+    }
+}
+
+/// A time as refusals print it: RFC 3339, whole seconds, UTC.
+pub(crate) fn at(time: chrono::DateTime<chrono::Utc>) -> String {
+    time.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
 /// Team slugs: trimmed, lower-cased, `[a-z0-9][a-z0-9-]*`, at most 63 bytes.
 pub fn normalize_team_slug(raw: &str) -> BusResult<String> {
     let slug = raw.trim().to_ascii_lowercase();

@@ -21,7 +21,7 @@ use serde_json::json;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::{Actor, Source, audit};
+use super::{Actor, Source, address, audit};
 use crate::auth::{self, Identity, SESSION_CREDENTIAL_PREFIX, WindowCredential};
 use crate::error::{BusError, BusResult};
 
@@ -62,10 +62,6 @@ fn check_ttl(ttl_seconds: Option<i64>) -> BusResult<Duration> {
         )));
     }
     Ok(Duration::seconds(ttl))
-}
-
-fn address(agent: &str, label: &str) -> String {
-    format!("{agent}/{label}")
 }
 
 fn usage(credential: &str, label: &str, epoch: i64) -> String {

@@ -22,13 +22,13 @@
 //! Not here: cancelling tasks (the status exists; no tool sets it yet) and
 //! attachments.
 
-use chrono::{DateTime, Duration, SecondsFormat, Utc};
+use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 use serde_json::{Value, json};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::sessions;
+use super::{address, at, sessions, window_phrase};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -389,27 +389,6 @@ struct TaskRow {
     result: Option<String>,
     depends_on: Vec<String>,
     blocked_by: Vec<String>,
-}
-
-fn address(agent: &str, session: &str) -> String {
-    if session.is_empty() {
-        agent.to_string()
-    } else {
-        format!("{agent}/{session}")
-    }
-}
-
-/// How a refusal names a window, so the reader knows exactly who holds what.
-fn window_phrase(agent: &str, session: &str) -> String {
-    if session.is_empty() {
-        format!("agent `{agent}` in its shared session (no X-Crew-Session)")
-    } else {
-        format!("agent `{agent}` in window `{session}` (address {agent}/{session})")
-    }
-}
-
-fn at(time: DateTime<Utc>) -> String {
-    time.to_rfc3339_opts(SecondsFormat::Secs, true)
 }
 
 impl TaskRow {

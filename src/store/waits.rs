@@ -271,12 +271,10 @@ async fn summarize(
             }
             continue;
         }
-        let by = event.actor.and_then(|id| names.get(&id)).map(|name| {
-            match event.actor_session.as_deref() {
-                Some("") | None => name.clone(),
-                Some(session) => format!("{name}/{session}"),
-            }
-        });
+        let by = event
+            .actor
+            .and_then(|id| names.get(&id))
+            .map(|name| super::address(name, event.actor_session.as_deref().unwrap_or_default()));
         out.push(EventSummary {
             kind: event.kind,
             id: event.id.clone(),
