@@ -264,6 +264,11 @@ async fn listen_loop(pool: PgPool, events: Events, shutdown: CancellationToken) 
         };
         if let Err(err) = listener.listen(CHANNEL).await {
             tracing::warn!(error = %err, "event listener cannot LISTEN; retrying");
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
             continue;
         }
         inner.attached.store(ATTACHED, Ordering::Relaxed);

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ai_crew_sync::db::embedded::{EmbeddedPostgres, Role};
+use ai_crew_sync::db::embedded::EmbeddedPostgres;
 use anyhow::{Context as _, Result, bail};
 
 /// A PostgreSQL cluster in a temporary directory, removed with it.
@@ -23,7 +23,7 @@ impl Postgres {
             .prefix("acs-bench-")
             .tempdir()
             .context("a temporary directory for the benchmark's PostgreSQL")?;
-        let embedded = EmbeddedPostgres::start(dir.path(), Role::Command)
+        let embedded = EmbeddedPostgres::start(dir.path())
             .context("starting the benchmark's throwaway PostgreSQL")?;
         Ok(Postgres {
             embedded: Some(embedded),

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::db::Database;
-use crate::db::embedded::{EmbeddedPostgres, Role};
+use crate::db::embedded::EmbeddedPostgres;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -111,7 +111,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => serve::run(&ctx, args).await,
         Command::Migrate => {
-            let db = ctx.open_database(Role::Command).await?;
+            let db = ctx.open_database(COMMAND_CONNECTIONS).await?;
             let result = db.migrate().await;
             let location = db.location.clone();
             db.close().await;
@@ -131,6 +131,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// Pool size of a one-shot command (a server sizes its own).
+pub(crate) const COMMAND_CONNECTIONS: u32 = 4;
+
 /// What every command that touches the database needs.
 pub(crate) struct Context {
     database_url: Option<String>,
@@ -138,12 +141,10 @@ pub(crate) struct Context {
 }
 
 impl Context {
-    pub(crate) async fn open_database(&self, role: Role) -> anyhow::Result<Database> {
-        let max_connections = if role == Role::Server { 32 } else { 4 };
+    pub(crate) async fn open_database(&self, max_connections: u32) -> anyhow::Result<Database> {
         Ok(Database::open(
             self.database_url.as_deref(),
             &self.data_dir,
-            role,
             max_connections,
         )
         .await?)
@@ -154,7 +155,7 @@ impl Context {
         &self,
         work: impl AsyncFnOnce(&sqlx::PgPool) -> anyhow::Result<T>,
     ) -> anyhow::Result<T> {
-        let db = self.open_database(Role::Command).await?;
+        let db = self.open_database(COMMAND_CONNECTIONS).await?;
         let result = match db.migrate().await {
             Ok(()) => work(&db.pool).await,
             Err(err) => Err(err.into()),
@@ -169,7 +170,9 @@ fn init_logging(format: LogFormat, serving: bool) {
     let default = if serving {
         "info,sqlx=warn,rmcp=warn"
     } else {
-        "warn"
+        // rmcp logs its own line for a refused or unreachable server; the
+        // command prints the explanation, once.
+        "warn,rmcp=off"
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()

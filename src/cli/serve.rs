@@ -10,8 +10,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::Context;
 use crate::config::{self, HttpSettings};
-use crate::db::embedded::Role;
 use crate::http;
+
+/// Pool size of the server.
+const SERVER_CONNECTIONS: u32 = 32;
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -56,7 +58,7 @@ pub async fn run(ctx: &Context, args: ServeArgs) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     spawn_signal_handler(shutdown.clone());
 
-    let db = ctx.open_database(Role::Server).await?;
+    let db = ctx.open_database(SERVER_CONNECTIONS).await?;
     eprintln!("database: {}", db.location);
     let result = serve_on(&db, listener, local, &args, shutdown).await;
     db.close().await;

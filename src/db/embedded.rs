@@ -12,9 +12,9 @@
 //! The cluster listens on a Unix socket only (`listen_addresses = ''`), in a
 //! directory only its owner can reach, so trust authentication reaches no one
 //! else. The first process that finds it stopped starts it and owns it; later
-//! processes connect as guests. A long-lived `serve` that is a guest registers
-//! itself, so an owning short command hands the cluster over instead of
-//! stopping it under the server's feet; an owner that died is replaced by the
+//! processes connect as guests. Every process using the cluster registers
+//! itself, so an owner that finishes first hands the cluster over instead of
+//! stopping it under the others' feet; an owner that died is replaced by the
 //! next process to arrive.
 //!
 //! PostgreSQL refuses to run as root. When we are root, every server binary
@@ -69,14 +69,6 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> EmbeddedError + '_ {
     }
 }
 
-/// Whether this process is a long-lived server or a short command. Only a
-/// server registers itself so that a short owner hands the cluster to it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
-    Server,
-    Command,
-}
-
 /// The unprivileged user the server binaries run as when we are root.
 #[derive(Clone, Debug)]
 struct RunAs {
@@ -90,7 +82,6 @@ pub struct EmbeddedPostgres {
     data_dir: PathBuf,
     bin_dir: PathBuf,
     run_as: Option<RunAs>,
-    role: Role,
 }
 
 impl EmbeddedPostgres {
@@ -107,7 +98,7 @@ impl EmbeddedPostgres {
 
     /// Start the cluster in `data_dir` (creating it on first use), or join the
     /// one already running there.
-    pub fn start(data_dir: &Path, role: Role) -> Result<Self, EmbeddedError> {
+    pub fn start(data_dir: &Path) -> Result<Self, EmbeddedError> {
         let bin_dir = find_bin_dir().ok_or(EmbeddedError::NoBinaries)?;
         let run_as = if unsafe { libc::geteuid() } == 0 {
             if which("setpriv").is_none() {
@@ -119,11 +110,11 @@ impl EmbeddedPostgres {
         };
         fs::create_dir_all(data_dir).map_err(io_err(data_dir))?;
         let data_dir = data_dir.canonicalize().map_err(io_err(data_dir))?;
+        check_socket_path(&data_dir)?;
         let this = EmbeddedPostgres {
             data_dir,
             bin_dir,
             run_as,
-            role,
         };
         let _lock = this.lock()?;
         this.prepare_dirs()?;
@@ -142,9 +133,10 @@ impl EmbeddedPostgres {
             this.pg_ctl_start()?;
             write_pid(&this.owner_file(), me)?;
         }
-        if role == Role::Server {
-            write_pid(&this.servers_dir().join(me.to_string()), me)?;
-        }
+        // Every user of the cluster registers, so an owner that finishes first
+        // hands the cluster to whoever is still using it instead of stopping
+        // it under them (a server, or a long command such as a migration).
+        write_pid(&this.servers_dir().join(me.to_string()), me)?;
         Ok(this)
     }
 
@@ -188,9 +180,7 @@ impl EmbeddedPostgres {
     pub fn stop(&self) -> Result<(), EmbeddedError> {
         let _lock = self.lock()?;
         let me = std::process::id();
-        if self.role == Role::Server {
-            let _ = fs::remove_file(self.servers_dir().join(me.to_string()));
-        }
+        let _ = fs::remove_file(self.servers_dir().join(me.to_string()));
         if read_pid(&self.owner_file()) != Some(me) {
             return Ok(());
         }
@@ -355,6 +345,24 @@ impl EmbeddedPostgres {
             detail: e.to_string(),
         })
     }
+}
+
+/// PostgreSQL's socket lives at `<data-dir>/pgrun/.s.PGSQL.5432`: that path
+/// must fit a Unix socket address (107 bytes on Linux), and the directory is
+/// passed quoted in a server option, so it cannot hold a quote.
+fn check_socket_path(data_dir: &Path) -> Result<(), EmbeddedError> {
+    let socket = data_dir.join("pgrun").join(format!(".s.PGSQL.{PORT}"));
+    let text = socket.to_string_lossy();
+    if text.len() > 100 || text.contains('\'') || text.contains('\\') {
+        return Err(EmbeddedError::Command {
+            command: "embedded PostgreSQL".into(),
+            detail: format!(
+                "its socket path {text} is too long (over 100 bytes) or holds a quote or \
+                 backslash. Pick a shorter, plainer --data-dir (or BUS_DATA_DIR), or set DATABASE_URL."
+            ),
+        });
+    }
+    Ok(())
 }
 
 fn command_error(name: &str, out: &Output) -> EmbeddedError {

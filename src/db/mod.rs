@@ -14,7 +14,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 use thiserror::Error;
 
-use embedded::{EMBEDDED_DATABASE, EmbeddedError, EmbeddedPostgres, Role};
+use embedded::{EMBEDDED_DATABASE, EmbeddedError, EmbeddedPostgres};
 
 /// The embedded migrations. A database migrated by a newer binary still works
 /// with this one (migrations are additive), so unknown applied versions are
@@ -52,7 +52,6 @@ impl Database {
     pub async fn open(
         database_url: Option<&str>,
         data_dir: &Path,
-        role: Role,
         max_connections: u32,
     ) -> Result<Database, OpenError> {
         match database_url.filter(|u| !u.trim().is_empty()) {
@@ -67,7 +66,7 @@ impl Database {
             None => {
                 let data_dir = data_dir.to_path_buf();
                 let embedded =
-                    tokio::task::spawn_blocking(move || EmbeddedPostgres::start(&data_dir, role))
+                    tokio::task::spawn_blocking(move || EmbeddedPostgres::start(&data_dir))
                         .await
                         .expect("embedded start does not panic")?;
                 let opened = async {

@@ -408,6 +408,8 @@ pub async fn read(bus: &Bus, me: &Identity, request: ReadRequest) -> BusResult<R
             sqlx::query_scalar("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
                 .fetch_one(&mut *tx)
                 .await?;
+        // Moving a cursor is a mutation: a revoked or stale window moves nothing.
+        sessions::guard(&mut tx, me).await?;
         let (after_xact, after_seq) = if request.only_new {
             cursor_for_update(&mut tx, me, &scope).await?
         } else {

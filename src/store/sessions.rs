@@ -73,6 +73,17 @@ fn usage(credential: &str, label: &str, epoch: i64) -> String {
     )
 }
 
+macro_rules! guard_select {
+    () => {
+        "SELECT s.epoch, s.revoked_at, s.expires_at <= now() AS expired,
+                t.revoked_at AS token_revoked_at, a.disabled_at
+         FROM agent_sessions s
+         JOIN agent_tokens t ON t.team_id = s.team_id AND t.agent_id = s.agent_id AND t.id = s.token_id
+         JOIN agents a ON a.team_id = s.team_id AND a.id = s.agent_id
+         WHERE s.team_id = $1 AND s.id = $2"
+    };
+}
+
 /// The re-check every mutation makes first, inside its own transaction.
 ///
 /// With a session credential: the session row is locked `FOR SHARE` (see the
@@ -81,21 +92,29 @@ fn usage(credential: &str, label: &str, epoch: i64) -> String {
 /// still be live and the agent enabled (read, not locked: a token carries many
 /// windows, and a shared lock on one hot row would serialise them all).
 pub async fn guard(conn: &mut PgConnection, me: &Identity) -> BusResult<()> {
+    guard_locking(conn, me, false).await
+}
+
+/// [`guard`] for a mutation of the session row itself (renew, resume, revoke):
+/// the row is taken `FOR UPDATE` at once, since taking it for share and then
+/// updating it would deadlock two such calls from the same window.
+async fn guard_for_update(conn: &mut PgConnection, me: &Identity) -> BusResult<()> {
+    guard_locking(conn, me, true).await
+}
+
+async fn guard_locking(conn: &mut PgConnection, me: &Identity, for_update: bool) -> BusResult<()> {
     match me.window {
         Some(window) => {
-            let row: Option<GuardRow> = sqlx::query_as(
-                "SELECT s.epoch, s.revoked_at, s.expires_at <= now() AS expired,
-                        t.revoked_at AS token_revoked_at, a.disabled_at
-                 FROM agent_sessions s
-                 JOIN agent_tokens t ON t.team_id = s.team_id AND t.agent_id = s.agent_id AND t.id = s.token_id
-                 JOIN agents a ON a.team_id = s.team_id AND a.id = s.agent_id
-                 WHERE s.team_id = $1 AND s.id = $2
-                 FOR SHARE OF s",
-            )
-            .bind(me.team_id)
-            .bind(window.session_id)
-            .fetch_optional(&mut *conn)
-            .await?;
+            let sql = if for_update {
+                concat!(guard_select!(), " FOR UPDATE OF s")
+            } else {
+                concat!(guard_select!(), " FOR SHARE OF s")
+            };
+            let row: Option<GuardRow> = sqlx::query_as(sql)
+                .bind(me.team_id)
+                .bind(window.session_id)
+                .fetch_optional(&mut *conn)
+                .await?;
             let row =
                 row.ok_or_else(|| BusError::unauthenticated("this session no longer exists."))?;
             row.check(me, Some(window.epoch))
@@ -381,7 +400,7 @@ pub async fn resume(pool: &PgPool, me: &Identity) -> BusResult<IssuedSession> {
         .ok_or_else(|| needs_session_credential("resume_session"))?;
     let secret = auth::new_secret(SESSION_CREDENTIAL_PREFIX);
     let mut tx = pool.begin().await?;
-    guard(&mut tx, me).await?;
+    guard_for_update(&mut tx, me).await?;
     let (epoch, expires_at): (i64, DateTime<Utc>) = sqlx::query_as(
         "UPDATE agent_sessions
          SET secret_sha256 = $3, display_prefix = $4, epoch = epoch + 1, updated_at = now()
@@ -426,7 +445,7 @@ pub async fn renew(
         .ok_or_else(|| needs_session_credential("renew_session"))?;
     let ttl = check_ttl(ttl_seconds)?;
     let mut tx = pool.begin().await?;
-    guard(&mut tx, me).await?;
+    guard_for_update(&mut tx, me).await?;
     let (epoch, expires_at): (i64, DateTime<Utc>) = sqlx::query_as(
         "UPDATE agent_sessions SET expires_at = now() + $3, updated_at = now()
          WHERE team_id = $1 AND id = $2
@@ -464,7 +483,7 @@ pub async fn revoke(pool: &PgPool, me: &Identity, label: Option<&str>) -> BusRes
     let mut tx = pool.begin().await?;
     // Like any mutation: a stale or revoked connection cannot revoke anything,
     // including the session that replaced it.
-    guard(&mut tx, me).await?;
+    guard_for_update(&mut tx, me).await?;
     #[derive(sqlx::FromRow)]
     struct Revoked {
         id: Uuid,

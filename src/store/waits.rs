@@ -1,11 +1,12 @@
 //! Waiting: `wait_for_updates` and `ask_agent`.
 //!
 //! The rule that makes a wait reliable: subscribe to the event hub first, then
-//! check the database, then block. Anything committed before the subscription
-//! is found by the check; anything after arrives as an event. Notifications
-//! can still be lost (a listener reconnecting), so a blocked wait re-checks
-//! the database every few seconds: a lost notification delays a wake, it never
-//! loses one.
+//! check the database, then block. Unread direct messages (from before the
+//! wait too) are found by the check; anything after arrives as an event.
+//! Notifications can still be lost (a listener reconnecting, a failed
+//! notify), so a blocked wait re-checks the database every few seconds for
+//! unread DMs and for every change since the wait began: a lost notification
+//! delays a wake, it never loses one.
 //!
 //! What wakes a window: direct messages to it (or to its agent as a whole),
 //! tasks, locks and notes (team-wide), announcements, and channel messages in
@@ -16,6 +17,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
@@ -150,6 +152,11 @@ pub async fn wait_for_updates(
         .kinds
         .as_ref()
         .is_none_or(|k| k.contains(&EventKind::Message));
+    // Changes committed from here on are found by the database check too, so
+    // a notification that never arrives delays a wake by one re-check at most.
+    let since: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&bus.pool)
+        .await?;
     let deadline = Instant::now() + request.timeout;
     loop {
         // Unread direct messages wake at once: they may have arrived before we subscribed.
@@ -162,6 +169,14 @@ pub async fn wait_for_updates(
                     events: pending,
                 });
             }
+        }
+        let missed = changes_since(bus, me, since, focus, &request).await?;
+        if !missed.is_empty() {
+            return Ok(WaitResult {
+                woke: true,
+                timed_out: false,
+                events: missed,
+            });
         }
         let recheck_at = (Instant::now() + RECHECK_EVERY).min(deadline);
         let mut woken: Vec<Arc<BusEvent>> = Vec::new();
@@ -197,6 +212,85 @@ pub async fn wait_for_updates(
             });
         }
     }
+}
+
+/// What changed since `since` that concerns this window, read from the
+/// database: the safety net under lost notifications. Tasks (their events),
+/// notes, lock acquisitions, and channel messages in the focus (or every
+/// channel) and announcements; never this window's own changes.
+async fn changes_since(
+    bus: &Bus,
+    me: &Identity,
+    since: DateTime<Utc>,
+    focus: Option<Uuid>,
+    request: &WaitRequest,
+) -> BusResult<Vec<EventSummary>> {
+    let wants = |kind| request.kinds.as_ref().is_none_or(|k| k.contains(&kind));
+    #[derive(sqlx::FromRow)]
+    struct Change {
+        kind: String,
+        id: String,
+        by: String,
+        channel: Option<String>,
+        preview: Option<String>,
+    }
+    let rows: Vec<Change> = sqlx::query_as(
+        "SELECT changes.kind, changes.id, changes.channel, changes.preview,
+                CASE WHEN changes.by_session = '' THEN a.name ELSE a.name || '/' || changes.by_session END AS by
+         FROM (
+             SELECT 'task' AS kind, t.key AS id, e.agent_id AS by_agent, e.session AS by_session,
+                    NULL::text AS channel, NULL::text AS preview, e.at
+             FROM task_events e JOIN tasks t ON t.team_id = e.team_id AND t.id = e.task_id
+             WHERE e.team_id = $1 AND e.at > $2 AND $5
+             UNION ALL
+             SELECT 'note', n.key, n.updated_by_agent_id, n.updated_by_session, NULL, NULL, n.updated_at
+             FROM notes n WHERE n.team_id = $1 AND n.updated_at > $2 AND $6
+             UNION ALL
+             SELECT 'lock', l.name, l.holder_agent_id, l.holder_session, NULL, NULL, l.acquired_at
+             FROM locks l WHERE l.team_id = $1 AND l.acquired_at > $2 AND $7
+             UNION ALL
+             SELECT 'message', m.id::text, m.sender_id, m.sender_session, c.name, left(m.body, 200), m.created_at
+             FROM messages m JOIN channels c ON c.team_id = m.team_id AND c.id = m.channel_id
+             WHERE m.team_id = $1 AND m.created_at > $2 AND $8
+               AND (m.announce OR $9 OR m.channel_id = $10)
+         ) changes
+         JOIN agents a ON a.team_id = $1 AND a.id = changes.by_agent
+         WHERE NOT (changes.by_agent = $3 AND changes.by_session = $4)
+         ORDER BY changes.at LIMIT $11",
+    )
+    .bind(me.team_id)
+    .bind(since)
+    .bind(me.agent_id)
+    .bind(&me.session)
+    .bind(wants(EventKind::Task))
+    .bind(wants(EventKind::Note))
+    .bind(wants(EventKind::Lock))
+    .bind(wants(EventKind::Message))
+    .bind(request.all_channels)
+    .bind(focus)
+    .bind(MAX_SUMMARIES as i64)
+    .fetch_all(&bus.pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|row| {
+            let kind = match row.kind.as_str() {
+                "task" => EventKind::Task,
+                "note" => EventKind::Note,
+                "lock" => EventKind::Lock,
+                "message" => EventKind::Message,
+                _ => return None,
+            };
+            Some(EventSummary {
+                kind,
+                id: row.id,
+                by: Some(row.by),
+                channel: row.channel,
+                to: None,
+                preview: row.preview,
+            })
+        })
+        .collect())
 }
 
 /// Take whatever else concerning us has already arrived, without waiting: a

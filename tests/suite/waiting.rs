@@ -333,3 +333,33 @@ async fn a_blocked_wait_sends_progress_when_the_client_asks_for_it() {
         .expect("a progress notification while blocked");
     assert_eq!(progress.total, Some(7.0));
 }
+
+#[tokio::test]
+async fn a_change_whose_notification_is_lost_still_wakes_a_wait() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    app.agent("acme", "alice").await;
+    let bob = app.mcp(&app.agent("acme", "bob").await, None).await;
+    let waiter = tokio::spawn(async move {
+        bob.call("wait_for_updates", json!({"timeout_seconds": 9}))
+            .await
+            .unwrap()
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Written behind the bus's back: no notification is ever sent for it.
+    sqlx::query(
+        "INSERT INTO locks (team_id, name, holder_agent_id, holder_session, expires_at)
+         SELECT team_id, 'silent-lock', id, '', now() + interval '1 minute' FROM agents WHERE name = 'alice'",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let result = waiter.await.unwrap();
+    assert_eq!(
+        result["woke"], true,
+        "the periodic database check found it: {result}"
+    );
+    assert_eq!(result["events"][0]["kind"], "lock");
+    assert_eq!(result["events"][0]["id"], "silent-lock");
+    assert_eq!(result["events"][0]["by"], "alice");
+}

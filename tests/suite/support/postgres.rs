@@ -7,7 +7,7 @@
 
 use std::sync::{Mutex, OnceLock};
 
-use ai_crew_sync::db::{self, embedded::EmbeddedPostgres, embedded::Role};
+use ai_crew_sync::db::{self, embedded::EmbeddedPostgres};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -37,12 +37,9 @@ fn server() -> &'static Server {
                     .prefix("acs-test-pg-")
                     .tempdir()
                     .expect("a temp dir for the throwaway PostgreSQL");
-                let embedded =
-                    EmbeddedPostgres::start(dir.path(), Role::Command).unwrap_or_else(|e| {
-                        panic!(
-                            "no TEST_DATABASE_URL and the throwaway PostgreSQL could not start: {e}"
-                        )
-                    });
+                let embedded = EmbeddedPostgres::start(dir.path()).unwrap_or_else(|e| {
+                    panic!("no TEST_DATABASE_URL and the throwaway PostgreSQL could not start: {e}")
+                });
                 Server {
                     admin_url: embedded.database_url("postgres"),
                     embedded: Some(embedded),
