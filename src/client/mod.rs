@@ -9,11 +9,13 @@
 
 use std::collections::HashMap;
 
-use anyhow::Context as _;
+use anyhow::{Context as _, bail};
 use rmcp::model::CallToolRequestParams;
-use rmcp::service::RunningService;
+use rmcp::service::{ClientInitializeError, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::streamable_http_client::{
+    AuthRequiredError, StreamableHttpClientTransportConfig,
+};
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Map, Value};
 
@@ -53,10 +55,18 @@ impl Connection {
         let config = StreamableHttpClientTransportConfig::with_uri(mcp_url)
             .auth_header(bearer)
             .custom_headers(headers);
-        let service = ()
-            .serve(StreamableHttpClientTransport::from_config(config))
-            .await
-            .with_context(|| format!("could not open an MCP connection to {mcp_url}"))?;
+        let service = match ().serve(StreamableHttpClientTransport::from_config(config)).await {
+            Ok(service) => service,
+            Err(err) if is_unauthorized(&err) => bail!(
+                "{mcp_url} refused the credential (401): it is not a live agent token (acs_…) or \
+                 session credential (acss_…) of that server. Check BUS_TOKEN, or ask an operator \
+                 for a new one (`ai-crew-sync token issue`)."
+            ),
+            Err(err) => {
+                return Err(err)
+                    .with_context(|| format!("could not open an MCP connection to {mcp_url}"));
+            }
+        };
         Ok(Connection {
             url: mcp_url.to_string(),
             service,
@@ -103,6 +113,22 @@ impl Connection {
     pub async fn close(self) {
         let _ = self.service.cancel().await;
     }
+}
+
+/// The server answered 401. rmcp keeps that as a typed error inside its
+/// transport error, which the initialize error does not expose as a source.
+fn is_unauthorized(err: &ClientInitializeError) -> bool {
+    let ClientInitializeError::TransportError { error, .. } = err else {
+        return false;
+    };
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(error.error.as_ref());
+    while let Some(err) = next {
+        if err.is::<AuthRequiredError>() {
+            return true;
+        }
+        next = err.source();
+    }
+    false
 }
 
 /// Call `tool` at `mcp_url` with `bearer` (and an optional window label) on
