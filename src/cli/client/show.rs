@@ -458,7 +458,11 @@ pub fn note_hits(answer: &Value) {
 pub fn wait(answer: &Value) {
     let events = items(&answer["events"]);
     if events.is_empty() {
-        println!("timed out: nothing happened");
+        if answer["timed_out"] == true {
+            println!("timed out: nothing happened");
+        } else {
+            println!("woke with nothing to show: read or wait again");
+        }
         return;
     }
     let rows = events
