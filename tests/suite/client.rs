@@ -156,10 +156,7 @@ async fn client_two_agents_exchange_messages_with_send_and_read() {
     assert!(text.contains("alice/w1 -> bob"), "{text}");
     assert!(text.contains("    are you there?"), "{text}");
     assert!(text.contains(&dm_id), "the id is shown to reply to: {text}");
-    assert!(
-        !text.contains("hello bob"),
-        "already read: {text}"
-    );
+    assert!(!text.contains("hello bob"), "already read: {text}");
 
     let again = bob.ok(&["read"]).await;
     assert_eq!(again.trim(), "(no messages)", "the cursor moved on");
@@ -457,6 +454,36 @@ async fn client_ask_waits_for_the_answer() {
 }
 
 #[tokio::test]
+async fn client_wait_wakes_on_a_direct_message() {
+    let app = spawn_app().await;
+    let alice = team_with(&app, "alice", None).await;
+    let bob = Console::new(&app, "bob", Some("w1")).await;
+
+    let quiet = bob.ok(&["wait", "--timeout", "1"]).await;
+    assert_eq!(quiet.trim(), "timed out: nothing happened");
+
+    let waiting = {
+        let bob = bob.clone();
+        tokio::spawn(async move { bob.run(&["wait", "--timeout", "30"]).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    alice
+        .ok(&["send", "--to", "bob/w1", "build is green"])
+        .await;
+    let woke = waiting.await.unwrap();
+    assert_eq!(woke.code, Some(0), "{woke:?}");
+    let row = woke
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("message"))
+        .unwrap_or_else(|| panic!("no message event: {woke:?}"));
+    assert!(
+        row.contains("alice") && row.contains("build is green"),
+        "{row}"
+    );
+}
+
+#[tokio::test]
 async fn client_without_a_token_names_bus_token() {
     let app = spawn_app().await;
     let nobody = Console {
@@ -468,6 +495,24 @@ async fn client_without_a_token_names_bus_token() {
     let run = nobody.run(&["whoami"]).await;
     assert_eq!(run.code, Some(1), "{run:?}");
     assert!(run.stderr.contains("BUS_TOKEN"), "{}", run.stderr);
+}
+
+#[tokio::test]
+async fn client_a_wrong_token_says_the_server_refused_it() {
+    let app = spawn_app().await;
+    let stranger = Console {
+        url: app.url("/mcp"),
+        token: Some(format!("acs_{}", "0".repeat(64))),
+        session: None,
+        cwd: None,
+    };
+    let run = stranger.run(&["whoami"]).await;
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert!(
+        run.stderr.contains("refused the credential (401)") && run.stderr.contains("BUS_TOKEN"),
+        "{}",
+        run.stderr
+    );
 }
 
 #[tokio::test]
