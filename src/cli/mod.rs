@@ -3,6 +3,7 @@
 //! function, print. Listings print a table, or JSON with `--json`.
 
 mod admin;
+mod client;
 mod operator;
 mod output;
 mod serve;
@@ -76,6 +77,8 @@ enum Command {
     /// Administration: `bootstrap` locally, the rest over a server's /admin API.
     #[command(subcommand)]
     Admin(admin::AdminCommand),
+    /// The console client: act as an agent over /mcp (BUS_URL, BUS_TOKEN, BUS_SESSION).
+    Client(client::ClientArgs),
 }
 
 /// Parse the command line and run it. Errors print on stderr and exit 1.
@@ -124,6 +127,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Agent(cmd) => operator::agent(&ctx, cmd).await,
         Command::Token(cmd) => operator::token(&ctx, cmd).await,
         Command::Admin(cmd) => admin::run(&ctx, cmd).await,
+        Command::Client(args) => client::run(args).await,
         Command::McpConfig(args) => {
             operator::print_mcp_config(&args.url, &args.token, args.session.as_deref());
             Ok(())

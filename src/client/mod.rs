@@ -1,58 +1,153 @@
 //! Speaking to a bus server as an agent: a real MCP client (rmcp, Streamable
-//! HTTP). Used by the admin CLI to verify a freshly issued token, and the base
-//! of the console client.
+//! HTTP). Used by the admin CLI to verify a freshly issued token, and by the
+//! console client (`ai-crew-sync client …`).
+//!
+//! A [`Connection`] is one MCP session as one window (token + optional
+//! `X-Crew-Session`); several tool calls share it. A tool's refusal
+//! (`isError`) comes back as [`Refused`], carrying the server's explanation,
+//! so callers tell "the bus said no" from "the bus could not be reached".
 
 use std::collections::HashMap;
 
-use anyhow::{Context as _, anyhow};
-use rmcp::ServiceExt;
+use anyhow::{Context as _, bail};
 use rmcp::model::CallToolRequestParams;
+use rmcp::service::{ClientInitializeError, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use serde_json::Value;
+use rmcp::transport::streamable_http_client::{
+    AuthRequiredError, StreamableHttpClientTransportConfig,
+};
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{Map, Value};
 
-/// Call `tool` at `mcp_url` with `bearer` (and an optional window label);
-/// the structured answer, or an error carrying a refusal's message.
+/// A tool answered with `isError`: the server's `{error, message}`.
+#[derive(Debug, thiserror::Error)]
+#[error("{tool} was refused: {message}")]
+pub struct Refused {
+    pub tool: String,
+    /// not_found, invalid, conflict, unauthenticated, forbidden (empty when absent).
+    pub kind: String,
+    pub message: String,
+}
+
+/// One MCP session to a bus server.
+pub struct Connection {
+    url: String,
+    service: RunningService<RoleClient, ()>,
+}
+
+impl Connection {
+    /// Connect to `mcp_url` with `bearer` (agent token or session
+    /// credential) as window `session` (None: the agent's shared window).
+    pub async fn open(
+        mcp_url: &str,
+        bearer: &str,
+        session: Option<&str>,
+    ) -> anyhow::Result<Connection> {
+        let mut headers = HashMap::new();
+        if let Some(session) = session {
+            headers.insert(
+                http::HeaderName::from_static("x-crew-session"),
+                session.parse().with_context(|| {
+                    format!("window label {session:?} cannot be sent as X-Crew-Session")
+                })?,
+            );
+        }
+        let config = StreamableHttpClientTransportConfig::with_uri(mcp_url)
+            .auth_header(bearer)
+            .custom_headers(headers);
+        let service = match ().serve(StreamableHttpClientTransport::from_config(config)).await {
+            Ok(service) => service,
+            Err(err) if is_unauthorized(&err) => bail!(
+                "{mcp_url} refused the credential (401): it is not a live agent token (acs_…) or \
+                 session credential (acss_…) of that server. Check BUS_TOKEN, or ask an operator \
+                 for a new one (`ai-crew-sync token issue`)."
+            ),
+            Err(err) => {
+                return Err(err)
+                    .with_context(|| format!("could not open an MCP connection to {mcp_url}"));
+            }
+        };
+        Ok(Connection {
+            url: mcp_url.to_string(),
+            service,
+        })
+    }
+
+    /// Call `tool`: its structured answer, [`Refused`] when the tool said no,
+    /// another error when the call did not get through.
+    pub async fn call(&self, tool: &str, arguments: Map<String, Value>) -> anyhow::Result<Value> {
+        let result = self
+            .service
+            .call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(arguments))
+            .await
+            .with_context(|| format!("calling {tool} at {}", self.url))?;
+        // Every bus tool answers structured JSON; text is the fallback for
+        // anything else speaking MCP at that URL.
+        let value = match result.structured_content {
+            Some(value) => value,
+            None => Value::String(
+                result
+                    .content
+                    .iter()
+                    .filter_map(|c| c.as_text().map(|t| t.text.as_str()))
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            ),
+        };
+        if result.is_error == Some(true) {
+            let message = match &value {
+                Value::String(text) => text.clone(),
+                other => other["message"].as_str().unwrap_or_default().to_string(),
+            };
+            return Err(Refused {
+                tool: tool.to_string(),
+                kind: value["error"].as_str().unwrap_or_default().to_string(),
+                message,
+            }
+            .into());
+        }
+        Ok(value)
+    }
+
+    /// End the session (dropping it also does, without waiting).
+    pub async fn close(self) {
+        let _ = self.service.cancel().await;
+    }
+}
+
+/// The server answered 401. rmcp keeps that as a typed error inside its
+/// transport error, which the initialize error does not expose as a source.
+fn is_unauthorized(err: &ClientInitializeError) -> bool {
+    let ClientInitializeError::TransportError { error, .. } = err else {
+        return false;
+    };
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(error.error.as_ref());
+    while let Some(err) = next {
+        if err.is::<AuthRequiredError>() {
+            return true;
+        }
+        next = err.source();
+    }
+    false
+}
+
+/// Call `tool` at `mcp_url` with `bearer` (and an optional window label) on
+/// a connection of its own; the structured answer, or an error carrying a
+/// refusal's message.
 pub async fn call_tool(
     mcp_url: &str,
     bearer: &str,
     session: Option<&str>,
     tool: &str,
-    arguments: serde_json::Map<String, Value>,
+    arguments: Map<String, Value>,
 ) -> anyhow::Result<Value> {
-    let mut headers = HashMap::new();
-    if let Some(session) = session {
-        headers.insert(
-            http::HeaderName::from_static("x-crew-session"),
-            session.parse()?,
-        );
-    }
-    let config = StreamableHttpClientTransportConfig::with_uri(mcp_url)
-        .auth_header(bearer)
-        .custom_headers(headers);
-    let client = ()
-        .serve(StreamableHttpClientTransport::from_config(config))
-        .await
-        .with_context(|| format!("could not open an MCP connection to {mcp_url}"))?;
-    let result = client
-        .call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(arguments))
-        .await
-        .with_context(|| format!("calling {tool}"));
-    let _ = client.cancel().await;
-    let result = result?;
-    let value = result
-        .structured_content
-        .ok_or_else(|| anyhow!("{tool} answered without structured content"))?;
-    if result.is_error == Some(true) {
-        return Err(anyhow!(
-            "{tool} was refused: {}",
-            value["message"].as_str().unwrap_or_default()
-        ));
-    }
-    Ok(value)
+    let connection = Connection::open(mcp_url, bearer, session).await?;
+    let result = connection.call(tool, arguments).await;
+    connection.close().await;
+    result
 }
 
 /// `whoami` as the holder of `bearer`.
 pub async fn whoami(mcp_url: &str, bearer: &str, session: Option<&str>) -> anyhow::Result<Value> {
-    call_tool(mcp_url, bearer, session, "whoami", serde_json::Map::new()).await
+    call_tool(mcp_url, bearer, session, "whoami", Map::new()).await
 }

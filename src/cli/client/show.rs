@@ -1,0 +1,573 @@
+//! Text for people: each tool's JSON answer in a few lines or a table. Reads
+//! the answer as JSON (the wire contract), so a field the server adds later
+//! only shows up in `--json`, and a missing one prints as `-`.
+
+use serde_json::Value;
+
+use crate::cli::output;
+
+/// A JSON scalar as text: strings bare, null as `-`.
+pub fn text(value: &Value) -> String {
+    match value {
+        Value::Null => "-".into(),
+        Value::String(s) if s.is_empty() => "-".into(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// An RFC 3339 timestamp as `YYYY-MM-DD HH:MM:SS` (UTC).
+fn when(value: &Value) -> String {
+    value
+        .as_str()
+        .and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok())
+        .map(|t| output::time(&t.with_timezone(&chrono::Utc)))
+        .unwrap_or_else(|| "-".into())
+}
+
+fn items(value: &Value) -> &[Value] {
+    value.as_array().map(Vec::as_slice).unwrap_or_default()
+}
+
+fn joined(value: &Value) -> String {
+    let parts: Vec<String> = items(value).iter().map(text).collect();
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// The first line of `s`, at most `max` characters, marked when cut.
+fn one_line(s: &str, max: usize) -> String {
+    let first = s.lines().next().unwrap_or_default();
+    let cut: String = first.chars().take(max).collect();
+    if cut.len() < s.trim_end().len() {
+        format!("{cut}…")
+    } else {
+        cut
+    }
+}
+
+fn yes_no(value: &Value) -> String {
+    if value == true { "yes" } else { "no" }.into()
+}
+
+pub fn whoami(me: &Value) {
+    let credential = if me["credential"] == "session" {
+        "session credential"
+    } else {
+        "agent token"
+    };
+    println!(
+        "{} in team {} ({credential})",
+        text(&me["address"]),
+        text(&me["team"])
+    );
+    let mut labels = Vec::new();
+    if !me["project"].is_null() {
+        labels.push(format!("project {}", text(&me["project"])));
+    }
+    if !me["role"].is_null() {
+        labels.push(format!("role {}", text(&me["role"])));
+    }
+    if !labels.is_empty() {
+        println!("{}", labels.join(", "));
+    }
+    println!(
+        "default channel: {}; unread direct messages: {}; claimed tasks: {}",
+        text(&me["default_channel"]),
+        text(&me["unread_direct_messages"]),
+        text(&me["open_claimed_tasks"])
+    );
+}
+
+pub fn sent(posted: &Value) {
+    let message = &posted["message"];
+    let created = if posted["channel_created"] == true {
+        " (new channel)"
+    } else {
+        ""
+    };
+    println!(
+        "sent {} to {}{created}",
+        text(&message["id"]),
+        joined(&posted["delivered_to"])
+    );
+}
+
+/// `read_messages` (`{messages, more}`) and `search_messages` (`{messages}`):
+/// a header line per message, its body indented under it.
+pub fn messages(answer: &Value) {
+    let list = items(&answer["messages"]);
+    if list.is_empty() {
+        println!("(no messages)");
+    }
+    for message in list {
+        let to = match message["channel"].as_str() {
+            Some(channel) => format!("#{channel}"),
+            None => text(&message["to"]),
+        };
+        let mut flags = String::new();
+        if message["announce"] == true {
+            flags.push_str(" [announce]");
+        }
+        if message["question"] == true {
+            flags.push_str(" [question]");
+        }
+        if !message["reply_to"].is_null() {
+            flags.push_str(&format!(" [reply to {}]", text(&message["reply_to"])));
+        }
+        println!(
+            "{}  {} -> {}{flags}  id {}",
+            when(&message["created_at"]),
+            text(&message["from"]),
+            to,
+            text(&message["id"])
+        );
+        for line in message["body"].as_str().unwrap_or_default().lines() {
+            println!("    {line}");
+        }
+        for file in items(&message["attachments"]) {
+            println!(
+                "    attachment {} {} ({} bytes, {})",
+                text(&file["id"]),
+                text(&file["filename"]),
+                text(&file["size_bytes"]),
+                text(&file["content_type"])
+            );
+        }
+    }
+    if answer["more"] == true {
+        println!("(more waiting: read again)");
+    }
+}
+
+pub fn channels(answer: &Value) {
+    let rows = items(&answer["channels"])
+        .iter()
+        .map(|c| {
+            vec![
+                format!("#{}", text(&c["name"])),
+                text(&c["messages"]),
+                when(&c["last_message_at"]),
+                text(&c["topic"]),
+            ]
+        })
+        .collect();
+    output::table(&["channel", "messages", "last message", "topic"], rows);
+}
+
+pub fn agents(answer: &Value) {
+    let list = items(&answer["agents"]);
+    println!(
+        "{} of {} agents online",
+        text(&answer["online_count"]),
+        list.len()
+    );
+    let rows = list
+        .iter()
+        .map(|a| {
+            let windows: Vec<String> = items(&a["windows"])
+                .iter()
+                .map(|w| {
+                    let address = text(&w["address"]);
+                    if w["online"] == true {
+                        address
+                    } else {
+                        format!("{address} (offline)")
+                    }
+                })
+                .collect();
+            let online = if a["disabled"] == true {
+                "disabled".into()
+            } else {
+                yes_no(&a["online"])
+            };
+            vec![
+                text(&a["agent"]),
+                online,
+                text(&a["status"]),
+                text(&a["activity"]),
+                if windows.is_empty() {
+                    "-".into()
+                } else {
+                    windows.join(", ")
+                },
+                when(&a["last_seen_at"]),
+            ]
+        })
+        .collect();
+    output::table(
+        &[
+            "agent",
+            "online",
+            "status",
+            "activity",
+            "windows",
+            "last seen",
+        ],
+        rows,
+    );
+}
+
+pub fn sessions(answer: &Value) {
+    let rows = items(&answer["sessions"])
+        .iter()
+        .map(|s| {
+            vec![
+                text(&s["address"]),
+                yes_no(&s["exact"]),
+                yes_no(&s["online"]),
+                text(&s["status"]),
+                text(&s["project"]),
+                text(&s["role"]),
+                text(&s["activity"]),
+                when(&s["last_seen_at"]),
+            ]
+        })
+        .collect();
+    output::table(
+        &[
+            "address",
+            "exact",
+            "online",
+            "status",
+            "project",
+            "role",
+            "activity",
+            "last seen",
+        ],
+        rows,
+    );
+    if answer["truncated"] == true {
+        println!("(more windows match: raise --limit or filter by --project/--role)");
+    }
+}
+
+pub fn beat(window: &Value) {
+    println!(
+        "{} is {}, online until {} ({} s)",
+        text(&window["address"]),
+        text(&window["status"]),
+        when(&window["expires_at"]),
+        text(&window["ttl_seconds"])
+    );
+    if !window["activity"].is_null() {
+        println!("activity: {}", text(&window["activity"]));
+    }
+}
+
+fn holder(task: &Value) -> String {
+    if !task["holder"].is_null() {
+        text(&task["holder"]["address"])
+    } else if !task["lapsed_holder"].is_null() {
+        format!("{} (lapsed)", text(&task["lapsed_holder"]["address"]))
+    } else {
+        "-".into()
+    }
+}
+
+pub fn tasks(answer: &Value) {
+    let rows = items(&answer["tasks"])
+        .iter()
+        .map(|t| {
+            vec![
+                text(&t["key"]),
+                text(&t["status"]),
+                holder(t),
+                joined(&t["blocked_by"]),
+                one_line(t["title"].as_str().unwrap_or_default(), 60),
+            ]
+        })
+        .collect();
+    output::table(&["key", "status", "holder", "blocked by", "title"], rows);
+    if answer["more"] == true {
+        println!("(more tasks match: raise --limit or filter by --status)");
+    }
+}
+
+/// One line for a task a command just changed.
+pub fn task_line(task: &Value) {
+    let mut line = format!(
+        "task {}: {} ({})",
+        text(&task["key"]),
+        text(&task["status"]),
+        one_line(task["title"].as_str().unwrap_or_default(), 60)
+    );
+    if !task["holder"].is_null() {
+        line.push_str(&format!(
+            ", held by {} until {}",
+            text(&task["holder"]["address"]),
+            when(&task["holder"]["lease_expires_at"])
+        ));
+    }
+    if !items(&task["blocked_by"]).is_empty() {
+        line.push_str(&format!(", blocked by {}", joined(&task["blocked_by"])));
+    }
+    println!("{line}");
+}
+
+pub fn task_detail(task: &Value) {
+    println!("{}: {}", text(&task["key"]), text(&task["title"]));
+    let mut status = format!("status: {}", text(&task["status"]));
+    if !task["holder"].is_null() {
+        status.push_str(&format!(
+            ", held by {} until {}",
+            text(&task["holder"]["address"]),
+            when(&task["holder"]["lease_expires_at"])
+        ));
+    } else if !task["lapsed_holder"].is_null() {
+        status.push_str(&format!(
+            ", lease of {} lapsed",
+            text(&task["lapsed_holder"]["address"])
+        ));
+    }
+    println!("{status}");
+    if !items(&task["depends_on"]).is_empty() {
+        println!(
+            "depends on: {} (blocked by: {})",
+            joined(&task["depends_on"]),
+            joined(&task["blocked_by"])
+        );
+    }
+    println!(
+        "created by {} at {}",
+        text(&task["created_by"]),
+        when(&task["created_at"])
+    );
+    if !task["completed_by"].is_null() {
+        println!(
+            "completed by {} at {}",
+            text(&task["completed_by"]),
+            when(&task["completed_at"])
+        );
+    }
+    if task["metadata"].as_object().is_some_and(|m| !m.is_empty()) {
+        println!("metadata: {}", task["metadata"]);
+    }
+    for (label, field) in [("description", "description"), ("result", "result")] {
+        if let Some(body) = task[field].as_str() {
+            println!("{label}:");
+            for line in body.lines() {
+                println!("    {line}");
+            }
+        }
+    }
+    let events = items(&task["events"]);
+    println!(
+        "events ({} of {}):",
+        events.len(),
+        text(&task["events_total"])
+    );
+    let rows = events
+        .iter()
+        .map(|e| vec![when(&e["at"]), text(&e["kind"]), text(&e["by"])])
+        .collect();
+    output::table(&["at", "event", "by"], rows);
+}
+
+pub fn lock(acquired: &Value) {
+    let verb = if acquired["extended"] == true {
+        "extended"
+    } else {
+        "acquired"
+    };
+    println!(
+        "{verb} lock {} until {} ({} s)",
+        text(&acquired["name"]),
+        when(&acquired["expires_at"]),
+        text(&acquired["seconds_left"])
+    );
+}
+
+pub fn lock_released(released: &Value) {
+    let mut line = format!("released lock {}", text(&released["name"]));
+    if released["had_expired"] == true {
+        line.push_str(" (it had already expired)");
+    }
+    println!("{line}");
+}
+
+pub fn locks(answer: &Value) {
+    let rows = items(&answer["locks"])
+        .iter()
+        .map(|l| {
+            vec![
+                text(&l["name"]),
+                text(&l["holder"]),
+                when(&l["expires_at"]),
+                text(&l["seconds_left"]),
+                text(&l["purpose"]),
+            ]
+        })
+        .collect();
+    output::table(
+        &["lock", "holder", "expires", "seconds left", "purpose"],
+        rows,
+    );
+    if answer["more"] == true {
+        println!("(more locks exist than were listed)");
+    }
+}
+
+pub fn note_set(set: &Value) {
+    let what = if set["created"] == true {
+        "created"
+    } else if set["changed"] == true {
+        "updated"
+    } else {
+        "unchanged"
+    };
+    println!(
+        "note {}/{} {what}: revision {}, {} bytes",
+        text(&set["scope"]),
+        text(&set["key"]),
+        text(&set["revision"]),
+        text(&set["bytes"])
+    );
+}
+
+pub fn note_deleted(deleted: &Value) {
+    let name = format!("{}/{}", text(&deleted["scope"]), text(&deleted["key"]));
+    if deleted["deleted"] == true {
+        println!("deleted note {name}");
+    } else {
+        println!("no note {name}: nothing deleted");
+    }
+}
+
+pub fn note_hits(answer: &Value) {
+    let rows = items(&answer["results"])
+        .iter()
+        .map(|n| {
+            vec![
+                text(&n["scope"]),
+                text(&n["key"]),
+                joined(&n["tags"]),
+                one_line(&text(&n["snippet"]).replace('\n', " "), 80),
+            ]
+        })
+        .collect();
+    output::table(&["scope", "key", "tags", "snippet"], rows);
+    if answer["truncated"] == true {
+        println!("(more notes match: narrow the query or --scope)");
+    }
+}
+
+pub fn wait(answer: &Value) {
+    let events = items(&answer["events"]);
+    if events.is_empty() {
+        if answer["timed_out"] == true {
+            println!("timed out: nothing happened");
+        } else {
+            println!("woke with nothing to show: read or wait again");
+        }
+        return;
+    }
+    let rows = events
+        .iter()
+        .map(|e| {
+            let place = match (e["channel"].as_str(), e["to"].as_str()) {
+                (Some(channel), _) => format!("#{channel}"),
+                (None, Some(to)) => to.to_string(),
+                (None, None) => "-".into(),
+            };
+            vec![
+                text(&e["kind"]),
+                text(&e["id"]),
+                text(&e["by"]),
+                place,
+                one_line(e["preview"].as_str().unwrap_or_default(), 60),
+            ]
+        })
+        .collect();
+    output::table(&["kind", "what", "by", "where", "preview"], rows);
+}
+
+pub fn digest(digest: &Value) {
+    let focus = match digest["focus"].as_str() {
+        Some(channel) => format!("focus #{channel}"),
+        None if digest["all_channels"] == true => "all channels".into(),
+        None => "no focused channel".into(),
+    };
+    println!(
+        "last {} h (since {}), {focus}",
+        text(&digest["hours"]),
+        when(&digest["since"])
+    );
+    println!("channels:");
+    let channels = items(&digest["channels"]);
+    if channels.is_empty() {
+        println!("    (none)");
+    }
+    for channel in channels {
+        println!(
+            "  #{}: {} messages",
+            text(&channel["channel"]),
+            text(&channel["messages"])
+        );
+        for m in items(&channel["latest"]) {
+            println!(
+                "    {}  {}: {}",
+                when(&m["created_at"]),
+                text(&m["from"]),
+                one_line(m["preview"].as_str().unwrap_or_default(), 100)
+            );
+        }
+    }
+    println!("tasks:");
+    let rows = items(&digest["tasks"])
+        .iter()
+        .map(|t| {
+            vec![
+                text(&t["key"]),
+                text(&t["status"]),
+                text(&t["last_event"]),
+                text(&t["by"]),
+                when(&t["at"]),
+            ]
+        })
+        .collect();
+    output::table(&["task", "status", "last event", "by", "at"], rows);
+    println!("notes:");
+    let rows = items(&digest["notes"])
+        .iter()
+        .map(|n| {
+            vec![
+                format!("{}/{}", text(&n["scope"]), text(&n["key"])),
+                if n["deleted"] == true {
+                    "deleted".into()
+                } else {
+                    format!("revision {}", text(&n["revision"]))
+                },
+                text(&n["by"]),
+                when(&n["at"]),
+            ]
+        })
+        .collect();
+    output::table(&["note", "change", "by", "at"], rows);
+    println!("agents seen:");
+    let rows = items(&digest["agents_seen"])
+        .iter()
+        .map(|a| {
+            vec![
+                text(&a["agent"]),
+                text(&a["windows"]),
+                when(&a["last_seen_at"]),
+            ]
+        })
+        .collect();
+    output::table(&["agent", "windows", "last seen"], rows);
+}
+
+pub fn attached(info: &Value, path: &std::path::Path) {
+    println!(
+        "attached {} as {} ({} bytes, {}): attachment {}",
+        path.display(),
+        text(&info["filename"]),
+        text(&info["size_bytes"]),
+        text(&info["content_type"]),
+        text(&info["id"])
+    );
+}

@@ -1,0 +1,535 @@
+//! The console client as a person at a terminal uses it: the real binary
+//! (`ai-crew-sync client …`) against a spawned server, configured from
+//! BUS_URL / BUS_TOKEN / BUS_SESSION, reading what it prints and its exit code.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+
+use crate::support::{TestApp, free_port, spawn_app};
+
+/// One agent window at the console.
+#[derive(Clone)]
+struct Console {
+    url: String,
+    token: Option<String>,
+    session: Option<String>,
+    cwd: Option<PathBuf>,
+}
+
+/// What one run printed and how it ended.
+#[derive(Debug)]
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Console {
+    async fn new(app: &TestApp, agent: &str, session: Option<&str>) -> Console {
+        Console {
+            url: app.url("/mcp"),
+            token: Some(app.agent("acme", agent).await),
+            session: session.map(str::to_string),
+            cwd: None,
+        }
+    }
+
+    /// The same agent (same token) in another window.
+    fn window(&self, session: &str) -> Console {
+        Console {
+            session: Some(session.to_string()),
+            ..self.clone()
+        }
+    }
+
+    fn in_dir(&self, dir: &Path) -> Console {
+        Console {
+            cwd: Some(dir.to_path_buf()),
+            ..self.clone()
+        }
+    }
+
+    /// Run `client ARGS…`. The child runs on a blocking thread: the test's
+    /// single-threaded runtime must stay free to serve its requests.
+    async fn run_with_stdin(&self, args: &[&str], stdin: Option<&str>) -> Run {
+        let console = self.clone();
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let stdin = stdin.map(str::to_string);
+        tokio::task::spawn_blocking(move || console.run_blocking(&args, stdin.as_deref()))
+            .await
+            .unwrap()
+    }
+
+    fn run_blocking(&self, args: &[String], stdin: Option<&str>) -> Run {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"));
+        command
+            .arg("client")
+            .args(args)
+            .env("BUS_URL", &self.url)
+            .env_remove("BUS_TOKEN")
+            .env_remove("BUS_SESSION")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(token) = &self.token {
+            command.env("BUS_TOKEN", token);
+        }
+        if let Some(session) = &self.session {
+            command.env("BUS_SESSION", session);
+        }
+        if let Some(dir) = &self.cwd {
+            command.current_dir(dir);
+        }
+        let mut child = command.spawn().expect("run ai-crew-sync client");
+        let mut input = child.stdin.take().unwrap();
+        if let Some(text) = stdin {
+            input.write_all(text.as_bytes()).unwrap();
+        }
+        drop(input);
+        let out = child.wait_with_output().unwrap();
+        Run {
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    async fn run(&self, args: &[&str]) -> Run {
+        self.run_with_stdin(args, None).await
+    }
+
+    /// Run and expect success; its stdout.
+    async fn ok(&self, args: &[&str]) -> String {
+        let run = self.run(args).await;
+        assert_eq!(run.code, Some(0), "client {args:?} failed: {run:?}");
+        run.stdout
+    }
+
+    /// Run with `--json` and expect success; its parsed stdout.
+    async fn json(&self, args: &[&str]) -> Value {
+        let mut args = args.to_vec();
+        args.push("--json");
+        let stdout = self.ok(&args).await;
+        serde_json::from_str(&stdout)
+            .unwrap_or_else(|e| panic!("client {args:?} printed no JSON ({e}): {stdout}"))
+    }
+}
+
+/// Team `acme` and its first agent's console.
+async fn team_with(app: &TestApp, agent: &str, session: Option<&str>) -> Console {
+    app.team("acme").await;
+    Console::new(app, agent, session).await
+}
+
+#[tokio::test]
+async fn client_two_agents_exchange_messages_with_send_and_read() {
+    let app = spawn_app().await;
+    let alice = team_with(&app, "alice", Some("w1")).await;
+    let bob = Console::new(&app, "bob", None).await;
+
+    let sent = alice
+        .ok(&["send", "--channel", "general", "hello", "bob"])
+        .await;
+    assert!(
+        sent.starts_with("sent ") && sent.contains("#general"),
+        "{sent}"
+    );
+
+    let read = bob.json(&["read"]).await;
+    let messages = read["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 1, "{read}");
+    assert_eq!(
+        messages[0]["body"], "hello bob",
+        "positional words are joined"
+    );
+    assert_eq!(messages[0]["from"], "alice/w1");
+
+    let dm = alice.json(&["send", "--to", "bob", "are you there?"]).await;
+    assert_eq!(dm["delivered_to"], serde_json::json!(["bob"]));
+    let dm_id = dm["message"]["id"].as_str().unwrap().to_string();
+
+    let text = bob.ok(&["read"]).await;
+    assert!(text.contains("alice/w1 -> bob"), "{text}");
+    assert!(text.contains("    are you there?"), "{text}");
+    assert!(text.contains(&dm_id), "the id is shown to reply to: {text}");
+    assert!(!text.contains("hello bob"), "already read: {text}");
+
+    let again = bob.ok(&["read"]).await;
+    assert_eq!(again.trim(), "(no messages)", "the cursor moved on");
+    let latest = bob.json(&["read", "--all"]).await;
+    assert_eq!(
+        latest["messages"].as_array().unwrap().len(),
+        2,
+        "--all shows the latest page again: {latest}"
+    );
+
+    bob.ok(&["send", "--to", "alice/w1", "--reply-to", &dm_id, "yes"])
+        .await;
+    let inbox = alice.json(&["read", "--scope", "inbox"]).await;
+    assert_eq!(inbox["messages"][0]["body"], "yes");
+    assert_eq!(inbox["messages"][0]["reply_to"], dm_id.as_str());
+}
+
+#[tokio::test]
+async fn client_send_dash_reads_the_body_from_stdin() {
+    let app = spawn_app().await;
+    let alice = team_with(&app, "alice", None).await;
+    let bob = Console::new(&app, "bob", None).await;
+
+    let run = alice
+        .run_with_stdin(
+            &["send", "--channel", "builds", "-"],
+            Some("line one\nline two\n"),
+        )
+        .await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+
+    let read = bob.json(&["read", "--scope", "builds"]).await;
+    assert_eq!(
+        read["messages"][0]["body"], "line one\nline two",
+        "stdin is the body, less its final newline"
+    );
+}
+
+#[tokio::test]
+async fn client_beat_then_agents_shows_the_window() {
+    let app = spawn_app().await;
+    let alice = team_with(&app, "alice", Some("frontend")).await;
+    let bob = Console::new(&app, "bob", None).await;
+
+    let beat = alice
+        .ok(&[
+            "beat",
+            "--status",
+            "busy",
+            "--activity",
+            "fixing CI",
+            "--project",
+            "web",
+        ])
+        .await;
+    assert!(beat.starts_with("alice/frontend is busy"), "{beat}");
+
+    let table = bob.ok(&["agents"]).await;
+    assert!(table.starts_with("1 of 2 agents online"), "{table}");
+    let alice_row = table
+        .lines()
+        .find(|l| l.starts_with("alice"))
+        .unwrap_or_else(|| panic!("no row for alice: {table}"));
+    for cell in ["yes", "busy", "fixing CI", "alice/frontend"] {
+        assert!(alice_row.contains(cell), "{cell:?} missing: {alice_row}");
+    }
+
+    let online = bob.json(&["agents", "--online"]).await;
+    let agents = online["agents"].as_array().unwrap();
+    assert_eq!(agents.len(), 1, "only alice has a live window: {online}");
+    assert_eq!(agents[0]["windows"][0]["session"], "frontend");
+    assert_eq!(agents[0]["windows"][0]["project"], "web");
+
+    let sessions = bob.ok(&["sessions", "--project", "web"]).await;
+    assert!(sessions.contains("alice/frontend"), "{sessions}");
+}
+
+#[tokio::test]
+async fn client_task_create_next_done_then_tasks_lists_it_done() {
+    let app = spawn_app().await;
+    let alice = team_with(&app, "alice", None).await;
+    let bob = Console::new(&app, "bob", Some("w2")).await;
+
+    let created = alice
+        .ok(&["task", "create", "fix-login", "Fix the login form"])
+        .await;
+    assert_eq!(created.trim(), "task fix-login: open (Fix the login form)");
+
+    let next = bob.ok(&["task", "next", "--lease", "120"]).await;
+    assert!(
+        next.starts_with("task fix-login: claimed") && next.contains("held by bob/w2"),
+        "{next}"
+    );
+
+    let done = bob
+        .ok(&["task", "done", "fix-login", "patched the form"])
+        .await;
+    assert!(done.starts_with("task fix-login: done"), "{done}");
+
+    let listed = alice.json(&["tasks"]).await;
+    let tasks = listed["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 1, "{listed}");
+    assert_eq!(tasks[0]["key"], "fix-login");
+    assert_eq!(tasks[0]["status"], "done");
+    assert_eq!(tasks[0]["completed_by"], "bob/w2");
+
+    let shown = alice.json(&["task", "show", "fix-login"]).await;
+    assert_eq!(shown["result"], "patched the form");
+
+    let none = bob.run(&["task", "next"]).await;
+    assert_eq!(none.code, Some(1), "nothing ready is a failure: {none:?}");
+    assert!(none.stderr.contains("no task claimed"), "{none:?}");
+}
+
+#[tokio::test]
+async fn client_lock_acquire_is_refused_for_another_window_naming_the_holder() {
+    let app = spawn_app().await;
+    let w1 = team_with(&app, "alice", Some("w1")).await;
+    let w2 = w1.window("w2");
+
+    let acquired = w1
+        .ok(&["lock", "acquire", "deploy", "--purpose", "release 1.2"])
+        .await;
+    assert!(
+        acquired.starts_with("acquired lock deploy until"),
+        "{acquired}"
+    );
+
+    let refused = w2.run(&["lock", "acquire", "deploy"]).await;
+    assert_eq!(refused.code, Some(1), "{refused:?}");
+    assert!(refused.stdout.is_empty(), "{refused:?}");
+    assert!(
+        refused.stderr.contains("acquire_lock was refused") && refused.stderr.contains("alice/w1"),
+        "the refusal names the holding window: {}",
+        refused.stderr
+    );
+
+    let list = w2.ok(&["lock", "list"]).await;
+    assert!(
+        list.contains("deploy") && list.contains("alice/w1") && list.contains("release 1.2"),
+        "{list}"
+    );
+    let released = w1.ok(&["lock", "release", "deploy"]).await;
+    assert_eq!(released.trim(), "released lock deploy");
+}
+
+#[tokio::test]
+async fn client_note_set_then_get_prints_the_value() {
+    let app = spawn_app().await;
+    let alice = team_with(&app, "alice", None).await;
+    let bob = Console::new(&app, "bob", None).await;
+
+    let set = alice
+        .ok(&[
+            "note",
+            "set",
+            "build/commands",
+            "cargo test --all",
+            "--tag",
+            "ci",
+        ])
+        .await;
+    assert!(
+        set.starts_with("note global/build/commands created: revision 1"),
+        "{set}"
+    );
+
+    assert_eq!(
+        bob.ok(&["note", "get", "build/commands"]).await,
+        "cargo test --all\n"
+    );
+    let found = bob.ok(&["note", "search", "cargo"]).await;
+    assert!(found.contains("build/commands"), "{found}");
+
+    let missing = bob.run(&["note", "get", "nothing-here"]).await;
+    assert_eq!(missing.code, Some(1), "{missing:?}");
+    assert!(
+        missing.stderr.contains("no note `nothing-here`"),
+        "{missing:?}"
+    );
+}
+
+#[tokio::test]
+async fn client_attach_and_download_round_trip_identical_bytes() {
+    let app = spawn_app().await;
+    let alice = team_with(&app, "alice", None).await;
+    let bob = Console::new(&app, "bob", None).await;
+    let upload_dir = tempfile::tempdir().unwrap();
+    let download_dir = tempfile::tempdir().unwrap();
+    let bytes: Vec<u8> = (0..5000u32).map(|i| (i * 7 % 256) as u8).collect();
+    let file = upload_dir.path().join("trace.log");
+    std::fs::write(&file, &bytes).unwrap();
+
+    alice
+        .ok(&["task", "create", "flaky-test", "Find the flake"])
+        .await;
+    let attached = alice
+        .json(&["attach", "flaky-test", file.to_str().unwrap()])
+        .await;
+    assert_eq!(attached["filename"], "trace.log");
+    assert_eq!(attached["content_type"], "text/plain", "guessed from .log");
+    assert_eq!(attached["size_bytes"], 5000);
+    let id = attached["id"].as_str().unwrap();
+
+    let bob_here = bob.in_dir(download_dir.path());
+    let wrote = bob_here.ok(&["download", id]).await;
+    assert!(wrote.starts_with("wrote trace.log (5000 bytes"), "{wrote}");
+    let downloaded = download_dir.path().join("trace.log");
+    assert_eq!(
+        std::fs::read(&downloaded).unwrap(),
+        bytes,
+        "identical bytes"
+    );
+
+    std::fs::write(&downloaded, b"local edits").unwrap();
+    let refused = bob_here.run(&["download", id]).await;
+    assert_eq!(refused.code, Some(1), "{refused:?}");
+    assert!(
+        refused.stderr.contains("already exists") && refused.stderr.contains("--force"),
+        "{refused:?}"
+    );
+    assert_eq!(
+        std::fs::read(&downloaded).unwrap(),
+        b"local edits",
+        "an existing file is left alone"
+    );
+
+    bob_here.ok(&["download", id, "--force"]).await;
+    assert_eq!(std::fs::read(&downloaded).unwrap(), bytes);
+    let elsewhere = download_dir.path().join("copy.bin");
+    bob.ok(&["download", id, "--out", elsewhere.to_str().unwrap()])
+        .await;
+    assert_eq!(std::fs::read(&elsewhere).unwrap(), bytes);
+}
+
+#[tokio::test]
+async fn client_call_runs_any_tool_and_prints_its_json() {
+    let app = spawn_app().await;
+    let alice = team_with(&app, "alice", Some("cli")).await;
+
+    let stdout = alice.ok(&["call", "whoami", "--args", "{}"]).await;
+    let me: Value = serde_json::from_str(&stdout).expect("call prints JSON");
+    assert_eq!(me["agent"], "alice");
+    assert_eq!(me["team"], "acme");
+    assert_eq!(me["session"], "cli", "BUS_SESSION names the window");
+
+    let text = alice.ok(&["whoami"]).await;
+    assert!(text.starts_with("alice/cli in team acme"), "{text}");
+
+    let refused = alice
+        .run(&["call", "get_task", "--args", r#"{"key": "nope"}"#])
+        .await;
+    assert_eq!(refused.code, Some(1), "{refused:?}");
+    assert!(
+        refused.stderr.contains("get_task was refused") && refused.stderr.contains("nope"),
+        "{refused:?}"
+    );
+}
+
+#[tokio::test]
+async fn client_ask_waits_for_the_answer() {
+    let app = spawn_app().await;
+    let alice = team_with(&app, "alice", Some("w1")).await;
+    let bob = Console::new(&app, "bob", None).await;
+
+    let asking = {
+        let alice = alice.clone();
+        tokio::spawn(async move {
+            alice
+                .run(&["ask", "bob", "which port?", "--timeout", "30"])
+                .await
+        })
+    };
+    let question = loop {
+        let inbox = bob.json(&["read", "--scope", "inbox"]).await;
+        if let Some(question) = inbox["messages"].as_array().unwrap().first() {
+            break question.clone();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(question["question"], true);
+    bob.ok(&[
+        "send",
+        "--to",
+        question["from"].as_str().unwrap(),
+        "--reply-to",
+        question["id"].as_str().unwrap(),
+        "8787",
+    ])
+    .await;
+
+    let answered = asking.await.unwrap();
+    assert_eq!(answered.code, Some(0), "{answered:?}");
+    assert_eq!(answered.stdout, "8787\n");
+}
+
+#[tokio::test]
+async fn client_wait_wakes_on_a_direct_message() {
+    let app = spawn_app().await;
+    let alice = team_with(&app, "alice", None).await;
+    let bob = Console::new(&app, "bob", Some("w1")).await;
+
+    let quiet = bob.ok(&["wait", "--timeout", "1"]).await;
+    assert_eq!(quiet.trim(), "timed out: nothing happened");
+
+    let waiting = {
+        let bob = bob.clone();
+        tokio::spawn(async move { bob.run(&["wait", "--timeout", "30"]).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    alice
+        .ok(&["send", "--to", "bob/w1", "build is green"])
+        .await;
+    let woke = waiting.await.unwrap();
+    assert_eq!(woke.code, Some(0), "{woke:?}");
+    let row = woke
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("message"))
+        .unwrap_or_else(|| panic!("no message event: {woke:?}"));
+    assert!(
+        row.contains("alice") && row.contains("build is green"),
+        "{row}"
+    );
+}
+
+#[tokio::test]
+async fn client_without_a_token_names_bus_token() {
+    let app = spawn_app().await;
+    let nobody = Console {
+        url: app.url("/mcp"),
+        token: None,
+        session: None,
+        cwd: None,
+    };
+    let run = nobody.run(&["whoami"]).await;
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert!(run.stderr.contains("BUS_TOKEN"), "{}", run.stderr);
+}
+
+#[tokio::test]
+async fn client_a_wrong_token_says_the_server_refused_it() {
+    let app = spawn_app().await;
+    let stranger = Console {
+        url: app.url("/mcp"),
+        token: Some(format!("acs_{}", "0".repeat(64))),
+        session: None,
+        cwd: None,
+    };
+    let run = stranger.run(&["whoami"]).await;
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert!(
+        run.stderr.contains("refused the credential (401)") && run.stderr.contains("BUS_TOKEN"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[tokio::test]
+async fn client_an_unreachable_url_is_named() {
+    let url = format!("http://127.0.0.1:{}/mcp", free_port());
+    let lost = Console {
+        url: url.clone(),
+        token: Some("acs_whatever".into()),
+        session: None,
+        cwd: None,
+    };
+    let run = lost.run(&["whoami"]).await;
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert!(
+        run.stderr
+            .contains(&format!("could not open an MCP connection to {url}")),
+        "{}",
+        run.stderr
+    );
+}
