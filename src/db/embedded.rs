@@ -19,7 +19,10 @@
 //!
 //! PostgreSQL refuses to run as root. When we are root, every server binary
 //! runs as the `postgres` user (or `nobody`) through `setpriv`, with the one
-//! capability that lets it traverse a data directory under `/root`.
+//! capability that lets it traverse a data directory under `/root`; and since
+//! other processes of that user could reach the socket, such a cluster gets a
+//! superuser password (kept in `<data-dir>/pgpass`, readable by root only)
+//! instead of trust authentication.
 //!
 //! What this does not do: tune the cluster, upgrade it across major
 //! versions, or serve anything but this bus.
@@ -164,8 +167,12 @@ impl EmbeddedPostgres {
 
     /// A connection URL for `database` over the private socket.
     pub fn database_url(&self, database: &str) -> String {
+        let credentials = match fs::read_to_string(self.password_file()) {
+            Ok(password) => format!("{SUPERUSER}:{}", password.trim()),
+            Err(_) => SUPERUSER.to_string(),
+        };
         format!(
-            "postgres://{SUPERUSER}@localhost:{PORT}/{database}?host={}",
+            "postgres://{credentials}@localhost:{PORT}/{database}?host={}",
             self.rundir().display()
         )
     }
@@ -255,25 +262,59 @@ impl EmbeddedPostgres {
         Ok(())
     }
 
+    /// Create the cluster. Run by a normal user, the socket directory is that
+    /// user's alone, so trust authentication reaches nobody else. Run as root,
+    /// the server runs as another user whose other processes could reach the
+    /// socket, so the superuser gets a random password kept in a root-only
+    /// file (`<data-dir>/pgpass`).
     fn initdb(&self) -> Result<(), EmbeddedError> {
-        let out = self.run_pg(
-            "initdb",
-            &[
-                "-D",
-                &self.pgdata().to_string_lossy(),
-                "-U",
-                SUPERUSER,
-                "--auth=trust",
-                "-E",
-                "UTF8",
-                "--locale=C.UTF-8",
-                "--no-instructions",
-            ],
-        )?;
+        let pgdata = self.pgdata().to_string_lossy().into_owned();
+        let mut args: Vec<String> = [
+            "-D",
+            &pgdata,
+            "-U",
+            SUPERUSER,
+            "-E",
+            "UTF8",
+            "--locale=C.UTF-8",
+            "--no-instructions",
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect();
+        let pwfile = self.rundir().join("initdb.pw");
+        let password = match &self.run_as {
+            None => {
+                args.push("--auth=trust".into());
+                None
+            }
+            Some(user) => {
+                let mut bytes = [0u8; 24];
+                rand::RngCore::fill_bytes(&mut rand::rng(), &mut bytes);
+                let password = hex::encode(bytes);
+                // initdb runs as the server's user and must read the file.
+                write_private(&pwfile, &password)?;
+                chown(&pwfile, user)?;
+                args.push("--auth=scram-sha-256".into());
+                args.push(format!("--pwfile={}", pwfile.display()));
+                Some(password)
+            }
+        };
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = self.run_pg("initdb", &refs);
+        let _ = fs::remove_file(&pwfile);
+        let out = out?;
         if !out.status.success() {
             return Err(command_error("initdb", &out));
         }
+        if let Some(password) = password {
+            write_private(&self.password_file(), &password)?;
+        }
         Ok(())
+    }
+
+    fn password_file(&self) -> PathBuf {
+        self.data_dir.join("pgpass")
     }
 
     fn is_running(&self) -> Result<bool, EmbeddedError> {
@@ -440,6 +481,19 @@ fn unprivileged_user() -> RunAs {
 
 fn chown(path: &Path, user: &RunAs) -> Result<(), EmbeddedError> {
     std::os::unix::fs::chown(path, Some(user.uid), Some(user.gid)).map_err(io_err(path))
+}
+
+/// Write `text` to a new file readable by its owner only.
+fn write_private(path: &Path, text: &str) -> Result<(), EmbeddedError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = fs::remove_file(path);
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io_err(path))?;
+    file.write_all(text.as_bytes()).map_err(io_err(path))
 }
 
 fn read_pid(path: &Path) -> Option<u32> {

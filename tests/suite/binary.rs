@@ -108,6 +108,23 @@ async fn serve_without_database_url_runs_embedded_postgres_keeps_data_and_cleans
         "quickstart left PostgreSQL running"
     );
 
+    // Run as root, the cluster's server runs as another user whose processes
+    // could reach the socket: it takes a password, kept root-only.
+    if unsafe { libc::geteuid() } == 0 {
+        use std::os::unix::fs::PermissionsExt;
+        let pgpass = data_dir.join("pgpass");
+        assert_eq!(
+            std::fs::metadata(&pgpass).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        let hba = std::fs::read_to_string(data_dir.join("pgdata/pg_hba.conf")).unwrap();
+        assert!(
+            !hba.lines()
+                .any(|l| !l.trim_start().starts_with('#') && l.contains("trust")),
+            "no trust lines when run as root"
+        );
+    }
+
     for round in 0..2 {
         let port = free_port();
         let child = start_server(&data_dir, port);
