@@ -15,6 +15,7 @@ mod messaging;
 mod notes;
 mod overview;
 mod presence;
+mod projects;
 mod sessions;
 mod support_servers;
 mod tasks;
