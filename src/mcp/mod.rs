@@ -7,6 +7,7 @@
 //! structured `{error, message}` body, so the model reads the explanation
 //! instead of a bare protocol error.
 
+mod conversations;
 mod identity;
 mod locks;
 mod messaging;
@@ -34,7 +35,6 @@ use sqlx::PgPool;
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
-use crate::store::conversations;
 
 pub const SERVER_NAME: &str = "ai-crew-sync";
 
@@ -64,7 +64,8 @@ impl BusServer {
             + Self::note_router()
             + Self::task_router()
             + Self::lock_router()
-            + Self::project_router();
+            + Self::project_router()
+            + Self::conversation_router();
         BusServer {
             shared: Arc::new(Shared { bus, tools }),
         }
