@@ -989,8 +989,8 @@ async fn a_storm_of_invites_removals_and_role_changes_ends_without_deadlock_or_d
     let audited_before = audit_actions(&app, id).await.len();
 
     let mut tasks = Vec::new();
-    for k in 0..16usize {
-        let manager = managers[k].clone();
+    for (k, manager) in managers.iter().enumerate() {
+        let manager = manager.clone();
         let targets = targets.clone();
         tasks.push(tokio::spawn(async move {
             let mut outcomes = Vec::new();
