@@ -27,6 +27,16 @@ pub enum TeamCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Show the team's capabilities, or switch conversations on or off.
+    Capability {
+        #[arg(long)]
+        team: String,
+        /// Turn the conversation tools on or off for the team.
+        #[arg(long, value_parser = ["on", "off"])]
+        conversations: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Show the team's attachment quota, or set it with --bytes (new uploads beyond it are refused).
     Quota {
         #[arg(long)]
@@ -138,6 +148,25 @@ pub struct McpConfigArgs {
 pub async fn team(ctx: &Context, command: TeamCommand) -> anyhow::Result<()> {
     let actor = Actor::local_operator();
     match command {
+        TeamCommand::Capability {
+            team,
+            conversations,
+            json,
+        } => {
+            let on = conversations.map(|v| v == "on");
+            let caps = ctx
+                .with_database(async |pool| Ok(teams::capability(pool, &team, on, &actor).await?))
+                .await?;
+            if json {
+                return output::json(&caps);
+            }
+            println!(
+                "team `{}`: conversations {}, new conversations on {}",
+                caps.team,
+                if caps.conversations { "on" } else { "off" },
+                caps.conversation_backend
+            );
+        }
         TeamCommand::Quota { team, bytes, json } => {
             let quota = ctx
                 .with_database(async |pool| {

@@ -7,11 +7,13 @@
 //! structured `{error, message}` body, so the model reads the explanation
 //! instead of a bare protocol error.
 
+mod conversations;
 mod identity;
 mod locks;
 mod messaging;
 mod notes;
 mod presence;
+mod projects;
 mod sessions;
 mod tasks;
 mod waiting;
@@ -19,8 +21,13 @@ mod waiting;
 use std::sync::Arc;
 
 use rmcp::handler::server::router::tool::ToolRouter;
-use rmcp::model::{CallToolResult, Implementation, ServerCapabilities, ServerConfig};
-use rmcp::{ErrorData, ServerHandler, tool_handler};
+use rmcp::handler::server::tool::ToolCallContext;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
+    PaginatedRequestParams, ResultType, ServerCapabilities, ServerConfig,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler, tool_handler};
 use serde::Serialize;
 use serde_json::json;
 use sqlx::PgPool;
@@ -56,7 +63,9 @@ impl BusServer {
             + Self::presence_router()
             + Self::note_router()
             + Self::task_router()
-            + Self::lock_router();
+            + Self::lock_router()
+            + Self::project_router()
+            + Self::conversation_router();
         BusServer {
             shared: Arc::new(Shared { bus, tools }),
         }
@@ -73,11 +82,81 @@ impl BusServer {
 
 #[tool_handler(router = self.shared.tools)]
 impl ServerHandler for BusServer {
+    /// Every tool, less the conversation tools while the caller's team has
+    /// conversations off.
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let mut tools = self.shared.tools.list_all();
+        if !self.conversations_on(&context).await? {
+            tools.retain(|tool| !conversations::TOOLS.contains(&tool.name.as_ref()));
+        }
+        Ok(ListToolsResult {
+            result_type: Some(ResultType::COMPLETE),
+            tools,
+            meta: None,
+            next_cursor: None,
+            // The list depends on the caller's team: nobody else may reuse it.
+            ttl_ms: None,
+            cache_scope: None,
+        })
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        // PostgreSQL text cannot hold NUL; refuse it here, for every tool, so
+        // it is an explained refusal rather than a failed write.
+        if let Some(arguments) = &request.arguments
+            && serde_json::to_string(arguments).is_ok_and(|text| text.contains("\\u0000"))
+        {
+            let err = BusError::invalid(
+                "an argument contains a NUL character (\\u0000), which the bus cannot store. \
+                 Remove it, or send binary content as an attachment (base64).",
+            );
+            return Ok(refusal(&err).into());
+        }
+        if conversations::TOOLS.contains(&request.name.as_ref())
+            && !self.conversations_on(&context).await?
+        {
+            let me = identity_of(&context)?;
+            return Ok(refusal(&conversations::disabled_error(me)).into());
+        }
+        let call = ToolCallContext::new(self, request, context);
+        self.shared.tools.call(call).await
+    }
+
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new(SERVER_NAME, env!("CARGO_PKG_VERSION")))
             .with_instructions(INSTRUCTIONS)
     }
+}
+
+impl BusServer {
+    async fn conversations_on(
+        &self,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<bool, ErrorData> {
+        let me = identity_of(context)?;
+        conversations::enabled(self.pool(), me)
+            .await
+            .map_err(|e| ErrorData::internal_error(e.to_string(), None))
+    }
+}
+
+fn identity_of(context: &RequestContext<RoleServer>) -> Result<&Identity, ErrorData> {
+    let parts = context
+        .extensions
+        .get::<http::request::Parts>()
+        .ok_or_else(|| {
+            ErrorData::internal_error("request reached MCP without its HTTP parts", None)
+        })?;
+    caller(parts)
 }
 
 /// The caller of this request. The HTTP layer refuses every request it cannot

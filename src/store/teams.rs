@@ -83,3 +83,54 @@ pub async fn find(db: impl PgExecutor<'_>, slug: &str) -> BusResult<Team> {
             ))
         })
 }
+
+/// A team's switches, as `team capability` shows them.
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct Capabilities {
+    pub team: String,
+    pub conversations: bool,
+    /// The backend new conversations are created on.
+    pub conversation_backend: String,
+}
+
+/// `team capability --team T [--conversations on|off]`: show, or switch the
+/// conversation tools on or off (audited when it changes).
+pub async fn capability(
+    pool: &PgPool,
+    slug: &str,
+    conversations: Option<bool>,
+    actor: &Actor,
+) -> BusResult<Capabilities> {
+    let mut tx = pool.begin().await?;
+    let team = find(&mut *tx, slug).await?;
+    if let Some(on) = conversations {
+        let changed = sqlx::query(
+            "UPDATE teams SET conversations_enabled = $2 WHERE id = $1 AND conversations_enabled <> $2",
+        )
+        .bind(team.id)
+        .bind(on)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if changed > 0 {
+            audit::record(
+                &mut tx,
+                Some(team.id),
+                actor,
+                "team.capability",
+                &team.slug,
+                json!({ "conversations": on }),
+            )
+            .await?;
+        }
+    }
+    let caps = sqlx::query_as(
+        "SELECT slug AS team, conversations_enabled AS conversations, conversation_backend
+         FROM teams WHERE id = $1",
+    )
+    .bind(team.id)
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(caps)
+}

@@ -300,6 +300,7 @@ async fn every_messaging_limit_is_refused_with_its_number_and_leaves_nothing() {
             "1048576",
         ),
         (json!({"channel": "c", "body": "   "}), "empty"),
+        (json!({"channel": "c", "body": "a\u{0}b"}), "NUL"),
         (
             json!({"channel": "c", "body": "x", "metadata": {"k": "v".repeat(16 * 1024)}}),
             "16384",
