@@ -7,6 +7,7 @@
 //! structured `{error, message}` body, so the model reads the explanation
 //! instead of a bare protocol error.
 
+mod conversation_messages;
 mod identity;
 mod locks;
 mod messaging;
@@ -64,7 +65,8 @@ impl BusServer {
             + Self::note_router()
             + Self::task_router()
             + Self::lock_router()
-            + Self::project_router();
+            + Self::project_router()
+            + Self::conversation_message_router();
         BusServer {
             shared: Arc::new(Shared { bus, tools }),
         }
