@@ -499,18 +499,21 @@ pub fn message_not_found(id: Uuid) -> BusError {
     ))
 }
 
-/// The conversation a message belongs to, in the caller's team.
+/// The conversation a message belongs to, in the caller's team: its id, the
+/// message's seq, and whether this window sent it.
 pub(crate) async fn conversation_of(
     conn: &mut sqlx::PgConnection,
     me: &Identity,
     message_id: Uuid,
-) -> BusResult<(Uuid, i64, Uuid)> {
+) -> BusResult<(Uuid, i64, bool)> {
     sqlx::query_as(
-        "SELECT conversation_id, seq, sender_id FROM conversation_messages
+        "SELECT conversation_id, seq, sender_id = $3 AND sender_session = $4 FROM conversation_messages
          WHERE team_id = $1 AND id = $2",
     )
     .bind(me.team_id)
     .bind(message_id)
+    .bind(me.agent_id)
+    .bind(&me.session)
     .fetch_optional(&mut *conn)
     .await?
     .ok_or_else(|| message_not_found(message_id))

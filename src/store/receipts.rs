@@ -151,13 +151,15 @@ pub struct Receipts {
     pub recipients: Vec<Receipt>,
 }
 
-/// `get_message_receipts`: for the sender, or an active member who may read
-/// the message.
+/// `get_message_receipts`: for the window that sent the message, or an
+/// active member who may read it.
 pub async fn receipts(bus: &Bus, me: &Identity, message_id: Uuid) -> BusResult<Receipts> {
     let mut conn = bus.pool.acquire().await?;
     conversations::refuse_borrowed_label(&mut conn, me).await?;
-    let (conversation_id, seq, sender_id) = conversation_of(&mut conn, me, message_id).await?;
-    if sender_id != me.agent_id {
+    let (conversation_id, seq, sent_it) = conversation_of(&mut conn, me, message_id).await?;
+    // The sending window sees its receipts even after leaving; a sibling
+    // window of the same agent is just another window.
+    if !sent_it {
         let conversation = conversations::load(&mut conn, me, conversation_id, false)
             .await
             .map_err(|_| message_not_found(message_id))?;

@@ -8,6 +8,7 @@ mod attachments;
 mod auth;
 mod binary;
 mod cli;
+mod conversation_messages;
 mod events;
 mod http_surface;
 mod locks;
