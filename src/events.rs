@@ -41,6 +41,10 @@ pub enum EventKind {
     Task,
     Lock,
     Note,
+    /// A conversation message was sent (id = message id, `c` = conversation).
+    /// Routing is by membership, which only the database knows: a conversation
+    /// waiter re-checks its receipts on every one of these.
+    Conversation,
 }
 
 impl EventKind {
@@ -50,6 +54,7 @@ impl EventKind {
             EventKind::Task => "task",
             EventKind::Lock => "lock",
             EventKind::Note => "note",
+            EventKind::Conversation => "conversation",
         }
     }
 }

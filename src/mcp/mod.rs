@@ -7,6 +7,7 @@
 //! structured `{error, message}` body, so the model reads the explanation
 //! instead of a bare protocol error.
 
+mod conversation_messages;
 mod conversations;
 mod identity;
 mod locks;
@@ -65,7 +66,8 @@ impl BusServer {
             + Self::task_router()
             + Self::lock_router()
             + Self::project_router()
-            + Self::conversation_router();
+            + Self::conversation_router()
+            + Self::conversation_message_router();
         BusServer {
             shared: Arc::new(Shared { bus, tools }),
         }

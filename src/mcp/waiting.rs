@@ -45,10 +45,10 @@ pub struct AskArgs {
 
 /// Sends a progress notification every few seconds while alive, if the
 /// client sent a progress token. Stops when dropped.
-struct ProgressTicker(Option<tokio::task::JoinHandle<()>>);
+pub(super) struct ProgressTicker(Option<tokio::task::JoinHandle<()>>);
 
 impl ProgressTicker {
-    fn start(
+    pub(super) fn start(
         ctx: &RequestContext<RoleServer>,
         total: Duration,
         what: &'static str,

@@ -120,10 +120,6 @@ macro_rules! conversation_select {
          FROM conversations c LEFT JOIN projects p ON p.team_id = c.team_id AND p.id = c.project_id"
     };
 }
-// Used by the send/read paths (built alongside); unused until they land.
-#[allow(unused_imports)]
-pub(crate) use conversation_select;
-
 /// The conversation `id` of the caller's team, locked `FOR UPDATE` when
 /// `for_update` (every writer takes this lock first). Not found otherwise.
 pub(crate) async fn load(
@@ -223,8 +219,6 @@ pub enum ReadAccess {
 
 /// Whether and how this window may read `conversation`. An invited seat is
 /// told to join first; anyone else without access gets "not found".
-// The read/send tools (built alongside) call it; unused until they land.
-#[allow(dead_code)]
 pub(crate) async fn read_access(
     conn: &mut PgConnection,
     me: &Identity,

@@ -148,7 +148,7 @@ pub fn normalize_metadata(metadata: Option<Value>) -> BusResult<Option<Value>> {
     Ok(Some(value))
 }
 
-fn check_body(body: &str) -> BusResult<()> {
+pub(crate) fn check_body(body: &str) -> BusResult<()> {
     if body.trim().is_empty() {
         return Err(BusError::invalid(
             "the message body is empty; write what you want to say.",

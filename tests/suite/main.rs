@@ -9,6 +9,7 @@ mod auth;
 mod binary;
 mod cli;
 mod client;
+mod conversation_messages;
 mod conversations;
 mod events;
 mod http_surface;

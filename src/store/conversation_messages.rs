@@ -1,0 +1,548 @@
+//! Conversation messages: `send_conversation_message`, `read_conversation`
+//! and `get_conversation_message`, on the synchronous path (every body lives
+//! in PostgreSQL, so `stored` is true because the send committed).
+//!
+//! A send is one transaction in the lock order every conversation writer
+//! follows: the conversation row `FOR UPDATE` first (it is the sequence
+//! allocator, so sequence numbers are gap-free and commit in order), then the
+//! seats it reads, then the message and its receipts. The recipient list is
+//! frozen there: the active seats other than the sender's (in a project
+//! conversation, only agents still holding the grant), one receipt row each.
+//!
+//! `request_id` makes a send safe to retry: the lookup of an earlier send with
+//! the same id runs under the conversation lock, so two concurrent retries
+//! queue on it and the second finds the first's message instead of storing
+//! the body twice. The unique key (conversation, sender, request_id) is the
+//! last line behind that.
+//!
+//! Reading never writes a receipt; receipts are in `receipts.rs`.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use super::conversations::{self, Conversation, ReadAccess};
+use super::messages::{check_body, check_limit, normalize_metadata};
+use super::{projects, sessions};
+use crate::Bus;
+use crate::auth::Identity;
+use crate::error::{BusError, BusResult};
+use crate::events::{BusEvent, EventKind};
+
+/// What `send_conversation_message` was asked to do.
+#[derive(Clone, Debug)]
+pub struct NewConversationMessage {
+    pub conversation_id: Uuid,
+    pub body: String,
+    /// A UUID from the caller: the same id is the same send.
+    pub request_id: String,
+    pub reply_to: Option<Uuid>,
+    pub metadata: Option<Value>,
+}
+
+/// The answer to a send (or to its retry).
+#[derive(Clone, Debug, Serialize)]
+pub struct Sent {
+    pub message_id: Uuid,
+    pub conversation_id: Uuid,
+    pub seq: i64,
+    /// True when the authoritative backend holds the body (on the Postgres
+    /// path: the send committed).
+    pub stored: bool,
+    /// `stored`, `pending_publication` or `failed`.
+    pub publication: String,
+    /// The frozen recipient list, as addresses.
+    pub recipients: Vec<String>,
+    pub created_at: DateTime<Utc>,
+    /// True when this answer is an earlier send with the same request_id:
+    /// nothing new was stored.
+    pub replayed: bool,
+}
+
+/// This seat's receipt for a message, when it is a recipient.
+#[derive(Clone, Debug, Serialize)]
+pub struct MyReceipt {
+    pub stored_at: Option<DateTime<Utc>>,
+    pub delivered_at: Option<DateTime<Utc>>,
+    pub presented_at: Option<DateTime<Utc>>,
+    pub acknowledged_at: Option<DateTime<Utc>>,
+    pub resolved_at: Option<DateTime<Utc>>,
+}
+
+/// Why a body cannot be shown.
+#[derive(Clone, Debug, Serialize)]
+pub struct Unavailable {
+    /// `pending_publication`, `failed` or `tombstoned`.
+    pub reason: String,
+    /// The tombstone's reason, or what to do.
+    pub detail: String,
+}
+
+/// One message slot as a reader sees it.
+#[derive(Clone, Debug, Serialize)]
+pub struct ConversationMessage {
+    pub message_id: Uuid,
+    pub conversation_id: Uuid,
+    pub seq: i64,
+    /// The sender's address.
+    pub from: String,
+    /// Null when `unavailable` says why.
+    pub body: Option<String>,
+    pub reply_to: Option<Uuid>,
+    pub metadata: Option<Value>,
+    pub created_at: DateTime<Utc>,
+    pub my_receipt: Option<MyReceipt>,
+    /// `stored`, `pending_publication` or `failed`.
+    pub publication: String,
+    pub unavailable: Option<Unavailable>,
+}
+
+#[derive(sqlx::FromRow)]
+struct MessageRow {
+    id: Uuid,
+    conversation_id: Uuid,
+    seq: i64,
+    from: String,
+    body: String,
+    reply_to: Option<Uuid>,
+    metadata: Option<Value>,
+    created_at: DateTime<Utc>,
+    publication_state: String,
+    tombstone_reason: Option<String>,
+    has_receipt: bool,
+    stored_at: Option<DateTime<Utc>>,
+    delivered_at: Option<DateTime<Utc>>,
+    presented_at: Option<DateTime<Utc>>,
+    acknowledged_at: Option<DateTime<Utc>>,
+    resolved_at: Option<DateTime<Utc>>,
+}
+
+/// The columns of a [`MessageRow`] over `conversation_messages m`; `$3` is
+/// the reading seat's id (NULL for a reader without a seat).
+macro_rules! message_select {
+    () => {
+        "SELECT m.id, m.conversation_id, m.seq,
+                CASE WHEN m.sender_session = '' THEN a.name ELSE a.name || '/' || m.sender_session END AS from,
+                m.body, m.reply_to, m.metadata, m.created_at, m.publication_state, m.tombstone_reason,
+                r.message_id IS NOT NULL AS has_receipt, r.stored_at, r.delivered_at, r.presented_at,
+                r.acknowledged_at, r.resolved_at
+         FROM conversation_messages m
+         JOIN agents a ON a.team_id = m.team_id AND a.id = m.sender_id
+         LEFT JOIN message_receipts r
+                ON r.team_id = m.team_id AND r.message_id = m.id AND r.member_id = $3"
+    };
+}
+
+impl From<MessageRow> for ConversationMessage {
+    fn from(row: MessageRow) -> ConversationMessage {
+        let unavailable = if let Some(reason) = row.tombstone_reason {
+            Some(Unavailable {
+                reason: "tombstoned".into(),
+                detail: reason,
+            })
+        } else {
+            match row.publication_state.as_str() {
+                "pending_publication" => Some(Unavailable {
+                    reason: "pending_publication".into(),
+                    detail: "the body is not confirmed by its backend yet; read again shortly."
+                        .into(),
+                }),
+                "failed" => Some(Unavailable {
+                    reason: "failed".into(),
+                    detail: "the backend refused this body for good; the sender may send it again."
+                        .into(),
+                }),
+                _ => None,
+            }
+        };
+        let my_receipt = row.has_receipt.then_some(MyReceipt {
+            stored_at: row.stored_at,
+            delivered_at: row.delivered_at,
+            presented_at: row.presented_at,
+            acknowledged_at: row.acknowledged_at,
+            resolved_at: row.resolved_at,
+        });
+        ConversationMessage {
+            message_id: row.id,
+            conversation_id: row.conversation_id,
+            seq: row.seq,
+            from: row.from,
+            body: unavailable.is_none().then_some(row.body),
+            reply_to: row.reply_to,
+            metadata: row.metadata,
+            created_at: row.created_at,
+            my_receipt,
+            publication: row.publication_state,
+            unavailable,
+        }
+    }
+}
+
+fn parse_request_id(raw: &str) -> BusResult<Uuid> {
+    Uuid::parse_str(raw.trim()).map_err(|_| {
+        BusError::invalid(format!(
+            "request_id {raw:?} is not a UUID. Generate one UUID per message (e.g. a v4) and send \
+             the same one again only when retrying that same message."
+        ))
+    })
+}
+
+#[derive(sqlx::FromRow)]
+struct EarlierSend {
+    id: Uuid,
+    seq: i64,
+    body_sha256: Vec<u8>,
+    publication_state: String,
+    created_at: DateTime<Utc>,
+}
+
+/// `send_conversation_message`.
+pub async fn send(bus: &Bus, me: &Identity, new: NewConversationMessage) -> BusResult<Sent> {
+    check_body(&new.body)?;
+    let metadata = normalize_metadata(new.metadata)?;
+    let request_id = parse_request_id(&new.request_id)?;
+    let digest: [u8; 32] = Sha256::digest(new.body.as_bytes()).into();
+
+    let mut tx = bus.pool.begin().await?;
+    sessions::guard(&mut tx, me).await?;
+    // The conversation row first: every writer queues here.
+    let conversation = conversations::load(&mut tx, me, new.conversation_id, true).await?;
+    let access = conversations::read_access(&mut tx, me, &conversation).await?;
+
+    // Under the conversation lock, so a concurrent retry waits for this one.
+    let earlier: Option<EarlierSend> = sqlx::query_as(
+        "SELECT id, seq, body_sha256, publication_state, created_at FROM conversation_messages
+         WHERE team_id = $1 AND conversation_id = $2 AND sender_id = $3 AND request_id = $4",
+    )
+    .bind(me.team_id)
+    .bind(conversation.id)
+    .bind(me.agent_id)
+    .bind(request_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if let Some(earlier) = earlier {
+        if earlier.body_sha256 != digest {
+            return Err(BusError::conflict(format!(
+                "request_id {request_id} was already used in this conversation for a different \
+                 body (message {}, seq {}). A retry must resend the same body; a new message needs \
+                 a new request_id.",
+                earlier.id, earlier.seq
+            )));
+        }
+        let recipients = recipients_of(&mut tx, me, earlier.id).await?;
+        tx.commit().await?;
+        return Ok(Sent {
+            message_id: earlier.id,
+            conversation_id: conversation.id,
+            seq: earlier.seq,
+            stored: earlier.publication_state == "stored",
+            publication: earlier.publication_state,
+            recipients,
+            created_at: earlier.created_at,
+            replayed: true,
+        });
+    }
+
+    let seat = refuse_sender(&mut tx, me, &conversation, access).await?;
+    if let Some(reply_to) = new.reply_to {
+        let exists: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM conversation_messages
+                            WHERE team_id = $1 AND conversation_id = $2 AND id = $3)",
+        )
+        .bind(me.team_id)
+        .bind(conversation.id)
+        .bind(reply_to)
+        .fetch_one(&mut *tx)
+        .await?;
+        if !exists {
+            return Err(BusError::not_found(format!(
+                "reply_to {reply_to} is not a message of conversation {}. Use a message_id \
+                 read_conversation returned for this conversation.",
+                conversation.id
+            )));
+        }
+    }
+
+    let id = Uuid::new_v4();
+    let (seq, created_at): (i64, DateTime<Utc>) = sqlx::query_as(
+        "WITH next AS (
+             UPDATE conversations SET last_seq = last_seq + 1
+             WHERE team_id = $1 AND id = $2 RETURNING last_seq)
+         INSERT INTO conversation_messages
+             (id, team_id, conversation_id, seq, sender_member_id, sender_id, sender_session,
+              request_id, body, body_sha256, body_bytes, reply_to, metadata, backend,
+              publication_state, canonical_locator)
+         SELECT $3, $1, $2, next.last_seq, $4, $5, $6, $7, $8, $9, $10, $11, $12, 'postgres',
+                'stored', $3::text
+         FROM next
+         RETURNING seq, created_at",
+    )
+    .bind(me.team_id)
+    .bind(conversation.id)
+    .bind(id)
+    .bind(seat)
+    .bind(me.agent_id)
+    .bind(&me.session)
+    .bind(request_id)
+    .bind(&new.body)
+    .bind(&digest[..])
+    .bind(new.body.len() as i32)
+    .bind(new.reply_to)
+    .bind(&metadata)
+    .fetch_one(&mut *tx)
+    .await?;
+
+    // The recipient list, frozen now: active seats but the sender's, and in a
+    // project conversation only agents still holding the grant. Stored at
+    // commit: on this path the body is in the same transaction.
+    let recipients: Vec<String> = sqlx::query_scalar(
+        "WITH owed AS (
+             INSERT INTO message_receipts
+                 (team_id, message_id, member_id, recipient_id, recipient_session, stored_at)
+             SELECT s.team_id, $3, s.id, s.agent_id, s.session, now()
+             FROM conversation_members s
+             WHERE s.team_id = $1 AND s.conversation_id = $2 AND s.state = 'active' AND s.id <> $4
+               AND ($5::uuid IS NULL OR EXISTS (
+                       SELECT 1 FROM project_grants g
+                       WHERE g.team_id = s.team_id AND g.project_id = $5 AND g.agent_id = s.agent_id))
+             RETURNING recipient_id, recipient_session)
+         SELECT CASE WHEN owed.recipient_session = '' THEN a.name
+                     ELSE a.name || '/' || owed.recipient_session END
+         FROM owed JOIN agents a ON a.team_id = $1 AND a.id = owed.recipient_id
+         ORDER BY 1",
+    )
+    .bind(me.team_id)
+    .bind(conversation.id)
+    .bind(id)
+    .bind(seat)
+    .bind(conversation.project_id)
+    .fetch_all(&mut *tx)
+    .await?;
+
+    conversations::audit(
+        &mut tx,
+        me,
+        Some(conversation.id),
+        "send",
+        &id.to_string(),
+        json!({ "message_id": id, "seq": seq, "request_id": request_id,
+                "body_bytes": new.body.len(), "recipients": recipients.len() }),
+    )
+    .await?;
+    tx.commit().await?;
+
+    let mut event = BusEvent::new(me.team_id, EventKind::Conversation, id.to_string()).by(me);
+    event.channel_id = Some(conversation.id);
+    bus.events.emit(event);
+
+    Ok(Sent {
+        message_id: id,
+        conversation_id: conversation.id,
+        seq,
+        stored: true,
+        publication: "stored".into(),
+        recipients,
+        created_at,
+        replayed: false,
+    })
+}
+
+/// The sender's seat id, or the refusal that applies: archived, writes
+/// paused, not an active member, observer, project grant gone.
+async fn refuse_sender(
+    conn: &mut sqlx::PgConnection,
+    me: &Identity,
+    conversation: &Conversation,
+    access: ReadAccess,
+) -> BusResult<Uuid> {
+    if conversation.archived_at.is_some() {
+        return Err(BusError::conflict(format!(
+            "conversation {} is archived: it is closed to new messages (its history stays \
+             readable). Start a new conversation to continue.",
+            conversation.id
+        )));
+    }
+    if let Some(paused_at) = conversation.write_paused_at {
+        let secs = (Utc::now() - paused_at).num_seconds().max(0);
+        return Err(BusError::conflict(format!(
+            "writes to this conversation are paused for a backend move, {secs} s so far; retry \
+             shortly"
+        )));
+    }
+    let seat = match access {
+        ReadAccess::Member(seat) => seat,
+        ReadAccess::ProjectGrant => {
+            return Err(BusError::forbidden(format!(
+                "you can read conversation {} through your project grant, but only active members \
+                 send. Ask an owner or moderator to invite this window.",
+                conversation.id
+            )));
+        }
+    };
+    if seat.role == "observer" {
+        return Err(BusError::forbidden(format!(
+            "this window is an observer in conversation {}: observers read but do not send. Ask an \
+             owner or moderator for the participant role.",
+            conversation.id
+        )));
+    }
+    if let Some(project_id) = conversation.project_id
+        && !projects::holds_grant(conn, me.team_id, project_id, me.agent_id).await?
+    {
+        return Err(BusError::forbidden(format!(
+            "your access grant on project `{}` is gone, so you can no longer send in its \
+             conversation {}. Ask a holder of the project's grant to grant it again.",
+            conversation.project.as_deref().unwrap_or_default(),
+            conversation.id
+        )));
+    }
+    Ok(seat.id)
+}
+
+/// The frozen recipients of a message, as addresses.
+async fn recipients_of(
+    conn: &mut sqlx::PgConnection,
+    me: &Identity,
+    message_id: Uuid,
+) -> BusResult<Vec<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT CASE WHEN r.recipient_session = '' THEN a.name
+                     ELSE a.name || '/' || r.recipient_session END
+         FROM message_receipts r JOIN agents a ON a.team_id = r.team_id AND a.id = r.recipient_id
+         WHERE r.team_id = $1 AND r.message_id = $2
+         ORDER BY 1",
+    )
+    .bind(me.team_id)
+    .bind(message_id)
+    .fetch_all(&mut *conn)
+    .await?)
+}
+
+/// What `read_conversation` was asked for.
+#[derive(Clone, Debug, Default)]
+pub struct ReadRequest {
+    pub conversation_id: Uuid,
+    pub after_seq: Option<i64>,
+    pub limit: Option<i64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ReadPage {
+    pub conversation_id: Uuid,
+    /// Pass as `after_seq` to read on. Never past a message still pending
+    /// publication, so nothing in flight is walked past.
+    pub next_after_seq: i64,
+    /// The first seq this reader may read.
+    pub history_from_seq: i64,
+    pub messages: Vec<ConversationMessage>,
+}
+
+/// How far back a reader may read, and its seat (for its receipts).
+fn reader_bounds(access: &ReadAccess) -> (i64, Option<Uuid>) {
+    match access {
+        ReadAccess::Member(seat) => (seat.history_from_seq, Some(seat.id)),
+        ReadAccess::ProjectGrant => (1, None),
+    }
+}
+
+/// `read_conversation`: every slot from `after_seq` in order, bodies that
+/// cannot be shown explained. Writes nothing.
+pub async fn read(bus: &Bus, me: &Identity, request: ReadRequest) -> BusResult<ReadPage> {
+    let limit = check_limit(request.limit)?;
+    let after_seq = request.after_seq.unwrap_or(0);
+    if after_seq < 0 {
+        return Err(BusError::invalid(format!(
+            "after_seq must be 0 or more; got {after_seq}. Omit it to read from the start of \
+             your history, or pass the next_after_seq of your last read."
+        )));
+    }
+    let mut conn = bus.pool.acquire().await?;
+    let conversation = conversations::load(&mut conn, me, request.conversation_id, false).await?;
+    let access = conversations::read_access(&mut conn, me, &conversation).await?;
+    let (history_from_seq, seat) = reader_bounds(&access);
+    let from_seq = (after_seq + 1).max(history_from_seq);
+    let rows: Vec<MessageRow> = sqlx::query_as(concat!(
+        message_select!(),
+        " WHERE m.team_id = $1 AND m.conversation_id = $2 AND m.seq >= $4
+          ORDER BY m.seq LIMIT $5"
+    ))
+    .bind(me.team_id)
+    .bind(conversation.id)
+    .bind(seat)
+    .bind(from_seq)
+    .bind(limit)
+    .fetch_all(&mut *conn)
+    .await?;
+    let messages: Vec<ConversationMessage> = rows.into_iter().map(Into::into).collect();
+    let mut next_after_seq = from_seq - 1;
+    for message in &messages {
+        if message.publication == "pending_publication" {
+            break;
+        }
+        next_after_seq = message.seq;
+    }
+    Ok(ReadPage {
+        conversation_id: conversation.id,
+        next_after_seq: next_after_seq.max(after_seq),
+        history_from_seq,
+        messages,
+    })
+}
+
+/// The one "not found" every invisible conversation message gets.
+pub fn message_not_found(id: Uuid) -> BusError {
+    BusError::not_found(format!(
+        "no conversation message {id} visible to this window. read_conversation lists the \
+         messages of conversations you are in."
+    ))
+}
+
+/// The conversation a message belongs to, in the caller's team: its id, the
+/// message's seq, and whether this window sent it.
+pub(crate) async fn conversation_of(
+    conn: &mut sqlx::PgConnection,
+    me: &Identity,
+    message_id: Uuid,
+) -> BusResult<(Uuid, i64, bool)> {
+    sqlx::query_as(
+        "SELECT conversation_id, seq, sender_id = $3 AND sender_session = $4 FROM conversation_messages
+         WHERE team_id = $1 AND id = $2",
+    )
+    .bind(me.team_id)
+    .bind(message_id)
+    .bind(me.agent_id)
+    .bind(&me.session)
+    .fetch_optional(&mut *conn)
+    .await?
+    .ok_or_else(|| message_not_found(message_id))
+}
+
+/// `get_conversation_message`: one message, under the same rules as reading.
+pub async fn get(bus: &Bus, me: &Identity, message_id: Uuid) -> BusResult<ConversationMessage> {
+    let mut conn = bus.pool.acquire().await?;
+    let (conversation_id, seq, _) = conversation_of(&mut conn, me, message_id).await?;
+    let conversation = conversations::load(&mut conn, me, conversation_id, false)
+        .await
+        .map_err(|_| message_not_found(message_id))?;
+    let access = match conversations::read_access(&mut conn, me, &conversation).await {
+        Err(BusError::NotFound(_)) => return Err(message_not_found(message_id)),
+        other => other?,
+    };
+    let (history_from_seq, seat) = reader_bounds(&access);
+    if seq < history_from_seq {
+        return Err(message_not_found(message_id));
+    }
+    let row: MessageRow = sqlx::query_as(concat!(
+        message_select!(),
+        " WHERE m.team_id = $1 AND m.conversation_id = $2 AND m.id = $4"
+    ))
+    .bind(me.team_id)
+    .bind(conversation.id)
+    .bind(seat)
+    .bind(message_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(row.into())
+}

@@ -1,0 +1,306 @@
+//! Receipts: the five facts per (message, recipient seat), `ack_message`,
+//! `get_message_receipts`, and `wait_for_conversation_updates`.
+//!
+//! Each fact is a timestamp written once (COALESCE) by whoever observed it;
+//! `resolved` implies `acknowledged`. The recipient list was frozen at send,
+//! so the denominator (`total`) is the receipt rows of the message: a member
+//! added later is not owed it and is never counted.
+//!
+//! An ack touches one receipt row and nothing else, so it takes no
+//! conversation lock: a single row lock, last in the lock order, cannot
+//! deadlock with a writer holding the conversation row.
+//!
+//! The conversation wait follows the rule of `waits.rs`: subscribe to the
+//! event hub first, then check the database, then block, re-checking on a
+//! timer so a lost notification only delays a wake.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::json;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::conversation_messages::{conversation_of, message_not_found};
+use super::conversations::{self, ReadAccess};
+use super::sessions;
+use crate::Bus;
+use crate::auth::Identity;
+use crate::error::{BusError, BusResult};
+use crate::events::EventKind;
+
+pub const NOTE_MAX_BYTES: usize = 1024;
+/// How often a blocked conversation wait re-checks the database regardless of events.
+const RECHECK_EVERY: Duration = Duration::from_secs(5);
+
+/// One recipient's receipt.
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct Receipt {
+    /// The recipient window's address.
+    pub recipient: String,
+    pub stored_at: Option<DateTime<Utc>>,
+    pub delivered_at: Option<DateTime<Utc>>,
+    pub presented_at: Option<DateTime<Utc>>,
+    pub acknowledged_at: Option<DateTime<Utc>>,
+    pub resolved_at: Option<DateTime<Utc>>,
+    pub note: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Acked {
+    pub message_id: Uuid,
+    pub conversation_id: Uuid,
+    pub seq: i64,
+    pub receipt: Receipt,
+}
+
+/// `ack_message`: the recipient seat acknowledges (and with `resolved`,
+/// resolves) a message. Each timestamp is written once; a repeat keeps the
+/// first time. Audited.
+pub async fn ack(
+    bus: &Bus,
+    me: &Identity,
+    message_id: Uuid,
+    resolved: bool,
+    note: Option<String>,
+) -> BusResult<Acked> {
+    let note = note.filter(|n| !n.trim().is_empty());
+    if let Some(note) = &note
+        && note.len() > NOTE_MAX_BYTES
+    {
+        return Err(BusError::invalid(format!(
+            "the note is {} bytes; the limit is {NOTE_MAX_BYTES}. Keep the note to a line; reply \
+             with send_conversation_message for anything longer.",
+            note.len()
+        )));
+    }
+    let mut tx = bus.pool.begin().await?;
+    sessions::guard(&mut tx, me).await?;
+    let (conversation_id, seq, _) = conversation_of(&mut tx, me, message_id).await?;
+    let conversation = conversations::load(&mut tx, me, conversation_id, false)
+        .await
+        .map_err(|_| message_not_found(message_id))?;
+    let seat = match conversations::read_access(&mut tx, me, &conversation).await {
+        Err(BusError::NotFound(_)) => return Err(message_not_found(message_id)),
+        Err(other) => return Err(other),
+        Ok(ReadAccess::Member(seat)) if seq >= seat.history_from_seq => seat,
+        Ok(ReadAccess::Member(_)) => return Err(message_not_found(message_id)),
+        Ok(ReadAccess::ProjectGrant) => return Err(not_a_recipient(message_id)),
+    };
+    let receipt: Option<Receipt> = sqlx::query_as(
+        "UPDATE message_receipts
+         SET acknowledged_at = COALESCE(acknowledged_at, now()),
+             resolved_at = CASE WHEN $4 THEN COALESCE(resolved_at, now()) ELSE resolved_at END,
+             ack_note = COALESCE($5, ack_note)
+         WHERE team_id = $1 AND message_id = $2 AND member_id = $3
+         RETURNING $6::text AS recipient, stored_at, delivered_at, presented_at, acknowledged_at,
+                   resolved_at, ack_note AS note",
+    )
+    .bind(me.team_id)
+    .bind(message_id)
+    .bind(seat.id)
+    .bind(resolved)
+    .bind(&note)
+    .bind(me.address())
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(receipt) = receipt else {
+        return Err(not_a_recipient(message_id));
+    };
+    conversations::audit(
+        &mut tx,
+        me,
+        Some(conversation_id),
+        "ack",
+        &message_id.to_string(),
+        json!({ "message_id": message_id, "seq": seq, "resolved": resolved,
+                "note_bytes": note.as_ref().map(String::len) }),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(Acked {
+        message_id,
+        conversation_id,
+        seq,
+        receipt,
+    })
+}
+
+fn not_a_recipient(message_id: Uuid) -> BusError {
+    BusError::forbidden(format!(
+        "this window is not a recipient of message {message_id}: recipients are frozen when a \
+         message is sent (the active members then, other than the sender), and only they \
+         acknowledge it. get_message_receipts shows who they are."
+    ))
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Receipts {
+    pub message_id: Uuid,
+    pub conversation_id: Uuid,
+    pub seq: i64,
+    /// The frozen recipient count: the denominator of every count below.
+    pub total: i64,
+    pub stored: i64,
+    pub delivered: i64,
+    pub presented: i64,
+    pub acknowledged: i64,
+    pub resolved: i64,
+    pub recipients: Vec<Receipt>,
+}
+
+/// `get_message_receipts`: for the window that sent the message, or an
+/// active member who may read it.
+pub async fn receipts(bus: &Bus, me: &Identity, message_id: Uuid) -> BusResult<Receipts> {
+    let mut conn = bus.pool.acquire().await?;
+    conversations::refuse_borrowed_label(&mut conn, me).await?;
+    let (conversation_id, seq, sent_it) = conversation_of(&mut conn, me, message_id).await?;
+    // The sending window sees its receipts even after leaving; a sibling
+    // window of the same agent is just another window.
+    if !sent_it {
+        let conversation = conversations::load(&mut conn, me, conversation_id, false)
+            .await
+            .map_err(|_| message_not_found(message_id))?;
+        match conversations::read_access(&mut conn, me, &conversation).await {
+            Err(BusError::NotFound(_)) => return Err(message_not_found(message_id)),
+            Err(other) => return Err(other),
+            Ok(ReadAccess::Member(seat)) if seq >= seat.history_from_seq => {}
+            Ok(ReadAccess::Member(_)) => return Err(message_not_found(message_id)),
+            Ok(ReadAccess::ProjectGrant) => {
+                return Err(BusError::forbidden(format!(
+                    "receipts of message {message_id} are shown to its sender and the \
+                     conversation's members; your project grant lets you read the message, not \
+                     its receipts."
+                )));
+            }
+        }
+    }
+    let recipients: Vec<Receipt> = sqlx::query_as(
+        "SELECT CASE WHEN r.recipient_session = '' THEN a.name
+                     ELSE a.name || '/' || r.recipient_session END AS recipient,
+                r.stored_at, r.delivered_at, r.presented_at, r.acknowledged_at, r.resolved_at,
+                r.ack_note AS note
+         FROM message_receipts r JOIN agents a ON a.team_id = r.team_id AND a.id = r.recipient_id
+         WHERE r.team_id = $1 AND r.message_id = $2
+         ORDER BY 1",
+    )
+    .bind(me.team_id)
+    .bind(message_id)
+    .fetch_all(&mut *conn)
+    .await?;
+    let count = |fact: fn(&Receipt) -> bool| recipients.iter().filter(|r| fact(r)).count() as i64;
+    Ok(Receipts {
+        message_id,
+        conversation_id,
+        seq,
+        total: recipients.len() as i64,
+        stored: count(|r| r.stored_at.is_some()),
+        delivered: count(|r| r.delivered_at.is_some()),
+        presented: count(|r| r.presented_at.is_some()),
+        acknowledged: count(|r| r.acknowledged_at.is_some()),
+        resolved: count(|r| r.resolved_at.is_some()),
+        recipients,
+    })
+}
+
+/// A conversation with messages owed an acknowledgement by this window.
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct Pending {
+    pub conversation_id: Uuid,
+    pub title: String,
+    /// Stored messages addressed to this seat, not yet acknowledged.
+    pub unacknowledged: i64,
+    /// The conversation's latest seq.
+    pub latest_seq: i64,
+    /// The oldest unacknowledged seq: read from just before it.
+    pub first_unacknowledged_seq: i64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ConversationWait {
+    pub woke: bool,
+    pub timed_out: bool,
+    pub conversations: Vec<Pending>,
+}
+
+/// What this window owes: per conversation where it holds an active seat,
+/// its stored, unacknowledged receipts.
+async fn pending(bus: &Bus, me: &Identity) -> BusResult<Vec<Pending>> {
+    Ok(sqlx::query_as(
+        "SELECT c.id AS conversation_id, c.title, count(*) AS unacknowledged,
+                c.last_seq AS latest_seq, min(m.seq) AS first_unacknowledged_seq
+         FROM conversation_members s
+         JOIN message_receipts r ON r.team_id = s.team_id AND r.member_id = s.id
+         JOIN conversation_messages m ON m.team_id = r.team_id AND m.id = r.message_id
+         JOIN conversations c ON c.team_id = s.team_id AND c.id = s.conversation_id
+         WHERE s.team_id = $1 AND s.agent_id = $2 AND s.session = $3 AND s.state = 'active'
+           AND r.acknowledged_at IS NULL AND r.stored_at IS NOT NULL
+         GROUP BY c.id, c.title, c.last_seq
+         ORDER BY min(m.created_at)",
+    )
+    .bind(me.team_id)
+    .bind(me.agent_id)
+    .bind(&me.session)
+    .fetch_all(&bus.pool)
+    .await?)
+}
+
+/// `wait_for_conversation_updates`: returns at once when this window owes
+/// acknowledgements, else blocks until a send addressed to it commits, or
+/// the timeout.
+pub async fn wait_for_conversation_updates(
+    bus: &Bus,
+    me: &Identity,
+    timeout: Duration,
+) -> BusResult<ConversationWait> {
+    let mut events = bus.events.subscribe();
+    {
+        let mut conn = bus.pool.acquire().await?;
+        conversations::refuse_borrowed_label(&mut conn, me).await?;
+    }
+    let deadline = Instant::now() + timeout;
+    loop {
+        let owed = pending(bus, me).await?;
+        if !owed.is_empty() {
+            return Ok(ConversationWait {
+                woke: true,
+                timed_out: false,
+                conversations: owed,
+            });
+        }
+        if Instant::now() >= deadline {
+            return Ok(ConversationWait {
+                woke: false,
+                timed_out: true,
+                conversations: Vec::new(),
+            });
+        }
+        let recheck_at = (Instant::now() + RECHECK_EVERY).min(deadline);
+        loop {
+            let received = tokio::select! {
+                received = events.recv() => received,
+                _ = tokio::time::sleep_until(recheck_at) => break,
+            };
+            match received {
+                // Membership decides who a send is for, and only the database
+                // knows it: any send by someone else in this team is worth a look.
+                Ok(event)
+                    if event.kind == EventKind::Conversation
+                        && event.team_id == me.team_id
+                        && !(event.actor == Some(me.agent_id)
+                            && event.actor_session.as_deref() == Some(me.session.as_str())) =>
+                {
+                    break;
+                }
+                Ok(_) => {}
+                Err(RecvError::Lagged(_)) => break,
+                Err(RecvError::Closed) => {
+                    tokio::time::sleep_until(recheck_at).await;
+                    break;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,917 @@
+//! Conversation messages over real HTTP with real MCP clients as several
+//! windows: the gap-free sequence, recipients frozen at send, idempotent
+//! retries, receipts and their frozen denominator, history boundaries,
+//! refusals, limits, and the conversation wait.
+//!
+//! Conversations and seats are laid down with SQL fixtures: creating them
+//! through tools is another area's subject.
+
+use std::collections::{BTreeSet, HashSet};
+use std::time::{Duration, Instant};
+
+use ai_crew_sync::store::teams;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::support::{McpClient, TestApp, spawn_app, test_actor};
+
+/// A team with conversations on and the given agents; their tokens in order.
+async fn team_with(app: &TestApp, team: &str, agents: &[&str]) -> Vec<String> {
+    app.team(team).await;
+    teams::capability(&app.pool, team, Some(true), &test_actor())
+        .await
+        .unwrap();
+    let mut tokens = Vec::new();
+    for agent in agents {
+        tokens.push(app.agent(team, agent).await);
+    }
+    tokens
+}
+
+async fn ids(pool: &PgPool, team: &str, agent: &str) -> (Uuid, Uuid) {
+    sqlx::query_as(
+        "SELECT t.id, a.id FROM teams t JOIN agents a ON a.team_id = t.id
+         WHERE t.slug = $1 AND a.name = $2",
+    )
+    .bind(team)
+    .bind(agent)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// A conversation created by `creator` (private, or in `project`).
+async fn conversation(pool: &PgPool, team: &str, creator: &str, project: Option<&str>) -> Uuid {
+    let (team_id, creator_id) = ids(pool, team, creator).await;
+    let id = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO conversations (id, team_id, title, visibility, project_id, created_by, created_session)
+         VALUES ($1, $2, 'release plan', CASE WHEN $3::text IS NULL THEN 'private' ELSE 'project' END,
+                 (SELECT id FROM projects WHERE team_id = $2 AND name = $3), $4, '')",
+    )
+    .bind(id)
+    .bind(team_id)
+    .bind(project)
+    .bind(creator_id)
+    .execute(pool)
+    .await
+    .unwrap();
+    id
+}
+
+/// A seat for window `address` (`agent` or `agent/session`) with a role,
+/// a state and a history boundary.
+async fn seat(
+    pool: &PgPool,
+    team: &str,
+    conversation: Uuid,
+    address: &str,
+    role: &str,
+    state: &str,
+    history_from_seq: i64,
+) -> Uuid {
+    let (agent, session) = address.split_once('/').unwrap_or((address, ""));
+    let (team_id, agent_id) = ids(pool, team, agent).await;
+    let id = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO conversation_members
+             (id, team_id, conversation_id, agent_id, session, role, state, history_from_seq, joined_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now())",
+    )
+    .bind(id)
+    .bind(team_id)
+    .bind(conversation)
+    .bind(agent_id)
+    .bind(session)
+    .bind(role)
+    .bind(state)
+    .bind(history_from_seq)
+    .execute(pool)
+    .await
+    .unwrap();
+    id
+}
+
+async fn active(pool: &PgPool, team: &str, conversation: Uuid, agent: &str, session: &str) -> Uuid {
+    seat(
+        pool,
+        team,
+        conversation,
+        &format!("{agent}/{session}"),
+        "participant",
+        "active",
+        1,
+    )
+    .await
+}
+
+async fn send(client: &McpClient, conversation: Uuid, body: &str) -> Result<Value, Value> {
+    client
+        .call(
+            "send_conversation_message",
+            json!({"conversation_id": conversation, "body": body,
+                   "request_id": Uuid::new_v4().to_string()}),
+        )
+        .await
+}
+
+fn message_text(refusal: &Value) -> &str {
+    refusal["message"].as_str().unwrap_or_default()
+}
+
+fn seqs(page: &Value) -> Vec<i64> {
+    page["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["seq"].as_i64().unwrap())
+        .collect()
+}
+
+fn addresses(value: &Value) -> BTreeSet<String> {
+    value
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect()
+}
+
+async fn stored_messages(pool: &PgPool, conversation: Uuid) -> (i64, i64) {
+    sqlx::query_as(
+        "SELECT (SELECT count(*) FROM conversation_messages WHERE conversation_id = $1),
+                (SELECT last_seq FROM conversations WHERE id = $1)",
+    )
+    .bind(conversation)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Every receipt row of a conversation, as text, to compare before and after.
+async fn receipt_snapshot(pool: &PgPool, conversation: Uuid) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT r::text FROM message_receipts r
+         JOIN conversation_messages m ON m.id = r.message_id
+         WHERE m.conversation_id = $1 ORDER BY r.message_id, r.member_id",
+    )
+    .bind(conversation)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// Every window in `members` sends 3 messages, all windows at once.
+async fn batch(
+    conv: Uuid,
+    members: &BTreeSet<String>,
+    windows: &[(String, McpClient)],
+) -> Vec<Vec<(String, Value)>> {
+    let sends = windows
+        .iter()
+        .filter(|(address, _)| members.contains(address))
+        .map(|(address, client)| async move {
+            let mut sent = Vec::new();
+            for i in 0..3 {
+                let answer = send(client, conv, &format!("{address} says {i}"))
+                    .await
+                    .expect("an active participant sends");
+                sent.push((address.clone(), answer));
+            }
+            sent
+        });
+    futures::future::join_all(sends).await
+}
+
+#[tokio::test]
+async fn eight_windows_sending_at_once_get_seqs_without_gaps_and_recipients_frozen_at_each_send() {
+    let app = spawn_app().await;
+    let tokens = team_with(&app, "acme", &["alice", "bob", "carol"]).await;
+    let conv = conversation(&app.pool, "acme", "alice", None).await;
+    let mut windows = Vec::new();
+    for (agent, token) in [("alice", &tokens[0]), ("bob", &tokens[1])] {
+        for w in 0..4 {
+            let session = format!("w{w}");
+            active(&app.pool, "acme", conv, agent, &session).await;
+            windows.push((
+                format!("{agent}/{session}"),
+                app.mcp(token, Some(&session)).await,
+            ));
+        }
+    }
+
+    // Batch 1: every window sends 3 messages at once.
+    let all: BTreeSet<String> = windows.iter().map(|(a, _)| a.clone()).collect();
+    let first: Vec<(String, Value)> = batch(conv, &all, &windows)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    assert_eq!(first.len(), 24);
+    for (sender, answer) in &first {
+        let mut expected = all.clone();
+        expected.remove(sender);
+        assert_eq!(addresses(&answer["recipients"]), expected, "{answer}");
+        assert_eq!(answer["stored"], true);
+        assert_eq!(answer["publication"], "stored");
+    }
+
+    // Between batches: bob/w3 leaves, carol/x joins.
+    sqlx::query(
+        "UPDATE conversation_members SET state = 'left', left_at = now()
+         WHERE conversation_id = $1 AND session = 'w3'
+           AND agent_id = (SELECT id FROM agents WHERE name = 'bob')",
+    )
+    .bind(conv)
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    active(&app.pool, "acme", conv, "carol", "x").await;
+    let mut now_active = all.clone();
+    now_active.remove("bob/w3");
+    now_active.insert("carol/x".into());
+    let carol = app.mcp(&tokens[2], Some("x")).await;
+    windows.push(("carol/x".into(), carol));
+    let second: Vec<(String, Value)> = batch(conv, &now_active, &windows)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    assert_eq!(second.len(), 24);
+    for (sender, answer) in &second {
+        let mut expected = now_active.clone();
+        expected.remove(sender);
+        assert_eq!(addresses(&answer["recipients"]), expected, "{answer}");
+    }
+    let left = windows.iter().find(|(a, _)| a == "bob/w3").unwrap();
+    let refused = send(&left.1, conv, "still here?").await.unwrap_err();
+    assert_eq!(
+        refused["error"], "not_found",
+        "a seat that left cannot send"
+    );
+
+    // The sequence: 1..48, no gap, no duplicate, and the answers agree with it.
+    let mut answered: Vec<i64> = first
+        .iter()
+        .chain(&second)
+        .map(|(_, a)| a["seq"].as_i64().unwrap())
+        .collect();
+    answered.sort();
+    assert_eq!(answered, (1..=48).collect::<Vec<_>>());
+    let reader = &windows[0].1;
+    let mut read = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = reader
+            .call(
+                "read_conversation",
+                json!({"conversation_id": conv, "after_seq": after, "limit": 20}),
+            )
+            .await
+            .unwrap();
+        if page["messages"].as_array().unwrap().is_empty() {
+            break;
+        }
+        read.extend(seqs(&page));
+        after = page["next_after_seq"].as_i64().unwrap();
+    }
+    assert_eq!(read, (1..=48).collect::<Vec<_>>(), "read in order, no gap");
+
+    // What the receipts say each message owed matches what the send answered.
+    for (sender, answer) in first.iter().chain(&second).step_by(5) {
+        let client = &windows.iter().find(|(a, _)| a == sender).unwrap().1;
+        let receipts = client
+            .call(
+                "get_message_receipts",
+                json!({"message_id": answer["message_id"]}),
+            )
+            .await
+            .unwrap();
+        let owed: BTreeSet<String> = receipts["recipients"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["recipient"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(owed, addresses(&answer["recipients"]));
+        assert_eq!(receipts["total"], 7);
+        assert_eq!(receipts["stored"], 7);
+    }
+    let sends: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM conversation_audit WHERE conversation_id = $1 AND action = 'send'",
+    )
+    .bind(conv)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(sends, 48);
+}
+
+#[tokio::test]
+async fn a_retried_send_returns_the_original_a_different_body_conflicts_and_racing_retries_store_once()
+ {
+    let app = spawn_app().await;
+    let tokens = team_with(&app, "acme", &["alice", "bob"]).await;
+    let conv = conversation(&app.pool, "acme", "alice", None).await;
+    active(&app.pool, "acme", conv, "alice", "").await;
+    active(&app.pool, "acme", conv, "bob", "").await;
+    let alice = app.mcp(&tokens[0], None).await;
+    let request_id = Uuid::new_v4().to_string();
+    let args = json!({"conversation_id": conv, "body": "ship it", "request_id": request_id});
+
+    let original = alice
+        .call("send_conversation_message", args.clone())
+        .await
+        .unwrap();
+    assert_eq!(original["seq"], 1);
+    assert_eq!(original["replayed"], false);
+    let retried = alice
+        .call("send_conversation_message", args.clone())
+        .await
+        .unwrap();
+    assert_eq!(retried["message_id"], original["message_id"]);
+    assert_eq!(retried["seq"], 1);
+    assert_eq!(retried["created_at"], original["created_at"]);
+    assert_eq!(retried["recipients"], json!(["bob"]));
+    assert_eq!(retried["replayed"], true);
+    assert_eq!(stored_messages(&app.pool, conv).await, (1, 1));
+
+    let other = alice
+        .call(
+            "send_conversation_message",
+            json!({"conversation_id": conv, "body": "do not ship", "request_id": request_id}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(other["error"], "conflict");
+    assert!(message_text(&other).contains("different body"), "{other}");
+    assert_eq!(stored_messages(&app.pool, conv).await, (1, 1));
+
+    // Eight clients retrying one new send at the same moment: stored once.
+    let racing_id = Uuid::new_v4().to_string();
+    let mut clients = Vec::new();
+    for _ in 0..8 {
+        clients.push(app.mcp(&tokens[0], None).await);
+    }
+    let answers = futures::future::join_all(clients.iter().map(|c| {
+        c.call(
+            "send_conversation_message",
+            json!({"conversation_id": conv, "body": "once", "request_id": racing_id}),
+        )
+    }))
+    .await;
+    let ids: HashSet<String> = answers
+        .iter()
+        .map(|a| a.as_ref().unwrap()["message_id"].to_string())
+        .collect();
+    assert_eq!(
+        ids.len(),
+        1,
+        "every retry got the same message: {answers:?}"
+    );
+    assert!(answers.iter().all(|a| a.as_ref().unwrap()["seq"] == 2));
+    assert_eq!(
+        answers
+            .iter()
+            .filter(|a| a.as_ref().unwrap()["replayed"] == false)
+            .count(),
+        1
+    );
+    assert_eq!(stored_messages(&app.pool, conv).await, (2, 2));
+    let receipts: i64 = sqlx::query_scalar("SELECT count(*) FROM message_receipts")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(receipts, 2, "one receipt (bob) per stored message");
+}
+
+#[tokio::test]
+async fn reading_never_changes_a_receipt_and_acks_count_against_the_frozen_denominator() {
+    let app = spawn_app().await;
+    let tokens = team_with(&app, "acme", &["alice", "bob", "carol", "dave"]).await;
+    let conv = conversation(&app.pool, "acme", "alice", None).await;
+    for agent in ["alice", "bob", "carol"] {
+        active(&app.pool, "acme", conv, agent, "").await;
+    }
+    let alice = app.mcp(&tokens[0], None).await;
+    let bob = app.mcp(&tokens[1], None).await;
+    let carol = app.mcp(&tokens[2], None).await;
+    let dave = app.mcp(&tokens[3], None).await;
+    let sent = send(&alice, conv, "please review the plan").await.unwrap();
+    let message_id = sent["message_id"].clone();
+
+    let before = receipt_snapshot(&app.pool, conv).await;
+    let page = bob
+        .call("read_conversation", json!({"conversation_id": conv}))
+        .await
+        .unwrap();
+    assert_eq!(page["messages"][0]["body"], "please review the plan");
+    assert_eq!(page["messages"][0]["from"], "alice");
+    assert!(page["messages"][0]["unavailable"].is_null());
+    assert!(page["messages"][0]["my_receipt"]["stored_at"].is_string());
+    assert!(page["messages"][0]["my_receipt"]["acknowledged_at"].is_null());
+    bob.call(
+        "get_conversation_message",
+        json!({"message_id": message_id}),
+    )
+    .await
+    .unwrap();
+    alice
+        .call("read_conversation", json!({"conversation_id": conv}))
+        .await
+        .unwrap();
+    assert_eq!(
+        receipt_snapshot(&app.pool, conv).await,
+        before,
+        "reading wrote no receipt"
+    );
+    let own = alice
+        .call("read_conversation", json!({"conversation_id": conv}))
+        .await
+        .unwrap();
+    assert!(
+        own["messages"][0]["my_receipt"].is_null(),
+        "the sender is not its own recipient"
+    );
+
+    // dave joins after the send: not in its denominator, cannot ack it.
+    seat(&app.pool, "acme", conv, "dave", "participant", "active", 2).await;
+    let refused = dave
+        .call("ack_message", json!({"message_id": message_id}))
+        .await
+        .unwrap_err();
+    assert_eq!(refused["error"], "not_found", "before dave's history");
+
+    let acked = bob
+        .call("ack_message", json!({"message_id": message_id}))
+        .await
+        .unwrap();
+    let first_ack = acked["receipt"]["acknowledged_at"].clone();
+    assert!(first_ack.is_string());
+    assert!(acked["receipt"]["resolved_at"].is_null());
+    let counts = alice
+        .call("get_message_receipts", json!({"message_id": message_id}))
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            &counts["total"],
+            &counts["stored"],
+            &counts["acknowledged"],
+            &counts["resolved"]
+        ),
+        (&json!(2), &json!(2), &json!(1), &json!(0))
+    );
+
+    // A note over the limit changes nothing.
+    let long = carol
+        .call(
+            "ack_message",
+            json!({"message_id": message_id, "resolved": true, "note": "n".repeat(1025)}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(long["error"], "invalid");
+    assert!(message_text(&long).contains("1024"), "{long}");
+    let resolved = carol
+        .call(
+            "ack_message",
+            json!({"message_id": message_id, "resolved": true, "note": "merged"}),
+        )
+        .await
+        .unwrap();
+    assert!(
+        resolved["receipt"]["acknowledged_at"].is_string(),
+        "resolved implies acknowledged"
+    );
+    assert!(resolved["receipt"]["resolved_at"].is_string());
+    let again = bob
+        .call("ack_message", json!({"message_id": message_id}))
+        .await
+        .unwrap();
+    assert_eq!(
+        again["receipt"]["acknowledged_at"], first_ack,
+        "written once"
+    );
+
+    let counts = dave
+        .call("get_message_receipts", json!({"message_id": message_id}))
+        .await
+        .unwrap_err();
+    assert_eq!(counts["error"], "not_found", "dave's history starts later");
+    let counts = bob
+        .call("get_message_receipts", json!({"message_id": message_id}))
+        .await
+        .unwrap();
+    assert_eq!(counts["total"], 2, "dave, added later, is not counted");
+    assert_eq!(counts["acknowledged"], 2);
+    assert_eq!(counts["resolved"], 1);
+    let carol_row = counts["recipients"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["recipient"] == "carol")
+        .unwrap();
+    assert_eq!(carol_row["note"], "merged");
+    let not_recipient = alice
+        .call("ack_message", json!({"message_id": message_id}))
+        .await
+        .unwrap_err();
+    assert_eq!(not_recipient["error"], "forbidden");
+
+    let audit: Vec<String> = sqlx::query_scalar(
+        "SELECT action || ' ' || detail::text FROM conversation_audit
+         WHERE conversation_id = $1 ORDER BY id",
+    )
+    .bind(conv)
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        audit.iter().filter(|a| a.starts_with("ack ")).count(),
+        3,
+        "{audit:?}"
+    );
+    assert!(
+        audit
+            .iter()
+            .all(|a| !a.contains("review the plan") && !a.contains("merged")),
+        "never a body or a note in the audit: {audit:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_seat_reads_from_its_history_boundary_and_a_project_grant_reads_everything() {
+    let app = spawn_app().await;
+    let tokens = team_with(&app, "acme", &["alice", "bob", "carol"]).await;
+    let alice = app.mcp(&tokens[0], None).await;
+    let bob = app.mcp(&tokens[1], None).await;
+    let carol = app.mcp(&tokens[2], None).await;
+    alice
+        .call("create_project", json!({"project": "web"}))
+        .await
+        .unwrap();
+    alice
+        .call(
+            "grant_project_access",
+            json!({"project": "web", "agent": "carol"}),
+        )
+        .await
+        .unwrap();
+    let conv = conversation(&app.pool, "acme", "alice", Some("web")).await;
+    active(&app.pool, "acme", conv, "alice", "").await;
+    for i in 1..=5 {
+        send(&alice, conv, &format!("message {i}")).await.unwrap();
+    }
+    seat(&app.pool, "acme", conv, "bob", "participant", "active", 3).await;
+
+    let page = bob
+        .call("read_conversation", json!({"conversation_id": conv}))
+        .await
+        .unwrap();
+    assert_eq!(page["history_from_seq"], 3);
+    assert_eq!(seqs(&page), [3, 4, 5]);
+    assert_eq!(page["next_after_seq"], 5);
+    let page = bob
+        .call(
+            "read_conversation",
+            json!({"conversation_id": conv, "after_seq": 0, "limit": 2}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        seqs(&page),
+        [3, 4],
+        "after_seq below the boundary starts at it"
+    );
+    assert_eq!(page["next_after_seq"], 4);
+    let page = bob
+        .call(
+            "read_conversation",
+            json!({"conversation_id": conv, "after_seq": 4}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(seqs(&page), [5]);
+    let page = bob
+        .call(
+            "read_conversation",
+            json!({"conversation_id": conv, "after_seq": 5}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(seqs(&page), Vec::<i64>::new());
+    assert_eq!(page["next_after_seq"], 5, "an empty page keeps the cursor");
+    let second: Uuid = sqlx::query_scalar(
+        "SELECT id FROM conversation_messages WHERE conversation_id = $1 AND seq = 2",
+    )
+    .bind(conv)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    let hidden = bob
+        .call("get_conversation_message", json!({"message_id": second}))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        hidden["error"], "not_found",
+        "seq 2 is before bob's history"
+    );
+
+    // carol has no seat but holds the project grant: reads from 1, no receipt, cannot send.
+    let page = carol
+        .call("read_conversation", json!({"conversation_id": conv}))
+        .await
+        .unwrap();
+    assert_eq!(page["history_from_seq"], 1);
+    assert_eq!(seqs(&page), [1, 2, 3, 4, 5]);
+    assert!(page["messages"][0]["my_receipt"].is_null());
+    let message = carol
+        .call("get_conversation_message", json!({"message_id": second}))
+        .await
+        .unwrap();
+    assert_eq!(message["body"], "message 2");
+    let refused = send(&carol, conv, "may I?").await.unwrap_err();
+    assert_eq!(refused["error"], "forbidden");
+    assert!(
+        message_text(&refused).contains("only active members send"),
+        "{refused}"
+    );
+
+    // bob is a member without the grant: a project conversation owes nothing
+    // to agents without the grant, and one who lost it cannot send.
+    let sent = send(&alice, conv, "to grant holders").await.unwrap();
+    assert_eq!(sent["recipients"], json!([]), "bob holds no grant on web");
+    carol
+        .call(
+            "grant_project_access",
+            json!({"project": "web", "agent": "alice", "grant": false}),
+        )
+        .await
+        .unwrap();
+    let refused = send(&alice, conv, "still granted?").await.unwrap_err();
+    assert_eq!(refused["error"], "forbidden");
+    assert!(
+        message_text(&refused).contains("grant on project `web` is gone"),
+        "{refused}"
+    );
+    assert_eq!(stored_messages(&app.pool, conv).await, (6, 6));
+}
+
+#[tokio::test]
+async fn observers_archived_and_paused_conversations_refuse_sends_and_store_nothing() {
+    let app = spawn_app().await;
+    let tokens = team_with(&app, "acme", &["alice", "bob"]).await;
+    let conv = conversation(&app.pool, "acme", "alice", None).await;
+    active(&app.pool, "acme", conv, "alice", "").await;
+    seat(&app.pool, "acme", conv, "bob", "observer", "active", 1).await;
+    let alice = app.mcp(&tokens[0], None).await;
+    let bob = app.mcp(&tokens[1], None).await;
+
+    let refused = send(&bob, conv, "hello").await.unwrap_err();
+    assert_eq!(refused["error"], "forbidden");
+    assert!(message_text(&refused).contains("observer"), "{refused}");
+    bob.call("read_conversation", json!({"conversation_id": conv}))
+        .await
+        .expect("an observer reads");
+
+    sqlx::query("UPDATE conversations SET write_paused_at = now() - interval '7 s' WHERE id = $1")
+        .bind(conv)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let paused = send(&alice, conv, "hello").await.unwrap_err();
+    assert_eq!(paused["error"], "conflict");
+    let text = message_text(&paused);
+    assert!(
+        text.starts_with("writes to this conversation are paused for a backend move, ")
+            && text.ends_with(" s so far; retry shortly"),
+        "{paused}"
+    );
+    assert!(text.contains(", 7 s") || text.contains(", 8 s"), "{paused}");
+
+    sqlx::query(
+        "UPDATE conversations SET write_paused_at = NULL, archived_at = now(),
+                archived_by = created_by WHERE id = $1",
+    )
+    .bind(conv)
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let archived = send(&alice, conv, "hello").await.unwrap_err();
+    assert_eq!(archived["error"], "conflict");
+    assert!(message_text(&archived).contains("archived"), "{archived}");
+    alice
+        .call("read_conversation", json!({"conversation_id": conv}))
+        .await
+        .expect("archived history stays readable");
+    assert_eq!(stored_messages(&app.pool, conv).await, (0, 0));
+}
+
+#[tokio::test]
+async fn a_window_outside_a_private_conversation_gets_the_same_not_found_as_a_foreign_team() {
+    let app = spawn_app().await;
+    let tokens = team_with(&app, "acme", &["alice", "bob"]).await;
+    let foreign = team_with(&app, "globex", &["eve"]).await;
+    let conv = conversation(&app.pool, "acme", "alice", None).await;
+    active(&app.pool, "acme", conv, "alice", "").await;
+    seat(&app.pool, "acme", conv, "bob", "participant", "invited", 1).await;
+    let alice = app.mcp(&tokens[0], None).await;
+    let message_id = send(&alice, conv, "secret").await.unwrap()["message_id"].clone();
+    let outsider = app.mcp(&tokens[0], Some("other-window")).await;
+    let bob = app.mcp(&tokens[1], None).await;
+    let eve = app.mcp(&foreign[0], None).await;
+
+    let calls = [
+        ("read_conversation", json!({"conversation_id": conv})),
+        (
+            "send_conversation_message",
+            json!({"conversation_id": conv, "body": "hi", "request_id": Uuid::new_v4()}),
+        ),
+    ];
+    for (tool, args) in &calls {
+        let theirs = eve.call(tool, args.clone()).await.unwrap_err();
+        let ours = outsider.call(tool, args.clone()).await.unwrap_err();
+        assert_eq!(theirs["error"], "not_found", "{tool}: {theirs}");
+        assert_eq!(
+            ours, theirs,
+            "{tool}: a sibling window without a seat learns nothing more"
+        );
+    }
+    for tool in [
+        "get_conversation_message",
+        "ack_message",
+        "get_message_receipts",
+    ] {
+        let args = json!({"message_id": message_id});
+        let theirs = eve.call(tool, args.clone()).await.unwrap_err();
+        let ours = outsider.call(tool, args.clone()).await.unwrap_err();
+        assert_eq!(theirs["error"], "not_found", "{tool}: {theirs}");
+        assert_eq!(ours, theirs, "{tool}");
+    }
+    // An invitation is not membership.
+    let invited = bob
+        .call("read_conversation", json!({"conversation_id": conv}))
+        .await
+        .unwrap_err();
+    assert!(
+        message_text(&invited).contains("join_conversation"),
+        "{invited}"
+    );
+    assert_eq!(stored_messages(&app.pool, conv).await, (1, 1));
+}
+
+#[tokio::test]
+async fn limits_are_refused_with_their_numbers_and_nothing_is_stored() {
+    let app = spawn_app().await;
+    let tokens = team_with(&app, "acme", &["alice", "bob"]).await;
+    let conv = conversation(&app.pool, "acme", "alice", None).await;
+    active(&app.pool, "acme", conv, "alice", "").await;
+    active(&app.pool, "acme", conv, "bob", "").await;
+    let alice = app.mcp(&tokens[0], None).await;
+
+    let too_big = send(&alice, conv, &"x".repeat(1024 * 1024 + 1))
+        .await
+        .unwrap_err();
+    assert_eq!(too_big["error"], "invalid");
+    assert!(message_text(&too_big).contains("1048576"), "{too_big}");
+    let empty = send(&alice, conv, "  ").await.unwrap_err();
+    assert!(message_text(&empty).contains("empty"), "{empty}");
+    let metadata = alice
+        .call(
+            "send_conversation_message",
+            json!({"conversation_id": conv, "body": "hi", "request_id": Uuid::new_v4(),
+                   "metadata": {"blob": "m".repeat(16 * 1024)}}),
+        )
+        .await
+        .unwrap_err();
+    assert!(message_text(&metadata).contains("16384"), "{metadata}");
+    let bad_id = alice
+        .call(
+            "send_conversation_message",
+            json!({"conversation_id": conv, "body": "hi", "request_id": "retry-1"}),
+        )
+        .await
+        .unwrap_err();
+    assert!(message_text(&bad_id).contains("not a UUID"), "{bad_id}");
+    assert_eq!(stored_messages(&app.pool, conv).await, (0, 0));
+
+    let fits = send(&alice, conv, &"x".repeat(1024 * 1024)).await.unwrap();
+    assert_eq!(fits["seq"], 1, "exactly 1 MiB is accepted");
+    for limit in [0, 201] {
+        let refused = alice
+            .call(
+                "read_conversation",
+                json!({"conversation_id": conv, "limit": limit}),
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            message_text(&refused).contains("between 1 and 200"),
+            "{refused}"
+        );
+    }
+    let bob = app.mcp(&tokens[1], None).await;
+    let before = receipt_snapshot(&app.pool, conv).await;
+    let note = bob
+        .call(
+            "ack_message",
+            json!({"message_id": fits["message_id"], "note": "n".repeat(1025)}),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        message_text(&note).contains("1025 bytes; the limit is 1024"),
+        "{note}"
+    );
+    assert_eq!(receipt_snapshot(&app.pool, conv).await, before);
+    assert_eq!(stored_messages(&app.pool, conv).await, (1, 1));
+}
+
+#[tokio::test]
+async fn the_conversation_wait_wakes_for_an_unacknowledged_message_and_not_for_an_acked_one() {
+    let app = spawn_app().await;
+    let tokens = team_with(&app, "acme", &["alice", "bob"]).await;
+    let conv = conversation(&app.pool, "acme", "alice", None).await;
+    let elsewhere = conversation(&app.pool, "acme", "alice", None).await;
+    active(&app.pool, "acme", conv, "alice", "").await;
+    active(&app.pool, "acme", conv, "bob", "w1").await;
+    active(&app.pool, "acme", elsewhere, "alice", "").await;
+    let alice = app.mcp(&tokens[0], None).await;
+    let bob = app.mcp(&tokens[1], Some("w1")).await;
+
+    // Nothing owed: the wait times out, and a send elsewhere does not wake it.
+    let started = Instant::now();
+    let (quiet, _) = tokio::join!(
+        bob.call(
+            "wait_for_conversation_updates",
+            json!({"timeout_seconds": 2})
+        ),
+        async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            send(&alice, elsewhere, "not for bob").await.unwrap();
+        }
+    );
+    let quiet = quiet.unwrap();
+    assert_eq!(
+        (quiet["woke"].clone(), quiet["timed_out"].clone()),
+        (json!(false), json!(true))
+    );
+    assert!(started.elapsed() >= Duration::from_secs(2));
+
+    // A send to bob wakes a blocked wait, well before the timer's re-check.
+    let started = Instant::now();
+    let (woke, sent) = tokio::join!(
+        bob.call(
+            "wait_for_conversation_updates",
+            json!({"timeout_seconds": 30})
+        ),
+        async {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            send(&alice, conv, "your turn").await.unwrap()
+        }
+    );
+    let woke = woke.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "woken by the event"
+    );
+    assert_eq!(woke["woke"], true);
+    assert_eq!(woke["conversations"][0]["conversation_id"], json!(conv));
+    assert_eq!(woke["conversations"][0]["unacknowledged"], 1);
+    assert_eq!(woke["conversations"][0]["latest_seq"], 1);
+
+    // Still owed: the next wait returns at once. Acked: it blocks again.
+    let again = bob
+        .call(
+            "wait_for_conversation_updates",
+            json!({"timeout_seconds": 5}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(again["woke"], true);
+    bob.call("ack_message", json!({"message_id": sent["message_id"]}))
+        .await
+        .unwrap();
+    let after_ack = bob
+        .call(
+            "wait_for_conversation_updates",
+            json!({"timeout_seconds": 1}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(after_ack["timed_out"], true);
+    assert_eq!(after_ack["conversations"], json!([]));
+    let refused = bob
+        .call(
+            "wait_for_conversation_updates",
+            json!({"timeout_seconds": 301}),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        message_text(&refused).contains("between 1 and 300"),
+        "{refused}"
+    );
+}
