@@ -78,6 +78,14 @@ pub const SCENARIOS: &[Scenario] = &[
             run: |ctx, clients| Box::pin(pg_message_receipts(ctx, clients)),
         }),
     },
+    Scenario {
+        name: "conversation_send_store",
+        run: |ctx, clients| Box::pin(conversation_send_store(ctx, clients)),
+        baseline: Some(OwnBaseline {
+            name: "pg_message_receipts",
+            run: |ctx, clients| Box::pin(pg_message_receipts(ctx, clients)),
+        }),
+    },
 ];
 
 /// The name the baseline's lines carry.
@@ -582,4 +590,50 @@ pub async fn pg_message_receipts(ctx: Arc<Ctx>, clients: usize) -> Result<Run> {
         }
     })
     .await
+}
+
+/// The store path of `conversation_send` with no MCP or HTTP in between: each
+/// client calls the library's send directly as its own window. This is the
+/// figure the target (60 % of `pg_message_receipts` at 16 clients)
+/// is about.
+async fn conversation_send_store(ctx: Arc<Ctx>, clients: usize) -> Result<Run> {
+    use ai_crew_sync::auth::{self, AgentCredential};
+    use ai_crew_sync::store::{conversation_messages, tokens};
+
+    let conversations = Arc::new(seat_conversations(&ctx.pool, clients).await?);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let bus = ai_crew_sync::Bus::start(
+        ctx.pool.clone(),
+        std::time::Duration::from_secs(30),
+        shutdown.clone(),
+    );
+    let AgentCredential::Token(digest) = auth::parse_agent_credential(&ctx.token)? else {
+        bail!("the bench token is not an agent token");
+    };
+    let run = closed_loop(clients, ctx.timing, move |i, window| {
+        let (bus, conversation) = (bus.clone(), conversations[i]);
+        async move {
+            let me = tokens::authenticate(&bus.pool, &digest, format!("sender-{i}")).await?;
+            let mut rec = window.open().await;
+            while rec.is_open() {
+                let started = Instant::now();
+                let new = conversation_messages::NewConversationMessage {
+                    conversation_id: conversation,
+                    body: "a short message about the work at hand".into(),
+                    request_id: uuid::Uuid::new_v4().to_string(),
+                    reply_to: None,
+                    metadata: None,
+                };
+                let sent = conversation_messages::send(&bus, &me, new).await?;
+                if sent.recipients.len() != CONVERSATION_RECIPIENTS {
+                    bail!("a send did not freeze {CONVERSATION_RECIPIENTS} recipients");
+                }
+                rec.record(started);
+            }
+            Ok(rec.finish())
+        }
+    })
+    .await;
+    shutdown.cancel();
+    run
 }

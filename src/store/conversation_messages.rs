@@ -19,7 +19,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
@@ -211,41 +211,20 @@ pub async fn send(bus: &Bus, me: &Identity, new: NewConversationMessage) -> BusR
     let conversation = conversations::load(&mut tx, me, new.conversation_id, true).await?;
     let access = conversations::read_access(&mut tx, me, &conversation).await?;
 
-    // Under the conversation lock, so a concurrent retry waits for this one.
-    let earlier: Option<EarlierSend> = sqlx::query_as(
-        "SELECT id, seq, body_sha256, publication_state, created_at FROM conversation_messages
-         WHERE team_id = $1 AND conversation_id = $2 AND sender_id = $3 AND request_id = $4",
-    )
-    .bind(me.team_id)
-    .bind(conversation.id)
-    .bind(me.agent_id)
-    .bind(request_id)
-    .fetch_optional(&mut *tx)
-    .await?;
-    if let Some(earlier) = earlier {
-        if earlier.body_sha256 != digest {
-            return Err(BusError::conflict(format!(
-                "request_id {request_id} was already used in this conversation for a different \
-                 body (message {}, seq {}). A retry must resend the same body; a new message needs \
-                 a new request_id.",
-                earlier.id, earlier.seq
-            )));
+    let seat = match refuse_sender(&mut tx, me, &conversation, access).await {
+        Ok(seat) => seat,
+        // A retry of a send accepted before (say) the archive still gets its
+        // original: what was accepted is never refused afterwards.
+        Err(refusal) => {
+            return match replay(&mut tx, me, &conversation, request_id, &digest).await? {
+                Some(sent) => {
+                    tx.commit().await?;
+                    Ok(sent)
+                }
+                None => Err(refusal),
+            };
         }
-        let recipients = recipients_of(&mut tx, me, earlier.id).await?;
-        tx.commit().await?;
-        return Ok(Sent {
-            message_id: earlier.id,
-            conversation_id: conversation.id,
-            seq: earlier.seq,
-            stored: earlier.publication_state == "stored",
-            publication: earlier.publication_state,
-            recipients,
-            created_at: earlier.created_at,
-            replayed: true,
-        });
-    }
-
-    let seat = refuse_sender(&mut tx, me, &conversation, access).await?;
+    };
     if let Some(reply_to) = new.reply_to {
         let exists: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM conversation_messages
@@ -265,19 +244,25 @@ pub async fn send(bus: &Bus, me: &Identity, new: NewConversationMessage) -> BusR
         }
     }
 
+    // The sequence is allocated under the conversation lock taken above; a
+    // request_id seen before inserts nothing and allocates nothing (no gap),
+    // and is answered from the original. Concurrent retries queue on the lock.
     let id = Uuid::new_v4();
-    let (seq, created_at): (i64, DateTime<Utc>) = sqlx::query_as(
-        "WITH next AS (
-             UPDATE conversations SET last_seq = last_seq + 1
-             WHERE team_id = $1 AND id = $2 RETURNING last_seq)
-         INSERT INTO conversation_messages
-             (id, team_id, conversation_id, seq, sender_member_id, sender_id, sender_session,
-              request_id, body, body_sha256, body_bytes, reply_to, metadata, backend,
-              publication_state, canonical_locator)
-         SELECT $3, $1, $2, next.last_seq, $4, $5, $6, $7, $8, $9, $10, $11, $12, 'postgres',
-                'stored', $3::text
-         FROM next
-         RETURNING seq, created_at",
+    let inserted: Option<(i64, DateTime<Utc>)> = sqlx::query_as(
+        "WITH ins AS (
+             INSERT INTO conversation_messages
+                 (id, team_id, conversation_id, seq, sender_member_id, sender_id, sender_session,
+                  request_id, body, body_sha256, body_bytes, reply_to, metadata, backend,
+                  publication_state, canonical_locator)
+             SELECT $3, $1, $2, c.last_seq + 1, $4, $5, $6, $7, $8, $9, $10, $11, $12, 'postgres',
+                    'stored', $3::text
+             FROM conversations c WHERE c.team_id = $1 AND c.id = $2
+             ON CONFLICT (team_id, conversation_id, sender_id, request_id) DO NOTHING
+             RETURNING seq, created_at),
+         bump AS (
+             UPDATE conversations c SET last_seq = ins.seq FROM ins
+             WHERE c.team_id = $1 AND c.id = $2)
+         SELECT seq, created_at FROM ins",
     )
     .bind(me.team_id)
     .bind(conversation.id)
@@ -291,8 +276,15 @@ pub async fn send(bus: &Bus, me: &Identity, new: NewConversationMessage) -> BusR
     .bind(new.body.len() as i32)
     .bind(new.reply_to)
     .bind(&metadata)
-    .fetch_one(&mut *tx)
+    .fetch_optional(&mut *tx)
     .await?;
+    let Some((seq, created_at)) = inserted else {
+        let sent = replay(&mut tx, me, &conversation, request_id, &digest)
+            .await?
+            .ok_or_else(|| BusError::conflict("this request_id is in use; retry the send"))?;
+        tx.commit().await?;
+        return Ok(sent);
+    };
 
     // The recipient list, frozen now: active seats but the sender's, and in a
     // project conversation only agents still holding the grant. Stored at
@@ -307,7 +299,13 @@ pub async fn send(bus: &Bus, me: &Identity, new: NewConversationMessage) -> BusR
                AND ($5::uuid IS NULL OR EXISTS (
                        SELECT 1 FROM project_grants g
                        WHERE g.team_id = s.team_id AND g.project_id = $5 AND g.agent_id = s.agent_id))
-             RETURNING recipient_id, recipient_session)
+             RETURNING recipient_id, recipient_session),
+         audited AS (
+             INSERT INTO conversation_audit
+                 (team_id, conversation_id, actor_id, actor_session, action, subject, detail)
+             SELECT $1, $2, $6, $7, 'send', $3::text,
+                    jsonb_build_object('message_id', $3, 'seq', $8, 'request_id', $9,
+                                       'body_bytes', $10, 'recipients', (SELECT count(*) FROM owed)))
          SELECT CASE WHEN owed.recipient_session = '' THEN a.name
                      ELSE a.name || '/' || owed.recipient_session END
          FROM owed JOIN agents a ON a.team_id = $1 AND a.id = owed.recipient_id
@@ -318,19 +316,14 @@ pub async fn send(bus: &Bus, me: &Identity, new: NewConversationMessage) -> BusR
     .bind(id)
     .bind(seat)
     .bind(conversation.project_id)
+    .bind(me.agent_id)
+    .bind(&me.session)
+    .bind(seq)
+    .bind(request_id)
+    .bind(new.body.len() as i32)
     .fetch_all(&mut *tx)
     .await?;
 
-    conversations::audit(
-        &mut tx,
-        me,
-        Some(conversation.id),
-        "send",
-        &id.to_string(),
-        json!({ "message_id": id, "seq": seq, "request_id": request_id,
-                "body_bytes": new.body.len(), "recipients": recipients.len() }),
-    )
-    .await?;
     tx.commit().await?;
 
     let mut event = BusEvent::new(me.team_id, EventKind::Conversation, id.to_string()).by(me);
@@ -399,6 +392,50 @@ async fn refuse_sender(
         )));
     }
     Ok(seat.id)
+}
+
+/// The answer to a retried send: the original message with its current
+/// state, if this sender used `request_id` here before (the same body), a
+/// conflict if it was used for another body, None if it was never used.
+async fn replay(
+    conn: &mut sqlx::PgConnection,
+    me: &Identity,
+    conversation: &Conversation,
+    request_id: Uuid,
+    digest: &[u8; 32],
+) -> BusResult<Option<Sent>> {
+    let earlier: Option<EarlierSend> = sqlx::query_as(
+        "SELECT id, seq, body_sha256, publication_state, created_at FROM conversation_messages
+         WHERE team_id = $1 AND conversation_id = $2 AND sender_id = $3 AND request_id = $4",
+    )
+    .bind(me.team_id)
+    .bind(conversation.id)
+    .bind(me.agent_id)
+    .bind(request_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(earlier) = earlier else {
+        return Ok(None);
+    };
+    if earlier.body_sha256 != digest[..] {
+        return Err(BusError::conflict(format!(
+            "request_id {request_id} was already used in this conversation for a different body \
+             (message {}, seq {}). A retry must resend the same body; a new message needs a new \
+             request_id.",
+            earlier.id, earlier.seq
+        )));
+    }
+    let recipients = recipients_of(conn, me, earlier.id).await?;
+    Ok(Some(Sent {
+        message_id: earlier.id,
+        conversation_id: conversation.id,
+        seq: earlier.seq,
+        stored: earlier.publication_state == "stored",
+        publication: earlier.publication_state,
+        recipients,
+        created_at: earlier.created_at,
+        replayed: true,
+    }))
 }
 
 /// The frozen recipients of a message, as addresses.

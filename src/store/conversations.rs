@@ -199,13 +199,17 @@ pub(crate) async fn refuse_borrowed_label(conn: &mut PgConnection, me: &Identity
     .fetch_one(&mut *conn)
     .await?;
     if registered {
-        return Err(BusError::forbidden(format!(
-            "window `{}` is registered as an authenticated window; its conversations are reached \
-             with its session credential (acss_…), not with the agent token and X-Crew-Session.",
-            me.session
-        )));
+        return Err(borrowed_label(me));
     }
     Ok(())
+}
+
+fn borrowed_label(me: &Identity) -> BusError {
+    BusError::forbidden(format!(
+        "window `{}` is registered as an authenticated window; its conversations are reached \
+         with its session credential (acss_…), not with the agent token and X-Crew-Session.",
+        me.session
+    ))
 }
 
 /// How the caller may read a conversation.
@@ -224,8 +228,7 @@ pub(crate) async fn read_access(
     me: &Identity,
     conversation: &Conversation,
 ) -> BusResult<ReadAccess> {
-    refuse_borrowed_label(conn, me).await?;
-    let seat = seat(conn, me, conversation.id, false).await?;
+    let seat = seat_unless_borrowed(conn, me, conversation.id).await?;
     if let Some(seat) = &seat
         && seat.is_active()
     {
@@ -244,6 +247,58 @@ pub(crate) async fn read_access(
         ))),
         _ => Err(not_found(conversation.id)),
     }
+}
+
+/// [`refuse_borrowed_label`] and [`seat`] in one round trip: the read and
+/// send paths run on every call.
+async fn seat_unless_borrowed(
+    conn: &mut PgConnection,
+    me: &Identity,
+    conversation_id: Uuid,
+) -> BusResult<Option<Seat>> {
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        borrowed: bool,
+        id: Option<Uuid>,
+        role: Option<String>,
+        state: Option<String>,
+        history_from_seq: Option<i64>,
+        transfer_to_session: Option<String>,
+        superseded_by: Option<Uuid>,
+    }
+    let row: Row = sqlx::query_as(
+        "SELECT ($5 AND EXISTS (
+                    SELECT 1 FROM agent_sessions s
+                    JOIN agent_tokens t ON t.team_id = s.team_id AND t.id = s.token_id
+                    WHERE s.team_id = $1 AND s.agent_id = $3 AND s.label = $4
+                      AND s.revoked_at IS NULL AND s.expires_at > now() AND t.revoked_at IS NULL))
+                    AS borrowed,
+                m.id, m.role, m.state, m.history_from_seq, m.transfer_to_session, m.superseded_by
+         FROM (SELECT 1) AS one
+         LEFT JOIN conversation_members m
+                ON m.team_id = $1 AND m.conversation_id = $2 AND m.agent_id = $3 AND m.session = $4",
+    )
+    .bind(me.team_id)
+    .bind(conversation_id)
+    .bind(me.agent_id)
+    .bind(&me.session)
+    .bind(me.window.is_none() && !me.session.is_empty())
+    .fetch_one(&mut *conn)
+    .await?;
+    if row.borrowed {
+        return Err(borrowed_label(me));
+    }
+    Ok(match (row.id, row.role, row.state, row.history_from_seq) {
+        (Some(id), Some(role), Some(state), Some(history_from_seq)) => Some(Seat {
+            id,
+            role,
+            state,
+            history_from_seq,
+            transfer_to_session: row.transfer_to_session,
+            superseded_by: row.superseded_by,
+        }),
+        _ => None,
+    })
 }
 
 /// One row of the conversation audit log, in the caller's transaction. Never a body.

@@ -348,6 +348,29 @@ async fn a_retried_send_returns_the_original_a_different_body_conflicts_and_raci
     assert!(message_text(&other).contains("different body"), "{other}");
     assert_eq!(stored_messages(&app.pool, conv).await, (1, 1));
 
+    // Once accepted, never refused: a retry after the conversation was
+    // archived still gets the original, while a new send is refused.
+    sqlx::query("UPDATE conversations SET archived_at = now() WHERE id = $1")
+        .bind(conv)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let late_retry = alice
+        .call("send_conversation_message", args.clone())
+        .await
+        .unwrap();
+    assert_eq!(late_retry["message_id"], original["message_id"]);
+    let new_send = alice
+        .call("send_conversation_message", json!({"conversation_id": conv, "body": "more", "request_id": Uuid::new_v4().to_string()}))
+        .await
+        .unwrap_err();
+    assert!(message_text(&new_send).contains("archived"), "{new_send}");
+    sqlx::query("UPDATE conversations SET archived_at = NULL WHERE id = $1")
+        .bind(conv)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+
     // Eight clients retrying one new send at the same moment: stored once.
     let racing_id = Uuid::new_v4().to_string();
     let mut clients = Vec::new();

@@ -892,6 +892,26 @@ async fn recovery_refuses_while_any_session_is_live_and_never_posts() {
         .await
         .unwrap();
     assert_eq!(recovered["read_only"], true);
+    // Recovery reads; it never opens a way to post or acknowledge.
+    let post = bob
+        .call(
+            "send_conversation_message",
+            json!({"conversation_id": id, "body": "back", "request_id": uuid::Uuid::new_v4().to_string()}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(post["error"], "not_found", "{post}");
+    let ack = bob
+        .call(
+            "ack_message",
+            json!({"message_id": recovered["messages"][0]["message_id"]}),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        ack["error"] == "not_found" || ack["error"] == "forbidden",
+        "{ack}"
+    );
     assert_eq!(recovered["next_after_seq"], 1);
     assert_eq!(recovered["messages"][0]["from"], "alice");
     assert_eq!(recovered["messages"][0]["body"], "where were we");
