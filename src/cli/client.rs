@@ -10,6 +10,7 @@
 //! missing note, an unanswered question), so scripts can test the exit code;
 //! with `--json` the tool's answer is printed as it came and says so itself.
 
+mod conversation;
 mod show;
 
 use std::io::{Read, Write};
@@ -167,6 +168,10 @@ enum ClientCommand {
     /// The team's shared notes: get, set, rm, search.
     #[command(subcommand)]
     Note(NoteCommand),
+    /// Conversations with seats and receipts: create, list, invite, join, send, read,
+    /// ack, receipts, wait.
+    #[command(subcommand)]
+    Conversation(conversation::ConversationCommand),
     /// Block until something this window should see happens (wait_for_updates).
     Wait {
         /// Seconds to wait, 1..300 (default 50).
@@ -383,6 +388,7 @@ enum Print {
     Digest,
     Attached { path: PathBuf },
     Download { out: Option<PathBuf>, force: bool },
+    Conversation(conversation::Show),
     Raw,
 }
 
@@ -500,6 +506,7 @@ fn prepare(command: ClientCommand) -> anyhow::Result<Request> {
         }
         C::Lock(LockCommand::List) => request("list_locks", json!({}), Print::Locks),
         C::Note(command) => prepare_note(command)?,
+        C::Conversation(command) => conversation::prepare(command)?,
         C::Wait {
             timeout,
             kinds,
@@ -658,6 +665,7 @@ async fn execute(connection: &Connection, request: Request, json: bool) -> anyho
     match request.print {
         Print::Raw => return output::json(&answer),
         Print::Download { out, force } => return download(&answer, out, force, json),
+        Print::Conversation(show) => return conversation::print(show, &answer, json),
         _ if json => return output::json(&answer),
         Print::Whoami => show::whoami(&answer),
         Print::Sent => show::sent(&answer),

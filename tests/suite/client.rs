@@ -533,3 +533,127 @@ async fn client_an_unreachable_url_is_named() {
         run.stderr
     );
 }
+
+/// Team `acme` with conversations turned on, and alice's console.
+async fn conversations_on(app: &TestApp) -> Console {
+    let alice = team_with(app, "alice", None).await;
+    ai_crew_sync::store::teams::capability(
+        &app.pool,
+        "acme",
+        Some(true),
+        &crate::support::test_actor(),
+    )
+    .await
+    .unwrap();
+    alice
+}
+
+#[tokio::test]
+async fn client_conversation_create_join_send_read_ack_then_receipts_count_it() {
+    let app = spawn_app().await;
+    let alice = conversations_on(&app).await;
+    let bob = Console::new(&app, "bob", None).await;
+
+    let created = alice
+        .json(&[
+            "conversation",
+            "create",
+            "Release",
+            "--private",
+            "--invite",
+            "bob",
+        ])
+        .await;
+    assert_eq!(created["title"], "Release", "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+
+    let joined = bob.ok(&["conversation", "join", &id]).await;
+    assert!(joined.starts_with("joined bob as participant"), "{joined}");
+    let listed = bob.ok(&["conversation", "list"]).await;
+    assert!(
+        listed.contains(&id) && listed.contains("Release"),
+        "{listed}"
+    );
+
+    let sent = alice.json(&["conversation", "send", &id, "ship it"]).await;
+    assert_eq!(sent["seq"], 1, "{sent}");
+    assert_eq!(sent["recipients"], serde_json::json!(["bob"]), "{sent}");
+    let message = sent["message_id"].as_str().unwrap().to_string();
+    let request_id = sent["request_id"].as_str().unwrap().to_string();
+    assert!(uuid::Uuid::parse_str(&request_id).is_ok(), "{sent}");
+
+    let read = bob.ok(&["conversation", "read", &id]).await;
+    assert!(
+        read.contains("#1 ") && read.contains("alice") && read.contains("    ship it"),
+        "{read}"
+    );
+    assert!(read.contains("next after seq: 1"), "{read}");
+
+    let acked = bob
+        .ok(&["conversation", "ack", &message, "--resolved"])
+        .await;
+    assert!(acked.starts_with("resolved message"), "{acked}");
+
+    let receipts = alice.json(&["conversation", "receipts", &message]).await;
+    assert_eq!(receipts["total"], 1, "{receipts}");
+    assert_eq!(receipts["acknowledged"], 1, "{receipts}");
+    assert_eq!(receipts["resolved"], 1, "{receipts}");
+    let text = alice.ok(&["conversation", "receipts", &message]).await;
+    assert!(
+        text.contains("total 1") && text.contains("acknowledged 1, resolved 1"),
+        "{text}"
+    );
+
+    let waited = bob.ok(&["conversation", "wait", "--timeout", "1"]).await;
+    assert!(waited.contains("timed out"), "{waited}");
+}
+
+#[tokio::test]
+async fn client_conversation_send_retried_with_the_request_id_returns_the_same_seq() {
+    let app = spawn_app().await;
+    let alice = conversations_on(&app).await;
+    let created = alice
+        .json(&["conversation", "create", "Solo", "--private"])
+        .await;
+    let id = created["id"].as_str().unwrap().to_string();
+
+    let first = alice.ok(&["conversation", "send", &id, "ship it"]).await;
+    assert!(first.starts_with("sent seq 1 "), "{first}");
+    let request_id = first
+        .split("--request-id ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("the send prints its request id: {first}"))
+        .to_string();
+
+    let retry = alice
+        .json(&[
+            "conversation",
+            "send",
+            &id,
+            "ship it",
+            "--request-id",
+            &request_id,
+        ])
+        .await;
+    assert_eq!(retry["seq"], 1, "{retry}");
+    assert_eq!(retry["replayed"], true, "{retry}");
+    assert_eq!(retry["request_id"], request_id.as_str(), "{retry}");
+}
+
+#[tokio::test]
+async fn client_conversation_with_conversations_off_names_team_capability() {
+    let app = spawn_app().await;
+    let alice = team_with(&app, "alice", None).await;
+    let refused = alice
+        .run(&["conversation", "create", "Release", "--private"])
+        .await;
+    assert_eq!(refused.code, Some(1), "{refused:?}");
+    assert!(refused.stdout.is_empty(), "{refused:?}");
+    assert!(
+        refused.stderr.contains("create_conversation was refused")
+            && refused.stderr.contains("team capability"),
+        "{}",
+        refused.stderr
+    );
+}
