@@ -794,26 +794,35 @@ pub async fn list(
 /// it again after it left), re-admit a removed one (from now, audited as
 /// `readmit`), or change the role of an active seat (audited as `role`; only
 /// an owner changes an owner).
-pub async fn invite(
-    bus: &Bus,
+/// What a manager's change to another window's seat starts from.
+struct Managed {
+    conversation: Conversation,
+    target: Window,
+    /// The caller's and the target's seats (those that exist), locked.
+    seats: Vec<SeatRow>,
+    /// The caller's seat: an active owner or moderator.
+    manager: SeatRow,
+}
+
+/// The common start of invite and remove: the conversation row locked,
+/// visibility checked before anything about the target is looked up (so an
+/// invisible conversation answers "not found" whatever the address), the
+/// target resolved, both seats locked in id order, the caller confirmed as
+/// an owner or moderator.
+async fn manage(
+    tx: &mut PgConnection,
     me: &Identity,
     id: Uuid,
-    address: &str,
-    role: &str,
-    history_from_start: bool,
-) -> BusResult<Membership> {
-    let target = parse_window(address)?;
-    let role = check_invite_role(role)?;
-    let mut tx = bus.pool.begin().await?;
-    let (conversation, grant) = open(&mut tx, me, id).await?;
-    // Locate the target first (a plain read); then lock both seats in id order.
-    let target = if visible_unlocked(&mut tx, me, &conversation, grant).await? {
-        resolve_window(&mut tx, me, &target).await?
-    } else {
+    target: &(String, String),
+    what: &str,
+) -> BusResult<Managed> {
+    let (conversation, grant) = open(tx, me, id).await?;
+    if !visible_unlocked(tx, me, &conversation, grant).await? {
         return Err(not_found(id));
-    };
+    }
+    let target = resolve_window(tx, me, target).await?;
     let seats = lock_seats(
-        &mut tx,
+        tx,
         me,
         id,
         &[
@@ -826,7 +835,32 @@ pub async fn invite(
     if !visible(mine, grant) {
         return Err(not_found(id));
     }
-    let manager = require_manager(id, mine, "invite members or change roles")?.clone();
+    let manager = require_manager(id, mine, what)?.clone();
+    Ok(Managed {
+        conversation,
+        target,
+        seats,
+        manager,
+    })
+}
+
+pub async fn invite(
+    bus: &Bus,
+    me: &Identity,
+    id: Uuid,
+    address: &str,
+    role: &str,
+    history_from_start: bool,
+) -> BusResult<Membership> {
+    let target = parse_window(address)?;
+    let role = check_invite_role(role)?;
+    let mut tx = bus.pool.begin().await?;
+    let Managed {
+        conversation,
+        target,
+        seats,
+        manager,
+    } = manage(&mut tx, me, id, &target, "invite members or change roles").await?;
     let existing = seats
         .iter()
         .find(|s| s.is(target.agent_id, &target.session))
@@ -1248,26 +1282,12 @@ pub async fn leave(bus: &Bus, me: &Identity, id: Uuid) -> BusResult<Membership> 
 pub async fn remove(bus: &Bus, me: &Identity, id: Uuid, address: &str) -> BusResult<Membership> {
     let target = parse_window(address)?;
     let mut tx = bus.pool.begin().await?;
-    let (conversation, grant) = open(&mut tx, me, id).await?;
-    if !visible_unlocked(&mut tx, me, &conversation, grant).await? {
-        return Err(not_found(id));
-    }
-    let target = resolve_window(&mut tx, me, &target).await?;
-    let seats = lock_seats(
-        &mut tx,
-        me,
-        id,
-        &[
-            (me.agent_id, &me.session),
-            (target.agent_id, &target.session),
-        ],
-    )
-    .await?;
-    let mine = seats.iter().find(|s| s.is(me.agent_id, &me.session));
-    if !visible(mine, grant) {
-        return Err(not_found(id));
-    }
-    let manager = require_manager(id, mine, "remove members")?.clone();
+    let Managed {
+        conversation: _,
+        target,
+        seats,
+        manager,
+    } = manage(&mut tx, me, id, &target, "remove members").await?;
     let address = target.address();
     let seat = match seats
         .iter()
