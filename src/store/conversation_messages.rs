@@ -208,8 +208,8 @@ pub async fn send(bus: &Bus, me: &Identity, new: NewConversationMessage) -> BusR
     let mut tx = bus.pool.begin().await?;
     sessions::guard(&mut tx, me).await?;
     // The conversation row first: every writer queues here.
-    let conversation = conversations::load(&mut tx, me, new.conversation_id, true).await?;
-    let access = conversations::read_access(&mut tx, me, &conversation).await?;
+    let (conversation, access) =
+        conversations::load_with_access(&mut tx, me, new.conversation_id).await?;
 
     let seat = match refuse_sender(&mut tx, me, &conversation, access).await {
         Ok(seat) => seat,

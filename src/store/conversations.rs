@@ -229,6 +229,88 @@ pub(crate) async fn read_access(
     conversation: &Conversation,
 ) -> BusResult<ReadAccess> {
     let seat = seat_unless_borrowed(conn, me, conversation.id).await?;
+    access_from(conn, me, conversation, seat).await
+}
+
+/// The conversation locked `FOR UPDATE` (the writer's first lock) and how
+/// this window may use it, in one round trip: the send path's start.
+pub(crate) async fn load_with_access(
+    conn: &mut PgConnection,
+    me: &Identity,
+    id: Uuid,
+) -> BusResult<(Conversation, ReadAccess)> {
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        #[sqlx(flatten)]
+        conversation: Conversation,
+        borrowed: bool,
+        seat_id: Option<Uuid>,
+        seat_role: Option<String>,
+        seat_state: Option<String>,
+        seat_history_from_seq: Option<i64>,
+        seat_transfer_to_session: Option<String>,
+        seat_superseded_by: Option<Uuid>,
+    }
+    let row: Option<Row> = sqlx::query_as(
+        "SELECT c.id, c.title, c.visibility, c.project_id, p.name AS project, c.last_seq, c.backend,
+                c.publication, c.write_paused_at, c.archived_at, c.created_at,
+                ($4 AND EXISTS (
+                    SELECT 1 FROM agent_sessions s
+                    JOIN agent_tokens t ON t.team_id = s.team_id AND t.id = s.token_id
+                    WHERE s.team_id = $1 AND s.agent_id = $3 AND s.label = $5
+                      AND s.revoked_at IS NULL AND s.expires_at > now() AND t.revoked_at IS NULL))
+                    AS borrowed,
+                m.id AS seat_id, m.role AS seat_role, m.state AS seat_state,
+                m.history_from_seq AS seat_history_from_seq,
+                m.transfer_to_session AS seat_transfer_to_session,
+                m.superseded_by AS seat_superseded_by
+         FROM conversations c
+         LEFT JOIN projects p ON p.team_id = c.team_id AND p.id = c.project_id
+         LEFT JOIN conversation_members m
+                ON m.team_id = c.team_id AND m.conversation_id = c.id
+               AND m.agent_id = $3 AND m.session = $5
+         WHERE c.team_id = $1 AND c.id = $2
+         FOR UPDATE OF c",
+    )
+    .bind(me.team_id)
+    .bind(id)
+    .bind(me.agent_id)
+    .bind(me.window.is_none() && !me.session.is_empty())
+    .bind(&me.session)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let row = row.ok_or_else(|| not_found(id))?;
+    if row.borrowed {
+        return Err(borrowed_label(me));
+    }
+    let seat = match (
+        row.seat_id,
+        row.seat_role,
+        row.seat_state,
+        row.seat_history_from_seq,
+    ) {
+        (Some(id), Some(role), Some(state), Some(history_from_seq)) => Some(Seat {
+            id,
+            role,
+            state,
+            history_from_seq,
+            transfer_to_session: row.seat_transfer_to_session,
+            superseded_by: row.seat_superseded_by,
+        }),
+        _ => None,
+    };
+    let access = access_from(conn, me, &row.conversation, seat).await?;
+    Ok((row.conversation, access))
+}
+
+/// Read access from this window's seat (if any) and, failing that, the
+/// agent's project grant.
+async fn access_from(
+    conn: &mut PgConnection,
+    me: &Identity,
+    conversation: &Conversation,
+    seat: Option<Seat>,
+) -> BusResult<ReadAccess> {
     if let Some(seat) = &seat
         && seat.is_active()
     {
