@@ -76,9 +76,7 @@ async fn serve_on(
     if args.auto_migrate {
         db.migrate().await?;
     }
-    let teams: i64 = sqlx::query_scalar("SELECT count(*) FROM teams")
-        .fetch_one(&db.pool)
-        .await?;
+    let teams = crate::store::teams::count(&db.pool).await?;
     if teams == 0 {
         eprintln!(
             "no teams yet. Create one and an agent with a token:\n  ai-crew-sync quickstart --team my-team --agent my-agent\n\

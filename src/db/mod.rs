@@ -118,6 +118,14 @@ impl Database {
     }
 }
 
+/// One trivial query: whether the database answers at all.
+pub async fn ping(pool: &PgPool) -> Result<(), sqlx::Error> {
+    sqlx::query_scalar::<_, i32>("SELECT 1")
+        .fetch_one(pool)
+        .await
+        .map(|_| ())
+}
+
 /// A pool on `url`; statement logging is off (it would log every heartbeat).
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, OpenError> {
     let options: PgConnectOptions = url.parse().map_err(|source| OpenError::Connect {

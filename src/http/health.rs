@@ -12,7 +12,7 @@ use serde_json::json;
 use super::AppState;
 
 pub async fn health(State(state): State<Arc<AppState>>) -> (StatusCode, Json<serde_json::Value>) {
-    let probe = sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(&state.pool);
+    let probe = crate::db::ping(&state.pool);
     let database = match tokio::time::timeout(Duration::from_secs(3), probe).await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(err)) => Err(format!("error: {err}")),

@@ -69,6 +69,13 @@ pub async fn list(pool: &PgPool) -> BusResult<Vec<TeamSummary>> {
     .await?)
 }
 
+/// How many teams exist (`serve` says how to make the first one).
+pub async fn count(pool: &PgPool) -> BusResult<i64> {
+    Ok(sqlx::query_scalar("SELECT count(*) FROM teams")
+        .fetch_one(pool)
+        .await?)
+}
+
 /// The team with this slug, or a not-found that says how to see the real ones.
 pub async fn find(db: impl PgExecutor<'_>, slug: &str) -> BusResult<Team> {
     let slug = normalize_team_slug(slug)?;
