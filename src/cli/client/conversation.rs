@@ -7,7 +7,7 @@ use clap::Subcommand;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use super::show::text;
+use super::show::{items, text, when};
 use super::{Print, Request, parse_json_object, read_stdin, request};
 use crate::cli::output;
 
@@ -280,19 +280,6 @@ fn place(conversation: &Value) -> String {
         Some(project) => format!("project {project}"),
         None => text(&conversation["visibility"]),
     }
-}
-
-fn items(value: &Value) -> &[Value] {
-    value.as_array().map(Vec::as_slice).unwrap_or_default()
-}
-
-/// An RFC 3339 timestamp as `YYYY-MM-DD HH:MM:SS` (UTC), null as `-`.
-fn when(value: &Value) -> String {
-    value
-        .as_str()
-        .and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok())
-        .map(|t| output::time(&t.with_timezone(&chrono::Utc)))
-        .unwrap_or_else(|| "-".into())
 }
 
 fn list(answer: &Value) {

@@ -17,7 +17,7 @@ pub fn text(value: &Value) -> String {
 }
 
 /// An RFC 3339 timestamp as `YYYY-MM-DD HH:MM:SS` (UTC).
-fn when(value: &Value) -> String {
+pub fn when(value: &Value) -> String {
     value
         .as_str()
         .and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok())
@@ -25,7 +25,7 @@ fn when(value: &Value) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
-fn items(value: &Value) -> &[Value] {
+pub fn items(value: &Value) -> &[Value] {
     value.as_array().map(Vec::as_slice).unwrap_or_default()
 }
 
