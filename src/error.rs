@@ -25,6 +25,10 @@ pub enum BusError {
     /// A credential that may not do this.
     #[error("{0}")]
     Forbidden(String),
+    /// A backend (the message broker) did not answer or refused; the request
+    /// may succeed later. Nothing accepted was lost.
+    #[error("{0}")]
+    Unavailable(String),
     /// The database failed. The text stays in the server log.
     #[error("the database could not complete this request; nothing was changed, try again")]
     Db(#[source] sqlx::Error),
@@ -46,6 +50,9 @@ impl BusError {
     pub fn forbidden(msg: impl Into<String>) -> Self {
         BusError::Forbidden(msg.into())
     }
+    pub fn unavailable(msg: impl Into<String>) -> Self {
+        BusError::Unavailable(msg.into())
+    }
 
     /// A short machine-readable name of the kind, for JSON bodies and tool results.
     pub fn kind(&self) -> &'static str {
@@ -55,7 +62,7 @@ impl BusError {
             BusError::Conflict(_) => "conflict",
             BusError::Unauthenticated(_) => "unauthenticated",
             BusError::Forbidden(_) => "forbidden",
-            BusError::Db(_) => "unavailable",
+            BusError::Unavailable(_) | BusError::Db(_) => "unavailable",
         }
     }
 
@@ -67,7 +74,7 @@ impl BusError {
             BusError::Conflict(_) => 409,
             BusError::Unauthenticated(_) => 401,
             BusError::Forbidden(_) => 403,
-            BusError::Db(_) => 503,
+            BusError::Unavailable(_) | BusError::Db(_) => 503,
         }
     }
 }

@@ -13,6 +13,7 @@
 //! - [`client`]: speaking MCP to a server, as an agent would.
 
 pub mod auth;
+pub mod backend;
 pub mod cli;
 pub mod client;
 pub mod config;

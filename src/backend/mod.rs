@@ -1,0 +1,169 @@
+//! The messaging backend boundary: where a conversation body is stored once
+//! the bus has accepted it.
+//!
+//! On the synchronous path (the default) the body, its recipients and their
+//! receipts commit in one PostgreSQL transaction and nothing here runs. On the
+//! outbox path acceptance and storage are two events, and the second can fail,
+//! time out, or succeed without the caller learning that it did. This module
+//! is the shape every store behind that second event has: four operations
+//! (publish, fetch, retain, reconcile), each allowed to fail, none of them ever
+//! run inside a database transaction.
+//!
+//! What the boundary promises its callers:
+//!
+//! * `publish` is idempotent on the envelope's `publish_key`: presented the
+//!   same key twice, a backend answers with the same locator rather than
+//!   storing the body twice;
+//! * `fetch` checks that a locator names the message the caller believes it
+//!   does: a locator is opaque and proves nothing about who may read it;
+//! * `reconcile` re-presents the same envelope under the same key and reads
+//!   what comes back; it never probes with a throwaway message.
+//!
+//! Backends are dispatched through [`AnyBackend`], an enum rather than a trait
+//! object, so every call is a plain `async fn` with no boxing.
+
+pub mod jetstream;
+pub mod postgres;
+pub mod routing;
+
+use std::future::Future;
+
+use uuid::Uuid;
+
+use crate::error::BusResult;
+
+pub use jetstream::JetStreamBackend;
+pub use postgres::{Faults, PostgresBackend};
+pub use routing::Backends;
+
+/// Where a confirmed body lives. Opaque to everything but the backend that
+/// issued it: PostgreSQL uses the message id, JetStream
+/// `jetstream:<stream>:<sequence>`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Locator(pub String);
+
+/// What a backend reports after trying to publish.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Published {
+    /// The backend confirmed it, and this is where it is.
+    Confirmed(Locator),
+    /// The attempt failed and may succeed later: a refused connection, a
+    /// broker without a leader, a full queue. The slot stays and is retried
+    /// after a backoff.
+    Retryable(String),
+    /// It will never succeed: a payload the backend cannot take, a full
+    /// stream, a permission denied. The slot is marked failed and stays
+    /// visible.
+    Fatal(String),
+    /// The attempt ended without an answer (a timeout, a connection lost
+    /// after the request left): whether the backend stored the body is not
+    /// known. Not retried blindly; the reconciler asks the backend.
+    Unanswered(String),
+}
+
+/// One publication attempt's input.
+#[derive(Clone, Debug)]
+pub struct Envelope {
+    pub message_id: Uuid,
+    pub conversation_id: Uuid,
+    pub team_id: Uuid,
+    pub body: String,
+    /// Presented to the backend on every attempt, so an uncertain completion
+    /// can be recognised instead of duplicated.
+    pub publish_key: Uuid,
+}
+
+/// The boundary. Network work happens here, outside any database
+/// transaction: the outbox leases in one short transaction, publishes with
+/// nothing held, and settles in another.
+pub trait MessagingBackend: Send + Sync {
+    /// The name recorded on the conversation, the message and the outbox slot.
+    fn name(&self) -> &'static str;
+
+    /// Persist a body, idempotently on `publish_key`.
+    fn publish(&self, envelope: &Envelope) -> impl Future<Output = Published> + Send;
+
+    /// Read a body back by locator. `message_id` is the message the caller
+    /// believes the locator names, and the backend must check it: a locator
+    /// copied or guessed from another conversation or team reads nothing.
+    /// `Ok(None)`: the backend answered and no longer holds that body.
+    fn fetch(
+        &self,
+        locator: &Locator,
+        message_id: Uuid,
+    ) -> impl Future<Output = BusResult<Option<String>>> + Send;
+
+    /// Drop bodies the retention policy no longer keeps; how many went.
+    fn retain(
+        &self,
+        before: chrono::DateTime<chrono::Utc>,
+    ) -> impl Future<Output = BusResult<u64>> + Send;
+
+    /// Settle an attempt that ended without an answer by presenting the same
+    /// envelope again under the same key and reading what comes back. `None`:
+    /// the backend holds nothing for this key and nothing was written, so the
+    /// ordinary retry path is safe. Never a probe with a throwaway message: a
+    /// probe that can answer at all was stored, under the key the body needed.
+    fn reconcile(
+        &self,
+        envelope: &Envelope,
+    ) -> impl Future<Output = BusResult<Option<Locator>>> + Send;
+}
+
+/// One of the backends this build knows, dispatched without boxing.
+#[derive(Clone)]
+pub enum AnyBackend {
+    Postgres(PostgresBackend),
+    JetStream(JetStreamBackend),
+}
+
+impl MessagingBackend for AnyBackend {
+    fn name(&self) -> &'static str {
+        match self {
+            AnyBackend::Postgres(b) => b.name(),
+            AnyBackend::JetStream(b) => b.name(),
+        }
+    }
+
+    async fn publish(&self, envelope: &Envelope) -> Published {
+        match self {
+            AnyBackend::Postgres(b) => b.publish(envelope).await,
+            AnyBackend::JetStream(b) => b.publish(envelope).await,
+        }
+    }
+
+    async fn fetch(&self, locator: &Locator, message_id: Uuid) -> BusResult<Option<String>> {
+        match self {
+            AnyBackend::Postgres(b) => b.fetch(locator, message_id).await,
+            AnyBackend::JetStream(b) => b.fetch(locator, message_id).await,
+        }
+    }
+
+    async fn retain(&self, before: chrono::DateTime<chrono::Utc>) -> BusResult<u64> {
+        match self {
+            AnyBackend::Postgres(b) => b.retain(before).await,
+            AnyBackend::JetStream(b) => b.retain(before).await,
+        }
+    }
+
+    async fn reconcile(&self, envelope: &Envelope) -> BusResult<Option<Locator>> {
+        match self {
+            AnyBackend::Postgres(b) => b.reconcile(envelope).await,
+            AnyBackend::JetStream(b) => b.reconcile(envelope).await,
+        }
+    }
+}
+
+/// The names a team, conversation or message may route to.
+pub const BACKEND_NAMES: [&str; 2] = [PostgresBackend::NAME, JetStreamBackend::NAME];
+
+/// Parse a backend name from an operator or a tool, with an error naming both.
+pub fn parse_backend_name(raw: &str) -> BusResult<&'static str> {
+    match raw.trim().to_ascii_lowercase().as_str() {
+        "postgres" => Ok(PostgresBackend::NAME),
+        "jetstream" => Ok(JetStreamBackend::NAME),
+        other => Err(crate::error::BusError::invalid(format!(
+            "unknown backend {other:?}: use `jetstream` or `postgres`."
+        ))),
+    }
+}
