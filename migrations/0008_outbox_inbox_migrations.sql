@@ -57,8 +57,8 @@ CREATE TABLE inbox_references (
     seq                bigint      NOT NULL,
     -- message: the sender's address; receipt: who acknowledged.
     actor              text        NOT NULL,
-    -- receipt: 'acknowledged' or 'resolved'.
-    receipt            text        CHECK (receipt IN ('acknowledged', 'resolved')),
+    -- receipt: 'acknowledged' or 'resolved'; '' for a message reference.
+    receipt            text        NOT NULL DEFAULT '' CHECK (receipt IN ('', 'acknowledged', 'resolved')),
     created_at         timestamptz NOT NULL DEFAULT now(),
     -- Published to the team's inbox stream (JetStream teams only).
     published_at       timestamptz,
@@ -66,7 +66,7 @@ CREATE TABLE inbox_references (
     -- The open hand-out, if any: one per reference.
     handed_out_at      timestamptz,
     delivered_at       timestamptz,
-    CHECK ((kind = 'receipt') = (receipt IS NOT NULL)),
+    CHECK ((kind = 'receipt') = (receipt <> '')),
     UNIQUE (team_id, recipient_key, kind, message_id, receipt),
     FOREIGN KEY (team_id, message_id) REFERENCES conversation_messages (team_id, id),
     FOREIGN KEY (team_id, conversation_id) REFERENCES conversations (team_id, id),

@@ -27,12 +27,13 @@ pub mod workers;
 
 pub use error::{BusError, BusResult};
 
-/// What every tool and worker works with: the database and the event hub.
-/// Cheap to clone.
+/// What every tool and worker works with: the database, the event hub and
+/// the message backends. Cheap to clone.
 #[derive(Clone)]
 pub struct Bus {
     pub pool: sqlx::PgPool,
     pub events: events::Events,
+    pub backends: backend::Backends,
 }
 
 impl Bus {
@@ -43,6 +44,17 @@ impl Bus {
         shutdown: tokio_util::sync::CancellationToken,
     ) -> Bus {
         let events = events::Events::start(pool.clone(), event_ping, shutdown);
-        Bus { pool, events }
+        let backends = backend::Backends::postgres_only(pool.clone());
+        Bus {
+            pool,
+            events,
+            backends,
+        }
+    }
+
+    /// The same bus routing to `backends` (a broker, when `serve` has one).
+    pub fn with_backends(mut self, backends: backend::Backends) -> Bus {
+        self.backends = backends;
+        self
     }
 }

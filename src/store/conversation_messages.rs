@@ -25,9 +25,10 @@ use uuid::Uuid;
 
 use super::conversations::{self, Conversation, ReadAccess};
 use super::messages::{check_body, check_limit, normalize_metadata};
-use super::{projects, sessions};
+use super::{outbox, projects, sessions};
 use crate::Bus;
 use crate::auth::Identity;
+use crate::backend::{Locator, MessagingBackend};
 use crate::error::{BusError, BusResult};
 use crate::events::{BusEvent, EventKind};
 
@@ -74,7 +75,7 @@ pub struct MyReceipt {
 /// Why a body cannot be shown.
 #[derive(Clone, Debug, Serialize)]
 pub struct Unavailable {
-    /// `pending_publication`, `failed` or `tombstoned`.
+    /// `pending_publication`, `failed`, `tombstoned` or `unreachable`.
     pub reason: String,
     /// The tombstone's reason, or what to do.
     pub detail: String,
@@ -102,6 +103,7 @@ pub struct ConversationMessage {
 #[derive(sqlx::FromRow)]
 struct MessageRow {
     id: Uuid,
+    team_id: Uuid,
     conversation_id: Uuid,
     seq: i64,
     from: String,
@@ -111,6 +113,10 @@ struct MessageRow {
     created_at: DateTime<Utc>,
     publication_state: String,
     tombstone_reason: Option<String>,
+    backend: String,
+    canonical_locator: Option<String>,
+    body_sha256: Vec<u8>,
+    uncertain: bool,
     has_receipt: bool,
     stored_at: Option<DateTime<Utc>>,
     delivered_at: Option<DateTime<Utc>>,
@@ -123,9 +129,10 @@ struct MessageRow {
 /// the reading seat's id (NULL for a reader without a seat).
 macro_rules! message_select {
     () => {
-        "SELECT m.id, m.conversation_id, m.seq,
+        "SELECT m.id, m.team_id, m.conversation_id, m.seq,
                 CASE WHEN m.sender_session = '' THEN a.name ELSE a.name || '/' || m.sender_session END AS from,
                 m.body, m.reply_to, m.metadata, m.created_at, m.publication_state, m.tombstone_reason,
+                m.backend, m.canonical_locator, m.body_sha256, m.uncertain_at IS NOT NULL AS uncertain,
                 r.message_id IS NOT NULL AS has_receipt, r.stored_at, r.delivered_at, r.presented_at,
                 r.acknowledged_at, r.resolved_at
          FROM conversation_messages m
@@ -146,8 +153,13 @@ impl From<MessageRow> for ConversationMessage {
             match row.publication_state.as_str() {
                 "pending_publication" => Some(Unavailable {
                     reason: "pending_publication".into(),
-                    detail: "the body is not confirmed by its backend yet; read again shortly."
-                        .into(),
+                    detail: if row.uncertain {
+                        "the last publish ended without an answer; the bus is asking the backend \
+                         whether it holds the body. Read again shortly."
+                    } else {
+                        "the body is not confirmed by its backend yet; read again shortly."
+                    }
+                    .into(),
                 }),
                 "failed" => Some(Unavailable {
                     reason: "failed".into(),
@@ -201,6 +213,7 @@ struct EarlierSend {
 /// `send_conversation_message`.
 pub async fn send(bus: &Bus, me: &Identity, new: NewConversationMessage) -> BusResult<Sent> {
     check_body(&new.body)?;
+    outbox::check_payload(&new.body)?;
     let metadata = normalize_metadata(new.metadata)?;
     let request_id = parse_request_id(&new.request_id)?;
     let digest: [u8; 32] = Sha256::digest(new.body.as_bytes()).into();
@@ -244,6 +257,9 @@ pub async fn send(bus: &Bus, me: &Identity, new: NewConversationMessage) -> BusR
         }
     }
 
+    // Synchronous: stored because this transaction commits. Outbox: accepted
+    // now, `pending_publication` until the backend confirms.
+    let sync = conversation.publication == "sync";
     // The sequence is allocated under the conversation lock taken above; a
     // request_id seen before inserts nothing and allocates nothing (no gap),
     // and is answered from the original. Concurrent retries queue on the lock.
@@ -254,8 +270,9 @@ pub async fn send(bus: &Bus, me: &Identity, new: NewConversationMessage) -> BusR
                  (id, team_id, conversation_id, seq, sender_member_id, sender_id, sender_session,
                   request_id, body, body_sha256, body_bytes, reply_to, metadata, backend,
                   publication_state, canonical_locator)
-             SELECT $3, $1, $2, c.last_seq + 1, $4, $5, $6, $7, $8, $9, $10, $11, $12, 'postgres',
-                    'stored', $3::text
+             SELECT $3, $1, $2, c.last_seq + 1, $4, $5, $6, $7, $8, $9, $10, $11, $12, c.backend,
+                    CASE WHEN $13 THEN 'stored' ELSE 'pending_publication' END,
+                    CASE WHEN $13 THEN $3::text END
              FROM conversations c WHERE c.team_id = $1 AND c.id = $2
              ON CONFLICT (team_id, conversation_id, sender_id, request_id) DO NOTHING
              RETURNING seq, created_at),
@@ -276,6 +293,7 @@ pub async fn send(bus: &Bus, me: &Identity, new: NewConversationMessage) -> BusR
     .bind(new.body.len() as i32)
     .bind(new.reply_to)
     .bind(&metadata)
+    .bind(sync)
     .fetch_optional(&mut *tx)
     .await?;
     let Some((seq, created_at)) = inserted else {
@@ -288,12 +306,13 @@ pub async fn send(bus: &Bus, me: &Identity, new: NewConversationMessage) -> BusR
 
     // The recipient list, frozen now: active seats but the sender's, and in a
     // project conversation only agents still holding the grant. Stored at
-    // commit: on this path the body is in the same transaction.
+    // commit on the synchronous path (the body is in this transaction); at
+    // confirmation on the outbox path.
     let recipients: Vec<String> = sqlx::query_scalar(
         "WITH owed AS (
              INSERT INTO message_receipts
                  (team_id, message_id, member_id, recipient_id, recipient_session, stored_at)
-             SELECT s.team_id, $3, s.id, s.agent_id, s.session, now()
+             SELECT s.team_id, $3, s.id, s.agent_id, s.session, CASE WHEN $11 THEN now() END
              FROM conversation_members s
              WHERE s.team_id = $1 AND s.conversation_id = $2 AND s.state = 'active' AND s.id <> $4
                AND ($5::uuid IS NULL OR EXISTS (
@@ -321,8 +340,20 @@ pub async fn send(bus: &Bus, me: &Identity, new: NewConversationMessage) -> BusR
     .bind(seq)
     .bind(request_id)
     .bind(new.body.len() as i32)
+    .bind(sync)
     .fetch_all(&mut *tx)
     .await?;
+    if !sync {
+        outbox::enqueue(
+            &mut tx,
+            id,
+            conversation.id,
+            me.team_id,
+            &conversation.backend,
+            &new.body,
+        )
+        .await?;
+    }
 
     tx.commit().await?;
 
@@ -334,8 +365,13 @@ pub async fn send(bus: &Bus, me: &Identity, new: NewConversationMessage) -> BusR
         message_id: id,
         conversation_id: conversation.id,
         seq,
-        stored: true,
-        publication: "stored".into(),
+        stored: sync,
+        publication: if sync {
+            "stored"
+        } else {
+            "pending_publication"
+        }
+        .into(),
         recipients,
         created_at,
         replayed: false,
@@ -512,7 +548,7 @@ pub async fn read(bus: &Bus, me: &Identity, request: ReadRequest) -> BusResult<R
     .bind(limit)
     .fetch_all(&mut *conn)
     .await?;
-    let messages: Vec<ConversationMessage> = rows.into_iter().map(Into::into).collect();
+    let messages = resolve_bodies(bus, rows).await?;
     let mut next_after_seq = from_seq - 1;
     for message in &messages {
         if message.publication == "pending_publication" {
@@ -581,5 +617,100 @@ pub async fn get(bus: &Bus, me: &Identity, message_id: Uuid) -> BusResult<Conver
     .bind(message_id)
     .fetch_one(&mut *conn)
     .await?;
-    Ok(row.into())
+    drop(conn);
+    let mut resolved = resolve_bodies(bus, vec![row]).await?;
+    Ok(resolved.remove(0))
+}
+
+/// Reads this many released bodies from their backends at once per page.
+const FETCH_CONCURRENCY: usize = 16;
+
+/// Turn rows into what a reader sees, reading each released body (stored,
+/// local copy dropped by the sweep) back from its backend. A page never fails
+/// because one body is missing: a backend that does not answer makes that
+/// message `unreachable` for now, and a body the backend answered it no
+/// longer holds is tombstoned here, since an explained gap is not a gap.
+async fn resolve_bodies(bus: &Bus, rows: Vec<MessageRow>) -> BusResult<Vec<ConversationMessage>> {
+    use futures::StreamExt;
+
+    let fetched: Vec<(MessageRow, Option<Remote>)> = futures::stream::iter(rows)
+        .map(|row| async move {
+            let remote = if needs_fetch(&row) {
+                Some(fetch_remote(bus, &row).await)
+            } else {
+                None
+            };
+            (row, remote)
+        })
+        .buffered(FETCH_CONCURRENCY)
+        .collect()
+        .await;
+    let mut messages = Vec::with_capacity(fetched.len());
+    for (mut row, remote) in fetched {
+        let mut unreachable = None;
+        match remote {
+            None => {}
+            Some(Remote::Body(body)) => row.body = body,
+            Some(Remote::Gone(reason)) => {
+                outbox::tombstone(&bus.pool, row.id, &reason).await?;
+                row.tombstone_reason = Some(reason);
+            }
+            Some(Remote::Unreachable(detail)) => unreachable = Some(detail),
+        }
+        let mut message = ConversationMessage::from(row);
+        if let Some(detail) = unreachable {
+            message.body = None;
+            message.unavailable = Some(Unavailable {
+                reason: "unreachable".into(),
+                detail,
+            });
+        }
+        messages.push(message);
+    }
+    Ok(messages)
+}
+
+fn needs_fetch(row: &MessageRow) -> bool {
+    row.publication_state == "stored"
+        && row.tombstone_reason.is_none()
+        && row.body.is_empty()
+        && row.canonical_locator.is_some()
+}
+
+/// What a message's backend said about its body.
+enum Remote {
+    Body(String),
+    /// The backend answered and does not hold it (or holds another body).
+    Gone(String),
+    Unreachable(String),
+}
+
+async fn fetch_remote(bus: &Bus, row: &MessageRow) -> Remote {
+    let locator = Locator(row.canonical_locator.clone().unwrap_or_default());
+    let team_id = row.team_id;
+    let backend = match bus.backends.for_message(&row.backend, team_id) {
+        Ok(backend) => backend,
+        Err(e) => return Remote::Unreachable(e.to_string()),
+    };
+    match backend.fetch(&locator, row.id).await {
+        Ok(Some(body)) if outbox::body_digest(&body)[..] == row.body_sha256[..] => {
+            Remote::Body(body)
+        }
+        Ok(Some(_)) => Remote::Gone(format!(
+            "the {} backend holds a different body under this message's locator",
+            row.backend
+        )),
+        Ok(None) => Remote::Gone(format!(
+            "the {} backend no longer holds this body",
+            row.backend
+        )),
+        Err(e) => {
+            tracing::debug!(error = %e, message = %row.id, "a backend did not answer a read");
+            Remote::Unreachable(format!(
+                "the {} backend did not answer now ({e}); the body is not lost. Read again \
+                 shortly.",
+                row.backend
+            ))
+        }
+    }
 }

@@ -23,6 +23,8 @@ use serde_json::Value;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use crate::backend::PostgresBackend;
+
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -782,10 +784,20 @@ pub async fn create(
             .bind(me.team_id)
             .fetch_one(&mut *tx)
             .await?;
+    // A team routed to a broker this server cannot reach is an explicit
+    // refusal, never a silent fallback to PostgreSQL.
+    bus.backends.require(&backend)?;
+    // Bodies off PostgreSQL go through the outbox: accepted now, published later.
+    let publication = if backend == PostgresBackend::NAME {
+        "sync"
+    } else {
+        "outbox"
+    };
     let id = Uuid::new_v4();
     sqlx::query(
-        "INSERT INTO conversations (id, team_id, title, visibility, project_id, created_by, created_session, backend)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        "INSERT INTO conversations
+             (id, team_id, title, visibility, project_id, created_by, created_session, backend, publication)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
     )
     .bind(id)
     .bind(me.team_id)
@@ -795,6 +807,7 @@ pub async fn create(
     .bind(me.agent_id)
     .bind(&me.session)
     .bind(&backend)
+    .bind(publication)
     .execute(&mut *tx)
     .await?;
     sqlx::query(

@@ -16,6 +16,7 @@ mod http_surface;
 mod locks;
 mod messaging;
 mod notes;
+mod outbox;
 mod overview;
 mod presence;
 mod projects;

@@ -1,0 +1,1011 @@
+//! The outbox and the backend boundary against real PostgreSQL, with faults
+//! injected only at the backend boundary (`Faults`), as the seeds do. Each
+//! test cites the invariants of ../shared/spec/seed-invariants.md it shows
+//! (O* for the outbox, B* for the backend).
+//!
+//! Messages are sent by real MCP clients into a conversation switched to
+//! outbox publication on the postgres backend; the workers are not running
+//! (no broker), so each test drives the outbox functions itself.
+
+use std::time::Duration;
+
+use ai_crew_sync::backend::{
+    Envelope, Faults, Locator, MessagingBackend, PostgresBackend, Published,
+};
+use ai_crew_sync::store::outbox::{Lease, Settled};
+use ai_crew_sync::store::{outbox, teams};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::support::{McpClient, TestApp, spawn_app, test_actor};
+
+/// A conversation of alice (sender) and bob (recipient) on outbox publication.
+struct Outboxed {
+    app: TestApp,
+    team_id: Uuid,
+    conversation_id: Uuid,
+    alice: McpClient,
+    bob: McpClient,
+}
+
+impl Outboxed {
+    async fn new() -> Outboxed {
+        let app = spawn_app().await;
+        app.team("ob").await;
+        teams::capability(&app.pool, "ob", Some(true), &test_actor())
+            .await
+            .unwrap();
+        let alice = app.mcp(&app.agent("ob", "alice").await, None).await;
+        let bob = app.mcp(&app.agent("ob", "bob").await, None).await;
+        let created = alice
+            .call(
+                "create_conversation",
+                json!({"title": "Outbox", "private": true, "invite": ["bob"]}),
+            )
+            .await
+            .unwrap();
+        let conversation_id: Uuid = created["id"].as_str().unwrap().parse().unwrap();
+        bob.call(
+            "join_conversation",
+            json!({"conversation_id": conversation_id}),
+        )
+        .await
+        .unwrap();
+        let team_id: Uuid = sqlx::query_scalar("SELECT id FROM teams WHERE slug = 'ob'")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+        outbox::set_publication(&app.pool, team_id, conversation_id, true)
+            .await
+            .unwrap();
+        Outboxed {
+            app,
+            team_id,
+            conversation_id,
+            alice,
+            bob,
+        }
+    }
+
+    fn pool(&self) -> &PgPool {
+        &self.app.pool
+    }
+
+    /// Alice sends `body`; the answer of the tool.
+    async fn send(&self, body: &str) -> Value {
+        self.alice
+            .call(
+                "send_conversation_message",
+                json!({"conversation_id": self.conversation_id, "body": body,
+                       "request_id": Uuid::new_v4()}),
+            )
+            .await
+            .unwrap()
+    }
+
+    async fn send_id(&self, body: &str) -> Uuid {
+        self.send(body).await["message_id"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
+    async fn read_as_bob(&self) -> Value {
+        self.bob
+            .call(
+                "read_conversation",
+                json!({"conversation_id": self.conversation_id}),
+            )
+            .await
+            .unwrap()
+    }
+
+    /// Make every slot due now (skip the backoff a test is not about).
+    async fn make_due(&self) {
+        sqlx::query("UPDATE conversation_outbox SET next_attempt_at = now()")
+            .execute(self.pool())
+            .await
+            .unwrap();
+    }
+
+    async fn slot(&self, message_id: Uuid) -> Option<Slot> {
+        sqlx::query_as(
+            "SELECT state, generation, attempts, leased_by, last_error,
+                    extract(epoch FROM lease_expires_at - now())::float8 AS lease_left,
+                    extract(epoch FROM next_attempt_at - now())::float8 AS due_in
+               FROM conversation_outbox WHERE message_id = $1",
+        )
+        .bind(message_id)
+        .fetch_optional(self.pool())
+        .await
+        .unwrap()
+    }
+
+    async fn message(&self, message_id: Uuid) -> MessageState {
+        sqlx::query_as(
+            "SELECT publication_state, canonical_locator, uncertain_at IS NOT NULL AS uncertain,
+                    tombstone_reason,
+                    (SELECT count(*) FROM message_receipts r
+                      WHERE r.message_id = m.id AND r.stored_at IS NOT NULL) AS receipts_stored,
+                    (SELECT count(*) FROM inbox_references i WHERE i.message_id = m.id) AS references
+               FROM conversation_messages m WHERE id = $1",
+        )
+        .bind(message_id)
+        .fetch_one(self.pool())
+        .await
+        .unwrap()
+    }
+}
+
+#[derive(sqlx::FromRow, Debug)]
+struct Slot {
+    state: String,
+    generation: i64,
+    attempts: i32,
+    leased_by: Option<String>,
+    last_error: Option<String>,
+    lease_left: Option<f64>,
+    due_in: f64,
+}
+
+#[derive(sqlx::FromRow, Debug)]
+struct MessageState {
+    publication_state: String,
+    canonical_locator: Option<String>,
+    uncertain: bool,
+    tombstone_reason: Option<String>,
+    receipts_stored: i64,
+    references: i64,
+}
+
+fn backend(pool: &PgPool) -> PostgresBackend {
+    PostgresBackend::new(pool.clone())
+}
+
+fn faulty(pool: &PgPool, faults: Faults) -> PostgresBackend {
+    PostgresBackend::with_faults(pool.clone(), faults)
+}
+
+async fn lease(pool: &PgPool) -> Lease {
+    outbox::lease(pool, "test-worker")
+        .await
+        .unwrap()
+        .expect("a due slot")
+}
+
+// O1: a payload over 1 MiB is refused, naming the cap, before anything is written.
+#[tokio::test]
+async fn o1_enqueue_refuses_a_payload_over_the_cap_and_writes_nothing() {
+    let t = Outboxed::new().await;
+    let message_id = t.send_id("small").await;
+    let mut tx = t.pool().begin().await.unwrap();
+    let err = outbox::enqueue(
+        &mut tx,
+        Uuid::new_v4(),
+        t.conversation_id,
+        t.team_id,
+        "postgres",
+        &"x".repeat(1024 * 1024 + 1),
+    )
+    .await
+    .unwrap_err();
+    tx.commit().await.unwrap();
+    let text = err.to_string();
+    assert!(text.contains("1048576"), "{text}");
+    assert!(text.contains("1 MiB"), "{text}");
+    let slots: i64 = sqlx::query_scalar("SELECT count(*) FROM conversation_outbox")
+        .fetch_one(t.pool())
+        .await
+        .unwrap();
+    assert_eq!(slots, 1, "only the accepted message has a slot");
+    assert!(t.slot(message_id).await.is_some());
+}
+
+// O2, O3: the send's transaction holds the message, its slot and its pending
+// state together; enqueueing the same message again writes no second slot.
+#[tokio::test]
+async fn o2_o3_a_send_enqueues_one_slot_and_is_pending_until_confirmed() {
+    let t = Outboxed::new().await;
+    let sent = t.send("hello through the outbox").await;
+    assert_eq!(sent["stored"], false);
+    assert_eq!(sent["publication"], "pending_publication");
+    let message_id: Uuid = sent["message_id"].as_str().unwrap().parse().unwrap();
+
+    let state = t.message(message_id).await;
+    assert_eq!(state.publication_state, "pending_publication");
+    assert_eq!(state.canonical_locator, None);
+    assert_eq!(state.receipts_stored, 0, "nothing is stored yet");
+    let slot = t.slot(message_id).await.expect("a slot");
+    assert_eq!(slot.state, "pending");
+    assert_eq!((slot.generation, slot.attempts), (0, 0));
+
+    let key_before: Uuid =
+        sqlx::query_scalar("SELECT publish_key FROM conversation_outbox WHERE message_id = $1")
+            .bind(message_id)
+            .fetch_one(t.pool())
+            .await
+            .unwrap();
+    let mut tx = t.pool().begin().await.unwrap();
+    let key_again = outbox::enqueue(
+        &mut tx,
+        message_id,
+        t.conversation_id,
+        t.team_id,
+        "postgres",
+        "hello through the outbox",
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(key_again, key_before, "the same slot, the same key");
+    let slots: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM conversation_outbox WHERE message_id = $1")
+            .bind(message_id)
+            .fetch_one(t.pool())
+            .await
+            .unwrap();
+    assert_eq!(slots, 1);
+
+    // A reader sees the gap, explained, and its cursor does not walk past it.
+    let page = t.read_as_bob().await;
+    let message = &page["messages"][0];
+    assert_eq!(message["body"], Value::Null);
+    assert_eq!(message["unavailable"]["reason"], "pending_publication");
+    assert_eq!(page["next_after_seq"], 0);
+}
+
+// O4: the oldest due slot, skip-locked, generation and attempts bumped, a 60 s
+// lease under the worker's name; concurrent workers never share a slot.
+#[tokio::test]
+async fn o4_lease_takes_the_oldest_due_slot_once_across_concurrent_workers() {
+    let t = Outboxed::new().await;
+    let first = t.send_id("one").await;
+    let mut others = Vec::new();
+    for i in 0..5 {
+        others.push(t.send_id(&format!("more {i}")).await);
+    }
+    let leased = lease(t.pool()).await;
+    assert_eq!(leased.message_id, first, "oldest first");
+    assert_eq!((leased.generation, leased.attempts), (1, 1));
+    let slot = t.slot(first).await.unwrap();
+    assert_eq!(slot.state, "leased");
+    assert_eq!(slot.leased_by.as_deref(), Some("test-worker"));
+    let left = slot.lease_left.unwrap();
+    assert!((55.0..=60.5).contains(&left), "lease of 60 s, {left} left");
+
+    // Eight workers race for the five remaining slots.
+    let mut tasks = Vec::new();
+    for w in 0..8 {
+        let pool = t.pool().clone();
+        tasks.push(tokio::spawn(async move {
+            outbox::lease(&pool, &format!("w{w}")).await.unwrap()
+        }));
+    }
+    let mut got = Vec::new();
+    for task in tasks {
+        if let Some(lease) = task.await.unwrap() {
+            got.push(lease.message_id);
+        }
+    }
+    got.sort();
+    others.sort();
+    assert_eq!(got, others, "each slot leased exactly once");
+    assert!(outbox::lease(t.pool(), "late").await.unwrap().is_none());
+}
+
+// O6, O7: confirmed → slot gone, message stored with its locator, receipts
+// stored, references queued, in one transaction.
+#[tokio::test]
+async fn o6_o7_settling_a_confirmation_stores_the_message_and_queues_references() {
+    let t = Outboxed::new().await;
+    let message_id = t.send_id("to be stored").await;
+    let settled = outbox::run_once(t.pool(), &backend(t.pool()), "w")
+        .await
+        .unwrap();
+    assert_eq!(settled, Some(Settled::Stored));
+    assert!(t.slot(message_id).await.is_none(), "the slot is gone");
+    let state = t.message(message_id).await;
+    assert_eq!(state.publication_state, "stored");
+    assert_eq!(state.canonical_locator, Some(message_id.to_string()));
+    assert_eq!(state.receipts_stored, 1, "bob's receipt says stored");
+    assert_eq!(state.references, 1, "one reference queued for bob");
+
+    let page = t.read_as_bob().await;
+    assert_eq!(page["messages"][0]["body"], "to be stored");
+    assert_eq!(page["messages"][0]["publication"], "stored");
+    assert_eq!(page["next_after_seq"], 1);
+}
+
+// O6: a worker whose lease expired, or whose generation is stale, writes
+// nothing: Fenced.
+#[tokio::test]
+async fn o6_a_settle_after_the_lease_expired_is_fenced_and_writes_nothing() {
+    let t = Outboxed::new().await;
+    let message_id = t.send_id("contested").await;
+    let stale = lease(t.pool()).await;
+    // The lease runs out before this worker settles.
+    sqlx::query("UPDATE conversation_outbox SET lease_expires_at = now() - interval '1 second'")
+        .execute(t.pool())
+        .await
+        .unwrap();
+    let outcome = Published::Confirmed(Locator(message_id.to_string()));
+    assert_eq!(
+        outbox::settle(t.pool(), &stale, outcome.clone())
+            .await
+            .unwrap(),
+        Settled::Fenced
+    );
+    assert_eq!(
+        t.message(message_id).await.publication_state,
+        "pending_publication"
+    );
+    assert!(t.slot(message_id).await.is_some());
+
+    // Someone else leases it now: the old generation stays fenced for every
+    // outcome, and the new holder settles.
+    let fresh = lease(t.pool()).await;
+    assert_eq!(fresh.generation, stale.generation + 1);
+    for late in [
+        outcome.clone(),
+        Published::Retryable("late".into()),
+        Published::Fatal("late".into()),
+        Published::Unanswered("late".into()),
+    ] {
+        assert_eq!(
+            outbox::settle(t.pool(), &stale, late).await.unwrap(),
+            Settled::Fenced
+        );
+    }
+    let slot = t.slot(message_id).await.unwrap();
+    assert_eq!(
+        (slot.state.as_str(), slot.generation),
+        ("leased", fresh.generation)
+    );
+    assert_eq!(
+        outbox::settle(t.pool(), &fresh, outcome).await.unwrap(),
+        Settled::Stored
+    );
+}
+
+// O6 with a slow backend (Faults::delay): the lease expires during the
+// publish, another worker takes the slot, and the slow one is fenced. B7:
+// nothing is held during the publish (the slot and the conversation row can
+// be locked by anyone meanwhile).
+#[tokio::test]
+async fn o6_a_delayed_worker_whose_lease_expired_is_fenced() {
+    let t = Outboxed::new().await;
+    let message_id = t.send_id("slow").await;
+    let slow = faulty(
+        t.pool(),
+        Faults {
+            delay: Some(Duration::from_millis(600)),
+            ..Faults::default()
+        },
+    );
+    let held = lease(t.pool()).await;
+    let pool = t.pool().clone();
+    let slow_worker = tokio::spawn({
+        let held = held.clone();
+        async move { outbox::publish_leased(&pool, &slow, &held).await.unwrap() }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut probe = t.pool().begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM conversation_outbox WHERE message_id = $1 FOR UPDATE NOWAIT")
+        .bind(message_id)
+        .execute(&mut *probe)
+        .await
+        .expect("no lock is held on the slot during the publish");
+    sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE NOWAIT")
+        .bind(t.conversation_id)
+        .execute(&mut *probe)
+        .await
+        .expect("no lock is held on the conversation during the publish");
+    probe.rollback().await.unwrap();
+    sqlx::query("UPDATE conversation_outbox SET lease_expires_at = now() - interval '1 second'")
+        .execute(t.pool())
+        .await
+        .unwrap();
+    let other = lease(t.pool()).await;
+    assert_eq!(slow_worker.await.unwrap(), Settled::Fenced);
+    let slot = t.slot(message_id).await.unwrap();
+    assert_eq!(
+        slot.generation, other.generation,
+        "the new holder's slot, untouched"
+    );
+    assert_eq!(
+        outbox::publish_leased(t.pool(), &backend(t.pool()), &other)
+            .await
+            .unwrap(),
+        Settled::Stored
+    );
+}
+
+// O8, B4: transient failures are retried with a backoff and the message is
+// stored once; the retryable budget is one, shared by every clone.
+#[tokio::test]
+async fn o8_b4_transient_failures_are_retried_and_stored_once() {
+    let t = Outboxed::new().await;
+    let message_id = t.send_id("eventually").await;
+    let flaky = faulty(
+        t.pool(),
+        Faults {
+            retryable: 2,
+            ..Faults::default()
+        },
+    );
+    let clone = flaky.clone();
+    assert_eq!(
+        outbox::run_once(t.pool(), &flaky, "w").await.unwrap(),
+        Some(Settled::Retrying { attempts: 1 })
+    );
+    let slot = t.slot(message_id).await.unwrap();
+    assert_eq!(slot.state, "pending");
+    assert_eq!(slot.leased_by, None);
+    assert_eq!(
+        slot.last_error.as_deref(),
+        Some("the backend was unreachable")
+    );
+    assert!(
+        (1.0..=2.5).contains(&slot.due_in),
+        "backoff 2^1 s, due in {}",
+        slot.due_in
+    );
+    assert!(
+        outbox::lease(t.pool(), "w").await.unwrap().is_none(),
+        "not due during the backoff"
+    );
+    t.make_due().await;
+    assert_eq!(
+        outbox::run_once(t.pool(), &clone, "w").await.unwrap(),
+        Some(Settled::Retrying { attempts: 2 })
+    );
+    let due_in = t.slot(message_id).await.unwrap().due_in;
+    assert!(
+        (3.0..=4.5).contains(&due_in),
+        "backoff 2^2 s, due in {due_in}"
+    );
+    t.make_due().await;
+    assert_eq!(
+        outbox::run_once(t.pool(), &flaky, "w").await.unwrap(),
+        Some(Settled::Stored),
+        "the budget of two failures is spent across both clones"
+    );
+    let state = t.message(message_id).await;
+    assert_eq!(state.publication_state, "stored");
+    assert_eq!(state.references, 1, "stored once, one reference");
+}
+
+// O8: after 8 attempts a retryable slot is failed, slot and message together,
+// and the failure is visible to a reader.
+#[tokio::test]
+async fn o8_a_slot_that_keeps_failing_is_failed_after_eight_attempts() {
+    let t = Outboxed::new().await;
+    let message_id = t.send_id("never").await;
+    let down = faulty(
+        t.pool(),
+        Faults {
+            retryable: 100,
+            ..Faults::default()
+        },
+    );
+    for attempt in 1..=7 {
+        assert_eq!(
+            outbox::run_once(t.pool(), &down, "w").await.unwrap(),
+            Some(Settled::Retrying { attempts: attempt })
+        );
+        t.make_due().await;
+    }
+    assert_eq!(
+        outbox::run_once(t.pool(), &down, "w").await.unwrap(),
+        Some(Settled::Failed)
+    );
+    let slot = t.slot(message_id).await.unwrap();
+    assert_eq!((slot.state.as_str(), slot.attempts), ("failed", 8));
+    assert_eq!(t.message(message_id).await.publication_state, "failed");
+    let page = t.read_as_bob().await;
+    assert_eq!(page["messages"][0]["unavailable"]["reason"], "failed");
+    assert_eq!(
+        page["next_after_seq"], 1,
+        "a failure is settled: the cursor passes it"
+    );
+    let status = outbox::status(t.pool(), t.team_id).await.unwrap();
+    assert_eq!(
+        (status.pending, status.failed, status.pending_bytes),
+        (0, 1, 0)
+    );
+}
+
+// O9: a fatal outcome fails the slot with its error and the message, at once.
+#[tokio::test]
+async fn o9_a_fatal_outcome_fails_slot_and_message_at_once() {
+    let t = Outboxed::new().await;
+    let message_id = t.send_id("refused").await;
+    let refusing = faulty(
+        t.pool(),
+        Faults {
+            fatal: true,
+            ..Faults::default()
+        },
+    );
+    assert_eq!(
+        outbox::run_once(t.pool(), &refusing, "w").await.unwrap(),
+        Some(Settled::Failed)
+    );
+    let slot = t.slot(message_id).await.unwrap();
+    assert_eq!(slot.state, "failed");
+    assert_eq!(slot.attempts, 1);
+    assert_eq!(
+        slot.last_error.as_deref(),
+        Some("the backend refused this payload")
+    );
+    assert_eq!(t.message(message_id).await.publication_state, "failed");
+    let sent_again = t
+        .alice
+        .call(
+            "get_conversation_message",
+            json!({"message_id": message_id}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(sent_again["unavailable"]["reason"], "failed");
+}
+
+// O10, O11: a lost confirmation on the last attempt is reconciled to stored,
+// not failed, and not stored twice.
+#[tokio::test]
+async fn o10_o11_a_lost_confirmation_on_the_last_attempt_is_reconciled_to_stored() {
+    let t = Outboxed::new().await;
+    let message_id = t.send_id("landed quietly").await;
+    let lossy = faulty(
+        t.pool(),
+        Faults {
+            lose_confirmation: true,
+            ..Faults::default()
+        },
+    );
+    // Earlier attempts just retry (cheaper than asking).
+    assert_eq!(
+        outbox::run_once(t.pool(), &lossy, "w").await.unwrap(),
+        Some(Settled::Retrying { attempts: 1 })
+    );
+    // The last attempt asks before writing a failure.
+    sqlx::query("UPDATE conversation_outbox SET attempts = 7, next_attempt_at = now()")
+        .execute(t.pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        outbox::run_once(t.pool(), &lossy, "w").await.unwrap(),
+        Some(Settled::Stored)
+    );
+    let state = t.message(message_id).await;
+    assert_eq!(state.publication_state, "stored");
+    assert_eq!(state.canonical_locator, Some(message_id.to_string()));
+    assert_eq!(state.references, 1);
+
+    // O10 directly: reconcile of a slot the backend holds nothing for is an
+    // ordinary retry.
+    let other = t.send_id("not landed").await;
+    let held = lease(t.pool()).await;
+    assert_eq!(held.message_id, other);
+    assert_eq!(
+        outbox::reconcile(t.pool(), &backend(t.pool()), &held)
+            .await
+            .unwrap(),
+        Settled::Retrying { attempts: 1 }
+    );
+    assert_eq!(
+        t.slot(other).await.unwrap().last_error.as_deref(),
+        Some("the backend holds nothing for this key")
+    );
+}
+
+// O12: a worker for another backend puts the slot back without spending an
+// attempt and reports Fenced; the message is untouched.
+#[tokio::test]
+async fn o12_a_worker_for_another_backend_releases_the_slot_without_an_attempt() {
+    let t = Outboxed::new().await;
+    let message_id = t.send_id("for the broker").await;
+    sqlx::query("UPDATE conversation_outbox SET backend = 'jetstream'")
+        .execute(t.pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        outbox::run_once(t.pool(), &backend(t.pool()), "w")
+            .await
+            .unwrap(),
+        Some(Settled::Fenced)
+    );
+    let slot = t.slot(message_id).await.unwrap();
+    assert_eq!(slot.state, "pending");
+    assert_eq!(slot.attempts, 0, "the attempt was given back");
+    assert_eq!(slot.leased_by, None);
+    assert_eq!(
+        slot.last_error.as_deref(),
+        Some("leased by a worker for another backend")
+    );
+    let state = t.message(message_id).await;
+    assert_eq!(state.publication_state, "pending_publication");
+    assert_eq!(state.canonical_locator, None, "nothing was published");
+}
+
+// O14: status per team: pending, leased, failed, oldest pending age, pending
+// bytes without the failed ones.
+#[tokio::test]
+async fn o14_status_counts_what_is_outstanding() {
+    let t = Outboxed::new().await;
+    assert_eq!(
+        outbox::status(t.pool(), t.team_id).await.unwrap(),
+        outbox::Status::default()
+    );
+    t.send_id("aaaa").await; // 4 bytes, will be leased
+    t.send_id("bbbbbb").await; // 6 bytes, will fail
+    t.send_id("cc").await; // 2 bytes, stays pending
+    sqlx::query("UPDATE conversation_outbox SET created_at = now() - interval '90 seconds'")
+        .execute(t.pool())
+        .await
+        .unwrap();
+    let _held = lease(t.pool()).await;
+    let failing = lease(t.pool()).await;
+    outbox::settle(t.pool(), &failing, Published::Fatal("no".into()))
+        .await
+        .unwrap();
+    let status = outbox::status(t.pool(), t.team_id).await.unwrap();
+    assert_eq!((status.pending, status.leased, status.failed), (1, 1, 1));
+    assert_eq!(
+        status.pending_bytes, 6,
+        "4 leased + 2 pending; the failed 6 excluded"
+    );
+    let oldest = status.oldest_pending_seconds.unwrap();
+    assert!((89..=95).contains(&oldest), "{oldest}");
+}
+
+// O15: back to sync is refused while anything is in flight, and allowed once
+// it settled; the lock is the conversation row a send takes.
+#[tokio::test]
+async fn o15_returning_to_sync_is_refused_while_anything_is_pending() {
+    let t = Outboxed::new().await;
+    let message_id = t.send_id("in flight").await;
+    let err = outbox::set_publication(t.pool(), t.team_id, t.conversation_id, false)
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("1 message(s)"), "{text}");
+    assert!(text.contains("awaiting publication"), "{text}");
+    let publication: String =
+        sqlx::query_scalar("SELECT publication FROM conversations WHERE id = $1")
+            .bind(t.conversation_id)
+            .fetch_one(t.pool())
+            .await
+            .unwrap();
+    assert_eq!(publication, "outbox");
+
+    outbox::run_once(t.pool(), &backend(t.pool()), "w")
+        .await
+        .unwrap();
+    assert_eq!(t.message(message_id).await.publication_state, "stored");
+    outbox::set_publication(t.pool(), t.team_id, t.conversation_id, false)
+        .await
+        .unwrap();
+    let sent = t.send("synchronous again").await;
+    assert_eq!(sent["stored"], true);
+    assert_eq!(sent["publication"], "stored");
+}
+
+// O16: an attempt without an answer is marked uncertain, not failed and not
+// retried at once: pending again in 5 s, holder cleared, uncertain_at once.
+#[tokio::test]
+async fn o16_an_unanswered_publish_is_marked_uncertain() {
+    let t = Outboxed::new().await;
+    let message_id = t.send_id("unknown fate").await;
+    let held = lease(t.pool()).await;
+    assert_eq!(
+        outbox::settle(t.pool(), &held, Published::Unanswered("timed out".into()))
+            .await
+            .unwrap(),
+        Settled::Retrying { attempts: 1 }
+    );
+    let slot = t.slot(message_id).await.unwrap();
+    assert_eq!(slot.state, "pending");
+    assert_eq!(slot.leased_by, None);
+    assert_eq!(slot.last_error.as_deref(), Some("timed out"));
+    assert!((4.0..=5.5).contains(&slot.due_in), "{}", slot.due_in);
+    let first: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT uncertain_at FROM conversation_messages WHERE id = $1")
+            .bind(message_id)
+            .fetch_one(t.pool())
+            .await
+            .unwrap();
+    let state = t.message(message_id).await;
+    assert!(state.uncertain);
+    assert_eq!(state.publication_state, "pending_publication");
+    let page = t.read_as_bob().await;
+    assert_eq!(
+        page["messages"][0]["unavailable"]["reason"],
+        "pending_publication"
+    );
+    assert!(
+        page["messages"][0]["unavailable"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("without an answer")
+    );
+    assert_eq!(
+        outbox::status(t.pool(), t.team_id).await.unwrap().uncertain,
+        1
+    );
+
+    // Fenced on the generation; a second mark keeps the first timestamp.
+    assert_eq!(
+        outbox::mark_uncertain(t.pool(), &held, "again")
+            .await
+            .unwrap(),
+        Settled::Retrying { attempts: 1 },
+        "same generation: still the holder's to mark"
+    );
+    t.make_due().await;
+    let next = lease(t.pool()).await;
+    assert_eq!(
+        outbox::mark_uncertain(t.pool(), &held, "stale")
+            .await
+            .unwrap(),
+        Settled::Fenced
+    );
+    outbox::mark_uncertain(t.pool(), &next, "again")
+        .await
+        .unwrap();
+    let still: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT uncertain_at FROM conversation_messages WHERE id = $1")
+            .bind(message_id)
+            .fetch_one(t.pool())
+            .await
+            .unwrap();
+    assert_eq!(still, first, "uncertain_at is set once");
+}
+
+/// An uncertain message whose body did land (the backend wrote it and the
+/// answer was lost), with its slot pending again.
+async fn landed_but_uncertain(t: &Outboxed, body: &str) -> Uuid {
+    let message_id = t.send_id(body).await;
+    let held = lease(t.pool()).await;
+    let lossy = faulty(
+        t.pool(),
+        Faults {
+            lose_confirmation: true,
+            ..Faults::default()
+        },
+    );
+    assert!(matches!(
+        lossy.publish(&held.envelope()).await,
+        Published::Retryable(_)
+    ));
+    outbox::mark_uncertain(t.pool(), &held, "no answer")
+        .await
+        .unwrap();
+    message_id
+}
+
+// O17, O5, O13: resolve_uncertain leases each uncertain slot itself (never a
+// failed one), settles what the backend holds, puts back what it does not,
+// and clears uncertain_at on what became stored.
+#[tokio::test]
+async fn o17_resolving_uncertain_slots_settles_from_what_the_backend_holds() {
+    let t = Outboxed::new().await;
+    let landed = landed_but_uncertain(&t, "landed").await;
+    // One that did not land: uncertain, with nothing at the backend.
+    let missing = t.send_id("missing").await;
+    let held = lease(t.pool()).await;
+    assert_eq!(held.message_id, missing);
+    outbox::mark_uncertain(t.pool(), &held, "no answer")
+        .await
+        .unwrap();
+    // One that failed for good while uncertain: never taken again (O5).
+    let failed = t.send_id("failed").await;
+    let held = lease(t.pool()).await;
+    outbox::mark_uncertain(t.pool(), &held, "no answer")
+        .await
+        .unwrap();
+    sqlx::query("UPDATE conversation_outbox SET state = 'failed' WHERE message_id = $1")
+        .bind(failed)
+        .execute(t.pool())
+        .await
+        .unwrap();
+    let failed_generation = t.slot(failed).await.unwrap().generation;
+
+    let resolved = outbox::resolve_uncertain(t.pool(), &backend(t.pool()), t.team_id)
+        .await
+        .unwrap();
+    assert_eq!(resolved, 1);
+    let state = t.message(landed).await;
+    assert_eq!(state.publication_state, "stored");
+    assert!(!state.uncertain, "uncertain_at cleared once stored");
+    assert!(t.slot(landed).await.is_none());
+
+    // O13: the missing one is back to pending, no holder, attempts untouched.
+    let slot = t.slot(missing).await.unwrap();
+    assert_eq!(slot.state, "pending");
+    assert_eq!(slot.leased_by, None);
+    assert_eq!(slot.attempts, 1);
+    assert!(
+        t.message(missing).await.uncertain,
+        "still uncertain until it lands"
+    );
+
+    // O5: the failed slot was not leased (its generation did not move).
+    let slot = t.slot(failed).await.unwrap();
+    assert_eq!(
+        (slot.state.as_str(), slot.generation),
+        ("failed", failed_generation)
+    );
+}
+
+// O17: a reconcile that fails puts the slot back and reports the error.
+#[tokio::test]
+async fn o17_a_failing_reconcile_reports_its_error_and_puts_the_slot_back() {
+    let t = Outboxed::new().await;
+    let message_id = landed_but_uncertain(&t, "cannot ask").await;
+    let mute = faulty(
+        t.pool(),
+        Faults {
+            fail_reconcile: true,
+            ..Faults::default()
+        },
+    );
+    let err = outbox::resolve_uncertain(t.pool(), &mute, t.team_id)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("could not be asked"), "{err}");
+    let slot = t.slot(message_id).await.unwrap();
+    assert_eq!(slot.state, "pending", "put back, not left leased");
+    assert_eq!(slot.leased_by, None);
+    assert_eq!(
+        t.message(message_id).await.publication_state,
+        "pending_publication"
+    );
+}
+
+// O18: without a broker nothing is ever released (the body is the last copy
+// anyone can vouch for).
+#[tokio::test]
+async fn o18_the_sweep_releases_nothing_without_a_broker() {
+    let t = Outboxed::new().await;
+    let message_id = t.send_id("keep me").await;
+    outbox::run_once(t.pool(), &backend(t.pool()), "w")
+        .await
+        .unwrap();
+    // Pretend the thread is on a broker-backed conversation.
+    for pretend in [
+        "UPDATE conversations SET backend = 'jetstream'",
+        "UPDATE conversation_messages SET backend = 'jetstream', created_at = now() - interval '1 hour'",
+    ] {
+        sqlx::query(pretend).execute(t.pool()).await.unwrap();
+    }
+    let released = outbox::release_published_bodies(t.pool(), &t.app.bus.backends, None, 0)
+        .await
+        .unwrap();
+    assert_eq!(released, 0);
+    let body: String = sqlx::query_scalar("SELECT body FROM conversation_messages WHERE id = $1")
+        .bind(message_id)
+        .fetch_one(t.pool())
+        .await
+        .unwrap();
+    assert_eq!(body, "keep me");
+}
+
+// O19: a tombstone is recorded once with its first reason; the message, its
+// seq, recipients and receipts stay, and a reader is told why.
+#[tokio::test]
+async fn o19_a_tombstone_explains_the_gap_and_keeps_the_message() {
+    let t = Outboxed::new().await;
+    let message_id = t.send_id("soon gone").await;
+    outbox::run_once(t.pool(), &backend(t.pool()), "w")
+        .await
+        .unwrap();
+    outbox::tombstone(t.pool(), message_id, "the stream was deleted")
+        .await
+        .unwrap();
+    let first: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT tombstoned_at FROM conversation_messages WHERE id = $1")
+            .bind(message_id)
+            .fetch_one(t.pool())
+            .await
+            .unwrap();
+    outbox::tombstone(t.pool(), message_id, "another reason")
+        .await
+        .unwrap();
+    let state = t.message(message_id).await;
+    assert_eq!(
+        state.tombstone_reason.as_deref(),
+        Some("the stream was deleted")
+    );
+    let again: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT tombstoned_at FROM conversation_messages WHERE id = $1")
+            .bind(message_id)
+            .fetch_one(t.pool())
+            .await
+            .unwrap();
+    assert_eq!(again, first);
+    let page = t.read_as_bob().await;
+    let message = &page["messages"][0];
+    assert_eq!(message["seq"], 1);
+    assert_eq!(message["body"], Value::Null);
+    assert_eq!(message["unavailable"]["reason"], "tombstoned");
+    assert_eq!(message["unavailable"]["detail"], "the stream was deleted");
+    assert!(
+        message["my_receipt"]["stored_at"].is_string(),
+        "the receipt stays"
+    );
+    let receipts = t
+        .alice
+        .call("get_message_receipts", json!({"message_id": message_id}))
+        .await
+        .unwrap();
+    assert_eq!(receipts["total"], 1);
+}
+
+// B2, B3, B5, B6: the postgres backend's locator is the message id; fetch
+// refuses another message's locator and a malformed one, and reads only its
+// team; publish is idempotent; retain deletes nothing; reconcile only looks.
+#[tokio::test]
+async fn b2_b3_b5_b6_the_postgres_backend_keeps_its_promises() {
+    let t = Outboxed::new().await;
+    let first = t.send_id("first body").await;
+    let second = t.send_id("second body").await;
+    let pg = backend(t.pool());
+
+    // B6: before any publish, reconcile finds nothing and writes nothing.
+    let key: Uuid =
+        sqlx::query_scalar("SELECT publish_key FROM conversation_outbox WHERE message_id = $1")
+            .bind(first)
+            .fetch_one(t.pool())
+            .await
+            .unwrap();
+    let keyed = Envelope {
+        message_id: first,
+        conversation_id: t.conversation_id,
+        team_id: t.team_id,
+        body: "first body".into(),
+        publish_key: key,
+    };
+    assert_eq!(pg.reconcile(&keyed).await.unwrap(), None);
+    assert_eq!(t.message(first).await.canonical_locator, None, "no write");
+
+    // B3: publishing twice answers the same locator.
+    let locator = Locator(first.to_string());
+    assert_eq!(
+        pg.publish(&keyed).await,
+        Published::Confirmed(locator.clone())
+    );
+    assert_eq!(
+        pg.publish(&keyed).await,
+        Published::Confirmed(locator.clone())
+    );
+    assert_eq!(pg.reconcile(&keyed).await.unwrap(), Some(locator.clone()));
+
+    // B2: the locator reads its own message only.
+    assert_eq!(
+        pg.fetch(&locator, first).await.unwrap().as_deref(),
+        Some("first body")
+    );
+    let err = pg.fetch(&locator, second).await.unwrap_err();
+    assert_eq!(err.kind(), "forbidden", "{err}");
+    let err = pg
+        .fetch(&Locator("jetstream:ACS_T_x:1".into()), first)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), "invalid", "{err}");
+    let foreign = backend(t.pool()).for_team(Uuid::new_v4());
+    assert_eq!(foreign.fetch(&locator, first).await.unwrap(), None);
+    let own = backend(t.pool()).for_team(t.team_id);
+    assert!(own.fetch(&locator, first).await.unwrap().is_some());
+
+    // B5: retain deletes nothing.
+    assert_eq!(pg.retain(chrono::Utc::now()).await.unwrap(), 0);
+    let bodies: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM conversation_messages WHERE body <> ''")
+            .fetch_one(t.pool())
+            .await
+            .unwrap();
+    assert_eq!(bodies, 2);
+}
