@@ -64,6 +64,10 @@ impl PostgresBackend {
         }
     }
 
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
     /// A handle that may only read one team's bodies.
     pub fn for_team(mut self, team_id: Uuid) -> Self {
         self.team_id = Some(team_id);

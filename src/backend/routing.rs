@@ -10,28 +10,38 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::jetstream::Broker;
-use super::{AnyBackend, JetStreamBackend, PostgresBackend};
+use super::{AnyBackend, Faults, JetStreamBackend, PostgresBackend};
 use crate::error::{BusError, BusResult};
 
 /// The backends this process can reach. Cheap to clone.
 #[derive(Clone)]
 pub struct Backends {
-    pool: PgPool,
+    postgres: PostgresBackend,
     broker: Option<Broker>,
 }
 
 impl Backends {
     /// PostgreSQL only: no broker configured (`serve` without `--nats-url`).
     pub fn postgres_only(pool: PgPool) -> Self {
-        Self { pool, broker: None }
+        Self {
+            postgres: PostgresBackend::new(pool),
+            broker: None,
+        }
     }
 
     /// PostgreSQL and a NATS JetStream broker.
     pub fn with_broker(pool: PgPool, broker: Broker) -> Self {
         Self {
-            pool,
+            postgres: PostgresBackend::new(pool),
             broker: Some(broker),
         }
+    }
+
+    /// The same routing with a misbehaving postgres backend. Only the tests
+    /// build one (see [`Faults`]); every handle shares one fault budget.
+    pub fn with_postgres_faults(mut self, faults: Faults) -> Self {
+        self.postgres = PostgresBackend::with_faults(self.postgres.pool().clone(), faults);
+        self
     }
 
     pub fn broker(&self) -> Option<&Broker> {
@@ -51,7 +61,7 @@ impl Backends {
     pub fn for_message(&self, name: &str, team_id: Uuid) -> BusResult<AnyBackend> {
         match name {
             PostgresBackend::NAME => Ok(AnyBackend::Postgres(
-                PostgresBackend::new(self.pool.clone()).for_team(team_id),
+                self.postgres.clone().for_team(team_id),
             )),
             JetStreamBackend::NAME => match &self.broker {
                 Some(broker) => Ok(AnyBackend::JetStream(JetStreamBackend::new(

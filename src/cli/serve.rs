@@ -39,6 +39,13 @@ pub struct ServeArgs {
     /// Seconds between event-listener pings (how fast /health notices a silent listener).
     #[arg(long, env = "BUS_EVENT_PING_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     event_ping_secs: u64,
+    /// NATS server with JetStream for conversation bodies (teams routed to `jetstream`).
+    /// Without it, nothing can be routed to jetstream.
+    #[arg(long, env = "BUS_NATS_URL")]
+    nats_url: Option<String>,
+    /// NATS credentials file (.creds) for --nats-url.
+    #[arg(long, env = "BUS_NATS_CREDENTIALS", requires = "nats_url")]
+    nats_credentials: Option<std::path::PathBuf>,
     /// Seconds to let in-flight requests finish after SIGINT/SIGTERM.
     #[arg(long, env = "BUS_SHUTDOWN_GRACE_SECS", default_value_t = 10)]
     shutdown_grace_secs: u64,
@@ -106,7 +113,21 @@ async fn serve_on(
         Duration::from_secs(args.event_ping_secs),
         shutdown.clone(),
     );
+    let bus = match &args.nats_url {
+        None => bus,
+        Some(url) => {
+            let broker =
+                crate::backend::jetstream::Broker::connect(url, args.nats_credentials.as_deref())
+                    .await?;
+            eprintln!("broker: {url} (JetStream)");
+            bus.with_backends(crate::backend::Backends::with_broker(
+                db.pool.clone(),
+                broker,
+            ))
+        }
+    };
     crate::workers::presence_sweeper::spawn(bus.clone(), shutdown.clone());
+    crate::workers::publication::spawn_all(bus.clone(), shutdown.clone());
     let app = http::router(bus, settings, shutdown.clone());
     eprintln!(
         "listening on http://{local} (MCP: POST http://{local}/mcp, health: GET http://{local}/health)"

@@ -35,14 +35,15 @@ macro_rules! recipient_key_sql {
     };
 }
 
-/// Queue one message reference per frozen recipient of `message_id`. Called
-/// in the transaction that records the message as stored; a second call
-/// queues nothing new.
+/// Queue one message reference per frozen recipient of each message (given
+/// as `(team_id, message_id)`). Called in the transaction that records the
+/// messages as stored; a second call queues nothing new.
 pub async fn enqueue_message_references(
     tx: &mut sqlx::PgConnection,
-    team_id: Uuid,
-    message_id: Uuid,
+    messages: &[(Uuid, Uuid)],
 ) -> BusResult<u64> {
+    let teams: Vec<Uuid> = messages.iter().map(|m| m.0).collect();
+    let ids: Vec<Uuid> = messages.iter().map(|m| m.1).collect();
     let queued = sqlx::query(concat!(
         "INSERT INTO inbox_references
              (id, team_id, recipient_key, recipient_id, recipient_session, kind,
@@ -51,14 +52,14 @@ pub async fn enqueue_message_references(
         recipient_key_sql!("r.recipient_id", "r.recipient_session"),
         ", r.recipient_id, r.recipient_session, 'message', m.conversation_id, m.id, m.seq,
                 CASE WHEN m.sender_session = '' THEN a.name ELSE a.name || '/' || m.sender_session END
-           FROM message_receipts r
+           FROM unnest($1::uuid[], $2::uuid[]) AS s(team_id, message_id)
+           JOIN message_receipts r ON r.team_id = s.team_id AND r.message_id = s.message_id
            JOIN conversation_messages m ON m.team_id = r.team_id AND m.id = r.message_id
            JOIN agents a ON a.team_id = m.team_id AND a.id = m.sender_id
-          WHERE r.team_id = $1 AND r.message_id = $2
          ON CONFLICT DO NOTHING"
     ))
-    .bind(team_id)
-    .bind(message_id)
+    .bind(&teams)
+    .bind(&ids)
     .execute(tx)
     .await?;
     Ok(queued.rows_affected())

@@ -118,6 +118,17 @@ pub async fn enqueue(
 }
 
 type LeaseRow = (Uuid, Uuid, Uuid, String, String, Uuid, i64, i32);
+type DueRow = (
+    Uuid,
+    Uuid,
+    Uuid,
+    String,
+    String,
+    Uuid,
+    i64,
+    i32,
+    DateTime<Utc>,
+);
 
 fn lease_of(row: LeaseRow) -> Lease {
     let (message_id, conversation_id, team_id, backend, payload, publish_key, generation, attempts) =
@@ -137,27 +148,50 @@ fn lease_of(row: LeaseRow) -> Lease {
 /// Take the next due slot, oldest first (O4). `SKIP LOCKED`, so N workers
 /// never take the same one; the generation and the attempts are bumped here.
 pub async fn lease(pool: &PgPool, worker: &str) -> BusResult<Option<Lease>> {
-    let row: Option<LeaseRow> = sqlx::query_as(
+    Ok(lease_due(pool, worker, None, 1).await?.pop())
+}
+
+/// Take up to `limit` due slots at once, oldest first, under the same rules
+/// as [`lease`]; `backends` narrows them to slots this worker can publish
+/// (a replica without a broker leaves the broker's slots to one that has it).
+pub async fn lease_due(
+    pool: &PgPool,
+    worker: &str,
+    backends: Option<&[&str]>,
+    limit: i64,
+) -> BusResult<Vec<Lease>> {
+    let rows: Vec<DueRow> = sqlx::query_as(
         "UPDATE conversation_outbox o
             SET state = 'leased', leased_by = $1,
                 lease_expires_at = now() + make_interval(secs => $2),
                 generation = o.generation + 1, attempts = o.attempts + 1, updated_at = now()
-          WHERE o.message_id = (
+          WHERE o.message_id IN (
                 SELECT message_id FROM conversation_outbox
                  WHERE state IN ('pending', 'leased')
                    AND next_attempt_at <= now()
                    AND (lease_expires_at IS NULL OR lease_expires_at < now())
+                   AND ($3::text[] IS NULL OR backend = ANY($3))
                  ORDER BY next_attempt_at, created_at
-                 LIMIT 1
+                 LIMIT $4
                  FOR UPDATE SKIP LOCKED)
           RETURNING o.message_id, o.conversation_id, o.team_id, o.backend, o.payload,
-                    o.publish_key, o.generation, o.attempts",
+                    o.publish_key, o.generation, o.attempts, o.created_at",
     )
     .bind(worker)
     .bind(LEASE_SECS as f64)
-    .fetch_optional(pool)
+    .bind(backends)
+    .bind(limit)
+    .fetch_all(pool)
     .await?;
-    Ok(row.map(lease_of))
+    let mut leases: Vec<(DateTime<Utc>, Lease)> = rows
+        .into_iter()
+        .map(|(m, c, t, b, p, k, g, a, created_at)| {
+            (created_at, lease_of((m, c, t, b, p, k, g, a)))
+        })
+        .collect();
+    // RETURNING has no order; hand them out oldest first.
+    leases.sort_by_key(|(created_at, _)| *created_at);
+    Ok(leases.into_iter().map(|(_, lease)| lease).collect())
 }
 
 /// Take one named slot, for the reconciler (O5): only a slot still in flight,
@@ -238,7 +272,7 @@ async fn settle_stored(pool: &PgPool, lease: &Lease, locator: &str) -> BusResult
     sqlx::query(
         "WITH stored AS (
              UPDATE conversation_messages
-                SET publication_state = 'stored', canonical_locator = $3
+                SET publication_state = 'stored', canonical_locator = $3, uncertain_at = NULL
               WHERE team_id = $1 AND id = $2)
          UPDATE message_receipts SET stored_at = COALESCE(stored_at, now())
           WHERE team_id = $1 AND message_id = $2",
@@ -251,9 +285,57 @@ async fn settle_stored(pool: &PgPool, lease: &Lease, locator: &str) -> BusResult
     // The recipients can be told it exists now, in this transaction: no
     // stored message without its references, no reference to a message
     // nobody stored.
-    super::inbox::enqueue_message_references(&mut tx, lease.team_id, lease.message_id).await?;
+    super::inbox::enqueue_message_references(&mut tx, &[(lease.team_id, lease.message_id)]).await?;
     tx.commit().await?;
     Ok(Settled::Stored)
+}
+
+/// Settle many confirmations in one transaction: the same fence and the same
+/// writes as a single confirmation (O6, O7), per slot, in four statements
+/// whatever the count. Returns the messages that became stored; the others
+/// were fenced and nothing was written for them.
+pub async fn settle_confirmed_batch(
+    pool: &PgPool,
+    confirmed: &[(Lease, Locator)],
+) -> BusResult<Vec<Uuid>> {
+    if confirmed.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<Uuid> = confirmed.iter().map(|(l, _)| l.message_id).collect();
+    let generations: Vec<i64> = confirmed.iter().map(|(l, _)| l.generation).collect();
+    let locators: Vec<String> = confirmed.iter().map(|(_, loc)| loc.0.clone()).collect();
+    let mut tx = pool.begin().await?;
+    let stored: Vec<(Uuid, Uuid)> = sqlx::query_as(
+        "WITH won AS (
+             DELETE FROM conversation_outbox o
+              USING unnest($1::uuid[], $2::bigint[]) AS s(message_id, generation)
+              WHERE o.message_id = s.message_id AND o.generation = s.generation
+                AND o.lease_expires_at IS NOT NULL AND o.lease_expires_at > now()
+              RETURNING o.team_id, o.message_id),
+         located AS (
+             SELECT won.team_id, won.message_id, l.locator
+               FROM won JOIN unnest($1::uuid[], $3::text[]) AS l(message_id, locator)
+                 ON l.message_id = won.message_id),
+         marked AS (
+             UPDATE conversation_messages m
+                SET publication_state = 'stored', canonical_locator = located.locator,
+                    uncertain_at = NULL
+               FROM located
+              WHERE m.team_id = located.team_id AND m.id = located.message_id),
+         receipts AS (
+             UPDATE message_receipts r SET stored_at = COALESCE(r.stored_at, now())
+               FROM located
+              WHERE r.team_id = located.team_id AND r.message_id = located.message_id)
+         SELECT team_id, message_id FROM located",
+    )
+    .bind(&ids)
+    .bind(&generations)
+    .bind(&locators)
+    .fetch_all(&mut *tx)
+    .await?;
+    super::inbox::enqueue_message_references(&mut tx, &stored).await?;
+    tx.commit().await?;
+    Ok(stored.into_iter().map(|(_, id)| id).collect())
 }
 
 async fn settle_retryable(pool: &PgPool, lease: &Lease, why: &str) -> BusResult<Settled> {

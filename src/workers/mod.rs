@@ -5,3 +5,4 @@
 //! waiting on them.
 
 pub mod presence_sweeper;
+pub mod publication;

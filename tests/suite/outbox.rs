@@ -10,10 +10,11 @@
 use std::time::Duration;
 
 use ai_crew_sync::backend::{
-    Envelope, Faults, Locator, MessagingBackend, PostgresBackend, Published,
+    Backends, Envelope, Faults, Locator, MessagingBackend, PostgresBackend, Published,
 };
 use ai_crew_sync::store::outbox::{Lease, Settled};
 use ai_crew_sync::store::{outbox, teams};
+use ai_crew_sync::workers::publication::{self, DrainPass, DrainSettings};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -1008,4 +1009,129 @@ async fn b2_b3_b5_b6_the_postgres_backend_keeps_its_promises() {
             .await
             .unwrap();
     assert_eq!(bodies, 2);
+}
+
+// ---------------------------------------------------------------- workers --
+
+fn drain_settings(publish_timeout: Duration) -> DrainSettings {
+    DrainSettings {
+        batch: 8,
+        in_flight: 8,
+        publish_timeout,
+        idle_poll: Duration::from_millis(50),
+    }
+}
+
+// O4, O6: two drains over one outbox store every message once; none is
+// fenced, none is published twice (one set of references per message).
+#[tokio::test]
+async fn two_drains_over_one_outbox_store_each_message_once() {
+    let t = Outboxed::new().await;
+    let mut sent = Vec::new();
+    for i in 0..40 {
+        sent.push(t.send_id(&format!("message {i}")).await);
+    }
+    let settings = drain_settings(Duration::from_secs(10));
+    let mut drains = Vec::new();
+    for name in ["replica-a", "replica-b"] {
+        let bus = t.app.bus.clone();
+        let settings = settings.clone();
+        drains.push(tokio::spawn(async move {
+            let mut total = DrainPass::default();
+            loop {
+                let pass = publication::drain_once(&bus, name, &settings)
+                    .await
+                    .unwrap();
+                if pass.leased == 0 {
+                    return total;
+                }
+                total.leased += pass.leased;
+                total.stored += pass.stored;
+                total.fenced += pass.fenced;
+            }
+        }));
+    }
+    let mut stored = 0;
+    for drain in drains {
+        let pass = drain.await.unwrap();
+        assert_eq!(pass.fenced, 0);
+        assert_eq!(pass.leased, pass.stored);
+        stored += pass.stored;
+    }
+    assert_eq!(stored, 40);
+    for id in sent {
+        let state = t.message(id).await;
+        assert_eq!(state.publication_state, "stored");
+        assert_eq!(state.references, 1, "one reference per recipient, once");
+    }
+    assert_eq!(
+        outbox::status(t.pool(), t.team_id).await.unwrap(),
+        outbox::Status::default()
+    );
+}
+
+// O16, O17 through the workers: a publish without an answer within the
+// drain's timeout is uncertain (not failed, not retried at once); the
+// reconciler asks, finds nothing landed, and the next attempt stores it.
+#[tokio::test]
+async fn a_publish_that_times_out_is_uncertain_until_the_backend_is_asked() {
+    let t = Outboxed::new().await;
+    let message_id = t.send_id("slow broker").await;
+    let slow = t.app.bus.clone().with_backends(
+        Backends::postgres_only(t.pool().clone()).with_postgres_faults(Faults {
+            delay: Some(Duration::from_secs(5)),
+            ..Faults::default()
+        }),
+    );
+    let pass = publication::drain_once(&slow, "w", &drain_settings(Duration::from_millis(100)))
+        .await
+        .unwrap();
+    assert_eq!((pass.leased, pass.retrying, pass.failed), (1, 1, 0));
+    let state = t.message(message_id).await;
+    assert!(state.uncertain);
+    assert_eq!(state.publication_state, "pending_publication");
+    let slot = t.slot(message_id).await.unwrap();
+    assert_eq!(slot.state, "pending");
+    assert!(slot.last_error.unwrap().contains("did not answer within"));
+
+    // The reconciler asks: nothing landed (the attempt was abandoned), so the
+    // slot is put back as it was.
+    assert_eq!(publication::reconcile_once(&t.app.bus).await.unwrap(), 0);
+    assert_eq!(t.slot(message_id).await.unwrap().attempts, 1);
+    t.make_due().await;
+    let pass = publication::drain_once(&t.app.bus, "w", &drain_settings(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    assert_eq!(pass.stored, 1);
+    let state = t.message(message_id).await;
+    assert_eq!(state.publication_state, "stored");
+    assert!(!state.uncertain, "stored is no longer uncertain");
+}
+
+// The spawned drain wakes on a send (an event) and stores it; the reader
+// then sees the body and its cursor moves past it.
+#[tokio::test]
+async fn the_running_drain_stores_a_send_and_the_reader_sees_it() {
+    let t = Outboxed::new().await;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let drain = publication::spawn_drain(
+        t.app.bus.clone(),
+        drain_settings(Duration::from_secs(10)),
+        shutdown.clone(),
+    );
+    let message_id = t.send_id("drained in the background").await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let page = t.read_as_bob().await;
+        if page["messages"][0]["publication"] == "stored" {
+            assert_eq!(page["messages"][0]["body"], "drained in the background");
+            assert_eq!(page["next_after_seq"], 1);
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "not stored: {page}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(t.message(message_id).await.references, 1);
+    shutdown.cancel();
+    drain.await.expect("the drain stops cleanly on shutdown");
 }

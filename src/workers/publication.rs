@@ -1,0 +1,297 @@
+//! The publication workers inside `serve`: the outbox drain, the reconciler
+//! and the body sweep (../shared/spec/conversations.md, "Workers").
+//!
+//! Each is a bounded pass callable from tests and operator commands, and a
+//! `spawn` that repeats it until shutdown. Every replica runs every worker:
+//! slots are leased with `SKIP LOCKED` and every settlement is fenced by a
+//! generation, so N replicas draining one outbox publish each message once
+//! and never wait on each other.
+//!
+//! The drain never holds a database transaction across a publish: it leases
+//! a batch in one statement, publishes with nothing held (bounded by a
+//! timeout; no answer in time is *uncertain*, not failed), and settles in
+//! short transactions afterwards.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::Bus;
+use crate::backend::{AnyBackend, Locator, MessagingBackend, Published};
+use crate::error::BusResult;
+use crate::events::{BusEvent, EventKind};
+use crate::store::outbox::{self, Lease, Settled};
+
+/// How the drain runs. The defaults are what `serve` uses.
+#[derive(Clone, Debug)]
+pub struct DrainSettings {
+    /// Slots leased per pass (one statement).
+    pub batch: i64,
+    /// Publishes in flight at once within a pass.
+    pub in_flight: usize,
+    /// A publish without an answer within this long is marked uncertain.
+    pub publish_timeout: Duration,
+    /// How long an idle drain sleeps when no event wakes it.
+    pub idle_poll: Duration,
+}
+
+impl Default for DrainSettings {
+    fn default() -> Self {
+        DrainSettings {
+            batch: 256,
+            in_flight: 256,
+            publish_timeout: Duration::from_secs(10),
+            idle_poll: Duration::from_millis(500),
+        }
+    }
+}
+
+/// What one drain pass did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DrainPass {
+    pub leased: usize,
+    pub stored: usize,
+    pub retrying: usize,
+    pub failed: usize,
+    pub fenced: usize,
+}
+
+/// The backends this replica can publish to, by name.
+fn publishable(bus: &Bus) -> Vec<&'static str> {
+    crate::backend::BACKEND_NAMES
+        .into_iter()
+        .filter(|name| bus.backends.require(name).is_ok())
+        .collect()
+}
+
+/// One pass: lease up to a batch of due slots this replica can publish,
+/// publish them concurrently with nothing held, settle every outcome.
+pub async fn drain_once(bus: &Bus, worker: &str, settings: &DrainSettings) -> BusResult<DrainPass> {
+    let names = publishable(bus);
+    let leases = outbox::lease_due(&bus.pool, worker, Some(&names), settings.batch).await?;
+    let mut pass = DrainPass {
+        leased: leases.len(),
+        ..DrainPass::default()
+    };
+    if leases.is_empty() {
+        return Ok(pass);
+    }
+    let attempts: Vec<(Lease, AnyBackend, Published)> = futures::stream::iter(leases)
+        .map(|lease| async move {
+            let backend = bus.backends.for_message(&lease.backend, lease.team_id);
+            let outcome = match &backend {
+                Ok(backend) => publish_bounded(backend, &lease, settings.publish_timeout).await,
+                Err(e) => Published::Retryable(e.to_string()),
+            };
+            (lease, backend, outcome)
+        })
+        .buffer_unordered(settings.in_flight.max(1))
+        .filter_map(|(lease, backend, outcome)| async move {
+            match backend {
+                Ok(backend) => Some((lease, backend, outcome)),
+                // Only names this replica serves were leased; should the
+                // broker have gone away meanwhile, the slot is given back.
+                Err(_) => {
+                    let why = "this replica can no longer reach the slot's backend";
+                    if let Err(e) = outbox::release(&bus.pool, &lease, why).await {
+                        tracing::warn!(error = %e, "could not release a slot");
+                    }
+                    None
+                }
+            }
+        })
+        .collect()
+        .await;
+
+    // Confirmations settle together (the common case, one transaction); the
+    // rest one by one, each fenced on its own generation.
+    let mut confirmed: Vec<(Lease, Locator)> = Vec::new();
+    for (lease, backend, outcome) in attempts {
+        match outcome {
+            Published::Confirmed(locator) => confirmed.push((lease, locator)),
+            other => match outbox::settle_attempt(&bus.pool, &backend, &lease, other).await? {
+                Settled::Stored => {
+                    pass.stored += 1;
+                    announce(bus, &lease);
+                }
+                Settled::Retrying { .. } => pass.retrying += 1,
+                Settled::Failed => pass.failed += 1,
+                Settled::Fenced => pass.fenced += 1,
+            },
+        }
+    }
+    let stored = outbox::settle_confirmed_batch(&bus.pool, &confirmed).await?;
+    pass.fenced += confirmed.len() - stored.len();
+    pass.stored += stored.len();
+    for (lease, _) in confirmed
+        .iter()
+        .filter(|(l, _)| stored.contains(&l.message_id))
+    {
+        announce(bus, lease);
+    }
+    Ok(pass)
+}
+
+async fn publish_bounded(backend: &AnyBackend, lease: &Lease, limit: Duration) -> Published {
+    match tokio::time::timeout(limit, backend.publish(&lease.envelope())).await {
+        Ok(outcome) => outcome,
+        Err(_) => Published::Unanswered(format!(
+            "the {} backend did not answer within {} s",
+            lease.backend,
+            limit.as_secs_f64()
+        )),
+    }
+}
+
+/// A stored message is news to readers waiting on the conversation.
+fn announce(bus: &Bus, lease: &Lease) {
+    let mut event = BusEvent::new(
+        lease.team_id,
+        EventKind::Conversation,
+        lease.message_id.to_string(),
+    );
+    event.channel_id = Some(lease.conversation_id);
+    bus.events.emit(event);
+}
+
+/// Run the drain until `shutdown`: pass after pass while there is work, and
+/// when idle wait for a conversation event (a send on any replica) or the
+/// idle poll, whichever comes first.
+pub fn spawn_drain(
+    bus: Bus,
+    settings: DrainSettings,
+    shutdown: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let worker = format!("drain-{}", Uuid::new_v4().simple());
+    tokio::spawn(async move {
+        let mut events = bus.events.subscribe();
+        loop {
+            if shutdown.is_cancelled() {
+                return;
+            }
+            let busy = match drain_once(&bus, &worker, &settings).await {
+                Ok(pass) => pass.leased > 0,
+                Err(e) => {
+                    tracing::warn!(error = %e, "outbox drain pass failed; retrying");
+                    false
+                }
+            };
+            if busy {
+                continue;
+            }
+            let idle = tokio::time::sleep(settings.idle_poll);
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = idle => {}
+                _ = wait_for_conversation_event(&mut events) => {}
+            }
+        }
+    })
+}
+
+async fn wait_for_conversation_event(
+    events: &mut tokio::sync::broadcast::Receiver<std::sync::Arc<BusEvent>>,
+) {
+    loop {
+        match events.recv().await {
+            Ok(event) if event.kind == EventKind::Conversation => return,
+            Ok(_) => {}
+            // Lagged: something happened; closed: fall back to the poll.
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return,
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                std::future::pending::<()>().await
+            }
+        }
+    }
+}
+
+/// How often the reconciler asks about uncertain publications.
+pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(30);
+
+/// One reconciler pass: for every team and backend with an uncertain
+/// publication that this replica can reach, ask the backend and settle.
+/// Returns how many became stored.
+pub async fn reconcile_once(bus: &Bus) -> BusResult<usize> {
+    let mut resolved = 0;
+    for (team_id, name) in outbox::teams_with_uncertain(&bus.pool).await? {
+        let Ok(backend) = bus.backends.for_message(&name, team_id) else {
+            continue;
+        };
+        match outbox::resolve_uncertain(&bus.pool, &backend, team_id).await {
+            Ok(n) => resolved += n,
+            // One team's backend not answering does not stop the others.
+            Err(e) => tracing::warn!(error = %e, %team_id, backend = %name,
+                "could not resolve uncertain publications; retrying next pass"),
+        }
+    }
+    Ok(resolved)
+}
+
+/// How often the body sweep runs, and the grace before a body may go.
+pub const SWEEP_INTERVAL: Duration = Duration::from_secs(60);
+pub const SWEEP_GRACE_SECS: i64 = 300;
+
+/// Run `pass` every `interval` until `shutdown`, logging failures.
+fn spawn_periodic<F, Fut>(
+    name: &'static str,
+    interval: Duration,
+    shutdown: CancellationToken,
+    mut pass: F,
+) -> tokio::task::JoinHandle<()>
+where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = BusResult<u64>> + Send,
+{
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = ticker.tick() => {}
+            }
+            match pass().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(worker = name, n, "pass done"),
+                Err(e) => {
+                    tracing::warn!(worker = name, error = %e, "pass failed; retrying next time")
+                }
+            }
+        }
+    })
+}
+
+/// Start every publication worker of this replica.
+pub fn spawn_all(bus: Bus, shutdown: CancellationToken) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut handles = vec![spawn_drain(
+        bus.clone(),
+        DrainSettings::default(),
+        shutdown.clone(),
+    )];
+    let reconciler = bus.clone();
+    handles.push(spawn_periodic(
+        "reconciler",
+        RECONCILE_INTERVAL,
+        shutdown.clone(),
+        move || {
+            let bus = reconciler.clone();
+            async move { reconcile_once(&bus).await.map(|n| n as u64) }
+        },
+    ));
+    let sweeper = bus;
+    handles.push(spawn_periodic(
+        "body sweep",
+        SWEEP_INTERVAL,
+        shutdown,
+        move || {
+            let bus = sweeper.clone();
+            async move {
+                outbox::release_published_bodies(&bus.pool, &bus.backends, None, SWEEP_GRACE_SECS)
+                    .await
+            }
+        },
+    ));
+    handles
+}
