@@ -67,7 +67,7 @@ CREATE TABLE inbox_references (
     handed_out_at      timestamptz,
     delivered_at       timestamptz,
     CHECK ((kind = 'receipt') = (receipt <> '')),
-    UNIQUE (team_id, recipient_key, kind, message_id, receipt),
+    UNIQUE (team_id, recipient_key, kind, message_id, receipt, actor),
     FOREIGN KEY (team_id, message_id) REFERENCES conversation_messages (team_id, id),
     FOREIGN KEY (team_id, conversation_id) REFERENCES conversations (team_id, id),
     FOREIGN KEY (team_id, recipient_id) REFERENCES agents (team_id, id)

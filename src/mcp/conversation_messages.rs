@@ -15,7 +15,7 @@ use uuid::Uuid;
 use super::waiting::ProgressTicker;
 use super::{BusServer, caller, refusal, reply};
 use crate::store::conversation_messages::{self, NewConversationMessage, ReadRequest};
-use crate::store::{receipts, waits};
+use crate::store::{inbox, receipts, waits};
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -68,6 +68,20 @@ pub struct AckArgs {
 pub struct ConversationWaitArgs {
     /// How long to wait, 1..300 s (default 50: under the ~60 s many clients allow a call).
     pub timeout_seconds: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InboxFetchArgs {
+    /// 1..50, default 20.
+    pub limit: Option<i64>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InboxConfirmArgs {
+    /// delivery_id values from fetch_conversation_inbox (1..100).
+    pub delivery_ids: Vec<Uuid>,
 }
 
 #[tool_router(router = conversation_message_router, vis = "pub(super)")]
@@ -165,6 +179,51 @@ impl BusServer {
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
         reply(receipts::receipts(self.bus(), me, args.message_id).await)
+    }
+
+    #[tool(
+        description = "Hand out references owed to this window, oldest first: messages addressed \
+                          to it (conversation, seq, sender; read the body with \
+                          get_conversation_message) and receipts of its own messages. Confirm \
+                          each with confirm_inbox_delivery; unconfirmed ones come back after 60 s."
+    )]
+    async fn fetch_conversation_inbox(
+        &self,
+        Extension(parts): Extension<http::request::Parts>,
+        Parameters(args): Parameters<InboxFetchArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let me = caller(&parts)?;
+        let limit = match inbox::check_fetch_limit(args.limit) {
+            Ok(limit) => limit,
+            Err(err) => return Ok(refusal(&err)),
+        };
+        reply(inbox::fetch_inbox(self.bus(), me, limit).await)
+    }
+
+    #[tool(
+        description = "Confirm that references from fetch_conversation_inbox reached you: records \
+                          `delivered` on your receipts. Repeating is harmless."
+    )]
+    async fn confirm_inbox_delivery(
+        &self,
+        Extension(parts): Extension<http::request::Parts>,
+        Parameters(args): Parameters<InboxConfirmArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let me = caller(&parts)?;
+        reply(inbox::confirm_delivery(self.bus(), me, &args.delivery_ids).await)
+    }
+
+    #[tool(
+        description = "How many references are owed to this window and handed out, and the state \
+                          of its broker consumer (on a team whose conversations use JetStream).",
+        annotations(read_only_hint = true)
+    )]
+    async fn conversation_inbox_status(
+        &self,
+        Extension(parts): Extension<http::request::Parts>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let me = caller(&parts)?;
+        reply(inbox::status(self.bus(), me).await)
     }
 
     #[tool(

@@ -8,10 +8,25 @@
 //! owed, so whatever a broker loses is rebuilt from here and from
 //! `message_receipts`.
 
+use chrono::{DateTime, Utc};
+use serde::Serialize;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use crate::error::BusResult;
+use super::sessions;
+use crate::Bus;
+use crate::auth::Identity;
+use crate::error::{BusError, BusResult};
+
+/// `fetch_conversation_inbox` hands out at most this many at once.
+pub const FETCH_MAX: i64 = 50;
+/// `confirm_inbox_delivery` takes at most this many ids at once.
+pub const CONFIRM_MAX: usize = 100;
+/// A reference handed out and not confirmed within this long is handed out
+/// again (the window may have crashed before it confirmed).
+pub const HANDOUT_SECS: f64 = 60.0;
+/// Receipts owed to a window turned into references per fetch, at most.
+const TOP_UP_MAX: i64 = 1000;
 
 /// The deterministic key of a recipient window: the first 16 bytes of
 /// SHA-256 over "<agent id>/<session label>", as 32 hex digits. It survives
@@ -63,6 +78,282 @@ pub async fn enqueue_message_references(
     .execute(tx)
     .await?;
     Ok(queued.rows_affected())
+}
+
+/// Queue a receipt reference for the sender of `message_id` ("`actor`
+/// acknowledged/resolved your message"), in the ack's transaction.
+pub async fn enqueue_receipt_reference(
+    tx: &mut sqlx::PgConnection,
+    team_id: Uuid,
+    message_id: Uuid,
+    actor: &str,
+    receipt: &str,
+) -> BusResult<()> {
+    sqlx::query(concat!(
+        "INSERT INTO inbox_references
+             (id, team_id, recipient_key, recipient_id, recipient_session, kind,
+              conversation_id, message_id, seq, actor, receipt)
+         SELECT gen_random_uuid(), m.team_id, ",
+        recipient_key_sql!("m.sender_id", "m.sender_session"),
+        ", m.sender_id, m.sender_session, 'receipt', m.conversation_id, m.id, m.seq, $3, $4
+           FROM conversation_messages m WHERE m.team_id = $1 AND m.id = $2
+         ON CONFLICT DO NOTHING"
+    ))
+    .bind(team_id)
+    .bind(message_id)
+    .bind(actor)
+    .bind(receipt)
+    .execute(tx)
+    .await?;
+    Ok(())
+}
+
+/// One reference handed to a window.
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct Delivery {
+    /// Pass to `confirm_inbox_delivery` once the reference reached you.
+    pub delivery_id: Uuid,
+    /// `message` (a message for you) or `receipt` (your message was acknowledged).
+    pub kind: String,
+    pub conversation_id: Uuid,
+    pub message_id: Uuid,
+    pub seq: i64,
+    /// message: the sender; receipt: who acknowledged.
+    pub from: String,
+    /// receipt: `acknowledged` or `resolved`.
+    pub receipt: Option<String>,
+    pub queued_at: DateTime<Utc>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Fetched {
+    pub deliveries: Vec<Delivery>,
+    /// More references are owed than this call handed out.
+    pub more: bool,
+}
+
+pub fn check_fetch_limit(limit: Option<i64>) -> BusResult<i64> {
+    let limit = limit.unwrap_or(20);
+    if !(1..=FETCH_MAX).contains(&limit) {
+        return Err(BusError::invalid(format!(
+            "limit must be 1..{FETCH_MAX}; got {limit}. Omit it for 20."
+        )));
+    }
+    Ok(limit)
+}
+
+/// `fetch_conversation_inbox`: hand out references owed to this window,
+/// oldest first, `first` (ids the broker delivered) ahead of the rest. What
+/// is owed comes from PostgreSQL, which never expires it: references queued
+/// at confirmation, topped up from this window's receipts not yet delivered
+/// (messages stored on the synchronous path, or whatever a broker lost). A
+/// reference is handed out once at a time: again only if not confirmed
+/// within [`HANDOUT_SECS`].
+pub async fn fetch(bus: &Bus, me: &Identity, limit: i64, first: &[Uuid]) -> BusResult<Fetched> {
+    let key = recipient_key(me.agent_id, &me.session);
+    let mut tx = bus.pool.begin().await?;
+    sessions::guard(&mut tx, me).await?;
+    sqlx::query(
+        "INSERT INTO inbox_references
+             (id, team_id, recipient_key, recipient_id, recipient_session, kind,
+              conversation_id, message_id, seq, actor, created_at)
+         SELECT gen_random_uuid(), r.team_id, $3, r.recipient_id, r.recipient_session, 'message',
+                m.conversation_id, m.id, m.seq,
+                CASE WHEN m.sender_session = '' THEN a.name ELSE a.name || '/' || m.sender_session END,
+                -- Owed since the send committed (the synchronous path's confirmation).
+                m.created_at
+           FROM message_receipts r
+           JOIN conversation_messages m ON m.team_id = r.team_id AND m.id = r.message_id
+           JOIN agents a ON a.team_id = m.team_id AND a.id = m.sender_id
+          WHERE r.team_id = $1 AND r.recipient_id = $2 AND r.recipient_session = $4
+            AND r.delivered_at IS NULL AND m.publication_state = 'stored'
+          ORDER BY m.created_at
+          LIMIT $5
+         ON CONFLICT DO NOTHING"
+    )
+    .bind(me.team_id)
+    .bind(me.agent_id)
+    .bind(&key)
+    .bind(&me.session)
+    .bind(TOP_UP_MAX)
+    .execute(&mut *tx)
+    .await?;
+    let mut deliveries: Vec<Delivery> = sqlx::query_as(
+        "SELECT id AS delivery_id, kind, conversation_id, message_id, seq, actor AS from,
+                NULLIF(receipt, '') AS receipt, created_at AS queued_at
+           FROM inbox_references
+          WHERE team_id = $1 AND recipient_key = $2 AND delivered_at IS NULL
+            AND (handed_out_at IS NULL OR handed_out_at < now() - make_interval(secs => $4))
+          ORDER BY id = ANY($5) DESC, created_at, conversation_id, seq, id
+          LIMIT $3 + 1
+          FOR UPDATE SKIP LOCKED",
+    )
+    .bind(me.team_id)
+    .bind(&key)
+    .bind(limit)
+    .bind(HANDOUT_SECS)
+    .bind(first)
+    .fetch_all(&mut *tx)
+    .await?;
+    let more = deliveries.len() as i64 > limit;
+    deliveries.truncate(limit as usize);
+    let handed: Vec<Uuid> = deliveries.iter().map(|d| d.delivery_id).collect();
+    sqlx::query("UPDATE inbox_references SET handed_out_at = now() WHERE id = ANY($1)")
+        .bind(&handed)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(Fetched { deliveries, more })
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Confirmed {
+    /// Confirmed by this call.
+    pub confirmed: usize,
+    /// Confirmed before (a repeat changes nothing).
+    pub already_confirmed: usize,
+    /// Not references of this window.
+    pub unknown: Vec<Uuid>,
+    /// Broker sequences of the confirmed references, for the broker ack that
+    /// follows the database write.
+    #[serde(skip)]
+    pub broker_seqs: Vec<u64>,
+}
+
+/// `confirm_inbox_delivery`: record `delivered` (on the reference and, for a
+/// message, on this window's receipt) before anything is acknowledged to a
+/// broker, so a crash between the two re-delivers rather than loses.
+/// Idempotent.
+pub async fn confirm(bus: &Bus, me: &Identity, ids: &[Uuid]) -> BusResult<Confirmed> {
+    if ids.is_empty() || ids.len() > CONFIRM_MAX {
+        return Err(BusError::invalid(format!(
+            "delivery_ids holds {} ids; give 1..{CONFIRM_MAX} delivery_id values from              fetch_conversation_inbox.",
+            ids.len()
+        )));
+    }
+    let key = recipient_key(me.agent_id, &me.session);
+    let mut tx = bus.pool.begin().await?;
+    sessions::guard(&mut tx, me).await?;
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        id: Uuid,
+        fresh: bool,
+        broker_seq: Option<i64>,
+    }
+    let rows: Vec<Row> = sqlx::query_as(
+        "WITH before AS (
+             SELECT id, delivered_at IS NULL AS fresh FROM inbox_references
+              WHERE team_id = $1 AND recipient_key = $2 AND id = ANY($3)
+              FOR UPDATE),
+         marked AS (
+             UPDATE inbox_references i SET delivered_at = now()
+               FROM before WHERE i.id = before.id AND before.fresh
+              RETURNING i.id, i.kind, i.message_id, i.broker_seq),
+         receipts AS (
+             UPDATE message_receipts r SET delivered_at = COALESCE(r.delivered_at, now())
+               FROM marked
+              WHERE marked.kind = 'message' AND r.team_id = $1 AND r.message_id = marked.message_id
+                AND r.recipient_id = $4 AND r.recipient_session = $5)
+         SELECT before.id, before.fresh, marked.broker_seq
+           FROM before LEFT JOIN marked ON marked.id = before.id",
+    )
+    .bind(me.team_id)
+    .bind(&key)
+    .bind(ids)
+    .bind(me.agent_id)
+    .bind(&me.session)
+    .fetch_all(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    let known: std::collections::HashSet<Uuid> = rows.iter().map(|r| r.id).collect();
+    let mut unknown: Vec<Uuid> = ids
+        .iter()
+        .filter(|id| !known.contains(id))
+        .copied()
+        .collect();
+    unknown.sort();
+    unknown.dedup();
+    Ok(Confirmed {
+        confirmed: rows.iter().filter(|r| r.fresh).count(),
+        already_confirmed: rows.iter().filter(|r| !r.fresh).count(),
+        unknown,
+        broker_seqs: rows
+            .iter()
+            .filter_map(|r| r.broker_seq)
+            .map(|seq| seq as u64)
+            .collect(),
+    })
+}
+
+/// What PostgreSQL says is owed to a window.
+#[derive(Clone, Debug, Serialize, Default)]
+pub struct Owed {
+    pub recipient_key: String,
+    /// References not yet confirmed (including receipts not yet turned into
+    /// references).
+    pub owed: i64,
+    /// Of those, handed out and awaiting confirmation.
+    pub handed_out: i64,
+}
+
+pub async fn owed(bus: &Bus, me: &Identity) -> BusResult<Owed> {
+    let key = recipient_key(me.agent_id, &me.session);
+    let (queued, handed_out, unqueued): (i64, i64, i64) = sqlx::query_as(
+        "SELECT
+            (SELECT count(*) FROM inbox_references
+              WHERE team_id = $1 AND recipient_key = $2 AND delivered_at IS NULL),
+            (SELECT count(*) FROM inbox_references
+              WHERE team_id = $1 AND recipient_key = $2 AND delivered_at IS NULL
+                AND handed_out_at >= now() - make_interval(secs => $5)),
+            (SELECT count(*) FROM message_receipts r
+               JOIN conversation_messages m ON m.team_id = r.team_id AND m.id = r.message_id
+              WHERE r.team_id = $1 AND r.recipient_id = $3 AND r.recipient_session = $4
+                AND r.delivered_at IS NULL AND m.publication_state = 'stored'
+                AND NOT EXISTS (SELECT 1 FROM inbox_references i
+                                 WHERE i.team_id = r.team_id AND i.recipient_key = $2
+                                   AND i.kind = 'message' AND i.message_id = r.message_id))",
+    )
+    .bind(me.team_id)
+    .bind(&key)
+    .bind(me.agent_id)
+    .bind(&me.session)
+    .bind(HANDOUT_SECS)
+    .fetch_one(&bus.pool)
+    .await?;
+    Ok(Owed {
+        recipient_key: key,
+        owed: queued + unqueued,
+        handed_out,
+    })
+}
+
+/// `fetch_conversation_inbox`. (The broker's consumer, on JetStream teams,
+/// is consulted first once the JetStream inbox is wired; PostgreSQL is the
+/// record either way.)
+pub async fn fetch_inbox(bus: &Bus, me: &Identity, limit: i64) -> BusResult<Fetched> {
+    fetch(bus, me, limit, &[]).await
+}
+
+/// `confirm_inbox_delivery`.
+pub async fn confirm_delivery(bus: &Bus, me: &Identity, ids: &[Uuid]) -> BusResult<Confirmed> {
+    confirm(bus, me, ids).await
+}
+
+/// `conversation_inbox_status`.
+#[derive(Clone, Debug, Serialize)]
+pub struct InboxStatus {
+    #[serde(flatten)]
+    pub owed: Owed,
+    /// `not_used` (the team's conversations are on PostgreSQL), `present`,
+    /// `missing` (rebuilt on the next fetch) or `unreachable`.
+    pub consumer: String,
+}
+
+pub async fn status(bus: &Bus, me: &Identity) -> BusResult<InboxStatus> {
+    Ok(InboxStatus {
+        owed: owed(bus, me).await?,
+        consumer: "not_used".into(),
+    })
 }
 
 #[cfg(test)]

@@ -25,9 +25,10 @@ use uuid::Uuid;
 
 use super::conversation_messages::{conversation_of, message_not_found};
 use super::conversations::{self, ReadAccess};
-use super::sessions;
+use super::{inbox, sessions};
 use crate::Bus;
 use crate::auth::Identity;
+use crate::backend::PostgresBackend;
 use crate::error::{BusError, BusResult};
 use crate::events::EventKind;
 
@@ -109,6 +110,13 @@ pub async fn ack(
     let Some(receipt) = receipt else {
         return Err(not_a_recipient(message_id));
     };
+    // On a broker-backed conversation the sender learns of the ack through
+    // its inbox; queued here, so there is no ack without its reference.
+    if conversation.backend != PostgresBackend::NAME {
+        let receipt = if resolved { "resolved" } else { "acknowledged" };
+        inbox::enqueue_receipt_reference(&mut tx, me.team_id, message_id, &me.address(), receipt)
+            .await?;
+    }
     conversations::audit(
         &mut tx,
         me,
