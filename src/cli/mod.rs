@@ -4,6 +4,7 @@
 
 mod admin;
 mod client;
+mod conversations;
 mod operator;
 mod output;
 mod serve;
@@ -69,6 +70,9 @@ enum Command {
     /// Manage agents of a team.
     #[command(subcommand)]
     Agent(operator::AgentCommand),
+    /// Conversation publication: where bodies live, what is in flight.
+    #[command(subcommand)]
+    Conversations(conversations::ConversationsCommand),
     /// Manage agent tokens.
     #[command(subcommand)]
     Token(operator::TokenCommand),
@@ -125,6 +129,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Quickstart(args) => operator::quickstart(&ctx, args).await,
         Command::Team(cmd) => operator::team(&ctx, cmd).await,
         Command::Agent(cmd) => operator::agent(&ctx, cmd).await,
+        Command::Conversations(cmd) => conversations::run(&ctx, cmd).await,
         Command::Token(cmd) => operator::token(&ctx, cmd).await,
         Command::Admin(cmd) => admin::run(&ctx, cmd).await,
         Command::Client(args) => client::run(args).await,

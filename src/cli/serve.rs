@@ -46,6 +46,9 @@ pub struct ServeArgs {
     /// NATS credentials file (.creds) for --nats-url.
     #[arg(long, env = "BUS_NATS_CREDENTIALS", requires = "nats_url")]
     nats_credentials: Option<std::path::PathBuf>,
+    /// Run the publication workers (outbox drain, reconciler, body sweep) in this process.
+    #[arg(long, env = "BUS_PUBLICATION_WORKER", default_value_t = true, action = clap::ArgAction::Set)]
+    publication_worker: bool,
     /// Seconds to let in-flight requests finish after SIGINT/SIGTERM.
     #[arg(long, env = "BUS_SHUTDOWN_GRACE_SECS", default_value_t = 10)]
     shutdown_grace_secs: u64,
@@ -127,7 +130,9 @@ async fn serve_on(
         }
     };
     crate::workers::presence_sweeper::spawn(bus.clone(), shutdown.clone());
-    crate::workers::publication::spawn_all(bus.clone(), shutdown.clone());
+    if args.publication_worker {
+        crate::workers::publication::spawn_all(bus.clone(), shutdown.clone());
+    }
     let app = http::router(bus, settings, shutdown.clone());
     eprintln!(
         "listening on http://{local} (MCP: POST http://{local}/mcp, health: GET http://{local}/health)"

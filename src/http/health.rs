@@ -1,17 +1,31 @@
 //! `GET /health`: 200 while the database answers, with a JSON body saying so,
-//! and the event listener's state (`live`, `silent`, `detached`).
+//! the event listener's state (`live`, `silent`, `detached`), the outbox
+//! (`publication`) and the broker. A broker outage does not fail it: the bus
+//! still accepts sends (they queue), so the status is `degraded`, still 200.
+//! `?broker=check` pings the broker; without it the broker is only reported
+//! as configured or not, so a load balancer's probe costs no broker round trip.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
-use serde_json::json;
+use serde::Deserialize;
+use serde_json::{Value, json};
 
 use super::AppState;
 
-pub async fn health(State(state): State<Arc<AppState>>) -> (StatusCode, Json<serde_json::Value>) {
+#[derive(Debug, Default, Deserialize)]
+pub struct HealthQuery {
+    /// `check`: ping the broker.
+    broker: Option<String>,
+}
+
+pub async fn health(
+    State(state): State<Arc<AppState>>,
+    Query(query): Query<HealthQuery>,
+) -> (StatusCode, Json<Value>) {
     let probe = crate::db::ping(&state.pool);
     let database = match tokio::time::timeout(Duration::from_secs(3), probe).await {
         Ok(Ok(_)) => Ok(()),
@@ -20,16 +34,42 @@ pub async fn health(State(state): State<Arc<AppState>>) -> (StatusCode, Json<ser
     };
     let version = env!("CARGO_PKG_VERSION");
     let events = state.events.state();
-    match database {
-        Ok(()) => (
-            StatusCode::OK,
-            Json(json!({ "status": "ok", "database": "ok", "events": events, "version": version })),
-        ),
-        Err(detail) => (
+    let check_broker = query.broker.as_deref() == Some("check");
+    let broker = match (state.backends.broker().is_some(), check_broker) {
+        (false, _) => "not_configured",
+        (true, false) => "configured",
+        (true, true) => {
+            let reachable = state.backends.broker_reachable();
+            match tokio::time::timeout(Duration::from_secs(3), reachable).await {
+                Ok(Some(true)) => "ok",
+                _ => "unreachable",
+            }
+        }
+    };
+    let Ok(()) = database else {
+        let detail = database.unwrap_err();
+        return (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(
-                json!({ "status": "unavailable", "database": detail, "events": events, "version": version }),
+                json!({ "status": "unavailable", "database": detail, "broker": broker,
+                         "events": events, "version": version }),
             ),
+        );
+    };
+    let publication = match crate::store::outbox::installation_status(&state.pool).await {
+        Ok(status) => json!(status),
+        Err(err) => json!({ "error": err.to_string() }),
+    };
+    let status = if broker == "unreachable" {
+        "degraded"
+    } else {
+        "ok"
+    };
+    (
+        StatusCode::OK,
+        Json(
+            json!({ "status": status, "database": "ok", "broker": broker, "events": events,
+                     "publication": publication, "version": version }),
         ),
-    }
+    )
 }

@@ -63,6 +63,7 @@ const ROUTES: &[&str] = &[
 pub struct AppState {
     pub pool: PgPool,
     pub events: crate::events::Events,
+    pub backends: crate::backend::Backends,
     pub settings: HttpSettings,
     pub limiter: RateLimiter,
     /// `/admin` has its own allowance: a tenth of the MCP one.
@@ -74,6 +75,7 @@ pub fn router(bus: Bus, settings: HttpSettings, shutdown: CancellationToken) -> 
     let state = Arc::new(AppState {
         pool: bus.pool.clone(),
         events: bus.events.clone(),
+        backends: bus.backends.clone(),
         limiter: RateLimiter::new(settings.rate_limit_per_minute),
         admin_limiter: RateLimiter::new(settings.rate_limit_per_minute.div_ceil(10)),
         settings: settings.clone(),

@@ -1135,3 +1135,69 @@ async fn the_running_drain_stores_a_send_and_the_reader_sees_it() {
     shutdown.cancel();
     drain.await.expect("the drain stops cleanly on shutdown");
 }
+
+// ------------------------------------------------------- operator's view --
+
+// O14 as an operator sees it: /health's publication section and
+// `conversations status --team T`.
+#[tokio::test]
+async fn health_and_conversations_status_show_what_is_in_flight() {
+    let t = Outboxed::new().await;
+    t.send_id("refused").await;
+    t.send_id("waiting").await;
+    let first = lease(t.pool()).await;
+    outbox::settle(t.pool(), &first, Published::Fatal("too large".into()))
+        .await
+        .unwrap();
+
+    for path in ["/health", "/health?broker=check"] {
+        let health: Value = crate::support::http_client()
+            .get(t.app.url(path))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(health["status"], "ok");
+        assert_eq!(health["broker"], "not_configured", "{path}");
+        assert_eq!(health["publication"]["pending"], 1);
+        assert_eq!(health["publication"]["failed"], 1);
+        assert!(health["publication"]["oldest_pending_seconds"].is_i64());
+    }
+
+    let database_url = t.app.database_url.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"))
+            .args(["conversations", "status", "--team", "ob", "--json"])
+            .env("DATABASE_URL", database_url)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["team"], "ob");
+    assert_eq!(report["conversation_backend"], "postgres");
+    assert_eq!(report["outbox"]["pending"], 1);
+    assert_eq!(report["outbox"]["failed"], 1);
+    let conversations = report["conversations"].as_array().unwrap();
+    assert_eq!(conversations.len(), 1);
+    assert_eq!(
+        conversations[0]["conversation_id"],
+        t.conversation_id.to_string()
+    );
+    assert_eq!(conversations[0]["publication"], "outbox");
+    assert_eq!(
+        (
+            conversations[0]["pending"].as_i64(),
+            conversations[0]["failed"].as_i64()
+        ),
+        (Some(1), Some(1))
+    );
+}
