@@ -13,6 +13,7 @@ mod conversation_messages;
 mod conversations;
 mod events;
 mod http_surface;
+mod jetstream;
 mod locks;
 mod messaging;
 mod notes;
