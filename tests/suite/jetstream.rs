@@ -410,6 +410,25 @@ async fn provisioning_adopts_existing_streams_and_updates_quotas_only_when_asked
     assert_eq!(streams.inbox.retention, "workqueue");
     assert_eq!(streams.inbox.max_age_seconds, 7 * 24 * 3600);
     assert!(broker.team_streams_exist(team).await.unwrap());
+    assert!(
+        !streams.body.allow_direct,
+        "the operator's stream has no direct get"
+    );
+
+    // Reading from it goes to the stream leader instead (B1: still checked).
+    let backend = JetStreamBackend::new(broker.clone(), team);
+    let env = envelope(team, "on an adopted stream");
+    let locator = confirmed(backend.publish(&env).await);
+    assert_eq!(
+        backend.fetch(&locator, env.message_id).await.unwrap(),
+        Some(env.body.clone())
+    );
+    assert!(matches!(
+        backend.fetch(&locator, Uuid::new_v4()).await,
+        Err(BusError::Forbidden(_))
+    ));
+    let gone = Locator(format!("jetstream:{}:77", body_stream_name(team)));
+    assert_eq!(backend.fetch(&gone, env.message_id).await.unwrap(), None);
 
     let updated = broker
         .provision_team(team, &StreamSizes::default(), true)
@@ -719,4 +738,61 @@ async fn team_capability_backend_jetstream_is_refused_without_a_broker_or_stream
     })
     .await
     .unwrap();
+}
+
+// Permission denied is fatal: the server answers a denied publish with an
+// asynchronous -ERR and no reply, which must not read as "unanswered".
+#[tokio::test]
+async fn a_publish_the_nats_user_may_not_make_is_fatal_not_unanswered() {
+    let server = OwnedNats::start_with_config(
+        "authorization {\n  users = [\n    { user: admin, password: admin }\n    \
+         { user: bus, password: bus, permissions: { publish: { allow: [\"$JS.API.>\", \"acsi.>\"] }, subscribe: { allow: [\"_INBOX.>\"] } } }\n  ]\n}",
+    );
+    let admin = Broker::connect(&server.url_as("admin", "admin"), None)
+        .await
+        .unwrap();
+    let team = provisioned(&admin).await;
+    let bus = Broker::connect_with(&server.url_as("bus", "bus"), None, quick())
+        .await
+        .unwrap();
+    let backend = JetStreamBackend::new(bus, team);
+    match backend.publish(&envelope(team, "denied")).await {
+        Published::Fatal(reason) => assert!(reason.contains("permission denied"), "{reason}"),
+        other => panic!("a denied publish is fatal: {other:?}"),
+    }
+    let mut stream = admin.js().get_stream(body_stream_name(team)).await.unwrap();
+    assert_eq!(stream.info().await.unwrap().state.messages, 0);
+}
+
+// Inbox references are on disk: a restarted broker still hands them out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_references_survive_a_broker_restart() {
+    let mut server = OwnedNats::start();
+    let broker = Broker::connect_with(&server.url(), None, quick())
+        .await
+        .unwrap();
+    let team = provisioned(&broker).await;
+    let key = Uuid::new_v4().simple().to_string();
+    broker.ensure_inbox_consumer(team, &key).await.unwrap();
+    broker
+        .publish_inbox_reference(team, &key, Uuid::new_v4(), b"kept")
+        .await
+        .unwrap();
+
+    tokio::task::block_in_place(|| {
+        server.stop();
+        server.restart();
+    });
+    wait_reachable(&broker).await;
+    assert!(broker.inbox_consumer_exists(team, &key).await.unwrap());
+    let got = broker
+        .fetch_inbox(team, &key, 10, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].payload, b"kept");
+    broker
+        .ack_inbox(team, &key, &got[0].ack_subject)
+        .await
+        .unwrap();
 }

@@ -13,7 +13,7 @@
 use std::time::Instant;
 
 use async_nats::HeaderMap;
-use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+use async_nats::jetstream::context::{GetStreamErrorKind, PublishError, PublishErrorKind};
 use async_nats::jetstream::stream::{DirectGetErrorKind, RawMessageErrorKind};
 use uuid::Uuid;
 
@@ -320,39 +320,60 @@ impl JetStreamBackend {
         stream: &str,
         sequence: u64,
     ) -> BusResult<Option<async_nats::jetstream::message::StreamMessage>> {
+        let direct = match self.broker.allows_direct(stream) {
+            Some(direct) => direct,
+            None => {
+                let info = match self.broker.js().get_stream(stream).await {
+                    Ok(handle) => handle.cached_info().config.allow_direct,
+                    Err(e) => match e.kind() {
+                        GetStreamErrorKind::JetStream(js) if js.error_code().0 == 10059 => {
+                            return Err(self.stream_missing(stream));
+                        }
+                        _ => return Err(unreachable_broker(&e)),
+                    },
+                };
+                self.broker.remember_direct(stream, Some(info));
+                info
+            }
+        };
         let handle = self
             .broker
             .js()
             .get_stream_no_info(stream)
             .await
             .map_err(|e| unreachable_broker(&e))?;
-        match handle.direct_get(sequence).await {
-            Ok(message) => return Ok(Some(message)),
-            Err(e) if e.kind() == DirectGetErrorKind::NotFound => return Ok(None),
-            // No responders: the stream does not allow direct get (an
-            // adopted stream), or does not exist. The leader's get tells.
-            Err(e) if matches!(e.kind(), DirectGetErrorKind::ErrorResponse(status, _) if status == async_nats::StatusCode::NO_RESPONDERS) =>
-                {}
-            Err(e) => return Err(unreachable_broker(&e)),
+        if direct {
+            match handle.direct_get(sequence).await {
+                Ok(message) => return Ok(Some(message)),
+                Err(e) if e.kind() == DirectGetErrorKind::NotFound => return Ok(None),
+                Err(e) => {
+                    // Maybe direct get was turned off since: ask again next
+                    // time, and the leader now.
+                    self.broker.remember_direct(stream, None);
+                    tracing::debug!(error = %e, stream, "direct get failed; asking the leader");
+                }
+            }
         }
         match handle.get_raw_message(sequence).await {
             Ok(message) => Ok(Some(message)),
             Err(e) => match e.kind() {
                 RawMessageErrorKind::NoMessageFound => Ok(None),
-                // The stream itself is gone: say so rather than answer "no
-                // longer holds it", which would tombstone every body of a
-                // team pointed at the wrong server.
                 RawMessageErrorKind::JetStream(js) if js.error_code().0 == 10059 => {
-                    Err(BusError::unavailable(format!(
-                        "stream {stream} does not exist on the broker at {}; run `ai-crew-sync \
-                         team stream` for this team, or point the server at the broker that \
-                         holds it.",
-                        self.broker.url()
-                    )))
+                    Err(self.stream_missing(stream))
                 }
                 _ => Err(unreachable_broker(&e)),
             },
         }
+    }
+
+    /// The stream itself is gone: said so rather than "no longer holds it",
+    /// which would tombstone every body of a team pointed at the wrong server.
+    fn stream_missing(&self, stream: &str) -> BusError {
+        BusError::unavailable(format!(
+            "stream {stream} does not exist on the broker at {}; run `ai-crew-sync team \
+             stream` for this team, or point the server at the broker that holds it.",
+            self.broker.url()
+        ))
     }
 }
 

@@ -85,6 +85,11 @@ struct Inner {
     /// when. NATS answers such a publish with an asynchronous `-ERR` and no
     /// reply, so without this a denied publish would look unanswered forever.
     denied: Arc<Mutex<HashMap<String, Instant>>>,
+    /// Whether each body stream read so far allows direct get. A stream the
+    /// bus created does; an adopted one may not, and on NATS 2.9 a direct
+    /// get to such a stream is not refused but left unanswered, so the
+    /// choice is made from the stream's config rather than by trying.
+    direct: Mutex<HashMap<String, bool>>,
 }
 
 impl Broker {
@@ -99,6 +104,10 @@ impl Broker {
         credentials: Option<&Path>,
         options: BrokerOptions,
     ) -> BusResult<Broker> {
+        // Userinfo in the URL (`nats://user:pass@host`, `nats://token@host`)
+        // is passed on as credentials, and never printed.
+        let (shown, user_info) = split_user_info(url);
+        let url = shown.as_str();
         let denied: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
         let seen = denied.clone();
         let mut connect = async_nats::ConnectOptions::new()
@@ -118,6 +127,11 @@ impl Broker {
                     }
                 }
             });
+        match user_info {
+            Some((user, Some(password))) => connect = connect.user_and_password(user, password),
+            Some((token, None)) => connect = connect.token(token),
+            None => {}
+        }
         if let Some(path) = credentials {
             connect = connect.credentials_file(path).await.map_err(|e| {
                 BusError::invalid(format!(
@@ -161,6 +175,7 @@ impl Broker {
                 max_payload,
                 timeout: options.timeout,
                 denied,
+                direct: Mutex::default(),
             }),
         })
     }
@@ -199,6 +214,23 @@ impl Broker {
         self.inner.timeout
     }
 
+    pub(crate) fn allows_direct(&self, stream: &str) -> Option<bool> {
+        self.inner
+            .direct
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(stream)
+            .copied()
+    }
+
+    pub(crate) fn remember_direct(&self, stream: &str, allowed: Option<bool>) {
+        let mut known = self.inner.direct.lock().unwrap_or_else(|p| p.into_inner());
+        match allowed {
+            Some(allowed) => known.insert(stream.to_owned(), allowed),
+            None => known.remove(stream),
+        };
+    }
+
     /// Whether the server reported a publish to `subject` denied since `since`.
     pub(crate) fn publish_denied_since(&self, subject: &str, since: Instant) -> bool {
         self.inner
@@ -208,6 +240,28 @@ impl Broker {
             .get(subject)
             .is_some_and(|at| *at >= since)
     }
+}
+
+/// `nats://user:pass@host:port` → (`nats://host:port`, Some((user, Some(pass)))).
+/// Anything `url` cannot parse is passed on untouched for async-nats to judge.
+fn split_user_info(raw: &str) -> (String, Option<(String, Option<String>)>) {
+    let Ok(mut parsed) = url::Url::parse(raw) else {
+        return (raw.to_owned(), None);
+    };
+    if parsed.username().is_empty() {
+        return (raw.to_owned(), None);
+    }
+    let decode = |s: &str| {
+        url::form_urlencoded::parse(format!("x={s}").as_bytes())
+            .next()
+            .map(|(_, v)| v.into_owned())
+            .unwrap_or_default()
+    };
+    let user = decode(parsed.username());
+    let password = parsed.password().map(decode);
+    let _ = parsed.set_username("");
+    let _ = parsed.set_password(None);
+    (parsed.to_string(), Some((user, password)))
 }
 
 /// One round trip to JetStream's account info (`$JS.API.INFO`), read as
@@ -336,6 +390,15 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn credentials_in_the_url_are_split_off_and_never_shown() {
+        let (shown, creds) = split_user_info("nats://bus:s%40cret@127.0.0.1:4222");
+        assert_eq!(shown, "nats://127.0.0.1:4222");
+        assert_eq!(creds, Some(("bus".into(), Some("s@cret".into()))));
+        let (shown, creds) = split_user_info("nats://127.0.0.1:4222");
+        assert_eq!((shown.as_str(), creds), ("nats://127.0.0.1:4222", None));
     }
 
     #[test]

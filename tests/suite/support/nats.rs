@@ -97,6 +97,8 @@ pub struct OwnedNats {
     port: u16,
     dir: tempfile::TempDir,
     max_payload: Option<&'static str>,
+    /// Extra lines for nats.conf (users and permissions).
+    extra: String,
     child: Option<Child>,
 }
 
@@ -111,7 +113,16 @@ impl OwnedNats {
         Self::start_with(None)
     }
 
+    /// With extra configuration (e.g. an `authorization` block), 8 MB payloads.
+    pub fn start_with_config(extra: &str) -> OwnedNats {
+        Self::start_full(Some("8MB"), extra)
+    }
+
     fn start_with(max_payload: Option<&'static str>) -> OwnedNats {
+        Self::start_full(max_payload, "")
+    }
+
+    fn start_full(max_payload: Option<&'static str>, extra: &str) -> OwnedNats {
         let dir = tempfile::Builder::new()
             .prefix("acs-test-owned-nats-")
             .tempdir()
@@ -120,6 +131,7 @@ impl OwnedNats {
             port: super::free_port(),
             dir,
             max_payload,
+            extra: extra.to_owned(),
             child: None,
         };
         server.restart();
@@ -128,6 +140,11 @@ impl OwnedNats {
 
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// The URL with a user and password in it.
+    pub fn url_as(&self, user: &str, password: &str) -> String {
+        format!("nats://{user}:{password}@127.0.0.1:{}", self.port)
     }
 
     /// Start again on the same port and store directory (after `stop`).
@@ -141,9 +158,10 @@ impl OwnedNats {
         std::fs::write(
             &config,
             format!(
-                "listen: 127.0.0.1:{}\n{payload}jetstream {{\n  store_dir: \"{}\"\n}}\n",
+                "listen: 127.0.0.1:{}\n{payload}jetstream {{\n  store_dir: \"{}\"\n}}\n{}\n",
                 self.port,
-                self.dir.path().join("js").display()
+                self.dir.path().join("js").display(),
+                self.extra
             ),
         )
         .expect("write nats.conf");
