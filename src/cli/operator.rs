@@ -1,12 +1,15 @@
 //! Local operator commands: teams, agents, tokens, quickstart, mcp-config.
 //! They run beside the database (DATABASE_URL or the embedded cluster).
 
+use std::path::PathBuf;
+
 use clap::{Args, Subcommand};
 use serde_json::json;
 use uuid::Uuid;
 
 use super::Context;
 use super::output::{self, opt_time, time};
+use crate::backend::jetstream::{Broker, StreamSizes};
 use crate::store::{Actor, agents, attachments, teams, tokens};
 
 #[derive(Subcommand, Debug)]
@@ -34,6 +37,45 @@ pub enum TeamCommand {
         /// Turn the conversation tools on or off for the team.
         #[arg(long, value_parser = ["on", "off"])]
         conversations: Option<String>,
+        /// The backend NEW conversations are created on (existing ones stay).
+        /// jetstream needs --nats-url and the team's streams there (`team stream`).
+        #[arg(long, value_parser = ["jetstream", "postgres"])]
+        backend: Option<String>,
+        /// The NATS server holding the team's streams (checked for --backend jetstream).
+        #[arg(long, env = "BUS_NATS_URL")]
+        nats_url: Option<String>,
+        /// A NATS .creds file for that server.
+        #[arg(long, env = "BUS_NATS_CREDENTIALS")]
+        nats_credentials: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Provision (or adopt) the team's JetStream streams and show them; or remove them.
+    Stream {
+        #[arg(long)]
+        team: String,
+        /// The NATS server (JetStream on, max_payload of at least 2MB).
+        #[arg(long, env = "BUS_NATS_URL")]
+        nats_url: String,
+        /// A NATS .creds file with rights to manage streams (provisioning
+        /// credentials, separate from the ones `serve` runs with).
+        #[arg(long, env = "BUS_NATS_CREDENTIALS")]
+        nats_credentials: Option<PathBuf>,
+        /// Body stream size limit in bytes [default: 2 GiB].
+        #[arg(long)]
+        max_bytes: Option<i64>,
+        /// Body stream message limit [default: 100000].
+        #[arg(long)]
+        max_messages: Option<i64>,
+        /// How long an undelivered inbox reference is kept [default: 168].
+        #[arg(long)]
+        inbox_max_age_hours: Option<u64>,
+        /// Apply the size flags to streams that already exist (otherwise they are adopted as they are).
+        #[arg(long)]
+        update_quotas: bool,
+        /// Delete both streams and their contents; refused while the team routes to jetstream.
+        #[arg(long, conflicts_with_all = ["max_bytes", "max_messages", "inbox_max_age_hours", "update_quotas"])]
+        remove: bool,
         #[arg(long)]
         json: bool,
     },
@@ -151,11 +193,34 @@ pub async fn team(ctx: &Context, command: TeamCommand) -> anyhow::Result<()> {
         TeamCommand::Capability {
             team,
             conversations,
+            backend,
+            nats_url,
+            nats_credentials,
             json,
         } => {
             let on = conversations.map(|v| v == "on");
+            let broker = match (&backend, &nats_url) {
+                (Some(b), Some(url)) if b == "jetstream" => {
+                    Some(Broker::connect(url, nats_credentials.as_deref()).await?)
+                }
+                _ => None,
+            };
             let caps = ctx
-                .with_database(async |pool| Ok(teams::capability(pool, &team, on, &actor).await?))
+                .with_database(async |pool| {
+                    // The backend first: it is the one that can be refused,
+                    // and a refused command changes nothing.
+                    if let Some(backend) = &backend {
+                        teams::set_conversation_backend(
+                            pool,
+                            &team,
+                            backend,
+                            broker.as_ref(),
+                            &actor,
+                        )
+                        .await?;
+                    }
+                    Ok(teams::capability(pool, &team, on, &actor).await?)
+                })
                 .await?;
             if json {
                 return output::json(&caps);
@@ -165,6 +230,85 @@ pub async fn team(ctx: &Context, command: TeamCommand) -> anyhow::Result<()> {
                 caps.team,
                 if caps.conversations { "on" } else { "off" },
                 caps.conversation_backend
+            );
+        }
+        TeamCommand::Stream {
+            team,
+            nats_url,
+            nats_credentials,
+            max_bytes,
+            max_messages,
+            inbox_max_age_hours,
+            update_quotas,
+            remove,
+            json,
+        } => {
+            let broker = Broker::connect(&nats_url, nats_credentials.as_deref()).await?;
+            if remove {
+                let removed = ctx
+                    .with_database(async |pool| {
+                        Ok(teams::remove_streams(pool, &team, &broker, &actor).await?)
+                    })
+                    .await?;
+                if json {
+                    return output::json(&json!({ "team": team, "removed": removed }));
+                }
+                if removed.is_empty() {
+                    println!("team `{team}` had no streams on {nats_url}; nothing removed");
+                } else {
+                    println!("removed from {nats_url}: {}", removed.join(", "));
+                }
+                return Ok(());
+            }
+            let defaults = StreamSizes::default();
+            let sizes = StreamSizes {
+                max_bytes: max_bytes.unwrap_or(defaults.max_bytes),
+                max_messages: max_messages.unwrap_or(defaults.max_messages),
+                inbox_max_age: inbox_max_age_hours
+                    .map(|h| std::time::Duration::from_secs(h.saturating_mul(3600)))
+                    .unwrap_or(defaults.inbox_max_age),
+            };
+            let streams = ctx
+                .with_database(async |pool| {
+                    Ok(teams::provision_streams(
+                        pool,
+                        &team,
+                        &broker,
+                        &sizes,
+                        update_quotas,
+                        &actor,
+                    )
+                    .await?)
+                })
+                .await?;
+            if json {
+                return output::json(&streams);
+            }
+            println!("team `{team}` on {nats_url}:");
+            output::table(
+                &[
+                    "stream", "state", "subjects", "replicas", "messages", "bytes", "limits",
+                ],
+                [&streams.body, &streams.inbox]
+                    .iter()
+                    .map(|s| {
+                        vec![
+                            s.name.clone(),
+                            s.state.to_owned(),
+                            s.subjects.join(","),
+                            s.replicas.to_string(),
+                            s.messages.to_string(),
+                            s.bytes.to_string(),
+                            format!(
+                                "{} retention, max {} bytes / {} msgs, max age {} s",
+                                s.retention, s.max_bytes, s.max_messages, s.max_age_seconds
+                            ),
+                        ]
+                    })
+                    .collect(),
+            );
+            println!(
+                "next: ai-crew-sync team capability --team {team} --backend jetstream --nats-url {nats_url}"
             );
         }
         TeamCommand::Quota { team, bytes, json } => {

@@ -14,6 +14,7 @@ mod conversations;
 mod events;
 mod http_surface;
 mod inbox;
+mod jetstream;
 mod locks;
 mod messaging;
 mod notes;

@@ -5,6 +5,7 @@
 
 pub mod nats;
 pub mod postgres;
+pub mod proxy;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -89,3 +89,128 @@ extern "C" fn kill_at_exit() {
         }
     }
 }
+
+/// A `nats-server -js` owned by one test, for tests that stop and restart
+/// the broker: its own port and store directory, kept across `stop`/`start`
+/// so a restarted server has the same streams.
+pub struct OwnedNats {
+    port: u16,
+    dir: tempfile::TempDir,
+    max_payload: Option<&'static str>,
+    /// Extra lines for nats.conf (users and permissions).
+    extra: String,
+    child: Option<Child>,
+}
+
+impl OwnedNats {
+    /// `max_payload` raised to 8 MB, as the shared server.
+    pub fn start() -> OwnedNats {
+        Self::start_with(Some("8MB"))
+    }
+
+    /// NATS's default `max_payload` (1 MB), too small for a full body.
+    pub fn start_with_default_max_payload() -> OwnedNats {
+        Self::start_with(None)
+    }
+
+    /// With extra configuration (e.g. an `authorization` block), 8 MB payloads.
+    pub fn start_with_config(extra: &str) -> OwnedNats {
+        Self::start_full(Some("8MB"), extra)
+    }
+
+    fn start_with(max_payload: Option<&'static str>) -> OwnedNats {
+        Self::start_full(max_payload, "")
+    }
+
+    fn start_full(max_payload: Option<&'static str>, extra: &str) -> OwnedNats {
+        let dir = tempfile::Builder::new()
+            .prefix("acs-test-owned-nats-")
+            .tempdir()
+            .expect("a temp dir for an owned nats-server");
+        let mut server = OwnedNats {
+            port: super::free_port(),
+            dir,
+            max_payload,
+            extra: extra.to_owned(),
+            child: None,
+        };
+        server.restart();
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// The URL with a user and password in it.
+    pub fn url_as(&self, user: &str, password: &str) -> String {
+        format!("nats://{user}:{password}@127.0.0.1:{}", self.port)
+    }
+
+    /// Start again on the same port and store directory (after `stop`).
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "the owned nats-server is running");
+        let config = self.dir.path().join("nats.conf");
+        let payload = self
+            .max_payload
+            .map(|p| format!("max_payload: {p}\n"))
+            .unwrap_or_default();
+        std::fs::write(
+            &config,
+            format!(
+                "listen: 127.0.0.1:{}\n{payload}jetstream {{\n  store_dir: \"{}\"\n}}\n{}\n",
+                self.port,
+                self.dir.path().join("js").display(),
+                self.extra
+            ),
+        )
+        .expect("write nats.conf");
+        let child = Command::new("nats-server")
+            .arg("-c")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("`nats-server` could not be started ({e})"));
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "owned nats-server did not listen on {} within 10 s",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stop it (SIGTERM, then SIGKILL after 5 s) and wait until it is gone.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        // SAFETY: signalling our own child by its pid.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Ok(Some(_)) = child.try_wait() {
+                break;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for OwnedNats {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

@@ -1,0 +1,384 @@
+//! `JetStreamBackend`: the `MessagingBackend` of one team on its body stream.
+//!
+//! Idempotency is the broker's: every publish carries `Nats-Msg-Id` = the
+//! outbox `publish_key`, so a second presentation inside the stream's
+//! duplicate window is answered with the first one's sequence (a PubAck with
+//! `duplicate: true`) and nothing is stored twice. That is also all
+//! `reconcile` needs: present the same envelope again and read the answer.
+//!
+//! A publish is classified by what the broker *said*, never by what it might
+//! have done: an answer that refuses is `Fatal` or `Retryable`; no answer at
+//! all is `Unanswered`, because the body may be stored.
+
+use std::time::Instant;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::context::{GetStreamErrorKind, PublishError, PublishErrorKind};
+use async_nats::jetstream::stream::{DirectGetErrorKind, RawMessageErrorKind};
+use uuid::Uuid;
+
+use super::{Broker, MAX_BODY_BYTES, body_stream_name, body_subject, locator, parse_locator};
+use crate::backend::{Envelope, Locator, MessagingBackend, Published};
+use crate::error::{BusError, BusResult};
+
+pub const HEADER_MESSAGE_ID: &str = "Acs-Message-Id";
+pub const HEADER_CONVERSATION_ID: &str = "Acs-Conversation-Id";
+pub const HEADER_TEAM_ID: &str = "Acs-Team-Id";
+
+/// The JetStream backend for one team. Reads only that team's body stream.
+#[derive(Clone)]
+pub struct JetStreamBackend {
+    broker: Broker,
+    team_id: Uuid,
+}
+
+/// What one presentation of an envelope came to. Finer than `Published`,
+/// because `reconcile` must tell "the broker answered: nothing stored" from
+/// "nobody answered".
+#[derive(Debug)]
+enum Attempt {
+    /// Stored now, or earlier under the same key (`duplicate`).
+    Stored { sequence: u64 },
+    /// The broker answered and stored nothing. `fatal`: it never will.
+    Refused { fatal: bool, reason: String },
+    /// Never left this process (a full in-flight window, the client gone).
+    NotSent(String),
+    /// Sent, and no answer came back: stored or not, nobody knows.
+    NoAnswer(String),
+}
+
+impl JetStreamBackend {
+    pub const NAME: &'static str = "jetstream";
+
+    pub fn new(broker: Broker, team_id: Uuid) -> Self {
+        Self { broker, team_id }
+    }
+
+    pub fn team_id(&self) -> Uuid {
+        self.team_id
+    }
+
+    pub fn broker(&self) -> &Broker {
+        &self.broker
+    }
+
+    async fn present(&self, envelope: &Envelope) -> Attempt {
+        if envelope.team_id != self.team_id {
+            // A handle is built per team; publishing another team's body
+            // here would file it under the wrong stream for good.
+            return Attempt::Refused {
+                fatal: true,
+                reason: "this envelope belongs to another team than the backend handle".into(),
+            };
+        }
+        let subject = body_subject(self.team_id, envelope.conversation_id);
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            async_nats::header::NATS_MESSAGE_ID,
+            envelope.publish_key.to_string().as_str(),
+        );
+        headers.insert(HEADER_MESSAGE_ID, envelope.message_id.to_string().as_str());
+        headers.insert(
+            HEADER_CONVERSATION_ID,
+            envelope.conversation_id.to_string().as_str(),
+        );
+        headers.insert(HEADER_TEAM_ID, self.team_id.to_string().as_str());
+        let sent_at = Instant::now();
+        let ack = match self
+            .broker
+            .js()
+            .publish_with_headers(
+                subject.clone(),
+                headers,
+                envelope.body.clone().into_bytes().into(),
+            )
+            .await
+        {
+            Ok(future) => future.await,
+            Err(e) => Err(e),
+        };
+        match ack {
+            Ok(ack) if ack.stream == body_stream_name(self.team_id) => Attempt::Stored {
+                sequence: ack.sequence,
+            },
+            Ok(ack) => Attempt::Refused {
+                fatal: true,
+                reason: format!(
+                    "the broker filed this body in stream {} instead of {}: another stream \
+                     captures the team's subjects. Remove or narrow that stream.",
+                    ack.stream,
+                    body_stream_name(self.team_id)
+                ),
+            },
+            Err(e) => self.classify(e, &subject, sent_at, envelope.body.len()),
+        }
+    }
+
+    fn classify(
+        &self,
+        err: PublishError,
+        subject: &str,
+        sent_at: Instant,
+        bytes: usize,
+    ) -> Attempt {
+        let stream = body_stream_name(self.team_id);
+        match err.kind() {
+            PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe => {
+                // A denied publish gets an asynchronous -ERR and no reply; the
+                // server has told us it stored nothing, just not on this channel.
+                if self.broker.publish_denied_since(subject, sent_at) {
+                    return Attempt::Refused {
+                        fatal: true,
+                        reason: format!(
+                            "permission denied: the NATS user of this server may not publish \
+                             to {subject}. Grant it publish on `acs.>` (and the JetStream API), \
+                             then resend."
+                        ),
+                    };
+                }
+                Attempt::NoAnswer(format!(
+                    "the broker did not answer within {} s ({err}); the body may or may not \
+                     be stored, and the reconciler will ask again under the same key",
+                    self.broker.timeout().as_secs_f32()
+                ))
+            }
+            PublishErrorKind::StreamNotFound => Attempt::Refused {
+                fatal: false,
+                reason: format!(
+                    "no stream takes {subject} on the broker: stream {stream} is missing. Run \
+                     `ai-crew-sync team stream --team TEAM --nats-url URL` to provision it."
+                ),
+            },
+            PublishErrorKind::MaxPayloadExceeded if bytes <= MAX_BODY_BYTES => {
+                // The bus checked the broker could take a full body at connect;
+                // it has since been reconfigured. That is for an operator to
+                // fix, and the body is fine, so it may succeed later.
+                Attempt::NotSent(format!(
+                    "the broker now accepts at most {} bytes per message, too few for this \
+                     {bytes}-byte body plus headers. Raise `max_payload` in nats-server.conf \
+                     (e.g. 2MB) and restart nats-server.",
+                    self.broker.client().server_info().max_payload
+                ))
+            }
+            PublishErrorKind::MaxPayloadExceeded => Attempt::Refused {
+                fatal: true,
+                reason: format!(
+                    "this body is {bytes} bytes, over the 1 MiB ({MAX_BODY_BYTES} bytes) a \
+                     conversation message may carry; send a shorter body or an attachment."
+                ),
+            },
+            PublishErrorKind::MaxAckPending => Attempt::NotSent(
+                "too many publishes are waiting for the broker's answer; retry shortly".into(),
+            ),
+            _ => match jetstream_error(&err) {
+                Some(js) => refusal(js, &stream),
+                // No answer from the server came into it: the request never
+                // left (closed client, bad subject) or its reply was garbage.
+                None => Attempt::NotSent(format!("the publish did not go through: {err}")),
+            },
+        }
+    }
+}
+
+/// The server's JetStream error inside a publish error, when it answered one.
+fn jetstream_error(err: &PublishError) -> Option<&async_nats::jetstream::Error> {
+    std::error::Error::source(err)?.downcast_ref::<async_nats::jetstream::Error>()
+}
+
+/// Classify a JetStream error answer to a publish.
+fn refusal(err: &async_nats::jetstream::Error, stream: &str) -> Attempt {
+    let code = err.error_code().0;
+    let text = err.to_string();
+    let lower = text.to_ascii_lowercase();
+    // 10054: larger than the stream's max_msg_size. 10077 ("store failed")
+    // carries "maximum messages/bytes exceeded" from a full discard-new
+    // stream. 10047/10028/10023/10002: the server or account is out of
+    // storage. None of these is cured by trying again.
+    let full = code == 10077 && lower.contains("maximum");
+    let fatal = matches!(code, 10054 | 10047 | 10028 | 10023 | 10002) || full;
+    let reason = match code {
+        10054 => format!(
+            "the broker refused the body as larger than stream {stream} allows ({text}); \
+             raise the stream's max_msg_size to 2 MiB (`team stream --update-quotas`)."
+        ),
+        _ if full => format!(
+            "stream {stream} is full ({text}); it refuses new bodies rather than dropping old \
+             ones. Raise its quota: `ai-crew-sync team stream --team TEAM --nats-url URL \
+             --max-bytes N --max-messages N --update-quotas`."
+        ),
+        _ if fatal => format!(
+            "the broker is out of storage for stream {stream} ({text}); free space or raise \
+             the account's JetStream limits."
+        ),
+        _ => format!("the broker refused the publish for now ({text})"),
+    };
+    Attempt::Refused { fatal, reason }
+}
+
+impl MessagingBackend for JetStreamBackend {
+    fn name(&self) -> &'static str {
+        Self::NAME
+    }
+
+    async fn publish(&self, envelope: &Envelope) -> Published {
+        match self.present(envelope).await {
+            Attempt::Stored { sequence } => {
+                Published::Confirmed(locator(&body_stream_name(self.team_id), sequence))
+            }
+            Attempt::Refused {
+                fatal: true,
+                reason,
+            } => Published::Fatal(reason),
+            Attempt::Refused {
+                fatal: false,
+                reason,
+            }
+            | Attempt::NotSent(reason) => Published::Retryable(reason),
+            Attempt::NoAnswer(reason) => Published::Unanswered(reason),
+        }
+    }
+
+    async fn fetch(&self, locator: &Locator, message_id: Uuid) -> BusResult<Option<String>> {
+        let Some((stream, sequence)) = parse_locator(locator) else {
+            return Err(BusError::invalid(
+                "not a locator the jetstream backend issued",
+            ));
+        };
+        let own = body_stream_name(self.team_id);
+        if stream != own {
+            // A locator is opaque and proves nothing: one copied from another
+            // team reads nothing here, whether that stream exists or not.
+            return Err(BusError::forbidden(
+                "that locator names another team's stream; it reads nothing here",
+            ));
+        }
+        let Some(message) = self.get(&own, sequence).await? else {
+            return Ok(None);
+        };
+        let header = |name: &str| {
+            message
+                .headers
+                .get(name)
+                .map(|v| v.as_str().to_owned())
+                .unwrap_or_default()
+        };
+        let conversation = header(HEADER_CONVERSATION_ID);
+        let same_team = header(HEADER_TEAM_ID) == self.team_id.to_string();
+        let same_message = header(HEADER_MESSAGE_ID) == message_id.to_string();
+        let subject_matches = conversation
+            .parse::<Uuid>()
+            .is_ok_and(|c| message.subject.as_str() == body_subject(self.team_id, c));
+        if !(same_team && same_message && subject_matches) {
+            // Forbidden, not None: "no longer holds it" would let a reader
+            // record a tombstone for a body that is still there.
+            return Err(BusError::forbidden(
+                "that locator names another message; it reads nothing",
+            ));
+        }
+        String::from_utf8(message.payload.to_vec())
+            .map(Some)
+            .map_err(|_| {
+                BusError::conflict("the stored body is not UTF-8 text; it cannot be shown")
+            })
+    }
+
+    async fn retain(&self, _before: chrono::DateTime<chrono::Utc>) -> BusResult<u64> {
+        // Nothing deleted by age here. A body on the broker is history that
+        // PostgreSQL points at; deleting it behind the database's back would
+        // turn readable messages into tombstones. The stream's own limits
+        // (max bytes / messages, discard new) bound its size by refusing new
+        // bodies, never by dropping old ones, and history retention is
+        // decided where the history is (PostgreSQL), which removes bodies by
+        // locator when it drops their messages.
+        Ok(0)
+    }
+
+    async fn reconcile(&self, envelope: &Envelope) -> BusResult<Option<Locator>> {
+        // The same envelope under the same Nats-Msg-Id: inside the duplicate
+        // window the broker answers with the original sequence, outside it
+        // the body lands now. Never a probe (B1).
+        match self.present(envelope).await {
+            Attempt::Stored { sequence } => {
+                Ok(Some(locator(&body_stream_name(self.team_id), sequence)))
+            }
+            // The broker answered and stored nothing, and a duplicate would
+            // have been answered as one: nothing is held under this key.
+            Attempt::Refused { .. } => Ok(None),
+            Attempt::NotSent(reason) | Attempt::NoAnswer(reason) => Err(BusError::unavailable(
+                format!("the broker could not be asked whether it holds this body: {reason}"),
+            )),
+        }
+    }
+}
+
+impl JetStreamBackend {
+    /// The message at `sequence`: direct get when the stream allows it (any
+    /// replica answers), the leader's get otherwise. `None`: the broker
+    /// answered that there is no message there (deleted, never written).
+    async fn get(
+        &self,
+        stream: &str,
+        sequence: u64,
+    ) -> BusResult<Option<async_nats::jetstream::message::StreamMessage>> {
+        let direct = match self.broker.allows_direct(stream) {
+            Some(direct) => direct,
+            None => {
+                let info = match self.broker.js().get_stream(stream).await {
+                    Ok(handle) => handle.cached_info().config.allow_direct,
+                    Err(e) => match e.kind() {
+                        GetStreamErrorKind::JetStream(js) if js.error_code().0 == 10059 => {
+                            return Err(self.stream_missing(stream));
+                        }
+                        _ => return Err(unreachable_broker(&e)),
+                    },
+                };
+                self.broker.remember_direct(stream, Some(info));
+                info
+            }
+        };
+        let handle = self
+            .broker
+            .js()
+            .get_stream_no_info(stream)
+            .await
+            .map_err(|e| unreachable_broker(&e))?;
+        if direct {
+            match handle.direct_get(sequence).await {
+                Ok(message) => return Ok(Some(message)),
+                Err(e) if e.kind() == DirectGetErrorKind::NotFound => return Ok(None),
+                Err(e) => {
+                    // Maybe direct get was turned off since: ask again next
+                    // time, and the leader now.
+                    self.broker.remember_direct(stream, None);
+                    tracing::debug!(error = %e, stream, "direct get failed; asking the leader");
+                }
+            }
+        }
+        match handle.get_raw_message(sequence).await {
+            Ok(message) => Ok(Some(message)),
+            Err(e) => match e.kind() {
+                RawMessageErrorKind::NoMessageFound => Ok(None),
+                RawMessageErrorKind::JetStream(js) if js.error_code().0 == 10059 => {
+                    Err(self.stream_missing(stream))
+                }
+                _ => Err(unreachable_broker(&e)),
+            },
+        }
+    }
+
+    /// The stream itself is gone: said so rather than "no longer holds it",
+    /// which would tombstone every body of a team pointed at the wrong server.
+    fn stream_missing(&self, stream: &str) -> BusError {
+        BusError::unavailable(format!(
+            "stream {stream} does not exist on the broker at {}; run `ai-crew-sync team \
+             stream` for this team, or point the server at the broker that holds it.",
+            self.broker.url()
+        ))
+    }
+}
+
+fn unreachable_broker(err: &dyn std::fmt::Display) -> BusError {
+    BusError::unavailable(format!(
+        "the message broker did not answer ({err}); the body is not lost, retry shortly"
+    ))
+}

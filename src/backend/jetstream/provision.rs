@@ -1,0 +1,299 @@
+//! Provisioning a team's two streams: create them with the bus's layout, or
+//! adopt ones an operator created (with replicas 3, a placement, other
+//! limits) and leave them as they are unless asked to update their quotas.
+//!
+//! The bus never deletes a stream on its own: removal is an operator command
+//! (`team stream --remove`), refused while the team routes bodies there.
+
+use std::time::Duration;
+
+use async_nats::jetstream::context::GetStreamErrorKind;
+use async_nats::jetstream::stream::{Config, DiscardPolicy, Info, RetentionPolicy, StorageType};
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::{Broker, body_stream_name, inbox_stream_name, token};
+use crate::error::{BusError, BusResult};
+
+/// Sizes of a team's streams. `Default` is the spec's: 2 GiB and 100 000
+/// bodies, inbox references kept 7 days.
+#[derive(Clone, Debug)]
+pub struct StreamSizes {
+    pub max_bytes: i64,
+    pub max_messages: i64,
+    pub inbox_max_age: Duration,
+}
+
+impl Default for StreamSizes {
+    fn default() -> Self {
+        Self {
+            max_bytes: 2 * 1024 * 1024 * 1024,
+            max_messages: 100_000,
+            inbox_max_age: Duration::from_secs(7 * 24 * 3600),
+        }
+    }
+}
+
+/// Largest single body message the body stream takes: a 1 MiB body plus
+/// headers, with room to spare.
+pub const BODY_MAX_MESSAGE_SIZE: i32 = 2 * 1024 * 1024;
+
+/// How long the broker remembers a `Nats-Msg-Id`. Longer than NATS's 2 min
+/// default because an uncertain publish is re-presented by the reconciler
+/// (every 30 s) after the publish timeout, and a broker restart in between
+/// must not push the second presentation outside the window — outside it,
+/// the body would be stored twice.
+pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(15 * 60);
+
+/// What `team stream` reports for each stream.
+#[derive(Clone, Debug, Serialize)]
+pub struct StreamReport {
+    pub name: String,
+    /// `created`, `adopted` (existed, left as it was) or `updated` (existed,
+    /// quotas updated).
+    pub state: &'static str,
+    pub subjects: Vec<String>,
+    pub retention: String,
+    pub replicas: usize,
+    pub max_bytes: i64,
+    pub max_messages: i64,
+    pub max_message_size: i32,
+    pub max_age_seconds: u64,
+    pub allow_direct: bool,
+    pub messages: u64,
+    pub bytes: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TeamStreams {
+    pub team_id: Uuid,
+    pub body: StreamReport,
+    pub inbox: StreamReport,
+}
+
+impl StreamReport {
+    fn new(info: &Info, state: &'static str) -> Self {
+        let c = &info.config;
+        Self {
+            name: c.name.clone(),
+            state,
+            subjects: c.subjects.clone(),
+            retention: format!("{:?}", c.retention).to_lowercase(),
+            replicas: c.num_replicas,
+            max_bytes: c.max_bytes,
+            max_messages: c.max_messages,
+            max_message_size: c.max_message_size,
+            max_age_seconds: c.max_age.as_secs(),
+            allow_direct: c.allow_direct,
+            messages: info.state.messages,
+            bytes: info.state.bytes,
+        }
+    }
+}
+
+fn body_config(team_id: Uuid, sizes: &StreamSizes) -> Config {
+    Config {
+        name: body_stream_name(team_id),
+        description: Some("ai-crew-sync conversation bodies".into()),
+        subjects: vec![format!("acs.{}.conv.*", token(team_id))],
+        storage: StorageType::File,
+        retention: RetentionPolicy::Limits,
+        // Full means refuse the new body, never drop an old one: history
+        // that PostgreSQL points at must not vanish to make room.
+        discard: DiscardPolicy::New,
+        max_bytes: sizes.max_bytes,
+        max_messages: sizes.max_messages,
+        max_message_size: BODY_MAX_MESSAGE_SIZE,
+        duplicate_window: DUPLICATE_WINDOW,
+        allow_direct: true,
+        num_replicas: 1,
+        ..Default::default()
+    }
+}
+
+fn inbox_config(team_id: Uuid, sizes: &StreamSizes) -> Config {
+    Config {
+        name: inbox_stream_name(team_id),
+        description: Some("ai-crew-sync inbox references".into()),
+        subjects: vec![format!("acsi.{}.inbox.*", token(team_id))],
+        storage: StorageType::File,
+        // A reference goes once its window acked it; one consumer per
+        // window, each on its own subject, as work-queue streams require.
+        retention: RetentionPolicy::WorkQueue,
+        // What expires here is rebuilt from PostgreSQL, which never expires
+        // what is owed; so the inbox may drop its oldest when full.
+        discard: DiscardPolicy::Old,
+        max_age: sizes.inbox_max_age,
+        duplicate_window: DUPLICATE_WINDOW.min(sizes.inbox_max_age),
+        num_replicas: 1,
+        ..Default::default()
+    }
+}
+
+fn check_sizes(sizes: &StreamSizes) -> BusResult<()> {
+    if sizes.max_bytes < 16 * 1024 * 1024 {
+        return Err(BusError::invalid(format!(
+            "--max-bytes {} is too small: the body stream must hold at least 16 MiB \
+             (16 full bodies). The default is 2 GiB.",
+            sizes.max_bytes
+        )));
+    }
+    if sizes.max_messages < 1 {
+        return Err(BusError::invalid(
+            "--max-messages must be at least 1 (the default is 100000).",
+        ));
+    }
+    if sizes.inbox_max_age < Duration::from_secs(3600) {
+        return Err(BusError::invalid(
+            "--inbox-max-age-hours must be at least 1 (the default is 168, 7 days).",
+        ));
+    }
+    Ok(())
+}
+
+fn broker_error(what: &str, err: &dyn std::fmt::Display) -> BusError {
+    BusError::unavailable(format!(
+        "the broker did not complete {what} ({err}); nothing else was changed, try again"
+    ))
+}
+
+impl Broker {
+    /// Create the team's body and inbox streams, or adopt existing ones. An
+    /// adopted stream keeps its replicas, placement and limits; with
+    /// `update_quotas` its size limits (body: bytes, messages, message size;
+    /// inbox: max age) are set to `sizes`.
+    pub async fn provision_team(
+        &self,
+        team_id: Uuid,
+        sizes: &StreamSizes,
+        update_quotas: bool,
+    ) -> BusResult<TeamStreams> {
+        check_sizes(sizes)?;
+        let body = self
+            .ensure_stream(body_config(team_id, sizes), update_quotas, |c| {
+                c.max_bytes = sizes.max_bytes;
+                c.max_messages = sizes.max_messages;
+                c.max_message_size = BODY_MAX_MESSAGE_SIZE;
+            })
+            .await?;
+        let inbox = self
+            .ensure_stream(inbox_config(team_id, sizes), update_quotas, |c| {
+                c.max_age = sizes.inbox_max_age;
+            })
+            .await?;
+        Ok(TeamStreams {
+            team_id,
+            body,
+            inbox,
+        })
+    }
+
+    async fn ensure_stream(
+        &self,
+        wanted: Config,
+        update_quotas: bool,
+        quotas: impl Fn(&mut Config),
+    ) -> BusResult<StreamReport> {
+        let name = wanted.name.clone();
+        let Some(info) = self.stream_info(&name).await? else {
+            let mut created = self
+                .js()
+                .create_stream(wanted)
+                .await
+                .map_err(|e| broker_error(&format!("creating stream {name}"), &e))?;
+            let info = created
+                .info()
+                .await
+                .map_err(|e| broker_error(&format!("reading stream {name}"), &e))?;
+            return Ok(StreamReport::new(info, "created"));
+        };
+        // Adopting a stream that does not take the team's subjects would
+        // route every body into nothing.
+        if info.config.subjects != wanted.subjects {
+            return Err(BusError::conflict(format!(
+                "stream {name} exists on the broker with subjects {:?}, not {:?}, so the bus \
+                 cannot adopt it. Fix its subjects (nats stream edit {name}) or remove it.",
+                info.config.subjects, wanted.subjects
+            )));
+        }
+        if !update_quotas {
+            return Ok(StreamReport::new(&info, "adopted"));
+        }
+        let mut config = info.config.clone();
+        quotas(&mut config);
+        if config == info.config {
+            return Ok(StreamReport::new(&info, "adopted"));
+        }
+        let updated = self
+            .js()
+            .update_stream(config)
+            .await
+            .map_err(|e| broker_error(&format!("updating the quotas of stream {name}"), &e))?;
+        Ok(StreamReport::new(&updated, "updated"))
+    }
+
+    /// The stream's info, `None` when the broker says it does not exist.
+    async fn stream_info(&self, name: &str) -> BusResult<Option<Info>> {
+        match self.js().get_stream(name).await {
+            Ok(mut stream) => Ok(Some(
+                stream
+                    .info()
+                    .await
+                    .map_err(|e| broker_error(&format!("reading stream {name}"), &e))?
+                    .clone(),
+            )),
+            Err(e) => match e.kind() {
+                GetStreamErrorKind::JetStream(js) if js.error_code().0 == 10059 => Ok(None),
+                _ => Err(broker_error(&format!("reading stream {name}"), &e)),
+            },
+        }
+    }
+
+    /// Both of the team's streams, as they are now (`None` for a missing one).
+    pub async fn team_streams(
+        &self,
+        team_id: Uuid,
+    ) -> BusResult<(Option<StreamReport>, Option<StreamReport>)> {
+        let body = self.stream_info(&body_stream_name(team_id)).await?;
+        let inbox = self.stream_info(&inbox_stream_name(team_id)).await?;
+        Ok((
+            body.map(|i| StreamReport::new(&i, "adopted")),
+            inbox.map(|i| StreamReport::new(&i, "adopted")),
+        ))
+    }
+
+    /// Whether both of the team's streams exist on this broker.
+    pub async fn team_streams_exist(&self, team_id: Uuid) -> BusResult<bool> {
+        Ok(self
+            .stream_info(&body_stream_name(team_id))
+            .await?
+            .is_some()
+            && self
+                .stream_info(&inbox_stream_name(team_id))
+                .await?
+                .is_some())
+    }
+
+    /// Delete both of the team's streams, bodies and references with them.
+    /// Returns the names that existed and were removed. The caller checks
+    /// that nothing routes there first (`store::teams::jetstream_routing`).
+    pub async fn remove_team_streams(&self, team_id: Uuid) -> BusResult<Vec<String>> {
+        let mut removed = Vec::new();
+        for name in [body_stream_name(team_id), inbox_stream_name(team_id)] {
+            match self.js().delete_stream(&name).await {
+                Ok(_) => removed.push(name),
+                Err(e) => {
+                    let missing = matches!(
+                        e.kind(),
+                        async_nats::jetstream::context::DeleteStreamErrorKind::JetStream(ref js)
+                            if js.error_code().0 == 10059
+                    );
+                    if !missing {
+                        return Err(broker_error(&format!("removing stream {name}"), &e));
+                    }
+                }
+            }
+        }
+        Ok(removed)
+    }
+}
