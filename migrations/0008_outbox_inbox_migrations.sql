@@ -63,6 +63,9 @@ CREATE TABLE inbox_references (
     -- Published to the team's inbox stream (JetStream teams only).
     published_at       timestamptz,
     broker_seq         bigint,
+    -- The broker's ack subject of the latest hand-out through the consumer,
+    -- acked once `delivered` is written.
+    broker_ack         text,
     -- The open hand-out, if any: one per reference.
     handed_out_at      timestamptz,
     delivered_at       timestamptz,

@@ -214,10 +214,10 @@ pub struct Confirmed {
     pub already_confirmed: usize,
     /// Not references of this window.
     pub unknown: Vec<Uuid>,
-    /// Broker sequences of the confirmed references, for the broker ack that
+    /// Broker ack subjects of the references named, for the broker ack that
     /// follows the database write.
     #[serde(skip)]
-    pub broker_seqs: Vec<u64>,
+    pub broker_acks: Vec<String>,
 }
 
 /// `confirm_inbox_delivery`: record `delivered` (on the reference and, for a
@@ -238,24 +238,23 @@ pub async fn confirm(bus: &Bus, me: &Identity, ids: &[Uuid]) -> BusResult<Confir
     struct Row {
         id: Uuid,
         fresh: bool,
-        broker_seq: Option<i64>,
+        broker_ack: Option<String>,
     }
     let rows: Vec<Row> = sqlx::query_as(
         "WITH before AS (
-             SELECT id, delivered_at IS NULL AS fresh FROM inbox_references
+             SELECT id, delivered_at IS NULL AS fresh, broker_ack FROM inbox_references
               WHERE team_id = $1 AND recipient_key = $2 AND id = ANY($3)
               FOR UPDATE),
          marked AS (
              UPDATE inbox_references i SET delivered_at = now()
                FROM before WHERE i.id = before.id AND before.fresh
-              RETURNING i.id, i.kind, i.message_id, i.broker_seq),
+              RETURNING i.id, i.kind, i.message_id),
          receipts AS (
              UPDATE message_receipts r SET delivered_at = COALESCE(r.delivered_at, now())
                FROM marked
               WHERE marked.kind = 'message' AND r.team_id = $1 AND r.message_id = marked.message_id
                 AND r.recipient_id = $4 AND r.recipient_session = $5)
-         SELECT before.id, before.fresh, marked.broker_seq
-           FROM before LEFT JOIN marked ON marked.id = before.id",
+         SELECT id, fresh, broker_ack FROM before",
     )
     .bind(me.team_id)
     .bind(&key)
@@ -277,11 +276,7 @@ pub async fn confirm(bus: &Bus, me: &Identity, ids: &[Uuid]) -> BusResult<Confir
         confirmed: rows.iter().filter(|r| r.fresh).count(),
         already_confirmed: rows.iter().filter(|r| !r.fresh).count(),
         unknown,
-        broker_seqs: rows
-            .iter()
-            .filter_map(|r| r.broker_seq)
-            .map(|seq| seq as u64)
-            .collect(),
+        broker_acks: rows.into_iter().filter_map(|r| r.broker_ack).collect(),
     })
 }
 
@@ -327,16 +322,128 @@ pub async fn owed(bus: &Bus, me: &Identity) -> BusResult<Owed> {
     })
 }
 
-/// `fetch_conversation_inbox`. (The broker's consumer, on JetStream teams,
-/// is consulted first once the JetStream inbox is wired; PostgreSQL is the
-/// record either way.)
-pub async fn fetch_inbox(bus: &Bus, me: &Identity, limit: i64) -> BusResult<Fetched> {
-    fetch(bus, me, limit, &[]).await
+/// Whether a team's inbox goes through the broker: routed to JetStream, on a
+/// server that has one.
+async fn broker_for(
+    bus: &Bus,
+    team_id: Uuid,
+) -> BusResult<Option<&crate::backend::jetstream::Broker>> {
+    let Some(broker) = bus.backends.broker() else {
+        return Ok(None);
+    };
+    let routed: bool =
+        sqlx::query_scalar("SELECT conversation_backend = 'jetstream' FROM teams WHERE id = $1")
+            .bind(team_id)
+            .fetch_one(&bus.pool)
+            .await?;
+    Ok(routed.then_some(broker))
 }
 
-/// `confirm_inbox_delivery`.
+/// How long a fetch waits on the broker's consumer for a first reference.
+const BROKER_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// `fetch_conversation_inbox`: the broker's consumer first (on a team routed
+/// to JetStream; a consumer someone deleted is created again, and anything
+/// the broker lost is still owed in PostgreSQL), then topped up from
+/// PostgreSQL. A broker that does not answer costs nothing but speed.
+pub async fn fetch_inbox(bus: &Bus, me: &Identity, limit: i64) -> BusResult<Fetched> {
+    let key = recipient_key(me.agent_id, &me.session);
+    let mut from_broker: Vec<(Uuid, String)> = Vec::new();
+    let broker = broker_for(bus, me.team_id).await?;
+    if let Some(broker) = broker {
+        match broker
+            .fetch_inbox(me.team_id, &key, limit as usize, BROKER_WAIT)
+            .await
+        {
+            Ok(deliveries) => {
+                for delivery in deliveries {
+                    match delivery_id_of(&delivery.payload) {
+                        Some(id) => from_broker.push((id, delivery.ack_subject)),
+                        // Not ours to read: drop it from the queue.
+                        None => ack_quietly(broker, me.team_id, &key, &delivery.ack_subject).await,
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "inbox consumer unavailable; serving from PostgreSQL")
+            }
+        }
+    }
+    let first: Vec<Uuid> = from_broker.iter().map(|(id, _)| *id).collect();
+    let fetched = fetch(bus, me, limit, &first).await?;
+    if let Some(broker) = broker
+        && !from_broker.is_empty()
+    {
+        // Keep each hand-out's ack subject for the confirmation; a reference
+        // confirmed before (a redelivery) is acked at once.
+        for stale in record_broker_acks(&bus.pool, me.team_id, &key, &from_broker).await? {
+            ack_quietly(broker, me.team_id, &key, &stale).await;
+        }
+    }
+    Ok(fetched)
+}
+
+fn delivery_id_of(payload: &[u8]) -> Option<Uuid> {
+    let value: serde_json::Value = serde_json::from_slice(payload).ok()?;
+    value.get("delivery_id")?.as_str()?.parse().ok()
+}
+
+async fn ack_quietly(
+    broker: &crate::backend::jetstream::Broker,
+    team_id: Uuid,
+    key: &str,
+    ack_subject: &str,
+) {
+    if let Err(e) = broker.ack_inbox(team_id, key, ack_subject).await {
+        // Unacked, the broker offers it again later, and it is acked then.
+        tracing::debug!(error = %e, "could not ack an inbox reference on the broker");
+    }
+}
+
+/// Record the ack subject of each broker hand-out; returns the subjects of
+/// references already delivered (or unknown), which can be acked now.
+async fn record_broker_acks(
+    pool: &sqlx::PgPool,
+    team_id: Uuid,
+    key: &str,
+    handed: &[(Uuid, String)],
+) -> BusResult<Vec<String>> {
+    let ids: Vec<Uuid> = handed.iter().map(|h| h.0).collect();
+    let subjects: Vec<String> = handed.iter().map(|h| h.1.clone()).collect();
+    let owed: Vec<Uuid> = sqlx::query_scalar(
+        "UPDATE inbox_references i SET broker_ack = h.subject
+           FROM unnest($3::uuid[], $4::text[]) AS h(id, subject)
+          WHERE i.id = h.id AND i.team_id = $1 AND i.recipient_key = $2
+            AND i.delivered_at IS NULL
+          RETURNING i.id",
+    )
+    .bind(team_id)
+    .bind(key)
+    .bind(&ids)
+    .bind(&subjects)
+    .fetch_all(pool)
+    .await?;
+    Ok(handed
+        .iter()
+        .filter(|(id, _)| !owed.contains(id))
+        .map(|(_, subject)| subject.clone())
+        .collect())
+}
+
+/// `confirm_inbox_delivery`: `delivered` is committed in PostgreSQL first,
+/// and only then are the broker's hand-outs acked (a crash in between
+/// re-delivers a reference, which is acked then; it never loses one).
 pub async fn confirm_delivery(bus: &Bus, me: &Identity, ids: &[Uuid]) -> BusResult<Confirmed> {
-    confirm(bus, me, ids).await
+    let confirmed = confirm(bus, me, ids).await?;
+    if !confirmed.broker_acks.is_empty()
+        && let Some(broker) = bus.backends.broker()
+    {
+        let key = recipient_key(me.agent_id, &me.session);
+        for subject in &confirmed.broker_acks {
+            ack_quietly(broker, me.team_id, &key, subject).await;
+        }
+    }
+    Ok(confirmed)
 }
 
 /// `conversation_inbox_status`.
@@ -344,16 +451,89 @@ pub async fn confirm_delivery(bus: &Bus, me: &Identity, ids: &[Uuid]) -> BusResu
 pub struct InboxStatus {
     #[serde(flatten)]
     pub owed: Owed,
-    /// `not_used` (the team's conversations are on PostgreSQL), `present`,
-    /// `missing` (rebuilt on the next fetch) or `unreachable`.
+    /// `not_used` (no broker for this team's conversations), `present`,
+    /// `missing` (created again on the next fetch; nothing owed is lost) or
+    /// `unreachable`.
     pub consumer: String,
 }
 
 pub async fn status(bus: &Bus, me: &Identity) -> BusResult<InboxStatus> {
+    let owed = owed(bus, me).await?;
+    let consumer = match broker_for(bus, me.team_id).await? {
+        None => "not_used",
+        Some(broker) => match broker
+            .inbox_consumer_exists(me.team_id, &owed.recipient_key)
+            .await
+        {
+            Ok(true) => "present",
+            Ok(false) => "missing",
+            Err(_) => "unreachable",
+        },
+    };
     Ok(InboxStatus {
-        owed: owed(bus, me).await?,
-        consumer: "not_used".into(),
+        owed,
+        consumer: consumer.into(),
     })
+}
+
+/// A reference waiting for the inbox publisher.
+#[derive(Clone, Debug)]
+pub struct Queued {
+    pub team_id: Uuid,
+    pub recipient_key: String,
+    pub delivery: Delivery,
+}
+
+/// References of teams routed to JetStream not yet on the broker, oldest
+/// first. Read without a lock: publishing twice is deduplicated by id.
+pub async fn unpublished(pool: &sqlx::PgPool, limit: i64) -> BusResult<Vec<Queued>> {
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        team_id: Uuid,
+        recipient_key: String,
+        #[sqlx(flatten)]
+        delivery: Delivery,
+    }
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT i.team_id, i.recipient_key, i.id AS delivery_id, i.kind, i.conversation_id,
+                i.message_id, i.seq, i.actor AS from, NULLIF(i.receipt, '') AS receipt,
+                i.created_at AS queued_at
+           FROM inbox_references i JOIN teams t ON t.id = i.team_id
+          WHERE i.published_at IS NULL AND i.delivered_at IS NULL
+            AND t.conversation_backend = 'jetstream'
+          ORDER BY i.created_at
+          LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| Queued {
+            team_id: r.team_id,
+            recipient_key: r.recipient_key,
+            delivery: r.delivery,
+        })
+        .collect())
+}
+
+/// Record the stream sequences of published references (first writer wins).
+pub async fn mark_published(pool: &sqlx::PgPool, published: &[(Uuid, u64)]) -> BusResult<u64> {
+    if published.is_empty() {
+        return Ok(0);
+    }
+    let ids: Vec<Uuid> = published.iter().map(|p| p.0).collect();
+    let seqs: Vec<i64> = published.iter().map(|p| p.1 as i64).collect();
+    let done = sqlx::query(
+        "UPDATE inbox_references i SET published_at = now(), broker_seq = p.seq
+           FROM unnest($1::uuid[], $2::bigint[]) AS p(id, seq)
+          WHERE i.id = p.id AND i.published_at IS NULL",
+    )
+    .bind(&ids)
+    .bind(&seqs)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected())
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! The publication workers inside `serve`: the outbox drain, the reconciler
-//! and the body sweep (../shared/spec/conversations.md, "Workers").
+//! and the body sweep (../shared/spec/conversations.md, "Workers"); `spawn_all`
+//! also starts the inbox publisher (`inbox_publisher.rs`).
 //!
 //! Each is a bounded pass callable from tests and operator commands, and a
 //! `spawn` that repeats it until shutdown. Every replica runs every worker:
@@ -280,6 +281,7 @@ pub fn spawn_all(bus: Bus, shutdown: CancellationToken) -> Vec<tokio::task::Join
             async move { reconcile_once(&bus).await.map(|n| n as u64) }
         },
     ));
+    handles.push(super::inbox_publisher::spawn(bus.clone(), shutdown.clone()));
     let sweeper = bus;
     handles.push(spawn_periodic(
         "body sweep",
