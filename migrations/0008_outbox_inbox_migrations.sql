@@ -89,8 +89,9 @@ CREATE TABLE conversation_migrations (
     direction        text        NOT NULL CHECK (direction IN ('to_jetstream', 'to_postgres')),
     state            text        NOT NULL DEFAULT 'planned'
                                  CHECK (state IN ('planned', 'copying', 'verified', 'cut_over', 'failed')),
-    -- True while this run holds the conversation's write pause.
-    owns_pause       boolean     NOT NULL DEFAULT false,
+    -- When this run paused the conversation's writes (an open run with a
+    -- pause owns it; cut_over_at - paused_at is how long writes waited).
+    paused_at        timestamptz,
     messages_moved   integer     NOT NULL DEFAULT 0,
     bytes_moved      bigint      NOT NULL DEFAULT 0,
     error            text,
@@ -110,8 +111,12 @@ CREATE TABLE conversation_migration_items (
     team_id          uuid        NOT NULL,
     body_sha256      bytea       NOT NULL CHECK (length(body_sha256) = 32),
     bytes            integer     NOT NULL CHECK (bytes >= 0),
+    -- Where the copy landed on the target, once written.
     target_locator   text,
-    state            text        NOT NULL DEFAULT 'copying' CHECK (state IN ('copying', 'verified', 'failed')),
+    -- planned (checksum recorded, nothing written) -> copied -> verified | failed.
+    state            text        NOT NULL DEFAULT 'planned'
+                                 CHECK (state IN ('planned', 'copied', 'verified', 'failed')),
+    last_error       text,
     updated_at       timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (migration_id, message_id),
     FOREIGN KEY (team_id, message_id) REFERENCES conversation_messages (team_id, id)

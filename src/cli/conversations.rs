@@ -1,11 +1,19 @@
-//! `conversations …`: the operator's view of where conversation bodies live
-//! and what is still in flight. Runs beside the database.
+//! `conversations …`: where conversation bodies live, what is still in
+//! flight, and moving conversations between backends (`migrate`, `cleanup`).
+//! Runs beside the database; the logic is in `store::outbox` and
+//! `store::migrate`.
+
+use std::io::IsTerminal;
 
 use clap::Subcommand;
+use uuid::Uuid;
 
 use super::Context;
 use super::output;
-use crate::store::outbox;
+use crate::backend::Backends;
+use crate::backend::jetstream::Broker;
+use crate::store::migrate::{self, Direction, Plan, Progress};
+use crate::store::{outbox, teams};
 
 #[derive(Subcommand, Debug)]
 pub enum ConversationsCommand {
@@ -14,6 +22,44 @@ pub enum ConversationsCommand {
     Status {
         #[arg(long)]
         team: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Move conversations' bodies to another backend. Without --apply: the plan only (messages,
+    /// bytes, already there, blocked and why, resuming), nothing written. With --apply, per
+    /// conversation: copy, pause writes to it, copy the tail, verify by SHA-256, cut over; a
+    /// failed move cuts nothing over and reopens the thread; run the same command to resume.
+    Migrate {
+        #[arg(long)]
+        team: String,
+        /// Target backend: jetstream or postgres.
+        #[arg(long)]
+        to: String,
+        /// Only these conversations (repeatable); default: every conversation of the team.
+        #[arg(long = "conversation")]
+        conversations: Vec<Uuid>,
+        /// Do it (default: plan only).
+        #[arg(long)]
+        apply: bool,
+        /// The NATS server holding (or to hold) the team's streams.
+        #[arg(long, env = "BUS_NATS_URL")]
+        nats_url: String,
+        /// NATS credentials file (.creds).
+        #[arg(long, env = "BUS_NATS_CREDENTIALS")]
+        nats_credentials: Option<std::path::PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Drop the PostgreSQL copies of bodies moved to jetstream longer ago than the rollback
+    /// window (report only without --apply).
+    Cleanup {
+        #[arg(long)]
+        team: String,
+        /// Hours a move must have been cut over before its source bodies may go.
+        #[arg(long, default_value_t = 168, allow_negative_numbers = true)]
+        rollback_window_hours: i64,
+        #[arg(long)]
+        apply: bool,
         #[arg(long)]
         json: bool,
     },
@@ -63,6 +109,212 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
                 );
             }
         }
+        ConversationsCommand::Migrate {
+            team,
+            to,
+            conversations,
+            apply,
+            nats_url,
+            nats_credentials,
+            json,
+        } => {
+            let direction = Direction::parse(&to)?;
+            let broker = Broker::connect(&nats_url, nats_credentials.as_deref()).await?;
+            ctx.with_database(async |pool| {
+                let team = teams::find(pool, &team).await?;
+                let plans = migrate::plan(pool, team.id, direction, &conversations).await?;
+                if !apply {
+                    if json {
+                        output::json(&plans)?;
+                    } else {
+                        print_plans(&plans, direction);
+                    }
+                    return Ok(());
+                }
+                let backends = Backends::with_broker(pool.clone(), broker);
+                let started_by = crate::store::Actor::local_operator().name;
+                let mut outcomes = Vec::new();
+                let mut failures = 0;
+                for plan in &plans {
+                    if let Some(why) = &plan.blocked {
+                        if !json {
+                            println!("{}: skipped ({why})", plan.conversation_id);
+                        }
+                        outcomes.push(serde_json::json!({
+                            "conversation_id": plan.conversation_id, "state": "skipped", "reason": why }));
+                        continue;
+                    }
+                    let bar = ProgressView::new(plan, json);
+                    let moved = migrate::run(
+                        pool,
+                        &backends,
+                        team.id,
+                        plan.conversation_id,
+                        direction,
+                        &started_by,
+                        &|p: &Progress| bar.show(p),
+                    )
+                    .await;
+                    bar.finish();
+                    match moved {
+                        Ok(outcome) => {
+                            if !json {
+                                println!(
+                                    "{}: cut over to {} ({} copied, {} resumed, {} already there, \
+                                     {} bytes, writes paused {} ms)",
+                                    outcome.conversation_id,
+                                    direction.target(),
+                                    outcome.copied,
+                                    outcome.resumed,
+                                    outcome.skipped,
+                                    outcome.bytes,
+                                    outcome.paused_ms
+                                );
+                            }
+                            outcomes.push(serde_json::to_value(&outcome).unwrap_or_default());
+                        }
+                        Err(e) => {
+                            failures += 1;
+                            let paused = migrate::is_paused(pool, plan.conversation_id)
+                                .await
+                                .unwrap_or(true);
+                            let reopened = if paused {
+                                "its writes are still paused; run the same command to resume"
+                            } else {
+                                "nothing was cut over and the thread is open again"
+                            };
+                            if !json {
+                                println!("{}: failed: {e} ({reopened})", plan.conversation_id);
+                            }
+                            outcomes.push(serde_json::json!({
+                                "conversation_id": plan.conversation_id, "state": "failed",
+                                "error": e.to_string(), "paused": paused }));
+                        }
+                    }
+                }
+                if json {
+                    output::json(&outcomes)?;
+                }
+                if failures > 0 {
+                    anyhow::bail!("{failures} conversation(s) were not moved");
+                }
+                Ok(())
+            })
+            .await?;
+        }
+        ConversationsCommand::Cleanup {
+            team,
+            rollback_window_hours,
+            apply,
+            json,
+        } => {
+            let report = ctx
+                .with_database(async |pool| {
+                    let team = teams::find(pool, &team).await?;
+                    Ok(migrate::cleanup(pool, team.id, rollback_window_hours, apply).await?)
+                })
+                .await?;
+            if json {
+                return output::json(&report);
+            }
+            let verb = if report.applied {
+                "released"
+            } else {
+                "would release (run with --apply)"
+            };
+            println!(
+                "{verb}: {} PostgreSQL copies of bodies moved to jetstream more than {} h ago, {} bytes",
+                report.messages, report.rollback_window_hours, report.bytes
+            );
+        }
     }
     Ok(())
+}
+
+fn print_plans(plans: &[Plan], direction: Direction) {
+    println!(
+        "plan: move to {} (nothing written; add --apply to move)",
+        direction.target()
+    );
+    for p in plans {
+        let state = match (&p.blocked, p.resuming) {
+            (Some(why), _) => format!("blocked: {why}"),
+            (None, true) => "resuming an open move".to_string(),
+            (None, false) => "ready".to_string(),
+        };
+        println!(
+            "{}  on {:<9} {} messages, {} bytes, {} already there, {} in flight  {}  ({})",
+            p.conversation_id,
+            p.current_backend,
+            p.messages,
+            p.bytes,
+            p.already_there,
+            p.in_flight,
+            state,
+            p.title
+        );
+    }
+}
+
+/// A progress bar (messages and bytes) on a terminal; plain lines otherwise;
+/// nothing with --json.
+struct ProgressView {
+    bar: Option<indicatif::ProgressBar>,
+    plain: bool,
+    /// When the last plain line was printed, and in which phase.
+    last_line: std::sync::Mutex<(std::time::Instant, &'static str)>,
+}
+
+impl ProgressView {
+    fn new(plan: &Plan, json: bool) -> ProgressView {
+        let terminal = std::io::stderr().is_terminal();
+        let bar = (!json && terminal).then(|| {
+            let bar = indicatif::ProgressBar::new(plan.messages.max(0) as u64);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{prefix} [{bar:30}] {pos}/{len} messages {msg}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            bar.set_prefix(plan.conversation_id.to_string());
+            bar
+        });
+        ProgressView {
+            bar,
+            plain: !json && !terminal,
+            last_line: std::sync::Mutex::new((std::time::Instant::now(), "")),
+        }
+    }
+
+    fn show(&self, p: &Progress) {
+        if let Some(bar) = &self.bar {
+            bar.set_length(p.messages_total.max(0) as u64);
+            bar.set_position(p.messages_done.max(0) as u64);
+            bar.set_message(format!(
+                "{}/{} bytes, {}",
+                p.bytes_done, p.bytes_total, p.phase
+            ));
+        } else if self.plain {
+            // A line a second at most, and every phase change.
+            let mut last = self.last_line.lock().unwrap_or_else(|e| e.into_inner());
+            if last.0.elapsed() >= std::time::Duration::from_secs(1) || last.1 != p.phase {
+                *last = (std::time::Instant::now(), p.phase);
+                eprintln!(
+                    "{}: {} {}/{} messages, {}/{} bytes",
+                    p.conversation_id,
+                    p.phase,
+                    p.messages_done,
+                    p.messages_total,
+                    p.bytes_done,
+                    p.bytes_total
+                );
+            }
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
 }

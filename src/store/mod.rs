@@ -15,6 +15,7 @@ pub mod conversations;
 pub mod inbox;
 pub mod locks;
 pub mod messages;
+pub mod migrate;
 pub mod notes;
 pub mod outbox;
 pub mod overview;

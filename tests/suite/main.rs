@@ -17,6 +17,7 @@ mod inbox;
 mod jetstream;
 mod locks;
 mod messaging;
+mod migrate;
 mod notes;
 mod outbox;
 mod overview;

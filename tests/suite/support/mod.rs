@@ -46,7 +46,28 @@ pub async fn spawn_app_with(settings: HttpSettings) -> TestApp {
     spawn_on(pool, database_url, settings).await
 }
 
+/// A server that routes to `broker` (as `serve --nats-url` does), without
+/// rate limiting (for tests that send thousands of messages); no workers run
+/// unless the test starts them.
+pub async fn spawn_app_routing_to(broker: ai_crew_sync::backend::jetstream::Broker) -> TestApp {
+    let (pool, database_url) = postgres::fresh_pool().await;
+    let settings = HttpSettings {
+        rate_limit_per_minute: 0,
+        ..HttpSettings::default()
+    };
+    spawn_routed(pool, database_url, settings, Some(broker)).await
+}
+
 async fn spawn_on(pool: PgPool, database_url: String, settings: HttpSettings) -> TestApp {
+    spawn_routed(pool, database_url, settings, None).await
+}
+
+async fn spawn_routed(
+    pool: PgPool,
+    database_url: String,
+    settings: HttpSettings,
+    broker: Option<ai_crew_sync::backend::jetstream::Broker>,
+) -> TestApp {
     install_crypto_provider();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -54,11 +75,17 @@ async fn spawn_on(pool: PgPool, database_url: String, settings: HttpSettings) ->
     let addr = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
     let grace = settings.shutdown_grace;
-    let bus = ai_crew_sync::Bus::start(
+    let mut bus = ai_crew_sync::Bus::start(
         pool.clone(),
         std::time::Duration::from_secs(1),
         shutdown.clone(),
     );
+    if let Some(broker) = broker {
+        bus = bus.with_backends(ai_crew_sync::backend::Backends::with_broker(
+            pool.clone(),
+            broker,
+        ));
+    }
     let app = ai_crew_sync::http::router(bus.clone(), settings, shutdown.clone());
     tokio::spawn(ai_crew_sync::http::serve(
         listener,

@@ -1,0 +1,914 @@
+//! Moving one conversation's bodies between backends, under supervision
+//! (../shared/seeds/001; `conversations migrate` and `conversations cleanup`).
+//!
+//! The order of the steps is the safety argument:
+//!
+//! 1. **Plan.** Count messages and bytes, say what is already on the target,
+//!    what blocks a move and which runs would be resumed. Nothing is written;
+//!    this is all the command does without `--apply`.
+//! 2. **Copy.** Every stored body is read from where it actually is,
+//!    checksummed, written to the target under a key derived from the message
+//!    (so a resumed run presents the same key and the broker recognises it),
+//!    read back from the target and compared, and each step is recorded. The
+//!    thread keeps working meanwhile: readers still use each message's
+//!    recorded backend, which has not changed.
+//! 3. **Pause and copy the tail.** Writes to this one conversation are
+//!    refused (saying why and for how long) while the messages sent during
+//!    the copy are moved. Nothing else on the bus is affected.
+//! 4. **Cut over** in one transaction, the conversation row first: each
+//!    verified message's backend and locator, the thread's routing and
+//!    publication mode, the pause lifted, the run `cut_over`.
+//!
+//! A failure anywhere cuts nothing over and aborts in one transaction (the
+//! run failed, unverified copies written back cleared, the pause lifted only
+//! if no other run owns it). An abort that cannot finish leaves the run open
+//! and paused; the same command resumes it.
+//!
+//! What a move never does: invent a receipt, change an author, renumber a
+//! message, or delete a source body. Source bodies stay until `cleanup`,
+//! after a rollback window an operator states, because a rollback with
+//! nothing to roll back to is not a rollback.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::backend::{
+    AnyBackend, Backends, Envelope, JetStreamBackend, Locator, MessagingBackend, PostgresBackend,
+    Published,
+};
+use crate::error::{BusError, BusResult};
+use crate::store::outbox::body_digest;
+
+/// Where a move is going.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    ToJetStream,
+    ToPostgres,
+}
+
+impl Direction {
+    /// `jetstream` or `postgres` (M1).
+    pub fn parse(raw: &str) -> BusResult<Direction> {
+        match raw.trim() {
+            "jetstream" => Ok(Direction::ToJetStream),
+            "postgres" => Ok(Direction::ToPostgres),
+            other => Err(BusError::invalid(format!(
+                "unknown backend {other:?}: --to takes `jetstream` or `postgres`."
+            ))),
+        }
+    }
+
+    pub fn target(self) -> &'static str {
+        match self {
+            Direction::ToJetStream => JetStreamBackend::NAME,
+            Direction::ToPostgres => PostgresBackend::NAME,
+        }
+    }
+
+    /// The value of `conversation_migrations.direction`.
+    pub fn column(self) -> &'static str {
+        match self {
+            Direction::ToJetStream => "to_jetstream",
+            Direction::ToPostgres => "to_postgres",
+        }
+    }
+}
+
+/// What moving one conversation would take, and whether it can be moved.
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct Plan {
+    pub conversation_id: Uuid,
+    pub title: String,
+    pub current_backend: String,
+    /// Stored messages with a body to move (tombstoned ones are not moved).
+    pub messages: i64,
+    /// Their bytes (a body already released from PostgreSQL counts with the
+    /// size recorded at send).
+    pub bytes: i64,
+    /// Of those, already on the target.
+    pub already_there: i64,
+    /// Messages still awaiting publication: the move waits for them, under
+    /// the pause, before it copies the tail.
+    pub in_flight: i64,
+    /// Why this conversation cannot be moved now.
+    pub blocked: Option<String>,
+    /// A run of this direction is open: the command continues it.
+    pub resuming: bool,
+}
+
+/// Plan a move for every conversation of a team, or the chosen ones (M2).
+/// Writes nothing.
+pub async fn plan(
+    pool: &PgPool,
+    team_id: Uuid,
+    direction: Direction,
+    only: &[Uuid],
+) -> BusResult<Vec<Plan>> {
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        conversation_id: Uuid,
+        title: String,
+        current_backend: String,
+        paused: bool,
+        messages: i64,
+        bytes: i64,
+        already_there: i64,
+        in_flight: i64,
+        open_same: i64,
+        open_other: i64,
+    }
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT c.id AS conversation_id, c.title, c.backend AS current_backend,
+                c.write_paused_at IS NOT NULL AS paused,
+                (SELECT count(*) FROM conversation_messages m
+                  WHERE m.team_id = c.team_id AND m.conversation_id = c.id
+                    AND m.publication_state = 'stored' AND m.tombstoned_at IS NULL) AS messages,
+                (SELECT COALESCE(sum(m.body_bytes), 0)::bigint FROM conversation_messages m
+                  WHERE m.team_id = c.team_id AND m.conversation_id = c.id
+                    AND m.publication_state = 'stored' AND m.tombstoned_at IS NULL) AS bytes,
+                (SELECT count(*) FROM conversation_messages m
+                  WHERE m.team_id = c.team_id AND m.conversation_id = c.id
+                    AND m.publication_state = 'stored' AND m.tombstoned_at IS NULL
+                    AND m.backend = $3) AS already_there,
+                (SELECT count(*) FROM conversation_outbox o
+                  WHERE o.conversation_id = c.id AND o.state <> 'failed') AS in_flight,
+                (SELECT count(*) FROM conversation_migrations g
+                  WHERE g.conversation_id = c.id AND g.direction = $4
+                    AND g.state IN ('planned', 'copying', 'verified')) AS open_same,
+                (SELECT count(*) FROM conversation_migrations g
+                  WHERE g.conversation_id = c.id AND g.direction <> $4
+                    AND g.state IN ('planned', 'copying', 'verified')) AS open_other
+           FROM conversations c
+          WHERE c.team_id = $1 AND (cardinality($2::uuid[]) = 0 OR c.id = ANY($2))
+          ORDER BY c.created_at, c.id",
+    )
+    .bind(team_id)
+    .bind(only)
+    .bind(direction.target())
+    .bind(direction.column())
+    .fetch_all(pool)
+    .await?;
+    if let Some(missing) = only
+        .iter()
+        .find(|id| !rows.iter().any(|r| r.conversation_id == **id))
+    {
+        return Err(BusError::not_found(format!(
+            "no conversation {missing} in this team. `conversations status --team T` lists the \
+             team's conversations off the plain synchronous path; omit --conversation to plan \
+             every conversation."
+        )));
+    }
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let resuming = r.open_same > 0;
+            let blocked = if r.open_other > 0 {
+                Some(format!(
+                    "a move of this conversation the other way is open; let it finish (run it \
+                     again) before moving it to {}",
+                    direction.target()
+                ))
+            } else if r.current_backend == direction.target()
+                && r.already_there == r.messages
+                && !resuming
+            {
+                Some(format!("already on {}", direction.target()))
+            } else if r.paused && !resuming {
+                Some(
+                    "writes are paused and no move owns the pause; nothing here lifts it by \
+                     itself, so look at conversation_migrations before moving it"
+                        .to_owned(),
+                )
+            } else {
+                None
+            };
+            Plan {
+                conversation_id: r.conversation_id,
+                title: r.title,
+                current_backend: r.current_backend,
+                messages: r.messages,
+                bytes: r.bytes,
+                already_there: r.already_there,
+                in_flight: r.in_flight,
+                blocked,
+                resuming,
+            }
+        })
+        .collect())
+}
+
+/// How a move is going, for a progress bar or a line of output.
+#[derive(Clone, Debug, Serialize)]
+pub struct Progress {
+    pub conversation_id: Uuid,
+    /// `copying`, `paused` (copying the tail), `cut_over`.
+    pub phase: &'static str,
+    pub messages_done: i64,
+    pub messages_total: i64,
+    pub bytes_done: i64,
+    pub bytes_total: i64,
+}
+
+/// What a finished move did.
+#[derive(Clone, Debug, Serialize)]
+pub struct Outcome {
+    pub migration_id: Uuid,
+    pub conversation_id: Uuid,
+    pub direction: Direction,
+    /// Bodies written to the target and verified by this run.
+    pub copied: i64,
+    /// Messages verified in an earlier, interrupted pass of the same run.
+    pub resumed: i64,
+    /// Messages already on the target.
+    pub skipped: i64,
+    pub bytes: i64,
+    /// How long writes to the thread were refused.
+    pub paused_ms: i64,
+    pub state: String,
+}
+
+/// How long, at most, a move waits under its pause for the messages still
+/// in flight through the outbox.
+pub const SETTLE_WAIT: Duration = Duration::from_secs(30);
+
+/// One move in progress.
+struct Mover<'a> {
+    pool: &'a PgPool,
+    team_id: Uuid,
+    conversation_id: Uuid,
+    direction: Direction,
+    migration_id: Uuid,
+    /// Where the copies go.
+    target: AnyBackend,
+    /// The broker, for reading bodies back from JetStream (to_postgres).
+    jetstream: Option<AnyBackend>,
+    progress: &'a (dyn Fn(&Progress) + Sync),
+    totals: (i64, i64),
+    done: Outcome,
+}
+
+/// Open or resume the run, copy, pause, copy the tail, cut over. On failure
+/// the run is aborted (M11) and the move's own error returned.
+pub async fn run(
+    pool: &PgPool,
+    backends: &Backends,
+    team_id: Uuid,
+    conversation_id: Uuid,
+    direction: Direction,
+    started_by: &str,
+    progress: &(dyn Fn(&Progress) + Sync),
+) -> BusResult<Outcome> {
+    // Both directions talk to the broker: one writes to it, the other reads
+    // from it. Without one, refuse before anything is written.
+    let jetstream = backends.for_message(JetStreamBackend::NAME, team_id)?;
+    let target = backends.for_message(direction.target(), team_id)?;
+    let migration_id = open_run(pool, team_id, conversation_id, direction, started_by).await?;
+    let plan = plan(pool, team_id, direction, &[conversation_id]).await?;
+    let totals = plan.first().map_or((0, 0), |p| (p.messages, p.bytes));
+    let mut mover = Mover {
+        pool,
+        team_id,
+        conversation_id,
+        direction,
+        migration_id,
+        target,
+        jetstream: Some(jetstream),
+        progress,
+        totals,
+        done: Outcome {
+            migration_id,
+            conversation_id,
+            direction,
+            copied: 0,
+            resumed: 0,
+            skipped: 0,
+            bytes: 0,
+            paused_ms: 0,
+            state: "copying".into(),
+        },
+    };
+    match mover.copy_pause_cut_over().await {
+        Ok(()) => Ok(mover.done),
+        Err(e) => {
+            if let Err(abort_error) = abort(pool, migration_id, &e.to_string()).await {
+                tracing::error!(error = %abort_error, migration = %migration_id,
+                    "could not abort a failed move; it stays open and paused until resumed");
+            }
+            Err(e)
+        }
+    }
+}
+
+/// One open run per conversation, decided under the conversation's lock
+/// (M3): the same direction resumes, the other is a conflict.
+async fn open_run(
+    pool: &PgPool,
+    team_id: Uuid,
+    conversation_id: Uuid,
+    direction: Direction,
+    started_by: &str,
+) -> BusResult<Uuid> {
+    let mut tx = pool.begin().await?;
+    lock_conversation(&mut tx, team_id, conversation_id).await?;
+    let open: Option<(Uuid, String)> = sqlx::query_as(
+        "SELECT id, direction FROM conversation_migrations
+          WHERE conversation_id = $1 AND state IN ('planned', 'copying', 'verified')",
+    )
+    .bind(conversation_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if let Some((id, open_direction)) = open {
+        if open_direction != direction.column() {
+            return Err(BusError::conflict(format!(
+                "a move of conversation {conversation_id} {} is already open. Let it finish (run \
+                 the same command again to resume it) before moving it the other way.",
+                open_direction.replace('_', " ")
+            )));
+        }
+        tx.commit().await?;
+        return Ok(id);
+    }
+    let id = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO conversation_migrations (id, team_id, conversation_id, direction, state, started_by)
+         VALUES ($1, $2, $3, $4, 'copying', $5)",
+    )
+    .bind(id)
+    .bind(team_id)
+    .bind(conversation_id)
+    .bind(direction.column())
+    .bind(started_by)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(id)
+}
+
+async fn lock_conversation(
+    conn: &mut sqlx::PgConnection,
+    team_id: Uuid,
+    conversation_id: Uuid,
+) -> BusResult<()> {
+    let found: Option<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM conversations WHERE team_id = $1 AND id = $2 FOR UPDATE",
+    )
+    .bind(team_id)
+    .bind(conversation_id)
+    .fetch_optional(conn)
+    .await?;
+    found.map(|_| ()).ok_or_else(|| {
+        BusError::not_found(format!("no conversation {conversation_id} in this team."))
+    })
+}
+
+/// A message to move, in seq order.
+#[derive(sqlx::FromRow)]
+struct Source {
+    id: Uuid,
+    body: String,
+    body_sha256: Vec<u8>,
+    canonical_locator: Option<String>,
+    backend: String,
+}
+
+/// An item recorded by an earlier pass of this run.
+#[derive(sqlx::FromRow)]
+struct Item {
+    target_locator: Option<String>,
+}
+
+impl Mover<'_> {
+    async fn copy_pause_cut_over(&mut self) -> BusResult<()> {
+        // The bulk, with the thread open.
+        // What exists now; messages sent meanwhile are the tail (chasing
+        // them with the thread open might never end).
+        let last_seq: i64 =
+            sqlx::query_scalar("SELECT last_seq FROM conversations WHERE team_id = $1 AND id = $2")
+                .bind(self.team_id)
+                .bind(self.conversation_id)
+                .fetch_one(self.pool)
+                .await?;
+        self.copy_pending_items("copying", last_seq).await?;
+        self.pause().await?;
+        self.wait_for_outbox().await?;
+        // The tail: whatever was sent during the copy.
+        self.copy_pending_items("paused", i64::MAX).await?;
+        self.cut_over().await
+    }
+
+    fn report(&self, phase: &'static str) {
+        (self.progress)(&Progress {
+            conversation_id: self.conversation_id,
+            phase,
+            messages_done: self.done.copied + self.done.resumed + self.done.skipped,
+            messages_total: self
+                .totals
+                .0
+                .max(self.done.copied + self.done.resumed + self.done.skipped),
+            bytes_done: self.done.bytes,
+            bytes_total: self.totals.1.max(self.done.bytes),
+        });
+    }
+
+    /// Copy every stored, not tombstoned message up to `up_to_seq` not yet
+    /// on the target nor verified by this run, in seq order (M5).
+    async fn copy_pending_items(&mut self, phase: &'static str, up_to_seq: i64) -> BusResult<()> {
+        let mut after_seq = 0_i64;
+        loop {
+            let page: Vec<(i64, Source)> =
+                sqlx::query_as::<_, (i64, Uuid, String, Vec<u8>, Option<String>, String)>(
+                    "SELECT m.seq, m.id, m.body, m.body_sha256, m.canonical_locator, m.backend
+                   FROM conversation_messages m
+                  WHERE m.team_id = $1 AND m.conversation_id = $2 AND m.seq > $3 AND m.seq <= $6
+                    AND m.publication_state = 'stored' AND m.tombstoned_at IS NULL
+                    AND m.backend <> $4
+                    AND NOT EXISTS (SELECT 1 FROM conversation_migration_items i
+                                     WHERE i.migration_id = $5 AND i.message_id = m.id
+                                       AND i.state = 'verified')
+                  ORDER BY m.seq
+                  LIMIT 200",
+                )
+                .bind(self.team_id)
+                .bind(self.conversation_id)
+                .bind(after_seq)
+                .bind(self.direction.target())
+                .bind(self.migration_id)
+                .bind(up_to_seq)
+                .fetch_all(self.pool)
+                .await?
+                .into_iter()
+                .map(|(seq, id, body, body_sha256, canonical_locator, backend)| {
+                    (
+                        seq,
+                        Source {
+                            id,
+                            body,
+                            body_sha256,
+                            canonical_locator,
+                            backend,
+                        },
+                    )
+                })
+                .collect();
+            let Some((last, _)) = page.last() else {
+                break;
+            };
+            after_seq = *last;
+            for (_, source) in page {
+                self.copy_one(&source).await?;
+                self.report(phase);
+            }
+        }
+        Ok(())
+    }
+
+    /// Read, record, write, read back, compare (M5-M9).
+    async fn copy_one(&mut self, source: &Source) -> BusResult<()> {
+        let body = self.read_source(source).await?;
+        let sum = body_digest(&body);
+        if sum[..] != source.body_sha256[..] {
+            return Err(BusError::conflict(format!(
+                "the body of message {} read from {} does not match the SHA-256 recorded when it \
+                 was sent. Nothing was cut over; find out which copy is right before moving this \
+                 conversation.",
+                source.id, source.backend
+            )));
+        }
+        // Recorded before anything is written (M6), so a crash after the
+        // write still finds the item on resume.
+        let earlier: Option<Item> = sqlx::query_as(
+            "INSERT INTO conversation_migration_items
+                 (migration_id, message_id, team_id, body_sha256, bytes, state)
+             VALUES ($1, $2, $3, $4, $5, 'planned')
+             ON CONFLICT (migration_id, message_id) DO UPDATE
+                 SET body_sha256 = EXCLUDED.body_sha256, bytes = EXCLUDED.bytes, updated_at = now()
+             RETURNING target_locator",
+        )
+        .bind(self.migration_id)
+        .bind(source.id)
+        .bind(self.team_id)
+        .bind(&sum[..])
+        .bind(body.len() as i32)
+        .fetch_optional(self.pool)
+        .await?;
+        // A resumed run checks a copy it recorded before publishing again
+        // (M7): the broker's deduplication is windowed, so a republish after
+        // a long interruption would store a second physical copy.
+        if let Some(Item {
+            target_locator: Some(recorded),
+            ..
+        }) = &earlier
+            && let Ok(Some(there)) = self
+                .target
+                .fetch(&Locator(recorded.clone()), source.id)
+                .await
+            && body_digest(&there) == sum
+        {
+            self.mark_item(source.id, "verified", None, None).await?;
+            self.done.resumed += 1;
+            self.done.bytes += body.len() as i64;
+            return Ok(());
+        }
+        let locator = self.write_target(source, &body).await?;
+        self.mark_item(source.id, "copied", Some(&locator), None)
+            .await?;
+        // Read back from the target and compare (M9).
+        let back = self
+            .target
+            .fetch(&Locator(locator.clone()), source.id)
+            .await?;
+        match back {
+            Some(back) if body_digest(&back) == sum => {}
+            other => {
+                let why = match other {
+                    Some(_) => "checksum mismatch: the target holds a different body",
+                    None => "the target could not read the copy back",
+                };
+                self.mark_item(source.id, "failed", None, Some(why)).await?;
+                return Err(BusError::conflict(format!(
+                    "message {} was copied to {} and read back wrong ({why}). Nothing was cut \
+                     over; the thread is reopened on {}.",
+                    source.id,
+                    self.direction.target(),
+                    source.backend
+                )));
+            }
+        }
+        self.mark_item(source.id, "verified", None, None).await?;
+        self.done.copied += 1;
+        self.done.bytes += body.len() as i64;
+        Ok(())
+    }
+
+    /// The body from where it actually is: the row for a postgres-backed
+    /// message, the broker (by its locator) otherwise.
+    async fn read_source(&self, source: &Source) -> BusResult<String> {
+        if source.backend == PostgresBackend::NAME {
+            return Ok(source.body.clone());
+        }
+        let Some(locator) = &source.canonical_locator else {
+            return Err(BusError::conflict(format!(
+                "message {} has no locator on {}, so its body cannot be read there.",
+                source.id, source.backend
+            )));
+        };
+        let broker = self
+            .jetstream
+            .as_ref()
+            .expect("a broker for a jetstream source");
+        broker
+            .fetch(&Locator(locator.clone()), source.id)
+            .await?
+            .ok_or_else(|| {
+                BusError::not_found(format!(
+                    "the broker no longer holds the body of message {}. A body that is gone \
+                     cannot be copied back; tombstone it deliberately or restore the stream \
+                     first.",
+                    source.id
+                ))
+            })
+    }
+
+    /// Write under a key derived from the message (M8): the message id.
+    async fn write_target(&self, source: &Source, body: &str) -> BusResult<String> {
+        match self.direction {
+            Direction::ToJetStream => {
+                let envelope = Envelope {
+                    message_id: source.id,
+                    conversation_id: self.conversation_id,
+                    team_id: self.team_id,
+                    body: body.to_owned(),
+                    publish_key: source.id,
+                };
+                match self.target.publish(&envelope).await {
+                    Published::Confirmed(Locator(locator)) => Ok(locator),
+                    Published::Retryable(why)
+                    | Published::Fatal(why)
+                    | Published::Unanswered(why) => Err(BusError::unavailable(format!(
+                        "copying message {} to jetstream failed: {why}. Nothing was cut over; \
+                         run the same command again to resume.",
+                        source.id
+                    ))),
+                }
+            }
+            Direction::ToPostgres => {
+                // Back into the row; the row stays broker-authoritative until
+                // the cutover, and the sweep leaves a migrating row alone.
+                sqlx::query(
+                    "UPDATE conversation_messages SET body = $3 WHERE team_id = $1 AND id = $2",
+                )
+                .bind(self.team_id)
+                .bind(source.id)
+                .bind(body)
+                .execute(self.pool)
+                .await?;
+                Ok(source.id.to_string())
+            }
+        }
+    }
+
+    async fn mark_item(
+        &self,
+        message_id: Uuid,
+        state: &str,
+        locator: Option<&str>,
+        error: Option<&str>,
+    ) -> BusResult<()> {
+        sqlx::query(
+            "UPDATE conversation_migration_items
+                SET state = $3, target_locator = COALESCE($4, target_locator),
+                    last_error = $5, updated_at = now()
+              WHERE migration_id = $1 AND message_id = $2",
+        )
+        .bind(self.migration_id)
+        .bind(message_id)
+        .bind(state)
+        .bind(locator)
+        .bind(error)
+        .execute(self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Refuse writes to this thread (M4), under the lock a send takes, so a
+    /// send in flight either commits before the pause or sees it. A resumed
+    /// run keeps the pause it already holds.
+    async fn pause(&mut self) -> BusResult<()> {
+        let mut tx = self.pool.begin().await?;
+        lock_conversation(&mut tx, self.team_id, self.conversation_id).await?;
+        sqlx::query(
+            "UPDATE conversations SET write_paused_at = COALESCE(write_paused_at, now())
+              WHERE team_id = $1 AND id = $2",
+        )
+        .bind(self.team_id)
+        .bind(self.conversation_id)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "UPDATE conversation_migrations SET paused_at = COALESCE(paused_at, now()), updated_at = now()
+              WHERE id = $1",
+        )
+        .bind(self.migration_id)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Messages accepted before the pause may still be in the outbox; their
+    /// bodies are not on their backend yet. Wait (bounded) for the drain.
+    async fn wait_for_outbox(&self) -> BusResult<()> {
+        let deadline = tokio::time::Instant::now() + SETTLE_WAIT;
+        loop {
+            let in_flight: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM conversation_outbox WHERE conversation_id = $1 AND state <> 'failed'",
+            )
+            .bind(self.conversation_id)
+            .fetch_one(self.pool)
+            .await?;
+            if in_flight == 0 {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(BusError::conflict(format!(
+                    "{in_flight} message(s) of conversation {} are still awaiting publication \
+                     after {} s. A running server publishes them (`serve --nats-url …`); once \
+                     `conversations status` shows none pending, run the same command again.",
+                    self.conversation_id,
+                    SETTLE_WAIT.as_secs()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// One transaction, the conversation row first (M10).
+    async fn cut_over(&mut self) -> BusResult<()> {
+        let mut tx = self.pool.begin().await?;
+        lock_conversation(&mut tx, self.team_id, self.conversation_id).await?;
+        let open: Option<Uuid> = sqlx::query_scalar(
+            "SELECT id FROM conversation_migrations
+              WHERE id = $1 AND state IN ('planned', 'copying', 'verified')",
+        )
+        .bind(self.migration_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if open.is_none() {
+            return Err(BusError::conflict(
+                "this move was finished or given up by another process meanwhile; nothing was cut over by this one.",
+            ));
+        }
+        // Every stored body must be on the target or verified there: the
+        // pause guarantees nothing new arrived since the tail was copied.
+        let left: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM conversation_messages m
+              WHERE m.team_id = $1 AND m.conversation_id = $2
+                AND m.publication_state = 'stored' AND m.tombstoned_at IS NULL
+                AND m.backend <> $3
+                AND NOT EXISTS (SELECT 1 FROM conversation_migration_items i
+                                 WHERE i.migration_id = $4 AND i.message_id = m.id
+                                   AND i.state = 'verified')",
+        )
+        .bind(self.team_id)
+        .bind(self.conversation_id)
+        .bind(self.direction.target())
+        .bind(self.migration_id)
+        .fetch_one(&mut *tx)
+        .await?;
+        if left > 0 {
+            return Err(BusError::conflict(format!(
+                "{left} message(s) are not verified on {}; nothing was cut over.",
+                self.direction.target()
+            )));
+        }
+        // To postgres the row is the storage again (locator null, stored);
+        // to jetstream the verified copy's locator becomes canonical and the
+        // local body stays until `cleanup`.
+        sqlx::query(
+            "UPDATE conversation_messages m
+                SET backend = $4,
+                    canonical_locator = CASE WHEN $4 = 'postgres' THEN NULL ELSE i.target_locator END,
+                    publication_state = 'stored'
+               FROM conversation_migration_items i
+              WHERE i.migration_id = $3 AND i.state = 'verified'
+                AND m.team_id = $1 AND m.conversation_id = $2 AND m.id = i.message_id",
+        )
+        .bind(self.team_id)
+        .bind(self.conversation_id)
+        .bind(self.migration_id)
+        .bind(self.direction.target())
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "UPDATE conversations
+                SET backend = $3,
+                    publication = CASE WHEN $3 = 'postgres' THEN 'sync' ELSE 'outbox' END,
+                    write_paused_at = NULL
+              WHERE team_id = $1 AND id = $2",
+        )
+        .bind(self.team_id)
+        .bind(self.conversation_id)
+        .bind(self.direction.target())
+        .execute(&mut *tx)
+        .await?;
+        let paused_ms: Option<i64> = sqlx::query_scalar(
+            "UPDATE conversation_migrations
+                SET state = 'cut_over', cut_over_at = now(), updated_at = now(),
+                    messages_moved = messages_moved + $2, bytes_moved = bytes_moved + $3
+              WHERE id = $1
+              RETURNING (extract(epoch FROM now() - paused_at) * 1000)::bigint",
+        )
+        .bind(self.migration_id)
+        .bind(self.done.copied + self.done.resumed)
+        .bind(self.done.bytes)
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        self.done.paused_ms = paused_ms.unwrap_or(0);
+        self.done.skipped = self.totals.0 - self.done.copied - self.done.resumed;
+        self.done.state = "cut_over".into();
+        self.report("cut_over");
+        Ok(())
+    }
+}
+
+/// Give up on a move in one transaction, the conversation row first (M12):
+/// only an open run is failed; a move to postgres clears the copies it wrote
+/// back that never verified (a verified one is kept: it read back identical,
+/// and may be the last copy if the broker is going bad); the pause is lifted
+/// only if no other open run owns it.
+pub async fn abort(pool: &PgPool, migration_id: Uuid, why: &str) -> BusResult<()> {
+    let mut tx = pool.begin().await?;
+    let run: Option<(Uuid, Uuid, String)> = sqlx::query_as(
+        "SELECT team_id, conversation_id, direction FROM conversation_migrations WHERE id = $1",
+    )
+    .bind(migration_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((team_id, conversation_id, direction)) = run else {
+        return Ok(());
+    };
+    lock_conversation(&mut tx, team_id, conversation_id).await?;
+    let failed: Option<Uuid> = sqlx::query_scalar(
+        "UPDATE conversation_migrations
+            SET state = 'failed', failed_at = now(), updated_at = now(), error = $2
+          WHERE id = $1 AND state IN ('planned', 'copying', 'verified')
+          RETURNING id",
+    )
+    .bind(migration_id)
+    .bind(why)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if failed.is_none() {
+        return Ok(());
+    }
+    if direction == Direction::ToPostgres.column() {
+        sqlx::query(
+            "UPDATE conversation_messages m
+                SET body = ''
+               FROM conversation_migration_items i
+              WHERE i.migration_id = $1 AND m.id = i.message_id
+                AND m.backend <> 'postgres' AND i.state <> 'verified'",
+        )
+        .bind(migration_id)
+        .execute(&mut *tx)
+        .await?;
+    }
+    sqlx::query(
+        "UPDATE conversations c SET write_paused_at = NULL
+          WHERE c.team_id = $1 AND c.id = $2
+            AND NOT EXISTS (SELECT 1 FROM conversation_migrations g
+                             WHERE g.conversation_id = c.id
+                               AND g.state IN ('planned', 'copying', 'verified'))",
+    )
+    .bind(team_id)
+    .bind(conversation_id)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Whether a conversation's writes are paused right now (M13): what an
+/// operator is told after a failed move, rather than assuming it reopened.
+pub async fn is_paused(pool: &PgPool, conversation_id: Uuid) -> BusResult<bool> {
+    Ok(
+        sqlx::query_scalar("SELECT write_paused_at IS NOT NULL FROM conversations WHERE id = $1")
+            .bind(conversation_id)
+            .fetch_optional(pool)
+            .await?
+            .unwrap_or(false),
+    )
+}
+
+/// The messages `cleanup` may release; `$1` team, `$2` window in seconds.
+macro_rules! cleanable {
+    () => {
+        "m.team_id = $1 AND m.backend = 'jetstream' AND m.body <> ''
+         AND m.canonical_locator IS NOT NULL AND m.publication_state = 'stored'
+         AND (SELECT g.direction = 'to_jetstream'
+                     AND g.cut_over_at < now() - make_interval(secs => $2)
+                FROM conversation_migrations g
+               WHERE g.conversation_id = m.conversation_id AND g.state = 'cut_over'
+               ORDER BY g.cut_over_at DESC LIMIT 1)"
+    };
+}
+
+/// What `conversations cleanup` found (and, with `--apply`, released).
+#[derive(Clone, Debug, Serialize)]
+pub struct Cleanup {
+    pub rollback_window_hours: i64,
+    pub messages: i64,
+    pub bytes: i64,
+    pub applied: bool,
+}
+
+/// Drop source bodies a finished move no longer needs (M14): only messages
+/// on jetstream with a locator, of conversations whose latest cut-over move
+/// went to jetstream and finished longer ago than the rollback window.
+/// Deliberately explicit and late.
+pub async fn cleanup(
+    pool: &PgPool,
+    team_id: Uuid,
+    rollback_window_hours: i64,
+    apply: bool,
+) -> BusResult<Cleanup> {
+    if rollback_window_hours < 0 {
+        return Err(BusError::invalid(format!(
+            "--rollback-window-hours {rollback_window_hours} is negative: the window is how long \
+             a finished move must have been cut over before its source bodies may be dropped. \
+             Use 0 or more (default 168)."
+        )));
+    }
+    let window_secs = (rollback_window_hours.saturating_mul(3600)) as f64;
+    let (messages, bytes): (i64, i64) = sqlx::query_as(concat!(
+        "SELECT count(*), COALESCE(sum(octet_length(m.body)), 0)::bigint
+           FROM conversation_messages m
+          WHERE ",
+        cleanable!()
+    ))
+    .bind(team_id)
+    .bind(window_secs)
+    .fetch_one(pool)
+    .await?;
+    if apply && messages > 0 {
+        sqlx::query(concat!(
+            "UPDATE conversation_messages m SET body = '' WHERE ",
+            cleanable!()
+        ))
+        .bind(team_id)
+        .bind(window_secs)
+        .execute(pool)
+        .await?;
+    }
+    Ok(Cleanup {
+        rollback_window_hours,
+        messages,
+        bytes,
+        applied: apply,
+    })
+}

@@ -1,0 +1,668 @@
+//! Moving conversations between backends against real PostgreSQL and a real
+//! `nats-server -js`: the plan, the move there and back, resume after a kill,
+//! a checksum mismatch, sends racing the pause, concurrent operators, and
+//! cleanup. Each test cites the invariants (M*) of
+//! ../shared/spec/seed-invariants.md it shows.
+
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ai_crew_sync::backend::jetstream::{Broker, StreamSizes};
+use ai_crew_sync::backend::{Backends, Envelope, JetStreamBackend, MessagingBackend, Published};
+use ai_crew_sync::store::migrate::{self, Direction, Progress};
+use ai_crew_sync::store::teams;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::support::nats::nats_url;
+use crate::support::{McpClient, TestApp, spawn_app_routing_to, test_actor};
+
+/// A team with streams on the test broker and a conversation of alice and
+/// bob/w1 holding `messages` messages sent through the bus.
+struct Thread {
+    app: TestApp,
+    team: String,
+    team_id: Uuid,
+    conversation_id: Uuid,
+    alice: McpClient,
+    bob: McpClient,
+    backends: Backends,
+}
+
+async fn thread(team: &str, messages: usize) -> Thread {
+    let broker = Broker::connect(&nats_url(), None).await.unwrap();
+    let app = spawn_app_routing_to(broker.clone()).await;
+    app.team(team).await;
+    teams::capability(&app.pool, team, Some(true), &test_actor())
+        .await
+        .unwrap();
+    let alice = app.mcp(&app.agent(team, "alice").await, None).await;
+    let bob = app.mcp(&app.agent(team, "bob").await, Some("w1")).await;
+    let team_id: Uuid = sqlx::query_scalar("SELECT id FROM teams WHERE slug = $1")
+        .bind(team)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    broker
+        .provision_team(team_id, &StreamSizes::default(), false)
+        .await
+        .unwrap();
+    let conversation_id = new_conversation(&alice, &bob, "moving").await;
+    let t = Thread {
+        backends: Backends::with_broker(app.pool.clone(), broker),
+        app,
+        team: team.to_string(),
+        team_id,
+        conversation_id,
+        alice,
+        bob,
+    };
+    t.send_many(conversation_id, messages).await;
+    t
+}
+
+async fn new_conversation(alice: &McpClient, bob: &McpClient, title: &str) -> Uuid {
+    let created = alice
+        .call(
+            "create_conversation",
+            json!({"title": title, "private": true, "invite": ["bob/w1"]}),
+        )
+        .await
+        .unwrap();
+    let id: Uuid = created["id"].as_str().unwrap().parse().unwrap();
+    bob.call("join_conversation", json!({"conversation_id": id}))
+        .await
+        .unwrap();
+    id
+}
+
+fn body_of(i: usize) -> String {
+    format!("message {i}: {}", "x".repeat(i % 97))
+}
+
+impl Thread {
+    fn pool(&self) -> &PgPool {
+        &self.app.pool
+    }
+
+    async fn send(&self, conversation_id: Uuid, body: &str) -> Result<Value, Value> {
+        self.alice
+            .call(
+                "send_conversation_message",
+                json!({"conversation_id": conversation_id, "body": body,
+                       "request_id": Uuid::new_v4()}),
+            )
+            .await
+    }
+
+    /// `n` sends, eight at a time.
+    async fn send_many(&self, conversation_id: Uuid, n: usize) {
+        use futures::StreamExt;
+        futures::stream::iter(0..n)
+            .map(|i| async move { self.send(conversation_id, &body_of(i)).await.unwrap() })
+            .buffer_unordered(8)
+            .collect::<Vec<_>>()
+            .await;
+    }
+
+    async fn run(&self, direction: Direction) -> Result<migrate::Outcome, ai_crew_sync::BusError> {
+        migrate::run(
+            self.pool(),
+            &self.backends,
+            self.team_id,
+            self.conversation_id,
+            direction,
+            "test",
+            &|_: &Progress| {},
+        )
+        .await
+    }
+
+    /// Everything a move must leave unchanged, per seq: id, author, digest,
+    /// recipients with their receipts.
+    async fn snapshot(&self) -> BTreeMap<i64, String> {
+        let rows: Vec<(i64, String)> = sqlx::query_as(
+            "SELECT m.seq, concat_ws('|', m.id, m.sender_id, m.sender_session, encode(m.body_sha256, 'hex'),
+                    m.request_id, m.created_at,
+                    (SELECT string_agg(concat_ws(',', r.member_id, r.recipient_id, r.stored_at,
+                                                 r.delivered_at, r.acknowledged_at, r.resolved_at), ';'
+                                       ORDER BY r.member_id)
+                       FROM message_receipts r WHERE r.message_id = m.id))
+               FROM conversation_messages m WHERE m.conversation_id = $1",
+        )
+        .bind(self.conversation_id)
+        .fetch_all(self.pool())
+        .await
+        .unwrap();
+        rows.into_iter().collect()
+    }
+
+    /// What bob reads, every page, seq → body.
+    async fn read_all(&self) -> BTreeMap<i64, String> {
+        let mut bodies = BTreeMap::new();
+        let mut after = 0;
+        loop {
+            let page = self
+                .bob
+                .call(
+                    "read_conversation",
+                    json!({"conversation_id": self.conversation_id, "after_seq": after, "limit": 200}),
+                )
+                .await
+                .unwrap();
+            let messages = page["messages"].as_array().unwrap();
+            if messages.is_empty() {
+                return bodies;
+            }
+            for m in messages {
+                let body = m["body"].as_str().unwrap_or_else(|| panic!("no body: {m}"));
+                bodies.insert(m["seq"].as_i64().unwrap(), body.to_string());
+            }
+            after = page["next_after_seq"].as_i64().unwrap();
+        }
+    }
+
+    async fn stream_messages(&self) -> u64 {
+        let (body, _) = self
+            .backends
+            .broker()
+            .unwrap()
+            .team_streams(self.team_id)
+            .await
+            .unwrap();
+        body.expect("the body stream").messages
+    }
+
+    async fn conversation_row(&self) -> (String, String, bool) {
+        sqlx::query_as(
+            "SELECT backend, publication, write_paused_at IS NOT NULL FROM conversations WHERE id = $1",
+        )
+        .bind(self.conversation_id)
+        .fetch_one(self.pool())
+        .await
+        .unwrap()
+    }
+
+    async fn runs(&self) -> Vec<(String, String)> {
+        sqlx::query_as(
+            "SELECT direction, state FROM conversation_migrations WHERE conversation_id = $1 ORDER BY created_at",
+        )
+        .bind(self.conversation_id)
+        .fetch_all(self.pool())
+        .await
+        .unwrap()
+    }
+
+    /// The real binary, as an operator runs it.
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"));
+        command
+            .args(["conversations"])
+            .args(args)
+            .args(["--team", &self.team, "--nats-url", &nats_url()])
+            .env("DATABASE_URL", &self.app.database_url)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        command
+    }
+}
+
+// M10, M5, M14: 1 000 messages move to JetStream (their PostgreSQL copies
+// then released by cleanup) and back, with every body identical and every
+// seq, author, recipient and receipt unchanged.
+#[tokio::test]
+async fn a_thousand_messages_move_to_jetstream_and_back_unchanged() {
+    let t = thread("mv-roundtrip", 1000).await;
+    let before = t.snapshot().await;
+    let bodies = t.read_all().await;
+    assert_eq!(bodies.len(), 1000);
+
+    let there = t.run(Direction::ToJetStream).await.unwrap();
+    assert_eq!((there.copied, there.state.as_str()), (1000, "cut_over"));
+    assert_eq!(
+        t.conversation_row().await,
+        ("jetstream".into(), "outbox".into(), false)
+    );
+    let located: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM conversation_messages
+          WHERE conversation_id = $1 AND backend = 'jetstream' AND canonical_locator LIKE 'jetstream:%'",
+    )
+    .bind(t.conversation_id)
+    .fetch_one(t.pool())
+    .await
+    .unwrap();
+    assert_eq!(located, 1000);
+    assert_eq!(
+        t.stream_messages().await,
+        1000,
+        "one stream entry per message"
+    );
+    assert_eq!(t.snapshot().await, before);
+
+    // Drop the PostgreSQL copies: every read now comes from the broker.
+    let cleaned = migrate::cleanup(t.pool(), t.team_id, 0, true)
+        .await
+        .unwrap();
+    assert_eq!(cleaned.messages, 1000);
+    assert_eq!(t.read_all().await, bodies);
+
+    let back = t.run(Direction::ToPostgres).await.unwrap();
+    assert_eq!((back.copied, back.state.as_str()), (1000, "cut_over"));
+    assert_eq!(
+        t.conversation_row().await,
+        ("postgres".into(), "sync".into(), false)
+    );
+    let local: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM conversation_messages
+          WHERE conversation_id = $1 AND backend = 'postgres' AND canonical_locator IS NULL
+            AND publication_state = 'stored' AND body <> ''",
+    )
+    .bind(t.conversation_id)
+    .fetch_one(t.pool())
+    .await
+    .unwrap();
+    assert_eq!(local, 1000);
+    assert_eq!(t.snapshot().await, before);
+    assert_eq!(t.read_all().await, bodies);
+    assert_eq!(
+        t.runs().await,
+        [
+            ("to_jetstream".into(), "cut_over".into()),
+            ("to_postgres".into(), "cut_over".into())
+        ]
+    );
+    // The thread is open for business on PostgreSQL again.
+    let sent = t
+        .send(t.conversation_id, "after the round trip")
+        .await
+        .unwrap();
+    assert_eq!(sent["seq"], 1001);
+    assert_eq!(sent["stored"], true);
+}
+
+// M1, M2: the plan writes nothing and says what a move would do.
+#[tokio::test]
+async fn the_plan_writes_nothing_and_explains_each_conversation() {
+    let t = thread("mv-plan", 5).await;
+    let other = new_conversation(&t.alice, &t.bob, "empty").await;
+    let err = Direction::parse("s3").unwrap_err().to_string();
+    assert!(
+        err.contains("jetstream") && err.contains("postgres"),
+        "{err}"
+    );
+
+    let out = tokio::task::spawn_blocking({
+        let mut command = t.command(&["migrate", "--to", "jetstream", "--json"]);
+        move || command.output().unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plans: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let plans = plans.as_array().unwrap();
+    assert_eq!(plans.len(), 2);
+    let first = &plans[0];
+    assert_eq!(first["conversation_id"], t.conversation_id.to_string());
+    assert_eq!(first["messages"], 5);
+    let bytes: i64 = (0..5).map(|i| body_of(i).len() as i64).sum();
+    assert_eq!(first["bytes"], bytes);
+    assert_eq!(first["already_there"], 0);
+    assert_eq!(first["blocked"], Value::Null);
+    assert_eq!(first["resuming"], false);
+    assert_eq!(plans[1]["conversation_id"], other.to_string());
+    assert!(t.runs().await.is_empty(), "nothing written");
+    assert_eq!(t.conversation_row().await.0, "postgres");
+
+    // Moved already: the plan says so; an open run is resumed, not blocked.
+    t.run(Direction::ToJetStream).await.unwrap();
+    let plans = migrate::plan(
+        t.pool(),
+        t.team_id,
+        Direction::ToJetStream,
+        &[t.conversation_id],
+    )
+    .await
+    .unwrap();
+    assert_eq!(plans[0].blocked.as_deref(), Some("already on jetstream"));
+    assert_eq!(plans[0].already_there, 5);
+}
+
+// M3, M11: a move killed mid-copy and just before its cutover resumes with
+// the same command and finishes with one stream entry per message.
+#[tokio::test]
+async fn a_killed_move_resumes_with_the_same_command_without_duplicates() {
+    let t = thread("mv-kill", 600).await;
+    let before = t.snapshot().await;
+    for kill_after_verified in [150_i64, 450, 600] {
+        let mut child = t
+            .command(&["migrate", "--to", "jetstream", "--apply"])
+            .spawn()
+            .unwrap();
+        // Let it get this far, then kill it without warning.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let verified: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM conversation_migration_items WHERE state = 'verified'",
+            )
+            .fetch_one(t.pool())
+            .await
+            .unwrap();
+            let finished = child.try_wait().unwrap().is_some();
+            if verified >= kill_after_verified || finished {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the move made no progress");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        if t.conversation_row().await.0 == "jetstream" {
+            break;
+        }
+        // Killed with the run open: the thread says it is paused (or not
+        // yet), and nothing is cut over.
+        assert_eq!(t.runs().await, [("to_jetstream".into(), "copying".into())]);
+    }
+    let out = tokio::task::spawn_blocking({
+        let mut command = t.command(&["migrate", "--to", "jetstream", "--apply"]);
+        move || command.output().unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        t.conversation_row().await,
+        ("jetstream".into(), "outbox".into(), false)
+    );
+    assert_eq!(t.runs().await, [("to_jetstream".into(), "cut_over".into())]);
+    assert_eq!(t.stream_messages().await, 600, "no duplicate stream entry");
+    assert_eq!(t.snapshot().await, before);
+    assert_eq!(t.read_all().await.len(), 600);
+}
+
+// M9, M11, M12: a body altered on the target fails the move; nothing is cut
+// over and the thread is open again, on its old backend.
+#[tokio::test]
+async fn a_checksum_mismatch_fails_the_move_and_reopens_the_thread() {
+    let t = thread("mv-mismatch", 20).await;
+    let victim: Uuid = sqlx::query_scalar(
+        "SELECT id FROM conversation_messages WHERE conversation_id = $1 AND seq = 7",
+    )
+    .bind(t.conversation_id)
+    .fetch_one(t.pool())
+    .await
+    .unwrap();
+    // Someone wrote another body under the key the move will use.
+    let broker = JetStreamBackend::new(t.backends.broker().unwrap().clone(), t.team_id);
+    let tampered = broker
+        .publish(&Envelope {
+            message_id: victim,
+            conversation_id: t.conversation_id,
+            team_id: t.team_id,
+            body: "not what was sent".into(),
+            publish_key: victim,
+        })
+        .await;
+    assert!(matches!(tampered, Published::Confirmed(_)));
+
+    let err = t.run(Direction::ToJetStream).await.unwrap_err().to_string();
+    assert!(err.contains("checksum mismatch"), "{err}");
+    assert!(err.contains("Nothing was cut over"), "{err}");
+    assert_eq!(
+        t.conversation_row().await,
+        ("postgres".into(), "sync".into(), false)
+    );
+    assert_eq!(t.runs().await, [("to_jetstream".into(), "failed".into())]);
+    let moved: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM conversation_messages WHERE conversation_id = $1 AND backend <> 'postgres'",
+    )
+    .bind(t.conversation_id)
+    .fetch_one(t.pool())
+    .await
+    .unwrap();
+    assert_eq!(moved, 0, "the thread is untouched");
+    let item: String =
+        sqlx::query_scalar("SELECT state FROM conversation_migration_items WHERE message_id = $1")
+            .bind(victim)
+            .fetch_one(t.pool())
+            .await
+            .unwrap();
+    assert_eq!(item, "failed");
+    assert!(
+        !migrate::is_paused(t.pool(), t.conversation_id)
+            .await
+            .unwrap()
+    );
+    t.send(t.conversation_id, "still open").await.unwrap();
+    assert_eq!(t.read_all().await.len(), 21);
+}
+
+// M4: sends racing the pause either commit before it (and are moved) or are
+// refused with the pause explained; none is lost or half-moved. Other
+// threads keep working.
+#[tokio::test]
+async fn sends_racing_the_pause_commit_before_it_or_are_refused() {
+    let t = thread("mv-race", 300).await;
+    let elsewhere = new_conversation(&t.alice, &t.bob, "elsewhere").await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut senders = Vec::new();
+    for w in 0..4 {
+        let client = McpClient::connect(
+            &t.app.mcp_url(),
+            &ai_crew_sync::store::tokens::issue(t.pool(), &t.team, "alice", None, &test_actor())
+                .await
+                .unwrap()
+                .token,
+            None,
+        )
+        .await
+        .unwrap();
+        let stop = stop.clone();
+        let conversation_id = t.conversation_id;
+        senders.push(tokio::spawn(async move {
+            let (mut accepted, mut refused) = (Vec::new(), 0);
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                i += 1;
+                match client
+                    .call(
+                        "send_conversation_message",
+                        json!({"conversation_id": conversation_id, "body": format!("racer {w}/{i}"),
+                               "request_id": Uuid::new_v4()}),
+                    )
+                    .await
+                {
+                    Ok(sent) => accepted.push(sent["message_id"].as_str().unwrap().to_string()),
+                    Err(e) => {
+                        let text = e["message"].as_str().unwrap_or_default();
+                        assert!(text.contains("paused for a backend move"), "{e}");
+                        assert!(text.contains("s so far"), "{e}");
+                        refused += 1;
+                    }
+                }
+            }
+            (accepted, refused)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let outcome = t.run(Direction::ToJetStream).await;
+    // The other thread was never paused.
+    let elsewhere_sent = t.send(elsewhere, "unaffected").await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let outcome = outcome.unwrap();
+    elsewhere_sent.unwrap();
+    let mut accepted = Vec::new();
+    for sender in senders {
+        let (ids, _) = sender.await.unwrap();
+        accepted.extend(ids);
+    }
+    assert!(outcome.paused_ms >= 0);
+    // Every accepted send is in the thread, exactly once, and on jetstream
+    // (moved before the cutover) or sent after it (through the outbox).
+    let rows: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT id::text, backend, publication_state FROM conversation_messages WHERE conversation_id = $1",
+    )
+    .bind(t.conversation_id)
+    .fetch_all(t.pool())
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 300 + accepted.len());
+    let present: std::collections::HashSet<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+    for id in &accepted {
+        assert!(
+            present.contains(id.as_str()),
+            "accepted send {id} is missing"
+        );
+    }
+    for (id, backend, state) in &rows {
+        assert_eq!(backend, "jetstream", "{id} half-moved: {state}");
+    }
+}
+
+// M3: two operators starting the same move make one run; a move the other
+// way while one is open is a conflict (and the open one is resumable).
+#[tokio::test]
+async fn concurrent_operators_share_one_run_and_opposite_directions_conflict() {
+    let t = thread("mv-ops", 200).await;
+    let (a, b) = tokio::join!(t.run(Direction::ToJetStream), t.run(Direction::ToJetStream));
+    assert!(a.is_ok() || b.is_ok(), "{a:?} {b:?}");
+    assert_eq!(t.runs().await, [("to_jetstream".into(), "cut_over".into())]);
+    assert_eq!(t.stream_messages().await, 200);
+    assert_eq!(
+        t.conversation_row().await,
+        ("jetstream".into(), "outbox".into(), false)
+    );
+
+    // A process died holding an open move back to postgres...
+    let other = new_conversation(&t.alice, &t.bob, "second").await;
+    t.send(other, "one").await.unwrap();
+    sqlx::query(
+        "INSERT INTO conversation_migrations (id, team_id, conversation_id, direction, state, started_by, paused_at)
+         VALUES ($1, $2, $3, 'to_jetstream', 'copying', 'crashed', now())",
+    )
+    .bind(Uuid::new_v4())
+    .bind(t.team_id)
+    .bind(other)
+    .execute(t.pool())
+    .await
+    .unwrap();
+    sqlx::query("UPDATE conversations SET write_paused_at = now() WHERE id = $1")
+        .bind(other)
+        .execute(t.pool())
+        .await
+        .unwrap();
+    let t2 = Thread {
+        conversation_id: other,
+        ..t
+    };
+    let err = t2.run(Direction::ToPostgres).await.unwrap_err();
+    assert_eq!(err.kind(), "conflict");
+    assert!(err.to_string().contains("already open"), "{err}");
+    // ...and its thread refuses sends, saying why, while reads keep working.
+    let refused = t2.send(other, "during").await.unwrap_err();
+    assert!(
+        refused["message"]
+            .as_str()
+            .unwrap()
+            .contains("paused for a backend move")
+    );
+    assert_eq!(t2.read_all().await.len(), 1);
+    // The same direction resumes it and lifts the pause.
+    t2.run(Direction::ToJetStream).await.unwrap();
+    assert_eq!(
+        t2.runs().await,
+        [("to_jetstream".into(), "cut_over".into())]
+    );
+    assert!(!migrate::is_paused(t2.pool(), other).await.unwrap());
+}
+
+// M14: cleanup refuses a negative window, never drops a body inside the
+// window nor one of a move that did not cut over, and drops the rest only
+// with --apply.
+#[tokio::test]
+async fn cleanup_respects_the_rollback_window_and_unfinished_moves() {
+    let t = thread("mv-clean", 10).await;
+    let failed_conversation = new_conversation(&t.alice, &t.bob, "failed move").await;
+    t.send(failed_conversation, "keep me").await.unwrap();
+    t.run(Direction::ToJetStream).await.unwrap();
+    // A move of the other thread that failed: its bodies are not released.
+    sqlx::query(
+        "INSERT INTO conversation_migrations (id, team_id, conversation_id, direction, state, started_by)
+         VALUES ($1, $2, $3, 'to_jetstream', 'failed', 'test')",
+    )
+    .bind(Uuid::new_v4())
+    .bind(t.team_id)
+    .bind(failed_conversation)
+    .execute(t.pool())
+    .await
+    .unwrap();
+
+    let err = migrate::cleanup(t.pool(), t.team_id, -1, true)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), "invalid");
+    assert!(err.to_string().contains("negative"), "{err}");
+
+    let inside = migrate::cleanup(t.pool(), t.team_id, 168, true)
+        .await
+        .unwrap();
+    assert_eq!(inside.messages, 0, "the move is younger than the window");
+    sqlx::query("UPDATE conversation_migrations SET cut_over_at = now() - interval '200 hours' WHERE state = 'cut_over'")
+        .execute(t.pool())
+        .await
+        .unwrap();
+    let report = migrate::cleanup(t.pool(), t.team_id, 168, false)
+        .await
+        .unwrap();
+    assert_eq!((report.messages, report.applied), (10, false));
+    let kept: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM conversation_messages WHERE body <> ''")
+            .fetch_one(t.pool())
+            .await
+            .unwrap();
+    assert_eq!(kept, 11, "a report changes nothing");
+
+    let out = tokio::task::spawn_blocking({
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"));
+        command
+            .args([
+                "conversations",
+                "cleanup",
+                "--team",
+                &t.team,
+                "--apply",
+                "--json",
+            ])
+            .env("DATABASE_URL", &t.app.database_url);
+        move || command.output().unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let applied: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (applied["messages"].as_i64(), applied["applied"].as_bool()),
+        (Some(10), Some(true))
+    );
+    let left: Vec<String> =
+        sqlx::query_scalar("SELECT body FROM conversation_messages WHERE body <> ''")
+            .fetch_all(t.pool())
+            .await
+            .unwrap();
+    assert_eq!(left, ["keep me"], "only the moved thread's copies went");
+    assert_eq!(t.read_all().await.len(), 10, "read from the broker now");
+}
