@@ -704,6 +704,16 @@ async fn fetch_remote(bus: &Bus, row: &MessageRow) -> Remote {
             "the {} backend no longer holds this body",
             row.backend
         )),
+        // A locator that names another message or team (copied, forged or
+        // damaged): refused, and retrying will not change that.
+        Err(e @ (BusError::Forbidden(_) | BusError::Invalid(_))) => {
+            tracing::warn!(error = %e, message = %row.id, "a recorded locator was refused by its backend");
+            Remote::Unreachable(format!(
+                "the {} backend refuses this message's recorded locator ({e}); reading again will \
+                 not help. An operator should check the message's canonical_locator.",
+                row.backend
+            ))
+        }
         Err(e) => {
             tracing::debug!(error = %e, message = %row.id, "a backend did not answer a read");
             Remote::Unreachable(format!(

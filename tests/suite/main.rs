@@ -15,6 +15,7 @@ mod events;
 mod http_surface;
 mod inbox;
 mod jetstream;
+mod jetstream_bus;
 mod locks;
 mod messaging;
 mod migrate;

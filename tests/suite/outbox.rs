@@ -1108,6 +1108,45 @@ async fn a_publish_that_times_out_is_uncertain_until_the_backend_is_asked() {
     assert!(!state.uncertain, "stored is no longer uncertain");
 }
 
+// O11 through the drain: on a last attempt a retryable outcome asks the
+// backend before writing a failure, and a backend that cannot be asked
+// leaves that slot in flight (not failed). That one slot must not cost the
+// rest of the pass: the other slot's confirmation is still recorded.
+#[tokio::test]
+async fn a_reconcile_error_on_a_last_attempt_does_not_lose_the_rest_of_the_pass() {
+    let t = Outboxed::new().await;
+    let sent = [t.send_id("one").await, t.send_id("two").await];
+    sqlx::query("UPDATE conversation_outbox SET attempts = $1")
+        .bind(outbox::MAX_ATTEMPTS - 1)
+        .execute(t.pool())
+        .await
+        .unwrap();
+    // One publish fails (retryable), the other lands; reconcile never answers.
+    let flaky = t.app.bus.clone().with_backends(
+        Backends::postgres_only(t.pool().clone()).with_postgres_faults(Faults {
+            retryable: 1,
+            fail_reconcile: true,
+            ..Faults::default()
+        }),
+    );
+    let pass = publication::drain_once(&flaky, "w", &drain_settings(Duration::from_secs(10)))
+        .await
+        .expect("one slot that cannot be settled does not fail the pass");
+    assert_eq!((pass.leased, pass.stored, pass.failed), (2, 1, 0));
+    let mut states = Vec::new();
+    for id in sent {
+        states.push(t.message(id).await.publication_state);
+    }
+    states.sort();
+    assert_eq!(states, ["pending_publication", "stored"]);
+    let failed: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM conversation_outbox WHERE state = 'failed'")
+            .fetch_one(t.pool())
+            .await
+            .unwrap();
+    assert_eq!(failed, 0, "\"could not ask\" is not \"does not have it\"");
+}
+
 // The spawned drain wakes on a send (an event) and stores it; the reader
 // then sees the body and its cursor moves past it.
 #[tokio::test]

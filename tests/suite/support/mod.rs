@@ -9,9 +9,13 @@ pub mod proxy;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::time::Duration;
 
+use ai_crew_sync::backend::Backends;
+use ai_crew_sync::backend::jetstream::{Broker, BrokerOptions};
 use ai_crew_sync::config::HttpSettings;
 use ai_crew_sync::store::{Actor, Source, agents, teams};
+use ai_crew_sync::workers::publication::{self, DrainSettings};
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::RunningService;
 use rmcp::transport::StreamableHttpClientTransport;
@@ -43,30 +47,54 @@ pub async fn spawn_app() -> TestApp {
 
 pub async fn spawn_app_with(settings: HttpSettings) -> TestApp {
     let (pool, database_url) = postgres::fresh_pool().await;
-    spawn_on(pool, database_url, settings).await
+    spawn_on(pool, database_url, settings, None).await
+}
+
+/// How long a request to a test broker may take before it counts as
+/// unanswered: short, so a stopped or black-holed broker shows quickly.
+pub const BROKER_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A broker connection as `serve --nats-url` makes one, with
+/// [`BROKER_TIMEOUT`].
+pub async fn connect_broker(nats_url: &str) -> Broker {
+    Broker::connect_with(
+        nats_url,
+        None,
+        BrokerOptions {
+            timeout: BROKER_TIMEOUT,
+        },
+    )
+    .await
+    .expect("connect to the test NATS server")
+}
+
+/// The real router on a fresh database with a JetStream broker at
+/// `nats_url`, as `serve --nats-url` builds it
+/// (`Bus::with_backends(Backends::with_broker(..))`). No publication worker
+/// runs until [`TestApp::start_publication_workers`].
+pub async fn spawn_app_with_broker(nats_url: &str) -> TestApp {
+    let (pool, database_url) = postgres::fresh_pool().await;
+    let broker = connect_broker(nats_url).await;
+    spawn_on(pool, database_url, HttpSettings::default(), Some(broker)).await
 }
 
 /// A server that routes to `broker` (as `serve --nats-url` does), without
 /// rate limiting (for tests that send thousands of messages); no workers run
 /// unless the test starts them.
-pub async fn spawn_app_routing_to(broker: ai_crew_sync::backend::jetstream::Broker) -> TestApp {
+pub async fn spawn_app_routing_to(broker: Broker) -> TestApp {
     let (pool, database_url) = postgres::fresh_pool().await;
     let settings = HttpSettings {
         rate_limit_per_minute: 0,
         ..HttpSettings::default()
     };
-    spawn_routed(pool, database_url, settings, Some(broker)).await
+    spawn_on(pool, database_url, settings, Some(broker)).await
 }
 
-async fn spawn_on(pool: PgPool, database_url: String, settings: HttpSettings) -> TestApp {
-    spawn_routed(pool, database_url, settings, None).await
-}
-
-async fn spawn_routed(
+async fn spawn_on(
     pool: PgPool,
     database_url: String,
     settings: HttpSettings,
-    broker: Option<ai_crew_sync::backend::jetstream::Broker>,
+    broker: Option<Broker>,
 ) -> TestApp {
     install_crypto_provider();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -75,17 +103,15 @@ async fn spawn_routed(
     let addr = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
     let grace = settings.shutdown_grace;
-    let mut bus = ai_crew_sync::Bus::start(
+    let bus = ai_crew_sync::Bus::start(
         pool.clone(),
         std::time::Duration::from_secs(1),
         shutdown.clone(),
     );
-    if let Some(broker) = broker {
-        bus = bus.with_backends(ai_crew_sync::backend::Backends::with_broker(
-            pool.clone(),
-            broker,
-        ));
-    }
+    let bus = match broker {
+        None => bus,
+        Some(broker) => bus.with_backends(Backends::with_broker(pool.clone(), broker)),
+    };
     let app = ai_crew_sync::http::router(bus.clone(), settings, shutdown.clone());
     tokio::spawn(ai_crew_sync::http::serve(
         listener,
@@ -108,7 +134,64 @@ impl TestApp {
         let pool = ai_crew_sync::db::connect(&self.database_url, 8)
             .await
             .expect("connect a replica");
-        spawn_on(pool, self.database_url.clone(), HttpSettings::default()).await
+        spawn_on(
+            pool,
+            self.database_url.clone(),
+            HttpSettings::default(),
+            None,
+        )
+        .await
+    }
+
+    /// Another replica with its own broker connection to `nats_url`: its own
+    /// router, pool, event listener and (once started) workers, on the same
+    /// database.
+    pub async fn replica_with_broker(&self, nats_url: &str) -> TestApp {
+        let pool = ai_crew_sync::db::connect(&self.database_url, 8)
+            .await
+            .expect("connect a replica");
+        let broker = connect_broker(nats_url).await;
+        spawn_on(
+            pool,
+            self.database_url.clone(),
+            HttpSettings::default(),
+            Some(broker),
+        )
+        .await
+    }
+
+    /// The broker this app routes jetstream bodies to.
+    pub fn broker(&self) -> &Broker {
+        self.bus
+            .backends
+            .broker()
+            .expect("this app was spawned with a broker")
+    }
+
+    /// Start this replica's outbox drain (as `serve` does, with test-sized
+    /// settings) and a reconciler that runs every [`RECONCILE_EVERY`]
+    /// instead of every 30 s. They stop when the app drops or at
+    /// [`Workers::stop`].
+    pub fn start_publication_workers(&self) -> Workers {
+        let shutdown = self.shutdown.child_token();
+        let drain = publication::spawn_drain(self.bus.clone(), drain_settings(), shutdown.clone());
+        let bus = self.bus.clone();
+        let stop = shutdown.clone();
+        let reconciler = tokio::spawn(async move {
+            loop {
+                if let Err(e) = publication::reconcile_once(&bus).await {
+                    tracing::warn!(error = %e, "test reconciler pass failed");
+                }
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(RECONCILE_EVERY) => {}
+                }
+            }
+        });
+        Workers {
+            shutdown,
+            handles: vec![drain, reconciler],
+        }
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -154,6 +237,42 @@ impl TestApp {
                 })
                 .to_string(),
             )
+    }
+}
+
+/// How often the test reconciler asks about uncertain publications.
+pub const RECONCILE_EVERY: Duration = Duration::from_millis(200);
+
+/// The drain settings of the tests: small batches, a publish timeout a
+/// little over the broker's own, a short idle poll.
+pub fn drain_settings() -> DrainSettings {
+    DrainSettings {
+        batch: 16,
+        in_flight: 16,
+        publish_timeout: BROKER_TIMEOUT * 2,
+        idle_poll: Duration::from_millis(50),
+    }
+}
+
+/// Publication workers of one replica.
+pub struct Workers {
+    shutdown: CancellationToken,
+    handles: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Workers {
+    /// Stop them and wait until every one has returned.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        for handle in std::mem::take(&mut self.handles) {
+            handle.await.expect("a publication worker stops cleanly");
+        }
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
     }
 }
 

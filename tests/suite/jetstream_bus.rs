@@ -1,0 +1,813 @@
+//! The whole bus on a real `nats-server -js` (issue 6, "Done when"): real MCP
+//! clients send into a conversation of a team routed to jetstream, the
+//! publication workers drain the outbox to the team's body stream, and what
+//! the recipient reads and what the stream holds are checked, with the broker
+//! stopped, restarted, or behind a proxy that loses its answers. Invariant
+//! numbers (O*, B*) are from ../shared/spec/seed-invariants.md.
+//!
+//! Every wait is a poll with a deadline; no test asserts a timing.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use ai_crew_sync::backend::Locator;
+use ai_crew_sync::backend::jetstream::{
+    Broker, StreamSizes, body_stream_name, body_subject, parse_locator,
+};
+use ai_crew_sync::store::{outbox, teams};
+use ai_crew_sync::workers::publication;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::support::nats::{OwnedNats, nats_url};
+use crate::support::proxy::Proxy;
+use crate::support::{McpClient, TestApp, drain_settings, spawn_app_with_broker, test_actor};
+
+/// How long any wait may take before the test fails.
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// Poll `probe` until it returns `Some`, failing after [`DEADLINE`].
+async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {DEADLINE:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn wait_reachable(broker: &Broker) {
+    eventually("the broker answers again", async || {
+        broker.reachable().await.then_some(())
+    })
+    .await;
+}
+
+fn socket(url: &str) -> SocketAddr {
+    url.trim_start_matches("nats://")
+        .parse()
+        .expect("host:port")
+}
+
+/// The team's body stream, on a connection of its own straight to the
+/// server (never through the app's broker or a proxy in front of it).
+async fn body_stream(nats_url: &str, team_id: Uuid) -> async_nats::jetstream::stream::Stream {
+    let js = async_nats::jetstream::new(
+        async_nats::connect(nats_url)
+            .await
+            .expect("an inspecting connection"),
+    );
+    js.get_stream(body_stream_name(team_id))
+        .await
+        .expect("the team's body stream")
+}
+
+async fn stream_messages(nats_url: &str, team_id: Uuid) -> u64 {
+    let mut stream = body_stream(nats_url, team_id).await;
+    stream.info().await.unwrap().state.messages
+}
+
+/// The sequence a `jetstream:` locator of this team names.
+fn sequence(team_id: Uuid, locator: &str) -> u64 {
+    let parsed = Locator(locator.to_owned());
+    let (stream, seq) = parse_locator(&parsed).unwrap_or_else(|| panic!("{locator}"));
+    assert_eq!(stream, body_stream_name(team_id), "{locator}");
+    seq
+}
+
+/// Each message is in the team's body stream exactly once: as many entries
+/// as messages, one distinct sequence per locator, and the entry at each
+/// sequence is that message (subject, headers, body).
+async fn assert_once_in_stream(
+    nats_url: &str,
+    team_id: Uuid,
+    conversation_id: Uuid,
+    stored: &[(Uuid, String, String)],
+) {
+    let stream = body_stream(nats_url, team_id).await;
+    assert_eq!(
+        stream_messages(nats_url, team_id).await,
+        stored.len() as u64,
+        "one stream entry per message"
+    );
+    let mut seen = HashSet::new();
+    for (message_id, body, locator) in stored {
+        let seq = sequence(team_id, locator);
+        assert!(seen.insert(seq), "sequence {seq} is two messages' locator");
+        let entry = stream.get_raw_message(seq).await.expect("the entry");
+        let header = |name: &str| {
+            entry
+                .headers
+                .get(name)
+                .map(|v| v.as_str().to_owned())
+                .unwrap_or_default()
+        };
+        assert_eq!(header("Acs-Message-Id"), message_id.to_string());
+        assert_eq!(header("Acs-Conversation-Id"), conversation_id.to_string());
+        assert_eq!(header("Acs-Team-Id"), team_id.to_string());
+        assert_eq!(
+            entry.subject.as_str(),
+            body_subject(team_id, conversation_id)
+        );
+        assert_eq!(std::str::from_utf8(&entry.payload).unwrap(), body);
+    }
+}
+
+/// What PostgreSQL holds for a message.
+#[derive(sqlx::FromRow, Debug)]
+struct Row {
+    publication_state: String,
+    canonical_locator: Option<String>,
+    /// The local copy ('' once the sweep released it).
+    body: String,
+    uncertain: bool,
+    tombstone_reason: Option<String>,
+}
+
+/// A team routed to jetstream (streams provisioned, `conversation_backend`
+/// jetstream) with alice (sender) and bob (recipient) in a conversation on
+/// it; publication is therefore the outbox.
+struct Routed<'a> {
+    app: &'a TestApp,
+    team_id: Uuid,
+    alice: McpClient,
+    bob: McpClient,
+    conversation_id: Uuid,
+}
+
+impl<'a> Routed<'a> {
+    async fn new(app: &'a TestApp, slug: &str) -> Routed<'a> {
+        app.team(slug).await;
+        teams::capability(&app.pool, slug, Some(true), &test_actor())
+            .await
+            .unwrap();
+        teams::provision_streams(
+            &app.pool,
+            slug,
+            app.broker(),
+            &StreamSizes::default(),
+            false,
+            &test_actor(),
+        )
+        .await
+        .expect("provision the team's streams");
+        let caps = teams::set_conversation_backend(
+            &app.pool,
+            slug,
+            "jetstream",
+            Some(app.broker()),
+            &test_actor(),
+        )
+        .await
+        .expect("route the team to jetstream");
+        assert_eq!(caps.conversation_backend, "jetstream");
+        let team_id: Uuid = sqlx::query_scalar("SELECT id FROM teams WHERE slug = $1")
+            .bind(slug)
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+        let alice = app.mcp(&app.agent(slug, "alice").await, None).await;
+        let bob = app.mcp(&app.agent(slug, "bob").await, None).await;
+        let mut routed = Routed {
+            app,
+            team_id,
+            alice,
+            bob,
+            conversation_id: Uuid::nil(),
+        };
+        routed.conversation_id = routed.conversation("Bodies on the broker").await;
+        routed
+    }
+
+    /// Another conversation of alice and bob; on jetstream, outbox publication.
+    async fn conversation(&self, title: &str) -> Uuid {
+        let created = self
+            .alice
+            .call(
+                "create_conversation",
+                json!({"title": title, "private": true, "invite": ["bob"]}),
+            )
+            .await
+            .unwrap();
+        let id: Uuid = created["id"].as_str().unwrap().parse().unwrap();
+        self.bob
+            .call("join_conversation", json!({"conversation_id": id}))
+            .await
+            .unwrap();
+        let (backend, publication): (String, String) =
+            sqlx::query_as("SELECT backend, publication FROM conversations WHERE id = $1")
+                .bind(id)
+                .fetch_one(&self.app.pool)
+                .await
+                .unwrap();
+        assert_eq!(
+            (backend.as_str(), publication.as_str()),
+            ("jetstream", "outbox")
+        );
+        id
+    }
+
+    /// Alice sends `body` into `conversation_id`: accepted, never an error,
+    /// and pending until the broker confirms (O3).
+    async fn send_in(&self, conversation_id: Uuid, body: &str) -> Uuid {
+        let sent = self
+            .alice
+            .call(
+                "send_conversation_message",
+                json!({"conversation_id": conversation_id, "body": body,
+                       "request_id": Uuid::new_v4()}),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("a send is accepted, whatever the broker does: {e}"));
+        assert_eq!(sent["stored"], false, "{sent}");
+        assert_eq!(sent["publication"], "pending_publication", "{sent}");
+        sent["message_id"].as_str().unwrap().parse().unwrap()
+    }
+
+    async fn send(&self, body: &str) -> Uuid {
+        self.send_in(self.conversation_id, body).await
+    }
+
+    async fn read_as_bob_in(&self, conversation_id: Uuid) -> Value {
+        self.bob
+            .call(
+                "read_conversation",
+                json!({"conversation_id": conversation_id}),
+            )
+            .await
+            .expect("a page never fails because one body is missing")
+    }
+
+    async fn read_as_bob(&self) -> Value {
+        self.read_as_bob_in(self.conversation_id).await
+    }
+
+    async fn row(&self, message_id: Uuid) -> Row {
+        sqlx::query_as(
+            "SELECT publication_state, canonical_locator, body,
+                    uncertain_at IS NOT NULL AS uncertain, tombstone_reason
+               FROM conversation_messages WHERE id = $1",
+        )
+        .bind(message_id)
+        .fetch_one(&self.app.pool)
+        .await
+        .unwrap()
+    }
+
+    /// Wait until every message is stored; their locators, in order.
+    async fn wait_stored(&self, ids: &[Uuid]) -> Vec<String> {
+        eventually("every message stored", async || {
+            let mut locators = Vec::new();
+            for id in ids {
+                let row = self.row(*id).await;
+                assert_ne!(row.publication_state, "failed", "{id}: {row:?}");
+                if row.publication_state != "stored" {
+                    return None;
+                }
+                locators.push(
+                    row.canonical_locator
+                        .expect("a stored message has a locator"),
+                );
+            }
+            Some(locators)
+        })
+        .await
+    }
+
+    /// Make every pending slot due now: the backoff is not what these tests
+    /// are about, and it would outlast their deadlines.
+    async fn make_due(&self) {
+        sqlx::query(
+            "UPDATE conversation_outbox SET next_attempt_at = now() WHERE state = 'pending'",
+        )
+        .execute(&self.app.pool)
+        .await
+        .unwrap();
+    }
+
+    async fn release(&self) -> u64 {
+        outbox::release_published_bodies(&self.app.pool, &self.app.bus.backends, None, 0)
+            .await
+            .expect("a sweep pass")
+    }
+}
+
+/// The message with `id` in a read page.
+fn in_page(page: &Value, id: Uuid) -> &Value {
+    page["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["message_id"] == id.to_string())
+        .unwrap_or_else(|| panic!("{id} is in the page: {page}"))
+}
+
+// ------------------------------------------------------------------ tests --
+
+// O2, O3, O6, O7, B1: a send on a jetstream team is accepted pending (and the
+// reader's cursor stops before it), then the drain stores it under a
+// `jetstream:` locator; the recipient reads it through the bus, and the body
+// stream holds it once, under the outbox's publish key.
+#[tokio::test]
+async fn a_send_is_pending_then_stored_once_in_the_stream_and_read_through_the_bus() {
+    let url = nats_url();
+    let app = spawn_app_with_broker(&url).await;
+    let t = Routed::new(&app, "jsb1").await;
+    let body = "hello through the broker";
+    let id = t.send(body).await;
+
+    let page = t.read_as_bob().await;
+    let pending = in_page(&page, id);
+    assert_eq!(pending["publication"], "pending_publication");
+    assert_eq!(pending["unavailable"]["reason"], "pending_publication");
+    assert!(pending["body"].is_null());
+    assert_eq!(page["next_after_seq"], 0, "the cursor stops before it");
+    let publish_key: Uuid =
+        sqlx::query_scalar("SELECT publish_key FROM conversation_outbox WHERE message_id = $1")
+            .bind(id)
+            .fetch_one(&app.pool)
+            .await
+            .expect("one outbox slot (O2)");
+
+    let workers = app.start_publication_workers();
+    let locator = t.wait_stored(&[id]).await.remove(0);
+    assert!(
+        locator.starts_with(&format!("jetstream:{}:", body_stream_name(t.team_id))),
+        "{locator}"
+    );
+    let page = t.read_as_bob().await;
+    let stored = in_page(&page, id);
+    assert_eq!(stored["publication"], "stored");
+    assert_eq!(stored["body"], body);
+    assert!(stored["unavailable"].is_null());
+    assert!(
+        stored["my_receipt"]["stored_at"].is_string(),
+        "O7: {stored}"
+    );
+    assert_eq!(page["next_after_seq"], 1);
+    let one = t
+        .bob
+        .call("get_conversation_message", json!({"message_id": id}))
+        .await
+        .unwrap();
+    assert_eq!(one["body"], body);
+
+    assert_once_in_stream(
+        &url,
+        t.team_id,
+        t.conversation_id,
+        &[(id, body.to_owned(), locator.clone())],
+    )
+    .await;
+    let entry = body_stream(&url, t.team_id)
+        .await
+        .get_raw_message(sequence(t.team_id, &locator))
+        .await
+        .unwrap();
+    assert_eq!(
+        entry.headers.get("Nats-Msg-Id").map(|v| v.as_str()),
+        Some(publish_key.to_string().as_str()),
+        "the broker deduplicates on the outbox's publish key"
+    );
+    assert_eq!(
+        outbox::status(&app.pool, t.team_id).await.unwrap(),
+        outbox::Status::default(),
+        "nothing left in flight"
+    );
+    workers.stop().await;
+    app.broker().remove_team_streams(t.team_id).await.unwrap();
+}
+
+// O3, O8, O16, B1: nats-server stopped mid-traffic. Every send is accepted
+// and pending (never an error to the sender), reads still answer, and after
+// the restart every message is stored exactly once: one stream entry per
+// message, each locator a distinct sequence holding that message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_stopped_mid_traffic_leaves_sends_pending_and_stores_each_once_after_restart() {
+    let mut server = OwnedNats::start();
+    let app = spawn_app_with_broker(&server.url()).await;
+    let t = Routed::new(&app, "jsb2").await;
+    let workers = app.start_publication_workers();
+    let mut sent: Vec<(Uuid, String)> = Vec::new();
+
+    for i in 0..10 {
+        let body = format!("before the stop {i}");
+        sent.push((t.send(&body).await, body));
+    }
+    // Some of those are still in flight when the broker goes.
+    tokio::task::block_in_place(|| server.stop());
+    for i in 0..10 {
+        let body = format!("while the broker is down {i}");
+        sent.push((t.send(&body).await, body));
+    }
+    // The drain tried while the broker was down and was told nothing: the
+    // slots wait (pending, with the reason), none failed.
+    eventually("an attempt fails against the stopped broker", async || {
+        let tried: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM conversation_outbox
+              WHERE state = 'pending' AND last_error IS NOT NULL",
+        )
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+        (tried > 0).then_some(())
+    })
+    .await;
+    let page = t.read_as_bob().await;
+    assert_eq!(page["messages"].as_array().unwrap().len(), sent.len());
+    let down = sent.last().unwrap().0;
+    assert_eq!(in_page(&page, down)["publication"], "pending_publication");
+    let failed: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM conversation_outbox WHERE state = 'failed'")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(failed, 0, "a stopped broker fails nothing");
+
+    tokio::task::block_in_place(|| server.restart());
+    wait_reachable(app.broker()).await;
+    for i in 0..5 {
+        let body = format!("after the restart {i}");
+        sent.push((t.send(&body).await, body));
+    }
+    t.make_due().await;
+    let ids: Vec<Uuid> = sent.iter().map(|(id, _)| *id).collect();
+    let locators = t.wait_stored(&ids).await;
+    workers.stop().await;
+
+    let stored: Vec<(Uuid, String, String)> = sent
+        .into_iter()
+        .zip(locators)
+        .map(|((id, body), locator)| (id, body, locator))
+        .collect();
+    assert_once_in_stream(&server.url(), t.team_id, t.conversation_id, &stored).await;
+    let page = t.read_as_bob().await;
+    for (id, body, _) in &stored {
+        assert_eq!(&in_page(&page, *id)["body"], body);
+    }
+    assert_eq!(page["next_after_seq"], stored.len());
+}
+
+// O11, O16, O17, B1: the broker stores the body and its PubAck is lost (the
+// replies black-holed, then the connection cut). The drain marks the
+// attempt uncertain (not failed, not retried blindly); the reconciler
+// re-presents the same envelope under the same Nats-Msg-Id and settles the
+// message with the ORIGINAL sequence. One stream entry.
+#[tokio::test]
+async fn a_lost_puback_ends_stored_with_the_original_sequence_through_drain_and_reconciler() {
+    let url = nats_url();
+    let proxy = Proxy::start(socket(&url)).await;
+    let app = spawn_app_with_broker(&proxy.url()).await;
+    let t = Routed::new(&app, "jsb3").await;
+    let body = "the answer to this one is lost";
+    let id = t.send(body).await;
+
+    proxy.black_hole_replies();
+    let pass = publication::drain_once(&app.bus, "drain", &drain_settings())
+        .await
+        .unwrap();
+    assert_eq!(
+        (pass.leased, pass.stored, pass.retrying, pass.failed),
+        (1, 0, 1, 0),
+        "no answer is neither stored nor failed"
+    );
+    let row = t.row(id).await;
+    assert_eq!(row.publication_state, "pending_publication");
+    assert!(row.uncertain, "O16: marked uncertain");
+    assert!(row.canonical_locator.is_none());
+    let page = t.read_as_bob().await;
+    let pending = in_page(&page, id);
+    assert_eq!(pending["unavailable"]["reason"], "pending_publication");
+    assert!(
+        pending["unavailable"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("without an answer"),
+        "{pending}"
+    );
+    // The broker did store it.
+    eventually("the broker holds the body", async || {
+        (stream_messages(&url, t.team_id).await == 1).then_some(())
+    })
+    .await;
+    let original = {
+        let mut stream = body_stream(&url, t.team_id).await;
+        stream.info().await.unwrap().state.last_sequence
+    };
+
+    // The connection is cut and comes back; the reconciler asks.
+    proxy.pass();
+    proxy.cut();
+    wait_reachable(app.broker()).await;
+    assert_eq!(publication::reconcile_once(&app.bus).await.unwrap(), 1);
+    let row = t.row(id).await;
+    assert_eq!(row.publication_state, "stored");
+    assert!(!row.uncertain, "stored is no longer uncertain");
+    let locator = row.canonical_locator.unwrap();
+    assert_eq!(
+        sequence(t.team_id, &locator),
+        original,
+        "the original sequence"
+    );
+    assert_once_in_stream(
+        &url,
+        t.team_id,
+        t.conversation_id,
+        &[(id, body.to_owned(), locator)],
+    )
+    .await;
+    // Nothing left for the drain to publish again.
+    let pass = publication::drain_once(&app.bus, "drain", &drain_settings())
+        .await
+        .unwrap();
+    assert_eq!(pass.leased, 0);
+    assert_eq!(in_page(&t.read_as_bob().await, id)["body"], body);
+    app.broker().remove_team_streams(t.team_id).await.unwrap();
+}
+
+// B1 (fetch verifies the locator names this message and this team's
+// stream): a locator copied onto another message, from another conversation
+// of the team or from another team, reads nothing of the body it points at.
+#[tokio::test]
+async fn a_locator_copied_from_another_conversation_or_team_reads_nothing() {
+    let url = nats_url();
+    let app = spawn_app_with_broker(&url).await;
+    let ours = Routed::new(&app, "jsb4a").await;
+    let theirs = Routed::new(&app, "jsb4b").await;
+    let elsewhere = ours.conversation("Another thread").await;
+    let secret = "the body of conversation one";
+    let their_secret = "the body of another team";
+    let a = ours.send(secret).await;
+    let b = ours.send_in(elsewhere, "b's own body").await;
+    let x = theirs.send(their_secret).await;
+    let workers = app.start_publication_workers();
+    let a_locator = ours.wait_stored(&[a, b]).await.remove(0);
+    let x_locator = theirs.wait_stored(&[x]).await.remove(0);
+    workers.stop().await;
+
+    for (copied, whose) in [(&a_locator, secret), (&x_locator, their_secret)] {
+        // B's locator replaced by the copy, its local body released as the
+        // sweep would: the only way to B's body is now the copied locator.
+        sqlx::query(
+            "UPDATE conversation_messages SET canonical_locator = $2, body = '' WHERE id = $1",
+        )
+        .bind(b)
+        .bind(copied)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+        let page = ours.read_as_bob_in(elsewhere).await;
+        let shown = in_page(&page, b);
+        assert!(shown["body"].is_null(), "{copied} read as B: {shown}");
+        assert!(shown["unavailable"]["reason"].is_string(), "{shown}");
+        assert!(!page.to_string().contains(whose), "{page}");
+        let one = ours
+            .bob
+            .call("get_conversation_message", json!({"message_id": b}))
+            .await
+            .unwrap();
+        assert!(one["body"].is_null(), "{one}");
+        assert!(!one.to_string().contains(whose), "{one}");
+        let one = ours
+            .alice
+            .call("get_conversation_message", json!({"message_id": b}))
+            .await
+            .unwrap();
+        assert!(!one.to_string().contains(whose), "nor to its sender: {one}");
+    }
+    // The messages the locators belong to still read as themselves.
+    assert_eq!(in_page(&ours.read_as_bob().await, a)["body"], secret);
+    assert_eq!(
+        in_page(&theirs.read_as_bob().await, x)["body"],
+        their_secret
+    );
+    for team in [ours.team_id, theirs.team_id] {
+        app.broker().remove_team_streams(team).await.unwrap();
+    }
+}
+
+// O18: the body sweep releases a local copy only when the broker answers now
+// with a body whose digest matches: nothing while the broker is stopped;
+// not one whose stream entry was deleted, nor one whose digest does not
+// match, nor one a migration holds (until that migration is over); the one
+// it releases is still read, fetched from the broker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_releases_only_bodies_the_broker_confirms_and_none_a_migration_holds() {
+    let mut server = OwnedNats::start();
+    let app = spawn_app_with_broker(&server.url()).await;
+    let t = Routed::new(&app, "jsb5").await;
+    let deleted = t.send("its stream entry will be deleted").await;
+    let mismatch = t.send("its digest will not match").await;
+    let migrating = t.send("a migration holds this one").await;
+    let released = t.send("released, then read from the broker").await;
+    let ids = [deleted, mismatch, migrating, released];
+    let workers = app.start_publication_workers();
+    let locators = t.wait_stored(&ids).await;
+    workers.stop().await;
+
+    // A stopped broker confirms nothing: nothing is released.
+    tokio::task::block_in_place(|| server.stop());
+    assert_eq!(t.release().await, 0);
+    for id in ids {
+        assert!(
+            !t.row(id).await.body.is_empty(),
+            "kept while the broker is down"
+        );
+    }
+    tokio::task::block_in_place(|| server.restart());
+    wait_reachable(app.broker()).await;
+
+    assert!(
+        body_stream(&server.url(), t.team_id)
+            .await
+            .delete_message(sequence(t.team_id, &locators[0]))
+            .await
+            .unwrap()
+    );
+    sqlx::query("UPDATE conversation_messages SET body_sha256 = $2 WHERE id = $1")
+        .bind(mismatch)
+        .bind(&outbox::body_digest("another body")[..])
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let migration = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO conversation_migrations
+             (id, team_id, conversation_id, direction, state, started_by)
+         VALUES ($1, $2, $3, 'to_postgres', 'copying', 'test')",
+    )
+    .bind(migration)
+    .bind(t.team_id)
+    .bind(t.conversation_id)
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO conversation_migration_items
+             (migration_id, message_id, team_id, body_sha256, bytes, state)
+         SELECT $1, id, team_id, body_sha256, body_bytes, 'copied'
+           FROM conversation_messages WHERE id = $2",
+    )
+    .bind(migration)
+    .bind(migrating)
+    .execute(&app.pool)
+    .await
+    .unwrap();
+
+    assert_eq!(t.release().await, 1, "only the confirmable body goes");
+    assert_eq!(t.row(released).await.body, "", "released in PostgreSQL");
+    for id in [deleted, mismatch, migrating] {
+        assert!(!t.row(id).await.body.is_empty(), "{id} kept");
+    }
+    assert_eq!(t.release().await, 0, "a second pass finds nothing more");
+    let page = t.read_as_bob().await;
+    assert_eq!(
+        in_page(&page, released)["body"],
+        "released, then read from the broker",
+        "fetched from the broker"
+    );
+    assert_eq!(
+        in_page(&page, deleted)["body"],
+        "its stream entry will be deleted"
+    );
+    assert_eq!(
+        in_page(&page, migrating)["body"],
+        "a migration holds this one"
+    );
+
+    // Once the migration is over (failed: nothing moved), its hold ends.
+    sqlx::query("UPDATE conversation_migrations SET state = 'failed' WHERE id = $1")
+        .bind(migration)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(t.release().await, 1);
+    assert_eq!(t.row(migrating).await.body, "");
+    assert_eq!(
+        in_page(&t.read_as_bob().await, migrating)["body"],
+        "a migration holds this one"
+    );
+}
+
+// O4, O6, B1: two replicas of the bus on one database, each with its own
+// broker connection and its own drain, drain the same outbox: every message
+// is stored, each published once (stream entries = messages, distinct
+// sequences), one set of inbox references each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_draining_one_outbox_publish_each_message_once() {
+    let url = nats_url();
+    let first = spawn_app_with_broker(&url).await;
+    let second = first.replica_with_broker(&url).await;
+    let t = Routed::new(&first, "jsb6").await;
+    let mut sent = Vec::new();
+    for i in 0..40 {
+        let body = format!("message {i}");
+        sent.push((t.send(&body).await, body));
+    }
+    let workers = [
+        first.start_publication_workers(),
+        second.start_publication_workers(),
+    ];
+    // More while both drain.
+    for i in 40..60 {
+        let body = format!("message {i}");
+        sent.push((t.send(&body).await, body));
+    }
+    let ids: Vec<Uuid> = sent.iter().map(|(id, _)| *id).collect();
+    let locators = t.wait_stored(&ids).await;
+    for w in workers {
+        w.stop().await;
+    }
+    let stored: Vec<(Uuid, String, String)> = sent
+        .into_iter()
+        .zip(locators)
+        .map(|((id, body), locator)| (id, body, locator))
+        .collect();
+    assert_once_in_stream(&url, t.team_id, t.conversation_id, &stored).await;
+    let references: Vec<i64> = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM inbox_references i WHERE i.message_id = m.id)
+           FROM conversation_messages m WHERE m.conversation_id = $1",
+    )
+    .bind(t.conversation_id)
+    .fetch_all(&first.pool)
+    .await
+    .unwrap();
+    assert_eq!(references, vec![1; 60], "one reference per recipient, once");
+    assert_eq!(
+        outbox::status(&first.pool, t.team_id).await.unwrap(),
+        outbox::Status::default()
+    );
+    first.broker().remove_team_streams(t.team_id).await.unwrap();
+}
+
+// O19 and "Reading": a released body the broker no longer holds is
+// tombstoned at read time with its reason, and the page still returns every
+// other message with its body; a broker that does not answer makes the
+// released bodies `unreachable` (not tombstoned: not lost), and they read
+// again once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_gone_from_the_broker_is_tombstoned_and_a_silent_broker_is_unreachable() {
+    let mut server = OwnedNats::start();
+    let app = spawn_app_with_broker(&server.url()).await;
+    let t = Routed::new(&app, "jsb7").await;
+    let first = t.send("first").await;
+    let gone = t.send("deleted from the stream").await;
+    let third = t.send("third").await;
+    let workers = app.start_publication_workers();
+    let locators = t.wait_stored(&[first, gone, third]).await;
+    workers.stop().await;
+    assert_eq!(t.release().await, 3);
+
+    assert!(
+        body_stream(&server.url(), t.team_id)
+            .await
+            .delete_message(sequence(t.team_id, &locators[1]))
+            .await
+            .unwrap()
+    );
+    let page = t.read_as_bob().await;
+    assert_eq!(page["messages"].as_array().unwrap().len(), 3);
+    assert_eq!(in_page(&page, first)["body"], "first");
+    assert_eq!(in_page(&page, third)["body"], "third");
+    let tombstoned = in_page(&page, gone);
+    assert!(tombstoned["body"].is_null());
+    assert_eq!(tombstoned["unavailable"]["reason"], "tombstoned");
+    assert!(
+        tombstoned["unavailable"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("no longer holds"),
+        "{tombstoned}"
+    );
+    assert_eq!(page["next_after_seq"], 3);
+    let row = t.row(gone).await;
+    assert!(
+        row.tombstone_reason.is_some(),
+        "O19: recorded, not just shown: {row:?}"
+    );
+    assert_eq!(row.publication_state, "stored", "the message itself stays");
+
+    // The broker stops answering: unreachable, not tombstoned.
+    tokio::task::block_in_place(|| server.stop());
+    let page = t.read_as_bob().await;
+    assert_eq!(page["messages"].as_array().unwrap().len(), 3);
+    for id in [first, third] {
+        let shown = in_page(&page, id);
+        assert!(shown["body"].is_null(), "{shown}");
+        assert_eq!(shown["unavailable"]["reason"], "unreachable", "{shown}");
+        assert!(t.row(id).await.tombstone_reason.is_none(), "not tombstoned");
+    }
+    assert_eq!(in_page(&page, gone)["unavailable"]["reason"], "tombstoned");
+
+    tokio::task::block_in_place(|| server.restart());
+    wait_reachable(app.broker()).await;
+    eventually("the bodies read again", async || {
+        let page = t.read_as_bob().await;
+        (in_page(&page, first)["body"] == "first" && in_page(&page, third)["body"] == "third")
+            .then_some(())
+    })
+    .await;
+}
