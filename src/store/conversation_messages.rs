@@ -25,7 +25,7 @@ use uuid::Uuid;
 
 use super::conversations::{self, Conversation, ReadAccess};
 use super::messages::{check_body, check_limit, normalize_metadata};
-use super::{outbox, projects, sessions};
+use super::{outbox, projects};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::backend::{Locator, MessagingBackend};
@@ -219,10 +219,10 @@ pub async fn send(bus: &Bus, me: &Identity, new: NewConversationMessage) -> BusR
     let digest: [u8; 32] = Sha256::digest(new.body.as_bytes()).into();
 
     let mut tx = bus.pool.begin().await?;
-    sessions::guard(&mut tx, me).await?;
-    // The conversation row first: every writer queues here.
+    // The conversation row first: every writer queues here. The session
+    // guard's check rides in the same statement.
     let (conversation, access) =
-        conversations::load_with_access(&mut tx, me, new.conversation_id).await?;
+        conversations::guarded_load_with_access(&mut tx, me, new.conversation_id).await?;
 
     let seat = match refuse_sender(&mut tx, me, &conversation, access).await {
         Ok(seat) => seat,
@@ -260,26 +260,59 @@ pub async fn send(bus: &Bus, me: &Identity, new: NewConversationMessage) -> BusR
     // Synchronous: stored because this transaction commits. Outbox: accepted
     // now, `pending_publication` until the backend confirms.
     let sync = conversation.publication == "sync";
-    // The sequence is allocated under the conversation lock taken above; a
-    // request_id seen before inserts nothing and allocates nothing (no gap),
-    // and is answered from the original. Concurrent retries queue on the lock.
+    // One statement, after the lock: the sequence is allocated under the
+    // conversation lock taken above; a request_id seen before inserts nothing
+    // and allocates nothing (no gap), and is answered from the original.
+    // Concurrent retries queue on the lock. The recipient list is frozen from
+    // this statement's snapshot, taken after the lock: active seats but the
+    // sender's, and in a project conversation only agents still holding the
+    // grant. Their receipts say stored at commit on the synchronous path (the
+    // body is in this transaction), at confirmation on the outbox path. The
+    // send's audit row goes with it.
     let id = Uuid::new_v4();
-    let inserted: Option<(i64, DateTime<Utc>)> = sqlx::query_as(
+    let inserted: Option<(i64, DateTime<Utc>, Vec<String>)> = sqlx::query_as(
         "WITH ins AS (
              INSERT INTO conversation_messages
                  (id, team_id, conversation_id, seq, sender_member_id, sender_id, sender_session,
                   request_id, body, body_sha256, body_bytes, reply_to, metadata, backend,
                   publication_state, canonical_locator)
              SELECT $3, $1, $2, c.last_seq + 1, $4, $5, $6, $7, $8, $9, $10, $11, $12, c.backend,
-                    CASE WHEN $13 THEN 'stored' ELSE 'pending_publication' END,
-                    CASE WHEN $13 THEN $3::text END
+                    CASE WHEN $14 THEN 'stored' ELSE 'pending_publication' END,
+                    CASE WHEN $14 THEN $3::text END
              FROM conversations c WHERE c.team_id = $1 AND c.id = $2
+               -- The sender's seat as it is now: a removal or demotion that
+               -- committed while this send waited for the lock counts.
+               AND EXISTS (SELECT 1 FROM conversation_members s
+                            WHERE s.team_id = $1 AND s.conversation_id = $2 AND s.id = $4
+                              AND s.state = 'active' AND s.role <> 'observer')
              ON CONFLICT (team_id, conversation_id, sender_id, request_id) DO NOTHING
              RETURNING seq, created_at),
          bump AS (
              UPDATE conversations c SET last_seq = ins.seq FROM ins
-             WHERE c.team_id = $1 AND c.id = $2)
-         SELECT seq, created_at FROM ins",
+             WHERE c.team_id = $1 AND c.id = $2),
+         owed AS (
+             INSERT INTO message_receipts
+                 (team_id, message_id, member_id, recipient_id, recipient_session, stored_at)
+             SELECT s.team_id, $3, s.id, s.agent_id, s.session, CASE WHEN $14 THEN now() END
+             FROM ins, conversation_members s
+             WHERE s.team_id = $1 AND s.conversation_id = $2 AND s.state = 'active' AND s.id <> $4
+               AND ($13::uuid IS NULL OR EXISTS (
+                       SELECT 1 FROM project_grants g
+                       WHERE g.team_id = s.team_id AND g.project_id = $13 AND g.agent_id = s.agent_id))
+             RETURNING recipient_id, recipient_session),
+         audited AS (
+             INSERT INTO conversation_audit
+                 (team_id, conversation_id, actor_id, actor_session, action, subject, detail)
+             SELECT $1, $2, $5, $6, 'send', $3::text,
+                    jsonb_build_object('message_id', $3, 'seq', ins.seq, 'request_id', $7,
+                                       'body_bytes', $10, 'recipients', (SELECT count(*) FROM owed))
+             FROM ins)
+         SELECT ins.seq, ins.created_at,
+                ARRAY(SELECT CASE WHEN owed.recipient_session = '' THEN a.name
+                                  ELSE a.name || '/' || owed.recipient_session END
+                      FROM owed JOIN agents a ON a.team_id = $1 AND a.id = owed.recipient_id
+                      ORDER BY 1)
+         FROM ins",
     )
     .bind(me.team_id)
     .bind(conversation.id)
@@ -293,56 +326,25 @@ pub async fn send(bus: &Bus, me: &Identity, new: NewConversationMessage) -> BusR
     .bind(new.body.len() as i32)
     .bind(new.reply_to)
     .bind(&metadata)
+    .bind(conversation.project_id)
     .bind(sync)
     .fetch_optional(&mut *tx)
     .await?;
-    let Some((seq, created_at)) = inserted else {
-        let sent = replay(&mut tx, me, &conversation, request_id, &digest)
-            .await?
-            .ok_or_else(|| BusError::conflict("this request_id is in use; retry the send"))?;
-        tx.commit().await?;
-        return Ok(sent);
+    let Some((seq, created_at, recipients)) = inserted else {
+        if let Some(sent) = replay(&mut tx, me, &conversation, request_id, &digest).await? {
+            tx.commit().await?;
+            return Ok(sent);
+        }
+        // Nothing inserted and no earlier send: the seat changed while this
+        // send waited for the conversation lock. Answer with what applies now.
+        let (conversation, access) =
+            conversations::guarded_load_with_access(&mut tx, me, conversation.id).await?;
+        refuse_sender(&mut tx, me, &conversation, access).await?;
+        return Err(BusError::conflict(
+            "this send could not be stored; nothing was changed. Retry with the same request_id.",
+        ));
     };
 
-    // The recipient list, frozen now: active seats but the sender's, and in a
-    // project conversation only agents still holding the grant. Stored at
-    // commit on the synchronous path (the body is in this transaction); at
-    // confirmation on the outbox path.
-    let recipients: Vec<String> = sqlx::query_scalar(
-        "WITH owed AS (
-             INSERT INTO message_receipts
-                 (team_id, message_id, member_id, recipient_id, recipient_session, stored_at)
-             SELECT s.team_id, $3, s.id, s.agent_id, s.session, CASE WHEN $11 THEN now() END
-             FROM conversation_members s
-             WHERE s.team_id = $1 AND s.conversation_id = $2 AND s.state = 'active' AND s.id <> $4
-               AND ($5::uuid IS NULL OR EXISTS (
-                       SELECT 1 FROM project_grants g
-                       WHERE g.team_id = s.team_id AND g.project_id = $5 AND g.agent_id = s.agent_id))
-             RETURNING recipient_id, recipient_session),
-         audited AS (
-             INSERT INTO conversation_audit
-                 (team_id, conversation_id, actor_id, actor_session, action, subject, detail)
-             SELECT $1, $2, $6, $7, 'send', $3::text,
-                    jsonb_build_object('message_id', $3, 'seq', $8, 'request_id', $9,
-                                       'body_bytes', $10, 'recipients', (SELECT count(*) FROM owed)))
-         SELECT CASE WHEN owed.recipient_session = '' THEN a.name
-                     ELSE a.name || '/' || owed.recipient_session END
-         FROM owed JOIN agents a ON a.team_id = $1 AND a.id = owed.recipient_id
-         ORDER BY 1",
-    )
-    .bind(me.team_id)
-    .bind(conversation.id)
-    .bind(id)
-    .bind(seat)
-    .bind(conversation.project_id)
-    .bind(me.agent_id)
-    .bind(&me.session)
-    .bind(seq)
-    .bind(request_id)
-    .bind(new.body.len() as i32)
-    .bind(sync)
-    .fetch_all(&mut *tx)
-    .await?;
     if !sync {
         outbox::enqueue(
             &mut tx,

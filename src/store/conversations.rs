@@ -234,9 +234,49 @@ pub(crate) async fn read_access(
     access_from(conn, me, conversation, seat).await
 }
 
+/// The send path's locked read: the columns of a [`Conversation`] and of this
+/// window's seat, whether the label is borrowed (see `seat_unless_borrowed`),
+/// and [`sessions::guard`](super::sessions::guard)'s reads, for the two ways
+/// a window is identified. `$1` team, `$2` conversation, `$3` agent, `$4`
+/// whether to check for a borrowed label, `$5` session label, `$6` the
+/// session id (a session credential) or the token id (a bare token).
+macro_rules! guarded_locked_read {
+    ($guard_columns:literal, $guard_from:literal, $guard_where:literal, $locks:literal) => {
+        concat!(
+            "SELECT c.id, c.title, c.visibility, c.project_id, p.name AS project, c.last_seq,
+                    c.backend, c.publication, c.write_paused_at, c.archived_at, c.created_at,
+                    ($4 AND EXISTS (
+                        SELECT 1 FROM agent_sessions bs
+                        JOIN agent_tokens bt ON bt.team_id = bs.team_id AND bt.id = bs.token_id
+                        WHERE bs.team_id = $1 AND bs.agent_id = $3 AND bs.label = $5
+                          AND bs.revoked_at IS NULL AND bs.expires_at > now()
+                          AND bt.revoked_at IS NULL))
+                        AS borrowed,
+                    m.id AS seat_id, m.role AS seat_role, m.state AS seat_state,
+                    m.history_from_seq AS seat_history_from_seq,
+                    m.transfer_to_session AS seat_transfer_to_session,
+                    m.superseded_by AS seat_superseded_by, ",
+            $guard_columns,
+            " FROM ",
+            $guard_from,
+            " JOIN conversations c ON c.team_id = $1 AND c.id = $2
+             LEFT JOIN projects p ON p.team_id = c.team_id AND p.id = c.project_id
+             LEFT JOIN conversation_members m
+                    ON m.team_id = c.team_id AND m.conversation_id = c.id
+                   AND m.agent_id = $3 AND m.session = $5
+             WHERE ",
+            $guard_where,
+            " ",
+            $locks
+        )
+    };
+}
+
 /// The conversation locked `FOR UPDATE` (the writer's first lock) and how
-/// this window may use it, in one round trip: the send path's start.
-pub(crate) async fn load_with_access(
+/// this window may use it, after `sessions::guard`'s check, all in one round
+/// trip: the send path's start. The session row (with a session credential)
+/// is locked `FOR SHARE` first, as the guard would, then the conversation.
+pub(crate) async fn guarded_load_with_access(
     conn: &mut PgConnection,
     me: &Identity,
     id: Uuid,
@@ -245,6 +285,8 @@ pub(crate) async fn load_with_access(
     struct Row {
         #[sqlx(flatten)]
         conversation: Conversation,
+        #[sqlx(flatten)]
+        guard: super::sessions::GuardFacts,
         borrowed: bool,
         seat_id: Option<Uuid>,
         seat_role: Option<String>,
@@ -253,35 +295,51 @@ pub(crate) async fn load_with_access(
         seat_transfer_to_session: Option<String>,
         seat_superseded_by: Option<Uuid>,
     }
-    let row: Option<Row> = sqlx::query_as(
-        "SELECT c.id, c.title, c.visibility, c.project_id, p.name AS project, c.last_seq, c.backend,
-                c.publication, c.write_paused_at, c.archived_at, c.created_at,
-                ($4 AND EXISTS (
-                    SELECT 1 FROM agent_sessions s
-                    JOIN agent_tokens t ON t.team_id = s.team_id AND t.id = s.token_id
-                    WHERE s.team_id = $1 AND s.agent_id = $3 AND s.label = $5
-                      AND s.revoked_at IS NULL AND s.expires_at > now() AND t.revoked_at IS NULL))
-                    AS borrowed,
-                m.id AS seat_id, m.role AS seat_role, m.state AS seat_state,
-                m.history_from_seq AS seat_history_from_seq,
-                m.transfer_to_session AS seat_transfer_to_session,
-                m.superseded_by AS seat_superseded_by
-         FROM conversations c
-         LEFT JOIN projects p ON p.team_id = c.team_id AND p.id = c.project_id
-         LEFT JOIN conversation_members m
-                ON m.team_id = c.team_id AND m.conversation_id = c.id
-               AND m.agent_id = $3 AND m.session = $5
-         WHERE c.team_id = $1 AND c.id = $2
-         FOR UPDATE OF c",
-    )
-    .bind(me.team_id)
-    .bind(id)
-    .bind(me.agent_id)
-    .bind(me.window.is_none() && !me.session.is_empty())
-    .bind(&me.session)
-    .fetch_optional(&mut *conn)
-    .await?;
-    let row = row.ok_or_else(|| not_found(id))?;
+    // Locks are taken in the order the clauses name them: the session row,
+    // then the conversation.
+    let (sql, identified_by) = match me.window {
+        Some(window) => (
+            guarded_locked_read!(
+                "s.epoch AS guard_epoch, s.revoked_at AS guard_revoked_at,
+                 s.expires_at <= now() AS guard_expired,
+                 t.revoked_at AS guard_token_revoked_at, a.disabled_at AS guard_disabled_at",
+                "agent_sessions s
+                 JOIN agent_tokens t
+                   ON t.team_id = s.team_id AND t.agent_id = s.agent_id AND t.id = s.token_id
+                 JOIN agents a ON a.team_id = s.team_id AND a.id = s.agent_id",
+                "s.team_id = $1 AND s.id = $6",
+                "FOR SHARE OF s FOR UPDATE OF c"
+            ),
+            window.session_id,
+        ),
+        None => (
+            guarded_locked_read!(
+                "NULL::bigint AS guard_epoch, NULL::timestamptz AS guard_revoked_at,
+                 NULL::boolean AS guard_expired,
+                 t.revoked_at AS guard_token_revoked_at, a.disabled_at AS guard_disabled_at",
+                "agent_tokens t JOIN agents a ON a.team_id = t.team_id AND a.id = t.agent_id",
+                "t.team_id = $1 AND t.id = $6",
+                "FOR UPDATE OF c"
+            ),
+            me.token_id,
+        ),
+    };
+    let row: Option<Row> = sqlx::query_as(sql)
+        .bind(me.team_id)
+        .bind(id)
+        .bind(me.agent_id)
+        .bind(me.window.is_none() && !me.session.is_empty())
+        .bind(&me.session)
+        .bind(identified_by)
+        .fetch_optional(&mut *conn)
+        .await?;
+    let Some(row) = row else {
+        // No session or token row (the guard words that refusal), or no
+        // such conversation.
+        super::sessions::guard(conn, me).await?;
+        return Err(not_found(id));
+    };
+    row.guard.check(me)?;
     if row.borrowed {
         return Err(borrowed_label(me));
     }

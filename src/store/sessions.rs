@@ -136,15 +136,57 @@ async fn guard_locking(conn: &mut PgConnection, me: &Identity, for_update: bool)
             .await?;
             let state =
                 row.ok_or_else(|| BusError::unauthenticated("this agent token no longer exists."))?;
-            if state.revoked_at.is_some() {
-                return Err(BusError::unauthenticated(
-                    "this agent token was revoked; nothing was written. Ask the operator for a new token.",
-                ));
+            check_token(me, state.revoked_at, state.disabled_at)
+        }
+    }
+}
+
+/// The bare-token half of [`guard`]: the token live, the agent enabled.
+fn check_token(
+    me: &Identity,
+    revoked_at: Option<DateTime<Utc>>,
+    disabled_at: Option<DateTime<Utc>>,
+) -> BusResult<()> {
+    if revoked_at.is_some() {
+        return Err(BusError::unauthenticated(
+            "this agent token was revoked; nothing was written. Ask the operator for a new token.",
+        ));
+    }
+    if disabled_at.is_some() {
+        return Err(disabled(me));
+    }
+    Ok(())
+}
+
+/// What [`guard`] reads, when a hot path reads it in its own first statement
+/// instead of a statement of its own (the send's locked read). That statement
+/// must read the same rows the same way: with a session credential,
+/// `agent_sessions s` by (team, session id) `FOR SHARE OF s` (taken before
+/// any other lock of the statement), joined to its token and agent; with a
+/// bare token, `agent_tokens` by (team, token id) joined to its agent, the
+/// session columns NULL. No row at all: run [`guard`] itself for the refusal.
+#[derive(sqlx::FromRow)]
+pub(crate) struct GuardFacts {
+    guard_epoch: Option<i64>,
+    guard_revoked_at: Option<DateTime<Utc>>,
+    guard_expired: Option<bool>,
+    guard_token_revoked_at: Option<DateTime<Utc>>,
+    guard_disabled_at: Option<DateTime<Utc>>,
+}
+
+impl GuardFacts {
+    /// [`guard`]'s verdict on these facts: the same refusals, the same words.
+    pub(crate) fn check(&self, me: &Identity) -> BusResult<()> {
+        match me.window {
+            Some(window) => GuardRow {
+                epoch: self.guard_epoch.unwrap_or_default(),
+                revoked_at: self.guard_revoked_at,
+                expired: self.guard_expired.unwrap_or_default(),
+                token_revoked_at: self.guard_token_revoked_at,
+                disabled_at: self.guard_disabled_at,
             }
-            if state.disabled_at.is_some() {
-                return Err(disabled(me));
-            }
-            Ok(())
+            .check(me, Some(window.epoch)),
+            None => check_token(me, self.guard_token_revoked_at, self.guard_disabled_at),
         }
     }
 }

@@ -938,3 +938,112 @@ async fn the_conversation_wait_wakes_for_an_unacknowledged_message_and_not_for_a
         "{refused}"
     );
 }
+
+/// The store's send for `me`, a fresh request id.
+async fn send_as(
+    app: &TestApp,
+    me: &ai_crew_sync::auth::Identity,
+    conversation: Uuid,
+) -> Result<String, ai_crew_sync::error::BusError> {
+    use ai_crew_sync::store::conversation_messages::{self, NewConversationMessage};
+    let new = NewConversationMessage {
+        conversation_id: conversation,
+        body: "hello".into(),
+        request_id: Uuid::new_v4().to_string(),
+        reply_to: None,
+        metadata: None,
+    };
+    conversation_messages::send(&app.bus, me, new)
+        .await
+        .map(|sent| sent.recipients.join(","))
+}
+
+#[tokio::test]
+async fn a_send_rechecks_the_window_inside_its_transaction_with_the_guards_refusals() {
+    use ai_crew_sync::auth::{self, AgentCredential};
+    use ai_crew_sync::store::{agents, sessions, tokens};
+
+    let app = spawn_app().await;
+    let tokens = team_with(&app, "acme", &["alice"]).await;
+    let conv = conversation(&app.pool, "acme", "alice", None).await;
+    active(&app.pool, "acme", conv, "alice", "w1").await;
+    active(&app.pool, "acme", conv, "alice", "w2").await;
+    let registered = app
+        .mcp(&tokens[0], None)
+        .await
+        .call("register_session", json!({"session": "w1"}))
+        .await
+        .unwrap();
+    // Identities as a request resolved them, before anything below changed.
+    let AgentCredential::Session(digest) =
+        auth::parse_agent_credential(registered["credential"].as_str().unwrap()).unwrap()
+    else {
+        panic!("not a session credential")
+    };
+    let window = sessions::authenticate(&app.pool, &digest, None, None)
+        .await
+        .unwrap();
+    let AgentCredential::Token(digest) = auth::parse_agent_credential(&tokens[0]).unwrap() else {
+        panic!("not an agent token")
+    };
+    let bare = tokens::authenticate(&app.pool, &digest, "w2".into())
+        .await
+        .unwrap();
+    assert_eq!(send_as(&app, &window, conv).await.unwrap(), "alice/w2");
+    assert_eq!(send_as(&app, &bare, conv).await.unwrap(), "alice/w1");
+
+    let refusal = |result: Result<String, ai_crew_sync::error::BusError>| {
+        result.expect_err("refused").to_string()
+    };
+    let change = |sql: &'static str| {
+        let pool = app.pool.clone();
+        async move { sqlx::query(sql).execute(&pool).await.unwrap() }
+    };
+    change("UPDATE agent_sessions SET epoch = epoch + 1").await;
+    let stale = refusal(send_as(&app, &window, conv).await);
+    assert!(stale.contains("this connection is stale"), "{stale}");
+    change("UPDATE agent_sessions SET epoch = epoch - 1, expires_at = now() - interval '1 s'")
+        .await;
+    let expired = refusal(send_as(&app, &window, conv).await);
+    assert!(expired.contains("session `w1` has expired"), "{expired}");
+    change("UPDATE agent_sessions SET expires_at = now() + interval '1 h', revoked_at = now()")
+        .await;
+    let revoked = refusal(send_as(&app, &window, conv).await);
+    assert!(revoked.contains("session `w1` was revoked at"), "{revoked}");
+    // The guard's word comes before "not found", as when it ran on its own.
+    let elsewhere = refusal(send_as(&app, &window, Uuid::new_v4()).await);
+    assert!(elsewhere.contains("was revoked at"), "{elsewhere}");
+    change("UPDATE agent_sessions SET revoked_at = NULL").await;
+    let missing = refusal(send_as(&app, &window, Uuid::new_v4()).await);
+    assert!(missing.contains("no conversation"), "{missing}");
+
+    agents::set_disabled(&app.pool, "acme", "alice", true, &test_actor())
+        .await
+        .unwrap();
+    for me in [&window, &bare] {
+        let disabled = refusal(send_as(&app, me, conv).await);
+        assert!(
+            disabled.contains("agent `alice` of team `acme` is disabled"),
+            "{disabled}"
+        );
+    }
+    agents::set_disabled(&app.pool, "acme", "alice", false, &test_actor())
+        .await
+        .unwrap();
+    change("UPDATE agent_tokens SET revoked_at = now()").await;
+    let token_gone = refusal(send_as(&app, &window, conv).await);
+    assert!(
+        token_gone.contains("the agent token it was registered with was revoked"),
+        "{token_gone}"
+    );
+    let bare_gone = refusal(send_as(&app, &bare, conv).await);
+    assert!(
+        bare_gone.contains("this agent token was revoked"),
+        "{bare_gone}"
+    );
+    assert_eq!(
+        stored_messages(&app.pool, conv).await,
+        (2, 2),
+        "refusals store nothing"
+    );
+}
