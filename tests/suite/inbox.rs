@@ -264,3 +264,193 @@ async fn bad_inbox_arguments_are_refused_with_the_limits() {
         .unwrap_err();
     assert!(err["message"].as_str().unwrap().contains("1..100"), "{err}");
 }
+
+/// Poll `probe` until it answers, failing after 20 s.
+async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(found) = probe().await {
+            return found;
+        }
+        assert!(std::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+// On a team routed to JetStream, references travel through the window's
+// durable consumer: handed out from the broker (their ack subject kept for
+// the confirmation), confirmed idempotently, and a deleted consumer is
+// rebuilt while PostgreSQL keeps everything owed, across a restart.
+#[tokio::test]
+async fn on_a_jetstream_team_references_go_through_the_broker_and_survive_losing_its_consumer() {
+    use ai_crew_sync::backend::jetstream::StreamSizes;
+    use ai_crew_sync::store::inbox::recipient_key;
+    use ai_crew_sync::workers::inbox_publisher;
+
+    let app = crate::support::spawn_app_with_broker(&crate::support::nats::nats_url()).await;
+    app.team("ibj").await;
+    teams::capability(&app.pool, "ibj", Some(true), &test_actor())
+        .await
+        .unwrap();
+    teams::provision_streams(
+        &app.pool,
+        "ibj",
+        app.broker(),
+        &StreamSizes::default(),
+        false,
+        &test_actor(),
+    )
+    .await
+    .unwrap();
+    teams::set_conversation_backend(
+        &app.pool,
+        "ibj",
+        "jetstream",
+        Some(app.broker()),
+        &test_actor(),
+    )
+    .await
+    .unwrap();
+    let alice = app.mcp(&app.agent("ibj", "alice").await, None).await;
+    let bob_token = app.agent("ibj", "bob").await;
+    let bob = app.mcp(&bob_token, Some("w1")).await;
+    let created = alice
+        .call(
+            "create_conversation",
+            json!({"title": "Broker inbox", "private": true, "invite": ["bob/w1"]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(created["backend"], "jetstream");
+    let conversation_id = created["id"].as_str().unwrap().to_string();
+    bob.call(
+        "join_conversation",
+        json!({"conversation_id": conversation_id}),
+    )
+    .await
+    .unwrap();
+    let workers = app.start_publication_workers();
+    for body in ["one", "two", "three"] {
+        alice
+            .call(
+                "send_conversation_message",
+                json!({"conversation_id": conversation_id, "body": body, "request_id": Uuid::new_v4()}),
+            )
+            .await
+            .unwrap();
+    }
+    let (team_id, bob_id): (Uuid, Uuid) = sqlx::query_as(
+        "SELECT t.id, a.id FROM teams t JOIN agents a ON a.team_id = t.id WHERE t.slug = 'ibj' AND a.name = 'bob'",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    // Stored once confirmed; then the publisher puts the references on the broker.
+    eventually("three references queued at confirmation", async || {
+        let queued: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox_references")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+        (queued == 3).then_some(())
+    })
+    .await;
+    assert_eq!(inbox_publisher::publish_once(&app.bus).await.unwrap(), 3);
+    let on_broker: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM inbox_references WHERE published_at IS NOT NULL AND broker_seq IS NOT NULL",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(on_broker, 3);
+    let status = bob
+        .call("conversation_inbox_status", json!({}))
+        .await
+        .unwrap();
+    assert_eq!(status["consumer"], "missing", "no fetch yet: no consumer");
+    assert_eq!(status["owed"], 3);
+
+    let fetched = fetch(&bob).await;
+    let ids = delivery_ids(&fetched);
+    assert_eq!(ids.len(), 3);
+    let acked_by_broker: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM inbox_references WHERE broker_ack IS NOT NULL")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(acked_by_broker, 3, "all three came through the consumer");
+    let status = bob
+        .call("conversation_inbox_status", json!({}))
+        .await
+        .unwrap();
+    assert_eq!(status["consumer"], "present");
+    assert_eq!(status["handed_out"], 3);
+
+    for (expected_new, expected_old) in [(2, 0), (0, 2)] {
+        let confirmed = bob
+            .call("confirm_inbox_delivery", json!({"delivery_ids": ids[..2]}))
+            .await
+            .unwrap();
+        assert_eq!(
+            (
+                confirmed["confirmed"].as_i64(),
+                confirmed["already_confirmed"].as_i64()
+            ),
+            (Some(expected_new), Some(expected_old))
+        );
+    }
+
+    // The broker loses the window's consumer; the server restarts.
+    let key = recipient_key(bob_id, "w1");
+    assert!(
+        app.broker()
+            .delete_inbox_consumer(team_id, &key)
+            .await
+            .unwrap()
+    );
+    let restarted = app
+        .replica_with_broker(&crate::support::nats::nats_url())
+        .await;
+    let bob_again = McpClient::connect(&restarted.mcp_url(), &bob_token, Some("w1"))
+        .await
+        .unwrap();
+    let status = bob_again
+        .call("conversation_inbox_status", json!({}))
+        .await
+        .unwrap();
+    assert_eq!(status["consumer"], "missing");
+    assert_eq!(
+        status["owed"], 1,
+        "PostgreSQL still owes the unconfirmed one"
+    );
+    sqlx::query("UPDATE inbox_references SET handed_out_at = now() - interval '2 minutes'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let again = fetch(&bob_again).await;
+    assert_eq!(delivery_ids(&again), vec![ids[2].clone()]);
+    let status = bob_again
+        .call("conversation_inbox_status", json!({}))
+        .await
+        .unwrap();
+    assert_eq!(status["consumer"], "present", "rebuilt on fetch");
+    let confirmed = bob_again
+        .call("confirm_inbox_delivery", json!({"delivery_ids": [ids[2]]}))
+        .await
+        .unwrap();
+    assert_eq!(confirmed["confirmed"], 1);
+    assert_eq!(fetch(&bob_again).await["deliveries"], json!([]));
+
+    let health: Value = crate::support::http_client()
+        .get(app.url("/health?broker=check"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (health["status"].as_str(), health["broker"].as_str()),
+        (Some("ok"), Some("ok"))
+    );
+    workers.stop().await;
+}
