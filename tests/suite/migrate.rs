@@ -390,8 +390,9 @@ async fn a_killed_move_resumes_with_the_same_command_without_duplicates() {
     assert_eq!(t.read_all().await.len(), 600);
 }
 
-// M9, M11, M12: a body altered on the target fails the move; nothing is cut
-// over and the thread is open again, on its old backend.
+// M9, M11, M12, M6: a body altered on the target fails the move; nothing is
+// cut over and the thread is open again, on its old backend; the item was
+// recorded with its checksum and size before anything was written.
 #[tokio::test]
 async fn a_checksum_mismatch_fails_the_move_and_reopens_the_thread() {
     let t = thread("mv-mismatch", 20).await;
@@ -438,6 +439,21 @@ async fn a_checksum_mismatch_fails_the_move_and_reopens_the_thread() {
             .await
             .unwrap();
     assert_eq!(item, "failed");
+    let recorded: (Vec<u8>, i32) = sqlx::query_as(
+        "SELECT body_sha256, bytes FROM conversation_migration_items WHERE message_id = $1",
+    )
+    .bind(victim)
+    .fetch_one(t.pool())
+    .await
+    .unwrap();
+    let sent: (Vec<u8>, i32) =
+        sqlx::query_as("SELECT body_sha256, body_bytes FROM conversation_messages WHERE id = $1")
+            .bind(victim)
+            .fetch_one(t.pool())
+            .await
+            .unwrap();
+    assert_eq!(recorded, sent, "M6: the source's checksum and size");
+    // M13: the operator is told the thread is open again.
     assert!(
         !migrate::is_paused(t.pool(), t.conversation_id)
             .await
@@ -665,4 +681,103 @@ async fn cleanup_respects_the_rollback_window_and_unfinished_moves() {
             .unwrap();
     assert_eq!(left, ["keep me"], "only the moved thread's copies went");
     assert_eq!(t.read_all().await.len(), 10, "read from the broker now");
+}
+
+// M7: a resumed run finds the copy it recorded before and verifies it
+// without publishing again, even where the broker would not deduplicate
+// (the copy went in under another key, as after a long interruption).
+#[tokio::test]
+async fn a_resumed_run_verifies_a_recorded_copy_instead_of_publishing_again() {
+    let t = thread("mv-resume", 5).await;
+    let first: (Uuid, String) = sqlx::query_as(
+        "SELECT id, body FROM conversation_messages WHERE conversation_id = $1 AND seq = 1",
+    )
+    .bind(t.conversation_id)
+    .fetch_one(t.pool())
+    .await
+    .unwrap();
+    let broker = JetStreamBackend::new(t.backends.broker().unwrap().clone(), t.team_id);
+    let Published::Confirmed(locator) = broker
+        .publish(&Envelope {
+            message_id: first.0,
+            conversation_id: t.conversation_id,
+            team_id: t.team_id,
+            body: first.1.clone(),
+            publish_key: Uuid::new_v4(),
+        })
+        .await
+    else {
+        panic!("the earlier copy was not published");
+    };
+    // What an interrupted run left: open, its item copied with a locator.
+    let run = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO conversation_migrations (id, team_id, conversation_id, direction, state, started_by)
+         VALUES ($1, $2, $3, 'to_jetstream', 'copying', 'interrupted')",
+    )
+    .bind(run)
+    .bind(t.team_id)
+    .bind(t.conversation_id)
+    .execute(t.pool())
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO conversation_migration_items
+             (migration_id, message_id, team_id, body_sha256, bytes, target_locator, state)
+         SELECT $1, id, team_id, body_sha256, body_bytes, $3, 'copied'
+           FROM conversation_messages WHERE id = $2",
+    )
+    .bind(run)
+    .bind(first.0)
+    .bind(&locator.0)
+    .execute(t.pool())
+    .await
+    .unwrap();
+
+    let outcome = t.run(Direction::ToJetStream).await.unwrap();
+    assert_eq!(outcome.migration_id, run, "the open run was resumed");
+    assert_eq!((outcome.resumed, outcome.copied), (1, 4));
+    assert_eq!(
+        t.stream_messages().await,
+        5,
+        "the recorded copy was not published again"
+    );
+    let canonical: String =
+        sqlx::query_scalar("SELECT canonical_locator FROM conversation_messages WHERE id = $1")
+            .bind(first.0)
+            .fetch_one(t.pool())
+            .await
+            .unwrap();
+    assert_eq!(canonical, locator.0);
+}
+
+// M8, M11, M13: a publish the target refuses stops the move with that error;
+// nothing is cut over and the thread is open again.
+#[tokio::test]
+async fn a_refused_publish_stops_the_move_and_reopens_the_thread() {
+    let t = thread("mv-refused", 3).await;
+    // The streams are gone (an operator removed them by hand).
+    t.backends
+        .broker()
+        .unwrap()
+        .remove_team_streams(t.team_id)
+        .await
+        .unwrap();
+    let err = t.run(Direction::ToJetStream).await.unwrap_err().to_string();
+    assert!(err.contains("copying message"), "{err}");
+    assert!(
+        err.contains("team stream"),
+        "the broker's reason is kept: {err}"
+    );
+    assert_eq!(t.runs().await, [("to_jetstream".into(), "failed".into())]);
+    assert_eq!(
+        t.conversation_row().await,
+        ("postgres".into(), "sync".into(), false)
+    );
+    assert!(
+        !migrate::is_paused(t.pool(), t.conversation_id)
+            .await
+            .unwrap()
+    );
+    t.send(t.conversation_id, "still open").await.unwrap();
 }
