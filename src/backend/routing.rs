@@ -6,6 +6,8 @@
 //! this process cannot serve is an explicit error, never a silent fallback to
 //! PostgreSQL: a body published to the wrong store is a body nobody reads.
 
+use std::sync::{Arc, OnceLock};
+
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -17,7 +19,21 @@ use crate::error::{BusError, BusResult};
 #[derive(Clone)]
 pub struct Backends {
     postgres: PostgresBackend,
-    broker: Option<Broker>,
+    /// `None`: no broker configured. `Some(slot)`: configured; the slot is
+    /// empty until the broker first answers (a server started during a broker
+    /// outage still serves, and its sends wait in the outbox).
+    broker: Option<Arc<OnceLock<Broker>>>,
+}
+
+/// Where a broker that answers late is put, once it does.
+#[derive(Clone)]
+pub struct BrokerSlot(Arc<OnceLock<Broker>>);
+
+impl BrokerSlot {
+    /// The broker answered: route to it from now on.
+    pub fn fill(&self, broker: Broker) {
+        let _ = self.0.set(broker);
+    }
 }
 
 impl Backends {
@@ -31,10 +47,24 @@ impl Backends {
 
     /// PostgreSQL and a NATS JetStream broker.
     pub fn with_broker(pool: PgPool, broker: Broker) -> Self {
+        let slot = Arc::new(OnceLock::new());
+        let _ = slot.set(broker);
         Self {
             postgres: PostgresBackend::new(pool),
-            broker: Some(broker),
+            broker: Some(slot),
         }
+    }
+
+    /// PostgreSQL and a broker that has not answered yet; fill the returned
+    /// slot when it does. Until then jetstream is unavailable (not absent):
+    /// bodies wait in the outbox and reads say the broker did not answer.
+    pub fn with_broker_pending(pool: PgPool) -> (Self, BrokerSlot) {
+        let slot = Arc::new(OnceLock::new());
+        let backends = Self {
+            postgres: PostgresBackend::new(pool),
+            broker: Some(slot.clone()),
+        };
+        (backends, BrokerSlot(slot))
     }
 
     /// The same routing with a misbehaving postgres backend. Only the tests
@@ -44,14 +74,21 @@ impl Backends {
         self
     }
 
+    /// The connected broker, if any.
     pub fn broker(&self) -> Option<&Broker> {
-        self.broker.as_ref()
+        self.broker.as_ref().and_then(|slot| slot.get())
+    }
+
+    /// Whether a broker is configured (connected or not yet).
+    pub fn broker_configured(&self) -> bool {
+        self.broker.is_some()
     }
 
     /// `None`: no broker configured. `Some(reachable)` otherwise.
     pub async fn broker_reachable(&self) -> Option<bool> {
-        match &self.broker {
-            None => None,
+        self.broker.as_ref()?;
+        match self.broker() {
+            None => Some(false),
             Some(broker) => Some(broker.reachable().await),
         }
     }
@@ -63,12 +100,16 @@ impl Backends {
             PostgresBackend::NAME => Ok(AnyBackend::Postgres(
                 self.postgres.clone().for_team(team_id),
             )),
-            JetStreamBackend::NAME => match &self.broker {
-                Some(broker) => Ok(AnyBackend::JetStream(JetStreamBackend::new(
+            JetStreamBackend::NAME => match (self.broker(), self.broker_configured()) {
+                (Some(broker), _) => Ok(AnyBackend::JetStream(JetStreamBackend::new(
                     broker.clone(),
                     team_id,
                 ))),
-                None => Err(no_broker()),
+                (None, true) => Err(BusError::unavailable(
+                    "the NATS broker has not answered since this server started (it keeps \
+                     trying); bodies wait in the outbox meanwhile. Retry shortly.",
+                )),
+                (None, false) => Err(no_broker()),
             },
             other => Err(BusError::invalid(format!(
                 "unknown backend {other:?}: use `jetstream` or `postgres`."

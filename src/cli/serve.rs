@@ -119,14 +119,9 @@ async fn serve_on(
     let bus = match &args.nats_url {
         None => bus,
         Some(url) => {
-            let broker =
-                crate::backend::jetstream::Broker::connect(url, args.nats_credentials.as_deref())
-                    .await?;
-            eprintln!("broker: {url} (JetStream)");
-            bus.with_backends(crate::backend::Backends::with_broker(
-                db.pool.clone(),
-                broker,
-            ))
+            let (backends, slot) = crate::backend::Backends::with_broker_pending(db.pool.clone());
+            connect_broker(url, args.nats_credentials.clone(), slot, shutdown.clone()).await?;
+            bus.with_backends(backends)
         }
     };
     crate::workers::presence_sweeper::spawn(bus.clone(), shutdown.clone());
@@ -139,6 +134,60 @@ async fn serve_on(
     );
     http::serve(listener, app, shutdown, grace).await?;
     Ok(())
+}
+
+/// How often `serve` retries a broker that did not answer at start.
+const BROKER_RETRY: Duration = Duration::from_secs(5);
+
+/// Connect the broker. A broker that does not answer (down, restarting) is
+/// retried in the background while the server serves: sends are accepted and
+/// wait in the outbox, as during any broker outage. A broker that answers and
+/// is unusable (its `max_payload` too small, bad credentials) stops the start:
+/// that needs an operator, and retrying would hide it.
+async fn connect_broker(
+    url: &str,
+    credentials: Option<std::path::PathBuf>,
+    slot: crate::backend::routing::BrokerSlot,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    use crate::backend::jetstream::Broker;
+    match Broker::connect(url, credentials.as_deref()).await {
+        Ok(broker) => {
+            eprintln!("broker: {} (JetStream)", broker.url());
+            slot.fill(broker);
+            Ok(())
+        }
+        Err(crate::BusError::Unavailable(why)) => {
+            eprintln!(
+                "broker: not answering yet ({why}); retrying every {} s",
+                BROKER_RETRY.as_secs()
+            );
+            let url = url.to_owned();
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(BROKER_RETRY) => {}
+                    }
+                    match Broker::connect(&url, credentials.as_deref()).await {
+                        Ok(broker) => {
+                            tracing::info!(broker = %broker.url(), "the broker answered; routing to it");
+                            slot.fill(broker);
+                            return;
+                        }
+                        Err(crate::BusError::Unavailable(_)) => {}
+                        Err(e) => {
+                            tracing::error!(error = %e,
+                                "the broker answered but cannot be used; fix it and restart the server");
+                            return;
+                        }
+                    }
+                }
+            });
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn spawn_signal_handler(shutdown: CancellationToken) {

@@ -3,7 +3,8 @@
 //! (`publication`) and the broker. A broker outage does not fail it: the bus
 //! still accepts sends (they queue), so the status is `degraded`, still 200.
 //! `?broker=check` pings the broker; without it the broker is only reported
-//! as configured or not, so a load balancer's probe costs no broker round trip.
+//! as configured or not (or unreachable, when it has not answered since the
+//! start), so a load balancer's probe costs no broker round trip.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,8 +36,9 @@ pub async fn health(
     let version = env!("CARGO_PKG_VERSION");
     let events = state.events.state();
     let check_broker = query.broker.as_deref() == Some("check");
-    let broker = match (state.backends.broker().is_some(), check_broker) {
+    let broker = match (state.backends.broker_configured(), check_broker) {
         (false, _) => "not_configured",
+        (true, false) if state.backends.broker().is_none() => "unreachable",
         (true, false) => "configured",
         (true, true) => {
             let reachable = state.backends.broker_reachable();

@@ -811,3 +811,50 @@ async fn a_body_gone_from_the_broker_is_tombstoned_and_a_silent_broker_is_unreac
     })
     .await;
 }
+
+// `serve --nats-url` while the broker is down starts anyway (the bus is up
+// while PostgreSQL is), reports the broker unreachable, and routes to it once
+// it answers.
+#[tokio::test]
+async fn serve_starts_during_a_broker_outage_and_picks_the_broker_up_when_it_answers() {
+    let mut nats = crate::support::nats::OwnedNats::start();
+    nats.stop();
+    let database_url = crate::support::postgres::fresh_database_url().await;
+    let port = crate::support::free_port();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"))
+        .args([
+            "serve",
+            "--bind",
+            &format!("127.0.0.1:{port}"),
+            "--nats-url",
+            &nats.url(),
+        ])
+        .env("DATABASE_URL", &database_url)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let health = async |check: bool| -> Option<Value> {
+        let url = format!(
+            "http://127.0.0.1:{port}/health{}",
+            if check { "?broker=check" } else { "" }
+        );
+        let response = crate::support::http_client().get(url).send().await.ok()?;
+        response.json::<Value>().await.ok()
+    };
+    let down = eventually("serve answers /health", async || health(false).await).await;
+    assert_eq!(down["database"], "ok");
+    assert_eq!(down["broker"], "unreachable");
+    assert_eq!(down["status"], "degraded");
+
+    nats.restart();
+    let up = eventually("the broker is picked up", async || {
+        health(true).await.filter(|h| h["broker"] == "ok")
+    })
+    .await;
+    assert_eq!(up["status"], "ok");
+    // SAFETY: signalling our own child by its pid.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert!(status.success(), "serve stops cleanly: {status}");
+}
