@@ -99,11 +99,32 @@ pub struct Run {
     /// The longest worker's measured time: the last operation may overrun the
     /// window, and the throughput must be over the time really spent.
     elapsed: Duration,
+    /// Operations completed in the window, when not one per latency (an
+    /// open-loop run times every message it offered, but counts only what
+    /// was done inside the window).
+    counted: Option<usize>,
+    /// For an open-loop run: the offered load, and the work still queued
+    /// when the window closed.
+    pub offered_per_s: Option<f64>,
+    pub backlog: Option<i64>,
 }
 
 impl Run {
+    /// An open-loop run: `ops` done within `elapsed`, and the latencies of
+    /// the operations offered in that window (sorted here).
+    pub fn open_loop(ops: usize, elapsed: Duration, mut latencies: Vec<Duration>) -> Run {
+        latencies.sort_unstable();
+        Run {
+            latencies,
+            elapsed,
+            counted: Some(ops),
+            offered_per_s: None,
+            backlog: None,
+        }
+    }
+
     pub fn ops(&self) -> usize {
-        self.latencies.len()
+        self.counted.unwrap_or(self.latencies.len())
     }
 
     pub fn secs(&self) -> f64 {
@@ -153,7 +174,13 @@ where
             latencies.extend(samples.latencies);
             elapsed = elapsed.max(samples.elapsed);
         }
-        Ok::<_, anyhow::Error>(Run { latencies, elapsed })
+        Ok::<_, anyhow::Error>(Run {
+            latencies,
+            elapsed,
+            counted: None,
+            offered_per_s: None,
+            backlog: None,
+        })
     })
     .await;
     // Dropping the set aborts any worker still running after an error or a timeout.

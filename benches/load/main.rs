@@ -6,14 +6,17 @@
 //! the same run on the same PostgreSQL (the raw single-row INSERT+COMMIT rate,
 //! `pg_insert_commit`), and `ratio` is the scenario's rate over the baseline's
 //! at the same client count. A scenario may bring a baseline of its own, the
-//! same work done in raw SQL (`claim_complete` against `pg_claim_complete`);
-//! its lines then carry that baseline instead. Figures, never pass/fail:
+//! same work done with nothing in between (`claim_complete` against
+//! `pg_claim_complete` in raw SQL; the outbox drain against raw JetStream
+//! publishes, `jetstream_publish_256`); its lines then carry that baseline. Figures, never pass/fail:
 //! targets live in the issues.
 //!
 //! Everything it needs it starts itself and stops at the end, also on error or
-//! Ctrl-C: a throwaway PostgreSQL in a temporary directory, and the real
+//! Ctrl-C: a throwaway PostgreSQL in a temporary directory, the real
 //! `ai-crew-sync serve` binary (built by cargo in the bench profile) on a free
-//! loopback port. All traffic stays on 127.0.0.1.
+//! loopback port, and, when a selected scenario publishes to JetStream, a
+//! throwaway `nats-server -js` (`max_payload` raised). All traffic stays on
+//! 127.0.0.1.
 //!
 //! Output: one JSON line per (scenario, client count) on stdout, baseline
 //! lines included; progress on stderr. `BENCH_SECS` sets the measured window
@@ -35,7 +38,7 @@ use serde::Serialize;
 
 use harness::{Run, Timing};
 use scenarios::{BASELINE, Ctx, SCENARIOS, Scenario};
-use servers::{Postgres, Server};
+use servers::{Nats, Postgres, Server};
 
 /// Concurrency levels: one client shows latency, sixteen show contention.
 const CLIENT_COUNTS: &[usize] = &[1, 16];
@@ -62,18 +65,25 @@ fn main_inner() -> Result<()> {
 
     eprintln!("bench: starting a throwaway PostgreSQL");
     let postgres = Postgres::start()?;
+    let nats = if selected.iter().any(|s| s.needs_nats) {
+        eprintln!("bench: starting a throwaway nats-server");
+        Some(Nats::start()?)
+    } else {
+        None
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("building the tokio runtime")?;
     let result = runtime.block_on(async {
         tokio::select! {
-            result = run(&postgres, &selected, timing) => result,
+            result = run(&postgres, nats.as_ref(), &selected, timing) => result,
             signal = interrupted() => bail!("interrupted by {signal}"),
         }
     });
     // Workers still running (after an error) must not outlive the database.
     drop(runtime);
+    drop(nats);
     drop(postgres);
     result
 }
@@ -144,7 +154,12 @@ async fn interrupted() -> &'static str {
     }
 }
 
-async fn run(postgres: &Postgres, selected: &[&Scenario], timing: Timing) -> Result<()> {
+async fn run(
+    postgres: &Postgres,
+    nats: Option<&Nats>,
+    selected: &[&Scenario],
+    timing: Timing,
+) -> Result<()> {
     db::create_database_if_missing(&postgres.database_url("postgres"), DATABASE).await?;
     let url = postgres.database_url(DATABASE);
     let max_clients = CLIENT_COUNTS.iter().copied().max().unwrap_or(1);
@@ -170,6 +185,8 @@ async fn run(postgres: &Postgres, selected: &[&Scenario], timing: Timing) -> Res
         token,
         pool: pool.clone(),
         timing,
+        nats_url: nats.map(Nats::url),
+        own_baseline_ops: std::sync::Mutex::new(None),
     });
 
     // Each client count's baseline is measured right before its scenarios, so
@@ -190,6 +207,7 @@ async fn run(postgres: &Postgres, selected: &[&Scenario], timing: Timing) -> Res
                     })?;
                     let ops = measured.ops_per_s();
                     emit(own.name, clients, &measured, None, own.name, ops);
+                    *ctx.own_baseline_ops.lock().expect("not poisoned") = Some(ops);
                     (own.name, ops)
                 }
                 None => (BASELINE, baseline_ops),
@@ -230,6 +248,12 @@ struct Line<'a> {
     ratio: Option<f64>,
     ops: usize,
     secs: f64,
+    /// Open-loop scenarios: the offered load, and what was still queued when
+    /// the window closed (a drain that keeps up leaves about one pass).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    offered_per_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    backlog: Option<i64>,
 }
 
 fn emit(
@@ -254,6 +278,8 @@ fn emit(
         ratio: (baseline_ops > 0.0).then(|| round(ops_per_s / baseline_ops, 4)),
         ops: run.ops(),
         secs: round(run.secs(), 3),
+        offered_per_s: run.offered_per_s.map(|v| round(v, 1)),
+        backlog: run.backlog,
     };
     match serde_json::to_string(&line) {
         Ok(text) => println!("{text}"),

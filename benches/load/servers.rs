@@ -213,3 +213,74 @@ pub fn http_client() -> Result<reqwest::Client> {
         .build()
         .context("building an HTTP client")
 }
+
+/// A throwaway `nats-server -js` in a temporary directory, for the
+/// scenarios that publish to JetStream. Its `max_payload` is raised to 8 MB
+/// (as the test suite's is): the bus refuses a broker that cannot take a full
+/// 1 MiB body plus headers, and NATS's default 1 MB is just short of it.
+pub struct Nats {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Nats {
+    /// Blocking: spawns the server and waits until it listens.
+    pub fn start() -> Result<Nats> {
+        let dir = tempfile::Builder::new()
+            .prefix("acs-bench-nats-")
+            .tempdir()
+            .context("a temporary directory for the benchmark's nats-server")?;
+        let port = free_port()?;
+        let config = dir.path().join("nats.conf");
+        fs::write(
+            &config,
+            format!(
+                "listen: 127.0.0.1:{port}\nmax_payload: 8MB\n\
+                 jetstream {{\n  store_dir: \"{}\"\n  max_file_store: 8GB\n}}\n",
+                dir.path().join("js").display()
+            ),
+        )
+        .context("writing nats.conf")?;
+        let log = fs::File::create(dir.path().join("nats.log")).context("nats.log")?;
+        let child = Command::new("nats-server")
+            .arg("-c")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context(
+                "starting nats-server (scripts/bench installs it; by hand: \
+                 apt-get install nats-server)",
+            )?;
+        let mut nats = Nats {
+            child,
+            port,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Some(status) = nats.child.try_wait()? {
+                bail!("nats-server exited during startup ({status})");
+            }
+            if Instant::now() > deadline {
+                bail!("nats-server did not listen on {port} within 10 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(nats)
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        eprintln!("bench: stopping nats-server");
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -36,6 +36,12 @@ pub struct DrainSettings {
     pub publish_timeout: Duration,
     /// How long an idle drain sleeps when no event wakes it.
     pub idle_poll: Duration,
+    /// Passes one drain runs at once, each leasing its own batch (`SKIP
+    /// LOCKED`, so never the same slots): while one settles in PostgreSQL,
+    /// another leases or publishes. The work per message is PostgreSQL's
+    /// (lease and settle writes); a single pass at a time leaves the broker
+    /// idle for most of it.
+    pub lanes: usize,
 }
 
 impl Default for DrainSettings {
@@ -45,6 +51,7 @@ impl Default for DrainSettings {
             in_flight: 256,
             publish_timeout: Duration::from_secs(10),
             idle_poll: Duration::from_millis(500),
+            lanes: 4,
         }
     }
 }
@@ -164,10 +171,26 @@ fn announce(bus: &Bus, lease: &Lease) {
     bus.events.emit(event);
 }
 
-/// Run the drain until `shutdown`: pass after pass while there is work, and
-/// when idle wait for a conversation event (a send on any replica) or the
-/// idle poll, whichever comes first.
+/// Run the drain until `shutdown`: `settings.lanes` lanes, each pass after
+/// pass while there is work, and when idle waiting for a conversation event
+/// (a send on any replica) or the idle poll, whichever comes first. Lanes are
+/// independent workers (each its own worker name), exactly as replicas are.
 pub fn spawn_drain(
+    bus: Bus,
+    settings: DrainSettings,
+    shutdown: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let lanes: Vec<_> = (0..settings.lanes.max(1))
+        .map(|_| spawn_lane(bus.clone(), settings.clone(), shutdown.clone()))
+        .collect();
+    tokio::spawn(async move {
+        for lane in lanes {
+            let _ = lane.await;
+        }
+    })
+}
+
+fn spawn_lane(
     bus: Bus,
     settings: DrainSettings,
     shutdown: CancellationToken,

@@ -1019,6 +1019,7 @@ fn drain_settings(publish_timeout: Duration) -> DrainSettings {
         in_flight: 8,
         publish_timeout,
         idle_poll: Duration::from_millis(50),
+        lanes: 2,
     }
 }
 
