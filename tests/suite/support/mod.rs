@@ -251,6 +251,7 @@ pub fn drain_settings() -> DrainSettings {
         in_flight: 16,
         publish_timeout: BROKER_TIMEOUT * 2,
         idle_poll: Duration::from_millis(50),
+        lanes: 2,
     }
 }
 
