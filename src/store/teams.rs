@@ -102,6 +102,17 @@ pub struct Capabilities {
     pub conversation_backend: String,
 }
 
+/// A team's switches as they are in this transaction.
+async fn capabilities_of(conn: &mut sqlx::PgConnection, team_id: Uuid) -> BusResult<Capabilities> {
+    Ok(sqlx::query_as(
+        "SELECT slug AS team, conversations_enabled AS conversations, conversation_backend
+         FROM teams WHERE id = $1",
+    )
+    .bind(team_id)
+    .fetch_one(conn)
+    .await?)
+}
+
 /// `team capability --team T [--conversations on|off]`: show, or switch the
 /// conversation tools on or off (audited when it changes).
 pub async fn capability(
@@ -133,13 +144,7 @@ pub async fn capability(
             .await?;
         }
     }
-    let caps = sqlx::query_as(
-        "SELECT slug AS team, conversations_enabled AS conversations, conversation_backend
-         FROM teams WHERE id = $1",
-    )
-    .bind(team.id)
-    .fetch_one(&mut *tx)
-    .await?;
+    let caps = capabilities_of(&mut tx, team.id).await?;
     tx.commit().await?;
     Ok(caps)
 }
@@ -237,13 +242,7 @@ pub async fn set_conversation_backend(
         )
         .await?;
     }
-    let caps = sqlx::query_as(
-        "SELECT slug AS team, conversations_enabled AS conversations, conversation_backend
-         FROM teams WHERE id = $1",
-    )
-    .bind(team.id)
-    .fetch_one(&mut *tx)
-    .await?;
+    let caps = capabilities_of(&mut tx, team.id).await?;
     tx.commit().await?;
     Ok(caps)
 }

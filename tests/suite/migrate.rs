@@ -319,8 +319,39 @@ async fn the_plan_writes_nothing_and_explains_each_conversation() {
     assert!(t.runs().await.is_empty(), "nothing written");
     assert_eq!(t.conversation_row().await.0, "postgres");
 
-    // Moved already: the plan says so; an open run is resumed, not blocked.
-    t.run(Direction::ToJetStream).await.unwrap();
+    // The move as an operator runs it without a terminal: progress as plain
+    // lines on stderr, a summary per conversation on stdout.
+    let out = tokio::task::spawn_blocking({
+        let mut command = t.command(&[
+            "migrate",
+            "--to",
+            "jetstream",
+            "--apply",
+            "--conversation",
+            &t.conversation_id.to_string(),
+        ]);
+        move || command.output().unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        summary.contains(&format!(
+            "{}: cut over to jetstream (5 copied",
+            t.conversation_id
+        )),
+        "{summary}"
+    );
+    let progress = String::from_utf8_lossy(&out.stderr);
+    assert!(progress.contains("copying"), "{progress}");
+    assert!(progress.contains("cut_over 5/5 messages"), "{progress}");
+
+    // Moved already: the plan says so.
     let plans = migrate::plan(
         t.pool(),
         t.team_id,
@@ -780,4 +811,69 @@ async fn a_refused_publish_stops_the_move_and_reopens_the_thread() {
             .unwrap()
     );
     t.send(t.conversation_id, "still open").await.unwrap();
+}
+
+// M5, M11: a body the broker no longer holds stops a move back to postgres
+// with the seed's message; nothing is cut over and the thread reopens.
+#[tokio::test]
+async fn a_body_the_broker_lost_stops_the_move_back() {
+    let t = thread("mv-lost", 4).await;
+    t.run(Direction::ToJetStream).await.unwrap();
+    migrate::cleanup(t.pool(), t.team_id, 0, true)
+        .await
+        .unwrap();
+    let locator: String = sqlx::query_scalar(
+        "SELECT canonical_locator FROM conversation_messages WHERE conversation_id = $1 AND seq = 2",
+    )
+    .bind(t.conversation_id)
+    .fetch_one(t.pool())
+    .await
+    .unwrap();
+    let sequence: u64 = locator.rsplit(':').next().unwrap().parse().unwrap();
+    let stream = t
+        .backends
+        .broker()
+        .unwrap()
+        .js()
+        .get_stream(ai_crew_sync::backend::jetstream::body_stream_name(
+            t.team_id,
+        ))
+        .await
+        .unwrap();
+    assert!(stream.delete_message(sequence).await.unwrap());
+
+    let err = t.run(Direction::ToPostgres).await.unwrap_err().to_string();
+    assert!(err.contains("no longer holds the body"), "{err}");
+    assert!(
+        err.contains("tombstone it deliberately or restore the stream"),
+        "{err}"
+    );
+    assert_eq!(
+        t.conversation_row().await,
+        ("jetstream".into(), "outbox".into(), false)
+    );
+    assert_eq!(
+        t.runs().await,
+        [
+            ("to_jetstream".into(), "cut_over".into()),
+            ("to_postgres".into(), "failed".into())
+        ]
+    );
+    // M12: the copies written back that never verified are cleared again.
+    let written_back: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM conversation_messages WHERE conversation_id = $1 AND body <> ''",
+    )
+    .bind(t.conversation_id)
+    .fetch_one(t.pool())
+    .await
+    .unwrap();
+    let verified: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM conversation_migration_items i
+           JOIN conversation_migrations g ON g.id = i.migration_id
+          WHERE g.direction = 'to_postgres' AND i.state = 'verified'",
+    )
+    .fetch_one(t.pool())
+    .await
+    .unwrap();
+    assert_eq!(written_back, verified, "only verified copies stay");
 }
