@@ -550,10 +550,18 @@ pub async fn read(bus: &Bus, me: &Identity, request: ReadRequest) -> BusResult<R
     .bind(limit)
     .fetch_all(&mut *conn)
     .await?;
+    // Released bodies are read from their backend with no connection held.
+    drop(conn);
     let messages = resolve_bodies(bus, rows).await?;
     let mut next_after_seq = from_seq - 1;
     for message in &messages {
-        if message.publication == "pending_publication" {
+        // Never past a message in flight, nor past a body the backend did
+        // not answer for now: reading on from here shows it once it does.
+        let unreachable = message
+            .unavailable
+            .as_ref()
+            .is_some_and(|u| u.reason == "unreachable");
+        if message.publication == "pending_publication" || unreachable {
             break;
         }
         next_after_seq = message.seq;
@@ -654,8 +662,17 @@ async fn resolve_bodies(bus: &Bus, rows: Vec<MessageRow>) -> BusResult<Vec<Conve
             None => {}
             Some(Remote::Body(body)) => row.body = body,
             Some(Remote::Gone(reason)) => {
-                outbox::tombstone(&bus.pool, row.id, &reason).await?;
-                row.tombstone_reason = Some(reason);
+                let locator = row.canonical_locator.clone().unwrap_or_default();
+                if outbox::tombstone_released(&bus.pool, row.id, &row.backend, &locator, &reason)
+                    .await?
+                {
+                    row.tombstone_reason = Some(reason);
+                } else {
+                    // The row changed meanwhile (a move made it the record):
+                    // say so rather than guess.
+                    unreachable =
+                        Some("this message changed while it was being read; read it again.".into());
+                }
             }
             Some(Remote::Unreachable(detail)) => unreachable = Some(detail),
         }

@@ -725,6 +725,26 @@ impl Mover<'_> {
                 self.direction.target()
             )));
         }
+        // To postgres the rows become the record, so each must still hold
+        // the body verified into it (nothing may have cleared it since).
+        if self.direction == Direction::ToPostgres {
+            let emptied: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM conversation_migration_items i
+                   JOIN conversation_messages m ON m.team_id = i.team_id AND m.id = i.message_id
+                  WHERE i.migration_id = $1 AND i.state = 'verified'
+                    AND sha256(convert_to(m.body, 'UTF8')) <> m.body_sha256",
+            )
+            .bind(self.migration_id)
+            .fetch_one(&mut *tx)
+            .await?;
+            if emptied > 0 {
+                return Err(BusError::conflict(format!(
+                    "{emptied} body(ies) written back for this move no longer match their \
+                     SHA-256 in PostgreSQL (cleared since they were verified); nothing was cut \
+                     over. Run the same command again to copy them anew."
+                )));
+            }
+        }
         // To postgres the row is the storage again (locator null, stored);
         // to jetstream the verified copy's locator becomes canonical and the
         // local body stays until `cleanup`.
@@ -854,7 +874,12 @@ macro_rules! cleanable {
                      AND g.cut_over_at < now() - make_interval(secs => $2)
                 FROM conversation_migrations g
                WHERE g.conversation_id = m.conversation_id AND g.state = 'cut_over'
-               ORDER BY g.cut_over_at DESC LIMIT 1)"
+               ORDER BY g.cut_over_at DESC LIMIT 1)
+         -- Never under an open move: a move back writes bodies into these
+         -- rows before its cutover makes them the record.
+         AND NOT EXISTS (SELECT 1 FROM conversation_migrations o
+                          WHERE o.conversation_id = m.conversation_id
+                            AND o.state IN ('planned', 'copying', 'verified'))"
     };
 }
 

@@ -255,6 +255,7 @@ pub async fn settle(pool: &PgPool, lease: &Lease, outcome: Published) -> BusResu
 
 async fn settle_stored(pool: &PgPool, lease: &Lease, locator: &str) -> BusResult<Settled> {
     let mut tx = pool.begin().await?;
+    lock_conversations(&mut tx, &[(lease.team_id, lease.conversation_id)]).await?;
     let deleted: Option<Uuid> = sqlx::query_scalar(concat!(
         "DELETE FROM conversation_outbox WHERE ",
         held!(),
@@ -304,7 +305,12 @@ pub async fn settle_confirmed_batch(
     let ids: Vec<Uuid> = confirmed.iter().map(|(l, _)| l.message_id).collect();
     let generations: Vec<i64> = confirmed.iter().map(|(l, _)| l.generation).collect();
     let locators: Vec<String> = confirmed.iter().map(|(_, loc)| loc.0.clone()).collect();
+    let conversations: Vec<(Uuid, Uuid)> = confirmed
+        .iter()
+        .map(|(l, _)| (l.team_id, l.conversation_id))
+        .collect();
     let mut tx = pool.begin().await?;
+    lock_conversations(&mut tx, &conversations).await?;
     let stored: Vec<(Uuid, Uuid)> = sqlx::query_as(
         "WITH won AS (
              DELETE FROM conversation_outbox o
@@ -336,6 +342,31 @@ pub async fn settle_confirmed_batch(
     super::inbox::enqueue_message_references(&mut tx, &stored).await?;
     tx.commit().await?;
     Ok(stored.into_iter().map(|(_, id)| id).collect())
+}
+
+/// The lock order of every conversation writer, conversation rows first: a
+/// settle writes inbox references, whose keys share-lock the conversation
+/// row, after the message and receipt rows a seat transfer also updates
+/// under that row. Taken up front (key-share, in id order) the settle queues
+/// behind such writers instead of deadlocking with them.
+async fn lock_conversations(
+    tx: &mut sqlx::PgConnection,
+    conversations: &[(Uuid, Uuid)],
+) -> BusResult<()> {
+    let teams: Vec<Uuid> = conversations.iter().map(|c| c.0).collect();
+    let ids: Vec<Uuid> = conversations.iter().map(|c| c.1).collect();
+    sqlx::query(
+        "SELECT 1 FROM conversations c
+           JOIN unnest($1::uuid[], $2::uuid[]) AS k(team_id, id)
+             ON c.team_id = k.team_id AND c.id = k.id
+          ORDER BY c.id
+            FOR KEY SHARE OF c",
+    )
+    .bind(&teams)
+    .bind(&ids)
+    .execute(tx)
+    .await?;
+    Ok(())
 }
 
 async fn settle_retryable(pool: &PgPool, lease: &Lease, why: &str) -> BusResult<Settled> {
@@ -577,16 +608,22 @@ pub async fn set_publication(
     outbox: bool,
 ) -> BusResult<()> {
     let mut tx = pool.begin().await?;
-    let found: Option<Uuid> = sqlx::query_scalar(
-        "SELECT id FROM conversations WHERE team_id = $1 AND id = $2 FOR UPDATE",
+    let backend: Option<String> = sqlx::query_scalar(
+        "SELECT backend FROM conversations WHERE team_id = $1 AND id = $2 FOR UPDATE",
     )
     .bind(team_id)
     .bind(conversation_id)
     .fetch_optional(&mut *tx)
     .await?;
-    if found.is_none() {
+    let Some(backend) = backend else {
         return Err(BusError::not_found(format!(
             "no conversation {conversation_id} in this team."
+        )));
+    };
+    if !outbox && backend != crate::backend::PostgresBackend::NAME {
+        return Err(BusError::conflict(format!(
+            "conversation {conversation_id} keeps its bodies on {backend}, which only the outbox \
+             publishes to. Move it to postgres (`conversations migrate --to postgres`) instead."
         )));
     }
     if !outbox {
@@ -858,6 +895,31 @@ pub async fn release_published_bodies(
 pub fn body_digest(body: &str) -> [u8; 32] {
     use sha2::{Digest, Sha256};
     Sha256::digest(body.as_bytes()).into()
+}
+
+/// [`tombstone`] for a reader that found a released body gone: only if the
+/// row is still that released body on that backend and locator (a move that
+/// committed meanwhile may have made the row the record again).
+pub async fn tombstone_released(
+    pool: &PgPool,
+    message_id: Uuid,
+    backend: &str,
+    locator: &str,
+    reason: &str,
+) -> BusResult<bool> {
+    let done = sqlx::query(
+        "UPDATE conversation_messages
+            SET tombstoned_at = COALESCE(tombstoned_at, now()),
+                tombstone_reason = COALESCE(tombstone_reason, $4)
+          WHERE id = $1 AND body = '' AND backend = $2 AND canonical_locator = $3",
+    )
+    .bind(message_id)
+    .bind(backend)
+    .bind(locator)
+    .bind(reason)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected() > 0)
 }
 
 /// Record that a body is no longer retrievable from its backend (O19). The

@@ -113,30 +113,19 @@ pub async fn drain_once(bus: &Bus, worker: &str, settings: &DrainSettings) -> Bu
         .collect()
         .await;
 
-    // Confirmations settle together (the common case, one transaction); the
-    // rest one by one, each fenced on its own generation.
-    let mut confirmed: Vec<(Lease, Locator)> = Vec::new();
-    for (lease, backend, outcome) in attempts {
-        match outcome {
-            Published::Confirmed(locator) => confirmed.push((lease, locator)),
-            other => match outbox::settle_attempt(&bus.pool, &backend, &lease, other).await {
-                Ok(Settled::Stored) => {
-                    pass.stored += 1;
-                    announce(bus, &lease);
-                }
-                Ok(Settled::Retrying { .. }) => pass.retrying += 1,
-                Ok(Settled::Failed) => pass.failed += 1,
-                Ok(Settled::Fenced) => pass.fenced += 1,
-                // One slot that cannot be settled now (on a last attempt the
-                // backend could not be asked whether it holds the body, O11)
-                // costs that slot its lease, never the rest of the pass: the
-                // confirmations below are still recorded. The slot is taken
-                // again once its lease runs out, and nothing is marked failed.
-                Err(e) => tracing::warn!(error = %e, slot = %lease.message_id,
-                    "could not settle a publication attempt; the slot returns when its lease expires"),
-            },
-        }
-    }
+    // Confirmations settle first, together (one transaction), while their
+    // leases are fresh; the rest one by one after, each fenced on its own
+    // generation (a last attempt may ask the backend, which takes time).
+    let (confirmed, others): (Vec<_>, Vec<_>) = attempts
+        .into_iter()
+        .partition(|(_, _, outcome)| matches!(outcome, Published::Confirmed(_)));
+    let confirmed: Vec<(Lease, Locator)> = confirmed
+        .into_iter()
+        .filter_map(|(lease, _, outcome)| match outcome {
+            Published::Confirmed(locator) => Some((lease, locator)),
+            _ => None,
+        })
+        .collect();
     let stored = outbox::settle_confirmed_batch(&bus.pool, &confirmed).await?;
     pass.fenced += confirmed.len() - stored.len();
     pass.stored += stored.len();
@@ -145,6 +134,23 @@ pub async fn drain_once(bus: &Bus, worker: &str, settings: &DrainSettings) -> Bu
         .filter(|(l, _)| stored.contains(&l.message_id))
     {
         announce(bus, lease);
+    }
+    for (lease, backend, outcome) in others {
+        match outbox::settle_attempt(&bus.pool, &backend, &lease, outcome).await {
+            Ok(Settled::Stored) => {
+                pass.stored += 1;
+                announce(bus, &lease);
+            }
+            Ok(Settled::Retrying { .. }) => pass.retrying += 1,
+            Ok(Settled::Failed) => pass.failed += 1,
+            Ok(Settled::Fenced) => pass.fenced += 1,
+            // One slot that cannot be settled now (on a last attempt the
+            // backend could not be asked whether it holds the body, O11)
+            // costs that slot its lease, never the rest of the pass. It is
+            // taken again once its lease runs out; nothing is marked failed.
+            Err(e) => tracing::warn!(error = %e, slot = %lease.message_id,
+                "could not settle a publication attempt; the slot returns when its lease expires"),
+        }
     }
     Ok(pass)
 }

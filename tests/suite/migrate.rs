@@ -668,6 +668,34 @@ async fn cleanup_respects_the_rollback_window_and_unfinished_moves() {
         .execute(t.pool())
         .await
         .unwrap();
+    // A move back that is open (interrupted) holds the rows it writes into.
+    let back = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO conversation_migrations (id, team_id, conversation_id, direction, state, started_by)
+         VALUES ($1, $2, $3, 'to_postgres', 'copying', 'interrupted')",
+    )
+    .bind(back)
+    .bind(t.team_id)
+    .bind(t.conversation_id)
+    .execute(t.pool())
+    .await
+    .unwrap();
+    let held = migrate::cleanup(t.pool(), t.team_id, 168, true)
+        .await
+        .unwrap();
+    assert_eq!(held.messages, 0, "nothing under an open move");
+    sqlx::query("UPDATE conversation_migrations SET state = 'failed' WHERE id = $1")
+        .bind(back)
+        .execute(t.pool())
+        .await
+        .unwrap();
+    // A jetstream thread cannot be switched to synchronous publication: its
+    // sends would never reach the broker.
+    let err =
+        ai_crew_sync::store::outbox::set_publication(t.pool(), t.team_id, t.conversation_id, false)
+            .await
+            .unwrap_err();
+    assert!(err.to_string().contains("migrate --to postgres"), "{err}");
     let report = migrate::cleanup(t.pool(), t.team_id, 168, false)
         .await
         .unwrap();
