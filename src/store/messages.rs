@@ -28,9 +28,11 @@ pub const PAGE_MAX: i64 = 200;
 pub const PAGE_DEFAULT: i64 = 50;
 pub const QUERY_MAX_BYTES: usize = 256;
 /// How long a read waits for an older, still-open writer before answering
-/// with what is settled (and `more: true`).
+/// with what is settled (and `more: true`): up to 2 s in 5 ms steps. The
+/// horizon is the whole server's, so on a busy shared PostgreSQL an unrelated
+/// slow transaction can hold it back; 200 ms proved too short under load.
 const SETTLE_WAIT_STEP: std::time::Duration = std::time::Duration::from_millis(5);
-const SETTLE_WAIT_ROUNDS: u32 = 40;
+const SETTLE_WAIT_ROUNDS: u32 = 400;
 
 /// A message as a reader sees it.
 #[derive(Clone, Debug, Serialize, sqlx::FromRow)]
