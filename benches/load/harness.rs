@@ -107,6 +107,21 @@ pub struct Run {
     /// when the window closed.
     pub offered_per_s: Option<f64>,
     pub backlog: Option<i64>,
+    /// A conversation move: what was moved and how long writes paused.
+    pub migration: Option<Migration>,
+    /// A further line the same scenario measured (the move back).
+    pub then: Option<Box<Run>>,
+}
+
+/// The figures of one conversation move (`migrate_conversation`).
+#[derive(Clone, Debug)]
+pub struct Migration {
+    /// `to_jetstream` or `to_postgres`.
+    pub direction: &'static str,
+    pub messages: i64,
+    pub bytes: i64,
+    /// How long writes to the conversation were refused.
+    pub paused_ms: i64,
 }
 
 impl Run {
@@ -120,6 +135,8 @@ impl Run {
             counted: Some(ops),
             offered_per_s: None,
             backlog: None,
+            migration: None,
+            then: None,
         }
     }
 
@@ -180,6 +197,8 @@ where
             counted: None,
             offered_per_s: None,
             backlog: None,
+            migration: None,
+            then: None,
         })
     })
     .await;

@@ -8,7 +8,7 @@
 //! at the same client count. A scenario may bring a baseline of its own, the
 //! same work done with nothing in between (`claim_complete` against
 //! `pg_claim_complete` in raw SQL; the outbox drain against raw JetStream
-//! publishes, `jetstream_publish_256`); its lines then carry that baseline. Figures, never pass/fail:
+//! publishes, `jetstream_publish_256`; the conversation move too); its lines then carry that baseline. Figures, never pass/fail:
 //! targets live in the issues.
 //!
 //! Everything it needs it starts itself and stops at the end, also on error or
@@ -197,6 +197,10 @@ async fn run(
         let baseline_ops = baseline.ops_per_s();
         emit(BASELINE, clients, &baseline, None, BASELINE, baseline_ops);
         for scenario in selected {
+            // A scenario measured once runs at the first client count only.
+            if scenario.once && clients != CLIENT_COUNTS[0] {
+                continue;
+            }
             // A scenario with a baseline of its own (the same work done in raw
             // SQL) is measured against it, right before it.
             let (baseline_name, baseline_ops) = match &scenario.baseline {
@@ -214,17 +218,25 @@ async fn run(
             };
             eprintln!("bench: {} with {clients} client(s)", scenario.name);
             server.reset_peak_rss();
-            let measured = (scenario.run)(ctx.clone(), clients)
-                .await
-                .with_context(|| format!("scenario {} with {clients} client(s)", scenario.name))?;
-            emit(
-                scenario.name,
-                clients,
-                &measured,
-                server.peak_rss_mib(),
-                baseline_name,
-                baseline_ops,
+            let mut measured = Some(
+                (scenario.run)(ctx.clone(), clients)
+                    .await
+                    .with_context(|| {
+                        format!("scenario {} with {clients} client(s)", scenario.name)
+                    })?,
             );
+            // A scenario may measure several lines (a move and the move back).
+            while let Some(mut run) = measured {
+                emit(
+                    scenario.name,
+                    clients,
+                    &run,
+                    server.peak_rss_mib(),
+                    baseline_name,
+                    baseline_ops,
+                );
+                measured = run.then.take().map(|next| *next);
+            }
         }
     }
 
@@ -254,6 +266,18 @@ struct Line<'a> {
     offered_per_s: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     backlog: Option<i64>,
+    /// A conversation move: its direction, what it moved (messages and body
+    /// bytes, MB = 10^6 bytes) and how long writes to the thread paused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    direction: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    messages: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bytes: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mb_per_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    paused_ms: Option<i64>,
 }
 
 fn emit(
@@ -280,6 +304,21 @@ fn emit(
         secs: round(run.secs(), 3),
         offered_per_s: run.offered_per_s.map(|v| round(v, 1)),
         backlog: run.backlog,
+        direction: run.migration.as_ref().map(|m| m.direction),
+        messages: run.migration.as_ref().map(|m| m.messages),
+        bytes: run.migration.as_ref().map(|m| m.bytes),
+        mb_per_s: run.migration.as_ref().map(|m| {
+            let secs = run.secs();
+            round(
+                if secs > 0.0 {
+                    m.bytes as f64 / 1e6 / secs
+                } else {
+                    0.0
+                },
+                3,
+            )
+        }),
+        paused_ms: run.migration.as_ref().map(|m| m.paused_ms),
     };
     match serde_json::to_string(&line) {
         Ok(text) => println!("{text}"),
