@@ -6,7 +6,8 @@
 //! confirmation for an outbox message (no reference to a message nobody
 //! stored), at ack for a receipt reference. PostgreSQL never expires what is
 //! owed, so whatever a broker loses is rebuilt from here and from
-//! `message_receipts`.
+//! `message_receipts`. A receipt is owed to the window holding its seat now
+//! (a transfer moves the seat; `recipient_session` keeps who it was sent to).
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -64,11 +65,13 @@ pub async fn enqueue_message_references(
              (id, team_id, recipient_key, recipient_id, recipient_session, kind,
               conversation_id, message_id, seq, actor)
          SELECT gen_random_uuid(), r.team_id, ",
-        recipient_key_sql!("r.recipient_id", "r.recipient_session"),
-        ", r.recipient_id, r.recipient_session, 'message', m.conversation_id, m.id, m.seq,
+        recipient_key_sql!("w.agent_id", "w.session"),
+        ", w.agent_id, w.session, 'message', m.conversation_id, m.id, m.seq,
                 CASE WHEN m.sender_session = '' THEN a.name ELSE a.name || '/' || m.sender_session END
            FROM unnest($1::uuid[], $2::uuid[]) AS s(team_id, message_id)
            JOIN message_receipts r ON r.team_id = s.team_id AND r.message_id = s.message_id
+           -- The window that holds the receipt's seat now (a transfer moves it).
+           JOIN conversation_members w ON w.team_id = r.team_id AND w.id = r.member_id
            JOIN conversation_messages m ON m.team_id = r.team_id AND m.id = r.message_id
            JOIN agents a ON a.team_id = m.team_id AND a.id = m.sender_id
          ON CONFLICT DO NOTHING"
@@ -157,15 +160,16 @@ pub async fn fetch(bus: &Bus, me: &Identity, limit: i64, first: &[Uuid]) -> BusR
         "INSERT INTO inbox_references
              (id, team_id, recipient_key, recipient_id, recipient_session, kind,
               conversation_id, message_id, seq, actor, created_at)
-         SELECT gen_random_uuid(), r.team_id, $3, r.recipient_id, r.recipient_session, 'message',
+         SELECT gen_random_uuid(), r.team_id, $3, w.agent_id, w.session, 'message',
                 m.conversation_id, m.id, m.seq,
                 CASE WHEN m.sender_session = '' THEN a.name ELSE a.name || '/' || m.sender_session END,
                 -- Owed since the send committed (the synchronous path's confirmation).
                 m.created_at
            FROM message_receipts r
+           JOIN conversation_members w ON w.team_id = r.team_id AND w.id = r.member_id
            JOIN conversation_messages m ON m.team_id = r.team_id AND m.id = r.message_id
            JOIN agents a ON a.team_id = m.team_id AND a.id = m.sender_id
-          WHERE r.team_id = $1 AND r.recipient_id = $2 AND r.recipient_session = $4
+          WHERE r.team_id = $1 AND w.agent_id = $2 AND w.session = $4
             AND r.delivered_at IS NULL AND m.publication_state = 'stored'
           ORDER BY m.created_at
           LIMIT $5
@@ -253,7 +257,8 @@ pub async fn confirm(bus: &Bus, me: &Identity, ids: &[Uuid]) -> BusResult<Confir
              UPDATE message_receipts r SET delivered_at = COALESCE(r.delivered_at, now())
                FROM marked
               WHERE marked.kind = 'message' AND r.team_id = $1 AND r.message_id = marked.message_id
-                AND r.recipient_id = $4 AND r.recipient_session = $5)
+                AND r.member_id IN (SELECT w.id FROM conversation_members w
+                                     WHERE w.team_id = $1 AND w.agent_id = $4 AND w.session = $5))
          SELECT id, fresh, broker_ack FROM before",
     )
     .bind(me.team_id)
@@ -301,8 +306,9 @@ pub async fn owed(bus: &Bus, me: &Identity) -> BusResult<Owed> {
               WHERE team_id = $1 AND recipient_key = $2 AND delivered_at IS NULL
                 AND handed_out_at >= now() - make_interval(secs => $5)),
             (SELECT count(*) FROM message_receipts r
+               JOIN conversation_members w ON w.team_id = r.team_id AND w.id = r.member_id
                JOIN conversation_messages m ON m.team_id = r.team_id AND m.id = r.message_id
-              WHERE r.team_id = $1 AND r.recipient_id = $3 AND r.recipient_session = $4
+              WHERE r.team_id = $1 AND w.agent_id = $3 AND w.session = $4
                 AND r.delivered_at IS NULL AND m.publication_state = 'stored'
                 AND NOT EXISTS (SELECT 1 FROM inbox_references i
                                  WHERE i.team_id = r.team_id AND i.recipient_key = $2

@@ -454,3 +454,51 @@ async fn on_a_jetstream_team_references_go_through_the_broker_and_survive_losing
     );
     workers.stop().await;
 }
+
+// A transferred seat takes what is owed with it: the new window is handed
+// the references and its confirmation writes `delivered` on the receipt.
+#[tokio::test]
+async fn a_transferred_seat_takes_its_owed_references_to_the_new_window() {
+    let p = pair().await;
+    let message_id = p.send("before the move").await;
+    p.bob
+        .call(
+            "transfer_membership",
+            json!({"conversation_id": p.conversation_id, "to": "w2"}),
+        )
+        .await
+        .unwrap();
+    let w2 = McpClient::connect(&p.app.mcp_url(), &bob_token_of(&p).await, Some("w2"))
+        .await
+        .unwrap();
+    w2.call(
+        "join_conversation",
+        json!({"conversation_id": p.conversation_id}),
+    )
+    .await
+    .unwrap();
+
+    let fetched = fetch(&w2).await;
+    assert_eq!(
+        fetched["deliveries"][0]["message_id"],
+        message_id.to_string()
+    );
+    let ids = delivery_ids(&fetched);
+    let confirmed = w2
+        .call("confirm_inbox_delivery", json!({"delivery_ids": ids}))
+        .await
+        .unwrap();
+    assert_eq!(confirmed["confirmed"], 1);
+    let receipts = p
+        .alice
+        .call("get_message_receipts", json!({"message_id": message_id}))
+        .await
+        .unwrap();
+    assert_eq!(receipts["delivered"], 1);
+    let old = p
+        .bob
+        .call("conversation_inbox_status", json!({}))
+        .await
+        .unwrap();
+    assert_eq!(old["owed"], 0, "nothing stays owed to the old window");
+}
