@@ -195,6 +195,40 @@ impl Thread {
         .unwrap()
     }
 
+    /// A run row as a process left it (crashed, interrupted, failed); its id.
+    /// `paused` also gives the run the conversation's write pause.
+    async fn left_run(
+        &self,
+        conversation_id: Uuid,
+        direction: &str,
+        state: &str,
+        paused: bool,
+    ) -> Uuid {
+        let id = Uuid::new_v4();
+        sqlx::query(
+            "INSERT INTO conversation_migrations
+                 (id, team_id, conversation_id, direction, state, started_by, paused_at)
+             VALUES ($1, $2, $3, $4, $5, 'left behind', CASE WHEN $6 THEN now() END)",
+        )
+        .bind(id)
+        .bind(self.team_id)
+        .bind(conversation_id)
+        .bind(direction)
+        .bind(state)
+        .bind(paused)
+        .execute(self.pool())
+        .await
+        .unwrap();
+        if paused {
+            sqlx::query("UPDATE conversations SET write_paused_at = now() WHERE id = $1")
+                .bind(conversation_id)
+                .execute(self.pool())
+                .await
+                .unwrap();
+        }
+        id
+    }
+
     /// The real binary, as an operator runs it.
     fn command(&self, args: &[&str]) -> Command {
         let mut command = Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"));
@@ -593,21 +627,7 @@ async fn concurrent_operators_share_one_run_and_opposite_directions_conflict() {
     // A process died holding an open move back to postgres...
     let other = new_conversation(&t.alice, &t.bob, "second").await;
     t.send(other, "one").await.unwrap();
-    sqlx::query(
-        "INSERT INTO conversation_migrations (id, team_id, conversation_id, direction, state, started_by, paused_at)
-         VALUES ($1, $2, $3, 'to_jetstream', 'copying', 'crashed', now())",
-    )
-    .bind(Uuid::new_v4())
-    .bind(t.team_id)
-    .bind(other)
-    .execute(t.pool())
-    .await
-    .unwrap();
-    sqlx::query("UPDATE conversations SET write_paused_at = now() WHERE id = $1")
-        .bind(other)
-        .execute(t.pool())
-        .await
-        .unwrap();
+    t.left_run(other, "to_jetstream", "copying", true).await;
     let t2 = Thread {
         conversation_id: other,
         ..t
@@ -643,16 +663,8 @@ async fn cleanup_respects_the_rollback_window_and_unfinished_moves() {
     t.send(failed_conversation, "keep me").await.unwrap();
     t.run(Direction::ToJetStream).await.unwrap();
     // A move of the other thread that failed: its bodies are not released.
-    sqlx::query(
-        "INSERT INTO conversation_migrations (id, team_id, conversation_id, direction, state, started_by)
-         VALUES ($1, $2, $3, 'to_jetstream', 'failed', 'test')",
-    )
-    .bind(Uuid::new_v4())
-    .bind(t.team_id)
-    .bind(failed_conversation)
-    .execute(t.pool())
-    .await
-    .unwrap();
+    t.left_run(failed_conversation, "to_jetstream", "failed", false)
+        .await;
 
     let err = migrate::cleanup(t.pool(), t.team_id, -1, true)
         .await
@@ -669,17 +681,9 @@ async fn cleanup_respects_the_rollback_window_and_unfinished_moves() {
         .await
         .unwrap();
     // A move back that is open (interrupted) holds the rows it writes into.
-    let back = Uuid::new_v4();
-    sqlx::query(
-        "INSERT INTO conversation_migrations (id, team_id, conversation_id, direction, state, started_by)
-         VALUES ($1, $2, $3, 'to_postgres', 'copying', 'interrupted')",
-    )
-    .bind(back)
-    .bind(t.team_id)
-    .bind(t.conversation_id)
-    .execute(t.pool())
-    .await
-    .unwrap();
+    let back = t
+        .left_run(t.conversation_id, "to_postgres", "copying", false)
+        .await;
     let held = migrate::cleanup(t.pool(), t.team_id, 168, true)
         .await
         .unwrap();
@@ -769,17 +773,9 @@ async fn a_resumed_run_verifies_a_recorded_copy_instead_of_publishing_again() {
         panic!("the earlier copy was not published");
     };
     // What an interrupted run left: open, its item copied with a locator.
-    let run = Uuid::new_v4();
-    sqlx::query(
-        "INSERT INTO conversation_migrations (id, team_id, conversation_id, direction, state, started_by)
-         VALUES ($1, $2, $3, 'to_jetstream', 'copying', 'interrupted')",
-    )
-    .bind(run)
-    .bind(t.team_id)
-    .bind(t.conversation_id)
-    .execute(t.pool())
-    .await
-    .unwrap();
+    let run = t
+        .left_run(t.conversation_id, "to_jetstream", "copying", false)
+        .await;
     sqlx::query(
         "INSERT INTO conversation_migration_items
              (migration_id, message_id, team_id, body_sha256, bytes, target_locator, state)
