@@ -126,6 +126,9 @@ pub async fn ping(pool: &PgPool) -> Result<(), sqlx::Error> {
         .map(|_| ())
 }
 
+/// A pooled connection idle at least this long is pinged before it is handed out.
+const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
+
 /// A pool on `url`; statement logging is off (it would log every heartbeat).
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, OpenError> {
     let options: PgConnectOptions = url.parse().map_err(|source| OpenError::Connect {
@@ -135,6 +138,20 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, OpenErro
     PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))
+        // sqlx pings every connection it hands out by default: one extra
+        // round trip per operation under load, on connections returned
+        // microseconds earlier. Only a connection idle for a while (it may
+        // have been cut by a restart or a proxy) is pinged now; a broken one
+        // is dropped and another taken, as before.
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= PING_AFTER_IDLE {
+                    conn.ping().await?;
+                }
+                Ok(true)
+            })
+        })
         .connect_with(options.disable_statement_logging())
         .await
         .map_err(|source| OpenError::Connect {
