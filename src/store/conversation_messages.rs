@@ -219,23 +219,21 @@ pub async fn send(bus: &Bus, me: &Identity, new: NewConversationMessage) -> BusR
     let digest: [u8; 32] = Sha256::digest(new.body.as_bytes()).into();
 
     let mut tx = bus.pool.begin().await?;
-    // The conversation row first: every writer queues here. The session
-    // guard's check rides in the same statement.
+    // The conversation row first: every writer queues here. The next seq is
+    // claimed by the same write, and the session guard's check rides along.
+    // Everything but a stored send rolls the claim back: no gap.
     let (conversation, access) =
-        conversations::guarded_load_with_access(&mut tx, me, new.conversation_id).await?;
+        conversations::claim_next_seq_with_access(&mut tx, me, new.conversation_id).await?;
+    let seq = conversation.last_seq;
 
     let seat = match refuse_sender(&mut tx, me, &conversation, access).await {
         Ok(seat) => seat,
         // A retry of a send accepted before (say) the archive still gets its
         // original: what was accepted is never refused afterwards.
         Err(refusal) => {
-            return match replay(&mut tx, me, &conversation, request_id, &digest).await? {
-                Some(sent) => {
-                    tx.commit().await?;
-                    Ok(sent)
-                }
-                None => Err(refusal),
-            };
+            let original = replay(&mut tx, me, &conversation, request_id, &digest).await?;
+            tx.rollback().await?;
+            return original.ok_or(refusal);
         }
     };
     if let Some(reply_to) = new.reply_to {
@@ -260,36 +258,35 @@ pub async fn send(bus: &Bus, me: &Identity, new: NewConversationMessage) -> BusR
     // Synchronous: stored because this transaction commits. Outbox: accepted
     // now, `pending_publication` until the backend confirms.
     let sync = conversation.publication == "sync";
-    // One statement, after the lock: the sequence is allocated under the
-    // conversation lock taken above; a request_id seen before inserts nothing
-    // and allocates nothing (no gap), and is answered from the original.
-    // Concurrent retries queue on the lock. The recipient list is frozen from
-    // this statement's snapshot, taken after the lock: active seats but the
-    // sender's, and in a project conversation only agents still holding the
-    // grant. Their receipts say stored at commit on the synchronous path (the
-    // body is in this transaction), at confirmation on the outbox path. The
-    // send's audit row goes with it.
-    let id = Uuid::new_v4();
-    let inserted: Option<(i64, DateTime<Utc>, Vec<String>)> = sqlx::query_as(
+    // One statement, after the lock, with the seq claimed above; a request_id
+    // seen before inserts nothing and is answered from the original (the
+    // claim rolls back). Concurrent retries queue on the lock. The recipient
+    // list is frozen from this statement's snapshot, taken after the lock:
+    // active seats but the sender's, and in a project conversation only
+    // agents still holding the grant. Their receipts say stored at commit on
+    // the synchronous path (the body is in this transaction), at
+    // confirmation on the outbox path. The send's audit row goes with it.
+    // Time-ordered (UUIDv7): new messages land at the end of the id indexes
+    // (the message's and its receipts'), not on a random page each, which
+    // would write a full page image to the WAL for nearly every send after
+    // a checkpoint.
+    let id = Uuid::now_v7();
+    let inserted: Option<(DateTime<Utc>, Vec<String>)> = sqlx::query_as(
         "WITH ins AS (
              INSERT INTO conversation_messages
                  (id, team_id, conversation_id, seq, sender_member_id, sender_id, sender_session,
                   request_id, body, body_sha256, body_bytes, reply_to, metadata, backend,
                   publication_state, canonical_locator)
-             SELECT $3, $1, $2, c.last_seq + 1, $4, $5, $6, $7, $8, $9, $10, $11, $12, c.backend,
+             SELECT $3, $1, $2, $15, $4, $5, $6, $7, $8, $9, $10, $11, $12, $16,
                     CASE WHEN $14 THEN 'stored' ELSE 'pending_publication' END,
                     CASE WHEN $14 THEN $3::text END
-             FROM conversations c WHERE c.team_id = $1 AND c.id = $2
-               -- The sender's seat as it is now: a removal or demotion that
-               -- committed while this send waited for the lock counts.
-               AND EXISTS (SELECT 1 FROM conversation_members s
+             -- The sender's seat as it is now: a removal or demotion that
+             -- committed while this send waited for the lock counts.
+             WHERE EXISTS (SELECT 1 FROM conversation_members s
                             WHERE s.team_id = $1 AND s.conversation_id = $2 AND s.id = $4
                               AND s.state = 'active' AND s.role <> 'observer')
              ON CONFLICT (team_id, conversation_id, sender_id, request_id) DO NOTHING
-             RETURNING seq, created_at),
-         bump AS (
-             UPDATE conversations c SET last_seq = ins.seq FROM ins
-             WHERE c.team_id = $1 AND c.id = $2),
+             RETURNING created_at),
          owed AS (
              INSERT INTO message_receipts
                  (team_id, message_id, member_id, recipient_id, recipient_session, stored_at)
@@ -304,10 +301,10 @@ pub async fn send(bus: &Bus, me: &Identity, new: NewConversationMessage) -> BusR
              INSERT INTO conversation_audit
                  (team_id, conversation_id, actor_id, actor_session, action, subject, detail)
              SELECT $1, $2, $5, $6, 'send', $3::text,
-                    jsonb_build_object('message_id', $3, 'seq', ins.seq, 'request_id', $7,
+                    jsonb_build_object('message_id', $3, 'seq', $15, 'request_id', $7,
                                        'body_bytes', $10, 'recipients', (SELECT count(*) FROM owed))
              FROM ins)
-         SELECT ins.seq, ins.created_at,
+         SELECT ins.created_at,
                 ARRAY(SELECT CASE WHEN owed.recipient_session = '' THEN a.name
                                   ELSE a.name || '/' || owed.recipient_session END
                       FROM owed JOIN agents a ON a.team_id = $1 AND a.id = owed.recipient_id
@@ -328,18 +325,24 @@ pub async fn send(bus: &Bus, me: &Identity, new: NewConversationMessage) -> BusR
     .bind(&metadata)
     .bind(conversation.project_id)
     .bind(sync)
+    .bind(seq)
+    .bind(&conversation.backend)
     .fetch_optional(&mut *tx)
     .await?;
-    let Some((seq, created_at, recipients)) = inserted else {
-        if let Some(sent) = replay(&mut tx, me, &conversation, request_id, &digest).await? {
-            tx.commit().await?;
+    let Some((created_at, recipients)) = inserted else {
+        let original = replay(&mut tx, me, &conversation, request_id, &digest).await?;
+        tx.rollback().await?;
+        if let Some(sent) = original {
             return Ok(sent);
         }
         // Nothing inserted and no earlier send: the seat changed while this
-        // send waited for the conversation lock. Answer with what applies now.
+        // send waited for the conversation lock. Answer with what applies now
+        // (and roll that claim back too).
+        let mut tx = bus.pool.begin().await?;
         let (conversation, access) =
-            conversations::guarded_load_with_access(&mut tx, me, conversation.id).await?;
+            conversations::claim_next_seq_with_access(&mut tx, me, conversation.id).await?;
         refuse_sender(&mut tx, me, &conversation, access).await?;
+        tx.rollback().await?;
         return Err(BusError::conflict(
             "this send could not be stored; nothing was changed. Retry with the same request_id.",
         ));

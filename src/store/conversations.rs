@@ -14,8 +14,8 @@
 //!   agent token for private conversation data: that window's data is reached
 //!   with its session credential.
 //!
-//! Lock order for every writer: the conversation row first (`FOR UPDATE`; it
-//! also allocates the sequence), then member rows, then messages and receipts.
+//! Lock order for every writer: the conversation row first (`FOR UPDATE`, or
+//! the send's update that allocates the sequence), then member rows, then messages and receipts.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -234,17 +234,41 @@ pub(crate) async fn read_access(
     access_from(conn, me, conversation, seat).await
 }
 
-/// The send path's locked read: the columns of a [`Conversation`] and of this
-/// window's seat, whether the label is borrowed (see `seat_unless_borrowed`),
-/// and [`sessions::guard`](super::sessions::guard)'s reads, for the two ways
-/// a window is identified. `$1` team, `$2` conversation, `$3` agent, `$4`
+/// The send path's first statement: it takes the conversation row's lock and
+/// the next sequence number in one write (`last_seq + 1`; a send that is then
+/// refused or replayed rolls it back, so no gap), and returns the columns of
+/// a [`Conversation`] (with `last_seq` the claimed number), this window's
+/// seat, whether the label is borrowed (see `seat_unless_borrowed`), and
+/// [`sessions::guard`](super::sessions::guard)'s reads, for the two ways a
+/// window is identified. `$1` team, `$2` conversation, `$3` agent, `$4`
 /// whether to check for a borrowed label, `$5` session label, `$6` the
 /// session id (a session credential) or the token id (a bare token).
-macro_rules! guarded_locked_read {
+///
+/// Locks come in the guard's order: the session row (`FOR SHARE`, in the
+/// guard subquery, with a session credential) is locked while the join is
+/// read, the conversation row when the update writes it.
+macro_rules! claim_next_seq {
     ($guard_columns:literal, $guard_from:literal, $guard_where:literal, $locks:literal) => {
         concat!(
-            "SELECT c.id, c.title, c.visibility, c.project_id, p.name AS project, c.last_seq,
-                    c.backend, c.publication, c.write_paused_at, c.archived_at, c.created_at,
+            "UPDATE conversations c SET last_seq = c.last_seq + 1
+               FROM (SELECT ",
+            $guard_columns,
+            " FROM ",
+            $guard_from,
+            " WHERE ",
+            $guard_where,
+            " ",
+            $locks,
+            ") AS g
+               LEFT JOIN conversation_members m
+                      ON m.team_id = $1 AND m.conversation_id = $2
+                     AND m.agent_id = $3 AND m.session = $5
+              WHERE c.team_id = $1 AND c.id = $2
+          RETURNING c.id, c.title, c.visibility, c.project_id,
+                    (SELECT p.name FROM projects p
+                      WHERE p.team_id = c.team_id AND p.id = c.project_id) AS project,
+                    c.last_seq, c.backend, c.publication, c.write_paused_at, c.archived_at,
+                    c.created_at,
                     ($4 AND EXISTS (
                         SELECT 1 FROM agent_sessions bs
                         JOIN agent_tokens bt ON bt.team_id = bs.team_id AND bt.id = bs.token_id
@@ -255,28 +279,17 @@ macro_rules! guarded_locked_read {
                     m.id AS seat_id, m.role AS seat_role, m.state AS seat_state,
                     m.history_from_seq AS seat_history_from_seq,
                     m.transfer_to_session AS seat_transfer_to_session,
-                    m.superseded_by AS seat_superseded_by, ",
-            $guard_columns,
-            " FROM ",
-            $guard_from,
-            " JOIN conversations c ON c.team_id = $1 AND c.id = $2
-             LEFT JOIN projects p ON p.team_id = c.team_id AND p.id = c.project_id
-             LEFT JOIN conversation_members m
-                    ON m.team_id = c.team_id AND m.conversation_id = c.id
-                   AND m.agent_id = $3 AND m.session = $5
-             WHERE ",
-            $guard_where,
-            " ",
-            $locks
+                    m.superseded_by AS seat_superseded_by, g.*"
         )
     };
 }
 
-/// The conversation locked `FOR UPDATE` (the writer's first lock) and how
-/// this window may use it, after `sessions::guard`'s check, all in one round
-/// trip: the send path's start. The session row (with a session credential)
-/// is locked `FOR SHARE` first, as the guard would, then the conversation.
-pub(crate) async fn guarded_load_with_access(
+/// The conversation locked and its next sequence number claimed (the
+/// writer's first lock; see [`claim_next_seq!`]), and how this window may use
+/// it, after `sessions::guard`'s check, all in one round trip: the send
+/// path's start. The caller commits only a send it stores; every other
+/// outcome rolls the claim back.
+pub(crate) async fn claim_next_seq_with_access(
     conn: &mut PgConnection,
     me: &Identity,
     id: Uuid,
@@ -295,11 +308,9 @@ pub(crate) async fn guarded_load_with_access(
         seat_transfer_to_session: Option<String>,
         seat_superseded_by: Option<Uuid>,
     }
-    // Locks are taken in the order the clauses name them: the session row,
-    // then the conversation.
     let (sql, identified_by) = match me.window {
         Some(window) => (
-            guarded_locked_read!(
+            claim_next_seq!(
                 "s.epoch AS guard_epoch, s.revoked_at AS guard_revoked_at,
                  s.expires_at <= now() AS guard_expired,
                  t.revoked_at AS guard_token_revoked_at, a.disabled_at AS guard_disabled_at",
@@ -308,18 +319,18 @@ pub(crate) async fn guarded_load_with_access(
                    ON t.team_id = s.team_id AND t.agent_id = s.agent_id AND t.id = s.token_id
                  JOIN agents a ON a.team_id = s.team_id AND a.id = s.agent_id",
                 "s.team_id = $1 AND s.id = $6",
-                "FOR SHARE OF s FOR UPDATE OF c"
+                "FOR SHARE OF s"
             ),
             window.session_id,
         ),
         None => (
-            guarded_locked_read!(
+            claim_next_seq!(
                 "NULL::bigint AS guard_epoch, NULL::timestamptz AS guard_revoked_at,
                  NULL::boolean AS guard_expired,
                  t.revoked_at AS guard_token_revoked_at, a.disabled_at AS guard_disabled_at",
                 "agent_tokens t JOIN agents a ON a.team_id = t.team_id AND a.id = t.agent_id",
                 "t.team_id = $1 AND t.id = $6",
-                "FOR UPDATE OF c"
+                ""
             ),
             me.token_id,
         ),

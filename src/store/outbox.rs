@@ -111,7 +111,8 @@ pub async fn enqueue(
     .bind(backend)
     .bind(payload)
     .bind(payload.len() as i32)
-    .bind(Uuid::new_v4())
+    // Time-ordered, like message ids: the unique index on it is appended to.
+    .bind(Uuid::now_v7())
     .fetch_one(&mut *tx)
     .await?;
     Ok(publish_key)

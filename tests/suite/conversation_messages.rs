@@ -698,6 +698,22 @@ async fn observers_archived_and_paused_conversations_refuse_sends_and_store_noth
     bob.call("read_conversation", json!({"conversation_id": conv}))
         .await
         .expect("an observer reads");
+    // Refused after the send claimed its seq (the reply_to is checked under
+    // the conversation's lock): the claim rolls back with it.
+    let unknown_reply = alice
+        .call(
+            "send_conversation_message",
+            json!({"conversation_id": conv, "body": "re: nothing",
+                   "request_id": Uuid::new_v4().to_string(), "reply_to": Uuid::new_v4()}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(unknown_reply["error"], "not_found", "{unknown_reply}");
+    assert_eq!(
+        stored_messages(&app.pool, conv).await,
+        (0, 0),
+        "no seq claimed"
+    );
 
     sqlx::query("UPDATE conversations SET write_paused_at = now() - interval '7 s' WHERE id = $1")
         .bind(conv)
