@@ -47,6 +47,10 @@ pub enum EventKind {
     /// Routing is by membership, which only the database knows: a conversation
     /// waiter re-checks its receipts on every one of these.
     Conversation,
+    /// A message was accepted into an outbox (id = message id, `c` =
+    /// conversation): work for the publication drain, which wakes on these
+    /// only, not on every send.
+    Outbox,
 }
 
 impl EventKind {
@@ -57,6 +61,7 @@ impl EventKind {
             EventKind::Lock => "lock",
             EventKind::Note => "note",
             EventKind::Conversation => "conversation",
+            EventKind::Outbox => "outbox",
         }
     }
 }

@@ -1083,12 +1083,12 @@ impl Feeder {
         Ok(())
     }
 
-    /// What a send emits: wakes an idle drain.
+    /// What a send into an outbox emits to wake an idle drain.
     fn event(&self) -> ai_crew_sync::events::BusEvent {
         use ai_crew_sync::events::{BusEvent, EventKind};
         let mut event = BusEvent::new(
             self.team_id,
-            EventKind::Conversation,
+            EventKind::Outbox,
             self.conversation.to_string(),
         );
         event.channel_id = Some(self.conversation);

@@ -364,6 +364,12 @@ pub async fn send(bus: &Bus, me: &Identity, new: NewConversationMessage) -> BusR
 
     let mut event = BusEvent::new(me.team_id, EventKind::Conversation, id.to_string()).by(me);
     event.channel_id = Some(conversation.id);
+    if !sync {
+        // The drain (on any replica) has a slot to publish.
+        let mut work = event.clone();
+        work.kind = EventKind::Outbox;
+        bus.events.emit(work);
+    }
     bus.events.emit(event);
 
     Ok(Sent {

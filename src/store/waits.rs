@@ -135,7 +135,7 @@ fn concerns(event: &BusEvent, me: &Identity, focus: Option<Uuid>, request: &Wait
         },
         EventKind::Task | EventKind::Lock | EventKind::Note => true,
         // Conversation traffic has its own wait (wait_for_conversation_updates).
-        EventKind::Conversation => false,
+        EventKind::Conversation | EventKind::Outbox => false,
     }
 }
 

@@ -178,8 +178,9 @@ fn announce(bus: &Bus, lease: &Lease) {
 }
 
 /// Run the drain until `shutdown`: `settings.lanes` lanes, each pass after
-/// pass while there is work, and when idle waiting for a conversation event
-/// (a send on any replica) or the idle poll, whichever comes first. Lanes are
+/// pass while there is work, and when idle waiting for an outbox event (a
+/// send into an outbox on any replica) or the idle poll, whichever comes
+/// first. Sends on the synchronous path wake no drain. Lanes are
 /// independent workers (each its own worker name), exactly as replicas are.
 pub fn spawn_drain(
     bus: Bus,
@@ -222,18 +223,18 @@ fn spawn_lane(
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = idle => {}
-                _ = wait_for_conversation_event(&mut events) => {}
+                _ = wait_for_outbox_event(&mut events) => {}
             }
         }
     })
 }
 
-async fn wait_for_conversation_event(
+async fn wait_for_outbox_event(
     events: &mut tokio::sync::broadcast::Receiver<std::sync::Arc<BusEvent>>,
 ) {
     loop {
         match events.recv().await {
-            Ok(event) if event.kind == EventKind::Conversation => return,
+            Ok(event) if event.kind == EventKind::Outbox => return,
             Ok(_) => {}
             // Lagged: something happened; closed: fall back to the poll.
             Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return,

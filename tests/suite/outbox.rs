@@ -1176,6 +1176,51 @@ async fn the_running_drain_stores_a_send_and_the_reader_sees_it() {
     drain.await.expect("the drain stops cleanly on shutdown");
 }
 
+// The drain wakes on outbox events only: a send into an outbox emits one
+// (beside the conversation event readers wait on), a send on the synchronous
+// path does not, so a busy synchronous team does not keep every replica's
+// drain polling the outbox.
+#[tokio::test]
+async fn only_a_send_into_an_outbox_wakes_the_drain() {
+    use ai_crew_sync::events::EventKind;
+    let t = Outboxed::new().await;
+    let mut events = t.app.bus.events.subscribe();
+    let outboxed = t.send_id("for the drain").await;
+    let mut kinds = Vec::new();
+    while kinds.len() < 2 {
+        let event = tokio::time::timeout(Duration::from_secs(5), events.recv())
+            .await
+            .expect("the send's events")
+            .unwrap();
+        assert_eq!(event.id, outboxed.to_string());
+        kinds.push(event.kind);
+    }
+    kinds.sort_by_key(|k| k.as_str());
+    assert_eq!(kinds, [EventKind::Conversation, EventKind::Outbox]);
+
+    sqlx::query(
+        "UPDATE conversations SET publication = 'sync', backend = 'postgres' WHERE id = $1",
+    )
+    .bind(t.conversation_id)
+    .execute(t.pool())
+    .await
+    .unwrap();
+    let synchronous = t.send("stored at commit").await;
+    assert_eq!(synchronous["stored"], true);
+    let event = tokio::time::timeout(Duration::from_secs(5), events.recv())
+        .await
+        .expect("the send's event")
+        .unwrap();
+    assert_eq!(event.id, synchronous["message_id"].as_str().unwrap());
+    assert_eq!(event.kind, EventKind::Conversation);
+    // Nothing else follows it: no outbox event for a synchronous send.
+    let next = tokio::time::timeout(Duration::from_millis(300), events.recv()).await;
+    assert!(
+        next.is_err(),
+        "unexpected event after a synchronous send: {next:?}"
+    );
+}
+
 // ------------------------------------------------------- operator's view --
 
 // O14 as an operator sees it: /health's publication section and
