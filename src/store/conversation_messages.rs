@@ -265,7 +265,8 @@ pub async fn send(bus: &Bus, me: &Identity, new: NewConversationMessage) -> BusR
     // active seats but the sender's, and in a project conversation only
     // agents still holding the grant. Their receipts say stored at commit on
     // the synchronous path (the body is in this transaction), at
-    // confirmation on the outbox path. The send's audit row goes with it.
+    // confirmation on the outbox path. The message row is the send's audit
+    // entry (the `conversation_audit_log` view, migration 0012).
     // Time-ordered (UUIDv7): new messages land at the end of the id indexes
     // (the message's and its receipts'), not on a random page each, which
     // would write a full page image to the WAL for nearly every send after
@@ -296,14 +297,7 @@ pub async fn send(bus: &Bus, me: &Identity, new: NewConversationMessage) -> BusR
                AND ($13::uuid IS NULL OR EXISTS (
                        SELECT 1 FROM project_grants g
                        WHERE g.team_id = s.team_id AND g.project_id = $13 AND g.agent_id = s.agent_id))
-             RETURNING recipient_id, recipient_session),
-         audited AS (
-             INSERT INTO conversation_audit
-                 (team_id, conversation_id, actor_id, actor_session, action, subject, detail)
-             SELECT $1, $2, $5, $6, 'send', $3::text,
-                    jsonb_build_object('message_id', $3, 'seq', $15, 'request_id', $7,
-                                       'body_bytes', $10, 'recipients', (SELECT count(*) FROM owed))
-             FROM ins)
+             RETURNING recipient_id, recipient_session)
          SELECT ins.created_at,
                 ARRAY(SELECT CASE WHEN owed.recipient_session = '' THEN a.name
                                   ELSE a.name || '/' || owed.recipient_session END

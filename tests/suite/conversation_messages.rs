@@ -299,7 +299,7 @@ async fn eight_windows_sending_at_once_get_seqs_without_gaps_and_recipients_froz
         assert_eq!(receipts["stored"], 7);
     }
     let sends: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM conversation_audit WHERE conversation_id = $1 AND action = 'send'",
+        "SELECT count(*) FROM conversation_audit_log WHERE conversation_id = $1 AND action = 'send'",
     )
     .bind(conv)
     .fetch_one(&app.pool)
@@ -544,8 +544,8 @@ async fn reading_never_changes_a_receipt_and_acks_count_against_the_frozen_denom
     assert_eq!(not_recipient["error"], "forbidden");
 
     let audit: Vec<String> = sqlx::query_scalar(
-        "SELECT action || ' ' || detail::text FROM conversation_audit
-         WHERE conversation_id = $1 ORDER BY id",
+        "SELECT action || ' ' || detail::text FROM conversation_audit_log
+         WHERE conversation_id = $1 ORDER BY at",
     )
     .bind(conv)
     .fetch_all(&app.pool)
@@ -556,6 +556,11 @@ async fn reading_never_changes_a_receipt_and_acks_count_against_the_frozen_denom
         3,
         "{audit:?}"
     );
+    let sends: Vec<&String> = audit.iter().filter(|a| a.starts_with("send ")).collect();
+    assert_eq!(sends.len(), 1, "{audit:?}");
+    let detail: Value = serde_json::from_str(sends[0].trim_start_matches("send ")).unwrap();
+    assert_eq!(detail["recipients"], 2, "{detail}");
+    assert_eq!(detail["message_id"], message_id, "{detail}");
     assert!(
         audit
             .iter()
