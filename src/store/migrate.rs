@@ -393,6 +393,7 @@ impl Mover<'_> {
                 .fetch_one(self.pool)
                 .await?;
         self.copy_pending_items("copying", last_seq).await?;
+        self.refuse_a_longer_backoff().await?;
         self.pause().await?;
         self.wait_for_outbox().await?;
         // The tail: whatever was sent during the copy.
@@ -657,6 +658,39 @@ impl Mover<'_> {
         .await?;
         tx.commit().await?;
         Ok(())
+    }
+
+    /// Before pausing: a message whose publication is waiting out a retry
+    /// backoff longer than the pause may wait for the outbox would only make
+    /// the move hold writes and then give up. Refused with nothing paused;
+    /// the backoff is the backend's to recover from, and is not cut short
+    /// (that would spend the slot's attempts faster than O8 allows).
+    async fn refuse_a_longer_backoff(&self) -> BusResult<()> {
+        let (waiting, next_in, last_error): (i64, Option<f64>, Option<String>) = sqlx::query_as(
+            "SELECT count(*),
+                    max(extract(epoch FROM next_attempt_at - now()))::float8,
+                    (array_agg(last_error ORDER BY next_attempt_at DESC))[1]
+               FROM conversation_outbox
+              WHERE conversation_id = $1 AND state = 'pending'
+                AND next_attempt_at > now() + make_interval(secs => $2)",
+        )
+        .bind(self.conversation_id)
+        .bind(SETTLE_WAIT.as_secs_f64())
+        .fetch_one(self.pool)
+        .await?;
+        if waiting == 0 {
+            return Ok(());
+        }
+        Err(BusError::conflict(format!(
+            "{waiting} message(s) of conversation {} are waiting to retry their publication \
+             (the last in {:.0} s; last error: {}), longer than a move may pause writes ({} s). \
+             Nothing was paused or moved. Run the same command again once `conversations status` \
+             shows nothing pending for this team.",
+            self.conversation_id,
+            next_in.unwrap_or_default(),
+            last_error.as_deref().unwrap_or("none recorded"),
+            SETTLE_WAIT.as_secs()
+        )))
     }
 
     /// Messages accepted before the pause may still be in the outbox; their

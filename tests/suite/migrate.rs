@@ -316,6 +316,76 @@ async fn a_thousand_messages_move_to_jetstream_and_back_unchanged() {
     assert_eq!(sent["stored"], true);
 }
 
+// A message accepted before the pause whose publication is waiting out a
+// retry backoff longer than the move may pause writes: the move is refused
+// before pausing anything and the slot keeps its schedule and its attempts
+// (cutting the backoff short would spend them faster than O8 allows). Once
+// the slot is due and stored, the same command moves the thread.
+#[tokio::test]
+async fn a_move_is_refused_unpaused_while_a_message_waits_out_a_long_retry_backoff() {
+    let t = thread("mv-backoff", 3).await;
+    t.run(Direction::ToJetStream).await.unwrap();
+    let sent = t.send(t.conversation_id, "in the outbox").await.unwrap();
+    assert_eq!(sent["publication"], "pending_publication");
+    // As a slot looks after a few transient failures.
+    sqlx::query(
+        "UPDATE conversation_outbox
+            SET attempts = 5, last_error = 'broker busy',
+                next_attempt_at = now() + interval '10 minutes'
+          WHERE conversation_id = $1",
+    )
+    .bind(t.conversation_id)
+    .execute(t.pool())
+    .await
+    .unwrap();
+    let _workers = t.app.start_publication_workers();
+
+    let refused = t.run(Direction::ToPostgres).await.unwrap_err().to_string();
+    assert!(
+        refused.contains("waiting to retry their publication"),
+        "{refused}"
+    );
+    assert!(refused.contains("broker busy"), "{refused}");
+    assert!(refused.contains("Nothing was paused"), "{refused}");
+    assert_eq!(
+        t.conversation_row().await,
+        ("jetstream".into(), "outbox".into(), false),
+        "not paused, not moved"
+    );
+    let (attempts, later): (i32, bool) = sqlx::query_as(
+        "SELECT attempts, next_attempt_at > now() + interval '5 minutes'
+           FROM conversation_outbox WHERE conversation_id = $1",
+    )
+    .bind(t.conversation_id)
+    .fetch_one(t.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        (attempts, later),
+        (5, true),
+        "the schedule is the slot's own"
+    );
+
+    // Its time comes; the drain stores it; the same command moves the thread.
+    sqlx::query(
+        "UPDATE conversation_outbox SET next_attempt_at = now() WHERE conversation_id = $1",
+    )
+    .bind(t.conversation_id)
+    .execute(t.pool())
+    .await
+    .unwrap();
+    let back = t.run(Direction::ToPostgres).await.unwrap();
+    assert_eq!((back.copied, back.state.as_str()), (4, "cut_over"));
+    let (state, body): (String, String) = sqlx::query_as(
+        "SELECT publication_state, body FROM conversation_messages WHERE id = $1::uuid",
+    )
+    .bind(sent["message_id"].as_str().unwrap())
+    .fetch_one(t.pool())
+    .await
+    .unwrap();
+    assert_eq!((state.as_str(), body.as_str()), ("stored", "in the outbox"));
+}
+
 // M1, M2: the plan writes nothing and says what a move would do.
 #[tokio::test]
 async fn the_plan_writes_nothing_and_explains_each_conversation() {
