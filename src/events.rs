@@ -300,14 +300,9 @@ async fn listen_loop(pool: PgPool, events: Events, shutdown: CancellationToken) 
             match notification {
                 Ok(Some(notification)) => {
                     inner.last_heard_ms.store(now_ms(), Ordering::Relaxed);
-                    match serde_json::from_str::<Vec<BusEvent>>(notification.payload()) {
-                        Ok(batch) => {
-                            for event in batch {
-                                // No receivers is normal: nobody is waiting.
-                                let _ = inner.fanout.send(Arc::new(event));
-                            }
-                        }
-                        Err(err) => tracing::warn!(error = %err, "unreadable bus_events payload"),
+                    for event in read_batch(notification.payload()) {
+                        // No receivers is normal: nobody is waiting.
+                        let _ = inner.fanout.send(Arc::new(event));
                     }
                 }
                 // The connection dropped: notifications sent meanwhile are lost,
@@ -322,9 +317,44 @@ async fn listen_loop(pool: PgPool, events: Events, shutdown: CancellationToken) 
     }
 }
 
+/// The events of one notification, one by one: an event this binary cannot
+/// read (a kind a newer replica emits during a rolling upgrade) is skipped,
+/// never the rest of the batch with it.
+fn read_batch(payload: &str) -> Vec<BusEvent> {
+    let items: Vec<serde_json::Value> = match serde_json::from_str(payload) {
+        Ok(items) => items,
+        Err(err) => {
+            tracing::warn!(error = %err, "unreadable bus_events payload");
+            return Vec::new();
+        }
+    };
+    items
+        .into_iter()
+        .filter_map(|item| match serde_json::from_value(item) {
+            Ok(event) => Some(event),
+            Err(err) => {
+                tracing::debug!(error = %err, "skipped a bus event this version does not know");
+                None
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_event_of_an_unknown_kind_is_skipped_not_the_batch() {
+        let team = Uuid::new_v4();
+        let known = BusEvent::new(team, EventKind::Task, "T-1");
+        let payload = format!(
+            r#"[{{"t":"{team}","k":"from_a_newer_replica","i":"x"}},{}]"#,
+            serde_json::to_string(&known).unwrap()
+        );
+        assert_eq!(read_batch(&payload), vec![known]);
+        assert_eq!(read_batch("not json"), Vec::<BusEvent>::new());
+    }
 
     #[test]
     fn payloads_stay_under_the_notify_limit_and_keep_every_event() {
