@@ -281,11 +281,17 @@ pub async fn send(bus: &Bus, me: &Identity, new: NewConversationMessage) -> BusR
              SELECT $3, $1, $2, $15, $4, $5, $6, $7, $8, $9, $10, $11, $12, $16,
                     CASE WHEN $14 THEN 'stored' ELSE 'pending_publication' END,
                     CASE WHEN $14 THEN $3::text END
-             -- The sender's seat as it is now: a removal or demotion that
-             -- committed while this send waited for the lock counts.
+             -- The sender's seat, agent and token as they are now: a
+             -- removal, demotion, disable or revocation that committed while
+             -- this send waited for the lock counts (the guard read them
+             -- before the wait).
              WHERE EXISTS (SELECT 1 FROM conversation_members s
                             WHERE s.team_id = $1 AND s.conversation_id = $2 AND s.id = $4
                               AND s.state = 'active' AND s.role <> 'observer')
+               AND NOT EXISTS (SELECT 1 FROM agents a
+                                WHERE a.team_id = $1 AND a.id = $5 AND a.disabled_at IS NOT NULL)
+               AND NOT EXISTS (SELECT 1 FROM agent_tokens t
+                                WHERE t.team_id = $1 AND t.id = $17 AND t.revoked_at IS NOT NULL)
              ON CONFLICT (team_id, conversation_id, sender_id, request_id) DO NOTHING
              RETURNING created_at),
          owed AS (
@@ -321,6 +327,7 @@ pub async fn send(bus: &Bus, me: &Identity, new: NewConversationMessage) -> BusR
     .bind(sync)
     .bind(seq)
     .bind(&conversation.backend)
+    .bind(me.token_id)
     .fetch_optional(&mut *tx)
     .await?;
     let Some((created_at, recipients)) = inserted else {
@@ -329,9 +336,9 @@ pub async fn send(bus: &Bus, me: &Identity, new: NewConversationMessage) -> BusR
         if let Some(sent) = original {
             return Ok(sent);
         }
-        // Nothing inserted and no earlier send: the seat changed while this
-        // send waited for the conversation lock. Answer with what applies now
-        // (and roll that claim back too).
+        // Nothing inserted and no earlier send: the seat, the agent or the
+        // token changed while this send waited for the conversation lock.
+        // Answer with what applies now (and roll that claim back too).
         let mut tx = bus.pool.begin().await?;
         let (conversation, access) =
             conversations::claim_next_seq_with_access(&mut tx, me, conversation.id).await?;

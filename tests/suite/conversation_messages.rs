@@ -979,6 +979,63 @@ async fn send_as(
         .map(|sent| sent.recipients.join(","))
 }
 
+// The guard reads the agent and its token before the send waits for the
+// conversation's lock. An agent disabled (or a token revoked) while a send
+// waits there must not get that send in: the write re-checks both after the
+// lock and the send answers with the guard's refusal, storing nothing.
+#[tokio::test]
+async fn a_send_waiting_for_the_lock_is_refused_if_its_agent_was_disabled_meanwhile() {
+    use ai_crew_sync::auth::{self, AgentCredential};
+    use ai_crew_sync::store::{agents, tokens};
+
+    let app = spawn_app().await;
+    let tokens = team_with(&app, "acme", &["alice", "bob"]).await;
+    let conv = conversation(&app.pool, "acme", "alice", None).await;
+    active(&app.pool, "acme", conv, "alice", "").await;
+    active(&app.pool, "acme", conv, "bob", "").await;
+    let AgentCredential::Token(digest) = auth::parse_agent_credential(&tokens[0]).unwrap() else {
+        panic!("not an agent token")
+    };
+    let alice = tokens::authenticate(&app.pool, &digest, String::new())
+        .await
+        .unwrap();
+
+    // Another writer holds the conversation's lock.
+    let mut writer = app.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
+        .bind(conv)
+        .execute(&mut *writer)
+        .await
+        .unwrap();
+    let meanwhile = async {
+        // Once the send waits for that lock, disable alice, then let it go.
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE conversations c%'",
+            )
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+            if waiting > 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        agents::set_disabled(&app.pool, "acme", "alice", true, &test_actor())
+            .await
+            .unwrap();
+        writer.rollback().await.unwrap();
+    };
+    let (sent, ()) = tokio::join!(send_as(&app, &alice, conv), meanwhile);
+    let refused = sent.expect_err("a disabled agent's send").to_string();
+    assert!(
+        refused.contains("agent `alice` of team `acme` is disabled"),
+        "{refused}"
+    );
+    assert_eq!(stored_messages(&app.pool, conv).await, (0, 0));
+}
+
 #[tokio::test]
 async fn a_send_rechecks_the_window_inside_its_transaction_with_the_guards_refusals() {
     use ai_crew_sync::auth::{self, AgentCredential};
