@@ -1,19 +1,25 @@
 //! Conversation messages: `send_conversation_message`, `read_conversation`
 //! and `get_conversation_message`, on the synchronous path (every body lives
-//! in PostgreSQL, so `stored` is true because the send committed).
+//! in PostgreSQL, so `stored` is true because the send committed) and into the
+//! outbox (accepted now, stored when the backend confirms).
 //!
 //! A send is one transaction in the lock order every conversation writer
-//! follows: the conversation row `FOR UPDATE` first (it is the sequence
-//! allocator, so sequence numbers are gap-free and commit in order), then the
-//! seats it reads, then the message and its receipts. The recipient list is
-//! frozen there: the active seats other than the sender's (in a project
+//! follows: the conversation row first (it is the sequence allocator, so
+//! sequence numbers are gap-free and commit in order), then the seats it
+//! reads, then the message and its receipts. The recipient list is frozen
+//! there: the active seats other than the sender's (in a project
 //! conversation, only agents still holding the grant), one receipt row each.
 //!
-//! `request_id` makes a send safe to retry: the lookup of an earlier send with
-//! the same id runs under the conversation lock, so two concurrent retries
-//! queue on it and the second finds the first's message instead of storing
-//! the body twice. The unique key (conversation, sender, request_id) is the
-//! last line behind that.
+//! That transaction is one round trip: the statements run server-side in
+//! `store_conversation_message` (migration 0014), which stores only a send
+//! nothing stands in the way of and otherwise declines, writing nothing. Why
+//! it declined (and every refusal's wording) is worked out here, in Rust, the
+//! way every other writer starts: see [`explain_unstored`].
+//!
+//! `request_id` makes a send safe to retry: the unique key (conversation,
+//! sender, request_id) is checked under the conversation lock, so two
+//! concurrent retries queue on it and the second gets the first's message
+//! instead of storing the body twice.
 //!
 //! Reading never writes a receipt; receipts are in `receipts.rs`.
 
@@ -25,7 +31,7 @@ use uuid::Uuid;
 
 use super::conversations::{self, Conversation, ReadAccess};
 use super::messages::{check_body, check_limit, normalize_metadata};
-use super::{outbox, projects};
+use super::{outbox, projects, sessions};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::backend::{Locator, MessagingBackend};
@@ -211,32 +217,163 @@ struct EarlierSend {
 }
 
 /// `send_conversation_message`.
-pub async fn send(bus: &Bus, me: &Identity, new: NewConversationMessage) -> BusResult<Sent> {
+pub async fn send(bus: &Bus, me: &Identity, mut new: NewConversationMessage) -> BusResult<Sent> {
     check_body(&new.body)?;
     outbox::check_payload(&new.body)?;
-    let metadata = normalize_metadata(new.metadata)?;
+    let metadata = normalize_metadata(new.metadata.take())?;
     let request_id = parse_request_id(&new.request_id)?;
     let digest: [u8; 32] = Sha256::digest(new.body.as_bytes()).into();
-
-    let mut tx = bus.pool.begin().await?;
-    // The conversation row first: every writer queues here. The next seq is
-    // claimed by the same write, and the session guard's check rides along.
-    // Everything but a stored send rolls the claim back: no gap.
-    let (conversation, access) =
-        conversations::claim_next_seq_with_access(&mut tx, me, new.conversation_id).await?;
-    let seq = conversation.last_seq;
-
-    let seat = match refuse_sender(&mut tx, me, &conversation, access).await {
-        Ok(seat) => seat,
-        // A retry of a send accepted before (say) the archive still gets its
-        // original: what was accepted is never refused afterwards.
-        Err(refusal) => {
-            let original = replay(&mut tx, me, &conversation, request_id, &digest).await?;
-            tx.rollback().await?;
-            return original.ok_or(refusal);
-        }
+    let send = Validated {
+        new: &new,
+        request_id,
+        digest,
+        metadata,
+        // Time-ordered (UUIDv7): new messages land at the end of the id
+        // indexes (the message's and its receipts'), not on a random page
+        // each, which would write a full page image to the WAL for nearly
+        // every send after a checkpoint.
+        id: Uuid::now_v7(),
     };
-    if let Some(reply_to) = new.reply_to {
+
+    // A send that nothing stands in the way of is stored in one round trip.
+    // Anything else is worked out by `explain_unstored`: a refusal, or the
+    // original of a retried send. Neither finding anything means what stood in
+    // the way changed in between (say, an invitation accepted): try again.
+    for _ in 0..STORE_ATTEMPTS {
+        if let Some(sent) = store_if_clear(bus, me, &send).await? {
+            return Ok(sent);
+        }
+        if let Some(original) = explain_unstored(bus, me, &send).await? {
+            return Ok(original);
+        }
+    }
+    Err(BusError::conflict(
+        "this send could not be stored; nothing was changed. Retry with the same request_id.",
+    ))
+}
+
+/// How often a send that is neither stored nor refused is tried again before
+/// the caller is asked to retry: each try means the conversation changed
+/// under it, which takes a concurrent membership change every time.
+const STORE_ATTEMPTS: usize = 3;
+
+/// SQLSTATE of `store_conversation_message` declining a send (migration 0014).
+const NOT_STORED: &str = "AC001";
+
+/// A send's arguments, checked, with the id its message will have.
+struct Validated<'a> {
+    new: &'a NewConversationMessage,
+    request_id: Uuid,
+    digest: [u8; 32],
+    metadata: Option<Value>,
+    id: Uuid,
+}
+
+/// The send's writes, in one round trip: `store_conversation_message`
+/// (migration 0014) takes the locks in the writers' order (the session row for
+/// share with a session credential, then the conversation row, claiming the
+/// next seq), re-reads the seat, agent, token, grant and `reply_to` after the
+/// lock, freezes the recipients, inserts the message, its receipts and (on an
+/// outbox conversation) its slot, and commits. None: it declined and wrote
+/// nothing (the claimed seq went with its transaction), because something
+/// stands in the way; [`explain_unstored`] says what.
+async fn store_if_clear(bus: &Bus, me: &Identity, send: &Validated<'_>) -> BusResult<Option<Sent>> {
+    #[derive(sqlx::FromRow)]
+    struct Stored {
+        seq: i64,
+        publication: String,
+        created_at: DateTime<Utc>,
+        recipients: Vec<String>,
+    }
+    let stored: Result<Stored, sqlx::Error> = sqlx::query_as(
+        "SELECT seq, publication, created_at, recipients
+         FROM store_conversation_message($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+    )
+    .bind(me.team_id)
+    .bind(send.new.conversation_id)
+    .bind(me.agent_id)
+    .bind(&me.session)
+    .bind(me.token_id)
+    .bind(me.window.map(|w| w.session_id))
+    .bind(me.window.map(|w| w.epoch))
+    .bind(send.id)
+    .bind(send.request_id)
+    .bind(&send.new.body)
+    .bind(&send.digest[..])
+    .bind(send.new.reply_to)
+    .bind(&send.metadata)
+    // The outbox slot's key, time-ordered like message ids: the unique index
+    // on it is appended to. Unused on a synchronous conversation.
+    .bind(Uuid::now_v7())
+    .fetch_one(&bus.pool)
+    .await;
+    let stored = match stored {
+        Ok(stored) => stored,
+        Err(err)
+            if err.as_database_error().and_then(|e| e.code()).as_deref() == Some(NOT_STORED) =>
+        {
+            return Ok(None);
+        }
+        Err(err) => return Err(err.into()),
+    };
+    let sync = stored.publication == "sync";
+
+    let conversation_id = send.new.conversation_id;
+    let mut event = BusEvent::new(me.team_id, EventKind::Conversation, send.id.to_string()).by(me);
+    event.channel_id = Some(conversation_id);
+    if !sync {
+        // The drain (on any replica) has a slot to publish.
+        let mut work = event.clone();
+        work.kind = EventKind::Outbox;
+        bus.events.emit(work);
+    }
+    bus.events.emit(event);
+
+    Ok(Some(Sent {
+        message_id: send.id,
+        conversation_id,
+        seq: stored.seq,
+        stored: sync,
+        publication: if sync {
+            "stored"
+        } else {
+            "pending_publication"
+        }
+        .into(),
+        recipients: stored.recipients,
+        created_at: stored.created_at,
+        replayed: false,
+    }))
+}
+
+/// Why [`store_if_clear`] declined a send, found the way every conversation
+/// writer starts (the guard, the conversation row locked, this window's
+/// access) and rolled back: the refusal, or the original message if this
+/// sender used the request_id here before (same body; another body is a
+/// conflict). A retry of a send accepted before (say) an archive still gets
+/// its original: what was accepted is never refused afterwards. None: nothing
+/// stands in the way now.
+async fn explain_unstored(
+    bus: &Bus,
+    me: &Identity,
+    send: &Validated<'_>,
+) -> BusResult<Option<Sent>> {
+    let mut tx = bus.pool.begin().await?;
+    sessions::guard(&mut tx, me).await?;
+    let conversation = conversations::load(&mut tx, me, send.new.conversation_id, true).await?;
+    let access = conversations::read_access(&mut tx, me, &conversation).await?;
+    let refusal = refuse_sender(&mut tx, me, &conversation, access)
+        .await
+        .err();
+    let original = replay(&mut tx, me, &conversation, send.request_id, &send.digest).await?;
+    if let Some(original) = original {
+        tx.rollback().await?;
+        return Ok(Some(original));
+    }
+    if let Some(refusal) = refusal {
+        return Err(refusal);
+    }
+    if let Some(reply_to) = send.new.reply_to {
         let exists: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM conversation_messages
                             WHERE team_id = $1 AND conversation_id = $2 AND id = $3)",
@@ -254,150 +391,18 @@ pub async fn send(bus: &Bus, me: &Identity, new: NewConversationMessage) -> BusR
             )));
         }
     }
-
-    // Synchronous: stored because this transaction commits. Outbox: accepted
-    // now, `pending_publication` until the backend confirms.
-    let sync = conversation.publication == "sync";
-    // One statement, after the lock, with the seq claimed above; a request_id
-    // seen before inserts nothing and is answered from the original (the
-    // claim rolls back). Concurrent retries queue on the lock. The recipient
-    // list is frozen from this statement's snapshot, taken after the lock:
-    // active seats but the sender's, and in a project conversation only
-    // agents still holding the grant. Their receipts say stored at commit on
-    // the synchronous path (the body is in this transaction), at
-    // confirmation on the outbox path. The message row is the send's audit
-    // entry (the `conversation_audit_log` view, migration 0012).
-    // Time-ordered (UUIDv7): new messages land at the end of the id indexes
-    // (the message's and its receipts'), not on a random page each, which
-    // would write a full page image to the WAL for nearly every send after
-    // a checkpoint.
-    let id = Uuid::now_v7();
-    let inserted: Option<(DateTime<Utc>, Vec<String>)> = sqlx::query_as(
-        "WITH ins AS (
-             INSERT INTO conversation_messages
-                 (id, team_id, conversation_id, seq, sender_member_id, sender_id, sender_session,
-                  request_id, body, body_sha256, body_bytes, reply_to, metadata, backend,
-                  publication_state, canonical_locator)
-             SELECT $3, $1, $2, $15, $4, $5, $6, $7, $8, $9, $10, $11, $12, $16,
-                    CASE WHEN $14 THEN 'stored' ELSE 'pending_publication' END,
-                    CASE WHEN $14 THEN $3::text END
-             -- The sender's seat, agent and token as they are now: a
-             -- removal, demotion, disable or revocation that committed while
-             -- this send waited for the lock counts (the guard read them
-             -- before the wait).
-             WHERE EXISTS (SELECT 1 FROM conversation_members s
-                            WHERE s.team_id = $1 AND s.conversation_id = $2 AND s.id = $4
-                              AND s.state = 'active' AND s.role <> 'observer')
-               AND NOT EXISTS (SELECT 1 FROM agents a
-                                WHERE a.team_id = $1 AND a.id = $5 AND a.disabled_at IS NOT NULL)
-               AND NOT EXISTS (SELECT 1 FROM agent_tokens t
-                                WHERE t.team_id = $1 AND t.id = $17 AND t.revoked_at IS NOT NULL)
-             ON CONFLICT (team_id, conversation_id, sender_id, request_id) DO NOTHING
-             RETURNING created_at),
-         owed AS (
-             INSERT INTO message_receipts
-                 (team_id, message_id, member_id, recipient_id, recipient_session, stored_at)
-             SELECT s.team_id, $3, s.id, s.agent_id, s.session, CASE WHEN $14 THEN now() END
-             FROM ins, conversation_members s
-             WHERE s.team_id = $1 AND s.conversation_id = $2 AND s.state = 'active' AND s.id <> $4
-               AND ($13::uuid IS NULL OR EXISTS (
-                       SELECT 1 FROM project_grants g
-                       WHERE g.team_id = s.team_id AND g.project_id = $13 AND g.agent_id = s.agent_id))
-             RETURNING recipient_id, recipient_session)
-         SELECT ins.created_at,
-                ARRAY(SELECT CASE WHEN owed.recipient_session = '' THEN a.name
-                                  ELSE a.name || '/' || owed.recipient_session END
-                      FROM owed JOIN agents a ON a.team_id = $1 AND a.id = owed.recipient_id
-                      ORDER BY 1)
-         FROM ins",
-    )
-    .bind(me.team_id)
-    .bind(conversation.id)
-    .bind(id)
-    .bind(seat)
-    .bind(me.agent_id)
-    .bind(&me.session)
-    .bind(request_id)
-    .bind(&new.body)
-    .bind(&digest[..])
-    .bind(new.body.len() as i32)
-    .bind(new.reply_to)
-    .bind(&metadata)
-    .bind(conversation.project_id)
-    .bind(sync)
-    .bind(seq)
-    .bind(&conversation.backend)
-    .bind(me.token_id)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let Some((created_at, recipients)) = inserted else {
-        let original = replay(&mut tx, me, &conversation, request_id, &digest).await?;
-        tx.rollback().await?;
-        if let Some(sent) = original {
-            return Ok(sent);
-        }
-        // Nothing inserted and no earlier send: the seat, the agent or the
-        // token changed while this send waited for the conversation lock.
-        // Answer with what applies now (and roll that claim back too).
-        let mut tx = bus.pool.begin().await?;
-        let (conversation, access) =
-            conversations::claim_next_seq_with_access(&mut tx, me, conversation.id).await?;
-        refuse_sender(&mut tx, me, &conversation, access).await?;
-        tx.rollback().await?;
-        return Err(BusError::conflict(
-            "this send could not be stored; nothing was changed. Retry with the same request_id.",
-        ));
-    };
-
-    if !sync {
-        outbox::enqueue(
-            &mut tx,
-            id,
-            conversation.id,
-            me.team_id,
-            &conversation.backend,
-            &new.body,
-        )
-        .await?;
-    }
-
-    tx.commit().await?;
-
-    let mut event = BusEvent::new(me.team_id, EventKind::Conversation, id.to_string()).by(me);
-    event.channel_id = Some(conversation.id);
-    if !sync {
-        // The drain (on any replica) has a slot to publish.
-        let mut work = event.clone();
-        work.kind = EventKind::Outbox;
-        bus.events.emit(work);
-    }
-    bus.events.emit(event);
-
-    Ok(Sent {
-        message_id: id,
-        conversation_id: conversation.id,
-        seq,
-        stored: sync,
-        publication: if sync {
-            "stored"
-        } else {
-            "pending_publication"
-        }
-        .into(),
-        recipients,
-        created_at,
-        replayed: false,
-    })
+    tx.rollback().await?;
+    Ok(None)
 }
 
-/// The sender's seat id, or the refusal that applies: archived, writes
-/// paused, not an active member, observer, project grant gone.
+/// The refusal that applies to this sender, if any: archived, writes paused,
+/// not an active member, observer, project grant gone.
 async fn refuse_sender(
     conn: &mut sqlx::PgConnection,
     me: &Identity,
     conversation: &Conversation,
     access: ReadAccess,
-) -> BusResult<Uuid> {
+) -> BusResult<()> {
     if conversation.archived_at.is_some() {
         return Err(BusError::conflict(format!(
             "conversation {} is archived: it is closed to new messages (its history stays \
@@ -439,7 +444,7 @@ async fn refuse_sender(
             conversation.id
         )));
     }
-    Ok(seat.id)
+    Ok(())
 }
 
 /// The answer to a retried send: the original message with its current

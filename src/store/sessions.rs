@@ -158,39 +158,6 @@ fn check_token(
     Ok(())
 }
 
-/// What [`guard`] reads, when a hot path reads it in its own first statement
-/// instead of a statement of its own (the send's locked read). That statement
-/// must read the same rows the same way: with a session credential,
-/// `agent_sessions s` by (team, session id) `FOR SHARE OF s` (taken before
-/// any other lock of the statement), joined to its token and agent; with a
-/// bare token, `agent_tokens` by (team, token id) joined to its agent, the
-/// session columns NULL. No row at all: run [`guard`] itself for the refusal.
-#[derive(sqlx::FromRow)]
-pub(crate) struct GuardFacts {
-    guard_epoch: Option<i64>,
-    guard_revoked_at: Option<DateTime<Utc>>,
-    guard_expired: Option<bool>,
-    guard_token_revoked_at: Option<DateTime<Utc>>,
-    guard_disabled_at: Option<DateTime<Utc>>,
-}
-
-impl GuardFacts {
-    /// [`guard`]'s verdict on these facts: the same refusals, the same words.
-    pub(crate) fn check(&self, me: &Identity) -> BusResult<()> {
-        match me.window {
-            Some(window) => GuardRow {
-                epoch: self.guard_epoch.unwrap_or_default(),
-                revoked_at: self.guard_revoked_at,
-                expired: self.guard_expired.unwrap_or_default(),
-                token_revoked_at: self.guard_token_revoked_at,
-                disabled_at: self.guard_disabled_at,
-            }
-            .check(me, Some(window.epoch)),
-            None => check_token(me, self.guard_token_revoked_at, self.guard_disabled_at),
-        }
-    }
-}
-
 #[derive(sqlx::FromRow)]
 struct GuardRow {
     epoch: i64,

@@ -1012,7 +1012,7 @@ async fn a_send_waiting_for_the_lock_is_refused_if_its_agent_was_disabled_meanwh
         loop {
             let waiting: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM pg_stat_activity
-                  WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE conversations c%'",
+                  WHERE wait_event_type = 'Lock' AND query LIKE '%FROM store_conversation_message(%'",
             )
             .fetch_one(&app.pool)
             .await
