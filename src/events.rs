@@ -45,11 +45,13 @@ pub enum EventKind {
     Note,
     /// A conversation message was sent (id = message id, `c` = conversation).
     /// Routing is by membership, which only the database knows: a conversation
-    /// waiter re-checks its receipts on every one of these.
+    /// waiter re-checks its receipts on every one of these. One event may stand
+    /// for several sends of its team published together; then `c` and the
+    /// actor are absent where those differed (see `add_to_batch`).
     Conversation,
     /// A message was accepted into an outbox (id = message id, `c` =
     /// conversation): work for the publication drain, which wakes on these
-    /// only, not on every send.
+    /// only, not on every send. Merged per team like `Conversation`.
     Outbox,
 }
 
@@ -222,17 +224,21 @@ async fn publish_loop(
         let mut batch: Vec<BusEvent> = first.into_iter().collect();
         while batch.len() < 1_000 {
             match queue.try_recv() {
-                Ok(event) if !batch.contains(&event) => batch.push(event),
-                Ok(_) => {}
+                Ok(event) => add_to_batch(&mut batch, event),
                 Err(_) => break,
             }
         }
         for payload in payloads(&batch) {
-            if let Err(err) = sqlx::query("SELECT pg_notify($1, $2)")
-                .bind(CHANNEL)
-                .bind(&payload)
-                .execute(&pool)
-                .await
+            // A notification is a hint, gone with the server anyway, so its
+            // transaction does not wait for a WAL flush: under load that
+            // flush queued behind (and delayed) the commits of real writes.
+            if let Err(err) = sqlx::query(
+                "SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, $2)",
+            )
+            .bind(CHANNEL)
+            .bind(&payload)
+            .execute(&pool)
+            .await
             {
                 // Waiters re-check the database on a timer, so a lost
                 // notification delays a wake; it never loses data.
@@ -240,6 +246,36 @@ async fn publish_loop(
             }
         }
     }
+}
+
+/// Add `event` to a batch about to be published, unless the batch already
+/// says what it says. Conversation and outbox events only say "look again":
+/// their waiters re-read the database and never use the id (see
+/// [`EventKind::Conversation`]). So one such event per team and kind stands
+/// for all of them in a batch; where they differ in actor or conversation, the
+/// one kept names neither, which wakes every waiter of the team (a window
+/// woken by its own send re-checks and finds nothing new). Under load that
+/// keeps these notifications at the batch rate, not the send rate, for every
+/// replica's listener to parse.
+fn add_to_batch(batch: &mut Vec<BusEvent>, event: BusEvent) {
+    if matches!(event.kind, EventKind::Conversation | EventKind::Outbox) {
+        if let Some(kept) = batch
+            .iter_mut()
+            .find(|kept| kept.kind == event.kind && kept.team_id == event.team_id)
+        {
+            if (&kept.actor, &kept.actor_session) != (&event.actor, &event.actor_session) {
+                kept.actor = None;
+                kept.actor_session = None;
+            }
+            if kept.channel_id != event.channel_id {
+                kept.channel_id = None;
+            }
+            return;
+        }
+    } else if batch.contains(&event) {
+        return;
+    }
+    batch.push(event);
 }
 
 /// JSON arrays of events, each under the notification payload limit. An empty
@@ -354,6 +390,47 @@ mod tests {
         );
         assert_eq!(read_batch(&payload), vec![known]);
         assert_eq!(read_batch("not json"), Vec::<BusEvent>::new());
+    }
+
+    #[test]
+    fn a_batch_keeps_one_conversation_event_per_team_and_every_other_event() {
+        let (team, other_team) = (Uuid::new_v4(), Uuid::new_v4());
+        let (alice, bob) = (Uuid::new_v4(), Uuid::new_v4());
+        let conversation = |actor: Uuid, session: &str, id: &str| BusEvent {
+            actor: Some(actor),
+            actor_session: Some(session.into()),
+            channel_id: Some(Uuid::nil()),
+            ..BusEvent::new(team, EventKind::Conversation, id)
+        };
+        let mut batch = Vec::new();
+        for event in [
+            conversation(alice, "w1", "m1"),
+            conversation(alice, "w1", "m2"),
+            BusEvent::new(team, EventKind::Task, "T-1"),
+            BusEvent::new(team, EventKind::Task, "T-1"),
+            BusEvent::new(team, EventKind::Task, "T-2"),
+            BusEvent::new(other_team, EventKind::Conversation, "m3"),
+        ] {
+            add_to_batch(&mut batch, event);
+        }
+        // Two sends by one window: one event, still naming that window, so
+        // it does not wake itself.
+        assert_eq!(batch.len(), 4, "{batch:?}");
+        assert_eq!(batch[0].actor, Some(alice));
+        assert_eq!(batch[0].actor_session.as_deref(), Some("w1"));
+        assert_eq!(batch[1].id, "T-1");
+        assert_eq!(batch[2].id, "T-2");
+        assert_eq!(batch[3].team_id, other_team);
+
+        // Another window's send in the same team: the event names nobody,
+        // so both windows' waiters look again.
+        add_to_batch(&mut batch, conversation(bob, "", "m4"));
+        assert_eq!(batch.len(), 4);
+        assert_eq!(
+            (batch[0].actor, batch[0].actor_session.as_deref()),
+            (None, None)
+        );
+        assert_eq!(batch[0].kind, EventKind::Conversation);
     }
 
     #[test]
