@@ -36,7 +36,12 @@ CREATE FUNCTION store_conversation_message(
     p_metadata      jsonb,
     p_publish_key   uuid)
 RETURNS TABLE (seq bigint, publication text, created_at timestamptz, recipients text[])
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+-- Plan once per connection: these statements look up rows by key, the same
+-- plan fits every call, and re-planning the send's CTE on every call (which
+-- the default custom-plan heuristic did here) cost more than running it.
+SET plan_cache_mode = force_generic_plan
+AS $$
 #variable_conflict use_column
 DECLARE
     v_seq         bigint;
@@ -148,6 +153,18 @@ BEGIN
         VALUES (p_id, p_conversation, p_team, v_backend, p_body, octet_length(p_body), p_publish_key);
     END IF;
 
-    RETURN QUERY SELECT v_seq, v_publication, v_created_at, v_recipients;
+    seq := v_seq;
+    publication := v_publication;
+    created_at := v_created_at;
+    recipients := v_recipients;
+    RETURN NEXT;
 END
 $$;
+
+-- The receipts' key to their message. Each check was a query and a row lock on
+-- the message just inserted, three per send, and it could never fail: receipts
+-- are inserted only above, in the statement that inserts their message (same
+-- team, same id), later writes never change a receipt's message, and messages
+-- are never deleted (a lost body is tombstoned, the row stays). Measured: about
+-- 4 % of the send's throughput at 16 clients.
+ALTER TABLE message_receipts DROP CONSTRAINT message_receipts_team_id_message_id_fkey;
