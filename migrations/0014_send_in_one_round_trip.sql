@@ -1,7 +1,8 @@
 -- The send's writes in one round trip (store/conversation_messages.rs, `send`).
 --
--- A send used to be four round trips: BEGIN, the claim of the next seq, the
--- insert of the message and its receipts, COMMIT. Under load most of its cost
+-- A send used to be four round trips (five into an outbox): BEGIN, the claim
+-- of the next seq, the insert of the message and its receipts, (the outbox
+-- slot,) COMMIT. Under load most of its cost
 -- was those round trips, not the statements. This function runs the same
 -- statements in the same lock order, server-side, called as one autocommit
 -- statement. It is VOLATILE, so under READ COMMITTED each statement in it takes
@@ -146,7 +147,9 @@ BEGIN
               USING ERRCODE = 'AC001';
     END IF;
 
-    -- The outbox slot, in the same transaction as the message (seed O2, O3).
+    -- The outbox slot, in the same transaction as the message (seed O2, O3),
+    -- as outbox::enqueue writes it. No ON CONFLICT: the message was inserted
+    -- just above, so it has no slot yet.
     IF v_publication <> 'sync' THEN
         INSERT INTO conversation_outbox
             (message_id, conversation_id, team_id, backend, payload, payload_bytes, publish_key)

@@ -4,7 +4,8 @@
 //! outbox (accepted now, stored when the backend confirms).
 //!
 //! A send is one transaction in the lock order every conversation writer
-//! follows: the conversation row first (it is the sequence allocator, so
+//! follows: with a session credential the session row `FOR SHARE` (the
+//! guard's lock), then the conversation row (it is the sequence allocator, so
 //! sequence numbers are gap-free and commit in order), then the seats it
 //! reads, then the message and its receipts. The recipient list is frozen
 //! there: the active seats other than the sender's (in a project

@@ -81,6 +81,11 @@ pub fn check_payload(payload: &str) -> BusResult<()> {
 /// Queue a message for publication, inside the sending transaction (O2), and
 /// mark it `pending_publication` there too (O3). A second enqueue of the same
 /// message writes nothing. Returns the publish key of the message's slot.
+///
+/// A send does not call this: `store_conversation_message` (migration 0014)
+/// inserts its message as `pending_publication` and writes the same slot
+/// (same columns, a fresh time-ordered key) in the send's own transaction.
+/// This is the seed's enqueue for a message that already exists.
 pub async fn enqueue(
     tx: &mut sqlx::PgConnection,
     message_id: Uuid,

@@ -12,6 +12,14 @@
 //! guard refuses, or waits until the mutation has committed. A mutation can
 //! never commit after the revoke that should have stopped it.
 //!
+//! One caller does not run [`guard`] on its way in: a conversation send is
+//! one call of `store_conversation_message` (migration 0014), which reads the
+//! same rows the same way (the session row `FOR SHARE` first; the token, the
+//! agent and the borrowed-label check of `conversations::refuse_borrowed_label`
+//! after the conversation lock) and declines whatever [`guard`] would refuse.
+//! A new condition here must be added there too (a new migration replacing
+//! the function), or sends would get past it.
+//!
 //! Not here: presence of windows (heartbeats) and the shared session `""`,
 //! which needs no credential.
 

@@ -1125,3 +1125,86 @@ async fn a_send_rechecks_the_window_inside_its_transaction_with_the_guards_refus
         "refusals store nothing"
     );
 }
+
+// A send the database declines (here: the sender's seat was `left` when the
+// send got the conversation's lock) is explained afterwards. If what stood in
+// the way was undone in between (the seat active again before the
+// explanation could look), the explanation finds no refusal and the send is
+// tried again and stored, at the next seq with no gap, instead of failing.
+#[tokio::test]
+async fn a_send_declined_for_a_change_undone_before_it_is_explained_is_tried_again() {
+    use ai_crew_sync::auth::{self, AgentCredential};
+    use ai_crew_sync::store::tokens;
+
+    let app = spawn_app().await;
+    let tokens = team_with(&app, "acme", &["alice", "bob"]).await;
+    let conv = conversation(&app.pool, "acme", "alice", None).await;
+    let alice_seat = active(&app.pool, "acme", conv, "alice", "").await;
+    active(&app.pool, "acme", conv, "bob", "").await;
+    let AgentCredential::Token(digest) = auth::parse_agent_credential(&tokens[0]).unwrap() else {
+        panic!("not an agent token")
+    };
+    let alice = tokens::authenticate(&app.pool, &digest, String::new())
+        .await
+        .unwrap();
+    let lock_waiters = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE wait_event_type = 'Lock' AND datname = current_database()",
+        )
+        .fetch_one(&app.pool)
+        .await
+        .unwrap()
+    };
+    let set_seat_state = |state: &'static str| {
+        sqlx::query("UPDATE conversation_members SET state = $2 WHERE id = $1")
+            .bind(alice_seat)
+            .bind(state)
+    };
+
+    // A writer holds the conversation and has (uncommitted) let alice's seat go.
+    let mut leaving = app.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
+        .bind(conv)
+        .execute(&mut *leaving)
+        .await
+        .unwrap();
+    set_seat_state("left").execute(&mut *leaving).await.unwrap();
+
+    let meanwhile = async {
+        // The send queues for the lock; a second writer queues behind it.
+        while lock_waiters().await < 1 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let mut returning = app.pool.begin().await.unwrap();
+        let take_lock = sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
+            .bind(conv)
+            .execute(&mut *returning);
+        let release_first = async {
+            while lock_waiters().await < 2 {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            // The send sees the seat `left` and is declined; the second
+            // writer gets the lock next and makes the seat active again
+            // before the explanation (which locks the row too) reads it.
+            leaving.commit().await.unwrap();
+        };
+        let (locked, ()) = tokio::join!(take_lock, release_first);
+        locked.unwrap();
+        set_seat_state("active")
+            .execute(&mut *returning)
+            .await
+            .unwrap();
+        returning.commit().await.unwrap();
+    };
+    let (sent, ()) = tokio::join!(send_as(&app, &alice, conv), meanwhile);
+    assert_eq!(sent.expect("stored on the second try"), "bob");
+    assert_eq!(stored_messages(&app.pool, conv).await, (1, 1));
+    let seq: i64 =
+        sqlx::query_scalar("SELECT seq FROM conversation_messages WHERE conversation_id = $1")
+            .bind(conv)
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(seq, 1, "the declined try used no seq");
+}

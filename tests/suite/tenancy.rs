@@ -1,5 +1,7 @@
 //! Teams are tenants: nothing crosses them, and the database itself refuses a
-//! row that points into another team.
+//! row that points into another team. (Receipts are the exception: they carry
+//! no key since migration 0014, and are only ever written with their message,
+//! in the one statement that inserts it.)
 
 use ai_crew_sync::store::{agents, tokens};
 use serde_json::json;
