@@ -979,19 +979,17 @@ async fn send_as(
         .map(|sent| sent.recipients.join(","))
 }
 
-// The guard reads the agent and its token before the send waits for the
-// conversation's lock. An agent disabled (or a token revoked) while a send
-// waits there must not get that send in: the write re-checks both after the
-// lock and the send answers with the guard's refusal, storing nothing.
-#[tokio::test]
-async fn a_send_waiting_for_the_lock_is_refused_if_its_agent_was_disabled_meanwhile() {
+/// Team acme with alice and bob, active in one private conversation; alice
+/// as the store sees her (bare token, shared session) and her seat's id, for
+/// tests that call the store directly while another writer holds a lock.
+async fn alice_and_bob_in_a_conversation() -> (TestApp, Uuid, ai_crew_sync::auth::Identity, Uuid) {
     use ai_crew_sync::auth::{self, AgentCredential};
-    use ai_crew_sync::store::{agents, tokens};
+    use ai_crew_sync::store::tokens;
 
     let app = spawn_app().await;
     let tokens = team_with(&app, "acme", &["alice", "bob"]).await;
     let conv = conversation(&app.pool, "acme", "alice", None).await;
-    active(&app.pool, "acme", conv, "alice", "").await;
+    let alice_seat = active(&app.pool, "acme", conv, "alice", "").await;
     active(&app.pool, "acme", conv, "bob", "").await;
     let AgentCredential::Token(digest) = auth::parse_agent_credential(&tokens[0]).unwrap() else {
         panic!("not an agent token")
@@ -999,6 +997,18 @@ async fn a_send_waiting_for_the_lock_is_refused_if_its_agent_was_disabled_meanwh
     let alice = tokens::authenticate(&app.pool, &digest, String::new())
         .await
         .unwrap();
+    (app, conv, alice, alice_seat)
+}
+
+// The guard reads the agent and its token before the send waits for the
+// conversation's lock. An agent disabled (or a token revoked) while a send
+// waits there must not get that send in: the write re-checks both after the
+// lock and the send answers with the guard's refusal, storing nothing.
+#[tokio::test]
+async fn a_send_waiting_for_the_lock_is_refused_if_its_agent_was_disabled_meanwhile() {
+    use ai_crew_sync::store::agents;
+
+    let (app, conv, alice, _) = alice_and_bob_in_a_conversation().await;
 
     // Another writer holds the conversation's lock.
     let mut writer = app.pool.begin().await.unwrap();
@@ -1133,20 +1143,7 @@ async fn a_send_rechecks_the_window_inside_its_transaction_with_the_guards_refus
 // tried again and stored, at the next seq with no gap, instead of failing.
 #[tokio::test]
 async fn a_send_declined_for_a_change_undone_before_it_is_explained_is_tried_again() {
-    use ai_crew_sync::auth::{self, AgentCredential};
-    use ai_crew_sync::store::tokens;
-
-    let app = spawn_app().await;
-    let tokens = team_with(&app, "acme", &["alice", "bob"]).await;
-    let conv = conversation(&app.pool, "acme", "alice", None).await;
-    let alice_seat = active(&app.pool, "acme", conv, "alice", "").await;
-    active(&app.pool, "acme", conv, "bob", "").await;
-    let AgentCredential::Token(digest) = auth::parse_agent_credential(&tokens[0]).unwrap() else {
-        panic!("not an agent token")
-    };
-    let alice = tokens::authenticate(&app.pool, &digest, String::new())
-        .await
-        .unwrap();
+    let (app, conv, alice, alice_seat) = alice_and_bob_in_a_conversation().await;
     let lock_waiters = || async {
         sqlx::query_scalar::<_, i64>(
             "SELECT count(*) FROM pg_stat_activity
