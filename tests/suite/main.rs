@@ -19,6 +19,7 @@ mod jetstream_bus;
 mod locks;
 mod messaging;
 mod migrate;
+mod migrations_landed;
 mod notes;
 mod outbox;
 mod overview;
