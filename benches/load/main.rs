@@ -171,6 +171,7 @@ async fn run(
     let actor = Actor {
         name: "bench".into(),
         source: Source::Cli,
+        admin_credential: None,
     };
     let token = agents::quickstart(&pool, "bench", "bench", &actor)
         .await

@@ -33,6 +33,7 @@ impl AdminIdentity {
         Actor {
             name: format!("admin:{}", self.display_prefix),
             source: Source::Http,
+            admin_credential: Some(self.credential_id),
         }
     }
 
@@ -270,14 +271,21 @@ pub async fn list(pool: &PgPool) -> BusResult<Vec<AdminCredentialSummary>> {
 /// callers race.
 pub async fn revoke(pool: &PgPool, id: Uuid, actor: &Actor) -> BusResult<AdminRevocation> {
     let mut tx = pool.begin().await?;
-    let changed: Option<(Option<Uuid>, String)> = sqlx::query_as(
-        "UPDATE admin_credentials SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL
-         RETURNING team_id, display_prefix",
+    // The fence's exclusive side (audit::record takes it shared): changes in
+    // flight with this credential commit first, and none commits after.
+    sqlx::query("SELECT lock_admin_credential($1, true)")
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+    let live: Option<(Option<Uuid>, String)> = sqlx::query_as(
+        "SELECT team_id, display_prefix FROM admin_credentials WHERE id = $1 AND revoked_at IS NULL",
     )
     .bind(id)
     .fetch_optional(&mut *tx)
     .await?;
-    if let Some((team_id, prefix)) = &changed {
+    if let Some((team_id, prefix)) = &live {
+        // Recorded (and the actor's own credential re-checked) before the
+        // update, so a credential can still revoke itself.
         audit::record(
             &mut tx,
             *team_id,
@@ -287,6 +295,10 @@ pub async fn revoke(pool: &PgPool, id: Uuid, actor: &Actor) -> BusResult<AdminRe
             json!({ "display_prefix": prefix }),
         )
         .await?;
+        sqlx::query("UPDATE admin_credentials SET revoked_at = now() WHERE id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
     }
     let credential: Option<AdminCredentialSummary> =
         sqlx::query_as(concat!(credential_select!(), " WHERE c.id = $1"))
@@ -301,7 +313,7 @@ pub async fn revoke(pool: &PgPool, id: Uuid, actor: &Actor) -> BusResult<AdminRe
     tx.commit().await?;
     Ok(AdminRevocation {
         credential,
-        revoked_now: changed.is_some(),
+        revoked_now: live.is_some(),
     })
 }
 

@@ -10,7 +10,9 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::tokens::{self, IssuedToken};
-use super::{Actor, audit, check_display_name, normalize_agent_name, normalize_team_slug, teams};
+use super::{
+    Actor, audit, check_display_name, normalize_agent_name, normalize_team_slug, sessions, teams,
+};
 use crate::error::{BusError, BusResult};
 
 #[derive(Clone, Debug, Serialize, sqlx::FromRow)]
@@ -93,17 +95,18 @@ pub async fn set_disabled(
     let name = normalize_agent_name(name)?;
     let mut tx = pool.begin().await?;
     let team = teams::find(&mut *tx, team).await?;
-    // Take the agent's session rows first: a mutation in flight holds its row
-    // FOR SHARE (sessions::guard), so it commits before this does, and every
-    // later one sees the agent disabled.
-    sqlx::query(
-        "SELECT 1 FROM agent_sessions s JOIN agents a ON a.team_id = s.team_id AND a.id = s.agent_id
-         WHERE a.team_id = $1 AND a.name = $2 FOR UPDATE OF s",
-    )
-    .bind(team.id)
-    .bind(&name)
-    .execute(&mut *tx)
-    .await?;
+    // The write fence's exclusive side first (sessions::guard): the agent's
+    // writes in flight commit before this does, and every later one waits for
+    // this commit and then sees the agent disabled.
+    let agent_id: Option<Uuid> =
+        sqlx::query_scalar("SELECT id FROM agents WHERE team_id = $1 AND name = $2")
+            .bind(team.id)
+            .bind(&name)
+            .fetch_optional(&mut *tx)
+            .await?;
+    if let Some(agent_id) = agent_id {
+        sessions::lock_agent_credentials(&mut tx, agent_id).await?;
+    }
     let changed: Option<Uuid> = sqlx::query_scalar(
         "UPDATE agents SET disabled_at = CASE WHEN $3 THEN now() ELSE NULL END
          WHERE team_id = $1 AND name = $2 AND (disabled_at IS NOT NULL) <> $3

@@ -2,13 +2,21 @@
 //! capability change, written inside the transaction that made the change, so
 //! a change without its row (or a row without its change) cannot exist.
 //! Never a secret: callers pass a display prefix at most.
+//!
+//! Every change made over `/admin` is recorded here, so this is also where the
+//! admin credential's write fence is taken: `admin_write_refusal` (migration
+//! 0016) takes the credential's advisory lock shared (a revocation takes it
+//! exclusively) and re-reads it in a fresh snapshot. A change made with a
+//! credential whose revocation committed first is refused and rolled back.
 
 use serde_json::Value;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use chrono::{DateTime, Utc};
+
 use super::Actor;
-use crate::error::BusResult;
+use crate::error::{BusError, BusResult};
 
 pub async fn record(
     conn: &mut PgConnection,
@@ -18,6 +26,22 @@ pub async fn record(
     subject: &str,
     detail: Value,
 ) -> BusResult<()> {
+    if let Some(credential) = actor.admin_credential {
+        let (refusal, since): (Option<String>, Option<DateTime<Utc>>) =
+            sqlx::query_as("SELECT refusal, refused_since FROM admin_write_refusal($1)")
+                .bind(credential)
+                .fetch_one(&mut *conn)
+                .await?;
+        if refusal.is_some() {
+            let when = since
+                .map(|at| format!(" at {}", at.to_rfc3339()))
+                .unwrap_or_default();
+            return Err(BusError::unauthenticated(format!(
+                "this admin credential was revoked{when}; nothing was changed. Ask a global admin \
+                 for a new one."
+            )));
+        }
+    }
     sqlx::query(
         "INSERT INTO audit_log (team_id, actor, source, action, subject, detail)
          VALUES ($1, $2, $3, $4, $5, $6)",

@@ -35,6 +35,10 @@ use crate::error::{BusError, BusResult};
 pub struct Actor {
     pub name: String,
     pub source: Source,
+    /// The admin credential (`acsa_…`) the change rests on, when it came over
+    /// `/admin`: [`audit::record`] re-checks it under its fence, so a change
+    /// never commits after that credential's revocation.
+    pub admin_credential: Option<uuid::Uuid>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,6 +67,7 @@ impl Actor {
         Actor {
             name: format!("cli:{user}"),
             source: Source::Cli,
+            admin_credential: None,
         }
     }
 }

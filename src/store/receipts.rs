@@ -257,8 +257,19 @@ async fn pending(bus: &Bus, me: &Identity) -> BusResult<Vec<Pending>> {
 
 /// `wait_for_conversation_updates`: returns at once when this window owes
 /// acknowledgements, else blocks until a send addressed to it commits, or
-/// the timeout.
+/// the timeout. Like `wait_for_updates`, it answers only if the caller's
+/// credential still holds when it wakes.
 pub async fn wait_for_conversation_updates(
+    bus: &Bus,
+    me: &Identity,
+    timeout: Duration,
+) -> BusResult<ConversationWait> {
+    let result = wait_for_conversation_updates_unchecked(bus, me, timeout).await?;
+    super::sessions::still_valid(&bus.pool, me).await?;
+    Ok(result)
+}
+
+async fn wait_for_conversation_updates_unchecked(
     bus: &Bus,
     me: &Identity,
     timeout: Duration,

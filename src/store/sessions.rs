@@ -6,19 +6,18 @@
 //! fenced on the epoch the caller holds; `renew` only moves the expiry.
 //!
 //! The fence that makes revocation mean something is [`guard`]: every mutation
-//! made with a session credential calls it first inside its own transaction.
-//! It takes the session row `FOR SHARE`, so a revoke, a resume or a token
-//! revocation (each an UPDATE of that row) either committed before, and the
-//! guard refuses, or waits until the mutation has committed. A mutation can
-//! never commit after the revoke that should have stopped it.
+//! calls it first inside its own transaction, with a session credential or a
+//! bare agent token alike. It is the SQL function `agent_write_refusal`
+//! (migration 0016): a shared advisory lock on the agent, then a fresh read of
+//! agent, token and window. Every change that takes a credential away (agent
+//! disable, token revoke, revoke/resume/renew of a window) takes that lock
+//! exclusively first, so it either committed before the read, and the mutation
+//! is refused, or waits until the mutation has committed. A mutation can never
+//! commit after the revocation that should have stopped it.
 //!
-//! One caller does not run [`guard`] on its way in: a conversation send is
-//! one call of `store_conversation_message` (migration 0014), which reads the
-//! same rows the same way (the session row `FOR SHARE` first; the token, the
-//! agent and the borrowed-label check of `conversations::refuse_borrowed_label`
-//! after the conversation lock) and declines whatever [`guard`] would refuse.
-//! A new condition here must be added there too (a new migration replacing
-//! the function), or sends would get past it.
+//! A conversation send is one call of `store_conversation_message`, which calls
+//! the same `agent_write_refusal` first: the rule lives once, in SQL, and only
+//! its words ([`Refusal::check`]) live here.
 //!
 //! Not here: presence of windows (heartbeats) and the shared session `""`,
 //! which needs no credential.
@@ -81,138 +80,133 @@ fn usage(credential: &str, label: &str, epoch: i64) -> String {
     )
 }
 
-macro_rules! guard_select {
-    () => {
-        "SELECT s.epoch, s.revoked_at, s.expires_at <= now() AS expired,
-                t.revoked_at AS token_revoked_at, a.disabled_at
-         FROM agent_sessions s
-         JOIN agent_tokens t ON t.team_id = s.team_id AND t.agent_id = s.agent_id AND t.id = s.token_id
-         JOIN agents a ON a.team_id = s.team_id AND a.id = s.agent_id
-         WHERE s.team_id = $1 AND s.id = $2"
-    };
-}
-
 /// The re-check every mutation makes first, inside its own transaction.
 ///
-/// With a session credential: the session row is locked `FOR SHARE` (see the
-/// module docs) and must be unrevoked, unexpired, at the caller's epoch, under
-/// a live token and an enabled agent. With a bare agent token: the token must
-/// still be live and the agent enabled (read, not locked: a token carries many
-/// windows, and a shared lock on one hot row would serialise them all).
+/// It calls `agent_write_refusal` (migration 0016), the one definition of
+/// "may this credential write now" that the send function calls too: a shared
+/// advisory lock on the agent, which every revocation takes exclusively (see
+/// [`lock_agent_credentials`]), then a read of the agent, the token and (with a
+/// session credential) the window and its epoch in a statement whose snapshot
+/// is taken after the lock. So a disable or a revocation either committed
+/// before this read, and the mutation is refused, or waits until the mutation
+/// has committed. Call it before any other statement of the transaction.
 pub async fn guard(conn: &mut PgConnection, me: &Identity) -> BusResult<()> {
     guard_locking(conn, me, false).await
 }
 
 /// [`guard`] for a mutation of the session row itself (renew, resume, revoke):
-/// the row is taken `FOR UPDATE` at once, since taking it for share and then
-/// updating it would deadlock two such calls from the same window.
+/// the fence is taken exclusively, so the window's writes in flight finish
+/// first and none starts until this has committed.
 async fn guard_for_update(conn: &mut PgConnection, me: &Identity) -> BusResult<()> {
     guard_locking(conn, me, true).await
 }
 
-async fn guard_locking(conn: &mut PgConnection, me: &Identity, for_update: bool) -> BusResult<()> {
-    match me.window {
-        Some(window) => {
-            let sql = if for_update {
-                concat!(guard_select!(), " FOR UPDATE OF s")
-            } else {
-                concat!(guard_select!(), " FOR SHARE OF s")
-            };
-            let row: Option<GuardRow> = sqlx::query_as(sql)
-                .bind(me.team_id)
-                .bind(window.session_id)
-                .fetch_optional(&mut *conn)
-                .await?;
-            let row =
-                row.ok_or_else(|| BusError::unauthenticated("this session no longer exists."))?;
-            row.check(me, Some(window.epoch))
-        }
-        None => {
-            #[derive(sqlx::FromRow)]
-            struct TokenState {
-                revoked_at: Option<DateTime<Utc>>,
-                disabled_at: Option<DateTime<Utc>>,
-            }
-            let row: Option<TokenState> = sqlx::query_as(
-                "SELECT t.revoked_at, a.disabled_at
-                 FROM agent_tokens t JOIN agents a ON a.team_id = t.team_id AND a.id = t.agent_id
-                 WHERE t.team_id = $1 AND t.id = $2",
-            )
-            .bind(me.team_id)
-            .bind(me.token_id)
-            .fetch_optional(&mut *conn)
-            .await?;
-            let state =
-                row.ok_or_else(|| BusError::unauthenticated("this agent token no longer exists."))?;
-            check_token(me, state.revoked_at, state.disabled_at)
-        }
-    }
+async fn guard_locking(conn: &mut PgConnection, me: &Identity, exclusive: bool) -> BusResult<()> {
+    let refusal: Refusal = sqlx::query_as(
+        "SELECT refusal, session_epoch, refused_since FROM agent_write_refusal($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(me.team_id)
+    .bind(me.agent_id)
+    .bind(me.token_id)
+    .bind(me.window.map(|w| w.session_id))
+    .bind(me.window.map(|w| w.epoch))
+    .bind(exclusive)
+    .fetch_one(&mut *conn)
+    .await?;
+    refusal.check(me)
 }
 
-/// The bare-token half of [`guard`]: the token live, the agent enabled.
-fn check_token(
-    me: &Identity,
-    revoked_at: Option<DateTime<Utc>>,
-    disabled_at: Option<DateTime<Utc>>,
+/// Take away nothing yet, but make room for it: the exclusive side of the
+/// write fence. Agent disable and token revocation call it before their
+/// update, so they wait for the agent's writes in flight and every later
+/// write's [`guard`] waits for them and then sees the change.
+pub(crate) async fn lock_agent_credentials(
+    conn: &mut PgConnection,
+    agent_id: Uuid,
 ) -> BusResult<()> {
-    if revoked_at.is_some() {
-        return Err(BusError::unauthenticated(
-            "this agent token was revoked; nothing was written. Ask the operator for a new token.",
-        ));
-    }
-    if disabled_at.is_some() {
-        return Err(disabled(me));
-    }
+    sqlx::query("SELECT lock_agent_credentials($1, true)")
+        .bind(agent_id)
+        .execute(&mut *conn)
+        .await?;
     Ok(())
 }
 
-#[derive(sqlx::FromRow)]
-struct GuardRow {
-    epoch: i64,
-    revoked_at: Option<DateTime<Utc>>,
-    expired: bool,
-    token_revoked_at: Option<DateTime<Utc>>,
-    disabled_at: Option<DateTime<Utc>>,
+/// Whether the caller's credential still holds, without the fence's lock: for
+/// a read that is about to answer (a long poll waking up), so an answer is
+/// never handed out after its credential was taken away.
+pub async fn still_valid(pool: &PgPool, me: &Identity) -> BusResult<()> {
+    let refusal: Refusal = sqlx::query_as(
+        "SELECT refusal, session_epoch, refused_since FROM agent_credential_refusal($1, $2, $3, $4, $5)",
+    )
+    .bind(me.team_id)
+    .bind(me.agent_id)
+    .bind(me.token_id)
+    .bind(me.window.map(|w| w.session_id))
+    .bind(me.window.map(|w| w.epoch))
+    .fetch_one(pool)
+    .await?;
+    refusal.check(me)
 }
 
-impl GuardRow {
-    /// Why this session may not act, if it may not. `held_epoch` is the epoch
-    /// the caller presented (None: no fence asked for).
-    fn check(&self, me: &Identity, held_epoch: Option<i64>) -> BusResult<()> {
+/// What `agent_credential_refusal` (migration 0016) answers: a code, or none
+/// when the credential may act. The words are here; the rule is in SQL.
+#[derive(sqlx::FromRow)]
+pub(crate) struct Refusal {
+    refusal: Option<String>,
+    session_epoch: Option<i64>,
+    refused_since: Option<DateTime<Utc>>,
+}
+
+impl Refusal {
+    /// The refusal in words, for a caller identified as `me`; with a session
+    /// credential, `me.window.epoch` is the epoch it holds.
+    pub(crate) fn check(&self, me: &Identity) -> BusResult<()> {
+        let Some(code) = self.refusal.as_deref() else {
+            return Ok(());
+        };
         let label = &me.session;
-        if self.disabled_at.is_some() {
-            return Err(disabled(me));
-        }
-        if self.token_revoked_at.is_some() {
-            return Err(BusError::unauthenticated(format!(
+        let since = self
+            .refused_since
+            .map(|at| format!(" at {}", at.to_rfc3339()))
+            .unwrap_or_default();
+        Err(match code {
+            "agent_disabled" => disabled(me),
+            "token_unknown" => BusError::unauthenticated(
+                "this agent token no longer exists; nothing was written. Ask the operator for a \
+                 new token.",
+            ),
+            "token_revoked" => BusError::unauthenticated(format!(
+                "this agent token was revoked{since}; nothing was written. Ask the operator for a \
+                 new one (`ai-crew-sync token issue --team {} --agent {}`).",
+                me.team, me.agent
+            )),
+            "session_unknown" => BusError::unauthenticated(
+                "this session no longer exists; nothing was written. Register the window again \
+                 with your agent token.",
+            ),
+            "session_token_revoked" => BusError::unauthenticated(format!(
                 "session `{label}` is revoked: the agent token it was registered with was revoked. \
                  Nothing was written. Register the window again with a live agent token."
-            )));
-        }
-        if let Some(at) = self.revoked_at {
-            return Err(BusError::unauthenticated(format!(
-                "session `{label}` was revoked at {}; nothing was written. Register the window again \
-                 (register_session with your agent token) to get a new credential.",
-                at.to_rfc3339()
-            )));
-        }
-        if self.expired {
-            return Err(BusError::unauthenticated(format!(
+            )),
+            "session_revoked" => BusError::unauthenticated(format!(
+                "session `{label}` was revoked{since}; nothing was written. Register the window \
+                 again (register_session with your agent token) to get a new credential."
+            )),
+            "session_expired" => BusError::unauthenticated(format!(
                 "session `{label}` has expired; nothing was written. Register the window again \
                  (register_session with your agent token), and renew_session before expiry next time."
-            )));
-        }
-        if let Some(held) = held_epoch
-            && held != self.epoch
-        {
-            return Err(BusError::conflict(format!(
-                "this connection is stale: it holds epoch {held} of session `{label}`, which is now at \
+            )),
+            "stale_epoch" => BusError::conflict(format!(
+                "this connection is stale: it holds epoch {} of session `{label}`, which is now at \
                  epoch {} (it was resumed or taken over elsewhere). Nothing was written. Use the \
                  credential and epoch the latest resume_session or register_session returned.",
-                self.epoch
-            )));
-        }
-        Ok(())
+                me.window.map(|w| w.epoch).unwrap_or_default(),
+                self.session_epoch.unwrap_or_default()
+            )),
+            other => BusError::unauthenticated(format!(
+                "this credential may not act ({other}); nothing was written."
+            )),
+        })
     }
 }
 
@@ -237,24 +231,26 @@ pub async fn authenticate(
         session_id: Uuid,
         label: String,
         token_id: Uuid,
+        epoch: i64,
         agent_id: Uuid,
         agent: String,
         team_id: Uuid,
         team: String,
         #[sqlx(flatten)]
-        guard: GuardRow,
+        refusal: Refusal,
     }
+    // The epoch fence is asked for only when the caller presented one.
     let row: Option<Row> = sqlx::query_as(
-        "SELECT s.id AS session_id, s.label, s.token_id, s.epoch, s.revoked_at,
-                s.expires_at <= now() AS expired, t.revoked_at AS token_revoked_at,
-                a.id AS agent_id, a.name AS agent, a.disabled_at, tm.id AS team_id, tm.slug AS team
+        "SELECT s.id AS session_id, s.label, s.token_id, s.epoch, a.id AS agent_id, a.name AS agent,
+                tm.id AS team_id, tm.slug AS team, r.refusal, r.session_epoch, r.refused_since
          FROM agent_sessions s
-         JOIN agent_tokens t ON t.team_id = s.team_id AND t.agent_id = s.agent_id AND t.id = s.token_id
          JOIN agents a ON a.team_id = s.team_id AND a.id = s.agent_id
          JOIN teams tm ON tm.id = s.team_id
+         CROSS JOIN LATERAL agent_credential_refusal(s.team_id, s.agent_id, s.token_id, s.id, $2) r
          WHERE s.secret_sha256 = $1",
     )
     .bind(&sha256[..])
+    .bind(epoch)
     .fetch_optional(pool)
     .await?;
     let Some(row) = row else {
@@ -281,10 +277,11 @@ pub async fn authenticate(
         session: row.label,
         window: Some(WindowCredential {
             session_id: row.session_id,
-            epoch: row.guard.epoch,
+            // The epoch presented, when one was: a stale one is refused below.
+            epoch: epoch.unwrap_or(row.epoch),
         }),
     };
-    row.guard.check(&identity, epoch)?;
+    row.refusal.check(&identity)?;
     Ok(identity)
 }
 
@@ -292,6 +289,7 @@ fn actor_of(me: &Identity) -> Actor {
     Actor {
         name: format!("agent:{}", me.address()),
         source: Source::Mcp,
+        admin_credential: None,
     }
 }
 

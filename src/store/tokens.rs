@@ -11,7 +11,7 @@ use serde_json::json;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::{Actor, audit, normalize_agent_name, teams};
+use super::{Actor, audit, normalize_agent_name, sessions, teams};
 use crate::auth::{self, Identity};
 use crate::error::{BusError, BusResult};
 
@@ -200,6 +200,19 @@ pub async fn revoke(
         Some(slug) => Some(teams::find(&mut *tx, slug).await?.id),
         None => None,
     };
+    // The write fence's exclusive side first (sessions::guard): writes in
+    // flight with this token or its windows commit before the revocation, and
+    // none commits after it.
+    let agent_id: Option<Uuid> = sqlx::query_scalar(
+        "SELECT agent_id FROM agent_tokens WHERE id = $1 AND ($2::uuid IS NULL OR team_id = $2)",
+    )
+    .bind(id)
+    .bind(team_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if let Some(agent_id) = agent_id {
+        sessions::lock_agent_credentials(&mut tx, agent_id).await?;
+    }
     let changed: Option<(Uuid, String)> = sqlx::query_as(
         "UPDATE agent_tokens SET revoked_at = now()
          WHERE id = $1 AND revoked_at IS NULL AND ($2::uuid IS NULL OR team_id = $2)
@@ -259,22 +272,23 @@ pub async fn authenticate(
     #[derive(sqlx::FromRow)]
     struct Row {
         token_id: Uuid,
-        revoked_at: Option<DateTime<Utc>>,
         last_used_stale: bool,
         agent_id: Uuid,
         agent: String,
-        disabled_at: Option<DateTime<Utc>>,
         team_id: Uuid,
         team: String,
+        #[sqlx(flatten)]
+        refusal: sessions::Refusal,
     }
     let row: Option<Row> = sqlx::query_as(
-        "SELECT t.id AS token_id, t.revoked_at,
+        "SELECT t.id AS token_id,
                 (t.last_used_at IS NULL OR t.last_used_at < now() - interval '60 seconds') AS last_used_stale,
-                a.id AS agent_id, a.name AS agent, a.disabled_at,
-                tm.id AS team_id, tm.slug AS team
+                a.id AS agent_id, a.name AS agent, tm.id AS team_id, tm.slug AS team,
+                r.refusal, r.session_epoch, r.refused_since
          FROM agent_tokens t
          JOIN agents a ON a.team_id = t.team_id AND a.id = t.agent_id
          JOIN teams tm ON tm.id = t.team_id
+         CROSS JOIN LATERAL agent_credential_refusal(t.team_id, t.agent_id, t.id, NULL, NULL) r
          WHERE t.token_sha256 = $1",
     )
     .bind(&sha256[..])
@@ -286,26 +300,16 @@ pub async fn authenticate(
              (`ai-crew-sync token issue --team T --agent A`) and put it in your MCP client config.",
         ));
     };
-    if let Some(at) = row.revoked_at {
-        return Err(BusError::unauthenticated(format!(
-            "this agent token was revoked at {}. Ask the operator for a new one \
-             (`ai-crew-sync token issue --team {} --agent {}`).",
-            at.to_rfc3339(),
-            row.team,
-            row.agent
-        )));
-    }
-    if let Some(at) = row.disabled_at {
-        return Err(BusError::forbidden(format!(
-            "agent `{}` of team `{}` is disabled (since {}); every token and window of it is \
-             refused. An operator can re-enable it with `ai-crew-sync agent enable --team {} --name {}`.",
-            row.agent,
-            row.team,
-            at.to_rfc3339(),
-            row.team,
-            row.agent
-        )));
-    }
+    let identity = Identity {
+        team_id: row.team_id,
+        team: row.team,
+        agent_id: row.agent_id,
+        agent: row.agent,
+        token_id: row.token_id,
+        session,
+        window: None,
+    };
+    row.refusal.check(&identity)?;
     if row.last_used_stale {
         // At most one write per token per minute, so listings can say when a
         // token was last used without a write on every call.
@@ -314,13 +318,5 @@ pub async fn authenticate(
             .execute(pool)
             .await?;
     }
-    Ok(Identity {
-        team_id: row.team_id,
-        team: row.team,
-        agent_id: row.agent_id,
-        agent: row.agent,
-        token_id: row.token_id,
-        session,
-        window: None,
-    })
+    Ok(identity)
 }

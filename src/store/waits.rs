@@ -23,7 +23,7 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::{channels, messages};
+use super::{channels, messages, sessions};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -139,8 +139,20 @@ fn concerns(event: &BusEvent, me: &Identity, focus: Option<Uuid>, request: &Wait
     }
 }
 
-/// `wait_for_updates`.
+/// `wait_for_updates`. What it found is handed out only if the caller's
+/// credential still holds when it wakes: a wait blocked across a revocation
+/// or a disable answers the refusal, never what arrived after it.
 pub async fn wait_for_updates(
+    bus: &Bus,
+    me: &Identity,
+    request: WaitRequest,
+) -> BusResult<WaitResult> {
+    let result = wait_for_updates_unchecked(bus, me, request).await?;
+    sessions::still_valid(&bus.pool, me).await?;
+    Ok(result)
+}
+
+async fn wait_for_updates_unchecked(
     bus: &Bus,
     me: &Identity,
     request: WaitRequest,
@@ -400,6 +412,20 @@ pub struct AskResult {
 /// question) sent to this window, or to this agent as a whole, by another
 /// agent answers it: a sibling window of the asker cannot answer for it.
 pub async fn ask(
+    bus: &Bus,
+    me: &Identity,
+    to: &str,
+    question: &str,
+    timeout: Duration,
+    resume_message_id: Option<Uuid>,
+) -> BusResult<AskResult> {
+    let result = ask_unchecked(bus, me, to, question, timeout, resume_message_id).await?;
+    // As for wait_for_updates: no answer for a credential taken away meanwhile.
+    sessions::still_valid(&bus.pool, me).await?;
+    Ok(result)
+}
+
+async fn ask_unchecked(
     bus: &Bus,
     me: &Identity,
     to: &str,

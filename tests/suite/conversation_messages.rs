@@ -1000,44 +1000,46 @@ async fn alice_and_bob_in_a_conversation() -> (TestApp, Uuid, ai_crew_sync::auth
     (app, conv, alice, alice_seat)
 }
 
-// The guard reads the agent and its token before the send waits for the
-// conversation's lock. An agent disabled (or a token revoked) while a send
-// waits there must not get that send in: the write re-checks both after the
-// lock and the send answers with the guard's refusal, storing nothing.
+// The send takes the write fence first (store_conversation_message calls
+// agent_write_refusal, as every writer does): a send that starts while an
+// agent disable is in flight waits for it, then answers its refusal and
+// stores nothing, not even a claimed seq.
 #[tokio::test]
-async fn a_send_waiting_for_the_lock_is_refused_if_its_agent_was_disabled_meanwhile() {
+async fn a_send_in_flight_across_an_agent_disable_is_refused_and_claims_no_seq() {
     use ai_crew_sync::store::agents;
 
     let (app, conv, alice, _) = alice_and_bob_in_a_conversation().await;
-
-    // Another writer holds the conversation's lock.
-    let mut writer = app.pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
-        .bind(conv)
-        .execute(&mut *writer)
-        .await
-        .unwrap();
-    let meanwhile = async {
-        // Once the send waits for that lock, disable alice, then let it go.
-        loop {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity
-                  WHERE wait_event_type = 'Lock' AND query LIKE '%FROM store_conversation_message(%'",
-            )
-            .fetch_one(&app.pool)
-            .await
-            .unwrap();
-            if waiting > 0 {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-        agents::set_disabled(&app.pool, "acme", "alice", true, &test_actor())
-            .await
-            .unwrap();
-        writer.rollback().await.unwrap();
-    };
-    let (sent, ()) = tokio::join!(send_as(&app, &alice, conv), meanwhile);
+    let held = crate::write_fence::hold_row(
+        &app.pool,
+        "SELECT 1 FROM agents WHERE id = $1 FOR NO KEY UPDATE",
+        alice.agent_id,
+    )
+    .await;
+    let pool = app.pool.clone();
+    let bus = app.bus.clone();
+    let sent = crate::write_fence::race(
+        &app.pool,
+        held,
+        async move {
+            agents::set_disabled(&pool, "acme", "alice", true, &test_actor())
+                .await
+                .unwrap()
+        },
+        async move {
+            use ai_crew_sync::store::conversation_messages::{self, NewConversationMessage};
+            let new = NewConversationMessage {
+                conversation_id: conv,
+                body: "late".into(),
+                request_id: Uuid::new_v4().to_string(),
+                reply_to: None,
+                metadata: None,
+            };
+            conversation_messages::send(&bus, &alice, new)
+                .await
+                .map(|sent| sent.seq)
+        },
+    )
+    .await;
     let refused = sent.expect_err("a disabled agent's send").to_string();
     assert!(
         refused.contains("agent `alice` of team `acme` is disabled"),

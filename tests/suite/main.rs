@@ -30,3 +30,4 @@ mod support_servers;
 mod tasks;
 mod tenancy;
 mod waiting;
+mod write_fence;

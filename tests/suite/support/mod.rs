@@ -281,6 +281,7 @@ pub fn test_actor() -> Actor {
     Actor {
         name: "test".into(),
         source: Source::Cli,
+        admin_credential: None,
     }
 }
 
