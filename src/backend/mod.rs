@@ -86,12 +86,27 @@ pub trait MessagingBackend: Send + Sync {
     /// Read a body back by locator. `message_id` is the message the caller
     /// believes the locator names, and the backend must check it: a locator
     /// copied or guessed from another conversation or team reads nothing.
-    /// `Ok(None)`: the backend answered and no longer holds that body.
+    /// `Ok(None)`: the backend no longer holds that body, and is sure of it:
+    /// the caller tombstones on it, so a backend whose "not found" may be
+    /// stale (a lagging replica, a stream being restored) answers
+    /// `Unavailable` until it has confirmed the absence.
     fn fetch(
         &self,
         locator: &Locator,
         message_id: Uuid,
     ) -> impl Future<Output = BusResult<Option<String>>> + Send;
+
+    /// [`Self::fetch`] with one look and no confirmation: `Ok(None)` means
+    /// the backend answered "not held" this time, which may be stale. For
+    /// callers that never tombstone on it (the body sweep keeps its local
+    /// copy and moves on to the next body).
+    fn fetch_once(
+        &self,
+        locator: &Locator,
+        message_id: Uuid,
+    ) -> impl Future<Output = BusResult<Option<String>>> + Send {
+        self.fetch(locator, message_id)
+    }
 
     /// Drop bodies the retention policy no longer keeps; how many went.
     fn retain(
@@ -136,6 +151,13 @@ impl MessagingBackend for AnyBackend {
         match self {
             AnyBackend::Postgres(b) => b.fetch(locator, message_id).await,
             AnyBackend::JetStream(b) => b.fetch(locator, message_id).await,
+        }
+    }
+
+    async fn fetch_once(&self, locator: &Locator, message_id: Uuid) -> BusResult<Option<String>> {
+        match self {
+            AnyBackend::Postgres(b) => b.fetch_once(locator, message_id).await,
+            AnyBackend::JetStream(b) => b.fetch_once(locator, message_id).await,
         }
     }
 

@@ -222,7 +222,9 @@ impl BusServer {
     #[tool(
         description = "With the agent token, once every session of your agent is dead: read \
                           (audited, read-only) the history of a conversation one of your windows \
-                          was in. Refused while any session is live; never posts or acknowledges.",
+                          was in, limited to the seq ranges (`entitled`) during which one of its \
+                          seats was active. Refused while any session is live; never posts or \
+                          acknowledges.",
         annotations(read_only_hint = true)
     )]
     async fn recover_conversation_history(

@@ -655,7 +655,10 @@ const FETCH_CONCURRENCY: usize = 16;
 /// local copy dropped by the sweep) back from its backend. A page never fails
 /// because one body is missing: a backend that does not answer makes that
 /// message `unreachable` for now, and a body the backend answered it no
-/// longer holds is tombstoned here, since an explained gap is not a gap.
+/// longer holds is tombstoned here, since an explained gap is not a gap. The
+/// backend says "no longer holds" only once the absence is confirmed (for
+/// JetStream: by the stream leader, a delay after the first "not found"), so
+/// one stale answer never tombstones a body for good.
 async fn resolve_bodies(bus: &Bus, rows: Vec<MessageRow>) -> BusResult<Vec<ConversationMessage>> {
     use futures::StreamExt;
 
@@ -752,8 +755,8 @@ async fn fetch_remote(bus: &Bus, row: &MessageRow) -> Remote {
         Err(e) => {
             tracing::debug!(error = %e, message = %row.id, "a backend did not answer a read");
             Remote::Unreachable(format!(
-                "the {} backend did not answer now ({e}); the body is not lost. Read again \
-                 shortly.",
+                "the {} backend cannot show this body now ({e}); it is not declared lost. Read \
+                 again shortly.",
                 row.backend
             ))
         }

@@ -1545,6 +1545,10 @@ pub struct Recovery {
     pub conversation_id: Uuid,
     /// The earliest seq any seat of this agent could read.
     pub history_from_seq: i64,
+    /// The seq ranges a seat of this agent was active for, the only ones
+    /// recovery returns (`to_seq` null: a seat is still active). Messages
+    /// between them were sent while no seat of the agent was in.
+    pub entitled: Vec<EntitledRange>,
     /// Pass as `after_seq` for the next page.
     pub next_after_seq: i64,
     pub messages: Vec<RecoveredMessage>,
@@ -1554,7 +1558,8 @@ pub struct Recovery {
 
 /// `recover_conversation_history`: with the agent token, once every session
 /// of the agent is dead (revoked, expired, or its parent token revoked), read
-/// the history of a conversation any window of the agent held a seat in.
+/// the history of a conversation any window of the agent held a seat in, only
+/// the seq ranges during which one of those seats was active.
 /// Read-only: the only write is its audit row; no seat, receipt or message
 /// changes, and nothing here lets the caller post or acknowledge.
 pub async fn recover(
@@ -1612,39 +1617,92 @@ pub async fn recover(
         )));
     }
     let conversation = load(&mut tx, me, id, false).await?;
-    // The agent "was in" a conversation when one of its windows joined it;
-    // recovery reads from the earliest boundary any of those seats had.
-    let boundary: Option<i64> = sqlx::query_scalar(
-        "SELECT min(history_from_seq) FROM conversation_members
-         WHERE team_id = $1 AND conversation_id = $2 AND agent_id = $3 AND joined_at IS NOT NULL",
+    // The agent is entitled to what one of its seats could read while it was
+    // active: the union of those activations (migration 0017 records them
+    // with every seat state change). Nothing sent while every seat was out
+    // (left, removed, not yet re-admitted) is returned.
+    let (activations, first_boundary): (i64, Option<i64>) = sqlx::query_as(
+        "SELECT count(*), min(a.from_seq) FROM conversation_seat_activity a
+         JOIN conversation_members s ON s.team_id = a.team_id AND s.id = a.member_id
+         WHERE a.team_id = $1 AND a.conversation_id = $2 AND s.agent_id = $3",
     )
     .bind(me.team_id)
     .bind(id)
     .bind(me.agent_id)
     .fetch_one(&mut *tx)
     .await?;
-    let Some(boundary) = boundary else {
+    if activations == 0 {
         return Err(not_found(id));
-    };
-    let messages: Vec<RecoveredMessage> = sqlx::query_as(
-        "SELECT m.id AS message_id, m.seq,
-                CASE WHEN m.sender_session = '' THEN a.name ELSE a.name || '/' || m.sender_session END AS \"from\",
-                CASE WHEN m.tombstoned_at IS NULL AND m.publication_state = 'stored' AND m.body <> ''
-                     THEN m.body END AS body,
-                m.reply_to, m.metadata, m.created_at,
-                CASE WHEN m.tombstoned_at IS NOT NULL THEN 'tombstoned: ' || m.tombstone_reason
-                     WHEN m.publication_state <> 'stored' THEN m.publication_state
-                     WHEN m.body = '' THEN 'unreachable' END AS unavailable
-         FROM conversation_messages m
-         JOIN agents a ON a.team_id = m.team_id AND a.id = m.sender_id
-         WHERE m.team_id = $1 AND m.conversation_id = $2 AND m.seq > $3 AND m.seq >= $4
-         ORDER BY m.seq
-         LIMIT $5",
+    }
+    recover_entitled(tx, me, &conversation, after_seq, limit, first_boundary).await
+}
+
+/// One range of seq an agent may recover: a seat of it was active from
+/// `from_seq` through `to_seq` (None: still active).
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct EntitledRange {
+    pub from_seq: i64,
+    pub to_seq: Option<i64>,
+}
+
+/// The page of [`recover`] for an agent that held an active seat at some point.
+async fn recover_entitled(
+    mut tx: sqlx::Transaction<'_, sqlx::Postgres>,
+    me: &Identity,
+    conversation: &Conversation,
+    after_seq: i64,
+    limit: i64,
+    first_boundary: Option<i64>,
+) -> BusResult<Recovery> {
+    let id = conversation.id;
+    // Overlapping activations (a seat that left and was invited back with
+    // history from the start, or a transferred seat beside its successor)
+    // merge into disjoint ranges, so a message is returned once.
+    let entitled: Vec<EntitledRange> = sqlx::query_as(
+        "SELECT lower(r) AS from_seq, upper(r) - 1 AS to_seq
+         FROM unnest((SELECT range_agg(int8range(a.from_seq, a.to_seq + 1))
+                      FROM conversation_seat_activity a
+                      JOIN conversation_members s ON s.team_id = a.team_id AND s.id = a.member_id
+                      WHERE a.team_id = $1 AND a.conversation_id = $2 AND s.agent_id = $3)) r
+         ORDER BY 1",
     )
     .bind(me.team_id)
     .bind(id)
+    .bind(me.agent_id)
+    .fetch_all(&mut *tx)
+    .await?;
+    let from: Vec<i64> = entitled.iter().map(|r| r.from_seq).collect();
+    let to: Vec<i64> = entitled
+        .iter()
+        .map(|r| r.to_seq.unwrap_or(i64::MAX))
+        .collect();
+    // Each range is read in seq order up to `limit` on the index, so a long
+    // stretch the agent was out of costs nothing.
+    let messages: Vec<RecoveredMessage> = sqlx::query_as(
+        "SELECT x.* FROM unnest($3::bigint[], $4::bigint[]) AS r(from_seq, to_seq)
+         CROSS JOIN LATERAL (
+           SELECT m.id AS message_id, m.seq,
+                  CASE WHEN m.sender_session = '' THEN a.name ELSE a.name || '/' || m.sender_session END AS \"from\",
+                  CASE WHEN m.tombstoned_at IS NULL AND m.publication_state = 'stored' AND m.body <> ''
+                       THEN m.body END AS body,
+                  m.reply_to, m.metadata, m.created_at,
+                  CASE WHEN m.tombstoned_at IS NOT NULL THEN 'tombstoned: ' || m.tombstone_reason
+                       WHEN m.publication_state <> 'stored' THEN m.publication_state
+                       WHEN m.body = '' THEN 'unreachable' END AS unavailable
+           FROM conversation_messages m
+           JOIN agents a ON a.team_id = m.team_id AND a.id = m.sender_id
+           WHERE m.team_id = $1 AND m.conversation_id = $2
+             AND m.seq > $5 AND m.seq >= r.from_seq AND m.seq <= r.to_seq
+           ORDER BY m.seq
+           LIMIT $6) x
+         ORDER BY x.seq
+         LIMIT $6",
+    )
+    .bind(me.team_id)
+    .bind(id)
+    .bind(&from)
+    .bind(&to)
     .bind(after_seq)
-    .bind(boundary)
     .bind(limit)
     .fetch_all(&mut *tx)
     .await?;
@@ -1663,7 +1721,8 @@ pub async fn recover(
     tx.commit().await?;
     Ok(Recovery {
         conversation_id: id,
-        history_from_seq: boundary,
+        history_from_seq: first_boundary.unwrap_or(1),
+        entitled,
         next_after_seq,
         messages,
         read_only: true,

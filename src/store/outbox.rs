@@ -861,7 +861,7 @@ pub async fn release_published_bodies(
                     continue;
                 }
             };
-            match backend.fetch(&Locator(locator), message_id).await {
+            match backend.fetch_once(&Locator(locator), message_id).await {
                 Ok(Some(body)) if body_digest(&body)[..] == digest[..] => {
                     confirmed.push(message_id)
                 }

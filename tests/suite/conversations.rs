@@ -955,6 +955,165 @@ async fn recovery_refuses_while_any_session_is_live_and_never_posts() {
     assert_eq!(message(&stranger), conversations::not_found(id).to_string());
 }
 
+/// The seqs of a recovery page.
+fn recovered_seqs(page: &Value) -> Vec<i64> {
+    page["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["seq"].as_i64().unwrap())
+        .collect()
+}
+
+/// Every seq `who` recovers, paging `limit` at a time.
+async fn recover_all(who: &McpClient, id: Uuid, limit: i64) -> (Vec<i64>, Value) {
+    let mut seqs = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = who
+            .call(
+                "recover_conversation_history",
+                json!({"conversation_id": id, "after_seq": after, "limit": limit}),
+            )
+            .await
+            .unwrap();
+        let got = recovered_seqs(&page);
+        if got.is_empty() {
+            return (seqs, page["entitled"].clone());
+        }
+        after = page["next_after_seq"].as_i64().unwrap();
+        seqs.extend(got);
+    }
+}
+
+#[tokio::test]
+async fn recovery_returns_only_what_a_seat_of_the_agent_could_read_while_active() {
+    let app = spawn_app().await;
+    team_with_conversations(&app, "acme").await;
+    let alice = app.mcp(&app.agent("acme", "alice").await, None).await;
+    // Bob is removed and re-admitted, carol leaves and is invited back, dave
+    // leaves for good, erin's seat moves from window w1 to w2 and is then
+    // removed. None of them registers a session, so each recovers with its
+    // agent token at once.
+    let bob = app.mcp(&app.agent("acme", "bob").await, None).await;
+    let carol = app.mcp(&app.agent("acme", "carol").await, None).await;
+    let dave = app.mcp(&app.agent("acme", "dave").await, None).await;
+    let erin_token = app.agent("acme", "erin").await;
+    let erin_w1 = app.mcp(&erin_token, Some("w1")).await;
+    let erin_w2 = app.mcp(&erin_token, Some("w2")).await;
+    let erin = app.mcp(&erin_token, None).await;
+    let id = id_of(
+        &alice
+            .call(
+                "create_conversation",
+                json!({"title": "Need to know", "private": true,
+                       "invite": ["bob", "carol", "dave", "erin/w1"]}),
+            )
+            .await
+            .unwrap(),
+    );
+    for member in [&bob, &carol, &dave, &erin_w1] {
+        member
+            .call("join_conversation", json!({"conversation_id": id}))
+            .await
+            .unwrap();
+    }
+    let send = |n: i64| {
+        let alice = &alice;
+        async move {
+            let sent = alice
+                .call(
+                    "send_conversation_message",
+                    json!({"conversation_id": id, "body": format!("message {n}"),
+                           "request_id": Uuid::new_v4().to_string()}),
+                )
+                .await
+                .unwrap();
+            assert_eq!(sent["seq"], n, "{sent}");
+        }
+    };
+    let manage = |tool: &'static str, address: &'static str| {
+        let alice = &alice;
+        let mut args = json!({"conversation_id": id, "address": address});
+        if tool == "invite_to_conversation" {
+            args["role"] = json!("participant");
+        }
+        async move {
+            alice.call(tool, args).await.unwrap();
+        }
+    };
+
+    send(1).await;
+    send(2).await;
+    erin_w1
+        .call(
+            "transfer_membership",
+            json!({"conversation_id": id, "to": "w2"}),
+        )
+        .await
+        .unwrap();
+    erin_w2
+        .call("join_conversation", json!({"conversation_id": id}))
+        .await
+        .unwrap();
+    send(3).await;
+    manage("remove_conversation_member", "bob").await;
+    carol
+        .call("leave_conversation", json!({"conversation_id": id}))
+        .await
+        .unwrap();
+    dave.call("leave_conversation", json!({"conversation_id": id}))
+        .await
+        .unwrap();
+    for n in 4..=5 {
+        send(n).await;
+    }
+    manage("remove_conversation_member", "erin/w2").await;
+    send(6).await;
+    manage("invite_to_conversation", "bob").await;
+    manage("invite_to_conversation", "carol").await;
+    bob.call("join_conversation", json!({"conversation_id": id}))
+        .await
+        .unwrap();
+    carol
+        .call("join_conversation", json!({"conversation_id": id}))
+        .await
+        .unwrap();
+    send(7).await;
+    send(8).await;
+
+    // Pages of 2 cross the gap without returning a message twice or one of
+    // the gap.
+    let (seqs, entitled) = recover_all(&bob, id, 2).await;
+    assert_eq!(seqs, [1, 2, 3, 7, 8], "removed at 3, re-admitted from 7");
+    assert_eq!(
+        entitled,
+        json!([{"from_seq": 1, "to_seq": 3}, {"from_seq": 7, "to_seq": null}])
+    );
+    let (seqs, _) = recover_all(&carol, id, 50).await;
+    assert_eq!(seqs, [1, 2, 3, 7, 8], "left at 3, invited back from 7");
+    let (seqs, entitled) = recover_all(&dave, id, 50).await;
+    assert_eq!(seqs, [1, 2, 3], "left at 3 for good");
+    assert_eq!(entitled, json!([{"from_seq": 1, "to_seq": 3}]));
+    let (seqs, _) = recover_all(&erin, id, 50).await;
+    assert_eq!(
+        seqs,
+        [1, 2, 3, 4, 5],
+        "the transfer kept 1..2 with the agent; removed at 5"
+    );
+    let page = bob
+        .call(
+            "recover_conversation_history",
+            json!({"conversation_id": id}),
+        )
+        .await
+        .unwrap();
+    assert!(
+        !page.to_string().contains("message 4"),
+        "nothing sent while bob was out: {page}"
+    );
+}
+
 #[tokio::test]
 async fn a_storm_of_invites_removals_and_role_changes_ends_without_deadlock_or_database_error() {
     let app = spawn_app().await;

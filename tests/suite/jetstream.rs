@@ -22,6 +22,7 @@ use crate::support::proxy::Proxy;
 fn quick() -> BrokerOptions {
     BrokerOptions {
         timeout: Duration::from_secs(1),
+        ..BrokerOptions::default()
     }
 }
 
@@ -158,13 +159,17 @@ async fn a_locator_from_another_team_or_message_reads_nothing() {
         .unwrap_err();
     assert!(matches!(err, BusError::Invalid(_)), "{err:?}");
 
-    // A sequence that holds nothing: the broker answered, it has no body.
+    // A sequence that holds nothing: the broker answered, it has no body;
+    // one answer is not a confirmed absence (jetstream_bus shows the
+    // confirmation), so it reads as unavailable, never as gone.
     let stream = body_stream_name(ours);
     let missing = Locator(format!("jetstream:{stream}:999"));
-    assert_eq!(
-        our_backend.fetch(&missing, Uuid::new_v4()).await.unwrap(),
-        None
-    );
+    let err = our_backend
+        .fetch(&missing, Uuid::new_v4())
+        .await
+        .expect_err("one \"not found\" is not an absence");
+    assert!(matches!(err, BusError::Unavailable(_)), "{err:?}");
+    assert!(err.to_string().contains("stream leader"), "{err}");
 
     broker.remove_team_streams(ours).await.unwrap();
     broker.remove_team_streams(theirs).await.unwrap();
@@ -428,7 +433,18 @@ async fn provisioning_adopts_existing_streams_and_updates_quotas_only_when_asked
         Err(BusError::Forbidden(_))
     ));
     let gone = Locator(format!("jetstream:{}:77", body_stream_name(team)));
-    assert_eq!(backend.fetch(&gone, env.message_id).await.unwrap(), None);
+    assert_eq!(
+        backend.fetch_once(&gone, env.message_id).await.unwrap(),
+        None,
+        "one look: the leader holds nothing there"
+    );
+    assert!(
+        matches!(
+            backend.fetch(&gone, env.message_id).await,
+            Err(BusError::Unavailable(_))
+        ),
+        "an absence is not confirmed by one answer"
+    );
 
     let updated = broker
         .provision_team(team, &StreamSizes::default(), true)

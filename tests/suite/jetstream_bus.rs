@@ -22,7 +22,10 @@ use uuid::Uuid;
 
 use crate::support::nats::{OwnedNats, nats_url};
 use crate::support::proxy::Proxy;
-use crate::support::{McpClient, TestApp, drain_settings, spawn_app_with_broker, test_actor};
+use crate::support::{
+    BROKER_ABSENCE_CONFIRM_DELAY, McpClient, TestApp, drain_settings, spawn_app_with_broker,
+    test_actor,
+};
 
 /// How long any wait may take before the test fails.
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -768,7 +771,16 @@ async fn a_body_gone_from_the_broker_is_tombstoned_and_a_silent_broker_is_unreac
             .await
             .unwrap()
     );
+    // One "not found" is not an absence: unreachable until the stream leader
+    // still says so after the confirm delay, then tombstoned.
     let page = t.read_as_bob().await;
+    assert_eq!(in_page(&page, gone)["unavailable"]["reason"], "unreachable");
+    assert!(t.row(gone).await.tombstone_reason.is_none());
+    let page = eventually("the absence confirmed", async || {
+        let page = t.read_as_bob().await;
+        (in_page(&page, gone)["unavailable"]["reason"] == "tombstoned").then_some(page)
+    })
+    .await;
     assert_eq!(page["messages"].as_array().unwrap().len(), 3);
     assert_eq!(in_page(&page, first)["body"], "first");
     assert_eq!(in_page(&page, third)["body"], "third");
@@ -810,6 +822,132 @@ async fn a_body_gone_from_the_broker_is_tombstoned_and_a_silent_broker_is_unreac
             .then_some(())
     })
     .await;
+}
+
+// Issue 13, item 7: one "not found" from the broker never tombstones a
+// released body. The team's body stream is lost and re-provisioned empty (a
+// broker lost and set up again): every released body reads `unreachable`,
+// none is tombstoned. Restored into the stream at their sequences (as from a
+// backup), they read again. One that stays missing is tombstoned, with its
+// reason, only once the stream leader still answers "not found" at least
+// the confirm delay after the first answer.
+#[tokio::test]
+async fn a_body_missing_after_the_stream_is_reprovisioned_is_unreachable_until_its_absence_is_confirmed()
+ {
+    let app = spawn_app_with_broker(&nats_url()).await;
+    let t = Routed::new(&app, "jsb13").await;
+    let bodies = ["restored from a backup", "also restored", "never restored"];
+    let mut ids = Vec::new();
+    for body in bodies {
+        ids.push(t.send(body).await);
+    }
+    let workers = app.start_publication_workers();
+    let locators = t.wait_stored(&ids).await;
+    workers.stop().await;
+    assert_eq!(t.release().await, 3, "every local copy released");
+    let lost = ids[2];
+
+    let js = async_nats::jetstream::new(async_nats::connect(nats_url()).await.unwrap());
+    let stream = body_stream_name(t.team_id);
+    js.delete_stream(&stream).await.unwrap();
+    teams::provision_streams(
+        &app.pool,
+        "jsb13",
+        app.broker(),
+        &StreamSizes::default(),
+        false,
+        &test_actor(),
+    )
+    .await
+    .expect("the streams provisioned again");
+    assert_eq!(stream_messages(&nats_url(), t.team_id).await, 0);
+
+    let first_miss = Instant::now();
+    let page = t.read_as_bob().await;
+    for id in &ids {
+        let shown = in_page(&page, *id);
+        assert!(shown["body"].is_null(), "{shown}");
+        assert_eq!(shown["unavailable"]["reason"], "unreachable", "{shown}");
+        assert!(
+            shown["unavailable"]["detail"]
+                .as_str()
+                .unwrap()
+                .contains("stream leader"),
+            "{shown}"
+        );
+        assert!(
+            t.row(*id).await.tombstone_reason.is_none(),
+            "one \"not found\" tombstones nothing"
+        );
+    }
+
+    // The backup: every body again at its sequence, then the one that was
+    // not in it deleted.
+    let mut in_order: Vec<(u64, usize)> = locators
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (sequence(t.team_id, l), i))
+        .collect();
+    in_order.sort();
+    for (seq, i) in &in_order {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Acs-Message-Id", ids[*i].to_string().as_str());
+        headers.insert(
+            "Acs-Conversation-Id",
+            t.conversation_id.to_string().as_str(),
+        );
+        headers.insert("Acs-Team-Id", t.team_id.to_string().as_str());
+        let ack = js
+            .publish_with_headers(
+                body_subject(t.team_id, t.conversation_id),
+                headers,
+                bodies[*i].into(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert_eq!(ack.sequence, *seq, "restored at its sequence");
+    }
+    assert!(
+        body_stream(&nats_url(), t.team_id)
+            .await
+            .delete_message(sequence(t.team_id, &locators[2]))
+            .await
+            .unwrap()
+    );
+
+    let page = t.read_as_bob().await;
+    assert_eq!(in_page(&page, ids[0])["body"], bodies[0]);
+    assert_eq!(in_page(&page, ids[1])["body"], bodies[1]);
+    if first_miss.elapsed() < BROKER_ABSENCE_CONFIRM_DELAY {
+        assert_eq!(in_page(&page, lost)["unavailable"]["reason"], "unreachable");
+        assert!(t.row(lost).await.tombstone_reason.is_none());
+    }
+
+    // Two looks from the leader, the confirm delay apart: gone, and said why.
+    tokio::time::sleep(
+        (BROKER_ABSENCE_CONFIRM_DELAY + Duration::from_millis(250))
+            .saturating_sub(first_miss.elapsed()),
+    )
+    .await;
+    let page = t.read_as_bob().await;
+    let shown = in_page(&page, lost);
+    assert!(shown["body"].is_null(), "{shown}");
+    assert_eq!(shown["unavailable"]["reason"], "tombstoned", "{shown}");
+    assert!(
+        shown["unavailable"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("no longer holds"),
+        "{shown}"
+    );
+    assert!(t.row(lost).await.tombstone_reason.is_some(), "recorded");
+    assert_eq!(in_page(&page, ids[0])["body"], bodies[0]);
+    for id in &ids[..2] {
+        assert!(t.row(*id).await.tombstone_reason.is_none());
+    }
+    app.broker().remove_team_streams(t.team_id).await.unwrap();
 }
 
 // `serve --nats-url` while the broker is down starts anyway (the bus is up

@@ -239,47 +239,11 @@ impl MessagingBackend for JetStreamBackend {
     }
 
     async fn fetch(&self, locator: &Locator, message_id: Uuid) -> BusResult<Option<String>> {
-        let Some((stream, sequence)) = parse_locator(locator) else {
-            return Err(BusError::invalid(
-                "not a locator the jetstream backend issued",
-            ));
-        };
-        let own = body_stream_name(self.team_id);
-        if stream != own {
-            // A locator is opaque and proves nothing: one copied from another
-            // team reads nothing here, whether that stream exists or not.
-            return Err(BusError::forbidden(
-                "that locator names another team's stream; it reads nothing here",
-            ));
-        }
-        let Some(message) = self.get(&own, sequence).await? else {
-            return Ok(None);
-        };
-        let header = |name: &str| {
-            message
-                .headers
-                .get(name)
-                .map(|v| v.as_str().to_owned())
-                .unwrap_or_default()
-        };
-        let conversation = header(HEADER_CONVERSATION_ID);
-        let same_team = header(HEADER_TEAM_ID) == self.team_id.to_string();
-        let same_message = header(HEADER_MESSAGE_ID) == message_id.to_string();
-        let subject_matches = conversation
-            .parse::<Uuid>()
-            .is_ok_and(|c| message.subject.as_str() == body_subject(self.team_id, c));
-        if !(same_team && same_message && subject_matches) {
-            // Forbidden, not None: "no longer holds it" would let a reader
-            // record a tombstone for a body that is still there.
-            return Err(BusError::forbidden(
-                "that locator names another message; it reads nothing",
-            ));
-        }
-        String::from_utf8(message.payload.to_vec())
-            .map(Some)
-            .map_err(|_| {
-                BusError::conflict("the stored body is not UTF-8 text; it cannot be shown")
-            })
+        self.read(locator, message_id, true).await
+    }
+
+    async fn fetch_once(&self, locator: &Locator, message_id: Uuid) -> BusResult<Option<String>> {
+        self.read(locator, message_id, false).await
     }
 
     async fn retain(&self, _before: chrono::DateTime<chrono::Utc>) -> BusResult<u64> {
@@ -312,9 +276,108 @@ impl MessagingBackend for JetStreamBackend {
 }
 
 impl JetStreamBackend {
+    /// A body by locator, checked to be this team's and this message's.
+    /// `confirm_absence`: a "not found" is settled by [`Self::look_again`]
+    /// before it is reported as `None`.
+    async fn read(
+        &self,
+        locator: &Locator,
+        message_id: Uuid,
+        confirm_absence: bool,
+    ) -> BusResult<Option<String>> {
+        let Some((stream, sequence)) = parse_locator(locator) else {
+            return Err(BusError::invalid(
+                "not a locator the jetstream backend issued",
+            ));
+        };
+        let own = body_stream_name(self.team_id);
+        if stream != own {
+            // A locator is opaque and proves nothing: one copied from another
+            // team reads nothing here, whether that stream exists or not.
+            return Err(BusError::forbidden(
+                "that locator names another team's stream; it reads nothing here",
+            ));
+        }
+        let message = match self.get(&own, sequence).await? {
+            Some(message) => message,
+            None if !confirm_absence => return Ok(None),
+            None => match self.look_again(&own, sequence).await? {
+                Some(message) => message,
+                None => return Ok(None),
+            },
+        };
+        self.broker.forget_miss(&own, sequence);
+        let header = |name: &str| {
+            message
+                .headers
+                .get(name)
+                .map(|v| v.as_str().to_owned())
+                .unwrap_or_default()
+        };
+        let conversation = header(HEADER_CONVERSATION_ID);
+        let same_team = header(HEADER_TEAM_ID) == self.team_id.to_string();
+        let same_message = header(HEADER_MESSAGE_ID) == message_id.to_string();
+        let subject_matches = conversation
+            .parse::<Uuid>()
+            .is_ok_and(|c| message.subject.as_str() == body_subject(self.team_id, c));
+        if !(same_team && same_message && subject_matches) {
+            // Forbidden, not None: "no longer holds it" would let a reader
+            // record a tombstone for a body that is still there.
+            return Err(BusError::forbidden(
+                "that locator names another message; it reads nothing",
+            ));
+        }
+        String::from_utf8(message.payload.to_vec())
+            .map(Some)
+            .map_err(|_| {
+                BusError::conflict("the stored body is not UTF-8 text; it cannot be shown")
+            })
+    }
+
+    /// The broker answered that it holds nothing at `sequence`. One such
+    /// answer does not make a body lost: a direct get may be answered by a
+    /// replica that lags, and a broker lost and re-provisioned a moment ago
+    /// may be having its stream restored. So the stream leader is asked now
+    /// (a replica that merely lags is settled at once), and the absence
+    /// counts only when the leader still reports it at least
+    /// `absence_confirm_delay` after the first "not found" this process saw;
+    /// until then the read is `unavailable`, because a tombstone is for good
+    /// and unknown is not lost. `None`: absence confirmed.
+    async fn look_again(
+        &self,
+        stream: &str,
+        sequence: u64,
+    ) -> BusResult<Option<async_nats::jetstream::message::StreamMessage>> {
+        let handle = self
+            .broker
+            .js()
+            .get_stream_no_info(stream)
+            .await
+            .map_err(|e| unreachable_broker(&e))?;
+        if let Some(message) = self.leader_get(&handle, stream, sequence).await? {
+            return Ok(Some(message));
+        }
+        // The first "not found" stays recorded after a confirmation: any
+        // later leader answer of absence is again one the delay apart.
+        let missing_for = self.broker.note_miss(stream, sequence);
+        let delay = self.broker.absence_confirm_delay();
+        if missing_for >= delay {
+            return Ok(None);
+        }
+        Err(BusError::unavailable(format!(
+            "the broker answers that stream {stream} holds no message at sequence {sequence}, \
+             and one answer does not make a body lost (a replica may lag, a stream may be \
+             being restored): it counts only if the stream leader still says so {:.1} s after \
+             the first answer ({:.1} s so far)",
+            delay.as_secs_f32(),
+            missing_for.as_secs_f32()
+        )))
+    }
+
     /// The message at `sequence`: direct get when the stream allows it (any
     /// replica answers), the leader's get otherwise. `None`: the broker
-    /// answered that there is no message there (deleted, never written).
+    /// answered that there is no message there (deleted, never written, or a
+    /// replica not caught up: see [`Self::look_again`]).
     async fn get(
         &self,
         stream: &str,
@@ -354,6 +417,17 @@ impl JetStreamBackend {
                 }
             }
         }
+        self.leader_get(&handle, stream, sequence).await
+    }
+
+    /// `STREAM.MSG.GET`, answered by the stream's leader: never a replica's
+    /// possibly older view. `None`: the leader holds no message there.
+    async fn leader_get(
+        &self,
+        handle: &async_nats::jetstream::stream::Stream<()>,
+        stream: &str,
+        sequence: u64,
+    ) -> BusResult<Option<async_nats::jetstream::message::StreamMessage>> {
         match handle.get_raw_message(sequence).await {
             Ok(message) => Ok(Some(message)),
             Err(e) => match e.kind() {

@@ -52,18 +52,35 @@ pub const REQUIRED_MAX_PAYLOAD: usize = MAX_BODY_BYTES + HEADER_ALLOWANCE;
 /// How long a request to the broker may take before it counts as unanswered.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long after the broker first answered "no such message" for a body
+/// its absence may be confirmed (by the stream leader) and the body
+/// tombstoned. One answer is not enough: a replica that lags, or a broker
+/// restored or re-provisioned a moment ago, answers "not found" for a body
+/// that is (or will be again) there, and a tombstone is for good.
+pub const DEFAULT_ABSENCE_CONFIRM_DELAY: Duration = Duration::from_secs(5);
+
+/// How many first misses one process remembers. Forgetting one only restarts
+/// its clock (a later tombstone, never an earlier one), so when full the
+/// record is simply cleared.
+const MISSES_MAX: usize = 10_000;
+
 /// How to connect. `Default` is what `serve` and the operator commands use.
 #[derive(Clone, Debug)]
 pub struct BrokerOptions {
     /// Bounds every JetStream request and every PubAck wait. A publish whose
     /// ack does not come back within it is reported `Unanswered`.
     pub timeout: Duration,
+    /// A body is declared gone only when the stream leader still answers
+    /// "no such message" at least this long after the first such answer
+    /// ([`DEFAULT_ABSENCE_CONFIRM_DELAY`]).
+    pub absence_confirm_delay: Duration,
 }
 
 impl Default for BrokerOptions {
     fn default() -> Self {
         Self {
             timeout: DEFAULT_TIMEOUT,
+            absence_confirm_delay: DEFAULT_ABSENCE_CONFIRM_DELAY,
         }
     }
 }
@@ -90,6 +107,12 @@ struct Inner {
     /// get to such a stream is not refused but left unanswered, so the
     /// choice is made from the stream's config rather than by trying.
     direct: Mutex<HashMap<String, bool>>,
+    absence_confirm_delay: Duration,
+    /// When the broker first answered that it holds nothing at (stream,
+    /// sequence), for bodies whose absence is not confirmed yet. In memory
+    /// on purpose: a restart or another replica starts the clock again, which
+    /// can only delay a tombstone.
+    misses: Mutex<HashMap<(String, u64), Instant>>,
 }
 
 impl Broker {
@@ -176,6 +199,8 @@ impl Broker {
                 timeout: options.timeout,
                 denied,
                 direct: Mutex::default(),
+                absence_confirm_delay: options.absence_confirm_delay,
+                misses: Mutex::default(),
             }),
         })
     }
@@ -229,6 +254,29 @@ impl Broker {
             Some(allowed) => known.insert(stream.to_owned(), allowed),
             None => known.remove(stream),
         };
+    }
+
+    pub(crate) fn absence_confirm_delay(&self) -> Duration {
+        self.inner.absence_confirm_delay
+    }
+
+    /// Record that the broker answered "no such message" at `sequence` of
+    /// `stream`; how long ago it first did (zero the first time).
+    pub(crate) fn note_miss(&self, stream: &str, sequence: u64) -> Duration {
+        let mut misses = self.inner.misses.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (stream.to_owned(), sequence);
+        if !misses.contains_key(&key) && misses.len() >= MISSES_MAX {
+            misses.clear();
+        }
+        misses.entry(key).or_insert_with(Instant::now).elapsed()
+    }
+
+    /// The body at `sequence` of `stream` was found: its clock is over.
+    pub(crate) fn forget_miss(&self, stream: &str, sequence: u64) {
+        let mut misses = self.inner.misses.lock().unwrap_or_else(|p| p.into_inner());
+        if !misses.is_empty() {
+            misses.remove(&(stream.to_owned(), sequence));
+        }
     }
 
     /// Whether the server reported a publish to `subject` denied since `since`.

@@ -54,14 +54,20 @@ pub async fn spawn_app_with(settings: HttpSettings) -> TestApp {
 /// unanswered: short, so a stopped or black-holed broker shows quickly.
 pub const BROKER_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// How long after a first "not found" a test broker may confirm a body's
+/// absence: long enough for a test to read twice before it, short enough to
+/// wait out.
+pub const BROKER_ABSENCE_CONFIRM_DELAY: Duration = Duration::from_secs(2);
+
 /// A broker connection as `serve --nats-url` makes one, with
-/// [`BROKER_TIMEOUT`].
+/// [`BROKER_TIMEOUT`] and [`BROKER_ABSENCE_CONFIRM_DELAY`].
 pub async fn connect_broker(nats_url: &str) -> Broker {
     Broker::connect_with(
         nats_url,
         None,
         BrokerOptions {
             timeout: BROKER_TIMEOUT,
+            absence_confirm_delay: BROKER_ABSENCE_CONFIRM_DELAY,
         },
     )
     .await
