@@ -173,6 +173,15 @@ pub async fn grant(
     sessions::guard(&mut tx, me).await?;
     let project_id = find(&mut tx, me, project).await?;
     let project = normalize_name(project)?;
+    // The project row first: grant changes of one project run one at a time,
+    // and the holder check below (a later statement, so a fresh snapshot)
+    // sees every change committed before. Without it, two holders revoking
+    // each other at once would both pass the check and leave no holder.
+    sqlx::query("SELECT 1 FROM projects WHERE team_id = $1 AND id = $2 FOR NO KEY UPDATE")
+        .bind(me.team_id)
+        .bind(project_id)
+        .execute(&mut *tx)
+        .await?;
     if !holds_grant(&mut tx, me.team_id, project_id, me.agent_id).await? {
         return Err(BusError::forbidden(format!(
             "only an agent holding a grant on project `{project}` can grant or revoke access, and \

@@ -143,3 +143,84 @@ async fn only_a_holder_extends_a_grant_revoking_is_immediate_and_never_your_own(
         ]
     );
 }
+
+/// Issue 13, item 6: two holders revoking each other at once leave one holder.
+/// The test holds both grant rows, so each revocation stops at its delete,
+/// after its holder check: without a lock taken before that check, both pass
+/// it and both deletes go through. With the project row locked first, the
+/// second waits there and then sees it no longer holds a grant.
+#[tokio::test]
+async fn two_holders_revoking_each_other_at_once_leave_one_holder() {
+    use std::time::Duration;
+
+    let app = spawn_app().await;
+    app.team("acme").await;
+    teams::capability(&app.pool, "acme", Some(true), &test_actor())
+        .await
+        .unwrap();
+    let alice = app.mcp(&app.agent("acme", "alice").await, None).await;
+    let bob = app.mcp(&app.agent("acme", "bob").await, None).await;
+    alice
+        .call("create_project", json!({"project": "web"}))
+        .await
+        .unwrap();
+    alice
+        .call(
+            "grant_project_access",
+            json!({"project": "web", "agent": "bob"}),
+        )
+        .await
+        .unwrap();
+
+    let mut held = app.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM project_grants FOR UPDATE")
+        .execute(&mut *held)
+        .await
+        .unwrap();
+    let revoke = |by: crate::support::McpClient, whom: &'static str| {
+        tokio::spawn(async move {
+            by.call(
+                "grant_project_access",
+                json!({"project": "web", "agent": whom, "grant": false}),
+            )
+            .await
+        })
+    };
+    let by_alice = revoke(alice, "bob");
+    let by_bob = revoke(bob, "alice");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+        if waiting == 2 || (by_alice.is_finished() && by_bob.is_finished()) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the revocations never met"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    held.commit().await.unwrap();
+    let outcomes = [by_alice.await.unwrap(), by_bob.await.unwrap()];
+
+    let holders: i64 = sqlx::query_scalar("SELECT count(*) FROM project_grants")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(holders, 1, "one holder is left: {outcomes:?}");
+    let refused: Vec<_> = outcomes.iter().filter_map(|o| o.as_ref().err()).collect();
+    assert_eq!(refused.len(), 1, "{outcomes:?}");
+    assert!(
+        refused[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("you hold none"),
+        "{outcomes:?}"
+    );
+}
