@@ -1048,6 +1048,52 @@ async fn a_send_in_flight_across_an_agent_disable_is_refused_and_claims_no_seq()
     assert_eq!(stored_messages(&app.pool, conv).await, (0, 0));
 }
 
+// A conversation wait blocked when its token is revoked answers the refusal
+// when a send wakes it, not the receipts that send owes it.
+#[tokio::test]
+async fn a_conversation_wait_blocked_across_its_token_revocation_answers_the_refusal() {
+    use ai_crew_sync::auth::{self, AgentCredential};
+    use ai_crew_sync::store::{receipts, tokens};
+
+    let (app, conv, alice, _) = alice_and_bob_in_a_conversation().await;
+    let bob_id: Uuid = sqlx::query_scalar("SELECT id FROM agents WHERE name = 'bob'")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    let bob_token = tokens::issue(&app.pool, "acme", "bob", None, &test_actor())
+        .await
+        .unwrap()
+        .token;
+    let AgentCredential::Token(digest) = auth::parse_agent_credential(&bob_token).unwrap() else {
+        panic!("not an agent token")
+    };
+    let bob = tokens::authenticate(&app.pool, &digest, String::new())
+        .await
+        .unwrap();
+    assert_eq!(bob.agent_id, bob_id);
+
+    let bus = app.bus.clone();
+    let waiter = alice.clone();
+    let wait = tokio::spawn(async move {
+        receipts::wait_for_conversation_updates(&bus, &waiter, Duration::from_secs(30)).await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokens::revoke(&app.pool, alice.token_id, Some("acme"), &test_actor())
+        .await
+        .unwrap();
+    send_as(&app, &bob, conv).await.expect("bob's send");
+
+    let answer = tokio::time::timeout(Duration::from_secs(20), wait)
+        .await
+        .expect("the wait wakes on bob's send")
+        .unwrap();
+    let refused = answer.expect_err("a revoked token's wait").to_string();
+    assert!(
+        refused.contains("this agent token was revoked"),
+        "{refused}"
+    );
+}
+
 #[tokio::test]
 async fn a_send_rechecks_the_window_inside_its_transaction_with_the_guards_refusals() {
     use ai_crew_sync::auth::{self, AgentCredential};
