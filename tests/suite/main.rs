@@ -16,6 +16,7 @@ mod http_surface;
 mod inbox;
 mod jetstream;
 mod jetstream_bus;
+mod limits;
 mod locks;
 mod messaging;
 mod migrate;
