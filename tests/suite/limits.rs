@@ -206,8 +206,8 @@ async fn the_request_past_the_global_in_flight_cap_gets_503_with_retry_after() {
     assert_eq!(whoami().await.0, 200, "below the cap a call is answered");
 
     // Two slow uploads fill the server's two slots.
-    let first = start_upload(&app, &alice, Length::Declared(1000), b"{").await;
-    let second = start_upload(&app, &bob, Length::Declared(1000), b"{").await;
+    let first = upload_being_read(&app, &alice, Length::Declared(1000), b"{").await;
+    let second = upload_being_read(&app, &bob, Length::Declared(1000), b"{").await;
     let (status, retry_after, body) = until_status(503, whoami).await;
     assert_eq!(
         status, 503,
@@ -238,8 +238,10 @@ async fn a_credential_at_its_cap_gets_429_and_does_not_block_another() {
         ..HttpSettings::default()
     })
     .await;
-    let first = start_upload(&app, &alice, Length::Declared(1000), b"{").await;
-    let second = start_upload(&app, &alice, Length::Declared(1000), b"{").await;
+    // Each upload is held before the next starts (a probe that overtook an
+    // upload would take its slot instead).
+    let first = upload_being_read(&app, &alice, Length::Declared(1000), b"{").await;
+    let second = upload_being_read(&app, &alice, Length::Declared(1000), b"{").await;
     let (status, retry_after, body) =
         until_status(429, || post(&app, &alice, call_body("whoami", json!({})))).await;
     assert_eq!(
