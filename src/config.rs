@@ -4,6 +4,17 @@ use std::time::Duration;
 
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 8 * 1024 * 1024;
 pub const DEFAULT_RATE_LIMIT_PER_MINUTE: u32 = 600;
+/// Enough for every window of a large team at once; each costs a task, not a body.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
+/// 32 bodies of the default 8 MiB limit buffered at once.
+pub const DEFAULT_MAX_BUFFERED_BYTES: usize = 256 * 1024 * 1024;
+/// An agent's windows share its token; 16 ordinary calls at once is far above
+/// what one model drives, and far below what would starve the others.
+pub const DEFAULT_MAX_IN_FLIGHT_PER_CREDENTIAL: u32 = 16;
+/// Blocked waits per credential, counted apart from ordinary calls.
+pub const DEFAULT_MAX_LONG_POLLS_PER_CREDENTIAL: u32 = 16;
+/// Failed authentications per client address per minute.
+pub const DEFAULT_UNAUTHENTICATED_PER_MINUTE: u32 = 120;
 
 #[derive(Clone, Debug)]
 pub struct HttpSettings {
@@ -15,6 +26,21 @@ pub struct HttpSettings {
     pub max_request_bytes: usize,
     /// Requests per token per minute in this process; 0 turns the limit off.
     pub rate_limit_per_minute: u32,
+    /// Requests on `/mcp` and `/admin` being handled at once; more get 503.
+    pub max_in_flight: usize,
+    /// Request body bytes buffered at once across all requests; a body that
+    /// does not fit gets 503. At least `max_request_bytes`.
+    pub max_buffered_bytes: usize,
+    /// Ordinary calls in flight per credential (session credential, else
+    /// agent token); more get 429. 0 = no cap.
+    pub max_in_flight_per_credential: u32,
+    /// Long polls (`wait_for_updates`, `ask_agent`,
+    /// `wait_for_conversation_updates`) in flight per credential, counted
+    /// apart from ordinary calls; more get 429. 0 = no cap.
+    pub max_long_polls_per_credential: u32,
+    /// Failed authentications per client address per minute before that
+    /// address is refused ahead of any database lookup; 0 = no limit.
+    pub unauthenticated_per_minute: u32,
     /// How long shutdown waits for in-flight requests.
     pub shutdown_grace: Duration,
 }
@@ -26,6 +52,11 @@ impl Default for HttpSettings {
             allowed_origins: Vec::new(),
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             rate_limit_per_minute: DEFAULT_RATE_LIMIT_PER_MINUTE,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            max_buffered_bytes: DEFAULT_MAX_BUFFERED_BYTES,
+            max_in_flight_per_credential: DEFAULT_MAX_IN_FLIGHT_PER_CREDENTIAL,
+            max_long_polls_per_credential: DEFAULT_MAX_LONG_POLLS_PER_CREDENTIAL,
+            unauthenticated_per_minute: DEFAULT_UNAUTHENTICATED_PER_MINUTE,
             shutdown_grace: Duration::from_secs(10),
         }
     }

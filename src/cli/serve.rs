@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Args;
+use clap::builder::TypedValueParser;
 use tokio_util::sync::CancellationToken;
 
 use super::Context;
@@ -33,6 +34,25 @@ pub struct ServeArgs {
     /// Requests per token per minute in this process (0 = no limit).
     #[arg(long, env = "BUS_RATE_LIMIT_PER_MINUTE", default_value_t = config::DEFAULT_RATE_LIMIT_PER_MINUTE)]
     rate_limit_per_minute: u32,
+    /// Requests on /mcp and /admin handled at once; more are refused with 503 + Retry-After.
+    #[arg(long, env = "BUS_MAX_IN_FLIGHT", default_value_t = config::DEFAULT_MAX_IN_FLIGHT, value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
+    max_in_flight: usize,
+    /// Request body bytes buffered at once across all requests (at least --max-request-bytes);
+    /// a body that does not fit is refused with 503 + Retry-After. Default 256 MiB.
+    #[arg(long, env = "BUS_MAX_BUFFERED_BYTES", default_value_t = config::DEFAULT_MAX_BUFFERED_BYTES)]
+    max_buffered_bytes: usize,
+    /// Ordinary calls in flight per credential (session credential, else agent token);
+    /// more get 429 + Retry-After (0 = no cap). Long polls are counted apart.
+    #[arg(long, env = "BUS_MAX_IN_FLIGHT_PER_CREDENTIAL", default_value_t = config::DEFAULT_MAX_IN_FLIGHT_PER_CREDENTIAL)]
+    max_in_flight_per_credential: u32,
+    /// Long polls (wait_for_updates, ask_agent, wait_for_conversation_updates) in flight
+    /// per credential; more get 429 + Retry-After (0 = no cap).
+    #[arg(long, env = "BUS_MAX_LONG_POLLS_PER_CREDENTIAL", default_value_t = config::DEFAULT_MAX_LONG_POLLS_PER_CREDENTIAL)]
+    max_long_polls_per_credential: u32,
+    /// Failed authentications per client address per minute; past it the address gets 429
+    /// before any credential lookup, valid ones included (0 = no limit).
+    #[arg(long, env = "BUS_UNAUTHENTICATED_PER_MINUTE", default_value_t = config::DEFAULT_UNAUTHENTICATED_PER_MINUTE)]
+    unauthenticated_per_minute: u32,
     /// Apply database migrations on start.
     #[arg(long, env = "BUS_AUTO_MIGRATE", default_value_t = true, action = clap::ArgAction::Set)]
     auto_migrate: bool,
@@ -55,6 +75,16 @@ pub struct ServeArgs {
 }
 
 pub async fn run(ctx: &Context, args: ServeArgs) -> anyhow::Result<()> {
+    if args.max_buffered_bytes < args.max_request_bytes {
+        anyhow::bail!(
+            "--max-buffered-bytes ({}) is smaller than --max-request-bytes ({}): a body at the \
+             limit could never be accepted. Raise --max-buffered-bytes (default {}) or lower \
+             --max-request-bytes.",
+            args.max_buffered_bytes,
+            args.max_request_bytes,
+            config::DEFAULT_MAX_BUFFERED_BYTES
+        );
+    }
     let listener = tokio::net::TcpListener::bind(args.bind)
         .await
         .map_err(|e| {
@@ -108,6 +138,11 @@ async fn serve_on(
         allowed_origins: args.allowed_origins.clone(),
         max_request_bytes: args.max_request_bytes,
         rate_limit_per_minute: args.rate_limit_per_minute,
+        max_in_flight: args.max_in_flight,
+        max_buffered_bytes: args.max_buffered_bytes,
+        max_in_flight_per_credential: args.max_in_flight_per_credential,
+        max_long_polls_per_credential: args.max_long_polls_per_credential,
+        unauthenticated_per_minute: args.unauthenticated_per_minute,
         shutdown_grace: Duration::from_secs(args.shutdown_grace_secs),
     };
     let grace = settings.shutdown_grace;

@@ -24,6 +24,23 @@
 //! superuser password (kept in `<data-dir>/pgpass`, readable by root only)
 //! instead of trust authentication.
 //!
+//! The bus itself never connects as the superuser. [`EmbeddedPostgres::provision_bus_role`]
+//! (run by [`crate::db::Database::open`] on every start, under the lock, so
+//! it also converts a data directory from before) makes the role
+//! `ai_crew_sync`: no superuser, no CREATEDB or CREATEROLE, in none of the
+//! roles that read or run things on the host (`pg_read_server_files`,
+//! `pg_write_server_files`, `pg_execute_server_program`), owner of the bus's
+//! database, its `public` schema and everything in it. The bus's pool and
+//! its migrations connect as that role ([`EmbeddedPostgres::bus_url`]), so
+//! whatever SQL reaches the pool cannot read `/etc/passwd` or start a
+//! program. The superuser is for setup and tests only
+//! ([`EmbeddedPostgres::database_url`]). Run as root, the role has its own
+//! random password (`<data-dir>/bus.pgpass`, root only), like the superuser.
+//!
+//! The cluster's directory is made mode 0700 on every start and checked
+//! afterwards: a filesystem that ignores the change stops the start, since
+//! the files would be readable by others.
+//!
 //! What this does not do: tune the cluster, upgrade it across major
 //! versions, or serve anything but this bus.
 
@@ -38,7 +55,16 @@ use thiserror::Error;
 
 /// The database the bus keeps its tables in, inside the embedded cluster.
 pub const EMBEDDED_DATABASE: &str = "ai_crew_sync";
+/// The role the bus connects as: owns [`EMBEDDED_DATABASE`], nothing more.
+pub const BUS_ROLE: &str = "ai_crew_sync";
 const SUPERUSER: &str = "postgres";
+/// Predefined roles that reach the host's files or programs; the bus's role
+/// is never a member.
+const HOST_ROLES: &[&str] = &[
+    "pg_read_server_files",
+    "pg_write_server_files",
+    "pg_execute_server_program",
+];
 const PORT: u16 = 5432;
 
 #[derive(Debug, Error)]
@@ -63,6 +89,15 @@ pub enum EmbeddedError {
     },
     #[error("`{command}` failed: {detail}")]
     Command { command: String, detail: String },
+    #[error(
+        "could not set up the bus's own role `{BUS_ROLE}` in the embedded PostgreSQL ({step}): \
+         {source}. Check the cluster's log in <data-dir>/pgrun/postgres.log, or set DATABASE_URL"
+    )]
+    Provision {
+        step: &'static str,
+        #[source]
+        source: sqlx::Error,
+    },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> EmbeddedError + '_ {
@@ -165,7 +200,9 @@ impl EmbeddedPostgres {
         self.rundir().join("servers")
     }
 
-    /// A connection URL for `database` over the private socket.
+    /// The superuser's connection URL for `database` over the private socket:
+    /// for setting the cluster up and for tests, never for the bus's pool
+    /// (that is [`EmbeddedPostgres::bus_url`]).
     pub fn database_url(&self, database: &str) -> String {
         let credentials = match fs::read_to_string(self.password_file()) {
             Ok(password) => format!("{SUPERUSER}:{}", password.trim()),
@@ -175,6 +212,117 @@ impl EmbeddedPostgres {
             "postgres://{credentials}@localhost:{PORT}/{database}?host={}",
             self.rundir().display()
         )
+    }
+
+    /// The bus's connection URL: [`BUS_ROLE`] on [`EMBEDDED_DATABASE`]. Valid
+    /// once [`EmbeddedPostgres::provision_bus_role`] has run.
+    pub fn bus_url(&self) -> String {
+        let credentials = match fs::read_to_string(self.bus_password_file()) {
+            Ok(password) => format!("{BUS_ROLE}:{}", password.trim()),
+            Err(_) => BUS_ROLE.to_string(),
+        };
+        format!(
+            "postgres://{credentials}@localhost:{PORT}/{EMBEDDED_DATABASE}?host={}",
+            self.rundir().display()
+        )
+    }
+
+    fn bus_password_file(&self) -> PathBuf {
+        self.data_dir.join("bus.pgpass")
+    }
+
+    /// Make (or correct) the bus's role and database, as the superuser over
+    /// a one-off connection: idempotent, so it also converts a data
+    /// directory whose tables the superuser created. Holds the start lock,
+    /// so two processes starting at once do not race on the catalog.
+    pub async fn provision_bus_role(&self) -> Result<(), EmbeddedError> {
+        use sqlx::Connection;
+        let data_dir = self.data_dir.clone();
+        let _lock = tokio::task::spawn_blocking(move || lock_at(&data_dir))
+            .await
+            .expect("taking the lock does not panic")?;
+        let password = match &self.run_as {
+            // Trust authentication on a socket only this user reaches.
+            None => None,
+            Some(_) => Some(match fs::read_to_string(self.bus_password_file()) {
+                Ok(password) => password.trim().to_string(),
+                Err(_) => {
+                    let mut bytes = [0u8; 24];
+                    rand::RngCore::fill_bytes(&mut rand::rng(), &mut bytes);
+                    let password = hex::encode(bytes);
+                    write_private(&self.bus_password_file(), &password)?;
+                    password
+                }
+            }),
+        };
+        let fail = |step| move |source| EmbeddedError::Provision { step, source };
+
+        let mut admin = sqlx::PgConnection::connect(&self.database_url("postgres"))
+            .await
+            .map_err(fail("connecting as the superuser"))?;
+        let exists: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)")
+                .bind(BUS_ROLE)
+                .fetch_one(&mut admin)
+                .await
+                .map_err(fail("looking for the role"))?;
+        if !exists {
+            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE ROLE {BUS_ROLE} LOGIN")))
+                .execute(&mut admin)
+                .await
+                .map_err(fail("creating the role"))?;
+        }
+        // Every start, so a role edited by hand is put back.
+        let password_clause = match &password {
+            // Hex only: safe to inline (ALTER ROLE takes no parameters).
+            Some(password) => format!("PASSWORD '{password}'"),
+            None => "PASSWORD NULL".to_string(),
+        };
+        let statements = [
+            format!(
+                "ALTER ROLE {BUS_ROLE} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION \
+                 NOBYPASSRLS {password_clause}"
+            ),
+            format!("REVOKE {} FROM {BUS_ROLE}", HOST_ROLES.join(", ")),
+        ];
+        for sql in statements {
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .execute(&mut admin)
+                .await
+                .map_err(fail("restricting the role"))?;
+        }
+        let database_exists: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+                .bind(EMBEDDED_DATABASE)
+                .fetch_one(&mut admin)
+                .await
+                .map_err(fail("looking for the database"))?;
+        let sql = if database_exists {
+            format!("ALTER DATABASE {EMBEDDED_DATABASE} OWNER TO {BUS_ROLE}")
+        } else {
+            format!("CREATE DATABASE {EMBEDDED_DATABASE} OWNER {BUS_ROLE}")
+        };
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&mut admin)
+            .await
+            .map_err(fail("giving the role its database"))?;
+        let _ = admin.close().await;
+
+        // A database the superuser migrated (before this role existed) holds
+        // tables, functions and types the role could not alter or, without
+        // grants, even read: they become the role's. REASSIGN OWNED cannot do
+        // this, the bootstrap superuser's objects include the catalog.
+        let mut bus_db = sqlx::PgConnection::connect(&self.database_url(EMBEDDED_DATABASE))
+            .await
+            .map_err(fail("connecting to the bus's database as the superuser"))?;
+        sqlx::query(sqlx::AssertSqlSafe(
+            TAKE_OWNERSHIP.replace("{role}", BUS_ROLE),
+        ))
+        .execute(&mut bus_db)
+        .await
+        .map_err(fail("handing the bus's tables to the role"))?;
+        let _ = bus_db.close().await;
+        Ok(())
     }
 
     /// Whether this process started (or adopted) the cluster and must stop it.
@@ -232,31 +380,38 @@ impl EmbeddedPostgres {
     }
 
     fn lock(&self) -> Result<File, EmbeddedError> {
-        let path = self.data_dir.join("embedded.lock");
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(io_err(&path))?;
-        // Blocks until any other process finishes starting or stopping; the
-        // kernel releases it if that process dies.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(io_err(&path)(std::io::Error::last_os_error()));
-        }
-        Ok(file)
+        lock_at(&self.data_dir)
     }
 
     fn prepare_dirs(&self) -> Result<(), EmbeddedError> {
         for dir in [self.pgdata(), self.rundir(), self.servers_dir()] {
             fs::create_dir_all(&dir).map_err(io_err(&dir))?;
         }
-        // initdb insists on 0700 (or 0750) for the cluster; the socket directory
-        // stays private so trust authentication reaches only its owner (and root).
+        // initdb insists on 0700 (or 0750) for the cluster; 0700 keeps the
+        // data from every other user, the server's group included. The
+        // socket directory stays private so trust authentication reaches
+        // only its owner (and root).
         for dir in [self.pgdata(), self.rundir()] {
             fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).map_err(io_err(&dir))?;
             if let Some(user) = &self.run_as {
                 chown(&dir, user)?;
+            }
+            let mode = fs::metadata(&dir)
+                .map_err(io_err(&dir))?
+                .permissions()
+                .mode()
+                & 0o777;
+            if mode != 0o700 {
+                return Err(EmbeddedError::Command {
+                    command: "embedded PostgreSQL".into(),
+                    detail: format!(
+                        "{} has mode {mode:o} after it was set to 700 (the filesystem does not \
+                         keep permissions?), so other users could read the database. Put \
+                         --data-dir (BUS_DATA_DIR) on a filesystem with Unix permissions, or set \
+                         DATABASE_URL.",
+                        dir.display()
+                    ),
+                });
             }
         }
         Ok(())
@@ -387,6 +542,71 @@ impl EmbeddedPostgres {
         })
     }
 }
+
+/// The start lock of the cluster in `data_dir`, held until the file is dropped.
+fn lock_at(data_dir: &Path) -> Result<File, EmbeddedError> {
+    let path = data_dir.join("embedded.lock");
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io_err(&path))?;
+    // Blocks until any other process finishes starting or stopping; the
+    // kernel releases it if that process dies.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(io_err(&path)(std::io::Error::last_os_error()));
+    }
+    Ok(file)
+}
+
+/// Run as the superuser in the bus's database: everything in `public` not
+/// yet the bus role's becomes its. Sequences that belong to a column follow
+/// their table; array types follow their element type.
+const TAKE_OWNERSHIP: &str = r#"
+DO $take$
+DECLARE
+    r record;
+BEGIN
+    IF (SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = 'public')
+       NOT IN ('{role}', 'pg_database_owner') THEN
+        ALTER SCHEMA public OWNER TO {role};
+    END IF;
+    FOR r IN
+        SELECT c.oid::regclass AS name,
+               CASE c.relkind WHEN 'S' THEN 'SEQUENCE' WHEN 'v' THEN 'VIEW'
+                              WHEN 'm' THEN 'MATERIALIZED VIEW' WHEN 'f' THEN 'FOREIGN TABLE'
+                              ELSE 'TABLE' END AS kind
+        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S')
+          AND c.relowner <> '{role}'::regrole
+          AND NOT EXISTS (SELECT 1 FROM pg_depend d
+                          WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid
+                            AND d.deptype IN ('a', 'i'))
+    LOOP
+        EXECUTE format('ALTER %s %s OWNER TO {role}', r.kind, r.name);
+    END LOOP;
+    FOR r IN
+        SELECT p.oid::regprocedure AS name
+        FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+        WHERE n.nspname = 'public' AND p.proowner <> '{role}'::regrole
+    LOOP
+        EXECUTE format('ALTER ROUTINE %s OWNER TO {role}', r.name);
+    END LOOP;
+    FOR r IN
+        SELECT t.oid::regtype AS name, t.typtype
+        FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+        WHERE n.nspname = 'public' AND t.typowner <> '{role}'::regrole
+          AND t.typelem = 0
+          AND (t.typtype IN ('d', 'e', 'r', 'm')
+               OR (t.typtype = 'c' AND (SELECT relkind FROM pg_class WHERE oid = t.typrelid) = 'c'))
+    LOOP
+        EXECUTE format('ALTER %s %s OWNER TO {role}',
+                       CASE r.typtype WHEN 'd' THEN 'DOMAIN' ELSE 'TYPE' END, r.name);
+    END LOOP;
+END
+$take$
+"#;
 
 /// PostgreSQL's socket lives at `<data-dir>/pgrun/.s.PGSQL.5432`: that path
 /// must fit a Unix socket address (107 bytes on Linux), and the directory is

@@ -2,7 +2,7 @@
 //!
 //! `DATABASE_URL` names a PostgreSQL the operator runs; without it the
 //! embedded cluster in the data directory is started or joined
-//! ([`embedded`]). Either way the caller gets one [`Database`]: a pool, and the
+//! ([`embedded`]) and the bus connects to it as its own unprivileged role. Either way the caller gets one [`Database`]: a pool, and the
 //! duty to [`Database::close`] it so an owned embedded cluster is stopped.
 
 pub mod embedded;
@@ -14,7 +14,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 use thiserror::Error;
 
-use embedded::{EMBEDDED_DATABASE, EmbeddedError, EmbeddedPostgres};
+use embedded::{EmbeddedError, EmbeddedPostgres};
 
 /// The embedded migrations. A database migrated by a newer binary still works
 /// with this one (migrations are additive), so unknown applied versions are
@@ -69,13 +69,12 @@ impl Database {
                     tokio::task::spawn_blocking(move || EmbeddedPostgres::start(&data_dir))
                         .await
                         .expect("embedded start does not panic")?;
+                // The superuser sets the role up; the pool (and with it every
+                // migration and query of the bus) is the role, which cannot
+                // reach the host's files or programs.
                 let opened = async {
-                    create_database_if_missing(
-                        &embedded.database_url("postgres"),
-                        EMBEDDED_DATABASE,
-                    )
-                    .await?;
-                    connect(&embedded.database_url(EMBEDDED_DATABASE), max_connections).await
+                    embedded.provision_bus_role().await?;
+                    connect(&embedded.bus_url(), max_connections).await
                 }
                 .await;
                 match opened {

@@ -4,36 +4,45 @@
 //! model or a human can act on:
 //!
 //! 1. `Host` against the allow-list (DNS-rebinding defence), every route.
-//! 2. On `/mcp`: a declared body over the limit (413) before anything else,
+//! 2. On `/mcp` and `/admin`: a slot among the requests in flight (503 +
+//!    `Retry-After` when the server is full; see [`limits`]).
+//! 3. On `/mcp`: a declared body over the limit (413) before anything else,
 //!    then a malformed `X-Crew-Session` or `X-Crew-Epoch` (400) before the
-//!    credential is looked up, then the bearer credential: an agent token or a
-//!    session credential (401 unknown/revoked/expired/stale, 403 disabled
-//!    agent), then
-//!    the per-token rate limit (429 + `Retry-After`), then the body is read
-//!    with the limit enforced while streaming (413).
-//! 3. rmcp's Streamable HTTP service, stateless with JSON responses, sees the
+//!    credential is looked up, then the client address's allowance of failed
+//!    authentications (429 without a lookup), then the bearer credential: an
+//!    agent token or a session credential (401 unknown/revoked/expired/stale,
+//!    403 disabled agent), then the per-token rate limit (429 +
+//!    `Retry-After`), then the credential's calls in flight (429), then the
+//!    body is read against the buffered-bytes budget (503) with the limit
+//!    enforced while streaming (413); a long poll then moves to its
+//!    credential's long-poll count (429 at its cap).
+//! 4. rmcp's Streamable HTTP service, stateless with JSON responses, sees the
 //!    caller's [`Identity`] in the request extensions.
+//!
+//! [`Identity`]: crate::auth::Identity
 
 mod admin;
 mod health;
+pub mod limits;
 mod rate_limit;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+pub use limits::Limits;
 pub use rate_limit::RateLimiter;
 
 use crate::Bus;
@@ -68,6 +77,8 @@ pub struct AppState {
     pub limiter: RateLimiter,
     /// `/admin` has its own allowance: a tenth of the MCP one.
     pub admin_limiter: RateLimiter,
+    /// In-flight, buffered-bytes, per-credential and per-address caps.
+    pub limits: Limits,
 }
 
 /// The whole HTTP application. `shutdown` ends rmcp's open streams when cancelled.
@@ -78,6 +89,7 @@ pub fn router(bus: Bus, settings: HttpSettings, shutdown: CancellationToken) -> 
         backends: bus.backends.clone(),
         limiter: RateLimiter::new(settings.rate_limit_per_minute),
         admin_limiter: RateLimiter::new(settings.rate_limit_per_minute.div_ceil(10)),
+        limits: Limits::new(&settings),
         settings: settings.clone(),
     });
 
@@ -105,7 +117,13 @@ pub fn router(bus: Bus, settings: HttpSettings, shutdown: CancellationToken) -> 
     Router::new()
         .route("/health", get(health::health))
         .nest("/mcp", mcp_routes)
-        .nest("/admin", admin::routes(state.clone()))
+        .nest(
+            "/admin",
+            admin::routes(state.clone()).layer(middleware::from_fn_with_state(
+                state.clone(),
+                admin_admission,
+            )),
+        )
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), host_check))
         .layer(tower_http::trace::TraceLayer::new_for_http())
@@ -286,8 +304,109 @@ pub(crate) fn rate_limited(wait: std::time::Duration, per_minute: u32, what: &st
     response
 }
 
+/// 503 + `Retry-After`: the server holds as much as it is allowed to.
+pub(crate) fn server_busy(what: String) -> Response {
+    let seconds = limits::RETRY_AFTER_BUSY.as_secs();
+    let mut response = json_error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "overloaded",
+        format!(
+            "{what}. Nothing was done. Retry in {seconds} s; if this keeps happening, send \
+             smaller bodies or fewer calls at once."
+        ),
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    response
+}
+
+fn too_many_in_flight(limits: &Limits) -> Response {
+    server_busy(format!(
+        "the server is handling its maximum of {} requests at once",
+        limits.max_in_flight()
+    ))
+}
+
+/// 429 + `Retry-After` for a credential at one of its in-flight caps.
+fn credential_busy(cap: u32, what: &str, instead: &str) -> Response {
+    let seconds = limits::RETRY_AFTER_BUSY.as_secs();
+    let mut response = json_error(
+        StatusCode::TOO_MANY_REQUESTS,
+        "rate_limited",
+        format!(
+            "this credential already has {cap} {what} in flight (the limit per credential on this \
+             server). Nothing was done. Wait for one to return, then retry (Retry-After: \
+             {seconds} s); {instead}"
+        ),
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    response
+}
+
+/// 429 + `Retry-After` for an address that failed to authenticate too often.
+fn address_throttled(
+    address: Option<std::net::IpAddr>,
+    wait: std::time::Duration,
+    per_minute: u32,
+) -> Response {
+    let seconds = wait.as_secs() + 1;
+    let from = address.map_or_else(|| "this address".to_string(), |a| a.to_string());
+    let mut response = json_error(
+        StatusCode::TOO_MANY_REQUESTS,
+        "rate_limited",
+        format!(
+            "too many requests from {from} failed to authenticate (more than {per_minute} \
+             a minute), so its credentials are not looked up for now, valid ones included. Wait \
+             {seconds} s, and check that every client here sends a current credential \
+             (`Authorization: Bearer acs_…`); an operator issues one with `ai-crew-sync token \
+             issue`."
+        ),
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    response
+}
+
+fn client_address(request: &Request) -> Option<std::net::IpAddr> {
+    request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(addr)| addr.ip())
+}
+
+/// `/admin`'s share of the load limits: a request slot and the address's
+/// allowance of failed authentications (the admin gate looks the credential
+/// up; a 401 from it keeps the attempt counted).
+async fn admin_admission(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let limits = &state.limits;
+    let Some(_slot) = limits.enter() else {
+        return too_many_in_flight(limits);
+    };
+    let address = client_address(&request);
+    if let Err(wait) = limits.may_authenticate(address) {
+        return address_throttled(address, wait, limits.unauthenticated_per_minute());
+    }
+    let response = next.run(request).await;
+    if response.status() == StatusCode::UNAUTHORIZED {
+        limits.failed_authentication(address);
+    }
+    response
+}
+
 /// Everything `/mcp` checks before rmcp sees the request (see the module docs).
 async fn mcp_gate(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let limits = &state.limits;
+    let Some(_slot) = limits.enter() else {
+        return too_many_in_flight(limits);
+    };
     let limit = state.settings.max_request_bytes;
     let declared = request
         .headers()
@@ -304,26 +423,72 @@ async fn mcp_gate(State(state): State<Arc<AppState>>, request: Request, next: Ne
         Ok(headers) => headers,
         Err(err) => return bus_error_response(&err),
     };
+    // Checked before the lookup, so a flood of bad credentials from one
+    // address stops costing lookups once its allowance is spent.
+    let address = client_address(&request);
+    if let Err(wait) = limits.may_authenticate(address) {
+        return address_throttled(address, wait, limits.unauthenticated_per_minute());
+    }
     let identity = match authenticate(&state.pool, request.headers(), label, epoch).await {
         Ok(identity) => identity,
-        Err(err) => return bus_error_response(&err),
+        Err(err) => {
+            if matches!(err, BusError::Unauthenticated(_)) {
+                limits.failed_authentication(address);
+            }
+            return bus_error_response(&err);
+        }
     };
 
     if let Err(wait) = state.limiter.check(identity.token_id) {
         return rate_limited(wait, state.limiter.per_minute(), "token");
     }
 
+    let credential = identity.window.map_or(identity.token_id, |w| w.session_id);
+    // Counted as ordinary before the body is read, so one credential holds
+    // at most its cap of bodies in the buffered-bytes budget.
+    let Some(ordinary) = limits.ordinary_slot(credential) else {
+        return credential_busy(
+            limits.max_in_flight_per_credential(),
+            "ordinary calls",
+            "batch work instead of sending calls in parallel.",
+        );
+    };
+
     let (mut parts, body) = request.into_parts();
-    let bytes = match Limited::new(body, limit).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(err) if err.downcast_ref::<LengthLimitError>().is_some() => return too_large(limit),
-        Err(err) => {
+    let (bytes, _buffered) = match limits.read_body(body, declared, limit).await {
+        Ok(read) => read,
+        Err(limits::BodyRefusal::TooLarge) => return too_large(limit),
+        Err(limits::BodyRefusal::BudgetExhausted) => {
+            return server_busy(format!(
+                "the server is buffering its maximum of {} MiB of request bodies at once",
+                limits.max_buffered_bytes() / (1024 * 1024)
+            ));
+        }
+        Err(limits::BodyRefusal::Unreadable(err)) => {
             return json_error(
                 StatusCode::BAD_REQUEST,
                 "invalid",
                 format!("could not read the request body: {err}"),
             );
         }
+    };
+    // A blocked wait moves to its own count, so waits never use up the slots
+    // ordinary calls of the same credential need.
+    let _call = if limits::is_long_poll(&bytes) {
+        drop(ordinary);
+        match limits.long_poll_slot(credential) {
+            Some(slot) => slot,
+            None => {
+                return credential_busy(
+                    limits.max_long_polls_per_credential(),
+                    "long polls (wait_for_updates, ask_agent, wait_for_conversation_updates)",
+                    "one wait per window with `kinds` or `all_channels` covers what several \
+                     would.",
+                );
+            }
+        }
+    } else {
+        ordinary
     };
     parts.extensions.insert(identity);
     next.run(Request::from_parts(parts, Body::from(bytes)))
@@ -339,8 +504,12 @@ pub async fn serve(
     grace: std::time::Duration,
 ) -> std::io::Result<()> {
     let stopping = shutdown.clone();
-    let server = axum::serve(listener, app)
-        .with_graceful_shutdown(async move { stopping.cancelled().await });
+    // The peer address feeds the per-address allowance of failed authentications.
+    let server = axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move { stopping.cancelled().await });
     let server = std::pin::pin!(server.into_future());
     tokio::select! {
         result = server => result,

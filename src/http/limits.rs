@@ -1,0 +1,410 @@
+//! Load limits of one process: what keeps memory bounded and one caller from
+//! starving the others, whatever arrives at once.
+//!
+//! - **Requests in flight** (global): a semaphore taken first on `/mcp` and
+//!   `/admin`; when it is empty the answer is 503 at once, so a flood queues
+//!   nowhere inside the server.
+//! - **Request bytes buffered** (global): a semaphore counted in bytes. A body
+//!   is reserved by its declared `Content-Length` before a byte is read (a
+//!   chunked body chunk by chunk as it arrives) and released when the request
+//!   has been answered; an empty budget is 503. Hundreds of 8 MiB uploads at
+//!   once therefore cost at most the budget, not hundreds of bodies.
+//! - **Per credential** (a session credential, else the agent token): ordinary
+//!   calls in flight, and separately long polls (`wait_for_updates`,
+//!   `ask_agent`, `wait_for_conversation_updates`, which block up to 300 s)
+//!   in flight, each 429. A call is counted as ordinary from before its body
+//!   is read (so one credential cannot hold more than its share of the byte
+//!   budget) and moves to the long-poll count once its body shows it is one,
+//!   so blocked waits never use up the slots of ordinary calls.
+//! - **Failed authentication per client address**: a token bucket checked
+//!   before the credential is looked up and spent by each credential that
+//!   proves unknown, revoked or malformed. An address that keeps sending bad
+//!   credentials is refused (429) without a database lookup, valid
+//!   credentials from that address included while it lasts: before the
+//!   lookup the server cannot tell them apart. Valid calls spend nothing, so
+//!   a burst of them from one address (every agent on one machine) is never
+//!   refused here; a concurrent flood of bad ones gets at most the requests
+//!   in flight past the check before the bucket shows empty. IPv6 addresses
+//!   count per /64, which one host usually holds whole.
+//!
+//! Everything here is atomics and semaphores, plus two maps under a mutex that
+//! is never held across an await. Per process, like the rate limit: N
+//! replicas admit N times as much.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use http_body_util::BodyExt;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use uuid::Uuid;
+
+use crate::config::HttpSettings;
+
+/// The tools that block until something happens (up to 300 s).
+pub const LONG_POLL_TOOLS: &[&str] = &[
+    "wait_for_updates",
+    "ask_agent",
+    "wait_for_conversation_updates",
+];
+
+/// What the caller is told to wait when the server is full: the requests
+/// ahead of it are short, so a second is enough to find room again.
+pub const RETRY_AFTER_BUSY: Duration = Duration::from_secs(1);
+
+pub struct Limits {
+    in_flight: Arc<Semaphore>,
+    max_in_flight: usize,
+    buffered: Arc<Semaphore>,
+    max_buffered_bytes: usize,
+    ordinary: CredentialCounts,
+    long_polls: CredentialCounts,
+    addresses: AddressLimiter,
+}
+
+impl Limits {
+    pub fn new(settings: &HttpSettings) -> Limits {
+        // A budget under one full body would refuse every large request for
+        // good; `serve` refuses such settings, anything else builds is lifted.
+        let max_buffered_bytes = settings
+            .max_buffered_bytes
+            .max(settings.max_request_bytes)
+            .min(Semaphore::MAX_PERMITS);
+        let max_in_flight = settings.max_in_flight.clamp(1, Semaphore::MAX_PERMITS);
+        Limits {
+            in_flight: Arc::new(Semaphore::new(max_in_flight)),
+            max_in_flight,
+            buffered: Arc::new(Semaphore::new(max_buffered_bytes)),
+            max_buffered_bytes,
+            ordinary: CredentialCounts::new(settings.max_in_flight_per_credential),
+            long_polls: CredentialCounts::new(settings.max_long_polls_per_credential),
+            addresses: AddressLimiter::new(settings.unauthenticated_per_minute),
+        }
+    }
+
+    pub fn max_in_flight(&self) -> usize {
+        self.max_in_flight
+    }
+
+    pub fn max_buffered_bytes(&self) -> usize {
+        self.max_buffered_bytes
+    }
+
+    pub fn max_in_flight_per_credential(&self) -> u32 {
+        self.ordinary.cap
+    }
+
+    pub fn max_long_polls_per_credential(&self) -> u32 {
+        self.long_polls.cap
+    }
+
+    pub fn unauthenticated_per_minute(&self) -> u32 {
+        self.addresses.per_minute
+    }
+
+    /// One of the server's request slots, or `None` when all are taken.
+    pub fn enter(&self) -> Option<OwnedSemaphorePermit> {
+        self.in_flight.clone().try_acquire_owned().ok()
+    }
+
+    /// Whether `address` may have a credential looked up now, or how long
+    /// until it may. Only failures spend the allowance ([`Limits::failed_authentication`]),
+    /// so a burst of valid calls from one address is never refused here.
+    pub fn may_authenticate(&self, address: Option<IpAddr>) -> Result<(), Duration> {
+        match address {
+            Some(address) => self.addresses.check(address_key(address)),
+            None => Ok(()),
+        }
+    }
+
+    /// A credential from `address` was unknown, revoked or malformed.
+    pub fn failed_authentication(&self, address: Option<IpAddr>) {
+        if let Some(address) = address {
+            self.addresses.spend(address_key(address));
+        }
+    }
+
+    /// An ordinary call slot of `credential`, or `None` at its cap.
+    pub fn ordinary_slot(&self, credential: Uuid) -> Option<CredentialSlot<'_>> {
+        self.ordinary.take(credential)
+    }
+
+    /// A long-poll slot of `credential`, or `None` at its cap.
+    pub fn long_poll_slot(&self, credential: Uuid) -> Option<CredentialSlot<'_>> {
+        self.long_polls.take(credential)
+    }
+
+    /// Read `body` whole, at most `limit` bytes, every byte counted against
+    /// the budget: `declared` (the `Content-Length`) is reserved before the
+    /// first byte is read, anything beyond it as it arrives. The permit
+    /// holds the bytes' share of the budget until it is dropped.
+    pub async fn read_body(
+        &self,
+        body: Body,
+        declared: Option<u64>,
+        limit: usize,
+    ) -> Result<(Bytes, OwnedSemaphorePermit), BodyRefusal> {
+        let declared = declared.map_or(0, |d| usize::try_from(d).unwrap_or(usize::MAX));
+        if declared > limit {
+            return Err(BodyRefusal::TooLarge);
+        }
+        let mut permit = self.reserve(declared)?;
+        let mut reserved = declared;
+        let mut buffer: Vec<u8> = Vec::with_capacity(declared);
+        let mut body = body;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| BodyRefusal::Unreadable(e.to_string()))?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            let total = buffer.len() + data.len();
+            if total > limit {
+                return Err(BodyRefusal::TooLarge);
+            }
+            if total > reserved {
+                permit.merge(self.reserve(total - reserved)?);
+                reserved = total;
+            }
+            buffer.extend_from_slice(&data);
+        }
+        Ok((Bytes::from(buffer), permit))
+    }
+
+    fn reserve(&self, bytes: usize) -> Result<OwnedSemaphorePermit, BodyRefusal> {
+        let Ok(bytes) = u32::try_from(bytes) else {
+            return Err(BodyRefusal::TooLarge);
+        };
+        self.buffered
+            .clone()
+            .try_acquire_many_owned(bytes)
+            .map_err(|_| BodyRefusal::BudgetExhausted)
+    }
+}
+
+/// Why a body was not read.
+#[derive(Debug)]
+pub enum BodyRefusal {
+    /// Over the per-request limit (413).
+    TooLarge,
+    /// The server's buffered-bytes budget is spent by other requests (503).
+    BudgetExhausted,
+    /// The connection failed or ended early (400).
+    Unreadable(String),
+}
+
+/// Whether a JSON-RPC body is a `tools/call` of a long-polling tool. A body
+/// that does not parse is ordinary (rmcp then refuses it).
+pub fn is_long_poll(body: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Call<'a> {
+        #[serde(borrow)]
+        method: Option<&'a str>,
+        #[serde(borrow)]
+        params: Option<Params<'a>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Params<'a> {
+        #[serde(borrow)]
+        name: Option<&'a str>,
+    }
+    serde_json::from_slice::<Call<'_>>(body).is_ok_and(|call| {
+        call.method == Some("tools/call")
+            && call
+                .params
+                .and_then(|p| p.name)
+                .is_some_and(|name| LONG_POLL_TOOLS.contains(&name))
+    })
+}
+
+/// Calls in flight per credential, each at most `cap`; 0 = no cap.
+struct CredentialCounts {
+    cap: u32,
+    // Only credentials with a call in flight have an entry, so the map is
+    // bounded by the global in-flight cap.
+    counts: Mutex<HashMap<Uuid, u32>>,
+}
+
+impl CredentialCounts {
+    fn new(cap: u32) -> Self {
+        CredentialCounts {
+            cap,
+            counts: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn take(&self, credential: Uuid) -> Option<CredentialSlot<'_>> {
+        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let count = counts.entry(credential).or_insert(0);
+        if self.cap != 0 && *count >= self.cap {
+            return None;
+        }
+        *count += 1;
+        Some(CredentialSlot {
+            counts: self,
+            credential,
+        })
+    }
+}
+
+/// One call of a credential in flight; released when dropped.
+pub struct CredentialSlot<'a> {
+    counts: &'a CredentialCounts,
+    credential: Uuid,
+}
+
+impl Drop for CredentialSlot<'_> {
+    fn drop(&mut self) {
+        let mut counts = self.counts.counts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = counts.get_mut(&self.credential) {
+            *count -= 1;
+            if *count == 0 {
+                counts.remove(&self.credential);
+            }
+        }
+    }
+}
+
+/// IPv4 addresses as they are; IPv6 by their /64.
+fn address_key(address: IpAddr) -> IpAddr {
+    match address {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let prefix = u128::from(v6) & !((1u128 << 64) - 1);
+                IpAddr::V6(prefix.into())
+            }
+        },
+    }
+}
+
+/// A token bucket per address holding a minute's allowance of failed
+/// authentications; 0 = off.
+struct AddressLimiter {
+    per_minute: u32,
+    buckets: Mutex<HashMap<IpAddr, Bucket>>,
+}
+
+struct Bucket {
+    tokens: f64,
+    updated: Instant,
+}
+
+/// Forget full buckets once the map grows past this many addresses.
+const PRUNE_ABOVE: usize = 10_000;
+
+impl AddressLimiter {
+    fn new(per_minute: u32) -> Self {
+        AddressLimiter {
+            per_minute,
+            buckets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The bucket of `key` refilled to now; `None` when it would be full
+    /// (an address never seen, or long quiet).
+    fn refill<'a>(
+        &self,
+        buckets: &'a mut HashMap<IpAddr, Bucket>,
+        key: IpAddr,
+        now: Instant,
+    ) -> Option<&'a mut Bucket> {
+        let capacity = f64::from(self.per_minute);
+        let per_second = capacity / 60.0;
+        let bucket = buckets.get_mut(&key)?;
+        bucket.tokens = (bucket.tokens
+            + now.duration_since(bucket.updated).as_secs_f64() * per_second)
+            .min(capacity);
+        bucket.updated = now;
+        Some(bucket)
+    }
+
+    fn check(&self, key: IpAddr) -> Result<(), Duration> {
+        if self.per_minute == 0 {
+            return Ok(());
+        }
+        let per_second = f64::from(self.per_minute) / 60.0;
+        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        match self.refill(&mut buckets, key, Instant::now()) {
+            Some(bucket) if bucket.tokens < 1.0 => {
+                Err(Duration::from_secs_f64((1.0 - bucket.tokens) / per_second))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn spend(&self, key: IpAddr) {
+        if self.per_minute == 0 {
+            return;
+        }
+        let capacity = f64::from(self.per_minute);
+        let per_second = capacity / 60.0;
+        let now = Instant::now();
+        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        if buckets.len() > PRUNE_ABOVE {
+            // A bucket that has refilled completely holds no information.
+            buckets.retain(|_, b| {
+                b.tokens + now.duration_since(b.updated).as_secs_f64() * per_second < capacity
+            });
+        }
+        if self.refill(&mut buckets, key, now).is_none() {
+            buckets.insert(
+                key,
+                Bucket {
+                    tokens: capacity,
+                    updated: now,
+                },
+            );
+        }
+        if let Some(bucket) = buckets.get_mut(&key) {
+            bucket.tokens = (bucket.tokens - 1.0).max(0.0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_polls_are_told_apart_by_tool_name() {
+        let call = |name: &str| {
+            serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                               "params": {"name": name, "arguments": {"timeout_seconds": 5}}})
+            .to_string()
+        };
+        assert!(is_long_poll(call("wait_for_updates").as_bytes()));
+        assert!(is_long_poll(call("ask_agent").as_bytes()));
+        assert!(is_long_poll(
+            call("wait_for_conversation_updates").as_bytes()
+        ));
+        assert!(!is_long_poll(call("whoami").as_bytes()));
+        assert!(!is_long_poll(br#"{"method":"tools/list","id":1}"#));
+        assert!(!is_long_poll(b"not json"));
+    }
+
+    #[test]
+    fn ipv6_addresses_share_their_64() {
+        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:bbbb::2".parse().unwrap();
+        let c: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert_eq!(address_key(a), address_key(b));
+        assert_ne!(address_key(a), address_key(c));
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
+        assert_eq!(address_key(mapped), "10.0.0.1".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn a_credential_at_its_cap_leaves_others_alone() {
+        let counts = CredentialCounts::new(2);
+        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+        let first = counts.take(a).unwrap();
+        let _second = counts.take(a).unwrap();
+        assert!(counts.take(a).is_none());
+        assert!(counts.take(b).is_some());
+        drop(first);
+        assert!(counts.take(a).is_some(), "a finished call frees its slot");
+    }
+}

@@ -1,0 +1,132 @@
+//! The embedded PostgreSQL as `serve` opens it without `DATABASE_URL`
+//! (`Database::open`): the bus's pool is a role that cannot reach the host,
+//! and the cluster's files are its server user's alone.
+
+use std::os::unix::fs::PermissionsExt;
+
+use ai_crew_sync::db::embedded::{BUS_ROLE, EMBEDDED_DATABASE, EmbeddedPostgres};
+use ai_crew_sync::db::{self, Database};
+use ai_crew_sync::store::teams;
+
+use crate::support::test_actor;
+
+/// The SQLSTATE of a failed statement.
+fn sqlstate(result: Result<(), sqlx::Error>) -> String {
+    match result {
+        Ok(()) => "succeeded".to_string(),
+        Err(err) => err
+            .as_database_error()
+            .and_then(|e| e.code())
+            .map_or_else(|| format!("not a database error: {err}"), |c| c.to_string()),
+    }
+}
+
+#[tokio::test]
+async fn the_bus_pool_on_the_embedded_cluster_cannot_read_the_host() {
+    let dir = tempfile::Builder::new()
+        .prefix("acs-embedded-")
+        .tempdir()
+        .unwrap();
+    let data_dir = dir.path().join("data");
+
+    // A data directory from before: the superuser created the database and
+    // ran the migrations, and the cluster's directory lets its group in.
+    let old = {
+        let data_dir = data_dir.clone();
+        tokio::task::spawn_blocking(move || EmbeddedPostgres::start(&data_dir))
+            .await
+            .unwrap()
+            .expect("the embedded cluster starts")
+    };
+    db::create_database_if_missing(&old.database_url("postgres"), EMBEDDED_DATABASE)
+        .await
+        .unwrap();
+    let superuser = db::connect(&old.database_url(EMBEDDED_DATABASE), 1)
+        .await
+        .unwrap();
+    db::migrator().run(&superuser).await.unwrap();
+    superuser.close().await;
+    let pgdata = old.pgdata();
+    tokio::task::spawn_blocking(move || old.stop())
+        .await
+        .unwrap()
+        .unwrap();
+    std::fs::set_permissions(&pgdata, std::fs::Permissions::from_mode(0o750)).unwrap();
+
+    // What `serve` does without DATABASE_URL.
+    let database = Database::open(None, &data_dir, 2).await.expect("open");
+    database
+        .migrate()
+        .await
+        .expect("migrations run as the bus's role");
+    let pool = &database.pool;
+
+    assert_eq!(
+        std::fs::metadata(&pgdata).unwrap().permissions().mode() & 0o777,
+        0o700,
+        "the cluster's files are readable by its server user only"
+    );
+
+    let read_file = sqlx::query_scalar::<_, String>("SELECT pg_read_file('/etc/passwd')")
+        .fetch_one(pool)
+        .await
+        .map(|_| ());
+    assert_eq!(
+        sqlstate(read_file),
+        "42501",
+        "pg_read_file: permission denied"
+    );
+
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query("CREATE TEMP TABLE host_output (line text)")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let program = sqlx::query("COPY host_output FROM PROGRAM 'id'")
+        .execute(&mut *conn)
+        .await
+        .map(|_| ());
+    assert_eq!(
+        sqlstate(program),
+        "42501",
+        "COPY FROM PROGRAM: permission denied"
+    );
+    drop(conn);
+
+    let (user, superuser, createdb, createrole): (String, bool, bool, bool) = sqlx::query_as(
+        "SELECT current_user::text, rolsuper, rolcreatedb, rolcreaterole
+         FROM pg_roles WHERE rolname = current_user",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(user, BUS_ROLE);
+    assert!(!superuser && !createdb && !createrole, "a plain role");
+    let host_roles: Vec<String> = sqlx::query_scalar(
+        "SELECT r.rolname::text FROM pg_roles r
+         WHERE r.rolname IN ('pg_read_server_files', 'pg_write_server_files',
+                             'pg_execute_server_program')
+           AND pg_has_role(current_user, r.oid, 'MEMBER')",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert!(host_roles.is_empty(), "member of {host_roles:?}");
+
+    // The tables the superuser made before are the role's now: the bus
+    // writes to them.
+    teams::create(pool, "acme", "Acme", &test_actor())
+        .await
+        .expect("the bus writes to the tables migrated by the superuser before");
+    let owners: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT pg_get_userbyid(c.relowner)::text FROM pg_class c
+         JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = 'public' AND c.relkind IN ('r', 'v', 'S')",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(owners, vec![BUS_ROLE.to_string()]);
+
+    database.close().await;
+}
