@@ -231,7 +231,8 @@ pub struct Confirmed {
 pub async fn confirm(bus: &Bus, me: &Identity, ids: &[Uuid]) -> BusResult<Confirmed> {
     if ids.is_empty() || ids.len() > CONFIRM_MAX {
         return Err(BusError::invalid(format!(
-            "delivery_ids holds {} ids; give 1..{CONFIRM_MAX} delivery_id values from              fetch_conversation_inbox.",
+            "delivery_ids holds {} ids (duplicates count); give 1..{CONFIRM_MAX} delivery_id \
+             values from fetch_conversation_inbox.",
             ids.len()
         )));
     }
@@ -442,6 +443,7 @@ async fn record_broker_acks(
     .bind(&subjects)
     .fetch_all(pool)
     .await?;
+    let owed: std::collections::HashSet<Uuid> = owed.into_iter().collect();
     Ok(handed
         .iter()
         .filter(|(id, _)| !owed.contains(id))

@@ -14,6 +14,7 @@ mod conversations;
 mod events;
 mod http_surface;
 mod inbox;
+mod input_bounds;
 mod jetstream;
 mod jetstream_bus;
 mod locks;
