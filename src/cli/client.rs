@@ -44,6 +44,7 @@ pub struct ClientArgs {
     #[arg(
         long,
         env = "BUS_URL",
+        hide_env_values = true,
         default_value = "http://127.0.0.1:8787/mcp",
         global = true
     )]
@@ -662,6 +663,13 @@ async fn execute(connection: &Connection, request: Request, json: bool) -> anyho
         bail!(refuse_overwrite(out));
     }
     let answer = connection.call(&request.tool, request.arguments).await?;
+    // Text for a person shows what other agents wrote: no control character
+    // of theirs reaches the terminal (JSON escapes them in `output::json`).
+    let answer = if json || matches!(request.print, Print::Raw) {
+        answer
+    } else {
+        output::clean_value(answer)
+    };
     match request.print {
         Print::Raw => return output::json(&answer),
         Print::Download { out, force } => return download(&answer, out, force, json),

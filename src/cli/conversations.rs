@@ -42,10 +42,10 @@ pub enum ConversationsCommand {
         #[arg(long)]
         apply: bool,
         /// The NATS server holding (or to hold) the team's streams.
-        #[arg(long, env = "BUS_NATS_URL")]
+        #[arg(long, env = "BUS_NATS_URL", hide_env_values = true)]
         nats_url: String,
         /// NATS credentials file (.creds).
-        #[arg(long, env = "BUS_NATS_CREDENTIALS")]
+        #[arg(long, env = "BUS_NATS_CREDENTIALS", hide_env_values = true)]
         nats_credentials: Option<std::path::PathBuf>,
         #[arg(long)]
         json: bool,

@@ -102,7 +102,8 @@ pub fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            // Refusals quote the server, which may quote other agents.
+            eprintln!("error: {}", output::clean(&format!("{err:#}")));
             ExitCode::FAILURE
         }
     }

@@ -42,10 +42,10 @@ pub enum TeamCommand {
         #[arg(long, value_parser = ["jetstream", "postgres"])]
         backend: Option<String>,
         /// The NATS server holding the team's streams (checked for --backend jetstream).
-        #[arg(long, env = "BUS_NATS_URL")]
+        #[arg(long, env = "BUS_NATS_URL", hide_env_values = true)]
         nats_url: Option<String>,
         /// A NATS .creds file for that server.
-        #[arg(long, env = "BUS_NATS_CREDENTIALS")]
+        #[arg(long, env = "BUS_NATS_CREDENTIALS", hide_env_values = true)]
         nats_credentials: Option<PathBuf>,
         #[arg(long)]
         json: bool,
@@ -55,11 +55,11 @@ pub enum TeamCommand {
         #[arg(long)]
         team: String,
         /// The NATS server (JetStream on, max_payload of at least 2MB).
-        #[arg(long, env = "BUS_NATS_URL")]
+        #[arg(long, env = "BUS_NATS_URL", hide_env_values = true)]
         nats_url: String,
         /// A NATS .creds file with rights to manage streams (provisioning
         /// credentials, separate from the ones `serve` runs with).
-        #[arg(long, env = "BUS_NATS_CREDENTIALS")]
+        #[arg(long, env = "BUS_NATS_CREDENTIALS", hide_env_values = true)]
         nats_credentials: Option<PathBuf>,
         /// Body stream size limit in bytes [default: 2 GiB].
         #[arg(long)]
@@ -168,7 +168,12 @@ pub struct QuickstartArgs {
     #[arg(long, default_value = "my-agent")]
     agent: String,
     /// The MCP URL clients will use, for the printed config.
-    #[arg(long, env = "BUS_URL", default_value = "http://127.0.0.1:8787/mcp")]
+    #[arg(
+        long,
+        env = "BUS_URL",
+        hide_env_values = true,
+        default_value = "http://127.0.0.1:8787/mcp"
+    )]
     url: String,
     #[arg(long)]
     json: bool,
@@ -177,7 +182,12 @@ pub struct QuickstartArgs {
 #[derive(Args, Debug)]
 pub struct McpConfigArgs {
     /// The server's MCP endpoint.
-    #[arg(long, env = "BUS_URL", default_value = "http://127.0.0.1:8787/mcp")]
+    #[arg(
+        long,
+        env = "BUS_URL",
+        hide_env_values = true,
+        default_value = "http://127.0.0.1:8787/mcp"
+    )]
     pub url: String,
     /// The agent token (acs_…).
     #[arg(long, env = "BUS_TOKEN", hide_env_values = true)]

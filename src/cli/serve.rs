@@ -61,10 +61,15 @@ pub struct ServeArgs {
     event_ping_secs: u64,
     /// NATS server with JetStream for conversation bodies (teams routed to `jetstream`).
     /// Without it, nothing can be routed to jetstream.
-    #[arg(long, env = "BUS_NATS_URL")]
+    #[arg(long, env = "BUS_NATS_URL", hide_env_values = true)]
     nats_url: Option<String>,
     /// NATS credentials file (.creds) for --nats-url.
-    #[arg(long, env = "BUS_NATS_CREDENTIALS", requires = "nats_url")]
+    #[arg(
+        long,
+        env = "BUS_NATS_CREDENTIALS",
+        hide_env_values = true,
+        requires = "nats_url"
+    )]
     nats_credentials: Option<std::path::PathBuf>,
     /// Run the publication workers (outbox drain, reconciler, body sweep) in this process.
     #[arg(long, env = "BUS_PUBLICATION_WORKER", default_value_t = true, action = clap::ArgAction::Set)]

@@ -5,6 +5,10 @@
 //! `?broker=check` pings the broker; without it the broker is only reported
 //! as configured or not (or unreachable, when it has not answered since the
 //! start), so a load balancer's probe costs no broker round trip.
+//!
+//! The route is unauthenticated, so it answers in fixed words only: a driver's
+//! error text (host names, database and role names, the server's own wording)
+//! goes to the log, never to the caller.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,8 +34,14 @@ pub async fn health(
     let probe = crate::db::ping(&state.pool);
     let database = match tokio::time::timeout(Duration::from_secs(3), probe).await {
         Ok(Ok(_)) => Ok(()),
-        Ok(Err(err)) => Err(format!("error: {err}")),
-        Err(_) => Err("no answer within 3 s".to_string()),
+        Ok(Err(err)) => {
+            tracing::warn!(error = %err, "health: the database check failed");
+            Err("unreachable")
+        }
+        Err(_) => {
+            tracing::warn!("health: the database did not answer within 3 s");
+            Err("unreachable")
+        }
     };
     let version = env!("CARGO_PKG_VERSION");
     let events = state.events.state();
@@ -60,7 +70,10 @@ pub async fn health(
     };
     let publication = match crate::store::outbox::installation_status(&state.pool).await {
         Ok(status) => json!(status),
-        Err(err) => json!({ "error": err.to_string() }),
+        Err(err) => {
+            tracing::warn!(error = %err, "health: the outbox status could not be read");
+            json!({ "error": "unavailable" })
+        }
     };
     let status = if broker == "unreachable" {
         "degraded"

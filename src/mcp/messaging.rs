@@ -112,12 +112,16 @@ impl BusServer {
         Parameters(args): Parameters<PostArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
+        // The count before any decoding: a long list costs nothing.
+        if let Err(err) = attachments::check_count(args.attachments.len()) {
+            return Ok(refusal(&err));
+        }
         let uploads: Result<Vec<_>, _> = args
             .attachments
             .iter()
             .map(|f| attachments::decode(&f.filename, &f.content_type, &f.data_base64))
             .collect();
-        let uploads = match attachments::check_count(args.attachments.len()).and(uploads) {
+        let uploads = match uploads {
             Ok(uploads) => uploads,
             Err(err) => return Ok(refusal(&err)),
         };

@@ -112,13 +112,17 @@ impl ServerHandler for BusServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         // PostgreSQL text cannot hold NUL; refuse it here, for every tool, so
-        // it is an explained refusal rather than a failed write.
+        // it is an explained refusal rather than a failed write. The decoded
+        // values are looked at: the six characters `\u0000` written as text
+        // (common in code) are not a NUL.
         if let Some(arguments) = &request.arguments
-            && serde_json::to_string(arguments).is_ok_and(|text| text.contains("\\u0000"))
+            && arguments.iter().any(|(key, value)| holds_nul(key, value))
         {
             let err = BusError::invalid(
-                "an argument contains a NUL character (\\u0000), which the bus cannot store. \
-                 Remove it, or send binary content as an attachment (base64).",
+                "an argument contains a NUL character (U+0000, sent as the JSON escape \\u0000), \
+                 which the bus cannot store. Nothing was done. Remove it, or send binary content \
+                 as an attachment (base64). Text that spells the escape out (a backslash, then \
+                 u0000) is fine.",
             );
             return Ok(refusal(&err).into());
         }
@@ -149,6 +153,19 @@ impl BusServer {
             .await
             .map_err(|e| ErrorData::internal_error(e.to_string(), None))
     }
+}
+
+/// Whether a decoded argument (its name, a string, or anything nested in it)
+/// holds a NUL character. One pass over what the request already parsed.
+fn holds_nul(key: &str, value: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    key.contains('\0')
+        || match value {
+            Value::String(text) => text.contains('\0'),
+            Value::Array(items) => items.iter().any(|item| holds_nul("", item)),
+            Value::Object(fields) => fields.iter().any(|(key, value)| holds_nul(key, value)),
+            Value::Null | Value::Bool(_) | Value::Number(_) => false,
+        }
 }
 
 fn identity_of(context: &RequestContext<RoleServer>) -> Result<&Identity, ErrorData> {

@@ -553,7 +553,8 @@ pub async fn read(bus: &Bus, me: &Identity, request: ReadRequest) -> BusResult<R
     let conversation = conversations::load(&mut conn, me, request.conversation_id, false).await?;
     let access = conversations::read_access(&mut conn, me, &conversation).await?;
     let (history_from_seq, seat) = reader_bounds(&access);
-    let from_seq = (after_seq + 1).max(history_from_seq);
+    // Saturating: `after_seq` is the caller's, and i64::MAX is an empty page.
+    let from_seq = after_seq.saturating_add(1).max(history_from_seq);
     let rows: Vec<MessageRow> = sqlx::query_as(concat!(
         message_select!(),
         " WHERE m.team_id = $1 AND m.conversation_id = $2 AND m.seq >= $4

@@ -667,7 +667,18 @@ pub async fn create(
     invite: &[String],
 ) -> BusResult<ConversationView> {
     let title = check_title(title)?;
-    let mut wanted = Vec::new();
+    // The raw length, before any parsing: duplicates count.
+    if invite.len() as i64 + 1 > MEMBERS_MAX {
+        return Err(BusError::invalid(format!(
+            "invite holds {} addresses; with you that exceeds the member limit of {MEMBERS_MAX} \
+             (duplicates count), so at most {} may be invited at creation. Nothing was written. \
+             Name each window once and invite fewer.",
+            invite.len(),
+            MEMBERS_MAX - 1
+        )));
+    }
+    let mut seen = std::collections::HashSet::with_capacity(invite.len());
+    let mut wanted = Vec::with_capacity(invite.len());
     for raw in invite {
         let window = parse_window(raw)?;
         if window.0 == me.agent && window.1 == me.session {
@@ -675,15 +686,9 @@ pub async fn create(
                 "`{raw}` is this window: you get the owner seat anyway. Leave it out of `invite`."
             )));
         }
-        if !wanted.contains(&window) {
+        if seen.insert(window.clone()) {
             wanted.push(window);
         }
-    }
-    if wanted.len() as i64 + 1 > MEMBERS_MAX {
-        return Err(BusError::invalid(format!(
-            "{} invitees plus you exceed the member limit of {MEMBERS_MAX}. Invite fewer.",
-            wanted.len()
-        )));
     }
 
     let mut tx = bus.pool.begin().await?;

@@ -231,7 +231,8 @@ pub struct Confirmed {
 pub async fn confirm(bus: &Bus, me: &Identity, ids: &[Uuid]) -> BusResult<Confirmed> {
     if ids.is_empty() || ids.len() > CONFIRM_MAX {
         return Err(BusError::invalid(format!(
-            "delivery_ids holds {} ids; give 1..{CONFIRM_MAX} delivery_id values from              fetch_conversation_inbox.",
+            "delivery_ids holds {} ids (duplicates count); give 1..{CONFIRM_MAX} delivery_id \
+             values from fetch_conversation_inbox.",
             ids.len()
         )));
     }
@@ -328,6 +329,17 @@ pub async fn owed(bus: &Bus, me: &Identity) -> BusResult<Owed> {
     })
 }
 
+/// A window's inbox is private like its conversations: the bare agent token
+/// wearing the label of a live authenticated window reaches none of it (the
+/// rule of `conversations::refuse_borrowed_label`).
+async fn refuse_borrowed_label(bus: &Bus, me: &Identity) -> BusResult<()> {
+    if me.window.is_some() || me.session.is_empty() {
+        return Ok(());
+    }
+    let mut conn = bus.pool.acquire().await?;
+    super::conversations::refuse_borrowed_label(&mut conn, me).await
+}
+
 /// Whether a team's inbox goes through the broker: routed to JetStream, on a
 /// server that has one.
 async fn broker_for(
@@ -353,6 +365,8 @@ const BROKER_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 /// the broker lost is still owed in PostgreSQL), then topped up from
 /// PostgreSQL. A broker that does not answer costs nothing but speed.
 pub async fn fetch_inbox(bus: &Bus, me: &Identity, limit: i64) -> BusResult<Fetched> {
+    // Before the broker is asked: a borrowed label must not consume anything.
+    refuse_borrowed_label(bus, me).await?;
     let key = recipient_key(me.agent_id, &me.session);
     let mut from_broker: Vec<(Uuid, String)> = Vec::new();
     let broker = broker_for(bus, me.team_id).await?;
@@ -429,6 +443,7 @@ async fn record_broker_acks(
     .bind(&subjects)
     .fetch_all(pool)
     .await?;
+    let owed: std::collections::HashSet<Uuid> = owed.into_iter().collect();
     Ok(handed
         .iter()
         .filter(|(id, _)| !owed.contains(id))
@@ -440,6 +455,7 @@ async fn record_broker_acks(
 /// and only then are the broker's hand-outs acked (a crash in between
 /// re-delivers a reference, which is acked then; it never loses one).
 pub async fn confirm_delivery(bus: &Bus, me: &Identity, ids: &[Uuid]) -> BusResult<Confirmed> {
+    refuse_borrowed_label(bus, me).await?;
     let confirmed = confirm(bus, me, ids).await?;
     if !confirmed.broker_acks.is_empty()
         && let Some(broker) = bus.backends.broker()
@@ -464,6 +480,7 @@ pub struct InboxStatus {
 }
 
 pub async fn status(bus: &Bus, me: &Identity) -> BusResult<InboxStatus> {
+    refuse_borrowed_label(bus, me).await?;
     let owed = owed(bus, me).await?;
     let consumer = match broker_for(bus, me.team_id).await? {
         None => "not_used",

@@ -101,21 +101,24 @@ fn normalize_tag(raw: &str) -> BusResult<String> {
     Ok(tag)
 }
 
-/// Tags: each normalised, duplicates merged, sorted, at most 16.
+/// Tags: at most 16 given (duplicates count), each normalised, duplicates
+/// merged, sorted.
 pub fn normalize_tags(raw: &[String]) -> BusResult<Vec<String>> {
+    // The raw length, before any per-tag work.
+    if raw.len() > MAX_TAGS {
+        return Err(BusError::invalid(format!(
+            "tags holds {} entries; a note has at most {MAX_TAGS} tags (duplicates count). \
+             Nothing was written. Give each tag once, keep the ones that help find the note and \
+             put the rest in the value.",
+            raw.len()
+        )));
+    }
     let mut tags = raw
         .iter()
         .map(|t| normalize_tag(t))
         .collect::<BusResult<Vec<_>>>()?;
     tags.sort();
     tags.dedup();
-    if tags.len() > MAX_TAGS {
-        return Err(BusError::invalid(format!(
-            "{} distinct tags; a note has at most {MAX_TAGS}. Nothing was written. Keep the tags \
-             that help find the note and put the rest in the value.",
-            tags.len()
-        )));
-    }
     Ok(tags)
 }
 

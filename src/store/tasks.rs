@@ -240,6 +240,17 @@ pub fn check_metadata(raw: Option<Value>) -> BusResult<Value> {
 }
 
 fn check_dependencies(key: &str, raw: &[String]) -> BusResult<Vec<String>> {
+    // The raw length, before any per-entry work: duplicates count, so a list
+    // of a million copies of one key costs nothing.
+    if raw.len() > MAX_DEPENDENCIES {
+        return Err(BusError::invalid(format!(
+            "depends_on holds {} entries; the limit is {MAX_DEPENDENCIES} (duplicates count). \
+             Nothing was written. List each prerequisite once, and group many under fewer tasks \
+             (for example one task that depends on the others).",
+            raw.len()
+        )));
+    }
+    let mut seen = std::collections::HashSet::with_capacity(raw.len());
     let mut keys: Vec<String> = Vec::with_capacity(raw.len());
     for dep in raw {
         let dep = check_key(dep)?;
@@ -248,16 +259,9 @@ fn check_dependencies(key: &str, raw: &[String]) -> BusResult<Vec<String>> {
                 "task `{key}` cannot depend on itself; remove it from depends_on."
             )));
         }
-        if !keys.contains(&dep) {
+        if seen.insert(dep.clone()) {
             keys.push(dep);
         }
-    }
-    if keys.len() > MAX_DEPENDENCIES {
-        return Err(BusError::invalid(format!(
-            "depends_on names {} tasks; the limit is {MAX_DEPENDENCIES}. Group the prerequisites \
-             under fewer tasks (for example one task that depends on the others).",
-            keys.len()
-        )));
     }
     Ok(keys)
 }

@@ -33,6 +33,8 @@ pub const TIMEOUT_MIN_SECONDS: u64 = 1;
 pub const TIMEOUT_MAX_SECONDS: u64 = 300;
 /// Under the ~60 s at which common MCP clients cut a tool call.
 pub const TIMEOUT_DEFAULT_SECONDS: u64 = 50;
+/// `kinds` entries at most: one per kind there is.
+pub const MAX_KINDS: usize = 4;
 /// How often a blocked wait re-checks the database regardless of events.
 const RECHECK_EVERY: Duration = Duration::from_secs(5);
 const MAX_SUMMARIES: usize = 50;
@@ -85,7 +87,15 @@ pub struct WaitRequest {
 /// Parse `kinds`: each of message, task, lock, note.
 pub fn parse_kinds(kinds: Option<Vec<String>>) -> BusResult<Option<Vec<EventKind>>> {
     let Some(kinds) = kinds else { return Ok(None) };
-    let mut parsed = Vec::new();
+    // The raw length, before any per-entry work: duplicates count.
+    if kinds.len() > MAX_KINDS {
+        return Err(BusError::invalid(format!(
+            "kinds holds {} entries; there are {MAX_KINDS} kinds (message, task, lock, note), so \
+             give at most {MAX_KINDS}, each once (or omit `kinds` to wake on all of them).",
+            kinds.len()
+        )));
+    }
+    let mut parsed = Vec::with_capacity(kinds.len());
     for kind in kinds {
         parsed.push(match kind.trim().to_ascii_lowercase().as_str() {
             "message" | "messages" => EventKind::Message,

@@ -243,3 +243,87 @@ async fn quickstart_prints_a_token_and_a_client_config_and_reuses_on_rerun() {
         "win-2"
     );
 }
+
+/// Every command path under `path` (its `--help` lists subcommands under
+/// "Commands:"), `path` included.
+fn command_paths(env: &[(&str, &str)], path: Vec<String>, out: &mut Vec<Vec<String>>) {
+    let help = help_of(env, &path, "--help");
+    out.push(path.clone());
+    let mut in_commands = false;
+    for line in help.lines() {
+        if line.trim_end() == "Commands:" {
+            in_commands = true;
+            continue;
+        }
+        if in_commands {
+            let Some(name) = line
+                .strip_prefix("  ")
+                .and_then(|l| l.split_whitespace().next())
+            else {
+                break;
+            };
+            if name != "help" {
+                let mut sub = path.clone();
+                sub.push(name.to_string());
+                command_paths(env, sub, out);
+            }
+        }
+    }
+}
+
+fn help_of(env: &[(&str, &str)], path: &[String], flag: &str) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"))
+        .args(path)
+        .arg(flag)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run ai-crew-sync");
+    assert!(out.status.success(), "{path:?} {flag} failed: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+        + String::from_utf8_lossy(&out.stderr).as_ref()
+}
+
+#[test]
+fn help_never_prints_a_credential_held_in_the_environment() {
+    let token = format!("acs_{}", "5ec7e7".repeat(10) + "abcd");
+    let admin = format!("acsa_{}", "ad314".repeat(12) + "abcd");
+    let env = [
+        ("BUS_TOKEN", token.as_str()),
+        ("BUS_ADMIN_TOKEN", admin.as_str()),
+        ("BUS_ADMIN_URL", "https://ops:adm1n-pa55@bus.example/"),
+        ("BUS_NATS_URL", "nats://natsuser:n4ts-pa55@127.0.0.1:4222"),
+        ("BUS_NATS_CREDENTIALS", "/home/ops/cr3ds-pa55.creds"),
+        (
+            "DATABASE_URL",
+            "postgres://pguser:pg-pa55@127.0.0.1:5432/bus",
+        ),
+        ("BUS_URL", "http://bususer:bu5-pa55@127.0.0.1:8787/mcp"),
+    ];
+    let mut paths = Vec::new();
+    command_paths(&env, Vec::new(), &mut paths);
+    for wanted in [
+        vec!["serve"],
+        vec!["client", "send"],
+        vec!["mcp-config"],
+        vec!["conversations", "migrate"],
+        vec!["team", "stream"],
+    ] {
+        assert!(
+            paths.iter().any(|p| p == &wanted),
+            "{wanted:?} not among the commands found: {paths:?}"
+        );
+    }
+    for path in &paths {
+        for flag in ["--help", "-h"] {
+            let help = help_of(&env, path, flag);
+            // Every password above holds `pa55`; the tokens are whole secrets.
+            for secret in ["pa55", token.as_str(), admin.as_str()] {
+                assert!(
+                    !help.contains(secret),
+                    "`{} {flag}` shows a secret from the environment:\n{help}",
+                    path.join(" ")
+                );
+            }
+        }
+    }
+}

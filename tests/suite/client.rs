@@ -657,3 +657,67 @@ async fn client_conversation_with_conversations_off_names_team_capability() {
         refused.stderr
     );
 }
+
+#[tokio::test]
+async fn client_text_never_passes_another_agents_control_characters_to_the_terminal() {
+    let app = spawn_app().await;
+    let alice = team_with(&app, "alice", None).await;
+    let bob = app.mcp(&app.agent("acme", "bob").await, None).await;
+    // Clear the screen, retitle the window, ring the bell, overwrite the line.
+    let hostile = "hi\x1b[2J\x1b]0;pwned\x07 there\r\u{9b}31mred";
+    let shown = "hi[2J]0;pwned there31mred";
+    bob.call(
+        "post_message",
+        serde_json::json!({"to": "alice", "body": hostile}),
+    )
+    .await
+    .unwrap();
+    bob.call(
+        "post_message",
+        serde_json::json!({"channel": "general", "body": hostile}),
+    )
+    .await
+    .unwrap();
+    bob.call(
+        "create_task",
+        serde_json::json!({"key": "t1", "title": hostile, "description": hostile}),
+    )
+    .await
+    .unwrap();
+    bob.call(
+        "set_note",
+        serde_json::json!({"key": "n1", "value": hostile}),
+    )
+    .await
+    .unwrap();
+
+    for args in [
+        &["read", "--all"][..],
+        &["tasks"],
+        &["task", "show", "t1"],
+        &["note", "get", "n1"],
+        &["digest", "--all-channels"],
+    ] {
+        let run = alice.run(args).await;
+        assert_eq!(run.code, Some(0), "{args:?}: {run:?}");
+        for printed in [&run.stdout, &run.stderr] {
+            assert!(
+                !printed.contains(['\x1b', '\x07', '\r', '\u{9b}']),
+                "{args:?} printed a control character: {printed:?}"
+            );
+        }
+        assert!(run.stdout.contains("hi[2J"), "{args:?}: {:?}", run.stdout);
+    }
+    let read = alice.ok(&["read", "--all"]).await;
+    assert!(read.contains(&format!("    {shown}")), "{read:?}");
+
+    // JSON for scripts keeps the text exactly, escaped.
+    let run = alice.run(&["read", "--all", "--json"]).await;
+    assert!(
+        !run.stdout.contains(['\x1b', '\x07', '\r', '\u{9b}']),
+        "{:?}",
+        run.stdout
+    );
+    let answer: Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(answer["messages"][0]["body"], hostile);
+}

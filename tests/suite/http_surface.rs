@@ -203,3 +203,51 @@ async fn a_host_outside_the_allow_list_is_refused_on_every_route() {
         "a configured name is accepted"
     );
 }
+
+#[tokio::test]
+async fn health_reports_a_failing_database_in_fixed_words_without_driver_text() {
+    use std::str::FromStr;
+
+    let app = spawn_app().await;
+    let options = sqlx::postgres::PgConnectOptions::from_str(&app.database_url).unwrap();
+    let database = options.get_database().unwrap().to_string();
+    let admin = sqlx::PgPool::connect_with(options.database("postgres"))
+        .await
+        .unwrap();
+    // The bus's connections are cut and no new one is let in: the driver
+    // now has plenty to say (the database's name, the server's wording).
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER DATABASE \"{database}\" WITH ALLOW_CONNECTIONS false"
+    )))
+    .execute(&admin)
+    .await
+    .unwrap();
+    sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1")
+        .bind(&database)
+        .execute(&admin)
+        .await
+        .unwrap();
+
+    let response = http_client().get(app.url("/health")).send().await.unwrap();
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER DATABASE \"{database}\" WITH ALLOW_CONNECTIONS true"
+    )))
+    .execute(&admin)
+    .await
+    .unwrap();
+    assert_eq!(status, 503, "{text}");
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        (body["status"].as_str(), body["database"].as_str()),
+        (Some("unavailable"), Some("unreachable")),
+        "{text}"
+    );
+    for driver_text in [database.as_str(), "error", "connection", "terminat"] {
+        assert!(
+            !text.to_lowercase().contains(driver_text),
+            "health shows `{driver_text}` to an unauthenticated caller: {text}"
+        );
+    }
+}

@@ -265,6 +265,71 @@ async fn bad_inbox_arguments_are_refused_with_the_limits() {
     assert!(err["message"].as_str().unwrap().contains("1..100"), "{err}");
 }
 
+#[tokio::test]
+async fn the_bare_token_wearing_an_authenticated_windows_label_reaches_none_of_its_inbox() {
+    let p = pair().await;
+    p.send("before the window registered").await;
+    // Bob's bare token as `w1` takes a hand-out while `w1` is not yet an
+    // authenticated window (that is allowed).
+    let handed = delivery_ids(&fetch(&p.bob).await);
+    assert_eq!(handed.len(), 1);
+    let registered = p
+        .app
+        .mcp(&bob_token_of(&p).await, None)
+        .await
+        .call("register_session", json!({"session": "w1"}))
+        .await
+        .unwrap();
+    let window = p
+        .app
+        .mcp(registered["credential"].as_str().unwrap(), None)
+        .await;
+    p.send("after the window registered").await;
+
+    let calls = [
+        ("fetch_conversation_inbox", json!({})),
+        ("confirm_inbox_delivery", json!({"delivery_ids": handed})),
+        ("conversation_inbox_status", json!({})),
+    ];
+    for (tool, args) in calls {
+        let refused = p.bob.call(tool, args).await.unwrap_err();
+        assert_eq!(refused["error"], "forbidden", "{tool}: {refused}");
+        let message = refused["message"].as_str().unwrap();
+        assert!(
+            message.contains("window `w1` is registered as an authenticated window")
+                && message.contains("session credential"),
+            "{tool}: {message}"
+        );
+    }
+
+    // Nothing changed: the window's own credential still finds the first
+    // reference handed out and unconfirmed, the second never handed out.
+    let status = window
+        .call("conversation_inbox_status", json!({}))
+        .await
+        .unwrap();
+    assert_eq!(
+        (status["owed"].as_i64(), status["handed_out"].as_i64()),
+        (Some(2), Some(1)),
+        "{status}"
+    );
+    let fetched = fetch(&window).await;
+    assert_eq!(fetched["deliveries"].as_array().unwrap().len(), 1);
+    assert_eq!(fetched["deliveries"][0]["seq"], 2);
+    let confirmed = window
+        .call("confirm_inbox_delivery", json!({"delivery_ids": handed}))
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            confirmed["confirmed"].as_i64(),
+            confirmed["already_confirmed"].as_i64()
+        ),
+        (Some(1), Some(0)),
+        "the refused confirmation recorded nothing: {confirmed}"
+    );
+}
+
 /// Poll `probe` until it answers, failing after 20 s.
 async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);

@@ -15,6 +15,7 @@ mod embedded;
 mod events;
 mod http_surface;
 mod inbox;
+mod input_bounds;
 mod jetstream;
 mod jetstream_bus;
 mod limits;

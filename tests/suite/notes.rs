@@ -254,14 +254,24 @@ async fn tags_are_normalised_and_limited_to_16_of_64_bytes() {
     let client = app.mcp(&alice, None).await;
 
     let sixteen: Vec<String> = (0..16).map(|i| format!("tag-{i}")).collect();
-    let mut with_duplicates = sixteen.clone();
+    let mut with_duplicates = sixteen[..15].to_vec();
     with_duplicates.push(" TAG-3 ".into());
     let ok = set(
         &client,
         json!({ "key": "k", "value": "v", "tags": with_duplicates }),
     )
     .await;
-    assert_eq!(ok["tags"].as_array().unwrap().len(), 16, "duplicates merge");
+    assert_eq!(ok["tags"].as_array().unwrap().len(), 15, "duplicates merge");
+    let full = set(
+        &client,
+        json!({ "key": "k16", "value": "v", "tags": sixteen }),
+    )
+    .await;
+    assert_eq!(
+        full["tags"].as_array().unwrap().len(),
+        16,
+        "sixteen is the limit"
+    );
     let max_tag = "t".repeat(64);
     set(
         &client,
@@ -282,7 +292,7 @@ async fn tags_are_normalised_and_limited_to_16_of_64_bytes() {
     assert_eq!(err["error"], "invalid");
     let message = err["message"].as_str().unwrap();
     assert!(
-        message.contains("17 distinct tags") && message.contains("at most 16"),
+        message.contains("tags holds 17 entries") && message.contains("at most 16"),
         "{message}"
     );
 
