@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::support::{TestApp, http_client, spawn_app, test_actor};
+use crate::support::{McpClient, TestApp, http_client, spawn_app, test_actor};
 
 /// Lock one row so the revocation that updates it stops just before.
 pub(crate) async fn hold_row(
@@ -119,6 +119,19 @@ async fn acme_with_alice(app: &TestApp) -> String {
     app.agent("acme", "alice").await
 }
 
+/// alice's agent token, her window `w` on its own session credential, and
+/// what register_session answered.
+async fn alice_with_window_w(app: &TestApp) -> (McpClient, McpClient, Value) {
+    let token = acme_with_alice(app).await;
+    let agent = app.mcp(&token, None).await;
+    let issued = agent
+        .call("register_session", json!({ "session": "w" }))
+        .await
+        .unwrap();
+    let window = app.mcp(issued["credential"].as_str().unwrap(), None).await;
+    (agent, window, issued)
+}
+
 #[tokio::test]
 async fn a_bare_token_write_in_flight_across_an_agent_disable_is_refused_and_leaves_nothing() {
     let app = spawn_app().await;
@@ -162,13 +175,7 @@ async fn a_bare_token_write_in_flight_across_an_agent_disable_is_refused_and_lea
 #[tokio::test]
 async fn a_session_write_in_flight_across_its_token_revocation_is_refused_and_leaves_nothing() {
     let app = spawn_app().await;
-    let token = acme_with_alice(&app).await;
-    let agent = app.mcp(&token, None).await;
-    let issued = agent
-        .call("register_session", json!({ "session": "w" }))
-        .await
-        .unwrap();
-    let window = app.mcp(issued["credential"].as_str().unwrap(), None).await;
+    let (_agent, window, _) = alice_with_window_w(&app).await;
     let token_id: Uuid = sqlx::query_scalar("SELECT id FROM agent_tokens")
         .fetch_one(&app.pool)
         .await
@@ -208,13 +215,7 @@ async fn a_session_write_in_flight_across_its_token_revocation_is_refused_and_le
 #[tokio::test]
 async fn a_window_write_in_flight_across_revoke_session_is_refused_and_leaves_nothing() {
     let app = spawn_app().await;
-    let token = acme_with_alice(&app).await;
-    let agent = app.mcp(&token, None).await;
-    let issued = agent
-        .call("register_session", json!({ "session": "w" }))
-        .await
-        .unwrap();
-    let window = app.mcp(issued["credential"].as_str().unwrap(), None).await;
+    let (agent, window, issued) = alice_with_window_w(&app).await;
     let session_id: Uuid = issued["session_id"].as_str().unwrap().parse().unwrap();
     let held = hold_row(
         &app.pool,
