@@ -15,6 +15,8 @@ pub const DEFAULT_MAX_IN_FLIGHT_PER_CREDENTIAL: u32 = 16;
 pub const DEFAULT_MAX_LONG_POLLS_PER_CREDENTIAL: u32 = 16;
 /// Failed authentications per client address per minute.
 pub const DEFAULT_UNAUTHENTICATED_PER_MINUTE: u32 = 120;
+/// Seconds a request body may take to arrive in full.
+pub const DEFAULT_BODY_READ_TIMEOUT_SECS: u64 = 30;
 
 #[derive(Clone, Debug)]
 pub struct HttpSettings {
@@ -41,6 +43,9 @@ pub struct HttpSettings {
     /// Failed authentications per client address per minute before that
     /// address is refused ahead of any database lookup; 0 = no limit.
     pub unauthenticated_per_minute: u32,
+    /// How long a request body may take to arrive in full; a slower one is
+    /// answered 408 and gives its share of the buffered-bytes budget back.
+    pub body_read_timeout: Duration,
     /// How long shutdown waits for in-flight requests.
     pub shutdown_grace: Duration,
 }
@@ -57,6 +62,7 @@ impl Default for HttpSettings {
             max_in_flight_per_credential: DEFAULT_MAX_IN_FLIGHT_PER_CREDENTIAL,
             max_long_polls_per_credential: DEFAULT_MAX_LONG_POLLS_PER_CREDENTIAL,
             unauthenticated_per_minute: DEFAULT_UNAUTHENTICATED_PER_MINUTE,
+            body_read_timeout: Duration::from_secs(DEFAULT_BODY_READ_TIMEOUT_SECS),
             shutdown_grace: Duration::from_secs(10),
         }
     }

@@ -53,6 +53,10 @@ pub struct ServeArgs {
     /// before any credential lookup, valid ones included (0 = no limit).
     #[arg(long, env = "BUS_UNAUTHENTICATED_PER_MINUTE", default_value_t = config::DEFAULT_UNAUTHENTICATED_PER_MINUTE)]
     unauthenticated_per_minute: u32,
+    /// Seconds a request body may take to arrive in full; a slower one gets 408 and gives
+    /// its reserved share of --max-buffered-bytes back.
+    #[arg(long, env = "BUS_BODY_READ_TIMEOUT_SECS", default_value_t = config::DEFAULT_BODY_READ_TIMEOUT_SECS, value_parser = clap::value_parser!(u64).range(1..))]
+    body_read_timeout_secs: u64,
     /// Apply database migrations on start.
     #[arg(long, env = "BUS_AUTO_MIGRATE", default_value_t = true, action = clap::ArgAction::Set)]
     auto_migrate: bool,
@@ -148,6 +152,7 @@ async fn serve_on(
         max_in_flight_per_credential: args.max_in_flight_per_credential,
         max_long_polls_per_credential: args.max_long_polls_per_credential,
         unauthenticated_per_minute: args.unauthenticated_per_minute,
+        body_read_timeout: Duration::from_secs(args.body_read_timeout_secs),
         shutdown_grace: Duration::from_secs(args.shutdown_grace_secs),
     };
     let grace = settings.shutdown_grace;

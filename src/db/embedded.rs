@@ -257,7 +257,7 @@ impl EmbeddedPostgres {
         };
         let fail = |step| move |source| EmbeddedError::Provision { step, source };
 
-        let mut admin = sqlx::PgConnection::connect(&self.database_url("postgres"))
+        let mut admin = connect_as_superuser(&self.database_url("postgres"))
             .await
             .map_err(fail("connecting as the superuser"))?;
         let exists: bool =
@@ -312,7 +312,7 @@ impl EmbeddedPostgres {
         // tables, functions and types the role could not alter or, without
         // grants, even read: they become the role's. REASSIGN OWNED cannot do
         // this, the bootstrap superuser's objects include the catalog.
-        let mut bus_db = sqlx::PgConnection::connect(&self.database_url(EMBEDDED_DATABASE))
+        let mut bus_db = connect_as_superuser(&self.database_url(EMBEDDED_DATABASE))
             .await
             .map_err(fail("connecting to the bus's database as the superuser"))?;
         sqlx::query(sqlx::AssertSqlSafe(
@@ -563,6 +563,19 @@ fn lock_at(data_dir: &Path) -> Result<File, EmbeddedError> {
 /// Run as the superuser in the bus's database: everything in `public` not
 /// yet the bus role's becomes its. Sequences that belong to a column follow
 /// their table; array types follow their element type.
+/// A superuser connection for setup whose names resolve in `pg_catalog` only.
+/// The bus role owns `public` in its database: with the default search path,
+/// an operator or function it created there (say `public.<>(oid, regrole)`)
+/// would be picked over the catalog's by the setup queries and run as the
+/// superuser at the next start.
+async fn connect_as_superuser(url: &str) -> Result<sqlx::PgConnection, sqlx::Error> {
+    use sqlx::ConnectOptions;
+    use std::str::FromStr;
+    let options = sqlx::postgres::PgConnectOptions::from_str(url)?
+        .options([("search_path", "pg_catalog, pg_temp")]);
+    options.connect().await
+}
+
 const TAKE_OWNERSHIP: &str = r#"
 DO $take$
 DECLARE

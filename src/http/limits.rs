@@ -50,6 +50,9 @@ pub const LONG_POLL_TOOLS: &[&str] = &[
     "wait_for_conversation_updates",
 ];
 
+/// Larger than any wait call's arguments can sensibly be.
+const LONG_POLL_MAX_BODY_BYTES: usize = 64 * 1024;
+
 /// What the caller is told to wait when the server is full: the requests
 /// ahead of it are short, so a second is enough to find room again.
 pub const RETRY_AFTER_BUSY: Duration = Duration::from_secs(1);
@@ -59,8 +62,12 @@ pub struct Limits {
     max_in_flight: usize,
     buffered: Arc<Semaphore>,
     max_buffered_bytes: usize,
-    ordinary: CredentialCounts,
-    long_polls: CredentialCounts,
+    ordinary: Arc<CredentialCounts>,
+    long_polls: Arc<CredentialCounts>,
+    /// A body reserves its declared length of the budget before it is read,
+    /// so one that declares 8 MiB and sends nothing would otherwise hold that
+    /// share for as long as its connection stays open.
+    body_read_timeout: Duration,
     addresses: AddressLimiter,
 }
 
@@ -78,9 +85,12 @@ impl Limits {
             max_in_flight,
             buffered: Arc::new(Semaphore::new(max_buffered_bytes)),
             max_buffered_bytes,
-            ordinary: CredentialCounts::new(settings.max_in_flight_per_credential),
-            long_polls: CredentialCounts::new(settings.max_long_polls_per_credential),
+            ordinary: Arc::new(CredentialCounts::new(settings.max_in_flight_per_credential)),
+            long_polls: Arc::new(CredentialCounts::new(
+                settings.max_long_polls_per_credential,
+            )),
             addresses: AddressLimiter::new(settings.unauthenticated_per_minute),
+            body_read_timeout: settings.body_read_timeout,
         }
     }
 
@@ -127,13 +137,13 @@ impl Limits {
     }
 
     /// An ordinary call slot of `credential`, or `None` at its cap.
-    pub fn ordinary_slot(&self, credential: Uuid) -> Option<CredentialSlot<'_>> {
-        self.ordinary.take(credential)
+    pub fn ordinary_slot(&self, credential: Uuid) -> Option<CredentialSlot> {
+        CredentialCounts::take(&self.ordinary, credential)
     }
 
     /// A long-poll slot of `credential`, or `None` at its cap.
-    pub fn long_poll_slot(&self, credential: Uuid) -> Option<CredentialSlot<'_>> {
-        self.long_polls.take(credential)
+    pub fn long_poll_slot(&self, credential: Uuid) -> Option<CredentialSlot> {
+        CredentialCounts::take(&self.long_polls, credential)
     }
 
     /// Read `body` whole, at most `limit` bytes, every byte counted against
@@ -154,7 +164,12 @@ impl Limits {
         let mut reserved = declared;
         let mut buffer: Vec<u8> = Vec::with_capacity(declared);
         let mut body = body;
-        while let Some(frame) = body.frame().await {
+        let deadline = tokio::time::Instant::now() + self.body_read_timeout;
+        loop {
+            let Ok(frame) = tokio::time::timeout_at(deadline, body.frame()).await else {
+                return Err(BodyRefusal::TimedOut);
+            };
+            let Some(frame) = frame else { break };
             let frame = frame.map_err(|e| BodyRefusal::Unreadable(e.to_string()))?;
             let Ok(data) = frame.into_data() else {
                 continue;
@@ -192,11 +207,18 @@ pub enum BodyRefusal {
     BudgetExhausted,
     /// The connection failed or ended early (400).
     Unreadable(String),
+    /// Not all there within the body read timeout (408).
+    TimedOut,
 }
 
 /// Whether a JSON-RPC body is a `tools/call` of a long-polling tool. A body
 /// that does not parse is ordinary (rmcp then refuses it).
 pub fn is_long_poll(body: &[u8]) -> bool {
+    // A wait call is a few hundred bytes: a large body is no wait, and is
+    // not parsed a second time to find out.
+    if body.len() > LONG_POLL_MAX_BODY_BYTES {
+        return false;
+    }
     #[derive(serde::Deserialize)]
     struct Call<'a> {
         #[serde(borrow)]
@@ -234,27 +256,27 @@ impl CredentialCounts {
         }
     }
 
-    fn take(&self, credential: Uuid) -> Option<CredentialSlot<'_>> {
-        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+    fn take(this: &Arc<Self>, credential: Uuid) -> Option<CredentialSlot> {
+        let mut counts = this.counts.lock().unwrap_or_else(|p| p.into_inner());
         let count = counts.entry(credential).or_insert(0);
-        if self.cap != 0 && *count >= self.cap {
+        if this.cap != 0 && *count >= this.cap {
             return None;
         }
         *count += 1;
         Some(CredentialSlot {
-            counts: self,
+            counts: Arc::clone(this),
             credential,
         })
     }
 }
 
 /// One call of a credential in flight; released when dropped.
-pub struct CredentialSlot<'a> {
-    counts: &'a CredentialCounts,
+pub struct CredentialSlot {
+    counts: Arc<CredentialCounts>,
     credential: Uuid,
 }
 
-impl Drop for CredentialSlot<'_> {
+impl Drop for CredentialSlot {
     fn drop(&mut self) {
         let mut counts = self.counts.counts.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(count) = counts.get_mut(&self.credential) {
@@ -285,6 +307,10 @@ fn address_key(address: IpAddr) -> IpAddr {
 struct AddressLimiter {
     per_minute: u32,
     buckets: Mutex<HashMap<IpAddr, Bucket>>,
+    /// When the map was last pruned (taken only under `buckets`): a prune is
+    /// a pass over every bucket, so it runs at most once a second, however
+    /// many addresses are failing at once.
+    pruned_at: Mutex<Instant>,
 }
 
 struct Bucket {
@@ -300,6 +326,7 @@ impl AddressLimiter {
         AddressLimiter {
             per_minute,
             buckets: Mutex::new(HashMap::new()),
+            pruned_at: Mutex::new(Instant::now()),
         }
     }
 
@@ -343,12 +370,15 @@ impl AddressLimiter {
         let per_second = capacity / 60.0;
         let now = Instant::now();
         let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
-        if buckets.len() > PRUNE_ABOVE {
+        let mut pruned_at = self.pruned_at.lock().unwrap_or_else(|p| p.into_inner());
+        if buckets.len() > PRUNE_ABOVE && now.duration_since(*pruned_at) >= Duration::from_secs(1) {
             // A bucket that has refilled completely holds no information.
             buckets.retain(|_, b| {
                 b.tokens + now.duration_since(b.updated).as_secs_f64() * per_second < capacity
             });
+            *pruned_at = now;
         }
+        drop(pruned_at);
         if self.refill(&mut buckets, key, now).is_none() {
             buckets.insert(
                 key,
@@ -398,13 +428,16 @@ mod tests {
 
     #[test]
     fn a_credential_at_its_cap_leaves_others_alone() {
-        let counts = CredentialCounts::new(2);
+        let counts = Arc::new(CredentialCounts::new(2));
         let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
-        let first = counts.take(a).unwrap();
-        let _second = counts.take(a).unwrap();
-        assert!(counts.take(a).is_none());
-        assert!(counts.take(b).is_some());
+        let first = CredentialCounts::take(&counts, a).unwrap();
+        let _second = CredentialCounts::take(&counts, a).unwrap();
+        assert!(CredentialCounts::take(&counts, a).is_none());
+        assert!(CredentialCounts::take(&counts, b).is_some());
         drop(first);
-        assert!(counts.take(a).is_some(), "a finished call frees its slot");
+        assert!(
+            CredentialCounts::take(&counts, a).is_some(),
+            "a finished call frees its slot"
+        );
     }
 }

@@ -471,6 +471,17 @@ async fn mcp_gate(State(state): State<Arc<AppState>>, request: Request, next: Ne
                 format!("could not read the request body: {err}"),
             );
         }
+        Err(limits::BodyRefusal::TimedOut) => {
+            return json_error(
+                StatusCode::REQUEST_TIMEOUT,
+                "timeout",
+                format!(
+                    "the request body did not arrive within {} s; nothing was done. Send the \
+                     whole body at once.",
+                    state.settings.body_read_timeout.as_secs()
+                ),
+            );
+        }
     };
     // A blocked wait moves to its own count, so waits never use up the slots
     // ordinary calls of the same credential need.
@@ -491,8 +502,47 @@ async fn mcp_gate(State(state): State<Arc<AppState>>, request: Request, next: Ne
         ordinary
     };
     parts.extensions.insert(identity);
-    next.run(Request::from_parts(parts, Body::from(bytes)))
-        .await
+    let response = next
+        .run(Request::from_parts(parts, Body::from(bytes)))
+        .await;
+    // A long poll may answer as an event stream that flows for minutes after
+    // the handler returned (rmcp switches to SSE once a progress notification
+    // goes out): the slots are held until the answer is sent or abandoned.
+    let (parts, body) = response.into_parts();
+    Response::from_parts(
+        parts,
+        Body::new(HoldingSlots {
+            body,
+            _slots: (_slot, _call),
+        }),
+    )
+}
+
+/// A response body that keeps the request's slots until it has been sent in
+/// full or dropped (the client went away).
+struct HoldingSlots<T> {
+    body: Body,
+    _slots: T,
+}
+
+impl<T: Unpin> http_body::Body for HoldingSlots<T> {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// Serve `app` on `listener` until `shutdown` is cancelled, then stop

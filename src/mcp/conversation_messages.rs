@@ -244,6 +244,7 @@ impl BusServer {
             Err(err) => return Ok(refusal(&err)),
         };
         let _progress = ProgressTicker::start(&ctx, timeout, "waiting for conversation messages");
-        reply(receipts::wait_for_conversation_updates(self.bus(), me, timeout).await)
+        let wait = receipts::wait_for_conversation_updates(self.bus(), me, timeout);
+        reply(super::waiting::unless_abandoned(&ctx, wait).await)
     }
 }

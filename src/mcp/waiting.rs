@@ -13,6 +13,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::{BusServer, caller, refusal, reply};
+use crate::error::{BusError, BusResult};
 use crate::store::waits;
 
 /// Often enough that clients which extend a call's deadline on progress keep it alive.
@@ -85,6 +86,22 @@ impl Drop for ProgressTicker {
     }
 }
 
+/// Run a blocking call until it ends or its client goes away (rmcp cancels
+/// the request's token when the connection closes): a wait nobody will read
+/// must not keep running, and keep re-querying, for minutes.
+pub(super) async fn unless_abandoned<T>(
+    ctx: &RequestContext<RoleServer>,
+    call: impl Future<Output = BusResult<T>>,
+) -> BusResult<T> {
+    tokio::select! {
+        result = call => result,
+        () = ctx.ct.cancelled() => Err(BusError::unavailable(
+            "the client cancelled this call or went away; the wait was ended. Call again to keep \
+             waiting.",
+        )),
+    }
+}
+
 #[tool_router(router = waiting_router, vis = "pub(super)")]
 impl BusServer {
     #[tool(
@@ -112,7 +129,7 @@ impl BusServer {
             (Err(err), _) | (_, Err(err)) => return Ok(refusal(&err)),
         };
         let _progress = ProgressTicker::start(&ctx, request.timeout, "waiting for updates");
-        reply(waits::wait_for_updates(self.bus(), me, request).await)
+        reply(unless_abandoned(&ctx, waits::wait_for_updates(self.bus(), me, request)).await)
     }
 
     #[tool(
@@ -132,16 +149,14 @@ impl BusServer {
             Err(err) => return Ok(refusal(&err)),
         };
         let _progress = ProgressTicker::start(&ctx, timeout, "waiting for an answer");
-        reply(
-            waits::ask(
-                self.bus(),
-                me,
-                &args.to,
-                &args.question,
-                timeout,
-                args.resume_message_id,
-            )
-            .await,
-        )
+        let ask = waits::ask(
+            self.bus(),
+            me,
+            &args.to,
+            &args.question,
+            timeout,
+            args.resume_message_id,
+        );
+        reply(unless_abandoned(&ctx, ask).await)
     }
 }

@@ -271,6 +271,17 @@ pub async fn list(pool: &PgPool) -> BusResult<Vec<AdminCredentialSummary>> {
 /// callers race.
 pub async fn revoke(pool: &PgPool, id: Uuid, actor: &Actor) -> BusResult<AdminRevocation> {
     let mut tx = pool.begin().await?;
+    // Two admins revoking each other would each hold the other's lock and wait
+    // for their own: take the actor's (shared, as audit::record will) first
+    // when its id sorts first, so the two locks are always taken in id order.
+    if let Some(own) = actor.admin_credential
+        && own < id
+    {
+        sqlx::query("SELECT lock_admin_credential($1, false)")
+            .bind(own)
+            .execute(&mut *tx)
+            .await?;
+    }
     // The fence's exclusive side (audit::record takes it shared): changes in
     // flight with this credential commit first, and none commits after.
     sqlx::query("SELECT lock_admin_credential($1, true)")

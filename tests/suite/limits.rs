@@ -520,3 +520,88 @@ async fn an_address_that_keeps_failing_authentication_is_refused_before_any_look
     let (status, _, body) = post(&app, &unknown, whoami()).await;
     assert_eq!(status, 429, "refused before touching the database: {body}");
 }
+
+/// A long poll whose client asked for progress is answered as an event
+/// stream that flows after the handler's first notification: its slot must
+/// stay taken until that stream ends, not until the handler first answered.
+#[tokio::test]
+async fn a_long_poll_streaming_progress_keeps_its_slot_until_it_ends() {
+    let (app, alice, _bob) = app_with(HttpSettings {
+        max_long_polls_per_credential: 1,
+        ..HttpSettings::default()
+    })
+    .await;
+    let app = Arc::new(app);
+    let waiter = {
+        let (app, alice) = (app.clone(), alice.clone());
+        tokio::spawn(async move {
+            let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                              "params": {"name": "wait_for_updates",
+                                         "arguments": {"timeout_seconds": 9},
+                                         "_meta": {"progressToken": "p1"}}})
+            .to_string();
+            let response = http_client()
+                .post(app.mcp_url())
+                .header("Accept", "application/json, text/event-stream")
+                .header("Content-Type", "application/json")
+                .bearer_auth(&alice)
+                .body(body)
+                .send()
+                .await
+                .expect("a response");
+            let status = response.status().as_u16();
+            let text = response.text().await.unwrap_or_default();
+            (status, text)
+        })
+    };
+    // Past the first progress notification (every 5 s), while the wait still blocks.
+    tokio::time::sleep(Duration::from_millis(6500)).await;
+    assert!(!waiter.is_finished(), "the wait still blocks");
+    let (status, _, body) = post(
+        &app,
+        &alice,
+        call_body("wait_for_updates", json!({"timeout_seconds": 0})),
+    )
+    .await;
+    assert_eq!(
+        status, 429,
+        "the streaming wait still holds the one long-poll slot: {body}"
+    );
+    let (status, text) = waiter.await.unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        text.contains("notifications/progress"),
+        "progress was streamed: {text}"
+    );
+    assert!(text.contains("timed_out"), "{text}");
+}
+
+/// A body that does not arrive in time is answered 408 and gives its
+/// reserved share of the byte budget back, so a client that declares a large
+/// body and sends nothing cannot hold the budget.
+#[tokio::test]
+async fn a_body_that_never_arrives_is_answered_408_and_frees_the_budget() {
+    let (app, alice, bob) = app_with(HttpSettings {
+        max_request_bytes: 2 * MIB,
+        max_buffered_bytes: 2 * MIB,
+        body_read_timeout: Duration::from_secs(1),
+        ..HttpSettings::default()
+    })
+    .await;
+    let mut stalled = upload_being_read(&app, &alice, Length::Declared(2 * MIB), b"{").await;
+    // While it holds the whole budget, another body is refused.
+    let (status, _, body) = post(&app, &bob, call_body("whoami", json!({}))).await;
+    assert_eq!(status, 503, "{body}");
+    let answer = answer_within(&mut stalled.read, Duration::from_secs(5))
+        .await
+        .expect("the stalled upload is answered");
+    assert_eq!(answer.status, 408, "{}", answer.body);
+    assert!(
+        answer.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("did not arrive within 1 s")
+    );
+    let (status, _, body) = post(&app, &bob, call_body("whoami", json!({}))).await;
+    assert_eq!(status, 200, "the budget was given back: {body}");
+}
