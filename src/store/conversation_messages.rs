@@ -4,15 +4,15 @@
 //! outbox (accepted now, stored when the backend confirms).
 //!
 //! A send is one transaction in the lock order every conversation writer
-//! follows: with a session credential the session row `FOR SHARE` (the
-//! guard's lock), then the conversation row (it is the sequence allocator, so
+//! follows: the write fence (`agent_write_refusal`, the guard's shared lock
+//! on the agent), then the conversation row (it is the sequence allocator, so
 //! sequence numbers are gap-free and commit in order), then the seats it
 //! reads, then the message and its receipts. The recipient list is frozen
 //! there: the active seats other than the sender's (in a project
 //! conversation, only agents still holding the grant), one receipt row each.
 //!
 //! That transaction is one round trip: the statements run server-side in
-//! `store_conversation_message` (migration 0014), which stores only a send
+//! `store_conversation_message` (migrations 0014, 0016), which stores only a send
 //! nothing stands in the way of and otherwise declines, writing nothing. Why
 //! it declined (and every refusal's wording) is worked out here, in Rust, the
 //! way every other writer starts: see [`explain_unstored`].
@@ -271,10 +271,9 @@ struct Validated<'a> {
 }
 
 /// The send's writes, in one round trip: `store_conversation_message`
-/// (migration 0014) takes the locks in the writers' order (the session row for
-/// share with a session credential, then the conversation row, claiming the
-/// next seq), re-reads the seat, agent, token, grant and `reply_to` after the
-/// lock, freezes the recipients, inserts the message, its receipts and (on an
+/// (migration 0016) takes the locks in the writers' order (the write fence,
+/// then the conversation row, claiming the next seq), re-reads the seat,
+/// grant and `reply_to` after the lock, freezes the recipients, inserts the message, its receipts and (on an
 /// outbox conversation) its slot, and commits. None: it declined and wrote
 /// nothing (the claimed seq went with its transaction), because something
 /// stands in the way; [`explain_unstored`] says what.
