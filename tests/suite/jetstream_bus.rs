@@ -384,6 +384,112 @@ async fn a_send_is_pending_then_stored_once_in_the_stream_and_read_through_the_b
     app.broker().remove_team_streams(t.team_id).await.unwrap();
 }
 
+// O8 with seed 002's classification, through the drain: a team stream full at
+// its quota (discard new, `--max-messages 5`) refuses sends 6..8, and that is
+// retryable, not fatal: the slots stay pending with a backoff, their attempts
+// counted, nothing `failed`; once an operator raises the quota the drain
+// stores them, each once in the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_stream_keeps_the_overflow_pending_until_its_quota_is_raised() {
+    let url = nats_url();
+    let app = spawn_app_with_broker(&url).await;
+    let t = Routed::new(&app, "jsbfull").await;
+    let quota = StreamSizes {
+        max_messages: 5,
+        ..StreamSizes::default()
+    };
+    teams::provision_streams(
+        &app.pool,
+        "jsbfull",
+        app.broker(),
+        &quota,
+        true,
+        &test_actor(),
+    )
+    .await
+    .expect("lower the body stream's quota to 5 messages");
+    let mut sent = Vec::new();
+    for i in 1..=8 {
+        let body = format!("message {i}");
+        sent.push((t.send(&body).await, body));
+    }
+    let ids: Vec<Uuid> = sent.iter().map(|(id, _)| *id).collect();
+
+    for attempt in 1..=2 {
+        let pass = publication::drain_once(&app.bus, "drain-test", &drain_settings())
+            .await
+            .unwrap();
+        let expected_stored = if attempt == 1 { 5 } else { 0 };
+        assert_eq!(
+            (pass.leased, pass.stored, pass.retrying, pass.failed),
+            (8 - 5 * (attempt - 1), expected_stored, 3, 0),
+            "pass {attempt}: {pass:?}"
+        );
+        let overflow: Vec<(String, i32, Option<String>, f64)> = sqlx::query_as(
+            "SELECT state, attempts, last_error,
+                    extract(epoch FROM next_attempt_at - now())::float8
+               FROM conversation_outbox WHERE team_id = $1",
+        )
+        .bind(t.team_id)
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+        assert_eq!(overflow.len(), 3, "three slots left: {overflow:?}");
+        for (state, attempts, last_error, due_in) in &overflow {
+            assert_eq!(state, "pending", "retryable, never failed: {overflow:?}");
+            assert_eq!(*attempts, attempt as i32, "the attempt is counted");
+            let why = last_error.as_deref().unwrap_or_default();
+            assert!(
+                why.contains("full") && why.contains("--update-quotas"),
+                "{why}"
+            );
+            let backoff = f64::from(1 << attempt);
+            assert!(
+                (backoff - 1.0..=backoff + 0.5).contains(due_in),
+                "backoff 2^{attempt} s, due in {due_in}"
+            );
+        }
+        let states: Vec<String> = sqlx::query_scalar(
+            "SELECT publication_state FROM conversation_messages
+              WHERE conversation_id = $1 ORDER BY publication_state",
+        )
+        .bind(t.conversation_id)
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            states,
+            [vec!["pending_publication"; 3], vec!["stored"; 5]].concat()
+        );
+        t.make_due().await;
+    }
+    let status = outbox::status(&app.pool, t.team_id).await.unwrap();
+    assert_eq!((status.pending, status.failed), (3, 0));
+
+    teams::provision_streams(
+        &app.pool,
+        "jsbfull",
+        app.broker(),
+        &StreamSizes::default(),
+        true,
+        &test_actor(),
+    )
+    .await
+    .expect("raise the quota");
+    let pass = publication::drain_once(&app.bus, "drain-test", &drain_settings())
+        .await
+        .unwrap();
+    assert_eq!((pass.stored, pass.failed), (3, 0), "{pass:?}");
+    let locators = t.wait_stored(&ids).await;
+    let stored: Vec<(Uuid, String, String)> = sent
+        .into_iter()
+        .zip(locators)
+        .map(|((id, body), locator)| (id, body, locator))
+        .collect();
+    assert_once_in_stream(&url, t.team_id, t.conversation_id, &stored).await;
+    app.broker().remove_team_streams(t.team_id).await.unwrap();
+}
+
 // O3, O8, O16, B1: nats-server stopped mid-traffic. Every send is accepted
 // and pending (never an error to the sender), reads still answer, and after
 // the restart every message is stored exactly once: one stream entry per
