@@ -913,7 +913,9 @@ pub fn body_digest(body: &str) -> [u8; 32] {
 
 /// [`tombstone`] for a reader that found a released body gone: only if the
 /// row is still that released body on that backend and locator (a move that
-/// committed meanwhile may have made the row the record again).
+/// committed meanwhile may have made the row the record again). Unlike
+/// [`tombstone`] it keeps a reason already recorded: what a reader found
+/// never replaces what an operator wrote.
 pub async fn tombstone_released(
     pool: &PgPool,
     message_id: Uuid,
@@ -938,12 +940,14 @@ pub async fn tombstone_released(
 
 /// Record that a body is no longer retrievable from its backend (O19). The
 /// message, its seq, its recipients and its receipts all stay: a gap that is
-/// explained is not the same as a gap. The first reason stays.
+/// explained is not the same as a gap. As in the seed, the time is set once
+/// (when the body was first known gone) and the reason is the latest one
+/// given: a deliberate tombstone explains the gap better than what a reader
+/// found.
 pub async fn tombstone(pool: &PgPool, message_id: Uuid, reason: &str) -> BusResult<()> {
     sqlx::query(
         "UPDATE conversation_messages
-            SET tombstoned_at = COALESCE(tombstoned_at, now()),
-                tombstone_reason = COALESCE(tombstone_reason, $2)
+            SET tombstoned_at = COALESCE(tombstoned_at, now()), tombstone_reason = $2
           WHERE id = $1",
     )
     .bind(message_id)

@@ -894,8 +894,9 @@ async fn o18_the_sweep_releases_nothing_without_a_broker() {
     assert_eq!(body, "keep me");
 }
 
-// O19: a tombstone is recorded once with its first reason; the message, its
-// seq, recipients and receipts stay, and a reader is told why.
+// O19: a tombstone's time is recorded once and its reason is the latest one
+// given (seed 000: `tombstone_reason = $2`); the message, its seq,
+// recipients and receipts stay, and a reader is told why.
 #[tokio::test]
 async fn o19_a_tombstone_explains_the_gap_and_keeps_the_message() {
     let t = Outboxed::new().await;
@@ -912,13 +913,14 @@ async fn o19_a_tombstone_explains_the_gap_and_keeps_the_message() {
             .fetch_one(t.pool())
             .await
             .unwrap();
-    outbox::tombstone(t.pool(), message_id, "another reason")
+    outbox::tombstone(t.pool(), message_id, "tombstoned by the operator")
         .await
         .unwrap();
     let state = t.message(message_id).await;
     assert_eq!(
         state.tombstone_reason.as_deref(),
-        Some("the stream was deleted")
+        Some("tombstoned by the operator"),
+        "the latest reason, as in the seed"
     );
     let again: chrono::DateTime<chrono::Utc> =
         sqlx::query_scalar("SELECT tombstoned_at FROM conversation_messages WHERE id = $1")
@@ -926,13 +928,16 @@ async fn o19_a_tombstone_explains_the_gap_and_keeps_the_message() {
             .fetch_one(t.pool())
             .await
             .unwrap();
-    assert_eq!(again, first);
+    assert_eq!(again, first, "the time is set once");
     let page = t.read_as_bob().await;
     let message = &page["messages"][0];
     assert_eq!(message["seq"], 1);
     assert_eq!(message["body"], Value::Null);
     assert_eq!(message["unavailable"]["reason"], "tombstoned");
-    assert_eq!(message["unavailable"]["detail"], "the stream was deleted");
+    assert_eq!(
+        message["unavailable"]["detail"],
+        "tombstoned by the operator"
+    );
     assert!(
         message["my_receipt"]["stored_at"].is_string(),
         "the receipt stays"
