@@ -211,8 +211,9 @@ pub async fn lease_due(
 /// Take one named slot, for the reconciler (O5): only a slot still in flight,
 /// never a `failed` one (a failed slot is terminal; leasing it would hand it
 /// back to the ordinary path, which would republish it once the lease ran
-/// out). Counts no attempt.
-async fn lease_one(pool: &PgPool, worker: &str, message_id: Uuid) -> BusResult<Option<Lease>> {
+/// out). Counts no attempt. Public for the reconciler's callers and for the
+/// tests that show the fence.
+pub async fn lease_one(pool: &PgPool, worker: &str, message_id: Uuid) -> BusResult<Option<Lease>> {
     let row: Option<LeaseRow> = sqlx::query_as(
         "UPDATE conversation_outbox o
             SET state = 'leased', leased_by = $1,
@@ -548,7 +549,7 @@ pub async fn release(pool: &PgPool, lease: &Lease, why: &str) -> BusResult<()> {
 /// Put back a slot the reconciler took, as it was (O13): `lease_one` counted
 /// no attempt, so none is given back. Fenced on the generation, so a slot
 /// someone else holds by now is left alone.
-async fn unlease(pool: &PgPool, lease: &Lease) -> BusResult<()> {
+pub async fn unlease(pool: &PgPool, lease: &Lease) -> BusResult<()> {
     sqlx::query(
         "UPDATE conversation_outbox
             SET state = 'pending', leased_by = NULL, lease_expires_at = NULL, updated_at = now()
