@@ -48,12 +48,12 @@ pub enum Published {
     /// The backend confirmed it, and this is where it is.
     Confirmed(Locator),
     /// The attempt failed and may succeed later: a refused connection, a
-    /// broker without a leader, a full queue. The slot stays and is retried
+    /// broker without a leader, a full stream, a broker out of storage. The slot stays and is retried
     /// after a backoff.
     Retryable(String),
-    /// It will never succeed: a payload the backend cannot take, a full
-    /// stream, a permission denied. The slot is marked failed and stays
-    /// visible.
+    /// It will never succeed: a payload the backend can never take, a
+    /// permission denied. The slot is marked failed and stays visible. (A
+    /// full stream is `Retryable`: an operator raising its quota cures it.)
     Fatal(String),
     /// The attempt ended without an answer (a timeout, a connection lost
     /// after the request left): whether the backend stored the body is not

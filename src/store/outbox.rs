@@ -211,8 +211,9 @@ pub async fn lease_due(
 /// Take one named slot, for the reconciler (O5): only a slot still in flight,
 /// never a `failed` one (a failed slot is terminal; leasing it would hand it
 /// back to the ordinary path, which would republish it once the lease ran
-/// out). Counts no attempt.
-async fn lease_one(pool: &PgPool, worker: &str, message_id: Uuid) -> BusResult<Option<Lease>> {
+/// out). Counts no attempt. Public for the reconciler's callers and for the
+/// tests that show the fence.
+pub async fn lease_one(pool: &PgPool, worker: &str, message_id: Uuid) -> BusResult<Option<Lease>> {
     let row: Option<LeaseRow> = sqlx::query_as(
         "UPDATE conversation_outbox o
             SET state = 'leased', leased_by = $1,
@@ -548,7 +549,7 @@ pub async fn release(pool: &PgPool, lease: &Lease, why: &str) -> BusResult<()> {
 /// Put back a slot the reconciler took, as it was (O13): `lease_one` counted
 /// no attempt, so none is given back. Fenced on the generation, so a slot
 /// someone else holds by now is left alone.
-async fn unlease(pool: &PgPool, lease: &Lease) -> BusResult<()> {
+pub async fn unlease(pool: &PgPool, lease: &Lease) -> BusResult<()> {
     sqlx::query(
         "UPDATE conversation_outbox
             SET state = 'pending', leased_by = NULL, lease_expires_at = NULL, updated_at = now()
@@ -913,7 +914,9 @@ pub fn body_digest(body: &str) -> [u8; 32] {
 
 /// [`tombstone`] for a reader that found a released body gone: only if the
 /// row is still that released body on that backend and locator (a move that
-/// committed meanwhile may have made the row the record again).
+/// committed meanwhile may have made the row the record again). Unlike
+/// [`tombstone`] it keeps a reason already recorded: what a reader found
+/// never replaces what an operator wrote.
 pub async fn tombstone_released(
     pool: &PgPool,
     message_id: Uuid,
@@ -938,12 +941,14 @@ pub async fn tombstone_released(
 
 /// Record that a body is no longer retrievable from its backend (O19). The
 /// message, its seq, its recipients and its receipts all stay: a gap that is
-/// explained is not the same as a gap. The first reason stays.
+/// explained is not the same as a gap. As in the seed, the time is set once
+/// (when the body was first known gone) and the reason is the latest one
+/// given: a deliberate tombstone explains the gap better than what a reader
+/// found.
 pub async fn tombstone(pool: &PgPool, message_id: Uuid, reason: &str) -> BusResult<()> {
     sqlx::query(
         "UPDATE conversation_messages
-            SET tombstoned_at = COALESCE(tombstoned_at, now()),
-                tombstone_reason = COALESCE(tombstone_reason, $2)
+            SET tombstoned_at = COALESCE(tombstoned_at, now()), tombstone_reason = $2
           WHERE id = $1",
     )
     .bind(message_id)

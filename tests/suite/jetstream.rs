@@ -351,8 +351,11 @@ async fn a_publish_to_a_stopped_broker_is_never_confirmed_and_lands_once_after_r
     );
 }
 
+// B1 and seed 002's classification: a full discard-new stream refuses the
+// body, and that is retryable (an operator raising the quota cures it), with
+// a reason naming the quota flags; nothing is stored by the refusal.
 #[tokio::test]
-async fn a_full_stream_refuses_fatally_and_names_the_quota_flags() {
+async fn a_full_stream_is_retryable_and_names_the_quota_flags() {
     let broker = shared_broker().await;
     let team = Uuid::new_v4();
     let sizes = StreamSizes {
@@ -362,15 +365,24 @@ async fn a_full_stream_refuses_fatally_and_names_the_quota_flags() {
     broker.provision_team(team, &sizes, false).await.unwrap();
     let backend = JetStreamBackend::new(broker.clone(), team);
     confirmed(backend.publish(&envelope(team, "fits")).await);
-    match backend.publish(&envelope(team, "does not")).await {
-        Published::Fatal(reason) => {
+    let refused = envelope(team, "does not, yet");
+    match backend.publish(&refused).await {
+        Published::Retryable(reason) => {
             assert!(
                 reason.contains("full") && reason.contains("--update-quotas"),
                 "{reason}"
             )
         }
-        other => panic!("a full discard-new stream is fatal: {other:?}"),
+        other => panic!("a full discard-new stream is retryable: {other:?}"),
     }
+    assert_eq!(body_messages(team).await, 1, "the refusal stored nothing");
+    // Once the quota is raised, the same envelope lands.
+    broker
+        .provision_team(team, &StreamSizes::default(), true)
+        .await
+        .unwrap();
+    confirmed(backend.publish(&refused).await);
+    assert_eq!(body_messages(team).await, 2);
     broker.remove_team_streams(team).await.unwrap();
 }
 

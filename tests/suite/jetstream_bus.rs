@@ -384,6 +384,112 @@ async fn a_send_is_pending_then_stored_once_in_the_stream_and_read_through_the_b
     app.broker().remove_team_streams(t.team_id).await.unwrap();
 }
 
+// O8 with seed 002's classification, through the drain: a team stream full at
+// its quota (discard new, `--max-messages 5`) refuses sends 6..8, and that is
+// retryable, not fatal: the slots stay pending with a backoff, their attempts
+// counted, nothing `failed`; once an operator raises the quota the drain
+// stores them, each once in the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_stream_keeps_the_overflow_pending_until_its_quota_is_raised() {
+    let url = nats_url();
+    let app = spawn_app_with_broker(&url).await;
+    let t = Routed::new(&app, "jsbfull").await;
+    let quota = StreamSizes {
+        max_messages: 5,
+        ..StreamSizes::default()
+    };
+    teams::provision_streams(
+        &app.pool,
+        "jsbfull",
+        app.broker(),
+        &quota,
+        true,
+        &test_actor(),
+    )
+    .await
+    .expect("lower the body stream's quota to 5 messages");
+    let mut sent = Vec::new();
+    for i in 1..=8 {
+        let body = format!("message {i}");
+        sent.push((t.send(&body).await, body));
+    }
+    let ids: Vec<Uuid> = sent.iter().map(|(id, _)| *id).collect();
+
+    for attempt in 1..=2 {
+        let pass = publication::drain_once(&app.bus, "drain-test", &drain_settings())
+            .await
+            .unwrap();
+        let expected_stored = if attempt == 1 { 5 } else { 0 };
+        assert_eq!(
+            (pass.leased, pass.stored, pass.retrying, pass.failed),
+            (8 - 5 * (attempt - 1), expected_stored, 3, 0),
+            "pass {attempt}: {pass:?}"
+        );
+        let overflow: Vec<(String, i32, Option<String>, f64)> = sqlx::query_as(
+            "SELECT state, attempts, last_error,
+                    extract(epoch FROM next_attempt_at - now())::float8
+               FROM conversation_outbox WHERE team_id = $1",
+        )
+        .bind(t.team_id)
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+        assert_eq!(overflow.len(), 3, "three slots left: {overflow:?}");
+        for (state, attempts, last_error, due_in) in &overflow {
+            assert_eq!(state, "pending", "retryable, never failed: {overflow:?}");
+            assert_eq!(*attempts, attempt as i32, "the attempt is counted");
+            let why = last_error.as_deref().unwrap_or_default();
+            assert!(
+                why.contains("full") && why.contains("--update-quotas"),
+                "{why}"
+            );
+            let backoff = f64::from(1 << attempt);
+            assert!(
+                (backoff - 1.0..=backoff + 0.5).contains(due_in),
+                "backoff 2^{attempt} s, due in {due_in}"
+            );
+        }
+        let states: Vec<String> = sqlx::query_scalar(
+            "SELECT publication_state FROM conversation_messages
+              WHERE conversation_id = $1 ORDER BY publication_state",
+        )
+        .bind(t.conversation_id)
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            states,
+            [vec!["pending_publication"; 3], vec!["stored"; 5]].concat()
+        );
+        t.make_due().await;
+    }
+    let status = outbox::status(&app.pool, t.team_id).await.unwrap();
+    assert_eq!((status.pending, status.failed), (3, 0));
+
+    teams::provision_streams(
+        &app.pool,
+        "jsbfull",
+        app.broker(),
+        &StreamSizes::default(),
+        true,
+        &test_actor(),
+    )
+    .await
+    .expect("raise the quota");
+    let pass = publication::drain_once(&app.bus, "drain-test", &drain_settings())
+        .await
+        .unwrap();
+    assert_eq!((pass.stored, pass.failed), (3, 0), "{pass:?}");
+    let locators = t.wait_stored(&ids).await;
+    let stored: Vec<(Uuid, String, String)> = sent
+        .into_iter()
+        .zip(locators)
+        .map(|((id, body), locator)| (id, body, locator))
+        .collect();
+    assert_once_in_stream(&url, t.team_id, t.conversation_id, &stored).await;
+    app.broker().remove_team_streams(t.team_id).await.unwrap();
+}
+
 // O3, O8, O16, B1: nats-server stopped mid-traffic. Every send is accepted
 // and pending (never an error to the sender), reads still answer, and after
 // the restart every message is stored exactly once: one stream entry per
@@ -693,6 +799,232 @@ async fn the_sweep_releases_only_bodies_the_broker_confirms_and_none_a_migration
         in_page(&t.read_as_bob().await, migrating)["body"],
         "a migration holds this one"
     );
+}
+
+/// Drain until nothing is due: every pass's outcome, summed.
+async fn drain_all(app: &TestApp) -> publication::DrainPass {
+    let settings = publication::DrainSettings {
+        batch: 256,
+        in_flight: 64,
+        ..drain_settings()
+    };
+    let mut total = publication::DrainPass::default();
+    loop {
+        let pass = publication::drain_once(&app.bus, "drain-test", &settings)
+            .await
+            .unwrap();
+        if pass.leased == 0 {
+            return total;
+        }
+        total.leased += pass.leased;
+        total.stored += pass.stored;
+        total.failed += pass.failed;
+    }
+}
+
+/// One sweep pass with a grace period of `grace_secs`.
+async fn sweep(app: &TestApp, grace_secs: i64) -> u64 {
+    outbox::release_published_bodies(&app.pool, &app.bus.backends, None, grace_secs)
+        .await
+        .expect("a sweep pass")
+}
+
+// O18: the grace period: a body younger than it stays, whatever the broker
+// holds; once older, it goes. (Mutation: drop `AND m.created_at <= now() -
+// make_interval(secs => $2)` from the candidates: the young body goes at
+// once.)
+#[tokio::test]
+async fn o18_the_sweep_keeps_a_body_younger_than_its_grace_period() {
+    let app = spawn_app_with_broker(&nats_url()).await;
+    let t = Routed::new(&app, "jsgrace").await;
+    let id = t.send("young").await;
+    assert_eq!(drain_all(&app).await.stored, 1);
+    assert_eq!(sweep(&app, 300).await, 0, "younger than 300 s: kept");
+    assert_eq!(t.row(id).await.body, "young");
+    sqlx::query(
+        "UPDATE conversation_messages SET created_at = now() - interval '301 seconds'
+          WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(sweep(&app, 300).await, 1, "past the grace: released");
+    assert_eq!(t.row(id).await.body, "");
+    app.broker().remove_team_streams(t.team_id).await.unwrap();
+}
+
+// O18: one pass releases at most 200 bodies and examines at most 1 000
+// candidates: 201 confirmable bodies take two passes; a confirmable body
+// behind 1 000 unconfirmable ones is not reached, and behind 999 it is.
+// (Mutations: `RELEASE_BATCH = 200` → 300: the first pass releases 201;
+// `SCAN_LIMIT = 1_000` → 2_000: the body behind 1 000 is released.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn o18_a_sweep_pass_releases_at_most_200_and_examines_at_most_1000() {
+    let app = spawn_app_with_broker(&nats_url()).await;
+    let t = Routed::new(&app, "jsbounds").await;
+    for i in 0..201 {
+        t.send(&format!("body {i}")).await;
+    }
+    assert_eq!(drain_all(&app).await.stored, 201);
+    assert_eq!(sweep(&app, 0).await, 200, "at most 200 per pass");
+    assert_eq!(sweep(&app, 0).await, 1, "the rest on the next pass");
+    assert_eq!(sweep(&app, 0).await, 0);
+
+    // 1 000 older candidates the broker cannot confirm (their locators name
+    // sequences the stream never had), then one it can.
+    let template: Uuid = sqlx::query_scalar(
+        "SELECT id FROM conversation_messages WHERE conversation_id = $1 LIMIT 1",
+    )
+    .bind(t.conversation_id)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO conversation_messages
+             (id, team_id, conversation_id, seq, sender_member_id, sender_id, sender_session,
+              request_id, body, body_sha256, body_bytes, backend, publication_state,
+              canonical_locator, created_at)
+         SELECT gen_random_uuid(), team_id, conversation_id, 10000 + g, sender_member_id,
+                sender_id, sender_session, gen_random_uuid(), 'unconfirmable', body_sha256,
+                13, backend, 'stored', $2 || (1000000 + g),
+                now() - interval '1 day' + g * interval '1 millisecond'
+           FROM conversation_messages, generate_series(1, 1000) AS g
+          WHERE id = $1",
+    )
+    .bind(template)
+    .bind(format!("jetstream:{}:", body_stream_name(t.team_id)))
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let behind = t.send("behind a thousand").await;
+    assert_eq!(drain_all(&app).await.stored, 1);
+    assert_eq!(
+        sweep(&app, 0).await,
+        0,
+        "not reached within 1 000 candidates"
+    );
+    assert_eq!(t.row(behind).await.body, "behind a thousand");
+    sqlx::query(
+        "DELETE FROM conversation_messages
+          WHERE id = (SELECT id FROM conversation_messages
+                       WHERE body = 'unconfirmable' ORDER BY created_at LIMIT 1)",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(sweep(&app, 0).await, 1, "the 1 000th candidate is examined");
+    assert_eq!(t.row(behind).await.body, "");
+    app.broker().remove_team_streams(t.team_id).await.unwrap();
+}
+
+// O18: a backend that fails is skipped for the rest of the pass, for that
+// (backend, team) only: after team A's first body fails to be fetched, A's
+// next (confirmable) body is not asked for in that pass, while team B's is
+// released. (Mutations: drop the `if unusable.contains(..) { continue; }`
+// skip: A's second body is released in the same pass; `break 'scan` instead
+// of marking the (backend, team) unusable: B's body is not released.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn o18_a_failing_backend_is_skipped_for_the_rest_of_the_pass_for_its_team_only() {
+    let app = spawn_app_with_broker(&nats_url()).await;
+    let a = Routed::new(&app, "jsskipa").await;
+    let b = Routed::new(&app, "jsskipb").await;
+    let failing = a.send("A: its fetch fails").await;
+    let skipped = a.send("A: confirmable, but after a failure").await;
+    let other = b.send("B: confirmable").await;
+    assert_eq!(drain_all(&app).await.stored, 3);
+    // A's first body now names B's stream: fetching it is refused (an error,
+    // not "not held"), which makes A's backend unusable for this pass.
+    let own: String =
+        sqlx::query_scalar("SELECT canonical_locator FROM conversation_messages WHERE id = $1")
+            .bind(failing)
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    let foreign = format!(
+        "jetstream:{}:{}",
+        body_stream_name(b.team_id),
+        sequence(a.team_id, &own)
+    );
+    let relocate = async |locator: &str| {
+        sqlx::query("UPDATE conversation_messages SET canonical_locator = $2 WHERE id = $1")
+            .bind(failing)
+            .bind(locator)
+            .execute(&app.pool)
+            .await
+            .unwrap();
+    };
+    relocate(&foreign).await;
+
+    assert_eq!(sweep(&app, 0).await, 1, "only team B's body");
+    assert_eq!(b.row(other).await.body, "", "B released");
+    assert!(
+        !a.row(skipped).await.body.is_empty(),
+        "A skipped for the pass"
+    );
+    assert!(!a.row(failing).await.body.is_empty());
+
+    // Next pass, A's backend is asked again.
+    relocate(&own).await;
+    assert_eq!(sweep(&app, 0).await, 2);
+    assert_eq!(a.row(skipped).await.body, "");
+    for team in [a.team_id, b.team_id] {
+        app.broker().remove_team_streams(team).await.unwrap();
+    }
+}
+
+// O18: the clear re-checks the whole predicate at clear time: a move to
+// postgres that commits while the pass is between its fetch and its clear
+// makes the row the record again, and the body stays. (Mutation: reduce the
+// clear's WHERE to `m.id = ANY($1)` and the join: the moved row's body is
+// emptied.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn o18_the_clear_rechecks_the_predicate_and_keeps_a_body_moved_meanwhile() {
+    let app = spawn_app_with_broker(&nats_url()).await;
+    let t = Routed::new(&app, "jsrecheck").await;
+    let id = t.send("moved back to postgres meanwhile").await;
+    assert_eq!(drain_all(&app).await.stored, 1);
+
+    // The "cutover" holds the row while the pass fetches and confirms, and
+    // commits once the pass's clear waits for it.
+    let mut cutover = app.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM conversation_messages WHERE id = $1 FOR UPDATE")
+        .bind(id)
+        .execute(&mut *cutover)
+        .await
+        .unwrap();
+    let pass = tokio::spawn({
+        let pool = app.pool.clone();
+        let backends = app.bus.backends.clone();
+        async move { outbox::release_published_bodies(&pool, &backends, None, 0).await }
+    });
+    eventually("the pass's clear waits for the row", async || {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE wait_event_type = 'Lock' AND query LIKE '%SET body = ''''%'",
+        )
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+        (waiting > 0).then_some(())
+    })
+    .await;
+    for moved in [
+        "UPDATE conversation_messages SET backend = 'postgres', canonical_locator = NULL
+          WHERE id = $1",
+        "UPDATE conversations SET backend = 'postgres', publication = 'sync'
+          WHERE id = (SELECT conversation_id FROM conversation_messages WHERE id = $1)",
+    ] {
+        sqlx::query(moved)
+            .bind(id)
+            .execute(&mut *cutover)
+            .await
+            .unwrap();
+    }
+    cutover.commit().await.unwrap();
+    assert_eq!(pass.await.unwrap().unwrap(), 0, "nothing cleared");
+    assert_eq!(t.row(id).await.body, "moved back to postgres meanwhile");
+    app.broker().remove_team_streams(t.team_id).await.unwrap();
 }
 
 // O4, O6, B1: two replicas of the bus on one database, each with its own

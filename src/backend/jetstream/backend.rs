@@ -185,34 +185,54 @@ fn jetstream_error(err: &PublishError) -> Option<&async_nats::jetstream::Error> 
     std::error::Error::source(err)?.downcast_ref::<async_nats::jetstream::Error>()
 }
 
-/// Classify a JetStream error answer to a publish.
+/// Classify a JetStream error answer to a publish, as seed 002 says: only a
+/// payload the broker can never accept is fatal (a permission denied is
+/// recognised before this, in [`JetStreamBackend::classify`]). Everything
+/// else may succeed later, a full stream included: "maximum messages/bytes
+/// exceeded" from a discard-new stream (10077), or the server or account out
+/// of storage (10047/10028/10023), is cured by an operator raising a quota or
+/// freeing space, and the slot must still be there when that happens, not
+/// `failed` for good with a body nobody will publish.
 fn refusal(err: &async_nats::jetstream::Error, stream: &str) -> Attempt {
     let code = err.error_code().0;
     let text = err.to_string();
     let lower = text.to_ascii_lowercase();
-    // 10054: larger than the stream's max_msg_size. 10077 ("store failed")
-    // carries "maximum messages/bytes exceeded" from a full discard-new
-    // stream. 10047/10028/10023/10002: the server or account is out of
-    // storage. None of these is cured by trying again.
     let full = code == 10077 && lower.contains("maximum");
-    let fatal = matches!(code, 10054 | 10047 | 10028 | 10023 | 10002) || full;
-    let reason = match code {
-        10054 => format!(
-            "the broker refused the body as larger than stream {stream} allows ({text}); \
-             raise the stream's max_msg_size to 2 MiB (`team stream --update-quotas`)."
-        ),
-        _ if full => format!(
-            "stream {stream} is full ({text}); it refuses new bodies rather than dropping old \
-             ones. Raise its quota: `ai-crew-sync team stream --team TEAM --nats-url URL \
-             --max-bytes N --max-messages N --update-quotas`."
-        ),
-        _ if fatal => format!(
-            "the broker is out of storage for stream {stream} ({text}); free space or raise \
-             the account's JetStream limits."
-        ),
-        _ => format!("the broker refused the publish for now ({text})"),
-    };
-    Attempt::Refused { fatal, reason }
+    let out_of_storage =
+        matches!(code, 10047 | 10028 | 10023) || (code == 10077 && lower.contains("no space"));
+    match code {
+        // Larger than the stream's max_msg_size: this body, as it is, is
+        // never taken by this stream.
+        10054 => Attempt::Refused {
+            fatal: true,
+            reason: format!(
+                "the broker refused the body as larger than stream {stream} allows ({text}); \
+                 raise the stream's max_msg_size to 2 MiB (`team stream --update-quotas`) and \
+                 send the message again."
+            ),
+        },
+        _ if full => Attempt::Refused {
+            fatal: false,
+            reason: format!(
+                "stream {stream} is full ({text}); it refuses new bodies rather than dropping \
+                 old ones. The message stays pending and is retried with a backoff; raise the \
+                 stream's quota (`ai-crew-sync team stream --team TEAM --nats-url URL \
+                 --max-bytes N --max-messages N --update-quotas`) before its attempts run out."
+            ),
+        },
+        _ if out_of_storage => Attempt::Refused {
+            fatal: false,
+            reason: format!(
+                "the broker is out of storage for stream {stream} ({text}); the message stays \
+                 pending and is retried with a backoff. Free space on the broker or raise the \
+                 account's JetStream limits."
+            ),
+        },
+        _ => Attempt::Refused {
+            fatal: false,
+            reason: format!("the broker refused the publish for now ({text}); it is retried"),
+        },
+    }
 }
 
 impl MessagingBackend for JetStreamBackend {
