@@ -622,14 +622,28 @@ pub async fn set_publication(
     outbox: bool,
 ) -> BusResult<()> {
     let mut tx = pool.begin().await?;
-    let backend: Option<String> = sqlx::query_scalar(
-        "SELECT backend FROM conversations WHERE team_id = $1 AND id = $2 FOR UPDATE",
+    switch_publication(&mut tx, team_id, conversation_id, outbox).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// [`set_publication`] inside the caller's transaction (an operator's switch
+/// writes its audit row in the same one). Answers the mode the conversation
+/// had before, `sync` or `outbox`.
+pub(crate) async fn switch_publication(
+    tx: &mut sqlx::PgConnection,
+    team_id: Uuid,
+    conversation_id: Uuid,
+    outbox: bool,
+) -> BusResult<String> {
+    let row: Option<(String, String)> = sqlx::query_as(
+        "SELECT backend, publication FROM conversations WHERE team_id = $1 AND id = $2 FOR UPDATE",
     )
     .bind(team_id)
     .bind(conversation_id)
     .fetch_optional(&mut *tx)
     .await?;
-    let Some(backend) = backend else {
+    let Some((backend, before)) = row else {
         return Err(BusError::not_found(format!(
             "no conversation {conversation_id} in this team."
         )));
@@ -662,8 +676,7 @@ pub async fn set_publication(
         .bind(if outbox { "outbox" } else { "sync" })
         .execute(&mut *tx)
         .await?;
-    tx.commit().await?;
-    Ok(())
+    Ok(before)
 }
 
 /// Settle a lease whose publish ended without an answer (O16): the message is
