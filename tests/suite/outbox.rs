@@ -796,6 +796,28 @@ async fn o15_the_publication_command_refuses_sync_while_slots_remain_and_audits_
         "{said}"
     );
 
+    // A move open on it sets the publication when it cuts over: refused.
+    sqlx::query(
+        "INSERT INTO conversation_migrations (id, team_id, conversation_id, direction, state, started_by)
+         VALUES ($1, $2, $3, 'to_jetstream', 'copying', 'test')",
+    )
+    .bind(Uuid::new_v4())
+    .bind(t.team_id)
+    .bind(t.conversation_id)
+    .execute(t.pool())
+    .await
+    .unwrap();
+    let during_move = operator_cli(&t, &to("outbox")).await;
+    assert!(!during_move.status.success());
+    let said = String::from_utf8_lossy(&during_move.stderr);
+    assert!(said.contains("open move (to_jetstream, copying)"), "{said}");
+    assert_eq!(publication_of(&t).await, "sync", "nothing changed");
+    sqlx::query("UPDATE conversation_migrations SET state = 'failed' WHERE conversation_id = $1")
+        .bind(t.conversation_id)
+        .execute(t.pool())
+        .await
+        .unwrap();
+
     let back = operator_cli(&t, &to("outbox")).await;
     assert!(back.status.success());
     assert_eq!(publication_of(&t).await, "outbox");
