@@ -4,9 +4,13 @@
 //! A conversation with `publication = outbox` enqueues a slot in the send's
 //! own transaction, so there is no accepted message without a slot and no slot
 //! without a message. Workers lease slots like every other unit of work on
-//! this bus (`FOR UPDATE SKIP LOCKED`), fenced by a generation so a worker that
-//! comes back after its lease expired writes nothing, bounded in attempts and
-//! payload size. The states a slot reaches are the ones a reader is told
+//! this bus (`FOR UPDATE SKIP LOCKED`), fenced by a generation, bounded in
+//! attempts and payload size. A worker that comes back after its lease
+//! expired records no outcome: confirmed (single and batch), retryable and
+//! fatal settles need the generation and an unexpired lease. Putting a slot
+//! back (`mark_uncertain`, `release`, `unlease`) is fenced on the generation
+//! only, as the seed has it: it still lands after expiry while nobody has
+//! leased the slot again, and only returns the slot to pending. The states a slot reaches are the ones a reader is told
 //! about: pending, stored, failed, and "uncertain" while nobody knows.
 //!
 //! Network work never happens inside a transaction here: a worker leases in
@@ -49,7 +53,8 @@ pub struct Lease {
     pub payload: String,
     pub publish_key: Uuid,
     /// The generation this lease was taken at. A settle that does not match
-    /// is a worker whose lease expired, and it changes nothing.
+    /// is a worker someone else has leased the slot from since, and it
+    /// changes nothing.
     pub generation: i64,
     pub attempts: i32,
 }
