@@ -108,7 +108,9 @@ pub trait MessagingBackend: Send + Sync {
         self.fetch(locator, message_id)
     }
 
-    /// Drop bodies the retention policy no longer keeps; how many went.
+    /// Drop bodies older than `before` that a retention policy no longer
+    /// keeps; how many went. No caller yet (conversation history has no
+    /// retention), and both backends drop nothing.
     fn retain(
         &self,
         before: chrono::DateTime<chrono::Utc>,

@@ -144,8 +144,9 @@ impl MessagingBackend for PostgresBackend {
     }
 
     async fn retain(&self, _before: chrono::DateTime<chrono::Utc>) -> BusResult<u64> {
-        // The rows are the history; history retention covers them. Dropping
-        // anything here would delete history.
+        // The rows are the history, and conversation history has no
+        // retention yet (nothing deletes a message). Dropping anything here
+        // would delete history.
         Ok(0)
     }
 

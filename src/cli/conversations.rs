@@ -1,7 +1,8 @@
 //! `conversations …`: where conversation bodies live, what is still in
-//! flight, and moving conversations between backends (`migrate`, `cleanup`).
-//! Runs beside the database; the logic is in `store::outbox` and
-//! `store::migrate`.
+//! flight, moving conversations between backends (`migrate`, `cleanup`), and
+//! an operator's switch of one conversation's publication or tombstone of one
+//! message (`publication`, `tombstone`). Runs beside the database; the logic
+//! is in `store::outbox`, `store::migrate` and `store::conversation_operator`.
 
 use std::io::IsTerminal;
 
@@ -12,6 +13,7 @@ use super::Context;
 use super::output;
 use crate::backend::Backends;
 use crate::backend::jetstream::Broker;
+use crate::store::conversation_operator::{self, Publication};
 use crate::store::migrate::{self, Direction, Plan, Progress};
 use crate::store::{outbox, teams};
 
@@ -22,6 +24,37 @@ pub enum ConversationsCommand {
     Status {
         #[arg(long)]
         team: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Switch one conversation between `sync` (the body commits with the send; postgres only)
+    /// and `outbox` (a worker publishes it after the send). Back to sync is refused while any of
+    /// its messages still awaits publication; refused while a move is open on it. Audited.
+    Publication {
+        #[arg(long)]
+        team: String,
+        #[arg(long)]
+        conversation: Uuid,
+        /// sync or outbox.
+        #[arg(long)]
+        mode: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Tombstone one message deliberately: readers get `unavailable: tombstoned` with the reason
+    /// instead of its body; the message, its seq, recipients and receipts stay, and a move skips
+    /// it. Recorded once: a message already tombstoned is refused. Audited.
+    Tombstone {
+        #[arg(long)]
+        team: String,
+        #[arg(long)]
+        conversation: Uuid,
+        /// The message's seq in the conversation.
+        #[arg(long)]
+        seq: i64,
+        /// Why, in one line (at most 500 bytes); readers are shown it.
+        #[arg(long)]
+        reason: String,
         #[arg(long)]
         json: bool,
     },
@@ -109,6 +142,19 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
                 );
             }
         }
+        ConversationsCommand::Publication {
+            team,
+            conversation,
+            mode,
+            json,
+        } => set_publication(ctx, &team, conversation, &mode, json).await?,
+        ConversationsCommand::Tombstone {
+            team,
+            conversation,
+            seq,
+            reason,
+            json,
+        } => tombstone(ctx, &team, conversation, seq, &reason, json).await?,
         ConversationsCommand::Migrate {
             team,
             to,
@@ -228,6 +274,76 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
             );
         }
     }
+    Ok(())
+}
+
+async fn set_publication(
+    ctx: &Context,
+    team: &str,
+    conversation: Uuid,
+    mode: &str,
+    json: bool,
+) -> anyhow::Result<()> {
+    let mode = Publication::parse(mode)?;
+    let switched = ctx
+        .with_database(async |pool| {
+            let actor = crate::store::Actor::local_operator();
+            Ok(
+                conversation_operator::set_publication(pool, team, conversation, mode, &actor)
+                    .await?,
+            )
+        })
+        .await?;
+    if json {
+        return output::json(&switched);
+    }
+    if switched.changed {
+        println!(
+            "{}: publication {} -> {} (audited)",
+            switched.conversation_id, switched.before, switched.after
+        );
+    } else {
+        println!(
+            "{}: publication is already {}; nothing changed",
+            switched.conversation_id, switched.after
+        );
+    }
+    Ok(())
+}
+
+async fn tombstone(
+    ctx: &Context,
+    team: &str,
+    conversation: Uuid,
+    seq: i64,
+    reason: &str,
+    json: bool,
+) -> anyhow::Result<()> {
+    let done = ctx
+        .with_database(async |pool| {
+            let actor = crate::store::Actor::local_operator();
+            Ok(conversation_operator::tombstone_message(
+                pool,
+                team,
+                conversation,
+                seq,
+                reason,
+                &actor,
+            )
+            .await?)
+        })
+        .await?;
+    if json {
+        return output::json(&done);
+    }
+    println!(
+        "{}: message seq {} ({}) tombstoned at {}; readers see \"{}\" (audited)",
+        done.conversation_id,
+        done.seq,
+        done.message_id,
+        done.tombstoned_at.to_rfc3339(),
+        done.reason
+    );
     Ok(())
 }
 

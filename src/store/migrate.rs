@@ -568,8 +568,10 @@ impl Mover<'_> {
                 BusError::not_found(format!(
                     "the broker no longer holds the body of message {}. A body that is gone \
                      cannot be copied back; tombstone it deliberately or restore the stream \
-                     first.",
-                    source.id
+                     first. `ai-crew-sync conversations tombstone --team T --conversation {} --seq N \
+                     --reason …` records why it is gone (readers see the reason; a move skips a \
+                     tombstoned message).",
+                    source.id, self.conversation_id
                 ))
             })
     }
@@ -684,7 +686,8 @@ impl Mover<'_> {
         Err(BusError::conflict(format!(
             "{waiting} message(s) of conversation {} are waiting to retry their publication \
              (the last in {:.0} s; last error: {}), longer than a move may pause writes ({} s). \
-             Nothing was paused or moved. Run the same command again once `conversations status` \
+             Nothing was paused or cut over (a body this run already copied to the target stays \
+             there, unreferenced). Run the same command again once `conversations status` \
              shows nothing pending for this team.",
             self.conversation_id,
             next_in.unwrap_or_default(),

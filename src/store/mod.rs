@@ -11,6 +11,7 @@ pub mod attachments;
 pub mod audit;
 pub mod channels;
 pub mod conversation_messages;
+pub mod conversation_operator;
 pub mod conversations;
 pub mod inbox;
 pub mod locks;

@@ -4,9 +4,13 @@
 //! A conversation with `publication = outbox` enqueues a slot in the send's
 //! own transaction, so there is no accepted message without a slot and no slot
 //! without a message. Workers lease slots like every other unit of work on
-//! this bus (`FOR UPDATE SKIP LOCKED`), fenced by a generation so a worker that
-//! comes back after its lease expired writes nothing, bounded in attempts and
-//! payload size. The states a slot reaches are the ones a reader is told
+//! this bus (`FOR UPDATE SKIP LOCKED`), fenced by a generation, bounded in
+//! attempts and payload size. A worker that comes back after its lease
+//! expired records no outcome: confirmed (single and batch), retryable and
+//! fatal settles need the generation and an unexpired lease. Putting a slot
+//! back (`mark_uncertain`, `release`, `unlease`) is fenced on the generation
+//! only, as the seed has it: it still lands after expiry while nobody has
+//! leased the slot again, and only returns the slot to pending. The states a slot reaches are the ones a reader is told
 //! about: pending, stored, failed, and "uncertain" while nobody knows.
 //!
 //! Network work never happens inside a transaction here: a worker leases in
@@ -49,7 +53,8 @@ pub struct Lease {
     pub payload: String,
     pub publish_key: Uuid,
     /// The generation this lease was taken at. A settle that does not match
-    /// is a worker whose lease expired, and it changes nothing.
+    /// is a worker someone else has leased the slot from since, and it
+    /// changes nothing.
     pub generation: i64,
     pub attempts: i32,
 }
@@ -623,14 +628,28 @@ pub async fn set_publication(
     outbox: bool,
 ) -> BusResult<()> {
     let mut tx = pool.begin().await?;
-    let backend: Option<String> = sqlx::query_scalar(
-        "SELECT backend FROM conversations WHERE team_id = $1 AND id = $2 FOR UPDATE",
+    switch_publication(&mut tx, team_id, conversation_id, outbox).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// [`set_publication`] inside the caller's transaction (an operator's switch
+/// writes its audit row in the same one). Answers the mode the conversation
+/// had before, `sync` or `outbox`.
+pub(crate) async fn switch_publication(
+    tx: &mut sqlx::PgConnection,
+    team_id: Uuid,
+    conversation_id: Uuid,
+    outbox: bool,
+) -> BusResult<String> {
+    let row: Option<(String, String)> = sqlx::query_as(
+        "SELECT backend, publication FROM conversations WHERE team_id = $1 AND id = $2 FOR UPDATE",
     )
     .bind(team_id)
     .bind(conversation_id)
     .fetch_optional(&mut *tx)
     .await?;
-    let Some(backend) = backend else {
+    let Some((backend, before)) = row else {
         return Err(BusError::not_found(format!(
             "no conversation {conversation_id} in this team."
         )));
@@ -663,8 +682,7 @@ pub async fn set_publication(
         .bind(if outbox { "outbox" } else { "sync" })
         .execute(&mut *tx)
         .await?;
-    tx.commit().await?;
-    Ok(())
+    Ok(before)
 }
 
 /// Settle a lease whose publish ended without an answer (O16): the message is

@@ -271,9 +271,9 @@ impl MessagingBackend for JetStreamBackend {
         // PostgreSQL points at; deleting it behind the database's back would
         // turn readable messages into tombstones. The stream's own limits
         // (max bytes / messages, discard new) bound its size by refusing new
-        // bodies, never by dropping old ones, and history retention is
-        // decided where the history is (PostgreSQL), which removes bodies by
-        // locator when it drops their messages.
+        // bodies, never by dropping old ones. Conversation history has no
+        // retention yet; one would be decided where the history is
+        // (PostgreSQL) and remove bodies by locator with their messages.
         Ok(0)
     }
 
