@@ -567,3 +567,111 @@ async fn a_transferred_seat_takes_its_owed_references_to_the_new_window() {
         .unwrap();
     assert_eq!(old["owed"], 0, "nothing stays owed to the old window");
 }
+
+/// A team routed to JetStream with alice and bob/w1 in one private
+/// conversation; no worker runs until the test drives one.
+async fn jetstream_pair(slug: &str) -> Pair {
+    use ai_crew_sync::backend::jetstream::StreamSizes;
+    let app = crate::support::spawn_app_with_broker(&crate::support::nats::nats_url()).await;
+    app.team(slug).await;
+    teams::capability(&app.pool, slug, Some(true), &test_actor())
+        .await
+        .unwrap();
+    teams::provision_streams(
+        &app.pool,
+        slug,
+        app.broker(),
+        &StreamSizes::default(),
+        false,
+        &test_actor(),
+    )
+    .await
+    .unwrap();
+    teams::set_conversation_backend(
+        &app.pool,
+        slug,
+        "jetstream",
+        Some(app.broker()),
+        &test_actor(),
+    )
+    .await
+    .unwrap();
+    let alice = app.mcp(&app.agent(slug, "alice").await, None).await;
+    let bob = app.mcp(&app.agent(slug, "bob").await, Some("w1")).await;
+    let created = alice
+        .call(
+            "create_conversation",
+            json!({"title": "Order", "private": true, "invite": ["bob/w1"]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(created["backend"], "jetstream");
+    let conversation_id: Uuid = created["id"].as_str().unwrap().parse().unwrap();
+    bob.call(
+        "join_conversation",
+        json!({"conversation_id": conversation_id}),
+    )
+    .await
+    .unwrap();
+    Pair {
+        app,
+        conversation_id,
+        alice,
+        bob,
+    }
+}
+
+// The inbox hands references out in seq order within a conversation (issue
+// 15, item 6): seq 1's first publish is retried (its slot backs off), so seq
+// 2 is confirmed, queued and put on the broker first. Bob still gets seq 1
+// before seq 2, through the broker's consumer.
+#[tokio::test]
+async fn references_are_handed_out_in_seq_order_when_a_retry_confirms_a_later_seq_first() {
+    use ai_crew_sync::workers::inbox_publisher;
+
+    let p = jetstream_pair("ibo").await;
+    let first = p.send("seq one").await;
+    p.send("seq two").await;
+    // What a retryable failure of seq 1's first attempt leaves: its slot due
+    // again only after a backoff.
+    sqlx::query(
+        "UPDATE conversation_outbox SET next_attempt_at = now() + interval '1 hour'
+          WHERE message_id = $1",
+    )
+    .bind(first)
+    .execute(&p.app.pool)
+    .await
+    .unwrap();
+    let settings = DrainSettings::default();
+    let pass = publication::drain_once(&p.app.bus, "order-test", &settings)
+        .await
+        .unwrap();
+    assert_eq!(pass.stored, 1, "only seq 2 was due");
+    assert_eq!(inbox_publisher::publish_once(&p.app.bus).await.unwrap(), 1);
+    sqlx::query("UPDATE conversation_outbox SET next_attempt_at = now() WHERE message_id = $1")
+        .bind(first)
+        .execute(&p.app.pool)
+        .await
+        .unwrap();
+    let pass = publication::drain_once(&p.app.bus, "order-test", &settings)
+        .await
+        .unwrap();
+    assert_eq!(pass.stored, 1, "seq 1 on its retry");
+    assert_eq!(inbox_publisher::publish_once(&p.app.bus).await.unwrap(), 1);
+
+    let fetched = fetch(&p.bob).await;
+    let seqs: Vec<i64> = fetched["deliveries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["seq"].as_i64().unwrap())
+        .collect();
+    assert_eq!(seqs, [1, 2], "{fetched}");
+    let through_broker: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM inbox_references WHERE broker_ack IS NOT NULL")
+            .fetch_one(&p.app.pool)
+            .await
+            .unwrap();
+    assert_eq!(through_broker, 2, "both came through the consumer");
+    let _ = &p.alice;
+}
