@@ -570,6 +570,49 @@ pub async fn mark_published(pool: &sqlx::PgPool, published: &[(Uuid, u64)]) -> B
     Ok(done.rows_affected())
 }
 
+/// Release (delete) at most `batch` references owed to windows dead for
+/// longer than `retention`; returns how many went. A window is dead that
+/// long when, for all of `retention`, it had no live heartbeat, no live
+/// session credential and no fetch or confirmation, and the reference has
+/// been owed at least that long. The receipts stay: a window that returns
+/// gets its references again from them on its next fetch (and reads with
+/// `read_conversation`); a copy left on the broker is acked away then as
+/// unknown. Rows another transaction holds are skipped, never waited on.
+pub async fn release_owed_to_dead_windows(
+    pool: &sqlx::PgPool,
+    retention: std::time::Duration,
+    batch: i64,
+) -> BusResult<u64> {
+    let retention = sqlx::postgres::types::PgInterval::try_from(retention).map_err(|_| {
+        BusError::invalid("the inbox retention is too long to express as an interval")
+    })?;
+    let released = sqlx::query(
+        "DELETE FROM inbox_references i
+         USING (SELECT r.id FROM inbox_references r
+                 WHERE r.delivered_at IS NULL AND r.created_at < now() - $1
+                   AND NOT EXISTS (
+                       SELECT 1 FROM presence p
+                        WHERE p.team_id = r.team_id AND p.agent_id = r.recipient_id
+                          AND p.session = r.recipient_session AND p.expires_at >= now() - $1)
+                   AND NOT EXISTS (
+                       SELECT 1 FROM agent_sessions s
+                        WHERE s.team_id = r.team_id AND s.agent_id = r.recipient_id
+                          AND s.label = r.recipient_session
+                          AND COALESCE(s.revoked_at, s.expires_at) >= now() - $1)
+                   AND NOT EXISTS (
+                       SELECT 1 FROM inbox_references o
+                        WHERE o.team_id = r.team_id AND o.recipient_key = r.recipient_key
+                          AND (o.handed_out_at >= now() - $1 OR o.delivered_at >= now() - $1))
+                 LIMIT $2 FOR UPDATE SKIP LOCKED) dead
+         WHERE i.id = dead.id AND i.delivered_at IS NULL",
+    )
+    .bind(retention)
+    .bind(batch)
+    .execute(pool)
+    .await?;
+    Ok(released.rows_affected())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
