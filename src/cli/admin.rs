@@ -641,8 +641,11 @@ fn read_secret(prompt: &str) -> anyhow::Result<String> {
         std::io::stderr().flush()?;
         let _echo_off = EchoOff::new();
         let mut line = String::new();
-        stdin.lock().read_line(&mut line)?;
+        let read = stdin.lock().read_line(&mut line);
+        // The typed newline was not echoed: end the prompt's line before
+        // anything else (an `error:` line included) is printed.
         eprintln!();
+        read?;
         line
     } else {
         let mut line = String::new();

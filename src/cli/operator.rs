@@ -70,11 +70,20 @@ pub enum TeamCommand {
         /// How long an undelivered inbox reference is kept [default: 168].
         #[arg(long)]
         inbox_max_age_hours: Option<u64>,
-        /// Apply the size flags to streams that already exist (otherwise they are adopted as they are).
+        /// Inbox stream size limit in bytes; when full it drops its oldest references
+        /// (PostgreSQL still holds what is owed) [default: 256 MiB].
+        #[arg(long)]
+        inbox_max_bytes: Option<i64>,
+        /// Inbox stream reference limit [default: 1000000].
+        #[arg(long)]
+        inbox_max_messages: Option<i64>,
+        /// Apply the size flags (or the defaults) to streams that already exist. Without it
+        /// an existing stream is adopted as it is, and any size flag that differs from it is
+        /// reported as ignored.
         #[arg(long)]
         update_quotas: bool,
         /// Delete both streams and their contents; refused while the team routes to jetstream.
-        #[arg(long, conflicts_with_all = ["max_bytes", "max_messages", "inbox_max_age_hours", "update_quotas"])]
+        #[arg(long, conflicts_with_all = ["max_bytes", "max_messages", "inbox_max_age_hours", "inbox_max_bytes", "inbox_max_messages", "update_quotas"])]
         remove: bool,
         #[arg(long)]
         json: bool,
@@ -249,6 +258,8 @@ pub async fn team(ctx: &Context, command: TeamCommand) -> anyhow::Result<()> {
             max_bytes,
             max_messages,
             inbox_max_age_hours,
+            inbox_max_bytes,
+            inbox_max_messages,
             update_quotas,
             remove,
             json,
@@ -277,7 +288,14 @@ pub async fn team(ctx: &Context, command: TeamCommand) -> anyhow::Result<()> {
                 inbox_max_age: inbox_max_age_hours
                     .map(|h| std::time::Duration::from_secs(h.saturating_mul(3600)))
                     .unwrap_or(defaults.inbox_max_age),
+                inbox_max_bytes: inbox_max_bytes.unwrap_or(defaults.inbox_max_bytes),
+                inbox_max_messages: inbox_max_messages.unwrap_or(defaults.inbox_max_messages),
             };
+            let size_flags_given = max_bytes.is_some()
+                || max_messages.is_some()
+                || inbox_max_age_hours.is_some()
+                || inbox_max_bytes.is_some()
+                || inbox_max_messages.is_some();
             let streams = ctx
                 .with_database(async |pool| {
                     Ok(teams::provision_streams(
@@ -317,6 +335,25 @@ pub async fn team(ctx: &Context, command: TeamCommand) -> anyhow::Result<()> {
                     })
                     .collect(),
             );
+            for stream in [&streams.body, &streams.inbox] {
+                if stream.quotas_not_applied.is_empty() {
+                    continue;
+                }
+                let differences = stream.quotas_not_applied.join("; ");
+                if size_flags_given {
+                    println!(
+                        "ignored the size flags for {} (it exists; {differences}). Rerun with \
+                         --update-quotas to apply them.",
+                        stream.name
+                    );
+                } else {
+                    println!(
+                        "{} exists with limits other than the defaults ({differences}); kept. \
+                         --update-quotas would set the defaults or the size flags given.",
+                        stream.name
+                    );
+                }
+            }
             println!(
                 "next: ai-crew-sync team capability --team {team} --backend jetstream --nats-url {nats_url}"
             );

@@ -78,6 +78,11 @@ pub struct ServeArgs {
     /// Run the publication workers (outbox drain, reconciler, body sweep) in this process.
     #[arg(long, env = "BUS_PUBLICATION_WORKER", default_value_t = true, action = clap::ArgAction::Set)]
     publication_worker: bool,
+    /// Hours a window may stay dead (no heartbeat, live session credential, fetch or
+    /// confirmation) before the inbox references owed to it are released; its receipts
+    /// stay, and a window that returns gets them again from PostgreSQL. Default 7 days.
+    #[arg(long, env = "BUS_INBOX_RETENTION_HOURS", default_value_t = crate::workers::presence_sweeper::INBOX_RETENTION.as_secs() / 3600, value_parser = clap::value_parser!(u64).range(1..=87_600))]
+    inbox_retention_hours: u64,
     /// Seconds to let in-flight requests finish after SIGINT/SIGTERM.
     #[arg(long, env = "BUS_SHUTDOWN_GRACE_SECS", default_value_t = 10)]
     shutdown_grace_secs: u64,
@@ -169,7 +174,11 @@ async fn serve_on(
             bus.with_backends(backends)
         }
     };
-    crate::workers::presence_sweeper::spawn(bus.clone(), shutdown.clone());
+    crate::workers::presence_sweeper::spawn(
+        bus.clone(),
+        Duration::from_secs(args.inbox_retention_hours * 3600),
+        shutdown.clone(),
+    );
     if args.publication_worker {
         crate::workers::publication::spawn_all(bus.clone(), shutdown.clone());
     }

@@ -59,7 +59,7 @@ pub struct AckArgs {
     pub message_id: Uuid,
     /// Also mark it resolved (resolved implies acknowledged).
     pub resolved: Option<bool>,
-    /// A short note for the sender, at most 1024 bytes.
+    /// A short note for the sender, at most 1024 bytes; kept only if the receipt has none yet.
     pub note: Option<String>,
 }
 
@@ -146,7 +146,7 @@ impl BusServer {
     #[tool(
         description = "Acknowledge a conversation message addressed to this window (resolved: \
                           true also resolves it), with an optional short note. Each is recorded \
-                          once; repeating keeps the first time."
+                          once; repeating keeps the first time and the first note."
     )]
     async fn ack_message(
         &self,

@@ -145,14 +145,19 @@ pub fn check_fetch_limit(limit: Option<i64>) -> BusResult<i64> {
     Ok(limit)
 }
 
-/// `fetch_conversation_inbox`: hand out references owed to this window,
-/// oldest first, `first` (ids the broker delivered) ahead of the rest. What
-/// is owed comes from PostgreSQL, which never expires it: references queued
-/// at confirmation, topped up from this window's receipts not yet delivered
-/// (messages stored on the synchronous path, or whatever a broker lost). A
-/// reference is handed out once at a time: again only if not confirmed
-/// within [`HANDOUT_SECS`].
-pub async fn fetch(bus: &Bus, me: &Identity, limit: i64, first: &[Uuid]) -> BusResult<Fetched> {
+/// `fetch_conversation_inbox`: hand out references owed to this window, in
+/// seq order within each conversation, conversations by their oldest owed
+/// reference. What is owed comes from PostgreSQL, which never expires it:
+/// references queued at confirmation, topped up from this window's receipts
+/// not yet delivered (messages stored on the synchronous path, or whatever a
+/// broker lost). A reference is handed out once at a time: again only if not
+/// confirmed within [`HANDOUT_SECS`].
+///
+/// The order is PostgreSQL's, never the broker's: references are queued
+/// when their messages are confirmed, and a retried publish confirms seq 9
+/// after seq 10, so neither queue time nor the inbox stream's order is the
+/// conversation's.
+pub async fn fetch(bus: &Bus, me: &Identity, limit: i64) -> BusResult<Fetched> {
     let key = recipient_key(me.agent_id, &me.session);
     let mut tx = bus.pool.begin().await?;
     sessions::guard(&mut tx, me).await?;
@@ -182,21 +187,26 @@ pub async fn fetch(bus: &Bus, me: &Identity, limit: i64, first: &[Uuid]) -> BusR
     .bind(TOP_UP_MAX)
     .execute(&mut *tx)
     .await?;
+    // The window function cannot share a statement level with FOR UPDATE,
+    // so the rank is computed over what is owed (unlocked) and the rows are
+    // locked by the outer query.
     let mut deliveries: Vec<Delivery> = sqlx::query_as(
-        "SELECT id AS delivery_id, kind, conversation_id, message_id, seq, actor AS from,
-                NULLIF(receipt, '') AS receipt, created_at AS queued_at
-           FROM inbox_references
-          WHERE team_id = $1 AND recipient_key = $2 AND delivered_at IS NULL
-            AND (handed_out_at IS NULL OR handed_out_at < now() - make_interval(secs => $4))
-          ORDER BY id = ANY($5) DESC, created_at, conversation_id, seq, id
+        "WITH owed AS (
+             SELECT id, min(created_at) OVER (PARTITION BY conversation_id) AS conversation_first
+               FROM inbox_references
+              WHERE team_id = $1 AND recipient_key = $2 AND delivered_at IS NULL
+                AND (handed_out_at IS NULL OR handed_out_at < now() - make_interval(secs => $4)))
+         SELECT i.id AS delivery_id, i.kind, i.conversation_id, i.message_id, i.seq,
+                i.actor AS from, NULLIF(i.receipt, '') AS receipt, i.created_at AS queued_at
+           FROM inbox_references i JOIN owed o ON o.id = i.id
+          ORDER BY o.conversation_first, i.conversation_id, i.seq, i.kind, i.id
           LIMIT $3 + 1
-          FOR UPDATE SKIP LOCKED",
+          FOR UPDATE OF i SKIP LOCKED",
     )
     .bind(me.team_id)
     .bind(&key)
     .bind(limit)
     .bind(HANDOUT_SECS)
-    .bind(first)
     .fetch_all(&mut *tx)
     .await?;
     let more = deliveries.len() as i64 > limit;
@@ -363,7 +373,8 @@ const BROKER_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 /// `fetch_conversation_inbox`: the broker's consumer first (on a team routed
 /// to JetStream; a consumer someone deleted is created again, and anything
 /// the broker lost is still owed in PostgreSQL), then topped up from
-/// PostgreSQL. A broker that does not answer costs nothing but speed.
+/// PostgreSQL, which also decides the order ([`fetch`]). A broker that does
+/// not answer costs nothing but speed.
 pub async fn fetch_inbox(bus: &Bus, me: &Identity, limit: i64) -> BusResult<Fetched> {
     // Before the broker is asked: a borrowed label must not consume anything.
     refuse_borrowed_label(bus, me).await?;
@@ -389,8 +400,7 @@ pub async fn fetch_inbox(bus: &Bus, me: &Identity, limit: i64) -> BusResult<Fetc
             }
         }
     }
-    let first: Vec<Uuid> = from_broker.iter().map(|(id, _)| *id).collect();
-    let fetched = fetch(bus, me, limit, &first).await?;
+    let fetched = fetch(bus, me, limit).await?;
     if let Some(broker) = broker
         && !from_broker.is_empty()
     {
@@ -524,7 +534,8 @@ pub async fn unpublished(pool: &sqlx::PgPool, limit: i64) -> BusResult<Vec<Queue
            FROM inbox_references i JOIN teams t ON t.id = i.team_id
           WHERE i.published_at IS NULL AND i.delivered_at IS NULL
             AND t.conversation_backend = 'jetstream'
-          ORDER BY i.created_at
+          -- References queued together (one confirmation) go out in seq order.
+          ORDER BY i.created_at, i.conversation_id, i.seq, i.id
           LIMIT $1",
     )
     .bind(limit)
@@ -557,6 +568,49 @@ pub async fn mark_published(pool: &sqlx::PgPool, published: &[(Uuid, u64)]) -> B
     .execute(pool)
     .await?;
     Ok(done.rows_affected())
+}
+
+/// Release (delete) at most `batch` references owed to windows dead for
+/// longer than `retention`; returns how many went. A window is dead that
+/// long when, for all of `retention`, it had no live heartbeat, no live
+/// session credential and no fetch or confirmation, and the reference has
+/// been owed at least that long. The receipts stay: a window that returns
+/// gets its references again from them on its next fetch (and reads with
+/// `read_conversation`); a copy left on the broker is acked away then as
+/// unknown. Rows another transaction holds are skipped, never waited on.
+pub async fn release_owed_to_dead_windows(
+    pool: &sqlx::PgPool,
+    retention: std::time::Duration,
+    batch: i64,
+) -> BusResult<u64> {
+    let retention = sqlx::postgres::types::PgInterval::try_from(retention).map_err(|_| {
+        BusError::invalid("the inbox retention is too long to express as an interval")
+    })?;
+    let released = sqlx::query(
+        "DELETE FROM inbox_references i
+         USING (SELECT r.id FROM inbox_references r
+                 WHERE r.delivered_at IS NULL AND r.created_at < now() - $1
+                   AND NOT EXISTS (
+                       SELECT 1 FROM presence p
+                        WHERE p.team_id = r.team_id AND p.agent_id = r.recipient_id
+                          AND p.session = r.recipient_session AND p.expires_at >= now() - $1)
+                   AND NOT EXISTS (
+                       SELECT 1 FROM agent_sessions s
+                        WHERE s.team_id = r.team_id AND s.agent_id = r.recipient_id
+                          AND s.label = r.recipient_session
+                          AND COALESCE(s.revoked_at, s.expires_at) >= now() - $1)
+                   AND NOT EXISTS (
+                       SELECT 1 FROM inbox_references o
+                        WHERE o.team_id = r.team_id AND o.recipient_key = r.recipient_key
+                          AND (o.handed_out_at >= now() - $1 OR o.delivered_at >= now() - $1))
+                 LIMIT $2 FOR UPDATE SKIP LOCKED) dead
+         WHERE i.id = dead.id AND i.delivered_at IS NULL",
+    )
+    .bind(retention)
+    .bind(batch)
+    .execute(pool)
+    .await?;
+    Ok(released.rows_affected())
 }
 
 #[cfg(test)]

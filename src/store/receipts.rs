@@ -55,6 +55,10 @@ pub struct Acked {
     pub conversation_id: Uuid,
     pub seq: i64,
     pub receipt: Receipt,
+    /// Set when this call's note was not stored because the receipt already
+    /// holds one (a note, like every fact, is written once).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note_not_kept: Option<String>,
 }
 
 /// `ack_message`: the recipient seat acknowledges (and with `resolved`,
@@ -90,11 +94,13 @@ pub async fn ack(
         Ok(ReadAccess::Member(_)) => return Err(message_not_found(message_id)),
         Ok(ReadAccess::ProjectGrant) => return Err(not_a_recipient(message_id)),
     };
+    // The note is a fact like the timestamps: the first one written stays,
+    // so a later ack cannot rewrite what the sender already read.
     let receipt: Option<Receipt> = sqlx::query_as(
         "UPDATE message_receipts
          SET acknowledged_at = COALESCE(acknowledged_at, now()),
              resolved_at = CASE WHEN $4 THEN COALESCE(resolved_at, now()) ELSE resolved_at END,
-             ack_note = COALESCE($5, ack_note)
+             ack_note = COALESCE(ack_note, $5)
          WHERE team_id = $1 AND message_id = $2 AND member_id = $3
          RETURNING $6::text AS recipient, stored_at, delivered_at, presented_at, acknowledged_at,
                    resolved_at, ack_note AS note",
@@ -128,11 +134,21 @@ pub async fn ack(
     )
     .await?;
     tx.commit().await?;
+    let note_not_kept = match (&note, &receipt.note) {
+        (Some(given), Some(kept)) if given != kept => Some(
+            "this receipt already holds a note (a note is written once, like every fact); \
+             yours was not stored and `receipt.note` shows the kept one. Reply with \
+             send_conversation_message to add to it."
+                .to_owned(),
+        ),
+        _ => None,
+    };
     Ok(Acked {
         message_id,
         conversation_id,
         seq,
         receipt,
+        note_not_kept,
     })
 }
 

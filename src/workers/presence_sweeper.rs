@@ -1,6 +1,8 @@
 //! The presence sweeper: deletes presence rows dead for longer than a
 //! retention, so the table holds recent windows rather than every label ever
-//! used.
+//! used; and releases inbox references owed to windows dead for longer than
+//! the inbox retention (`serve --inbox-retention-hours`), so references owed
+//! to windows that never come back do not grow without bound.
 //!
 //! A dead row is kept for a while on purpose: `list_agents` and
 //! `list_sessions` answer "when was this window last seen?" from it. Deleting
@@ -14,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Bus;
 use crate::error::BusResult;
-use crate::store::presence;
+use crate::store::{inbox, presence};
 
 /// How long a dead window stays listed before it is deleted.
 pub const RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -40,8 +42,32 @@ pub async fn sweep(pool: &PgPool, retention: Duration, batch: i64) -> BusResult<
     Ok(total)
 }
 
-/// Run [`sweep`] every [`INTERVAL`] (first pass at start) until `shutdown`.
-pub fn spawn(bus: Bus, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
+/// How long references stay owed to a dead window by default (`serve
+/// --inbox-retention-hours`).
+pub const INBOX_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// One pass: release references owed to windows dead for longer than
+/// `retention`, `batch` at a time, within the same per-pass bound. Returns
+/// how many were released; their receipts stay.
+pub async fn release_inbox(pool: &PgPool, retention: Duration, batch: i64) -> BusResult<u64> {
+    let mut total = 0;
+    for _ in 0..MAX_BATCHES_PER_PASS {
+        let released = inbox::release_owed_to_dead_windows(pool, retention, batch).await?;
+        total += released;
+        if released < batch as u64 {
+            break;
+        }
+    }
+    Ok(total)
+}
+
+/// Run [`sweep`] and [`release_inbox`] every [`INTERVAL`] (first pass at
+/// start) until `shutdown`.
+pub fn spawn(
+    bus: Bus,
+    inbox_retention: Duration,
+    shutdown: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(INTERVAL);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -58,6 +84,17 @@ pub fn spawn(bus: Bus, shutdown: CancellationToken) -> tokio::task::JoinHandle<(
                 // The next pass retries; nothing is lost by waiting.
                 Err(err) => {
                     tracing::warn!(error = %err, "presence sweep failed; retrying next pass")
+                }
+            }
+            match release_inbox(&bus.pool, inbox_retention, BATCH).await {
+                Ok(0) => {}
+                Ok(released) => tracing::info!(
+                    released,
+                    "released inbox references owed to long-dead windows (their receipts stay)"
+                ),
+                // What is not released now is released next pass.
+                Err(err) => {
+                    tracing::warn!(error = %err, "inbox release failed; retrying next pass")
                 }
             }
         }

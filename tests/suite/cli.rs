@@ -190,6 +190,50 @@ async fn bad_input_is_refused_with_what_to_do_and_changes_nothing() {
     );
 }
 
+/// A refusal's `error:` line ends with a newline, so a shell prompt or the
+/// next line of a script never runs onto it (issue 15, item 7): operator
+/// commands against the database and the broker, and the console client.
+#[tokio::test]
+async fn every_error_line_ends_with_a_newline() {
+    let db = fresh_database_url().await;
+    let failing: [&[&str]; 5] = [
+        &["agent", "add", "--team", "nope", "--name", "alice"],
+        &["conversations", "status", "--team", "nope"],
+        &[
+            "token",
+            "revoke",
+            "--id",
+            "00000000-0000-0000-0000-000000000000",
+        ],
+        &[
+            "team",
+            "stream",
+            "--team",
+            "nope",
+            "--nats-url",
+            "nats://127.0.0.1:1",
+        ],
+        &[
+            "client",
+            "--url",
+            "http://127.0.0.1:9/mcp",
+            "--token",
+            "acs_x",
+            "whoami",
+        ],
+    ];
+    for args in failing {
+        let out = bus(&db, args);
+        assert!(!out.status.success(), "{args:?} should fail");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err.lines().last().unwrap_or_default();
+        assert!(
+            last.starts_with("error: ") && err.ends_with('\n'),
+            "{args:?}: the error line must end with a newline: {err:?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn quickstart_prints_a_token_and_a_client_config_and_reuses_on_rerun() {
     let db = fresh_database_url().await;

@@ -517,6 +517,22 @@ async fn reading_never_changes_a_receipt_and_acks_count_against_the_frozen_denom
         again["receipt"]["acknowledged_at"], first_ack,
         "written once"
     );
+    // One note per ack fact (issue 15, item 7): a second ack with another
+    // note keeps the first, and the answer shows the kept one and says so.
+    let renoted = carol
+        .call(
+            "ack_message",
+            json!({"message_id": message_id, "note": "rewritten"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(renoted["receipt"]["note"], "merged", "{renoted}");
+    assert!(
+        renoted["note_not_kept"]
+            .as_str()
+            .is_some_and(|why| why.contains("written once")),
+        "{renoted}"
+    );
 
     let counts = dave
         .call("get_message_receipts", json!({"message_id": message_id}))
@@ -553,7 +569,7 @@ async fn reading_never_changes_a_receipt_and_acks_count_against_the_frozen_denom
     .unwrap();
     assert_eq!(
         audit.iter().filter(|a| a.starts_with("ack ")).count(),
-        3,
+        4,
         "{audit:?}"
     );
     let sends: Vec<&String> = audit.iter().filter(|a| a.starts_with("send ")).collect();
@@ -562,9 +578,9 @@ async fn reading_never_changes_a_receipt_and_acks_count_against_the_frozen_denom
     assert_eq!(detail["recipients"], 2, "{detail}");
     assert_eq!(detail["message_id"], message_id, "{detail}");
     assert!(
-        audit
-            .iter()
-            .all(|a| !a.contains("review the plan") && !a.contains("merged")),
+        audit.iter().all(|a| !a.contains("review the plan")
+            && !a.contains("merged")
+            && !a.contains("rewritten")),
         "never a body or a note in the audit: {audit:?}"
     );
 }

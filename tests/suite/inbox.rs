@@ -567,3 +567,218 @@ async fn a_transferred_seat_takes_its_owed_references_to_the_new_window() {
         .unwrap();
     assert_eq!(old["owed"], 0, "nothing stays owed to the old window");
 }
+
+/// A team routed to JetStream with alice and bob/w1 in one private
+/// conversation; no worker runs until the test drives one.
+async fn jetstream_pair(slug: &str) -> Pair {
+    use ai_crew_sync::backend::jetstream::StreamSizes;
+    let app = crate::support::spawn_app_with_broker(&crate::support::nats::nats_url()).await;
+    app.team(slug).await;
+    teams::capability(&app.pool, slug, Some(true), &test_actor())
+        .await
+        .unwrap();
+    teams::provision_streams(
+        &app.pool,
+        slug,
+        app.broker(),
+        &StreamSizes::default(),
+        false,
+        &test_actor(),
+    )
+    .await
+    .unwrap();
+    teams::set_conversation_backend(
+        &app.pool,
+        slug,
+        "jetstream",
+        Some(app.broker()),
+        &test_actor(),
+    )
+    .await
+    .unwrap();
+    let alice = app.mcp(&app.agent(slug, "alice").await, None).await;
+    let bob = app.mcp(&app.agent(slug, "bob").await, Some("w1")).await;
+    let created = alice
+        .call(
+            "create_conversation",
+            json!({"title": "Order", "private": true, "invite": ["bob/w1"]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(created["backend"], "jetstream");
+    let conversation_id: Uuid = created["id"].as_str().unwrap().parse().unwrap();
+    bob.call(
+        "join_conversation",
+        json!({"conversation_id": conversation_id}),
+    )
+    .await
+    .unwrap();
+    Pair {
+        app,
+        conversation_id,
+        alice,
+        bob,
+    }
+}
+
+// The inbox hands references out in seq order within a conversation (issue
+// 15, item 6): seq 1's first publish is retried (its slot backs off), so seq
+// 2 is confirmed, queued and put on the broker first. Bob still gets seq 1
+// before seq 2, through the broker's consumer.
+#[tokio::test]
+async fn references_are_handed_out_in_seq_order_when_a_retry_confirms_a_later_seq_first() {
+    use ai_crew_sync::workers::inbox_publisher;
+
+    let p = jetstream_pair("ibo").await;
+    let first = p.send("seq one").await;
+    p.send("seq two").await;
+    // What a retryable failure of seq 1's first attempt leaves: its slot due
+    // again only after a backoff.
+    sqlx::query(
+        "UPDATE conversation_outbox SET next_attempt_at = now() + interval '1 hour'
+          WHERE message_id = $1",
+    )
+    .bind(first)
+    .execute(&p.app.pool)
+    .await
+    .unwrap();
+    let settings = DrainSettings::default();
+    let pass = publication::drain_once(&p.app.bus, "order-test", &settings)
+        .await
+        .unwrap();
+    assert_eq!(pass.stored, 1, "only seq 2 was due");
+    assert_eq!(inbox_publisher::publish_once(&p.app.bus).await.unwrap(), 1);
+    sqlx::query("UPDATE conversation_outbox SET next_attempt_at = now() WHERE message_id = $1")
+        .bind(first)
+        .execute(&p.app.pool)
+        .await
+        .unwrap();
+    let pass = publication::drain_once(&p.app.bus, "order-test", &settings)
+        .await
+        .unwrap();
+    assert_eq!(pass.stored, 1, "seq 1 on its retry");
+    assert_eq!(inbox_publisher::publish_once(&p.app.bus).await.unwrap(), 1);
+
+    let fetched = fetch(&p.bob).await;
+    let seqs: Vec<i64> = fetched["deliveries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["seq"].as_i64().unwrap())
+        .collect();
+    assert_eq!(seqs, [1, 2], "{fetched}");
+    let through_broker: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM inbox_references WHERE broker_ack IS NOT NULL")
+            .fetch_one(&p.app.pool)
+            .await
+            .unwrap();
+    assert_eq!(through_broker, 2, "both came through the consumer");
+    let _ = &p.alice;
+}
+
+// Growth bounded (issue 15, item 6): references owed to a window dead for
+// longer than the inbox retention are released in the sweeper's pass, while
+// a live window's stay; the receipts stay, and the window that returns gets
+// its references again from PostgreSQL.
+#[tokio::test]
+async fn references_owed_to_a_window_dead_past_the_retention_are_released_and_rebuilt_on_return() {
+    use ai_crew_sync::workers::presence_sweeper;
+
+    let p = jetstream_pair("ibr").await;
+    let bob_token =
+        ai_crew_sync::store::tokens::issue(&p.app.pool, "ibr", "bob", None, &test_actor())
+            .await
+            .unwrap()
+            .token;
+    let bob_w2 = p.app.mcp(&bob_token, Some("w2")).await;
+    p.alice
+        .call(
+            "invite_to_conversation",
+            json!({"conversation_id": p.conversation_id, "address": "bob/w2", "role": "participant"}),
+        )
+        .await
+        .unwrap();
+    bob_w2
+        .call(
+            "join_conversation",
+            json!({"conversation_id": p.conversation_id}),
+        )
+        .await
+        .unwrap();
+    // w2 is alive (a heartbeat); w1 shows no sign of life after joining.
+    bob_w2
+        .call("heartbeat", json!({"ttl_seconds": 600}))
+        .await
+        .unwrap();
+    p.send("one").await;
+    p.send("two").await;
+    let pass = publication::drain_once(&p.app.bus, "release-test", &DrainSettings::default())
+        .await
+        .unwrap();
+    assert_eq!(pass.stored, 2);
+    let owed = async |session: &str| -> i64 {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM inbox_references
+              WHERE recipient_session = $1 AND delivered_at IS NULL",
+        )
+        .bind(session)
+        .fetch_one(&p.app.pool)
+        .await
+        .unwrap()
+    };
+    assert_eq!((owed("w1").await, owed("w2").await), (2, 2));
+
+    let retention = Duration::from_secs(1);
+    assert_eq!(
+        presence_sweeper::release_inbox(&p.app.pool, Duration::from_secs(3600), 500)
+            .await
+            .unwrap(),
+        0,
+        "nothing is owed longer than an hour"
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Batches of one: the pass goes on until nothing is left to release.
+    let released = presence_sweeper::release_inbox(&p.app.pool, retention, 1)
+        .await
+        .unwrap();
+    assert_eq!(released, 2, "w1's two references");
+    assert_eq!(
+        (owed("w1").await, owed("w2").await),
+        (0, 2),
+        "the live window keeps what it is owed"
+    );
+    let receipts: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM message_receipts r
+           JOIN conversation_members w ON w.team_id = r.team_id AND w.id = r.member_id
+          WHERE w.session = 'w1' AND r.delivered_at IS NULL",
+    )
+    .fetch_one(&p.app.pool)
+    .await
+    .unwrap();
+    assert_eq!(receipts, 2, "the receipts stay");
+
+    // w1 returns: its references are rebuilt from the receipts, in order.
+    let status = p
+        .bob
+        .call("conversation_inbox_status", json!({}))
+        .await
+        .unwrap();
+    assert_eq!(status["owed"], 2, "{status}");
+    let fetched = fetch(&p.bob).await;
+    let seqs: Vec<i64> = fetched["deliveries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["seq"].as_i64().unwrap())
+        .collect();
+    assert_eq!(seqs, [1, 2], "{fetched}");
+    let confirmed = p
+        .bob
+        .call(
+            "confirm_inbox_delivery",
+            json!({"delivery_ids": delivery_ids(&fetched)}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(confirmed["confirmed"], 2);
+}

@@ -423,9 +423,21 @@ async fn provisioning_adopts_existing_streams_and_updates_quotas_only_when_asked
         .unwrap();
     assert_eq!(streams.body.state, "adopted");
     assert_eq!(streams.body.max_messages, 500, "adopted as it was");
+    assert!(
+        streams
+            .body
+            .quotas_not_applied
+            .contains(&"max_messages: kept 500, asked 100000".to_owned()),
+        "an adopted stream names the limits it kept: {:?}",
+        streams.body.quotas_not_applied
+    );
     assert_eq!(streams.inbox.state, "created");
     assert_eq!(streams.inbox.retention, "workqueue");
     assert_eq!(streams.inbox.max_age_seconds, 7 * 24 * 3600);
+    // The inbox is bounded in size like the body stream (issue 15, item 6).
+    assert_eq!(streams.inbox.max_bytes, 256 * 1024 * 1024);
+    assert_eq!(streams.inbox.max_messages, 1_000_000);
+    assert_eq!(streams.inbox.max_message_size, 64 * 1024);
     assert!(broker.team_streams_exist(team).await.unwrap());
     assert!(
         !streams.body.allow_direct,
@@ -823,4 +835,63 @@ async fn inbox_references_survive_a_broker_restart() {
         .ack_inbox(team, &key, &got[0].ack_subject)
         .await
         .unwrap();
+}
+
+/// `team stream` with a size flag on streams that exist never says only
+/// `adopted`: it says which flags it ignored and that `--update-quotas`
+/// applies them, and with `--update-quotas` it does (issue 15, item 7).
+#[tokio::test]
+async fn team_stream_says_it_ignored_size_flags_on_existing_streams_until_update_quotas() {
+    let db = fresh_database_url().await;
+    let url = nats_url();
+    let slug = format!("js{}", &Uuid::new_v4().simple().to_string()[..8]);
+    tokio::task::spawn_blocking(move || {
+        ok_json(
+            &db,
+            &["team", "create", "--slug", &slug, "--name", "JS", "--json"],
+        );
+        let stream = |extra: &[&str]| {
+            let mut args = vec!["team", "stream", "--team", &slug, "--nats-url", &url];
+            args.extend_from_slice(extra);
+            bus(&db, &args)
+        };
+        let created = stream(&["--json"]);
+        assert!(created.status.success());
+        let created: Value = serde_json::from_slice(&created.stdout).unwrap();
+        assert_eq!(created["inbox"]["max_bytes"], 256 * 1024 * 1024);
+
+        let ignored = stream(&["--max-bytes", "33554432", "--inbox-max-messages", "5000"]);
+        assert!(ignored.status.success());
+        let text = String::from_utf8_lossy(&ignored.stdout);
+        let body = created["body"]["name"].as_str().unwrap();
+        let inbox = created["inbox"]["name"].as_str().unwrap();
+        assert!(
+            text.contains(&format!("ignored the size flags for {body}"))
+                && text.contains("max_bytes: kept 2147483648, asked 33554432")
+                && text.contains(&format!("ignored the size flags for {inbox}"))
+                && text.contains("max_messages: kept 1000000, asked 5000")
+                && text.contains("--update-quotas to apply them"),
+            "{text}"
+        );
+        let json = stream(&["--max-bytes", "33554432", "--json"]);
+        let json: Value = serde_json::from_slice(&json.stdout).unwrap();
+        assert_eq!(json["body"]["state"], "adopted");
+        assert_eq!(json["body"]["max_bytes"], 2147483648_i64, "nothing applied");
+        assert_eq!(
+            json["body"]["quotas_not_applied"][0],
+            "max_bytes: kept 2147483648, asked 33554432"
+        );
+
+        let applied = stream(&["--max-bytes", "33554432", "--update-quotas", "--json"]);
+        let applied: Value = serde_json::from_slice(&applied.stdout).unwrap();
+        assert_eq!(applied["body"]["state"], "updated");
+        assert_eq!(applied["body"]["max_bytes"], 33554432);
+        assert!(applied["body"].get("quotas_not_applied").is_none());
+        let quiet = stream(&["--max-bytes", "33554432"]);
+        let quiet = String::from_utf8_lossy(&quiet.stdout);
+        assert!(!quiet.contains("ignored"), "{quiet}");
+        stream(&["--remove"]);
+    })
+    .await
+    .unwrap();
 }

@@ -16,12 +16,16 @@ use super::{Broker, body_stream_name, inbox_stream_name, token};
 use crate::error::{BusError, BusResult};
 
 /// Sizes of a team's streams. `Default` is the spec's: 2 GiB and 100 000
-/// bodies, inbox references kept 7 days.
+/// bodies; inbox references kept 7 days, at most 256 MiB and 1 000 000 of
+/// them (a reference is a few hundred bytes; what the inbox drops when full
+/// is still owed in PostgreSQL).
 #[derive(Clone, Debug)]
 pub struct StreamSizes {
     pub max_bytes: i64,
     pub max_messages: i64,
     pub inbox_max_age: Duration,
+    pub inbox_max_bytes: i64,
+    pub inbox_max_messages: i64,
 }
 
 impl Default for StreamSizes {
@@ -30,9 +34,14 @@ impl Default for StreamSizes {
             max_bytes: 2 * 1024 * 1024 * 1024,
             max_messages: 100_000,
             inbox_max_age: Duration::from_secs(7 * 24 * 3600),
+            inbox_max_bytes: 256 * 1024 * 1024,
+            inbox_max_messages: 1_000_000,
         }
     }
 }
+
+/// Largest single inbox reference: ids, a seq and two short names in JSON.
+pub const INBOX_MAX_MESSAGE_SIZE: i32 = 64 * 1024;
 
 /// Largest single body message the body stream takes: a 1 MiB body plus
 /// headers, with room to spare.
@@ -52,6 +61,11 @@ pub struct StreamReport {
     /// `created`, `adopted` (existed, left as it was) or `updated` (existed,
     /// quotas updated).
     pub state: &'static str,
+    /// On an adopted stream: each size limit it keeps that differs from the
+    /// one asked for (or the default), as `limit: kept N, asked M`. Only
+    /// `--update-quotas` applies them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub quotas_not_applied: Vec<String>,
     pub subjects: Vec<String>,
     pub retention: String,
     pub replicas: usize,
@@ -77,6 +91,7 @@ impl StreamReport {
         Self {
             name: c.name.clone(),
             state,
+            quotas_not_applied: Vec::new(),
             subjects: c.subjects.clone(),
             retention: format!("{:?}", c.retention).to_lowercase(),
             replicas: c.num_replicas,
@@ -124,6 +139,9 @@ fn inbox_config(team_id: Uuid, sizes: &StreamSizes) -> Config {
         // what is owed; so the inbox may drop its oldest when full.
         discard: DiscardPolicy::Old,
         max_age: sizes.inbox_max_age,
+        max_bytes: sizes.inbox_max_bytes,
+        max_messages: sizes.inbox_max_messages,
+        max_message_size: INBOX_MAX_MESSAGE_SIZE,
         duplicate_window: DUPLICATE_WINDOW.min(sizes.inbox_max_age),
         num_replicas: 1,
         ..Default::default()
@@ -148,6 +166,20 @@ fn check_sizes(sizes: &StreamSizes) -> BusResult<()> {
             "--inbox-max-age-hours must be at least 1 (the default is 168, 7 days).",
         ));
     }
+    if sizes.inbox_max_bytes < 1024 * 1024 {
+        return Err(BusError::invalid(format!(
+            "--inbox-max-bytes {} is too small: the inbox stream must hold at least 1 MiB \
+             (some thousands of references). The default is 256 MiB.",
+            sizes.inbox_max_bytes
+        )));
+    }
+    if sizes.inbox_max_messages < 1000 {
+        return Err(BusError::invalid(format!(
+            "--inbox-max-messages {} is too small: the inbox stream must hold at least 1000 \
+             references. The default is 1000000.",
+            sizes.inbox_max_messages
+        )));
+    }
     Ok(())
 }
 
@@ -157,11 +189,45 @@ fn broker_error(what: &str, err: &dyn std::fmt::Display) -> BusError {
     ))
 }
 
+/// The size limits `asked` sets differently from `kept`, as
+/// `limit: kept N, asked M`.
+fn quota_differences(kept: &Config, asked: &Config) -> Vec<String> {
+    let mut differences = Vec::new();
+    let mut compare = |limit: &str, kept: String, asked: String| {
+        if kept != asked {
+            differences.push(format!("{limit}: kept {kept}, asked {asked}"));
+        }
+    };
+    compare(
+        "max_bytes",
+        kept.max_bytes.to_string(),
+        asked.max_bytes.to_string(),
+    );
+    compare(
+        "max_messages",
+        kept.max_messages.to_string(),
+        asked.max_messages.to_string(),
+    );
+    compare(
+        "max_message_size",
+        kept.max_message_size.to_string(),
+        asked.max_message_size.to_string(),
+    );
+    compare(
+        "max_age_seconds",
+        kept.max_age.as_secs().to_string(),
+        asked.max_age.as_secs().to_string(),
+    );
+    differences
+}
+
 impl Broker {
     /// Create the team's body and inbox streams, or adopt existing ones. An
     /// adopted stream keeps its replicas, placement and limits; with
     /// `update_quotas` its size limits (body: bytes, messages, message size;
-    /// inbox: max age) are set to `sizes`.
+    /// inbox: max age, bytes, messages, message size) are set to `sizes`.
+    /// Without it, the report names every limit left different from `sizes`
+    /// (`quotas_not_applied`), so a size flag is never ignored silently.
     pub async fn provision_team(
         &self,
         team_id: Uuid,
@@ -179,6 +245,9 @@ impl Broker {
         let inbox = self
             .ensure_stream(inbox_config(team_id, sizes), update_quotas, |c| {
                 c.max_age = sizes.inbox_max_age;
+                c.max_bytes = sizes.inbox_max_bytes;
+                c.max_messages = sizes.inbox_max_messages;
+                c.max_message_size = INBOX_MAX_MESSAGE_SIZE;
             })
             .await?;
         Ok(TeamStreams {
@@ -216,11 +285,13 @@ impl Broker {
                 info.config.subjects, wanted.subjects
             )));
         }
-        if !update_quotas {
-            return Ok(StreamReport::new(&info, "adopted"));
-        }
         let mut config = info.config.clone();
         quotas(&mut config);
+        if !update_quotas {
+            let mut report = StreamReport::new(&info, "adopted");
+            report.quotas_not_applied = quota_differences(&info.config, &config);
+            return Ok(report);
+        }
         if config == info.config {
             return Ok(StreamReport::new(&info, "adopted"));
         }
