@@ -1063,45 +1063,61 @@ async fn a_body_the_broker_lost_stops_the_move_back() {
 // failed, nothing paused); A, still in its bulk copy, then reaches the pause.
 // A must not pause for a run that is no longer open: the thread is never left
 // paused with no move owning the pause, and the same command moves it after.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[tokio::test]
 async fn two_operators_sharing_a_run_never_leave_a_pause_no_move_owns() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::{Arc, Barrier};
+    use std::sync::mpsc;
     let t = thread("mv-strand", 12).await;
     t.run(Direction::ToJetStream).await.unwrap();
 
-    // A reports its first copied body, then waits until B is done.
-    let reached = Arc::new(Barrier::new(2));
-    let resume = Arc::new(Barrier::new(2));
-    let a = tokio::spawn({
-        let (pool, backends) = (t.pool().clone(), t.backends.clone());
+    // Operator A is another process: its own thread, runtime and pool. It
+    // reports its first copied body, then waits (a slow terminal) until B
+    // is done; nothing of the test's runtime waits with it.
+    let (reached_tx, mut reached) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let (resume, resume_rx) = mpsc::channel::<()>();
+    let (a_done_tx, a_done) = tokio::sync::oneshot::channel();
+    let operator_a = std::thread::spawn({
+        let (url, broker) = (
+            t.app.database_url.clone(),
+            t.backends.broker().unwrap().clone(),
+        );
         let (team_id, conversation_id) = (t.team_id, t.conversation_id);
-        let (reached, resume) = (reached.clone(), resume.clone());
-        async move {
-            let first = AtomicBool::new(false);
-            migrate::run(
-                &pool,
-                &backends,
-                team_id,
-                conversation_id,
-                Direction::ToPostgres,
-                "operator a",
-                &|_: &Progress| {
-                    if !first.swap(true, Ordering::SeqCst) {
-                        reached.wait();
-                        resume.wait();
-                    }
-                },
-            )
-            .await
+        move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let moved = runtime.block_on(async move {
+                let pool = ai_crew_sync::db::connect(&url, 4).await.unwrap();
+                let backends = Backends::with_broker(pool.clone(), broker);
+                let resume_rx = std::sync::Mutex::new(resume_rx);
+                let first = std::sync::atomic::AtomicBool::new(false);
+                migrate::run(
+                    &pool,
+                    &backends,
+                    team_id,
+                    conversation_id,
+                    Direction::ToPostgres,
+                    "operator a",
+                    &|_: &Progress| {
+                        if !first.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                            let _ = reached_tx.send(());
+                            let _ = resume_rx
+                                .lock()
+                                .unwrap()
+                                .recv_timeout(Duration::from_secs(60));
+                        }
+                    },
+                )
+                .await
+                .map_err(|e| e.to_string())
+            });
+            let _ = a_done_tx.send(moved);
         }
     });
-    tokio::task::spawn_blocking({
-        let reached = reached.clone();
-        move || reached.wait()
-    })
-    .await
-    .unwrap();
+    tokio::time::timeout(Duration::from_secs(60), reached.recv())
+        .await
+        .expect("operator A copied its first body")
+        .expect("operator A reports before it finishes");
     let b = t
         .run_on(
             &t.faulty(Faults {
@@ -1110,23 +1126,20 @@ async fn two_operators_sharing_a_run_never_leave_a_pause_no_move_owns() {
             }),
             Direction::ToPostgres,
         )
-        .await;
-    let runs_after_b = t.runs().await;
-    // A goes on before anything is asserted: a panic with A still waiting
-    // would hold a runtime thread for good.
-    tokio::task::spawn_blocking(move || resume.wait())
         .await
-        .unwrap();
-    let b = b.unwrap_err().to_string();
+        .unwrap_err()
+        .to_string();
     assert!(b.contains("could not be read"), "{b}");
     assert_eq!(
-        runs_after_b,
+        t.runs().await,
         [
             ("to_jetstream".into(), "cut_over".into()),
             ("to_postgres".into(), "failed".into())
         ]
     );
-    let a = a.await.unwrap().unwrap_err().to_string();
+    resume.send(()).unwrap();
+    let a = a_done.await.unwrap().unwrap_err();
+    operator_a.join().unwrap();
     assert!(a.contains("given up by another process"), "{a}");
     assert!(a.contains("did not pause writes"), "{a}");
 
