@@ -23,6 +23,16 @@ use crate::support::{
     BROKER_ABSENCE_CONFIRM_DELAY, McpClient, TestApp, spawn_app_routing_to, test_actor,
 };
 
+/// The streams of these tests: small, because the broker reserves a stream's
+/// `max_bytes` from its storage up front, and every test's streams stay on
+/// the shared test broker until it stops (2 GiB each would exhaust it).
+fn sizes() -> StreamSizes {
+    StreamSizes {
+        max_bytes: 64 * 1024 * 1024,
+        ..StreamSizes::default()
+    }
+}
+
 /// A team with streams on the test broker and a conversation of alice and
 /// bob/w1 holding `messages` messages sent through the bus.
 struct Thread {
@@ -56,7 +66,7 @@ async fn thread(team: &str, messages: usize) -> Thread {
         .await
         .unwrap();
     broker
-        .provision_team(team_id, &StreamSizes::default(), false)
+        .provision_team(team_id, &sizes(), false)
         .await
         .unwrap();
     let conversation_id = new_conversation(&alice, &bob, "moving").await;
@@ -957,7 +967,7 @@ async fn a_refused_publish_stops_the_move_and_reopens_the_thread() {
     // The body stream takes two bodies, and refuses the third.
     let sizes = StreamSizes {
         max_messages: 2,
-        ..StreamSizes::default()
+        ..sizes()
     };
     t.backends
         .broker()
@@ -1333,7 +1343,7 @@ async fn a_target_not_provisioned_is_refused_before_anything_is_written() {
 
     // Streams that cannot take a full body are refused too.
     broker
-        .provision_team(t.team_id, &StreamSizes::default(), false)
+        .provision_team(t.team_id, &sizes(), false)
         .await
         .unwrap();
     let name = ai_crew_sync::backend::jetstream::body_stream_name(t.team_id);
@@ -1355,7 +1365,7 @@ async fn a_target_not_provisioned_is_refused_before_anything_is_written() {
     assert_eq!(t.stream_messages().await, 0);
 
     broker
-        .provision_team(t.team_id, &StreamSizes::default(), true)
+        .provision_team(t.team_id, &sizes(), true)
         .await
         .unwrap();
     let moved = t.run(Direction::ToJetStream).await.unwrap();
