@@ -26,6 +26,9 @@ pub struct PostgresBackend {
     /// Retryable failures still owed. Shared by every clone: the count is one
     /// budget, not one per clone.
     retryable_left: Arc<AtomicUsize>,
+    /// Fetches answered so far, for `Faults::fetch_fails_after`. Shared by
+    /// every clone, like `retryable_left`.
+    fetches: Arc<AtomicUsize>,
 }
 
 /// What to make go wrong. Off unless a test builds a backend with
@@ -44,6 +47,9 @@ pub struct Faults {
     pub delay: Option<Duration>,
     /// Fail every reconcile, as a backend that cannot be asked at all.
     pub fail_reconcile: bool,
+    /// Answer this many fetches, then fail every later one as unavailable:
+    /// a backend that stops being readable in the middle of a move.
+    pub fetch_fails_after: Option<usize>,
 }
 
 impl PostgresBackend {
@@ -61,6 +67,7 @@ impl PostgresBackend {
             team_id: None,
             faults,
             retryable_left,
+            fetches: Arc::default(),
         }
     }
 
@@ -121,6 +128,13 @@ impl MessagingBackend for PostgresBackend {
     }
 
     async fn fetch(&self, locator: &Locator, message_id: Uuid) -> BusResult<Option<String>> {
+        if let Some(allowed) = self.faults.fetch_fails_after
+            && self.fetches.fetch_add(1, Ordering::SeqCst) >= allowed
+        {
+            return Err(BusError::unavailable(
+                "the postgres backend could not be read",
+            ));
+        }
         let named: Uuid = locator.0.parse().map_err(|_| {
             BusError::invalid(format!(
                 "{:?} is not a locator the postgres backend issued (it issues message ids).",

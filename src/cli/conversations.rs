@@ -83,6 +83,16 @@ pub enum ConversationsCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Lift a write pause that no move owns (left by a crash or an older version), audited.
+    /// Refused while a move of the conversation is open: run that move's command again instead.
+    Unpause {
+        #[arg(long)]
+        team: String,
+        #[arg(long)]
+        conversation: Uuid,
+        #[arg(long)]
+        json: bool,
+    },
     /// Drop the PostgreSQL copies of bodies moved to jetstream longer ago than the rollback
     /// window (report only without --apply).
     Cleanup {
@@ -168,7 +178,9 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
             let broker = Broker::connect(&nats_url, nats_credentials.as_deref()).await?;
             ctx.with_database(async |pool| {
                 let team = teams::find(pool, &team).await?;
-                let plans = migrate::plan(pool, team.id, direction, &conversations).await?;
+                let backends = Backends::with_broker(pool.clone(), broker);
+                let plans =
+                    migrate::plan(pool, &backends, team.id, direction, &conversations).await?;
                 if !apply {
                     if json {
                         output::json(&plans)?;
@@ -177,7 +189,6 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
                     }
                     return Ok(());
                 }
-                let backends = Backends::with_broker(pool.clone(), broker);
                 let started_by = crate::store::Actor::local_operator().name;
                 let mut outcomes = Vec::new();
                 let mut failures = 0;
@@ -247,6 +258,29 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
                 Ok(())
             })
             .await?;
+        }
+        ConversationsCommand::Unpause {
+            team,
+            conversation,
+            json,
+        } => {
+            let unpaused = ctx
+                .with_database(async |pool| {
+                    let team = teams::find(pool, &team).await?;
+                    let actor = crate::store::Actor::local_operator();
+                    Ok(migrate::unpause(pool, team.id, conversation, &actor).await?)
+                })
+                .await?;
+            if json {
+                return output::json(&unpaused);
+            }
+            match unpaused.paused_seconds {
+                Some(s) => println!(
+                    "{conversation}: writes were paused {s} s with no move owning the pause; \
+                     lifted (audited)"
+                ),
+                None => println!("{conversation}: writes were not paused; nothing changed"),
+            }
         }
         ConversationsCommand::Cleanup {
             team,
@@ -359,13 +393,14 @@ fn print_plans(plans: &[Plan], direction: Direction) {
             (None, false) => "ready".to_string(),
         };
         println!(
-            "{}  on {:<9} {} messages, {} bytes, {} already there, {} in flight  {}  ({})",
+            "{}  on {:<9} {} messages, {} bytes, {} already there, {} in flight, {} failed  {}  ({})",
             p.conversation_id,
             p.current_backend,
             p.messages,
             p.bytes,
             p.already_there,
             p.in_flight,
+            p.failed,
             state,
             p.title
         );

@@ -3,10 +3,12 @@
 //!
 //! The order of the steps is the safety argument:
 //!
-//! 1. **Plan.** Count messages and bytes, say what is already on the target,
-//!    what blocks a move and which runs would be resumed. Nothing is written;
-//!    this is all the command does without `--apply`.
-//! 2. **Copy.** Every stored body is read from where it actually is,
+//! 1. **Plan.** Check the target answers and is provisioned, count messages
+//!    and bytes, say what is already on the target, what blocks a move (a
+//!    message that failed publication, a pause no move owns) and which runs
+//!    would be resumed. Nothing is written; this is all the command does
+//!    without `--apply`.
+//! 2. **Copy.** Every body not tombstoned is read from where it actually is,
 //!    checksummed, written to the target under a key derived from the message
 //!    (so a resumed run presents the same key and the broker recognises it),
 //!    read back from the target and compared, and each step is recorded. The
@@ -21,8 +23,10 @@
 //!
 //! A failure anywhere cuts nothing over and aborts in one transaction (the
 //! run failed, unverified copies written back cleared, the pause lifted only
-//! if no other run owns it). An abort that cannot finish leaves the run open
-//! and paused; the same command resumes it.
+//! if no open run owns it). An abort that cannot finish leaves the run open
+//! and paused; the same command resumes it. The pause is only ever taken for
+//! a run still open, so a thread is never left paused with no move owning
+//! it; one left so by a crash or an older version is lifted by `unpause`.
 //!
 //! What a move never does: invent a receipt, change an author, renumber a
 //! message, or delete a source body. Source bodies stay until `cleanup`,
@@ -35,12 +39,14 @@ use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use crate::backend::jetstream::{REQUIRED_MAX_PAYLOAD, body_stream_name, inbox_stream_name};
 use crate::backend::{
     AnyBackend, Backends, Envelope, JetStreamBackend, Locator, MessagingBackend, PostgresBackend,
     Published,
 };
 use crate::error::{BusError, BusResult};
 use crate::store::outbox::body_digest;
+use crate::store::{Actor, audit};
 
 /// Where a move is going.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -84,16 +90,19 @@ pub struct Plan {
     pub conversation_id: Uuid,
     pub title: String,
     pub current_backend: String,
-    /// Stored messages with a body to move (tombstoned ones are not moved).
+    /// Every message that is not tombstoned, whatever its publication state:
+    /// each one moves or the move is refused (a tombstone has no body left).
     pub messages: i64,
     /// Their bytes (a body already released from PostgreSQL counts with the
     /// size recorded at send).
     pub bytes: i64,
-    /// Of those, already on the target.
+    /// Of those, stored on the target already.
     pub already_there: i64,
     /// Messages still awaiting publication: the move waits for them, under
-    /// the pause, before it copies the tail.
+    /// the pause, before it copies the tail, and is refused if any is left.
     pub in_flight: i64,
+    /// Messages whose publication failed for good: they block the move.
+    pub failed: i64,
     /// Why this conversation cannot be moved now.
     pub blocked: Option<String>,
     /// A run of this direction is open: the command continues it.
@@ -101,9 +110,12 @@ pub struct Plan {
 }
 
 /// Plan a move for every conversation of a team, or the chosen ones (M2).
-/// Writes nothing.
+/// Writes nothing. Refused when the target cannot take the bodies (not
+/// reachable, or the team's streams missing or too small for a full body):
+/// better said here than after half a thread is copied.
 pub async fn plan(
     pool: &PgPool,
+    backends: &Backends,
     team_id: Uuid,
     direction: Direction,
     only: &[Uuid],
@@ -118,24 +130,14 @@ pub async fn plan(
         bytes: i64,
         already_there: i64,
         in_flight: i64,
+        failed: i64,
         open_same: i64,
         open_other: i64,
     }
     let rows: Vec<Row> = sqlx::query_as(
         "SELECT c.id AS conversation_id, c.title, c.backend AS current_backend,
                 c.write_paused_at IS NOT NULL AS paused,
-                (SELECT count(*) FROM conversation_messages m
-                  WHERE m.team_id = c.team_id AND m.conversation_id = c.id
-                    AND m.publication_state = 'stored' AND m.tombstoned_at IS NULL) AS messages,
-                (SELECT COALESCE(sum(m.body_bytes), 0)::bigint FROM conversation_messages m
-                  WHERE m.team_id = c.team_id AND m.conversation_id = c.id
-                    AND m.publication_state = 'stored' AND m.tombstoned_at IS NULL) AS bytes,
-                (SELECT count(*) FROM conversation_messages m
-                  WHERE m.team_id = c.team_id AND m.conversation_id = c.id
-                    AND m.publication_state = 'stored' AND m.tombstoned_at IS NULL
-                    AND m.backend = $3) AS already_there,
-                (SELECT count(*) FROM conversation_outbox o
-                  WHERE o.conversation_id = c.id AND o.state <> 'failed') AS in_flight,
+                m.messages, m.bytes, m.already_there, m.in_flight, m.failed,
                 (SELECT count(*) FROM conversation_migrations g
                   WHERE g.conversation_id = c.id AND g.direction = $4
                     AND g.state IN ('planned', 'copying', 'verified')) AS open_same,
@@ -143,6 +145,17 @@ pub async fn plan(
                   WHERE g.conversation_id = c.id AND g.direction <> $4
                     AND g.state IN ('planned', 'copying', 'verified')) AS open_other
            FROM conversations c
+           CROSS JOIN LATERAL (
+                SELECT count(*) AS messages,
+                       COALESCE(sum(m.body_bytes), 0)::bigint AS bytes,
+                       count(*) FILTER (WHERE m.publication_state = 'stored'
+                                          AND m.backend = $3) AS already_there,
+                       count(*) FILTER (WHERE m.publication_state = 'pending_publication')
+                           AS in_flight,
+                       count(*) FILTER (WHERE m.publication_state = 'failed') AS failed
+                  FROM conversation_messages m
+                 WHERE m.team_id = c.team_id AND m.conversation_id = c.id
+                   AND m.tombstoned_at IS NULL) m
           WHERE c.team_id = $1 AND (cardinality($2::uuid[]) = 0 OR c.id = ANY($2))
           ORDER BY c.created_at, c.id",
     )
@@ -162,6 +175,7 @@ pub async fn plan(
              every conversation."
         )));
     }
+    check_target(backends, team_id, direction).await?;
     Ok(rows
         .into_iter()
         .map(|r| {
@@ -172,6 +186,17 @@ pub async fn plan(
                      again) before moving it to {}",
                     direction.target()
                 ))
+            } else if r.failed > 0 {
+                // A failed message has no copy on its backend; a move would
+                // either stop on it half-way or cut over leaving it behind.
+                Some(format!(
+                    "{} message(s) of this conversation failed publication for good and are \
+                     stored on no backend (their bodies are still in PostgreSQL); a move would \
+                     leave them behind. `conversations status` shows them; tombstone each \
+                     deliberately (`conversations tombstone --team T --conversation C --seq N \
+                     --reason …`), then run the same command again",
+                    r.failed
+                ))
             } else if r.current_backend == direction.target()
                 && r.already_there == r.messages
                 && !resuming
@@ -179,8 +204,8 @@ pub async fn plan(
                 Some(format!("already on {}", direction.target()))
             } else if r.paused && !resuming {
                 Some(
-                    "writes are paused and no move owns the pause; nothing here lifts it by \
-                     itself, so look at conversation_migrations before moving it"
+                    "writes are paused and no move owns the pause; `conversations unpause` lifts \
+                     it (refused while a move is open), then run the same command again"
                         .to_owned(),
                 )
             } else {
@@ -194,11 +219,63 @@ pub async fn plan(
                 bytes: r.bytes,
                 already_there: r.already_there,
                 in_flight: r.in_flight,
+                failed: r.failed,
                 blocked,
                 resuming,
             }
         })
         .collect())
+}
+
+/// The target answers and can take every body of the team: for jetstream,
+/// the broker replies and both of the team's streams exist, the body stream
+/// taking a full 1 MiB body plus headers. PostgreSQL is where this runs.
+async fn check_target(backends: &Backends, team_id: Uuid, direction: Direction) -> BusResult<()> {
+    if direction != Direction::ToJetStream {
+        return Ok(());
+    }
+    // Configured, connected: the same refusal a send would get otherwise.
+    backends.for_message(JetStreamBackend::NAME, team_id)?;
+    let Some(broker) = backends.broker() else {
+        return Err(crate::backend::routing::no_broker());
+    };
+    if !broker.reachable().await {
+        return Err(BusError::unavailable(format!(
+            "the NATS broker at {} does not answer, so nothing can be copied to it. Nothing \
+             was written; run the same command again once it answers.",
+            broker.url()
+        )));
+    }
+    let (body, inbox) = broker.team_streams(team_id).await?;
+    let missing: Vec<String> = [
+        (body.is_none(), body_stream_name(team_id)),
+        (inbox.is_none(), inbox_stream_name(team_id)),
+    ]
+    .into_iter()
+    .filter_map(|(missing, name)| missing.then_some(name))
+    .collect();
+    if !missing.is_empty() {
+        return Err(BusError::conflict(format!(
+            "the team's stream(s) {} do not exist on the broker at {}, so no body can be \
+             stored there. Nothing was written. Provision them with `ai-crew-sync team stream \
+             --team TEAM --nats-url URL`, then run the same command again.",
+            missing.join(" and "),
+            broker.url()
+        )));
+    }
+    if let Some(body) = body
+        && body.max_message_size >= 0
+        && (body.max_message_size as usize) < REQUIRED_MAX_PAYLOAD
+    {
+        return Err(BusError::conflict(format!(
+            "stream {} takes at most {} bytes per message, and a conversation body can be 1 MiB \
+             plus headers ({REQUIRED_MAX_PAYLOAD} bytes). Nothing was written. Raise it with \
+             `ai-crew-sync team stream --team TEAM --nats-url URL --update-quotas`, then run the \
+             same command again.",
+            body.name, body.max_message_size
+        )));
+    }
+    Ok(())
 }
 
 /// How a move is going, for a progress bar or a line of output.
@@ -251,8 +328,11 @@ struct Mover<'a> {
     done: Outcome,
 }
 
-/// Open or resume the run, copy, pause, copy the tail, cut over. On failure
-/// the run is aborted (M11) and the move's own error returned.
+/// Open or resume the run, copy, pause, copy the tail, cut over. Refusals
+/// come before work: a long publication backoff before the run is opened,
+/// the plan's refusals (the target, failed messages) before a body is
+/// copied. Once the run is open, any failure aborts it (M11) and the move's
+/// own error is returned.
 pub async fn run(
     pool: &PgPool,
     backends: &Backends,
@@ -266,9 +346,13 @@ pub async fn run(
     // from it. Without one, refuse before anything is written.
     let jetstream = backends.for_message(JetStreamBackend::NAME, team_id)?;
     let target = backends.for_message(direction.target(), team_id)?;
+    refuse_a_longer_backoff(
+        pool,
+        conversation_id,
+        "Nothing was copied, paused or moved.",
+    )
+    .await?;
     let migration_id = open_run(pool, team_id, conversation_id, direction, started_by).await?;
-    let plan = plan(pool, team_id, direction, &[conversation_id]).await?;
-    let totals = plan.first().map_or((0, 0), |p| (p.messages, p.bytes));
     let mut mover = Mover {
         pool,
         team_id,
@@ -278,7 +362,7 @@ pub async fn run(
         target,
         jetstream: Some(jetstream),
         progress,
-        totals,
+        totals: (0, 0),
         done: Outcome {
             migration_id,
             conversation_id,
@@ -291,7 +375,25 @@ pub async fn run(
             state: "copying".into(),
         },
     };
-    match mover.copy_pause_cut_over().await {
+    let moved = async {
+        // After the run is open, so a plan that fails (or refuses) aborts
+        // it: a resumed run holding the pause is not left holding it.
+        let plan = plan(pool, backends, team_id, direction, &[conversation_id]).await?;
+        let plan = plan.first().ok_or_else(|| {
+            BusError::not_found(format!("no conversation {conversation_id} in this team."))
+        })?;
+        if let Some(why) = &plan.blocked {
+            return Err(BusError::conflict(format!(
+                "conversation {conversation_id} cannot be moved to {}: {why}. Nothing was \
+                 copied or cut over.",
+                direction.target()
+            )));
+        }
+        mover.totals = (plan.messages, plan.bytes);
+        mover.copy_pause_cut_over().await
+    }
+    .await;
+    match moved {
         Ok(()) => Ok(mover.done),
         Err(e) => {
             if let Err(abort_error) = abort(pool, migration_id, &e.to_string()).await {
@@ -301,6 +403,42 @@ pub async fn run(
             Err(e)
         }
     }
+}
+
+/// A message whose publication is waiting out a retry backoff longer than a
+/// move may pause writes would only make the move hold writes and then give
+/// up. Refused before the work it would waste (`done` says what was not
+/// done); the backoff is the backend's to recover from, and is not cut short
+/// (that would spend the slot's attempts faster than O8 allows).
+async fn refuse_a_longer_backoff(
+    pool: &PgPool,
+    conversation_id: Uuid,
+    done: &str,
+) -> BusResult<()> {
+    let (waiting, next_in, last_error): (i64, Option<f64>, Option<String>) = sqlx::query_as(
+        "SELECT count(*),
+                max(extract(epoch FROM next_attempt_at - now()))::float8,
+                (array_agg(last_error ORDER BY next_attempt_at DESC))[1]
+           FROM conversation_outbox
+          WHERE conversation_id = $1 AND state = 'pending'
+            AND next_attempt_at > now() + make_interval(secs => $2)",
+    )
+    .bind(conversation_id)
+    .bind(SETTLE_WAIT.as_secs_f64())
+    .fetch_one(pool)
+    .await?;
+    if waiting == 0 {
+        return Ok(());
+    }
+    Err(BusError::conflict(format!(
+        "{waiting} message(s) of conversation {conversation_id} are waiting to retry their \
+         publication (the last in {:.0} s; last error: {}), longer than a move may pause writes \
+         ({} s). {done} Run the same command again once `conversations status` shows nothing \
+         pending for this team.",
+        next_in.unwrap_or_default(),
+        last_error.as_deref().unwrap_or("none recorded"),
+        SETTLE_WAIT.as_secs()
+    )))
 }
 
 /// One open run per conversation, decided under the conversation's lock
@@ -368,17 +506,13 @@ async fn lock_conversation(
 /// A message to move, in seq order.
 #[derive(sqlx::FromRow)]
 struct Source {
+    seq: i64,
     id: Uuid,
+    publication_state: String,
     body: String,
     body_sha256: Vec<u8>,
     canonical_locator: Option<String>,
     backend: String,
-}
-
-/// An item recorded by an earlier pass of this run.
-#[derive(sqlx::FromRow)]
-struct Item {
-    target_locator: Option<String>,
 }
 
 impl Mover<'_> {
@@ -393,9 +527,16 @@ impl Mover<'_> {
                 .fetch_one(self.pool)
                 .await?;
         self.copy_pending_items("copying", last_seq).await?;
-        self.refuse_a_longer_backoff().await?;
+        // A send during the copy may have met a long backoff since.
+        refuse_a_longer_backoff(
+            self.pool,
+            self.conversation_id,
+            "Nothing was paused or cut over; the copies made are kept for the next run.",
+        )
+        .await?;
         self.pause().await?;
         self.wait_for_outbox().await?;
+        self.refuse_unsettled().await?;
         // The tail: whatever was sent during the copy.
         self.copy_pending_items("paused", i64::MAX).await?;
         self.cut_over().await
@@ -415,51 +556,55 @@ impl Mover<'_> {
         });
     }
 
-    /// Copy every stored, not tombstoned message up to `up_to_seq` not yet
-    /// on the target nor verified by this run, in seq order (M5).
+    /// Copy every message not tombstoned up to `up_to_seq` not yet stored
+    /// on the target nor verified by this run, in seq order (M5). Whatever
+    /// its publication state: one still pending is left to the tail (the
+    /// move waits for the outbox under the pause), and one that failed for
+    /// good, or is still pending at the tail, refuses the move.
     async fn copy_pending_items(&mut self, phase: &'static str, up_to_seq: i64) -> BusResult<()> {
         let mut after_seq = 0_i64;
         loop {
-            let page: Vec<(i64, Source)> =
-                sqlx::query_as::<_, (i64, Uuid, String, Vec<u8>, Option<String>, String)>(
-                    "SELECT m.seq, m.id, m.body, m.body_sha256, m.canonical_locator, m.backend
+            let page: Vec<Source> = sqlx::query_as(
+                "SELECT m.seq, m.id, m.body, m.body_sha256, m.canonical_locator, m.backend,
+                        m.publication_state
                    FROM conversation_messages m
                   WHERE m.team_id = $1 AND m.conversation_id = $2 AND m.seq > $3 AND m.seq <= $6
-                    AND m.publication_state = 'stored' AND m.tombstoned_at IS NULL
-                    AND m.backend <> $4
+                    AND m.tombstoned_at IS NULL
+                    AND NOT (m.backend = $4 AND m.publication_state = 'stored')
                     AND NOT EXISTS (SELECT 1 FROM conversation_migration_items i
                                      WHERE i.migration_id = $5 AND i.message_id = m.id
                                        AND i.state = 'verified')
                   ORDER BY m.seq
                   LIMIT 200",
-                )
-                .bind(self.team_id)
-                .bind(self.conversation_id)
-                .bind(after_seq)
-                .bind(self.direction.target())
-                .bind(self.migration_id)
-                .bind(up_to_seq)
-                .fetch_all(self.pool)
-                .await?
-                .into_iter()
-                .map(|(seq, id, body, body_sha256, canonical_locator, backend)| {
-                    (
-                        seq,
-                        Source {
-                            id,
-                            body,
-                            body_sha256,
-                            canonical_locator,
-                            backend,
-                        },
-                    )
-                })
-                .collect();
-            let Some((last, _)) = page.last() else {
+            )
+            .bind(self.team_id)
+            .bind(self.conversation_id)
+            .bind(after_seq)
+            .bind(self.direction.target())
+            .bind(self.migration_id)
+            .bind(up_to_seq)
+            .fetch_all(self.pool)
+            .await?;
+            let Some(last) = page.last() else {
                 break;
             };
-            after_seq = *last;
-            for (_, source) in page {
+            after_seq = last.seq;
+            for source in page {
+                match source.publication_state.as_str() {
+                    "stored" => {}
+                    "pending_publication" if phase == "copying" => continue,
+                    state => {
+                        return Err(BusError::conflict(format!(
+                            "message {} (seq {}) is {state}: it is stored on no backend, so \
+                             it cannot be moved, and the move will not cut over without it. \
+                             Nothing was cut over. `conversations status` shows the team's \
+                             outbox; a failed message must be tombstoned deliberately \
+                             (`conversations tombstone … --seq {} --reason …`) before the \
+                             thread can move.",
+                            source.id, source.seq, source.seq
+                        )));
+                    }
+                }
                 self.copy_one(&source).await?;
                 self.report(phase);
             }
@@ -481,35 +626,28 @@ impl Mover<'_> {
         }
         // Recorded before anything is written (M6), so a crash after the
         // write still finds the item on resume.
-        let earlier: Option<Item> = sqlx::query_as(
+        sqlx::query(
             "INSERT INTO conversation_migration_items
                  (migration_id, message_id, team_id, body_sha256, bytes, state)
              VALUES ($1, $2, $3, $4, $5, 'planned')
              ON CONFLICT (migration_id, message_id) DO UPDATE
-                 SET body_sha256 = EXCLUDED.body_sha256, bytes = EXCLUDED.bytes, updated_at = now()
-             RETURNING target_locator",
+                 SET body_sha256 = EXCLUDED.body_sha256, bytes = EXCLUDED.bytes, updated_at = now()",
         )
         .bind(self.migration_id)
         .bind(source.id)
         .bind(self.team_id)
         .bind(&sum[..])
         .bind(body.len() as i32)
-        .fetch_optional(self.pool)
+        .execute(self.pool)
         .await?;
-        // A resumed run checks a copy it recorded before publishing again
-        // (M7): the broker's deduplication is windowed, so a republish after
-        // a long interruption would store a second physical copy.
-        if let Some(Item {
-            target_locator: Some(recorded),
-            ..
-        }) = &earlier
-            && let Ok(Some(there)) = self
-                .target
-                .fetch(&Locator(recorded.clone()), source.id)
-                .await
-            && body_digest(&there) == sum
-        {
-            self.mark_item(source.id, "verified", None, None).await?;
+        // A copy already on the target is found before publishing again
+        // (M7): one this run recorded, or one an earlier run of the same
+        // direction wrote (a failed move started again, a thread moved
+        // there before and back). The broker's deduplication is windowed, so
+        // a republish after a long interruption would store a second entry.
+        if let Some(found) = self.copy_already_there(source.id, &sum).await? {
+            self.mark_item(source.id, "verified", Some(&found), None)
+                .await?;
             self.done.resumed += 1;
             self.done.bytes += body.len() as i64;
             return Ok(());
@@ -543,6 +681,48 @@ impl Mover<'_> {
         self.done.copied += 1;
         self.done.bytes += body.len() as i64;
         Ok(())
+    }
+
+    /// A copy of this message on the target with the right SHA-256, at a
+    /// locator a run of this direction recorded (this run's first). Only the
+    /// broker can hold a second copy: a move to postgres writes into the row.
+    async fn copy_already_there(
+        &self,
+        message_id: Uuid,
+        sum: &[u8; 32],
+    ) -> BusResult<Option<String>> {
+        if self.direction != Direction::ToJetStream {
+            return Ok(None);
+        }
+        let recorded: Vec<String> = sqlx::query_scalar(
+            "SELECT i.target_locator FROM conversation_migration_items i
+               JOIN conversation_migrations g ON g.id = i.migration_id
+              WHERE i.team_id = $1 AND i.message_id = $2 AND g.direction = $3
+                AND i.target_locator IS NOT NULL
+              GROUP BY i.target_locator
+              ORDER BY bool_or(i.migration_id = $4) DESC, max(i.updated_at) DESC
+              LIMIT 8",
+        )
+        .bind(self.team_id)
+        .bind(message_id)
+        .bind(self.direction.column())
+        .bind(self.migration_id)
+        .fetch_all(self.pool)
+        .await?;
+        for locator in recorded {
+            // One look: a copy not found (or not readable now) is published
+            // again under the message's key, which the broker deduplicates
+            // inside its window; nothing is tombstoned on this answer.
+            if let Ok(Some(there)) = self
+                .target
+                .fetch_once(&Locator(locator.clone()), message_id)
+                .await
+                && body_digest(&there) == *sum
+            {
+                return Ok(Some(locator));
+            }
+        }
+        Ok(None)
     }
 
     /// The body from where it actually is: the row for a postgres-backed
@@ -643,6 +823,27 @@ impl Mover<'_> {
     async fn pause(&mut self) -> BusResult<()> {
         let mut tx = self.pool.begin().await?;
         lock_conversation(&mut tx, self.team_id, self.conversation_id).await?;
+        // Only for a run still open, checked under the same lock an abort
+        // takes: another operator sharing this run may have failed and
+        // aborted it meanwhile (lifting the pause), and a pause taken now
+        // would be owned by no move. Its cutover would refuse, its abort
+        // would find nothing open, and the thread would refuse every send.
+        let open: Option<Uuid> = sqlx::query_scalar(
+            "SELECT id FROM conversation_migrations
+              WHERE id = $1 AND state IN ('planned', 'copying', 'verified')",
+        )
+        .bind(self.migration_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if open.is_none() {
+            return Err(BusError::conflict(format!(
+                "this move of conversation {} was given up by another process (or finished) \
+                 while this one copied, so it did not pause writes and cut nothing over. \
+                 `conversations migrate` without --apply shows where the thread stands; run the \
+                 same command again to start a new move.",
+                self.conversation_id
+            )));
+        }
         sqlx::query(
             "UPDATE conversations SET write_paused_at = COALESCE(write_paused_at, now())
               WHERE team_id = $1 AND id = $2",
@@ -660,40 +861,6 @@ impl Mover<'_> {
         .await?;
         tx.commit().await?;
         Ok(())
-    }
-
-    /// Before pausing: a message whose publication is waiting out a retry
-    /// backoff longer than the pause may wait for the outbox would only make
-    /// the move hold writes and then give up. Refused with nothing paused;
-    /// the backoff is the backend's to recover from, and is not cut short
-    /// (that would spend the slot's attempts faster than O8 allows).
-    async fn refuse_a_longer_backoff(&self) -> BusResult<()> {
-        let (waiting, next_in, last_error): (i64, Option<f64>, Option<String>) = sqlx::query_as(
-            "SELECT count(*),
-                    max(extract(epoch FROM next_attempt_at - now()))::float8,
-                    (array_agg(last_error ORDER BY next_attempt_at DESC))[1]
-               FROM conversation_outbox
-              WHERE conversation_id = $1 AND state = 'pending'
-                AND next_attempt_at > now() + make_interval(secs => $2)",
-        )
-        .bind(self.conversation_id)
-        .bind(SETTLE_WAIT.as_secs_f64())
-        .fetch_one(self.pool)
-        .await?;
-        if waiting == 0 {
-            return Ok(());
-        }
-        Err(BusError::conflict(format!(
-            "{waiting} message(s) of conversation {} are waiting to retry their publication \
-             (the last in {:.0} s; last error: {}), longer than a move may pause writes ({} s). \
-             Nothing was paused or cut over (a body this run already copied to the target stays \
-             there, unreferenced). Run the same command again once `conversations status` \
-             shows nothing pending for this team.",
-            self.conversation_id,
-            next_in.unwrap_or_default(),
-            last_error.as_deref().unwrap_or("none recorded"),
-            SETTLE_WAIT.as_secs()
-        )))
     }
 
     /// Messages accepted before the pause may still be in the outbox; their
@@ -723,6 +890,34 @@ impl Mover<'_> {
         }
     }
 
+    /// Under the pause and after the outbox wait, every message must be
+    /// stored somewhere: one still pending or failed has no copy to move, and
+    /// cutting over without it would leave it behind on the old backend.
+    async fn refuse_unsettled(&self) -> BusResult<()> {
+        let (pending, failed): (i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE publication_state = 'pending_publication'),
+                    count(*) FILTER (WHERE publication_state = 'failed')
+               FROM conversation_messages
+              WHERE team_id = $1 AND conversation_id = $2 AND tombstoned_at IS NULL",
+        )
+        .bind(self.team_id)
+        .bind(self.conversation_id)
+        .fetch_one(self.pool)
+        .await?;
+        if pending + failed == 0 {
+            return Ok(());
+        }
+        Err(BusError::conflict(format!(
+            "conversation {} has {pending} message(s) still awaiting publication and {failed} \
+             whose publication failed for good; a move would leave them behind, so nothing was \
+             cut over and the thread is reopened. Pending ones are published by a running \
+             server (`serve --nats-url …`); failed ones are listed by `conversations status` \
+             and must be tombstoned deliberately (`conversations tombstone … --seq N --reason …`). \
+             Then run the same command again.",
+            self.conversation_id
+        )))
+    }
+
     /// One transaction, the conversation row first (M10).
     async fn cut_over(&mut self) -> BusResult<()> {
         let mut tx = self.pool.begin().await?;
@@ -739,13 +934,14 @@ impl Mover<'_> {
                 "this move was finished or given up by another process meanwhile; nothing was cut over by this one.",
             ));
         }
-        // Every stored body must be on the target or verified there: the
-        // pause guarantees nothing new arrived since the tail was copied.
+        // Every message not tombstoned must be stored on the target or
+        // verified there: the pause guarantees nothing new arrived since the
+        // tail was copied, and a message not stored anywhere is not moved.
         let left: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM conversation_messages m
               WHERE m.team_id = $1 AND m.conversation_id = $2
-                AND m.publication_state = 'stored' AND m.tombstoned_at IS NULL
-                AND m.backend <> $3
+                AND m.tombstoned_at IS NULL
+                AND NOT (m.backend = $3 AND m.publication_state = 'stored')
                 AND NOT EXISTS (SELECT 1 FROM conversation_migration_items i
                                  WHERE i.migration_id = $4 AND i.message_id = m.id
                                    AND i.state = 'verified')",
@@ -837,7 +1033,9 @@ impl Mover<'_> {
 /// only an open run is failed; a move to postgres clears the copies it wrote
 /// back that never verified (a verified one is kept: it read back identical,
 /// and may be the last copy if the broker is going bad); the pause is lifted
-/// only if no other open run owns it.
+/// only if no open run owns it. A run found no longer open (another process
+/// failed or finished it) has nothing left to undo, but a pause no open run
+/// owns is still lifted: left, it would refuse every send for good.
 pub async fn abort(pool: &PgPool, migration_id: Uuid, why: &str) -> BusResult<()> {
     let mut tx = pool.begin().await?;
     let run: Option<(Uuid, Uuid, String)> = sqlx::query_as(
@@ -860,10 +1058,7 @@ pub async fn abort(pool: &PgPool, migration_id: Uuid, why: &str) -> BusResult<()
     .bind(why)
     .fetch_optional(&mut *tx)
     .await?;
-    if failed.is_none() {
-        return Ok(());
-    }
-    if direction == Direction::ToPostgres.column() {
+    if failed.is_some() && direction == Direction::ToPostgres.column() {
         sqlx::query(
             "UPDATE conversation_messages m
                 SET body = ''
@@ -875,31 +1070,117 @@ pub async fn abort(pool: &PgPool, migration_id: Uuid, why: &str) -> BusResult<()
         .execute(&mut *tx)
         .await?;
     }
-    sqlx::query(
+    lift_orphaned_pause(&mut tx, team_id, conversation_id).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Lift the conversation's pause unless an open run owns it; whether it was
+/// lifted. The caller holds the conversation's lock.
+async fn lift_orphaned_pause(
+    conn: &mut sqlx::PgConnection,
+    team_id: Uuid,
+    conversation_id: Uuid,
+) -> BusResult<bool> {
+    let lifted = sqlx::query(
         "UPDATE conversations c SET write_paused_at = NULL
-          WHERE c.team_id = $1 AND c.id = $2
+          WHERE c.team_id = $1 AND c.id = $2 AND c.write_paused_at IS NOT NULL
             AND NOT EXISTS (SELECT 1 FROM conversation_migrations g
                              WHERE g.conversation_id = c.id
                                AND g.state IN ('planned', 'copying', 'verified'))",
     )
     .bind(team_id)
     .bind(conversation_id)
-    .execute(&mut *tx)
+    .execute(conn)
+    .await?
+    .rows_affected();
+    Ok(lifted > 0)
+}
+
+/// What `conversations unpause` did.
+#[derive(Clone, Debug, Serialize)]
+pub struct Unpaused {
+    pub conversation_id: Uuid,
+    /// How long writes had been paused, when they were; `None`: they were
+    /// not, and nothing was changed.
+    pub paused_seconds: Option<i64>,
+}
+
+/// Lift a pause no move owns (an operator's way out of a thread left paused
+/// by a crash or an older version), audited. Refused while any move of the
+/// conversation is open: that move owns the pause, and the same migrate
+/// command resumes it (or fails it and lifts the pause).
+pub async fn unpause(
+    pool: &PgPool,
+    team_id: Uuid,
+    conversation_id: Uuid,
+    actor: &Actor,
+) -> BusResult<Unpaused> {
+    let mut tx = pool.begin().await?;
+    lock_conversation(&mut tx, team_id, conversation_id).await?;
+    let open: Option<(Uuid, String)> = sqlx::query_as(
+        "SELECT id, direction FROM conversation_migrations
+          WHERE conversation_id = $1 AND state IN ('planned', 'copying', 'verified')",
+    )
+    .bind(conversation_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if let Some((run, direction)) = open {
+        return Err(BusError::conflict(format!(
+            "move {run} of conversation {conversation_id} ({}) is open and owns the pause; \
+             nothing was changed. Run `conversations migrate --to {} --conversation \
+             {conversation_id} --apply` again to resume it: it either finishes or fails and \
+             lifts the pause.",
+            direction.replace('_', " "),
+            direction.trim_start_matches("to_")
+        )));
+    }
+    let paused_seconds: Option<i64> = sqlx::query_scalar(
+        "SELECT extract(epoch FROM now() - write_paused_at)::bigint FROM conversations
+          WHERE team_id = $1 AND id = $2",
+    )
+    .bind(team_id)
+    .bind(conversation_id)
+    .fetch_one(&mut *tx)
+    .await?;
+    if paused_seconds.is_none() {
+        return Ok(Unpaused {
+            conversation_id,
+            paused_seconds: None,
+        });
+    }
+    lift_orphaned_pause(&mut tx, team_id, conversation_id).await?;
+    audit::record(
+        &mut tx,
+        Some(team_id),
+        actor,
+        "conversation.unpause",
+        &conversation_id.to_string(),
+        serde_json::json!({ "paused_seconds": paused_seconds }),
+    )
     .await?;
     tx.commit().await?;
-    Ok(())
+    Ok(Unpaused {
+        conversation_id,
+        paused_seconds,
+    })
 }
 
 /// Whether a conversation's writes are paused right now (M13): what an
 /// operator is told after a failed move, rather than assuming it reopened.
+/// An unknown conversation is an error, not "not paused".
 pub async fn is_paused(pool: &PgPool, conversation_id: Uuid) -> BusResult<bool> {
-    Ok(
+    let paused: Option<bool> =
         sqlx::query_scalar("SELECT write_paused_at IS NOT NULL FROM conversations WHERE id = $1")
             .bind(conversation_id)
             .fetch_optional(pool)
-            .await?
-            .unwrap_or(false),
-    )
+            .await?;
+    paused.ok_or_else(|| {
+        BusError::not_found(format!(
+            "no conversation {conversation_id}; `conversations status --team T` lists a team's \
+             conversations."
+        ))
+    })
 }
 
 /// The messages `cleanup` may release; `$1` team, `$2` window in seconds.

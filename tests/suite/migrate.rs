@@ -9,9 +9,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ai_crew_sync::backend::jetstream::{Broker, BrokerOptions, StreamSizes};
-use ai_crew_sync::backend::{Backends, Envelope, JetStreamBackend, MessagingBackend, Published};
+use ai_crew_sync::backend::{
+    Backends, Envelope, Faults, JetStreamBackend, MessagingBackend, PostgresBackend, Published,
+};
 use ai_crew_sync::store::migrate::{self, Direction, Progress};
-use ai_crew_sync::store::teams;
+use ai_crew_sync::store::{outbox, teams};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -20,6 +22,16 @@ use crate::support::nats::nats_url;
 use crate::support::{
     BROKER_ABSENCE_CONFIRM_DELAY, McpClient, TestApp, spawn_app_routing_to, test_actor,
 };
+
+/// The streams of these tests: small, because the broker reserves a stream's
+/// `max_bytes` from its storage up front, and every test's streams stay on
+/// the shared test broker until it stops (2 GiB each would exhaust it).
+fn sizes() -> StreamSizes {
+    StreamSizes {
+        max_bytes: 64 * 1024 * 1024,
+        ..StreamSizes::default()
+    }
+}
 
 /// A team with streams on the test broker and a conversation of alice and
 /// bob/w1 holding `messages` messages sent through the bus.
@@ -54,7 +66,7 @@ async fn thread(team: &str, messages: usize) -> Thread {
         .await
         .unwrap();
     broker
-        .provision_team(team_id, &StreamSizes::default(), false)
+        .provision_team(team_id, &sizes(), false)
         .await
         .unwrap();
     let conversation_id = new_conversation(&alice, &bob, "moving").await;
@@ -126,6 +138,53 @@ impl Thread {
             &|_: &Progress| {},
         )
         .await
+    }
+
+    /// Routing whose postgres backend misbehaves as `faults` says (the
+    /// broker is the same).
+    fn faulty(&self, faults: Faults) -> Backends {
+        self.backends.clone().with_postgres_faults(faults)
+    }
+
+    async fn run_on(
+        &self,
+        backends: &Backends,
+        direction: Direction,
+    ) -> Result<migrate::Outcome, ai_crew_sync::BusError> {
+        migrate::run(
+            self.pool(),
+            backends,
+            self.team_id,
+            self.conversation_id,
+            direction,
+            "test",
+            &|_: &Progress| {},
+        )
+        .await
+    }
+
+    async fn plan_of(&self, direction: Direction) -> migrate::Plan {
+        migrate::plan(
+            self.pool(),
+            &self.backends,
+            self.team_id,
+            direction,
+            &[self.conversation_id],
+        )
+        .await
+        .unwrap()
+        .remove(0)
+    }
+
+    async fn body_at(&self, seq: i64) -> String {
+        sqlx::query_scalar(
+            "SELECT body FROM conversation_messages WHERE conversation_id = $1 AND seq = $2",
+        )
+        .bind(self.conversation_id)
+        .bind(seq)
+        .fetch_one(self.pool())
+        .await
+        .unwrap()
     }
 
     /// Everything a move must leave unchanged, per seq: id, author, digest,
@@ -324,9 +383,9 @@ async fn a_thousand_messages_move_to_jetstream_and_back_unchanged() {
     assert_eq!(sent["stored"], true);
 }
 
-// A message accepted before the pause whose publication is waiting out a
-// retry backoff longer than the move may pause writes: the move is refused
-// before pausing anything and the slot keeps its schedule and its attempts
+// Issue 14 item 2. A message accepted before the pause whose publication is
+// waiting out a retry backoff longer than the move may pause writes: the move
+// is refused before copying or pausing anything and the slot keeps its schedule and its attempts
 // (cutting the backoff short would spend them faster than O8 allows). Once
 // the slot is due and stored, the same command moves the thread.
 #[tokio::test]
@@ -354,7 +413,22 @@ async fn a_move_is_refused_unpaused_while_a_message_waits_out_a_long_retry_backo
         "{refused}"
     );
     assert!(refused.contains("broker busy"), "{refused}");
-    assert!(refused.contains("Nothing was paused"), "{refused}");
+    assert!(
+        refused.contains("Nothing was copied, paused or moved"),
+        "{refused}"
+    );
+    // Refused before any work: no body was copied back (no item recorded,
+    // no run opened).
+    let items: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM conversation_migration_items i
+           JOIN conversation_migrations g ON g.id = i.migration_id
+          WHERE g.direction = 'to_postgres'",
+    )
+    .fetch_one(t.pool())
+    .await
+    .unwrap();
+    assert_eq!(items, 0, "no body copied before the refusal");
+    assert_eq!(t.runs().await, [("to_jetstream".into(), "cut_over".into())]);
     assert_eq!(
         t.conversation_row().await,
         ("jetstream".into(), "outbox".into(), false),
@@ -466,6 +540,7 @@ async fn the_plan_writes_nothing_and_explains_each_conversation() {
     // Moved already: the plan says so.
     let plans = migrate::plan(
         t.pool(),
+        &t.backends,
         t.team_id,
         Direction::ToJetStream,
         &[t.conversation_id],
@@ -889,19 +964,20 @@ async fn a_resumed_run_verifies_a_recorded_copy_instead_of_publishing_again() {
 #[tokio::test]
 async fn a_refused_publish_stops_the_move_and_reopens_the_thread() {
     let t = thread("mv-refused", 3).await;
-    // The streams are gone (an operator removed them by hand).
+    // The body stream takes two bodies, and refuses the third.
+    let sizes = StreamSizes {
+        max_messages: 2,
+        ..sizes()
+    };
     t.backends
         .broker()
         .unwrap()
-        .remove_team_streams(t.team_id)
+        .provision_team(t.team_id, &sizes, true)
         .await
         .unwrap();
     let err = t.run(Direction::ToJetStream).await.unwrap_err().to_string();
     assert!(err.contains("copying message"), "{err}");
-    assert!(
-        err.contains("team stream"),
-        "the broker's reason is kept: {err}"
-    );
+    assert!(err.contains("Nothing was cut over"), "{err}");
     assert_eq!(t.runs().await, [("to_jetstream".into(), "failed".into())]);
     assert_eq!(
         t.conversation_row().await,
@@ -990,4 +1066,589 @@ async fn a_body_the_broker_lost_stops_the_move_back() {
     .await
     .unwrap();
     assert_eq!(written_back, verified, "only verified copies stay");
+}
+
+// Issue 14 item 1 (M12, M4): two operators share one run of a move back to
+// postgres. B's read-back fails at the backend boundary and B aborts (run
+// failed, nothing paused); A, still in its bulk copy, then reaches the pause.
+// A must not pause for a run that is no longer open: the thread is never left
+// paused with no move owning the pause, and the same command moves it after.
+#[tokio::test]
+async fn two_operators_sharing_a_run_never_leave_a_pause_no_move_owns() {
+    use std::sync::mpsc;
+    let t = thread("mv-strand", 12).await;
+    t.run(Direction::ToJetStream).await.unwrap();
+
+    // Operator A is another process: its own thread, runtime and pool. It
+    // reports its first copied body, then waits (a slow terminal) until B
+    // is done; nothing of the test's runtime waits with it.
+    let (reached_tx, mut reached) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let (resume, resume_rx) = mpsc::channel::<()>();
+    let (a_done_tx, a_done) = tokio::sync::oneshot::channel();
+    let operator_a = std::thread::spawn({
+        let (url, broker) = (
+            t.app.database_url.clone(),
+            t.backends.broker().unwrap().clone(),
+        );
+        let (team_id, conversation_id) = (t.team_id, t.conversation_id);
+        move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let moved = runtime.block_on(async move {
+                let pool = ai_crew_sync::db::connect(&url, 4).await.unwrap();
+                let backends = Backends::with_broker(pool.clone(), broker);
+                let resume_rx = std::sync::Mutex::new(resume_rx);
+                let first = std::sync::atomic::AtomicBool::new(false);
+                migrate::run(
+                    &pool,
+                    &backends,
+                    team_id,
+                    conversation_id,
+                    Direction::ToPostgres,
+                    "operator a",
+                    &|_: &Progress| {
+                        if !first.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                            let _ = reached_tx.send(());
+                            let _ = resume_rx
+                                .lock()
+                                .unwrap()
+                                .recv_timeout(Duration::from_secs(60));
+                        }
+                    },
+                )
+                .await
+                .map_err(|e| e.to_string())
+            });
+            let _ = a_done_tx.send(moved);
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(60), reached.recv())
+        .await
+        .expect("operator A copied its first body")
+        .expect("operator A reports before it finishes");
+    let b = t
+        .run_on(
+            &t.faulty(Faults {
+                fetch_fails_after: Some(0),
+                ..Faults::default()
+            }),
+            Direction::ToPostgres,
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(b.contains("could not be read"), "{b}");
+    assert_eq!(
+        t.runs().await,
+        [
+            ("to_jetstream".into(), "cut_over".into()),
+            ("to_postgres".into(), "failed".into())
+        ]
+    );
+    resume.send(()).unwrap();
+    let a = a_done.await.unwrap().unwrap_err();
+    operator_a.join().unwrap();
+    assert!(a.contains("given up by another process"), "{a}");
+    assert!(a.contains("did not pause writes"), "{a}");
+
+    let never_paused: bool = sqlx::query_scalar(
+        "SELECT paused_at IS NULL FROM conversation_migrations WHERE direction = 'to_postgres'",
+    )
+    .fetch_one(t.pool())
+    .await
+    .unwrap();
+    assert!(never_paused, "the failed run never paused the thread");
+    assert!(
+        !migrate::is_paused(t.pool(), t.conversation_id)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        t.conversation_row().await,
+        ("jetstream".into(), "outbox".into(), false)
+    );
+    t.send(t.conversation_id, "open after both failed")
+        .await
+        .unwrap();
+    assert_eq!(t.plan_of(Direction::ToPostgres).await.blocked, None);
+    let _workers = t.app.start_publication_workers();
+    let back = t.run(Direction::ToPostgres).await.unwrap();
+    assert_eq!(back.state, "cut_over");
+    assert_eq!(t.read_all().await.len(), 13);
+}
+
+// Issue 14 item 1, M2, M12: a thread paused with no move owning the pause
+// (as the race above left it before the fix) is blocked in the plan, which
+// says what lifts it; an abort of the run that is no longer open still lifts
+// that pause. An open run, by contrast, is resumed (`resuming`).
+#[tokio::test]
+async fn m2_a_stale_abort_still_lifts_a_pause_no_move_owns() {
+    let t = thread("mv-orphan", 2).await;
+    let failed = t
+        .left_run(t.conversation_id, "to_jetstream", "failed", true)
+        .await;
+    let plan = t.plan_of(Direction::ToJetStream).await;
+    let blocked = plan.blocked.unwrap_or_default();
+    assert!(blocked.contains("no move owns the pause"), "{blocked}");
+    assert!(blocked.contains("conversations unpause"), "{blocked}");
+    assert!(!plan.resuming);
+    let refused = t.send(t.conversation_id, "refused").await.unwrap_err();
+    assert!(refused["message"].as_str().unwrap().contains("paused"));
+
+    migrate::abort(t.pool(), failed, "late abort")
+        .await
+        .unwrap();
+    assert!(
+        !migrate::is_paused(t.pool(), t.conversation_id)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        t.runs().await,
+        [("to_jetstream".into(), "failed".into())],
+        "the run is not touched again"
+    );
+    t.send(t.conversation_id, "open again").await.unwrap();
+
+    // An open run owns its pause: the plan resumes it, an abort of an old
+    // run leaves its pause alone.
+    let open = t
+        .left_run(t.conversation_id, "to_jetstream", "copying", true)
+        .await;
+    let plan = t.plan_of(Direction::ToJetStream).await;
+    assert!(plan.resuming);
+    assert_eq!(plan.blocked, None);
+    migrate::abort(t.pool(), failed, "late again")
+        .await
+        .unwrap();
+    assert!(
+        migrate::is_paused(t.pool(), t.conversation_id)
+            .await
+            .unwrap()
+    );
+    let outcome = t.run(Direction::ToJetStream).await.unwrap();
+    assert_eq!(outcome.migration_id, open);
+}
+
+// Issue 14 item 1: `conversations unpause` lifts a pause no move owns,
+// audited; refused (changing nothing) while a move is open.
+#[tokio::test]
+async fn unpause_lifts_only_a_pause_no_move_owns_and_is_audited() {
+    let t = thread("mv-unpause", 1).await;
+    let open = t
+        .left_run(t.conversation_id, "to_jetstream", "copying", true)
+        .await;
+    let unpause = |json: bool| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"));
+        command
+            .args(["conversations", "unpause", "--team", &t.team])
+            .args(["--conversation", &t.conversation_id.to_string()])
+            .env("DATABASE_URL", &t.app.database_url);
+        if json {
+            command.arg("--json");
+        }
+        tokio::task::spawn_blocking(move || command.output().unwrap())
+    };
+    let audited = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM audit_log WHERE action = 'conversation.unpause' AND subject = $1",
+        )
+        .bind(t.conversation_id.to_string())
+        .fetch_one(t.pool())
+        .await
+        .unwrap()
+    };
+
+    let out = unpause(false).await.unwrap();
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("owns the pause"), "{said}");
+    assert!(said.contains("migrate --to jetstream"), "{said}");
+    assert!(
+        migrate::is_paused(t.pool(), t.conversation_id)
+            .await
+            .unwrap()
+    );
+    assert_eq!(audited().await, 0);
+
+    sqlx::query("UPDATE conversation_migrations SET state = 'failed' WHERE id = $1")
+        .bind(open)
+        .execute(t.pool())
+        .await
+        .unwrap();
+    let out = unpause(true).await.unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let done: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(done["paused_seconds"].is_i64(), "{done}");
+    assert!(
+        !migrate::is_paused(t.pool(), t.conversation_id)
+            .await
+            .unwrap()
+    );
+    assert_eq!(audited().await, 1);
+    t.send(t.conversation_id, "open").await.unwrap();
+
+    let out = unpause(false).await.unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("not paused; nothing changed"));
+    assert_eq!(audited().await, 1, "nothing to lift, nothing audited");
+}
+
+// Issue 14 items 2 and 6: the plan refuses a target whose streams are missing
+// or too small for a full body, before anything is written; an open run whose
+// plan fails is aborted (its pause lifted), not left holding the thread.
+#[tokio::test]
+async fn a_target_not_provisioned_is_refused_before_anything_is_written() {
+    let t = thread("mv-target", 3).await;
+    let broker = t.backends.broker().unwrap().clone();
+    broker.remove_team_streams(t.team_id).await.unwrap();
+    let err = migrate::plan(
+        t.pool(),
+        &t.backends,
+        t.team_id,
+        Direction::ToJetStream,
+        &[],
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("do not exist"), "{err}");
+    assert!(err.contains("team stream"), "{err}");
+    assert!(t.runs().await.is_empty(), "the plan wrote nothing");
+
+    // A move left open and paused by a process that died: its plan now
+    // fails, and the run is given up with the pause lifted.
+    t.left_run(t.conversation_id, "to_jetstream", "copying", true)
+        .await;
+    let err = t.run(Direction::ToJetStream).await.unwrap_err().to_string();
+    assert!(err.contains("do not exist"), "{err}");
+    assert_eq!(t.runs().await, [("to_jetstream".into(), "failed".into())]);
+    assert!(
+        !migrate::is_paused(t.pool(), t.conversation_id)
+            .await
+            .unwrap()
+    );
+    let copied: i64 = sqlx::query_scalar("SELECT count(*) FROM conversation_migration_items")
+        .fetch_one(t.pool())
+        .await
+        .unwrap();
+    assert_eq!(copied, 0, "no body copied");
+    t.send(t.conversation_id, "open").await.unwrap();
+
+    // Streams that cannot take a full body are refused too.
+    broker
+        .provision_team(t.team_id, &sizes(), false)
+        .await
+        .unwrap();
+    let name = ai_crew_sync::backend::jetstream::body_stream_name(t.team_id);
+    let mut config = broker
+        .js()
+        .get_stream(&name)
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .config
+        .clone();
+    config.max_message_size = 64 * 1024;
+    broker.js().update_stream(config).await.unwrap();
+    let err = t.run(Direction::ToJetStream).await.unwrap_err().to_string();
+    assert!(err.contains("takes at most 65536 bytes"), "{err}");
+    assert!(err.contains("--update-quotas"), "{err}");
+    assert_eq!(t.stream_messages().await, 0);
+
+    broker
+        .provision_team(t.team_id, &sizes(), true)
+        .await
+        .unwrap();
+    let moved = t.run(Direction::ToJetStream).await.unwrap();
+    assert_eq!((moved.copied, moved.state.as_str()), (4, "cut_over"));
+}
+
+// Issue 14 item 3 (M7): a move that failed and is started again after the
+// broker's duplicate window finds the copies the failed run wrote and
+// publishes none of them a second time.
+#[tokio::test]
+async fn a_failed_move_started_again_past_the_duplicate_window_publishes_nothing_twice() {
+    let t = thread("mv-rerun", 10).await;
+    let broker = t.backends.broker().unwrap().clone();
+    let name = ai_crew_sync::backend::jetstream::body_stream_name(t.team_id);
+    let mut config = broker
+        .js()
+        .get_stream(&name)
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .config
+        .clone();
+    let window = Duration::from_secs(2);
+    config.duplicate_window = window;
+    broker.js().update_stream(config).await.unwrap();
+    // The seventh message's key already holds another body: the first run
+    // copies six, then fails on the seventh.
+    let victim: Uuid = sqlx::query_scalar(
+        "SELECT id FROM conversation_messages WHERE conversation_id = $1 AND seq = 7",
+    )
+    .bind(t.conversation_id)
+    .fetch_one(t.pool())
+    .await
+    .unwrap();
+    let tampered = JetStreamBackend::new(broker.clone(), t.team_id)
+        .publish(&Envelope {
+            message_id: victim,
+            conversation_id: t.conversation_id,
+            team_id: t.team_id,
+            body: "not what was sent".into(),
+            publish_key: victim,
+        })
+        .await;
+    assert!(matches!(tampered, Published::Confirmed(_)));
+    let err = t.run(Direction::ToJetStream).await.unwrap_err().to_string();
+    assert!(err.contains("checksum mismatch"), "{err}");
+    assert_eq!(
+        t.stream_messages().await,
+        7,
+        "six copies and the tampered one"
+    );
+    let first: BTreeMap<Uuid, String> = sqlx::query_as(
+        "SELECT message_id, target_locator FROM conversation_migration_items
+          WHERE state = 'verified'",
+    )
+    .fetch_all(t.pool())
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
+    assert_eq!(first.len(), 6);
+
+    tokio::time::sleep(window + Duration::from_millis(500)).await;
+    let again = t.run(Direction::ToJetStream).await.unwrap();
+    assert_eq!((again.resumed, again.copied), (6, 4));
+    assert_eq!(
+        t.stream_messages().await,
+        11,
+        "one entry per message (and the tampered one), none published twice"
+    );
+    for (message_id, locator) in first {
+        let canonical: String =
+            sqlx::query_scalar("SELECT canonical_locator FROM conversation_messages WHERE id = $1")
+                .bind(message_id)
+                .fetch_one(t.pool())
+                .await
+                .unwrap();
+        assert_eq!(canonical, locator, "the failed run's copy is the one kept");
+    }
+    assert_eq!(t.read_all().await.len(), 10);
+}
+
+// Issue 14 item 4: a message whose publication failed for good is stored on
+// no backend. The plan blocks the move with the count and what to do; a run
+// is refused before copying and never cuts over with it left behind.
+#[tokio::test]
+async fn a_message_whose_publication_failed_blocks_the_move() {
+    let t = thread("mv-failedmsg", 3).await;
+    outbox::set_publication(t.pool(), t.team_id, t.conversation_id, true)
+        .await
+        .unwrap();
+    let sent = t.send(t.conversation_id, "never stored").await.unwrap();
+    assert_eq!(sent["publication"], "pending_publication");
+    let refusing = PostgresBackend::with_faults(
+        t.pool().clone(),
+        Faults {
+            fatal: true,
+            ..Faults::default()
+        },
+    );
+    outbox::run_once(t.pool(), &refusing, "test").await.unwrap();
+    let state: String = sqlx::query_scalar(
+        "SELECT publication_state FROM conversation_messages WHERE id = $1::uuid",
+    )
+    .bind(sent["message_id"].as_str().unwrap())
+    .fetch_one(t.pool())
+    .await
+    .unwrap();
+    assert_eq!(state, "failed");
+
+    let plan = t.plan_of(Direction::ToJetStream).await;
+    assert_eq!((plan.messages, plan.failed), (4, 1));
+    let blocked = plan.blocked.unwrap_or_default();
+    assert!(blocked.contains("1 message(s)"), "{blocked}");
+    assert!(blocked.contains("tombstone"), "{blocked}");
+
+    let err = t.run(Direction::ToJetStream).await.unwrap_err().to_string();
+    assert!(err.contains("1 message(s)"), "{err}");
+    assert!(err.contains("Nothing was copied or cut over"), "{err}");
+    assert_eq!(t.stream_messages().await, 0, "no body copied");
+    assert_eq!(t.conversation_row().await.0, "postgres");
+    assert!(
+        !migrate::is_paused(t.pool(), t.conversation_id)
+            .await
+            .unwrap()
+    );
+}
+
+// M11: an abort that cannot finish (its connection is lost while it waits
+// for the run's row) leaves the run open and paused; the move's own error is
+// reported, not the abort's; the same command resumes the run and finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn m11_an_abort_that_cannot_finish_leaves_the_run_open_and_paused_until_resumed() {
+    let t = thread("mv-abortfail", 6).await;
+    t.run(Direction::ToJetStream).await.unwrap();
+    let open = t
+        .left_run(t.conversation_id, "to_postgres", "copying", true)
+        .await;
+    // Another session holds the run's row, so the abort has to wait for it.
+    let mut holder = t.pool().begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM conversation_migrations WHERE id = $1 FOR NO KEY UPDATE")
+        .bind(open)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let mover = tokio::spawn({
+        let (pool, backends) = (
+            t.pool().clone(),
+            t.faulty(Faults {
+                fetch_fails_after: Some(0),
+                ..Faults::default()
+            }),
+        );
+        let (team_id, conversation_id) = (t.team_id, t.conversation_id);
+        async move {
+            migrate::run(
+                &pool,
+                &backends,
+                team_id,
+                conversation_id,
+                Direction::ToPostgres,
+                "test",
+                &|_: &Progress| {},
+            )
+            .await
+        }
+    });
+    // The abort is waiting on the run's row: its connection is lost.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let killed: Option<bool> = sqlx::query_scalar(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+              WHERE datname = current_database() AND wait_event_type = 'Lock'
+                AND query LIKE '%SET state = ''failed''%'",
+        )
+        .fetch_optional(t.pool())
+        .await
+        .unwrap();
+        if killed == Some(true) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the abort never waited");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let err = mover.await.unwrap().unwrap_err().to_string();
+    assert!(
+        err.contains("could not be read"),
+        "the move's own error: {err}"
+    );
+    holder.rollback().await.unwrap();
+
+    assert_eq!(
+        t.runs().await,
+        [
+            ("to_jetstream".into(), "cut_over".into()),
+            ("to_postgres".into(), "copying".into())
+        ]
+    );
+    assert!(
+        migrate::is_paused(t.pool(), t.conversation_id)
+            .await
+            .unwrap()
+    );
+    let refused = t.send(t.conversation_id, "during").await.unwrap_err();
+    assert!(
+        refused["message"]
+            .as_str()
+            .unwrap()
+            .contains("paused for a backend move")
+    );
+    let resumed = t.run(Direction::ToPostgres).await.unwrap();
+    assert_eq!(resumed.migration_id, open, "the same run, resumed");
+    assert_eq!(resumed.state, "cut_over");
+    assert_eq!(
+        t.conversation_row().await,
+        ("postgres".into(), "sync".into(), false)
+    );
+}
+
+// M12: an abort of a move back to postgres clears the copy written back for
+// the message that failed (it has an item row, never verified) and keeps the
+// verified ones; every body still reads right from the broker.
+#[tokio::test]
+async fn m12_an_abort_clears_the_unverified_copies_written_back() {
+    let t = thread("mv-clear", 6).await;
+    let bodies = t.read_all().await;
+    t.run(Direction::ToJetStream).await.unwrap();
+    migrate::cleanup(t.pool(), t.team_id, 0, true)
+        .await
+        .unwrap();
+    let err = t
+        .run_on(
+            &t.faulty(Faults {
+                fetch_fails_after: Some(3),
+                ..Faults::default()
+            }),
+            Direction::ToPostgres,
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("could not be read"), "{err}");
+    let item: String = sqlx::query_scalar(
+        "SELECT i.state FROM conversation_migration_items i
+           JOIN conversation_messages m ON m.id = i.message_id
+           JOIN conversation_migrations g ON g.id = i.migration_id
+          WHERE m.conversation_id = $1 AND m.seq = 4 AND g.direction = 'to_postgres'",
+    )
+    .bind(t.conversation_id)
+    .fetch_one(t.pool())
+    .await
+    .unwrap();
+    assert_eq!(item, "copied", "the failing message has an item row");
+    assert_eq!(t.body_at(4).await, "", "its unverified copy is cleared");
+    for seq in 1..=3 {
+        assert_eq!(t.body_at(seq).await, bodies[&seq], "verified {seq} kept");
+    }
+    assert_eq!(t.conversation_row().await.0, "jetstream");
+    assert_eq!(t.read_all().await, bodies);
+}
+
+// M13 and issue 14 item 5: `is_paused` answers true for a paused thread and
+// false for an open one; an unknown conversation is an error, not "open".
+#[tokio::test]
+async fn m13_is_paused_answers_for_a_paused_thread_and_refuses_an_unknown_one() {
+    let t = thread("mv-paused", 1).await;
+    assert!(
+        !migrate::is_paused(t.pool(), t.conversation_id)
+            .await
+            .unwrap()
+    );
+    t.left_run(t.conversation_id, "to_jetstream", "copying", true)
+        .await;
+    assert!(
+        migrate::is_paused(t.pool(), t.conversation_id)
+            .await
+            .unwrap()
+    );
+    let err = migrate::is_paused(t.pool(), Uuid::new_v4())
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), "not_found");
+    assert!(err.to_string().contains("no conversation"), "{err}");
 }
