@@ -7,6 +7,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+/// Streams reserve their `max_bytes` (2 GiB by default for a team's body
+/// stream) against the server's file store, which defaults to 75 % of the
+/// free disk: the suite's tests at once would reserve more than that and be
+/// refused with "insufficient resources" (10047). They write a few MiB.
+const JETSTREAM_STORE_LIMIT: &str = "max_file_store: 1099511627776";
+
 struct Server {
     url: String,
     child: Mutex<Option<Child>>,
@@ -40,7 +46,7 @@ fn start() -> Server {
     std::fs::write(
         &config,
         format!(
-            "listen: 127.0.0.1:{port}\nmax_payload: 8MB\njetstream {{\n  store_dir: \"{}\"\n}}\n",
+            "listen: 127.0.0.1:{port}\nmax_payload: 8MB\njetstream {{\n  store_dir: \"{}\"\n  {JETSTREAM_STORE_LIMIT}\n}}\n",
             dir.path().join("js").display()
         ),
     )
@@ -158,7 +164,7 @@ impl OwnedNats {
         std::fs::write(
             &config,
             format!(
-                "listen: 127.0.0.1:{}\n{payload}jetstream {{\n  store_dir: \"{}\"\n}}\n{}\n",
+                "listen: 127.0.0.1:{}\n{payload}jetstream {{\n  store_dir: \"{}\"\n  {JETSTREAM_STORE_LIMIT}\n}}\n{}\n",
                 self.port,
                 self.dir.path().join("js").display(),
                 self.extra
