@@ -226,8 +226,8 @@ fn refusal(err: &async_nats::jetstream::Error, stream: &str) -> Attempt {
             fatal: true,
             reason: format!(
                 "the broker refused the body as larger than stream {stream} allows ({text}); \
-                 raise the stream's max_msg_size to 2 MiB (`team stream --update-quotas`) and \
-                 send the message again."
+                 raise the stream's max_msg_size to 2 MiB (`team stream --update-quotas`), then \
+                 `ai-crew-sync conversations retry --team TEAM --apply` publishes it again."
             ),
         },
         _ if full => Attempt::Blocked {
