@@ -125,6 +125,15 @@ pub trait MessagingBackend: Send + Sync {
         &self,
         envelope: &Envelope,
     ) -> impl Future<Output = BusResult<Option<Locator>>> + Send;
+
+    /// A condition of this handle's store that an operator can fix (a
+    /// stream missing or full, a broker out of storage), as the backend last
+    /// learned it; what it says. While one holds, a retryable refusal does
+    /// not spend an attempt: the message is not at fault, and failing it
+    /// would be done behind the operator's back. `None` by default.
+    fn operator_condition(&self) -> Option<String> {
+        None
+    }
 }
 
 /// One of the backends this build knows, dispatched without boxing.
@@ -174,6 +183,13 @@ impl MessagingBackend for AnyBackend {
         match self {
             AnyBackend::Postgres(b) => b.reconcile(envelope).await,
             AnyBackend::JetStream(b) => b.reconcile(envelope).await,
+        }
+    }
+
+    fn operator_condition(&self) -> Option<String> {
+        match self {
+            AnyBackend::Postgres(b) => b.operator_condition(),
+            AnyBackend::JetStream(b) => b.operator_condition(),
         }
     }
 }

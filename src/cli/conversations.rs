@@ -15,15 +15,45 @@ use crate::backend::Backends;
 use crate::backend::jetstream::Broker;
 use crate::store::conversation_operator::{self, Publication};
 use crate::store::migrate::{self, Direction, Plan, Progress};
-use crate::store::{outbox, teams};
+use crate::store::{broker_conditions, outbox, teams};
 
 #[derive(Subcommand, Debug)]
 pub enum ConversationsCommand {
     /// The team's routing, its outbox (pending, leased, failed, uncertain, oldest, bytes) and
-    /// every conversation off the plain synchronous path or with anything outstanding.
+    /// every conversation off the plain synchronous path or with anything outstanding. With the
+    /// broker named (--nats-url or BUS_NATS_URL): whether the team's streams are missing or full,
+    /// why, and the command that fixes it.
     Status {
         #[arg(long)]
         team: String,
+        /// The NATS server holding the team's streams, to check them.
+        #[arg(long, env = "BUS_NATS_URL", hide_env_values = true)]
+        nats_url: Option<String>,
+        /// NATS credentials file (.creds).
+        #[arg(long, env = "BUS_NATS_CREDENTIALS", hide_env_values = true)]
+        nats_credentials: Option<std::path::PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Put `failed` messages whose body is still held (outbox slot or message row) back to
+    /// pending with fresh attempts, once their cause is fixed. Without --apply: what would be
+    /// retried, nothing written. Refused while a team stream is still missing or full (naming
+    /// it and the fix). Audited.
+    Retry {
+        #[arg(long)]
+        team: String,
+        /// Only this conversation.
+        #[arg(long)]
+        conversation: Option<Uuid>,
+        /// Do it (default: show what would be retried).
+        #[arg(long)]
+        apply: bool,
+        /// The NATS server holding the team's streams (required for messages on jetstream).
+        #[arg(long, env = "BUS_NATS_URL", hide_env_values = true)]
+        nats_url: Option<String>,
+        /// NATS credentials file (.creds).
+        #[arg(long, env = "BUS_NATS_CREDENTIALS", hide_env_values = true)]
+        nats_credentials: Option<std::path::PathBuf>,
         #[arg(long)]
         json: bool,
     },
@@ -110,12 +140,44 @@ pub enum ConversationsCommand {
 
 pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result<()> {
     match command {
-        ConversationsCommand::Status { team, json } => {
-            let report = ctx
-                .with_database(async |pool| Ok(outbox::team_report(pool, &team).await?))
+        ConversationsCommand::Status {
+            team,
+            nats_url,
+            nats_credentials,
+            json,
+        } => {
+            // A broker that cannot be reached is reported, never a reason
+            // to withhold what PostgreSQL says.
+            let broker = match &nats_url {
+                Some(url) => Some(Broker::connect(url, nats_credentials.as_deref()).await),
+                None => None,
+            };
+            let (report, conditions) = ctx
+                .with_database(async |pool| {
+                    let report = outbox::team_report(pool, &team).await?;
+                    let conditions = match &broker {
+                        Some(Ok(broker)) => {
+                            let found = teams::find(pool, &team).await?;
+                            Some(
+                                broker_conditions::of_team(broker, found.id, &found.slug)
+                                    .await
+                                    .map_err(|e| e.to_string()),
+                            )
+                        }
+                        Some(Err(e)) => Some(Err(e.to_string())),
+                        None => None,
+                    };
+                    Ok((report, conditions))
+                })
                 .await?;
             if json {
-                return output::json(&report);
+                let mut value = serde_json::to_value(&report)?;
+                value["broker_conditions"] = match &conditions {
+                    Some(Ok(list)) => serde_json::to_value(list)?,
+                    Some(Err(e)) => serde_json::json!({ "unknown": e }),
+                    None => serde_json::Value::Null,
+                };
+                return output::json(&value);
             }
             let o = &report.outbox;
             println!(
@@ -132,6 +194,27 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
                 o.oldest_pending_seconds
                     .map_or("-".to_string(), |s| format!("{s} s"))
             );
+            match &conditions {
+                Some(Ok(list)) if list.is_empty() => {
+                    println!("broker: the team's streams are fine")
+                }
+                Some(Ok(list)) => {
+                    for c in list {
+                        println!(
+                            "broker: {} {}: {}\n  fix: {}",
+                            c.stream,
+                            c.condition.as_str(),
+                            c.why,
+                            c.fix
+                        );
+                    }
+                }
+                Some(Err(e)) => println!("broker: could not be checked ({e})"),
+                None => println!(
+                    "broker: not checked (name it with --nats-url to see whether the team's \
+                     streams are missing or full)"
+                ),
+            }
             if report.conversations.is_empty() {
                 println!("every conversation is synchronous on postgres with nothing outstanding");
             }
@@ -158,6 +241,62 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
             mode,
             json,
         } => set_publication(ctx, &team, conversation, &mode, json).await?,
+        ConversationsCommand::Retry {
+            team,
+            conversation,
+            apply,
+            nats_url,
+            nats_credentials,
+            json,
+        } => {
+            let broker = match &nats_url {
+                Some(url) => Some(Broker::connect(url, nats_credentials.as_deref()).await?),
+                None => None,
+            };
+            let report = ctx
+                .with_database(async |pool| {
+                    let actor = crate::store::Actor::local_operator();
+                    Ok(broker_conditions::retry_failed(
+                        pool,
+                        broker.as_ref(),
+                        &team,
+                        conversation,
+                        apply,
+                        &actor,
+                    )
+                    .await?)
+                })
+                .await?;
+            if json {
+                return output::json(&report);
+            }
+            let verb = if report.applied {
+                "put back to pending with fresh attempts (audited)"
+            } else {
+                "would be put back to pending (run with --apply)"
+            };
+            println!(
+                "team `{}`: {} failed message(s) {verb}",
+                report.team,
+                report.retried.len()
+            );
+            for m in &report.retried {
+                println!(
+                    "  {} seq {} ({}): {}",
+                    m.conversation_id,
+                    m.seq,
+                    m.message_id,
+                    m.last_error.as_deref().unwrap_or("-")
+                );
+            }
+            if !report.not_recoverable.is_empty() {
+                println!(
+                    "{} failed message(s) have no body held anywhere and cannot be retried; \
+                     `conversations tombstone` explains the gap to readers",
+                    report.not_recoverable.len()
+                );
+            }
+        }
         ConversationsCommand::Tombstone {
             team,
             conversation,

@@ -10,7 +10,7 @@ use uuid::Uuid;
 use super::Context;
 use super::output::{self, opt_time, time};
 use crate::backend::jetstream::{Broker, StreamSizes};
-use crate::store::{Actor, agents, attachments, teams, tokens};
+use crate::store::{Actor, agents, attachments, broker_conditions, teams, tokens};
 
 #[derive(Subcommand, Debug)]
 pub enum TeamCommand {
@@ -296,9 +296,10 @@ pub async fn team(ctx: &Context, command: TeamCommand) -> anyhow::Result<()> {
                 || inbox_max_age_hours.is_some()
                 || inbox_max_bytes.is_some()
                 || inbox_max_messages.is_some();
-            let streams = ctx
+            let (streams, stale) = ctx
                 .with_database(async |pool| {
-                    Ok(teams::provision_streams(
+                    let before = broker_conditions::locators_on_body_stream(pool, &team).await?;
+                    let streams = teams::provision_streams(
                         pool,
                         &team,
                         &broker,
@@ -306,11 +307,16 @@ pub async fn team(ctx: &Context, command: TeamCommand) -> anyhow::Result<()> {
                         update_quotas,
                         &actor,
                     )
-                    .await?)
+                    .await?;
+                    let stale =
+                        broker_conditions::stale_locators(pool, &broker, &streams, before).await?;
+                    Ok((streams, stale))
                 })
                 .await?;
             if json {
-                return output::json(&streams);
+                let mut value = serde_json::to_value(&streams)?;
+                value["stale_locators"] = serde_json::to_value(&stale)?;
+                return output::json(&value);
             }
             println!("team `{team}` on {nats_url}:");
             output::table(
@@ -353,6 +359,14 @@ pub async fn team(ctx: &Context, command: TeamCommand) -> anyhow::Result<()> {
                         stream.name
                     );
                 }
+            }
+            if stale.messages > 0 {
+                println!(
+                    "{} message(s) name stream {} at a sequence it does not hold ({}): the \
+                     stream no longer holds those bodies (restoring the broker's store brings \
+                     them back).",
+                    stale.messages, stale.stream, stale.reason
+                );
             }
             println!(
                 "next: ai-crew-sync team capability --team {team} --backend jetstream --nats-url {nats_url}"

@@ -2,9 +2,12 @@
 //! the event listener's state (`live`, `silent`, `detached`), the outbox
 //! (`publication`) and the broker. A broker outage does not fail it: the bus
 //! still accepts sends (they queue), so the status is `degraded`, still 200.
-//! `?broker=check` pings the broker; without it the broker is only reported
-//! as configured or not (or unreachable, when it has not answered since the
-//! start), so a load balancer's probe costs no broker round trip.
+//! `?broker=check` pings the broker and looks at the streams of every team
+//! routed to jetstream; without it the broker is only reported as configured
+//! or not (or unreachable, when it has not answered since the start), so a
+//! load balancer's probe costs no broker round trip. `broker_conditions`
+//! lists every team stream that is missing or full (which team, which
+//! stream, why, the fixing command); any makes the status `degraded`.
 //!
 //! The route is unauthenticated, so it answers in fixed words only: a driver's
 //! error text (host names, database and role names, the server's own wording)
@@ -75,7 +78,21 @@ pub async fn health(
             json!({ "error": "unavailable" })
         }
     };
-    let status = if broker == "unreachable" {
+    // Conditions of teams' streams an operator must fix: which team, which
+    // stream, why, the command. In the bus's own fixed words (the broker's
+    // text stays in the log); with `?broker=check` every team routed to
+    // jetstream is looked at, otherwise what the drain learned.
+    let conditions =
+        crate::store::broker_conditions::installation(&state.pool, &state.backends, check_broker);
+    let conditions = match tokio::time::timeout(Duration::from_secs(3), conditions).await {
+        Ok(Ok(conditions)) => conditions,
+        Ok(Err(err)) => {
+            tracing::warn!(error = %err, "health: the broker conditions could not be read");
+            Vec::new()
+        }
+        Err(_) => Vec::new(),
+    };
+    let status = if broker == "unreachable" || !conditions.is_empty() {
         "degraded"
     } else {
         "ok"
@@ -84,7 +101,8 @@ pub async fn health(
         StatusCode::OK,
         Json(
             json!({ "status": status, "database": "ok", "broker": broker, "events": events,
-                     "publication": publication, "version": version }),
+                     "publication": publication, "broker_conditions": conditions,
+                     "version": version }),
         ),
     )
 }

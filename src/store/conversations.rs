@@ -691,6 +691,8 @@ pub async fn create(
         }
     }
 
+    // Before the transaction: it asks the broker (no network I/O inside one).
+    super::broker_conditions::refuse_if_streams_missing(bus, me.team_id, &me.team).await?;
     let mut tx = bus.pool.begin().await?;
     super::sessions::guard(&mut tx, me).await?;
     refuse_borrowed_label(&mut tx, me).await?;

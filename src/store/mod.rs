@@ -9,6 +9,7 @@ pub mod admin;
 pub mod agents;
 pub mod attachments;
 pub mod audit;
+pub mod broker_conditions;
 pub mod channels;
 pub mod conversation_messages;
 pub mod conversation_operator;

@@ -40,6 +40,10 @@ pub const MAX_ATTEMPTS: i32 = 8;
 pub const MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
 /// When an uncertain slot is due again.
 const UNCERTAIN_RETRY_SECS: f64 = 5.0;
+/// When a slot waiting on a condition an operator can fix (a stream missing
+/// or full) is tried again: often enough that messages go out soon after the
+/// fix, seldom enough that a large backlog costs the broker little.
+pub const WAIT_RECHECK_SECS: f64 = 10.0;
 
 /// A slot a worker holds.
 #[derive(Clone, Debug)]
@@ -247,6 +251,10 @@ pub enum Settled {
     Retrying { attempts: i32 },
     /// It will not be published. The slot stays, visible and explicit.
     Failed,
+    /// Refused because of a condition an operator can fix (the team's stream
+    /// missing or full): back to pending without spending an attempt, due
+    /// again in [`WAIT_RECHECK_SECS`].
+    Waiting,
     /// This worker's lease had expired or someone else holds the slot.
     /// Nothing was written: the fence doing its job.
     Fenced,
@@ -428,6 +436,33 @@ async fn settle_retryable(pool: &PgPool, lease: &Lease, why: &str) -> BusResult<
     Ok(Settled::Failed)
 }
 
+/// Put a slot back to pending without spending the attempt its lease counted,
+/// due again in [`WAIT_RECHECK_SECS`]; fenced like every settlement (the
+/// generation and an unexpired lease). `last_error` says what it waits for.
+pub async fn settle_waiting(pool: &PgPool, lease: &Lease, why: &str) -> BusResult<Settled> {
+    let updated: Option<Uuid> = sqlx::query_scalar(concat!(
+        "UPDATE conversation_outbox
+            SET state = 'pending', leased_by = NULL, lease_expires_at = NULL,
+                attempts = GREATEST(attempts - 1, 0),
+                next_attempt_at = now() + make_interval(secs => $3),
+                last_error = $4, updated_at = now()
+          WHERE ",
+        held!(),
+        "
+          RETURNING message_id"
+    ))
+    .bind(lease.message_id)
+    .bind(lease.generation)
+    .bind(WAIT_RECHECK_SECS)
+    .bind(why)
+    .fetch_optional(pool)
+    .await?;
+    Ok(match updated {
+        Some(_) => Settled::Waiting,
+        None => Settled::Fenced,
+    })
+}
+
 async fn settle_fatal(pool: &PgPool, lease: &Lease, why: &str) -> BusResult<Settled> {
     let mut tx = pool.begin().await?;
     let updated: Option<Uuid> = sqlx::query_scalar(concat!(
@@ -502,6 +537,14 @@ pub async fn settle_attempt<B: MessagingBackend>(
     lease: &Lease,
     outcome: Published,
 ) -> BusResult<Settled> {
+    // Not the message's fault and the operator's to fix: waiting spends no
+    // attempt, so nothing fails behind the operator's back while the stream
+    // is missing or full, and the message goes out once it is fixed.
+    if let Published::Retryable(why) = &outcome
+        && backend.operator_condition().is_some()
+    {
+        return settle_waiting(pool, lease, why).await;
+    }
     if matches!(outcome, Published::Retryable(_))
         && lease.attempts >= MAX_ATTEMPTS
         && let Some(locator) = backend.reconcile(&lease.envelope()).await?

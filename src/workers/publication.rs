@@ -63,6 +63,9 @@ pub struct DrainPass {
     pub stored: usize,
     pub retrying: usize,
     pub failed: usize,
+    /// Put back without spending an attempt: the team's stream is missing or
+    /// full (see `Settled::Waiting`).
+    pub waiting: usize,
     pub fenced: usize,
 }
 
@@ -143,6 +146,7 @@ pub async fn drain_once(bus: &Bus, worker: &str, settings: &DrainSettings) -> Bu
             }
             Ok(Settled::Retrying { .. }) => pass.retrying += 1,
             Ok(Settled::Failed) => pass.failed += 1,
+            Ok(Settled::Waiting) => pass.waiting += 1,
             Ok(Settled::Fenced) => pass.fenced += 1,
             // One slot that cannot be settled now (on a last attempt the
             // backend could not be asked whether it holds the body, O11)

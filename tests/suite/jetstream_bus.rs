@@ -384,11 +384,13 @@ async fn a_send_is_pending_then_stored_once_in_the_stream_and_read_through_the_b
     app.broker().remove_team_streams(t.team_id).await.unwrap();
 }
 
-// O8 with seed 002's classification, through the drain: a team stream full at
-// its quota (discard new, `--max-messages 5`) refuses sends 6..8, and that is
-// retryable, not fatal: the slots stay pending with a backoff, their attempts
-// counted, nothing `failed`; once an operator raises the quota the drain
-// stores them, each once in the stream.
+// O8, O14, issue 15 item 2: a full stream is a condition the operator fixes,
+// not the message's fault. The overflow waits pending without spending its
+// attempts however many passes run (never `failed`); /health?broker=check
+// and `conversations status` name the team, the stream, why, and the
+// `team stream --update-quotas` that fixes it; once the operator raises the
+// quota with that command the drain stores every message, each once, and
+// the condition clears.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_stream_keeps_the_overflow_pending_until_its_quota_is_raised() {
     let url = nats_url();
@@ -415,15 +417,16 @@ async fn a_full_stream_keeps_the_overflow_pending_until_its_quota_is_raised() {
     }
     let ids: Vec<Uuid> = sent.iter().map(|(id, _)| *id).collect();
 
-    for attempt in 1..=2 {
+    // More passes than a message has attempts (8): none is spent.
+    for pass_no in 1..=10 {
         let pass = publication::drain_once(&app.bus, "drain-test", &drain_settings())
             .await
             .unwrap();
-        let expected_stored = if attempt == 1 { 5 } else { 0 };
+        let expected_stored = if pass_no == 1 { 5 } else { 0 };
         assert_eq!(
-            (pass.leased, pass.stored, pass.retrying, pass.failed),
-            (8 - 5 * (attempt - 1), expected_stored, 3, 0),
-            "pass {attempt}: {pass:?}"
+            (pass.stored, pass.waiting, pass.retrying, pass.failed),
+            (expected_stored, 3, 0, 0),
+            "pass {pass_no}: {pass:?}"
         );
         let overflow: Vec<(String, i32, Option<String>, f64)> = sqlx::query_as(
             "SELECT state, attempts, last_error,
@@ -436,50 +439,117 @@ async fn a_full_stream_keeps_the_overflow_pending_until_its_quota_is_raised() {
         .unwrap();
         assert_eq!(overflow.len(), 3, "three slots left: {overflow:?}");
         for (state, attempts, last_error, due_in) in &overflow {
-            assert_eq!(state, "pending", "retryable, never failed: {overflow:?}");
-            assert_eq!(*attempts, attempt as i32, "the attempt is counted");
+            assert_eq!(state, "pending", "waiting, never failed: {overflow:?}");
+            assert_eq!(*attempts, 0, "no attempt is spent on a full stream");
             let why = last_error.as_deref().unwrap_or_default();
             assert!(
                 why.contains("full") && why.contains("--update-quotas"),
                 "{why}"
             );
-            let backoff = f64::from(1 << attempt);
             assert!(
-                (backoff - 1.0..=backoff + 0.5).contains(due_in),
-                "backoff 2^{attempt} s, due in {due_in}"
+                (outbox::WAIT_RECHECK_SECS - 1.0..=outbox::WAIT_RECHECK_SECS + 0.5)
+                    .contains(due_in),
+                "re-checked in {} s, due in {due_in}",
+                outbox::WAIT_RECHECK_SECS
             );
         }
-        let states: Vec<String> = sqlx::query_scalar(
-            "SELECT publication_state FROM conversation_messages
-              WHERE conversation_id = $1 ORDER BY publication_state",
-        )
-        .bind(t.conversation_id)
-        .fetch_all(&app.pool)
-        .await
-        .unwrap();
-        assert_eq!(
-            states,
-            [vec!["pending_publication"; 3], vec!["stored"; 5]].concat()
-        );
         t.make_due().await;
     }
+    let states: Vec<String> = sqlx::query_scalar(
+        "SELECT publication_state FROM conversation_messages
+          WHERE conversation_id = $1 ORDER BY publication_state",
+    )
+    .bind(t.conversation_id)
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        states,
+        [vec!["pending_publication"; 3], vec!["stored"; 5]].concat()
+    );
     let status = outbox::status(&app.pool, t.team_id).await.unwrap();
     assert_eq!((status.pending, status.failed), (3, 0));
 
-    teams::provision_streams(
-        &app.pool,
-        "jsbfull",
-        app.broker(),
-        &StreamSizes::default(),
-        true,
-        &test_actor(),
-    )
-    .await
-    .expect("raise the quota");
+    // What the operator sees: health and status name team, stream, why, fix.
+    let stream = body_stream_name(t.team_id);
+    let health = health_check(&app).await;
+    assert_eq!(health["status"], "degraded", "{health}");
+    let condition = only_condition(&health, &stream);
+    assert_eq!(condition["team"], "jsbfull", "{health}");
+    assert_eq!(condition["condition"], "stream_full", "{health}");
+    assert!(
+        condition["fix"]
+            .as_str()
+            .unwrap()
+            .contains("team stream --team jsbfull")
+            && condition["fix"]
+                .as_str()
+                .unwrap()
+                .contains("--update-quotas"),
+        "{health}"
+    );
+    let status = cli_json(
+        &app,
+        &[
+            "conversations",
+            "status",
+            "--team",
+            "jsbfull",
+            "--nats-url",
+            &url,
+            "--json",
+        ],
+    );
+    assert_eq!(status["outbox"]["pending"], 3, "{status}");
+    assert_eq!(status["outbox"]["failed"], 0, "{status}");
+    let said = status["broker_conditions"].as_array().unwrap();
+    assert!(
+        said.iter()
+            .any(|c| c["stream"] == stream.as_str() && c["condition"] == "stream_full"),
+        "{status}"
+    );
+    let text = cli_ok(
+        &app,
+        &[
+            "conversations",
+            "status",
+            "--team",
+            "jsbfull",
+            "--nats-url",
+            &url,
+        ],
+    );
+    assert!(
+        text.contains(&stream)
+            && text.contains("stream_full")
+            && text.contains("fix: ai-crew-sync team stream --team jsbfull"),
+        "{text}"
+    );
+
+    // The fix, as the operator runs it.
+    cli_ok(
+        &app,
+        &[
+            "team",
+            "stream",
+            "--team",
+            "jsbfull",
+            "--nats-url",
+            &url,
+            "--update-quotas",
+            "--max-messages",
+            "1000",
+        ],
+    );
+    t.make_due().await;
     let pass = publication::drain_once(&app.bus, "drain-test", &drain_settings())
         .await
         .unwrap();
-    assert_eq!((pass.stored, pass.failed), (3, 0), "{pass:?}");
+    assert_eq!(
+        (pass.stored, pass.failed, pass.waiting),
+        (3, 0, 0),
+        "{pass:?}"
+    );
     let locators = t.wait_stored(&ids).await;
     let stored: Vec<(Uuid, String, String)> = sent
         .into_iter()
@@ -487,7 +557,359 @@ async fn a_full_stream_keeps_the_overflow_pending_until_its_quota_is_raised() {
         .map(|((id, body), locator)| (id, body, locator))
         .collect();
     assert_once_in_stream(&url, t.team_id, t.conversation_id, &stored).await;
+    let page = t.read_as_bob().await;
+    for (id, body, _) in &stored {
+        assert_eq!(in_page(&page, *id)["body"], body.as_str(), "{page}");
+    }
+    let health = health_check(&app).await;
+    assert_eq!(health["status"], "ok", "the condition cleared: {health}");
+    assert_eq!(health["broker_conditions"], json!([]), "{health}");
     app.broker().remove_team_streams(t.team_id).await.unwrap();
+}
+
+/// `GET /health?broker=check`, as an operator's probe asks it.
+async fn health_check(app: &TestApp) -> Value {
+    crate::support::http_client()
+        .get(app.url("/health?broker=check"))
+        .send()
+        .await
+        .expect("/health answers")
+        .json()
+        .await
+        .expect("/health is JSON")
+}
+
+/// The one condition `health` names for `stream`.
+fn only_condition<'v>(health: &'v Value, stream: &str) -> &'v Value {
+    let found: Vec<&Value> = health["broker_conditions"]
+        .as_array()
+        .unwrap_or_else(|| panic!("broker_conditions in {health}"))
+        .iter()
+        .filter(|c| c["stream"] == stream)
+        .collect();
+    assert_eq!(found.len(), 1, "one condition for {stream}: {health}");
+    found[0]
+}
+
+/// The operator CLI (the real binary) against the app's database.
+fn cli(app: &TestApp, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"))
+        .args(args)
+        .env("DATABASE_URL", &app.database_url)
+        .env_remove("BUS_NATS_URL")
+        .output()
+        .expect("run ai-crew-sync")
+}
+
+/// A CLI command that must succeed; what it printed.
+fn cli_ok(app: &TestApp, args: &[&str]) -> String {
+    let out = cli(app, args);
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn cli_json(app: &TestApp, args: &[&str]) -> Value {
+    let text = cli_ok(app, args);
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{args:?} printed no JSON ({e}): {text}"))
+}
+
+/// A CLI command that must be refused; what it said on stderr.
+fn cli_refused(app: &TestApp, args: &[&str]) -> String {
+    let out = cli(app, args);
+    assert!(
+        !out.status.success(),
+        "{args:?} was not refused: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8(out.stderr).unwrap()
+}
+
+// O8, O14, issue 15 items 2 and 3: the broker's store is wiped and it
+// restarts empty. Messages sent meanwhile wait pending, attempts unspent,
+// however many passes run; /health and `conversations status` name both
+// missing streams with the `team stream` command; `create_conversation` is
+// refused naming it; `team stream` re-creates the streams and says how many
+// messages name a stream that no longer holds them; then the waiting
+// messages are stored and nothing PostgreSQL held is lost to a reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_broker_store_keeps_messages_pending_until_team_stream_recreates_the_streams() {
+    let mut server = OwnedNats::start();
+    let url = server.url();
+    let app = spawn_app_with_broker(&url).await;
+    let t = Routed::new(&app, "jsbwipe").await;
+    let mut sent = Vec::new();
+    for i in 1..=2 {
+        let body = format!("before the wipe {i}");
+        sent.push((t.send(&body).await, body));
+    }
+    drain_all(&app).await;
+    t.wait_stored(&[sent[0].0, sent[1].0]).await;
+
+    server.wipe_store();
+    wait_reachable(app.broker()).await;
+    let mut waiting = Vec::new();
+    for i in 1..=3 {
+        let body = format!("during the outage {i}");
+        waiting.push((t.send(&body).await, body));
+    }
+    for pass_no in 1..=10 {
+        let pass = publication::drain_once(&app.bus, "drain-test", &drain_settings())
+            .await
+            .unwrap();
+        assert_eq!(
+            (pass.stored, pass.waiting, pass.failed),
+            (0, 3, 0),
+            "pass {pass_no}: {pass:?}"
+        );
+        t.make_due().await;
+    }
+    let attempts: Vec<(String, i32)> =
+        sqlx::query_as("SELECT state, attempts FROM conversation_outbox WHERE team_id = $1")
+            .bind(t.team_id)
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        attempts,
+        vec![("pending".to_owned(), 0); 3],
+        "no attempt spent"
+    );
+    for (id, _) in &waiting {
+        assert_eq!(t.row(*id).await.publication_state, "pending_publication");
+    }
+
+    let body_stream = body_stream_name(t.team_id);
+    let inbox_stream = ai_crew_sync::backend::jetstream::inbox_stream_name(t.team_id);
+    // A stream check is reused for a moment (CHECK_CACHE); both streams
+    // are named once it runs again.
+    let health = eventually("health names both missing streams", async || {
+        let health = health_check(&app).await;
+        (health["broker_conditions"].as_array()?.len() == 2).then_some(health)
+    })
+    .await;
+    assert_eq!(health["status"], "degraded", "{health}");
+    for stream in [&body_stream, &inbox_stream] {
+        let condition = only_condition(&health, stream);
+        assert_eq!(condition["team"], "jsbwipe", "{health}");
+        assert_eq!(condition["condition"], "stream_missing", "{health}");
+        assert_eq!(
+            condition["fix"],
+            format!("ai-crew-sync team stream --team jsbwipe --nats-url {url}"),
+            "{health}"
+        );
+    }
+    let status = cli_json(
+        &app,
+        &[
+            "conversations",
+            "status",
+            "--team",
+            "jsbwipe",
+            "--nats-url",
+            &url,
+            "--json",
+        ],
+    );
+    assert_eq!(
+        (
+            status["outbox"]["pending"].as_i64(),
+            status["outbox"]["failed"].as_i64()
+        ),
+        (Some(3), Some(0)),
+        "{status}"
+    );
+    let said = status["broker_conditions"].as_array().unwrap();
+    assert_eq!(said.len(), 2, "{status}");
+    assert!(
+        said.iter().all(|c| c["condition"] == "stream_missing"),
+        "{status}"
+    );
+
+    let refused = t
+        .alice
+        .call(
+            "create_conversation",
+            json!({"title": "not now", "private": true, "invite": ["bob"]}),
+        )
+        .await
+        .expect_err("no new conversation on missing streams");
+    let message = refused["message"].as_str().unwrap();
+    assert!(
+        message.contains(&body_stream)
+            && message.contains(&format!(
+                "ai-crew-sync team stream --team jsbwipe --nats-url {url}"
+            )),
+        "{refused}"
+    );
+    let conversations: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM conversations WHERE team_id = $1")
+            .bind(t.team_id)
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(conversations, 1, "nothing was created");
+
+    // The fix, as the health answer names it.
+    let streams = cli_json(
+        &app,
+        &[
+            "team",
+            "stream",
+            "--team",
+            "jsbwipe",
+            "--nats-url",
+            &url,
+            "--json",
+        ],
+    );
+    assert_eq!(streams["body"]["state"], "created", "{streams}");
+    assert_eq!(
+        streams["stale_locators"]["messages"], 2,
+        "the two stored before the wipe: {streams}"
+    );
+    t.make_due().await;
+    drain_all(&app).await;
+    let ids: Vec<Uuid> = waiting.iter().map(|(id, _)| *id).collect();
+    t.wait_stored(&ids).await;
+    let page = t.read_as_bob().await;
+    for (id, body) in sent.iter().chain(&waiting) {
+        assert_eq!(
+            in_page(&page, *id)["body"],
+            body.as_str(),
+            "nothing lost: {page}"
+        );
+    }
+    eventually("health is ok again", async || {
+        let health = health_check(&app).await;
+        (health["status"] == "ok" && health["broker_conditions"] == json!([])).then_some(())
+    })
+    .await;
+    t.conversation("after the fix").await;
+}
+
+// O9, issue 15 item 3: a message failed for good (a body its stream refused
+// as too large: fatal) is recovered with one command once the cause is
+// fixed. `conversations retry` is a dry run by default, refuses while the
+// team's stream is missing (naming it and `team stream`) and changes
+// nothing; after `team stream`, `--apply` puts it back to pending with fresh
+// attempts (audited), and the drain stores it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conversations_retry_recovers_failed_messages_once_the_cause_is_fixed() {
+    let mut server = OwnedNats::start();
+    let url = server.url();
+    let app = spawn_app_with_broker(&url).await;
+    let t = Routed::new(&app, "jsbretry").await;
+    // An operator's stream that takes only small bodies.
+    let body_stream = body_stream_name(t.team_id);
+    let mut config = app
+        .broker()
+        .js()
+        .get_stream(&body_stream)
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .config
+        .clone();
+    config.max_message_size = 64;
+    app.broker().js().update_stream(config).await.unwrap();
+    let body = "a body longer than sixty-four bytes, which this stream refuses for good";
+    let id = t.send(body).await;
+    drain_all(&app).await;
+    eventually("the message fails", async || {
+        (t.row(id).await.publication_state == "failed").then_some(())
+    })
+    .await;
+
+    // The cause goes on: the broker's store is wiped.
+    server.wipe_store();
+    wait_reachable(app.broker()).await;
+    let refused = cli_refused(
+        &app,
+        &[
+            "conversations",
+            "retry",
+            "--team",
+            "jsbretry",
+            "--nats-url",
+            &url,
+            "--apply",
+        ],
+    );
+    assert!(
+        refused.contains(&body_stream)
+            && refused.contains("stream_missing")
+            && refused.contains("team stream --team jsbretry"),
+        "{refused}"
+    );
+    assert_eq!(
+        t.row(id).await.publication_state,
+        "failed",
+        "nothing changed"
+    );
+
+    cli_ok(
+        &app,
+        &["team", "stream", "--team", "jsbretry", "--nats-url", &url],
+    );
+    let dry = cli_json(
+        &app,
+        &[
+            "conversations",
+            "retry",
+            "--team",
+            "jsbretry",
+            "--nats-url",
+            &url,
+            "--json",
+        ],
+    );
+    assert_eq!(dry["applied"], false, "{dry}");
+    assert_eq!(dry["retried"][0]["message_id"], id.to_string(), "{dry}");
+    assert_eq!(
+        t.row(id).await.publication_state,
+        "failed",
+        "a dry run writes nothing"
+    );
+
+    let applied = cli_json(
+        &app,
+        &[
+            "conversations",
+            "retry",
+            "--team",
+            "jsbretry",
+            "--nats-url",
+            &url,
+            "--apply",
+            "--json",
+        ],
+    );
+    assert_eq!(applied["applied"], true, "{applied}");
+    let slot: (String, i32) =
+        sqlx::query_as("SELECT state, attempts FROM conversation_outbox WHERE message_id = $1")
+            .bind(id)
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(slot, ("pending".to_owned(), 0), "fresh attempts");
+    let audited: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM audit_log WHERE action = 'conversation.retry' AND team_id = $1",
+    )
+    .bind(t.team_id)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(audited, 1);
+    drain_all(&app).await;
+    t.wait_stored(&[id]).await;
+    let page = t.read_as_bob().await;
+    assert_eq!(in_page(&page, id)["body"], body, "{page}");
 }
 
 // O3, O8, O16, B1: nats-server stopped mid-traffic. Every send is accepted

@@ -17,7 +17,9 @@ use async_nats::jetstream::context::{GetStreamErrorKind, PublishError, PublishEr
 use async_nats::jetstream::stream::{DirectGetErrorKind, RawMessageErrorKind};
 use uuid::Uuid;
 
-use super::{Broker, MAX_BODY_BYTES, body_stream_name, body_subject, locator, parse_locator};
+use super::{
+    Broker, ConditionKind, MAX_BODY_BYTES, body_stream_name, body_subject, locator, parse_locator,
+};
 use crate::backend::{Envelope, Locator, MessagingBackend, Published};
 use crate::error::{BusError, BusResult};
 
@@ -41,6 +43,10 @@ enum Attempt {
     Stored { sequence: u64 },
     /// The broker answered and stored nothing. `fatal`: it never will.
     Refused { fatal: bool, reason: String },
+    /// The broker answered and stored nothing because of a condition of the
+    /// team's stream an operator can fix (missing, full, out of storage):
+    /// retryable, and recorded on the broker handle (`conditions.rs`).
+    Blocked { kind: ConditionKind, reason: String },
     /// Never left this process (a full in-flight window, the client gone).
     NotSent(String),
     /// Sent, and no answer came back: stored or not, nobody knows.
@@ -97,8 +103,9 @@ impl JetStreamBackend {
             Ok(future) => future.await,
             Err(e) => Err(e),
         };
-        match ack {
-            Ok(ack) if ack.stream == body_stream_name(self.team_id) => Attempt::Stored {
+        let stream = body_stream_name(self.team_id);
+        let attempt = match ack {
+            Ok(ack) if ack.stream == stream => Attempt::Stored {
                 sequence: ack.sequence,
             },
             Ok(ack) => Attempt::Refused {
@@ -111,7 +118,18 @@ impl JetStreamBackend {
                 ),
             },
             Err(e) => self.classify(e, &subject, sent_at, envelope.body.len()),
+        };
+        // What the broker said about the stream, for health, status and the
+        // outbox's choice to wait rather than spend an attempt.
+        match &attempt {
+            Attempt::Stored { .. } => self.broker.clear_condition(self.team_id, &stream, sent_at),
+            Attempt::Blocked { kind, reason } => {
+                self.broker
+                    .raise_condition(self.team_id, &stream, *kind, reason, sent_at)
+            }
+            _ => {}
         }
+        attempt
     }
 
     fn classify(
@@ -142,11 +160,12 @@ impl JetStreamBackend {
                     self.broker.timeout().as_secs_f32()
                 ))
             }
-            PublishErrorKind::StreamNotFound => Attempt::Refused {
-                fatal: false,
+            PublishErrorKind::StreamNotFound => Attempt::Blocked {
+                kind: ConditionKind::StreamMissing,
                 reason: format!(
-                    "no stream takes {subject} on the broker: stream {stream} is missing. Run \
-                     `ai-crew-sync team stream --team TEAM --nats-url URL` to provision it."
+                    "no stream takes {subject} on the broker: stream {stream} is missing. The \
+                     message waits pending without spending its attempts; run `ai-crew-sync \
+                     team stream --team TEAM --nats-url URL` to provision it."
                 ),
             },
             PublishErrorKind::MaxPayloadExceeded if bytes <= MAX_BODY_BYTES => {
@@ -207,24 +226,24 @@ fn refusal(err: &async_nats::jetstream::Error, stream: &str) -> Attempt {
             fatal: true,
             reason: format!(
                 "the broker refused the body as larger than stream {stream} allows ({text}); \
-                 raise the stream's max_msg_size to 2 MiB (`team stream --update-quotas`) and \
-                 send the message again."
+                 raise the stream's max_msg_size to 2 MiB (`team stream --update-quotas`), then \
+                 `ai-crew-sync conversations retry --team TEAM --apply` publishes it again."
             ),
         },
-        _ if full => Attempt::Refused {
-            fatal: false,
+        _ if full => Attempt::Blocked {
+            kind: ConditionKind::StreamFull,
             reason: format!(
                 "stream {stream} is full ({text}); it refuses new bodies rather than dropping \
-                 old ones. The message stays pending and is retried with a backoff; raise the \
-                 stream's quota (`ai-crew-sync team stream --team TEAM --nats-url URL \
-                 --max-bytes N --max-messages N --update-quotas`) before its attempts run out."
+                 old ones. The message waits pending without spending its attempts until the \
+                 stream's quota is raised (`ai-crew-sync team stream --team TEAM --nats-url URL \
+                 --update-quotas --max-messages N --max-bytes N`)."
             ),
         },
-        _ if out_of_storage => Attempt::Refused {
-            fatal: false,
+        _ if out_of_storage => Attempt::Blocked {
+            kind: ConditionKind::BrokerOutOfStorage,
             reason: format!(
-                "the broker is out of storage for stream {stream} ({text}); the message stays \
-                 pending and is retried with a backoff. Free space on the broker or raise the \
+                "the broker is out of storage for stream {stream} ({text}); the message waits \
+                 pending without spending its attempts. Free space on the broker or raise the \
                  account's JetStream limits."
             ),
         },
@@ -253,6 +272,7 @@ impl MessagingBackend for JetStreamBackend {
                 fatal: false,
                 reason,
             }
+            | Attempt::Blocked { reason, .. }
             | Attempt::NotSent(reason) => Published::Retryable(reason),
             Attempt::NoAnswer(reason) => Published::Unanswered(reason),
         }
@@ -287,11 +307,17 @@ impl MessagingBackend for JetStreamBackend {
             }
             // The broker answered and stored nothing, and a duplicate would
             // have been answered as one: nothing is held under this key.
-            Attempt::Refused { .. } => Ok(None),
+            Attempt::Refused { .. } | Attempt::Blocked { .. } => Ok(None),
             Attempt::NotSent(reason) | Attempt::NoAnswer(reason) => Err(BusError::unavailable(
                 format!("the broker could not be asked whether it holds this body: {reason}"),
             )),
         }
+    }
+
+    fn operator_condition(&self) -> Option<String> {
+        self.broker
+            .body_stream_condition(self.team_id)
+            .map(|c| c.detail)
     }
 }
 

@@ -19,6 +19,7 @@
 //! outbox settles it.
 
 mod backend;
+mod conditions;
 mod inbox;
 mod provision;
 
@@ -33,6 +34,7 @@ use uuid::Uuid;
 use crate::error::{BusError, BusResult};
 
 pub use backend::JetStreamBackend;
+pub use conditions::{CHECK_CACHE, ConditionKind, StreamCondition};
 pub use inbox::InboxDelivery;
 pub use provision::{StreamReport, StreamSizes, TeamStreams};
 
@@ -113,6 +115,8 @@ struct Inner {
     /// on purpose: a restart or another replica starts the clock again, which
     /// can only delay a tombstone.
     misses: Mutex<HashMap<(String, u64), Instant>>,
+    /// Conditions of the teams' streams an operator can fix (`conditions.rs`).
+    conditions: conditions::Conditions,
 }
 
 impl Broker {
@@ -201,6 +205,7 @@ impl Broker {
                 direct: Mutex::default(),
                 absence_confirm_delay: options.absence_confirm_delay,
                 misses: Mutex::default(),
+                conditions: conditions::Conditions::default(),
             }),
         })
     }
@@ -254,6 +259,10 @@ impl Broker {
             Some(allowed) => known.insert(stream.to_owned(), allowed),
             None => known.remove(stream),
         };
+    }
+
+    fn conditions(&self) -> &conditions::Conditions {
+        &self.inner.conditions
     }
 
     pub(crate) fn absence_confirm_delay(&self) -> Duration {

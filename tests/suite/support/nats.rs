@@ -190,6 +190,18 @@ impl OwnedNats {
         }
     }
 
+    /// Lose everything the broker stored, as an operator whose disk was
+    /// wiped would: stop it, delete its JetStream store, start it again
+    /// empty on the same port.
+    pub fn wipe_store(&mut self) {
+        self.stop();
+        let store = self.dir.path().join("js");
+        if store.exists() {
+            std::fs::remove_dir_all(&store).expect("delete the JetStream store");
+        }
+        self.restart();
+    }
+
     /// Stop it (SIGTERM, then SIGKILL after 5 s) and wait until it is gone.
     pub fn stop(&mut self) {
         let Some(mut child) = self.child.take() else {
