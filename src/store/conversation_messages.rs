@@ -759,7 +759,9 @@ async fn fetch_remote(bus: &Bus, row: &MessageRow) -> Remote {
             lost_bodies::Verdict::Held(body) => Remote::HeldAfterAll(body),
             lost_bodies::Verdict::Lost => Remote::Gone(lost_bodies::LOST_BODY_REASON.into()),
             lost_bodies::Verdict::Unknown(e) => Remote::Unreachable(format!(
-                "the stream this body was written to has been re-created on the broker since,                  and the broker did not answer whether the body reached the new one ({e});                  whether it is lost is not known yet. Read again shortly."
+                "the stream this body was written to has been re-created on the broker since, and \
+                 the broker did not answer whether the body reached the new one ({e}); whether \
+                 it is lost is not known yet. Read again shortly."
             )),
         };
     }
