@@ -1,8 +1,10 @@
 //! `conversations …`: where conversation bodies live, what is still in
 //! flight, moving conversations between backends (`migrate`, `cleanup`), and
 //! an operator's switch of one conversation's publication or tombstone of one
-//! message (`publication`, `tombstone`). Runs beside the database; the logic
-//! is in `store::outbox`, `store::migrate` and `store::conversation_operator`.
+//! message (`publication`, `tombstone`), and declaring bodies the broker lost
+//! (`declare-lost`). Runs beside the database; the logic is in
+//! `store::outbox`, `store::migrate`, `store::conversation_operator` and
+//! `store::lost_bodies`.
 
 use std::io::IsTerminal;
 
