@@ -1,8 +1,10 @@
 //! `conversations …`: where conversation bodies live, what is still in
 //! flight, moving conversations between backends (`migrate`, `cleanup`), and
 //! an operator's switch of one conversation's publication or tombstone of one
-//! message (`publication`, `tombstone`). Runs beside the database; the logic
-//! is in `store::outbox`, `store::migrate` and `store::conversation_operator`.
+//! message (`publication`, `tombstone`), and declaring bodies the broker lost
+//! (`declare-lost`). Runs beside the database; the logic is in
+//! `store::outbox`, `store::migrate`, `store::conversation_operator` and
+//! `store::lost_bodies`.
 
 use std::io::IsTerminal;
 
@@ -15,7 +17,7 @@ use crate::backend::Backends;
 use crate::backend::jetstream::Broker;
 use crate::store::conversation_operator::{self, Publication};
 use crate::store::migrate::{self, Direction, Plan, Progress};
-use crate::store::{broker_conditions, outbox, teams};
+use crate::store::{broker_conditions, lost_bodies, outbox, teams};
 
 #[derive(Subcommand, Debug)]
 pub enum ConversationsCommand {
@@ -85,6 +87,28 @@ pub enum ConversationsCommand {
         /// Why, in one line (at most 500 bytes); readers are shown it.
         #[arg(long)]
         reason: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Declare lost the bodies the broker cannot return and PostgreSQL holds no copy of (after a
+    /// restore failed): readers then see `tombstoned` "the broker lost this body". Bodies the
+    /// broker returns intact are left alone; a broker that does not answer stops it with nothing
+    /// written. Without --apply: the count and seqs only. Audited.
+    DeclareLost {
+        #[arg(long)]
+        team: String,
+        /// Only this conversation; default: every conversation of the team.
+        #[arg(long)]
+        conversation: Option<Uuid>,
+        /// Tombstone them (default: report only).
+        #[arg(long)]
+        apply: bool,
+        /// The NATS server holding the team's streams.
+        #[arg(long, env = "BUS_NATS_URL", hide_env_values = true)]
+        nats_url: String,
+        /// NATS credentials file (.creds).
+        #[arg(long, env = "BUS_NATS_CREDENTIALS", hide_env_values = true)]
+        nats_credentials: Option<std::path::PathBuf>,
         #[arg(long)]
         json: bool,
     },
@@ -304,6 +328,33 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
             reason,
             json,
         } => tombstone(ctx, &team, conversation, seq, &reason, json).await?,
+        ConversationsCommand::DeclareLost {
+            team,
+            conversation,
+            apply,
+            nats_url,
+            nats_credentials,
+            json,
+        } => {
+            let broker = Broker::connect(&nats_url, nats_credentials.as_deref()).await?;
+            let found = ctx
+                .with_database(async |pool| {
+                    let actor = crate::store::Actor::local_operator();
+                    Ok(
+                        lost_bodies::declare_lost(
+                            pool,
+                            &broker,
+                            &team,
+                            conversation,
+                            apply,
+                            &actor,
+                        )
+                        .await?,
+                    )
+                })
+                .await?;
+            print_declared_lost(&found, json)?;
+        }
         ConversationsCommand::Migrate {
             team,
             to,
@@ -517,6 +568,42 @@ async fn tombstone(
         done.tombstoned_at.to_rfc3339(),
         done.reason
     );
+    Ok(())
+}
+
+fn print_declared_lost(found: &lost_bodies::DeclaredLost, json: bool) -> anyhow::Result<()> {
+    if json {
+        return output::json(found);
+    }
+    if !found.stream_present {
+        println!("the team's body stream does not exist on this broker");
+    }
+    for c in &found.conversations {
+        let seqs: Vec<String> = c.seqs.iter().map(i64::to_string).collect();
+        println!(
+            "{}: {} bodies {}: seq {}",
+            c.conversation_id,
+            c.seqs.len(),
+            if found.applied {
+                "tombstoned"
+            } else {
+                "cannot be fetched"
+            },
+            seqs.join(", ")
+        );
+    }
+    if found.applied {
+        println!(
+            "team `{}`: {} bodies declared lost (readers see \"{}\"; audited), {} readable left alone",
+            found.team, found.lost, found.reason, found.readable
+        );
+    } else {
+        println!(
+            "team `{}`: {} bodies cannot be fetched and have no local copy, {} readable; nothing \
+             written. Add --apply to tombstone them as \"{}\".",
+            found.team, found.lost, found.readable, found.reason
+        );
+    }
     Ok(())
 }
 

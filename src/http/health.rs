@@ -11,18 +11,25 @@
 //!
 //! The route is unauthenticated, so it answers in fixed words only: a driver's
 //! error text (host names, database and role names, the server's own wording)
-//! goes to the log, never to the caller.
+//! goes to the log, never to the caller. Which team a broker condition
+//! concerns is an operator's business: without a credential a condition
+//! says its kind and where to look; with an admin credential (`acsa_…`) it
+//! names the team, the stream and the fixing command (a team's credential
+//! sees its own team's only).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::AppState;
+use crate::auth;
+use crate::store::admin::{self, AdminIdentity};
+use crate::store::broker_conditions::Reported;
 
 #[derive(Debug, Default, Deserialize)]
 pub struct HealthQuery {
@@ -33,6 +40,7 @@ pub struct HealthQuery {
 pub async fn health(
     State(state): State<Arc<AppState>>,
     Query(query): Query<HealthQuery>,
+    headers: HeaderMap,
 ) -> (StatusCode, Json<Value>) {
     let probe = crate::db::ping(&state.pool);
     let database = match tokio::time::timeout(Duration::from_secs(3), probe).await {
@@ -92,6 +100,12 @@ pub async fn health(
         }
         Err(_) => Vec::new(),
     };
+    // A credential is looked up only when there is something to show.
+    let viewer = match conditions.is_empty() {
+        true => None,
+        false => viewer(&state, &headers).await,
+    };
+    let conditions = shown_to(viewer.as_ref(), conditions);
     let status = if broker == "unreachable" || !conditions.is_empty() {
         "degraded"
     } else {
@@ -105,4 +119,31 @@ pub async fn health(
                      "version": version }),
         ),
     )
+}
+
+/// The admin credential the request carries, if any and valid. Anything else
+/// (none, another class, unknown, revoked) is an anonymous caller here: the
+/// probe never answers 401.
+async fn viewer(state: &AppState, headers: &HeaderMap) -> Option<AdminIdentity> {
+    let bearer = super::bearer(headers).ok()?;
+    let digest = auth::parse_admin_credential(bearer).ok()?;
+    admin::authenticate(&state.pool, &digest).await.ok()
+}
+
+/// What of each condition `viewer` may see (see the module docs).
+fn shown_to(viewer: Option<&AdminIdentity>, conditions: Vec<Reported>) -> Vec<Value> {
+    conditions
+        .into_iter()
+        .filter_map(|c| match viewer {
+            Some(me) if me.team.as_deref().is_none_or(|own| own == c.team) => Some(json!(c)),
+            Some(_) => None,
+            None => Some(json!({
+                "condition": c.condition,
+                "since_seconds": c.since_seconds,
+                "fix": "a team's JetStream stream needs an operator: `ai-crew-sync conversations \
+                        status --team T --nats-url URL` names it and the command, or call \
+                        /health with an admin credential (Authorization: Bearer acsa_…)",
+            })),
+        })
+        .collect()
 }

@@ -32,7 +32,7 @@ use uuid::Uuid;
 
 use super::conversations::{self, Conversation, ReadAccess};
 use super::messages::{check_body, check_limit, normalize_metadata};
-use super::{outbox, projects, sessions};
+use super::{lost_bodies, outbox, projects, sessions};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::backend::{Locator, MessagingBackend};
@@ -124,6 +124,9 @@ struct MessageRow {
     canonical_locator: Option<String>,
     body_sha256: Vec<u8>,
     uncertain: bool,
+    /// A released body whose locator was written under another identity of
+    /// its stream than the one recorded now: see `lost_bodies`.
+    stream_replaced: bool,
     has_receipt: bool,
     stored_at: Option<DateTime<Utc>>,
     delivered_at: Option<DateTime<Utc>>,
@@ -140,6 +143,11 @@ macro_rules! message_select {
                 CASE WHEN m.sender_session = '' THEN a.name ELSE a.name || '/' || m.sender_session END AS from,
                 m.body, m.reply_to, m.metadata, m.created_at, m.publication_state, m.tombstone_reason,
                 m.backend, m.canonical_locator, m.body_sha256, m.uncertain_at IS NOT NULL AS uncertain,
+                m.body = '' AND COALESCE(m.stream_created_at <> (
+                    SELECT s.created_at_broker FROM team_streams s
+                     WHERE s.team_id = m.team_id
+                       AND s.stream = split_part(m.canonical_locator, ':', 2)), false)
+                    AS stream_replaced,
                 r.message_id IS NOT NULL AS has_receipt, r.stored_at, r.delivered_at, r.presented_at,
                 r.acknowledged_at, r.resolved_at
          FROM conversation_messages m
@@ -680,6 +688,11 @@ async fn resolve_bodies(bus: &Bus, rows: Vec<MessageRow>) -> BusResult<Vec<Conve
         match remote {
             None => {}
             Some(Remote::Body(body)) => row.body = body,
+            Some(Remote::HeldAfterAll(body)) => {
+                let locator = row.canonical_locator.clone().unwrap_or_default();
+                lost_bodies::restamp(&bus.pool, row.id, &locator).await?;
+                row.body = body;
+            }
             Some(Remote::Gone(reason)) => {
                 let locator = row.canonical_locator.clone().unwrap_or_default();
                 if outbox::tombstone_released(&bus.pool, row.id, &row.backend, &locator, &reason)
@@ -718,6 +731,9 @@ fn needs_fetch(row: &MessageRow) -> bool {
 /// What a message's backend said about its body.
 enum Remote {
     Body(String),
+    /// Of a replaced stream, yet in the new one (published just before the
+    /// new identity was recorded).
+    HeldAfterAll(String),
     /// The backend answered and does not hold it (or holds another body).
     Gone(String),
     Unreachable(String),
@@ -730,6 +746,25 @@ async fn fetch_remote(bus: &Bus, row: &MessageRow) -> Remote {
         Ok(backend) => backend,
         Err(e) => return Remote::Unreachable(e.to_string()),
     };
+    if row.stream_replaced {
+        // The stream this body was written to no longer exists: the one look
+        // below only catches a body published into its successor before
+        // `team stream` recorded it. Anything else the broker answers is
+        // the loss, decided the same way whatever the new stream holds at
+        // that sequence.
+        return match lost_bodies::judge(
+            backend.fetch_once(&locator, row.id).await,
+            &row.body_sha256,
+        ) {
+            lost_bodies::Verdict::Held(body) => Remote::HeldAfterAll(body),
+            lost_bodies::Verdict::Lost => Remote::Gone(lost_bodies::LOST_BODY_REASON.into()),
+            lost_bodies::Verdict::Unknown(e) => Remote::Unreachable(format!(
+                "the stream this body was written to has been re-created on the broker since, and \
+                 the broker did not answer whether the body reached the new one ({e}); whether \
+                 it is lost is not known yet. Read again shortly."
+            )),
+        };
+    }
     match backend.fetch(&locator, row.id).await {
         Ok(Some(body)) if outbox::body_digest(&body)[..] == row.body_sha256[..] => {
             Remote::Body(body)
@@ -747,8 +782,11 @@ async fn fetch_remote(bus: &Bus, row: &MessageRow) -> Remote {
         Err(e @ (BusError::Forbidden(_) | BusError::Invalid(_))) => {
             tracing::warn!(error = %e, message = %row.id, "a recorded locator was refused by its backend");
             Remote::Unreachable(format!(
-                "the {} backend refuses this message's recorded locator ({e}); reading again will \
-                 not help. An operator should check the message's canonical_locator.",
+                "the {} backend refuses this message's recorded locator ({e}); whether the body \
+                 is lost is not known. If the broker's store was lost and its stream re-created, \
+                 run `ai-crew-sync team stream` for this team so the bus records it (bodies \
+                 written to the old stream then read as lost), or `ai-crew-sync conversations \
+                 declare-lost` after a restore failed.",
                 row.backend
             ))
         }

@@ -16,6 +16,7 @@ pub mod conversation_operator;
 pub mod conversations;
 pub mod inbox;
 pub mod locks;
+pub mod lost_bodies;
 pub mod messages;
 pub mod migrate;
 pub mod notes;

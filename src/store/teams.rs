@@ -260,6 +260,9 @@ pub async fn provision_streams(
     let team = find(pool, slug).await?;
     let streams = broker.provision_team(team.id, sizes, update_quotas).await?;
     let mut tx = pool.begin().await?;
+    // From here on, a locator written under an older identity of these
+    // streams names a body the broker lost (see `lost_bodies`).
+    let replaced = super::lost_bodies::record_stream_identities(&mut tx, team.id, &streams).await?;
     audit::record(
         &mut tx,
         Some(team.id),
@@ -271,6 +274,7 @@ pub async fn provision_streams(
             "body": { "name": streams.body.name, "state": streams.body.state },
             "inbox": { "name": streams.inbox.name, "state": streams.inbox.state },
             "update_quotas": update_quotas,
+            "replaced": replaced,
         }),
     )
     .await?;

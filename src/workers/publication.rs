@@ -23,6 +23,7 @@ use crate::Bus;
 use crate::backend::{AnyBackend, Locator, MessagingBackend, Published};
 use crate::error::BusResult;
 use crate::events::{BusEvent, EventKind};
+use crate::store::lost_bodies;
 use crate::store::outbox::{self, Lease, Settled};
 
 /// How the drain runs. The defaults are what `serve` uses.
@@ -331,8 +332,19 @@ pub fn spawn_all(bus: Bus, shutdown: CancellationToken) -> Vec<tokio::task::Join
         move || {
             let bus = sweeper.clone();
             async move {
-                outbox::release_published_bodies(&bus.pool, &bus.backends, None, SWEEP_GRACE_SECS)
-                    .await
+                let released = outbox::release_published_bodies(
+                    &bus.pool,
+                    &bus.backends,
+                    None,
+                    SWEEP_GRACE_SECS,
+                )
+                .await?;
+                // Bodies of re-created streams are recorded lost even if
+                // nobody reads them (issue 15, item 4).
+                let lost =
+                    lost_bodies::tombstone_bodies_of_replaced_streams(&bus.pool, &bus.backends)
+                        .await?;
+                Ok(released + lost)
             }
         },
     ));

@@ -15,7 +15,7 @@ use ai_crew_sync::backend::Locator;
 use ai_crew_sync::backend::jetstream::{
     Broker, StreamSizes, body_stream_name, body_subject, parse_locator,
 };
-use ai_crew_sync::store::{outbox, teams};
+use ai_crew_sync::store::{lost_bodies, outbox, teams};
 use ai_crew_sync::workers::publication;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -567,10 +567,16 @@ async fn a_full_stream_keeps_the_overflow_pending_until_its_quota_is_raised() {
     app.broker().remove_team_streams(t.team_id).await.unwrap();
 }
 
-/// `GET /health?broker=check`, as an operator's probe asks it.
+/// `GET /health?broker=check`, as an operator asks it: with a global admin
+/// credential, so conditions name their team, stream and fix.
 async fn health_check(app: &TestApp) -> Value {
+    let admin = ai_crew_sync::store::admin::grant(&app.pool, None, None, &test_actor())
+        .await
+        .expect("a global admin credential")
+        .credential;
     crate::support::http_client()
         .get(app.url("/health?broker=check"))
+        .bearer_auth(admin)
         .send()
         .await
         .expect("/health answers")
@@ -692,6 +698,26 @@ async fn a_wiped_broker_store_keeps_messages_pending_until_team_stream_recreates
     })
     .await;
     assert_eq!(health["status"], "degraded", "{health}");
+    // Without a credential the probe says what and where to look, never which team.
+    let anonymous: Value = crate::support::http_client()
+        .get(app.url("/health?broker=check"))
+        .send()
+        .await
+        .expect("/health answers")
+        .json()
+        .await
+        .expect("/health is JSON");
+    assert_eq!(anonymous["status"], "degraded", "{anonymous}");
+    assert_eq!(
+        anonymous["broker_conditions"].as_array().map(Vec::len),
+        Some(2)
+    );
+    assert_eq!(
+        anonymous["broker_conditions"][0]["condition"],
+        "stream_missing"
+    );
+    assert!(!anonymous.to_string().contains("jsbwipe"), "{anonymous}");
+    assert!(!anonymous.to_string().contains(&body_stream), "{anonymous}");
     for stream in [&body_stream, &inbox_stream] {
         let condition = only_condition(&health, stream);
         assert_eq!(condition["team"], "jsbwipe", "{health}");
@@ -1579,8 +1605,8 @@ async fn a_body_gone_from_the_broker_is_tombstoned_and_a_silent_broker_is_unreac
 }
 
 // Issue 13, item 7: one "not found" from the broker never tombstones a
-// released body. The team's body stream is lost and re-provisioned empty (a
-// broker lost and set up again): every released body reads `unreachable`,
+// released body. The team's body stream is lost and created again empty,
+// outside `team stream`: every released body reads `unreachable`,
 // none is tombstoned. Restored into the stream at their sequences (as from a
 // backup), they read again. One that stays missing is tombstoned, with its
 // reason, only once the stream leader still answers "not found" at least
@@ -1604,16 +1630,14 @@ async fn a_body_missing_after_the_stream_is_reprovisioned_is_unreachable_until_i
     let js = async_nats::jetstream::new(async_nats::connect(nats_url()).await.unwrap());
     let stream = body_stream_name(t.team_id);
     js.delete_stream(&stream).await.unwrap();
-    teams::provision_streams(
-        &app.pool,
-        "jsb13",
-        app.broker(),
-        &StreamSizes::default(),
-        false,
-        &test_actor(),
-    )
-    .await
-    .expect("the streams provisioned again");
+    // Re-created on the broker behind the bus's back (as an operator's
+    // `nats stream restore` would), not through `team stream`: the bus has
+    // recorded no new identity, so it cannot know the bodies are lost (the
+    // identity case is `a_stream_recreated_…` below).
+    app.broker()
+        .provision_team(t.team_id, &StreamSizes::default(), false)
+        .await
+        .expect("the streams created again");
     assert_eq!(stream_messages(&nats_url(), t.team_id).await, 0);
 
     let first_miss = Instant::now();
@@ -1702,6 +1726,334 @@ async fn a_body_missing_after_the_stream_is_reprovisioned_is_unreachable_until_i
         assert!(t.row(*id).await.tombstone_reason.is_none());
     }
     app.broker().remove_team_streams(t.team_id).await.unwrap();
+}
+
+/// The identity the bus recorded for the team's body stream, and the one
+/// each message's locator was stamped with.
+async fn identities(t: &Routed<'_>, ids: &[Uuid]) -> (Option<String>, Vec<Option<String>>) {
+    let recorded: Option<String> = sqlx::query_scalar(
+        "SELECT created_at_broker::text FROM team_streams WHERE team_id = $1 AND stream = $2",
+    )
+    .bind(t.team_id)
+    .bind(body_stream_name(t.team_id))
+    .fetch_optional(&t.app.pool)
+    .await
+    .unwrap();
+    let mut stamps = Vec::new();
+    for id in ids {
+        stamps.push(
+            sqlx::query_scalar(
+                "SELECT stream_created_at::text FROM conversation_messages WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_one(&t.app.pool)
+            .await
+            .unwrap(),
+        );
+    }
+    (recorded, stamps)
+}
+
+/// An `unavailable: unreachable` that promises nothing about the body.
+fn assert_unreachable_without_promise(shown: &Value) {
+    assert!(shown["body"].is_null(), "{shown}");
+    assert_eq!(shown["unavailable"]["reason"], "unreachable", "{shown}");
+    let detail = shown["unavailable"]["detail"].as_str().unwrap();
+    assert!(
+        !detail.contains("not lost"),
+        "an unreachable body is not promised to be safe: {shown}"
+    );
+}
+
+async fn team_stream(t: &Routed<'_>, slug: &str) {
+    teams::provision_streams(
+        &t.app.pool,
+        slug,
+        t.app.broker(),
+        &StreamSizes::default(),
+        false,
+        &test_actor(),
+    )
+    .await
+    .expect("`team stream` re-run");
+}
+
+// Issue 15, item 4: lost is lost, said once, the same way every time. The
+// broker's store is wiped (the team's body stream deleted): until the bus
+// knows, old bodies read `unreachable` and nothing promises they are safe.
+// The stream comes back empty outside the bus and new messages are published
+// into it, so old locators collide with new sequences (1, 2) or lie past its
+// end (3): still unknown to the bus, still `unreachable`. Once `team stream`
+// records the new stream's identity, every old body reads tombstoned "the
+// broker lost this body" on the first read, whatever the new stream holds at
+// its sequence, and the new ones (published before the identity was
+// recorded) read fine. A broker restarted with its store keeps the identity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_recreated_after_a_wipe_makes_every_old_body_read_lost_at_once_and_new_ones_read()
+{
+    let mut server = OwnedNats::start();
+    let app = spawn_app_with_broker(&server.url()).await;
+    let t = Routed::new(&app, "jsb15").await;
+    let old_bodies = ["old one", "old two", "old three"];
+    let mut old = Vec::new();
+    for body in old_bodies {
+        old.push(t.send(body).await);
+    }
+    let workers = app.start_publication_workers();
+    t.wait_stored(&old).await;
+    workers.stop().await;
+    assert_eq!(t.release().await, 3, "every local copy released");
+    let (recorded, stamps) = identities(&t, &old).await;
+    assert!(recorded.is_some(), "`team stream` recorded the identity");
+    assert!(
+        stamps.iter().all(|s| *s == recorded),
+        "each locator stamped with the identity it was written under: {stamps:?}"
+    );
+
+    // A silent broker: unreachable, and no promise.
+    tokio::task::block_in_place(|| server.stop());
+    let page = t.read_as_bob().await;
+    for id in &old {
+        assert_unreachable_without_promise(in_page(&page, *id));
+    }
+    // Restarted with its store: the same stream, the same identity.
+    tokio::task::block_in_place(|| server.restart());
+    wait_reachable(app.broker()).await;
+    team_stream(&t, "jsb15").await;
+    assert_eq!(identities(&t, &[]).await.0, recorded, "a restart keeps it");
+    let page = eventually("the bodies read again", async || {
+        let page = t.read_as_bob().await;
+        (in_page(&page, old[2])["body"] == old_bodies[2]).then_some(page)
+    })
+    .await;
+    assert_eq!(in_page(&page, old[0])["body"], old_bodies[0]);
+
+    // The store wiped: the stream is gone.
+    let js = async_nats::jetstream::new(async_nats::connect(server.url()).await.unwrap());
+    js.delete_stream(body_stream_name(t.team_id)).await.unwrap();
+    let page = t.read_as_bob().await;
+    for id in &old {
+        assert_unreachable_without_promise(in_page(&page, *id));
+        assert!(t.row(*id).await.tombstone_reason.is_none());
+    }
+
+    // Back empty, outside `team stream`; new messages take sequences 1, 2.
+    app.broker()
+        .provision_team(t.team_id, &StreamSizes::default(), false)
+        .await
+        .unwrap();
+    let new = [t.send("new one").await, t.send("new two").await];
+    let workers = app.start_publication_workers();
+    let locators = t.wait_stored(&new).await;
+    workers.stop().await;
+    assert_eq!(t.release().await, 2);
+    let mut taken: Vec<u64> = locators.iter().map(|l| sequence(t.team_id, l)).collect();
+    taken.sort();
+    assert_eq!(
+        taken,
+        [1, 2],
+        "the old locators 1 and 2 now name new messages"
+    );
+    let page = t.read_as_bob().await;
+    for id in &old {
+        assert_unreachable_without_promise(in_page(&page, *id));
+        assert!(t.row(*id).await.tombstone_reason.is_none(), "not known yet");
+    }
+
+    // `team stream` re-run: the bus learns the stream was re-created.
+    team_stream(&t, "jsb15").await;
+    let (now_recorded, _) = identities(&t, &[]).await;
+    assert_ne!(
+        now_recorded, recorded,
+        "a re-created stream has a new identity"
+    );
+    let page = t.read_as_bob().await;
+    for id in &old {
+        let shown = in_page(&page, *id);
+        assert!(shown["body"].is_null(), "{shown}");
+        assert_eq!(shown["unavailable"]["reason"], "tombstoned", "{shown}");
+        assert_eq!(shown["unavailable"]["detail"], "the broker lost this body");
+        let row = t.row(*id).await;
+        assert_eq!(
+            row.tombstone_reason.as_deref(),
+            Some("the broker lost this body"),
+            "recorded, not only shown: {row:?}"
+        );
+        assert_eq!(row.publication_state, "stored", "the message itself stays");
+    }
+    assert_eq!(in_page(&page, new[0])["body"], "new one");
+    assert_eq!(in_page(&page, new[1])["body"], "new two");
+    let (_, stamps) = identities(&t, &new).await;
+    assert!(
+        stamps.iter().all(|s| *s == now_recorded),
+        "a body found in the new stream is stamped with it: {stamps:?}"
+    );
+    // Said once: the same answer on every later read.
+    let again = t.read_as_bob().await;
+    for id in &old {
+        assert_eq!(
+            in_page(&again, *id)["unavailable"]["detail"],
+            "the broker lost this body"
+        );
+    }
+    app.broker().remove_team_streams(t.team_id).await.unwrap();
+}
+
+// Issue 15, item 4: the body sweep records bodies of a re-created stream
+// lost without anyone reading them, and leaves the new stream's bodies be.
+#[tokio::test]
+async fn the_sweep_records_bodies_of_a_recreated_stream_lost_without_a_read() {
+    let app = spawn_app_with_broker(&nats_url()).await;
+    let t = Routed::new(&app, "jsb15s").await;
+    let old = [t.send("old one").await, t.send("old two").await];
+    let workers = app.start_publication_workers();
+    t.wait_stored(&old).await;
+    workers.stop().await;
+    assert_eq!(t.release().await, 2);
+    let js = async_nats::jetstream::new(async_nats::connect(nats_url()).await.unwrap());
+    js.delete_stream(body_stream_name(t.team_id)).await.unwrap();
+    team_stream(&t, "jsb15s").await;
+    let new = t.send("new one").await;
+    let workers = app.start_publication_workers();
+    t.wait_stored(&[new]).await;
+    workers.stop().await;
+    assert_eq!(t.release().await, 1);
+
+    let swept = lost_bodies::tombstone_bodies_of_replaced_streams(&app.pool, &app.bus.backends)
+        .await
+        .unwrap();
+    assert_eq!(swept, 2, "both old bodies recorded lost");
+    for id in old {
+        assert_eq!(
+            t.row(id).await.tombstone_reason.as_deref(),
+            Some("the broker lost this body")
+        );
+    }
+    assert!(t.row(new).await.tombstone_reason.is_none());
+    assert_eq!(
+        lost_bodies::tombstone_bodies_of_replaced_streams(&app.pool, &app.bus.backends)
+            .await
+            .unwrap(),
+        0,
+        "recorded once"
+    );
+    let page = t.read_as_bob().await;
+    assert_eq!(in_page(&page, new)["body"], "new one");
+    app.broker().remove_team_streams(t.team_id).await.unwrap();
+}
+
+/// `ai-crew-sync conversations declare-lost …` against the app's database;
+/// its JSON answer.
+fn declare_lost(app: &TestApp, nats: &str, args: &[&str]) -> Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"))
+        .args([
+            "conversations",
+            "declare-lost",
+            "--nats-url",
+            nats,
+            "--json",
+        ])
+        .args(args)
+        .env("DATABASE_URL", &app.database_url)
+        .env_remove("BUS_NATS_URL")
+        .output()
+        .expect("run the binary");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+// Issue 15, item 4: after a restore failed, the operator declares the bodies
+// the broker cannot return lost. The dry run counts and names them and
+// writes nothing; bodies the broker returns and bodies PostgreSQL still holds
+// are never counted; `--apply` tombstones them "the broker lost this body",
+// one audit entry per conversation.
+#[tokio::test]
+async fn declare_lost_counts_then_tombstones_and_audits_what_the_broker_cannot_return() {
+    let url = nats_url();
+    let app = spawn_app_with_broker(&url).await;
+    let t = Routed::new(&app, "jsb15d").await;
+    let other = t.conversation("Another thread").await;
+    let a = [t.send("a1").await, t.send("a2").await, t.send("a3").await];
+    let b = t.send_in(other, "b1").await;
+    let workers = app.start_publication_workers();
+    let locators = t.wait_stored(&[a[0], a[1], a[2], b]).await;
+    workers.stop().await;
+    assert_eq!(t.release().await, 4);
+    let kept = t.send("still held locally").await;
+    let workers = app.start_publication_workers();
+    t.wait_stored(&[kept]).await;
+    workers.stop().await;
+
+    // One body deleted from a stream that is otherwise there.
+    assert!(
+        body_stream(&url, t.team_id)
+            .await
+            .delete_message(sequence(t.team_id, &locators[1]))
+            .await
+            .unwrap()
+    );
+    let conversation = t.conversation_id.to_string();
+    let dry = declare_lost(
+        &app,
+        &url,
+        &["--team", "jsb15d", "--conversation", &conversation],
+    );
+    assert_eq!(dry["applied"], false);
+    assert_eq!(dry["lost"], 1, "{dry}");
+    assert_eq!(dry["readable"], 2, "{dry}");
+    assert_eq!(dry["conversations"][0]["seqs"], json!([2]), "{dry}");
+    assert!(
+        t.row(a[1]).await.tombstone_reason.is_none(),
+        "a dry run writes nothing"
+    );
+
+    // The restore failed: the stream is gone.
+    let js = async_nats::jetstream::new(async_nats::connect(&url).await.unwrap());
+    js.delete_stream(body_stream_name(t.team_id)).await.unwrap();
+    let dry = declare_lost(&app, &url, &["--team", "jsb15d"]);
+    assert_eq!(dry["stream_present"], false, "{dry}");
+    assert_eq!(dry["lost"], 4, "the local copy is not counted: {dry}");
+    for id in [a[0], a[1], a[2], b] {
+        assert!(t.row(id).await.tombstone_reason.is_none());
+    }
+    let audited_before: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM audit_log WHERE action = 'conversation.declare_lost'",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(audited_before, 0);
+
+    let applied = declare_lost(&app, &url, &["--team", "jsb15d", "--apply"]);
+    assert_eq!(applied["applied"], true);
+    assert_eq!(applied["lost"], 4, "{applied}");
+    for id in [a[0], a[1], a[2], b] {
+        assert_eq!(
+            t.row(id).await.tombstone_reason.as_deref(),
+            Some("the broker lost this body")
+        );
+    }
+    assert!(t.row(kept).await.tombstone_reason.is_none());
+    let audited: Vec<(String, Value)> = sqlx::query_as(
+        "SELECT subject, detail FROM audit_log WHERE action = 'conversation.declare_lost'
+          ORDER BY subject",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(audited.len(), 2, "one entry per conversation: {audited:?}");
+    let page = t.read_as_bob().await;
+    assert_eq!(
+        in_page(&page, a[0])["unavailable"]["detail"],
+        "the broker lost this body"
+    );
+    assert_eq!(in_page(&page, kept)["body"], "still held locally");
+    let again = declare_lost(&app, &url, &["--team", "jsb15d", "--apply"]);
+    assert_eq!(again["lost"], 0, "declared once: {again}");
 }
 
 // `serve --nats-url` while the broker is down starts anyway (the bus is up

@@ -490,8 +490,10 @@ impl JetStreamBackend {
     /// which would tombstone every body of a team pointed at the wrong server.
     fn stream_missing(&self, stream: &str) -> BusError {
         BusError::unavailable(format!(
-            "stream {stream} does not exist on the broker at {}; run `ai-crew-sync team \
-             stream` for this team, or point the server at the broker that holds it.",
+            "stream {stream} does not exist on the broker at {}, so whether it held this body \
+             is not known. Point the server at the broker that holds it, or restore the stream; \
+             if its store was lost, run `ai-crew-sync team stream` for this team (bodies of the \
+             old stream then read as lost).",
             self.broker.url()
         ))
     }
@@ -499,6 +501,7 @@ impl JetStreamBackend {
 
 fn unreachable_broker(err: &dyn std::fmt::Display) -> BusError {
     BusError::unavailable(format!(
-        "the message broker did not answer ({err}); the body is not lost, retry shortly"
+        "the message broker did not answer ({err}); whether it still holds the body is not \
+         known. Read again shortly."
     ))
 }

@@ -76,6 +76,10 @@ pub struct StreamReport {
     pub allow_direct: bool,
     pub messages: u64,
     pub bytes: u64,
+    /// The broker's creation time of the stream: its identity. A stream
+    /// deleted and created again under the same name has a new one (and
+    /// holds none of the old bodies); a restart or a restore keeps it.
+    pub created: chrono::DateTime<chrono::Utc>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -102,8 +106,16 @@ impl StreamReport {
             allow_direct: c.allow_direct,
             messages: info.state.messages,
             bytes: info.state.bytes,
+            created: created_at(info),
         }
     }
+}
+
+/// The stream's creation time (async-nats gives a `time` date) as the
+/// chrono one the rest of the bus and sqlx use.
+fn created_at(info: &Info) -> chrono::DateTime<chrono::Utc> {
+    let nanos = info.created.unix_timestamp_nanos();
+    chrono::DateTime::from_timestamp_nanos(i64::try_from(nanos).unwrap_or(i64::MAX))
 }
 
 fn body_config(team_id: Uuid, sizes: &StreamSizes) -> Config {
