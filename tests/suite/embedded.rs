@@ -130,3 +130,45 @@ async fn the_bus_pool_on_the_embedded_cluster_cannot_read_the_host() {
 
     database.close().await;
 }
+
+/// The setup runs as the superuser in a database whose `public` schema the
+/// bus role owns. Whatever the role puts there (here an operator matching
+/// the setup's own `oid <> regrole` comparison exactly, which the default
+/// search path would prefer to the catalog's) must never run as the
+/// superuser at the next start.
+#[tokio::test]
+async fn objects_the_bus_role_creates_never_run_as_the_superuser_at_the_next_start() {
+    let dir = tempfile::Builder::new()
+        .prefix("acs-embedded-")
+        .tempdir()
+        .unwrap();
+    let data_dir = dir.path().join("data");
+    let database = Database::open(None, &data_dir, 2).await.expect("open");
+    database.migrate().await.expect("migrate");
+    for sql in [
+        "CREATE TABLE public.ran_as (who text)",
+        "GRANT INSERT ON public.ran_as TO PUBLIC",
+        "CREATE FUNCTION public.trap(oid, regrole) RETURNS boolean LANGUAGE sql
+             AS 'INSERT INTO public.ran_as VALUES (current_user) RETURNING $1 <> $2::oid'",
+        "CREATE OPERATOR public.<> (LEFTARG = oid, RIGHTARG = regrole, FUNCTION = public.trap)",
+    ] {
+        sqlx::query(sql)
+            .execute(&database.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+    database.close().await;
+
+    let database = Database::open(None, &data_dir, 2)
+        .await
+        .expect("open again");
+    let ran_as: Vec<String> = sqlx::query_scalar("SELECT who FROM public.ran_as")
+        .fetch_all(&database.pool)
+        .await
+        .unwrap();
+    assert!(
+        ran_as.iter().all(|who| who == BUS_ROLE),
+        "the setup ran the role's operator as {ran_as:?}"
+    );
+    database.close().await;
+}
