@@ -1035,6 +1035,8 @@ async fn a_body_the_broker_lost_stops_the_move_back() {
     .await;
     let err = t.run(Direction::ToPostgres).await.unwrap_err().to_string();
     assert!(err.contains("no longer holds the body"), "{err}");
+    // Issue 15 item 5: the error names the message it met.
+    assert!(err.contains("(seq 2)"), "{err}");
     assert!(
         err.contains("tombstone it deliberately or restore the stream"),
         "{err}"
