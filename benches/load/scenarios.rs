@@ -1264,6 +1264,7 @@ async fn migrate_conversation(ctx: Arc<Ctx>) -> Result<Run> {
             conversation,
             direction,
             "bench",
+            None,
             &record,
         )
         .await

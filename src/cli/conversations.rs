@@ -128,6 +128,11 @@ pub enum ConversationsCommand {
         /// Do it (default: plan only).
         #[arg(long)]
         apply: bool,
+        /// With --apply: tombstone the messages whose bodies the broker lost (the plan names
+        /// them) with "the broker lost this body", audited, and move the rest. Without it a
+        /// move over lost bodies is refused.
+        #[arg(long)]
+        tombstone_lost: bool,
         /// The NATS server holding (or to hold) the team's streams.
         #[arg(long, env = "BUS_NATS_URL", hide_env_values = true)]
         nats_url: String,
@@ -360,6 +365,7 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
             to,
             conversations,
             apply,
+            tombstone_lost,
             nats_url,
             nats_credentials,
             json,
@@ -379,7 +385,8 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
                     }
                     return Ok(());
                 }
-                let started_by = crate::store::Actor::local_operator().name;
+                let actor = crate::store::Actor::local_operator();
+                let started_by = actor.name.clone();
                 let mut outcomes = Vec::new();
                 let mut failures = 0;
                 for plan in &plans {
@@ -399,6 +406,7 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
                         plan.conversation_id,
                         direction,
                         &started_by,
+                        tombstone_lost.then_some(&actor),
                         &|p: &Progress| bar.show(p),
                     )
                     .await;
@@ -408,14 +416,22 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
                             if !json {
                                 println!(
                                     "{}: cut over to {} ({} copied, {} resumed, {} already there, \
-                                     {} bytes, writes paused {} ms)",
+                                     {} bytes, writes paused {} ms){}",
                                     outcome.conversation_id,
                                     direction.target(),
                                     outcome.copied,
                                     outcome.resumed,
                                     outcome.skipped,
                                     outcome.bytes,
-                                    outcome.paused_ms
+                                    outcome.paused_ms,
+                                    if tombstone_lost && !plan.lost.is_empty() {
+                                        format!(
+                                            "; {} lost bod(ies) tombstoned (audited)",
+                                            plan.lost.len()
+                                        )
+                                    } else {
+                                        String::new()
+                                    }
                                 );
                             }
                             outcomes.push(serde_json::to_value(&outcome).unwrap_or_default());
@@ -615,6 +631,17 @@ fn print_plans(plans: &[Plan], direction: Direction) {
     for p in plans {
         let state = match (&p.blocked, p.resuming) {
             (Some(why), _) => format!("blocked: {why}"),
+            (None, _) if !p.lost.is_empty() => format!(
+                "{} bod(ies) lost by the broker (seqs {}): --apply refuses; restore the stream \
+                 and run `team stream`, or add --tombstone-lost to tombstone them (audited) and \
+                 move the rest",
+                p.lost.len(),
+                p.lost
+                    .iter()
+                    .map(|l| l.seq.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             (None, true) => "resuming an open move".to_string(),
             (None, false) => "ready".to_string(),
         };

@@ -44,7 +44,7 @@ use uuid::Uuid;
 
 use super::{Actor, audit, outbox, teams};
 use crate::backend::jetstream::{Broker, JetStreamBackend, TeamStreams};
-use crate::backend::{Backends, Locator, MessagingBackend};
+use crate::backend::{AnyBackend, Backends, Locator, MessagingBackend};
 use crate::error::{BusError, BusResult};
 
 /// What a reader is shown in place of a body the broker lost, whichever way
@@ -373,4 +373,130 @@ pub async fn declare_lost(
     declared.conversations.retain(|c| !c.seqs.is_empty());
     declared.lost = total;
     Ok(declared)
+}
+
+/// A body a move cannot read from where it is: released from PostgreSQL and
+/// written under a stream identity that is no longer the stream's.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct KnownLost {
+    pub message_id: Uuid,
+    pub seq: i64,
+}
+
+/// The rule of this module, for the bodies a move would copy: released (no
+/// local copy, so nothing in PostgreSQL is the body), not tombstoned yet, and
+/// stamped with an identity other than the one recorded for its stream now.
+/// `$1` team, `$2` conversation ids (empty: all of the team's).
+const KNOWN_LOST: &str = "SELECT m.conversation_id, m.id, m.seq, m.canonical_locator, m.body_sha256
+       FROM conversation_messages m
+       JOIN team_streams s
+         ON s.team_id = m.team_id AND s.stream = split_part(m.canonical_locator, ':', 2)
+      WHERE m.team_id = $1 AND (cardinality($2::uuid[]) = 0 OR m.conversation_id = ANY($2))
+        AND m.backend = 'jetstream' AND m.publication_state = 'stored'
+        AND m.tombstoned_at IS NULL AND m.body = ''
+        AND m.stream_created_at <> s.created_at_broker
+      ORDER BY m.conversation_id, m.seq";
+
+type KnownLostRow = (Uuid, Uuid, i64, String, Vec<u8>);
+
+/// Known-lost bodies of these conversations of a team, per conversation, in
+/// seq order, from the database alone (a plan asks the broker nothing per
+/// message; [`tombstone_known_lost`] does, before it writes).
+pub async fn known_lost(
+    pool: &PgPool,
+    team_id: Uuid,
+    conversations: &[Uuid],
+) -> BusResult<Vec<(Uuid, KnownLost)>> {
+    let rows: Vec<KnownLostRow> = sqlx::query_as(KNOWN_LOST)
+        .bind(team_id)
+        .bind(conversations)
+        .fetch_all(pool)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(conversation_id, message_id, seq, _, _)| {
+            (conversation_id, KnownLost { message_id, seq })
+        })
+        .collect())
+}
+
+/// A move's `--tombstone-lost`: tombstone the conversation's known-lost
+/// bodies with [`LOST_BODY_REASON`], in one audited transaction, the
+/// conversation row locked first (as every conversation writer does). Each is
+/// judged by one look at the broker first, as a read would judge it: one
+/// found in the new stream with the recorded digest is the body (restamped,
+/// not tombstoned); a broker that does not answer stops this with nothing
+/// written, because silence is not loss. Returns what was tombstoned.
+pub async fn tombstone_known_lost(
+    pool: &PgPool,
+    broker: &AnyBackend,
+    team_id: Uuid,
+    conversation_id: Uuid,
+    actor: &super::Actor,
+) -> BusResult<Vec<KnownLost>> {
+    let rows: Vec<KnownLostRow> = sqlx::query_as(KNOWN_LOST)
+        .bind(team_id)
+        .bind(&[conversation_id][..])
+        .fetch_all(pool)
+        .await?;
+    let mut lost: Vec<(KnownLost, String)> = Vec::new();
+    for (_, message_id, seq, locator, digest) in rows {
+        let fetched = broker
+            .fetch_once(&Locator(locator.clone()), message_id)
+            .await;
+        match judge(fetched, &digest) {
+            Verdict::Held(_) => restamp(pool, message_id, &locator).await?,
+            Verdict::Lost => lost.push((KnownLost { message_id, seq }, locator)),
+            Verdict::Unknown(e) => {
+                return Err(BusError::unavailable(format!(
+                    "the broker did not answer for message {message_id} (seq {seq}) of \
+                     conversation {conversation_id} ({e}); nothing was tombstoned, copied or \
+                     cut over. Run the same command again when the broker answers."
+                )));
+            }
+        }
+    }
+    if lost.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<Uuid> = lost.iter().map(|(l, _)| l.message_id).collect();
+    let locators: Vec<String> = lost.iter().map(|(_, l)| l.clone()).collect();
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT 1 FROM conversations WHERE team_id = $1 AND id = $2 FOR UPDATE")
+        .bind(team_id)
+        .bind(conversation_id)
+        .execute(&mut *tx)
+        .await?;
+    // Only what is still as it was judged: a tombstone recorded meanwhile
+    // (a read, the sweep) is not written, nor audited, twice.
+    let mut done: Vec<KnownLost> = sqlx::query_as(
+        "UPDATE conversation_messages m
+            SET tombstoned_at = now(), tombstone_reason = $3
+           FROM unnest($1::uuid[], $2::text[]) AS f(id, locator)
+          WHERE m.id = f.id AND m.canonical_locator = f.locator
+            AND m.body = '' AND m.tombstoned_at IS NULL AND m.backend = 'jetstream'
+          RETURNING m.id AS message_id, m.seq",
+    )
+    .bind(&ids)
+    .bind(&locators)
+    .bind(LOST_BODY_REASON)
+    .fetch_all(&mut *tx)
+    .await?;
+    done.sort_by_key(|l| l.seq);
+    if !done.is_empty() {
+        audit::record(
+            &mut tx,
+            Some(team_id),
+            actor,
+            "conversation.migrate_tombstone_lost",
+            &conversation_id.to_string(),
+            json!({ "conversation_id": conversation_id,
+                    "seqs": done.iter().map(|l| l.seq).collect::<Vec<_>>(),
+                    "message_ids": done.iter().map(|l| l.message_id).collect::<Vec<_>>(),
+                    "reason": LOST_BODY_REASON }),
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(done)
 }

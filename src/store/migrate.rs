@@ -45,6 +45,7 @@ use crate::backend::{
     Published,
 };
 use crate::error::{BusError, BusResult};
+use crate::store::lost_bodies::{self, KnownLost};
 use crate::store::outbox::body_digest;
 use crate::store::{Actor, audit};
 
@@ -107,6 +108,23 @@ pub struct Plan {
     pub blocked: Option<String>,
     /// A run of this direction is open: the command continues it.
     pub resuming: bool,
+    /// Messages whose bodies cannot be read from where they are (the broker
+    /// lost them: released from PostgreSQL, written to a stream since
+    /// re-created; ../store/lost_bodies.rs). `--apply` refuses naming them
+    /// unless told to tombstone them ([`run`]'s `tombstone_lost`).
+    pub lost: Vec<KnownLost>,
+}
+
+/// How a plan and a move's summary count a conversation's bytes, one rule
+/// for both: the size recorded at send (`body_bytes`, the body's UTF-8
+/// octets) of every message not tombstoned. A body already released from
+/// PostgreSQL counts the same as one still held, and a body already on the
+/// target the same as one copied.
+/// Over rows `m` of `conversation_messages`.
+macro_rules! bytes_of_messages {
+    () => {
+        "COALESCE(sum(m.body_bytes) FILTER (WHERE m.tombstoned_at IS NULL), 0)::bigint"
+    };
 }
 
 /// Plan a move for every conversation of a team, or the chosen ones (M2).
@@ -134,7 +152,7 @@ pub async fn plan(
         open_same: i64,
         open_other: i64,
     }
-    let rows: Vec<Row> = sqlx::query_as(
+    let rows: Vec<Row> = sqlx::query_as(concat!(
         "SELECT c.id AS conversation_id, c.title, c.backend AS current_backend,
                 c.write_paused_at IS NOT NULL AS paused,
                 m.messages, m.bytes, m.already_there, m.in_flight, m.failed,
@@ -146,8 +164,9 @@ pub async fn plan(
                     AND g.state IN ('planned', 'copying', 'verified')) AS open_other
            FROM conversations c
            CROSS JOIN LATERAL (
-                SELECT count(*) AS messages,
-                       COALESCE(sum(m.body_bytes), 0)::bigint AS bytes,
+                SELECT count(*) AS messages, ",
+        bytes_of_messages!(),
+        " AS bytes,
                        count(*) FILTER (WHERE m.publication_state = 'stored'
                                           AND m.backend = $3) AS already_there,
                        count(*) FILTER (WHERE m.publication_state = 'pending_publication')
@@ -157,8 +176,8 @@ pub async fn plan(
                  WHERE m.team_id = c.team_id AND m.conversation_id = c.id
                    AND m.tombstoned_at IS NULL) m
           WHERE c.team_id = $1 AND (cardinality($2::uuid[]) = 0 OR c.id = ANY($2))
-          ORDER BY c.created_at, c.id",
-    )
+          ORDER BY c.created_at, c.id"
+    ))
     .bind(team_id)
     .bind(only)
     .bind(direction.target())
@@ -176,6 +195,8 @@ pub async fn plan(
         )));
     }
     check_target(backends, team_id, direction).await?;
+    let ids: Vec<Uuid> = rows.iter().map(|r| r.conversation_id).collect();
+    let mut lost = lost_bodies::known_lost(pool, team_id, &ids).await?;
     Ok(rows
         .into_iter()
         .map(|r| {
@@ -211,7 +232,12 @@ pub async fn plan(
             } else {
                 None
             };
+            let (here, rest) = std::mem::take(&mut lost)
+                .into_iter()
+                .partition(|(c, _)| *c == r.conversation_id);
+            lost = rest;
             Plan {
+                lost: here.into_iter().map(|(_, l)| l).collect(),
                 conversation_id: r.conversation_id,
                 title: r.title,
                 current_backend: r.current_backend,
@@ -302,7 +328,13 @@ pub struct Outcome {
     pub resumed: i64,
     /// Messages already on the target.
     pub skipped: i64,
+    /// The conversation's bytes now on the target, counted as the plan
+    /// counts them (`bytes_of_messages!`): a summary and its plan agree for
+    /// the same bodies, whether this run copied them, an earlier pass did,
+    /// or they were there already.
     pub bytes: i64,
+    /// Of those, the bytes this run copied or found copied (progress).
+    pub bytes_copied: i64,
     /// How long writes to the thread were refused.
     pub paused_ms: i64,
     pub state: String,
@@ -333,6 +365,13 @@ struct Mover<'a> {
 /// the plan's refusals (the target, failed messages) before a body is
 /// copied. Once the run is open, any failure aborts it (M11) and the move's
 /// own error is returned.
+///
+/// Bodies the broker lost (the plan's `lost`) cannot be copied: without
+/// `tombstone_lost` the move is refused naming them, before anything is
+/// written; with it (the operator's explicit `--tombstone-lost`) they are
+/// tombstoned with "the broker lost this body", audited as that actor, and
+/// the rest is moved.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     pool: &PgPool,
     backends: &Backends,
@@ -340,6 +379,7 @@ pub async fn run(
     conversation_id: Uuid,
     direction: Direction,
     started_by: &str,
+    tombstone_lost: Option<&Actor>,
     progress: &(dyn Fn(&Progress) + Sync),
 ) -> BusResult<Outcome> {
     // Both directions talk to the broker: one writes to it, the other reads
@@ -352,6 +392,9 @@ pub async fn run(
         "Nothing was copied, paused or moved.",
     )
     .await?;
+    if tombstone_lost.is_none() {
+        refuse_lost_bodies(pool, team_id, conversation_id).await?;
+    }
     let migration_id = open_run(pool, team_id, conversation_id, direction, started_by).await?;
     let mut mover = Mover {
         pool,
@@ -371,6 +414,7 @@ pub async fn run(
             resumed: 0,
             skipped: 0,
             bytes: 0,
+            bytes_copied: 0,
             paused_ms: 0,
             state: "copying".into(),
         },
@@ -389,6 +433,11 @@ pub async fn run(
                 direction.target()
             )));
         }
+        if let (Some(actor), false) = (tombstone_lost, plan.lost.is_empty()) {
+            let broker = mover.jetstream.as_ref().expect("a broker for lost bodies");
+            lost_bodies::tombstone_known_lost(pool, broker, team_id, conversation_id, actor)
+                .await?;
+        }
         mover.totals = (plan.messages, plan.bytes);
         mover.copy_pause_cut_over().await
     }
@@ -403,6 +452,41 @@ pub async fn run(
             Err(e)
         }
     }
+}
+
+/// Refuse a move over bodies the broker lost, naming them and the two ways
+/// out, with nothing written (no run opened): a move cannot copy them, and
+/// dropping them silently is not the operator's decision made.
+async fn refuse_lost_bodies(pool: &PgPool, team_id: Uuid, conversation_id: Uuid) -> BusResult<()> {
+    let lost = lost_bodies::known_lost(pool, team_id, &[conversation_id]).await?;
+    if lost.is_empty() {
+        return Ok(());
+    }
+    Err(BusError::conflict(format!(
+        "conversation {conversation_id} has {} message(s) whose bodies the broker lost ({}): \
+         each was released from PostgreSQL and written to a stream that has since been \
+         re-created, so there is nothing to copy. Nothing was copied, paused, tombstoned or \
+         moved. Either restore the stream from a backup (then `ai-crew-sync team stream`) and \
+         run the same command again, or run it again with --tombstone-lost to tombstone them \
+         (readers see \"{}\"; audited) and move the rest.",
+        lost.len(),
+        name_lost(lost.iter().map(|(_, l)| l)),
+        lost_bodies::LOST_BODY_REASON
+    )))
+}
+
+/// `seq 3 (message …), …`, the first 20 and how many more.
+fn name_lost<'a>(lost: impl Iterator<Item = &'a KnownLost>) -> String {
+    let lost: Vec<&KnownLost> = lost.collect();
+    let mut named: Vec<String> = lost
+        .iter()
+        .take(20)
+        .map(|l| format!("seq {} (message {})", l.seq, l.message_id))
+        .collect();
+    if lost.len() > 20 {
+        named.push(format!("and {} more", lost.len() - 20));
+    }
+    named.join(", ")
 }
 
 /// A message whose publication is waiting out a retry backoff longer than a
@@ -551,8 +635,8 @@ impl Mover<'_> {
                 .totals
                 .0
                 .max(self.done.copied + self.done.resumed + self.done.skipped),
-            bytes_done: self.done.bytes,
-            bytes_total: self.totals.1.max(self.done.bytes),
+            bytes_done: self.done.bytes_copied,
+            bytes_total: self.totals.1.max(self.done.bytes_copied),
         });
     }
 
@@ -649,7 +733,7 @@ impl Mover<'_> {
             self.mark_item(source.id, "verified", Some(&found), None)
                 .await?;
             self.done.resumed += 1;
-            self.done.bytes += body.len() as i64;
+            self.done.bytes_copied += body.len() as i64;
             return Ok(());
         }
         let locator = self.write_target(source, &body).await?;
@@ -679,7 +763,7 @@ impl Mover<'_> {
         }
         self.mark_item(source.id, "verified", None, None).await?;
         self.done.copied += 1;
-        self.done.bytes += body.len() as i64;
+        self.done.bytes_copied += body.len() as i64;
         Ok(())
     }
 
@@ -741,19 +825,32 @@ impl Mover<'_> {
             .jetstream
             .as_ref()
             .expect("a broker for a jetstream source");
-        broker
-            .fetch(&Locator(locator.clone()), source.id)
-            .await?
-            .ok_or_else(|| {
-                BusError::not_found(format!(
-                    "the broker no longer holds the body of message {}. A body that is gone \
-                     cannot be copied back; tombstone it deliberately or restore the stream \
-                     first. `ai-crew-sync conversations tombstone --team T --conversation {} --seq N \
-                     --reason …` records why it is gone (readers see the reason; a move skips a \
-                     tombstoned message).",
-                    source.id, self.conversation_id
-                ))
-            })
+        let named = |why: String| {
+            format!(
+                "message {} (seq {}) cannot be read from the broker at {locator}: {why}. \
+                 Nothing was cut over. A body that is gone cannot be copied back; tombstone it \
+                 deliberately or restore the stream first: `ai-crew-sync conversations \
+                 declare-lost --team T --conversation {} --apply` records the bodies the broker \
+                 cannot return as lost (audited; readers see the reason), and a move skips a \
+                 tombstoned message.",
+                source.id, source.seq, self.conversation_id
+            )
+        };
+        match broker.fetch(&Locator(locator.clone()), source.id).await {
+            Ok(Some(body)) => Ok(body),
+            Ok(None) => Err(BusError::not_found(named(
+                "the broker no longer holds the body".to_owned(),
+            ))),
+            Err(BusError::Db(e)) => Err(BusError::Db(e)),
+            Err(BusError::Unavailable(why)) => Err(BusError::unavailable(named(why))),
+            Err(
+                BusError::NotFound(why)
+                | BusError::Invalid(why)
+                | BusError::Conflict(why)
+                | BusError::Unauthenticated(why)
+                | BusError::Forbidden(why),
+            ) => Err(BusError::conflict(named(why))),
+        }
     }
 
     /// Write under a key derived from the message (M8): the message id.
@@ -1017,10 +1114,20 @@ impl Mover<'_> {
         )
         .bind(self.migration_id)
         .bind(self.done.copied + self.done.resumed)
-        .bind(self.done.bytes)
+        .bind(self.done.bytes_copied)
+        .fetch_one(&mut *tx)
+        .await?;
+        let bytes: i64 = sqlx::query_scalar(concat!(
+            "SELECT ",
+            bytes_of_messages!(),
+            " FROM conversation_messages m WHERE m.team_id = $1 AND m.conversation_id = $2"
+        ))
+        .bind(self.team_id)
+        .bind(self.conversation_id)
         .fetch_one(&mut *tx)
         .await?;
         tx.commit().await?;
+        self.done.bytes = bytes;
         self.done.paused_ms = paused_ms.unwrap_or(0);
         self.done.skipped = self.totals.0 - self.done.copied - self.done.resumed;
         self.done.state = "cut_over".into();

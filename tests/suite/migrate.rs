@@ -135,6 +135,7 @@ impl Thread {
             self.conversation_id,
             direction,
             "test",
+            None,
             &|_: &Progress| {},
         )
         .await
@@ -158,6 +159,7 @@ impl Thread {
             self.conversation_id,
             direction,
             "test",
+            None,
             &|_: &Progress| {},
         )
         .await
@@ -1033,6 +1035,8 @@ async fn a_body_the_broker_lost_stops_the_move_back() {
     .await;
     let err = t.run(Direction::ToPostgres).await.unwrap_err().to_string();
     assert!(err.contains("no longer holds the body"), "{err}");
+    // Issue 15 item 5: the error names the message it met.
+    assert!(err.contains("(seq 2)"), "{err}");
     assert!(
         err.contains("tombstone it deliberately or restore the stream"),
         "{err}"
@@ -1108,6 +1112,7 @@ async fn two_operators_sharing_a_run_never_leave_a_pause_no_move_owns() {
                     conversation_id,
                     Direction::ToPostgres,
                     "operator a",
+                    None,
                     &|_: &Progress| {
                         if !first.swap(true, std::sync::atomic::Ordering::SeqCst) {
                             let _ = reached_tx.send(());
@@ -1530,6 +1535,7 @@ async fn m11_an_abort_that_cannot_finish_leaves_the_run_open_and_paused_until_re
                 conversation_id,
                 Direction::ToPostgres,
                 "test",
+                None,
                 &|_: &Progress| {},
             )
             .await
@@ -1651,4 +1657,262 @@ async fn m13_is_paused_answers_for_a_paused_thread_and_refuses_an_unknown_one() 
         .unwrap_err();
     assert_eq!(err.kind(), "not_found");
     assert!(err.to_string().contains("no conversation"), "{err}");
+}
+
+/// `team stream`: provision or adopt the team's streams and record their
+/// identities, as the operator's command does.
+async fn team_stream(t: &Thread) {
+    teams::provision_streams(
+        t.pool(),
+        &t.team,
+        t.backends.broker().unwrap(),
+        &sizes(),
+        false,
+        &test_actor(),
+    )
+    .await
+    .expect("`team stream`");
+}
+
+/// The tombstone reason of each seq of the conversation (`None`: none).
+async fn tombstones(t: &Thread) -> Vec<(i64, Option<String>)> {
+    sqlx::query_as(
+        "SELECT seq, tombstone_reason FROM conversation_messages
+          WHERE conversation_id = $1 ORDER BY seq",
+    )
+    .bind(t.conversation_id)
+    .fetch_all(t.pool())
+    .await
+    .unwrap()
+}
+
+// Issue 15 item 5 (M2, M5, M11; lost bodies as src/store/lost_bodies.rs
+// knows them). A thread moved to JetStream, its PostgreSQL copies cleaned
+// up, then the broker's store wiped and the stream re-created by `team
+// stream`; two messages sent after land in the new stream (so old locators 1
+// and 2 name them, 3 and 4 lie past its end). The plan names the four lost
+// bodies; `--apply` refuses naming them and the two ways out, and changes
+// nothing; `--apply --tombstone-lost` tombstones them ("the broker lost this
+// body", audited) and moves the rest, whose bodies read fine.
+#[tokio::test]
+async fn a_move_over_bodies_the_broker_lost_names_them_and_tombstones_them_only_when_told() {
+    let t = thread("mv-lost15", 4).await;
+    team_stream(&t).await;
+    t.run(Direction::ToJetStream).await.unwrap();
+    migrate::cleanup(t.pool(), t.team_id, 0, true)
+        .await
+        .unwrap();
+    let lost_ids: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM conversation_messages WHERE conversation_id = $1 ORDER BY seq",
+    )
+    .bind(t.conversation_id)
+    .fetch_all(t.pool())
+    .await
+    .unwrap();
+
+    // The store wiped; `team stream` re-creates the stream.
+    let broker = t.backends.broker().unwrap();
+    broker
+        .js()
+        .delete_stream(ai_crew_sync::backend::jetstream::body_stream_name(
+            t.team_id,
+        ))
+        .await
+        .unwrap();
+    team_stream(&t).await;
+    t.send(t.conversation_id, "after the wipe, one")
+        .await
+        .unwrap();
+    t.send(t.conversation_id, "after the wipe, two")
+        .await
+        .unwrap();
+    let workers = t.app.start_publication_workers();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let stored: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM conversation_messages
+              WHERE conversation_id = $1 AND seq > 4 AND publication_state = 'stored'",
+        )
+        .bind(t.conversation_id)
+        .fetch_one(t.pool())
+        .await
+        .unwrap();
+        if stored == 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the new messages were not published"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    workers.stop().await;
+    let before = t.snapshot().await;
+
+    // The plan names them.
+    let plan = t.plan_of(Direction::ToPostgres).await;
+    let seqs: Vec<i64> = plan.lost.iter().map(|l| l.seq).collect();
+    assert_eq!(seqs, [1, 2, 3, 4], "{plan:?}");
+    let ids: Vec<Uuid> = plan.lost.iter().map(|l| l.message_id).collect();
+    assert_eq!(ids, lost_ids);
+    let out = tokio::task::spawn_blocking({
+        let mut command = t.command(&["migrate", "--to", "postgres"]);
+        move || command.output().unwrap()
+    })
+    .await
+    .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        shown.contains("4 bod(ies) lost by the broker (seqs 1, 2, 3, 4)")
+            && shown.contains("--tombstone-lost")
+            && !shown.contains("  ready  ("),
+        "{shown}"
+    );
+
+    // `--apply` alone refuses, naming them, and changes nothing.
+    let out = tokio::task::spawn_blocking({
+        let mut command = t.command(&["migrate", "--to", "postgres", "--apply"]);
+        move || command.output().unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(!out.status.success(), "refused");
+    let said = String::from_utf8_lossy(&out.stdout);
+    for (seq, id) in (1..=4).zip(&lost_ids) {
+        assert!(
+            said.contains(&format!("seq {seq} (message {id})")),
+            "{said}"
+        );
+    }
+    assert!(
+        said.contains("4 message(s) whose bodies the broker lost")
+            && said.contains("restore the stream")
+            && said.contains("--tombstone-lost"),
+        "{said}"
+    );
+    assert_eq!(t.runs().await, [("to_jetstream".into(), "cut_over".into())]);
+    assert!(tombstones(&t).await.iter().all(|(_, r)| r.is_none()));
+    assert_eq!(
+        t.conversation_row().await,
+        ("jetstream".into(), "outbox".into(), false)
+    );
+    assert_eq!(t.snapshot().await, before);
+
+    // With the flag: tombstoned (audited), and the rest moved.
+    let out = tokio::task::spawn_blocking({
+        let mut command =
+            t.command(&["migrate", "--to", "postgres", "--apply", "--tombstone-lost"]);
+        move || command.output().unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("4 lost bod(ies) tombstoned"), "{said}");
+    let lost = Some("the broker lost this body".to_owned());
+    assert_eq!(
+        tombstones(&t).await,
+        [
+            (1, lost.clone()),
+            (2, lost.clone()),
+            (3, lost.clone()),
+            (4, lost.clone()),
+            (5, None),
+            (6, None)
+        ]
+    );
+    let audited: Vec<Value> = sqlx::query_scalar(
+        "SELECT detail FROM audit_log
+          WHERE action = 'conversation.migrate_tombstone_lost' AND subject = $1",
+    )
+    .bind(t.conversation_id.to_string())
+    .fetch_all(t.pool())
+    .await
+    .unwrap();
+    assert_eq!(audited.len(), 1, "{audited:?}");
+    assert_eq!(audited[0]["seqs"], json!([1, 2, 3, 4]));
+    assert_eq!(
+        t.conversation_row().await,
+        ("postgres".into(), "sync".into(), false)
+    );
+    // Every other body reads fine; the lost ones say why.
+    let page = t
+        .bob
+        .call(
+            "read_conversation",
+            json!({"conversation_id": t.conversation_id, "after_seq": 0, "limit": 50}),
+        )
+        .await
+        .unwrap();
+    let messages = page["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 6, "{page}");
+    for m in &messages[..4] {
+        assert!(m["body"].is_null(), "{m}");
+        assert_eq!(m["unavailable"]["reason"], "tombstoned", "{m}");
+        assert_eq!(
+            m["unavailable"]["detail"], "the broker lost this body",
+            "{m}"
+        );
+    }
+    assert_eq!(messages[4]["body"], "after the wipe, one");
+    assert_eq!(messages[5]["body"], "after the wipe, two");
+}
+
+// Issue 15 item 7 (M2): a move's summary counts bytes as its plan does. A
+// resumed run whose first message was verified by the interrupted pass used
+// to count only what it copied itself (the issue's 6.6 MB against 8.0 MB).
+#[tokio::test]
+async fn a_moves_summary_counts_the_bytes_its_plan_counts() {
+    let t = thread("mv-bytes15", 5).await;
+    let first: (Uuid, String) = sqlx::query_as(
+        "SELECT id, body FROM conversation_messages WHERE conversation_id = $1 AND seq = 1",
+    )
+    .bind(t.conversation_id)
+    .fetch_one(t.pool())
+    .await
+    .unwrap();
+    let broker = JetStreamBackend::new(t.backends.broker().unwrap().clone(), t.team_id);
+    let Published::Confirmed(locator) = broker
+        .publish(&Envelope {
+            message_id: first.0,
+            conversation_id: t.conversation_id,
+            team_id: t.team_id,
+            body: first.1.clone(),
+            publish_key: first.0,
+        })
+        .await
+    else {
+        panic!("the earlier copy was not published");
+    };
+    // What an interrupted run left: open, its first item verified.
+    let run = t
+        .left_run(t.conversation_id, "to_jetstream", "copying", false)
+        .await;
+    sqlx::query(
+        "INSERT INTO conversation_migration_items
+             (migration_id, message_id, team_id, body_sha256, bytes, target_locator, state)
+         SELECT $1, id, team_id, body_sha256, body_bytes, $3, 'verified'
+           FROM conversation_messages WHERE id = $2",
+    )
+    .bind(run)
+    .bind(first.0)
+    .bind(&locator.0)
+    .execute(t.pool())
+    .await
+    .unwrap();
+
+    let plan = t.plan_of(Direction::ToJetStream).await;
+    assert!(plan.resuming);
+    let bytes: i64 = (0..5).map(|i| body_of(i).len() as i64).sum();
+    assert_eq!(plan.bytes, bytes);
+    let outcome = t.run(Direction::ToJetStream).await.unwrap();
+    assert_eq!(outcome.migration_id, run);
+    assert_eq!(outcome.copied, 4);
+    assert_eq!(outcome.bytes, plan.bytes, "the summary counts as the plan");
+    assert_eq!(outcome.bytes_copied, bytes - first.1.len() as i64);
 }
