@@ -127,6 +127,20 @@ pub async fn restamp(pool: &PgPool, message_id: Uuid, locator: &str) -> BusResul
 }
 
 /// Bodies of replaced streams one sweep pass examines at most.
+/// The rule, once, for the sweep and for moves: a released body (no local
+/// copy), stored on jetstream, not tombstoned yet, stamped with a stream
+/// identity other than the one recorded for its stream now.
+macro_rules! known_lost_from {
+    () => {
+        " FROM conversation_messages m
+           JOIN team_streams s
+             ON s.team_id = m.team_id AND s.stream = split_part(m.canonical_locator, ':', 2)
+          WHERE m.backend = 'jetstream' AND m.publication_state = 'stored'
+            AND m.tombstoned_at IS NULL AND m.body = ''
+            AND m.stream_created_at <> s.created_at_broker"
+    };
+}
+
 const SWEEP_LIMIT: i64 = 500;
 
 /// The sweep's share: tombstone released bodies written under a stream
@@ -139,16 +153,11 @@ pub async fn tombstone_bodies_of_replaced_streams(
     if backends.broker_reachable().await != Some(true) {
         return Ok(0);
     }
-    let candidates: Vec<(Uuid, Uuid, String, Vec<u8>)> = sqlx::query_as(
-        "SELECT m.id, m.team_id, m.canonical_locator, m.body_sha256
-           FROM conversation_messages m
-           JOIN team_streams s
-             ON s.team_id = m.team_id AND s.stream = split_part(m.canonical_locator, ':', 2)
-          WHERE m.backend = 'jetstream' AND m.publication_state = 'stored'
-            AND m.tombstoned_at IS NULL AND m.body = ''
-            AND m.stream_created_at <> s.created_at_broker
-          LIMIT $1",
-    )
+    let candidates: Vec<(Uuid, Uuid, String, Vec<u8>)> = sqlx::query_as(concat!(
+        "SELECT m.id, m.team_id, m.canonical_locator, m.body_sha256",
+        known_lost_from!(),
+        " LIMIT $1"
+    ))
     .bind(SWEEP_LIMIT)
     .fetch_all(pool)
     .await?;
@@ -383,19 +392,13 @@ pub struct KnownLost {
     pub seq: i64,
 }
 
-/// The rule of this module, for the bodies a move would copy: released (no
-/// local copy, so nothing in PostgreSQL is the body), not tombstoned yet, and
-/// stamped with an identity other than the one recorded for its stream now.
-/// `$1` team, `$2` conversation ids (empty: all of the team's).
-const KNOWN_LOST: &str = "SELECT m.conversation_id, m.id, m.seq, m.canonical_locator, m.body_sha256
-       FROM conversation_messages m
-       JOIN team_streams s
-         ON s.team_id = m.team_id AND s.stream = split_part(m.canonical_locator, ':', 2)
-      WHERE m.team_id = $1 AND (cardinality($2::uuid[]) = 0 OR m.conversation_id = ANY($2))
-        AND m.backend = 'jetstream' AND m.publication_state = 'stored'
-        AND m.tombstoned_at IS NULL AND m.body = ''
-        AND m.stream_created_at <> s.created_at_broker
-      ORDER BY m.conversation_id, m.seq";
+/// `known_lost_from!` for the bodies a move would copy: `$1` team, `$2` conversation ids (empty: all of the team's).
+const KNOWN_LOST: &str = concat!(
+    "SELECT m.conversation_id, m.id, m.seq, m.canonical_locator, m.body_sha256",
+    known_lost_from!(),
+    " AND m.team_id = $1 AND (cardinality($2::uuid[]) = 0 OR m.conversation_id = ANY($2))
+      ORDER BY m.conversation_id, m.seq"
+);
 
 type KnownLostRow = (Uuid, Uuid, i64, String, Vec<u8>);
 
