@@ -48,9 +48,15 @@ pub enum Published {
     /// The backend confirmed it, and this is where it is.
     Confirmed(Locator),
     /// The attempt failed and may succeed later: a refused connection, a
-    /// broker without a leader, a full stream, a broker out of storage. The slot stays and is retried
-    /// after a backoff.
+    /// broker without a leader. The slot stays and is retried after a
+    /// backoff.
     Retryable(String),
+    /// Retryable, and not the message's fault but a condition an operator
+    /// fixes (the team's stream missing or full, the broker out of storage):
+    /// the slot waits without spending an attempt, so nothing fails behind
+    /// the operator's back. Decided by this attempt's own answer, not by
+    /// what other attempts reported since.
+    Blocked(String),
     /// It will never succeed: a payload the backend can never take, a
     /// permission denied. The slot is marked failed and stays visible. (A
     /// full stream is `Retryable`: an operator raising its quota cures it.)
@@ -125,15 +131,6 @@ pub trait MessagingBackend: Send + Sync {
         &self,
         envelope: &Envelope,
     ) -> impl Future<Output = BusResult<Option<Locator>>> + Send;
-
-    /// A condition of this handle's store that an operator can fix (a
-    /// stream missing or full, a broker out of storage), as the backend last
-    /// learned it; what it says. While one holds, a retryable refusal does
-    /// not spend an attempt: the message is not at fault, and failing it
-    /// would be done behind the operator's back. `None` by default.
-    fn operator_condition(&self) -> Option<String> {
-        None
-    }
 }
 
 /// One of the backends this build knows, dispatched without boxing.
@@ -183,13 +180,6 @@ impl MessagingBackend for AnyBackend {
         match self {
             AnyBackend::Postgres(b) => b.reconcile(envelope).await,
             AnyBackend::JetStream(b) => b.reconcile(envelope).await,
-        }
-    }
-
-    fn operator_condition(&self) -> Option<String> {
-        match self {
-            AnyBackend::Postgres(b) => b.operator_condition(),
-            AnyBackend::JetStream(b) => b.operator_condition(),
         }
     }
 }

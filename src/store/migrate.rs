@@ -388,6 +388,7 @@ pub async fn run(
     let target = backends.for_message(direction.target(), team_id)?;
     refuse_a_longer_backoff(
         pool,
+        team_id,
         conversation_id,
         "Nothing was copied, paused or moved.",
     )
@@ -496,6 +497,7 @@ fn name_lost<'a>(lost: impl Iterator<Item = &'a KnownLost>) -> String {
 /// (that would spend the slot's attempts faster than O8 allows).
 async fn refuse_a_longer_backoff(
     pool: &PgPool,
+    team_id: Uuid,
     conversation_id: Uuid,
     done: &str,
 ) -> BusResult<()> {
@@ -504,11 +506,12 @@ async fn refuse_a_longer_backoff(
                 max(extract(epoch FROM next_attempt_at - now()))::float8,
                 (array_agg(last_error ORDER BY next_attempt_at DESC))[1]
            FROM conversation_outbox
-          WHERE conversation_id = $1 AND state = 'pending'
+          WHERE team_id = $3 AND conversation_id = $1 AND state = 'pending'
             AND next_attempt_at > now() + make_interval(secs => $2)",
     )
     .bind(conversation_id)
     .bind(SETTLE_WAIT.as_secs_f64())
+    .bind(team_id)
     .fetch_one(pool)
     .await?;
     if waiting == 0 {
@@ -614,6 +617,7 @@ impl Mover<'_> {
         // A send during the copy may have met a long backoff since.
         refuse_a_longer_backoff(
             self.pool,
+            self.team_id,
             self.conversation_id,
             "Nothing was paused or cut over; the copies made are kept for the next run.",
         )
@@ -867,6 +871,7 @@ impl Mover<'_> {
                 match self.target.publish(&envelope).await {
                     Published::Confirmed(Locator(locator)) => Ok(locator),
                     Published::Retryable(why)
+                    | Published::Blocked(why)
                     | Published::Fatal(why)
                     | Published::Unanswered(why) => Err(BusError::unavailable(format!(
                         "copying message {} to jetstream failed: {why}. Nothing was cut over; \

@@ -276,6 +276,7 @@ pub async fn settle(pool: &PgPool, lease: &Lease, outcome: Published) -> BusResu
     match outcome {
         Published::Confirmed(Locator(locator)) => settle_stored(pool, lease, &locator).await,
         Published::Retryable(why) => settle_retryable(pool, lease, &why).await,
+        Published::Blocked(why) => settle_waiting(pool, lease, &why).await,
         Published::Fatal(why) => settle_fatal(pool, lease, &why).await,
         Published::Unanswered(why) => mark_uncertain(pool, lease, &why).await,
     }
@@ -537,14 +538,8 @@ pub async fn settle_attempt<B: MessagingBackend>(
     lease: &Lease,
     outcome: Published,
 ) -> BusResult<Settled> {
-    // Not the message's fault and the operator's to fix: waiting spends no
-    // attempt, so nothing fails behind the operator's back while the stream
-    // is missing or full, and the message goes out once it is fixed.
-    if let Published::Retryable(why) = &outcome
-        && backend.operator_condition().is_some()
-    {
-        return settle_waiting(pool, lease, why).await;
-    }
+    // A Blocked outcome (the operator's to fix) waits in `settle` without
+    // spending an attempt, whatever other attempts reported meanwhile.
     if matches!(outcome, Published::Retryable(_))
         && lease.attempts >= MAX_ATTEMPTS
         && let Some(locator) = backend.reconcile(&lease.envelope()).await?

@@ -367,13 +367,14 @@ async fn a_full_stream_is_retryable_and_names_the_quota_flags() {
     confirmed(backend.publish(&envelope(team, "fits")).await);
     let refused = envelope(team, "does not, yet");
     match backend.publish(&refused).await {
-        Published::Retryable(reason) => {
+        // Retryable, and the operator's to fix: the slot waits unspent.
+        Published::Blocked(reason) => {
             assert!(
                 reason.contains("full") && reason.contains("--update-quotas"),
                 "{reason}"
             )
         }
-        other => panic!("a full discard-new stream is retryable: {other:?}"),
+        other => panic!("a full discard-new stream blocks (retryable, waiting): {other:?}"),
     }
     assert_eq!(body_messages(team).await, 1, "the refusal stored nothing");
     // Once the quota is raised, the same envelope lands.
@@ -392,7 +393,7 @@ async fn a_team_without_streams_is_retryable_and_says_how_to_provision() {
     let team = Uuid::new_v4();
     let backend = JetStreamBackend::new(broker.clone(), team);
     match backend.publish(&envelope(team, "nowhere")).await {
-        Published::Retryable(reason) => assert!(reason.contains("team stream"), "{reason}"),
+        Published::Blocked(reason) => assert!(reason.contains("team stream"), "{reason}"),
         other => panic!("{other:?}"),
     }
     assert!(!broker.team_streams_exist(team).await.unwrap());

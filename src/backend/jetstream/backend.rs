@@ -268,11 +268,11 @@ impl MessagingBackend for JetStreamBackend {
                 fatal: true,
                 reason,
             } => Published::Fatal(reason),
+            Attempt::Blocked { reason, .. } => Published::Blocked(reason),
             Attempt::Refused {
                 fatal: false,
                 reason,
             }
-            | Attempt::Blocked { reason, .. }
             | Attempt::NotSent(reason) => Published::Retryable(reason),
             Attempt::NoAnswer(reason) => Published::Unanswered(reason),
         }
@@ -312,12 +312,6 @@ impl MessagingBackend for JetStreamBackend {
                 format!("the broker could not be asked whether it holds this body: {reason}"),
             )),
         }
-    }
-
-    fn operator_condition(&self) -> Option<String> {
-        self.broker
-            .body_stream_condition(self.team_id)
-            .map(|c| c.detail)
     }
 }
 
