@@ -9,7 +9,7 @@ use serde::Serialize;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::sessions;
+use super::{sessions, text};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -45,15 +45,19 @@ pub fn normalize_name(raw: &str) -> BusResult<String> {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
     if !ok {
         return Err(BusError::invalid(format!(
-            "channel name {raw:?} is not valid: use 1-{CHANNEL_NAME_MAX_BYTES} ASCII letters, digits \
-             and `-_.`, starting with a letter or digit (for example `backend` or `web-app`)."
+            "channel name {} is not valid: use 1-{CHANNEL_NAME_MAX_BYTES} ASCII letters, digits \
+             and `-_.`, starting with a letter or digit (for example `backend` or `web-app`).",
+            text::quote(raw)
         )));
     }
     Ok(name)
 }
 
 fn check_topic(topic: Option<&str>) -> BusResult<Option<String>> {
-    let Some(topic) = topic.map(str::trim) else {
+    let Some(topic) = topic
+        .map(|topic| text::one_line("channel topic", topic))
+        .transpose()?
+    else {
         return Ok(None);
     };
     if topic.len() > TOPIC_MAX_BYTES {

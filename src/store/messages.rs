@@ -16,7 +16,7 @@ use serde::Serialize;
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::{attachments, channels, normalize_agent_name, sessions};
+use super::{attachments, channels, normalize_agent_name, sessions, text};
 use crate::Bus;
 use crate::auth::{self, Identity};
 use crate::error::{BusError, BusResult};
@@ -109,8 +109,9 @@ pub fn parse_address(raw: &str) -> BusResult<(String, Option<String>)> {
     };
     let agent = normalize_agent_name(agent).map_err(|_| {
         BusError::invalid(format!(
-            "address {raw:?} is not `agent` or `agent/window`. list_agents and list_sessions show \
-             the addresses of your team."
+            "address {} is not `agent` or `agent/window`. list_agents and list_sessions show \
+             the addresses of your team.",
+            text::quote(raw)
         ))
     })?;
     let window = match window.map(auth::normalize_session_label).transpose()? {

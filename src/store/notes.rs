@@ -20,7 +20,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::sessions;
+use super::{sessions, text};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -55,17 +55,28 @@ pub fn normalize_scope(raw: Option<&str>) -> BusResult<String> {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'/' | b'-'));
     if !ok {
         return Err(BusError::invalid(format!(
-            "scope {raw:?} is not valid: use 1-{MAX_SCOPE_BYTES} ASCII letters, digits and `._:/-`, \
+            "scope {} is not valid: use 1-{MAX_SCOPE_BYTES} ASCII letters, digits and `._:/-`, \
              starting with a letter or digit (for example `global` or `project:web`). Nothing was \
-             written. Omit scope for `{DEFAULT_SCOPE}`."
+             written. Omit scope for `{DEFAULT_SCOPE}`.",
+            text::quote(raw.unwrap_or_default())
         )));
     }
     Ok(scope)
 }
 
-/// Keys: trimmed, 1..=256 bytes, no control characters; case is kept.
+/// A key to write: one line ([`text::one_line`]), 1..=256 bytes; case is kept.
 pub fn check_key(raw: &str) -> BusResult<String> {
-    let key = raw.trim();
+    let key = text::one_line("note key", raw)?;
+    check_key_size(key)
+}
+
+/// A key to look up: normalised like [`check_key`], never refused for its
+/// characters ([`text::lookup`]).
+pub fn lookup_key(raw: &str) -> BusResult<String> {
+    check_key_size(text::lookup(raw))
+}
+
+fn check_key_size(key: String) -> BusResult<String> {
     if key.is_empty() {
         return Err(BusError::invalid(
             "key is empty; a note needs a key of 1-256 bytes (for example `build/commands`). \
@@ -79,22 +90,20 @@ pub fn check_key(raw: &str) -> BusResult<String> {
             key.len()
         )));
     }
-    if key.chars().any(char::is_control) {
-        return Err(BusError::invalid(
-            "key contains a control character (a newline, tab, …); keys are one line. Nothing was \
-             written. Remove the control characters.",
-        ));
-    }
-    Ok(key.to_string())
+    Ok(key)
 }
 
+/// A tag to write: one line, lower-cased, 1..=64 bytes.
 fn normalize_tag(raw: &str) -> BusResult<String> {
-    let tag = raw.trim().to_lowercase();
-    if tag.is_empty() || tag.len() > MAX_TAG_BYTES || tag.chars().any(char::is_control) {
+    check_tag_size(raw, text::one_line_lower("tag", raw)?)
+}
+
+fn check_tag_size(raw: &str, tag: String) -> BusResult<String> {
+    if tag.is_empty() || tag.len() > MAX_TAG_BYTES {
         return Err(BusError::invalid(format!(
-            "tag {raw:?} is not valid: each tag is 1-{MAX_TAG_BYTES} bytes of text without control \
-             characters (this one is {} bytes). Nothing was written. Use short tags such as `ci` \
-             or `decision`.",
+            "tag {} is not valid: each tag is 1-{MAX_TAG_BYTES} bytes of one-line text (this one \
+             is {} bytes). Nothing was written. Use short tags such as `ci` or `decision`.",
+            text::quote(raw),
             tag.len()
         )));
     }
@@ -402,7 +411,7 @@ pub async fn get(
     key: &str,
 ) -> BusResult<NoteLookup> {
     let scope = normalize_scope(scope)?;
-    let key = check_key(key)?;
+    let key = lookup_key(key)?;
     #[derive(sqlx::FromRow)]
     struct Row {
         deleted_at: Option<DateTime<Utc>>,
@@ -456,7 +465,7 @@ pub async fn list(
         .transpose()?;
     let tag = tag
         .filter(|t| !t.trim().is_empty())
-        .map(normalize_tag)
+        .map(|t| check_tag_size(t, text::lookup_lower(t)))
         .transpose()?;
     let mut notes: Vec<NoteSummary> = sqlx::query_as(concat!(
         "SELECT ",
@@ -545,7 +554,7 @@ pub async fn delete(
     key: &str,
 ) -> BusResult<NoteDeleted> {
     let scope = normalize_scope(scope)?;
-    let key = check_key(key)?;
+    let key = lookup_key(key)?;
     let mut tx = bus.pool.begin().await?;
     sessions::guard(&mut tx, me).await?;
     let deleted: Option<(Uuid, i64)> = sqlx::query_as(
