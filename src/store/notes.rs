@@ -266,6 +266,19 @@ macro_rules! summary_columns {
     };
 }
 
+/// A note holds every literal of `$5` and none of `$6` ([`text::Literals`])
+/// in its key, tags or the searched part of its value.
+macro_rules! literals_match {
+    () => {
+        "NOT EXISTS (SELECT 1 FROM unnest($5::text[]) l
+                     WHERE strpos(n.key || ' ' || array_to_string(n.tags, ' ') || ' '
+                                  || left(n.value, 100000), l) = 0)
+         AND NOT EXISTS (SELECT 1 FROM unnest($6::text[]) l
+                         WHERE strpos(n.key || ' ' || array_to_string(n.tags, ' ') || ' '
+                                      || left(n.value, 100000), l) > 0)"
+    };
+}
+
 /// `notes n` joined to its last author `u`.
 macro_rules! notes_with_author {
     () => {
@@ -497,7 +510,7 @@ pub async fn search(
     query: &str,
     scope: Option<&str>,
 ) -> BusResult<SearchResult> {
-    let query = query.trim();
+    let query = text::lookup(query);
     if query.is_empty() {
         return Err(BusError::invalid(
             "query is empty. Give a few words to look for (for example `deploy staging`); \
@@ -515,31 +528,68 @@ pub async fn search(
         .filter(|s| !s.trim().is_empty())
         .map(|s| normalize_scope(Some(s)))
         .transpose()?;
-    let mut results: Vec<NoteHit> = sqlx::query_as(concat!(
-        "SELECT ",
-        summary_columns!(),
-        ", ts_headline('english', left(n.value, 100000), q,
-                            'StartSel=**, StopSel=**, MaxFragments=2, MaxWords=24, MinWords=8, FragmentDelimiter=\" … \"')
-                    AS snippet,
-                ts_rank(n.search, q) AS rank
-         FROM ",
-        notes_with_author!(),
-        ", websearch_to_tsquery('english', $2) q
-          WHERE n.team_id = $1 AND n.deleted_at IS NULL AND n.search @@ q
-            AND ($3::text IS NULL OR n.scope = $3)
-          ORDER BY rank DESC, n.updated_at DESC
-          LIMIT $4"
-    ))
-    .bind(me.team_id)
-    .bind(query)
-    .bind(&scope)
-    .bind(MAX_FOUND + 1)
-    .fetch_all(&bus.pool)
-    .await?;
+    // Emoji and other symbols are invisible to full text: they must appear
+    // as written. Words (if any) still go through the index first.
+    let literals = text::Literals::of(&query);
+    let has_words = literals.is_empty() || {
+        let nodes: i32 = sqlx::query_scalar("SELECT numnode(websearch_to_tsquery('english', $1))")
+            .bind(&query)
+            .fetch_one(&bus.pool)
+            .await?;
+        nodes > 0
+    };
+    let sql = if has_words {
+        concat!(
+            "SELECT ",
+            summary_columns!(),
+            ", ts_headline('english', left(n.value, 100000), q,
+                                'StartSel=**, StopSel=**, MaxFragments=2, MaxWords=24, MinWords=8, FragmentDelimiter=\" … \"')
+                        AS snippet,
+                    ts_rank(n.search, q) AS rank
+             FROM ",
+            notes_with_author!(),
+            ", websearch_to_tsquery('english', $2) q
+              WHERE n.team_id = $1 AND n.deleted_at IS NULL AND n.search @@ q
+                AND ($3::text IS NULL OR n.scope = $3)
+                AND ",
+            literals_match!(),
+            " ORDER BY rank DESC, n.updated_at DESC
+              LIMIT $4"
+        )
+    } else {
+        // Only symbols: no index can help (full text drops them), so this
+        // reads the team's notes, most recently updated first.
+        concat!(
+            "SELECT ",
+            summary_columns!(),
+            ", CASE WHEN cardinality($5::text[]) > 0 AND strpos(left(n.value, 100000), $5[1]) > 0
+                    THEN replace(substr(n.value, greatest(1, strpos(n.value, $5[1]) - 60), 160),
+                                 $5[1], '**' || $5[1] || '**')
+                    ELSE left(n.value, 160) END AS snippet,
+                    0::real AS rank
+             FROM ",
+            notes_with_author!(),
+            " WHERE n.team_id = $1 AND n.deleted_at IS NULL
+                AND ($3::text IS NULL OR n.scope = $3)
+                AND ",
+            literals_match!(),
+            " ORDER BY n.updated_at DESC
+              LIMIT $4"
+        )
+    };
+    let mut results: Vec<NoteHit> = sqlx::query_as(sql)
+        .bind(me.team_id)
+        .bind(&query)
+        .bind(&scope)
+        .bind(MAX_FOUND + 1)
+        .bind(&literals.required)
+        .bind(&literals.excluded)
+        .fetch_all(&bus.pool)
+        .await?;
     let truncated = results.len() as i64 > MAX_FOUND;
     results.truncate(MAX_FOUND as usize);
     Ok(SearchResult {
-        query: query.to_string(),
+        query,
         results,
         truncated,
     })
