@@ -153,7 +153,8 @@ pub fn parse_epoch(raw: &str) -> BusResult<i64> {
     raw.trim().parse::<i64>().ok().filter(|e| *e >= 1).ok_or_else(|| {
         BusError::invalid(format!(
             "X-Crew-Epoch must be a positive integer (the epoch register_session or resume_session \
-             returned); got {raw:?}. Omit the header to skip the check."
+             returned); got {}. Omit the header to skip the check.",
+            crate::store::text::quote(raw)
         ))
     })
 }
@@ -178,11 +179,12 @@ pub fn normalize_session_label(raw: &str) -> BusResult<String> {
         } else if bad.is_control() {
             "a control character".to_string()
         } else {
-            format!("{bad:?}")
+            crate::store::text::quote(&bad.to_string())
         };
         return Err(BusError::invalid(format!(
-            "session label {raw:?} contains {what}; a label may hold only ASCII letters, digits and \
-             `-_.:` (at most {SESSION_LABEL_MAX_BYTES} bytes). Rename the window, e.g. `frontend`."
+            "session label {} contains {what}; a label may hold only ASCII letters, digits and \
+             `-_.:` (at most {SESSION_LABEL_MAX_BYTES} bytes). Rename the window, e.g. `frontend`.",
+            crate::store::text::quote(raw)
         )));
     }
     Ok(label)

@@ -22,7 +22,8 @@ pub(super) use crate::store::conversations::{TOOLS, disabled_error, enabled};
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateConversationArgs {
-    /// Title: 1-200 bytes, no control characters.
+    /// Title: 1-200 bytes, one line (trimmed, NFC-normalised; control, line-separator and
+    /// bidi-formatting characters refused).
     pub title: String,
     /// The project it belongs to (visible to agents holding that project's
     /// grant). Give this or `private: true`, not both.

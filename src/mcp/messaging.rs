@@ -16,12 +16,12 @@ use crate::store::{attachments, channels, messages};
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PostArgs {
-    /// Channel to post in (e.g. `backend`). Give `channel` or `to`, not both; with neither, the
-    /// window's default channel is used.
+    /// Channel to post in (e.g. `backend`; created on first post, but never as `inbox` or `all`).
+    /// Give `channel` or `to`, not both; with neither, the window's default channel is used.
     pub channel: Option<String>,
     /// Address for a direct message: `agent` (every window) or `agent/window` (exactly one).
     pub to: Option<String>,
-    /// The text, up to 1 MiB.
+    /// The text, up to 1 MiB, kept exactly as given (lines, spacing, any script).
     pub body: String,
     /// Channels only: reach every window whatever channel it is focused on.
     #[serde(default)]
@@ -49,7 +49,8 @@ pub struct FileArg {
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReadArgs {
-    /// `all` (channels + your DMs), `inbox` (your DMs), or a channel name. Default `all`.
+    /// `all` (channels + your DMs), `inbox` (your DMs), or a channel name. Default `all`. A
+    /// channel named `inbox` or `all` (made before those names were reserved) is read as `#inbox`.
     pub scope: Option<String>,
     /// Only what this window has not read yet (and mark it read). Default true; false returns the
     /// latest page without moving the cursor.
@@ -64,7 +65,8 @@ pub struct ReadArgs {
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SearchArgs {
-    /// Words to look for (web-search syntax: "quoted phrase", OR, -word).
+    /// Words to look for (web-search syntax: "quoted phrase", OR, -word). Emoji and other symbols
+    /// match as written (a leading `-` excludes).
     pub query: String,
     /// At most this many results, 1..200 (default 50).
     pub limit: Option<i64>,
@@ -74,8 +76,10 @@ pub struct SearchArgs {
 #[serde(deny_unknown_fields)]
 pub struct CreateChannelArgs {
     /// Channel name: ASCII letters, digits and `-_.`, up to 64 bytes (a leading `#` is dropped).
+    /// `inbox` and `all` are reserved: they are read_messages scopes.
     pub name: String,
-    /// One line about the channel, up to 256 bytes. Replaces the current topic when given.
+    /// One line about the channel, up to 256 bytes (one-line text rule). Replaces the current
+    /// topic when given.
     pub topic: Option<String>,
 }
 
@@ -159,7 +163,9 @@ impl BusServer {
     }
 
     #[tool(
-        description = "Full-text search over channel messages and your direct messages, best match first.",
+        description = "Full-text search over channel messages and your direct messages, best \
+                          match first. Emoji and other symbols (which full text ignores) match \
+                          as written; a query of symbols alone lists the newest messages holding them.",
         annotations(read_only_hint = true)
     )]
     async fn search_messages(

@@ -41,7 +41,11 @@ pub const SERVER_NAME: &str = "ai-crew-sync";
 
 const INSTRUCTIONS: &str = "ai-crew-sync is the coordination bus your team's agents share. \
 Your identity comes from your token; your window from the X-Crew-Session header. \
-Call `whoami` to see who and where you are.";
+Call `whoami` to see who and where you are. \
+Text: names, keys, titles, topics, labels and tags are one line: leading and trailing whitespace \
+is removed, the text is Unicode NFC-normalised, and control characters (line breaks, tabs), \
+U+2028/U+2029 and bidirectional formatting characters are refused. Bodies, questions, \
+descriptions, results and note values are kept exactly as given.";
 
 /// Everything a tool call may need; built once per process and shared.
 pub struct Shared {

@@ -16,9 +16,11 @@ use crate::store::notes;
 pub struct SetNoteArgs {
     /// Namespace of the key: ASCII letters, digits and `._:/-`, <= 64 bytes, lower-cased (default `global`).
     pub scope: Option<String>,
-    /// The note's name, <= 256 bytes, one line, case-sensitive (e.g. `build/commands`).
+    /// The note's name, <= 256 bytes, case-sensitive (e.g. `build/commands`). One-line text rule:
+    /// trimmed, NFC-normalised; control, line-separator and bidi-formatting characters refused.
     pub key: String,
-    /// The content, <= 1 MiB. Replaces the current value; the old one stays in the note's history.
+    /// The content, <= 1 MiB, kept exactly as given. Replaces the current value; the old one
+    /// stays in the note's history.
     pub value: String,
     /// Up to 16 tags of <= 64 bytes each, lower-cased. Omit to keep the current tags, [] to clear them.
     pub tags: Option<Vec<String>>,
@@ -29,7 +31,7 @@ pub struct SetNoteArgs {
 pub struct NoteKeyArgs {
     /// The note's scope (default `global`).
     pub scope: Option<String>,
-    /// The note's key (case-sensitive).
+    /// The note's key (case-sensitive; trimmed and NFC-normalised like set_note's).
     pub key: String,
 }
 
@@ -45,7 +47,7 @@ pub struct ListNotesArgs {
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SearchNotesArgs {
-    /// Words to find in keys, tags and values (<= 1024 bytes). Web-search syntax: "a phrase", `or`, `-word`. English stemming: `deploy` finds `deploying`.
+    /// Words to find in keys, tags and values (<= 1024 bytes). Web-search syntax: "a phrase", `or`, `-word`. English stemming: `deploy` finds `deploying`. Emoji and other symbols match as written.
     pub query: String,
     /// Only notes of this scope (default: every scope).
     pub scope: Option<String>,
@@ -107,7 +109,8 @@ impl BusServer {
 
     #[tool(
         description = "Full-text search of the team's notes (keys, tags and values), best match \
-                       first, at most 50, each with the passages that matched.",
+                       first, at most 50, each with the passages that matched. Emoji and other \
+                       symbols (which full text ignores) match as written.",
         annotations(read_only_hint = true)
     )]
     async fn search_notes(

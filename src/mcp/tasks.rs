@@ -15,11 +15,13 @@ use crate::store::tasks::{self, NewTask};
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateTaskArgs {
-    /// Identifier unique in the team, at most 128 bytes (e.g. `api-auth-refactor`).
+    /// Identifier unique in the team, at most 128 bytes (e.g. `api-auth-refactor`); one-line
+    /// text rule (trimmed, NFC-normalised, no control, line-separator or bidi-formatting characters).
     pub key: String,
-    /// One line saying what is to be done, at most 512 bytes.
+    /// One line saying what is to be done, at most 512 bytes (a line break is refused: put the
+    /// rest in `description`).
     pub title: String,
-    /// The details, at most 64 KiB.
+    /// The details, at most 64 KiB, kept exactly as given.
     pub description: Option<String>,
     /// A JSON object of small facts (or a string holding one), at most 16 KiB.
     pub metadata: Option<Value>,

@@ -142,16 +142,20 @@ pub async fn authenticate(pool: &PgPool, sha256: &[u8; 32]) -> BusResult<AdminId
 }
 
 fn check_label(label: Option<&str>) -> BusResult<Option<String>> {
-    let Some(label) = label.map(str::trim).filter(|l| !l.is_empty()) else {
+    let Some(label) = label
+        .map(|l| super::text::one_line("credential label", l))
+        .transpose()?
+        .filter(|l| !l.is_empty())
+    else {
         return Ok(None);
     };
-    if label.len() > 64 || label.chars().any(char::is_control) {
+    if label.len() > 64 {
         return Err(BusError::invalid(format!(
-            "a credential label must be at most 64 bytes without control characters (got {} bytes).",
+            "a credential label must be at most 64 bytes of one-line text (got {} bytes).",
             label.len()
         )));
     }
-    Ok(Some(label.to_string()))
+    Ok(Some(label))
 }
 
 /// The first global credential, minted locally. Refused while a live global

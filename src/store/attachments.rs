@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::{Actor, audit, sessions, teams};
+use super::{Actor, audit, sessions, teams, text};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -64,19 +64,18 @@ pub struct AttachmentData {
 
 /// Check and decode one upload; nothing is written.
 pub fn decode(filename: &str, content_type: &str, data_base64: &str) -> BusResult<Upload> {
-    let filename = filename.trim();
+    let filename = text::one_line("attachment filename", filename)?;
     if filename.is_empty()
         || filename.len() > FILENAME_MAX_BYTES
-        || filename
-            .chars()
-            .any(|c| c.is_control() || c == '/' || c == '\\')
+        || filename.chars().any(|c| c == '/' || c == '\\')
     {
         return Err(BusError::invalid(format!(
-            "attachment filename {filename:?} is not valid: 1-{FILENAME_MAX_BYTES} bytes, no slashes \
-             or control characters (for example `trace.log`)."
+            "attachment filename {} is not valid: 1-{FILENAME_MAX_BYTES} bytes of one line, no \
+             slashes (for example `trace.log`).",
+            text::quote(&filename)
         )));
     }
-    let content_type = content_type.trim();
+    let content_type = text::one_line("content_type", content_type)?;
     if content_type.is_empty()
         || content_type.len() > CONTENT_TYPE_MAX_BYTES
         || !content_type.contains('/')
@@ -85,8 +84,9 @@ pub fn decode(filename: &str, content_type: &str, data_base64: &str) -> BusResul
             .any(|c| c.is_control() || c.is_whitespace())
     {
         return Err(BusError::invalid(format!(
-            "content_type {content_type:?} is not a media type such as `text/plain` or \
-             `application/json` (at most {CONTENT_TYPE_MAX_BYTES} bytes)."
+            "content_type {} is not a media type such as `text/plain` or \
+             `application/json` (at most {CONTENT_TYPE_MAX_BYTES} bytes).",
+            text::quote(&content_type)
         )));
     }
     // Reject before decoding what cannot fit: base64 is 4 bytes per 3.
@@ -95,16 +95,17 @@ pub fn decode(filename: &str, content_type: &str, data_base64: &str) -> BusResul
     }
     let data = STANDARD.decode(data_base64.trim()).map_err(|e| {
         BusError::invalid(format!(
-            "data_base64 of {filename:?} is not standard base64 ({e}). Encode the file's bytes with \
-             standard base64 (RFC 4648, with padding)."
+            "data_base64 of {} is not standard base64 ({e}). Encode the file's bytes with \
+             standard base64 (RFC 4648, with padding).",
+            text::quote(&filename)
         ))
     })?;
     if data.len() > MAX_BYTES {
         return Err(too_big(data.len()));
     }
     Ok(Upload {
-        filename: filename.to_string(),
-        content_type: content_type.to_string(),
+        filename,
+        content_type,
         data,
     })
 }
@@ -236,19 +237,19 @@ pub async fn attach_to_task(
     task_key: &str,
     upload: Upload,
 ) -> BusResult<AttachmentInfo> {
+    let task_key = text::lookup(task_key);
     let mut tx = bus.pool.begin().await?;
     sessions::guard(&mut tx, me).await?;
     // The task row's lock orders concurrent attaches to one task for the count.
     let task_id: Option<Uuid> =
         sqlx::query_scalar("SELECT id FROM tasks WHERE team_id = $1 AND key = $2 FOR UPDATE")
             .bind(me.team_id)
-            .bind(task_key.trim())
+            .bind(&task_key)
             .fetch_optional(&mut *tx)
             .await?;
     let Some(task_id) = task_id else {
         return Err(BusError::not_found(format!(
-            "no task `{}` in your team. list_tasks shows the keys.",
-            task_key.trim()
+            "no task `{task_key}` in your team. list_tasks shows the keys."
         )));
     };
     let info = insert_all(
@@ -261,7 +262,7 @@ pub async fn attach_to_task(
     .remove(0);
     tx.commit().await?;
     bus.events
-        .emit(BusEvent::new(me.team_id, EventKind::Task, task_key.trim()).by(me));
+        .emit(BusEvent::new(me.team_id, EventKind::Task, &task_key).by(me));
     Ok(info)
 }
 

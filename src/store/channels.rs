@@ -3,19 +3,26 @@
 //! Names are normalised (trimmed, lower-cased, a leading `#` dropped) so
 //! `#Backend` and `backend` are one channel. Creating is idempotent; posting to
 //! a channel that does not exist yet creates it.
+//!
+//! `inbox` and `all` are [`RESERVED_NAMES`]: they are scopes of
+//! `read_messages`, so no new channel gets those names. One created before the
+//! rule keeps working and is read as `#inbox` / `#all`.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::sessions;
+use super::{sessions, text};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 
 pub const CHANNEL_NAME_MAX_BYTES: usize = 64;
 pub const TOPIC_MAX_BYTES: usize = 256;
+/// Names `read_messages` takes as scopes, which a channel cannot be created
+/// under (`inbox`: this window's direct messages; `all`: everything).
+pub const RESERVED_NAMES: &[&str] = &["inbox", "all"];
 
 #[derive(Clone, Debug, Serialize, sqlx::FromRow)]
 pub struct Channel {
@@ -45,15 +52,19 @@ pub fn normalize_name(raw: &str) -> BusResult<String> {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
     if !ok {
         return Err(BusError::invalid(format!(
-            "channel name {raw:?} is not valid: use 1-{CHANNEL_NAME_MAX_BYTES} ASCII letters, digits \
-             and `-_.`, starting with a letter or digit (for example `backend` or `web-app`)."
+            "channel name {} is not valid: use 1-{CHANNEL_NAME_MAX_BYTES} ASCII letters, digits \
+             and `-_.`, starting with a letter or digit (for example `backend` or `web-app`).",
+            text::quote(raw)
         )));
     }
     Ok(name)
 }
 
 fn check_topic(topic: Option<&str>) -> BusResult<Option<String>> {
-    let Some(topic) = topic.map(str::trim) else {
+    let Some(topic) = topic
+        .map(|topic| text::one_line("channel topic", topic))
+        .transpose()?
+    else {
         return Ok(None);
     };
     if topic.len() > TOPIC_MAX_BYTES {
@@ -101,12 +112,31 @@ pub async fn create(
     Ok(Created { channel, created })
 }
 
-/// The channel called `name` (already normalised), created if missing.
+/// The channel called `name` (already normalised), created if missing. A
+/// reserved name is never created; an existing channel of that name is found.
 pub(crate) async fn find_or_create(
     conn: &mut PgConnection,
     me: &Identity,
     name: &str,
 ) -> BusResult<(Channel, bool)> {
+    if RESERVED_NAMES.contains(&name) {
+        let existing: Option<Channel> = sqlx::query_as(
+            "SELECT id, name, topic, created_at FROM channels WHERE team_id = $1 AND name = $2",
+        )
+        .bind(me.team_id)
+        .bind(name)
+        .fetch_optional(&mut *conn)
+        .await?;
+        return match existing {
+            Some(channel) => Ok((channel, false)),
+            None => Err(BusError::invalid(format!(
+                "`{name}` cannot be a channel name: read_messages takes `inbox` as the scope of \
+                 this window's direct messages and `all` as everything it may read, so a channel \
+                 called `{name}` could only be read as `#{name}`. Nothing was created. Choose \
+                 another name, for example `{name}-team`."
+            ))),
+        };
+    }
     let inserted: Option<Channel> = sqlx::query_as(
         "INSERT INTO channels (id, team_id, name, created_by) VALUES ($1, $2, $3, $4)
          ON CONFLICT (team_id, name) DO NOTHING

@@ -210,8 +210,9 @@ impl From<MessageRow> for ConversationMessage {
 fn parse_request_id(raw: &str) -> BusResult<Uuid> {
     Uuid::parse_str(raw.trim()).map_err(|_| {
         BusError::invalid(format!(
-            "request_id {raw:?} is not a UUID. Generate one UUID per message (e.g. a v4) and send \
-             the same one again only when retrying that same message."
+            "request_id {} is not a UUID. Generate one UUID per message (e.g. a v4) and send \
+             the same one again only when retrying that same message.",
+            super::text::quote(raw)
         ))
     })
 }

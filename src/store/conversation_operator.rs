@@ -39,9 +39,10 @@ impl Publication {
             "sync" => Ok(Publication::Sync),
             "outbox" => Ok(Publication::Outbox),
             _ => Err(BusError::invalid(format!(
-                "publication {raw:?} is not a mode: use `sync` (the body commits with the send; \
+                "publication {} is not a mode: use `sync` (the body commits with the send; \
                  postgres conversations only) or `outbox` (a worker publishes the body after \
-                 the send)."
+                 the send).",
+                super::text::quote(raw)
             ))),
         }
     }
@@ -186,9 +187,9 @@ pub async fn tombstone_message(
         return Err(match earlier {
             Some((at, earlier_reason)) => BusError::conflict(format!(
                 "message seq {seq} of conversation {conversation_id} was already tombstoned at \
-                 {} ({:?}). A tombstone is recorded once and never rewritten; nothing was changed.",
+                 {} ({}). A tombstone is recorded once and never rewritten; nothing was changed.",
                 at.map(|at| at.to_rfc3339()).unwrap_or_default(),
-                earlier_reason.unwrap_or_default()
+                super::text::quote(&earlier_reason.unwrap_or_default())
             )),
             None => BusError::not_found(format!(
                 "conversation {conversation_id} has no message with seq {seq} (its seqs run from \
@@ -216,8 +217,8 @@ pub async fn tombstone_message(
     })
 }
 
-fn check_reason(reason: &str) -> BusResult<&str> {
-    let reason = reason.trim();
+fn check_reason(reason: &str) -> BusResult<String> {
+    let reason = super::text::one_line("tombstone reason", reason)?;
     if reason.is_empty() {
         return Err(BusError::invalid(
             "a tombstone needs a reason: readers see it instead of the body (e.g. \"the stream \
@@ -230,12 +231,6 @@ fn check_reason(reason: &str) -> BusResult<&str> {
              it shorter. Nothing was changed.",
             reason.len()
         )));
-    }
-    if reason.chars().any(char::is_control) {
-        return Err(BusError::invalid(
-            "the reason holds a control character (a line break?); give it as one line of \
-             text. Nothing was changed.",
-        ));
     }
     Ok(reason)
 }

@@ -595,30 +595,30 @@ fn require_manager<'a>(id: Uuid, mine: Option<&'a SeatRow>, what: &str) -> BusRe
     }
 }
 
-/// Conversation titles: trimmed, 1..=200 bytes, no control characters.
+/// Conversation titles: one line ([`super::text::one_line`]), 1..=200 bytes.
 pub fn check_title(raw: &str) -> BusResult<String> {
-    let title = raw.trim();
-    if title.is_empty() || title.len() > TITLE_MAX_BYTES || title.chars().any(char::is_control) {
+    let title = super::text::one_line_else(
+        "conversation title",
+        raw,
+        "details belong in the first message",
+    )?;
+    if title.is_empty() || title.len() > TITLE_MAX_BYTES {
         return Err(BusError::invalid(format!(
-            "a conversation title must be 1-{TITLE_MAX_BYTES} bytes of text without control \
-             characters (got {} bytes{}). Shorten it; details belong in the first message.",
+            "a conversation title must be 1-{TITLE_MAX_BYTES} bytes of one-line text (got {} \
+             bytes). Shorten it; details belong in the first message.",
             title.len(),
-            if title.chars().any(char::is_control) {
-                ", with a control character"
-            } else {
-                ""
-            }
         )));
     }
-    Ok(title.to_string())
+    Ok(title)
 }
 
 fn check_invite_role(role: &str) -> BusResult<String> {
     let role = role.trim().to_ascii_lowercase();
     if !INVITE_ROLES.contains(&role.as_str()) {
         return Err(BusError::invalid(format!(
-            "role {role:?} cannot be handed out: use moderator, participant or observer. The owner \
-             seat is the creator's (transfer_membership moves it to another window of yours)."
+            "role {} cannot be handed out: use moderator, participant or observer. The owner \
+             seat is the creator's (transfer_membership moves it to another window of yours).",
+            super::text::quote(&role)
         )));
     }
     Ok(role)

@@ -17,7 +17,7 @@ use serde::Serialize;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::{address, at, sessions, window_phrase};
+use super::{address, at, sessions, text, window_phrase};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -72,10 +72,20 @@ pub struct LockList {
     pub locks: Vec<Lock>,
 }
 
-/// Lock names: trimmed, lower-cased, 1..=256 bytes, no control characters.
-/// Anything else is allowed, so a file path or `deploy:prod` is a name as is.
+/// Lock names to take: one line ([`text::one_line_lower`]), lower-cased,
+/// 1..=256 bytes. Anything else is allowed, so a file path or `deploy:prod`
+/// is a name as is.
 pub fn normalize_name(raw: &str) -> BusResult<String> {
-    let name = raw.trim().to_lowercase();
+    check_name_size(text::one_line_lower("lock name", raw)?)
+}
+
+/// A lock name to release: normalised the same way, never refused for its
+/// characters ([`text::lookup_lower`]).
+fn lookup_name(raw: &str) -> BusResult<String> {
+    check_name_size(text::lookup_lower(raw))
+}
+
+fn check_name_size(name: String) -> BusResult<String> {
     if name.is_empty() {
         return Err(BusError::invalid(
             "a lock name is required, e.g. `deploy:prod` or `src/schema.sql` (names are team-wide \
@@ -88,11 +98,6 @@ pub fn normalize_name(raw: &str) -> BusResult<String> {
              e.g. `deploy:prod` or a repository-relative path.",
             name.len()
         )));
-    }
-    if name.chars().any(char::is_control) {
-        return Err(BusError::invalid(
-            "lock name contains a control character (newline, tab, …); use printable text only.",
-        ));
     }
     Ok(name)
 }
@@ -109,7 +114,11 @@ fn check_ttl(ttl_seconds: Option<i64>) -> BusResult<Duration> {
 }
 
 fn check_purpose(raw: Option<&str>) -> BusResult<Option<String>> {
-    let Some(purpose) = raw.map(str::trim).filter(|p| !p.is_empty()) else {
+    let Some(purpose) = raw
+        .map(|p| text::one_line("lock purpose", p))
+        .transpose()?
+        .filter(|p| !p.is_empty())
+    else {
         return Ok(None);
     };
     if purpose.len() > PURPOSE_MAX_BYTES {
@@ -119,12 +128,7 @@ fn check_purpose(raw: Option<&str>) -> BusResult<Option<String>> {
             purpose.len()
         )));
     }
-    if purpose.chars().any(char::is_control) {
-        return Err(BusError::invalid(
-            "purpose contains a control character (newline, tab, …); keep it to one line.",
-        ));
-    }
-    Ok(Some(purpose.to_string()))
+    Ok(Some(purpose))
 }
 
 #[derive(sqlx::FromRow)]
@@ -275,7 +279,7 @@ pub async fn acquire(
 /// `release_lock`: only the holding window. Its own expired lock may be
 /// released too (it was free already; this removes the stale row).
 pub async fn release(bus: &Bus, me: &Identity, name: &str) -> BusResult<Released> {
-    let name = normalize_name(name)?;
+    let name = lookup_name(name)?;
     let mut tx = bus.pool.begin().await?;
     sessions::guard(&mut tx, me).await?;
     let row = read_lock(&mut tx, me, &name, true).await?;
@@ -343,6 +347,8 @@ mod tests {
         assert_eq!(normalize_name("src/Main.rs").unwrap(), "src/main.rs");
         assert!(normalize_name(" ").is_err());
         assert!(normalize_name("a\tb").is_err());
+        assert!(normalize_name("a\u{202E}b").is_err());
+        assert_eq!(lookup_name(" A\u{202E}B ").unwrap(), "a\u{202E}b");
         let long = normalize_name(&"x".repeat(257)).unwrap_err().to_string();
         assert!(long.contains("256"), "{long}");
         assert!(normalize_name(&"x".repeat(256)).is_ok());

@@ -16,7 +16,7 @@ use serde::Serialize;
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::{attachments, channels, normalize_agent_name, sessions};
+use super::{attachments, channels, normalize_agent_name, sessions, text};
 use crate::Bus;
 use crate::auth::{self, Identity};
 use crate::error::{BusError, BusResult};
@@ -109,8 +109,9 @@ pub fn parse_address(raw: &str) -> BusResult<(String, Option<String>)> {
     };
     let agent = normalize_agent_name(agent).map_err(|_| {
         BusError::invalid(format!(
-            "address {raw:?} is not `agent` or `agent/window`. list_agents and list_sessions show \
-             the addresses of your team."
+            "address {} is not `agent` or `agent/window`. list_agents and list_sessions show \
+             the addresses of your team.",
+            text::quote(raw)
         ))
     })?;
     let window = match window.map(auth::normalize_session_label).transpose()? {
@@ -580,8 +581,29 @@ pub async fn unread_direct_messages(
     .await?)
 }
 
-/// `search_messages`: full-text over channel messages and this window's DMs
-/// (sent or received), best match first.
+/// What `search_messages` may return: channel messages and this window's DMs
+/// (sent or received). Binds: $1 team, $2 agent, $3 window.
+macro_rules! visible_to_searcher {
+    () => {
+        "(m.channel_id IS NOT NULL
+          OR (m.recipient_id = $2 AND (m.recipient_session IS NULL OR m.recipient_session = $3))
+          OR (m.recipient_id IS NOT NULL AND m.sender_id = $2 AND m.sender_session = $3))"
+    };
+}
+
+/// A body holds every literal of `$6` and none of `$7` ([`text::Literals`])
+/// in its searched part (the first 100,000 characters, as full text).
+macro_rules! literals_match {
+    () => {
+        "NOT EXISTS (SELECT 1 FROM unnest($6::text[]) l WHERE strpos(left(m.body, 100000), l) = 0)
+         AND NOT EXISTS (SELECT 1 FROM unnest($7::text[]) l
+                         WHERE strpos(left(m.body, 100000), l) > 0)"
+    };
+}
+
+/// `search_messages`: full text over channel messages and this window's DMs
+/// (sent or received), best match first; emoji and other symbols the full
+/// text drops match as written ([`text::Literals`]).
 pub async fn search(
     bus: &Bus,
     me: &Identity,
@@ -589,7 +611,7 @@ pub async fn search(
     limit: Option<i64>,
 ) -> BusResult<Vec<MessageView>> {
     let limit = check_limit(limit)?;
-    let query = query.trim();
+    let query = text::lookup(query);
     if query.is_empty() || query.len() > QUERY_MAX_BYTES {
         return Err(BusError::invalid(format!(
             "query must be 1-{QUERY_MAX_BYTES} bytes of words to look for (got {} bytes); quotes, \
@@ -597,24 +619,53 @@ pub async fn search(
             query.len()
         )));
     }
-    Ok(sqlx::query_as(concat!(
-        "SELECT ",
-        view_columns!(),
-        " , websearch_to_tsquery('simple', $4) AS q
-         WHERE m.team_id = $1 AND m.search @@ q
-           AND (m.channel_id IS NOT NULL
-                OR (m.recipient_id = $2 AND (m.recipient_session IS NULL OR m.recipient_session = $3))
-                OR (m.recipient_id IS NOT NULL AND m.sender_id = $2 AND m.sender_session = $3))
-         ORDER BY ts_rank(m.search, q) DESC, m.created_at DESC
-         LIMIT $5"
-    ))
-    .bind(me.team_id)
-    .bind(me.agent_id)
-    .bind(&me.session)
-    .bind(query)
-    .bind(limit)
-    .fetch_all(&bus.pool)
-    .await?)
+    // Emoji and other symbols are invisible to full text: they must appear
+    // in the body as written. Words (if any) still go through the index first.
+    let literals = text::Literals::of(&query);
+    let has_words = literals.is_empty() || {
+        let nodes: i32 = sqlx::query_scalar("SELECT numnode(websearch_to_tsquery('simple', $1))")
+            .bind(&query)
+            .fetch_one(&bus.pool)
+            .await?;
+        nodes > 0
+    };
+    let sql = if has_words {
+        concat!(
+            "SELECT ",
+            view_columns!(),
+            " , websearch_to_tsquery('simple', $4) AS q
+             WHERE m.team_id = $1 AND m.search @@ q AND ",
+            visible_to_searcher!(),
+            " AND ",
+            literals_match!(),
+            " ORDER BY ts_rank(m.search, q) DESC, m.created_at DESC
+             LIMIT $5"
+        )
+    } else {
+        // Only symbols: no index can help (full text drops them), so this
+        // reads the team's history newest first until it has `limit` hits;
+        // on a long history with few hits it reads much of it.
+        concat!(
+            "SELECT ",
+            view_columns!(),
+            " WHERE m.team_id = $1 AND ",
+            visible_to_searcher!(),
+            " AND ",
+            literals_match!(),
+            " ORDER BY m.xact_id DESC, m.seq DESC
+             LIMIT $5"
+        )
+    };
+    Ok(sqlx::query_as(sql)
+        .bind(me.team_id)
+        .bind(me.agent_id)
+        .bind(&me.session)
+        .bind(&query)
+        .bind(limit)
+        .bind(&literals.required)
+        .bind(&literals.excluded)
+        .fetch_all(&bus.pool)
+        .await?)
 }
 
 /// The messages among `ids` this window may see (for wait summaries).

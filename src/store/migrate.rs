@@ -69,7 +69,8 @@ impl Direction {
             "jetstream" => Ok(Direction::ToJetStream),
             "postgres" => Ok(Direction::ToPostgres),
             other => Err(BusError::invalid(format!(
-                "unknown backend {other:?}: --to takes `jetstream` or `postgres`."
+                "unknown backend {}: --to takes `jetstream` or `postgres`.",
+                super::text::quote(other)
             ))),
         }
     }

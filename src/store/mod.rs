@@ -28,6 +28,7 @@ pub mod receipts;
 pub mod sessions;
 pub mod tasks;
 pub mod teams;
+pub mod text;
 pub mod tokens;
 pub mod waits;
 
@@ -107,8 +108,9 @@ pub fn normalize_team_slug(raw: &str) -> BusResult<String> {
         && slug.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
     if !ok {
         return Err(BusError::invalid(format!(
-            "team slug {raw:?} is not valid: use 1-63 lower-case ASCII letters, digits and `-`, \
-             starting with a letter or digit (for example `acme-web`)."
+            "team slug {} is not valid: use 1-63 lower-case ASCII letters, digits and `-`, \
+             starting with a letter or digit (for example `acme-web`).",
+            text::quote(raw)
         )));
     }
     Ok(slug)
@@ -126,24 +128,25 @@ pub fn normalize_agent_name(raw: &str) -> BusResult<String> {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
     if !ok {
         return Err(BusError::invalid(format!(
-            "agent name {raw:?} is not valid: use 1-64 lower-case ASCII letters, digits and `-_.`, \
+            "agent name {} is not valid: use 1-64 lower-case ASCII letters, digits and `-_.`, \
              starting with a letter or digit (for example `alice-claude`). `/` is reserved for \
-             addresses (`agent/window`)."
+             addresses (`agent/window`).",
+            text::quote(raw)
         )));
     }
     Ok(name)
 }
 
-/// Free-text display names: trimmed, 1..=200 bytes, no control characters.
+/// Free-text display names: one line ([`text::one_line`]), 1..=200 bytes.
 pub fn check_display_name(what: &str, raw: &str) -> BusResult<String> {
-    let name = raw.trim();
-    if name.is_empty() || name.len() > 200 || name.chars().any(char::is_control) {
+    let name = text::one_line(what, raw)?;
+    if name.is_empty() || name.len() > 200 {
         return Err(BusError::invalid(format!(
-            "{what} must be 1-200 bytes of text without control characters (got {} bytes).",
+            "{what} must be 1-200 bytes of one-line text (got {} bytes).",
             name.len()
         )));
     }
-    Ok(name.to_string())
+    Ok(name)
 }
 
 #[cfg(test)]

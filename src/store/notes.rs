@@ -20,7 +20,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::sessions;
+use super::{sessions, text};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -55,17 +55,28 @@ pub fn normalize_scope(raw: Option<&str>) -> BusResult<String> {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'/' | b'-'));
     if !ok {
         return Err(BusError::invalid(format!(
-            "scope {raw:?} is not valid: use 1-{MAX_SCOPE_BYTES} ASCII letters, digits and `._:/-`, \
+            "scope {} is not valid: use 1-{MAX_SCOPE_BYTES} ASCII letters, digits and `._:/-`, \
              starting with a letter or digit (for example `global` or `project:web`). Nothing was \
-             written. Omit scope for `{DEFAULT_SCOPE}`."
+             written. Omit scope for `{DEFAULT_SCOPE}`.",
+            text::quote(raw.unwrap_or_default())
         )));
     }
     Ok(scope)
 }
 
-/// Keys: trimmed, 1..=256 bytes, no control characters; case is kept.
+/// A key to write: one line ([`text::one_line`]), 1..=256 bytes; case is kept.
 pub fn check_key(raw: &str) -> BusResult<String> {
-    let key = raw.trim();
+    let key = text::one_line("note key", raw)?;
+    check_key_size(key)
+}
+
+/// A key to look up: normalised like [`check_key`], never refused for its
+/// characters ([`text::lookup`]).
+pub fn lookup_key(raw: &str) -> BusResult<String> {
+    check_key_size(text::lookup(raw))
+}
+
+fn check_key_size(key: String) -> BusResult<String> {
     if key.is_empty() {
         return Err(BusError::invalid(
             "key is empty; a note needs a key of 1-256 bytes (for example `build/commands`). \
@@ -79,22 +90,20 @@ pub fn check_key(raw: &str) -> BusResult<String> {
             key.len()
         )));
     }
-    if key.chars().any(char::is_control) {
-        return Err(BusError::invalid(
-            "key contains a control character (a newline, tab, …); keys are one line. Nothing was \
-             written. Remove the control characters.",
-        ));
-    }
-    Ok(key.to_string())
+    Ok(key)
 }
 
+/// A tag to write: one line, lower-cased, 1..=64 bytes.
 fn normalize_tag(raw: &str) -> BusResult<String> {
-    let tag = raw.trim().to_lowercase();
-    if tag.is_empty() || tag.len() > MAX_TAG_BYTES || tag.chars().any(char::is_control) {
+    check_tag_size(raw, text::one_line_lower("tag", raw)?)
+}
+
+fn check_tag_size(raw: &str, tag: String) -> BusResult<String> {
+    if tag.is_empty() || tag.len() > MAX_TAG_BYTES {
         return Err(BusError::invalid(format!(
-            "tag {raw:?} is not valid: each tag is 1-{MAX_TAG_BYTES} bytes of text without control \
-             characters (this one is {} bytes). Nothing was written. Use short tags such as `ci` \
-             or `decision`.",
+            "tag {} is not valid: each tag is 1-{MAX_TAG_BYTES} bytes of one-line text (this one \
+             is {} bytes). Nothing was written. Use short tags such as `ci` or `decision`.",
+            text::quote(raw),
             tag.len()
         )));
     }
@@ -257,6 +266,19 @@ macro_rules! summary_columns {
     };
 }
 
+/// A note holds every literal of `$5` and none of `$6` ([`text::Literals`])
+/// in its key, tags or the searched part of its value.
+macro_rules! literals_match {
+    () => {
+        "NOT EXISTS (SELECT 1 FROM unnest($5::text[]) l
+                     WHERE strpos(n.key || ' ' || array_to_string(n.tags, ' ') || ' '
+                                  || left(n.value, 100000), l) = 0)
+         AND NOT EXISTS (SELECT 1 FROM unnest($6::text[]) l
+                         WHERE strpos(n.key || ' ' || array_to_string(n.tags, ' ') || ' '
+                                      || left(n.value, 100000), l) > 0)"
+    };
+}
+
 /// `notes n` joined to its last author `u`.
 macro_rules! notes_with_author {
     () => {
@@ -402,7 +424,7 @@ pub async fn get(
     key: &str,
 ) -> BusResult<NoteLookup> {
     let scope = normalize_scope(scope)?;
-    let key = check_key(key)?;
+    let key = lookup_key(key)?;
     #[derive(sqlx::FromRow)]
     struct Row {
         deleted_at: Option<DateTime<Utc>>,
@@ -456,7 +478,7 @@ pub async fn list(
         .transpose()?;
     let tag = tag
         .filter(|t| !t.trim().is_empty())
-        .map(normalize_tag)
+        .map(|t| check_tag_size(t, text::lookup_lower(t)))
         .transpose()?;
     let mut notes: Vec<NoteSummary> = sqlx::query_as(concat!(
         "SELECT ",
@@ -488,7 +510,7 @@ pub async fn search(
     query: &str,
     scope: Option<&str>,
 ) -> BusResult<SearchResult> {
-    let query = query.trim();
+    let query = text::lookup(query);
     if query.is_empty() {
         return Err(BusError::invalid(
             "query is empty. Give a few words to look for (for example `deploy staging`); \
@@ -506,31 +528,68 @@ pub async fn search(
         .filter(|s| !s.trim().is_empty())
         .map(|s| normalize_scope(Some(s)))
         .transpose()?;
-    let mut results: Vec<NoteHit> = sqlx::query_as(concat!(
-        "SELECT ",
-        summary_columns!(),
-        ", ts_headline('english', left(n.value, 100000), q,
-                            'StartSel=**, StopSel=**, MaxFragments=2, MaxWords=24, MinWords=8, FragmentDelimiter=\" … \"')
-                    AS snippet,
-                ts_rank(n.search, q) AS rank
-         FROM ",
-        notes_with_author!(),
-        ", websearch_to_tsquery('english', $2) q
-          WHERE n.team_id = $1 AND n.deleted_at IS NULL AND n.search @@ q
-            AND ($3::text IS NULL OR n.scope = $3)
-          ORDER BY rank DESC, n.updated_at DESC
-          LIMIT $4"
-    ))
-    .bind(me.team_id)
-    .bind(query)
-    .bind(&scope)
-    .bind(MAX_FOUND + 1)
-    .fetch_all(&bus.pool)
-    .await?;
+    // Emoji and other symbols are invisible to full text: they must appear
+    // as written. Words (if any) still go through the index first.
+    let literals = text::Literals::of(&query);
+    let has_words = literals.is_empty() || {
+        let nodes: i32 = sqlx::query_scalar("SELECT numnode(websearch_to_tsquery('english', $1))")
+            .bind(&query)
+            .fetch_one(&bus.pool)
+            .await?;
+        nodes > 0
+    };
+    let sql = if has_words {
+        concat!(
+            "SELECT ",
+            summary_columns!(),
+            ", ts_headline('english', left(n.value, 100000), q,
+                                'StartSel=**, StopSel=**, MaxFragments=2, MaxWords=24, MinWords=8, FragmentDelimiter=\" … \"')
+                        AS snippet,
+                    ts_rank(n.search, q) AS rank
+             FROM ",
+            notes_with_author!(),
+            ", websearch_to_tsquery('english', $2) q
+              WHERE n.team_id = $1 AND n.deleted_at IS NULL AND n.search @@ q
+                AND ($3::text IS NULL OR n.scope = $3)
+                AND ",
+            literals_match!(),
+            " ORDER BY rank DESC, n.updated_at DESC
+              LIMIT $4"
+        )
+    } else {
+        // Only symbols: no index can help (full text drops them), so this
+        // reads the team's notes, most recently updated first.
+        concat!(
+            "SELECT ",
+            summary_columns!(),
+            ", CASE WHEN cardinality($5::text[]) > 0 AND strpos(left(n.value, 100000), $5[1]) > 0
+                    THEN replace(substr(n.value, greatest(1, strpos(n.value, $5[1]) - 60), 160),
+                                 $5[1], '**' || $5[1] || '**')
+                    ELSE left(n.value, 160) END AS snippet,
+                    0::real AS rank
+             FROM ",
+            notes_with_author!(),
+            " WHERE n.team_id = $1 AND n.deleted_at IS NULL
+                AND ($3::text IS NULL OR n.scope = $3)
+                AND ",
+            literals_match!(),
+            " ORDER BY n.updated_at DESC
+              LIMIT $4"
+        )
+    };
+    let mut results: Vec<NoteHit> = sqlx::query_as(sql)
+        .bind(me.team_id)
+        .bind(&query)
+        .bind(&scope)
+        .bind(MAX_FOUND + 1)
+        .bind(&literals.required)
+        .bind(&literals.excluded)
+        .fetch_all(&bus.pool)
+        .await?;
     let truncated = results.len() as i64 > MAX_FOUND;
     results.truncate(MAX_FOUND as usize);
     Ok(SearchResult {
-        query: query.to_string(),
+        query,
         results,
         truncated,
     })
@@ -545,7 +604,7 @@ pub async fn delete(
     key: &str,
 ) -> BusResult<NoteDeleted> {
     let scope = normalize_scope(scope)?;
-    let key = check_key(key)?;
+    let key = lookup_key(key)?;
     let mut tx = bus.pool.begin().await?;
     sessions::guard(&mut tx, me).await?;
     let deleted: Option<(Uuid, i64)> = sqlx::query_as(

@@ -19,7 +19,7 @@ use serde::Serialize;
 use sqlx::{PgPool, postgres::types::PgInterval};
 use uuid::Uuid;
 
-use super::sessions;
+use super::{sessions, text};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -129,21 +129,22 @@ fn parse_status(raw: &str) -> BusResult<String> {
         return Ok(status);
     }
     Err(BusError::invalid(format!(
-        "status {raw:?} is not one of {}. Nothing was written. Send one of those, or omit status \
+        "status {} is not one of {}. Nothing was written. Send one of those, or omit status \
          to keep the current one (`active` on a first heartbeat).",
+        text::quote(raw),
         STATUSES.join(", ")
     )))
 }
 
-/// A presence text field: trimmed; `""` means clear (returned as `Some(None)`).
-/// `multiline` allows tabs and newlines (activity); the others are one line.
-fn check_field(
-    name: &str,
-    raw: Option<&str>,
-    multiline: bool,
-) -> BusResult<Option<Option<String>>> {
+/// A presence field (repo, branch, activity, project, role): one line
+/// ([`text::one_line`]); `""` means clear (returned as `Some(None)`).
+fn check_label(name: &str, raw: Option<&str>) -> BusResult<Option<Option<String>>> {
     let Some(raw) = raw else { return Ok(None) };
-    let value = raw.trim();
+    let value = check_field_size(name, text::one_line(name, raw)?)?;
+    Ok(Some((!value.is_empty()).then_some(value)))
+}
+
+fn check_field_size(name: &str, value: String) -> BusResult<String> {
     if value.len() > MAX_FIELD_BYTES {
         return Err(BusError::invalid(format!(
             "{name} is {} bytes; the limit is {MAX_FIELD_BYTES} bytes. Nothing was written. \
@@ -151,21 +152,7 @@ fn check_field(
             value.len()
         )));
     }
-    if value
-        .chars()
-        .any(|c| c.is_control() && !(multiline && matches!(c, '\n' | '\t')))
-    {
-        return Err(BusError::invalid(format!(
-            "{name} contains a control character{}. Nothing was written. Remove the control \
-             characters.",
-            if multiline {
-                " other than a newline or tab"
-            } else {
-                "; it is one line of text"
-            }
-        )));
-    }
-    Ok(Some((!value.is_empty()).then(|| value.to_string())))
+    Ok(value)
 }
 
 fn check_ttl(ttl_seconds: Option<i64>) -> BusResult<Option<i32>> {
@@ -180,9 +167,11 @@ fn check_ttl(ttl_seconds: Option<i64>) -> BusResult<Option<i32>> {
     }
 }
 
-/// A discovery filter: trimmed; empty means no filter.
+/// A discovery filter: a lookup ([`text::lookup`]); empty means no filter.
 fn check_filter(name: &str, raw: Option<&str>) -> BusResult<Option<String>> {
-    Ok(check_field(name, raw, false)?.flatten())
+    raw.map(|raw| check_field_size(name, text::lookup(raw)))
+        .transpose()
+        .map(|value| value.filter(|value| !value.is_empty()))
 }
 
 fn check_limit(limit: Option<i64>, default: i64) -> BusResult<i64> {
@@ -221,11 +210,11 @@ macro_rules! summary_order {
 /// interleave field by field.
 pub async fn heartbeat(bus: &Bus, me: &Identity, beat: &Beat) -> BusResult<Heartbeat> {
     let status = beat.status.as_deref().map(parse_status).transpose()?;
-    let repo = check_field("repo", beat.repo.as_deref(), false)?;
-    let branch = check_field("branch", beat.branch.as_deref(), false)?;
-    let activity = check_field("activity", beat.activity.as_deref(), true)?;
-    let project = check_field("project", beat.project.as_deref(), false)?;
-    let role = check_field("role", beat.role.as_deref(), false)?;
+    let repo = check_label("repo label", beat.repo.as_deref())?;
+    let branch = check_label("branch label", beat.branch.as_deref())?;
+    let activity = check_label("activity", beat.activity.as_deref())?;
+    let project = check_label("project label", beat.project.as_deref())?;
+    let role = check_label("role label", beat.role.as_deref())?;
     let ttl = check_ttl(beat.ttl_seconds)?;
 
     let mut tx = bus.pool.begin().await?;

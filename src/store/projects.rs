@@ -43,8 +43,9 @@ macro_rules! project_select {
 pub fn normalize_name(raw: &str) -> BusResult<String> {
     channels::normalize_name(raw).map_err(|_| {
         BusError::invalid(format!(
-            "project name {raw:?} is not valid: use 1-64 ASCII letters, digits and `-_.`, starting \
-             with a letter or digit (for example `checkout-v2`)."
+            "project name {} is not valid: use 1-64 ASCII letters, digits and `-_.`, starting \
+             with a letter or digit (for example `checkout-v2`).",
+            super::text::quote(raw)
         ))
     })
 }

@@ -71,7 +71,10 @@ pub async fn ack(
     resolved: bool,
     note: Option<String>,
 ) -> BusResult<Acked> {
-    let note = note.filter(|n| !n.trim().is_empty());
+    let note = note
+        .map(|n| super::text::one_line("acknowledgement note", &n))
+        .transpose()?
+        .filter(|n| !n.is_empty());
     if let Some(note) = &note
         && note.len() > NOTE_MAX_BYTES
     {

@@ -32,7 +32,7 @@ use serde_json::{Value, json};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::{address, at, sessions, window_phrase};
+use super::{address, at, sessions, text, window_phrase};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -158,8 +158,18 @@ pub struct TaskEvent {
 // ---------------------------------------------------------------------------
 // Input checks: all run before a transaction opens, so bad input writes nothing.
 
+/// A key naming a task to create: one line ([`text::one_line`]), 1..=128 bytes.
+fn check_new_key(raw: &str) -> BusResult<String> {
+    check_key_size(text::one_line("task key", raw)?)
+}
+
+/// A key naming an existing task: normalised the same way, never refused for
+/// its characters ([`text::lookup`]): it can only find what exists.
 fn check_key(raw: &str) -> BusResult<String> {
-    let key = raw.trim();
+    check_key_size(text::lookup(raw))
+}
+
+fn check_key_size(key: String) -> BusResult<String> {
     if key.is_empty() {
         return Err(BusError::invalid(
             "a task key is required: a short identifier unique in the team, such as \
@@ -173,17 +183,11 @@ fn check_key(raw: &str) -> BusResult<String> {
             key.len()
         )));
     }
-    if key.chars().any(char::is_control) {
-        return Err(BusError::invalid(
-            "task key contains a control character (newline, tab, …); use letters, digits and \
-             punctuation only.",
-        ));
-    }
-    Ok(key.to_string())
+    Ok(key)
 }
 
 fn check_title(raw: &str) -> BusResult<String> {
-    let title = raw.trim();
+    let title = text::one_line_else("task title", raw, "put further lines in `description`")?;
     if title.is_empty() {
         return Err(BusError::invalid(
             "a task title is required: one line saying what is to be done (at most 512 bytes).",
@@ -196,7 +200,7 @@ fn check_title(raw: &str) -> BusResult<String> {
             title.len()
         )));
     }
-    Ok(title.to_string())
+    Ok(title)
 }
 
 fn check_description(raw: Option<String>) -> BusResult<Option<String>> {
@@ -303,8 +307,9 @@ fn check_status_filter(raw: Option<&str>) -> BusResult<String> {
         .unwrap_or_else(|| "any".into());
     if !LIST_STATUSES.contains(&status.as_str()) {
         return Err(BusError::invalid(format!(
-            "status {status:?} is not one of open, claimed, done, cancelled, any. A task whose \
-             lease lapsed counts as open."
+            "status {} is not one of open, claimed, done, cancelled, any. A task whose \
+             lease lapsed counts as open.",
+            text::quote(&status)
         )));
     }
     Ok(status)
@@ -583,7 +588,7 @@ fn emit(bus: &Bus, me: &Identity, key: &str) {
 /// `create_task`: the task, its dependency rows and its `created` event in one
 /// transaction. A missing dependency or a taken key writes nothing.
 pub async fn create(bus: &Bus, me: &Identity, new: NewTask) -> BusResult<Task> {
-    let key = check_key(&new.key)?;
+    let key = check_new_key(&new.key)?;
     let title = check_title(&new.title)?;
     let description = check_description(new.description)?;
     let metadata = check_metadata(new.metadata)?;
@@ -1182,7 +1187,10 @@ mod tests {
                 .contains("128")
         );
         assert_eq!(check_key("  a b ").unwrap(), "a b");
-        assert!(check_key("a\nb").is_err());
+        assert_eq!(check_new_key(" a\u{2028}b ").unwrap_err().kind(), "invalid");
+        assert_eq!(check_key(" e\u{301} ").unwrap(), "\u{e9}");
+        assert!(check_title("one\ntwo").is_err());
+        assert_eq!(check_title(" one line\n").unwrap(), "one line");
         assert!(
             check_lease(Some(29))
                 .unwrap_err()

@@ -104,8 +104,9 @@ pub fn parse_kinds(kinds: Option<Vec<String>>) -> BusResult<Option<Vec<EventKind
             "note" | "notes" => EventKind::Note,
             other => {
                 return Err(BusError::invalid(format!(
-                    "unknown kind {other:?}: kinds are message, task, lock and note (omit `kinds` \
-                     to wake on all of them)."
+                    "unknown kind {}: kinds are message, task, lock and note (omit `kinds` \
+                     to wake on all of them).",
+                    super::text::quote(other)
                 )));
             }
         });

@@ -32,5 +32,6 @@ mod sessions;
 mod support_servers;
 mod tasks;
 mod tenancy;
+mod text_rules;
 mod waiting;
 mod write_fence;
