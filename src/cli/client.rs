@@ -160,7 +160,7 @@ enum ClientCommand {
         #[arg(long)]
         limit: Option<i64>,
     },
-    /// One task: create, show, claim, next, renew, release, done.
+    /// One task: create, show, claim, next, renew, release, done, cancel, depends.
     #[command(subcommand)]
     Task(TaskCommand),
     /// Team-wide advisory locks: acquire, release, list.
@@ -282,6 +282,22 @@ enum TaskCommand {
         /// What was done; `-` reads it from stdin.
         result: String,
     },
+    /// Cancel a task: by its creator or the window holding it (cancel_task).
+    Cancel {
+        key: String,
+        /// Why, kept on the task; `-` reads it from stdin.
+        reason: String,
+    },
+    /// Replace what a task waits for (set_task_dependencies); its creator only.
+    Depends {
+        key: String,
+        /// Key of a task that must be done first (repeat for several).
+        #[arg(long = "on", value_name = "KEY", required_unless_present = "none")]
+        on: Vec<String>,
+        /// Wait for nothing: remove every dependency.
+        #[arg(long, conflicts_with = "on")]
+        none: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -377,6 +393,7 @@ enum Print {
     Task,
     TaskDetail,
     NextTask,
+    CancelledTask,
     Lock,
     LockReleased,
     Locks,
@@ -613,6 +630,19 @@ fn prepare_task(command: TaskCommand) -> anyhow::Result<Request> {
                 Print::Task,
             )
         }
+        T::Cancel { key, reason } => {
+            let reason = if reason == "-" { read_stdin()? } else { reason };
+            request(
+                "cancel_task",
+                json!({"key": key, "reason": reason}),
+                Print::CancelledTask,
+            )
+        }
+        T::Depends { key, on, none: _ } => request(
+            "set_task_dependencies",
+            json!({"key": key, "depends_on": on}),
+            Print::Task,
+        ),
     })
 }
 
@@ -685,6 +715,7 @@ async fn execute(connection: &Connection, request: Request, json: bool) -> anyho
         Print::Tasks => show::tasks(&answer),
         Print::Task => show::task_line(&answer),
         Print::TaskDetail => show::task_detail(&answer),
+        Print::CancelledTask => show::cancelled_task(&answer),
         Print::NextTask if answer["claimed"] == true => show::task_line(&answer["task"]),
         Print::NextTask => bail!(
             "no task claimed: {}",

@@ -1,6 +1,7 @@
 //! Task tools: `create_task`, `claim_task`, `claim_next_task`,
-//! `renew_task_lease`, `release_task`, `complete_task`, `list_tasks`,
-//! `get_task`. All logic lives in `store::tasks`.
+//! `renew_task_lease`, `release_task`, `complete_task`, `cancel_task`,
+//! `set_task_dependencies`, `list_tasks`, `get_task`. All logic lives in
+//! `store::tasks`.
 
 use rmcp::handler::server::tool::Extension;
 use rmcp::handler::server::wrapper::Parameters;
@@ -70,6 +71,25 @@ pub struct CompleteTaskArgs {
     pub result: String,
 }
 
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CancelTaskArgs {
+    /// The task's key.
+    pub key: String,
+    /// Why it is cancelled, at most 4 KiB; kept on the task and in its history.
+    pub reason: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetDependenciesArgs {
+    /// The task's key.
+    pub key: String,
+    /// The complete new list: keys of existing, not cancelled tasks that must be done first (at
+    /// most 32). `[]` removes every dependency.
+    pub depends_on: Vec<String>,
+}
+
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ListTasksArgs {
@@ -85,8 +105,8 @@ pub struct ListTasksArgs {
 impl BusServer {
     #[tool(
         description = "Create a task in the team's shared queue. `key` is unique in the team; \
-                       `depends_on` names existing tasks that must be done first (the task \
-                       cannot be claimed until then). The task starts open."
+                       `depends_on` names existing tasks (not cancelled ones) that must be done \
+                       first (the task cannot be claimed until then). The task starts open."
     )]
     async fn create_task(
         &self,
@@ -169,6 +189,39 @@ impl BusServer {
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
         reply(tasks::complete(self.bus(), me, &args.key, &args.result).await)
+    }
+
+    #[tool(
+        description = "Cancel a task: it will never be claimed or completed. Allowed for the \
+                       agent that created it (any window) or the window holding its live lease; \
+                       refused for anyone else and for a task already done or cancelled. Any \
+                       lease ends. Tasks that depend on it stay blocked and list it in \
+                       blocked_by_cancelled; the answer names them so their creators can \
+                       re-point them (set_task_dependencies) or cancel them too."
+    )]
+    async fn cancel_task(
+        &self,
+        Extension(parts): Extension<http::request::Parts>,
+        Parameters(args): Parameters<CancelTaskArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let me = caller(&parts)?;
+        reply(tasks::cancel(self.bus(), me, &args.key, &args.reason).await)
+    }
+
+    #[tool(
+        description = "Replace what a task waits for with a new depends_on list (`[]` for \
+                       nothing), e.g. to re-point it from a cancelled task to its replacement. \
+                       Only the agent that created the task (any window); refused for a task \
+                       done, cancelled or held by a live lease, for a cancelled or missing \
+                       dependency, and for a list that would make a cycle."
+    )]
+    async fn set_task_dependencies(
+        &self,
+        Extension(parts): Extension<http::request::Parts>,
+        Parameters(args): Parameters<SetDependenciesArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let me = caller(&parts)?;
+        reply(tasks::set_dependencies(self.bus(), me, &args.key, &args.depends_on).await)
     }
 
     #[tool(

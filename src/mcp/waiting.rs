@@ -134,8 +134,11 @@ impl BusServer {
 
     #[tool(
         description = "Ask another agent a question (a DM flagged as a question) and wait for \
-                          the reply addressed back to this window. On timeout returns answered: \
-                          false and the question_message_id to resume waiting with."
+                          the reply addressed back to this window. Only a reply from the agent \
+                          you asked (any of its windows) answers it; replies to the question \
+                          from anyone else stay ordinary messages in your inbox (read_messages). \
+                          On timeout returns answered: false and the question_message_id to \
+                          resume waiting with."
     )]
     async fn ask_agent(
         &self,

@@ -686,18 +686,26 @@ pub async fn visible(bus: &Bus, me: &Identity, ids: &[Uuid]) -> BusResult<Vec<Me
     .await?)
 }
 
-/// The first reply to `question_id` addressed to this window (or its whole
-/// agent) by another agent: what answers an `ask_agent` question.
+/// The first reply to `question_id` that answers this window's `ask_agent`
+/// question: addressed to this window (or its whole agent) and sent by the
+/// agent the question was addressed to, from any of its windows. A reply to
+/// the question id from anyone else is an ordinary direct message: it stays
+/// in the inbox and never ends the wait.
 pub async fn answer_to(
     bus: &Bus,
     me: &Identity,
     question_id: Uuid,
 ) -> BusResult<Option<MessageView>> {
+    // The answerer is read from the question row itself, so a fresh ask and
+    // a resumed one apply the same rule.
     Ok(sqlx::query_as(concat!(
         "SELECT ",
         view_columns!(),
-        " WHERE m.team_id = $1 AND m.reply_to = $2 AND m.recipient_id = $3
+        " JOIN messages q ON q.team_id = m.team_id AND q.id = m.reply_to
+          WHERE m.team_id = $1 AND m.reply_to = $2 AND m.recipient_id = $3
             AND (m.recipient_session IS NULL OR m.recipient_session = $4)
+            AND q.is_question AND q.sender_id = $3 AND q.sender_session = $4
+            AND m.sender_id = q.recipient_id
             AND m.sender_id <> $3
           ORDER BY m.xact_id, m.seq LIMIT 1"
     ))

@@ -5,10 +5,13 @@
 //! one transition helper for renew/release/complete.
 //!
 //! A task is created open, may wait on other tasks of the team (its
-//! dependencies, fixed at creation, so no cycle can exist), is claimed by one
-//! window, the (agent, session label) pair, for a lease, and is completed or
-//! released by that window only. Another window of the same agent is a
-//! different holder: it cannot renew, release or complete the claim.
+//! dependencies), is claimed by one window, the (agent, session label) pair,
+//! for a lease, and is completed or released by that window only. Another
+//! window of the same agent is a different holder: it cannot renew, release
+//! or complete the claim. Its creator or the holding window may cancel it
+//! instead (`cancel`), and its creator may re-point its dependencies
+//! (`dependencies`): a cancelled task is never done, so a task waiting on one
+//! says so in `blocked_by_cancelled` rather than becoming claimable.
 //!
 //! Leases are measured on the database's clock (`now()`), never the caller's.
 //! Nothing sweeps lapsed leases: a claimed task whose lease has run out *reads*
@@ -23,8 +26,7 @@
 //!
 //! Every change is one short transaction: the session guard, the row lock,
 //! the change, its `task_events` row. The wake-up event is emitted after commit.
-//! Not here: cancelling tasks (the status exists; no tool sets it yet) and
-//! attachments.
+//! Not here: attachments.
 
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
@@ -37,6 +39,11 @@ use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::events::{BusEvent, EventKind};
+
+mod cancel;
+mod dependencies;
+pub use cancel::{CANCEL_REASON_MAX_BYTES, CancelledTask, cancel};
+pub use dependencies::set_dependencies;
 
 pub const KEY_MAX_BYTES: usize = 128;
 pub const TITLE_MAX_BYTES: usize = 512;
@@ -68,12 +75,19 @@ pub struct Task {
     pub depends_on: Vec<String>,
     /// The dependencies not yet done; the task cannot be claimed until empty.
     pub blocked_by: Vec<String>,
+    /// The entries of `blocked_by` that were cancelled: they will never be
+    /// done, so this task waits until its creator re-points or cancels it.
+    pub blocked_by_cancelled: Vec<String>,
     pub created_by: String,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub completed_by: Option<String>,
     pub completed_at: Option<DateTime<Utc>>,
     pub result: Option<String>,
+    /// The window that cancelled the task, when it was, and why.
+    pub cancelled_by: Option<String>,
+    pub cancelled_at: Option<DateTime<Utc>>,
+    pub cancel_reason: Option<String>,
 }
 
 /// A task in a listing: no description, metadata or result.
@@ -85,11 +99,14 @@ pub struct TaskSummary {
     pub holder: Option<Holder>,
     pub lapsed_holder: Option<Holder>,
     pub blocked_by: Vec<String>,
+    pub blocked_by_cancelled: Vec<String>,
     pub created_by: String,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub completed_by: Option<String>,
     pub completed_at: Option<DateTime<Utc>>,
+    pub cancelled_by: Option<String>,
+    pub cancelled_at: Option<DateTime<Utc>>,
 }
 
 /// The window holding (or, lapsed, last holding) a claim.
@@ -148,7 +165,8 @@ pub struct TaskDetail {
 #[derive(Clone, Debug, Serialize)]
 pub struct TaskEvent {
     pub at: DateTime<Utc>,
-    /// `created`, `claimed`, `renewed`, `released`, `completed`.
+    /// `created`, `claimed`, `renewed`, `released`, `completed`, `cancelled`,
+    /// `dependencies_changed`.
     pub kind: String,
     /// The address of the window that made the change.
     pub by: String,
@@ -338,15 +356,20 @@ macro_rules! task_columns {
          t.holder_agent_id, ha.name AS holder_agent, t.holder_session, t.claimed_at,
          t.lease_expires_at,
          greatest(0, ceil(extract(epoch FROM t.lease_expires_at - now())))::bigint AS lease_seconds_left,
-         ca.name AS created_by, t.created_session, t.created_at, t.updated_at,
-         da.name AS completed_by, t.completed_session, t.completed_at, t.result,
+         t.created_by AS creator_id, ca.name AS created_by, t.created_session, t.created_at,
+         t.updated_at, da.name AS completed_by, t.completed_session, t.completed_at, t.result,
+         xa.name AS cancelled_by, t.cancelled_session, t.cancelled_at, t.cancel_reason,
          ARRAY(SELECT p.key FROM task_dependencies d
                JOIN tasks p ON p.team_id = d.team_id AND p.id = d.depends_on_id
                WHERE d.team_id = t.team_id AND d.task_id = t.id ORDER BY p.seq) AS depends_on,
          ARRAY(SELECT p.key FROM task_dependencies d
                JOIN tasks p ON p.team_id = d.team_id AND p.id = d.depends_on_id
                WHERE d.team_id = t.team_id AND d.task_id = t.id AND p.status <> 'done'
-               ORDER BY p.seq) AS blocked_by"
+               ORDER BY p.seq) AS blocked_by,
+         ARRAY(SELECT p.key FROM task_dependencies d
+               JOIN tasks p ON p.team_id = d.team_id AND p.id = d.depends_on_id
+               WHERE d.team_id = t.team_id AND d.task_id = t.id AND p.status = 'cancelled'
+               ORDER BY p.seq) AS blocked_by_cancelled"
     };
 }
 
@@ -358,13 +381,19 @@ macro_rules! summary_columns {
          t.holder_agent_id, ha.name AS holder_agent, t.holder_session, t.claimed_at,
          t.lease_expires_at,
          greatest(0, ceil(extract(epoch FROM t.lease_expires_at - now())))::bigint AS lease_seconds_left,
-         ca.name AS created_by, t.created_session, t.created_at, t.updated_at,
-         da.name AS completed_by, t.completed_session, t.completed_at, NULL::text AS result,
+         t.created_by AS creator_id, ca.name AS created_by, t.created_session, t.created_at,
+         t.updated_at, da.name AS completed_by, t.completed_session, t.completed_at,
+         NULL::text AS result,
+         xa.name AS cancelled_by, t.cancelled_session, t.cancelled_at, NULL::text AS cancel_reason,
          '{}'::text[] AS depends_on,
          ARRAY(SELECT p.key FROM task_dependencies d
                JOIN tasks p ON p.team_id = d.team_id AND p.id = d.depends_on_id
                WHERE d.team_id = t.team_id AND d.task_id = t.id AND p.status <> 'done'
-               ORDER BY p.seq) AS blocked_by"
+               ORDER BY p.seq) AS blocked_by,
+         ARRAY(SELECT p.key FROM task_dependencies d
+               JOIN tasks p ON p.team_id = d.team_id AND p.id = d.depends_on_id
+               WHERE d.team_id = t.team_id AND d.task_id = t.id AND p.status = 'cancelled'
+               ORDER BY p.seq) AS blocked_by_cancelled"
     };
 }
 
@@ -373,7 +402,8 @@ macro_rules! task_from {
         " FROM tasks t
           JOIN agents ca ON ca.team_id = t.team_id AND ca.id = t.created_by
           LEFT JOIN agents ha ON ha.team_id = t.team_id AND ha.id = t.holder_agent_id
-          LEFT JOIN agents da ON da.team_id = t.team_id AND da.id = t.completed_by "
+          LEFT JOIN agents da ON da.team_id = t.team_id AND da.id = t.completed_by
+          LEFT JOIN agents xa ON xa.team_id = t.team_id AND xa.id = t.cancelled_by "
     };
 }
 
@@ -392,6 +422,7 @@ struct TaskRow {
     claimed_at: Option<DateTime<Utc>>,
     lease_expires_at: Option<DateTime<Utc>>,
     lease_seconds_left: Option<i64>,
+    creator_id: Uuid,
     created_by: String,
     created_session: String,
     created_at: DateTime<Utc>,
@@ -400,8 +431,13 @@ struct TaskRow {
     completed_session: Option<String>,
     completed_at: Option<DateTime<Utc>>,
     result: Option<String>,
+    cancelled_by: Option<String>,
+    cancelled_session: Option<String>,
+    cancelled_at: Option<DateTime<Utc>>,
+    cancel_reason: Option<String>,
     depends_on: Vec<String>,
     blocked_by: Vec<String>,
+    blocked_by_cancelled: Vec<String>,
 }
 
 impl TaskRow {
@@ -458,7 +494,24 @@ impl TaskRow {
         }
     }
 
-    fn completed_phrase(&self) -> String {
+    /// Who finished the task and when (and why, for a cancellation), for
+    /// refusals; empty when not finished or not known.
+    fn finished_phrase(&self) -> String {
+        if let (Some(agent), Some(when)) = (&self.cancelled_by, self.cancelled_at) {
+            let reason: String = self
+                .cancel_reason
+                .as_deref()
+                .unwrap_or_default()
+                .chars()
+                .take(200)
+                .map(|c| if c.is_control() { ' ' } else { c })
+                .collect();
+            return format!(
+                " (cancelled by {} at {}: \"{reason}\")",
+                address(agent, self.cancelled_session.as_deref().unwrap_or("")),
+                at(when)
+            );
+        }
         match (&self.completed_by, self.completed_at) {
             (Some(agent), Some(when)) => format!(
                 " (completed by {} at {})",
@@ -469,9 +522,16 @@ impl TaskRow {
         }
     }
 
+    fn cancelled_by_address(&self) -> Option<String> {
+        self.cancelled_by
+            .as_deref()
+            .map(|a| address(a, self.cancelled_session.as_deref().unwrap_or("")))
+    }
+
     fn into_task(self) -> Task {
         let (holder, lapsed_holder) = self.holders();
         let status = self.effective_status();
+        let cancelled_by = self.cancelled_by_address();
         Task {
             status,
             holder,
@@ -487,15 +547,20 @@ impl TaskRow {
             metadata: self.metadata,
             depends_on: self.depends_on,
             blocked_by: self.blocked_by,
+            blocked_by_cancelled: self.blocked_by_cancelled,
             created_at: self.created_at,
             updated_at: self.updated_at,
             completed_at: self.completed_at,
             result: self.result,
+            cancelled_by,
+            cancelled_at: self.cancelled_at,
+            cancel_reason: self.cancel_reason,
         }
     }
 
     fn into_summary(self) -> TaskSummary {
         let (holder, lapsed_holder) = self.holders();
+        let cancelled_by = self.cancelled_by_address();
         TaskSummary {
             status: self.effective_status(),
             holder,
@@ -508,9 +573,12 @@ impl TaskRow {
             key: self.key,
             title: self.title,
             blocked_by: self.blocked_by,
+            blocked_by_cancelled: self.blocked_by_cancelled,
             created_at: self.created_at,
             updated_at: self.updated_at,
             completed_at: self.completed_at,
+            cancelled_by,
+            cancelled_at: self.cancelled_at,
         }
     }
 }
@@ -596,26 +664,7 @@ pub async fn create(bus: &Bus, me: &Identity, new: NewTask) -> BusResult<Task> {
 
     let mut tx = bus.pool.begin().await?;
     sessions::guard(&mut tx, me).await?;
-    let found: Vec<(Uuid, String)> =
-        sqlx::query_as("SELECT id, key FROM tasks WHERE team_id = $1 AND key = ANY($2)")
-            .bind(me.team_id)
-            .bind(&depends_on)
-            .fetch_all(&mut *tx)
-            .await?;
-    if found.len() != depends_on.len() {
-        let missing: Vec<String> = depends_on
-            .iter()
-            .filter(|k| !found.iter().any(|(_, f)| f == *k))
-            .map(|k| format!("`{k}`"))
-            .collect();
-        return Err(BusError::invalid(format!(
-            "depends_on names tasks that do not exist in team `{}`: {}. Dependencies must exist \
-             before the task that waits on them: create them first, or drop them. Nothing was \
-             created.",
-            me.team,
-            missing.join(", ")
-        )));
-    }
+    let found = dependencies::resolve(&mut tx, me, &depends_on, "Nothing was created.").await?;
     let task_id = Uuid::new_v4();
     let inserted = sqlx::query(
         "INSERT INTO tasks (id, team_id, key, title, description, metadata, created_by, created_session)
@@ -684,7 +733,7 @@ pub async fn claim(
                 "task `{key}` is already {}{}; there is nothing to claim. claim_next_task finds \
                  open work.",
                 row.status,
-                row.completed_phrase()
+                row.finished_phrase()
             )));
         }
         "claimed" if !row.lapsed && row.held_by(me) => {
@@ -715,7 +764,7 @@ pub async fn claim(
         }
         _ => {
             if !row.blocked_by.is_empty() {
-                return Err(blocked(&key, &row.blocked_by));
+                return Err(blocked(&row));
             }
             let lapsed_holder = row.holder().map(|h| h.address);
             sqlx::query(
@@ -746,12 +795,32 @@ pub async fn claim(
     Ok(task)
 }
 
-fn blocked(key: &str, blockers: &[String]) -> BusError {
-    let names: Vec<String> = blockers.iter().map(|b| format!("`{b}`")).collect();
+fn blocked(row: &TaskRow) -> BusError {
+    let key = &row.key;
+    let names: Vec<String> = row
+        .blocked_by
+        .iter()
+        .map(|b| {
+            if row.blocked_by_cancelled.contains(b) {
+                format!("`{b}` (cancelled)")
+            } else {
+                format!("`{b}`")
+            }
+        })
+        .collect();
+    let cancelled = if row.blocked_by_cancelled.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " A cancelled task is never done: until its creator ({}) re-points `{key}` with \
+             set_task_dependencies or cancels it with cancel_task, it stays blocked.",
+            address(&row.created_by, &row.created_session)
+        )
+    };
     BusError::conflict(format!(
         "task `{key}` is blocked by unfinished dependencies: {}. It can be claimed once they are \
-         done. Nothing was changed. Work on a blocker instead, or call claim_next_task for a task \
-         that is ready.",
+         done. Nothing was changed.{cancelled} Work on a blocker instead, or call claim_next_task \
+         for a task that is ready.",
         names.join(", ")
     ))
 }
@@ -849,12 +918,19 @@ pub async fn claim_next(
 
 /// Why `claim_next_task` found nothing, in numbers the caller can act on.
 async fn nothing_claimable(conn: &mut PgConnection, me: &Identity) -> BusResult<String> {
-    let (waiting, held, next_expiry): (i64, i64, Option<DateTime<Utc>>) = sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE status = 'open' OR lease_expires_at <= now()),
+    let (waiting, held, next_expiry, stuck): (i64, i64, Option<DateTime<Utc>>, i64) =
+        sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE status = 'open' OR lease_expires_at <= now()),
                 count(*) FILTER (WHERE status = 'claimed' AND lease_expires_at > now()),
-                min(lease_expires_at) FILTER (WHERE status = 'claimed' AND lease_expires_at > now())
-         FROM tasks WHERE team_id = $1 AND status IN ('open', 'claimed')",
-    )
+                min(lease_expires_at) FILTER (WHERE status = 'claimed' AND lease_expires_at > now()),
+                count(*) FILTER (WHERE (status = 'open' OR lease_expires_at <= now())
+                                   AND EXISTS (
+                                       SELECT 1 FROM task_dependencies d
+                                       JOIN tasks p ON p.team_id = d.team_id AND p.id = d.depends_on_id
+                                       WHERE d.team_id = t.team_id AND d.task_id = t.id
+                                         AND p.status = 'cancelled'))
+         FROM tasks t WHERE team_id = $1 AND status IN ('open', 'claimed')",
+        )
     .bind(me.team_id)
     .fetch_one(&mut *conn)
     .await?;
@@ -871,6 +947,12 @@ async fn nothing_claimable(conn: &mut PgConnection, me: &Identity) -> BusResult<
             "{waiting} open task(s) wait on unfinished dependencies (or are being claimed by \
              another window this instant)"
         ));
+        if stuck > 0 {
+            parts.push(format!(
+                "{stuck} of them wait on a cancelled task, which will never be done, until their \
+                 creator re-points them (set_task_dependencies) or cancels them (cancel_task)"
+            ));
+        }
     }
     if held > 0 {
         let next = next_expiry.map(at).unwrap_or_default();
@@ -894,7 +976,7 @@ fn require_live_claim(row: &TaskRow, me: &Identity, action: &str) -> BusResult<(
             "task `{key}` is already {}{}; {action} applies to a task you hold. Nothing was \
              changed.",
             row.status,
-            row.completed_phrase()
+            row.finished_phrase()
         ))),
         "open" => Err(BusError::conflict(format!(
             "task `{key}` is not claimed by anyone, so this window cannot {action} it. claim_task \

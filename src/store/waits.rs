@@ -420,8 +420,11 @@ pub struct AskResult {
 
 /// `ask_agent`: a direct message flagged as a question, then a wait for the
 /// reply addressed back to this window. Only a reply (`reply_to` = the
-/// question) sent to this window, or to this agent as a whole, by another
-/// agent answers it: a sibling window of the asker cannot answer for it.
+/// question) sent to this window, or to this agent as a whole, by the agent
+/// the question was addressed to (from any of its windows) answers it: a
+/// third agent or a sibling window of the asker cannot answer for it, and
+/// their replies stay ordinary direct messages. A DM that wakes the wait but
+/// is not the answer sends it back to waiting.
 pub async fn ask(
     bus: &Bus,
     me: &Identity,

@@ -272,6 +272,73 @@ async fn client_task_create_next_done_then_tasks_lists_it_done() {
 }
 
 #[tokio::test]
+async fn client_task_cancel_and_depends_re_point_what_waited_on_the_cancelled_task() {
+    let app = spawn_app().await;
+    let alice = team_with(&app, "alice", None).await;
+    let bob = Console::new(&app, "bob", Some("w2")).await;
+    alice
+        .ok(&["task", "create", "schema", "Design the schema"])
+        .await;
+    alice
+        .ok(&[
+            "task",
+            "create",
+            "deploy",
+            "Deploy",
+            "--depends-on",
+            "schema",
+        ])
+        .await;
+
+    // Someone else's task: refused with the server's words, exit 1.
+    let refused = bob.run(&["task", "cancel", "schema", "not needed"]).await;
+    assert_eq!(refused.code, Some(1), "{refused:?}");
+    assert!(refused.stderr.contains("only its creator"), "{refused:?}");
+
+    // The reason from stdin; the answer names who still waits.
+    let cancelled = alice
+        .run_with_stdin(
+            &["task", "cancel", "schema", "-"],
+            Some("replaced by schema-v2\n"),
+        )
+        .await;
+    assert_eq!(cancelled.code, Some(0), "{cancelled:?}");
+    assert!(
+        cancelled
+            .stdout
+            .starts_with("task schema: cancelled (Design the schema)"),
+        "{cancelled:?}"
+    );
+    assert!(
+        cancelled
+            .stdout
+            .contains("1 task(s) still wait on it: deploy"),
+        "{cancelled:?}"
+    );
+    let shown = alice.ok(&["task", "show", "schema"]).await;
+    assert!(shown.contains("cancelled by alice at"), "{shown}");
+    assert!(shown.contains("replaced by schema-v2"), "{shown}");
+    let listed = alice.ok(&["tasks"]).await;
+    assert!(listed.contains("schema (cancelled)"), "{listed}");
+
+    alice
+        .ok(&["task", "create", "schema-v2", "Schema, again"])
+        .await;
+    let repointed = alice
+        .json(&["task", "depends", "deploy", "--on", "schema-v2"])
+        .await;
+    assert_eq!(repointed["depends_on"], serde_json::json!(["schema-v2"]));
+    let cleared = alice.ok(&["task", "depends", "deploy", "--none"]).await;
+    assert_eq!(cleared.trim(), "task deploy: open (Deploy)");
+    let neither = alice.run(&["task", "depends", "deploy"]).await;
+    assert_eq!(
+        neither.code,
+        Some(2),
+        "--on or --none is required: {neither:?}"
+    );
+}
+
+#[tokio::test]
 async fn client_lock_acquire_is_refused_for_another_window_naming_the_holder() {
     let app = spawn_app().await;
     let w1 = team_with(&app, "alice", Some("w1")).await;

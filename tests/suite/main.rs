@@ -30,6 +30,7 @@ mod presence;
 mod projects;
 mod sessions;
 mod support_servers;
+mod task_cancel;
 mod tasks;
 mod tenancy;
 mod text_rules;

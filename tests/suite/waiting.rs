@@ -1,5 +1,5 @@
 //! wait_for_updates and ask_agent: waking across replicas, what wakes whom,
-//! and questions answered only by the window they were asked from.
+//! and questions answered only by the agent asked, to the window that asked.
 
 use std::time::Duration;
 
@@ -228,6 +228,89 @@ async fn ask_agent_returns_the_teammates_answer_and_a_sibling_cannot_answer_for_
         .await
         .unwrap_err();
     assert_eq!(refused["error"], "not_found");
+}
+
+#[tokio::test]
+async fn only_the_asked_agent_answers_a_question_and_a_third_agents_reply_stays_a_plain_message() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let asker = app.mcp(&app.agent("acme", "alice").await, Some("w1")).await;
+    let bob_token = app.agent("acme", "bob").await;
+    let bob = app.mcp(&bob_token, None).await;
+    let bob_w2 = app.mcp(&bob_token, Some("w2")).await;
+    let carol = app.mcp(&app.agent("acme", "carol").await, None).await;
+
+    // 3 s is under the wait's 5 s database re-check: carol's reply reaches
+    // the wait as an event, which wakes it to look, and it must keep waiting.
+    let started = std::time::Instant::now();
+    let asking = tokio::spawn(async move {
+        let result = asker
+            .call(
+                "ask_agent",
+                json!({"to": "bob", "question": "which port?", "timeout_seconds": 3}),
+            )
+            .await
+            .unwrap();
+        (asker, result, started.elapsed())
+    });
+    let question_id = loop {
+        let inbox = bob
+            .call("read_messages", json!({"scope": "inbox"}))
+            .await
+            .unwrap();
+        if let Some(q) = inbox["messages"].as_array().unwrap().first() {
+            break q["id"].clone();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let carols = carol
+        .call(
+            "post_message",
+            json!({"to": "alice/w1", "reply_to": question_id, "body": "9090 (says carol)"}),
+        )
+        .await
+        .unwrap();
+    let (asker, timed_out, waited) = asking.await.unwrap();
+    assert_eq!(timed_out["answered"], false, "{timed_out}");
+    assert!(timed_out["answer"].is_null(), "{timed_out}");
+    assert_eq!(timed_out["question_message_id"], question_id);
+    assert!(
+        waited >= Duration::from_secs(3),
+        "carol's reply woke the wait but must not end it: it returned after {waited:?}"
+    );
+
+    // Carol's reply is an ordinary direct message in the asker's inbox.
+    let inbox = asker
+        .call("read_messages", json!({"scope": "inbox"}))
+        .await
+        .unwrap();
+    let messages = inbox["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 1, "{inbox}");
+    assert_eq!(messages[0]["id"], carols["message"]["id"]);
+    assert_eq!(messages[0]["from"], "carol");
+    assert_eq!(messages[0]["body"], "9090 (says carol)");
+    assert_eq!(messages[0]["reply_to"], question_id);
+
+    // Bob answers from another of his windows; resuming takes his reply and
+    // passes over carol's, which came first.
+    bob_w2
+        .call(
+            "post_message",
+            json!({"to": "alice/w1", "reply_to": question_id, "body": "8787"}),
+        )
+        .await
+        .unwrap();
+    let answered = asker
+        .call(
+            "ask_agent",
+            json!({"to": "bob", "question": "ignored on resume",
+                   "resume_message_id": question_id, "timeout_seconds": 5}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(answered["answered"], true, "{answered}");
+    assert_eq!(answered["answer"], "8787");
+    assert_eq!(answered["answered_by"], "bob/w2");
 }
 
 #[tokio::test]

@@ -268,6 +268,26 @@ fn holder(task: &Value) -> String {
     }
 }
 
+/// `blocked_by`, each cancelled blocker marked: it will never be done.
+fn blockers(task: &Value) -> String {
+    let cancelled = items(&task["blocked_by_cancelled"]);
+    let parts: Vec<String> = items(&task["blocked_by"])
+        .iter()
+        .map(|b| {
+            if cancelled.contains(b) {
+                format!("{} (cancelled)", text(b))
+            } else {
+                text(b)
+            }
+        })
+        .collect();
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
 pub fn tasks(answer: &Value) {
     let rows = items(&answer["tasks"])
         .iter()
@@ -276,7 +296,7 @@ pub fn tasks(answer: &Value) {
                 text(&t["key"]),
                 text(&t["status"]),
                 holder(t),
-                joined(&t["blocked_by"]),
+                blockers(t),
                 one_line(t["title"].as_str().unwrap_or_default(), 60),
             ]
         })
@@ -303,9 +323,22 @@ pub fn task_line(task: &Value) {
         ));
     }
     if !items(&task["blocked_by"]).is_empty() {
-        line.push_str(&format!(", blocked by {}", joined(&task["blocked_by"])));
+        line.push_str(&format!(", blocked by {}", blockers(task)));
     }
     println!("{line}");
+}
+
+/// `task cancel`: the task's line, then who is left waiting on it.
+pub fn cancelled_task(answer: &Value) {
+    task_line(answer);
+    if !items(&answer["dependents"]).is_empty() {
+        println!(
+            "{} task(s) still wait on it: {} (their creators can re-point them with `task \
+             depends KEY --on OTHER` or cancel them)",
+            text(&answer["dependents_total"]),
+            joined(&answer["dependents"])
+        );
+    }
 }
 
 pub fn task_detail(task: &Value) {
@@ -328,7 +361,7 @@ pub fn task_detail(task: &Value) {
         println!(
             "depends on: {} (blocked by: {})",
             joined(&task["depends_on"]),
-            joined(&task["blocked_by"])
+            blockers(task)
         );
     }
     println!(
@@ -343,10 +376,21 @@ pub fn task_detail(task: &Value) {
             when(&task["completed_at"])
         );
     }
+    if !task["cancelled_by"].is_null() {
+        println!(
+            "cancelled by {} at {}",
+            text(&task["cancelled_by"]),
+            when(&task["cancelled_at"])
+        );
+    }
     if task["metadata"].as_object().is_some_and(|m| !m.is_empty()) {
         println!("metadata: {}", task["metadata"]);
     }
-    for (label, field) in [("description", "description"), ("result", "result")] {
+    for (label, field) in [
+        ("description", "description"),
+        ("result", "result"),
+        ("cancel reason", "cancel_reason"),
+    ] {
         if let Some(body) = task[field].as_str() {
             println!("{label}:");
             for line in body.lines() {

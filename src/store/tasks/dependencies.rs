@@ -1,0 +1,213 @@
+//! A task's dependencies: resolving the keys `create_task` and
+//! `set_task_dependencies` name, and re-pointing a waiting task.
+//!
+//! A dependency must exist and must not be cancelled (a cancelled task is
+//! never done, so depending on one would block forever). A done one is
+//! accepted: it is already satisfied.
+//!
+//! `set_task_dependencies` replaces the list of a task that is not finished
+//! and not held by a live lease (a claimed task's dependencies were all done
+//! when it was claimed; changing them under its holder would pull the floor
+//! away). Only the task's creator may, from any of its windows: it is the one
+//! who said what the task waits for. The typical use: a dependency was
+//! cancelled, and the dependent should wait on its replacement instead, or
+//! on nothing.
+//!
+//! No cycle: a new list is refused if any entry already depends on this task,
+//! directly or through others. The check runs under a team-wide advisory
+//! lock that every dependency change takes first, so two changes in flight
+//! cannot each pass the check and together close a cycle. `create_task`
+//! takes no lock: a task being created has no dependents.
+
+use std::collections::BTreeSet;
+
+use serde_json::json;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use super::{Task, check_dependencies, check_key, emit, lock_task, read_task, record_event};
+use crate::Bus;
+use crate::auth::Identity;
+use crate::error::{BusError, BusResult};
+use crate::store::{address, sessions, window_phrase};
+
+/// The advisory lock class of dependency changes: ASCII 'ACSd' (the agent
+/// credential lock of migration 0016 is 'ACSa'); the second key is a hash of
+/// the team. A hash collision only makes two teams' changes queue.
+const DEPENDENCY_LOCK_CLASS: i32 = 0x4143_5364;
+
+/// The ids of the tasks `keys` names, in the order given; refuses a missing
+/// or cancelled one. `nothing` ends the refusal ("Nothing was created.").
+pub(super) async fn resolve(
+    conn: &mut PgConnection,
+    me: &Identity,
+    keys: &[String],
+    nothing: &str,
+) -> BusResult<Vec<(Uuid, String)>> {
+    let found: Vec<(Uuid, String, String)> =
+        sqlx::query_as("SELECT id, key, status FROM tasks WHERE team_id = $1 AND key = ANY($2)")
+            .bind(me.team_id)
+            .bind(keys)
+            .fetch_all(&mut *conn)
+            .await?;
+    let missing: Vec<String> = keys
+        .iter()
+        .filter(|k| !found.iter().any(|(_, f, _)| f == *k))
+        .map(|k| format!("`{k}`"))
+        .collect();
+    if !missing.is_empty() {
+        return Err(BusError::invalid(format!(
+            "depends_on names tasks that do not exist in team `{}`: {}. Dependencies must exist \
+             before the task that waits on them: create them first, or drop them. {nothing}",
+            me.team,
+            missing.join(", ")
+        )));
+    }
+    let cancelled: Vec<String> = found
+        .iter()
+        .filter(|(_, _, status)| status == "cancelled")
+        .map(|(_, k, _)| format!("`{k}`"))
+        .collect();
+    if !cancelled.is_empty() {
+        return Err(BusError::invalid(format!(
+            "depends_on names cancelled tasks: {}. A cancelled task is never done, so a task \
+             waiting on it could never be claimed. Depend on the task that replaces it, or drop \
+             it. {nothing}",
+            cancelled.join(", ")
+        )));
+    }
+    Ok(keys
+        .iter()
+        .filter_map(|k| {
+            found
+                .iter()
+                .find(|(_, f, _)| f == k)
+                .map(|(id, _, _)| (*id, k.clone()))
+        })
+        .collect())
+}
+
+/// `set_task_dependencies`: replace the dependencies of `key` with
+/// `depends_on` (empty: none). The creator only; not for a finished task or
+/// one held by a live lease. The same set again changes nothing.
+pub async fn set_dependencies(
+    bus: &Bus,
+    me: &Identity,
+    key: &str,
+    depends_on: &[String],
+) -> BusResult<Task> {
+    let key = check_key(key)?;
+    let depends_on = check_dependencies(&key, depends_on)?;
+    let mut tx = bus.pool.begin().await?;
+    sessions::guard(&mut tx, me).await?;
+    // Before anything is read: the cycle check below must see every change
+    // that committed before this one took the lock.
+    sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2::uuid::text))")
+        .bind(DEPENDENCY_LOCK_CLASS)
+        .bind(me.team_id)
+        .execute(&mut *tx)
+        .await?;
+    let row = lock_task(&mut tx, me, &key).await?;
+    match row.status.as_str() {
+        "done" | "cancelled" => {
+            return Err(BusError::conflict(format!(
+                "task `{key}` is already {}{}; a finished task's dependencies no longer matter \
+                 and cannot change. Nothing was changed.",
+                row.status,
+                row.finished_phrase()
+            )));
+        }
+        "claimed" if !row.lapsed => {
+            return Err(BusError::conflict(format!(
+                "task `{key}` is claimed by {}; {}. The dependencies of a task being worked on \
+                 cannot change. Nothing was changed. Ask the holder to release it (release_task) \
+                 first, or wait for its lease to lapse.",
+                row.holder_phrase(),
+                row.lease_phrase()
+            )));
+        }
+        _ => {}
+    }
+    if row.creator_id != me.agent_id {
+        return Err(BusError::forbidden(format!(
+            "task `{key}` was created by {}; only its creator (agent `{}`, from any window) may \
+             change what it depends on, and this window is {}. Nothing was changed. Ask them \
+             (post_message) to re-point it.",
+            address(&row.created_by, &row.created_session),
+            row.created_by,
+            window_phrase(&me.agent, &me.session)
+        )));
+    }
+    let before: BTreeSet<&String> = row.depends_on.iter().collect();
+    if before == depends_on.iter().collect::<BTreeSet<_>>() {
+        tx.rollback().await?;
+        return Ok(row.into_task());
+    }
+    let found = resolve(&mut tx, me, &depends_on, "Nothing was changed.").await?;
+    let ids: Vec<Uuid> = found.iter().map(|(id, _)| *id).collect();
+    refuse_cycle(&mut tx, me, row.id, &key, &ids).await?;
+    sqlx::query("DELETE FROM task_dependencies WHERE team_id = $1 AND task_id = $2")
+        .bind(me.team_id)
+        .bind(row.id)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(
+        "INSERT INTO task_dependencies (team_id, task_id, depends_on_id)
+         SELECT $1, $2, unnest($3::uuid[])",
+    )
+    .bind(me.team_id)
+    .bind(row.id)
+    .bind(&ids)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("UPDATE tasks SET updated_at = now() WHERE id = $1")
+        .bind(row.id)
+        .execute(&mut *tx)
+        .await?;
+    record_event(
+        &mut tx,
+        me,
+        row.id,
+        "dependencies_changed",
+        json!({ "from": row.depends_on, "to": depends_on }),
+    )
+    .await?;
+    let task = read_task(&mut tx, me, &key).await?.into_task();
+    tx.commit().await?;
+    emit(bus, me, &key);
+    Ok(task)
+}
+
+/// Refuse if any of `new_dependencies` already waits on `task_id`, directly
+/// or through other tasks: depending on it would close a cycle.
+async fn refuse_cycle(
+    conn: &mut PgConnection,
+    me: &Identity,
+    task_id: Uuid,
+    key: &str,
+    new_dependencies: &[Uuid],
+) -> BusResult<()> {
+    let closing: Option<String> = sqlx::query_scalar(
+        "WITH RECURSIVE reach (root, id) AS (
+             SELECT r, r FROM unnest($2::uuid[]) AS r
+             UNION
+             SELECT reach.root, d.depends_on_id
+             FROM reach JOIN task_dependencies d ON d.team_id = $1 AND d.task_id = reach.id
+         )
+         SELECT t.key FROM reach JOIN tasks t ON t.team_id = $1 AND t.id = reach.root
+         WHERE reach.id = $3 ORDER BY t.seq LIMIT 1",
+    )
+    .bind(me.team_id)
+    .bind(new_dependencies)
+    .bind(task_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    match closing {
+        Some(dependency) => Err(BusError::invalid(format!(
+            "task `{dependency}` already depends on `{key}` (directly or through other tasks), \
+             so `{key}` cannot depend on it: that would be a cycle nobody can ever start. Nothing \
+             was changed. Drop `{dependency}` from depends_on."
+        ))),
+        None => Ok(()),
+    }
+}
