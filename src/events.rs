@@ -353,6 +353,61 @@ async fn listen_loop(pool: PgPool, events: Events, shutdown: CancellationToken) 
     }
 }
 
+/// Why [`round_trip`] found no working LISTEN/NOTIFY.
+#[derive(Debug, thiserror::Error)]
+pub enum RoundTripError {
+    #[error("LISTEN on `{CHANNEL}` failed: {0}")]
+    Listen(#[source] sqlx::Error),
+    #[error("NOTIFY on `{CHANNEL}` failed: {0}")]
+    Notify(#[source] sqlx::Error),
+    #[error("a NOTIFY on `{CHANNEL}` did not reach the LISTEN within {} s", .0.as_secs())]
+    NotHeard(Duration),
+}
+
+/// Whether the database delivers the bus's notifications (`doctor`): LISTEN
+/// on [`CHANNEL`] on one connection, NOTIFY from another, and wait for that
+/// notification. The payload is an empty batch, the publisher's ping, so
+/// every server listening counts it as a ping and nothing more. Returns how
+/// long it took.
+pub async fn round_trip(pool: &PgPool, within: Duration) -> Result<Duration, RoundTripError> {
+    let mut listener = PgListener::connect_with(pool)
+        .await
+        .map_err(RoundTripError::Listen)?;
+    listener
+        .listen(CHANNEL)
+        .await
+        .map_err(RoundTripError::Listen)?;
+    let started = std::time::Instant::now();
+    let mut conn = pool.acquire().await.map_err(RoundTripError::Notify)?;
+    let sender: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(RoundTripError::Notify)?;
+    sqlx::query("SELECT pg_notify($1, '[]')")
+        .bind(CHANNEL)
+        .execute(&mut *conn)
+        .await
+        .map_err(RoundTripError::Notify)?;
+    drop(conn);
+    let heard = async {
+        loop {
+            match listener.try_recv().await {
+                // Another server's notification: not the one sent here.
+                Ok(Some(n)) if n.process_id() != sender as u32 => continue,
+                Ok(Some(_)) => return true,
+                Ok(None) | Err(_) => return false,
+            }
+        }
+    };
+    let heard = matches!(tokio::time::timeout(within, heard).await, Ok(true));
+    let _ = listener.unlisten_all().await;
+    if heard {
+        Ok(started.elapsed())
+    } else {
+        Err(RoundTripError::NotHeard(within))
+    }
+}
+
 /// The events of one notification, one by one: an event this binary cannot
 /// read (a kind a newer replica emits during a rolling upgrade) is skipped,
 /// never the rest of the batch with it.

@@ -1,10 +1,11 @@
-//! The command line: `serve`, `migrate`, `quickstart`, the local operator
+//! The command line: `serve`, `migrate`, `doctor`, `quickstart`, the local operator
 //! commands and `mcp-config`. Thin like the tools: parse, call one library
 //! function, print. Listings print a table, or JSON with `--json`.
 
 mod admin;
 mod client;
 mod conversations;
+mod doctor;
 mod operator;
 mod output;
 mod serve;
@@ -62,6 +63,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Apply database migrations, then exit.
     Migrate,
+    /// Check the database, schema, events, clock, outbox, broker, streams and allowed hosts.
+    Doctor(doctor::DoctorArgs),
     /// Create a team and an agent (reusing existing ones), print a token and an MCP client config.
     Quickstart(operator::QuickstartArgs),
     /// Manage teams.
@@ -127,6 +130,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("migrations applied ({location})");
             Ok(())
         }
+        Command::Doctor(args) => doctor::run(&ctx, args).await,
         Command::Quickstart(args) => operator::quickstart(&ctx, args).await,
         Command::Team(cmd) => operator::team(&ctx, cmd).await,
         Command::Agent(cmd) => operator::agent(&ctx, cmd).await,

@@ -13,13 +13,16 @@ use super::Context;
 use crate::config::{self, HttpSettings};
 use crate::http;
 
+/// Where `serve` listens unless told otherwise (`doctor` judges the same default).
+pub(super) const DEFAULT_BIND: &str = "127.0.0.1:8787";
+
 /// Pool size of the server.
 const SERVER_CONNECTIONS: u32 = 32;
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     /// Address to listen on.
-    #[arg(long, env = "BUS_BIND", default_value = "127.0.0.1:8787")]
+    #[arg(long, env = "BUS_BIND", default_value = DEFAULT_BIND)]
     bind: SocketAddr,
     /// Host names clients may use in the Host header (comma-separated; `*` allows any).
     /// Default: localhost, 127.0.0.1, ::1.

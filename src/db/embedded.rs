@@ -107,6 +107,19 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> EmbeddedError + '_ {
     }
 }
 
+/// The embedded cluster of a data directory as [`EmbeddedPostgres::inspect`] found it.
+#[derive(Clone, Debug)]
+pub struct EmbeddedStatus {
+    pub data_dir: PathBuf,
+    /// A cluster exists there (`initdb` has run).
+    pub initialized: bool,
+    pub running: bool,
+    /// The process recorded as the one that stops it, and whether it is alive.
+    pub owner: Option<(u32, bool)>,
+    /// Live processes registered as using it.
+    pub users: Vec<u32>,
+}
+
 /// The unprivileged user the server binaries run as when we are root.
 #[derive(Clone, Debug)]
 struct RunAs {
@@ -176,6 +189,47 @@ impl EmbeddedPostgres {
         // it under them (a server, or a long command such as a migration).
         write_pid(&this.servers_dir().join(me.to_string()), me)?;
         Ok(this)
+    }
+
+    /// What the cluster in `data_dir` is doing, read without creating,
+    /// starting or adopting anything (`doctor`).
+    pub fn inspect(data_dir: &Path) -> Result<EmbeddedStatus, EmbeddedError> {
+        let bin_dir = find_bin_dir().ok_or(EmbeddedError::NoBinaries)?;
+        let run_as = if unsafe { libc::geteuid() } == 0 {
+            if which("setpriv").is_none() {
+                return Err(EmbeddedError::NoSetpriv);
+            }
+            Some(unprivileged_user())
+        } else {
+            None
+        };
+        let data_dir = data_dir
+            .canonicalize()
+            .unwrap_or_else(|_| data_dir.to_path_buf());
+        let this = EmbeddedPostgres {
+            data_dir,
+            bin_dir,
+            run_as,
+        };
+        let initialized = this.pgdata().join("PG_VERSION").exists();
+        let running = initialized && this.is_running()?;
+        let owner = read_pid(&this.owner_file()).map(|pid| (pid, pid_alive(pid)));
+        // Read only: stale registrations are left for the next start to clear.
+        let mut users: Vec<u32> = fs::read_dir(this.servers_dir())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+            .filter(|pid| pid_alive(*pid))
+            .collect();
+        users.sort_unstable();
+        Ok(EmbeddedStatus {
+            data_dir: this.data_dir.clone(),
+            initialized,
+            running,
+            owner,
+            users,
+        })
     }
 
     /// The root of the bus's data (the cluster lives in `pgdata/` under it).

@@ -6,6 +6,7 @@
 //! duty to [`Database::close`] it so an owned embedded cluster is stopped.
 
 pub mod embedded;
+pub mod schema;
 
 use std::path::Path;
 use std::time::Duration;
@@ -123,6 +124,13 @@ pub async fn ping(pool: &PgPool) -> Result<(), sqlx::Error> {
         .fetch_one(pool)
         .await
         .map(|_| ())
+}
+
+/// PostgreSQL's clock now (`clock_timestamp()`, not the transaction's start).
+pub async fn server_time(pool: &PgPool) -> Result<chrono::DateTime<chrono::Utc>, sqlx::Error> {
+    sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(pool)
+        .await
 }
 
 /// A pooled connection idle at least this long is pinged before it is handed out.

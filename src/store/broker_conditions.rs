@@ -81,6 +81,38 @@ async fn teams_on_jetstream(pool: &PgPool) -> BusResult<Vec<Uuid>> {
     .await?)
 }
 
+/// A team whose streams `doctor` looks at, and whether it uses them now.
+#[derive(Clone, Debug)]
+pub struct TeamWithStreams {
+    pub id: Uuid,
+    pub slug: String,
+    /// New conversations, or some conversations, of the team are on jetstream.
+    pub routed: bool,
+}
+
+/// The teams routed to jetstream, and those whose streams `team stream`
+/// recorded without routing there yet, by slug.
+pub async fn teams_with_streams(pool: &PgPool) -> BusResult<Vec<TeamWithStreams>> {
+    let routed = teams_on_jetstream(pool).await?;
+    let mut ids: Vec<Uuid> = sqlx::query_scalar("SELECT DISTINCT team_id FROM team_streams")
+        .fetch_all(pool)
+        .await?;
+    ids.extend(&routed);
+    ids.sort_unstable();
+    ids.dedup();
+    let names = slugs(pool, &ids).await?;
+    let mut teams: Vec<TeamWithStreams> = names
+        .into_iter()
+        .map(|(id, slug)| TeamWithStreams {
+            id,
+            slug,
+            routed: routed.contains(&id),
+        })
+        .collect();
+    teams.sort_by(|a, b| a.slug.cmp(&b.slug));
+    Ok(teams)
+}
+
 async fn slugs(pool: &PgPool, ids: &[Uuid]) -> BusResult<HashMap<Uuid, String>> {
     let rows: Vec<(Uuid, String)> = sqlx::query_as("SELECT id, slug FROM teams WHERE id = ANY($1)")
         .bind(ids)

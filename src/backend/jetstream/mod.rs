@@ -21,6 +21,7 @@
 mod backend;
 mod conditions;
 mod inbox;
+mod inspect;
 mod provision;
 
 use std::collections::HashMap;
@@ -36,6 +37,7 @@ use crate::error::{BusError, BusResult};
 pub use backend::JetStreamBackend;
 pub use conditions::{CHECK_CACHE, ConditionKind, StreamCondition};
 pub use inbox::InboxDelivery;
+pub use inspect::{LimitFinding, StreamInspection};
 pub use provision::{StreamReport, StreamSizes, TeamStreams};
 
 /// The largest body the bus accepts (the outbox cap, O1).
@@ -131,6 +133,23 @@ impl Broker {
         credentials: Option<&Path>,
         options: BrokerOptions,
     ) -> BusResult<Broker> {
+        Self::connect_checking(url, credentials, options, true).await
+    }
+
+    /// Connect as [`Broker::connect`] does, but take a broker whose
+    /// `max_payload` is too small for a full body (compare [`Broker::max_payload`]
+    /// with [`REQUIRED_MAX_PAYLOAD`]): `doctor` reports that itself and
+    /// still looks at the streams. Never used to route bodies.
+    pub async fn connect_to_inspect(url: &str, credentials: Option<&Path>) -> BusResult<Broker> {
+        Self::connect_checking(url, credentials, BrokerOptions::default(), false).await
+    }
+
+    async fn connect_checking(
+        url: &str,
+        credentials: Option<&Path>,
+        options: BrokerOptions,
+        refuse_small_payload: bool,
+    ) -> BusResult<Broker> {
         // Userinfo in the URL (`nats://user:pass@host`, `nats://token@host`)
         // is passed on as credentials, and never printed.
         let (shown, user_info) = split_user_info(url);
@@ -175,7 +194,7 @@ impl Broker {
             ))
         })?;
         let max_payload = client.server_info().max_payload;
-        if max_payload < REQUIRED_MAX_PAYLOAD {
+        if refuse_small_payload && max_payload < REQUIRED_MAX_PAYLOAD {
             return Err(BusError::invalid(format!(
                 "the NATS server at {url} accepts at most {max_payload} bytes per message \
                  (its `max_payload`), and a conversation body can be 1 MiB ({MAX_BODY_BYTES} \

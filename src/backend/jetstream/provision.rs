@@ -118,7 +118,7 @@ fn created_at(info: &Info) -> chrono::DateTime<chrono::Utc> {
     chrono::DateTime::from_timestamp_nanos(i64::try_from(nanos).unwrap_or(i64::MAX))
 }
 
-fn body_config(team_id: Uuid, sizes: &StreamSizes) -> Config {
+pub(super) fn body_config(team_id: Uuid, sizes: &StreamSizes) -> Config {
     Config {
         name: body_stream_name(team_id),
         description: Some("ai-crew-sync conversation bodies".into()),
@@ -138,7 +138,7 @@ fn body_config(team_id: Uuid, sizes: &StreamSizes) -> Config {
     }
 }
 
-fn inbox_config(team_id: Uuid, sizes: &StreamSizes) -> Config {
+pub(super) fn inbox_config(team_id: Uuid, sizes: &StreamSizes) -> Config {
     Config {
         name: inbox_stream_name(team_id),
         description: Some("ai-crew-sync inbox references".into()),
@@ -316,7 +316,7 @@ impl Broker {
     }
 
     /// The stream's info, `None` when the broker says it does not exist.
-    async fn stream_info(&self, name: &str) -> BusResult<Option<Info>> {
+    pub(super) async fn stream_info(&self, name: &str) -> BusResult<Option<Info>> {
         match self.js().get_stream(name).await {
             Ok(mut stream) => Ok(Some(
                 stream
