@@ -1,10 +1,12 @@
 //! The command line: `serve`, `migrate`, `quickstart`, the local operator
-//! commands and `mcp-config`. Thin like the tools: parse, call one library
-//! function, print. Listings print a table, or JSON with `--json`.
+//! commands, `mcp-config`, and `completions` / `man` generated from it. Thin
+//! like the tools: parse, call one library function, print. Listings print a
+//! table, or JSON with `--json`.
 
 mod admin;
 mod client;
 mod conversations;
+mod generate;
 mod operator;
 mod output;
 mod serve;
@@ -83,6 +85,10 @@ enum Command {
     Admin(admin::AdminCommand),
     /// The console client: act as an agent over /mcp (BUS_URL, BUS_TOKEN, BUS_SESSION).
     Client(client::ClientArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout.
+    Completions(generate::CompletionsArgs),
+    /// Print the manual page (roff) on stdout, or write one page per command with --out-dir.
+    Man(generate::ManArgs),
 }
 
 /// Parse the command line and run it. Errors print on stderr and exit 1.
@@ -134,6 +140,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Token(cmd) => operator::token(&ctx, cmd).await,
         Command::Admin(cmd) => admin::run(&ctx, cmd).await,
         Command::Client(args) => client::run(args).await,
+        Command::Completions(args) => generate::completions(args),
+        Command::Man(args) => generate::man(args),
         Command::McpConfig(args) => {
             operator::print_mcp_config(&args.url, &args.token, args.session.as_deref());
             Ok(())

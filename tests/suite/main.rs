@@ -9,6 +9,7 @@ mod auth;
 mod binary;
 mod cli;
 mod client;
+mod completions_man;
 mod conversation_messages;
 mod conversations;
 mod embedded;
