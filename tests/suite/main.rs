@@ -33,5 +33,6 @@ mod sessions;
 mod support_servers;
 mod tasks;
 mod tenancy;
+mod upgrades;
 mod waiting;
 mod write_fence;
