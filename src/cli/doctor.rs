@@ -30,7 +30,7 @@ use super::{COMMAND_CONNECTIONS, Context, output};
 use crate::backend::jetstream::{Broker, ConditionKind, REQUIRED_MAX_PAYLOAD};
 use crate::config;
 use crate::db::embedded::{EmbeddedError, EmbeddedPostgres};
-use crate::db::schema::{self, MigrationName};
+use crate::db::schema::{self, MigrationInfo};
 use crate::error::BusError;
 use crate::store::{broker_conditions, outbox, teams};
 
@@ -311,7 +311,7 @@ async fn open_database(ctx: &Context, checks: &mut Vec<Check>) -> Option<crate::
 }
 
 /// At most five names, then how many more.
-fn names(list: &[MigrationName]) -> String {
+fn names(list: &[MigrationInfo]) -> String {
     let mut shown: Vec<String> = list.iter().take(5).map(ToString::to_string).collect();
     if list.len() > 5 {
         shown.push(format!("and {} more", list.len() - 5));
@@ -344,6 +344,18 @@ async fn schema_check(pool: &PgPool) -> Check {
         actions.push(
             "run the newer binary that applied them (upgrade this one); an older binary does not \
              know what the newer schema expects",
+        );
+    }
+    if !state.changed.is_empty() {
+        verdicts.push(format!(
+            "{} migration(s) applied from a text other than the one built into this binary \
+             (checksums differ: {})",
+            state.changed.len(),
+            names(&state.changed)
+        ));
+        actions.push(
+            "run the build that migrated this database; a landed migration never changes (a \
+             change is a new migration)",
         );
     }
     if !state.pending.is_empty() {

@@ -1,11 +1,13 @@
-//! The command line: `serve`, `migrate`, `doctor`, `quickstart`, the local operator
-//! commands and `mcp-config`. Thin like the tools: parse, call one library
-//! function, print. Listings print a table, or JSON with `--json`.
+//! The command line: `serve`, `migrate`, `doctor`, `quickstart`, the local
+//! operator commands, `mcp-config`, and `completions` / `man` generated from
+//! it. Thin like the tools: parse, call one library function, print. Listings
+//! print a table, or JSON with `--json`.
 
 mod admin;
 mod client;
 mod conversations;
 mod doctor;
+mod generate;
 mod operator;
 mod output;
 mod serve;
@@ -51,6 +53,13 @@ pub struct Cli {
     command: Command,
 }
 
+#[derive(clap::Args, Debug)]
+struct MigrateArgs {
+    /// List the migrations that would run (version and description) and apply nothing.
+    #[arg(long)]
+    dry_run: bool,
+}
+
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum LogFormat {
     Text,
@@ -61,8 +70,8 @@ enum LogFormat {
 enum Command {
     /// Run the server: MCP at POST /mcp, health at GET /health.
     Serve(serve::ServeArgs),
-    /// Apply database migrations, then exit.
-    Migrate,
+    /// Apply database migrations, then exit (--dry-run: list them, apply nothing).
+    Migrate(MigrateArgs),
     /// Check the database, schema, events, clock, outbox, broker, streams and allowed hosts.
     Doctor(doctor::DoctorArgs),
     /// Create a team and an agent (reusing existing ones), print a token and an MCP client config.
@@ -86,6 +95,10 @@ enum Command {
     Admin(admin::AdminCommand),
     /// The console client: act as an agent over /mcp (BUS_URL, BUS_TOKEN, BUS_SESSION).
     Client(client::ClientArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout.
+    Completions(generate::CompletionsArgs),
+    /// Print the manual page (roff) on stdout, or write one page per command with --out-dir.
+    Man(generate::ManArgs),
 }
 
 /// Parse the command line and run it. Errors print on stderr and exit 1.
@@ -121,14 +134,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     };
     match cli.command {
         Command::Serve(args) => serve::run(&ctx, args).await,
-        Command::Migrate => {
+        Command::Migrate(args) => {
             let db = ctx.open_database(COMMAND_CONNECTIONS).await?;
-            let result = db.migrate().await;
-            let location = db.location.clone();
+            let result = migrate(&db, args.dry_run).await;
             db.close().await;
-            result?;
-            println!("migrations applied ({location})");
-            Ok(())
+            result
         }
         Command::Doctor(args) => doctor::run(&ctx, args).await,
         Command::Quickstart(args) => operator::quickstart(&ctx, args).await,
@@ -138,10 +148,60 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Token(cmd) => operator::token(&ctx, cmd).await,
         Command::Admin(cmd) => admin::run(&ctx, cmd).await,
         Command::Client(args) => client::run(args).await,
+        Command::Completions(args) => generate::completions(args),
+        Command::Man(args) => generate::man(args),
         Command::McpConfig(args) => {
             operator::print_mcp_config(&args.url, &args.token, args.session.as_deref());
             Ok(())
         }
+    }
+}
+
+/// `migrate [--dry-run]`: what ran (or would run), one migration a line.
+async fn migrate(db: &Database, dry_run: bool) -> anyhow::Result<()> {
+    let location = &db.location;
+    if dry_run {
+        let state = crate::db::schema::schema_state(&db.pool).await?;
+        if let Some(refusal) = state.refusal() {
+            anyhow::bail!(refusal);
+        }
+        if state.pending.is_empty() {
+            println!("{}; nothing to apply ({location})", at_version(&state));
+        } else {
+            println!(
+                "{}; `ai-crew-sync migrate` would apply {} migration(s) ({location}), nothing applied now:",
+                at_version(&state),
+                state.pending.len()
+            );
+            for m in &state.pending {
+                println!("  {:04}  {}", m.version, m.description);
+            }
+        }
+        return Ok(());
+    }
+    let applied = db.migrate().await?;
+    if applied.is_empty() {
+        let newest = crate::db::migrator()
+            .iter()
+            .next_back()
+            .map(|m| format!("{:04} ({})", m.version, m.description));
+        println!(
+            "the database schema is already at version {}; nothing applied ({location})",
+            newest.unwrap_or_default()
+        );
+    } else {
+        println!("applied {} migration(s) ({location}):", applied.len());
+        for m in &applied {
+            println!("  {:04}  {}", m.version, m.description);
+        }
+    }
+    Ok(())
+}
+
+fn at_version(state: &crate::db::schema::SchemaState) -> String {
+    match state.version() {
+        Some(v) => format!("the database schema is at version {v}"),
+        None => "the database has no schema yet".to_owned(),
     }
 }
 
@@ -171,7 +231,7 @@ impl Context {
     ) -> anyhow::Result<T> {
         let db = self.open_database(COMMAND_CONNECTIONS).await?;
         let result = match db.migrate().await {
-            Ok(()) => work(&db.pool).await,
+            Ok(_) => work(&db.pool).await,
             Err(err) => Err(err.into()),
         };
         db.close().await;

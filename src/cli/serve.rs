@@ -60,7 +60,9 @@ pub struct ServeArgs {
     /// its reserved share of --max-buffered-bytes back.
     #[arg(long, env = "BUS_BODY_READ_TIMEOUT_SECS", default_value_t = config::DEFAULT_BODY_READ_TIMEOUT_SECS, value_parser = clap::value_parser!(u64).range(1..))]
     body_read_timeout_secs: u64,
-    /// Apply database migrations on start.
+    /// Apply database migrations on start (under an advisory lock: replicas starting at once
+    /// migrate once). With false, refuse to start unless the schema is exactly this binary's.
+    /// Either way, refuse a database migrated by a newer ai-crew-sync.
     #[arg(long, env = "BUS_AUTO_MIGRATE", default_value_t = true, action = clap::ArgAction::Set)]
     auto_migrate: bool,
     /// Seconds between event-listener pings (how fast /health notices a silent listener).
@@ -131,7 +133,11 @@ async fn serve_on(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     if args.auto_migrate {
-        db.migrate().await?;
+        for m in db.migrate().await? {
+            eprintln!("migrated: applied {m}");
+        }
+    } else {
+        db.check_schema().await?;
     }
     let teams = crate::store::teams::count(&db.pool).await?;
     if teams == 0 {

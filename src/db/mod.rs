@@ -17,14 +17,21 @@ use thiserror::Error;
 
 use embedded::{EmbeddedError, EmbeddedPostgres};
 
-/// The embedded migrations. A database migrated by a newer binary still works
-/// with this one (migrations are additive), so unknown applied versions are
-/// ignored rather than refused.
+/// The embedded migrations. sqlx takes its PostgreSQL advisory lock around a
+/// run (`locking`, on by default and kept on); [`Database::migrate`] holds
+/// [`MIGRATION_LOCK`] around that and its own checks. A database migrated by
+/// a newer binary is refused ([`schema::SchemaState::refusal`]), not
+/// ignored: this binary's queries would meet tables and columns it does not
+/// know.
 pub fn migrator() -> sqlx::migrate::Migrator {
-    let mut migrator = sqlx::migrate!("./migrations");
-    migrator.set_ignore_missing(true);
-    migrator
+    sqlx::migrate!("./migrations")
 }
+
+/// The advisory lock (PostgreSQL scopes it to the database) a migrating
+/// process holds from before it reads the schema's state until its last
+/// migration is applied, so replicas starting at once migrate once, one after
+/// the other, each checking what the previous one left.
+pub const MIGRATION_LOCK: i64 = 0x6163_735f_6d69_6772; // "acs_migr"
 
 #[derive(Debug, Error)]
 pub enum OpenError {
@@ -38,6 +45,11 @@ pub enum OpenError {
     },
     #[error("could not migrate the database: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("could not read or lock the database's migration state: {0}")]
+    ReadSchema(#[from] sqlx::Error),
+    /// The schema is not one this binary may run against (the message says why and what to do).
+    #[error("{0}")]
+    Schema(String),
 }
 
 /// A connected database, and the embedded cluster behind it if there is one.
@@ -96,11 +108,27 @@ impl Database {
         }
     }
 
-    /// Apply every migration not yet applied. Migrations are additive, so an
-    /// older binary keeps working beside a newer schema during a rolling restart.
-    pub async fn migrate(&self) -> Result<(), OpenError> {
-        migrator().run(&self.pool).await?;
-        Ok(())
+    /// Apply every migration not yet applied, under [`MIGRATION_LOCK`]; the
+    /// ones applied, in order. Refused, changing nothing, when the database
+    /// was migrated by a newer build ([`schema::SchemaState::refusal`]).
+    /// Replicas already running are not affected: only a start checks.
+    pub async fn migrate(&self) -> Result<Vec<schema::MigrationInfo>, OpenError> {
+        let mut conn = self.pool.acquire().await?;
+        let result = migrate_on(&mut conn).await;
+        // Closing the session releases its advisory locks, whatever happened
+        // (sqlx keeps its own lock when a migration fails).
+        let _ = conn.close().await;
+        result
+    }
+
+    /// Refuse, changing nothing, unless the schema is exactly this binary's:
+    /// what `serve --auto-migrate=false` checks before it serves.
+    pub async fn check_schema(&self) -> Result<(), OpenError> {
+        let state = schema::schema_state(&self.pool).await?;
+        match state.refusal().or_else(|| state.pending_refusal()) {
+            Some(refusal) => Err(OpenError::Schema(refusal)),
+            None => Ok(()),
+        }
     }
 
     /// Close the pool and leave the embedded cluster (stopping it if we own it).
@@ -116,6 +144,21 @@ impl Database {
             }
         }
     }
+}
+
+async fn migrate_on(
+    conn: &mut sqlx::PgConnection,
+) -> Result<Vec<schema::MigrationInfo>, OpenError> {
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(MIGRATION_LOCK)
+        .execute(&mut *conn)
+        .await?;
+    let state = schema::schema_state_on(conn).await?;
+    if let Some(refusal) = state.refusal() {
+        return Err(OpenError::Schema(refusal));
+    }
+    migrator().run(&mut *conn).await?;
+    Ok(state.pending)
 }
 
 /// One trivial query: whether the database answers at all.

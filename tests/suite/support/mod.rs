@@ -50,6 +50,12 @@ pub async fn spawn_app_with(settings: HttpSettings) -> TestApp {
     spawn_on(pool, database_url, settings, None).await
 }
 
+/// The real router with default settings on `pool` as the caller left it
+/// (no migration: for tests of a schema other than the latest).
+pub async fn spawn_app_on(pool: PgPool, database_url: String) -> TestApp {
+    spawn_on(pool, database_url, HttpSettings::default(), None).await
+}
+
 /// How long a request to a test broker may take before it counts as
 /// unanswered: short, so a stopped or black-holed broker shows quickly.
 pub const BROKER_TIMEOUT: Duration = Duration::from_secs(1);
