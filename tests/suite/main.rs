@@ -11,6 +11,7 @@ mod cli;
 mod client;
 mod conversation_messages;
 mod conversations;
+mod deploy_unit;
 mod embedded;
 mod events;
 mod http_surface;
