@@ -109,6 +109,12 @@ fn finishes(mut child: Child, log: &Path) -> (std::process::ExitStatus, String) 
             return (status, std::fs::read_to_string(log).unwrap_or_default());
         }
         if Instant::now() > deadline {
+            // A server started by mistake stops its cluster on SIGTERM.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let stop_by = Instant::now() + Duration::from_secs(30);
+            while child.try_wait().unwrap().is_none() && Instant::now() < stop_by {
+                std::thread::sleep(Duration::from_millis(50));
+            }
             let _ = child.kill();
             let _ = child.wait();
             panic!(
