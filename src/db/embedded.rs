@@ -70,15 +70,21 @@ const PORT: u16 = 5432;
 #[derive(Debug, Error)]
 pub enum EmbeddedError {
     #[error(
-        "no PostgreSQL server binaries (initdb, pg_ctl) were found on PATH, via `pg_config --bindir`, \
-         or under /usr/lib/postgresql/*/bin. Install them (Debian/Ubuntu: `apt-get install postgresql`; \
-         Fedora: `dnf install postgresql-server`; macOS: `brew install postgresql`), or set DATABASE_URL \
-         to a PostgreSQL you run yourself"
+        "no PostgreSQL server binaries (initdb and pg_ctl) {searched}. Install them (Debian/Ubuntu: \
+         `sudo apt-get install postgresql`; Fedora: `sudo dnf install postgresql-server`; macOS: \
+         `brew install postgresql`); from a source checkout, `scripts/run` installs them itself when \
+         run as root on Debian/Ubuntu and then starts the server. Or set DATABASE_URL to a \
+         PostgreSQL you run yourself"
     )]
-    NoBinaries,
+    NoBinaries {
+        /// Where they were looked for, and how to point elsewhere.
+        searched: String,
+    },
     #[error(
         "running as root, the embedded PostgreSQL must run as an unprivileged user through `setpriv` \
-         (util-linux), which was not found. Install util-linux, run as a normal user, or set DATABASE_URL"
+         (util-linux), which was not found on PATH. Install util-linux (Debian/Ubuntu: \
+         `apt-get install util-linux`; from a source checkout, `scripts/run` installs it), run as a \
+         normal user, or set DATABASE_URL"
     )]
     NoSetpriv,
     #[error("the embedded PostgreSQL data directory {path}: {source}")]
@@ -150,7 +156,7 @@ impl EmbeddedPostgres {
     /// Start the cluster in `data_dir` (creating it on first use), or join the
     /// one already running there.
     pub fn start(data_dir: &Path) -> Result<Self, EmbeddedError> {
-        let bin_dir = find_bin_dir().ok_or(EmbeddedError::NoBinaries)?;
+        let bin_dir = find_bin_dir()?;
         let run_as = if unsafe { libc::geteuid() } == 0 {
             if which("setpriv").is_none() {
                 return Err(EmbeddedError::NoSetpriv);
@@ -716,11 +722,32 @@ fn has_server_binaries(dir: &Path) -> bool {
     dir.join("initdb").is_file() && dir.join("pg_ctl").is_file()
 }
 
-/// PATH first, then `pg_config --bindir`, then the newest `/usr/lib/postgresql/*/bin`.
-fn find_bin_dir() -> Option<PathBuf> {
+/// `BUS_PG_BIN_DIR` alone when set; otherwise PATH first, then
+/// `pg_config --bindir`, then the newest `/usr/lib/postgresql/*/bin`.
+/// (`scripts/lib/install-servers.sh` looks in the same places.)
+fn find_bin_dir() -> Result<PathBuf, EmbeddedError> {
     if let Some(dir) = std::env::var_os("BUS_PG_BIN_DIR").map(PathBuf::from) {
-        return has_server_binaries(&dir).then_some(dir);
+        if has_server_binaries(&dir) {
+            return Ok(dir);
+        }
+        return Err(EmbeddedError::NoBinaries {
+            searched: format!(
+                "are in BUS_PG_BIN_DIR ({}), the only place looked while it is set. Point it at \
+                 the directory that holds them (Debian/Ubuntu: /usr/lib/postgresql/<version>/bin), \
+                 or unset it to search PATH, `pg_config --bindir` and /usr/lib/postgresql/*/bin",
+                dir.display()
+            ),
+        });
     }
+    search_bin_dir().ok_or_else(|| EmbeddedError::NoBinaries {
+        searched: "were found on PATH, via `pg_config --bindir`, or under \
+                   /usr/lib/postgresql/*/bin (if they are elsewhere, set BUS_PG_BIN_DIR to their \
+                   directory)"
+            .into(),
+    })
+}
+
+fn search_bin_dir() -> Option<PathBuf> {
     if let Some(initdb) = which("initdb") {
         let resolved = initdb.canonicalize().unwrap_or(initdb);
         if let Some(dir) = resolved.parent().filter(|d| has_server_binaries(d)) {

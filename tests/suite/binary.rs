@@ -47,7 +47,7 @@ async fn wait_healthy(port: u16) -> Value {
     }
 }
 
-fn sigterm_and_wait(mut child: Child) {
+pub(crate) fn sigterm_and_wait(mut child: Child) {
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -179,6 +179,13 @@ async fn no_postgres_binaries_gives_one_clear_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("apt-get install postgresql") && err.contains("DATABASE_URL"),
+        "{err}"
+    );
+    // It says where it looked (only BUS_PG_BIN_DIR, here) and names the script
+    // that installs them.
+    assert!(
+        err.contains(&format!("BUS_PG_BIN_DIR ({})", empty_bin.display()))
+            && err.contains("scripts/run"),
         "{err}"
     );
 }
