@@ -6,7 +6,8 @@
 //! listener (a LISTEN/NOTIFY round trip), the clock against PostgreSQL's,
 //! the outbox, the broker and its `max_payload` (when a NATS URL is
 //! configured, by the same flags and environment as `serve`), each team's
-//! JetStream streams, and the allowed Host names for the bind address.
+//! JetStream streams, and the allowed Host names for the bind address
+//! (the last two in `doctor/broker.rs` and `doctor/hosts.rs`).
 //!
 //! Statuses: `fail` (the bus cannot do its job as configured: exit 1),
 //! `warn` (it works, something deserves a look: exit 0, or 1 with
@@ -18,7 +19,10 @@
 //! checks, as every command does, and stops it again; a data directory with
 //! no cluster is reported, not created.
 
-use std::net::{IpAddr, SocketAddr};
+mod broker;
+mod hosts;
+
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -27,12 +31,10 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use super::{COMMAND_CONNECTIONS, Context, output};
-use crate::backend::jetstream::{Broker, ConditionKind, REQUIRED_MAX_PAYLOAD};
-use crate::config;
 use crate::db::embedded::{EmbeddedError, EmbeddedPostgres};
 use crate::db::schema::{self, MigrationInfo};
 use crate::error::BusError;
-use crate::store::{broker_conditions, outbox, teams};
+use crate::store::{outbox, teams};
 
 /// A message waiting longer than this for publication is stuck: retries back
 /// off to at most 64 s and fail after 8 attempts, and a team waiting on a
@@ -137,8 +139,8 @@ pub async fn run(ctx: &Context, args: DoctorArgs) -> anyhow::Result<()> {
             }
         }
     }
-    broker_checks(&args, pool, &mut checks).await;
-    checks.push(allowed_hosts_check(args.bind, &args.allowed_hosts));
+    broker::broker_checks(&args, pool, &mut checks).await;
+    checks.push(hosts::allowed_hosts_check(args.bind, &args.allowed_hosts));
     if let Some(db) = db {
         db.close().await;
     }
@@ -536,308 +538,4 @@ async fn outbox_check(pool: &PgPool) -> Check {
         );
     }
     check("outbox", Status::Warn, verdict, actions.join("; "))
-}
-
-async fn broker_checks(args: &DoctorArgs, pool: Option<&PgPool>, checks: &mut Vec<Check>) {
-    let teams = match pool {
-        Some(pool) => match broker_conditions::teams_with_streams(pool).await {
-            Ok(teams) => Some(teams),
-            Err(err) => {
-                checks.push(check(
-                    "streams",
-                    Status::Fail,
-                    format!(
-                        "could not read which teams use JetStream: {}",
-                        error_text(&err)
-                    ),
-                    "check the database",
-                ));
-                None
-            }
-        },
-        None => None,
-    };
-    let Some(url) = &args.nats_url else {
-        let routed: Vec<&str> = teams
-            .iter()
-            .flatten()
-            .filter(|t| t.routed)
-            .map(|t| t.slug.as_str())
-            .collect();
-        if routed.is_empty() {
-            checks.push(check(
-                "broker",
-                Status::Ok,
-                "not configured (no --nats-url or BUS_NATS_URL): bodies stay on PostgreSQL",
-                NOTHING_TO_DO,
-            ));
-        } else {
-            checks.push(check(
-                "broker",
-                Status::Warn,
-                format!(
-                    "not configured, but team(s) {} keep conversation bodies on JetStream: \
-                     neither the broker nor their streams were checked",
-                    routed.join(", ")
-                ),
-                "pass --nats-url (or BUS_NATS_URL) and --nats-credentials as `serve` has them",
-            ));
-        }
-        return;
-    };
-    let broker = match Broker::connect_to_inspect(url, args.nats_credentials.as_deref()).await {
-        Ok(broker) => broker,
-        Err(err) => {
-            let action = match err {
-                BusError::Unavailable(_) => {
-                    "start nats-server with JetStream on (`nats-server -js`), or fix --nats-url \
-                     (BUS_NATS_URL); meanwhile sends to teams on JetStream wait in the outbox"
-                }
-                _ => "fix the broker settings as said, then run doctor again",
-            };
-            checks.push(check("broker", Status::Fail, err.to_string(), action));
-            for name in ["max_payload", "streams"] {
-                checks.push(check(
-                    name,
-                    Status::Skip,
-                    "not checked: the broker is not available",
-                    "fix the broker first (see its line)",
-                ));
-            }
-            return;
-        }
-    };
-    checks.push(check(
-        "broker",
-        Status::Ok,
-        format!("{} answers, with JetStream", broker.url()),
-        NOTHING_TO_DO,
-    ));
-    let max_payload = broker.max_payload();
-    checks.push(if max_payload >= REQUIRED_MAX_PAYLOAD {
-        check(
-            "max_payload",
-            Status::Ok,
-            format!(
-                "{max_payload} bytes per message: a full body plus headers \
-                 ({REQUIRED_MAX_PAYLOAD} bytes) fits"
-            ),
-            NOTHING_TO_DO,
-        )
-    } else {
-        check(
-            "max_payload",
-            Status::Fail,
-            format!(
-                "the broker takes at most {max_payload} bytes per message, below \
-                 {REQUIRED_MAX_PAYLOAD} (a full 1 MiB body plus headers): `serve` refuses it"
-            ),
-            "raise it in nats-server.conf (`max_payload: 2MB`) and restart nats-server",
-        )
-    });
-    let Some(teams) = teams else {
-        checks.push(check(
-            "streams",
-            Status::Skip,
-            "not checked: which teams use JetStream is in the database, which is not available",
-            "fix the database first (see its line)",
-        ));
-        return;
-    };
-    if teams.is_empty() {
-        checks.push(check(
-            "streams",
-            Status::Ok,
-            "no team keeps bodies on JetStream or has streams recorded",
-            NOTHING_TO_DO,
-        ));
-    }
-    for team in &teams {
-        checks.push(team_streams_check(&broker, team, url).await);
-    }
-}
-
-async fn team_streams_check(
-    broker: &Broker,
-    team: &broker_conditions::TeamWithStreams,
-    url: &str,
-) -> Check {
-    let name = format!("streams:{}", team.slug);
-    let inspected = match broker.inspect_team_streams(team.id, &team.slug).await {
-        Ok(inspected) => inspected,
-        Err(err) => {
-            return check(
-                &name,
-                Status::Fail,
-                format!("could not read the team's streams: {err}"),
-                "check the broker, then run doctor again",
-            );
-        }
-    };
-    let mut serious = Vec::new();
-    let mut minor = Vec::new();
-    let mut actions: Vec<String> = Vec::new();
-    for stream in &inspected {
-        if !stream.present {
-            serious.push(format!("{} is missing", stream.name));
-            actions.push(format!(
-                "`ai-crew-sync team stream --team {} --nats-url {url}`",
-                team.slug
-            ));
-        }
-        for f in &stream.findings {
-            let said = format!(
-                "{} {} is {}, expected {} ({})",
-                stream.name, f.limit, f.found, f.expected, f.consequence
-            );
-            if f.serious { &mut serious } else { &mut minor }.push(said);
-            actions.push(format!("{} {}: {}", stream.name, f.limit, f.fix));
-        }
-    }
-    // Full, or out of storage, as the broker says now (missing is above, so
-    // asked only of streams that exist).
-    let present = inspected.iter().all(|s| s.present);
-    if present && let Ok(conditions) = broker_conditions::of_team(broker, team.id, &team.slug).await
-    {
-        for c in conditions
-            .iter()
-            .filter(|c| c.condition != ConditionKind::StreamMissing)
-        {
-            serious.push(c.why.clone());
-            actions.push(format!("`{}`", c.fix));
-        }
-    }
-    actions.dedup();
-    let uses = if team.routed {
-        "the team keeps bodies on JetStream"
-    } else {
-        "provisioned; nothing of the team is on JetStream yet"
-    };
-    if serious.is_empty() && minor.is_empty() {
-        let names: Vec<&str> = inspected.iter().map(|s| s.name.as_str()).collect();
-        return check(
-            &name,
-            Status::Ok,
-            format!(
-                "{} present with the layout the bus expects ({uses})",
-                names.join(" and ")
-            ),
-            NOTHING_TO_DO,
-        );
-    }
-    let status = if !serious.is_empty() && team.routed {
-        Status::Fail
-    } else {
-        Status::Warn
-    };
-    serious.extend(minor);
-    check(
-        &name,
-        status,
-        format!("{} ({uses})", serious.join("; ")),
-        actions.join("; "),
-    )
-}
-
-/// Whether a Host entry names this machine's loopback only.
-fn is_loopback_name(host: &str) -> bool {
-    let bare = host
-        .strip_prefix('[')
-        .and_then(|h| h.split(']').next())
-        .unwrap_or(host);
-    let bare = match bare.parse::<IpAddr>() {
-        Ok(ip) => return ip.is_loopback(),
-        Err(_) => bare.rsplit_once(':').map_or(bare, |(h, _)| h),
-    };
-    bare.eq_ignore_ascii_case("localhost")
-        || bare.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
-}
-
-/// What `serve` with these settings refuses: a Host a client must use but
-/// may not (the `Host` check guards against DNS rebinding).
-fn allowed_hosts_check(bind: SocketAddr, given: &[String]) -> Check {
-    let mut hosts: Vec<String> = given
-        .iter()
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .collect();
-    if hosts.is_empty() {
-        hosts = config::default_allowed_hosts();
-    }
-    let list = hosts.join(", ");
-    let ip = bind.ip();
-    let set_hosts = "set --allowed-hosts (BUS_ALLOWED_HOSTS) to the names and addresses \
-                     clients use, e.g. `bus.example.com,10.0.0.5`";
-    if hosts.iter().any(|h| h == "*") {
-        return if ip.is_loopback() {
-            check(
-                "allowed_hosts",
-                Status::Warn,
-                format!(
-                    "{bind} accepts any Host name: a web page in a local browser could reach \
-                     the bus by DNS rebinding"
-                ),
-                "list the names clients use in --allowed-hosts instead of `*`",
-            )
-        } else {
-            check(
-                "allowed_hosts",
-                Status::Ok,
-                format!("{bind} accepts any Host name"),
-                NOTHING_TO_DO,
-            )
-        };
-    }
-    let only_loopback = hosts.iter().all(|h| is_loopback_name(h));
-    if ip.is_unspecified() && only_loopback {
-        check(
-            "allowed_hosts",
-            Status::Warn,
-            format!(
-                "{bind} listens on every interface, but the allowed Host names are only {list}: \
-                 clients on other machines are refused (403)"
-            ),
-            set_hosts,
-        )
-    } else if !ip.is_unspecified() && !ip.is_loopback() && only_loopback {
-        check(
-            "allowed_hosts",
-            Status::Fail,
-            format!(
-                "{bind} listens on {ip} only, and the allowed Host names are loopback names \
-                 ({list}): every client is refused (403)"
-            ),
-            set_hosts,
-        )
-    } else {
-        check(
-            "allowed_hosts",
-            Status::Ok,
-            format!("{bind} answers to the Host names {list}"),
-            NOTHING_TO_DO,
-        )
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn status(bind: &str, hosts: &[&str]) -> Status {
-        let hosts: Vec<String> = hosts.iter().map(|h| h.to_string()).collect();
-        allowed_hosts_check(bind.parse().unwrap(), &hosts).status
-    }
-
-    #[test]
-    fn allowed_hosts_are_judged_against_the_bind_address() {
-        assert_eq!(status("127.0.0.1:8787", &[]), Status::Ok);
-        assert_eq!(status("0.0.0.0:8787", &[]), Status::Warn);
-        assert_eq!(status("[::]:8787", &["localhost", "[::1]"]), Status::Warn);
-        assert_eq!(status("10.0.0.5:8787", &[]), Status::Fail);
-        assert_eq!(status("10.0.0.5:8787", &["localhost:8787"]), Status::Fail);
-        assert_eq!(status("0.0.0.0:8787", &["bus.example.com"]), Status::Ok);
-        assert_eq!(status("10.0.0.5:8787", &["10.0.0.5"]), Status::Ok);
-        assert_eq!(status("127.0.0.1:8787", &["*"]), Status::Warn);
-        assert_eq!(status("0.0.0.0:8787", &["*"]), Status::Ok);
-    }
 }
