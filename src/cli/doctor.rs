@@ -198,15 +198,17 @@ async fn open_database(ctx: &Context, checks: &mut Vec<Check>) -> Option<crate::
             .await
             .expect("inspecting the embedded cluster does not panic");
         let usable = match inspected {
-            Err(EmbeddedError::NoBinaries) => {
+            Err(EmbeddedError::NoBinaries { searched }) => {
                 checks.push(check(
                     "embedded",
                     Status::Fail,
-                    "no DATABASE_URL, and no PostgreSQL server binaries (initdb, pg_ctl) on PATH, \
-                     via `pg_config --bindir` or under /usr/lib/postgresql/*/bin",
-                    "install them (Debian/Ubuntu: `apt-get install postgresql`; Fedora: `dnf \
-                     install postgresql-server`; macOS: `brew install postgresql`), or set \
-                     DATABASE_URL to a PostgreSQL you run",
+                    format!(
+                        "no DATABASE_URL, and no PostgreSQL server binaries (initdb, pg_ctl) \
+                         {searched}"
+                    ),
+                    "install them (Debian/Ubuntu: `apt-get install postgresql`, or `scripts/run` \
+                     from a source checkout; Fedora: `dnf install postgresql-server`; macOS: \
+                     `brew install postgresql`), or set DATABASE_URL to a PostgreSQL you run",
                 ));
                 false
             }

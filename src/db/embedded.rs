@@ -200,7 +200,7 @@ impl EmbeddedPostgres {
     /// What the cluster in `data_dir` is doing, read without creating,
     /// starting or adopting anything (`doctor`).
     pub fn inspect(data_dir: &Path) -> Result<EmbeddedStatus, EmbeddedError> {
-        let bin_dir = find_bin_dir().ok_or(EmbeddedError::NoBinaries)?;
+        let bin_dir = find_bin_dir()?;
         let run_as = if unsafe { libc::geteuid() } == 0 {
             if which("setpriv").is_none() {
                 return Err(EmbeddedError::NoSetpriv);
