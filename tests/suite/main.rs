@@ -28,6 +28,7 @@ mod outbox;
 mod overview;
 mod presence;
 mod projects;
+mod refusals;
 mod sessions;
 mod support_servers;
 mod tasks;
