@@ -8,7 +8,7 @@ use ai_crew_sync::config::HttpSettings;
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
 
-use crate::support::{TestApp, http_client, spawn_app, spawn_app_with};
+use crate::support::{McpClient, TestApp, http_client, spawn_app, spawn_app_with};
 
 /// Text a client must never be shown: rmcp's and serde's words, Rust syntax.
 const NOT_FOR_CLIENTS: &[&str] = &[
@@ -347,4 +347,180 @@ async fn a_plain_text_refusal_from_the_transport_is_rewritten_as_json() {
         .await
         .unwrap();
     assert_eq!(response.status().as_u16(), 200);
+}
+
+/// Team `acme`; alice's and bob's clients.
+async fn team(app: &TestApp) -> (McpClient, McpClient) {
+    app.team("acme").await;
+    let alice = app.mcp(&app.agent("acme", "alice").await, None).await;
+    let bob = app.mcp(&app.agent("acme", "bob").await, None).await;
+    (alice, bob)
+}
+
+/// A refusal's message, after checking it is the bus's `invalid` refusal.
+fn refused(result: Result<Value, Value>) -> String {
+    let refusal = result.expect_err("refused");
+    assert_eq!(refusal["error"], "invalid", "{refusal}");
+    let message = refusal["message"].as_str().unwrap().to_string();
+    assert_clean(&message);
+    message
+}
+
+#[tokio::test]
+async fn tool_arguments_of_the_wrong_shape_are_refused_naming_the_argument_and_change_nothing() {
+    let app = spawn_app().await;
+    let (alice, bob) = team(&app).await;
+    alice
+        .call("create_task", json!({"key": "build", "title": "build it"}))
+        .await
+        .unwrap();
+
+    // A string where an integer is expected: the task stays open.
+    let message = refused(
+        alice
+            .call(
+                "claim_task",
+                json!({"key": "build", "lease_seconds": "600"}),
+            )
+            .await,
+    );
+    assert!(
+        message.contains("`lease_seconds` got the string \"600\"; it takes an integer")
+            && message.contains("30..86400"),
+        "{message}"
+    );
+    let task = alice
+        .call("get_task", json!({"key": "build"}))
+        .await
+        .unwrap();
+    assert_eq!(task["status"], "open", "{task}");
+
+    // A negative number for an unsigned one: no question is sent.
+    let message = refused(
+        alice
+            .call(
+                "ask_agent",
+                json!({"to": "bob", "question": "ready?", "timeout_seconds": -1}),
+            )
+            .await,
+    );
+    assert!(
+        message.contains(
+            "`timeout_seconds` got -1, which is out of range: it takes an integer of 0 or more"
+        ),
+        "{message}"
+    );
+    let inbox = bob
+        .call("read_messages", json!({"scope": "inbox"}))
+        .await
+        .unwrap();
+    assert_eq!(inbox["messages"], json!([]), "{inbox}");
+
+    // An unknown argument, with the likely one named.
+    let message = refused(
+        alice
+            .call(
+                "create_task",
+                json!({"key": "deploy", "title": "t", "depends": ["build"]}),
+            )
+            .await,
+    );
+    assert!(
+        message
+            .contains("`depends` is not an argument create_task takes. Did you mean `depends_on`?"),
+        "{message}"
+    );
+    assert!(
+        message.contains("create_task takes key, title (required); optional:"),
+        "{message}"
+    );
+
+    // A required argument missing.
+    let message = refused(alice.call("create_task", json!({"key": "deploy"})).await);
+    assert!(
+        message.contains("`title` is missing; it is required: a string"),
+        "{message}"
+    );
+    assert_eq!(
+        count(&app, "tasks").await,
+        1,
+        "neither create_task created a task"
+    );
+
+    // A wrong type inside a list, and inside an object in a list.
+    let message = refused(
+        alice
+            .call(
+                "set_note",
+                json!({"key": "k", "value": "v", "tags": ["ci", 5]}),
+            )
+            .await,
+    );
+    assert!(
+        message.contains("`tags[1]` got 5; it takes a string"),
+        "{message}"
+    );
+    assert_eq!(count(&app, "notes").await, 0);
+    let message = refused(
+        alice
+            .call(
+                "post_message",
+                json!({"to": "bob", "body": "log", "attachments": [
+                    {"filename": "a.log", "content_type": "text/plain", "data_base64": "", "size": 0}
+                ]}),
+            )
+            .await,
+    );
+    assert!(
+        message.contains("`attachments[0].size` is not a field of `attachments[0]`"),
+        "{message}"
+    );
+    let inbox = bob
+        .call("read_messages", json!({"scope": "inbox"}))
+        .await
+        .unwrap();
+    assert_eq!(inbox["messages"], json!([]), "{inbox}");
+
+    // A UUID argument that is not one, and null for an argument with a default.
+    let message = refused(
+        alice
+            .call("ack_message", json!({"message_id": "m-1"}))
+            .await,
+    );
+    assert!(
+        message.contains("`message_id` got the string \"m-1\", which is not a UUID"),
+        "{message}"
+    );
+    let message = refused(
+        alice
+            .call("read_messages", json!({"all_sessions": null}))
+            .await,
+    );
+    assert!(
+        message.contains(
+            "`all_sessions` got null; it takes true or false (leave it out for the default, false)"
+        ),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn an_unknown_tool_is_a_json_rpc_error_naming_it() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let token = app.agent("acme", "alice").await;
+    let (status, _, body) = answer(
+        post(&app, &token, call(9, "delete_everything", json!({})))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (id, code, message) = jsonrpc(&body);
+    assert_eq!((id, code), (&json!(9), -32602), "{body}");
+    assert!(
+        message.contains("no tool named `delete_everything`") && message.contains("tools/list"),
+        "{message}"
+    );
 }
