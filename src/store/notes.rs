@@ -55,9 +55,10 @@ pub fn normalize_scope(raw: Option<&str>) -> BusResult<String> {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'/' | b'-'));
     if !ok {
         return Err(BusError::invalid(format!(
-            "scope {raw:?} is not valid: use 1-{MAX_SCOPE_BYTES} ASCII letters, digits and `._:/-`, \
+            "scope {:?} is not valid: use 1-{MAX_SCOPE_BYTES} ASCII letters, digits and `._:/-`, \
              starting with a letter or digit (for example `global` or `project:web`). Nothing was \
-             written. Omit scope for `{DEFAULT_SCOPE}`."
+             written. Omit scope for `{DEFAULT_SCOPE}`.",
+            raw.unwrap_or_default()
         )));
     }
     Ok(scope)

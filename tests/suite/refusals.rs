@@ -505,6 +505,26 @@ async fn tool_arguments_of_the_wrong_shape_are_refused_naming_the_argument_and_c
 }
 
 #[tokio::test]
+async fn a_scope_that_is_not_valid_is_quoted_as_text_not_as_rust() {
+    let app = spawn_app().await;
+    let (alice, _bob) = team(&app).await;
+    let scope = "s".repeat(100);
+    let message = refused(
+        alice
+            .call(
+                "set_note",
+                json!({"key": "k", "value": "v", "scope": scope}),
+            )
+            .await,
+    );
+    assert!(
+        message.contains(&format!("scope \"{scope}\" is not valid")),
+        "{message}"
+    );
+    assert_eq!(count(&app, "notes").await, 0);
+}
+
+#[tokio::test]
 async fn an_unknown_tool_is_a_json_rpc_error_naming_it() {
     let app = spawn_app().await;
     app.team("acme").await;
