@@ -6,24 +6,30 @@
 //! 1. `Host` against the allow-list (DNS-rebinding defence), every route.
 //! 2. On `/mcp` and `/admin`: a slot among the requests in flight (503 +
 //!    `Retry-After` when the server is full; see [`limits`]).
-//! 3. On `/mcp`: a declared body over the limit (413) before anything else,
-//!    then a malformed `X-Crew-Session` or `X-Crew-Epoch` (400) before the
+//! 3. On `/mcp`: a method other than POST (405), an `Accept` without both
+//!    JSON and event streams (406), a `Content-Type` other than JSON (415), a
+//!    declared body over the limit (413), then a malformed `X-Crew-Session` or
+//!    `X-Crew-Epoch` (400) before the
 //!    credential is looked up, then the client address's allowance of failed
 //!    authentications (429 without a lookup), then the bearer credential: an
 //!    agent token or a session credential (401 unknown/revoked/expired/stale,
 //!    403 disabled agent), then the per-token rate limit (429 +
 //!    `Retry-After`), then the credential's calls in flight (429), then the
 //!    body is read against the buffered-bytes budget (503) with the limit
-//!    enforced while streaming (413); a long poll then moves to its
-//!    credential's long-poll count (429 at its cap).
+//!    enforced while streaming (413); then the body must be one JSON-RPC
+//!    message, nested at most [`malformed::MAX_JSON_DEPTH`] deep, with a
+//!    protocol version this server speaks (400; see [`malformed`]); a long
+//!    poll then moves to its credential's long-poll count (429 at its cap).
 //! 4. rmcp's Streamable HTTP service, stateless with JSON responses, sees the
-//!    caller's [`Identity`] in the request extensions.
+//!    caller's [`Identity`] in the request extensions. A refusal it still
+//!    answers in plain text is rewritten as JSON on the way out.
 //!
 //! [`Identity`]: crate::auth::Identity
 
 mod admin;
 mod health;
 pub mod limits;
+pub mod malformed;
 mod rate_limit;
 
 use std::net::SocketAddr;
@@ -407,6 +413,10 @@ async fn mcp_gate(State(state): State<Arc<AppState>>, request: Request, next: Ne
     let Some(_slot) = limits.enter() else {
         return too_many_in_flight(limits);
     };
+    // What the method and headers say does not depend on who asks.
+    if let Err(refusal) = malformed::check_headers(request.method(), request.headers()) {
+        return refusal;
+    }
     let limit = state.settings.max_request_bytes;
     let declared = request
         .headers()
@@ -483,6 +493,10 @@ async fn mcp_gate(State(state): State<Arc<AppState>>, request: Request, next: Ne
             );
         }
     };
+    let checked = match malformed::check_body(&parts.headers, &bytes) {
+        Ok(checked) => checked,
+        Err(refusal) => return refusal,
+    };
     // A blocked wait moves to its own count, so waits never use up the slots
     // ordinary calls of the same credential need.
     let _call = if limits::is_long_poll(&bytes) {
@@ -505,6 +519,7 @@ async fn mcp_gate(State(state): State<Arc<AppState>>, request: Request, next: Ne
     let response = next
         .run(Request::from_parts(parts, Body::from(bytes)))
         .await;
+    let response = malformed::explain_plain_refusal(&checked, response).await;
     // A long poll may answer as an event stream that flows for minutes after
     // the handler returned (rmcp switches to SSE once a progress notification
     // goes out): the slots are held until the answer is sent or abandoned.

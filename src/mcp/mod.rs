@@ -7,6 +7,7 @@
 //! structured `{error, message}` body, so the model reads the explanation
 //! instead of a bare protocol error.
 
+mod arguments;
 mod conversation_messages;
 mod conversations;
 mod identity;
@@ -61,7 +62,17 @@ pub struct BusServer {
 
 impl BusServer {
     pub fn new(bus: Bus) -> Self {
-        let tools = Self::identity_router()
+        BusServer {
+            shared: Arc::new(Shared {
+                bus,
+                tools: Self::tools(),
+            }),
+        }
+    }
+
+    /// Every tool of the bus.
+    fn tools() -> ToolRouter<BusServer> {
+        Self::identity_router()
             + Self::session_router()
             + Self::messaging_router()
             + Self::waiting_router()
@@ -71,10 +82,7 @@ impl BusServer {
             + Self::lock_router()
             + Self::project_router()
             + Self::conversation_router()
-            + Self::conversation_message_router();
-        BusServer {
-            shared: Arc::new(Shared { bus, tools }),
-        }
+            + Self::conversation_message_router()
     }
 
     pub fn pool(&self) -> &PgPool {
@@ -115,6 +123,17 @@ impl ServerHandler for BusServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        // An unknown tool is a protocol error (MCP: -32602), named.
+        let Some(tool) = self.shared.tools.get(&request.name) else {
+            let shown: String = request.name.chars().take(64).collect();
+            return Err(ErrorData::invalid_params(
+                format!(
+                    "there is no tool named `{shown}` on this server; tools/list names the tools \
+                     you may call. Nothing was done."
+                ),
+                None,
+            ));
+        };
         // PostgreSQL text cannot hold NUL; refuse it here, for every tool, so
         // it is an explained refusal rather than a failed write. The decoded
         // values are looked at: the six characters `\u0000` written as text
@@ -130,14 +149,26 @@ impl ServerHandler for BusServer {
             );
             return Ok(refusal(&err).into());
         }
+        // Types, unknown and missing arguments, in the bus's words rather
+        // than serde's.
+        if let Err(message) = arguments::check(
+            &request.name,
+            &tool.input_schema,
+            request.arguments.as_ref(),
+        ) {
+            return Ok(refusal(&BusError::invalid(message)).into());
+        }
+        let summary = arguments::schema_summary(&request.name, &tool.input_schema);
         if conversations::TOOLS.contains(&request.name.as_ref())
             && !self.conversations_on(&context).await?
         {
             let me = identity_of(&context)?;
             return Ok(refusal(&conversations::disabled_error(me)).into());
         }
+        let name = request.name.clone();
         let call = ToolCallContext::new(self, request, context);
-        self.shared.tools.call(call).await
+        let response = self.shared.tools.call(call).await?;
+        Ok(reword_argument_error(&name, summary, response))
     }
 
     fn get_info(&self) -> ServerConfig {
@@ -157,6 +188,39 @@ impl BusServer {
             .await
             .map_err(|e| ErrorData::internal_error(e.to_string(), None))
     }
+}
+
+/// rmcp answers arguments that fail to deserialise with serde's text (`failed
+/// to deserialize parameters: invalid type: …`). [`arguments::check`] runs
+/// first and should leave nothing for it; whatever slips past becomes the
+/// bus's refusal, and serde's text goes to the log, not to the model.
+fn reword_argument_error(
+    tool: &str,
+    summary: String,
+    response: CallToolResponse,
+) -> CallToolResponse {
+    const SERDE_PREFIX: &str = "failed to deserialize parameters";
+    let CallToolResponse::Complete(result) = &response else {
+        return response;
+    };
+    let serde_text = (result.is_error == Some(true) && result.structured_content.is_none())
+        .then(|| result.content.first().and_then(|c| c.as_text()))
+        .flatten()
+        .filter(|text| text.text.starts_with(SERDE_PREFIX));
+    let Some(serde_text) = serde_text else {
+        return response;
+    };
+    tracing::warn!(
+        tool,
+        error = %serde_text.text,
+        "arguments passed the schema check but failed to deserialise"
+    );
+    let err = BusError::invalid(format!(
+        "{tool} was not run: its arguments do not fit what it takes. {} Nothing was done; call \
+         it again with the arguments fixed.",
+        summary
+    ));
+    refusal(&err).into()
 }
 
 /// Whether a decoded argument (its name, a string, or anything nested in it)
@@ -215,4 +279,45 @@ pub(crate) fn reply_list<T: Serialize>(
 
 pub(crate) fn refusal(err: &BusError) -> CallToolResult {
     CallToolResult::structured_error(json!({ "error": err.kind(), "message": err.to_string() }))
+}
+
+#[cfg(test)]
+mod tests {
+    use rmcp::model::ContentBlock;
+
+    use super::*;
+
+    fn structured(response: &CallToolResponse) -> Option<&serde_json::Value> {
+        match response {
+            CallToolResponse::Complete(result) => result.structured_content.as_ref(),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn serde_text_from_a_tool_becomes_the_bus_refusal() {
+        let serde = CallToolResult::error(vec![ContentBlock::text(
+            "failed to deserialize parameters: invalid type: string \"5\", expected i64",
+        )]);
+        let summary = "claim_task takes key (required).".to_string();
+        let response = reword_argument_error("claim_task", summary, serde.into());
+        let body = structured(&response).expect("a structured refusal");
+        assert_eq!(body["error"], "invalid");
+        let message = body["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("claim_task was not run") && message.contains("takes key"),
+            "{message}"
+        );
+        assert!(!message.contains("expected i64"), "{message}");
+    }
+
+    #[test]
+    fn other_results_pass_unchanged() {
+        let refused = refusal(&BusError::conflict("held"));
+        let response = reword_argument_error("claim_task", String::new(), refused.into());
+        assert_eq!(structured(&response).unwrap()["message"], "held");
+        let plain = CallToolResult::error(vec![ContentBlock::text("something else")]);
+        let response = reword_argument_error("claim_task", String::new(), plain.into());
+        assert!(structured(&response).is_none());
+    }
 }

@@ -31,6 +31,7 @@ mod outbox;
 mod overview;
 mod presence;
 mod projects;
+mod refusals;
 mod run_script;
 mod sessions;
 mod support_servers;
