@@ -70,19 +70,21 @@ async fn the_creator_cancels_an_open_task_from_another_window_and_a_waiter_wakes
     let bob = app.mcp(&app.agent("acme", "bob").await, None).await;
     create(&w1, "typo-fix", &[]).await;
 
-    // Bob waits on task changes; 3 s is under the wait's 5 s database
-    // re-check, so only the cancel's wake-up event can end it in time.
+    // The creating window waits on task changes: its own create never wakes
+    // it (a late notification of it cannot either), so only the cancel can.
+    // 3 s is under the wait's 5 s database re-check: only the cancel's
+    // wake-up event can end the wait in time.
     let waiter = tokio::spawn(async move {
-        let woke = bob
+        let woke = w1
             .call(
                 "wait_for_updates",
                 json!({"timeout_seconds": 3, "kinds": ["task"]}),
             )
             .await
             .unwrap();
-        (bob, woke)
+        (w1, woke)
     });
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
 
     let cancelled = cancel(
         &w2,
@@ -104,7 +106,7 @@ async fn the_creator_cancels_an_open_task_from_another_window_and_a_waiter_wakes
         "{cancelled}"
     );
 
-    let (bob, woke) = waiter.await.unwrap();
+    let (_w1, woke) = waiter.await.unwrap();
     assert_eq!(woke["woke"], true, "{woke}");
     assert_eq!(woke["events"][0]["kind"], "task");
     assert_eq!(woke["events"][0]["id"], "typo-fix");
