@@ -187,9 +187,10 @@ pub async fn tombstone_message(
         return Err(match earlier {
             Some((at, earlier_reason)) => BusError::conflict(format!(
                 "message seq {seq} of conversation {conversation_id} was already tombstoned at \
-                 {} ({}). A tombstone is recorded once and never rewritten; nothing was changed.",
+                 {} (reason: {}). A tombstone is recorded once and never rewritten; nothing was \
+                 changed.",
                 at.map(|at| at.to_rfc3339()).unwrap_or_default(),
-                super::text::quote(&earlier_reason.unwrap_or_default())
+                earlier_reason.unwrap_or_default()
             )),
             None => BusError::not_found(format!(
                 "conversation {conversation_id} has no message with seq {seq} (its seqs run from \

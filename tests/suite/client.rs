@@ -747,10 +747,17 @@ async fn client_text_never_passes_another_agents_control_characters_to_the_termi
     .unwrap();
     bob.call(
         "create_task",
-        serde_json::json!({"key": "t1", "title": hostile, "description": hostile}),
+        serde_json::json!({"key": "t1", "title": "plain", "description": hostile}),
     )
     .await
     .unwrap();
+    // A title is one line and refuses control characters now; one stored
+    // before that rule must still never reach the terminal raw.
+    sqlx::query("UPDATE tasks SET title = $1 WHERE key = 't1'")
+        .bind(hostile)
+        .execute(&app.pool)
+        .await
+        .unwrap();
     bob.call(
         "set_note",
         serde_json::json!({"key": "n1", "value": hostile}),
