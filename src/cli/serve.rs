@@ -15,6 +15,10 @@ use crate::http;
 
 /// Pool size of the server.
 const SERVER_CONNECTIONS: u32 = 32;
+/// Descriptors kept out of --max-connections: the pool, the event listener,
+/// the broker, the listening socket, stdio, the runtime's own and the files
+/// the process opens, with room to spare.
+const RESERVED_DESCRIPTORS: u64 = SERVER_CONNECTIONS as u64 + 96;
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -53,10 +57,29 @@ pub struct ServeArgs {
     /// before any credential lookup, valid ones included (0 = no limit).
     #[arg(long, env = "BUS_UNAUTHENTICATED_PER_MINUTE", default_value_t = config::DEFAULT_UNAUTHENTICATED_PER_MINUTE)]
     unauthenticated_per_minute: u32,
-    /// Seconds a request body may take to arrive in full; a slower one gets 408 and gives
-    /// its reserved share of --max-buffered-bytes back.
+    /// Seconds a request body may take to arrive in full after its headers, on every route;
+    /// a slower one gets 408, its connection is closed, and its reserved share of
+    /// --max-buffered-bytes is given back.
     #[arg(long, env = "BUS_BODY_READ_TIMEOUT_SECS", default_value_t = config::DEFAULT_BODY_READ_TIMEOUT_SECS, value_parser = clap::value_parser!(u64).range(1..))]
     body_read_timeout_secs: u64,
+    /// Seconds a request's headers may take to arrive in full (from the connection's accept
+    /// for its first request, from the first byte for a later one); past it the connection
+    /// is closed.
+    #[arg(long, env = "BUS_HEADER_READ_TIMEOUT_SECS", default_value_t = config::DEFAULT_HEADER_READ_TIMEOUT_SECS, value_parser = clap::value_parser!(u64).range(1..))]
+    header_read_timeout_secs: u64,
+    /// Seconds a kept-alive connection may wait for its next request before it is closed.
+    /// A request in flight (a long poll waiting) is never idle.
+    #[arg(long, env = "BUS_IDLE_TIMEOUT_SECS", default_value_t = config::DEFAULT_IDLE_TIMEOUT_SECS, value_parser = clap::value_parser!(u64).range(1..))]
+    idle_timeout_secs: u64,
+    /// Open connections at once. At the cap a new connection evicts the one that has waited
+    /// longest with no request in flight; it is refused only when all are answering. Lowered
+    /// at start to fit the process's open-file limit (its soft limit is raised to the hard one).
+    #[arg(long, env = "BUS_MAX_CONNECTIONS", default_value_t = config::DEFAULT_MAX_CONNECTIONS, value_parser = clap::value_parser!(u64).range(1..=1_000_000).map(|v| v as usize))]
+    max_connections: usize,
+    /// Open connections per client address (IPv6 per /64); more are refused at once. Behind a
+    /// reverse proxy every client has the proxy's address: raise it to --max-connections there.
+    #[arg(long, env = "BUS_MAX_CONNECTIONS_PER_ADDRESS", default_value_t = config::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS, value_parser = clap::value_parser!(u64).range(1..=1_000_000).map(|v| v as usize))]
+    max_connections_per_address: usize,
     /// Apply database migrations on start.
     #[arg(long, env = "BUS_AUTO_MIGRATE", default_value_t = true, action = clap::ArgAction::Set)]
     auto_migrate: bool,
@@ -158,9 +181,13 @@ async fn serve_on(
         max_long_polls_per_credential: args.max_long_polls_per_credential,
         unauthenticated_per_minute: args.unauthenticated_per_minute,
         body_read_timeout: Duration::from_secs(args.body_read_timeout_secs),
+        header_read_timeout: Duration::from_secs(args.header_read_timeout_secs),
+        idle_timeout: Duration::from_secs(args.idle_timeout_secs),
+        max_connections: fit_connections(args.max_connections),
+        max_connections_per_address: args.max_connections_per_address,
         shutdown_grace: Duration::from_secs(args.shutdown_grace_secs),
     };
-    let grace = settings.shutdown_grace;
+    let served = settings.clone();
     let bus = crate::Bus::start(
         db.pool.clone(),
         Duration::from_secs(args.event_ping_secs),
@@ -186,8 +213,28 @@ async fn serve_on(
     eprintln!(
         "listening on http://{local} (MCP: POST http://{local}/mcp, health: GET http://{local}/health)"
     );
-    http::serve(listener, app, shutdown, grace).await?;
+    http::serve(listener, app, &served, shutdown).await?;
     Ok(())
+}
+
+/// `wanted` connections, or fewer when the open-file limit (raised to its
+/// hard limit first) leaves less room beside [`RESERVED_DESCRIPTORS`]: past
+/// the limit every accept would fail, for everyone.
+fn fit_connections(wanted: usize) -> usize {
+    match http::connection_budget(RESERVED_DESCRIPTORS) {
+        Ok(budget) if (wanted as u64) > budget => {
+            let fitted = usize::try_from(budget).unwrap_or(usize::MAX).max(1);
+            eprintln!(
+                "--max-connections {wanted} does not fit the open-file limit (ulimit -n) beside                  the {RESERVED_DESCRIPTORS} descriptors kept for the database and the rest;                  serving at most {fitted} connections. Raise the hard limit (systemd:                  LimitNOFILE) to allow more."
+            );
+            fitted
+        }
+        Ok(_) => wanted,
+        Err(err) => {
+            tracing::warn!(error = %err, "could not read the open-file limit; --max-connections is taken as given");
+            wanted
+        }
+    }
 }
 
 /// How often `serve` retries a broker that did not answer at start.

@@ -9,6 +9,7 @@ mod auth;
 mod binary;
 mod cli;
 mod client;
+mod connections;
 mod conversation_messages;
 mod conversations;
 mod embedded;

@@ -108,7 +108,6 @@ async fn spawn_on(
         .expect("bind a loopback port");
     let addr = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
-    let grace = settings.shutdown_grace;
     let bus = ai_crew_sync::Bus::start(
         pool.clone(),
         std::time::Duration::from_secs(1),
@@ -118,13 +117,11 @@ async fn spawn_on(
         None => bus,
         Some(broker) => bus.with_backends(Backends::with_broker(pool.clone(), broker)),
     };
-    let app = ai_crew_sync::http::router(bus.clone(), settings, shutdown.clone());
-    tokio::spawn(ai_crew_sync::http::serve(
-        listener,
-        app,
-        shutdown.clone(),
-        grace,
-    ));
+    let app = ai_crew_sync::http::router(bus.clone(), settings.clone(), shutdown.clone());
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { ai_crew_sync::http::serve(listener, app, &settings, shutdown).await }
+    });
     TestApp {
         addr,
         pool,
@@ -296,7 +293,8 @@ pub fn http_client() -> reqwest::Client {
     reqwest::Client::new()
 }
 
-fn install_crypto_provider() {
+/// rustls's crypto provider (reqwest is built without one) and the test log.
+pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     // Server-side errors (a failing query behind "try again") show in the test's output.
     let _ = tracing_subscriber::fmt()
