@@ -1,6 +1,7 @@
 //! `ai-crew-sync serve`: open (or start) the database, migrate, serve HTTP
-//! until SIGINT/SIGTERM, then drain in-flight requests within a bound and stop
-//! the embedded database if this process owns it.
+//! until SIGINT/SIGTERM, then stop accepting, answer blocked long polls at once
+//! (`server_restarting`), let other requests in flight finish within a bound,
+//! and stop the embedded database if this process owns it.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -106,7 +107,8 @@ pub struct ServeArgs {
     /// stay, and a window that returns gets them again from PostgreSQL. Default 7 days.
     #[arg(long, env = "BUS_INBOX_RETENTION_HOURS", default_value_t = crate::workers::presence_sweeper::INBOX_RETENTION.as_secs() / 3600, value_parser = clap::value_parser!(u64).range(1..=87_600))]
     inbox_retention_hours: u64,
-    /// Seconds to let in-flight requests finish after SIGINT/SIGTERM.
+    /// Seconds to let in-flight requests finish after SIGINT/SIGTERM (blocked long polls answer
+    /// at once, marked server_restarting).
     #[arg(long, env = "BUS_SHUTDOWN_GRACE_SECS", default_value_t = 10)]
     shutdown_grace_secs: u64,
 }
@@ -209,7 +211,7 @@ async fn serve_on(
     if args.publication_worker {
         crate::workers::publication::spawn_all(bus.clone(), shutdown.clone());
     }
-    let app = http::router(bus, settings, shutdown.clone());
+    let app = http::router(bus, settings);
     eprintln!(
         "listening on http://{local} (MCP: POST http://{local}/mcp, health: GET http://{local}/health)"
     );
@@ -302,8 +304,8 @@ fn spawn_signal_handler(shutdown: CancellationToken) {
             return;
         };
         tokio::select! {
-            _ = term.recv() => eprintln!("SIGTERM: stopping (finishing in-flight requests)"),
-            _ = int.recv() => eprintln!("SIGINT: stopping (finishing in-flight requests)"),
+            _ = term.recv() => eprintln!("SIGTERM: stopping (answering waiting calls, finishing in-flight requests)"),
+            _ = int.recv() => eprintln!("SIGINT: stopping (answering waiting calls, finishing in-flight requests)"),
         }
         shutdown.cancel();
     });

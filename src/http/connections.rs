@@ -29,7 +29,8 @@
 //!
 //! Shutdown: the loop stops accepting (the listening socket is closed), each
 //! connection finishes the request it is answering and closes (idle ones at
-//! once), and after `shutdown_grace` whatever is left is dropped.
+//! once), and after `shutdown_grace` whatever is left is dropped. Long polls
+//! answer at once on their own (they watch [`crate::Bus::stopping`]).
 //!
 //! hyper's own header timeout is not used: it also restarts when a
 //! connection goes idle, which would make the idle timeout the header timeout.

@@ -44,7 +44,6 @@ use rmcp::transport::streamable_http_server::session::never::NeverSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
 use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
 
 pub use connections::{connection_budget, serve};
 pub use limits::Limits;
@@ -86,8 +85,10 @@ pub struct AppState {
     pub limits: Limits,
 }
 
-/// The whole HTTP application. `shutdown` ends rmcp's open streams when cancelled.
-pub fn router(bus: Bus, settings: HttpSettings, shutdown: CancellationToken) -> Router {
+/// The whole HTTP application. Shutdown is [`serve`]'s business: it drains
+/// connections, and long polls answer on their own ([`Bus::stopping`]), so
+/// rmcp is given no token that would end a stream before its answer.
+pub fn router(bus: Bus, settings: HttpSettings) -> Router {
     let state = Arc::new(AppState {
         pool: bus.pool.clone(),
         events: bus.events.clone(),
@@ -106,8 +107,7 @@ pub fn router(bus: Bus, settings: HttpSettings, shutdown: CancellationToken) -> 
         .with_sse_keep_alive(None)
         .disable_allowed_hosts()
         .with_allowed_origins(settings.allowed_origins.clone())
-        .with_max_request_body_bytes(settings.max_request_bytes)
-        .with_cancellation_token(shutdown.child_token());
+        .with_max_request_body_bytes(settings.max_request_bytes);
     let server = BusServer::new(bus);
     let mcp = StreamableHttpService::new(
         move || Ok(server.clone()),

@@ -1,6 +1,6 @@
 //! The binary as a user starts it: `serve` with no DATABASE_URL runs its own
-//! PostgreSQL in the data directory, keeps data across restarts, and leaves no
-//! PostgreSQL process behind after SIGTERM.
+//! PostgreSQL in the data directory, keeps data across restarts, answers a
+//! waiting call when SIGTERM arrives, and leaves no PostgreSQL process behind.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -153,7 +153,22 @@ async fn serve_without_database_url_runs_embedded_postgres_keeps_data_and_cleans
         assert_eq!(teams[0]["slug"], "acme");
         wait_healthy(port).await;
 
-        drop(client);
+        // SIGTERM while a call waits: the waiter gets its normal answer,
+        // saying the server is restarting, not an HTTP error.
+        let waiting = tokio::spawn(async move {
+            client
+                .call("wait_for_updates", json!({"timeout_seconds": 120}))
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let answer = tokio::time::timeout(Duration::from_secs(30), waiting)
+            .await
+            .expect("the wait is answered when SIGTERM arrives")
+            .unwrap()
+            .expect("a tool result, not a refusal");
+        assert_eq!(answer["server_restarting"], true, "round {round}: {answer}");
+        assert_eq!(answer["woke"], false, "round {round}: {answer}");
         sigterm_and_wait(child);
         let pgdata = data_dir.join("pgdata").canonicalize().unwrap();
         let left = processes_mentioning(&pgdata.to_string_lossy());

@@ -30,6 +30,7 @@ mod overview;
 mod presence;
 mod projects;
 mod sessions;
+mod shutdown;
 mod support_servers;
 mod tasks;
 mod tenancy;

@@ -32,6 +32,8 @@ pub struct TestApp {
     pub bus: ai_crew_sync::Bus,
     pub database_url: String,
     shutdown: CancellationToken,
+    /// `serve`'s task: it ends once shutdown has drained the connections.
+    serving: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
 }
 
 impl Drop for TestApp {
@@ -117,8 +119,8 @@ async fn spawn_on(
         None => bus,
         Some(broker) => bus.with_backends(Backends::with_broker(pool.clone(), broker)),
     };
-    let app = ai_crew_sync::http::router(bus.clone(), settings.clone(), shutdown.clone());
-    tokio::spawn({
+    let app = ai_crew_sync::http::router(bus.clone(), settings.clone());
+    let serving = tokio::spawn({
         let shutdown = shutdown.clone();
         async move { ai_crew_sync::http::serve(listener, app, &settings, shutdown).await }
     });
@@ -128,10 +130,27 @@ async fn spawn_on(
         bus,
         database_url,
         shutdown,
+        serving: Some(serving),
     }
 }
 
 impl TestApp {
+    /// Begin shutting down, as SIGTERM does for `serve`: stop accepting,
+    /// answer blocked long polls, let calls in flight finish within the grace.
+    pub fn begin_shutdown(&self) {
+        self.shutdown.cancel();
+    }
+
+    /// Wait until `serve` has returned (after [`TestApp::begin_shutdown`]):
+    /// every connection closed, or the grace ran out.
+    pub async fn served(&mut self) -> std::io::Result<()> {
+        self.serving
+            .take()
+            .expect("served is awaited once")
+            .await
+            .expect("serve does not panic")
+    }
+
     /// Another replica: its own router, pool and event listener on the same database.
     pub async fn replica(&self) -> TestApp {
         let pool = ai_crew_sync::db::connect(&self.database_url, 8)
