@@ -197,3 +197,47 @@ async fn no_postgres_binaries_gives_one_clear_error() {
         "{err}"
     );
 }
+
+/// `serve` under a low open-file limit: it raises its soft limit to the hard
+/// one and serves at most what fits beside the descriptors it keeps for the
+/// database and the rest, saying so, rather than failing accepts later.
+#[tokio::test]
+async fn serve_fits_its_connection_cap_under_the_open_file_limit() {
+    use std::os::unix::process::CommandExt;
+
+    let database_url = crate::support::postgres::fresh_database_url().await;
+    let port = free_port();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"));
+    command
+        .env("DATABASE_URL", &database_url)
+        .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
+        .args(["--max-connections", "4096"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: setrlimit is async-signal-safe; nothing else runs before exec.
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 300,
+                rlim_max: 600,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = command.spawn().expect("spawn serve");
+    let health = wait_healthy(port).await;
+    assert_eq!(health["database"], "ok");
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "serve exits cleanly on SIGTERM");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    // 600 (the hard limit, the soft one raised to it) less the 128 kept.
+    assert!(
+        stderr.contains("--max-connections 4096 does not fit the open-file limit")
+            && stderr.contains("serving at most 472 connections"),
+        "{stderr}"
+    );
+}
