@@ -17,6 +17,19 @@ pub const DEFAULT_MAX_LONG_POLLS_PER_CREDENTIAL: u32 = 16;
 pub const DEFAULT_UNAUTHENTICATED_PER_MINUTE: u32 = 120;
 /// Seconds a request body may take to arrive in full.
 pub const DEFAULT_BODY_READ_TIMEOUT_SECS: u64 = 30;
+/// Seconds a request's headers may take to arrive in full: far more than any
+/// client needs, short enough that a socket sending nothing is soon gone.
+pub const DEFAULT_HEADER_READ_TIMEOUT_SECS: u64 = 10;
+/// Seconds a kept-alive connection may sit with no request before it is
+/// closed: under the 75-90 s after which common clients drop their own idle
+/// connections, so neither side keeps one the other has forgotten for long.
+pub const DEFAULT_IDLE_TIMEOUT_SECS: u64 = 60;
+/// Open connections at once, lowered by `serve` to fit the process's
+/// descriptor limit.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// Open connections per client address: as many as the server handles
+/// requests at once, a quarter of all connections.
+pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 1024;
 
 #[derive(Clone, Debug)]
 pub struct HttpSettings {
@@ -43,9 +56,24 @@ pub struct HttpSettings {
     /// Failed authentications per client address per minute before that
     /// address is refused ahead of any database lookup; 0 = no limit.
     pub unauthenticated_per_minute: u32,
-    /// How long a request body may take to arrive in full; a slower one is
-    /// answered 408 and gives its share of the buffered-bytes budget back.
+    /// How long a request body may take to arrive in full after its headers,
+    /// on every route; a slower one is answered 408 (its connection then
+    /// closes) and gives its share of the buffered-bytes budget back.
     pub body_read_timeout: Duration,
+    /// How long a request's headers may take to arrive in full (from the
+    /// accept for a connection's first request, from its first byte for a
+    /// later one); past it the connection is closed.
+    pub header_read_timeout: Duration,
+    /// How long a kept-alive connection may wait for its next request; a
+    /// request in flight (a long poll) is never idle.
+    pub idle_timeout: Duration,
+    /// Open connections at once. At the cap a newcomer evicts the connection
+    /// that has waited longest without a request in flight; it is refused
+    /// only when every connection is answering one.
+    pub max_connections: usize,
+    /// Open connections per client address (IPv6 per /64); more are refused
+    /// at once. At most `max_connections`.
+    pub max_connections_per_address: usize,
     /// How long shutdown waits for in-flight requests.
     pub shutdown_grace: Duration,
 }
@@ -63,6 +91,10 @@ impl Default for HttpSettings {
             max_long_polls_per_credential: DEFAULT_MAX_LONG_POLLS_PER_CREDENTIAL,
             unauthenticated_per_minute: DEFAULT_UNAUTHENTICATED_PER_MINUTE,
             body_read_timeout: Duration::from_secs(DEFAULT_BODY_READ_TIMEOUT_SECS),
+            header_read_timeout: Duration::from_secs(DEFAULT_HEADER_READ_TIMEOUT_SECS),
+            idle_timeout: Duration::from_secs(DEFAULT_IDLE_TIMEOUT_SECS),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
             shutdown_grace: Duration::from_secs(10),
         }
     }

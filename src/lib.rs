@@ -34,21 +34,26 @@ pub struct Bus {
     pub pool: sqlx::PgPool,
     pub events: events::Events,
     pub backends: backend::Backends,
+    /// Cancelled when the process begins to stop: a blocked long poll then
+    /// answers at once (`server_restarting`) instead of holding the shutdown.
+    pub stopping: tokio_util::sync::CancellationToken,
 }
 
 impl Bus {
-    /// Connect the event hub to `pool`; its tasks stop with `shutdown`.
+    /// Connect the event hub to `pool`; its tasks stop, and long polls
+    /// answer, when `shutdown` is cancelled.
     pub fn start(
         pool: sqlx::PgPool,
         event_ping: std::time::Duration,
         shutdown: tokio_util::sync::CancellationToken,
     ) -> Bus {
-        let events = events::Events::start(pool.clone(), event_ping, shutdown);
+        let events = events::Events::start(pool.clone(), event_ping, shutdown.clone());
         let backends = backend::Backends::postgres_only(pool.clone());
         Bus {
             pool,
             events,
             backends,
+            stopping: shutdown,
         }
     }
 

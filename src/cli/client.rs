@@ -745,8 +745,13 @@ async fn execute(connection: &Connection, request: Request, json: bool) -> anyho
             println!("{}", answer["answer"].as_str().unwrap_or_default());
         }
         Print::Ask { to } => bail!(
-            "no answer from {to} yet. Keep waiting without asking again: \
+            "no answer from {to} yet{}. Keep waiting without asking again: \
              ai-crew-sync client ask {to} --resume {}",
+            if answer["server_restarting"] == true {
+                " (the server is restarting; the question was sent)"
+            } else {
+                ""
+            },
             show::text(&answer["question_message_id"])
         ),
         Print::Digest => show::digest(&answer),

@@ -1,6 +1,7 @@
 //! `ai-crew-sync serve`: open (or start) the database, migrate, serve HTTP
-//! until SIGINT/SIGTERM, then drain in-flight requests within a bound and stop
-//! the embedded database if this process owns it.
+//! until SIGINT/SIGTERM, then stop accepting, answer blocked long polls at once
+//! (`server_restarting`), let other requests in flight finish within a bound,
+//! and stop the embedded database if this process owns it.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -18,6 +19,10 @@ pub(super) const DEFAULT_BIND: &str = "127.0.0.1:8787";
 
 /// Pool size of the server.
 const SERVER_CONNECTIONS: u32 = 32;
+/// Descriptors kept out of --max-connections: the pool, the event listener,
+/// the broker, the listening socket, stdio, the runtime's own and the files
+/// the process opens, with room to spare.
+const RESERVED_DESCRIPTORS: u64 = SERVER_CONNECTIONS as u64 + 96;
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -56,10 +61,29 @@ pub struct ServeArgs {
     /// before any credential lookup, valid ones included (0 = no limit).
     #[arg(long, env = "BUS_UNAUTHENTICATED_PER_MINUTE", default_value_t = config::DEFAULT_UNAUTHENTICATED_PER_MINUTE)]
     unauthenticated_per_minute: u32,
-    /// Seconds a request body may take to arrive in full; a slower one gets 408 and gives
-    /// its reserved share of --max-buffered-bytes back.
+    /// Seconds a request body may take to arrive in full after its headers, on every route;
+    /// a slower one gets 408, its connection is closed, and its reserved share of
+    /// --max-buffered-bytes is given back.
     #[arg(long, env = "BUS_BODY_READ_TIMEOUT_SECS", default_value_t = config::DEFAULT_BODY_READ_TIMEOUT_SECS, value_parser = clap::value_parser!(u64).range(1..))]
     body_read_timeout_secs: u64,
+    /// Seconds a request's headers may take to arrive in full (from the connection's accept
+    /// for its first request, from the first byte for a later one); past it the connection
+    /// is closed.
+    #[arg(long, env = "BUS_HEADER_READ_TIMEOUT_SECS", default_value_t = config::DEFAULT_HEADER_READ_TIMEOUT_SECS, value_parser = clap::value_parser!(u64).range(1..))]
+    header_read_timeout_secs: u64,
+    /// Seconds a kept-alive connection may wait for its next request before it is closed.
+    /// A request in flight (a long poll waiting) is never idle.
+    #[arg(long, env = "BUS_IDLE_TIMEOUT_SECS", default_value_t = config::DEFAULT_IDLE_TIMEOUT_SECS, value_parser = clap::value_parser!(u64).range(1..))]
+    idle_timeout_secs: u64,
+    /// Open connections at once. At the cap a new connection evicts the one that has waited
+    /// longest with no request in flight; it is refused only when all are answering. Lowered
+    /// at start to fit the process's open-file limit (its soft limit is raised to the hard one).
+    #[arg(long, env = "BUS_MAX_CONNECTIONS", default_value_t = config::DEFAULT_MAX_CONNECTIONS, value_parser = clap::value_parser!(u64).range(1..=1_000_000).map(|v| v as usize))]
+    max_connections: usize,
+    /// Open connections per client address (IPv6 per /64); more are refused at once. Behind a
+    /// reverse proxy every client has the proxy's address: raise it to --max-connections there.
+    #[arg(long, env = "BUS_MAX_CONNECTIONS_PER_ADDRESS", default_value_t = config::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS, value_parser = clap::value_parser!(u64).range(1..=1_000_000).map(|v| v as usize))]
+    max_connections_per_address: usize,
     /// Apply database migrations on start (under an advisory lock: replicas starting at once
     /// migrate once). With false, refuse to start unless the schema is exactly this binary's.
     /// Either way, refuse a database migrated by a newer ai-crew-sync.
@@ -88,7 +112,8 @@ pub struct ServeArgs {
     /// stay, and a window that returns gets them again from PostgreSQL. Default 7 days.
     #[arg(long, env = "BUS_INBOX_RETENTION_HOURS", default_value_t = crate::workers::presence_sweeper::INBOX_RETENTION.as_secs() / 3600, value_parser = clap::value_parser!(u64).range(1..=87_600))]
     inbox_retention_hours: u64,
-    /// Seconds to let in-flight requests finish after SIGINT/SIGTERM.
+    /// Seconds to let in-flight requests finish after SIGINT/SIGTERM (blocked long polls answer
+    /// at once, marked server_restarting).
     #[arg(long, env = "BUS_SHUTDOWN_GRACE_SECS", default_value_t = 10)]
     shutdown_grace_secs: u64,
 }
@@ -167,9 +192,13 @@ async fn serve_on(
         max_long_polls_per_credential: args.max_long_polls_per_credential,
         unauthenticated_per_minute: args.unauthenticated_per_minute,
         body_read_timeout: Duration::from_secs(args.body_read_timeout_secs),
+        header_read_timeout: Duration::from_secs(args.header_read_timeout_secs),
+        idle_timeout: Duration::from_secs(args.idle_timeout_secs),
+        max_connections: fit_connections(args.max_connections),
+        max_connections_per_address: args.max_connections_per_address,
         shutdown_grace: Duration::from_secs(args.shutdown_grace_secs),
     };
-    let grace = settings.shutdown_grace;
+    let served = settings.clone();
     let bus = crate::Bus::start(
         db.pool.clone(),
         Duration::from_secs(args.event_ping_secs),
@@ -191,12 +220,32 @@ async fn serve_on(
     if args.publication_worker {
         crate::workers::publication::spawn_all(bus.clone(), shutdown.clone());
     }
-    let app = http::router(bus, settings, shutdown.clone());
+    let app = http::router(bus, settings);
     eprintln!(
         "listening on http://{local} (MCP: POST http://{local}/mcp, health: GET http://{local}/health)"
     );
-    http::serve(listener, app, shutdown, grace).await?;
+    http::serve(listener, app, &served, shutdown).await?;
     Ok(())
+}
+
+/// `wanted` connections, or fewer when the open-file limit (raised to its
+/// hard limit first) leaves less room beside [`RESERVED_DESCRIPTORS`]: past
+/// the limit every accept would fail, for everyone.
+fn fit_connections(wanted: usize) -> usize {
+    match http::connection_budget(RESERVED_DESCRIPTORS) {
+        Ok(budget) if (wanted as u64) > budget => {
+            let fitted = usize::try_from(budget).unwrap_or(usize::MAX).max(1);
+            eprintln!(
+                "--max-connections {wanted} does not fit the open-file limit (ulimit -n) beside                  the {RESERVED_DESCRIPTORS} descriptors kept for the database and the rest;                  serving at most {fitted} connections. Raise the hard limit (systemd:                  LimitNOFILE) to allow more."
+            );
+            fitted
+        }
+        Ok(_) => wanted,
+        Err(err) => {
+            tracing::warn!(error = %err, "could not read the open-file limit; --max-connections is taken as given");
+            wanted
+        }
+    }
 }
 
 /// How often `serve` retries a broker that did not answer at start.
@@ -264,8 +313,8 @@ fn spawn_signal_handler(shutdown: CancellationToken) {
             return;
         };
         tokio::select! {
-            _ = term.recv() => eprintln!("SIGTERM: stopping (finishing in-flight requests)"),
-            _ = int.recv() => eprintln!("SIGINT: stopping (finishing in-flight requests)"),
+            _ = term.recv() => eprintln!("SIGTERM: stopping (answering waiting calls, finishing in-flight requests)"),
+            _ = int.recv() => eprintln!("SIGINT: stopping (answering waiting calls, finishing in-flight requests)"),
         }
         shutdown.cancel();
     });

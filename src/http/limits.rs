@@ -289,7 +289,7 @@ impl Drop for CredentialSlot {
 }
 
 /// IPv4 addresses as they are; IPv6 by their /64.
-fn address_key(address: IpAddr) -> IpAddr {
+pub(crate) fn address_key(address: IpAddr) -> IpAddr {
     match address {
         IpAddr::V4(v4) => IpAddr::V4(v4),
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {

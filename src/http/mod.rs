@@ -3,6 +3,9 @@
 //! Checks run outside-in, cheapest first, and each refusal is a JSON body a
 //! model or a human can act on:
 //!
+//! 0. Per connection, before any request ([`connections`]): the caps on open
+//!    connections (overall and per address), the header and idle timeouts,
+//!    and the time limit on every request body (408).
 //! 1. `Host` against the allow-list (DNS-rebinding defence), every route.
 //! 2. On `/mcp` and `/admin`: a slot among the requests in flight (503 +
 //!    `Retry-After` when the server is full; see [`limits`]).
@@ -27,6 +30,7 @@
 //! [`Identity`]: crate::auth::Identity
 
 mod admin;
+mod connections;
 mod health;
 pub mod limits;
 pub mod malformed;
@@ -46,8 +50,8 @@ use rmcp::transport::streamable_http_server::session::never::NeverSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
 use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
 
+pub use connections::{connection_budget, serve};
 pub use limits::Limits;
 pub use rate_limit::RateLimiter;
 
@@ -87,8 +91,10 @@ pub struct AppState {
     pub limits: Limits,
 }
 
-/// The whole HTTP application. `shutdown` ends rmcp's open streams when cancelled.
-pub fn router(bus: Bus, settings: HttpSettings, shutdown: CancellationToken) -> Router {
+/// The whole HTTP application. Shutdown is [`serve`]'s business: it drains
+/// connections, and long polls answer on their own ([`Bus::stopping`]), so
+/// rmcp is given no token that would end a stream before its answer.
+pub fn router(bus: Bus, settings: HttpSettings) -> Router {
     let state = Arc::new(AppState {
         pool: bus.pool.clone(),
         events: bus.events.clone(),
@@ -107,8 +113,7 @@ pub fn router(bus: Bus, settings: HttpSettings, shutdown: CancellationToken) -> 
         .with_sse_keep_alive(None)
         .disable_allowed_hosts()
         .with_allowed_origins(settings.allowed_origins.clone())
-        .with_max_request_body_bytes(settings.max_request_bytes)
-        .with_cancellation_token(shutdown.child_token());
+        .with_max_request_body_bytes(settings.max_request_bytes);
     let server = BusServer::new(bus);
     let mcp = StreamableHttpService::new(
         move || Ok(server.clone()),
@@ -557,30 +562,5 @@ impl<T: Unpin> http_body::Body for HoldingSlots<T> {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.body.size_hint()
-    }
-}
-
-/// Serve `app` on `listener` until `shutdown` is cancelled, then stop
-/// accepting and give in-flight requests up to `grace` to finish.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    app: Router,
-    shutdown: CancellationToken,
-    grace: std::time::Duration,
-) -> std::io::Result<()> {
-    let stopping = shutdown.clone();
-    // The peer address feeds the per-address allowance of failed authentications.
-    let server = axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(async move { stopping.cancelled().await });
-    let server = std::pin::pin!(server.into_future());
-    tokio::select! {
-        result = server => result,
-        _ = async { shutdown.cancelled().await; tokio::time::sleep(grace).await } => {
-            tracing::warn!(grace_secs = grace.as_secs(), "in-flight requests did not finish in time; closing them");
-            Ok(())
-        }
     }
 }

@@ -250,6 +250,12 @@ pub struct ConversationWait {
     pub woke: bool,
     pub timed_out: bool,
     pub conversations: Vec<Pending>,
+    /// Present (true) only when the wait ended because the server is stopping.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub server_restarting: bool,
+    /// What to do next, when there is something to say.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub suggestion: Option<String>,
 }
 
 /// What this window owes: per conversation where it holds an active seat,
@@ -306,6 +312,8 @@ async fn wait_for_conversation_updates_unchecked(
                 woke: true,
                 timed_out: false,
                 conversations: owed,
+                server_restarting: false,
+                suggestion: None,
             });
         }
         if Instant::now() >= deadline {
@@ -313,6 +321,8 @@ async fn wait_for_conversation_updates_unchecked(
                 woke: false,
                 timed_out: true,
                 conversations: Vec::new(),
+                server_restarting: false,
+                suggestion: None,
             });
         }
         let recheck_at = (Instant::now() + RECHECK_EVERY).min(deadline);
@@ -320,6 +330,17 @@ async fn wait_for_conversation_updates_unchecked(
             let received = tokio::select! {
                 received = events.recv() => received,
                 _ = tokio::time::sleep_until(recheck_at) => break,
+                () = bus.stopping.cancelled() => {
+                    return Ok(ConversationWait {
+                        woke: false,
+                        timed_out: false,
+                        conversations: Vec::new(),
+                        server_restarting: true,
+                        suggestion: Some(super::waits::restarting_suggestion(
+                            "wait_for_conversation_updates",
+                        )),
+                    });
+                }
             };
             match received {
                 // Membership decides who a send is for, and only the database

@@ -74,6 +74,54 @@ pub struct WaitResult {
     pub woke: bool,
     pub timed_out: bool,
     pub events: Vec<EventSummary>,
+    /// Present (true) only when the wait ended because the server is stopping.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub server_restarting: bool,
+    /// What to do next, when there is something to say.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub suggestion: Option<String>,
+}
+
+impl WaitResult {
+    fn woke(events: Vec<EventSummary>) -> WaitResult {
+        WaitResult {
+            woke: true,
+            timed_out: false,
+            events,
+            server_restarting: false,
+            suggestion: None,
+        }
+    }
+
+    fn timed_out() -> WaitResult {
+        WaitResult {
+            woke: false,
+            timed_out: true,
+            events: Vec::new(),
+            server_restarting: false,
+            suggestion: None,
+        }
+    }
+
+    fn restarting() -> WaitResult {
+        WaitResult {
+            woke: false,
+            timed_out: false,
+            events: Vec::new(),
+            server_restarting: true,
+            suggestion: Some(restarting_suggestion("wait_for_updates")),
+        }
+    }
+}
+
+/// What a long poll says when it ends because the server is stopping (a
+/// restart, a deploy): nothing was lost, and the same call continues the wait.
+pub fn restarting_suggestion(tool: &str) -> String {
+    format!(
+        "The server is restarting, so this wait ended early; nothing was missed or lost. Call \
+         {tool} again: it reaches another replica, or this server once it is back (retry for a \
+         few seconds if the connection is refused)."
+    )
 }
 
 #[derive(Clone, Debug)]
@@ -188,20 +236,12 @@ async fn wait_for_updates_unchecked(
         if wants_messages {
             let pending = pending_direct(bus, me).await?;
             if !pending.is_empty() {
-                return Ok(WaitResult {
-                    woke: true,
-                    timed_out: false,
-                    events: pending,
-                });
+                return Ok(WaitResult::woke(pending));
             }
         }
         let missed = changes_since(bus, me, since, focus, &request).await?;
         if !missed.is_empty() {
-            return Ok(WaitResult {
-                woke: true,
-                timed_out: false,
-                events: missed,
-            });
+            return Ok(WaitResult::woke(missed));
         }
         let recheck_at = (Instant::now() + RECHECK_EVERY).min(deadline);
         let mut woken: Vec<Arc<BusEvent>> = Vec::new();
@@ -209,16 +249,13 @@ async fn wait_for_updates_unchecked(
             let received = tokio::select! {
                 received = events.recv() => received,
                 _ = tokio::time::sleep_until(recheck_at) => break,
+                () = bus.stopping.cancelled() => return Ok(WaitResult::restarting()),
             };
             match received {
                 Ok(event) if concerns(&event, me, focus, &request) => {
                     woken.push(event);
                     gather(&mut events, &mut woken, me, focus, &request);
-                    return Ok(WaitResult {
-                        woke: true,
-                        timed_out: false,
-                        events: summarize(bus, me, &woken).await?,
-                    });
+                    return Ok(WaitResult::woke(summarize(bus, me, &woken).await?));
                 }
                 Ok(_) => {}
                 // Missed some: the database check at the top finds what matters.
@@ -230,11 +267,7 @@ async fn wait_for_updates_unchecked(
             }
         }
         if Instant::now() >= deadline {
-            return Ok(WaitResult {
-                woke: false,
-                timed_out: true,
-                events: Vec::new(),
-            });
+            return Ok(WaitResult::timed_out());
         }
     }
 }
@@ -416,6 +449,9 @@ pub struct AskResult {
     pub question_message_id: Uuid,
     /// What to do when there is no answer yet.
     pub suggestion: Option<String>,
+    /// Present (true) only when the wait ended because the server is stopping.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub server_restarting: bool,
 }
 
 /// `ask_agent`: a direct message flagged as a question, then a wait for the
@@ -488,6 +524,7 @@ async fn ask_unchecked(
             let received = tokio::select! {
                 received = events.recv() => received,
                 _ = tokio::time::sleep_until(recheck_at) => break,
+                () = bus.stopping.cancelled() => return Ok(not_answered_restarting(question_id)),
             };
             match received {
                 // A DM to us may be the answer: look.
@@ -520,6 +557,7 @@ async fn ask_unchecked(
                      for the reply later with read_messages (scope inbox).",
                     timeout.as_secs()
                 )),
+                server_restarting: false,
             });
         }
     }
@@ -533,5 +571,25 @@ fn answered(answer: messages::MessageView, question_id: Uuid) -> AskResult {
         answer_message_id: Some(answer.id),
         question_message_id: question_id,
         suggestion: None,
+        server_restarting: false,
+    }
+}
+
+/// The question stands (it was sent); only the wait for its answer ended.
+fn not_answered_restarting(question_id: Uuid) -> AskResult {
+    AskResult {
+        answered: false,
+        answer: None,
+        answered_by: None,
+        answer_message_id: None,
+        question_message_id: question_id,
+        suggestion: Some(format!(
+            "The server is restarting, so this wait ended early; the question was sent and its \
+             answer will not be lost. Call ask_agent again with resume_message_id \
+             \"{question_id}\" to keep waiting without asking twice: it reaches another \
+             replica, or this server once it is back (retry for a few seconds if the connection \
+             is refused)."
+        )),
+        server_restarting: true,
     }
 }

@@ -1,6 +1,6 @@
 //! The binary as a user starts it: `serve` with no DATABASE_URL runs its own
-//! PostgreSQL in the data directory, keeps data across restarts, and leaves no
-//! PostgreSQL process behind after SIGTERM.
+//! PostgreSQL in the data directory, keeps data across restarts, answers a
+//! waiting call when SIGTERM arrives, and leaves no PostgreSQL process behind.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -153,7 +153,22 @@ async fn serve_without_database_url_runs_embedded_postgres_keeps_data_and_cleans
         assert_eq!(teams[0]["slug"], "acme");
         wait_healthy(port).await;
 
-        drop(client);
+        // SIGTERM while a call waits: the waiter gets its normal answer,
+        // saying the server is restarting, not an HTTP error.
+        let waiting = tokio::spawn(async move {
+            client
+                .call("wait_for_updates", json!({"timeout_seconds": 120}))
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let answer = tokio::time::timeout(Duration::from_secs(30), waiting)
+            .await
+            .expect("the wait is answered when SIGTERM arrives")
+            .unwrap()
+            .expect("a tool result, not a refusal");
+        assert_eq!(answer["server_restarting"], true, "round {round}: {answer}");
+        assert_eq!(answer["woke"], false, "round {round}: {answer}");
         sigterm_and_wait(child);
         let pgdata = data_dir.join("pgdata").canonicalize().unwrap();
         let left = processes_mentioning(&pgdata.to_string_lossy());
@@ -187,5 +202,49 @@ async fn no_postgres_binaries_gives_one_clear_error() {
         err.contains(&format!("BUS_PG_BIN_DIR ({})", empty_bin.display()))
             && err.contains("scripts/run"),
         "{err}"
+    );
+}
+
+/// `serve` under a low open-file limit: it raises its soft limit to the hard
+/// one and serves at most what fits beside the descriptors it keeps for the
+/// database and the rest, saying so, rather than failing accepts later.
+#[tokio::test]
+async fn serve_fits_its_connection_cap_under_the_open_file_limit() {
+    use std::os::unix::process::CommandExt;
+
+    let database_url = crate::support::postgres::fresh_database_url().await;
+    let port = free_port();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"));
+    command
+        .env("DATABASE_URL", &database_url)
+        .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
+        .args(["--max-connections", "4096"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: setrlimit is async-signal-safe; nothing else runs before exec.
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 300,
+                rlim_max: 600,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = command.spawn().expect("spawn serve");
+    let health = wait_healthy(port).await;
+    assert_eq!(health["database"], "ok");
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "serve exits cleanly on SIGTERM");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    // 600 (the hard limit, the soft one raised to it) less the 128 kept.
+    assert!(
+        stderr.contains("--max-connections 4096 does not fit the open-file limit")
+            && stderr.contains("serving at most 472 connections"),
+        "{stderr}"
     );
 }

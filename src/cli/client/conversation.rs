@@ -408,7 +408,9 @@ fn receipts(answer: &Value) {
 fn wait(answer: &Value) {
     let pending = items(&answer["conversations"]);
     if pending.is_empty() {
-        if answer["timed_out"] == true {
+        if answer["server_restarting"] == true {
+            println!("the server is restarting: nothing was missed; wait again");
+        } else if answer["timed_out"] == true {
             println!("timed out: nothing to acknowledge");
         } else {
             println!("woke with nothing to show: read or wait again");

@@ -502,7 +502,9 @@ pub fn note_hits(answer: &Value) {
 pub fn wait(answer: &Value) {
     let events = items(&answer["events"]);
     if events.is_empty() {
-        if answer["timed_out"] == true {
+        if answer["server_restarting"] == true {
+            println!("the server is restarting: nothing was missed; wait again");
+        } else if answer["timed_out"] == true {
             println!("timed out: nothing happened");
         } else {
             println!("woke with nothing to show: read or wait again");

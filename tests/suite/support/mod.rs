@@ -32,6 +32,8 @@ pub struct TestApp {
     pub bus: ai_crew_sync::Bus,
     pub database_url: String,
     shutdown: CancellationToken,
+    /// `serve`'s task: it ends once shutdown has drained the connections.
+    serving: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
 }
 
 impl Drop for TestApp {
@@ -114,7 +116,6 @@ async fn spawn_on(
         .expect("bind a loopback port");
     let addr = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
-    let grace = settings.shutdown_grace;
     let bus = ai_crew_sync::Bus::start(
         pool.clone(),
         std::time::Duration::from_secs(1),
@@ -124,23 +125,38 @@ async fn spawn_on(
         None => bus,
         Some(broker) => bus.with_backends(Backends::with_broker(pool.clone(), broker)),
     };
-    let app = ai_crew_sync::http::router(bus.clone(), settings, shutdown.clone());
-    tokio::spawn(ai_crew_sync::http::serve(
-        listener,
-        app,
-        shutdown.clone(),
-        grace,
-    ));
+    let app = ai_crew_sync::http::router(bus.clone(), settings.clone());
+    let serving = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { ai_crew_sync::http::serve(listener, app, &settings, shutdown).await }
+    });
     TestApp {
         addr,
         pool,
         bus,
         database_url,
         shutdown,
+        serving: Some(serving),
     }
 }
 
 impl TestApp {
+    /// Begin shutting down, as SIGTERM does for `serve`: stop accepting,
+    /// answer blocked long polls, let calls in flight finish within the grace.
+    pub fn begin_shutdown(&self) {
+        self.shutdown.cancel();
+    }
+
+    /// Wait until `serve` has returned (after [`TestApp::begin_shutdown`]):
+    /// every connection closed, or the grace ran out.
+    pub async fn served(&mut self) -> std::io::Result<()> {
+        self.serving
+            .take()
+            .expect("served is awaited once")
+            .await
+            .expect("serve does not panic")
+    }
+
     /// Another replica: its own router, pool and event listener on the same database.
     pub async fn replica(&self) -> TestApp {
         let pool = ai_crew_sync::db::connect(&self.database_url, 8)
@@ -302,7 +318,8 @@ pub fn http_client() -> reqwest::Client {
     reqwest::Client::new()
 }
 
-fn install_crypto_provider() {
+/// rustls's crypto provider (reqwest is built without one) and the test log.
+pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     // Server-side errors (a failing query behind "try again") show in the test's output.
     let _ = tracing_subscriber::fmt()
