@@ -734,7 +734,7 @@ mod every_tool {
     #[test]
     fn every_tool_schema_uses_only_what_the_check_understands() {
         let tools = crate::mcp::BusServer::tools().list_all();
-        assert_eq!(tools.len(), 55);
+        assert_eq!(tools.len(), 57);
         for tool in &tools {
             let mut found = Vec::new();
             keywords_of(&Value::Object((*tool.input_schema).clone()), &mut found);
