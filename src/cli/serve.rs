@@ -236,7 +236,10 @@ fn fit_connections(wanted: usize) -> usize {
         Ok(budget) if (wanted as u64) > budget => {
             let fitted = usize::try_from(budget).unwrap_or(usize::MAX).max(1);
             eprintln!(
-                "--max-connections {wanted} does not fit the open-file limit (ulimit -n) beside                  the {RESERVED_DESCRIPTORS} descriptors kept for the database and the rest;                  serving at most {fitted} connections. Raise the hard limit (systemd:                  LimitNOFILE) to allow more."
+                "--max-connections {wanted} does not fit the open-file limit (ulimit -n) beside \
+                 the {RESERVED_DESCRIPTORS} descriptors kept for the database and the rest; \
+                 serving at most {fitted} connections. Raise the hard limit (systemd: \
+                 LimitNOFILE) to allow more."
             );
             fitted
         }

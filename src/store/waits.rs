@@ -115,12 +115,12 @@ impl WaitResult {
 }
 
 /// What a long poll says when it ends because the server is stopping (a
-/// restart, a deploy): nothing was lost, and the same call continues the wait.
+/// restart, a deploy): the same call continues the wait elsewhere.
 pub fn restarting_suggestion(tool: &str) -> String {
     format!(
-        "The server is restarting, so this wait ended early; nothing was missed or lost. Call \
-         {tool} again: it reaches another replica, or this server once it is back (retry for a \
-         few seconds if the connection is refused)."
+        "The server is restarting, so this wait ended before anything woke it. Call {tool} \
+         again: it reaches another replica, or this server once it is back (retry for a few \
+         seconds if the connection is refused)."
     )
 }
 
@@ -584,11 +584,11 @@ fn not_answered_restarting(question_id: Uuid) -> AskResult {
         answer_message_id: None,
         question_message_id: question_id,
         suggestion: Some(format!(
-            "The server is restarting, so this wait ended early; the question was sent and its \
-             answer will not be lost. Call ask_agent again with resume_message_id \
-             \"{question_id}\" to keep waiting without asking twice: it reaches another \
-             replica, or this server once it is back (retry for a few seconds if the connection \
-             is refused)."
+            "The server is restarting, so this wait ended before an answer came; the question was \
+             sent, and resuming finds its answer whenever it arrives. Call ask_agent again with \
+             resume_message_id \"{question_id}\" to keep waiting without asking twice: it \
+             reaches another replica, or this server once it is back (retry for a few seconds if \
+             the connection is refused)."
         )),
         server_restarting: true,
     }

@@ -409,7 +409,7 @@ fn wait(answer: &Value) {
     let pending = items(&answer["conversations"]);
     if pending.is_empty() {
         if answer["server_restarting"] == true {
-            println!("the server is restarting: nothing was missed; wait again");
+            println!("the server is restarting: wait again");
         } else if answer["timed_out"] == true {
             println!("timed out: nothing to acknowledge");
         } else {

@@ -503,7 +503,7 @@ pub fn wait(answer: &Value) {
     let events = items(&answer["events"]);
     if events.is_empty() {
         if answer["server_restarting"] == true {
-            println!("the server is restarting: nothing was missed; wait again");
+            println!("the server is restarting: wait again");
         } else if answer["timed_out"] == true {
             println!("timed out: nothing happened");
         } else {

@@ -35,29 +35,31 @@
 //! hyper's own header timeout is not used: it also restarts when a
 //! connection goes idle, which would make the idle timeout the header timeout.
 
+mod activity;
+mod bodies;
+
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
-use std::pin::{Pin, pin};
+use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::ConnectInfo;
-use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
-use tokio::time::{Instant, Sleep};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
+
+use activity::{Activity, RequestOpen, Timeouts, WatchedIo};
+use bodies::{DeadlineBody, Finishing, body_timed_out};
 
 use super::limits::address_key;
 use crate::config::HttpSettings;
@@ -68,8 +70,6 @@ const EVICTION_WAIT: Duration = Duration::from_secs(1);
 /// At most one warning per this long about refused connections: a flood
 /// must not also flood the log.
 const REFUSAL_WARNING_EVERY: Duration = Duration::from_secs(10);
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Serve `app` on `listener` until `shutdown` is cancelled, under the
 /// connection limits of `settings` (see the module docs); then stop
@@ -142,13 +142,6 @@ fn is_connection_error(err: &std::io::Error) -> bool {
         err.kind(),
         ConnectionRefused | ConnectionAborted | ConnectionReset
     )
-}
-
-#[derive(Clone, Copy)]
-struct Timeouts {
-    header: Duration,
-    idle: Duration,
-    body: Duration,
 }
 
 /// Why a connection was not taken.
@@ -316,104 +309,6 @@ impl Drop for Admission {
     }
 }
 
-/// What one connection is doing, as far as the timeouts care.
-struct Activity {
-    state: Mutex<State>,
-    /// Signalled when a deadline may have moved (a first byte, a request
-    /// starting or finishing).
-    changed: Notify,
-    /// Cancelled to make room for a newcomer at the global cap.
-    evicted: CancellationToken,
-}
-
-struct State {
-    /// Requests being answered: their response not yet sent in full.
-    open_requests: u32,
-    /// Since when no request has been open: the accept, or the end of the
-    /// last response.
-    waiting_since: Instant,
-    /// The first byte read since `waiting_since`.
-    heard_at: Option<Instant>,
-    /// Whether a request has been seen on this connection.
-    served: bool,
-}
-
-impl Activity {
-    fn new() -> Activity {
-        Activity {
-            state: Mutex::new(State {
-                open_requests: 0,
-                waiting_since: Instant::now(),
-                heard_at: None,
-                served: false,
-            }),
-            changed: Notify::new(),
-            evicted: CancellationToken::new(),
-        }
-    }
-
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Bytes arrived.
-    fn heard(&self) {
-        let mut state = self.state();
-        if state.open_requests == 0 && state.heard_at.is_none() {
-            state.heard_at = Some(Instant::now());
-            drop(state);
-            self.changed.notify_one();
-        }
-    }
-
-    fn request_started(&self) {
-        let mut state = self.state();
-        state.open_requests += 1;
-        state.served = true;
-        drop(state);
-        self.changed.notify_one();
-    }
-
-    fn request_finished(&self) {
-        let mut state = self.state();
-        state.open_requests = state.open_requests.saturating_sub(1);
-        if state.open_requests == 0 {
-            state.waiting_since = Instant::now();
-            state.heard_at = None;
-        }
-        drop(state);
-        self.changed.notify_one();
-    }
-
-    /// When this connection is to be closed if nothing changes; `None`
-    /// while a request is open (a request in flight is never idle).
-    fn deadline(&self, timeouts: &Timeouts) -> Option<(Instant, Expiry)> {
-        let state = self.state();
-        if state.open_requests > 0 {
-            return None;
-        }
-        Some(match (state.served, state.heard_at) {
-            // A new connection is opened to send a request: its headers are due
-            // from the accept, however slowly the first bytes come.
-            (false, _) => (state.waiting_since + timeouts.header, Expiry::Headers),
-            (true, Some(heard_at)) => (heard_at + timeouts.header, Expiry::Headers),
-            (true, None) => (state.waiting_since + timeouts.idle, Expiry::Idle),
-        })
-    }
-
-    /// Since when this connection has had no request in flight, if it has none.
-    fn waiting_since(&self) -> Option<Instant> {
-        let state = self.state();
-        (state.open_requests == 0).then_some(state.waiting_since)
-    }
-}
-
-#[derive(Clone, Copy, Debug)]
-enum Expiry {
-    Headers,
-    Idle,
-}
-
 /// One accepted connection, served until it ends, times out, is evicted or
 /// the server stops.
 struct Connection {
@@ -427,10 +322,7 @@ struct Connection {
 impl Connection {
     async fn run(self, stream: TcpStream, admission: Admission) {
         let activity = admission.activity.clone();
-        let io = TokioIo::new(WatchedIo {
-            inner: stream,
-            activity: activity.clone(),
-        });
+        let io = TokioIo::new(WatchedIo::new(stream, activity.clone()));
         let (app, peer, body_limit) = (self.app, self.peer, self.timeouts.body);
         let watched = activity.clone();
         let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
@@ -502,187 +394,7 @@ async fn answer(
     } else {
         response
     };
-    Ok(response.map(|body| Body::new(Finishing { body, _open: open })))
-}
-
-/// 408 for a body that did not arrive in time, whatever the route answered
-/// to the error it saw; the connection closes after it.
-fn body_timed_out(limit: Duration) -> Response {
-    let mut response = super::json_error(
-        StatusCode::REQUEST_TIMEOUT,
-        "timeout",
-        format!(
-            "the request body did not arrive within {} s of its headers (this server's limit for \
-             every request body); nothing was done. Send the whole body at once.",
-            limit.as_secs()
-        ),
-    );
-    response
-        .headers_mut()
-        .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    response
-}
-
-/// A request counted open on its connection until dropped.
-struct RequestOpen(Arc<Activity>);
-
-impl RequestOpen {
-    fn new(activity: Arc<Activity>) -> RequestOpen {
-        activity.request_started();
-        RequestOpen(activity)
-    }
-}
-
-impl Drop for RequestOpen {
-    fn drop(&mut self) {
-        self.0.request_finished();
-    }
-}
-
-/// A response body that keeps its request open until it has been sent in
-/// full (hyper drops it then) or dropped with its connection.
-struct Finishing {
-    body: Body,
-    _open: RequestOpen,
-}
-
-impl http_body::Body for Finishing {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
-    }
-}
-
-/// A request body that fails once `limit` has passed since its headers
-/// arrived without it arriving in full.
-struct DeadlineBody {
-    inner: Incoming,
-    /// `None` for a body that is already complete (no body at all).
-    deadline: Option<Pin<Box<Sleep>>>,
-    limit: Duration,
-    timed_out: Arc<AtomicBool>,
-}
-
-impl DeadlineBody {
-    fn new(inner: Incoming, limit: Duration, timed_out: Arc<AtomicBool>) -> DeadlineBody {
-        let deadline =
-            (!http_body::Body::is_end_stream(&inner)).then(|| Box::pin(tokio::time::sleep(limit)));
-        DeadlineBody {
-            inner,
-            deadline,
-            limit,
-            timed_out,
-        }
-    }
-}
-
-/// The error a route sees when reading a body past its time limit.
-#[derive(Debug)]
-struct BodyTimedOut(Duration);
-
-impl std::fmt::Display for BodyTimedOut {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "the request body did not arrive within {} s of its headers",
-            self.0.as_secs()
-        )
-    }
-}
-
-impl std::error::Error for BodyTimedOut {}
-
-impl http_body::Body for DeadlineBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        if let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) {
-            return Poll::Ready(frame.map(|frame| frame.map_err(Into::into)));
-        }
-        if let Some(deadline) = self.deadline.as_mut()
-            && deadline.as_mut().poll(cx).is_ready()
-        {
-            self.timed_out.store(true, Ordering::Relaxed);
-            return Poll::Ready(Some(Err(Box::new(BodyTimedOut(self.limit)))));
-        }
-        Poll::Pending
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-/// The socket, telling its connection's [`Activity`] when bytes arrive.
-struct WatchedIo {
-    inner: TcpStream,
-    activity: Arc<Activity>,
-}
-
-impl AsyncRead for WatchedIo {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let result = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if matches!(result, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.activity.heard();
-        }
-        result
-    }
-}
-
-impl AsyncWrite for WatchedIo {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
+    Ok(response.map(|body| Body::new(Finishing::new(body, open))))
 }
 
 /// Raise this process's soft limit of open files to its hard limit, and
