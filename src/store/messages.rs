@@ -582,22 +582,16 @@ pub async fn unread_direct_messages(
 }
 
 /// What `search_messages` may return: channel messages and this window's DMs
-/// (sent or received). Binds: $1 team, $2 agent, $3 window.
-macro_rules! visible_to_searcher {
+/// (sent or received; $1 team, $2 agent, $3 window) whose searched part (the
+/// first 100,000 characters) holds every literal of $6 and none of $7.
+macro_rules! searchable {
     () => {
-        "(m.channel_id IS NOT NULL
-          OR (m.recipient_id = $2 AND (m.recipient_session IS NULL OR m.recipient_session = $3))
-          OR (m.recipient_id IS NOT NULL AND m.sender_id = $2 AND m.sender_session = $3))"
-    };
-}
-
-/// A body holds every literal of `$6` and none of `$7` ([`text::Literals`])
-/// in its searched part (the first 100,000 characters, as full text).
-macro_rules! literals_match {
-    () => {
-        "NOT EXISTS (SELECT 1 FROM unnest($6::text[]) l WHERE strpos(left(m.body, 100000), l) = 0)
-         AND NOT EXISTS (SELECT 1 FROM unnest($7::text[]) l
-                         WHERE strpos(left(m.body, 100000), l) > 0)"
+        "m.team_id = $1
+         AND (m.channel_id IS NOT NULL
+              OR (m.recipient_id = $2 AND (m.recipient_session IS NULL OR m.recipient_session = $3))
+              OR (m.recipient_id IS NOT NULL AND m.sender_id = $2 AND m.sender_session = $3))
+         AND NOT EXISTS (SELECT 1 FROM unnest($6::text[]) l WHERE strpos(left(m.body, 100000), l) = 0)
+         AND NOT EXISTS (SELECT 1 FROM unnest($7::text[]) l WHERE strpos(left(m.body, 100000), l) > 0)"
     };
 }
 
@@ -619,41 +613,24 @@ pub async fn search(
             query.len()
         )));
     }
-    // Emoji and other symbols are invisible to full text: they must appear
-    // in the body as written. Words (if any) still go through the index first.
     let literals = text::Literals::of(&query);
-    let has_words = literals.is_empty() || {
-        let nodes: i32 = sqlx::query_scalar("SELECT numnode(websearch_to_tsquery('simple', $1))")
-            .bind(&query)
-            .fetch_one(&bus.pool)
-            .await?;
-        nodes > 0
-    };
-    let sql = if has_words {
+    let sql = if text::has_words(&bus.pool, "simple", &query, &literals).await? {
         concat!(
             "SELECT ",
             view_columns!(),
-            " , websearch_to_tsquery('simple', $4) AS q
-             WHERE m.team_id = $1 AND m.search @@ q AND ",
-            visible_to_searcher!(),
-            " AND ",
-            literals_match!(),
-            " ORDER BY ts_rank(m.search, q) DESC, m.created_at DESC
-             LIMIT $5"
+            " , websearch_to_tsquery('simple', $4) AS q WHERE m.search @@ q AND ",
+            searchable!(),
+            " ORDER BY ts_rank(m.search, q) DESC, m.created_at DESC LIMIT $5"
         )
     } else {
-        // Only symbols: no index can help (full text drops them), so this
-        // reads the team's history newest first until it has `limit` hits;
-        // on a long history with few hits it reads much of it.
+        // Only symbols: no index helps, so this reads the team's history
+        // newest first until it has `limit` hits (much of it, if few match).
         concat!(
             "SELECT ",
             view_columns!(),
-            " WHERE m.team_id = $1 AND ",
-            visible_to_searcher!(),
-            " AND ",
-            literals_match!(),
-            " ORDER BY m.xact_id DESC, m.seq DESC
-             LIMIT $5"
+            " WHERE ",
+            searchable!(),
+            " ORDER BY m.xact_id DESC, m.seq DESC LIMIT $5"
         )
     };
     Ok(sqlx::query_as(sql)

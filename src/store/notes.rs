@@ -8,10 +8,11 @@
 //! and tags emptied, `deleted_at` set) so its revision numbers keep growing
 //! if the key is set again; reads treat it as absent.
 //!
-//! Keys are case-sensitive text; scopes and tags are normalised (trimmed,
-//! lower-cased). Search is PostgreSQL full text (English stemming) over the
-//! key, the tags and the first 100,000 characters of the value. Listings show
-//! a preview, never whole values: a value can be 1 MiB.
+//! Keys are case-sensitive one-line text, tags one-line and lower-cased
+//! (`store::text`: trimmed, NFC); scopes are ASCII, lower-cased. Search is
+//! PostgreSQL full text (English stemming) over the key, the tags and the
+//! first 100,000 characters of the value, plus emoji and other symbols as
+//! written. Listings show a preview, never whole values: a value can be 1 MiB.
 //!
 //! Changes emit a `note` event after commit (id = the key), which wakes
 //! waiting windows of the team.
@@ -528,17 +529,8 @@ pub async fn search(
         .filter(|s| !s.trim().is_empty())
         .map(|s| normalize_scope(Some(s)))
         .transpose()?;
-    // Emoji and other symbols are invisible to full text: they must appear
-    // as written. Words (if any) still go through the index first.
     let literals = text::Literals::of(&query);
-    let has_words = literals.is_empty() || {
-        let nodes: i32 = sqlx::query_scalar("SELECT numnode(websearch_to_tsquery('english', $1))")
-            .bind(&query)
-            .fetch_one(&bus.pool)
-            .await?;
-        nodes > 0
-    };
-    let sql = if has_words {
+    let sql = if text::has_words(&bus.pool, "english", &query, &literals).await? {
         concat!(
             "SELECT ",
             summary_columns!(),

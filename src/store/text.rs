@@ -229,6 +229,26 @@ impl Literals {
     }
 }
 
+/// Whether `query` gives full text (configuration `config`) any word to look
+/// for. Only asked when it holds literals: with words, search uses the index
+/// and filters its hits by the literals; without, it matches literals alone.
+pub async fn has_words(
+    pool: &sqlx::PgPool,
+    config: &'static str,
+    query: &str,
+    literals: &Literals,
+) -> BusResult<bool> {
+    if literals.is_empty() {
+        return Ok(true);
+    }
+    let nodes: i32 = sqlx::query_scalar("SELECT numnode(websearch_to_tsquery($1::regconfig, $2))")
+        .bind(config)
+        .bind(query)
+        .fetch_one(pool)
+        .await?;
+    Ok(nodes > 0)
+}
+
 /// A symbol full text cannot see. ASCII is left to the parser (`-`, `"` and
 /// `or` are its syntax).
 fn is_symbol(c: char) -> bool {
