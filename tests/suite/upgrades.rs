@@ -173,8 +173,8 @@ async fn a_database_at_the_previous_schema_upgrades_with_its_data() {
     // The task is written as the schema of the first tasks migration (0004)
     // has it: this build's task tools already need the newest columns.
     sqlx::query(
-        "INSERT INTO tasks (id, team_id, key, title, created_by)
-         SELECT gen_random_uuid(), t.id, 'upgrade-me', 'survive the upgrade', a.id
+        "INSERT INTO tasks (id, team_id, key, title, created_by, created_session)
+         SELECT gen_random_uuid(), t.id, 'upgrade-me', 'survive the upgrade', a.id, 'default'
          FROM teams t JOIN agents a ON a.team_id = t.id
          WHERE t.slug = 'upg' AND a.name = 'alice'",
     )
