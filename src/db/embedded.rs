@@ -43,6 +43,9 @@
 //!
 //! What this does not do: tune the cluster, upgrade it across major
 //! versions, or serve anything but this bus.
+//!
+//! Past 700 lines because it is one concept read best whole: the cluster's
+//! life (find, initdb, start or adopt, provision the role, inspect, stop).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
