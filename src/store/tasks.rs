@@ -727,6 +727,7 @@ pub async fn claim(
     let lease = check_lease(lease_seconds)?;
     let mut tx = bus.pool.begin().await?;
     sessions::guard(&mut tx, me).await?;
+    dependencies::hold_for_claim(&mut tx, me.team_id).await?;
     let row = lock_task(&mut tx, me, &key).await?;
     match row.status.as_str() {
         "done" | "cancelled" => {
@@ -843,6 +844,7 @@ pub async fn claim_next(
     let lease = check_lease(lease_seconds)?;
     let mut tx = bus.pool.begin().await?;
     sessions::guard(&mut tx, me).await?;
+    dependencies::hold_for_claim(&mut tx, me.team_id).await?;
     // SKIP LOCKED: a row another claimer has locked is passed over, and a row
     // it claimed and committed meanwhile fails the re-checked WHERE, so each
     // task goes to exactly one window however many ask at once.

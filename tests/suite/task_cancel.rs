@@ -521,3 +521,66 @@ async fn two_re_points_at_once_never_close_a_cycle() {
     .unwrap();
     assert_eq!(cycles, 0);
 }
+
+// A claim that waited behind a re-point reads the dependencies it committed.
+// The re-point is held open by hand, exactly as `set_task_dependencies` holds
+// it (the team's dependency lock exclusively, then the task's row), so the
+// claim is known to be waiting inside it when it commits. A claim that only
+// queued on the row lock would decide on its statement's older snapshot and
+// take a task whose new dependency is still open.
+#[tokio::test]
+async fn a_claim_waiting_behind_a_re_point_sees_the_new_dependency() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.mcp(&app.agent("acme", "alice").await, None).await;
+    let bob = app.mcp(&app.agent("acme", "bob").await, None).await;
+    create(&alice, "dep", &[]).await;
+    create(&alice, "work", &[]).await;
+
+    let mut repoint = app.pool.begin().await.unwrap();
+    sqlx::query(
+        "SELECT pg_advisory_xact_lock(x'41435364'::int, hashtext(id::text)) FROM teams
+         WHERE slug = 'acme'",
+    )
+    .execute(&mut *repoint)
+    .await
+    .unwrap();
+    sqlx::query("SELECT 1 FROM tasks WHERE key = 'work' FOR NO KEY UPDATE")
+        .execute(&mut *repoint)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO task_dependencies (team_id, task_id, depends_on_id)
+         SELECT w.team_id, w.id, d.id FROM tasks w JOIN tasks d ON d.team_id = w.team_id
+         WHERE w.key = 'work' AND d.key = 'dep'",
+    )
+    .execute(&mut *repoint)
+    .await
+    .unwrap();
+
+    let claim = tokio::spawn(async move { bob.call("claim_task", json!({"key": "work"})).await });
+    // Until the claim waits on a lock the re-point holds.
+    loop {
+        let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_locks WHERE NOT granted")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            !claim.is_finished(),
+            "the claim did not wait: {:?}",
+            claim.await
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    repoint.commit().await.unwrap();
+
+    let refused = claim
+        .await
+        .unwrap()
+        .expect_err("a task whose dependency is open was claimed");
+    assert!(message(&refused).contains("`dep`"), "{refused}");
+    assert_eq!(state(&app, "work").await.0, "open");
+}

@@ -36,20 +36,37 @@ use crate::store::{address, sessions, window_phrase};
 /// the team. A hash collision only makes two teams' changes queue.
 const DEPENDENCY_LOCK_CLASS: i32 = 0x4143_5364;
 
+/// A claim's share of the team's dependency lock, taken before it reads the
+/// task: a re-point holds the lock exclusively until it commits, so a claim
+/// that waited behind it reads the new dependencies, never the ones from
+/// before (a row lock alone would leave the claim's dependency check on its
+/// statement's older snapshot).
+pub(super) async fn hold_for_claim(conn: &mut PgConnection, team_id: Uuid) -> BusResult<()> {
+    sqlx::query("SELECT pg_advisory_xact_lock_shared($1, hashtext($2::uuid::text))")
+        .bind(DEPENDENCY_LOCK_CLASS)
+        .bind(team_id)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
 /// The ids of the tasks `keys` names, in the order given; refuses a missing
 /// or cancelled one. `nothing` ends the refusal ("Nothing was created.").
+/// The rows are read `FOR SHARE`, so a dependency cannot be cancelled between
+/// this check and the commit of the edge that names it.
 pub(super) async fn resolve(
     conn: &mut PgConnection,
     me: &Identity,
     keys: &[String],
     nothing: &str,
 ) -> BusResult<Vec<(Uuid, String)>> {
-    let found: Vec<(Uuid, String, String)> =
-        sqlx::query_as("SELECT id, key, status FROM tasks WHERE team_id = $1 AND key = ANY($2)")
-            .bind(me.team_id)
-            .bind(keys)
-            .fetch_all(&mut *conn)
-            .await?;
+    let found: Vec<(Uuid, String, String)> = sqlx::query_as(
+        "SELECT id, key, status FROM tasks WHERE team_id = $1 AND key = ANY($2) FOR SHARE",
+    )
+    .bind(me.team_id)
+    .bind(keys)
+    .fetch_all(&mut *conn)
+    .await?;
     let missing: Vec<String> = keys
         .iter()
         .filter(|k| !found.iter().any(|(_, f, _)| f == *k))
