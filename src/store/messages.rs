@@ -168,13 +168,16 @@ pub(crate) fn check_body(body: &str) -> BusResult<()> {
 }
 
 /// The window's default channel: named after its `project` label, else after
-/// its window label, else none.
+/// its window label, else none. A label that is a reserved scope (`inbox`,
+/// `all`) names no channel: the caller named none, so it is not refused for one.
 pub async fn default_channel(bus: &Bus, me: &Identity) -> BusResult<Option<String>> {
     let project: Option<String> = super::presence::window_labels(&bus.pool, me).await?.0;
     let candidate = project
         .filter(|p| !p.is_empty())
         .or_else(|| Some(me.session.clone()).filter(|s| !s.is_empty()));
-    Ok(candidate.and_then(|name| channels::normalize_name(&name).ok()))
+    Ok(candidate
+        .and_then(|name| channels::normalize_name(&name).ok())
+        .filter(|name| !channels::RESERVED_NAMES.contains(&name.as_str())))
 }
 
 /// `post_message`.
@@ -193,7 +196,8 @@ pub async fn post(bus: &Bus, me: &Identity, new: NewMessage) -> BusResult<Posted
         (None, None) => Some(default_channel(bus, me).await?.ok_or_else(|| {
             BusError::invalid(
                 "no `channel` or `to`, and this window has no default channel (it comes from the \
-                 heartbeat `project` label, or the window name). Name a channel or an address.",
+                 heartbeat `project` label, or the window name; `inbox` and `all` name none, they \
+                 are read_messages scopes). Name a channel or an address.",
             )
         })?),
     };

@@ -367,3 +367,28 @@ async fn every_messaging_limit_is_refused_with_its_number_and_leaves_nothing() {
         "refused calls left nothing behind"
     );
 }
+
+// A window labelled `inbox` (or `all`) has no default channel: posting without
+// a channel is the ordinary "no default channel" refusal, not a refusal of a
+// channel name the caller never gave, and no channel is created.
+#[tokio::test]
+async fn a_window_named_like_a_reserved_scope_has_no_default_channel() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let token = app.agent("acme", "alice").await;
+    for window in ["inbox", "all"] {
+        let client = app.mcp(&token, Some(window)).await;
+        let refused = client
+            .call("post_message", json!({"body": "hello"}))
+            .await
+            .expect_err("posted without a channel");
+        let message = refused["message"].as_str().unwrap_or_default();
+        assert!(message.contains("no default channel"), "{refused}");
+        assert!(!message.contains("cannot be a channel name"), "{refused}");
+    }
+    let channels: i64 = sqlx::query_scalar("SELECT count(*) FROM channels")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(channels, 0);
+}
