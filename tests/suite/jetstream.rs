@@ -1,7 +1,7 @@
 //! The JetStream backend against a real `nats-server -js` (Debian's 2.9):
 //! publish, fetch, idempotency, the refusals, lost answers through a TCP
 //! proxy, a stopped broker, provisioning, the inbox helpers, and the operator
-//! commands. Invariant numbers are from ../shared/spec/seed-invariants.md.
+//! commands. Invariant numbers are those listed in ARCHITECTURE.md.
 
 use std::net::SocketAddr;
 use std::process::{Command, Output};
@@ -351,7 +351,7 @@ async fn a_publish_to_a_stopped_broker_is_never_confirmed_and_lands_once_after_r
     );
 }
 
-// B1 and seed 002's classification: a full discard-new stream refuses the
+// B1 and the boundary's classification: a full discard-new stream refuses the
 // body, and that is retryable (an operator raising the quota cures it), with
 // a reason naming the quota flags; nothing is stored by the refusal.
 #[tokio::test]

@@ -3,7 +3,7 @@
 //! publication workers drain the outbox to the team's body stream, and what
 //! the recipient reads and what the stream holds are checked, with the broker
 //! stopped, restarted, or behind a proxy that loses its answers. Invariant
-//! numbers (O*, B*) are from ../shared/spec/seed-invariants.md.
+//! numbers (O*, B*) are those listed in ARCHITECTURE.md.
 //!
 //! Every wait is a poll with a deadline; no test asserts a timing.
 

@@ -1,6 +1,6 @@
 //! The outbox and the backend boundary against real PostgreSQL, with faults
 //! injected only at the backend boundary (`Faults`), as the seeds do. Each
-//! test cites the invariants of ../shared/spec/seed-invariants.md it shows
+//! test cites the invariants (listed in ARCHITECTURE.md) it shows
 //! (O* for the outbox, B* for the backend).
 //!
 //! Messages are sent by real MCP clients into a conversation switched to
@@ -1184,7 +1184,7 @@ async fn o18_the_sweep_releases_nothing_without_a_broker() {
 }
 
 // O19: a tombstone's time is recorded once and its reason is the latest one
-// given (seed 000: `tombstone_reason = $2`); the message, its seq,
+// given (`tombstone_reason = $2`); the message, its seq,
 // recipients and receipts stay, and a reader is told why.
 #[tokio::test]
 async fn o19_a_tombstone_explains_the_gap_and_keeps_the_message() {

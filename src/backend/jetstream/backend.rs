@@ -204,7 +204,8 @@ fn jetstream_error(err: &PublishError) -> Option<&async_nats::jetstream::Error> 
     std::error::Error::source(err)?.downcast_ref::<async_nats::jetstream::Error>()
 }
 
-/// Classify a JetStream error answer to a publish, as seed 002 says: only a
+/// Classify a JetStream error answer to a publish (the backend boundary's
+/// rule, ARCHITECTURE.md B1): only a
 /// payload the broker can never accept is fatal (a permission denied is
 /// recognised before this, in [`JetStreamBackend::classify`]). Everything
 /// else may succeed later, a full stream included: "maximum messages/bytes

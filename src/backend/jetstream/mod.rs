@@ -1,8 +1,7 @@
 //! The JetStream backend (NATS): where a team's conversation bodies live once
 //! the team is routed there, and the durable inbox of references.
 //!
-//! Layout per team (`<team>` = the team UUID as 32 lowercase hex), from
-//! `../shared/spec/conversations.md`, "Backends":
+//! Layout per team (`<team>` = the team UUID as 32 lowercase hex):
 //!
 //! * body stream `ACS_T_<team>`, subjects `acs.<team>.conv.<conversation>`:
 //!   file storage, limits retention, discard new (a full stream refuses a new
