@@ -7,7 +7,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::seats::SeatRow;
-use super::{Conversation, Seat, load};
+use super::{Conversation, Seat, SeatRole, SeatState, load};
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::store::{projects, sessions};
@@ -116,7 +116,7 @@ async fn access_from(
         return Ok(ReadAccess::ProjectGrant);
     }
     match seat {
-        Some(seat) if seat.state == "invited" => Err(BusError::forbidden(format!(
+        Some(seat) if seat.state == SeatState::Invited => Err(BusError::forbidden(format!(
             "you are invited to conversation {} but have not joined: call join_conversation \
              first. An invitation is not membership.",
             conversation.id
@@ -136,8 +136,8 @@ async fn seat_unless_borrowed(
     struct Row {
         borrowed: bool,
         id: Option<Uuid>,
-        role: Option<String>,
-        state: Option<String>,
+        role: Option<SeatRole>,
+        state: Option<SeatState>,
         history_from_seq: Option<i64>,
         transfer_to_session: Option<String>,
         superseded_by: Option<Uuid>,
@@ -203,7 +203,7 @@ pub(super) fn visible(mine: Option<&SeatRow>, grant: bool) -> bool {
 /// How a refusal describes the caller's standing.
 pub(super) fn standing(mine: Option<&SeatRow>) -> String {
     match mine {
-        Some(seat) if seat.state == "active" => format!("an active {}", seat.role),
+        Some(seat) if seat.state == SeatState::Active => format!("an active {}", seat.role),
         Some(seat) => format!("a {} whose seat is {}", seat.role, seat.state),
         None => "not a member (you read it through the project grant)".to_string(),
     }
@@ -237,5 +237,5 @@ pub(super) async fn visible_unlocked(
     }
     Ok(seat(conn, me, conversation.id, false)
         .await?
-        .is_some_and(|s| matches!(s.state.as_str(), "invited" | "active")))
+        .is_some_and(|s| s.state.holds()))
 }

@@ -12,7 +12,7 @@ use super::seats::{
     seats_taken,
 };
 use super::transfer::transfer_complete;
-use super::{Conversation, Membership, audit};
+use super::{Conversation, Membership, SeatRole, SeatState, audit};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -20,18 +20,25 @@ use crate::store::text;
 
 /// The roles `invite_to_conversation` hands out. `owner` is only ever the
 /// creator's seat (or a seat transferred from one).
-pub const INVITE_ROLES: &[&str] = &["moderator", "participant", "observer"];
+pub const INVITE_ROLES: &[SeatRole] = &[
+    SeatRole::Moderator,
+    SeatRole::Participant,
+    SeatRole::Observer,
+];
 
-fn check_invite_role(role: &str) -> BusResult<String> {
+fn check_invite_role(role: &str) -> BusResult<SeatRole> {
     let role = role.trim().to_ascii_lowercase();
-    if !INVITE_ROLES.contains(&role.as_str()) {
-        return Err(BusError::invalid(format!(
-            "role {} cannot be handed out: use moderator, participant or observer. The owner \
-             seat is the creator's (transfer_membership moves it to another window of yours).",
-            text::quote(&role)
-        )));
-    }
-    Ok(role)
+    INVITE_ROLES
+        .iter()
+        .copied()
+        .find(|invitable| invitable.as_str() == role)
+        .ok_or_else(|| {
+            BusError::invalid(format!(
+                "role {} cannot be handed out: use moderator, participant or observer. The owner \
+                 seat is the creator's (transfer_membership moves it to another window of yours).",
+                text::quote(&role)
+            ))
+        })
 }
 
 /// What a manager's change to another window's seat starts from.
@@ -113,11 +120,11 @@ pub async fn invite(
     let history = if history_from_start { 1 } else { from_now };
     let address = target.address();
 
-    let membership = |role: &str, state: &str, history: i64, outcome, note| Membership {
+    let membership = |role, state, history: i64, outcome, note| Membership {
         conversation_id: id,
         address: address.clone(),
-        role: role.to_string(),
-        state: state.to_string(),
+        role,
+        state,
         history_from_seq: history,
         outcome,
         note,
@@ -139,7 +146,7 @@ pub async fn invite(
             .bind(id)
             .bind(target.agent_id)
             .bind(&target.session)
-            .bind(&role)
+            .bind(role)
             .bind(history)
             .bind(me.agent_id)
             .execute(&mut *tx)
@@ -153,16 +160,16 @@ pub async fn invite(
                 serde_json::json!({ "role": role, "history_from_seq": history }),
             )
             .await?;
-            membership(&role, "invited", history, "invited", None)
+            membership(role, SeatState::Invited, history, "invited", None)
         }
-        Some(seat) if seat.state == "active" => {
+        Some(seat) if seat.state == SeatState::Active => {
             if seat.id == manager.id {
                 return Err(BusError::invalid(
                     "you cannot change your own role. Another owner or moderator can; to step \
                      away, use leave_conversation.",
                 ));
             }
-            if seat.role == "owner" && manager.role != "owner" {
+            if seat.role == SeatRole::Owner && manager.role != SeatRole::Owner {
                 return Err(BusError::forbidden(format!(
                     "{address} is an owner of conversation {id}; only an owner changes an owner's \
                      role, and you are a {}. Ask an owner.",
@@ -170,13 +177,19 @@ pub async fn invite(
                 )));
             }
             if seat.role == role {
-                membership(&role, "active", seat.history_from_seq, "unchanged", None)
+                membership(
+                    role,
+                    SeatState::Active,
+                    seat.history_from_seq,
+                    "unchanged",
+                    None,
+                )
             } else {
                 sqlx::query(
                     "UPDATE conversation_members SET role = $2, updated_at = now() WHERE id = $1",
                 )
                 .bind(seat.id)
-                .bind(&role)
+                .bind(role)
                 .execute(&mut *tx)
                 .await?;
                 audit(
@@ -193,16 +206,25 @@ pub async fn invite(
                      its history boundary."
                         .to_string()
                 });
-                membership(&role, "active", seat.history_from_seq, "role_changed", note)
+                membership(
+                    role,
+                    SeatState::Active,
+                    seat.history_from_seq,
+                    "role_changed",
+                    note,
+                )
             }
         }
         Some(seat) => {
-            if seat.state == "invited" && seat.role == "owner" && manager.role != "owner" {
+            if seat.state == SeatState::Invited
+                && seat.role == SeatRole::Owner
+                && manager.role != SeatRole::Owner
+            {
                 return Err(BusError::forbidden(format!(
                     "{address} holds an owner seat; only an owner changes it. Ask an owner."
                 )));
             }
-            if seat.state != "invited" {
+            if seat.state != SeatState::Invited {
                 let taken = seats_taken(&mut tx, me, id).await?;
                 if taken >= MEMBERS_MAX {
                     return Err(cap_reached(id, taken));
@@ -210,8 +232,8 @@ pub async fn invite(
             }
             // A removed seat comes back only from now: whatever was said while
             // it was out stays out of its reach.
-            let (action, outcome, history, note) = match seat.state.as_str() {
-                "removed" => (
+            let (action, outcome, history, note) = if seat.state == SeatState::Removed {
+                (
                     "readmit",
                     "readmitted",
                     from_now,
@@ -220,8 +242,9 @@ pub async fn invite(
                          apply to it."
                             .to_string()
                     }),
-                ),
-                _ => ("invite", "reinvited", history, None),
+                )
+            } else {
+                ("invite", "reinvited", history, None)
             };
             sqlx::query(
                 "UPDATE conversation_members
@@ -230,7 +253,7 @@ pub async fn invite(
                  WHERE id = $1",
             )
             .bind(seat.id)
-            .bind(&role)
+            .bind(role)
             .bind(history)
             .bind(me.agent_id)
             .execute(&mut *tx)
@@ -246,7 +269,7 @@ pub async fn invite(
                 }),
             )
             .await?;
-            membership(&role, "invited", history, outcome, note)
+            membership(role, SeatState::Invited, history, outcome, note)
         }
     };
     tx.commit().await?;
@@ -288,7 +311,7 @@ pub async fn join(bus: &Bus, me: &Identity, id: Uuid) -> BusResult<Membership> {
         transfer_complete(&mut tx, me, &conversation, &source, mine.as_ref()).await?
     } else {
         match mine {
-            Some(seat) if seat.state == "invited" => {
+            Some(seat) if seat.state == SeatState::Invited => {
                 sqlx::query(
                     "UPDATE conversation_members
                      SET state = 'active', joined_at = now(), updated_at = now() WHERE id = $1",
@@ -309,13 +332,13 @@ pub async fn join(bus: &Bus, me: &Identity, id: Uuid) -> BusResult<Membership> {
                     conversation_id: id,
                     address,
                     role: seat.role,
-                    state: "active".into(),
+                    state: SeatState::Active,
                     history_from_seq: seat.history_from_seq,
                     outcome: "joined",
                     note: None,
                 }
             }
-            Some(seat) if seat.state == "active" => Membership {
+            Some(seat) if seat.state == SeatState::Active => Membership {
                 conversation_id: id,
                 address,
                 role: seat.role,
@@ -358,7 +381,7 @@ pub async fn leave(bus: &Bus, me: &Identity, id: Uuid) -> BusResult<Membership> 
         }
         _ => return Err(not_found(id)),
     };
-    let declined = seat.state == "invited";
+    let declined = seat.state == SeatState::Invited;
     sqlx::query(
         "UPDATE conversation_members
          SET state = 'left', left_at = now(), transfer_to_session = NULL, updated_at = now()
@@ -381,7 +404,7 @@ pub async fn leave(bus: &Bus, me: &Identity, id: Uuid) -> BusResult<Membership> 
         conversation_id: id,
         address: me.address(),
         role: seat.role,
-        state: "left".into(),
+        state: SeatState::Left,
         history_from_seq: seat.history_from_seq,
         outcome: if declined { "declined" } else { "left" },
         note: None,
@@ -418,7 +441,7 @@ pub async fn remove(bus: &Bus, me: &Identity, id: Uuid, address: &str) -> BusRes
             "you cannot remove your own seat; use leave_conversation.",
         ));
     }
-    if seat.role == "owner" && manager.role != "owner" {
+    if seat.role == SeatRole::Owner && manager.role != SeatRole::Owner {
         return Err(BusError::forbidden(format!(
             "{address} is an owner of conversation {id}; only an owner removes an owner, and you \
              are a {}. Ask an owner.",
@@ -447,7 +470,7 @@ pub async fn remove(bus: &Bus, me: &Identity, id: Uuid, address: &str) -> BusRes
         conversation_id: id,
         address,
         role: seat.role,
-        state: "removed".into(),
+        state: SeatState::Removed,
         history_from_seq: seat.history_from_seq,
         outcome: "removed",
         note: None,

@@ -42,6 +42,8 @@
 //! - `transfer.rs`: moving a seat to another window of the same agent.
 //! - `recovery.rs`: read-only history for an agent whose windows are all gone.
 
+use std::fmt;
+
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
@@ -113,6 +115,94 @@ pub fn disabled_error(me: &Identity) -> BusError {
     ))
 }
 
+/// A seat's role, stored as text in `conversation_members.role`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
+pub enum SeatRole {
+    /// The creator's seat (or a seat transferred from one); never handed out.
+    Owner,
+    Moderator,
+    Participant,
+    /// Reads, never sends.
+    Observer,
+}
+
+impl SeatRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SeatRole::Owner => "owner",
+            SeatRole::Moderator => "moderator",
+            SeatRole::Participant => "participant",
+            SeatRole::Observer => "observer",
+        }
+    }
+
+    /// Owners and moderators invite, remove, change roles and archive (with
+    /// an active seat).
+    pub fn manages(self) -> bool {
+        match self {
+            SeatRole::Owner | SeatRole::Moderator => true,
+            SeatRole::Participant | SeatRole::Observer => false,
+        }
+    }
+
+    /// Every role but observer sends (with an active seat).
+    pub fn sends(self) -> bool {
+        match self {
+            SeatRole::Owner | SeatRole::Moderator | SeatRole::Participant => true,
+            SeatRole::Observer => false,
+        }
+    }
+}
+
+impl fmt::Display for SeatRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A seat's state, stored as text in `conversation_members.state`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
+pub enum SeatState {
+    /// Invited, not joined: sees the conversation, reads and sends nothing.
+    Invited,
+    /// A member: reads from its history boundary and (unless observer) sends.
+    Active,
+    /// Left, declined, or superseded by a transfer.
+    Left,
+    /// Removed by an owner or moderator; comes back only when re-admitted.
+    Removed,
+}
+
+impl SeatState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SeatState::Invited => "invited",
+            SeatState::Active => "active",
+            SeatState::Left => "left",
+            SeatState::Removed => "removed",
+        }
+    }
+
+    /// Invited or active: the seat makes the conversation visible and counts
+    /// toward the member cap.
+    pub fn holds(self) -> bool {
+        match self {
+            SeatState::Invited | SeatState::Active => true,
+            SeatState::Left | SeatState::Removed => false,
+        }
+    }
+}
+
+impl fmt::Display for SeatState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A conversation row as the access rules need it.
 #[derive(Clone, Debug, Serialize, sqlx::FromRow)]
 pub struct Conversation {
@@ -135,10 +225,8 @@ pub struct Conversation {
 #[derive(Clone, Debug, Serialize, sqlx::FromRow)]
 pub struct Seat {
     pub id: Uuid,
-    /// `owner`, `moderator`, `participant` or `observer`.
-    pub role: String,
-    /// `invited`, `active`, `left` or `removed`.
-    pub state: String,
+    pub role: SeatRole,
+    pub state: SeatState,
     pub history_from_seq: i64,
     pub transfer_to_session: Option<String>,
     pub superseded_by: Option<Uuid>,
@@ -146,7 +234,7 @@ pub struct Seat {
 
 impl Seat {
     pub fn is_active(&self) -> bool {
-        self.state == "active"
+        self.state == SeatState::Active
     }
 }
 
@@ -204,8 +292,8 @@ pub struct ConversationView {
     /// (no seat; reads through the agent's project grant).
     pub access: String,
     /// This window's seat, when it has one.
-    pub role: Option<String>,
-    pub state: Option<String>,
+    pub role: Option<SeatRole>,
+    pub state: Option<SeatState>,
     pub history_from_seq: Option<i64>,
     /// A proposed transfer of this seat, waiting for that window to join.
     pub transfer_to_session: Option<String>,
@@ -246,8 +334,8 @@ pub struct Membership {
     pub conversation_id: Uuid,
     /// The seat's window: `agent` or `agent/window`.
     pub address: String,
-    pub role: String,
-    pub state: String,
+    pub role: SeatRole,
+    pub state: SeatState,
     pub history_from_seq: i64,
     /// `invited`, `reinvited`, `readmitted`, `role_changed`, `joined`,
     /// `transferred`, `transfer_proposed`, `left`, `declined`, `removed` or
@@ -292,4 +380,31 @@ pub(crate) async fn audit(
     .execute(&mut *conn)
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{SeatRole, SeatState};
+
+    /// The JSON answers, `as_str` (refusal wording) and the database (the
+    /// same `snake_case` rename) spell every variant the same way.
+    #[test]
+    fn states_spell_as_stored() {
+        for role in [
+            SeatRole::Owner,
+            SeatRole::Moderator,
+            SeatRole::Participant,
+            SeatRole::Observer,
+        ] {
+            assert_eq!(serde_json::to_value(role).unwrap(), role.as_str());
+        }
+        for state in [
+            SeatState::Invited,
+            SeatState::Active,
+            SeatState::Left,
+            SeatState::Removed,
+        ] {
+            assert_eq!(serde_json::to_value(state).unwrap(), state.as_str());
+        }
+    }
 }

@@ -5,6 +5,7 @@
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use super::{SeatRole, SeatState};
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::store::{self, messages};
@@ -18,8 +19,8 @@ pub(super) struct SeatRow {
     pub(super) id: Uuid,
     pub(super) agent_id: Uuid,
     pub(super) session: String,
-    pub(super) role: String,
-    pub(super) state: String,
+    pub(super) role: SeatRole,
+    pub(super) state: SeatState,
     pub(super) history_from_seq: i64,
     pub(super) transfer_to_session: Option<String>,
 }
@@ -30,11 +31,11 @@ impl SeatRow {
     }
 
     pub(super) fn holds(&self) -> bool {
-        matches!(self.state.as_str(), "invited" | "active")
+        self.state.holds()
     }
 
     pub(super) fn manages(&self) -> bool {
-        self.state == "active" && matches!(self.role.as_str(), "owner" | "moderator")
+        self.state == SeatState::Active && self.role.manages()
     }
 }
 

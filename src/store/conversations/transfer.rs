@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::access::{not_found, open, standing, visible};
 use super::seats::{SeatRow, lock_seats, parse_window};
-use super::{Conversation, Membership, audit};
+use super::{Conversation, Membership, SeatState, audit};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -29,6 +29,16 @@ fn parse_transfer_target(me: &Identity, raw: &str) -> BusResult<String> {
         return Ok(session);
     }
     crate::auth::normalize_session_label(raw)
+}
+
+/// Whether a transfer may land on a window whose seat is in `state`: not on
+/// an active seat (it would hold two) nor a removed one (only a re-admission
+/// brings that window back).
+fn lands_on(state: SeatState) -> bool {
+    match state {
+        SeatState::Invited | SeatState::Left => true,
+        SeatState::Active | SeatState::Removed => false,
+    }
 }
 
 /// `transfer_membership`: the window holding an active seat proposes moving
@@ -60,7 +70,7 @@ pub async fn transfer(bus: &Bus, me: &Identity, id: Uuid, to: &str) -> BusResult
         return Err(not_found(id));
     }
     let seat = match mine {
-        Some(seat) if seat.state == "active" => seat,
+        Some(seat) if seat.state == SeatState::Active => seat,
         other => {
             return Err(BusError::forbidden(format!(
                 "only an active seat can be transferred, and this window is {}. Join first \
@@ -71,12 +81,12 @@ pub async fn transfer(bus: &Bus, me: &Identity, id: Uuid, to: &str) -> BusResult
     };
     let target_address = store::address(&me.agent, &to);
     if let Some(existing) = seats.iter().find(|s| s.is(me.agent_id, &to))
-        && matches!(existing.state.as_str(), "active" | "removed")
+        && !lands_on(existing.state)
     {
         return Err(BusError::conflict(format!(
             "{target_address} already has a{} seat in conversation {id}; a seat moves only to a \
              window without an active or removed one.",
-            if existing.state == "active" {
+            if existing.state == SeatState::Active {
                 "n active"
             } else {
                 " removed"
@@ -155,13 +165,13 @@ pub(super) async fn transfer_complete(
 ) -> BusResult<Membership> {
     let id = conversation.id;
     let new_id = match mine {
-        Some(seat) if seat.state == "active" || seat.state == "removed" => {
+        Some(seat) if !lands_on(seat.state) => {
             return Err(BusError::conflict(format!(
                 "window `{}` proposes moving its seat here, but this window's own seat is {}; a \
                  transfer can land only on a window without an active or removed seat. {}",
                 source.session,
                 seat.state,
-                if seat.state == "active" {
+                if seat.state == SeatState::Active {
                     "Leave with this window first, then join again."
                 } else {
                     "An owner or moderator must re-admit this window first."
@@ -176,7 +186,7 @@ pub(super) async fn transfer_complete(
                  WHERE id = $1",
             )
             .bind(seat.id)
-            .bind(&source.role)
+            .bind(source.role)
             .bind(source.history_from_seq)
             .execute(&mut *conn)
             .await?;
@@ -195,7 +205,7 @@ pub(super) async fn transfer_complete(
             .bind(id)
             .bind(me.agent_id)
             .bind(&me.session)
-            .bind(&source.role)
+            .bind(source.role)
             .bind(source.history_from_seq)
             .execute(&mut *conn)
             .await?;
@@ -241,8 +251,8 @@ pub(super) async fn transfer_complete(
     Ok(Membership {
         conversation_id: id,
         address: me.address(),
-        role: source.role.clone(),
-        state: "active".into(),
+        role: source.role,
+        state: SeatState::Active,
         history_from_seq: source.history_from_seq,
         outcome: "transferred",
         note: Some(format!(
