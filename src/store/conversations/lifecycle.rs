@@ -6,7 +6,7 @@ use uuid::Uuid;
 
 use super::access::{not_found, open, refuse_borrowed_label, require_manager, visible};
 use super::seats::{MEMBERS_MAX, lock_seats, parse_window, resolve_window};
-use super::{ConversationView, audit, view, view_select};
+use super::{ConversationView, Visibility, audit, view, view_select};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::backend::PostgresBackend;
@@ -32,19 +32,20 @@ pub fn check_title(raw: &str) -> BusResult<String> {
     Ok(title)
 }
 
-/// Where a new conversation is visible: one project, or private.
+/// Where a new conversation lives: in one project (by name), or private. Its
+/// [`Visibility`] follows, and never changes later.
 #[derive(Clone, Debug)]
-pub enum Visibility {
+pub enum Placement {
     Project(String),
     Private,
 }
 
-impl Visibility {
+impl Placement {
     /// Exactly one of `project` / `private: true`.
-    pub fn from_args(project: Option<String>, private: Option<bool>) -> BusResult<Visibility> {
+    pub fn from_args(project: Option<String>, private: Option<bool>) -> BusResult<Placement> {
         match (project, private.unwrap_or(false)) {
-            (Some(project), false) => Ok(Visibility::Project(project)),
-            (None, true) => Ok(Visibility::Private),
+            (Some(project), false) => Ok(Placement::Project(project)),
+            (None, true) => Ok(Placement::Private),
             (Some(_), true) => Err(BusError::invalid(
                 "give either `project` (visible to agents holding its grant) or `private: true` \
                  (members only), not both. Visibility never changes later.",
@@ -56,6 +57,13 @@ impl Visibility {
             )),
         }
     }
+
+    pub fn visibility(&self) -> Visibility {
+        match self {
+            Placement::Project(_) => Visibility::Project,
+            Placement::Private => Visibility::Private,
+        }
+    }
 }
 
 /// `create_conversation`: the creator's window gets the `owner` seat (active,
@@ -64,7 +72,7 @@ pub async fn create(
     bus: &Bus,
     me: &Identity,
     title: &str,
-    visibility: Visibility,
+    placement: Placement,
     invite: &[String],
 ) -> BusResult<ConversationView> {
     let title = check_title(title)?;
@@ -97,9 +105,10 @@ pub async fn create(
     let mut tx = bus.pool.begin().await?;
     sessions::guard(&mut tx, me).await?;
     refuse_borrowed_label(&mut tx, me).await?;
-    let project_id = match &visibility {
-        Visibility::Private => None,
-        Visibility::Project(name) => {
+    let visibility = placement.visibility();
+    let project_id = match &placement {
+        Placement::Private => None,
+        Placement::Project(name) => {
             let id = projects::find(&mut tx, me, name).await?;
             if !projects::holds_grant(&mut tx, me.team_id, id, me.agent_id).await? {
                 return Err(BusError::forbidden(format!(
@@ -139,7 +148,7 @@ pub async fn create(
     .bind(id)
     .bind(me.team_id)
     .bind(&title)
-    .bind(if project_id.is_some() { "project" } else { "private" })
+    .bind(visibility)
     .bind(project_id)
     .bind(me.agent_id)
     .bind(&me.session)
@@ -166,7 +175,7 @@ pub async fn create(
         "create",
         &me.address(),
         serde_json::json!({
-            "visibility": if project_id.is_some() { "project" } else { "private" },
+            "visibility": visibility,
             "project_id": project_id,
             "backend": backend,
         }),

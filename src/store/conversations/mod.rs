@@ -62,7 +62,7 @@ mod transfer;
 
 pub use access::{ReadAccess, not_found};
 pub(crate) use access::{read_access, refuse_borrowed_label};
-pub use lifecycle::{TITLE_MAX_BYTES, Visibility, archive, check_title, create, list};
+pub use lifecycle::{Placement, TITLE_MAX_BYTES, archive, check_title, create, list};
 pub use membership::{INVITE_ROLES, invite, join, leave, remove};
 pub use recovery::{
     EntitledRange, RECOVER_LIMIT_DEFAULT, RECOVER_LIMIT_MAX, RecoveredMessage, Recovery, recover,
@@ -113,6 +113,18 @@ pub fn disabled_error(me: &Identity) -> BusError {
          capability --team {} --conversations on`.",
         me.team, me.team
     ))
+}
+
+/// Who sees a conversation, stored as `conversations.visibility` (a text
+/// domain). Chosen at creation ([`Placement`]); it never changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
+pub enum Visibility {
+    /// Members only.
+    Private,
+    /// Members, plus read access for agents holding the project's grant.
+    Project,
 }
 
 /// A seat's role, stored as text in `conversation_members.role`.
@@ -208,8 +220,7 @@ impl fmt::Display for SeatState {
 pub struct Conversation {
     pub id: Uuid,
     pub title: String,
-    /// `private` or `project`.
-    pub visibility: String,
+    pub visibility: Visibility,
     pub project_id: Option<Uuid>,
     pub project: Option<String>,
     pub last_seq: i64,
@@ -279,8 +290,7 @@ pub(crate) async fn load(
 pub struct ConversationView {
     pub id: Uuid,
     pub title: String,
-    /// `private` or `project`.
-    pub visibility: String,
+    pub visibility: Visibility,
     pub project: Option<String>,
     pub last_seq: i64,
     pub backend: String,
@@ -384,7 +394,7 @@ pub(crate) async fn audit(
 
 #[cfg(test)]
 mod tests {
-    use super::{SeatRole, SeatState};
+    use super::{SeatRole, SeatState, Visibility};
 
     /// The JSON answers, `as_str` (refusal wording) and the database (the
     /// same `snake_case` rename) spell every variant the same way.
@@ -406,5 +416,9 @@ mod tests {
         ] {
             assert_eq!(serde_json::to_value(state).unwrap(), state.as_str());
         }
+        assert_eq!(
+            serde_json::to_value([Visibility::Private, Visibility::Project]).unwrap(),
+            serde_json::json!(["private", "project"])
+        );
     }
 }
