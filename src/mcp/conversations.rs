@@ -14,7 +14,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::{BusServer, caller, reply, reply_list};
-use crate::store::conversations::{self, Visibility};
+use crate::store::conversations::{self, Placement};
 
 // The capability gate in `mod.rs` reaches these through this module.
 pub(super) use crate::store::conversations::{TOOLS, disabled_error, enabled};
@@ -101,12 +101,12 @@ impl BusServer {
         Parameters(args): Parameters<CreateConversationArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        let visibility = match Visibility::from_args(args.project, args.private) {
-            Ok(visibility) => visibility,
+        let placement = match Placement::from_args(args.project, args.private) {
+            Ok(placement) => placement,
             Err(err) => return reply::<()>(Err(err)),
         };
         let invite = args.invite.unwrap_or_default();
-        reply(conversations::create(self.bus(), me, &args.title, visibility, &invite).await)
+        reply(conversations::create(self.bus(), me, &args.title, placement, &invite).await)
     }
 
     #[tool(

@@ -436,7 +436,7 @@ async fn refuse_sender(
             )));
         }
     };
-    if seat.role == "observer" {
+    if !seat.role.sends() {
         return Err(BusError::forbidden(format!(
             "this window is an observer in conversation {}: observers read but do not send. Ask an \
              owner or moderator for the participant role.",
