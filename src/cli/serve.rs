@@ -11,6 +11,7 @@ use clap::builder::TypedValueParser;
 use tokio_util::sync::CancellationToken;
 
 use super::Context;
+use crate::backend::routing::{BROKER_RETRY, BrokerStart};
 use crate::config::{self, HttpSettings};
 use crate::http;
 
@@ -207,8 +208,20 @@ async fn serve_on(
     let bus = match &args.nats_url {
         None => bus,
         Some(url) => {
-            let (backends, slot) = crate::backend::Backends::with_broker_pending(db.pool.clone());
-            connect_broker(url, args.nats_credentials.clone(), slot, shutdown.clone()).await?;
+            let (backends, start) = crate::backend::Backends::connect_broker(
+                db.pool.clone(),
+                url,
+                args.nats_credentials.clone(),
+                shutdown.clone(),
+            )
+            .await?;
+            match start {
+                BrokerStart::Connected { url } => eprintln!("broker: {url} (JetStream)"),
+                BrokerStart::Retrying { why } => eprintln!(
+                    "broker: not answering yet ({why}); retrying every {} s",
+                    BROKER_RETRY.as_secs()
+                ),
+            }
             bus.with_backends(backends)
         }
     };
@@ -248,60 +261,6 @@ fn fit_connections(wanted: usize) -> usize {
             tracing::warn!(error = %err, "could not read the open-file limit; --max-connections is taken as given");
             wanted
         }
-    }
-}
-
-/// How often `serve` retries a broker that did not answer at start.
-const BROKER_RETRY: Duration = Duration::from_secs(5);
-
-/// Connect the broker. A broker that does not answer (down, restarting) is
-/// retried in the background while the server serves: sends are accepted and
-/// wait in the outbox, as during any broker outage. A broker that answers and
-/// is unusable (its `max_payload` too small, bad credentials) stops the start:
-/// that needs an operator, and retrying would hide it.
-async fn connect_broker(
-    url: &str,
-    credentials: Option<std::path::PathBuf>,
-    slot: crate::backend::routing::BrokerSlot,
-    shutdown: CancellationToken,
-) -> anyhow::Result<()> {
-    use crate::backend::jetstream::Broker;
-    match Broker::connect(url, credentials.as_deref()).await {
-        Ok(broker) => {
-            eprintln!("broker: {} (JetStream)", broker.url());
-            slot.fill(broker);
-            Ok(())
-        }
-        Err(crate::BusError::Unavailable(why)) => {
-            eprintln!(
-                "broker: not answering yet ({why}); retrying every {} s",
-                BROKER_RETRY.as_secs()
-            );
-            let url = url.to_owned();
-            tokio::spawn(async move {
-                loop {
-                    tokio::select! {
-                        _ = shutdown.cancelled() => return,
-                        _ = tokio::time::sleep(BROKER_RETRY) => {}
-                    }
-                    match Broker::connect(&url, credentials.as_deref()).await {
-                        Ok(broker) => {
-                            tracing::info!(broker = %broker.url(), "the broker answered; routing to it");
-                            slot.fill(broker);
-                            return;
-                        }
-                        Err(crate::BusError::Unavailable(_)) => {}
-                        Err(e) => {
-                            tracing::error!(error = %e,
-                                "the broker answered but cannot be used; fix it and restart the server");
-                            return;
-                        }
-                    }
-                }
-            });
-            Ok(())
-        }
-        Err(e) => Err(e.into()),
     }
 }
 
