@@ -227,7 +227,10 @@ async fn serve_on(
     };
     crate::workers::presence_sweeper::spawn(
         bus.clone(),
-        Duration::from_secs(args.inbox_retention_hours * 3600),
+        crate::workers::presence_sweeper::SweeperSettings {
+            inbox_retention: Duration::from_secs(args.inbox_retention_hours * 3600),
+            ..Default::default()
+        },
         shutdown.clone(),
     );
     if args.publication_worker {
