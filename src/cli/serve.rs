@@ -1,7 +1,8 @@
-//! `ai-crew-sync serve`: open (or start) the database, migrate, serve HTTP
-//! until SIGINT/SIGTERM, then stop accepting, answer blocked long polls at once
-//! (`server_restarting`), let other requests in flight finish within a bound,
-//! and stop the embedded database if this process owns it.
+//! `ai-crew-sync serve`: open (or start) the database, migrate, build the
+//! server ([`crate::app::App`]) and serve HTTP until SIGINT/SIGTERM, then
+//! stop accepting, answer blocked long polls at once (`server_restarting`),
+//! let other requests in flight finish within a bound, and stop the embedded
+//! database if this process owns it.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -11,9 +12,11 @@ use clap::builder::TypedValueParser;
 use tokio_util::sync::CancellationToken;
 
 use super::Context;
+use crate::app::{App, AppSettings, BrokerSettings};
 use crate::backend::routing::{BROKER_RETRY, BrokerStart};
 use crate::config::{self, HttpSettings};
 use crate::http;
+use crate::workers::presence_sweeper::SweeperSettings;
 
 /// Where `serve` listens unless told otherwise (`doctor` judges the same default).
 pub(super) const DEFAULT_BIND: &str = "127.0.0.1:8787";
@@ -91,7 +94,7 @@ pub struct ServeArgs {
     #[arg(long, env = "BUS_AUTO_MIGRATE", default_value_t = true, action = clap::ArgAction::Set)]
     auto_migrate: bool,
     /// Seconds between event-listener pings (how fast /health notices a silent listener).
-    #[arg(long, env = "BUS_EVENT_PING_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    #[arg(long, env = "BUS_EVENT_PING_SECS", default_value_t = crate::app::DEFAULT_EVENT_PING.as_secs(), value_parser = clap::value_parser!(u64).range(1..=3600))]
     event_ping_secs: u64,
     /// NATS server with JetStream for conversation bodies (teams routed to `jetstream`).
     /// Without it, nothing can be routed to jetstream.
@@ -199,48 +202,36 @@ async fn serve_on(
         max_connections_per_address: args.max_connections_per_address,
         shutdown_grace: Duration::from_secs(args.shutdown_grace_secs),
     };
-    let served = settings.clone();
-    let bus = crate::Bus::start(
-        db.pool.clone(),
-        Duration::from_secs(args.event_ping_secs),
-        shutdown.clone(),
-    );
-    let bus = match &args.nats_url {
-        None => bus,
-        Some(url) => {
-            let (backends, start) = crate::backend::Backends::connect_broker(
-                db.pool.clone(),
-                url,
-                args.nats_credentials.clone(),
-                shutdown.clone(),
-            )
-            .await?;
-            match start {
-                BrokerStart::Connected { url } => eprintln!("broker: {url} (JetStream)"),
-                BrokerStart::Retrying { why } => eprintln!(
-                    "broker: not answering yet ({why}); retrying every {} s",
-                    BROKER_RETRY.as_secs()
-                ),
-            }
-            bus.with_backends(backends)
-        }
+    let broker = match &args.nats_url {
+        None => BrokerSettings::Off,
+        Some(url) => BrokerSettings::Connect {
+            url: url.clone(),
+            credentials: args.nats_credentials.clone(),
+        },
     };
-    crate::workers::presence_sweeper::spawn(
-        bus.clone(),
-        crate::workers::presence_sweeper::SweeperSettings {
+    let settings = AppSettings {
+        http: settings,
+        event_ping: Duration::from_secs(args.event_ping_secs),
+        broker,
+        publication_workers: args.publication_worker,
+        sweeper: SweeperSettings {
             inbox_retention: Duration::from_secs(args.inbox_retention_hours * 3600),
             ..Default::default()
         },
-        shutdown.clone(),
-    );
-    if args.publication_worker {
-        crate::workers::publication::spawn_all(bus.clone(), shutdown.clone());
+    };
+    let app = App::build(db.pool.clone(), settings, shutdown).await?;
+    match &app.broker {
+        None => {}
+        Some(BrokerStart::Connected { url }) => eprintln!("broker: {url} (JetStream)"),
+        Some(BrokerStart::Retrying { why }) => eprintln!(
+            "broker: not answering yet ({why}); retrying every {} s",
+            BROKER_RETRY.as_secs()
+        ),
     }
-    let app = http::router(bus, settings);
     eprintln!(
         "listening on http://{local} (MCP: POST http://{local}/mcp, health: GET http://{local}/health)"
     );
-    http::serve(listener, app, &served, shutdown).await?;
+    app.serve(listener).await?;
     Ok(())
 }
 
