@@ -1,7 +1,7 @@
-//! What every integration test stands on: the real router on a free loopback
-//! port against a fresh database ([`spawn_app`]), a real MCP client over HTTP
-//! ([`McpClient`]), and throwaway PostgreSQL / NATS servers when the
-//! environment names none.
+//! What every integration test stands on: the server `serve` builds
+//! ([`App::build`]) on a free loopback port against a fresh database
+//! ([`spawn_app`]), a real MCP client over HTTP ([`McpClient`]), and
+//! throwaway PostgreSQL / NATS servers when the environment names none.
 
 pub mod nats;
 pub mod postgres;
@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use ai_crew_sync::backend::Backends;
+use ai_crew_sync::app::{App, AppSettings, BrokerSettings};
 use ai_crew_sync::backend::jetstream::{Broker, BrokerOptions};
 use ai_crew_sync::config::HttpSettings;
 use ai_crew_sync::store::{Actor, Source, agents, teams};
@@ -83,8 +83,8 @@ pub async fn connect_broker(nats_url: &str) -> Broker {
 }
 
 /// The real router on a fresh database with a JetStream broker at
-/// `nats_url`, as `serve --nats-url` builds it
-/// (`Bus::with_backends(Backends::with_broker(..))`). No publication worker
+/// `nats_url`, as `serve --nats-url` builds it ([`App::build`] with a ready
+/// broker). No publication worker
 /// runs until [`TestApp::start_publication_workers`].
 pub async fn spawn_app_with_broker(nats_url: &str) -> TestApp {
     let (pool, database_url) = postgres::fresh_pool().await;
@@ -104,6 +104,25 @@ pub async fn spawn_app_routing_to(broker: Broker) -> TestApp {
     spawn_on(pool, database_url, settings, Some(broker)).await
 }
 
+/// The test settings: `settings` for HTTP, a one-second event ping, the
+/// given broker, no publication workers (tests drive them, see
+/// [`TestApp::start_publication_workers`]), and the presence sweeper as
+/// `serve` runs it: a pass at start (a replica's too) and then every ten
+/// minutes (longer than any test), with seven-day retentions, older than any
+/// row a test leaves to it (a test that backdates rows further sweeps them
+/// itself: `presence_sweeper::sweep`, `release_inbox`).
+fn test_settings(settings: HttpSettings, broker: Option<Broker>) -> AppSettings {
+    AppSettings {
+        http: settings,
+        event_ping: Duration::from_secs(1),
+        broker: broker.map_or(BrokerSettings::Off, BrokerSettings::Ready),
+        publication_workers: false,
+        ..AppSettings::default()
+    }
+}
+
+/// Build the server as `serve` does ([`App::build`]) and serve it on a free
+/// loopback port.
 async fn spawn_on(
     pool: PgPool,
     database_url: String,
@@ -116,20 +135,15 @@ async fn spawn_on(
         .expect("bind a loopback port");
     let addr = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
-    let bus = ai_crew_sync::Bus::start(
+    let app = App::build(
         pool.clone(),
-        std::time::Duration::from_secs(1),
+        test_settings(settings, broker),
         shutdown.clone(),
-    );
-    let bus = match broker {
-        None => bus,
-        Some(broker) => bus.with_backends(Backends::with_broker(pool.clone(), broker)),
-    };
-    let app = ai_crew_sync::http::router(bus.clone(), settings.clone());
-    let serving = tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move { ai_crew_sync::http::serve(listener, app, &settings, shutdown).await }
-    });
+    )
+    .await
+    .expect("build the app");
+    let bus = app.bus.clone();
+    let serving = tokio::spawn(app.serve(listener));
     TestApp {
         addr,
         pool,
