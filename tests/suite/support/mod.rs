@@ -7,20 +7,15 @@ pub mod nats;
 pub mod postgres;
 pub mod proxy;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use ai_crew_sync::app::{App, AppSettings, BrokerSettings};
 use ai_crew_sync::backend::jetstream::{Broker, BrokerOptions};
+use ai_crew_sync::client::Connection;
 use ai_crew_sync::config::HttpSettings;
 use ai_crew_sync::store::{Actor, Source, agents, teams};
 use ai_crew_sync::workers::publication::{self, DrainSettings};
-use rmcp::model::{CallToolRequestParams, CallToolResult};
-use rmcp::service::RunningService;
-use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::{RoleClient, ServiceExt};
 use serde_json::Value;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -350,9 +345,11 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// A real MCP client (rmcp, Streamable HTTP) speaking to the server under test.
+/// A real MCP client speaking to the server under test: the console
+/// client's [`Connection`] (rmcp, Streamable HTTP), answering in the shapes
+/// the tests assert on.
 pub struct McpClient {
-    service: RunningService<RoleClient, ()>,
+    connection: Connection,
 }
 
 impl McpClient {
@@ -361,9 +358,9 @@ impl McpClient {
         token: &str,
         session: Option<&str>,
     ) -> anyhow::Result<McpClient> {
-        let headers: Vec<(&str, &str)> =
-            session.map(|s| ("x-crew-session", s)).into_iter().collect();
-        Self::connect_with(url, token, &headers).await
+        install_crypto_provider();
+        let connection = Connection::open(url, token, session).await?;
+        Ok(McpClient { connection })
     }
 
     /// Connect with a bearer credential and extra headers (`x-crew-session`, `x-crew-epoch`).
@@ -373,47 +370,32 @@ impl McpClient {
         extra: &[(&str, &str)],
     ) -> anyhow::Result<McpClient> {
         install_crypto_provider();
-        let mut headers = HashMap::new();
-        for (name, value) in extra {
-            headers.insert(
-                http::HeaderName::from_bytes(name.as_bytes())?,
-                value.parse()?,
-            );
-        }
-        let config = StreamableHttpClientTransportConfig::with_uri(url)
-            .auth_header(token)
-            .custom_headers(headers);
-        let transport = StreamableHttpClientTransport::from_config(config);
-        let service = ().serve(transport).await?;
-        Ok(McpClient { service })
+        let connection = Connection::open_with_headers(url, token, extra).await?;
+        Ok(McpClient { connection })
     }
 
     pub fn server_info(&self) -> Option<rmcp::model::Implementation> {
-        self.service
-            .peer_info()
-            .and_then(|info| info.server_info.clone())
+        self.connection.server_info()
     }
 
     pub async fn list_tool_names(&self) -> Vec<String> {
-        let tools = self.service.list_all_tools().await.expect("tools/list");
-        tools.into_iter().map(|t| t.name.to_string()).collect()
+        self.connection.tool_names().await.expect("tools/list")
     }
 
     /// Call `tool`; `Ok` with its structured result, `Err` with its refusal
     /// (the `{error, message}` body of an `isError` result).
     pub async fn call(&self, tool: &str, args: Value) -> Result<Value, Value> {
-        let mut params = CallToolRequestParams::new(tool.to_string());
-        if let Value::Object(map) = args {
-            params = params.with_arguments(map);
-        }
-        let result: CallToolResult = self
-            .service
-            .call_tool(params)
+        let arguments = match args {
+            Value::Object(map) => Some(map),
+            _ => None,
+        };
+        let result = self
+            .connection
+            .call_result(tool, arguments)
             .await
             .expect("tools/call transport");
         let value = result
             .structured_content
-            .clone()
             .expect("every tool answers structured JSON");
         if result.is_error == Some(true) {
             Err(value)
