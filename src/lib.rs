@@ -3,6 +3,7 @@
 //! One binary is the server, the operator CLI and the console client. The
 //! library holds everything; `main.rs` only parses the command line.
 //!
+//! - [`app`]: the whole server built once from settings (`serve` and the tests).
 //! - [`store`]: all domain logic and all SQL.
 //! - [`mcp`]: the MCP tools (thin, over `store`).
 //! - [`http`]: the router: `/mcp`, `/health`, authentication, limits.
@@ -12,6 +13,7 @@
 //! - [`cli`]: the command line (thin, over `store`).
 //! - [`client`]: speaking MCP to a server, as an agent would.
 
+pub mod app;
 pub mod auth;
 pub mod backend;
 pub mod cli;

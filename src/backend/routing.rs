@@ -5,10 +5,17 @@
 //! that moved to JetStream still has its older bodies in PostgreSQL). A name
 //! this process cannot serve is an explicit error, never a silent fallback to
 //! PostgreSQL: a body published to the wrong store is a body nobody reads.
+//!
+//! Connecting the broker at start lives here too ([`Backends::connect_broker`]):
+//! a broker that does not answer yet is retried in the background while the
+//! server serves, which is what the empty [`BrokerSlot`] is for.
 
+use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::jetstream::Broker;
@@ -34,6 +41,19 @@ impl BrokerSlot {
     pub fn fill(&self, broker: Broker) {
         let _ = self.0.set(broker);
     }
+}
+
+/// How often a broker that did not answer at start is retried.
+pub const BROKER_RETRY: Duration = Duration::from_secs(5);
+
+/// How [`Backends::connect_broker`] found the broker, for the operator.
+#[derive(Clone, Debug)]
+pub enum BrokerStart {
+    /// It answered at `url`: bodies routed to jetstream go there.
+    Connected { url: String },
+    /// It did not answer (`why`); it is retried every [`BROKER_RETRY`] in
+    /// the background, and sends wait in the outbox meanwhile.
+    Retrying { why: String },
 }
 
 impl Backends {
@@ -65,6 +85,54 @@ impl Backends {
             broker: Some(slot.clone()),
         };
         (backends, BrokerSlot(slot))
+    }
+
+    /// PostgreSQL and the broker at `url`. A broker that does not answer
+    /// (down, restarting) is retried in the background every
+    /// [`BROKER_RETRY`] while the server serves: sends are accepted and wait
+    /// in the outbox, as during any broker outage. A broker that answers and
+    /// is unusable (its `max_payload` too small, bad credentials) stops the
+    /// start: that needs an operator, and retrying would hide it.
+    pub async fn connect_broker(
+        pool: PgPool,
+        url: &str,
+        credentials: Option<PathBuf>,
+        shutdown: CancellationToken,
+    ) -> BusResult<(Self, BrokerStart)> {
+        let (backends, slot) = Self::with_broker_pending(pool);
+        match Broker::connect(url, credentials.as_deref()).await {
+            Ok(broker) => {
+                let url = broker.url().to_owned();
+                slot.fill(broker);
+                Ok((backends, BrokerStart::Connected { url }))
+            }
+            Err(BusError::Unavailable(why)) => {
+                let url = url.to_owned();
+                tokio::spawn(async move {
+                    loop {
+                        tokio::select! {
+                            _ = shutdown.cancelled() => return,
+                            _ = tokio::time::sleep(BROKER_RETRY) => {}
+                        }
+                        match Broker::connect(&url, credentials.as_deref()).await {
+                            Ok(broker) => {
+                                tracing::info!(broker = %broker.url(), "the broker answered; routing to it");
+                                slot.fill(broker);
+                                return;
+                            }
+                            Err(BusError::Unavailable(_)) => {}
+                            Err(e) => {
+                                tracing::error!(error = %e,
+                                    "the broker answered but cannot be used; fix it and restart the server");
+                                return;
+                            }
+                        }
+                    }
+                });
+                Ok((backends, BrokerStart::Retrying { why }))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// The same routing with a misbehaving postgres backend. Only the tests

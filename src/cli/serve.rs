@@ -1,7 +1,8 @@
-//! `ai-crew-sync serve`: open (or start) the database, migrate, serve HTTP
-//! until SIGINT/SIGTERM, then stop accepting, answer blocked long polls at once
-//! (`server_restarting`), let other requests in flight finish within a bound,
-//! and stop the embedded database if this process owns it.
+//! `ai-crew-sync serve`: open (or start) the database, migrate, build the
+//! server ([`crate::app::App`]) and serve HTTP until SIGINT/SIGTERM, then
+//! stop accepting, answer blocked long polls at once (`server_restarting`),
+//! let other requests in flight finish within a bound, and stop the embedded
+//! database if this process owns it.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -11,8 +12,11 @@ use clap::builder::TypedValueParser;
 use tokio_util::sync::CancellationToken;
 
 use super::Context;
+use crate::app::{App, AppSettings, BrokerSettings};
+use crate::backend::routing::{BROKER_RETRY, BrokerStart};
 use crate::config::{self, HttpSettings};
 use crate::http;
+use crate::workers::presence_sweeper::SweeperSettings;
 
 /// Where `serve` listens unless told otherwise (`doctor` judges the same default).
 pub(super) const DEFAULT_BIND: &str = "127.0.0.1:8787";
@@ -90,7 +94,7 @@ pub struct ServeArgs {
     #[arg(long, env = "BUS_AUTO_MIGRATE", default_value_t = true, action = clap::ArgAction::Set)]
     auto_migrate: bool,
     /// Seconds between event-listener pings (how fast /health notices a silent listener).
-    #[arg(long, env = "BUS_EVENT_PING_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    #[arg(long, env = "BUS_EVENT_PING_SECS", default_value_t = crate::app::DEFAULT_EVENT_PING.as_secs(), value_parser = clap::value_parser!(u64).range(1..=3600))]
     event_ping_secs: u64,
     /// NATS server with JetStream for conversation bodies (teams routed to `jetstream`).
     /// Without it, nothing can be routed to jetstream.
@@ -198,33 +202,36 @@ async fn serve_on(
         max_connections_per_address: args.max_connections_per_address,
         shutdown_grace: Duration::from_secs(args.shutdown_grace_secs),
     };
-    let served = settings.clone();
-    let bus = crate::Bus::start(
-        db.pool.clone(),
-        Duration::from_secs(args.event_ping_secs),
-        shutdown.clone(),
-    );
-    let bus = match &args.nats_url {
-        None => bus,
-        Some(url) => {
-            let (backends, slot) = crate::backend::Backends::with_broker_pending(db.pool.clone());
-            connect_broker(url, args.nats_credentials.clone(), slot, shutdown.clone()).await?;
-            bus.with_backends(backends)
-        }
+    let broker = match &args.nats_url {
+        None => BrokerSettings::Off,
+        Some(url) => BrokerSettings::Connect {
+            url: url.clone(),
+            credentials: args.nats_credentials.clone(),
+        },
     };
-    crate::workers::presence_sweeper::spawn(
-        bus.clone(),
-        Duration::from_secs(args.inbox_retention_hours * 3600),
-        shutdown.clone(),
-    );
-    if args.publication_worker {
-        crate::workers::publication::spawn_all(bus.clone(), shutdown.clone());
+    let settings = AppSettings {
+        http: settings,
+        event_ping: Duration::from_secs(args.event_ping_secs),
+        broker,
+        publication_workers: args.publication_worker,
+        sweeper: SweeperSettings {
+            inbox_retention: Duration::from_secs(args.inbox_retention_hours * 3600),
+            ..Default::default()
+        },
+    };
+    let app = App::build(db.pool.clone(), settings, shutdown).await?;
+    match &app.broker {
+        None => {}
+        Some(BrokerStart::Connected { url }) => eprintln!("broker: {url} (JetStream)"),
+        Some(BrokerStart::Retrying { why }) => eprintln!(
+            "broker: not answering yet ({why}); retrying every {} s",
+            BROKER_RETRY.as_secs()
+        ),
     }
-    let app = http::router(bus, settings);
     eprintln!(
         "listening on http://{local} (MCP: POST http://{local}/mcp, health: GET http://{local}/health)"
     );
-    http::serve(listener, app, &served, shutdown).await?;
+    app.serve(listener).await?;
     Ok(())
 }
 
@@ -248,60 +255,6 @@ fn fit_connections(wanted: usize) -> usize {
             tracing::warn!(error = %err, "could not read the open-file limit; --max-connections is taken as given");
             wanted
         }
-    }
-}
-
-/// How often `serve` retries a broker that did not answer at start.
-const BROKER_RETRY: Duration = Duration::from_secs(5);
-
-/// Connect the broker. A broker that does not answer (down, restarting) is
-/// retried in the background while the server serves: sends are accepted and
-/// wait in the outbox, as during any broker outage. A broker that answers and
-/// is unusable (its `max_payload` too small, bad credentials) stops the start:
-/// that needs an operator, and retrying would hide it.
-async fn connect_broker(
-    url: &str,
-    credentials: Option<std::path::PathBuf>,
-    slot: crate::backend::routing::BrokerSlot,
-    shutdown: CancellationToken,
-) -> anyhow::Result<()> {
-    use crate::backend::jetstream::Broker;
-    match Broker::connect(url, credentials.as_deref()).await {
-        Ok(broker) => {
-            eprintln!("broker: {} (JetStream)", broker.url());
-            slot.fill(broker);
-            Ok(())
-        }
-        Err(crate::BusError::Unavailable(why)) => {
-            eprintln!(
-                "broker: not answering yet ({why}); retrying every {} s",
-                BROKER_RETRY.as_secs()
-            );
-            let url = url.to_owned();
-            tokio::spawn(async move {
-                loop {
-                    tokio::select! {
-                        _ = shutdown.cancelled() => return,
-                        _ = tokio::time::sleep(BROKER_RETRY) => {}
-                    }
-                    match Broker::connect(&url, credentials.as_deref()).await {
-                        Ok(broker) => {
-                            tracing::info!(broker = %broker.url(), "the broker answered; routing to it");
-                            slot.fill(broker);
-                            return;
-                        }
-                        Err(crate::BusError::Unavailable(_)) => {}
-                        Err(e) => {
-                            tracing::error!(error = %e,
-                                "the broker answered but cannot be used; fix it and restart the server");
-                            return;
-                        }
-                    }
-                }
-            });
-            Ok(())
-        }
-        Err(e) => Err(e.into()),
     }
 }
 

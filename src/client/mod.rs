@@ -1,6 +1,7 @@
 //! Speaking to a bus server as an agent: a real MCP client (rmcp, Streamable
-//! HTTP). Used by the admin CLI to verify a freshly issued token, and by the
-//! console client (`ai-crew-sync client …`).
+//! HTTP). Used by the admin CLI to verify a freshly issued token, by the
+//! console client (`ai-crew-sync client …`), and by the integration tests
+//! (their `McpClient` wraps a [`Connection`]).
 //!
 //! A [`Connection`] is one MCP session as one window (token + optional
 //! `X-Crew-Session`); several tool calls share it. A tool's refusal
@@ -10,7 +11,7 @@
 use std::collections::HashMap;
 
 use anyhow::{Context as _, bail};
-use rmcp::model::CallToolRequestParams;
+use rmcp::model::{CallToolRequestParams, CallToolResult, Implementation};
 use rmcp::service::{ClientInitializeError, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::{
@@ -52,6 +53,34 @@ impl Connection {
                 })?,
             );
         }
+        Self::open_with(mcp_url, bearer, headers).await
+    }
+
+    /// Connect with `bearer` and extra headers given as `(name, value)`
+    /// (`x-crew-session`, `x-crew-epoch`, or anything a test sends).
+    pub async fn open_with_headers(
+        mcp_url: &str,
+        bearer: &str,
+        extra: &[(&str, &str)],
+    ) -> anyhow::Result<Connection> {
+        let mut headers = HashMap::new();
+        for (name, value) in extra {
+            headers.insert(
+                http::HeaderName::from_bytes(name.as_bytes())
+                    .with_context(|| format!("{name:?} is not a header name"))?,
+                value
+                    .parse()
+                    .with_context(|| format!("{value:?} cannot be sent as {name}"))?,
+            );
+        }
+        Self::open_with(mcp_url, bearer, headers).await
+    }
+
+    async fn open_with(
+        mcp_url: &str,
+        bearer: &str,
+        headers: HashMap<http::HeaderName, http::HeaderValue>,
+    ) -> anyhow::Result<Connection> {
         let config = StreamableHttpClientTransportConfig::with_uri(mcp_url)
             .auth_header(bearer)
             .custom_headers(headers);
@@ -73,14 +102,45 @@ impl Connection {
         })
     }
 
+    /// Who answered the handshake (`serverInfo`), when it said.
+    pub fn server_info(&self) -> Option<Implementation> {
+        self.service
+            .peer_info()
+            .and_then(|info| info.server_info.clone())
+    }
+
+    /// The names of every tool the server lists (all pages).
+    pub async fn tool_names(&self) -> anyhow::Result<Vec<String>> {
+        let tools = self
+            .service
+            .list_all_tools()
+            .await
+            .with_context(|| format!("listing tools at {}", self.url))?;
+        Ok(tools.into_iter().map(|t| t.name.to_string()).collect())
+    }
+
+    /// Call `tool` (`None`: with no arguments at all) and return its result
+    /// as the server sent it, refusal (`isError`) included; an error only
+    /// when the call did not get through.
+    pub async fn call_result(
+        &self,
+        tool: &str,
+        arguments: Option<Map<String, Value>>,
+    ) -> anyhow::Result<CallToolResult> {
+        let mut params = CallToolRequestParams::new(tool.to_string());
+        if let Some(arguments) = arguments {
+            params = params.with_arguments(arguments);
+        }
+        self.service
+            .call_tool(params)
+            .await
+            .with_context(|| format!("calling {tool} at {}", self.url))
+    }
+
     /// Call `tool`: its structured answer, [`Refused`] when the tool said no,
     /// another error when the call did not get through.
     pub async fn call(&self, tool: &str, arguments: Map<String, Value>) -> anyhow::Result<Value> {
-        let result = self
-            .service
-            .call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(arguments))
-            .await
-            .with_context(|| format!("calling {tool} at {}", self.url))?;
+        let result = self.call_result(tool, Some(arguments)).await?;
         // Every bus tool answers structured JSON; text is the fallback for
         // anything else speaking MCP at that URL.
         let value = match result.structured_content {

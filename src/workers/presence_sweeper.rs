@@ -61,22 +61,47 @@ pub async fn release_inbox(pool: &PgPool, retention: Duration, batch: i64) -> Bu
     Ok(total)
 }
 
-/// Run [`sweep`] and [`release_inbox`] every [`INTERVAL`] (first pass at
-/// start) until `shutdown`.
+/// How the sweeper runs. The defaults are what `serve` uses (its
+/// `--inbox-retention-hours` sets `inbox_retention`).
+#[derive(Clone, Debug)]
+pub struct SweeperSettings {
+    /// Time between passes (the first pass is at start).
+    pub interval: Duration,
+    /// How long a dead window stays listed ([`sweep`]).
+    pub retention: Duration,
+    /// How long references stay owed to a dead window ([`release_inbox`]).
+    pub inbox_retention: Duration,
+    /// Rows deleted or released per statement.
+    pub batch: i64,
+}
+
+impl Default for SweeperSettings {
+    fn default() -> Self {
+        SweeperSettings {
+            interval: INTERVAL,
+            retention: RETENTION,
+            inbox_retention: INBOX_RETENTION,
+            batch: BATCH,
+        }
+    }
+}
+
+/// Run [`sweep`] and [`release_inbox`] every `settings.interval` (first
+/// pass at start) until `shutdown`.
 pub fn spawn(
     bus: Bus,
-    inbox_retention: Duration,
+    settings: SweeperSettings,
     shutdown: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let mut ticker = tokio::time::interval(INTERVAL);
+        let mut ticker = tokio::time::interval(settings.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = ticker.tick() => {}
             }
-            match sweep(&bus.pool, RETENTION, BATCH).await {
+            match sweep(&bus.pool, settings.retention, settings.batch).await {
                 Ok(0) => {}
                 Ok(deleted) => {
                     tracing::info!(deleted, "presence sweeper deleted long-dead windows")
@@ -86,7 +111,7 @@ pub fn spawn(
                     tracing::warn!(error = %err, "presence sweep failed; retrying next pass")
                 }
             }
-            match release_inbox(&bus.pool, inbox_retention, BATCH).await {
+            match release_inbox(&bus.pool, settings.inbox_retention, settings.batch).await {
                 Ok(0) => {}
                 Ok(released) => tracing::info!(
                     released,

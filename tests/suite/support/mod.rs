@@ -1,26 +1,21 @@
-//! What every integration test stands on: the real router on a free loopback
-//! port against a fresh database ([`spawn_app`]), a real MCP client over HTTP
-//! ([`McpClient`]), and throwaway PostgreSQL / NATS servers when the
-//! environment names none.
+//! What every integration test stands on: the server `serve` builds
+//! ([`App::build`]) on a free loopback port against a fresh database
+//! ([`spawn_app`]), a real MCP client over HTTP ([`McpClient`]), and
+//! throwaway PostgreSQL / NATS servers when the environment names none.
 
 pub mod nats;
 pub mod postgres;
 pub mod proxy;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use ai_crew_sync::backend::Backends;
+use ai_crew_sync::app::{App, AppSettings, BrokerSettings};
 use ai_crew_sync::backend::jetstream::{Broker, BrokerOptions};
+use ai_crew_sync::client::Connection;
 use ai_crew_sync::config::HttpSettings;
 use ai_crew_sync::store::{Actor, Source, agents, teams};
 use ai_crew_sync::workers::publication::{self, DrainSettings};
-use rmcp::model::{CallToolRequestParams, CallToolResult};
-use rmcp::service::RunningService;
-use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::{RoleClient, ServiceExt};
 use serde_json::Value;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -83,8 +78,8 @@ pub async fn connect_broker(nats_url: &str) -> Broker {
 }
 
 /// The real router on a fresh database with a JetStream broker at
-/// `nats_url`, as `serve --nats-url` builds it
-/// (`Bus::with_backends(Backends::with_broker(..))`). No publication worker
+/// `nats_url`, as `serve --nats-url` builds it ([`App::build`] with a ready
+/// broker). No publication worker
 /// runs until [`TestApp::start_publication_workers`].
 pub async fn spawn_app_with_broker(nats_url: &str) -> TestApp {
     let (pool, database_url) = postgres::fresh_pool().await;
@@ -104,6 +99,25 @@ pub async fn spawn_app_routing_to(broker: Broker) -> TestApp {
     spawn_on(pool, database_url, settings, Some(broker)).await
 }
 
+/// The test settings: `settings` for HTTP, a one-second event ping, the
+/// given broker, no publication workers (tests drive them, see
+/// [`TestApp::start_publication_workers`]), and the presence sweeper as
+/// `serve` runs it: a pass at start (a replica's too) and then every ten
+/// minutes (longer than any test), with seven-day retentions, older than any
+/// row a test leaves to it (a test that backdates rows further sweeps them
+/// itself: `presence_sweeper::sweep`, `release_inbox`).
+fn test_settings(settings: HttpSettings, broker: Option<Broker>) -> AppSettings {
+    AppSettings {
+        http: settings,
+        event_ping: Duration::from_secs(1),
+        broker: broker.map_or(BrokerSettings::Off, BrokerSettings::Ready),
+        publication_workers: false,
+        ..AppSettings::default()
+    }
+}
+
+/// Build the server as `serve` does ([`App::build`]) and serve it on a free
+/// loopback port.
 async fn spawn_on(
     pool: PgPool,
     database_url: String,
@@ -116,20 +130,15 @@ async fn spawn_on(
         .expect("bind a loopback port");
     let addr = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
-    let bus = ai_crew_sync::Bus::start(
+    let app = App::build(
         pool.clone(),
-        std::time::Duration::from_secs(1),
+        test_settings(settings, broker),
         shutdown.clone(),
-    );
-    let bus = match broker {
-        None => bus,
-        Some(broker) => bus.with_backends(Backends::with_broker(pool.clone(), broker)),
-    };
-    let app = ai_crew_sync::http::router(bus.clone(), settings.clone());
-    let serving = tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move { ai_crew_sync::http::serve(listener, app, &settings, shutdown).await }
-    });
+    )
+    .await
+    .expect("build the app");
+    let bus = app.bus.clone();
+    let serving = tokio::spawn(app.serve(listener));
     TestApp {
         addr,
         pool,
@@ -336,9 +345,11 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// A real MCP client (rmcp, Streamable HTTP) speaking to the server under test.
+/// A real MCP client speaking to the server under test: the console
+/// client's [`Connection`] (rmcp, Streamable HTTP), answering in the shapes
+/// the tests assert on.
 pub struct McpClient {
-    service: RunningService<RoleClient, ()>,
+    connection: Connection,
 }
 
 impl McpClient {
@@ -347,9 +358,9 @@ impl McpClient {
         token: &str,
         session: Option<&str>,
     ) -> anyhow::Result<McpClient> {
-        let headers: Vec<(&str, &str)> =
-            session.map(|s| ("x-crew-session", s)).into_iter().collect();
-        Self::connect_with(url, token, &headers).await
+        install_crypto_provider();
+        let connection = Connection::open(url, token, session).await?;
+        Ok(McpClient { connection })
     }
 
     /// Connect with a bearer credential and extra headers (`x-crew-session`, `x-crew-epoch`).
@@ -359,47 +370,32 @@ impl McpClient {
         extra: &[(&str, &str)],
     ) -> anyhow::Result<McpClient> {
         install_crypto_provider();
-        let mut headers = HashMap::new();
-        for (name, value) in extra {
-            headers.insert(
-                http::HeaderName::from_bytes(name.as_bytes())?,
-                value.parse()?,
-            );
-        }
-        let config = StreamableHttpClientTransportConfig::with_uri(url)
-            .auth_header(token)
-            .custom_headers(headers);
-        let transport = StreamableHttpClientTransport::from_config(config);
-        let service = ().serve(transport).await?;
-        Ok(McpClient { service })
+        let connection = Connection::open_with_headers(url, token, extra).await?;
+        Ok(McpClient { connection })
     }
 
     pub fn server_info(&self) -> Option<rmcp::model::Implementation> {
-        self.service
-            .peer_info()
-            .and_then(|info| info.server_info.clone())
+        self.connection.server_info()
     }
 
     pub async fn list_tool_names(&self) -> Vec<String> {
-        let tools = self.service.list_all_tools().await.expect("tools/list");
-        tools.into_iter().map(|t| t.name.to_string()).collect()
+        self.connection.tool_names().await.expect("tools/list")
     }
 
     /// Call `tool`; `Ok` with its structured result, `Err` with its refusal
     /// (the `{error, message}` body of an `isError` result).
     pub async fn call(&self, tool: &str, args: Value) -> Result<Value, Value> {
-        let mut params = CallToolRequestParams::new(tool.to_string());
-        if let Value::Object(map) = args {
-            params = params.with_arguments(map);
-        }
-        let result: CallToolResult = self
-            .service
-            .call_tool(params)
+        let arguments = match args {
+            Value::Object(map) => Some(map),
+            _ => None,
+        };
+        let result = self
+            .connection
+            .call_result(tool, arguments)
             .await
             .expect("tools/call transport");
         let value = result
             .structured_content
-            .clone()
             .expect("every tool answers structured JSON");
         if result.is_error == Some(true) {
             Err(value)
