@@ -17,7 +17,9 @@ use serde::Serialize;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::{Task, TaskRow, check_key, emit, lock_task, read_task, record_event};
+use super::Task;
+use super::checks::check_key;
+use super::row::{TaskRow, emit, lock_task, read_task, record_event};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};

@@ -25,7 +25,9 @@ use serde_json::json;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::{Task, check_dependencies, check_key, emit, lock_task, read_task, record_event};
+use super::Task;
+use super::checks::{check_dependencies, check_key};
+use super::row::{emit, lock_task, read_task, record_event};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
