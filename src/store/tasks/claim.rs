@@ -8,7 +8,9 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::checks::{check_key, check_lease};
-use super::row::{TaskRow, emit, lock_task, read_task, record_event};
+use super::lifecycle::extend_lease;
+use super::row::TaskRow;
+use super::transition::{Change, Lock, finish, transition};
 use super::{NextTask, Task, dependencies};
 use crate::Bus;
 use crate::auth::Identity;
@@ -25,76 +27,47 @@ pub async fn claim(
 ) -> BusResult<Task> {
     let key = check_key(key)?;
     let lease = check_lease(lease_seconds)?;
-    let mut tx = bus.pool.begin().await?;
-    sessions::guard(&mut tx, me).await?;
-    dependencies::hold_for_claim(&mut tx, me.team_id).await?;
-    let row = lock_task(&mut tx, me, &key).await?;
-    match row.status.as_str() {
-        "done" | "cancelled" => {
-            return Err(BusError::conflict(format!(
+    transition(bus, me, &key, Lock::DependenciesThenRow, |row| {
+        match row.status.as_str() {
+            "done" | "cancelled" => Err(BusError::conflict(format!(
                 "task `{key}` is already {}{}; there is nothing to claim. claim_next_task finds \
                  open work.",
                 row.status,
                 row.finished_phrase()
-            )));
-        }
-        "claimed" if !row.lapsed && row.held_by(me) => {
-            sqlx::query(
-                "UPDATE tasks SET lease_expires_at = now() + $2, updated_at = now() WHERE id = $1",
-            )
-            .bind(row.id)
-            .bind(lease)
-            .execute(&mut *tx)
-            .await?;
-            record_event(
-                &mut tx,
-                me,
-                row.id,
-                "renewed",
-                json!({ "lease_seconds": lease.num_seconds(), "via": "claim_task" }),
-            )
-            .await?;
-        }
-        "claimed" if !row.lapsed => {
-            return Err(BusError::conflict(format!(
+            ))),
+            "claimed" if !row.lapsed && row.held_by(me) => {
+                let detail = json!({ "lease_seconds": lease.num_seconds(), "via": "claim_task" });
+                Ok(Change::new(extend_lease(row, lease), "renewed", detail))
+            }
+            "claimed" if !row.lapsed => Err(BusError::conflict(format!(
                 "task `{key}` is claimed by {}; {}. Nothing was changed. Wait for it to be \
                  released, completed or to lapse (wait_for_updates), or take other work with \
                  claim_next_task.",
                 row.holder_phrase(),
                 row.lease_phrase()
-            )));
-        }
-        _ => {
-            if !row.blocked_by.is_empty() {
-                return Err(blocked(&row));
+            ))),
+            _ => {
+                if !row.blocked_by.is_empty() {
+                    return Err(blocked(row));
+                }
+                let lapsed_holder = row.holder().map(|h| h.address);
+                let update = sqlx::query(
+                    "UPDATE tasks
+                     SET status = 'claimed', holder_agent_id = $2, holder_session = $3,
+                         lease_expires_at = now() + $4, claimed_at = now(), updated_at = now()
+                     WHERE id = $1",
+                )
+                .bind(row.id)
+                .bind(me.agent_id)
+                .bind(&me.session)
+                .bind(lease);
+                let detail =
+                    json!({ "lease_seconds": lease.num_seconds(), "lapsed_holder": lapsed_holder });
+                Ok(Change::new(update, "claimed", detail))
             }
-            let lapsed_holder = row.holder().map(|h| h.address);
-            sqlx::query(
-                "UPDATE tasks
-                 SET status = 'claimed', holder_agent_id = $2, holder_session = $3,
-                     lease_expires_at = now() + $4, claimed_at = now(), updated_at = now()
-                 WHERE id = $1",
-            )
-            .bind(row.id)
-            .bind(me.agent_id)
-            .bind(&me.session)
-            .bind(lease)
-            .execute(&mut *tx)
-            .await?;
-            record_event(
-                &mut tx,
-                me,
-                row.id,
-                "claimed",
-                json!({ "lease_seconds": lease.num_seconds(), "lapsed_holder": lapsed_holder }),
-            )
-            .await?;
         }
-    }
-    let task = read_task(&mut tx, me, &key).await?.into_task();
-    tx.commit().await?;
-    emit(bus, me, &key);
-    Ok(task)
+    })
+    .await
 }
 
 fn blocked(row: &TaskRow) -> BusError {
@@ -190,18 +163,9 @@ pub async fn claim_next(
         .prev_agent
         .as_deref()
         .map(|a| address(a, claimed.prev_session.as_deref().unwrap_or("")));
-    record_event(
-        &mut tx,
-        me,
-        claimed.id,
-        "claimed",
-        json!({ "lease_seconds": lease.num_seconds(), "lapsed_holder": lapsed_holder,
-                "via": "claim_next_task" }),
-    )
-    .await?;
-    let task = read_task(&mut tx, me, &claimed.key).await?.into_task();
-    tx.commit().await?;
-    emit(bus, me, &claimed.key);
+    let detail = json!({ "lease_seconds": lease.num_seconds(), "lapsed_holder": lapsed_holder,
+                         "via": "claim_next_task" });
+    let task = finish(tx, bus, me, claimed.id, &claimed.key, "claimed", detail).await?;
     let expiry = task
         .holder
         .as_ref()

@@ -1,6 +1,7 @@
 //! A task's life apart from claiming: `create_task`, and the holder's
 //! `renew_task_lease`, `release_task` and `complete_task`.
 
+use chrono::Duration;
 use serde_json::json;
 use uuid::Uuid;
 
@@ -8,7 +9,8 @@ use super::checks::{
     check_dependencies, check_description, check_key, check_lease, check_metadata, check_new_key,
     check_result, check_title,
 };
-use super::row::{TaskRow, emit, lock_task, read_task, record_event};
+use super::row::TaskRow;
+use super::transition::{Change, Lock, Update, finish, transition};
 use super::{NewTask, Task, dependencies};
 use crate::Bus;
 use crate::auth::Identity;
@@ -62,18 +64,8 @@ pub async fn create(bus: &Bus, me: &Identity, new: NewTask) -> BusResult<Task> {
         .execute(&mut *tx)
         .await?;
     }
-    record_event(
-        &mut tx,
-        me,
-        task_id,
-        "created",
-        json!({ "depends_on": depends_on }),
-    )
-    .await?;
-    let task = read_task(&mut tx, me, &key).await?.into_task();
-    tx.commit().await?;
-    emit(bus, me, &key);
-    Ok(task)
+    let detail = json!({ "depends_on": depends_on });
+    finish(tx, bus, me, task_id, &key, "created", detail).await
 }
 
 /// Refuse unless this window holds a live claim on `row`. `action` names the
@@ -131,27 +123,20 @@ pub async fn renew(
 ) -> BusResult<Task> {
     let key = check_key(key)?;
     let lease = check_lease(lease_seconds)?;
-    let mut tx = bus.pool.begin().await?;
-    sessions::guard(&mut tx, me).await?;
-    let row = lock_task(&mut tx, me, &key).await?;
-    require_live_claim(&row, me, "renew_task_lease")?;
+    transition(bus, me, &key, Lock::Row, |row| {
+        require_live_claim(row, me, "renew_task_lease")?;
+        let detail = json!({ "lease_seconds": lease.num_seconds() });
+        Ok(Change::new(extend_lease(row, lease), "renewed", detail))
+    })
+    .await
+}
+
+/// The UPDATE that pushes the lease of a task its holder keeps to now +
+/// `lease` (a renewal, or a claim by the window that holds it already).
+pub(super) fn extend_lease(row: &TaskRow, lease: Duration) -> Update {
     sqlx::query("UPDATE tasks SET lease_expires_at = now() + $2, updated_at = now() WHERE id = $1")
         .bind(row.id)
         .bind(lease)
-        .execute(&mut *tx)
-        .await?;
-    record_event(
-        &mut tx,
-        me,
-        row.id,
-        "renewed",
-        json!({ "lease_seconds": lease.num_seconds() }),
-    )
-    .await?;
-    let task = read_task(&mut tx, me, &key).await?.into_task();
-    tx.commit().await?;
-    emit(bus, me, &key);
-    Ok(task)
 }
 
 /// `release_task`: hand the task back, open. The holding window only; its
@@ -159,33 +144,21 @@ pub async fn renew(
 /// clears the lapsed holder).
 pub async fn release(bus: &Bus, me: &Identity, key: &str) -> BusResult<Task> {
     let key = check_key(key)?;
-    let mut tx = bus.pool.begin().await?;
-    sessions::guard(&mut tx, me).await?;
-    let row = lock_task(&mut tx, me, &key).await?;
-    if !(row.status == "claimed" && row.held_by(me)) {
-        require_live_claim(&row, me, "release_task")?;
-    }
-    sqlx::query(
-        "UPDATE tasks
-         SET status = 'open', holder_agent_id = NULL, holder_session = NULL,
-             lease_expires_at = NULL, claimed_at = NULL, updated_at = now()
-         WHERE id = $1",
-    )
-    .bind(row.id)
-    .execute(&mut *tx)
-    .await?;
-    record_event(
-        &mut tx,
-        me,
-        row.id,
-        "released",
-        json!({ "lease_had_lapsed": row.lapsed }),
-    )
-    .await?;
-    let task = read_task(&mut tx, me, &key).await?.into_task();
-    tx.commit().await?;
-    emit(bus, me, &key);
-    Ok(task)
+    transition(bus, me, &key, Lock::Row, |row| {
+        if !(row.status == "claimed" && row.held_by(me)) {
+            require_live_claim(row, me, "release_task")?;
+        }
+        let update = sqlx::query(
+            "UPDATE tasks
+             SET status = 'open', holder_agent_id = NULL, holder_session = NULL,
+                 lease_expires_at = NULL, claimed_at = NULL, updated_at = now()
+             WHERE id = $1",
+        )
+        .bind(row.id);
+        let detail = json!({ "lease_had_lapsed": row.lapsed });
+        Ok(Change::new(update, "released", detail))
+    })
+    .await
 }
 
 /// `complete_task`: mark the task done with `result`. The window holding a
@@ -193,33 +166,21 @@ pub async fn release(bus: &Bus, me: &Identity, key: &str) -> BusResult<Task> {
 pub async fn complete(bus: &Bus, me: &Identity, key: &str, result: &str) -> BusResult<Task> {
     let key = check_key(key)?;
     check_result(result)?;
-    let mut tx = bus.pool.begin().await?;
-    sessions::guard(&mut tx, me).await?;
-    let row = lock_task(&mut tx, me, &key).await?;
-    require_live_claim(&row, me, "complete_task")?;
-    sqlx::query(
-        "UPDATE tasks
-         SET status = 'done', holder_agent_id = NULL, holder_session = NULL,
-             lease_expires_at = NULL, completed_by = $2, completed_session = $3,
-             completed_at = now(), result = $4, updated_at = now()
-         WHERE id = $1",
-    )
-    .bind(row.id)
-    .bind(me.agent_id)
-    .bind(&me.session)
-    .bind(result)
-    .execute(&mut *tx)
-    .await?;
-    record_event(
-        &mut tx,
-        me,
-        row.id,
-        "completed",
-        json!({ "result_bytes": result.len() }),
-    )
-    .await?;
-    let task = read_task(&mut tx, me, &key).await?.into_task();
-    tx.commit().await?;
-    emit(bus, me, &key);
-    Ok(task)
+    transition(bus, me, &key, Lock::Row, |row| {
+        require_live_claim(row, me, "complete_task")?;
+        let update = sqlx::query(
+            "UPDATE tasks
+             SET status = 'done', holder_agent_id = NULL, holder_session = NULL,
+                 lease_expires_at = NULL, completed_by = $2, completed_session = $3,
+                 completed_at = now(), result = $4, updated_at = now()
+             WHERE id = $1",
+        )
+        .bind(row.id)
+        .bind(me.agent_id)
+        .bind(&me.session)
+        .bind(result);
+        let detail = json!({ "result_bytes": result.len() });
+        Ok(Change::new(update, "completed", detail))
+    })
+    .await
 }

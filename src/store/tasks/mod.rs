@@ -26,10 +26,11 @@
 //!
 //! Layout: this file holds the limits and the types the tools answer with;
 //! `checks` the argument checks (all before a transaction opens); `row` the
-//! task row as read and locked, its event row and wake-up; `lifecycle`
-//! creating, renewing, releasing and completing; `claim` claiming one task or
-//! the next ready one; `cancel` and `dependencies` cancelling and
-//! re-pointing; `queries` listing and reading.
+//! task row as read and locked, its event row and wake-up; `transition` the
+//! one path of a change to an existing task (guard, lock, check, update,
+//! event, commit, wake-up); `lifecycle` creating, renewing, releasing and
+//! completing; `claim` claiming one task or the next ready one; `cancel` and
+//! `dependencies` cancelling and re-pointing; `queries` listing and reading.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -42,6 +43,7 @@ mod dependencies;
 mod lifecycle;
 mod queries;
 mod row;
+mod transition;
 pub use cancel::{CANCEL_REASON_MAX_BYTES, CancelledTask, cancel};
 pub use checks::check_metadata;
 pub use claim::{claim, claim_next};
