@@ -14,21 +14,33 @@ use crate::error::{BusError, BusResult};
 use crate::events::{BusEvent, EventKind};
 use crate::store::{address, at, window_phrase};
 
-/// The columns of a task as read everywhere. The lapse is decided here, on the
+/// The columns of a task as read everywhere, the large ones as the caller
+/// names them (a listing leaves them out). The lapse is decided here, on the
 /// database clock, so every reader agrees.
-macro_rules! task_columns {
-    () => {
-        "t.id, t.key, t.title, t.description, t.metadata, t.status,
+macro_rules! columns {
+    (
+        description: $description:literal,
+        metadata: $metadata:literal,
+        result: $result:literal,
+        cancel_reason: $cancel_reason:literal,
+        depends_on: $depends_on:literal $(,)?
+    ) => {
+        concat!(
+            "t.id, t.key, t.title, ", $description, ", ", $metadata, ", t.status,
          (t.status = 'claimed' AND t.lease_expires_at <= now()) AS lapsed,
          t.holder_agent_id, ha.name AS holder_agent, t.holder_session, t.claimed_at,
          t.lease_expires_at,
          greatest(0, ceil(extract(epoch FROM t.lease_expires_at - now())))::bigint AS lease_seconds_left,
          t.created_by AS creator_id, ca.name AS created_by, t.created_session, t.created_at,
-         t.updated_at, da.name AS completed_by, t.completed_session, t.completed_at, t.result,
-         xa.name AS cancelled_by, t.cancelled_session, t.cancelled_at, t.cancel_reason,
-         ARRAY(SELECT p.key FROM task_dependencies d
-               JOIN tasks p ON p.team_id = d.team_id AND p.id = d.depends_on_id
-               WHERE d.team_id = t.team_id AND d.task_id = t.id ORDER BY p.seq) AS depends_on,
+         t.updated_at, da.name AS completed_by, t.completed_session, t.completed_at, ",
+            $result,
+            ",
+         xa.name AS cancelled_by, t.cancelled_session, t.cancelled_at, ",
+            $cancel_reason,
+            ",
+         ",
+            $depends_on,
+            ",
          ARRAY(SELECT p.key FROM task_dependencies d
                JOIN tasks p ON p.team_id = d.team_id AND p.id = d.depends_on_id
                WHERE d.team_id = t.team_id AND d.task_id = t.id AND p.status <> 'done'
@@ -37,30 +49,35 @@ macro_rules! task_columns {
                JOIN tasks p ON p.team_id = d.team_id AND p.id = d.depends_on_id
                WHERE d.team_id = t.team_id AND d.task_id = t.id AND p.status = 'cancelled'
                ORDER BY p.seq) AS blocked_by_cancelled"
+        )
+    };
+}
+
+/// Everything a task holds.
+macro_rules! task_columns {
+    () => {
+        $crate::store::tasks::row::columns!(
+            description: "t.description",
+            metadata: "t.metadata",
+            result: "t.result",
+            cancel_reason: "t.cancel_reason",
+            depends_on: "ARRAY(SELECT p.key FROM task_dependencies d
+               JOIN tasks p ON p.team_id = d.team_id AND p.id = d.depends_on_id
+               WHERE d.team_id = t.team_id AND d.task_id = t.id ORDER BY p.seq) AS depends_on",
+        )
     };
 }
 
 /// Listings leave the large fields out.
 macro_rules! summary_columns {
     () => {
-        "t.id, t.key, t.title, NULL::text AS description, '{}'::jsonb AS metadata, t.status,
-         (t.status = 'claimed' AND t.lease_expires_at <= now()) AS lapsed,
-         t.holder_agent_id, ha.name AS holder_agent, t.holder_session, t.claimed_at,
-         t.lease_expires_at,
-         greatest(0, ceil(extract(epoch FROM t.lease_expires_at - now())))::bigint AS lease_seconds_left,
-         t.created_by AS creator_id, ca.name AS created_by, t.created_session, t.created_at,
-         t.updated_at, da.name AS completed_by, t.completed_session, t.completed_at,
-         NULL::text AS result,
-         xa.name AS cancelled_by, t.cancelled_session, t.cancelled_at, NULL::text AS cancel_reason,
-         '{}'::text[] AS depends_on,
-         ARRAY(SELECT p.key FROM task_dependencies d
-               JOIN tasks p ON p.team_id = d.team_id AND p.id = d.depends_on_id
-               WHERE d.team_id = t.team_id AND d.task_id = t.id AND p.status <> 'done'
-               ORDER BY p.seq) AS blocked_by,
-         ARRAY(SELECT p.key FROM task_dependencies d
-               JOIN tasks p ON p.team_id = d.team_id AND p.id = d.depends_on_id
-               WHERE d.team_id = t.team_id AND d.task_id = t.id AND p.status = 'cancelled'
-               ORDER BY p.seq) AS blocked_by_cancelled"
+        $crate::store::tasks::row::columns!(
+            description: "NULL::text AS description",
+            metadata: "'{}'::jsonb AS metadata",
+            result: "NULL::text AS result",
+            cancel_reason: "NULL::text AS cancel_reason",
+            depends_on: "'{}'::text[] AS depends_on",
+        )
     };
 }
 
@@ -73,7 +90,7 @@ macro_rules! task_from {
           LEFT JOIN agents xa ON xa.team_id = t.team_id AND xa.id = t.cancelled_by "
     };
 }
-pub(super) use {summary_columns, task_from};
+pub(super) use {columns, summary_columns, task_from};
 
 #[derive(sqlx::FromRow)]
 pub(super) struct TaskRow {
@@ -190,6 +207,12 @@ impl TaskRow {
         }
     }
 
+    fn completed_by_address(&self) -> Option<String> {
+        self.completed_by
+            .as_deref()
+            .map(|a| address(a, self.completed_session.as_deref().unwrap_or("")))
+    }
+
     fn cancelled_by_address(&self) -> Option<String> {
         self.cancelled_by
             .as_deref()
@@ -205,10 +228,7 @@ impl TaskRow {
             holder,
             lapsed_holder,
             created_by: address(&self.created_by, &self.created_session),
-            completed_by: self
-                .completed_by
-                .as_deref()
-                .map(|a| address(a, self.completed_session.as_deref().unwrap_or(""))),
+            completed_by: self.completed_by_address(),
             key: self.key,
             title: self.title,
             description: self.description,
@@ -234,10 +254,7 @@ impl TaskRow {
             holder,
             lapsed_holder,
             created_by: address(&self.created_by, &self.created_session),
-            completed_by: self
-                .completed_by
-                .as_deref()
-                .map(|a| address(a, self.completed_session.as_deref().unwrap_or(""))),
+            completed_by: self.completed_by_address(),
             key: self.key,
             title: self.title,
             blocked_by: self.blocked_by,
@@ -259,22 +276,24 @@ fn no_such_task(me: &Identity, key: &str) -> BusError {
     ))
 }
 
+/// The one task the team ($1) holds under the key ($2).
+macro_rules! select_task {
+    () => {
+        concat!(
+            "SELECT ",
+            task_columns!(),
+            task_from!(),
+            "WHERE t.team_id = $1 AND t.key = $2"
+        )
+    };
+}
+
 pub(super) async fn read_task(
     conn: &mut PgConnection,
     me: &Identity,
     key: &str,
 ) -> BusResult<TaskRow> {
-    let row: Option<TaskRow> = sqlx::query_as(concat!(
-        "SELECT ",
-        task_columns!(),
-        task_from!(),
-        "WHERE t.team_id = $1 AND t.key = $2"
-    ))
-    .bind(me.team_id)
-    .bind(key)
-    .fetch_optional(&mut *conn)
-    .await?;
-    row.ok_or_else(|| no_such_task(me, key))
+    find_task(conn, me, key, select_task!()).await
 }
 
 /// The task row locked for a change: claims, renewals, releases and
@@ -286,16 +305,23 @@ pub(super) async fn lock_task(
     me: &Identity,
     key: &str,
 ) -> BusResult<TaskRow> {
-    let row: Option<TaskRow> = sqlx::query_as(concat!(
-        "SELECT ",
-        task_columns!(),
-        task_from!(),
-        "WHERE t.team_id = $1 AND t.key = $2 FOR NO KEY UPDATE OF t"
-    ))
-    .bind(me.team_id)
-    .bind(key)
-    .fetch_optional(&mut *conn)
-    .await?;
+    let query = concat!(select_task!(), " FOR NO KEY UPDATE OF t");
+    find_task(conn, me, key, query).await
+}
+
+/// The row `query` finds for the team and `key` ($1, $2), or the refusal
+/// naming the missing task.
+async fn find_task(
+    conn: &mut PgConnection,
+    me: &Identity,
+    key: &str,
+    query: &'static str,
+) -> BusResult<TaskRow> {
+    let row: Option<TaskRow> = sqlx::query_as(query)
+        .bind(me.team_id)
+        .bind(key)
+        .fetch_optional(&mut *conn)
+        .await?;
     row.ok_or_else(|| no_such_task(me, key))
 }
 
