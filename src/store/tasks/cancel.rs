@@ -17,11 +17,14 @@ use serde::Serialize;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::{Task, TaskRow, check_key, emit, lock_task, read_task, record_event};
+use super::Task;
+use super::checks::check_key;
+use super::row::TaskRow;
+use super::transition::{Change, Lock, transition_and};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
-use crate::store::{address, sessions, window_phrase};
+use crate::store::{address, window_phrase};
 
 pub const CANCEL_REASON_MAX_BYTES: usize = 4096;
 /// The answer names at most this many waiting dependents (and counts them all).
@@ -94,49 +97,45 @@ fn require_may_cancel(row: &TaskRow, me: &Identity) -> BusResult<()> {
 pub async fn cancel(bus: &Bus, me: &Identity, key: &str, reason: &str) -> BusResult<CancelledTask> {
     let key = check_key(key)?;
     check_reason(reason)?;
-    let mut tx = bus.pool.begin().await?;
-    sessions::guard(&mut tx, me).await?;
-    let row = lock_task(&mut tx, me, &key).await?;
-    if matches!(row.status.as_str(), "done" | "cancelled") {
-        return Err(BusError::conflict(format!(
-            "task `{key}` is already {}{}; a finished task cannot be cancelled. Nothing was \
-             changed.",
-            row.status,
-            row.finished_phrase()
-        )));
-    }
-    require_may_cancel(&row, me)?;
-    let (holder, lapsed_holder) = row.holders();
-    sqlx::query(
-        "UPDATE tasks
-         SET status = 'cancelled', holder_agent_id = NULL, holder_session = NULL,
-             lease_expires_at = NULL, claimed_at = NULL, cancelled_by = $2,
-             cancelled_session = $3, cancelled_at = now(), cancel_reason = $4,
-             updated_at = now()
-         WHERE id = $1",
-    )
-    .bind(row.id)
-    .bind(me.agent_id)
-    .bind(&me.session)
-    .bind(reason)
-    .execute(&mut *tx)
-    .await?;
-    record_event(
-        &mut tx,
+    let (task, (holder, (dependents, dependents_total))) = transition_and(
+        bus,
         me,
-        row.id,
-        "cancelled",
-        json!({
-            "reason": reason,
-            "holder": holder.as_ref().map(|h| &h.address),
-            "lapsed_holder": lapsed_holder.as_ref().map(|h| &h.address),
-        }),
+        &key,
+        Lock::Row,
+        |row| {
+            if matches!(row.status.as_str(), "done" | "cancelled") {
+                return Err(BusError::conflict(format!(
+                    "task `{key}` is already {}{}; a finished task cannot be cancelled. Nothing \
+                     was changed.",
+                    row.status,
+                    row.finished_phrase()
+                )));
+            }
+            require_may_cancel(row, me)?;
+            let (holder, lapsed_holder) = row.holders();
+            let update = sqlx::query(
+                "UPDATE tasks
+                 SET status = 'cancelled', holder_agent_id = NULL, holder_session = NULL,
+                     lease_expires_at = NULL, claimed_at = NULL, cancelled_by = $2,
+                     cancelled_session = $3, cancelled_at = now(), cancel_reason = $4,
+                     updated_at = now()
+                 WHERE id = $1",
+            )
+            .bind(row.id)
+            .bind(me.agent_id)
+            .bind(&me.session)
+            .bind(reason);
+            let detail = json!({
+                "reason": reason,
+                "holder": holder.as_ref().map(|h| &h.address),
+                "lapsed_holder": lapsed_holder.as_ref().map(|h| &h.address),
+            });
+            Ok(Change::new(update, "cancelled", detail))
+        },
+        // The holder whose lease ends with the task, and who is left waiting.
+        async |conn, row| Ok((row.holders().0, waiting_dependents(conn, me, row.id).await?)),
     )
     .await?;
-    let (dependents, dependents_total) = waiting_dependents(&mut tx, me, row.id).await?;
-    let task = read_task(&mut tx, me, &key).await?.into_task();
-    tx.commit().await?;
-    emit(bus, me, &key);
 
     let mut message = format!(
         "task `{key}` is cancelled: nobody can claim or complete it any more, and it is kept \

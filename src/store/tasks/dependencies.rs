@@ -25,7 +25,10 @@ use serde_json::json;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::{Task, check_dependencies, check_key, emit, lock_task, read_task, record_event};
+use super::Task;
+use super::checks::{check_dependencies, check_key};
+use super::row::lock_task;
+use super::transition::finish;
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -181,18 +184,8 @@ pub async fn set_dependencies(
         .bind(row.id)
         .execute(&mut *tx)
         .await?;
-    record_event(
-        &mut tx,
-        me,
-        row.id,
-        "dependencies_changed",
-        json!({ "from": row.depends_on, "to": depends_on }),
-    )
-    .await?;
-    let task = read_task(&mut tx, me, &key).await?.into_task();
-    tx.commit().await?;
-    emit(bus, me, &key);
-    Ok(task)
+    let detail = json!({ "from": row.depends_on, "to": depends_on });
+    finish(tx, bus, me, row.id, &key, "dependencies_changed", detail).await
 }
 
 /// Refuse if any of `new_dependencies` already waits on `task_id`, directly

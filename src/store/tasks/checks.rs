@@ -1,0 +1,241 @@
+//! The checks of every task tool's arguments. All run before a transaction
+//! opens, so bad input writes nothing.
+
+use chrono::Duration;
+use serde_json::{Value, json};
+
+use super::{
+    DEFAULT_LEASE_SECONDS, DEFAULT_LIST_LIMIT, DESCRIPTION_MAX_BYTES, KEY_MAX_BYTES,
+    MAX_DEPENDENCIES, MAX_LEASE_SECONDS, MAX_LIST_LIMIT, METADATA_MAX_BYTES, MIN_LEASE_SECONDS,
+    RESULT_MAX_BYTES, TITLE_MAX_BYTES,
+};
+use crate::error::{BusError, BusResult};
+use crate::store::text;
+
+/// A key naming a task to create: one line ([`text::one_line`]), 1..=128 bytes.
+pub(super) fn check_new_key(raw: &str) -> BusResult<String> {
+    check_key_size(text::one_line("task key", raw)?)
+}
+
+/// A key naming an existing task: normalised the same way, never refused for
+/// its characters ([`text::lookup`]): it can only find what exists.
+pub(super) fn check_key(raw: &str) -> BusResult<String> {
+    check_key_size(text::lookup(raw))
+}
+
+fn check_key_size(key: String) -> BusResult<String> {
+    if key.is_empty() {
+        return Err(BusError::invalid(
+            "a task key is required: a short identifier unique in the team, such as \
+             `api-auth-refactor` (at most 128 bytes).",
+        ));
+    }
+    if key.len() > KEY_MAX_BYTES {
+        return Err(BusError::invalid(format!(
+            "task key is {} bytes; the limit is {KEY_MAX_BYTES}. Use a short identifier such as \
+             `api-auth-refactor` and put the detail in the title or description.",
+            key.len()
+        )));
+    }
+    Ok(key)
+}
+
+pub(super) fn check_title(raw: &str) -> BusResult<String> {
+    let title = text::one_line_else("task title", raw, "put further lines in `description`")?;
+    if title.is_empty() {
+        return Err(BusError::invalid(
+            "a task title is required: one line saying what is to be done (at most 512 bytes).",
+        ));
+    }
+    if title.len() > TITLE_MAX_BYTES {
+        return Err(BusError::invalid(format!(
+            "task title is {} bytes; the limit is {TITLE_MAX_BYTES}. Keep the title to one line \
+             and put the rest in `description` (up to 64 KiB).",
+            title.len()
+        )));
+    }
+    Ok(title)
+}
+
+pub(super) fn check_description(raw: Option<String>) -> BusResult<Option<String>> {
+    match raw {
+        Some(text) if text.len() > DESCRIPTION_MAX_BYTES => Err(BusError::invalid(format!(
+            "task description is {} bytes; the limit is {DESCRIPTION_MAX_BYTES} (64 KiB). \
+             Summarise it, or keep the long text in a note (set_note) and reference its key.",
+            text.len()
+        ))),
+        Some(text) if text.trim().is_empty() => Ok(None),
+        other => Ok(other),
+    }
+}
+
+/// A JSON object, or a string that parses to one (models often send JSON as
+/// a string); stored as the object. At most 16 KiB as compact JSON.
+pub fn check_metadata(raw: Option<Value>) -> BusResult<Value> {
+    let value = match raw {
+        None | Some(Value::Null) => return Ok(json!({})),
+        Some(Value::String(text)) => match serde_json::from_str::<Value>(&text) {
+            Ok(parsed @ Value::Object(_)) => parsed,
+            _ => {
+                return Err(BusError::invalid(
+                    "metadata is a string that is not a JSON object. Pass an object such as \
+                     {\"priority\": \"high\"} (or a string holding one).",
+                ));
+            }
+        },
+        Some(object @ Value::Object(_)) => object,
+        Some(_) => {
+            return Err(BusError::invalid(
+                "metadata must be a JSON object such as {\"priority\": \"high\"}, not an array, \
+                 number or boolean.",
+            ));
+        }
+    };
+    let size = value.to_string().len();
+    if size > METADATA_MAX_BYTES {
+        return Err(BusError::invalid(format!(
+            "metadata is {size} bytes as JSON; the limit is {METADATA_MAX_BYTES} (16 KiB). Keep \
+             small facts in metadata and long text in the description or a note."
+        )));
+    }
+    Ok(value)
+}
+
+pub(super) fn check_dependencies(key: &str, raw: &[String]) -> BusResult<Vec<String>> {
+    // The raw length, before any per-entry work: duplicates count, so a list
+    // of a million copies of one key costs nothing.
+    if raw.len() > MAX_DEPENDENCIES {
+        return Err(BusError::invalid(format!(
+            "depends_on holds {} entries; the limit is {MAX_DEPENDENCIES} (duplicates count). \
+             Nothing was written. List each prerequisite once, and group many under fewer tasks \
+             (for example one task that depends on the others).",
+            raw.len()
+        )));
+    }
+    let mut seen = std::collections::HashSet::with_capacity(raw.len());
+    let mut keys: Vec<String> = Vec::with_capacity(raw.len());
+    for dep in raw {
+        let dep = check_key(dep)?;
+        if dep == key {
+            return Err(BusError::invalid(format!(
+                "task `{key}` cannot depend on itself; remove it from depends_on."
+            )));
+        }
+        if seen.insert(dep.clone()) {
+            keys.push(dep);
+        }
+    }
+    Ok(keys)
+}
+
+pub(super) fn check_lease(lease_seconds: Option<i64>) -> BusResult<Duration> {
+    let lease = lease_seconds.unwrap_or(DEFAULT_LEASE_SECONDS);
+    if !(MIN_LEASE_SECONDS..=MAX_LEASE_SECONDS).contains(&lease) {
+        return Err(BusError::invalid(format!(
+            "lease_seconds must be between {MIN_LEASE_SECONDS} and {MAX_LEASE_SECONDS} (24 h); got \
+             {lease}. Omit it for {DEFAULT_LEASE_SECONDS} s, and call renew_task_lease while you \
+             work."
+        )));
+    }
+    Ok(Duration::seconds(lease))
+}
+
+pub(super) fn check_result(result: &str) -> BusResult<()> {
+    if result.len() > RESULT_MAX_BYTES {
+        return Err(BusError::invalid(format!(
+            "result is {} bytes; the limit is {RESULT_MAX_BYTES} (64 KiB). Summarise the outcome \
+             and keep long output in a note (set_note) whose key you mention.",
+            result.len()
+        )));
+    }
+    Ok(())
+}
+
+/// The statuses `list_tasks` filters on.
+const LIST_STATUSES: &[&str] = &["open", "claimed", "done", "cancelled", "any"];
+
+pub(super) fn check_status_filter(raw: Option<&str>) -> BusResult<String> {
+    let status = raw.map(|s| s.trim().to_ascii_lowercase());
+    let status = status
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "any".into());
+    if !LIST_STATUSES.contains(&status.as_str()) {
+        return Err(BusError::invalid(format!(
+            "status {} is not one of open, claimed, done, cancelled, any. A task whose \
+             lease lapsed counts as open.",
+            text::quote(&status)
+        )));
+    }
+    Ok(status)
+}
+
+pub(super) fn check_list_limit(limit: Option<i64>) -> BusResult<i64> {
+    let limit = limit.unwrap_or(DEFAULT_LIST_LIMIT);
+    if !(1..=MAX_LIST_LIMIT).contains(&limit) {
+        return Err(BusError::invalid(format!(
+            "limit must be between 1 and {MAX_LIST_LIMIT}; got {limit}. Narrow the listing with \
+             `status` or `mine_only` instead of asking for more."
+        )));
+    }
+    Ok(limit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_is_an_object_or_a_string_holding_one() {
+        assert_eq!(check_metadata(None).unwrap(), json!({}));
+        assert_eq!(
+            check_metadata(Some(json!("{\"a\": 1}"))).unwrap(),
+            json!({"a": 1})
+        );
+        assert!(check_metadata(Some(json!("[1]"))).is_err());
+        assert!(check_metadata(Some(json!("not json"))).is_err());
+        assert!(check_metadata(Some(json!([1, 2]))).is_err());
+        let big = json!({ "x": "y".repeat(METADATA_MAX_BYTES) });
+        let err = check_metadata(Some(big)).unwrap_err().to_string();
+        assert!(err.contains("16384"), "{err}");
+    }
+
+    #[test]
+    fn limits_are_named_in_refusals() {
+        assert!(
+            check_key(&"k".repeat(129))
+                .unwrap_err()
+                .to_string()
+                .contains("128")
+        );
+        assert_eq!(check_key("  a b ").unwrap(), "a b");
+        assert_eq!(check_new_key(" a\u{2028}b ").unwrap_err().kind(), "invalid");
+        assert_eq!(check_key(" e\u{301} ").unwrap(), "\u{e9}");
+        assert!(check_title("one\ntwo").is_err());
+        assert_eq!(check_title(" one line\n").unwrap(), "one line");
+        assert!(
+            check_lease(Some(29))
+                .unwrap_err()
+                .to_string()
+                .contains("30")
+        );
+        assert_eq!(check_lease(None).unwrap(), Duration::seconds(900));
+        assert!(
+            check_list_limit(Some(201))
+                .unwrap_err()
+                .to_string()
+                .contains("200")
+        );
+        assert_eq!(check_status_filter(None).unwrap(), "any");
+        assert!(check_status_filter(Some("lapsed")).is_err());
+        let deps: Vec<String> = (0..33).map(|i| format!("d{i}")).collect();
+        assert!(
+            check_dependencies("t", &deps)
+                .unwrap_err()
+                .to_string()
+                .contains("32")
+        );
+        let dup = vec!["a".to_string(), " a ".to_string()];
+        assert_eq!(check_dependencies("t", &dup).unwrap(), vec!["a"]);
+        assert!(check_dependencies("t", &["t".to_string()]).is_err());
+    }
+}

@@ -1,0 +1,180 @@
+//! Tasks: a team's shared work queue, with claims leased to one window.
+//!
+//! A task is created open, may wait on other tasks of the team (its
+//! dependencies), is claimed by one window, the (agent, session label) pair,
+//! for a lease, and is completed or released by that window only. Another
+//! window of the same agent is a different holder: it cannot renew, release
+//! or complete the claim. Its creator or the holding window may cancel it
+//! instead (`cancel`), and its creator may re-point its dependencies
+//! (`dependencies`): a cancelled task is never done, so a task waiting on one
+//! says so in `blocked_by_cancelled` rather than becoming claimable.
+//!
+//! Leases are measured on the database's clock (`now()`), never the caller's.
+//! Nothing sweeps lapsed leases: a claimed task whose lease has run out *reads*
+//! as `open` everywhere (with its `lapsed_holder`) and the next claim simply
+//! overwrites the holder. So a crashed agent's work comes back by itself, and
+//! the lapsed holder can neither renew nor complete what it no longer holds.
+//!
+//! `claim_next_task` takes the oldest ready task with `FOR NO KEY UPDATE SKIP
+//! LOCKED`: concurrent claimers each lock a different row, and a row another
+//! claimer just took fails the re-check and is passed over, so no task is ever
+//! handed to two windows.
+//!
+//! Every change is one short transaction: the session guard, the row lock,
+//! the change, its `task_events` row. The wake-up event is emitted after commit.
+//! Not here: attachments.
+//!
+//! Layout: this file holds the limits and the types the tools answer with;
+//! `checks` the argument checks (all before a transaction opens); `row` the
+//! task row as read and locked, its event row and wake-up; `transition` the
+//! one path of a change to an existing task (guard, lock, check, update,
+//! event, commit, wake-up); `lifecycle` creating, renewing, releasing and
+//! completing; `claim` claiming one task or the next ready one; `cancel` and
+//! `dependencies` cancelling and re-pointing; `queries` listing and reading.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+
+mod cancel;
+mod checks;
+mod claim;
+mod dependencies;
+mod lifecycle;
+mod queries;
+mod row;
+mod transition;
+pub use cancel::{CANCEL_REASON_MAX_BYTES, CancelledTask, cancel};
+pub use checks::check_metadata;
+pub use claim::{claim, claim_next};
+pub use dependencies::set_dependencies;
+pub use lifecycle::{complete, create, release, renew};
+pub use queries::{count_claimed, get, list};
+
+pub const KEY_MAX_BYTES: usize = 128;
+pub const TITLE_MAX_BYTES: usize = 512;
+pub const DESCRIPTION_MAX_BYTES: usize = 64 * 1024;
+pub const RESULT_MAX_BYTES: usize = 64 * 1024;
+pub const METADATA_MAX_BYTES: usize = 16 * 1024;
+pub const MAX_DEPENDENCIES: usize = 32;
+pub const MIN_LEASE_SECONDS: i64 = 30;
+pub const MAX_LEASE_SECONDS: i64 = 86_400;
+pub const DEFAULT_LEASE_SECONDS: i64 = 900;
+pub const DEFAULT_LIST_LIMIT: i64 = 50;
+pub const MAX_LIST_LIMIT: i64 = 200;
+/// `get_task` shows at most this many of the latest events (and the total).
+pub const MAX_EVENTS_SHOWN: i64 = 200;
+
+/// A task as `create_task`, `claim_task`, `get_task` and friends return it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Task {
+    pub key: String,
+    pub title: String,
+    /// `open`, `claimed`, `done` or `cancelled`. A lapsed lease reads `open`.
+    pub status: String,
+    pub description: Option<String>,
+    pub metadata: Value,
+    /// The window holding a live claim.
+    pub holder: Option<Holder>,
+    /// The window whose lease ran out; the task is open to anyone.
+    pub lapsed_holder: Option<Holder>,
+    pub depends_on: Vec<String>,
+    /// The dependencies not yet done; the task cannot be claimed until empty.
+    pub blocked_by: Vec<String>,
+    /// The entries of `blocked_by` that were cancelled: they will never be
+    /// done, so this task waits until its creator re-points or cancels it.
+    pub blocked_by_cancelled: Vec<String>,
+    pub created_by: String,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub completed_by: Option<String>,
+    pub completed_at: Option<DateTime<Utc>>,
+    pub result: Option<String>,
+    /// The window that cancelled the task, when it was, and why.
+    pub cancelled_by: Option<String>,
+    pub cancelled_at: Option<DateTime<Utc>>,
+    pub cancel_reason: Option<String>,
+}
+
+/// A task in a listing: no description, metadata or result.
+#[derive(Clone, Debug, Serialize)]
+pub struct TaskSummary {
+    pub key: String,
+    pub title: String,
+    pub status: String,
+    pub holder: Option<Holder>,
+    pub lapsed_holder: Option<Holder>,
+    pub blocked_by: Vec<String>,
+    pub blocked_by_cancelled: Vec<String>,
+    pub created_by: String,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub completed_by: Option<String>,
+    pub completed_at: Option<DateTime<Utc>>,
+    pub cancelled_by: Option<String>,
+    pub cancelled_at: Option<DateTime<Utc>>,
+}
+
+/// The window holding (or, lapsed, last holding) a claim.
+#[derive(Clone, Debug, Serialize)]
+pub struct Holder {
+    pub agent: String,
+    /// The window label; `""` is the agent's shared session.
+    pub session: String,
+    /// `agent` or `agent/session`.
+    pub address: String,
+    pub claimed_at: Option<DateTime<Utc>>,
+    pub lease_expires_at: DateTime<Utc>,
+    /// Whole seconds until the lease ends; 0 once lapsed.
+    pub lease_seconds_left: i64,
+}
+
+/// What `create_task` takes.
+#[derive(Clone, Debug, Default)]
+pub struct NewTask {
+    pub key: String,
+    pub title: String,
+    pub description: Option<String>,
+    /// A JSON object, or a string holding one.
+    pub metadata: Option<Value>,
+    pub depends_on: Vec<String>,
+}
+
+/// `claim_next_task`'s answer: a task, or why there is none.
+#[derive(Clone, Debug, Serialize)]
+pub struct NextTask {
+    pub claimed: bool,
+    pub task: Option<Task>,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TaskList {
+    pub status: String,
+    pub mine_only: bool,
+    pub count: usize,
+    /// More tasks match than `limit` allowed.
+    pub more: bool,
+    pub tasks: Vec<TaskSummary>,
+}
+
+/// `get_task`: the task and its history, oldest event first.
+#[derive(Clone, Debug, Serialize)]
+pub struct TaskDetail {
+    #[serde(flatten)]
+    pub task: Task,
+    pub events: Vec<TaskEvent>,
+    /// All events of the task; `events` holds the latest [`MAX_EVENTS_SHOWN`].
+    pub events_total: i64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TaskEvent {
+    pub at: DateTime<Utc>,
+    /// `created`, `claimed`, `renewed`, `released`, `completed`, `cancelled`,
+    /// `dependencies_changed`.
+    pub kind: String,
+    /// The address of the window that made the change.
+    pub by: String,
+    pub detail: Value,
+}

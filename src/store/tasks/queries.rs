@@ -1,0 +1,136 @@
+//! Reading tasks: `list_tasks`, `get_task` with its history, and the count
+//! of live claims `whoami` shows.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+
+use super::checks::{check_key, check_list_limit, check_status_filter};
+use super::row::{TaskRow, read_task, summary_columns, task_from};
+use super::{MAX_EVENTS_SHOWN, TaskDetail, TaskEvent, TaskList, TaskSummary};
+use crate::Bus;
+use crate::auth::Identity;
+use crate::error::BusResult;
+use crate::store::address;
+
+macro_rules! list_where {
+    () => {
+        "WHERE t.team_id = $1
+           AND CASE $2::text
+                 WHEN 'any' THEN true
+                 WHEN 'open' THEN t.status = 'open'
+                                  OR (t.status = 'claimed' AND t.lease_expires_at <= now())
+                 WHEN 'claimed' THEN t.status = 'claimed' AND t.lease_expires_at > now()
+                 ELSE t.status = $2::text
+               END
+           AND (NOT $3::bool
+                OR (t.holder_agent_id = $4 AND t.holder_session = $5)
+                OR (t.completed_by = $4 AND t.completed_session = $5))"
+    };
+}
+
+/// `list_tasks`: open and claimed tasks in queue order (oldest first); done,
+/// cancelled and `any` most recently changed first. `mine_only`: tasks this
+/// window holds (or held, lapsed) or completed.
+pub async fn list(
+    bus: &Bus,
+    me: &Identity,
+    status: Option<&str>,
+    mine_only: bool,
+    limit: Option<i64>,
+) -> BusResult<TaskList> {
+    let status = check_status_filter(status)?;
+    let limit = check_list_limit(limit)?;
+    let query = if matches!(status.as_str(), "open" | "claimed") {
+        concat!(
+            "SELECT ",
+            summary_columns!(),
+            task_from!(),
+            list_where!(),
+            " ORDER BY t.created_at, t.seq LIMIT $6"
+        )
+    } else {
+        concat!(
+            "SELECT ",
+            summary_columns!(),
+            task_from!(),
+            list_where!(),
+            " ORDER BY t.updated_at DESC, t.seq DESC LIMIT $6"
+        )
+    };
+    let mut rows: Vec<TaskRow> = sqlx::query_as(query)
+        .bind(me.team_id)
+        .bind(&status)
+        .bind(mine_only)
+        .bind(me.agent_id)
+        .bind(&me.session)
+        .bind(limit + 1)
+        .fetch_all(&bus.pool)
+        .await?;
+    let more = rows.len() as i64 > limit;
+    rows.truncate(limit as usize);
+    let tasks: Vec<TaskSummary> = rows.into_iter().map(TaskRow::into_summary).collect();
+    Ok(TaskList {
+        status,
+        mine_only,
+        count: tasks.len(),
+        more,
+        tasks,
+    })
+}
+
+/// `get_task`: the task with everything it holds and its latest events.
+pub async fn get(bus: &Bus, me: &Identity, key: &str) -> BusResult<TaskDetail> {
+    #[derive(sqlx::FromRow)]
+    struct EventRow {
+        at: DateTime<Utc>,
+        kind: String,
+        agent: String,
+        session: String,
+        detail: Value,
+        total: i64,
+    }
+    let key = check_key(key)?;
+    let mut conn = bus.pool.acquire().await?;
+    let row = read_task(&mut conn, me, &key).await?;
+    let mut events: Vec<EventRow> = sqlx::query_as(
+        "SELECT e.at, e.kind, a.name AS agent, e.session, e.detail, count(*) OVER () AS total
+         FROM task_events e JOIN agents a ON a.team_id = e.team_id AND a.id = e.agent_id
+         WHERE e.team_id = $1 AND e.task_id = $2
+         ORDER BY e.id DESC LIMIT $3",
+    )
+    .bind(me.team_id)
+    .bind(row.id)
+    .bind(MAX_EVENTS_SHOWN)
+    .fetch_all(&mut *conn)
+    .await?;
+    events.reverse();
+    let events_total = events.first().map(|e| e.total).unwrap_or(0);
+    Ok(TaskDetail {
+        task: row.into_task(),
+        events_total,
+        events: events
+            .into_iter()
+            .map(|e| TaskEvent {
+                by: address(&e.agent, &e.session),
+                at: e.at,
+                kind: e.kind,
+                detail: e.detail,
+            })
+            .collect(),
+    })
+}
+
+/// How many tasks this window holds with a live lease (for `whoami`).
+pub async fn count_claimed(bus: &Bus, me: &Identity) -> BusResult<i64> {
+    let count: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM tasks
+         WHERE team_id = $1 AND holder_agent_id = $2 AND holder_session = $3
+           AND status = 'claimed' AND lease_expires_at > now()",
+    )
+    .bind(me.team_id)
+    .bind(me.agent_id)
+    .bind(&me.session)
+    .fetch_one(&bus.pool)
+    .await?;
+    Ok(count)
+}

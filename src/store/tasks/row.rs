@@ -1,0 +1,353 @@
+//! The task row as every reader and writer sees it: its columns (the lapse
+//! decided on the database clock), reading it, locking it for a change, the
+//! `task_events` row a change writes and the wake-up event after commit.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use super::{Holder, Task, TaskSummary};
+use crate::Bus;
+use crate::auth::Identity;
+use crate::error::{BusError, BusResult};
+use crate::events::{BusEvent, EventKind};
+use crate::store::{address, at, window_phrase};
+
+/// The columns of a task as read everywhere, the large ones as the caller
+/// names them (a listing leaves them out). The lapse is decided here, on the
+/// database clock, so every reader agrees.
+macro_rules! columns {
+    (
+        description: $description:literal,
+        metadata: $metadata:literal,
+        result: $result:literal,
+        cancel_reason: $cancel_reason:literal,
+        depends_on: $depends_on:literal $(,)?
+    ) => {
+        concat!(
+            "t.id, t.key, t.title, ", $description, ", ", $metadata, ", t.status,
+         (t.status = 'claimed' AND t.lease_expires_at <= now()) AS lapsed,
+         t.holder_agent_id, ha.name AS holder_agent, t.holder_session, t.claimed_at,
+         t.lease_expires_at,
+         greatest(0, ceil(extract(epoch FROM t.lease_expires_at - now())))::bigint AS lease_seconds_left,
+         t.created_by AS creator_id, ca.name AS created_by, t.created_session, t.created_at,
+         t.updated_at, da.name AS completed_by, t.completed_session, t.completed_at, ",
+            $result,
+            ",
+         xa.name AS cancelled_by, t.cancelled_session, t.cancelled_at, ",
+            $cancel_reason,
+            ",
+         ",
+            $depends_on,
+            ",
+         ARRAY(SELECT p.key FROM task_dependencies d
+               JOIN tasks p ON p.team_id = d.team_id AND p.id = d.depends_on_id
+               WHERE d.team_id = t.team_id AND d.task_id = t.id AND p.status <> 'done'
+               ORDER BY p.seq) AS blocked_by,
+         ARRAY(SELECT p.key FROM task_dependencies d
+               JOIN tasks p ON p.team_id = d.team_id AND p.id = d.depends_on_id
+               WHERE d.team_id = t.team_id AND d.task_id = t.id AND p.status = 'cancelled'
+               ORDER BY p.seq) AS blocked_by_cancelled"
+        )
+    };
+}
+
+/// Everything a task holds.
+macro_rules! task_columns {
+    () => {
+        $crate::store::tasks::row::columns!(
+            description: "t.description",
+            metadata: "t.metadata",
+            result: "t.result",
+            cancel_reason: "t.cancel_reason",
+            depends_on: "ARRAY(SELECT p.key FROM task_dependencies d
+               JOIN tasks p ON p.team_id = d.team_id AND p.id = d.depends_on_id
+               WHERE d.team_id = t.team_id AND d.task_id = t.id ORDER BY p.seq) AS depends_on",
+        )
+    };
+}
+
+/// Listings leave the large fields out.
+macro_rules! summary_columns {
+    () => {
+        $crate::store::tasks::row::columns!(
+            description: "NULL::text AS description",
+            metadata: "'{}'::jsonb AS metadata",
+            result: "NULL::text AS result",
+            cancel_reason: "NULL::text AS cancel_reason",
+            depends_on: "'{}'::text[] AS depends_on",
+        )
+    };
+}
+
+macro_rules! task_from {
+    () => {
+        " FROM tasks t
+          JOIN agents ca ON ca.team_id = t.team_id AND ca.id = t.created_by
+          LEFT JOIN agents ha ON ha.team_id = t.team_id AND ha.id = t.holder_agent_id
+          LEFT JOIN agents da ON da.team_id = t.team_id AND da.id = t.completed_by
+          LEFT JOIN agents xa ON xa.team_id = t.team_id AND xa.id = t.cancelled_by "
+    };
+}
+pub(super) use {columns, summary_columns, task_from};
+
+#[derive(sqlx::FromRow)]
+pub(super) struct TaskRow {
+    pub(super) id: Uuid,
+    pub(super) key: String,
+    pub(super) title: String,
+    pub(super) description: Option<String>,
+    pub(super) metadata: Value,
+    pub(super) status: String,
+    pub(super) lapsed: bool,
+    pub(super) holder_agent_id: Option<Uuid>,
+    pub(super) holder_agent: Option<String>,
+    pub(super) holder_session: Option<String>,
+    pub(super) claimed_at: Option<DateTime<Utc>>,
+    pub(super) lease_expires_at: Option<DateTime<Utc>>,
+    pub(super) lease_seconds_left: Option<i64>,
+    pub(super) creator_id: Uuid,
+    pub(super) created_by: String,
+    pub(super) created_session: String,
+    pub(super) created_at: DateTime<Utc>,
+    pub(super) updated_at: DateTime<Utc>,
+    pub(super) completed_by: Option<String>,
+    pub(super) completed_session: Option<String>,
+    pub(super) completed_at: Option<DateTime<Utc>>,
+    pub(super) result: Option<String>,
+    pub(super) cancelled_by: Option<String>,
+    pub(super) cancelled_session: Option<String>,
+    pub(super) cancelled_at: Option<DateTime<Utc>>,
+    pub(super) cancel_reason: Option<String>,
+    pub(super) depends_on: Vec<String>,
+    pub(super) blocked_by: Vec<String>,
+    pub(super) blocked_by_cancelled: Vec<String>,
+}
+
+impl TaskRow {
+    pub(super) fn holder(&self) -> Option<Holder> {
+        let agent = self.holder_agent.clone()?;
+        let session = self.holder_session.clone().unwrap_or_default();
+        Some(Holder {
+            address: address(&agent, &session),
+            agent,
+            session,
+            claimed_at: self.claimed_at,
+            lease_expires_at: self.lease_expires_at?,
+            lease_seconds_left: self.lease_seconds_left.unwrap_or(0),
+        })
+    }
+
+    /// The live holder and the lapsed one: at most one of them is set.
+    pub(super) fn holders(&self) -> (Option<Holder>, Option<Holder>) {
+        if self.lapsed {
+            (None, self.holder())
+        } else {
+            (self.holder(), None)
+        }
+    }
+
+    fn effective_status(&self) -> String {
+        if self.lapsed {
+            "open".into()
+        } else {
+            self.status.clone()
+        }
+    }
+
+    pub(super) fn held_by(&self, me: &Identity) -> bool {
+        self.holder_agent_id == Some(me.agent_id)
+            && self.holder_session.as_deref() == Some(me.session.as_str())
+    }
+
+    pub(super) fn holder_phrase(&self) -> String {
+        window_phrase(
+            self.holder_agent.as_deref().unwrap_or("?"),
+            self.holder_session.as_deref().unwrap_or(""),
+        )
+    }
+
+    pub(super) fn lease_phrase(&self) -> String {
+        match self.lease_expires_at {
+            Some(expiry) => format!(
+                "its lease expires at {} (in {} s)",
+                at(expiry),
+                self.lease_seconds_left.unwrap_or(0)
+            ),
+            None => "it holds no lease".into(),
+        }
+    }
+
+    /// Who finished the task and when (and why, for a cancellation), for
+    /// refusals; empty when not finished or not known.
+    pub(super) fn finished_phrase(&self) -> String {
+        if let (Some(agent), Some(when)) = (&self.cancelled_by, self.cancelled_at) {
+            let reason: String = self
+                .cancel_reason
+                .as_deref()
+                .unwrap_or_default()
+                .chars()
+                .take(200)
+                .map(|c| if c.is_control() { ' ' } else { c })
+                .collect();
+            return format!(
+                " (cancelled by {} at {}: \"{reason}\")",
+                address(agent, self.cancelled_session.as_deref().unwrap_or("")),
+                at(when)
+            );
+        }
+        match (&self.completed_by, self.completed_at) {
+            (Some(agent), Some(when)) => format!(
+                " (completed by {} at {})",
+                address(agent, self.completed_session.as_deref().unwrap_or("")),
+                at(when)
+            ),
+            _ => String::new(),
+        }
+    }
+
+    fn completed_by_address(&self) -> Option<String> {
+        self.completed_by
+            .as_deref()
+            .map(|a| address(a, self.completed_session.as_deref().unwrap_or("")))
+    }
+
+    fn cancelled_by_address(&self) -> Option<String> {
+        self.cancelled_by
+            .as_deref()
+            .map(|a| address(a, self.cancelled_session.as_deref().unwrap_or("")))
+    }
+
+    pub(super) fn into_task(self) -> Task {
+        let (holder, lapsed_holder) = self.holders();
+        let status = self.effective_status();
+        let cancelled_by = self.cancelled_by_address();
+        Task {
+            status,
+            holder,
+            lapsed_holder,
+            created_by: address(&self.created_by, &self.created_session),
+            completed_by: self.completed_by_address(),
+            key: self.key,
+            title: self.title,
+            description: self.description,
+            metadata: self.metadata,
+            depends_on: self.depends_on,
+            blocked_by: self.blocked_by,
+            blocked_by_cancelled: self.blocked_by_cancelled,
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+            completed_at: self.completed_at,
+            result: self.result,
+            cancelled_by,
+            cancelled_at: self.cancelled_at,
+            cancel_reason: self.cancel_reason,
+        }
+    }
+
+    pub(super) fn into_summary(self) -> TaskSummary {
+        let (holder, lapsed_holder) = self.holders();
+        let cancelled_by = self.cancelled_by_address();
+        TaskSummary {
+            status: self.effective_status(),
+            holder,
+            lapsed_holder,
+            created_by: address(&self.created_by, &self.created_session),
+            completed_by: self.completed_by_address(),
+            key: self.key,
+            title: self.title,
+            blocked_by: self.blocked_by,
+            blocked_by_cancelled: self.blocked_by_cancelled,
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+            completed_at: self.completed_at,
+            cancelled_by,
+            cancelled_at: self.cancelled_at,
+        }
+    }
+}
+
+fn no_such_task(me: &Identity, key: &str) -> BusError {
+    BusError::not_found(format!(
+        "no task with key `{key}` in team `{}`. list_tasks shows the team's tasks; create_task \
+         makes one.",
+        me.team
+    ))
+}
+
+/// The one task the team ($1) holds under the key ($2).
+macro_rules! select_task {
+    () => {
+        concat!(
+            "SELECT ",
+            task_columns!(),
+            task_from!(),
+            "WHERE t.team_id = $1 AND t.key = $2"
+        )
+    };
+}
+
+pub(super) async fn read_task(
+    conn: &mut PgConnection,
+    me: &Identity,
+    key: &str,
+) -> BusResult<TaskRow> {
+    find_task(conn, me, key, select_task!()).await
+}
+
+/// The task row locked for a change: claims, renewals, releases and
+/// completions of one task queue up here. `NO KEY UPDATE` because no change
+/// touches the key columns, so foreign-key checks (a new task depending on
+/// this one, an event row) are not made to wait behind it.
+pub(super) async fn lock_task(
+    conn: &mut PgConnection,
+    me: &Identity,
+    key: &str,
+) -> BusResult<TaskRow> {
+    let query = concat!(select_task!(), " FOR NO KEY UPDATE OF t");
+    find_task(conn, me, key, query).await
+}
+
+/// The row `query` finds for the team and `key` ($1, $2), or the refusal
+/// naming the missing task.
+async fn find_task(
+    conn: &mut PgConnection,
+    me: &Identity,
+    key: &str,
+    query: &'static str,
+) -> BusResult<TaskRow> {
+    let row: Option<TaskRow> = sqlx::query_as(query)
+        .bind(me.team_id)
+        .bind(key)
+        .fetch_optional(&mut *conn)
+        .await?;
+    row.ok_or_else(|| no_such_task(me, key))
+}
+
+pub(super) async fn record_event(
+    conn: &mut PgConnection,
+    me: &Identity,
+    task_id: Uuid,
+    kind: &str,
+    detail: Value,
+) -> BusResult<()> {
+    sqlx::query(
+        "INSERT INTO task_events (team_id, task_id, kind, agent_id, session, detail)
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(me.team_id)
+    .bind(task_id)
+    .bind(kind)
+    .bind(me.agent_id)
+    .bind(&me.session)
+    .bind(detail)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+pub(super) fn emit(bus: &Bus, me: &Identity, key: &str) {
+    bus.events
+        .emit(BusEvent::new(me.team_id, EventKind::Task, key).by(me));
+}
