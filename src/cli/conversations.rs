@@ -3,7 +3,7 @@
 //! an operator's switch of one conversation's publication or tombstone of one
 //! message (`publication`, `tombstone`), and declaring bodies the broker lost
 //! (`declare-lost`). Runs beside the database; the logic is in
-//! `store::outbox`, `store::migrate`, `store::conversation_operator` and
+//! `store::outbox`, `store::moves`, `store::conversation_operator` and
 //! `store::lost_bodies`.
 
 use std::io::IsTerminal;
@@ -16,7 +16,7 @@ use super::output;
 use crate::backend::Backends;
 use crate::backend::jetstream::Broker;
 use crate::store::conversation_operator::{self, Publication};
-use crate::store::migrate::{self, Direction, Plan, Progress};
+use crate::store::moves::{self, Direction, Plan, Progress};
 use crate::store::{broker_conditions, lost_bodies, outbox, teams};
 
 #[derive(Subcommand, Debug)]
@@ -376,7 +376,7 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
                 let team = teams::find(pool, &team).await?;
                 let backends = Backends::with_broker(pool.clone(), broker);
                 let plans =
-                    migrate::plan(pool, &backends, team.id, direction, &conversations).await?;
+                    moves::plan(pool, &backends, team.id, direction, &conversations).await?;
                 if !apply {
                     if json {
                         output::json(&plans)?;
@@ -399,7 +399,7 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
                         continue;
                     }
                     let bar = ProgressView::new(plan, json);
-                    let moved = migrate::run(
+                    let moved = moves::run(
                         pool,
                         &backends,
                         team.id,
@@ -438,7 +438,7 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
                         }
                         Err(e) => {
                             failures += 1;
-                            let paused = migrate::is_paused(pool, plan.conversation_id)
+                            let paused = moves::is_paused(pool, plan.conversation_id)
                                 .await
                                 .unwrap_or(true);
                             let reopened = if paused {
@@ -474,7 +474,7 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
                 .with_database(async |pool| {
                     let team = teams::find(pool, &team).await?;
                     let actor = crate::store::Actor::local_operator();
-                    Ok(migrate::unpause(pool, team.id, conversation, &actor).await?)
+                    Ok(moves::unpause(pool, team.id, conversation, &actor).await?)
                 })
                 .await?;
             if json {
@@ -497,7 +497,7 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
             let report = ctx
                 .with_database(async |pool| {
                     let team = teams::find(pool, &team).await?;
-                    Ok(migrate::cleanup(pool, team.id, rollback_window_hours, apply).await?)
+                    Ok(moves::cleanup(pool, team.id, rollback_window_hours, apply).await?)
                 })
                 .await?;
             if json {

@@ -18,7 +18,7 @@ pub mod inbox;
 pub mod locks;
 pub mod lost_bodies;
 pub mod messages;
-pub mod migrate;
+pub mod moves;
 pub mod notes;
 pub mod outbox;
 pub mod overview;
