@@ -41,8 +41,9 @@
 //! copying and verifying one message in `copy.rs`; lifting a pause no move
 //! owns ([`unpause`]) and asking whether one is held ([`is_paused`]) in
 //! `pause.rs`; dropping source bodies after the rollback window
-//! ([`cleanup()`]) in `cleanup.rs`. This file holds the types they share
-//! and the conversation lock every step takes first.
+//! ([`cleanup()`]) in `cleanup.rs`; moving every conversation of a plan in
+//! turn ([`run_all`], what `--apply` does) in `driver.rs`. This file holds
+//! the types they share and the conversation lock every step takes first.
 
 use std::time::Duration;
 
@@ -67,11 +68,13 @@ macro_rules! bytes_of_messages {
 
 mod cleanup;
 mod copy;
+mod driver;
 mod mover;
 mod pause;
 mod plan;
 
 pub use cleanup::{Cleanup, cleanup};
+pub use driver::{Event, Moved, run_all};
 pub use mover::{abort, run};
 pub use pause::{Unpaused, is_paused, unpause};
 pub use plan::plan;
