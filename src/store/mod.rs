@@ -16,6 +16,7 @@ pub mod conversation_operator;
 pub mod conversations;
 pub mod inbox;
 pub mod locks;
+mod long_poll;
 pub mod lost_bodies;
 pub mod messages;
 pub mod moves;
