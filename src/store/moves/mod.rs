@@ -202,3 +202,31 @@ async fn lock_conversation(
         BusError::not_found(format!("no conversation {conversation_id} in this team."))
     })
 }
+
+/// The open run of a conversation (there is at most one, M3): its id and
+/// direction column. The caller holds the conversation's lock.
+async fn open_run_of(
+    conn: &mut sqlx::PgConnection,
+    conversation_id: Uuid,
+) -> BusResult<Option<(Uuid, String)>> {
+    Ok(sqlx::query_as(
+        "SELECT id, direction FROM conversation_migrations
+          WHERE conversation_id = $1 AND state IN ('planned', 'copying', 'verified')",
+    )
+    .bind(conversation_id)
+    .fetch_optional(conn)
+    .await?)
+}
+
+/// Whether this run is still open (not failed or cut over by another
+/// process meanwhile). The caller holds the conversation's lock.
+async fn run_is_open(conn: &mut sqlx::PgConnection, migration_id: Uuid) -> BusResult<bool> {
+    let open: Option<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM conversation_migrations
+          WHERE id = $1 AND state IN ('planned', 'copying', 'verified')",
+    )
+    .bind(migration_id)
+    .fetch_optional(conn)
+    .await?;
+    Ok(open.is_some())
+}

@@ -9,7 +9,9 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::pause::lift_orphaned_pause;
-use super::{Direction, Outcome, Progress, SETTLE_WAIT, lock_conversation, plan};
+use super::{
+    Direction, Outcome, Progress, SETTLE_WAIT, lock_conversation, open_run_of, plan, run_is_open,
+};
 use crate::backend::{AnyBackend, Backends, JetStreamBackend};
 use crate::error::{BusError, BusResult};
 use crate::store::Actor;
@@ -210,14 +212,7 @@ async fn open_run(
 ) -> BusResult<Uuid> {
     let mut tx = pool.begin().await?;
     lock_conversation(&mut tx, team_id, conversation_id).await?;
-    let open: Option<(Uuid, String)> = sqlx::query_as(
-        "SELECT id, direction FROM conversation_migrations
-          WHERE conversation_id = $1 AND state IN ('planned', 'copying', 'verified')",
-    )
-    .bind(conversation_id)
-    .fetch_optional(&mut *tx)
-    .await?;
-    if let Some((id, open_direction)) = open {
+    if let Some((id, open_direction)) = open_run_of(&mut tx, conversation_id).await? {
         if open_direction != direction.column() {
             return Err(BusError::conflict(format!(
                 "a move of conversation {conversation_id} {} is already open. Let it finish (run \
@@ -297,14 +292,7 @@ impl Mover<'_> {
         // aborted it meanwhile (lifting the pause), and a pause taken now
         // would be owned by no move. Its cutover would refuse, its abort
         // would find nothing open, and the thread would refuse every send.
-        let open: Option<Uuid> = sqlx::query_scalar(
-            "SELECT id FROM conversation_migrations
-              WHERE id = $1 AND state IN ('planned', 'copying', 'verified')",
-        )
-        .bind(self.migration_id)
-        .fetch_optional(&mut *tx)
-        .await?;
-        if open.is_none() {
+        if !run_is_open(&mut tx, self.migration_id).await? {
             return Err(BusError::conflict(format!(
                 "this move of conversation {} was given up by another process (or finished) \
                  while this one copied, so it did not pause writes and cut nothing over. \
@@ -391,14 +379,7 @@ impl Mover<'_> {
     async fn cut_over(&mut self) -> BusResult<()> {
         let mut tx = self.pool.begin().await?;
         lock_conversation(&mut tx, self.team_id, self.conversation_id).await?;
-        let open: Option<Uuid> = sqlx::query_scalar(
-            "SELECT id FROM conversation_migrations
-              WHERE id = $1 AND state IN ('planned', 'copying', 'verified')",
-        )
-        .bind(self.migration_id)
-        .fetch_optional(&mut *tx)
-        .await?;
-        if open.is_none() {
+        if !run_is_open(&mut tx, self.migration_id).await? {
             return Err(BusError::conflict(
                 "this move was finished or given up by another process meanwhile; nothing was cut over by this one.",
             ));

@@ -6,7 +6,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::lock_conversation;
+use super::{lock_conversation, open_run_of};
 use crate::error::{BusError, BusResult};
 use crate::store::{Actor, audit};
 
@@ -53,14 +53,7 @@ pub async fn unpause(
 ) -> BusResult<Unpaused> {
     let mut tx = pool.begin().await?;
     lock_conversation(&mut tx, team_id, conversation_id).await?;
-    let open: Option<(Uuid, String)> = sqlx::query_as(
-        "SELECT id, direction FROM conversation_migrations
-          WHERE conversation_id = $1 AND state IN ('planned', 'copying', 'verified')",
-    )
-    .bind(conversation_id)
-    .fetch_optional(&mut *tx)
-    .await?;
-    if let Some((run, direction)) = open {
+    if let Some((run, direction)) = open_run_of(&mut tx, conversation_id).await? {
         return Err(BusError::conflict(format!(
             "move {run} of conversation {conversation_id} ({}) is open and owns the pause; \
              nothing was changed. Run `conversations migrate --to {} --conversation \
