@@ -534,20 +534,13 @@ async fn ask_unchecked(
         Polled::TimedOut => match messages::answer_to(bus, me, question_id).await? {
             Some(answer) => answer,
             None => {
-                return Ok(AskResult {
-                    answered: false,
-                    answer: None,
-                    answered_by: None,
-                    answer_message_id: None,
-                    question_message_id: question_id,
-                    suggestion: Some(format!(
-                        "No answer within {} s. Call ask_agent again with resume_message_id \
-                         \"{question_id}\" to keep waiting without asking twice, or carry on and look \
-                         for the reply later with read_messages (scope inbox).",
-                        timeout.as_secs()
-                    )),
-                    server_restarting: false,
-                });
+                let suggestion = format!(
+                    "No answer within {} s. Call ask_agent again with resume_message_id \
+                     \"{question_id}\" to keep waiting without asking twice, or carry on and look \
+                     for the reply later with read_messages (scope inbox).",
+                    timeout.as_secs()
+                );
+                return Ok(not_answered(question_id, suggestion, false));
             }
         },
     };
@@ -568,19 +561,25 @@ fn answered(answer: messages::MessageView, question_id: Uuid) -> AskResult {
 
 /// The question stands (it was sent); only the wait for its answer ended.
 fn not_answered_restarting(question_id: Uuid) -> AskResult {
+    let suggestion = format!(
+        "The server is restarting, so this wait ended before an answer came; the question was \
+         sent, and resuming finds its answer whenever it arrives. Call ask_agent again with \
+         resume_message_id \"{question_id}\" to keep waiting without asking twice: it \
+         reaches another replica, or this server once it is back (retry for a few seconds if \
+         the connection is refused)."
+    );
+    not_answered(question_id, suggestion, true)
+}
+
+/// No answer (yet): what to do next, and whether the server is stopping.
+fn not_answered(question_id: Uuid, suggestion: String, server_restarting: bool) -> AskResult {
     AskResult {
         answered: false,
         answer: None,
         answered_by: None,
         answer_message_id: None,
         question_message_id: question_id,
-        suggestion: Some(format!(
-            "The server is restarting, so this wait ended before an answer came; the question was \
-             sent, and resuming finds its answer whenever it arrives. Call ask_agent again with \
-             resume_message_id \"{question_id}\" to keep waiting without asking twice: it \
-             reaches another replica, or this server once it is back (retry for a few seconds if \
-             the connection is refused)."
-        )),
-        server_restarting: true,
+        suggestion: Some(suggestion),
+        server_restarting,
     }
 }
