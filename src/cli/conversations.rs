@@ -3,7 +3,7 @@
 //! an operator's switch of one conversation's publication or tombstone of one
 //! message (`publication`, `tombstone`), and declaring bodies the broker lost
 //! (`declare-lost`). Runs beside the database; the logic is in
-//! `store::outbox`, `store::migrate`, `store::conversation_operator` and
+//! `store::outbox`, `store::moves`, `store::conversation_operator` and
 //! `store::lost_bodies`.
 
 use std::io::IsTerminal;
@@ -16,7 +16,7 @@ use super::output;
 use crate::backend::Backends;
 use crate::backend::jetstream::Broker;
 use crate::store::conversation_operator::{self, Publication};
-use crate::store::migrate::{self, Direction, Plan, Progress};
+use crate::store::moves::{self, Direction, Moved, Plan, Progress};
 use crate::store::{broker_conditions, lost_bodies, outbox, teams};
 
 #[derive(Subcommand, Debug)]
@@ -376,7 +376,7 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
                 let team = teams::find(pool, &team).await?;
                 let backends = Backends::with_broker(pool.clone(), broker);
                 let plans =
-                    migrate::plan(pool, &backends, team.id, direction, &conversations).await?;
+                    moves::plan(pool, &backends, team.id, direction, &conversations).await?;
                 if !apply {
                     if json {
                         output::json(&plans)?;
@@ -386,78 +386,30 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
                     return Ok(());
                 }
                 let actor = crate::store::Actor::local_operator();
-                let started_by = actor.name.clone();
-                let mut outcomes = Vec::new();
-                let mut failures = 0;
-                for plan in &plans {
-                    if let Some(why) = &plan.blocked {
-                        if !json {
-                            println!("{}: skipped ({why})", plan.conversation_id);
-                        }
-                        outcomes.push(serde_json::json!({
-                            "conversation_id": plan.conversation_id, "state": "skipped", "reason": why }));
-                        continue;
-                    }
-                    let bar = ProgressView::new(plan, json);
-                    let moved = migrate::run(
-                        pool,
-                        &backends,
-                        team.id,
-                        plan.conversation_id,
-                        direction,
-                        &started_by,
-                        tombstone_lost.then_some(&actor),
-                        &|p: &Progress| bar.show(p),
-                    )
-                    .await;
-                    bar.finish();
-                    match moved {
-                        Ok(outcome) => {
-                            if !json {
-                                println!(
-                                    "{}: cut over to {} ({} copied, {} resumed, {} already there, \
-                                     {} bytes, writes paused {} ms){}",
-                                    outcome.conversation_id,
-                                    direction.target(),
-                                    outcome.copied,
-                                    outcome.resumed,
-                                    outcome.skipped,
-                                    outcome.bytes,
-                                    outcome.paused_ms,
-                                    if tombstone_lost && !plan.lost.is_empty() {
-                                        format!(
-                                            "; {} lost bod(ies) tombstoned (audited)",
-                                            plan.lost.len()
-                                        )
-                                    } else {
-                                        String::new()
-                                    }
-                                );
-                            }
-                            outcomes.push(serde_json::to_value(&outcome).unwrap_or_default());
-                        }
-                        Err(e) => {
-                            failures += 1;
-                            let paused = migrate::is_paused(pool, plan.conversation_id)
-                                .await
-                                .unwrap_or(true);
-                            let reopened = if paused {
-                                "its writes are still paused; run the same command to resume"
-                            } else {
-                                "nothing was cut over and the thread is open again"
-                            };
-                            if !json {
-                                println!("{}: failed: {e} ({reopened})", plan.conversation_id);
-                            }
-                            outcomes.push(serde_json::json!({
-                                "conversation_id": plan.conversation_id, "state": "failed",
-                                "error": e.to_string(), "paused": paused }));
-                        }
-                    }
-                }
+                let view = MoveView::new(direction, tombstone_lost, json);
+                let moved = moves::run_all(
+                    pool,
+                    &backends,
+                    team.id,
+                    direction,
+                    &plans,
+                    &actor,
+                    tombstone_lost,
+                    &|event| view.show(event),
+                )
+                .await;
                 if json {
+                    let outcomes: Vec<serde_json::Value> = plans
+                        .iter()
+                        .zip(&moved)
+                        .map(|(plan, moved)| moved_json(plan, moved))
+                        .collect();
                     output::json(&outcomes)?;
                 }
+                let failures = moved
+                    .iter()
+                    .filter(|m| matches!(m, Moved::Failed { .. }))
+                    .count();
                 if failures > 0 {
                     anyhow::bail!("{failures} conversation(s) were not moved");
                 }
@@ -474,7 +426,7 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
                 .with_database(async |pool| {
                     let team = teams::find(pool, &team).await?;
                     let actor = crate::store::Actor::local_operator();
-                    Ok(migrate::unpause(pool, team.id, conversation, &actor).await?)
+                    Ok(moves::unpause(pool, team.id, conversation, &actor).await?)
                 })
                 .await?;
             if json {
@@ -497,7 +449,7 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
             let report = ctx
                 .with_database(async |pool| {
                     let team = teams::find(pool, &team).await?;
-                    Ok(migrate::cleanup(pool, team.id, rollback_window_hours, apply).await?)
+                    Ok(moves::cleanup(pool, team.id, rollback_window_hours, apply).await?)
                 })
                 .await?;
             if json {
@@ -657,6 +609,94 @@ fn print_plans(plans: &[Plan], direction: Direction) {
             state,
             p.title
         );
+    }
+}
+
+/// What `conversations migrate --apply` shows as its moves go: a progress
+/// bar (or plain lines) per move, and a line per conversation when it is
+/// done with (none with --json: the outcomes are printed at the end).
+struct MoveView {
+    direction: Direction,
+    tombstone_lost: bool,
+    json: bool,
+    /// The current move's progress.
+    current: std::sync::Mutex<Option<ProgressView>>,
+}
+
+impl MoveView {
+    fn new(direction: Direction, tombstone_lost: bool, json: bool) -> MoveView {
+        MoveView {
+            direction,
+            tombstone_lost,
+            json,
+            current: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn show(&self, event: moves::Event<'_>) {
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        match event {
+            moves::Event::Starting(plan) => *current = Some(ProgressView::new(plan, self.json)),
+            moves::Event::Progress(p) => {
+                if let Some(bar) = &*current {
+                    bar.show(p);
+                }
+            }
+            moves::Event::Finished(plan, moved) => {
+                if let Some(bar) = current.take() {
+                    bar.finish();
+                }
+                if !self.json {
+                    self.print_moved(plan, moved);
+                }
+            }
+        }
+    }
+
+    fn print_moved(&self, plan: &Plan, moved: &Moved) {
+        match moved {
+            Moved::Skipped { reason } => {
+                println!("{}: skipped ({reason})", plan.conversation_id);
+            }
+            Moved::CutOver(outcome) => {
+                println!(
+                    "{}: cut over to {} ({} copied, {} resumed, {} already there, \
+                     {} bytes, writes paused {} ms){}",
+                    outcome.conversation_id,
+                    self.direction.target(),
+                    outcome.copied,
+                    outcome.resumed,
+                    outcome.skipped,
+                    outcome.bytes,
+                    outcome.paused_ms,
+                    if self.tombstone_lost && !plan.lost.is_empty() {
+                        format!("; {} lost bod(ies) tombstoned (audited)", plan.lost.len())
+                    } else {
+                        String::new()
+                    }
+                );
+            }
+            Moved::Failed { error, paused } => {
+                let reopened = if *paused {
+                    "its writes are still paused; run the same command to resume"
+                } else {
+                    "nothing was cut over and the thread is open again"
+                };
+                println!("{}: failed: {error} ({reopened})", plan.conversation_id);
+            }
+        }
+    }
+}
+
+/// One conversation's outcome in `conversations migrate --apply --json`.
+fn moved_json(plan: &Plan, moved: &Moved) -> serde_json::Value {
+    match moved {
+        Moved::Skipped { reason } => serde_json::json!({
+            "conversation_id": plan.conversation_id, "state": "skipped", "reason": reason }),
+        Moved::CutOver(outcome) => serde_json::to_value(outcome).unwrap_or_default(),
+        Moved::Failed { error, paused } => serde_json::json!({
+            "conversation_id": plan.conversation_id, "state": "failed",
+            "error": error.to_string(), "paused": paused }),
     }
 }
 

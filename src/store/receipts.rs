@@ -10,21 +10,22 @@
 //! conversation lock: a single row lock, last in the lock order, cannot
 //! deadlock with a writer holding the conversation row.
 //!
-//! The conversation wait follows the rule of `waits.rs`: subscribe to the
-//! event hub first, then check the database, then block, re-checking on a
-//! timer so a lost notification only delays a wake.
+//! The conversation wait is the long poll of `long_poll.rs`: subscribe to
+//! the event hub first, then check the database, then block, re-checking on
+//! a timer so a lost notification only delays a wake.
 
+use std::convert::Infallible;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::json;
-use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::conversation_messages::{conversation_of, message_not_found};
 use super::conversations::{self, ReadAccess};
+use super::long_poll::{OnEvent, Polled, long_poll};
 use super::{inbox, sessions};
 use crate::Bus;
 use crate::auth::Identity;
@@ -33,8 +34,6 @@ use crate::error::{BusError, BusResult};
 use crate::events::EventKind;
 
 pub const NOTE_MAX_BYTES: usize = 1024;
-/// How often a blocked conversation wait re-checks the database regardless of events.
-const RECHECK_EVERY: Duration = Duration::from_secs(5);
 
 /// One recipient's receipt.
 #[derive(Clone, Debug, Serialize, sqlx::FromRow)]
@@ -305,61 +304,60 @@ async fn wait_for_conversation_updates_unchecked(
         conversations::refuse_borrowed_label(&mut conn, me).await?;
     }
     let deadline = Instant::now() + timeout;
-    loop {
-        let owed = pending(bus, me).await?;
-        if !owed.is_empty() {
-            return Ok(ConversationWait {
-                woke: true,
-                timed_out: false,
-                conversations: owed,
-                server_restarting: false,
-                suggestion: None,
-            });
-        }
-        if Instant::now() >= deadline {
+    let polled = long_poll(
+        &mut events,
+        &bus.stopping,
+        deadline,
+        |event| {
+            // Membership decides who a send is for, and only the database
+            // knows it: any send by someone else in this team is worth a look.
+            if event.kind == EventKind::Conversation
+                && event.team_id == me.team_id
+                && !(event.actor == Some(me.agent_id)
+                    && event.actor_session.as_deref() == Some(me.session.as_str()))
+            {
+                OnEvent::<Infallible>::Recheck
+            } else {
+                OnEvent::Ignore
+            }
+        },
+        || async move {
+            let owed = pending(bus, me).await?;
+            Ok((!owed.is_empty()).then_some(owed))
+        },
+    )
+    .await?;
+    let owed = match polled {
+        Polled::Found(owed) => owed,
+        Polled::Ended(never) => match never {},
+        Polled::Stopping => {
             return Ok(ConversationWait {
                 woke: false,
-                timed_out: true,
+                timed_out: false,
                 conversations: Vec::new(),
-                server_restarting: false,
-                suggestion: None,
+                server_restarting: true,
+                suggestion: Some(super::waits::restarting_suggestion(
+                    "wait_for_conversation_updates",
+                )),
             });
         }
-        let recheck_at = (Instant::now() + RECHECK_EVERY).min(deadline);
-        loop {
-            let received = tokio::select! {
-                received = events.recv() => received,
-                _ = tokio::time::sleep_until(recheck_at) => break,
-                () = bus.stopping.cancelled() => {
-                    return Ok(ConversationWait {
-                        woke: false,
-                        timed_out: false,
-                        conversations: Vec::new(),
-                        server_restarting: true,
-                        suggestion: Some(super::waits::restarting_suggestion(
-                            "wait_for_conversation_updates",
-                        )),
-                    });
-                }
-            };
-            match received {
-                // Membership decides who a send is for, and only the database
-                // knows it: any send by someone else in this team is worth a look.
-                Ok(event)
-                    if event.kind == EventKind::Conversation
-                        && event.team_id == me.team_id
-                        && !(event.actor == Some(me.agent_id)
-                            && event.actor_session.as_deref() == Some(me.session.as_str())) =>
-                {
-                    break;
-                }
-                Ok(_) => {}
-                Err(RecvError::Lagged(_)) => break,
-                Err(RecvError::Closed) => {
-                    tokio::time::sleep_until(recheck_at).await;
-                    break;
-                }
-            }
-        }
+        // One last look at the deadline, then say it passed.
+        Polled::TimedOut => pending(bus, me).await?,
+    };
+    if owed.is_empty() {
+        return Ok(ConversationWait {
+            woke: false,
+            timed_out: true,
+            conversations: Vec::new(),
+            server_restarting: false,
+            suggestion: None,
+        });
     }
+    Ok(ConversationWait {
+        woke: true,
+        timed_out: false,
+        conversations: owed,
+        server_restarting: false,
+        suggestion: None,
+    })
 }

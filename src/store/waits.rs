@@ -6,7 +6,9 @@
 //! Notifications can still be lost (a listener reconnecting, a failed
 //! notify), so a blocked wait re-checks the database every few seconds for
 //! unread DMs and for every change since the wait began: a lost notification
-//! delays a wake, it never loses one.
+//! delays a wake, it never loses one. That loop is `long_poll.rs`, shared
+//! with `wait_for_conversation_updates`; this file says what wakes a window
+//! and what it is told.
 //!
 //! What wakes a window: direct messages to it (or to its agent as a whole),
 //! tasks, locks and notes (team-wide), announcements, and channel messages in
@@ -14,15 +16,16 @@
 //! actions, and never a DM addressed to a sibling window.
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 use uuid::Uuid;
 
+use super::long_poll::{OnEvent, Polled, long_poll};
 use super::{channels, messages, sessions};
 use crate::Bus;
 use crate::auth::Identity;
@@ -35,8 +38,6 @@ pub const TIMEOUT_MAX_SECONDS: u64 = 300;
 pub const TIMEOUT_DEFAULT_SECONDS: u64 = 50;
 /// `kinds` entries at most: one per kind there is.
 pub const MAX_KINDS: usize = 4;
-/// How often a blocked wait re-checks the database regardless of events.
-const RECHECK_EVERY: Duration = Duration::from_secs(5);
 const MAX_SUMMARIES: usize = 50;
 const PREVIEW_CHARS: usize = 200;
 
@@ -231,44 +232,40 @@ async fn wait_for_updates_unchecked(
         .fetch_one(&bus.pool)
         .await?;
     let deadline = Instant::now() + request.timeout;
-    loop {
-        // Unread direct messages wake at once: they may have arrived before we subscribed.
-        if wants_messages {
-            let pending = pending_direct(bus, me).await?;
-            if !pending.is_empty() {
-                return Ok(WaitResult::woke(pending));
+    let request = &request;
+    let polled = long_poll(
+        &mut events,
+        &bus.stopping,
+        deadline,
+        |event| {
+            if concerns(&event, me, focus, request) {
+                OnEvent::End(event)
+            } else {
+                OnEvent::Ignore
             }
-        }
-        let missed = changes_since(bus, me, since, focus, &request).await?;
-        if !missed.is_empty() {
-            return Ok(WaitResult::woke(missed));
-        }
-        let recheck_at = (Instant::now() + RECHECK_EVERY).min(deadline);
-        let mut woken: Vec<Arc<BusEvent>> = Vec::new();
-        loop {
-            let received = tokio::select! {
-                received = events.recv() => received,
-                _ = tokio::time::sleep_until(recheck_at) => break,
-                () = bus.stopping.cancelled() => return Ok(WaitResult::restarting()),
-            };
-            match received {
-                Ok(event) if concerns(&event, me, focus, &request) => {
-                    woken.push(event);
-                    gather(&mut events, &mut woken, me, focus, &request);
-                    return Ok(WaitResult::woke(summarize(bus, me, &woken).await?));
-                }
-                Ok(_) => {}
-                // Missed some: the database check at the top finds what matters.
-                Err(RecvError::Lagged(_)) => break,
-                Err(RecvError::Closed) => {
-                    tokio::time::sleep_until(recheck_at).await;
-                    break;
+        },
+        || async move {
+            // Unread direct messages wake at once: they may have arrived before we subscribed.
+            if wants_messages {
+                let pending = pending_direct(bus, me).await?;
+                if !pending.is_empty() {
+                    return Ok(Some(pending));
                 }
             }
+            let missed = changes_since(bus, me, since, focus, request).await?;
+            Ok((!missed.is_empty()).then_some(missed))
+        },
+    )
+    .await?;
+    match polled {
+        Polled::Found(found) => Ok(WaitResult::woke(found)),
+        Polled::Ended(event) => {
+            let mut woken = vec![event];
+            gather(&mut events, &mut woken, me, focus, request);
+            Ok(WaitResult::woke(summarize(bus, me, &woken).await?))
         }
-        if Instant::now() >= deadline {
-            return Ok(WaitResult::timed_out());
-        }
+        Polled::TimedOut => Ok(WaitResult::timed_out()),
+        Polled::Stopping => Ok(WaitResult::restarting()),
     }
 }
 
@@ -515,52 +512,39 @@ async fn ask_unchecked(
         }
     };
     let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(answer) = messages::answer_to(bus, me, question_id).await? {
-            return Ok(answered(answer, question_id));
-        }
-        let recheck_at = (Instant::now() + RECHECK_EVERY).min(deadline);
-        loop {
-            let received = tokio::select! {
-                received = events.recv() => received,
-                _ = tokio::time::sleep_until(recheck_at) => break,
-                () = bus.stopping.cancelled() => return Ok(not_answered_restarting(question_id)),
-            };
-            match received {
-                // A DM to us may be the answer: look.
-                Ok(event)
-                    if event.kind == EventKind::Message && event.recipient == Some(me.agent_id) =>
-                {
-                    break;
-                }
-                Ok(_) => {}
-                Err(RecvError::Lagged(_)) => break,
-                Err(RecvError::Closed) => {
-                    tokio::time::sleep_until(recheck_at).await;
-                    break;
-                }
+    let polled = long_poll(
+        &mut events,
+        &bus.stopping,
+        deadline,
+        |event| {
+            // A DM to us may be the answer: look.
+            if event.kind == EventKind::Message && event.recipient == Some(me.agent_id) {
+                OnEvent::<Infallible>::Recheck
+            } else {
+                OnEvent::Ignore
             }
-        }
-        if Instant::now() >= deadline {
-            if let Some(answer) = messages::answer_to(bus, me, question_id).await? {
-                return Ok(answered(answer, question_id));
-            }
-            return Ok(AskResult {
-                answered: false,
-                answer: None,
-                answered_by: None,
-                answer_message_id: None,
-                question_message_id: question_id,
-                suggestion: Some(format!(
+        },
+        || messages::answer_to(bus, me, question_id),
+    )
+    .await?;
+    let answer = match polled {
+        Polled::Found(answer) => answer,
+        Polled::Ended(never) => match never {},
+        Polled::Stopping => return Ok(not_answered_restarting(question_id)),
+        Polled::TimedOut => match messages::answer_to(bus, me, question_id).await? {
+            Some(answer) => answer,
+            None => {
+                let suggestion = format!(
                     "No answer within {} s. Call ask_agent again with resume_message_id \
                      \"{question_id}\" to keep waiting without asking twice, or carry on and look \
                      for the reply later with read_messages (scope inbox).",
                     timeout.as_secs()
-                )),
-                server_restarting: false,
-            });
-        }
-    }
+                );
+                return Ok(not_answered(question_id, suggestion, false));
+            }
+        },
+    };
+    Ok(answered(answer, question_id))
 }
 
 fn answered(answer: messages::MessageView, question_id: Uuid) -> AskResult {
@@ -577,19 +561,25 @@ fn answered(answer: messages::MessageView, question_id: Uuid) -> AskResult {
 
 /// The question stands (it was sent); only the wait for its answer ended.
 fn not_answered_restarting(question_id: Uuid) -> AskResult {
+    let suggestion = format!(
+        "The server is restarting, so this wait ended before an answer came; the question was \
+         sent, and resuming finds its answer whenever it arrives. Call ask_agent again with \
+         resume_message_id \"{question_id}\" to keep waiting without asking twice: it \
+         reaches another replica, or this server once it is back (retry for a few seconds if \
+         the connection is refused)."
+    );
+    not_answered(question_id, suggestion, true)
+}
+
+/// No answer (yet): what to do next, and whether the server is stopping.
+fn not_answered(question_id: Uuid, suggestion: String, server_restarting: bool) -> AskResult {
     AskResult {
         answered: false,
         answer: None,
         answered_by: None,
         answer_message_id: None,
         question_message_id: question_id,
-        suggestion: Some(format!(
-            "The server is restarting, so this wait ended before an answer came; the question was \
-             sent, and resuming finds its answer whenever it arrives. Call ask_agent again with \
-             resume_message_id \"{question_id}\" to keep waiting without asking twice: it \
-             reaches another replica, or this server once it is back (retry for a few seconds if \
-             the connection is refused)."
-        )),
-        server_restarting: true,
+        suggestion: Some(suggestion),
+        server_restarting,
     }
 }

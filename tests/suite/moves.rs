@@ -1,8 +1,7 @@
 //! Moving conversations between backends against real PostgreSQL and a real
 //! `nats-server -js`: the plan, the move there and back, resume after a kill,
 //! a checksum mismatch, sends racing the pause, concurrent operators, and
-//! cleanup. Each test cites the invariants (M*) of
-//! ../shared/spec/seed-invariants.md it shows.
+//! cleanup. Each test cites the invariants (M*) it shows.
 
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
@@ -12,7 +11,7 @@ use ai_crew_sync::backend::jetstream::{Broker, BrokerOptions, StreamSizes};
 use ai_crew_sync::backend::{
     Backends, Envelope, Faults, JetStreamBackend, MessagingBackend, PostgresBackend, Published,
 };
-use ai_crew_sync::store::migrate::{self, Direction, Progress};
+use ai_crew_sync::store::moves::{self, Direction, Progress};
 use ai_crew_sync::store::{outbox, teams};
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -127,8 +126,8 @@ impl Thread {
             .await;
     }
 
-    async fn run(&self, direction: Direction) -> Result<migrate::Outcome, ai_crew_sync::BusError> {
-        migrate::run(
+    async fn run(&self, direction: Direction) -> Result<moves::Outcome, ai_crew_sync::BusError> {
+        moves::run(
             self.pool(),
             &self.backends,
             self.team_id,
@@ -151,8 +150,8 @@ impl Thread {
         &self,
         backends: &Backends,
         direction: Direction,
-    ) -> Result<migrate::Outcome, ai_crew_sync::BusError> {
-        migrate::run(
+    ) -> Result<moves::Outcome, ai_crew_sync::BusError> {
+        moves::run(
             self.pool(),
             backends,
             self.team_id,
@@ -165,8 +164,8 @@ impl Thread {
         .await
     }
 
-    async fn plan_of(&self, direction: Direction) -> migrate::Plan {
-        migrate::plan(
+    async fn plan_of(&self, direction: Direction) -> moves::Plan {
+        moves::plan(
             self.pool(),
             &self.backends,
             self.team_id,
@@ -345,9 +344,7 @@ async fn a_thousand_messages_move_to_jetstream_and_back_unchanged() {
     assert_eq!(t.snapshot().await, before);
 
     // Drop the PostgreSQL copies: every read now comes from the broker.
-    let cleaned = migrate::cleanup(t.pool(), t.team_id, 0, true)
-        .await
-        .unwrap();
+    let cleaned = moves::cleanup(t.pool(), t.team_id, 0, true).await.unwrap();
     assert_eq!(cleaned.messages, 1000);
     assert_eq!(t.read_all().await, bodies);
 
@@ -540,7 +537,7 @@ async fn the_plan_writes_nothing_and_explains_each_conversation() {
     assert!(progress.contains("cut_over 5/5 messages"), "{progress}");
 
     // Moved already: the plan says so.
-    let plans = migrate::plan(
+    let plans = moves::plan(
         t.pool(),
         &t.backends,
         t.team_id,
@@ -674,11 +671,7 @@ async fn a_checksum_mismatch_fails_the_move_and_reopens_the_thread() {
             .unwrap();
     assert_eq!(recorded, sent, "M6: the source's checksum and size");
     // M13: the operator is told the thread is open again.
-    assert!(
-        !migrate::is_paused(t.pool(), t.conversation_id)
-            .await
-            .unwrap()
-    );
+    assert!(!moves::is_paused(t.pool(), t.conversation_id).await.unwrap());
     t.send(t.conversation_id, "still open").await.unwrap();
     assert_eq!(t.read_all().await.len(), 21);
 }
@@ -805,7 +798,7 @@ async fn concurrent_operators_share_one_run_and_opposite_directions_conflict() {
         t2.runs().await,
         [("to_jetstream".into(), "cut_over".into())]
     );
-    assert!(!migrate::is_paused(t2.pool(), other).await.unwrap());
+    assert!(!moves::is_paused(t2.pool(), other).await.unwrap());
 }
 
 // M14: cleanup refuses a negative window, never drops a body inside the
@@ -821,13 +814,13 @@ async fn cleanup_respects_the_rollback_window_and_unfinished_moves() {
     t.left_run(failed_conversation, "to_jetstream", "failed", false)
         .await;
 
-    let err = migrate::cleanup(t.pool(), t.team_id, -1, true)
+    let err = moves::cleanup(t.pool(), t.team_id, -1, true)
         .await
         .unwrap_err();
     assert_eq!(err.kind(), "invalid");
     assert!(err.to_string().contains("negative"), "{err}");
 
-    let inside = migrate::cleanup(t.pool(), t.team_id, 168, true)
+    let inside = moves::cleanup(t.pool(), t.team_id, 168, true)
         .await
         .unwrap();
     assert_eq!(inside.messages, 0, "the move is younger than the window");
@@ -839,7 +832,7 @@ async fn cleanup_respects_the_rollback_window_and_unfinished_moves() {
     let back = t
         .left_run(t.conversation_id, "to_postgres", "copying", false)
         .await;
-    let held = migrate::cleanup(t.pool(), t.team_id, 168, true)
+    let held = moves::cleanup(t.pool(), t.team_id, 168, true)
         .await
         .unwrap();
     assert_eq!(held.messages, 0, "nothing under an open move");
@@ -855,7 +848,7 @@ async fn cleanup_respects_the_rollback_window_and_unfinished_moves() {
             .await
             .unwrap_err();
     assert!(err.to_string().contains("migrate --to postgres"), "{err}");
-    let report = migrate::cleanup(t.pool(), t.team_id, 168, false)
+    let report = moves::cleanup(t.pool(), t.team_id, 168, false)
         .await
         .unwrap();
     assert_eq!((report.messages, report.applied), (10, false));
@@ -985,11 +978,7 @@ async fn a_refused_publish_stops_the_move_and_reopens_the_thread() {
         t.conversation_row().await,
         ("postgres".into(), "sync".into(), false)
     );
-    assert!(
-        !migrate::is_paused(t.pool(), t.conversation_id)
-            .await
-            .unwrap()
-    );
+    assert!(!moves::is_paused(t.pool(), t.conversation_id).await.unwrap());
     t.send(t.conversation_id, "still open").await.unwrap();
 }
 
@@ -1001,9 +990,7 @@ async fn a_refused_publish_stops_the_move_and_reopens_the_thread() {
 async fn a_body_the_broker_lost_stops_the_move_back() {
     let t = thread("mv-lost", 4).await;
     t.run(Direction::ToJetStream).await.unwrap();
-    migrate::cleanup(t.pool(), t.team_id, 0, true)
-        .await
-        .unwrap();
+    moves::cleanup(t.pool(), t.team_id, 0, true).await.unwrap();
     let locator: String = sqlx::query_scalar(
         "SELECT canonical_locator FROM conversation_messages WHERE conversation_id = $1 AND seq = 2",
     )
@@ -1105,7 +1092,7 @@ async fn two_operators_sharing_a_run_never_leave_a_pause_no_move_owns() {
                 let backends = Backends::with_broker(pool.clone(), broker);
                 let resume_rx = std::sync::Mutex::new(resume_rx);
                 let first = std::sync::atomic::AtomicBool::new(false);
-                migrate::run(
+                moves::run(
                     &pool,
                     &backends,
                     team_id,
@@ -1165,11 +1152,7 @@ async fn two_operators_sharing_a_run_never_leave_a_pause_no_move_owns() {
     .await
     .unwrap();
     assert!(never_paused, "the failed run never paused the thread");
-    assert!(
-        !migrate::is_paused(t.pool(), t.conversation_id)
-            .await
-            .unwrap()
-    );
+    assert!(!moves::is_paused(t.pool(), t.conversation_id).await.unwrap());
     assert_eq!(
         t.conversation_row().await,
         ("jetstream".into(), "outbox".into(), false)
@@ -1202,14 +1185,8 @@ async fn m2_a_stale_abort_still_lifts_a_pause_no_move_owns() {
     let refused = t.send(t.conversation_id, "refused").await.unwrap_err();
     assert!(refused["message"].as_str().unwrap().contains("paused"));
 
-    migrate::abort(t.pool(), failed, "late abort")
-        .await
-        .unwrap();
-    assert!(
-        !migrate::is_paused(t.pool(), t.conversation_id)
-            .await
-            .unwrap()
-    );
+    moves::abort(t.pool(), failed, "late abort").await.unwrap();
+    assert!(!moves::is_paused(t.pool(), t.conversation_id).await.unwrap());
     assert_eq!(
         t.runs().await,
         [("to_jetstream".into(), "failed".into())],
@@ -1225,14 +1202,8 @@ async fn m2_a_stale_abort_still_lifts_a_pause_no_move_owns() {
     let plan = t.plan_of(Direction::ToJetStream).await;
     assert!(plan.resuming);
     assert_eq!(plan.blocked, None);
-    migrate::abort(t.pool(), failed, "late again")
-        .await
-        .unwrap();
-    assert!(
-        migrate::is_paused(t.pool(), t.conversation_id)
-            .await
-            .unwrap()
-    );
+    moves::abort(t.pool(), failed, "late again").await.unwrap();
+    assert!(moves::is_paused(t.pool(), t.conversation_id).await.unwrap());
     let outcome = t.run(Direction::ToJetStream).await.unwrap();
     assert_eq!(outcome.migration_id, open);
 }
@@ -1271,11 +1242,7 @@ async fn unpause_lifts_only_a_pause_no_move_owns_and_is_audited() {
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(said.contains("owns the pause"), "{said}");
     assert!(said.contains("migrate --to jetstream"), "{said}");
-    assert!(
-        migrate::is_paused(t.pool(), t.conversation_id)
-            .await
-            .unwrap()
-    );
+    assert!(moves::is_paused(t.pool(), t.conversation_id).await.unwrap());
     assert_eq!(audited().await, 0);
 
     sqlx::query("UPDATE conversation_migrations SET state = 'failed' WHERE id = $1")
@@ -1291,11 +1258,7 @@ async fn unpause_lifts_only_a_pause_no_move_owns_and_is_audited() {
     );
     let done: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(done["paused_seconds"].is_i64(), "{done}");
-    assert!(
-        !migrate::is_paused(t.pool(), t.conversation_id)
-            .await
-            .unwrap()
-    );
+    assert!(!moves::is_paused(t.pool(), t.conversation_id).await.unwrap());
     assert_eq!(audited().await, 1);
     t.send(t.conversation_id, "open").await.unwrap();
 
@@ -1313,7 +1276,7 @@ async fn a_target_not_provisioned_is_refused_before_anything_is_written() {
     let t = thread("mv-target", 3).await;
     let broker = t.backends.broker().unwrap().clone();
     broker.remove_team_streams(t.team_id).await.unwrap();
-    let err = migrate::plan(
+    let err = moves::plan(
         t.pool(),
         &t.backends,
         t.team_id,
@@ -1334,11 +1297,7 @@ async fn a_target_not_provisioned_is_refused_before_anything_is_written() {
     let err = t.run(Direction::ToJetStream).await.unwrap_err().to_string();
     assert!(err.contains("do not exist"), "{err}");
     assert_eq!(t.runs().await, [("to_jetstream".into(), "failed".into())]);
-    assert!(
-        !migrate::is_paused(t.pool(), t.conversation_id)
-            .await
-            .unwrap()
-    );
+    assert!(!moves::is_paused(t.pool(), t.conversation_id).await.unwrap());
     let copied: i64 = sqlx::query_scalar("SELECT count(*) FROM conversation_migration_items")
         .fetch_one(t.pool())
         .await
@@ -1494,11 +1453,7 @@ async fn a_message_whose_publication_failed_blocks_the_move() {
     assert!(err.contains("Nothing was copied or cut over"), "{err}");
     assert_eq!(t.stream_messages().await, 0, "no body copied");
     assert_eq!(t.conversation_row().await.0, "postgres");
-    assert!(
-        !migrate::is_paused(t.pool(), t.conversation_id)
-            .await
-            .unwrap()
-    );
+    assert!(!moves::is_paused(t.pool(), t.conversation_id).await.unwrap());
 }
 
 // M11: an abort that cannot finish (its connection is lost while it waits
@@ -1528,7 +1483,7 @@ async fn m11_an_abort_that_cannot_finish_leaves_the_run_open_and_paused_until_re
         );
         let (team_id, conversation_id) = (t.team_id, t.conversation_id);
         async move {
-            migrate::run(
+            moves::run(
                 &pool,
                 &backends,
                 team_id,
@@ -1572,11 +1527,7 @@ async fn m11_an_abort_that_cannot_finish_leaves_the_run_open_and_paused_until_re
             ("to_postgres".into(), "copying".into())
         ]
     );
-    assert!(
-        migrate::is_paused(t.pool(), t.conversation_id)
-            .await
-            .unwrap()
-    );
+    assert!(moves::is_paused(t.pool(), t.conversation_id).await.unwrap());
     let refused = t.send(t.conversation_id, "during").await.unwrap_err();
     assert!(
         refused["message"]
@@ -1601,9 +1552,7 @@ async fn m12_an_abort_clears_the_unverified_copies_written_back() {
     let t = thread("mv-clear", 6).await;
     let bodies = t.read_all().await;
     t.run(Direction::ToJetStream).await.unwrap();
-    migrate::cleanup(t.pool(), t.team_id, 0, true)
-        .await
-        .unwrap();
+    moves::cleanup(t.pool(), t.team_id, 0, true).await.unwrap();
     let err = t
         .run_on(
             &t.faulty(Faults {
@@ -1640,19 +1589,11 @@ async fn m12_an_abort_clears_the_unverified_copies_written_back() {
 #[tokio::test]
 async fn m13_is_paused_answers_for_a_paused_thread_and_refuses_an_unknown_one() {
     let t = thread("mv-paused", 1).await;
-    assert!(
-        !migrate::is_paused(t.pool(), t.conversation_id)
-            .await
-            .unwrap()
-    );
+    assert!(!moves::is_paused(t.pool(), t.conversation_id).await.unwrap());
     t.left_run(t.conversation_id, "to_jetstream", "copying", true)
         .await;
-    assert!(
-        migrate::is_paused(t.pool(), t.conversation_id)
-            .await
-            .unwrap()
-    );
-    let err = migrate::is_paused(t.pool(), Uuid::new_v4())
+    assert!(moves::is_paused(t.pool(), t.conversation_id).await.unwrap());
+    let err = moves::is_paused(t.pool(), Uuid::new_v4())
         .await
         .unwrap_err();
     assert_eq!(err.kind(), "not_found");
@@ -1699,9 +1640,7 @@ async fn a_move_over_bodies_the_broker_lost_names_them_and_tombstones_them_only_
     let t = thread("mv-lost15", 4).await;
     team_stream(&t).await;
     t.run(Direction::ToJetStream).await.unwrap();
-    migrate::cleanup(t.pool(), t.team_id, 0, true)
-        .await
-        .unwrap();
+    moves::cleanup(t.pool(), t.team_id, 0, true).await.unwrap();
     let lost_ids: Vec<Uuid> = sqlx::query_scalar(
         "SELECT id FROM conversation_messages WHERE conversation_id = $1 ORDER BY seq",
     )

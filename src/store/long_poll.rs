@@ -1,0 +1,97 @@
+//! The long poll under `wait_for_updates`, `ask_agent` and
+//! `wait_for_conversation_updates`, written once.
+//!
+//! The rule that makes a wait reliable: subscribe to the event hub first, then
+//! check the database, then block. What happened before the subscription is
+//! found by the check; anything after arrives as an event. Notifications can
+//! still be lost (a listener reconnecting, a failed notify, a receiver that
+//! lagged), so a blocked wait re-checks the database every few seconds: a
+//! lost notification delays a wake, it never loses one.
+//!
+//! The caller subscribes (before whatever it must do first, such as sending
+//! the question it waits on), then hands the subscription over with its
+//! deadline, what each event means to it ([`OnEvent`]) and its database
+//! check; it shapes the answer from how the wait ended ([`Polled`]). The bus
+//! stopping ends every wait at once, so the caller can say
+//! `server_restarting` instead of holding the shutdown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::broadcast::Receiver;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::BusResult;
+use crate::events::BusEvent;
+
+/// How often a blocked wait re-checks the database regardless of events.
+const RECHECK_EVERY: Duration = Duration::from_secs(5);
+
+/// What one event means to a wait.
+pub(crate) enum OnEvent<E> {
+    /// Not for this wait.
+    Ignore,
+    /// Worth a look: check the database again now.
+    Recheck,
+    /// Ends the wait with this (the caller builds its answer from it).
+    End(E),
+}
+
+/// How a long poll ended.
+pub(crate) enum Polled<T, E> {
+    /// The database check found this.
+    Found(T),
+    /// An event ended it ([`OnEvent::End`]).
+    Ended(E),
+    /// The deadline passed after a wait with nothing found; the caller may
+    /// look once more before saying so.
+    TimedOut,
+    /// The server is stopping.
+    Stopping,
+}
+
+/// Check, then block until an event asks for a look, the re-check timer or
+/// the deadline; again until something is found, an event ends the wait,
+/// the deadline has passed, or the server stops.
+pub(crate) async fn long_poll<T, E, Fut>(
+    events: &mut Receiver<Arc<BusEvent>>,
+    stopping: &CancellationToken,
+    deadline: Instant,
+    mut on_event: impl FnMut(Arc<BusEvent>) -> OnEvent<E>,
+    mut check: impl FnMut() -> Fut,
+) -> BusResult<Polled<T, E>>
+where
+    Fut: Future<Output = BusResult<Option<T>>>,
+{
+    loop {
+        if let Some(found) = check().await? {
+            return Ok(Polled::Found(found));
+        }
+        let recheck_at = (Instant::now() + RECHECK_EVERY).min(deadline);
+        loop {
+            let received = tokio::select! {
+                received = events.recv() => received,
+                _ = tokio::time::sleep_until(recheck_at) => break,
+                () = stopping.cancelled() => return Ok(Polled::Stopping),
+            };
+            match received {
+                Ok(event) => match on_event(event) {
+                    OnEvent::Ignore => {}
+                    OnEvent::Recheck => break,
+                    OnEvent::End(ended) => return Ok(Polled::Ended(ended)),
+                },
+                // Missed some: the database check at the top finds what matters.
+                Err(RecvError::Lagged(_)) => break,
+                Err(RecvError::Closed) => {
+                    tokio::time::sleep_until(recheck_at).await;
+                    break;
+                }
+            }
+        }
+        if Instant::now() >= deadline {
+            return Ok(Polled::TimedOut);
+        }
+    }
+}
