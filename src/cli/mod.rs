@@ -4,6 +4,7 @@
 //! print a table, or JSON with `--json`.
 
 mod admin;
+mod args;
 mod client;
 mod conversations;
 mod doctor;

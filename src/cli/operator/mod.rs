@@ -10,45 +10,20 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::Context;
+use super::args::{AgentArgs, TeamArgs};
 use super::output::{self, opt_time, time};
 use crate::store::{Actor, agents, tokens};
 
 #[derive(Subcommand, Debug)]
 pub enum AgentCommand {
     /// Add an agent to a team and print its first token (shown once).
-    Add {
-        #[arg(long)]
-        team: String,
-        #[arg(long)]
-        name: String,
-        #[arg(long)]
-        json: bool,
-    },
+    Add(AgentArgs),
     /// List the agents of a team.
-    List {
-        #[arg(long)]
-        team: String,
-        #[arg(long)]
-        json: bool,
-    },
+    List(TeamArgs),
     /// Disable an agent: every token it holds is refused at once.
-    Disable {
-        #[arg(long)]
-        team: String,
-        #[arg(long)]
-        name: String,
-        #[arg(long)]
-        json: bool,
-    },
+    Disable(AgentArgs),
     /// Enable a disabled agent again.
-    Enable {
-        #[arg(long)]
-        team: String,
-        #[arg(long)]
-        name: String,
-        #[arg(long)]
-        json: bool,
-    },
+    Enable(AgentArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -66,12 +41,7 @@ pub enum TokenCommand {
         json: bool,
     },
     /// List the tokens of a team (never the secrets).
-    List {
-        #[arg(long)]
-        team: String,
-        #[arg(long)]
-        json: bool,
-    },
+    List(TeamArgs),
     /// Revoke a token by id; it is refused from the next request on.
     Revoke {
         #[arg(long)]
@@ -122,7 +92,7 @@ pub struct McpConfigArgs {
 pub async fn agent(ctx: &Context, command: AgentCommand) -> anyhow::Result<()> {
     let actor = Actor::local_operator();
     match command {
-        AgentCommand::Add { team, name, json } => {
+        AgentCommand::Add(AgentArgs { team, name, json }) => {
             let issued = ctx
                 .with_database(async |pool| Ok(agents::add(pool, &team, &name, &actor).await?))
                 .await?;
@@ -132,7 +102,7 @@ pub async fn agent(ctx: &Context, command: AgentCommand) -> anyhow::Result<()> {
             println!("agent `{}` added to team `{}`", issued.agent, issued.team);
             print_token(&issued);
         }
-        AgentCommand::List { team, json } => {
+        AgentCommand::List(TeamArgs { team, json }) => {
             let list = ctx
                 .with_database(async |pool| Ok(agents::list(pool, &team).await?))
                 .await?;
@@ -158,10 +128,10 @@ pub async fn agent(ctx: &Context, command: AgentCommand) -> anyhow::Result<()> {
                     .collect(),
             );
         }
-        AgentCommand::Disable { team, name, json } => {
+        AgentCommand::Disable(AgentArgs { team, name, json }) => {
             set_disabled(ctx, &actor, &team, &name, true, json).await?
         }
-        AgentCommand::Enable { team, name, json } => {
+        AgentCommand::Enable(AgentArgs { team, name, json }) => {
             set_disabled(ctx, &actor, &team, &name, false, json).await?
         }
     }
@@ -218,7 +188,7 @@ pub async fn token(ctx: &Context, command: TokenCommand) -> anyhow::Result<()> {
             }
             print_token(&issued);
         }
-        TokenCommand::List { team, json } => {
+        TokenCommand::List(TeamArgs { team, json }) => {
             let list = ctx
                 .with_database(async |pool| Ok(tokens::list(pool, &team).await?))
                 .await?;
