@@ -90,12 +90,12 @@ fn main_inner() -> Result<()> {
 
 /// `Some(scenarios)` to run, or `None` when not invoked as a benchmark.
 fn parse_args(args: impl Iterator<Item = String>) -> Result<Option<Vec<&'static Scenario>>> {
+    // The registry, one scenario a line: its name and what one operation is.
     let known = || {
         SCENARIOS
             .iter()
-            .map(|s| s.name)
-            .collect::<Vec<_>>()
-            .join(", ")
+            .map(|s| format!("\n  {:<32}{}", s.name, s.about))
+            .collect::<String>()
     };
     let mut as_bench = false;
     let mut selected: Vec<&'static Scenario> = Vec::new();
@@ -104,12 +104,12 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Option<Vec<&'static 
             // cargo bench passes this to a harness-less bench; cargo test does not.
             "--bench" => as_bench = true,
             flag if flag.starts_with('-') => bail!(
-                "unknown option `{flag}`. Usage: scripts/bench [SCENARIO…]; scenarios: {}",
+                "unknown option `{flag}`. Usage: scripts/bench [SCENARIO…]; scenarios:{}",
                 known()
             ),
             name => {
                 let Some(scenario) = SCENARIOS.iter().find(|s| s.name == name) else {
-                    bail!("unknown scenario `{name}`; known scenarios: {}", known());
+                    bail!("unknown scenario `{name}`; known scenarios:{}", known());
                 };
                 if !selected.iter().any(|s| s.name == name) {
                     selected.push(scenario);
