@@ -60,6 +60,12 @@ fn main_inner() -> Result<()> {
         eprintln!("bench: not run without --bench (as under `cargo test`); use scripts/bench");
         return Ok(());
     };
+    // The MCP client (the library's) follows the system's proxy settings;
+    // the run's traffic must stay on 127.0.0.1, whatever they say. (`*`
+    // covers names only: addresses are matched by address.)
+    // SAFETY: nothing else runs yet (no runtime, no thread), so nothing
+    // reads the environment while it changes.
+    unsafe { std::env::set_var("NO_PROXY", "*,127.0.0.0/8,::1") };
     let timing = Timing::new(window_from_env()?);
     let _ = rustls::crypto::ring::default_provider().install_default();
 

@@ -10,7 +10,7 @@ use anyhow::{Context as _, Result, bail};
 use serde_json::json;
 use sqlx::{Connection as _, PgPool};
 
-use super::{Ctx, call_tool, connect_mcp_as};
+use super::{Ctx, call_tool};
 use crate::harness::{Run, closed_loop};
 
 /// Recipients per conversation in `conversation_send`: with the sender, 4 members.
@@ -86,7 +86,7 @@ pub(super) async fn conversation_send(ctx: Arc<Ctx>, clients: usize) -> Result<R
         let conversation = conversations[i];
         async move {
             let session = format!("sender-{i}");
-            let client = connect_mcp_as(&ctx.mcp_url, &ctx.token, Some(&session)).await?;
+            let client = ctx.connect(Some(&session)).await?;
             let mut rec = window.open().await;
             while rec.is_open() {
                 let started = Instant::now();
@@ -105,7 +105,7 @@ pub(super) async fn conversation_send(ctx: Arc<Ctx>, clients: usize) -> Result<R
                 }
                 rec.record(started);
             }
-            let _ = client.cancel().await;
+            client.close().await;
             Ok(rec.finish())
         }
     })

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context as _, Result, bail};
-use serde_json::Value;
+use serde_json::json;
 
-use super::{Ctx, call_tool, connect_mcp, connect_mcp_as};
+use super::{Ctx, call_tool};
 use crate::harness::{Run, closed_loop};
 
 /// The cheapest authenticated MCP round trip: HTTP, token check, one tool.
@@ -16,14 +16,14 @@ pub(super) async fn whoami(ctx: Arc<Ctx>, clients: usize) -> Result<Run> {
     closed_loop(clients, ctx.timing, move |_, window| {
         let ctx = ctx.clone();
         async move {
-            let client = connect_mcp(&ctx.mcp_url, &ctx.token).await?;
+            let client = ctx.connect(None).await?;
             let mut rec = window.open().await;
             while rec.is_open() {
                 let started = Instant::now();
-                call_tool(&client, "whoami", Value::Null).await?;
+                call_tool(&client, "whoami", json!({})).await?;
                 rec.record(started);
             }
-            let _ = client.cancel().await;
+            client.close().await;
             Ok(rec.finish())
         }
     })
@@ -39,7 +39,7 @@ pub(super) async fn post_read(ctx: Arc<Ctx>, clients: usize) -> Result<Run> {
         async move {
             let me = format!("w{i}");
             let next = format!("bench/w{}", (i + 1) % clients);
-            let client = connect_mcp_as(&ctx.mcp_url, &ctx.token, Some(&me)).await?;
+            let client = ctx.connect(Some(&me)).await?;
             let post =
                 serde_json::json!({"to": next, "body": "a short message about the work at hand"});
             let read = serde_json::json!({"scope": "inbox", "limit": 50});
@@ -50,7 +50,7 @@ pub(super) async fn post_read(ctx: Arc<Ctx>, clients: usize) -> Result<Run> {
                 call_tool(&client, "read_messages", read.clone()).await?;
                 rec.record(started);
             }
-            let _ = client.cancel().await;
+            client.close().await;
             Ok(rec.finish())
         }
     })
@@ -66,10 +66,8 @@ pub(super) async fn wake_latency(ctx: Arc<Ctx>, clients: usize) -> Result<Run> {
         let ctx = ctx.clone();
         async move {
             let waiter_window = format!("wait{i}");
-            let waiter =
-                Arc::new(connect_mcp_as(&ctx.mcp_url, &ctx.token, Some(&waiter_window)).await?);
-            let poster =
-                connect_mcp_as(&ctx.mcp_url, &ctx.token, Some(&format!("post{i}"))).await?;
+            let waiter = Arc::new(ctx.connect(Some(&waiter_window)).await?);
+            let poster = ctx.connect(Some(&format!("post{i}"))).await?;
             let post =
                 serde_json::json!({"to": format!("bench/{waiter_window}"), "body": "wake up"});
             let mut rec = window.open().await;
@@ -102,7 +100,7 @@ pub(super) async fn wake_latency(ctx: Arc<Ctx>, clients: usize) -> Result<Run> {
                 )
                 .await?;
             }
-            let _ = poster.cancel().await;
+            poster.close().await;
             Ok(rec.finish())
         }
     })

@@ -9,7 +9,8 @@
 //! `conversations`, `outbox` (the drain to JetStream), `moves` (a
 //! conversation moved between backends), and `baseline` (the yardsticks that
 //! are not one area's). This file holds what they share: the run's [`Ctx`],
-//! the registry, the MCP client and a few constants.
+//! the registry, the MCP client (the library's `Connection`) and a few
+//! constants.
 
 mod baseline;
 mod conversations;
@@ -20,13 +21,9 @@ mod tasks;
 
 use std::sync::Arc;
 
+use ai_crew_sync::client::Connection;
 use anyhow::{Context as _, Result, bail};
 use futures::future::BoxFuture;
-use rmcp::model::CallToolRequestParams;
-use rmcp::service::RunningService;
-use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::{RoleClient, ServiceExt};
 use serde_json::Value;
 use sqlx::PgPool;
 
@@ -173,62 +170,25 @@ pub const SCENARIOS: &[Scenario] = &[
 /// The name the baseline's lines carry.
 pub const BASELINE: &str = "pg_insert_commit";
 
-/// A connected MCP client (initialize done), as agents use: rmcp's Streamable
-/// HTTP client with a bearer token.
-pub async fn connect_mcp(url: &str, token: &str) -> Result<RunningService<RoleClient, ()>> {
-    connect_mcp_as(url, token, None).await
+impl Ctx {
+    /// An MCP session of agent `bench` as window `session` (None: its shared
+    /// window), initialize done: the library's client, the one the console
+    /// client speaks with. Its HTTP client is rmcp's default (it keeps no idle
+    /// connections, to dodge delayed-ACK stalls, so each call opens one), so
+    /// the figures are what an rmcp agent sees; `main` turns proxies off, so
+    /// traffic cannot leave 127.0.0.1.
+    pub async fn connect(&self, session: Option<&str>) -> Result<Connection> {
+        Connection::open(&self.mcp_url, &self.token, session).await
+    }
 }
 
-/// [`connect_mcp`] as window `session` (the `X-Crew-Session` header).
-pub async fn connect_mcp_as(
-    url: &str,
-    token: &str,
-    session: Option<&str>,
-) -> Result<RunningService<RoleClient, ()>> {
-    // The same settings as rmcp's default client (it keeps no idle
-    // connections, to dodge delayed-ACK stalls, so each call opens one), so
-    // the figures are what an rmcp agent sees; plus no proxy, so traffic
-    // cannot leave 127.0.0.1.
-    let http = reqwest::Client::builder()
-        .no_proxy()
-        .pool_max_idle_per_host(0)
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .context("building the MCP client's HTTP client")?;
-    let mut headers = std::collections::HashMap::new();
-    if let Some(session) = session {
-        headers.insert(
-            http::HeaderName::from_static("x-crew-session"),
-            session.parse().context("a window label")?,
-        );
-    }
-    let config = StreamableHttpClientTransportConfig::with_uri(url)
-        .auth_header(token)
-        .custom_headers(headers);
-    let transport = StreamableHttpClientTransport::with_client(http, config);
-    ().serve(transport).await.context("MCP initialize")
-}
-
-/// Call `tool`, failing on a transport error or a refusal: a benchmark that
-/// counts refusals as work measures nothing.
-pub async fn call_tool(
-    client: &RunningService<RoleClient, ()>,
-    tool: &str,
-    args: Value,
-) -> Result<Value> {
-    let mut params = CallToolRequestParams::new(tool.to_string());
-    if let Value::Object(map) = args {
-        params = params.with_arguments(map);
-    }
-    let result = client
-        .call_tool(params)
-        .await
-        .with_context(|| format!("tools/call {tool}"))?;
-    let value = result.structured_content.unwrap_or(Value::Null);
-    if result.is_error == Some(true) {
-        bail!("tools/call {tool} was refused: {value}");
-    }
-    Ok(value)
+/// Call `tool` with a JSON object of arguments, failing on a transport error
+/// or a refusal: a benchmark that counts refusals as work measures nothing.
+pub async fn call_tool(connection: &Connection, tool: &str, args: Value) -> Result<Value> {
+    let Value::Object(arguments) = args else {
+        bail!("the arguments of {tool} are not a JSON object: {args}");
+    };
+    connection.call(tool, arguments).await
 }
 
 /// The body every benchmark message carries (as in `conversation_send`).

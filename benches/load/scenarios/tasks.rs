@@ -8,7 +8,7 @@ use anyhow::{Context as _, Result, bail};
 use serde_json::json;
 use sqlx::{Connection as _, PgPool};
 
-use super::{Ctx, call_tool, connect_mcp_as};
+use super::{Ctx, call_tool};
 use crate::harness::{Run, Timing, closed_loop};
 
 /// The most operations per second the queue scenarios provision tasks for:
@@ -35,7 +35,7 @@ pub(super) async fn claim_complete(ctx: Arc<Ctx>, clients: usize) -> Result<Run>
         let ctx = ctx.clone();
         async move {
             let session = format!("contender-{index}");
-            let client = connect_mcp_as(&ctx.mcp_url, &ctx.token, Some(&session)).await?;
+            let client = ctx.connect(Some(&session)).await?;
             let mut rec = window.open().await;
             while rec.is_open() {
                 let started = Instant::now();
@@ -54,7 +54,7 @@ pub(super) async fn claim_complete(ctx: Arc<Ctx>, clients: usize) -> Result<Run>
                 .await?;
                 rec.record(started);
             }
-            let _ = client.cancel().await;
+            client.close().await;
             Ok(rec.finish())
         }
     })
