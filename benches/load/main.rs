@@ -60,6 +60,12 @@ fn main_inner() -> Result<()> {
         eprintln!("bench: not run without --bench (as under `cargo test`); use scripts/bench");
         return Ok(());
     };
+    // The MCP client (the library's) follows the system's proxy settings;
+    // the run's traffic must stay on 127.0.0.1, whatever they say. (`*`
+    // covers names only: addresses are matched by address.)
+    // SAFETY: nothing else runs yet (no runtime, no thread), so nothing
+    // reads the environment while it changes.
+    unsafe { std::env::set_var("NO_PROXY", "*,127.0.0.0/8,::1") };
     let timing = Timing::new(window_from_env()?);
     let _ = rustls::crypto::ring::default_provider().install_default();
 
@@ -90,12 +96,12 @@ fn main_inner() -> Result<()> {
 
 /// `Some(scenarios)` to run, or `None` when not invoked as a benchmark.
 fn parse_args(args: impl Iterator<Item = String>) -> Result<Option<Vec<&'static Scenario>>> {
+    // The registry, one scenario a line: its name and what one operation is.
     let known = || {
         SCENARIOS
             .iter()
-            .map(|s| s.name)
-            .collect::<Vec<_>>()
-            .join(", ")
+            .map(|s| format!("\n  {:<32}{}", s.name, s.about))
+            .collect::<String>()
     };
     let mut as_bench = false;
     let mut selected: Vec<&'static Scenario> = Vec::new();
@@ -104,12 +110,12 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Option<Vec<&'static 
             // cargo bench passes this to a harness-less bench; cargo test does not.
             "--bench" => as_bench = true,
             flag if flag.starts_with('-') => bail!(
-                "unknown option `{flag}`. Usage: scripts/bench [SCENARIO…]; scenarios: {}",
+                "unknown option `{flag}`. Usage: scripts/bench [SCENARIO…]; scenarios:{}",
                 known()
             ),
             name => {
                 let Some(scenario) = SCENARIOS.iter().find(|s| s.name == name) else {
-                    bail!("unknown scenario `{name}`; known scenarios: {}", known());
+                    bail!("unknown scenario `{name}`; known scenarios:{}", known());
                 };
                 if !selected.iter().any(|s| s.name == name) {
                     selected.push(scenario);

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::Context;
+use super::args::{AgentArgs, TeamArgs};
 use super::output;
 use crate::store::{Actor, admin};
 
@@ -88,36 +89,10 @@ pub enum RemoteTeam {
 #[derive(Subcommand, Debug)]
 pub enum RemoteAgent {
     /// Add an agent; prints its first token once.
-    Add {
-        #[arg(long)]
-        team: String,
-        #[arg(long)]
-        name: String,
-        #[arg(long)]
-        json: bool,
-    },
-    List {
-        #[arg(long)]
-        team: String,
-        #[arg(long)]
-        json: bool,
-    },
-    Disable {
-        #[arg(long)]
-        team: String,
-        #[arg(long)]
-        name: String,
-        #[arg(long)]
-        json: bool,
-    },
-    Enable {
-        #[arg(long)]
-        team: String,
-        #[arg(long)]
-        name: String,
-        #[arg(long)]
-        json: bool,
-    },
+    Add(AgentArgs),
+    List(TeamArgs),
+    Disable(AgentArgs),
+    Enable(AgentArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -134,12 +109,7 @@ pub enum RemoteToken {
         #[arg(long)]
         json: bool,
     },
-    List {
-        #[arg(long)]
-        team: String,
-        #[arg(long)]
-        json: bool,
-    },
+    List(TeamArgs),
     Revoke {
         #[arg(long)]
         team: String,
@@ -274,14 +244,14 @@ async fn team(command: RemoteTeam) -> anyhow::Result<()> {
 async fn agent(command: RemoteAgent) -> anyhow::Result<()> {
     let remote = Remote::load()?;
     match command {
-        RemoteAgent::Add { team, name, json } => {
+        RemoteAgent::Add(AgentArgs { team, name, json }) => {
             let path = format!("/admin/teams/{}/agents", segment(&team));
             let issued = remote
                 .call(Method::POST, &path, Some(json!({ "name": name })))
                 .await?;
             print_or(json, &issued, || print_issued_token(&issued))
         }
-        RemoteAgent::List { team, json } => {
+        RemoteAgent::List(TeamArgs { team, json }) => {
             let agents = remote
                 .call(
                     Method::GET,
@@ -303,10 +273,10 @@ async fn agent(command: RemoteAgent) -> anyhow::Result<()> {
                 )
             })
         }
-        RemoteAgent::Disable { team, name, json } => {
+        RemoteAgent::Disable(AgentArgs { team, name, json }) => {
             set_disabled(&remote, &team, &name, true, json).await
         }
-        RemoteAgent::Enable { team, name, json } => {
+        RemoteAgent::Enable(AgentArgs { team, name, json }) => {
             set_disabled(&remote, &team, &name, false, json).await
         }
     }
@@ -356,7 +326,7 @@ async fn token(command: RemoteToken) -> anyhow::Result<()> {
             verify_issued_token(&remote, &issued).await?;
             print_or(json, &issued, || print_issued_token(&issued))
         }
-        RemoteToken::List { team, json } => {
+        RemoteToken::List(TeamArgs { team, json }) => {
             let tokens = remote
                 .call(
                     Method::GET,

@@ -4,6 +4,7 @@
 //! print a table, or JSON with `--json`.
 
 mod admin;
+mod args;
 mod client;
 mod conversations;
 mod doctor;
@@ -78,7 +79,7 @@ enum Command {
     Quickstart(operator::QuickstartArgs),
     /// Manage teams.
     #[command(subcommand)]
-    Team(operator::TeamCommand),
+    Team(operator::team::TeamCommand),
     /// Manage agents of a team.
     #[command(subcommand)]
     Agent(operator::AgentCommand),
@@ -142,7 +143,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Doctor(args) => doctor::run(&ctx, args).await,
         Command::Quickstart(args) => operator::quickstart(&ctx, args).await,
-        Command::Team(cmd) => operator::team(&ctx, cmd).await,
+        Command::Team(cmd) => operator::team::run(&ctx, cmd).await,
         Command::Agent(cmd) => operator::agent(&ctx, cmd).await,
         Command::Conversations(cmd) => conversations::run(&ctx, cmd).await,
         Command::Token(cmd) => operator::token(&ctx, cmd).await,

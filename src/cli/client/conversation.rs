@@ -7,8 +7,9 @@ use clap::Subcommand;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
+use super::files::read_stdin;
 use super::show::{items, text, when};
-use super::{Print, Request, parse_json_object, read_stdin, request};
+use super::{Print, Request, parse_json_object, request};
 use crate::cli::output;
 
 #[derive(Subcommand, Debug)]

@@ -1,0 +1,201 @@
+//! The measured workloads. A scenario is a name and an async function that
+//! drives `clients` concurrent workers against the running server and returns
+//! what they measured; add one by writing the function in its area's file and
+//! listing it in [`SCENARIOS`], the registry the runner lists and selects
+//! from. The baseline is not a scenario: it always runs, because every
+//! scenario's figure is a ratio to it.
+//!
+//! One file per area: `messaging` (MCP round trips), `tasks`,
+//! `conversations`, `outbox` (the drain to JetStream), `moves` (a
+//! conversation moved between backends), and `baseline` (the yardsticks that
+//! are not one area's). This file holds what they share: the run's [`Ctx`],
+//! the registry, the MCP client (the library's `Connection`) and a few
+//! constants.
+
+mod baseline;
+mod conversations;
+mod messaging;
+mod moves;
+mod outbox;
+mod tasks;
+
+use std::sync::Arc;
+
+use ai_crew_sync::client::Connection;
+use anyhow::{Context as _, Result, bail};
+use futures::future::BoxFuture;
+use serde_json::Value;
+use sqlx::PgPool;
+
+use crate::harness::{Run, Timing};
+
+pub use baseline::pg_insert_commit;
+
+/// What a scenario may use.
+pub struct Ctx {
+    pub mcp_url: String,
+    /// A bearer token of agent `bench` in team `bench`.
+    pub token: String,
+    /// The server's database, for setup, checks and raw-SQL baselines (never
+    /// for a scenario's measured calls).
+    pub pool: PgPool,
+    pub timing: Timing,
+    /// The run's own `nats-server`, when a selected scenario needs one.
+    pub nats_url: Option<String>,
+    /// The rate of the own baseline measured right before the scenario now
+    /// running: an open-loop scenario offers a load relative to it.
+    pub own_baseline_ops: std::sync::Mutex<Option<f64>>,
+}
+
+pub type RunFn = fn(Arc<Ctx>, usize) -> BoxFuture<'static, Result<Run>>;
+
+/// One entry of the registry: what the runner lists, selects by name and runs.
+pub struct Scenario {
+    pub name: &'static str,
+    /// What one operation is, in a line (listed with the names).
+    pub about: &'static str,
+    pub run: RunFn,
+    /// A baseline of its own, run right before it at the same client count;
+    /// `None` compares it with [`BASELINE`].
+    pub baseline: Option<OwnBaseline>,
+    /// Whether the runner must start a `nats-server` for it.
+    pub needs_nats: bool,
+    /// Measured once, at the first client count only (its `clients` do not
+    /// mean concurrency).
+    pub once: bool,
+}
+
+/// The same work as a scenario, done with nothing in between (raw SQL on the
+/// same database, raw publishes to the same broker).
+pub struct OwnBaseline {
+    pub name: &'static str,
+    pub run: RunFn,
+}
+
+const PG_CLAIM_COMPLETE: OwnBaseline = OwnBaseline {
+    name: "pg_claim_complete",
+    run: |ctx, clients| Box::pin(tasks::pg_claim_complete(ctx, clients)),
+};
+const PG_MESSAGE_RECEIPTS: OwnBaseline = OwnBaseline {
+    name: "pg_message_receipts",
+    run: |ctx, clients| Box::pin(conversations::pg_message_receipts(ctx, clients)),
+};
+const JETSTREAM_PUBLISH: OwnBaseline = OwnBaseline {
+    name: baseline::JETSTREAM_BASELINE,
+    run: |ctx, clients| Box::pin(baseline::jetstream_publish(ctx, clients)),
+};
+
+/// The registry: every scenario, in the order a full run measures them.
+pub const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "whoami",
+        about: "an authenticated MCP round trip",
+        run: |ctx, clients| Box::pin(messaging::whoami(ctx, clients)),
+        baseline: None,
+        needs_nats: false,
+        once: false,
+    },
+    Scenario {
+        name: "post_read",
+        about: "post_message (a DM to the next window) + read_messages of the own inbox",
+        run: |ctx, clients| Box::pin(messaging::post_read(ctx, clients)),
+        baseline: None,
+        needs_nats: false,
+        once: false,
+    },
+    Scenario {
+        name: "wake_latency",
+        about: "a post_message until the recipient's blocked wait_for_updates returns",
+        run: |ctx, clients| Box::pin(messaging::wake_latency(ctx, clients)),
+        baseline: None,
+        needs_nats: false,
+        once: false,
+    },
+    Scenario {
+        name: "claim_complete",
+        about: "claim_next_task + complete_task, each client its own window",
+        run: |ctx, clients| Box::pin(tasks::claim_complete(ctx, clients)),
+        baseline: Some(PG_CLAIM_COMPLETE),
+        needs_nats: false,
+        once: false,
+    },
+    Scenario {
+        name: "conversation_send",
+        about: "send_conversation_message into a conversation of 4 members, over MCP",
+        run: |ctx, clients| Box::pin(conversations::conversation_send(ctx, clients)),
+        baseline: Some(PG_MESSAGE_RECEIPTS),
+        needs_nats: false,
+        once: false,
+    },
+    Scenario {
+        name: "conversation_send_store",
+        about: "the same send through the library's store path, no MCP or HTTP",
+        run: |ctx, clients| Box::pin(conversations::conversation_send_store(ctx, clients)),
+        baseline: Some(PG_MESSAGE_RECEIPTS),
+        needs_nats: false,
+        once: false,
+    },
+    Scenario {
+        name: "outbox_drain_jetstream",
+        about: "an accepted outbox message stored on JetStream, at a fixed offered load",
+        run: |ctx, clients| {
+            Box::pin(outbox::outbox_drain_jetstream(
+                ctx,
+                clients,
+                Some(outbox::TARGET_LOAD),
+            ))
+        },
+        baseline: Some(JETSTREAM_PUBLISH),
+        needs_nats: true,
+        once: false,
+    },
+    Scenario {
+        name: "outbox_drain_jetstream_backlog",
+        about: "the same, draining a backlog: the drain's capacity",
+        run: |ctx, clients| Box::pin(outbox::outbox_drain_jetstream(ctx, clients, None)),
+        baseline: Some(JETSTREAM_PUBLISH),
+        needs_nats: true,
+        once: false,
+    },
+    Scenario {
+        name: "migrate_conversation",
+        about: "a message of a 10 000-message conversation moved to JetStream and back",
+        run: |ctx, _| Box::pin(moves::migrate_conversation(ctx)),
+        baseline: Some(JETSTREAM_PUBLISH),
+        needs_nats: true,
+        once: true,
+    },
+];
+
+/// The name the baseline's lines carry.
+pub const BASELINE: &str = "pg_insert_commit";
+
+impl Ctx {
+    /// An MCP session of agent `bench` as window `session` (None: its shared
+    /// window), initialize done: the library's client, the one the console
+    /// client speaks with. Its HTTP client is rmcp's default (it keeps no idle
+    /// connections, to dodge delayed-ACK stalls, so each call opens one), so
+    /// the figures are what an rmcp agent sees; `main` turns proxies off, so
+    /// traffic cannot leave 127.0.0.1.
+    pub async fn connect(&self, session: Option<&str>) -> Result<Connection> {
+        Connection::open(&self.mcp_url, &self.token, session).await
+    }
+}
+
+/// Call `tool` with a JSON object of arguments, failing on a transport error
+/// or a refusal: a benchmark that counts refusals as work measures nothing.
+pub async fn call_tool(connection: &Connection, tool: &str, args: Value) -> Result<Value> {
+    let Value::Object(arguments) = args else {
+        bail!("the arguments of {tool} are not a JSON object: {args}");
+    };
+    connection.call(tool, arguments).await
+}
+
+/// The body every benchmark message carries (as in `conversation_send`).
+const SHORT_BODY: &str = "a short message about the work at hand";
+
+fn nats_url(ctx: &Ctx) -> Result<String> {
+    ctx.nats_url
+        .clone()
+        .context("this scenario needs the run's nats-server, and none was started")
+}

@@ -1,0 +1,114 @@
+//! `client agents`, `sessions` and `beat`: who is here and saying that this
+//! window is (`list_agents`, `list_sessions`, `heartbeat`).
+
+use clap::Args;
+use serde_json::{Value, json};
+
+use super::{Print, Request, request, show};
+
+#[derive(Args, Debug)]
+pub(super) struct AgentsArgs {
+    /// Only agents with a live window.
+    #[arg(long)]
+    online: bool,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct SessionsArgs {
+    #[arg(long)]
+    project: Option<String>,
+    #[arg(long)]
+    role: Option<String>,
+    /// Only live windows.
+    #[arg(long)]
+    online: bool,
+    #[arg(long)]
+    limit: Option<i64>,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct BeatArgs {
+    /// active, idle, busy or blocked.
+    #[arg(long)]
+    status: Option<String>,
+    /// What you are doing now, one short line ("" clears).
+    #[arg(long)]
+    activity: Option<String>,
+    #[arg(long)]
+    project: Option<String>,
+    #[arg(long)]
+    role: Option<String>,
+    #[arg(long)]
+    repo: Option<String>,
+    #[arg(long)]
+    branch: Option<String>,
+    /// Seconds this keeps the window online, 30..86400.
+    #[arg(long, value_name = "SECONDS")]
+    ttl: Option<i64>,
+}
+
+/// How to show a presence tool's answer.
+pub(super) enum Show {
+    Agents,
+    Sessions,
+    Beat,
+}
+
+fn shown(tool: &str, arguments: Value, show: Show) -> Request {
+    request(tool, arguments, Print::Presence(show))
+}
+
+pub(super) fn agents(args: AgentsArgs) -> Request {
+    shown(
+        "list_agents",
+        json!({"online_only": args.online.then_some(true)}),
+        Show::Agents,
+    )
+}
+
+pub(super) fn sessions(args: SessionsArgs) -> Request {
+    let SessionsArgs {
+        project,
+        role,
+        online,
+        limit,
+    } = args;
+    shown(
+        "list_sessions",
+        json!({
+            "project": project, "role": role,
+            "online_only": online.then_some(true), "limit": limit,
+        }),
+        Show::Sessions,
+    )
+}
+
+pub(super) fn beat(args: BeatArgs) -> Request {
+    let BeatArgs {
+        status,
+        activity,
+        project,
+        role,
+        repo,
+        branch,
+        ttl,
+    } = args;
+    shown(
+        "heartbeat",
+        json!({
+            "status": status, "activity": activity, "project": project, "role": role,
+            "repo": repo, "branch": branch, "ttl_seconds": ttl,
+        }),
+        Show::Beat,
+    )
+}
+
+/// Print an answer as text (`--json` is handled by the caller).
+pub(super) fn print(show: Show, answer: &Value) -> anyhow::Result<()> {
+    match show {
+        Show::Agents => show::agents(answer),
+        Show::Sessions => show::sessions(answer),
+        Show::Beat => show::beat(answer),
+    }
+    Ok(())
+}

@@ -1,0 +1,308 @@
+//! Local operator commands: teams, agents, tokens, quickstart, mcp-config.
+//! They run beside the database (DATABASE_URL or the embedded cluster).
+//!
+//! `team …` is in [`team`]; agents, tokens, quickstart and mcp-config are here.
+
+pub mod team;
+
+use clap::{Args, Subcommand};
+use serde_json::json;
+use uuid::Uuid;
+
+use super::Context;
+use super::args::{AgentArgs, TeamArgs};
+use super::output::{self, opt_time, time};
+use crate::store::{Actor, agents, tokens};
+
+#[derive(Subcommand, Debug)]
+pub enum AgentCommand {
+    /// Add an agent to a team and print its first token (shown once).
+    Add(AgentArgs),
+    /// List the agents of a team.
+    List(TeamArgs),
+    /// Disable an agent: every token it holds is refused at once.
+    Disable(AgentArgs),
+    /// Enable a disabled agent again.
+    Enable(AgentArgs),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TokenCommand {
+    /// Issue another token for an agent (shown once).
+    Issue {
+        #[arg(long)]
+        team: String,
+        #[arg(long)]
+        agent: String,
+        /// A note to tell tokens apart in listings (e.g. `laptop`).
+        #[arg(long)]
+        label: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the tokens of a team (never the secrets).
+    List(TeamArgs),
+    /// Revoke a token by id; it is refused from the next request on.
+    Revoke {
+        #[arg(long)]
+        id: Uuid,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct QuickstartArgs {
+    /// Team slug to create or reuse.
+    #[arg(long, default_value = "my-team")]
+    team: String,
+    /// Agent name to create or reuse.
+    #[arg(long, default_value = "my-agent")]
+    agent: String,
+    /// The MCP URL clients will use, for the printed config.
+    #[arg(
+        long,
+        env = "BUS_URL",
+        hide_env_values = true,
+        default_value = "http://127.0.0.1:8787/mcp"
+    )]
+    url: String,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct McpConfigArgs {
+    /// The server's MCP endpoint.
+    #[arg(
+        long,
+        env = "BUS_URL",
+        hide_env_values = true,
+        default_value = "http://127.0.0.1:8787/mcp"
+    )]
+    pub url: String,
+    /// The agent token (acs_…).
+    #[arg(long, env = "BUS_TOKEN", hide_env_values = true)]
+    pub token: String,
+    /// Window label to send as X-Crew-Session.
+    #[arg(long, env = "BUS_SESSION")]
+    pub session: Option<String>,
+}
+
+pub async fn agent(ctx: &Context, command: AgentCommand) -> anyhow::Result<()> {
+    let actor = Actor::local_operator();
+    match command {
+        AgentCommand::Add(AgentArgs { team, name, json }) => {
+            let issued = ctx
+                .with_database(async |pool| Ok(agents::add(pool, &team, &name, &actor).await?))
+                .await?;
+            if json {
+                return output::json(&issued);
+            }
+            println!("agent `{}` added to team `{}`", issued.agent, issued.team);
+            print_token(&issued);
+        }
+        AgentCommand::List(TeamArgs { team, json }) => {
+            let list = ctx
+                .with_database(async |pool| Ok(agents::list(pool, &team).await?))
+                .await?;
+            if json {
+                return output::json(&list);
+            }
+            output::table(
+                &["name", "state", "active tokens", "created", "id"],
+                list.iter()
+                    .map(|a| {
+                        let state = match &a.disabled_at {
+                            Some(at) => format!("disabled {}", time(at)),
+                            None => "enabled".into(),
+                        };
+                        vec![
+                            a.name.clone(),
+                            state,
+                            a.active_tokens.to_string(),
+                            time(&a.created_at),
+                            a.id.to_string(),
+                        ]
+                    })
+                    .collect(),
+            );
+        }
+        AgentCommand::Disable(AgentArgs { team, name, json }) => {
+            set_disabled(ctx, &actor, &team, &name, true, json).await?
+        }
+        AgentCommand::Enable(AgentArgs { team, name, json }) => {
+            set_disabled(ctx, &actor, &team, &name, false, json).await?
+        }
+    }
+    Ok(())
+}
+
+async fn set_disabled(
+    ctx: &Context,
+    actor: &Actor,
+    team: &str,
+    name: &str,
+    disabled: bool,
+    json: bool,
+) -> anyhow::Result<()> {
+    let state = ctx
+        .with_database(async |pool| {
+            Ok(agents::set_disabled(pool, team, name, disabled, actor).await?)
+        })
+        .await?;
+    if json {
+        return output::json(&state);
+    }
+    let word = if disabled { "disabled" } else { "enabled" };
+    if state.changed {
+        println!(
+            "agent `{}` of team `{}` is now {word}",
+            state.agent.name, state.agent.team
+        );
+    } else {
+        println!(
+            "agent `{}` of team `{}` was already {word}; nothing changed",
+            state.agent.name, state.agent.team
+        );
+    }
+    Ok(())
+}
+
+pub async fn token(ctx: &Context, command: TokenCommand) -> anyhow::Result<()> {
+    let actor = Actor::local_operator();
+    match command {
+        TokenCommand::Issue {
+            team,
+            agent,
+            label,
+            json,
+        } => {
+            let issued = ctx
+                .with_database(async |pool| {
+                    Ok(tokens::issue(pool, &team, &agent, label.as_deref(), &actor).await?)
+                })
+                .await?;
+            if json {
+                return output::json(&issued);
+            }
+            print_token(&issued);
+        }
+        TokenCommand::List(TeamArgs { team, json }) => {
+            let list = ctx
+                .with_database(async |pool| Ok(tokens::list(pool, &team).await?))
+                .await?;
+            if json {
+                return output::json(&list);
+            }
+            output::table(
+                &[
+                    "id",
+                    "agent",
+                    "prefix",
+                    "label",
+                    "created",
+                    "last used",
+                    "revoked",
+                ],
+                list.iter()
+                    .map(|t| {
+                        vec![
+                            t.id.to_string(),
+                            t.agent.clone(),
+                            format!("{}…", t.display_prefix),
+                            t.label.clone().unwrap_or_else(|| "-".into()),
+                            time(&t.created_at),
+                            opt_time(&t.last_used_at),
+                            opt_time(&t.revoked_at),
+                        ]
+                    })
+                    .collect(),
+            );
+        }
+        TokenCommand::Revoke { id, json } => {
+            let revocation = ctx
+                .with_database(async |pool| Ok(tokens::revoke(pool, id, None, &actor).await?))
+                .await?;
+            if json {
+                return output::json(&revocation);
+            }
+            let t = &revocation.token;
+            if revocation.revoked_now {
+                println!(
+                    "token {} ({}…) of agent `{}` in team `{}` revoked",
+                    t.id, t.display_prefix, t.agent, t.team
+                );
+            } else {
+                println!(
+                    "token {} was already revoked at {}; nothing changed",
+                    t.id,
+                    opt_time(&t.revoked_at)
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+pub async fn quickstart(ctx: &Context, args: QuickstartArgs) -> anyhow::Result<()> {
+    let actor = Actor::local_operator();
+    let result = ctx
+        .with_database(async |pool| {
+            Ok(agents::quickstart(pool, &args.team, &args.agent, &actor).await?)
+        })
+        .await?;
+    let issued = &result.issued;
+    if args.json {
+        return output::json(&json!({
+            "team": issued.team,
+            "agent": issued.agent,
+            "team_created": result.team_created,
+            "agent_created": result.agent_created,
+            "token": issued.token,
+            "token_id": issued.id,
+            "url": args.url,
+            "mcp_config": mcp_config(&args.url, &issued.token, None),
+        }));
+    }
+    let verb = |created: bool| if created { "created" } else { "reused" };
+    println!(
+        "team `{}` {}; agent `{}` {}.",
+        issued.team,
+        verb(result.team_created),
+        issued.agent,
+        verb(result.agent_created)
+    );
+    print_token(issued);
+    println!();
+    println!("Start the server (if it is not running):  ai-crew-sync serve");
+    println!("Then add this to your MCP client config (e.g. .mcp.json for Claude Code):");
+    println!();
+    print_mcp_config(&args.url, &issued.token, None);
+    Ok(())
+}
+
+fn print_token(issued: &tokens::IssuedToken) {
+    println!(
+        "token for `{}` in team `{}` (id {}), shown once; store it now:",
+        issued.agent, issued.team, issued.id
+    );
+    println!("  {}", issued.token);
+}
+
+/// The MCP client config block (the `mcpServers` shape Claude Code, Cursor and others read).
+pub fn mcp_config(url: &str, token: &str, session: Option<&str>) -> serde_json::Value {
+    let mut headers = json!({ "Authorization": format!("Bearer {token}") });
+    if let Some(session) = session.filter(|s| !s.is_empty()) {
+        headers["X-Crew-Session"] = json!(session);
+    }
+    json!({ "mcpServers": { "ai-crew-sync": { "type": "http", "url": url, "headers": headers } } })
+}
+
+pub fn print_mcp_config(url: &str, token: &str, session: Option<&str>) {
+    let block = mcp_config(url, token, session);
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&block).expect("a JSON value serialises")
+    );
+}

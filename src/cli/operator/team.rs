@@ -1,0 +1,337 @@
+//! `team …`: create and list teams, switch a team's conversations on or off
+//! and choose their backend (`capability`), provision or remove its
+//! JetStream streams (`stream`), and its attachment quota (`quota`). One
+//! function per subcommand; the logic is in `store::teams`,
+//! `store::attachments` and `store::broker_conditions`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use serde_json::json;
+
+use crate::backend::jetstream::{Broker, StreamSizes};
+use crate::cli::Context;
+use crate::cli::output::{self, time};
+use crate::store::{Actor, attachments, broker_conditions, teams};
+
+#[derive(Subcommand, Debug)]
+pub enum TeamCommand {
+    /// Create a team.
+    Create(CreateArgs),
+    /// List teams.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the team's capabilities, or switch conversations on or off.
+    Capability(CapabilityArgs),
+    /// Provision (or adopt) the team's JetStream streams and show them; or remove them.
+    Stream(StreamArgs),
+    /// Show the team's attachment quota, or set it with --bytes (new uploads beyond it are refused).
+    Quota(QuotaArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CreateArgs {
+    /// Short name used everywhere: lower-case letters, digits and `-`.
+    #[arg(long)]
+    slug: String,
+    /// Display name.
+    #[arg(long)]
+    name: String,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct CapabilityArgs {
+    #[arg(long)]
+    team: String,
+    /// Turn the conversation tools on or off for the team.
+    #[arg(long, value_parser = ["on", "off"])]
+    conversations: Option<String>,
+    /// The backend NEW conversations are created on (existing ones stay).
+    /// jetstream needs --nats-url and the team's streams there (`team stream`).
+    #[arg(long, value_parser = ["jetstream", "postgres"])]
+    backend: Option<String>,
+    /// The NATS server holding the team's streams (checked for --backend jetstream).
+    #[arg(long, env = "BUS_NATS_URL", hide_env_values = true)]
+    nats_url: Option<String>,
+    /// A NATS .creds file for that server.
+    #[arg(long, env = "BUS_NATS_CREDENTIALS", hide_env_values = true)]
+    nats_credentials: Option<PathBuf>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct StreamArgs {
+    #[arg(long)]
+    team: String,
+    /// The NATS server (JetStream on, max_payload of at least 2MB).
+    #[arg(long, env = "BUS_NATS_URL", hide_env_values = true)]
+    nats_url: String,
+    /// A NATS .creds file with rights to manage streams (provisioning
+    /// credentials, separate from the ones `serve` runs with).
+    #[arg(long, env = "BUS_NATS_CREDENTIALS", hide_env_values = true)]
+    nats_credentials: Option<PathBuf>,
+    /// Body stream size limit in bytes [default: 2 GiB].
+    #[arg(long)]
+    max_bytes: Option<i64>,
+    /// Body stream message limit [default: 100000].
+    #[arg(long)]
+    max_messages: Option<i64>,
+    /// How long an undelivered inbox reference is kept [default: 168].
+    #[arg(long)]
+    inbox_max_age_hours: Option<u64>,
+    /// Inbox stream size limit in bytes; when full it drops its oldest references
+    /// (PostgreSQL still holds what is owed) [default: 256 MiB].
+    #[arg(long)]
+    inbox_max_bytes: Option<i64>,
+    /// Inbox stream reference limit [default: 1000000].
+    #[arg(long)]
+    inbox_max_messages: Option<i64>,
+    /// Apply the size flags (or the defaults) to streams that already exist. Without it
+    /// an existing stream is adopted as it is, and any size flag that differs from it is
+    /// reported as ignored.
+    #[arg(long)]
+    update_quotas: bool,
+    /// Delete both streams and their contents; refused while the team routes to jetstream.
+    #[arg(long, conflicts_with_all = ["max_bytes", "max_messages", "inbox_max_age_hours", "inbox_max_bytes", "inbox_max_messages", "update_quotas"])]
+    remove: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct QuotaArgs {
+    #[arg(long)]
+    team: String,
+    /// New limit in bytes (default for a new team: 1 GiB).
+    #[arg(long)]
+    bytes: Option<i64>,
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn run(ctx: &Context, command: TeamCommand) -> anyhow::Result<()> {
+    let actor = Actor::local_operator();
+    match command {
+        TeamCommand::Create(args) => create(ctx, &actor, args).await,
+        TeamCommand::List { json } => list(ctx, json).await,
+        TeamCommand::Capability(args) => capability(ctx, &actor, args).await,
+        TeamCommand::Stream(args) => stream(ctx, &actor, args).await,
+        TeamCommand::Quota(args) => quota(ctx, &actor, args).await,
+    }
+}
+
+async fn create(ctx: &Context, actor: &Actor, args: CreateArgs) -> anyhow::Result<()> {
+    let CreateArgs { slug, name, json } = args;
+    let team = ctx
+        .with_database(async |pool| Ok(teams::create(pool, &slug, &name, actor).await?))
+        .await?;
+    if json {
+        return output::json(&team);
+    }
+    println!("team `{}` created ({})", team.slug, team.id);
+    println!(
+        "next: ai-crew-sync agent add --team {} --name NAME",
+        team.slug
+    );
+    Ok(())
+}
+
+async fn list(ctx: &Context, json: bool) -> anyhow::Result<()> {
+    let list = ctx
+        .with_database(async |pool| Ok(teams::list(pool).await?))
+        .await?;
+    if json {
+        return output::json(&list);
+    }
+    output::table(
+        &["slug", "name", "agents", "created", "id"],
+        list.iter()
+            .map(|t| {
+                vec![
+                    t.slug.clone(),
+                    t.name.clone(),
+                    t.agents.to_string(),
+                    time(&t.created_at),
+                    t.id.to_string(),
+                ]
+            })
+            .collect(),
+    );
+    Ok(())
+}
+
+async fn capability(ctx: &Context, actor: &Actor, args: CapabilityArgs) -> anyhow::Result<()> {
+    let CapabilityArgs {
+        team,
+        conversations,
+        backend,
+        nats_url,
+        nats_credentials,
+        json,
+    } = args;
+    let on = conversations.map(|v| v == "on");
+    let broker = match (&backend, &nats_url) {
+        (Some(b), Some(url)) if b == "jetstream" => {
+            Some(Broker::connect(url, nats_credentials.as_deref()).await?)
+        }
+        _ => None,
+    };
+    let caps = ctx
+        .with_database(async |pool| {
+            // The backend first: it is the one that can be refused,
+            // and a refused command changes nothing.
+            if let Some(backend) = &backend {
+                teams::set_conversation_backend(pool, &team, backend, broker.as_ref(), actor)
+                    .await?;
+            }
+            Ok(teams::capability(pool, &team, on, actor).await?)
+        })
+        .await?;
+    if json {
+        return output::json(&caps);
+    }
+    println!(
+        "team `{}`: conversations {}, new conversations on {}",
+        caps.team,
+        if caps.conversations { "on" } else { "off" },
+        caps.conversation_backend
+    );
+    Ok(())
+}
+
+async fn stream(ctx: &Context, actor: &Actor, args: StreamArgs) -> anyhow::Result<()> {
+    let StreamArgs {
+        team,
+        nats_url,
+        nats_credentials,
+        max_bytes,
+        max_messages,
+        inbox_max_age_hours,
+        inbox_max_bytes,
+        inbox_max_messages,
+        update_quotas,
+        remove,
+        json,
+    } = args;
+    let broker = Broker::connect(&nats_url, nats_credentials.as_deref()).await?;
+    if remove {
+        let removed = ctx
+            .with_database(async |pool| {
+                Ok(teams::remove_streams(pool, &team, &broker, actor).await?)
+            })
+            .await?;
+        if json {
+            return output::json(&json!({ "team": team, "removed": removed }));
+        }
+        if removed.is_empty() {
+            println!("team `{team}` had no streams on {nats_url}; nothing removed");
+        } else {
+            println!("removed from {nats_url}: {}", removed.join(", "));
+        }
+        return Ok(());
+    }
+    let defaults = StreamSizes::default();
+    let sizes = StreamSizes {
+        max_bytes: max_bytes.unwrap_or(defaults.max_bytes),
+        max_messages: max_messages.unwrap_or(defaults.max_messages),
+        inbox_max_age: inbox_max_age_hours
+            .map(|h| std::time::Duration::from_secs(h.saturating_mul(3600)))
+            .unwrap_or(defaults.inbox_max_age),
+        inbox_max_bytes: inbox_max_bytes.unwrap_or(defaults.inbox_max_bytes),
+        inbox_max_messages: inbox_max_messages.unwrap_or(defaults.inbox_max_messages),
+    };
+    let size_flags_given = max_bytes.is_some()
+        || max_messages.is_some()
+        || inbox_max_age_hours.is_some()
+        || inbox_max_bytes.is_some()
+        || inbox_max_messages.is_some();
+    let (streams, stale) = ctx
+        .with_database(async |pool| {
+            let before = broker_conditions::locators_on_body_stream(pool, &team).await?;
+            let streams =
+                teams::provision_streams(pool, &team, &broker, &sizes, update_quotas, actor)
+                    .await?;
+            let stale = broker_conditions::stale_locators(pool, &broker, &streams, before).await?;
+            Ok((streams, stale))
+        })
+        .await?;
+    if json {
+        let mut value = serde_json::to_value(&streams)?;
+        value["stale_locators"] = serde_json::to_value(&stale)?;
+        return output::json(&value);
+    }
+    println!("team `{team}` on {nats_url}:");
+    output::table(
+        &[
+            "stream", "state", "subjects", "replicas", "messages", "bytes", "limits",
+        ],
+        [&streams.body, &streams.inbox]
+            .iter()
+            .map(|s| {
+                vec![
+                    s.name.clone(),
+                    s.state.to_owned(),
+                    s.subjects.join(","),
+                    s.replicas.to_string(),
+                    s.messages.to_string(),
+                    s.bytes.to_string(),
+                    format!(
+                        "{} retention, max {} bytes / {} msgs, max age {} s",
+                        s.retention, s.max_bytes, s.max_messages, s.max_age_seconds
+                    ),
+                ]
+            })
+            .collect(),
+    );
+    for stream in [&streams.body, &streams.inbox] {
+        if stream.quotas_not_applied.is_empty() {
+            continue;
+        }
+        let differences = stream.quotas_not_applied.join("; ");
+        if size_flags_given {
+            println!(
+                "ignored the size flags for {} (it exists; {differences}). Rerun with \
+                 --update-quotas to apply them.",
+                stream.name
+            );
+        } else {
+            println!(
+                "{} exists with limits other than the defaults ({differences}); kept. \
+                 --update-quotas would set the defaults or the size flags given.",
+                stream.name
+            );
+        }
+    }
+    if stale.messages > 0 {
+        println!(
+            "{} message(s) name stream {} at a sequence it does not hold ({}): the \
+             stream no longer holds those bodies (restoring the broker's store brings \
+             them back).",
+            stale.messages, stale.stream, stale.reason
+        );
+    }
+    println!(
+        "next: ai-crew-sync team capability --team {team} --backend jetstream --nats-url {nats_url}"
+    );
+    Ok(())
+}
+
+async fn quota(ctx: &Context, actor: &Actor, args: QuotaArgs) -> anyhow::Result<()> {
+    let QuotaArgs { team, bytes, json } = args;
+    let quota = ctx
+        .with_database(async |pool| Ok(attachments::quota(pool, &team, bytes, actor).await?))
+        .await?;
+    if json {
+        return output::json(&quota);
+    }
+    println!(
+        "team `{}`: attachments use {} of {} bytes",
+        quota.team, quota.attachment_bytes_used, quota.attachment_bytes_limit
+    );
+    Ok(())
+}
