@@ -43,7 +43,9 @@
 //! `pause.rs`; dropping source bodies after the rollback window
 //! ([`cleanup()`]) in `cleanup.rs`; moving every conversation of a plan in
 //! turn ([`run_all`], what `--apply` does) in `driver.rs`. This file holds
-//! the types they share and the conversation lock every step takes first.
+//! the types they share, the conversation lock every step takes first, and
+//! the two questions asked under it: which run of a conversation is open,
+//! and whether this one still is.
 
 use std::time::Duration;
 
