@@ -20,15 +20,47 @@ const CONVERSATION_RECIPIENTS: usize = 3;
 /// conversation of 4 active seats, all windows of agent `bench`: the sender
 /// `sender-i` and the recipients `rcpt-i-0..2`. Returns the conversation ids.
 async fn seat_conversations(pool: &PgPool, clients: usize) -> Result<Vec<uuid::Uuid>> {
-    let (team_id, agent_id): (uuid::Uuid, uuid::Uuid) = sqlx::query_as(
+    let (team_id, agent_id) = bench_team(pool).await?;
+    seat_conversations_on(pool, team_id, agent_id, clients, "postgres", "sync").await
+}
+
+/// Turn conversations on for team `bench`: its id and agent `bench`'s.
+pub(super) async fn bench_team(pool: &PgPool) -> Result<(uuid::Uuid, uuid::Uuid)> {
+    sqlx::query_as(
         "UPDATE teams t SET conversations_enabled = true FROM agents a
          WHERE a.team_id = t.id AND t.slug = 'bench' AND a.name = 'bench'
          RETURNING t.id, a.id",
     )
     .fetch_one(pool)
     .await
-    .context("turning conversations on for the bench team")?;
-    seat_conversations_on(pool, team_id, agent_id, clients, "postgres", "sync").await
+    .context("turning conversations on for the bench team")
+}
+
+/// The seats of a conversation [`seat_conversations_on`] made: the
+/// sender's id, and the recipients' ids and window labels.
+pub(super) async fn seats(
+    pool: &PgPool,
+    team_id: uuid::Uuid,
+    conversation: uuid::Uuid,
+) -> Result<(uuid::Uuid, (Vec<uuid::Uuid>, Vec<String>))> {
+    let members: Vec<(uuid::Uuid, String)> = sqlx::query_as(
+        "SELECT id, session FROM conversation_members
+         WHERE team_id = $1 AND conversation_id = $2 ORDER BY session",
+    )
+    .bind(team_id)
+    .bind(conversation)
+    .fetch_all(pool)
+    .await?;
+    let sender = members
+        .iter()
+        .find(|(_, session)| session.starts_with("sender-"))
+        .context("the sender's seat")?
+        .0;
+    let recipients = members
+        .into_iter()
+        .filter(|(_, session)| session.starts_with("rcpt-"))
+        .unzip();
+    Ok((sender, recipients))
 }
 
 /// [`seat_conversations`] with a backend and publication mode of its own.

@@ -8,8 +8,9 @@ use std::time::Instant;
 use anyhow::{Context as _, Result, bail};
 use sqlx::PgPool;
 
-use super::conversations::seat_conversations_on;
-use super::{Ctx, SHORT_BODY, nats_url};
+use super::conversations::{seat_conversations_on, seats};
+use super::outbox::jetstream_team;
+use super::{Ctx, SHORT_BODY};
 use crate::harness::Run;
 
 /// Messages in the conversation `migrate_conversation` moves (the issue's figure).
@@ -31,27 +32,13 @@ const MIGRATE_BATCH: i64 = 1_000;
 /// client count: a move is one operator's command.
 pub(super) async fn migrate_conversation(ctx: Arc<Ctx>) -> Result<Run> {
     use ai_crew_sync::backend::Backends;
-    use ai_crew_sync::backend::jetstream::{Broker, StreamSizes};
     use ai_crew_sync::store::moves::{self, Direction, Progress};
 
     // The raw publish baseline ran right before; its rate is on its own line.
     let _ = ctx.own_baseline_ops.lock().expect("not poisoned").take();
     let pool = ctx.pool.clone();
-    let broker = Broker::connect(&nats_url(&ctx)?, None).await?;
-    let (team_id, agent_id): (uuid::Uuid, uuid::Uuid) = sqlx::query_as(
-        "UPDATE teams t SET conversations_enabled = true FROM agents a
-         WHERE a.team_id = t.id AND t.slug = 'bench' AND a.name = 'bench'
-         RETURNING t.id, a.id",
-    )
-    .fetch_one(&pool)
-    .await
-    .context("finding the bench team")?;
-    // The same sizes as the drain scenarios, which may have provisioned first.
-    let sizes = StreamSizes {
-        max_messages: 100_000_000,
-        ..StreamSizes::default()
-    };
-    broker.provision_team(team_id, &sizes, true).await?;
+    // The same streams as the drain scenarios, which may have provisioned first.
+    let (broker, team_id, agent_id) = jetstream_team(&ctx).await?;
     let conversation =
         seat_conversations_on(&pool, team_id, agent_id, 1, "postgres", "sync").await?[0];
     store_messages(&pool, team_id, agent_id, conversation, MIGRATED_MESSAGES).await?;
@@ -114,23 +101,7 @@ async fn store_messages(
     n: i64,
 ) -> Result<()> {
     use sha2::Digest as _;
-    let members: Vec<(uuid::Uuid, String)> = sqlx::query_as(
-        "SELECT id, session FROM conversation_members
-         WHERE team_id = $1 AND conversation_id = $2 ORDER BY session",
-    )
-    .bind(team_id)
-    .bind(conversation)
-    .fetch_all(pool)
-    .await?;
-    let sender = members
-        .iter()
-        .find(|(_, session)| session.starts_with("sender-"))
-        .context("the sender's seat")?
-        .0;
-    let (rcpt_ids, rcpt_sessions): (Vec<uuid::Uuid>, Vec<String>) = members
-        .into_iter()
-        .filter(|(_, session)| session.starts_with("rcpt-"))
-        .unzip();
+    let (sender, (rcpt_ids, rcpt_sessions)) = seats(pool, team_id, conversation).await?;
     let digest = sha2::Sha256::digest(SHORT_BODY.as_bytes()).to_vec();
     let mut written = 0;
     while written < n {

@@ -9,7 +9,9 @@ use std::time::Instant;
 use anyhow::{Context as _, Result, bail};
 use sqlx::PgPool;
 
-use super::conversations::seat_conversations_on;
+use ai_crew_sync::backend::jetstream::{Broker, StreamSizes};
+
+use super::conversations::{bench_team, seat_conversations_on, seats};
 use super::{Ctx, SHORT_BODY, nats_url};
 use crate::harness::Run;
 
@@ -55,7 +57,7 @@ pub(super) async fn outbox_drain_jetstream(
     load: Option<f64>,
 ) -> Result<Run> {
     use ai_crew_sync::backend::Backends;
-    use ai_crew_sync::backend::jetstream::{Broker, StreamSizes, body_stream_name};
+    use ai_crew_sync::backend::jetstream::body_stream_name;
     use ai_crew_sync::workers::publication::{DrainSettings, spawn_drain};
 
     let baseline = ctx
@@ -65,21 +67,7 @@ pub(super) async fn outbox_drain_jetstream(
         .take()
         .context("the raw JetStream baseline did not run before this scenario")?;
     let pool = ctx.pool.clone();
-    let broker = Broker::connect(&nats_url(&ctx)?, None).await?;
-    let (team_id, agent_id): (uuid::Uuid, uuid::Uuid) = sqlx::query_as(
-        "UPDATE teams t SET conversations_enabled = true FROM agents a
-         WHERE a.team_id = t.id AND t.slug = 'bench' AND a.name = 'bench'
-         RETURNING t.id, a.id",
-    )
-    .fetch_one(&pool)
-    .await
-    .context("finding the bench team")?;
-    // The default 100 000 bodies would fill up within a run.
-    let sizes = StreamSizes {
-        max_messages: 100_000_000,
-        ..StreamSizes::default()
-    };
-    broker.provision_team(team_id, &sizes, true).await?;
+    let (broker, team_id, agent_id) = jetstream_team(&ctx).await?;
     broker
         .js()
         .get_stream(body_stream_name(team_id))
@@ -183,6 +171,21 @@ pub(super) async fn outbox_drain_jetstream(
     outcome
 }
 
+/// Connect to the run's nats-server, turn conversations on for team `bench`
+/// and provision its streams there (adopting them when an earlier scenario
+/// did, with the same sizes): the broker, the team's id and agent `bench`'s.
+pub(super) async fn jetstream_team(ctx: &Ctx) -> Result<(Broker, uuid::Uuid, uuid::Uuid)> {
+    let broker = Broker::connect(&nats_url(ctx)?, None).await?;
+    let (team_id, agent_id) = bench_team(&ctx.pool).await?;
+    // The default 100 000 bodies would fill up within a run.
+    let sizes = StreamSizes {
+        max_messages: 100_000_000,
+        ..StreamSizes::default()
+    };
+    broker.provision_team(team_id, &sizes, true).await?;
+    Ok((broker, team_id, agent_id))
+}
+
 async fn db_now(pool: &PgPool) -> Result<chrono::DateTime<chrono::Utc>> {
     sqlx::query_scalar("SELECT clock_timestamp()")
         .fetch_one(pool)
@@ -226,23 +229,7 @@ impl Feeder {
         conversation: uuid::Uuid,
     ) -> Result<Feeder> {
         use sha2::Digest as _;
-        let members: Vec<(uuid::Uuid, String)> = sqlx::query_as(
-            "SELECT id, session FROM conversation_members
-             WHERE team_id = $1 AND conversation_id = $2 ORDER BY session",
-        )
-        .bind(team_id)
-        .bind(conversation)
-        .fetch_all(pool)
-        .await?;
-        let sender = members
-            .iter()
-            .find(|(_, session)| session.starts_with("sender-"))
-            .context("the sender's seat")?
-            .0;
-        let recipients = members
-            .into_iter()
-            .filter(|(_, session)| session.starts_with("rcpt-"))
-            .unzip();
+        let (sender, recipients) = seats(pool, team_id, conversation).await?;
         Ok(Feeder {
             team_id,
             agent_id,
