@@ -116,7 +116,7 @@ impl BusEvent {
 
     pub fn by(mut self, me: &crate::auth::Identity) -> BusEvent {
         self.actor = Some(me.agent_id);
-        self.actor_session = Some(me.session.clone());
+        self.actor_session = Some(me.window.clone());
         self
     }
 }

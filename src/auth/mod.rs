@@ -29,15 +29,15 @@ pub struct Identity {
     /// The agent token the call rests on (directly, or as a session's parent).
     pub token_id: Uuid,
     /// The window label; `""` is the agent's shared session.
-    pub session: String,
+    pub window: String,
     /// Set when the caller used a session credential: which row, at which epoch.
-    pub window: Option<WindowCredential>,
+    pub session_credential: Option<SessionCredential>,
 }
 
 /// A session credential as it was when the request authenticated. Mutations
 /// re-check it inside their own transaction ([`crate::store::sessions::guard`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WindowCredential {
+pub struct SessionCredential {
     pub session_id: Uuid,
     pub epoch: i64,
 }
@@ -45,7 +45,7 @@ pub struct WindowCredential {
 impl Identity {
     /// `agent` for the shared session, `agent/session` for a named window.
     pub fn address(&self) -> String {
-        crate::store::address(&self.agent, &self.session)
+        crate::store::address(&self.agent, &self.window)
     }
 }
 

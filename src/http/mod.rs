@@ -458,7 +458,9 @@ async fn mcp_gate(State(state): State<Arc<AppState>>, request: Request, next: Ne
         return rate_limited(wait, state.limiter.per_minute(), "token");
     }
 
-    let credential = identity.window.map_or(identity.token_id, |w| w.session_id);
+    let credential = identity
+        .session_credential
+        .map_or(identity.token_id, |w| w.session_id);
     // Counted as ordinary before the body is read, so one credential holds
     // at most its cap of bodies in the buffered-bytes budget.
     let Some(ordinary) = limits.ordinary_slot(credential) else {

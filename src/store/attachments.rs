@@ -198,7 +198,7 @@ pub(crate) async fn insert_all(
         .bind(&upload.data)
         .bind(&sha256[..])
         .bind(me.agent_id)
-        .bind(&me.session)
+        .bind(&me.window)
         .execute(&mut *conn)
         .await?;
         stored.push(AttachmentInfo {
@@ -299,7 +299,7 @@ pub async fn get(bus: &Bus, me: &Identity, id: Uuid) -> BusResult<AttachmentData
     .bind(me.team_id)
     .bind(id)
     .bind(me.agent_id)
-    .bind(&me.session)
+    .bind(&me.window)
     .fetch_optional(&bus.pool)
     .await?;
     let row = row.ok_or_else(|| {

@@ -158,7 +158,7 @@ pub fn check_fetch_limit(limit: Option<i64>) -> BusResult<i64> {
 /// after seq 10, so neither queue time nor the inbox stream's order is the
 /// conversation's.
 pub async fn fetch(bus: &Bus, me: &Identity, limit: i64) -> BusResult<Fetched> {
-    let key = recipient_key(me.agent_id, &me.session);
+    let key = recipient_key(me.agent_id, &me.window);
     let mut tx = bus.pool.begin().await?;
     sessions::guard(&mut tx, me).await?;
     sqlx::query(
@@ -183,7 +183,7 @@ pub async fn fetch(bus: &Bus, me: &Identity, limit: i64) -> BusResult<Fetched> {
     .bind(me.team_id)
     .bind(me.agent_id)
     .bind(&key)
-    .bind(&me.session)
+    .bind(&me.window)
     .bind(TOP_UP_MAX)
     .execute(&mut *tx)
     .await?;
@@ -246,7 +246,7 @@ pub async fn confirm(bus: &Bus, me: &Identity, ids: &[Uuid]) -> BusResult<Confir
             ids.len()
         )));
     }
-    let key = recipient_key(me.agent_id, &me.session);
+    let key = recipient_key(me.agent_id, &me.window);
     let mut tx = bus.pool.begin().await?;
     sessions::guard(&mut tx, me).await?;
     #[derive(sqlx::FromRow)]
@@ -276,7 +276,7 @@ pub async fn confirm(bus: &Bus, me: &Identity, ids: &[Uuid]) -> BusResult<Confir
     .bind(&key)
     .bind(ids)
     .bind(me.agent_id)
-    .bind(&me.session)
+    .bind(&me.window)
     .fetch_all(&mut *tx)
     .await?;
     tx.commit().await?;
@@ -308,7 +308,7 @@ pub struct Owed {
 }
 
 pub async fn owed(bus: &Bus, me: &Identity) -> BusResult<Owed> {
-    let key = recipient_key(me.agent_id, &me.session);
+    let key = recipient_key(me.agent_id, &me.window);
     let (queued, handed_out, unqueued): (i64, i64, i64) = sqlx::query_as(
         "SELECT
             (SELECT count(*) FROM inbox_references
@@ -328,7 +328,7 @@ pub async fn owed(bus: &Bus, me: &Identity) -> BusResult<Owed> {
     .bind(me.team_id)
     .bind(&key)
     .bind(me.agent_id)
-    .bind(&me.session)
+    .bind(&me.window)
     .bind(HANDOUT_SECS)
     .fetch_one(&bus.pool)
     .await?;
@@ -343,7 +343,7 @@ pub async fn owed(bus: &Bus, me: &Identity) -> BusResult<Owed> {
 /// wearing the label of a live authenticated window reaches none of it (the
 /// rule of `conversations::refuse_borrowed_label`).
 async fn refuse_borrowed_label(bus: &Bus, me: &Identity) -> BusResult<()> {
-    if me.window.is_some() || me.session.is_empty() {
+    if me.session_credential.is_some() || me.window.is_empty() {
         return Ok(());
     }
     let mut conn = bus.pool.acquire().await?;
@@ -378,7 +378,7 @@ const BROKER_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 pub async fn fetch_inbox(bus: &Bus, me: &Identity, limit: i64) -> BusResult<Fetched> {
     // Before the broker is asked: a borrowed label must not consume anything.
     refuse_borrowed_label(bus, me).await?;
-    let key = recipient_key(me.agent_id, &me.session);
+    let key = recipient_key(me.agent_id, &me.window);
     let mut from_broker: Vec<(Uuid, String)> = Vec::new();
     let broker = broker_for(bus, me.team_id).await?;
     if let Some(broker) = broker {
@@ -470,7 +470,7 @@ pub async fn confirm_delivery(bus: &Bus, me: &Identity, ids: &[Uuid]) -> BusResu
     if !confirmed.broker_acks.is_empty()
         && let Some(broker) = bus.backends.broker()
     {
-        let key = recipient_key(me.agent_id, &me.session);
+        let key = recipient_key(me.agent_id, &me.window);
         for subject in &confirmed.broker_acks {
             ack_quietly(broker, me.team_id, &key, subject).await;
         }

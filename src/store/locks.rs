@@ -155,7 +155,7 @@ macro_rules! lock_columns {
 
 impl LockRow {
     fn held_by(&self, me: &Identity) -> bool {
-        self.holder_agent_id == me.agent_id && self.holder_session == me.session
+        self.holder_agent_id == me.agent_id && self.holder_session == me.window
     }
 
     /// "held by … until … (N s left)", and why a sibling window does not count.
@@ -252,7 +252,7 @@ pub async fn acquire(
     .bind(me.team_id)
     .bind(&name)
     .bind(me.agent_id)
-    .bind(&me.session)
+    .bind(&me.window)
     .bind(&purpose)
     .bind(ttl)
     .fetch_optional(&mut *tx)

@@ -174,7 +174,7 @@ pub async fn default_channel(bus: &Bus, me: &Identity) -> BusResult<Option<Strin
     let project: Option<String> = super::presence::window_labels(&bus.pool, me).await?.0;
     let candidate = project
         .filter(|p| !p.is_empty())
-        .or_else(|| Some(me.session.clone()).filter(|s| !s.is_empty()));
+        .or_else(|| Some(me.window.clone()).filter(|s| !s.is_empty()));
     Ok(candidate
         .and_then(|name| channels::normalize_name(&name).ok())
         .filter(|name| !channels::RESERVED_NAMES.contains(&name.as_str())))
@@ -258,7 +258,7 @@ pub async fn post(bus: &Bus, me: &Identity, new: NewMessage) -> BusResult<Posted
     .bind(me.team_id)
     .bind(channel.as_ref().map(|c| c.id))
     .bind(me.agent_id)
-    .bind(&me.session)
+    .bind(&me.window)
     .bind(recipient_id)
     .bind(&recipient_session)
     .bind(&new.body)
@@ -427,7 +427,7 @@ pub async fn read(bus: &Bus, me: &Identity, request: ReadRequest) -> BusResult<R
             .bind(me.agent_id)
             .bind(channel_id)
             .bind(request.all_sessions)
-            .bind(&me.session)
+            .bind(&me.window)
             .bind(after_xact)
             .bind(after_seq)
             .bind(limit)
@@ -458,7 +458,7 @@ pub async fn read(bus: &Bus, me: &Identity, request: ReadRequest) -> BusResult<R
             )
             .bind(me.team_id)
             .bind(me.agent_id)
-            .bind(&me.session)
+            .bind(&me.window)
             .bind(&scope)
             .bind(last.xact_id)
             .bind(last.seq)
@@ -518,7 +518,7 @@ async fn cursor_for_update(
     )
     .bind(me.team_id)
     .bind(me.agent_id)
-    .bind(&me.session)
+    .bind(&me.window)
     .bind(scope)
     .execute(&mut *conn)
     .await?;
@@ -528,7 +528,7 @@ async fn cursor_for_update(
     )
     .bind(me.team_id)
     .bind(me.agent_id)
-    .bind(&me.session)
+    .bind(&me.window)
     .bind(scope)
     .fetch_one(&mut *conn)
     .await?)
@@ -559,7 +559,7 @@ pub async fn unread_direct(bus: &Bus, me: &Identity) -> BusResult<i64> {
     ))
     .bind(me.team_id)
     .bind(me.agent_id)
-    .bind(&me.session)
+    .bind(&me.window)
     .fetch_one(&bus.pool)
     .await?)
 }
@@ -579,7 +579,7 @@ pub async fn unread_direct_messages(
     ))
     .bind(me.team_id)
     .bind(me.agent_id)
-    .bind(&me.session)
+    .bind(&me.window)
     .bind(limit)
     .fetch_all(&bus.pool)
     .await?)
@@ -640,7 +640,7 @@ pub async fn search(
     Ok(sqlx::query_as(sql)
         .bind(me.team_id)
         .bind(me.agent_id)
-        .bind(&me.session)
+        .bind(&me.window)
         .bind(&query)
         .bind(limit)
         .bind(&literals.required)
@@ -661,7 +661,7 @@ pub async fn visible(bus: &Bus, me: &Identity, ids: &[Uuid]) -> BusResult<Vec<Me
     ))
     .bind(me.team_id)
     .bind(me.agent_id)
-    .bind(&me.session)
+    .bind(&me.window)
     .bind(ids)
     .fetch_all(&bus.pool)
     .await?)
@@ -693,7 +693,7 @@ pub async fn answer_to(
     .bind(me.team_id)
     .bind(question_id)
     .bind(me.agent_id)
-    .bind(&me.session)
+    .bind(&me.window)
     .fetch_optional(&bus.pool)
     .await?)
 }

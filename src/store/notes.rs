@@ -356,7 +356,7 @@ pub async fn set(
     .bind(value)
     .bind(&tags)
     .bind(me.agent_id)
-    .bind(&me.session)
+    .bind(&me.window)
     .bind(was_deleted.unwrap_or(false))
     .fetch_optional(&mut *tx)
     .await?;
@@ -609,7 +609,7 @@ pub async fn delete(
     .bind(&scope)
     .bind(&key)
     .bind(me.agent_id)
-    .bind(&me.session)
+    .bind(&me.window)
     .fetch_optional(&mut *tx)
     .await?;
     let Some((id, revision)) = deleted else {
@@ -629,7 +629,7 @@ pub async fn delete(
     .bind(id)
     .bind(revision)
     .bind(me.agent_id)
-    .bind(&me.session)
+    .bind(&me.window)
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;

@@ -55,14 +55,14 @@ pub async fn whoami(bus: &Bus, me: &Identity) -> BusResult<WhoAmI> {
         agent_id: me.agent_id,
         team: me.team.clone(),
         team_id: me.team_id,
-        session: me.session.clone(),
+        session: me.window.clone(),
         address: me.address(),
-        credential: if me.window.is_some() {
+        credential: if me.session_credential.is_some() {
             "session"
         } else {
             "agent_token"
         },
-        epoch: me.window.map(|w| w.epoch),
+        epoch: me.session_credential.map(|w| w.epoch),
         project,
         role,
         default_channel,

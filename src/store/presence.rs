@@ -245,7 +245,7 @@ pub async fn heartbeat(bus: &Bus, me: &Identity, beat: &Beat) -> BusResult<Heart
     ))
     .bind(me.team_id)
     .bind(me.agent_id)
-    .bind(&me.session)
+    .bind(&me.window)
     .bind(status)
     .bind(repo.is_some())
     .bind(repo.flatten())
@@ -418,7 +418,7 @@ pub async fn window_labels(
     )
     .bind(me.team_id)
     .bind(me.agent_id)
-    .bind(&me.session)
+    .bind(&me.window)
     .fetch_optional(pool)
     .await?;
     Ok(labels.unwrap_or((None, None)))

@@ -274,7 +274,7 @@ async fn pending(bus: &Bus, me: &Identity) -> BusResult<Vec<Pending>> {
     )
     .bind(me.team_id)
     .bind(me.agent_id)
-    .bind(&me.session)
+    .bind(&me.window)
     .fetch_all(&bus.pool)
     .await?)
 }
@@ -314,7 +314,7 @@ async fn wait_for_conversation_updates_unchecked(
             if event.kind == EventKind::Conversation
                 && event.team_id == me.team_id
                 && !(event.actor == Some(me.agent_id)
-                    && event.actor_session.as_deref() == Some(me.session.as_str()))
+                    && event.actor_session.as_deref() == Some(me.window.as_str()))
             {
                 OnEvent::<Infallible>::Recheck
             } else {

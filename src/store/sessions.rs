@@ -29,7 +29,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::{Actor, Source, address, audit};
-use crate::auth::{self, Identity, SESSION_CREDENTIAL_PREFIX, WindowCredential};
+use crate::auth::{self, Identity, SESSION_CREDENTIAL_PREFIX, SessionCredential};
 use crate::error::{BusError, BusResult};
 
 pub const MIN_TTL_SECONDS: i64 = 60;
@@ -108,8 +108,8 @@ async fn guard_locking(conn: &mut PgConnection, me: &Identity, exclusive: bool) 
     .bind(me.team_id)
     .bind(me.agent_id)
     .bind(me.token_id)
-    .bind(me.window.map(|w| w.session_id))
-    .bind(me.window.map(|w| w.epoch))
+    .bind(me.session_credential.map(|w| w.session_id))
+    .bind(me.session_credential.map(|w| w.epoch))
     .bind(exclusive)
     .fetch_one(&mut *conn)
     .await?;
@@ -141,8 +141,8 @@ pub async fn still_valid(pool: &PgPool, me: &Identity) -> BusResult<()> {
     .bind(me.team_id)
     .bind(me.agent_id)
     .bind(me.token_id)
-    .bind(me.window.map(|w| w.session_id))
-    .bind(me.window.map(|w| w.epoch))
+    .bind(me.session_credential.map(|w| w.session_id))
+    .bind(me.session_credential.map(|w| w.epoch))
     .fetch_one(pool)
     .await?;
     refusal.check(me)
@@ -164,7 +164,7 @@ impl Refusal {
         let Some(code) = self.refusal.as_deref() else {
             return Ok(());
         };
-        let label = &me.session;
+        let label = &me.window;
         let since = self
             .refused_since
             .map(|at| format!(" at {}", at.to_rfc3339()))
@@ -200,7 +200,7 @@ impl Refusal {
                 "this connection is stale: it holds epoch {} of session `{label}`, which is now at \
                  epoch {} (it was resumed or taken over elsewhere). Nothing was written. Use the \
                  credential and epoch the latest resume_session or register_session returned.",
-                me.window.map(|w| w.epoch).unwrap_or_default(),
+                me.session_credential.map(|w| w.epoch).unwrap_or_default(),
                 self.session_epoch.unwrap_or_default()
             )),
             other => BusError::unauthenticated(format!(
@@ -274,8 +274,8 @@ pub async fn authenticate(
         agent_id: row.agent_id,
         agent: row.agent,
         token_id: row.token_id,
-        session: row.label,
-        window: Some(WindowCredential {
+        window: row.label,
+        session_credential: Some(SessionCredential {
             session_id: row.session_id,
             // The epoch presented, when one was: a stale one is refused below.
             epoch: epoch.unwrap_or(row.epoch),
@@ -301,7 +301,7 @@ pub async fn register(
     label: &str,
     ttl_seconds: Option<i64>,
 ) -> BusResult<IssuedSession> {
-    if me.window.is_some() {
+    if me.session_credential.is_some() {
         return Err(BusError::forbidden(
             "a session credential cannot mint credentials. Call register_session with the agent \
              token (acs_…) instead.",
@@ -411,7 +411,7 @@ fn needs_session_credential(tool: &str) -> BusError {
 /// epoch this connection holds. The old secret stops working at commit.
 pub async fn resume(pool: &PgPool, me: &Identity) -> BusResult<IssuedSession> {
     let window = me
-        .window
+        .session_credential
         .ok_or_else(|| needs_session_credential("resume_session"))?;
     let secret = auth::new_secret(SESSION_CREDENTIAL_PREFIX);
     let mut tx = pool.begin().await?;
@@ -441,8 +441,8 @@ pub async fn resume(pool: &PgPool, me: &Identity) -> BusResult<IssuedSession> {
     Ok(IssuedSession {
         session_id: window.session_id,
         address: me.address(),
-        usage: usage(&secret.plaintext, &me.session, epoch),
-        session: me.session.clone(),
+        usage: usage(&secret.plaintext, &me.window, epoch),
+        session: me.window.clone(),
         credential: secret.plaintext,
         epoch,
         expires_at,
@@ -456,7 +456,7 @@ pub async fn renew(
     ttl_seconds: Option<i64>,
 ) -> BusResult<SessionState> {
     let window = me
-        .window
+        .session_credential
         .ok_or_else(|| needs_session_credential("renew_session"))?;
     let ttl = check_ttl(ttl_seconds)?;
     let mut tx = pool.begin().await?;
@@ -474,7 +474,7 @@ pub async fn renew(
     tx.commit().await?;
     Ok(SessionState {
         session_id: window.session_id,
-        session: me.session.clone(),
+        session: me.window.clone(),
         address: me.address(),
         epoch,
         expires_at,
@@ -487,7 +487,7 @@ pub async fn renew(
 pub async fn revoke(pool: &PgPool, me: &Identity, label: Option<&str>) -> BusResult<SessionState> {
     let label = match label.map(auth::normalize_session_label).transpose()? {
         Some(label) if !label.is_empty() => label,
-        _ if me.window.is_some() => me.session.clone(),
+        _ if me.session_credential.is_some() => me.window.clone(),
         _ => {
             return Err(BusError::invalid(
                 "revoke_session with the agent token needs `session`: the label of the window to \

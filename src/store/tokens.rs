@@ -310,8 +310,8 @@ pub async fn authenticate(
         agent_id: row.agent_id,
         agent: row.agent,
         token_id: row.token_id,
-        session,
-        window: None,
+        window: session,
+        session_credential: None,
     };
     row.refusal.check(&identity)?;
     if row.last_used_stale {

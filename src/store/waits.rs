@@ -169,7 +169,7 @@ fn concerns(event: &BusEvent, me: &Identity, focus: Option<Uuid>, request: &Wait
         return false;
     }
     if event.actor == Some(me.agent_id)
-        && event.actor_session.as_deref() == Some(me.session.as_str())
+        && event.actor_session.as_deref() == Some(me.window.as_str())
     {
         return false;
     }
@@ -185,7 +185,7 @@ fn concerns(event: &BusEvent, me: &Identity, focus: Option<Uuid>, request: &Wait
                     && event
                         .recipient_session
                         .as_deref()
-                        .is_none_or(|s| s == me.session)
+                        .is_none_or(|s| s == me.window)
             }
             None => {
                 event.announce
@@ -316,7 +316,7 @@ async fn changes_since(
     .bind(me.team_id)
     .bind(since)
     .bind(me.agent_id)
-    .bind(&me.session)
+    .bind(&me.window)
     .bind(wants(EventKind::Task))
     .bind(wants(EventKind::Note))
     .bind(wants(EventKind::Lock))
@@ -490,7 +490,7 @@ async fn ask_unchecked(
             .bind(me.team_id)
             .bind(id)
             .bind(me.agent_id)
-            .bind(&me.session)
+            .bind(&me.window)
             .fetch_one(&bus.pool)
             .await?;
             if !mine {

@@ -41,7 +41,7 @@ pub(crate) async fn seat(
         .bind(me.team_id)
         .bind(conversation_id)
         .bind(me.agent_id)
-        .bind(&me.session)
+        .bind(&me.window)
         .fetch_optional(&mut *conn)
         .await?)
 }
@@ -49,7 +49,7 @@ pub(crate) async fn seat(
 /// Refuse the bare agent token wearing a label that belongs to a live
 /// authenticated window: that window's private data needs its credential.
 pub(crate) async fn refuse_borrowed_label(conn: &mut PgConnection, me: &Identity) -> BusResult<()> {
-    if me.window.is_some() || me.session.is_empty() {
+    if me.session_credential.is_some() || me.window.is_empty() {
         return Ok(());
     }
     let registered: bool = sqlx::query_scalar(
@@ -60,7 +60,7 @@ pub(crate) async fn refuse_borrowed_label(conn: &mut PgConnection, me: &Identity
     )
     .bind(me.team_id)
     .bind(me.agent_id)
-    .bind(&me.session)
+    .bind(&me.window)
     .fetch_one(&mut *conn)
     .await?;
     if registered {
@@ -73,7 +73,7 @@ fn borrowed_label(me: &Identity) -> BusError {
     BusError::forbidden(format!(
         "window `{}` is registered as an authenticated window; its conversations are reached \
          with its session credential (acss_…), not with the agent token and X-Crew-Session.",
-        me.session
+        me.window
     ))
 }
 
@@ -157,8 +157,8 @@ async fn seat_unless_borrowed(
     .bind(me.team_id)
     .bind(conversation_id)
     .bind(me.agent_id)
-    .bind(&me.session)
-    .bind(me.window.is_none() && !me.session.is_empty())
+    .bind(&me.window)
+    .bind(me.session_credential.is_none() && !me.window.is_empty())
     .fetch_one(&mut *conn)
     .await?;
     if row.borrowed {

@@ -90,7 +90,7 @@ pub async fn create(
     let mut wanted = Vec::with_capacity(invite.len());
     for raw in invite {
         let window = parse_window(raw)?;
-        if window.0 == me.agent && window.1 == me.session {
+        if window.0 == me.agent && window.1 == me.window {
             return Err(BusError::invalid(format!(
                 "`{raw}` is this window: you get the owner seat anyway. Leave it out of `invite`."
             )));
@@ -151,7 +151,7 @@ pub async fn create(
     .bind(visibility)
     .bind(project_id)
     .bind(me.agent_id)
-    .bind(&me.session)
+    .bind(&me.window)
     .bind(&backend)
     .bind(publication)
     .execute(&mut *tx)
@@ -165,7 +165,7 @@ pub async fn create(
     .bind(me.team_id)
     .bind(id)
     .bind(me.agent_id)
-    .bind(&me.session)
+    .bind(&me.window)
     .execute(&mut *tx)
     .await?;
     audit(
@@ -225,7 +225,7 @@ pub async fn list(
     ))
     .bind(me.team_id)
     .bind(me.agent_id)
-    .bind(&me.session)
+    .bind(&me.window)
     .bind(include_archived)
     .fetch_all(&mut *conn)
     .await?)
@@ -236,7 +236,7 @@ pub async fn list(
 pub async fn archive(bus: &Bus, me: &Identity, id: Uuid) -> BusResult<ConversationView> {
     let mut tx = bus.pool.begin().await?;
     let (conversation, grant) = open(&mut tx, me, id).await?;
-    let seats = lock_seats(&mut tx, me, id, &[(me.agent_id, &me.session)]).await?;
+    let seats = lock_seats(&mut tx, me, id, &[(me.agent_id, &me.window)]).await?;
     let mine = seats.first();
     if !visible(mine, grant) {
         return Err(not_found(id));

@@ -73,12 +73,12 @@ async fn manage(
         me,
         id,
         &[
-            (me.agent_id, &me.session),
+            (me.agent_id, &me.window),
             (target.agent_id, &target.session),
         ],
     )
     .await?;
-    let mine = seats.iter().find(|s| s.is(me.agent_id, &me.session));
+    let mine = seats.iter().find(|s| s.is(me.agent_id, &me.window));
     if !visible(mine, grant) {
         return Err(not_found(id));
     }
@@ -291,17 +291,17 @@ pub async fn join(bus: &Bus, me: &Identity, id: Uuid) -> BusResult<Membership> {
     .bind(me.team_id)
     .bind(id)
     .bind(me.agent_id)
-    .bind(&me.session)
+    .bind(&me.window)
     .fetch_optional(&mut *tx)
     .await?;
-    let mut windows = vec![(me.agent_id, me.session.as_str())];
+    let mut windows = vec![(me.agent_id, me.window.as_str())];
     if let Some(source) = &source {
         windows.push((me.agent_id, source.as_str()));
     }
     let seats = lock_seats(&mut tx, me, id, &windows).await?;
     let mine = seats
         .iter()
-        .find(|s| s.is(me.agent_id, &me.session))
+        .find(|s| s.is(me.agent_id, &me.window))
         .cloned();
     let source =
         source.and_then(|session| seats.iter().find(|s| s.is(me.agent_id, &session)).cloned());
@@ -369,7 +369,7 @@ pub async fn join(bus: &Bus, me: &Identity, id: Uuid) -> BusResult<Membership> {
 pub async fn leave(bus: &Bus, me: &Identity, id: Uuid) -> BusResult<Membership> {
     let mut tx = bus.pool.begin().await?;
     let (_, grant) = open(&mut tx, me, id).await?;
-    let seats = lock_seats(&mut tx, me, id, &[(me.agent_id, &me.session)]).await?;
+    let seats = lock_seats(&mut tx, me, id, &[(me.agent_id, &me.window)]).await?;
     let mine = seats.into_iter().next();
     let seat = match mine {
         Some(seat) if seat.holds() => seat,

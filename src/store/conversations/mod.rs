@@ -360,7 +360,7 @@ async fn view(conn: &mut PgConnection, me: &Identity, id: Uuid) -> BusResult<Con
     sqlx::query_as(concat!(view_select!(), " AND c.id = $4"))
         .bind(me.team_id)
         .bind(me.agent_id)
-        .bind(&me.session)
+        .bind(&me.window)
         .bind(id)
         .fetch_optional(&mut *conn)
         .await?
@@ -383,7 +383,7 @@ pub(crate) async fn audit(
     .bind(me.team_id)
     .bind(conversation_id)
     .bind(me.agent_id)
-    .bind(&me.session)
+    .bind(&me.window)
     .bind(action)
     .bind(subject)
     .bind(detail)

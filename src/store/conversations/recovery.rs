@@ -76,7 +76,7 @@ pub async fn recover(
             "limit must be 1..={RECOVER_LIMIT_MAX} (got {limit}); page with next_after_seq."
         )));
     }
-    if me.window.is_some() {
+    if me.session_credential.is_some() {
         return Err(BusError::forbidden(
             "recover_conversation_history takes the agent token (acs_…), not a session \
              credential: it is for when every window of the agent is gone. A live window reads \

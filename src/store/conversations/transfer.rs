@@ -47,7 +47,7 @@ fn lands_on(state: SeatState) -> bool {
 /// earlier one; leaving or being removed cancels it.
 pub async fn transfer(bus: &Bus, me: &Identity, id: Uuid, to: &str) -> BusResult<Membership> {
     let to = parse_transfer_target(me, to)?;
-    if to == me.session {
+    if to == me.window {
         return Err(BusError::invalid(
             "`to` is this window itself. Name another window of yours (a label such as `w2`, or \
              `\"\"` for your shared window).",
@@ -59,12 +59,12 @@ pub async fn transfer(bus: &Bus, me: &Identity, id: Uuid, to: &str) -> BusResult
         &mut tx,
         me,
         id,
-        &[(me.agent_id, &me.session), (me.agent_id, &to)],
+        &[(me.agent_id, &me.window), (me.agent_id, &to)],
     )
     .await?;
     let mine = seats
         .iter()
-        .find(|s| s.is(me.agent_id, &me.session))
+        .find(|s| s.is(me.agent_id, &me.window))
         .cloned();
     if !visible(mine.as_ref(), grant) {
         return Err(not_found(id));
@@ -204,7 +204,7 @@ pub(super) async fn transfer_complete(
             .bind(me.team_id)
             .bind(id)
             .bind(me.agent_id)
-            .bind(&me.session)
+            .bind(&me.window)
             .bind(source.role)
             .bind(source.history_from_seq)
             .execute(&mut *conn)

@@ -89,7 +89,7 @@ fn require_may_cancel(row: &TaskRow, me: &Identity) -> BusResult<()> {
          any window) or the window holding its live lease may cancel it, and this window ({}) is \
          neither. Nothing was changed. Ask {creator} to cancel it (post_message), or leave it.",
         row.created_by,
-        window_phrase(&me.agent, &me.session)
+        window_phrase(&me.agent, &me.window)
     )))
 }
 
@@ -123,7 +123,7 @@ pub async fn cancel(bus: &Bus, me: &Identity, key: &str, reason: &str) -> BusRes
             )
             .bind(row.id)
             .bind(me.agent_id)
-            .bind(&me.session)
+            .bind(&me.window)
             .bind(reason);
             let detail = json!({
                 "reason": reason,
@@ -141,7 +141,7 @@ pub async fn cancel(bus: &Bus, me: &Identity, key: &str, reason: &str) -> BusRes
         "task `{key}` is cancelled: nobody can claim or complete it any more, and it is kept \
          with its reason and history."
     );
-    if let Some(holder) = holder.filter(|h| h.address != address(&me.agent, &me.session)) {
+    if let Some(holder) = holder.filter(|h| h.address != address(&me.agent, &me.window)) {
         message.push_str(&format!(
             " The live lease of {} ended with it.",
             window_phrase(&holder.agent, &holder.session)

@@ -59,7 +59,7 @@ pub async fn claim(
                 )
                 .bind(row.id)
                 .bind(me.agent_id)
-                .bind(&me.session)
+                .bind(&me.window)
                 .bind(lease);
                 let detail =
                     json!({ "lease_seconds": lease.num_seconds(), "lapsed_holder": lapsed_holder });
@@ -145,7 +145,7 @@ pub async fn claim_next(
     )
     .bind(me.team_id)
     .bind(me.agent_id)
-    .bind(&me.session)
+    .bind(&me.window)
     .bind(lease)
     .fetch_optional(&mut *tx)
     .await?;

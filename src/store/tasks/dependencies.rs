@@ -155,7 +155,7 @@ pub async fn set_dependencies(
              (post_message) to re-point it.",
             address(&row.created_by, &row.created_session),
             row.created_by,
-            window_phrase(&me.agent, &me.session)
+            window_phrase(&me.agent, &me.window)
         )));
     }
     let before: BTreeSet<&String> = row.depends_on.iter().collect();

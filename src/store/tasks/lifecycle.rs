@@ -42,7 +42,7 @@ pub async fn create(bus: &Bus, me: &Identity, new: NewTask) -> BusResult<Task> {
     .bind(&description)
     .bind(&metadata)
     .bind(me.agent_id)
-    .bind(&me.session)
+    .bind(&me.window)
     .execute(&mut *tx)
     .await?;
     if inserted.rows_affected() == 0 {
@@ -106,7 +106,7 @@ fn require_live_claim(row: &TaskRow, me: &Identity, action: &str) -> BusResult<(
                 "task `{key}` is claimed by {}, not by this window ({}); {}. Only the holding \
                  window can {action} it. Nothing was changed.{sibling}",
                 row.holder_phrase(),
-                window_phrase(&me.agent, &me.session),
+                window_phrase(&me.agent, &me.window),
                 row.lease_phrase()
             )))
         }
@@ -177,7 +177,7 @@ pub async fn complete(bus: &Bus, me: &Identity, key: &str, result: &str) -> BusR
         )
         .bind(row.id)
         .bind(me.agent_id)
-        .bind(&me.session)
+        .bind(&me.window)
         .bind(result);
         let detail = json!({ "result_bytes": result.len() });
         Ok(Change::new(update, "completed", detail))

@@ -62,7 +62,7 @@ pub async fn list(
         .bind(&status)
         .bind(mine_only)
         .bind(me.agent_id)
-        .bind(&me.session)
+        .bind(&me.window)
         .bind(limit + 1)
         .fetch_all(&bus.pool)
         .await?;
@@ -129,7 +129,7 @@ pub async fn count_claimed(bus: &Bus, me: &Identity) -> BusResult<i64> {
     )
     .bind(me.team_id)
     .bind(me.agent_id)
-    .bind(&me.session)
+    .bind(&me.window)
     .fetch_one(&bus.pool)
     .await?;
     Ok(count)

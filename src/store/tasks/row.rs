@@ -158,7 +158,7 @@ impl TaskRow {
 
     pub(super) fn held_by(&self, me: &Identity) -> bool {
         self.holder_agent_id == Some(me.agent_id)
-            && self.holder_session.as_deref() == Some(me.session.as_str())
+            && self.holder_session.as_deref() == Some(me.window.as_str())
     }
 
     pub(super) fn holder_phrase(&self) -> String {
@@ -340,7 +340,7 @@ pub(super) async fn record_event(
     .bind(task_id)
     .bind(kind)
     .bind(me.agent_id)
-    .bind(&me.session)
+    .bind(&me.window)
     .bind(detail)
     .execute(conn)
     .await?;
