@@ -87,6 +87,9 @@ pub struct BusEvent {
     /// Messages: the channel (absent for a direct message).
     #[serde(rename = "c", default, skip_serializing_if = "Option::is_none")]
     pub channel_id: Option<Uuid>,
+    /// Conversation and outbox events: the conversation.
+    #[serde(rename = "cv", default, skip_serializing_if = "Option::is_none")]
+    pub conversation_id: Option<Uuid>,
     /// Direct messages: the recipient agent, and its window (absent = every window).
     #[serde(rename = "r", default, skip_serializing_if = "Option::is_none")]
     pub recipient: Option<Uuid>,
@@ -108,6 +111,7 @@ impl BusEvent {
             actor: None,
             actor_session: None,
             channel_id: None,
+            conversation_id: None,
             recipient: None,
             recipient_session: None,
             announce: false,
@@ -267,8 +271,8 @@ fn add_to_batch(batch: &mut Vec<BusEvent>, event: BusEvent) {
                 kept.actor = None;
                 kept.actor_session = None;
             }
-            if kept.channel_id != event.channel_id {
-                kept.channel_id = None;
+            if kept.conversation_id != event.conversation_id {
+                kept.conversation_id = None;
             }
             return;
         }
@@ -454,7 +458,7 @@ mod tests {
         let conversation = |actor: Uuid, session: &str, id: &str| BusEvent {
             actor: Some(actor),
             actor_session: Some(session.into()),
-            channel_id: Some(Uuid::nil()),
+            conversation_id: Some(Uuid::nil()),
             ..BusEvent::new(team, EventKind::Conversation, id)
         };
         let mut batch = Vec::new();

@@ -329,7 +329,7 @@ async fn store_if_clear(bus: &Bus, me: &Identity, send: &Validated<'_>) -> BusRe
 
     let conversation_id = send.new.conversation_id;
     let mut event = BusEvent::new(me.team_id, EventKind::Conversation, send.id.to_string()).by(me);
-    event.channel_id = Some(conversation_id);
+    event.conversation_id = Some(conversation_id);
     if !sync {
         // The drain (on any replica) has a slot to publish.
         let mut work = event.clone();

@@ -178,7 +178,7 @@ fn announce(bus: &Bus, lease: &Lease) {
         EventKind::Conversation,
         lease.message_id.to_string(),
     );
-    event.channel_id = Some(lease.conversation_id);
+    event.conversation_id = Some(lease.conversation_id);
     bus.events.emit(event);
 }
 
