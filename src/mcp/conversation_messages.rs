@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::waiting::ProgressTicker;
+use super::waits::ProgressTicker;
 use super::{BusServer, caller, refusal, reply};
 use crate::store::conversation_messages::{self, NewConversationMessage, ReadRequest};
 use crate::store::{inbox, receipts, waits};
@@ -245,6 +245,6 @@ impl BusServer {
         };
         let _progress = ProgressTicker::start(&ctx, timeout, "waiting for conversation messages");
         let wait = receipts::wait_for_conversation_updates(self.bus(), me, timeout);
-        reply(super::waiting::unless_abandoned(&ctx, wait).await)
+        reply(super::waits::unless_abandoned(&ctx, wait).await)
     }
 }

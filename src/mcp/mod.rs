@@ -10,15 +10,15 @@
 mod arguments;
 mod conversation_messages;
 mod conversations;
-mod identity;
 mod locks;
-mod messaging;
+mod messages;
 mod notes;
+mod overview;
 mod presence;
 mod projects;
 mod sessions;
 mod tasks;
-mod waiting;
+mod waits;
 
 use std::sync::Arc;
 
