@@ -1,6 +1,6 @@
 //! What an operator does to one conversation that no agent may: switch its
 //! publication between `sync` and `outbox` (O15), and tombstone one message
-//! deliberately with a reason (O19). The outbox seed's API has both; these
+//! deliberately with a reason (O19). The outbox module has both; these
 //! are the commands that reach them (`conversations publication`,
 //! `conversations tombstone`).
 //!
@@ -66,7 +66,7 @@ pub struct PublicationSwitched {
 }
 
 /// Switch one conversation's publication, audited (O15). Back to `sync` is
-/// refused while any slot of it is still in flight (the seed's rule, in
+/// refused while any slot of it is still in flight (the outbox's rule, in
 /// [`outbox::switch_publication`]); either way is refused while a move
 /// between backends is open on it.
 pub async fn set_publication(
@@ -78,7 +78,7 @@ pub async fn set_publication(
 ) -> BusResult<PublicationSwitched> {
     let team = teams::find(pool, team_slug).await?;
     let mut tx = pool.begin().await?;
-    // The seed's switch takes the conversation row first (the lock a send
+    // The outbox's switch takes the conversation row first (the lock a send
     // takes), so what follows runs under it too.
     let before = outbox::switch_publication(
         &mut tx,

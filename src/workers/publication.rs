@@ -1,5 +1,5 @@
 //! The publication workers inside `serve`: the outbox drain, the reconciler
-//! and the body sweep (../shared/spec/conversations.md, "Workers"); `spawn_all`
+//! and the body sweep; `spawn_all`
 //! also starts the inbox publisher (`inbox_publisher.rs`).
 //!
 //! Each is a bounded pass callable from tests and operator commands, and a

@@ -983,7 +983,7 @@ async fn a_refused_publish_stops_the_move_and_reopens_the_thread() {
 }
 
 // M5, M11: a body the broker no longer holds stops a move back to postgres
-// with the seed's message; nothing is cut over and the thread reopens. One
+// with the "no longer holds" message; nothing is cut over and the thread reopens. One
 // "not found" is not yet "no longer holds": the first run stops on an absence
 // not confirmed, the run after the confirm delay on the body being gone.
 #[tokio::test]

@@ -1,5 +1,5 @@
 //! The outbox and the backend boundary against real PostgreSQL, with faults
-//! injected only at the backend boundary (`Faults`), as the seeds do. Each
+//! injected only at the backend boundary (`Faults`), and nowhere else. Each
 //! test cites the invariants (listed in ARCHITECTURE.md) it shows
 //! (O* for the outbox, B* for the backend).
 //!
@@ -1209,7 +1209,7 @@ async fn o19_a_tombstone_explains_the_gap_and_keeps_the_message() {
     assert_eq!(
         state.tombstone_reason.as_deref(),
         Some("tombstoned by the operator"),
-        "the latest reason, as in the seed"
+        "the latest reason is kept (O19)"
     );
     let again: chrono::DateTime<chrono::Utc> =
         sqlx::query_scalar("SELECT tombstoned_at FROM conversation_messages WHERE id = $1")

@@ -180,7 +180,7 @@ pub async fn tombstone_released(
 
 /// Record that a body is no longer retrievable from its backend (O19). The
 /// message, its seq, its recipients and its receipts all stay: a gap that is
-/// explained is not the same as a gap. As in the seed, the time is set once
+/// explained is not the same as a gap. The time is set once
 /// (when the body was first known gone) and the reason is the latest one
 /// given: a deliberate tombstone explains the gap better than what a reader
 /// found.

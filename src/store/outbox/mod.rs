@@ -9,7 +9,7 @@
 //! expired records no outcome: confirmed (single and batch), retryable and
 //! fatal settles need the generation and an unexpired lease. Putting a slot
 //! back (`mark_uncertain`, `release`, `unlease`) is fenced on the generation
-//! only, as the seed has it: it still lands after expiry while nobody has
+//! only, on purpose: it still lands after expiry while nobody has
 //! leased the slot again, and only returns the slot to pending. The states a slot reaches are the ones a reader is told
 //! about: pending, stored, failed, and "uncertain" while nobody knows.
 //!
@@ -117,7 +117,7 @@ pub fn check_payload(payload: &str) -> BusResult<()> {
 /// A send does not call this: `store_conversation_message` (migration 0014)
 /// inserts its message as `pending_publication` and writes the same slot
 /// (same columns, a fresh time-ordered key) in the send's own transaction.
-/// This is the seed's enqueue for a message that already exists.
+/// This is the outbox's enqueue for a message that already exists (O2, O3).
 pub async fn enqueue(
     tx: &mut sqlx::PgConnection,
     message_id: Uuid,
