@@ -25,7 +25,7 @@ use super::{AppState, bearer, bus_error_response, json_error, rate_limited, too_
 use crate::auth;
 use crate::error::{BusError, BusResult};
 use crate::store::admin::{self, AdminIdentity, Authority};
-use crate::store::{agents, teams, tokens};
+use crate::store::{agents, teams, text, tokens};
 
 pub const ADMIN_MAX_BODY_BYTES: usize = 16 * 1024;
 
@@ -263,7 +263,8 @@ async fn revoke_token(
 fn parse_id(raw: &str, what: &str) -> BusResult<Uuid> {
     raw.parse().map_err(|_| {
         BusError::not_found(format!(
-            "no {what} with id {raw:?}: ids are UUIDs from the listing."
+            "no {what} with id {}: ids are UUIDs from the listing.",
+            text::quote(raw)
         ))
     })
 }
