@@ -137,8 +137,8 @@ impl MessagingBackend for PostgresBackend {
         }
         let named: Uuid = locator.0.parse().map_err(|_| {
             BusError::invalid(format!(
-                "{:?} is not a locator the postgres backend issued (it issues message ids).",
-                locator.0
+                "{} is not a locator the postgres backend issued (it issues message ids).",
+                crate::store::text::quote(&locator.0)
             ))
         })?;
         if named != message_id {

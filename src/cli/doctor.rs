@@ -34,6 +34,7 @@ use super::{COMMAND_CONNECTIONS, Context, output};
 use crate::db::embedded::{EmbeddedError, EmbeddedPostgres};
 use crate::db::schema::{self, MigrationInfo};
 use crate::error::BusError;
+use crate::store::admin::Authority;
 use crate::store::{outbox, teams};
 
 /// A message waiting longer than this for publication is stuck: retries back
@@ -503,7 +504,7 @@ async fn outbox_check(pool: &PgPool) -> Check {
     // Which teams, so the commands can be run as printed.
     let mut failing = Vec::new();
     let mut waiting = Vec::new();
-    if let Ok(all) = teams::list(pool).await {
+    if let Ok(all) = teams::list(pool, &Authority::local()).await {
         for team in all {
             if let Ok(s) = outbox::status(pool, team.id).await {
                 if s.failed > 0 {

@@ -1,7 +1,8 @@
 //! `/admin/*`: the remote JSON API for admin credentials (`acsa_…`).
 //!
-//! Thin like the tools: authenticate, check the scope, call one store
-//! function, answer JSON. Its own limits: bodies up to 16 KiB, and a rate a
+//! Thin like the tools: authenticate, call one store function with the
+//! credential's [`Authority`] (the store's scope types make the check), answer
+//! JSON. Its own limits: bodies up to 16 KiB, and a rate a
 //! tenth of the MCP one per credential. Bodies are parsed strictly (unknown
 //! fields refused), so a body can never widen what the path allows.
 
@@ -23,8 +24,8 @@ use uuid::Uuid;
 use super::{AppState, bearer, bus_error_response, json_error, rate_limited, too_large};
 use crate::auth;
 use crate::error::{BusError, BusResult};
-use crate::store::admin::{self, AdminIdentity};
-use crate::store::{agents, teams, tokens};
+use crate::store::admin::{self, AdminIdentity, Authority};
+use crate::store::{agents, teams, text, tokens};
 
 pub const ADMIN_MAX_BODY_BYTES: usize = 16 * 1024;
 
@@ -109,6 +110,7 @@ async fn admin_gate(State(state): State<Arc<AppState>>, request: Request, next: 
             );
         }
     };
+    parts.extensions.insert(Authority::Admin(me.clone()));
     parts.extensions.insert(me);
     next.run(Request::from_parts(parts, Body::from(bytes)))
         .await
@@ -125,9 +127,9 @@ async fn whoami(Extension(me): Extension<AdminIdentity>) -> Answer {
 
 async fn list_teams(
     State(state): State<Arc<AppState>>,
-    Extension(me): Extension<AdminIdentity>,
+    Extension(me): Extension<Authority>,
 ) -> Answer {
-    ok(admin::visible_teams(&state.pool, &me).await)
+    ok(teams::list(&state.pool, &me).await)
 }
 
 #[derive(Deserialize)]
@@ -139,24 +141,24 @@ struct NewTeam {
 
 async fn create_team(
     State(state): State<Arc<AppState>>,
-    Extension(me): Extension<AdminIdentity>,
+    Extension(me): Extension<Authority>,
     body: Bytes,
 ) -> Answer {
     let result = async {
-        me.require_global("create teams")?;
+        let global = me.global("create teams")?;
         let new: NewTeam = parse(&body)?;
-        teams::create(&state.pool, &new.slug, &new.name, &me.actor()).await
+        teams::create(&state.pool, &global, &new.slug, &new.name).await
     };
     created(result.await)
 }
 
 async fn list_agents(
     State(state): State<Arc<AppState>>,
-    Extension(me): Extension<AdminIdentity>,
+    Extension(me): Extension<Authority>,
     Path(team): Path<String>,
 ) -> Answer {
     let result = async {
-        let team = admin::scoped_slug(&me, &team)?;
+        let team = me.team(&team)?;
         agents::list(&state.pool, &team).await
     };
     ok(result.await)
@@ -170,35 +172,35 @@ struct NewAgent {
 
 async fn add_agent(
     State(state): State<Arc<AppState>>,
-    Extension(me): Extension<AdminIdentity>,
+    Extension(me): Extension<Authority>,
     Path(team): Path<String>,
     body: Bytes,
 ) -> Answer {
     let result = async {
-        let team = admin::scoped_slug(&me, &team)?;
+        let team = me.team(&team)?;
         let new: NewAgent = parse(&body)?;
-        agents::add(&state.pool, &team, &new.name, &me.actor()).await
+        agents::add(&state.pool, &team, &new.name).await
     };
     created(result.await)
 }
 
 async fn set_disabled(
     state: &AppState,
-    me: &AdminIdentity,
+    me: &Authority,
     team: &str,
     name: &str,
     disabled: bool,
 ) -> Answer {
     let result = async {
-        let team = admin::scoped_slug(me, team)?;
-        agents::set_disabled(&state.pool, &team, name, disabled, &me.actor()).await
+        let team = me.team(team)?;
+        agents::set_disabled(&state.pool, &team, name, disabled).await
     };
     ok(result.await)
 }
 
 async fn disable_agent(
     State(state): State<Arc<AppState>>,
-    Extension(me): Extension<AdminIdentity>,
+    Extension(me): Extension<Authority>,
     Path((team, name)): Path<(String, String)>,
 ) -> Answer {
     set_disabled(&state, &me, &team, &name, true).await
@@ -206,7 +208,7 @@ async fn disable_agent(
 
 async fn enable_agent(
     State(state): State<Arc<AppState>>,
-    Extension(me): Extension<AdminIdentity>,
+    Extension(me): Extension<Authority>,
     Path((team, name)): Path<(String, String)>,
 ) -> Answer {
     set_disabled(&state, &me, &team, &name, false).await
@@ -214,11 +216,11 @@ async fn enable_agent(
 
 async fn list_tokens(
     State(state): State<Arc<AppState>>,
-    Extension(me): Extension<AdminIdentity>,
+    Extension(me): Extension<Authority>,
     Path(team): Path<String>,
 ) -> Answer {
     let result = async {
-        let team = admin::scoped_slug(&me, &team)?;
+        let team = me.team(&team)?;
         tokens::list(&state.pool, &team).await
     };
     ok(result.await)
@@ -233,34 +235,27 @@ struct NewToken {
 
 async fn issue_token(
     State(state): State<Arc<AppState>>,
-    Extension(me): Extension<AdminIdentity>,
+    Extension(me): Extension<Authority>,
     Path(team): Path<String>,
     body: Bytes,
 ) -> Answer {
     let result = async {
-        let team = admin::scoped_slug(&me, &team)?;
+        let team = me.team(&team)?;
         let new: NewToken = parse(&body)?;
-        tokens::issue(
-            &state.pool,
-            &team,
-            &new.agent,
-            new.label.as_deref(),
-            &me.actor(),
-        )
-        .await
+        tokens::issue(&state.pool, &team, &new.agent, new.label.as_deref()).await
     };
     created(result.await)
 }
 
 async fn revoke_token(
     State(state): State<Arc<AppState>>,
-    Extension(me): Extension<AdminIdentity>,
+    Extension(me): Extension<Authority>,
     Path((team, id)): Path<(String, String)>,
 ) -> Answer {
     let result = async {
-        let team = admin::scoped_slug(&me, &team)?;
+        let team = me.team(&team)?;
         let id = parse_id(&id, "token")?;
-        tokens::revoke(&state.pool, id, Some(&team), &me.actor()).await
+        tokens::revoke(&state.pool, id, &team).await
     };
     ok(result.await)
 }
@@ -268,18 +263,19 @@ async fn revoke_token(
 fn parse_id(raw: &str, what: &str) -> BusResult<Uuid> {
     raw.parse().map_err(|_| {
         BusError::not_found(format!(
-            "no {what} with id {raw:?}: ids are UUIDs from the listing."
+            "no {what} with id {}: ids are UUIDs from the listing.",
+            text::quote(raw)
         ))
     })
 }
 
 async fn list_credentials(
     State(state): State<Arc<AppState>>,
-    Extension(me): Extension<AdminIdentity>,
+    Extension(me): Extension<Authority>,
 ) -> Answer {
     let result = async {
-        me.require_global("list admin credentials")?;
-        admin::list(&state.pool).await
+        let global = me.global("list admin credentials")?;
+        admin::list(&state.pool, &global).await
     };
     ok(result.await)
 }
@@ -294,17 +290,17 @@ struct NewCredential {
 
 async fn grant_credential(
     State(state): State<Arc<AppState>>,
-    Extension(me): Extension<AdminIdentity>,
+    Extension(me): Extension<Authority>,
     body: Bytes,
 ) -> Answer {
     let result = async {
-        me.require_global("grant admin credentials")?;
+        let global = me.global("grant admin credentials")?;
         let new: NewCredential = parse(&body)?;
         admin::grant(
             &state.pool,
+            &global,
             new.team.as_deref(),
             new.label.as_deref(),
-            &me.actor(),
         )
         .await
     };
@@ -313,13 +309,13 @@ async fn grant_credential(
 
 async fn revoke_credential(
     State(state): State<Arc<AppState>>,
-    Extension(me): Extension<AdminIdentity>,
+    Extension(me): Extension<Authority>,
     Path(id): Path<String>,
 ) -> Answer {
     let result = async {
-        me.require_global("revoke admin credentials")?;
+        let global = me.global("revoke admin credentials")?;
         let id = parse_id(&id, "admin credential")?;
-        admin::revoke(&state.pool, id, &me.actor()).await
+        admin::revoke(&state.pool, &global, id).await
     };
     ok(result.await)
 }

@@ -6,6 +6,13 @@
 //! credential cannot even learn which teams exist. Only a global credential
 //! creates teams or grants credentials. `bootstrap` (local, beside the
 //! database) mints the first global one.
+//!
+//! The check lives in the store functions' signatures, not in each route: the
+//! functions that manage teams, agents, tokens and credentials take a
+//! [`TeamScope`] or a [`GlobalScope`], and the only way to make one is to check
+//! an [`Authority`] (the local operator, or a remote credential) against the
+//! team or the operation. A new route or command cannot forget the check; the
+//! actor the audit log names comes from the same authority.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -43,7 +50,7 @@ impl AdminIdentity {
 
     /// Refuse a team credential acting on any team but its own. Answers the
     /// same for a team that exists and one that does not.
-    pub fn authorize_team(&self, slug: &str) -> BusResult<()> {
+    fn authorize_team(&self, slug: &str) -> BusResult<()> {
         match &self.team {
             None => Ok(()),
             Some(own) if slug.trim().eq_ignore_ascii_case(own) => Ok(()),
@@ -54,13 +61,144 @@ impl AdminIdentity {
         }
     }
 
-    pub fn require_global(&self, what: &str) -> BusResult<()> {
+    fn require_global(&self, what: &str) -> BusResult<()> {
         match &self.team {
             None => Ok(()),
             Some(own) => Err(BusError::forbidden(format!(
                 "only a global admin credential can {what}; this one is confined to team `{own}`."
             ))),
         }
+    }
+}
+
+/// On whose authority teams, agents, tokens and credentials are managed.
+#[derive(Clone, Debug)]
+pub enum Authority {
+    /// The operator on the machine, beside the database: every team and
+    /// every operation.
+    Local(Actor),
+    /// A remote admin credential over `/admin`: global, or confined to one team.
+    Admin(AdminIdentity),
+}
+
+impl Authority {
+    /// The operator at this terminal ([`Actor::local_operator`]).
+    pub fn local() -> Authority {
+        Authority::Local(Actor::local_operator())
+    }
+
+    /// Who the audit log names for a change made on this authority.
+    pub fn actor(&self) -> Actor {
+        match self {
+            Authority::Local(actor) => actor.clone(),
+            Authority::Admin(me) => me.actor(),
+        }
+    }
+
+    /// The one team a scoped credential is confined to; `None` for every team.
+    pub fn confined_to(&self) -> Option<Uuid> {
+        match self {
+            Authority::Local(_) => None,
+            Authority::Admin(me) => me.team_id,
+        }
+    }
+
+    /// Permission to act on team `slug`, or the refusal (403) a credential
+    /// confined to another team gets. A credential's slug comes back
+    /// normalised, after the scope check (scope first: a scoped credential
+    /// learns nothing, not even whether the slug is well-formed); the local
+    /// operator's comes back as given, and the store function normalises it
+    /// where it always has.
+    pub fn team(&self, slug: &str) -> BusResult<TeamScope> {
+        let slug = match self {
+            Authority::Local(_) => slug.to_owned(),
+            Authority::Admin(me) => {
+                me.authorize_team(slug)?;
+                normalize_team_slug(slug)?
+            }
+        };
+        Ok(TeamScope {
+            slug,
+            actor: self.actor(),
+        })
+    }
+
+    /// Permission for an operation only a global authority has (create
+    /// teams, manage credentials); `what` completes the refusal's
+    /// "only a global admin credential can …".
+    pub fn global(&self, what: &str) -> BusResult<GlobalScope> {
+        if let Authority::Admin(me) = self {
+            me.require_global(what)?;
+        }
+        Ok(GlobalScope {
+            actor: self.actor(),
+        })
+    }
+}
+
+/// Permission to act on one team, made only by [`Authority::team`].
+#[derive(Clone, Debug)]
+pub struct TeamScope {
+    slug: String,
+    actor: Actor,
+}
+
+impl TeamScope {
+    /// The team's slug (see [`Authority::team`] for when it is normalised).
+    pub fn slug(&self) -> &str {
+        &self.slug
+    }
+
+    pub fn actor(&self) -> &Actor {
+        &self.actor
+    }
+}
+
+/// Permission for a global operation, made only by [`Authority::global`].
+#[derive(Clone, Debug)]
+pub struct GlobalScope {
+    actor: Actor,
+}
+
+impl GlobalScope {
+    pub fn actor(&self) -> &Actor {
+        &self.actor
+    }
+}
+
+/// What a change by id may reach: one team's rows, or any team's.
+#[derive(Clone, Copy, Debug)]
+pub enum Reach<'a> {
+    Team(&'a TeamScope),
+    AnyTeam(&'a GlobalScope),
+}
+
+impl Reach<'_> {
+    /// The team the change must stay inside, if any.
+    pub fn team(&self) -> Option<&str> {
+        match self {
+            Reach::Team(scope) => Some(scope.slug()),
+            Reach::AnyTeam(_) => None,
+        }
+    }
+
+    pub fn actor(&self) -> &Actor {
+        match self {
+            Reach::Team(scope) => scope.actor(),
+            Reach::AnyTeam(scope) => scope.actor(),
+        }
+    }
+}
+
+impl<'a> From<&'a TeamScope> for Reach<'a> {
+    fn from(scope: &'a TeamScope) -> Self {
+        Reach::Team(scope)
+    }
+}
+
+impl<'a> From<&'a GlobalScope> for Reach<'a> {
+    fn from(scope: &'a GlobalScope) -> Self {
+        Reach::AnyTeam(scope)
     }
 }
 
@@ -192,10 +330,11 @@ pub async fn bootstrap(
 /// Only a global credential (or a local operator) may call this.
 pub async fn grant(
     pool: &PgPool,
+    global: &GlobalScope,
     team: Option<&str>,
     label: Option<&str>,
-    actor: &Actor,
 ) -> BusResult<IssuedAdminCredential> {
+    let actor = global.actor();
     let label = check_label(label)?;
     let mut tx = pool.begin().await?;
     let team = match team {
@@ -263,7 +402,7 @@ macro_rules! credential_select {
     };
 }
 
-pub async fn list(pool: &PgPool) -> BusResult<Vec<AdminCredentialSummary>> {
+pub async fn list(pool: &PgPool, _global: &GlobalScope) -> BusResult<Vec<AdminCredentialSummary>> {
     Ok(
         sqlx::query_as(concat!(credential_select!(), " ORDER BY c.created_at"))
             .fetch_all(pool)
@@ -273,7 +412,8 @@ pub async fn list(pool: &PgPool) -> BusResult<Vec<AdminCredentialSummary>> {
 
 /// Revoke an admin credential. One transition and one audit row however many
 /// callers race.
-pub async fn revoke(pool: &PgPool, id: Uuid, actor: &Actor) -> BusResult<AdminRevocation> {
+pub async fn revoke(pool: &PgPool, global: &GlobalScope, id: Uuid) -> BusResult<AdminRevocation> {
+    let actor = global.actor();
     let mut tx = pool.begin().await?;
     // Two admins revoking each other would each hold the other's lock and wait
     // for their own: take the actor's (shared, as audit::record will) first
@@ -330,23 +470,4 @@ pub async fn revoke(pool: &PgPool, id: Uuid, actor: &Actor) -> BusResult<AdminRe
         credential,
         revoked_now: live.is_some(),
     })
-}
-
-/// The teams this credential may see: all for a global one, its own otherwise.
-pub async fn visible_teams(
-    pool: &PgPool,
-    me: &AdminIdentity,
-) -> BusResult<Vec<teams::TeamSummary>> {
-    let mut all = teams::list(pool).await?;
-    if let Some(own) = me.team_id {
-        all.retain(|t| t.id == own);
-    }
-    Ok(all)
-}
-
-/// The normalised slug, after the scope check (scope first: a scoped
-/// credential learns nothing, not even whether the slug is well-formed).
-pub fn scoped_slug(me: &AdminIdentity, slug: &str) -> BusResult<String> {
-    me.authorize_team(slug)?;
-    normalize_team_slug(slug)
 }

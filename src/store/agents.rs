@@ -9,6 +9,7 @@ use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use super::admin::TeamScope;
 use super::tokens::{self, IssuedToken};
 use super::{
     Actor, audit, check_display_name, normalize_agent_name, normalize_team_slug, sessions, teams,
@@ -26,10 +27,11 @@ pub struct AgentSummary {
 }
 
 /// Create an agent and its first token in one transaction.
-pub async fn add(pool: &PgPool, team: &str, name: &str, actor: &Actor) -> BusResult<IssuedToken> {
+pub async fn add(pool: &PgPool, team: &TeamScope, name: &str) -> BusResult<IssuedToken> {
+    let actor = team.actor();
     let name = normalize_agent_name(name)?;
     let mut tx = pool.begin().await?;
-    let team = teams::find(&mut *tx, team).await?;
+    let team = teams::find(&mut *tx, team.slug()).await?;
     let id = Uuid::new_v4();
     let inserted = sqlx::query(
         "INSERT INTO agents (id, team_id, name) VALUES ($1, $2, $3)
@@ -62,8 +64,8 @@ pub async fn add(pool: &PgPool, team: &str, name: &str, actor: &Actor) -> BusRes
     Ok(issued)
 }
 
-pub async fn list(pool: &PgPool, team: &str) -> BusResult<Vec<AgentSummary>> {
-    let team = teams::find(pool, team).await?;
+pub async fn list(pool: &PgPool, team: &TeamScope) -> BusResult<Vec<AgentSummary>> {
+    let team = teams::find(pool, team.slug()).await?;
     Ok(sqlx::query_as(
         "SELECT a.id, $2::text AS team, a.name, a.disabled_at, a.created_at,
                 (SELECT count(*) FROM agent_tokens t
@@ -87,14 +89,14 @@ pub struct AgentState {
 /// Disable or enable an agent. Only a real transition is audited.
 pub async fn set_disabled(
     pool: &PgPool,
-    team: &str,
+    team: &TeamScope,
     name: &str,
     disabled: bool,
-    actor: &Actor,
 ) -> BusResult<AgentState> {
+    let actor = team.actor();
     let name = normalize_agent_name(name)?;
     let mut tx = pool.begin().await?;
-    let team = teams::find(&mut *tx, team).await?;
+    let team = teams::find(&mut *tx, team.slug()).await?;
     // The write fence's exclusive side first (sessions::guard): the agent's
     // writes in flight commit before this does, and every later one waits for
     // this commit and then sees the agent disabled.

@@ -6,6 +6,7 @@ use serde_json::json;
 use sqlx::{PgExecutor, PgPool};
 use uuid::Uuid;
 
+use super::admin::{Authority, GlobalScope};
 use super::{Actor, audit, check_display_name, normalize_team_slug};
 use crate::backend::JetStreamBackend;
 use crate::backend::jetstream::{Broker, StreamSizes, TeamStreams};
@@ -28,7 +29,14 @@ pub struct TeamSummary {
     pub agents: i64,
 }
 
-pub async fn create(pool: &PgPool, slug: &str, name: &str, actor: &Actor) -> BusResult<Team> {
+/// A new team: a global operation.
+pub async fn create(
+    pool: &PgPool,
+    global: &GlobalScope,
+    slug: &str,
+    name: &str,
+) -> BusResult<Team> {
+    let actor = global.actor();
     let slug = normalize_team_slug(slug)?;
     let name = check_display_name("team name", name)?;
     let mut tx = pool.begin().await?;
@@ -61,14 +69,19 @@ pub async fn create(pool: &PgPool, slug: &str, name: &str, actor: &Actor) -> Bus
     Ok(team)
 }
 
-pub async fn list(pool: &PgPool) -> BusResult<Vec<TeamSummary>> {
-    Ok(sqlx::query_as(
+/// The teams this authority may see: all, or a scoped credential's own.
+pub async fn list(pool: &PgPool, authority: &Authority) -> BusResult<Vec<TeamSummary>> {
+    let mut all: Vec<TeamSummary> = sqlx::query_as(
         "SELECT t.id, t.slug, t.name, t.created_at,
                 (SELECT count(*) FROM agents a WHERE a.team_id = t.id) AS agents
          FROM teams t ORDER BY t.slug",
     )
     .fetch_all(pool)
-    .await?)
+    .await?;
+    if let Some(own) = authority.confined_to() {
+        all.retain(|t| t.id == own);
+    }
+    Ok(all)
 }
 
 /// How many teams exist (`serve` says how to make the first one).

@@ -11,6 +11,7 @@ use serde_json::json;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
+use super::admin::{Reach, TeamScope};
 use super::{Actor, audit, normalize_agent_name, sessions, teams};
 use crate::auth::{self, Identity};
 use crate::error::{BusError, BusResult};
@@ -52,15 +53,15 @@ pub struct Revocation {
 /// Issue a token for `agent` of `team` (the agent must exist).
 pub async fn issue(
     pool: &PgPool,
-    team: &str,
+    team: &TeamScope,
     agent: &str,
     label: Option<&str>,
-    actor: &Actor,
 ) -> BusResult<IssuedToken> {
+    let actor = team.actor();
     let label = check_label(label)?;
     let agent_name = normalize_agent_name(agent)?;
     let mut tx = pool.begin().await?;
-    let team = teams::find(&mut *tx, team).await?;
+    let team = teams::find(&mut *tx, team.slug()).await?;
     let agent_id: Option<Uuid> =
         sqlx::query_scalar("SELECT id FROM agents WHERE team_id = $1 AND name = $2 FOR UPDATE")
             .bind(team.id)
@@ -178,8 +179,8 @@ macro_rules! summary_select {
 }
 
 /// Every token of the team, live and revoked, newest first. Never a secret.
-pub async fn list(pool: &PgPool, team: &str) -> BusResult<Vec<TokenSummary>> {
-    let team = teams::find(pool, team).await?;
+pub async fn list(pool: &PgPool, team: &TeamScope) -> BusResult<Vec<TokenSummary>> {
+    let team = teams::find(pool, team.slug()).await?;
     Ok(sqlx::query_as(concat!(
         summary_select!(),
         " WHERE t.team_id = $1 ORDER BY a.name, t.created_at DESC"
@@ -189,18 +190,19 @@ pub async fn list(pool: &PgPool, team: &str) -> BusResult<Vec<TokenSummary>> {
     .await?)
 }
 
-/// Revoke one token, and every session derived from it. With `team`, a token
-/// of another team is "not found" (and untouched). Concurrent revocations make
-/// one transition and one audit row: the conditional UPDATE lets exactly one
-/// of them change the row.
-pub async fn revoke(
+/// Revoke one token, and every session derived from it. Within one team, a
+/// token of another team is "not found" (and untouched). Concurrent
+/// revocations make one transition and one audit row: the conditional UPDATE
+/// lets exactly one of them change the row.
+pub async fn revoke<'a>(
     pool: &PgPool,
     id: Uuid,
-    team: Option<&str>,
-    actor: &Actor,
+    within: impl Into<Reach<'a>>,
 ) -> BusResult<Revocation> {
+    let within = within.into();
+    let actor = within.actor();
     let mut tx = pool.begin().await?;
-    let team_id = match team {
+    let team_id = match within.team() {
         Some(slug) => Some(teams::find(&mut *tx, slug).await?.id),
         None => None,
     };

@@ -10,7 +10,9 @@ use ai_crew_sync::store::admin;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::support::{McpClient, TestApp, http_client, spawn_app, spawn_app_with, test_actor};
+use crate::support::{
+    McpClient, TestApp, globally, http_client, in_team, spawn_app, spawn_app_with, test_actor,
+};
 
 async fn api(
     app: &TestApp,
@@ -180,7 +182,7 @@ async fn a_team_credential_cannot_leave_its_team_by_any_route() {
     app.team("red").await;
     app.team("blue").await;
     app.agent("blue", "bob").await;
-    let red = admin::grant(&app.pool, Some("red"), Some("red ops"), &test_actor())
+    let red = admin::grant(&app.pool, &globally(), Some("red"), Some("red ops"))
         .await
         .unwrap()
         .credential;
@@ -232,7 +234,7 @@ async fn a_team_credential_cannot_leave_its_team_by_any_route() {
     }
 
     // A foreign token id under its own team's path: not found, and untouched.
-    let blue_token = ai_crew_sync::store::tokens::list(&app.pool, "blue")
+    let blue_token = ai_crew_sync::store::tokens::list(&app.pool, &in_team("blue"))
         .await
         .unwrap()[0]
         .id;
@@ -264,7 +266,7 @@ async fn a_team_credential_cannot_leave_its_team_by_any_route() {
     .await;
     assert_eq!(status, 400, "{body}");
     assert_eq!(
-        ai_crew_sync::store::agents::list(&app.pool, "blue")
+        ai_crew_sync::store::agents::list(&app.pool, &in_team("blue"))
             .await
             .unwrap()
             .len(),

@@ -4,7 +4,7 @@
 use ai_crew_sync::store::{agents, tokens};
 use serde_json::{Value, json};
 
-use crate::support::{McpClient, spawn_app, test_actor};
+use crate::support::{McpClient, globally, in_team, spawn_app};
 
 #[tokio::test]
 async fn whoami_over_mcp_returns_the_tokens_agent_team_and_window() {
@@ -120,10 +120,8 @@ async fn missing_malformed_and_revoked_tokens_get_401_with_an_explanation() {
         .call("whoami", json!({}))
         .await
         .expect("a live token works");
-    let id = tokens::list(&app.pool, "acme").await.unwrap()[0].id;
-    tokens::revoke(&app.pool, id, None, &test_actor())
-        .await
-        .unwrap();
+    let id = tokens::list(&app.pool, &in_team("acme")).await.unwrap()[0].id;
+    tokens::revoke(&app.pool, id, &globally()).await.unwrap();
     let (status, body) = status_and_body(
         app.raw_tool_call("whoami")
             .bearer_auth(&token)
@@ -150,12 +148,12 @@ async fn a_disabled_agent_gets_403_on_every_token_until_enabled() {
     let app = spawn_app().await;
     app.team("acme").await;
     let first = app.agent("acme", "alice").await;
-    let second = tokens::issue(&app.pool, "acme", "alice", Some("laptop"), &test_actor())
+    let second = tokens::issue(&app.pool, &in_team("acme"), "alice", Some("laptop"))
         .await
         .unwrap()
         .token;
 
-    agents::set_disabled(&app.pool, "acme", "alice", true, &test_actor())
+    agents::set_disabled(&app.pool, &in_team("acme"), "alice", true)
         .await
         .unwrap();
     for token in [&first, &second] {
@@ -175,7 +173,7 @@ async fn a_disabled_agent_gets_403_on_every_token_until_enabled() {
         );
     }
 
-    agents::set_disabled(&app.pool, "acme", "alice", false, &test_actor())
+    agents::set_disabled(&app.pool, &in_team("acme"), "alice", false)
         .await
         .unwrap();
     let me = app
@@ -235,13 +233,13 @@ async fn concurrent_revocations_make_one_transition_and_one_audit_row() {
     let app = spawn_app().await;
     app.team("acme").await;
     app.agent("acme", "alice").await;
-    let id = tokens::list(&app.pool, "acme").await.unwrap()[0].id;
+    let id = tokens::list(&app.pool, &in_team("acme")).await.unwrap()[0].id;
 
     let attempts: Vec<_> = (0..8)
         .map(|_| {
             let pool = app.pool.clone();
             tokio::spawn(async move {
-                tokens::revoke(&pool, id, None, &test_actor())
+                tokens::revoke(&pool, id, &globally())
                     .await
                     .unwrap()
                     .revoked_now
@@ -267,11 +265,11 @@ async fn an_agent_holds_at_most_100_active_tokens_and_secrets_are_never_stored()
     app.team("acme").await;
     let first = app.agent("acme", "alice").await;
     for _ in 1..100 {
-        tokens::issue(&app.pool, "acme", "alice", None, &test_actor())
+        tokens::issue(&app.pool, &in_team("acme"), "alice", None)
             .await
             .unwrap();
     }
-    let refused = tokens::issue(&app.pool, "acme", "alice", None, &test_actor())
+    let refused = tokens::issue(&app.pool, &in_team("acme"), "alice", None)
         .await
         .unwrap_err();
     assert!(refused.to_string().contains("limit is 100"), "{refused}");
@@ -281,11 +279,9 @@ async fn an_agent_holds_at_most_100_active_tokens_and_secrets_are_never_stored()
     );
 
     // Revoking one frees a slot.
-    let id = tokens::list(&app.pool, "acme").await.unwrap()[0].id;
-    tokens::revoke(&app.pool, id, None, &test_actor())
-        .await
-        .unwrap();
-    tokens::issue(&app.pool, "acme", "alice", None, &test_actor())
+    let id = tokens::list(&app.pool, &in_team("acme")).await.unwrap()[0].id;
+    tokens::revoke(&app.pool, id, &globally()).await.unwrap();
+    tokens::issue(&app.pool, &in_team("acme"), "alice", None)
         .await
         .expect("a freed slot");
 

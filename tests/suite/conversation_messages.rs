@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::support::{McpClient, TestApp, spawn_app, test_actor};
+use crate::support::{McpClient, TestApp, in_team, spawn_app, test_actor};
 
 /// A team with conversations on and the given agents; their tokens in order.
 async fn team_with(app: &TestApp, team: &str, agents: &[&str]) -> Vec<String> {
@@ -1037,7 +1037,7 @@ async fn a_send_in_flight_across_an_agent_disable_is_refused_and_claims_no_seq()
         &app.pool,
         held,
         async move {
-            agents::set_disabled(&pool, "acme", "alice", true, &test_actor())
+            agents::set_disabled(&pool, &in_team("acme"), "alice", true)
                 .await
                 .unwrap()
         },
@@ -1076,7 +1076,7 @@ async fn a_conversation_wait_blocked_across_its_token_revocation_answers_the_ref
         .fetch_one(&app.pool)
         .await
         .unwrap();
-    let bob_token = tokens::issue(&app.pool, "acme", "bob", None, &test_actor())
+    let bob_token = tokens::issue(&app.pool, &in_team("acme"), "bob", None)
         .await
         .unwrap()
         .token;
@@ -1094,7 +1094,7 @@ async fn a_conversation_wait_blocked_across_its_token_revocation_answers_the_ref
         receipts::wait_for_conversation_updates(&bus, &waiter, Duration::from_secs(30)).await
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
-    tokens::revoke(&app.pool, alice.token_id, Some("acme"), &test_actor())
+    tokens::revoke(&app.pool, alice.token_id, &in_team("acme"))
         .await
         .unwrap();
     send_as(&app, &bob, conv).await.expect("bob's send");
@@ -1169,7 +1169,7 @@ async fn a_send_rechecks_the_window_inside_its_transaction_with_the_guards_refus
     let missing = refusal(send_as(&app, &window, Uuid::new_v4()).await);
     assert!(missing.contains("no conversation"), "{missing}");
 
-    agents::set_disabled(&app.pool, "acme", "alice", true, &test_actor())
+    agents::set_disabled(&app.pool, &in_team("acme"), "alice", true)
         .await
         .unwrap();
     for me in [&window, &bare] {
@@ -1179,7 +1179,7 @@ async fn a_send_rechecks_the_window_inside_its_transaction_with_the_guards_refus
             "{disabled}"
         );
     }
-    agents::set_disabled(&app.pool, "acme", "alice", false, &test_actor())
+    agents::set_disabled(&app.pool, &in_team("acme"), "alice", false)
         .await
         .unwrap();
     change("UPDATE agent_tokens SET revoked_at = now()").await;

@@ -8,7 +8,7 @@ use ai_crew_sync::db::embedded::{BUS_ROLE, EMBEDDED_DATABASE, EmbeddedPostgres};
 use ai_crew_sync::db::{self, Database};
 use ai_crew_sync::store::teams;
 
-use crate::support::test_actor;
+use crate::support::globally;
 
 /// The SQLSTATE of a failed statement.
 fn sqlstate(result: Result<(), sqlx::Error>) -> String {
@@ -115,7 +115,7 @@ async fn the_bus_pool_on_the_embedded_cluster_cannot_read_the_host() {
 
     // The tables the superuser made before are the role's now: the bus
     // writes to them.
-    teams::create(pool, "acme", "Acme", &test_actor())
+    teams::create(pool, &globally(), "acme", "Acme")
         .await
         .expect("the bus writes to the tables migrated by the superuser before");
     let owners: Vec<String> = sqlx::query_scalar(

@@ -10,7 +10,7 @@ use ai_crew_sync::workers::publication::{self, DrainSettings};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::support::{McpClient, TestApp, spawn_app, test_actor};
+use crate::support::{McpClient, TestApp, in_team, spawn_app, test_actor};
 
 struct Pair {
     app: TestApp,
@@ -213,7 +213,7 @@ async fn what_is_owed_survives_a_restart_and_a_pending_message_is_not_owed_yet()
 
 /// A fresh token for bob (tokens are shown once; the test issues another).
 async fn bob_token_of(p: &Pair) -> String {
-    ai_crew_sync::store::tokens::issue(&p.app.pool, "ib", "bob", None, &test_actor())
+    ai_crew_sync::store::tokens::issue(&p.app.pool, &in_team("ib"), "bob", None)
         .await
         .unwrap()
         .token
@@ -685,11 +685,10 @@ async fn references_owed_to_a_window_dead_past_the_retention_are_released_and_re
     use ai_crew_sync::workers::presence_sweeper;
 
     let p = jetstream_pair("ibr").await;
-    let bob_token =
-        ai_crew_sync::store::tokens::issue(&p.app.pool, "ibr", "bob", None, &test_actor())
-            .await
-            .unwrap()
-            .token;
+    let bob_token = ai_crew_sync::store::tokens::issue(&p.app.pool, &in_team("ibr"), "bob", None)
+        .await
+        .unwrap()
+        .token;
     let bob_w2 = p.app.mcp(&bob_token, Some("w2")).await;
     p.alice
         .call(

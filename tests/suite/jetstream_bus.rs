@@ -23,8 +23,8 @@ use uuid::Uuid;
 use crate::support::nats::{OwnedNats, nats_url};
 use crate::support::proxy::Proxy;
 use crate::support::{
-    BROKER_ABSENCE_CONFIRM_DELAY, McpClient, TestApp, drain_settings, spawn_app_with_broker,
-    test_actor,
+    BROKER_ABSENCE_CONFIRM_DELAY, McpClient, TestApp, drain_settings, globally,
+    spawn_app_with_broker, test_actor,
 };
 
 /// How long any wait may take before the test fails.
@@ -570,7 +570,7 @@ async fn a_full_stream_keeps_the_overflow_pending_until_its_quota_is_raised() {
 /// `GET /health?broker=check`, as an operator asks it: with a global admin
 /// credential, so conditions name their team, stream and fix.
 async fn health_check(app: &TestApp) -> Value {
-    let admin = ai_crew_sync::store::admin::grant(&app.pool, None, None, &test_actor())
+    let admin = ai_crew_sync::store::admin::grant(&app.pool, &globally(), None, None)
         .await
         .expect("a global admin credential")
         .credential;

@@ -19,7 +19,7 @@ use uuid::Uuid;
 
 use crate::support::nats::nats_url;
 use crate::support::{
-    BROKER_ABSENCE_CONFIRM_DELAY, McpClient, TestApp, spawn_app_routing_to, test_actor,
+    BROKER_ABSENCE_CONFIRM_DELAY, McpClient, TestApp, in_team, spawn_app_routing_to, test_actor,
 };
 
 /// The streams of these tests: small, because the broker reserves a stream's
@@ -688,7 +688,7 @@ async fn sends_racing_the_pause_commit_before_it_or_are_refused() {
     for w in 0..4 {
         let client = McpClient::connect(
             &t.app.mcp_url(),
-            &ai_crew_sync::store::tokens::issue(t.pool(), &t.team, "alice", None, &test_actor())
+            &ai_crew_sync::store::tokens::issue(t.pool(), &in_team(&t.team), "alice", None)
                 .await
                 .unwrap()
                 .token,

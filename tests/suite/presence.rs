@@ -8,7 +8,7 @@ use ai_crew_sync::store::{agents, presence, tokens};
 use ai_crew_sync::workers::presence_sweeper;
 use serde_json::{Value, json};
 
-use crate::support::{TestApp, spawn_app, test_actor};
+use crate::support::{TestApp, in_team, spawn_app};
 
 async fn beat(app: &TestApp, token: &str, window: Option<&str>, args: Value) -> Value {
     app.mcp(token, window)
@@ -134,7 +134,7 @@ async fn two_windows_of_one_agent_are_one_online_agent() {
     assert_eq!(online["agents"][0]["agent"], "alice");
 
     // A disabled agent is refused everywhere, so it is not online either.
-    agents::set_disabled(&app.pool, "acme", "alice", true, &test_actor())
+    agents::set_disabled(&app.pool, &in_team("acme"), "alice", true)
         .await
         .unwrap();
     let list = bob_client.call("list_agents", json!({})).await.unwrap();

@@ -4,7 +4,7 @@ use ai_crew_sync::auth::{self, AgentCredential};
 use ai_crew_sync::store::{agents, sessions, tokens};
 use serde_json::{Value, json};
 
-use crate::support::{McpClient, TestApp, spawn_app, test_actor};
+use crate::support::{McpClient, TestApp, globally, in_team, spawn_app};
 
 async fn register(client: &McpClient, label: &str) -> Value {
     client
@@ -296,7 +296,7 @@ async fn revoking_the_token_kills_its_sessions_and_disabling_refuses_everything(
     let app = spawn_app().await;
     app.team("acme").await;
     let token = app.agent("acme", "alice").await;
-    let spare = tokens::issue(&app.pool, "acme", "alice", None, &test_actor())
+    let spare = tokens::issue(&app.pool, &in_team("acme"), "alice", None)
         .await
         .unwrap()
         .token;
@@ -312,16 +312,14 @@ async fn revoking_the_token_kills_its_sessions_and_disabling_refuses_everything(
         .unwrap_err();
     assert_eq!(refused["error"], "forbidden");
 
-    let id = tokens::list(&app.pool, "acme")
+    let id = tokens::list(&app.pool, &in_team("acme"))
         .await
         .unwrap()
         .into_iter()
         .find(|t| token.starts_with(&t.display_prefix))
         .unwrap()
         .id;
-    tokens::revoke(&app.pool, id, None, &test_actor())
-        .await
-        .unwrap();
+    tokens::revoke(&app.pool, id, &globally()).await.unwrap();
     let revoked_at: Option<chrono::DateTime<chrono::Utc>> =
         sqlx::query_scalar("SELECT revoked_at FROM agent_sessions WHERE label = 'w1'")
             .fetch_one(&app.pool)
@@ -345,7 +343,7 @@ async fn revoking_the_token_kills_its_sessions_and_disabling_refuses_everything(
         .call("whoami", json!({}))
         .await
         .unwrap();
-    agents::set_disabled(&app.pool, "acme", "alice", true, &test_actor())
+    agents::set_disabled(&app.pool, &in_team("acme"), "alice", true)
         .await
         .unwrap();
     for bearer in [w2["credential"].as_str().unwrap(), spare.as_str()] {

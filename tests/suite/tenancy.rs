@@ -7,7 +7,7 @@ use ai_crew_sync::store::{agents, tokens};
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::support::{spawn_app, test_actor};
+use crate::support::{in_team, spawn_app};
 
 #[tokio::test]
 async fn two_teams_cannot_see_each_other() {
@@ -36,12 +36,18 @@ async fn two_teams_cannot_see_each_other() {
         "same name, different agents"
     );
 
-    let red_tokens = tokens::list(&app.pool, "red").await.unwrap();
+    let red_tokens = tokens::list(&app.pool, &in_team("red")).await.unwrap();
     assert!(red_tokens.iter().all(|t| t.team == "red"));
-    assert_eq!(agents::list(&app.pool, "blue").await.unwrap().len(), 1);
+    assert_eq!(
+        agents::list(&app.pool, &in_team("blue"))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
 
     // Disabling red's alice leaves blue's alice working.
-    agents::set_disabled(&app.pool, "red", "alice", true, &test_actor())
+    agents::set_disabled(&app.pool, &in_team("red"), "alice", true)
         .await
         .unwrap();
     assert!(

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::support::{McpClient, TestApp, http_client, spawn_app, test_actor};
+use crate::support::{McpClient, TestApp, globally, http_client, in_team, spawn_app, test_actor};
 
 /// Lock one row so the revocation that updates it stops just before.
 pub(crate) async fn hold_row(
@@ -149,7 +149,7 @@ async fn a_bare_token_write_in_flight_across_an_agent_disable_is_refused_and_lea
         &app.pool,
         held,
         async move {
-            agents::set_disabled(&pool, "acme", "alice", true, &test_actor())
+            agents::set_disabled(&pool, &in_team("acme"), "alice", true)
                 .await
                 .unwrap()
         },
@@ -192,7 +192,7 @@ async fn a_session_write_in_flight_across_its_token_revocation_is_refused_and_le
         &app.pool,
         held,
         async move {
-            tokens::revoke(&pool, token_id, Some("acme"), &test_actor())
+            tokens::revoke(&pool, token_id, &in_team("acme"))
                 .await
                 .unwrap()
         },
@@ -258,7 +258,7 @@ async fn an_admin_change_in_flight_across_its_credentials_revocation_is_refused(
         .await
         .unwrap()
         .credential;
-    let doomed = admin::grant(&app.pool, Some("acme"), Some("doomed"), &test_actor())
+    let doomed = admin::grant(&app.pool, &globally(), Some("acme"), Some("doomed"))
         .await
         .unwrap();
     // Used once, so authenticating it again writes nothing to its row for a
@@ -339,7 +339,7 @@ async fn a_wait_blocked_across_its_token_revocation_answers_the_refusal_not_the_
     .fetch_one(&app.pool)
     .await
     .unwrap();
-    tokens::revoke(&app.pool, token_id, Some("acme"), &test_actor())
+    tokens::revoke(&app.pool, token_id, &in_team("acme"))
         .await
         .unwrap();
     bob.call(
@@ -389,7 +389,7 @@ async fn an_ask_blocked_across_its_agents_disable_answers_the_refusal_not_the_re
         question.is_some()
     })
     .await;
-    agents::set_disabled(&app.pool, "acme", "alice", true, &test_actor())
+    agents::set_disabled(&app.pool, &in_team("acme"), "alice", true)
         .await
         .unwrap();
     bob.call(

@@ -405,8 +405,9 @@ fn check_recipient_key(key: &str) -> BusResult<&str> {
         Ok(key)
     } else {
         Err(BusError::invalid(format!(
-            "recipient key {key:?} is not 32 lowercase hex characters; it is derived by the \
-             bus from the agent and window, never typed by hand."
+            "recipient key {} is not 32 lowercase hex characters; it is derived by the \
+             bus from the agent and window, never typed by hand.",
+            crate::store::text::quote(key)
         )))
     }
 }

@@ -195,6 +195,18 @@ fn check_sizes(sizes: &StreamSizes) -> BusResult<()> {
     Ok(())
 }
 
+/// Stream subjects as a refusal names them: `a`, `b` (or "none").
+fn subject_list(subjects: &[String]) -> String {
+    if subjects.is_empty() {
+        return "none".into();
+    }
+    subjects
+        .iter()
+        .map(|s| format!("`{s}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn broker_error(what: &str, err: &dyn std::fmt::Display) -> BusError {
     BusError::unavailable(format!(
         "the broker did not complete {what} ({err}); nothing else was changed, try again"
@@ -292,9 +304,10 @@ impl Broker {
         // route every body into nothing.
         if info.config.subjects != wanted.subjects {
             return Err(BusError::conflict(format!(
-                "stream {name} exists on the broker with subjects {:?}, not {:?}, so the bus \
+                "stream {name} exists on the broker with subjects {}, not {}, so the bus \
                  cannot adopt it. Fix its subjects (nats stream edit {name}) or remove it.",
-                info.config.subjects, wanted.subjects
+                subject_list(&info.config.subjects),
+                subject_list(&wanted.subjects)
             )));
         }
         let mut config = info.config.clone();

@@ -12,6 +12,7 @@ use uuid::Uuid;
 use super::Context;
 use super::args::{AgentArgs, TeamArgs};
 use super::output::{self, opt_time, time};
+use crate::store::admin::Authority;
 use crate::store::{Actor, agents, tokens};
 
 #[derive(Subcommand, Debug)]
@@ -90,11 +91,13 @@ pub struct McpConfigArgs {
 }
 
 pub async fn agent(ctx: &Context, command: AgentCommand) -> anyhow::Result<()> {
-    let actor = Actor::local_operator();
+    let authority = Authority::local();
     match command {
         AgentCommand::Add(AgentArgs { team, name, json }) => {
             let issued = ctx
-                .with_database(async |pool| Ok(agents::add(pool, &team, &name, &actor).await?))
+                .with_database(async |pool| {
+                    Ok(agents::add(pool, &authority.team(&team)?, &name).await?)
+                })
                 .await?;
             if json {
                 return output::json(&issued);
@@ -104,7 +107,7 @@ pub async fn agent(ctx: &Context, command: AgentCommand) -> anyhow::Result<()> {
         }
         AgentCommand::List(TeamArgs { team, json }) => {
             let list = ctx
-                .with_database(async |pool| Ok(agents::list(pool, &team).await?))
+                .with_database(async |pool| Ok(agents::list(pool, &authority.team(&team)?).await?))
                 .await?;
             if json {
                 return output::json(&list);
@@ -129,10 +132,10 @@ pub async fn agent(ctx: &Context, command: AgentCommand) -> anyhow::Result<()> {
             );
         }
         AgentCommand::Disable(AgentArgs { team, name, json }) => {
-            set_disabled(ctx, &actor, &team, &name, true, json).await?
+            set_disabled(ctx, &authority, &team, &name, true, json).await?
         }
         AgentCommand::Enable(AgentArgs { team, name, json }) => {
-            set_disabled(ctx, &actor, &team, &name, false, json).await?
+            set_disabled(ctx, &authority, &team, &name, false, json).await?
         }
     }
     Ok(())
@@ -140,7 +143,7 @@ pub async fn agent(ctx: &Context, command: AgentCommand) -> anyhow::Result<()> {
 
 async fn set_disabled(
     ctx: &Context,
-    actor: &Actor,
+    authority: &Authority,
     team: &str,
     name: &str,
     disabled: bool,
@@ -148,7 +151,7 @@ async fn set_disabled(
 ) -> anyhow::Result<()> {
     let state = ctx
         .with_database(async |pool| {
-            Ok(agents::set_disabled(pool, team, name, disabled, actor).await?)
+            Ok(agents::set_disabled(pool, &authority.team(team)?, name, disabled).await?)
         })
         .await?;
     if json {
@@ -170,7 +173,7 @@ async fn set_disabled(
 }
 
 pub async fn token(ctx: &Context, command: TokenCommand) -> anyhow::Result<()> {
-    let actor = Actor::local_operator();
+    let authority = Authority::local();
     match command {
         TokenCommand::Issue {
             team,
@@ -180,7 +183,8 @@ pub async fn token(ctx: &Context, command: TokenCommand) -> anyhow::Result<()> {
         } => {
             let issued = ctx
                 .with_database(async |pool| {
-                    Ok(tokens::issue(pool, &team, &agent, label.as_deref(), &actor).await?)
+                    let team = authority.team(&team)?;
+                    Ok(tokens::issue(pool, &team, &agent, label.as_deref()).await?)
                 })
                 .await?;
             if json {
@@ -190,7 +194,7 @@ pub async fn token(ctx: &Context, command: TokenCommand) -> anyhow::Result<()> {
         }
         TokenCommand::List(TeamArgs { team, json }) => {
             let list = ctx
-                .with_database(async |pool| Ok(tokens::list(pool, &team).await?))
+                .with_database(async |pool| Ok(tokens::list(pool, &authority.team(&team)?).await?))
                 .await?;
             if json {
                 return output::json(&list);
@@ -222,7 +226,10 @@ pub async fn token(ctx: &Context, command: TokenCommand) -> anyhow::Result<()> {
         }
         TokenCommand::Revoke { id, json } => {
             let revocation = ctx
-                .with_database(async |pool| Ok(tokens::revoke(pool, id, None, &actor).await?))
+                .with_database(async |pool| {
+                    let global = authority.global("revoke tokens by id alone")?;
+                    Ok(tokens::revoke(pool, id, &global).await?)
+                })
                 .await?;
             if json {
                 return output::json(&revocation);

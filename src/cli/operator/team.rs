@@ -12,6 +12,7 @@ use serde_json::json;
 use crate::backend::jetstream::{Broker, StreamSizes};
 use crate::cli::Context;
 use crate::cli::output::{self, time};
+use crate::store::admin::Authority;
 use crate::store::{Actor, attachments, broker_conditions, teams};
 
 #[derive(Subcommand, Debug)]
@@ -115,20 +116,24 @@ pub struct QuotaArgs {
 }
 
 pub async fn run(ctx: &Context, command: TeamCommand) -> anyhow::Result<()> {
-    let actor = Actor::local_operator();
+    let authority = Authority::local();
+    let actor = authority.actor();
     match command {
-        TeamCommand::Create(args) => create(ctx, &actor, args).await,
-        TeamCommand::List { json } => list(ctx, json).await,
+        TeamCommand::Create(args) => create(ctx, &authority, args).await,
+        TeamCommand::List { json } => list(ctx, &authority, json).await,
         TeamCommand::Capability(args) => capability(ctx, &actor, args).await,
         TeamCommand::Stream(args) => stream(ctx, &actor, args).await,
         TeamCommand::Quota(args) => quota(ctx, &actor, args).await,
     }
 }
 
-async fn create(ctx: &Context, actor: &Actor, args: CreateArgs) -> anyhow::Result<()> {
+async fn create(ctx: &Context, authority: &Authority, args: CreateArgs) -> anyhow::Result<()> {
     let CreateArgs { slug, name, json } = args;
     let team = ctx
-        .with_database(async |pool| Ok(teams::create(pool, &slug, &name, actor).await?))
+        .with_database(async |pool| {
+            let global = authority.global("create teams")?;
+            Ok(teams::create(pool, &global, &slug, &name).await?)
+        })
         .await?;
     if json {
         return output::json(&team);
@@ -141,9 +146,9 @@ async fn create(ctx: &Context, actor: &Actor, args: CreateArgs) -> anyhow::Resul
     Ok(())
 }
 
-async fn list(ctx: &Context, json: bool) -> anyhow::Result<()> {
+async fn list(ctx: &Context, authority: &Authority, json: bool) -> anyhow::Result<()> {
     let list = ctx
-        .with_database(async |pool| Ok(teams::list(pool).await?))
+        .with_database(async |pool| Ok(teams::list(pool, authority).await?))
         .await?;
     if json {
         return output::json(&list);

@@ -14,6 +14,7 @@ use ai_crew_sync::app::{App, AppSettings, BrokerSettings};
 use ai_crew_sync::backend::jetstream::{Broker, BrokerOptions};
 use ai_crew_sync::client::Connection;
 use ai_crew_sync::config::HttpSettings;
+use ai_crew_sync::store::admin::{Authority, GlobalScope, TeamScope};
 use ai_crew_sync::store::{Actor, Source, agents, teams};
 use ai_crew_sync::workers::publication::{self, DrainSettings};
 use serde_json::Value;
@@ -241,14 +242,14 @@ impl TestApp {
 
     /// Create a team; panics on failure (setup, not the subject of a test).
     pub async fn team(&self, slug: &str) {
-        teams::create(&self.pool, slug, &format!("Team {slug}"), &test_actor())
+        teams::create(&self.pool, &globally(), slug, &format!("Team {slug}"))
             .await
             .expect("create team");
     }
 
     /// Add an agent to a team and return its first token.
     pub async fn agent(&self, team: &str, name: &str) -> String {
-        agents::add(&self.pool, team, name, &test_actor())
+        agents::add(&self.pool, &in_team(team), name)
             .await
             .expect("add agent")
             .token
@@ -320,6 +321,25 @@ pub fn test_actor() -> Actor {
         source: Source::Cli,
         admin_credential: None,
     }
+}
+
+/// The local operator's authority, as [`test_actor`].
+pub fn test_authority() -> Authority {
+    Authority::Local(test_actor())
+}
+
+/// The local operator's permission to act on team `slug`.
+pub fn in_team(slug: &str) -> TeamScope {
+    test_authority()
+        .team(slug)
+        .expect("the local operator reaches every team")
+}
+
+/// The local operator's permission for a global operation.
+pub fn globally() -> GlobalScope {
+    test_authority()
+        .global("act globally")
+        .expect("the local operator is global")
 }
 
 pub fn http_client() -> reqwest::Client {
