@@ -17,7 +17,7 @@ use serde::Serialize;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::{address, at, sessions, text, window_phrase};
+use super::{address, at, limits, sessions, text, window_phrase};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -92,24 +92,25 @@ fn check_name_size(name: String) -> BusResult<String> {
              and lower-cased).",
         ));
     }
-    if name.len() > NAME_MAX_BYTES {
-        return Err(BusError::invalid(format!(
-            "lock name is {} bytes; the limit is {NAME_MAX_BYTES}. Name the resource briefly, \
-             e.g. `deploy:prod` or a repository-relative path.",
-            name.len()
-        )));
-    }
+    limits::bytes_at_most(
+        name.len(),
+        NAME_MAX_BYTES,
+        "lock name",
+        "Name the resource briefly, e.g. `deploy:prod` or a repository-relative path.",
+    )?;
     Ok(name)
 }
 
 fn check_ttl(ttl_seconds: Option<i64>) -> BusResult<Duration> {
-    let ttl = ttl_seconds.unwrap_or(DEFAULT_TTL_SECONDS);
-    if !(MIN_TTL_SECONDS..=MAX_TTL_SECONDS).contains(&ttl) {
-        return Err(BusError::invalid(format!(
-            "ttl_seconds must be between {MIN_TTL_SECONDS} and {MAX_TTL_SECONDS} (24 h); got {ttl}. \
-             Omit it for {DEFAULT_TTL_SECONDS} s, and acquire again before it runs out to extend it."
-        )));
-    }
+    let ttl = limits::within(
+        "ttl_seconds",
+        ttl_seconds.unwrap_or(DEFAULT_TTL_SECONDS),
+        MIN_TTL_SECONDS..=MAX_TTL_SECONDS,
+        " (24 h)",
+        &format!(
+            "Omit it for {DEFAULT_TTL_SECONDS} s, and acquire again before it runs out to extend it."
+        ),
+    )?;
     Ok(Duration::seconds(ttl))
 }
 
@@ -121,13 +122,12 @@ fn check_purpose(raw: Option<&str>) -> BusResult<Option<String>> {
     else {
         return Ok(None);
     };
-    if purpose.len() > PURPOSE_MAX_BYTES {
-        return Err(BusError::invalid(format!(
-            "purpose is {} bytes; the limit is {PURPOSE_MAX_BYTES}. One short line saying why you \
-             hold the lock is enough.",
-            purpose.len()
-        )));
-    }
+    limits::bytes_at_most(
+        purpose.len(),
+        PURPOSE_MAX_BYTES,
+        "purpose",
+        "One short line saying why you hold the lock is enough.",
+    )?;
     Ok(Some(purpose))
 }
 

@@ -21,7 +21,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::{sessions, text};
+use super::{limits, sessions, text};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -84,13 +84,12 @@ fn check_key_size(key: String) -> BusResult<String> {
              Nothing was written.",
         ));
     }
-    if key.len() > MAX_KEY_BYTES {
-        return Err(BusError::invalid(format!(
-            "key is {} bytes; the limit is {MAX_KEY_BYTES} bytes. Nothing was written. Use a short \
-             key and put the detail in the value.",
-            key.len()
-        )));
-    }
+    limits::bytes_at_most_spelled(
+        key.len(),
+        MAX_KEY_BYTES,
+        "key",
+        "Nothing was written. Use a short key and put the detail in the value.",
+    )?;
     Ok(key)
 }
 
@@ -133,15 +132,13 @@ pub fn normalize_tags(raw: &[String]) -> BusResult<Vec<String>> {
 }
 
 fn check_value(value: &str) -> BusResult<()> {
-    if value.len() > MAX_VALUE_BYTES {
-        return Err(BusError::invalid(format!(
-            "value is {} bytes; the limit is {MAX_VALUE_BYTES} bytes (1 MiB). Nothing was written. \
-             Split it across several notes (for example `{{key}}/part-1`, `{{key}}/part-2`) or keep \
-             only what teammates need.",
-            value.len()
-        )));
-    }
-    Ok(())
+    limits::bytes_at_most_spelled(
+        value.len(),
+        MAX_VALUE_BYTES,
+        "value",
+        "Nothing was written. Split it across several notes (for example `{key}/part-1`, \
+         `{key}/part-2`) or keep only what teammates need.",
+    )
 }
 
 /// The answer to `set_note`.
@@ -518,13 +515,12 @@ pub async fn search(
              list_notes shows every note without searching.",
         ));
     }
-    if query.len() > MAX_QUERY_BYTES {
-        return Err(BusError::invalid(format!(
-            "query is {} bytes; the limit is {MAX_QUERY_BYTES}. Search for a few distinctive words \
-             instead of a passage.",
-            query.len()
-        )));
-    }
+    limits::bytes_at_most(
+        query.len(),
+        MAX_QUERY_BYTES,
+        "query",
+        "Search for a few distinctive words instead of a passage.",
+    )?;
     let scope = scope
         .filter(|s| !s.trim().is_empty())
         .map(|s| normalize_scope(Some(s)))

@@ -19,7 +19,7 @@ use serde::Serialize;
 use sqlx::{PgPool, postgres::types::PgInterval};
 use uuid::Uuid;
 
-use super::{sessions, text};
+use super::{limits, sessions, text};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -145,26 +145,30 @@ fn check_label(name: &str, raw: Option<&str>) -> BusResult<Option<Option<String>
 }
 
 fn check_field_size(name: &str, value: String) -> BusResult<String> {
-    if value.len() > MAX_FIELD_BYTES {
-        return Err(BusError::invalid(format!(
-            "{name} is {} bytes; the limit is {MAX_FIELD_BYTES} bytes. Nothing was written. \
-             Shorten it (a summary, not a log), or send \"\" to clear it.",
-            value.len()
-        )));
-    }
+    limits::bytes_at_most_spelled(
+        value.len(),
+        MAX_FIELD_BYTES,
+        name,
+        "Nothing was written. Shorten it (a summary, not a log), or send \"\" to clear it.",
+    )?;
     Ok(value)
 }
 
 fn check_ttl(ttl_seconds: Option<i64>) -> BusResult<Option<i32>> {
-    match ttl_seconds {
-        None => Ok(None),
-        Some(ttl) if (MIN_TTL_SECONDS..=MAX_TTL_SECONDS).contains(&ttl) => Ok(Some(ttl as i32)),
-        Some(ttl) => Err(BusError::invalid(format!(
-            "ttl_seconds must be between {MIN_TTL_SECONDS} and {MAX_TTL_SECONDS} (24 h); got {ttl}. \
-             Nothing was written. Omit it to keep the current ttl ({DEFAULT_TTL_SECONDS} s on a \
+    let Some(ttl) = ttl_seconds else {
+        return Ok(None);
+    };
+    let ttl = limits::within(
+        "ttl_seconds",
+        ttl,
+        MIN_TTL_SECONDS..=MAX_TTL_SECONDS,
+        " (24 h)",
+        &format!(
+            "Nothing was written. Omit it to keep the current ttl ({DEFAULT_TTL_SECONDS} s on a \
              first heartbeat), and beat again before it runs out."
-        ))),
-    }
+        ),
+    )?;
+    Ok(Some(ttl as i32))
 }
 
 /// A discovery filter: a lookup ([`text::lookup`]); empty means no filter.
@@ -175,14 +179,14 @@ fn check_filter(name: &str, raw: Option<&str>) -> BusResult<Option<String>> {
 }
 
 fn check_limit(limit: Option<i64>, default: i64) -> BusResult<i64> {
-    let limit = limit.unwrap_or(default);
-    if !(1..=MAX_PAGE).contains(&limit) {
-        return Err(BusError::invalid(format!(
-            "limit must be between 1 and {MAX_PAGE}; got {limit}. Narrow the listing with \
-             project, role or online_only instead of asking for more."
-        )));
-    }
-    Ok(limit)
+    limits::page_limit(
+        limit,
+        limits::Page {
+            default,
+            max: MAX_PAGE,
+        },
+        "Narrow the listing with project, role or online_only instead of asking for more.",
+    )
 }
 
 /// The columns of a [`Window`] over `presence p JOIN agents a`; a macro so

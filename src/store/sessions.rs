@@ -61,13 +61,13 @@ pub struct SessionState {
 }
 
 fn check_ttl(ttl_seconds: Option<i64>) -> BusResult<Duration> {
-    let ttl = ttl_seconds.unwrap_or(DEFAULT_TTL_SECONDS);
-    if !(MIN_TTL_SECONDS..=MAX_TTL_SECONDS).contains(&ttl) {
-        return Err(BusError::invalid(format!(
-            "ttl_seconds must be between {MIN_TTL_SECONDS} and {MAX_TTL_SECONDS} (24 h); got {ttl}. \
-             Omit it for 24 h, and call renew_session before it runs out."
-        )));
-    }
+    let ttl = super::limits::within(
+        "ttl_seconds",
+        ttl_seconds.unwrap_or(DEFAULT_TTL_SECONDS),
+        MIN_TTL_SECONDS..=MAX_TTL_SECONDS,
+        " (24 h)",
+        "Omit it for 24 h, and call renew_session before it runs out.",
+    )?;
     Ok(Duration::seconds(ttl))
 }
 

@@ -42,14 +42,16 @@ const MAX_SUMMARIES: usize = 50;
 const PREVIEW_CHARS: usize = 200;
 
 pub fn check_timeout(timeout_seconds: Option<u64>) -> BusResult<Duration> {
-    let secs = timeout_seconds.unwrap_or(TIMEOUT_DEFAULT_SECONDS);
-    if !(TIMEOUT_MIN_SECONDS..=TIMEOUT_MAX_SECONDS).contains(&secs) {
-        return Err(BusError::invalid(format!(
-            "timeout_seconds must be between {TIMEOUT_MIN_SECONDS} and {TIMEOUT_MAX_SECONDS}; got \
-             {secs}. Many MCP clients cut a call near 60 s, so the default {TIMEOUT_DEFAULT_SECONDS} \
-             is the safe choice; call again to keep waiting."
-        )));
-    }
+    let secs = super::limits::within(
+        "timeout_seconds",
+        timeout_seconds.unwrap_or(TIMEOUT_DEFAULT_SECONDS),
+        TIMEOUT_MIN_SECONDS..=TIMEOUT_MAX_SECONDS,
+        "",
+        &format!(
+            "Many MCP clients cut a call near 60 s, so the default {TIMEOUT_DEFAULT_SECONDS} is \
+             the safe choice; call again to keep waiting."
+        ),
+    )?;
     Ok(Duration::from_secs(secs))
 }
 

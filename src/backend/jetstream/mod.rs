@@ -40,7 +40,7 @@ pub use inspect::{LimitFinding, StreamInspection};
 pub use provision::{StreamReport, StreamSizes, TeamStreams};
 
 /// The largest body the bus accepts (the outbox cap, O1).
-pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+pub const MAX_BODY_BYTES: usize = crate::store::limits::BODY_MAX_BYTES;
 
 /// Room for the headers a body travels with (`Nats-Msg-Id` and three
 /// `Acs-*` ids take ~200 bytes); generous, so a future header does not

@@ -70,12 +70,14 @@ pub async fn recover(
              previous page."
         )));
     }
-    let limit = limit.unwrap_or(RECOVER_LIMIT_DEFAULT);
-    if !(1..=RECOVER_LIMIT_MAX).contains(&limit) {
-        return Err(BusError::invalid(format!(
-            "limit must be 1..={RECOVER_LIMIT_MAX} (got {limit}); page with next_after_seq."
-        )));
-    }
+    let limit = crate::store::limits::page_limit(
+        limit,
+        crate::store::limits::Page {
+            default: RECOVER_LIMIT_DEFAULT,
+            max: RECOVER_LIMIT_MAX,
+        },
+        "Page with next_after_seq.",
+    )?;
     if me.window.is_some() {
         return Err(BusError::forbidden(
             "recover_conversation_history takes the agent token (acs_…), not a session \

@@ -62,7 +62,8 @@ pub const LEASE_SECS: i64 = 60;
 /// Attempts before a slot is marked failed rather than retried forever.
 pub const MAX_ATTEMPTS: i32 = 8;
 /// Largest payload one slot holds: the ceiling on what a pending slot costs.
-pub const MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
+/// A slot holds one body, so this is the bus's body cap.
+pub const MAX_PAYLOAD_BYTES: usize = crate::store::limits::BODY_MAX_BYTES;
 /// When a slot waiting on a condition an operator can fix (a stream missing
 /// or full) is tried again: often enough that messages go out soon after the
 /// fix, seldom enough that a large backlog costs the broker little.

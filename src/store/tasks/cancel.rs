@@ -50,14 +50,13 @@ fn check_reason(reason: &str) -> BusResult<()> {
              kept on the task and in its history.",
         ));
     }
-    if reason.len() > CANCEL_REASON_MAX_BYTES {
-        return Err(BusError::invalid(format!(
-            "reason is {} bytes; the limit is {CANCEL_REASON_MAX_BYTES} (4 KiB). Say why in a few \
-             sentences and keep longer text in a note (set_note) whose key you mention.",
-            reason.len()
-        )));
-    }
-    Ok(())
+    crate::store::limits::bytes_at_most(
+        reason.len(),
+        CANCEL_REASON_MAX_BYTES,
+        "reason",
+        "Say why in a few sentences and keep longer text in a note (set_note) whose key you \
+         mention.",
+    )
 }
 
 /// Refuse unless `me` created the task (any window) or holds its live lease.

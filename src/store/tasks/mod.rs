@@ -55,7 +55,6 @@ pub const KEY_MAX_BYTES: usize = 128;
 pub const TITLE_MAX_BYTES: usize = 512;
 pub const DESCRIPTION_MAX_BYTES: usize = 64 * 1024;
 pub const RESULT_MAX_BYTES: usize = 64 * 1024;
-pub const METADATA_MAX_BYTES: usize = 16 * 1024;
 pub const MAX_DEPENDENCIES: usize = 32;
 pub const MIN_LEASE_SECONDS: i64 = 30;
 pub const MAX_LEASE_SECONDS: i64 = 86_400;
