@@ -25,11 +25,11 @@ use crate::events::{BusEvent, EventKind};
 
 pub const NAME_MAX_BYTES: usize = 256;
 pub const PURPOSE_MAX_BYTES: usize = 256;
-pub const MIN_TTL_SECONDS: i64 = 5;
-pub const MAX_TTL_SECONDS: i64 = 86_400;
-pub const DEFAULT_TTL_SECONDS: i64 = 300;
+pub const TTL_MIN_SECS: i64 = 5;
+pub const TTL_MAX_SECS: i64 = 86_400;
+pub const TTL_DEFAULT_SECS: i64 = 300;
 /// `list_locks` shows at most this many (nearest expiry last) and says so.
-pub const MAX_LISTED: i64 = 200;
+pub const LISTED_MAX: i64 = 200;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Lock {
@@ -104,11 +104,11 @@ fn check_name_size(name: String) -> BusResult<String> {
 fn check_ttl(ttl_seconds: Option<i64>) -> BusResult<Duration> {
     let ttl = limits::within(
         "ttl_seconds",
-        ttl_seconds.unwrap_or(DEFAULT_TTL_SECONDS),
-        MIN_TTL_SECONDS..=MAX_TTL_SECONDS,
+        ttl_seconds.unwrap_or(TTL_DEFAULT_SECS),
+        TTL_MIN_SECS..=TTL_MAX_SECS,
         " (24 h)",
         &format!(
-            "Omit it for {DEFAULT_TTL_SECONDS} s, and acquire again before it runs out to extend it."
+            "Omit it for {TTL_DEFAULT_SECS} s, and acquire again before it runs out to extend it."
         ),
     )?;
     Ok(Duration::seconds(ttl))
@@ -324,11 +324,11 @@ pub async fn list(bus: &Bus, me: &Identity) -> BusResult<LockList> {
          LIMIT $2"
     ))
     .bind(me.team_id)
-    .bind(MAX_LISTED + 1)
+    .bind(LISTED_MAX + 1)
     .fetch_all(&bus.pool)
     .await?;
-    let more = rows.len() as i64 > MAX_LISTED;
-    rows.truncate(MAX_LISTED as usize);
+    let more = rows.len() as i64 > LISTED_MAX;
+    rows.truncate(LISTED_MAX as usize);
     let locks: Vec<Lock> = rows.into_iter().map(LockRow::into_lock).collect();
     Ok(LockList {
         count: locks.len(),

@@ -24,13 +24,13 @@ use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 
-pub const MIN_TTL_SECONDS: i64 = 30;
-pub const MAX_TTL_SECONDS: i64 = 86_400;
-pub const DEFAULT_TTL_SECONDS: i64 = 600;
+pub const TTL_MIN_SECS: i64 = 30;
+pub const TTL_MAX_SECS: i64 = 86_400;
+pub const TTL_DEFAULT_SECS: i64 = 600;
 /// Each of repo, branch, activity, project and role.
-pub const MAX_FIELD_BYTES: usize = 256;
-pub const MAX_PAGE: i64 = 200;
-pub const DEFAULT_SESSIONS_PAGE: i64 = 50;
+pub const FIELD_MAX_BYTES: usize = 256;
+pub const PAGE_MAX: i64 = 200;
+pub const SESSIONS_PAGE_DEFAULT: i64 = 50;
 pub const STATUSES: [&str; 4] = ["active", "idle", "busy", "blocked"];
 
 /// What one heartbeat says. `None` keeps the stored value; `Some("")` clears it.
@@ -147,7 +147,7 @@ fn check_label(name: &str, raw: Option<&str>) -> BusResult<Option<Option<String>
 fn check_field_size(name: &str, value: String) -> BusResult<String> {
     limits::bytes_at_most_spelled(
         value.len(),
-        MAX_FIELD_BYTES,
+        FIELD_MAX_BYTES,
         name,
         "Nothing was written. Shorten it (a summary, not a log), or send \"\" to clear it.",
     )?;
@@ -161,10 +161,10 @@ fn check_ttl(ttl_seconds: Option<i64>) -> BusResult<Option<i32>> {
     let ttl = limits::within(
         "ttl_seconds",
         ttl,
-        MIN_TTL_SECONDS..=MAX_TTL_SECONDS,
+        TTL_MIN_SECS..=TTL_MAX_SECS,
         " (24 h)",
         &format!(
-            "Nothing was written. Omit it to keep the current ttl ({DEFAULT_TTL_SECONDS} s on a \
+            "Nothing was written. Omit it to keep the current ttl ({TTL_DEFAULT_SECS} s on a \
              first heartbeat), and beat again before it runs out."
         ),
     )?;
@@ -183,7 +183,7 @@ fn check_limit(limit: Option<i64>, default: i64) -> BusResult<i64> {
         limit,
         limits::Page {
             default,
-            max: MAX_PAGE,
+            max: PAGE_MAX,
         },
         "Narrow the listing with project, role or online_only instead of asking for more.",
     )
@@ -262,7 +262,7 @@ pub async fn heartbeat(bus: &Bus, me: &Identity, beat: &Beat) -> BusResult<Heart
     .bind(role.is_some())
     .bind(role.flatten())
     .bind(ttl)
-    .bind(DEFAULT_TTL_SECONDS as i32)
+    .bind(TTL_DEFAULT_SECS as i32)
     .fetch_one(&mut *tx)
     .await?;
     tx.commit().await?;
@@ -359,7 +359,7 @@ pub async fn list_sessions(
 ) -> BusResult<SessionList> {
     let project = check_filter("project", project)?;
     let role = check_filter("role", role)?;
-    let limit = check_limit(limit, DEFAULT_SESSIONS_PAGE)?;
+    let limit = check_limit(limit, SESSIONS_PAGE_DEFAULT)?;
     #[derive(sqlx::FromRow)]
     struct Row {
         agent: String,

@@ -15,8 +15,8 @@ use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::store::sessions;
 
-pub const RECOVER_LIMIT_MAX: i64 = 200;
-pub const RECOVER_LIMIT_DEFAULT: i64 = 50;
+pub const RECOVER_PAGE_MAX: i64 = 200;
+pub const RECOVER_PAGE_DEFAULT: i64 = 50;
 
 /// One message as recovery returns it.
 #[derive(Clone, Debug, Serialize, sqlx::FromRow)]
@@ -73,8 +73,8 @@ pub async fn recover(
     let limit = crate::store::limits::page_limit(
         limit,
         crate::store::limits::Page {
-            default: RECOVER_LIMIT_DEFAULT,
-            max: RECOVER_LIMIT_MAX,
+            default: RECOVER_PAGE_DEFAULT,
+            max: RECOVER_PAGE_MAX,
         },
         "Page with next_after_seq.",
     )?;

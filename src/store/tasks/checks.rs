@@ -5,9 +5,8 @@ use chrono::Duration;
 use serde_json::{Value, json};
 
 use super::{
-    DEFAULT_LEASE_SECONDS, DEFAULT_LIST_LIMIT, DESCRIPTION_MAX_BYTES, KEY_MAX_BYTES,
-    MAX_DEPENDENCIES, MAX_LEASE_SECONDS, MAX_LIST_LIMIT, MIN_LEASE_SECONDS, RESULT_MAX_BYTES,
-    TITLE_MAX_BYTES,
+    DEPENDENCIES_MAX, DESCRIPTION_MAX_BYTES, KEY_MAX_BYTES, LEASE_DEFAULT_SECS, LEASE_MAX_SECS,
+    LEASE_MIN_SECS, PAGE_DEFAULT, PAGE_MAX, RESULT_MAX_BYTES, TITLE_MAX_BYTES,
 };
 use crate::error::{BusError, BusResult};
 use crate::store::limits;
@@ -85,9 +84,9 @@ pub fn check_metadata(raw: Option<Value>) -> BusResult<Value> {
 pub(super) fn check_dependencies(key: &str, raw: &[String]) -> BusResult<Vec<String>> {
     // The raw length, before any per-entry work: duplicates count, so a list
     // of a million copies of one key costs nothing.
-    if raw.len() > MAX_DEPENDENCIES {
+    if raw.len() > DEPENDENCIES_MAX {
         return Err(BusError::invalid(format!(
-            "depends_on holds {} entries; the limit is {MAX_DEPENDENCIES} (duplicates count). \
+            "depends_on holds {} entries; the limit is {DEPENDENCIES_MAX} (duplicates count). \
              Nothing was written. List each prerequisite once, and group many under fewer tasks \
              (for example one task that depends on the others).",
             raw.len()
@@ -112,12 +111,10 @@ pub(super) fn check_dependencies(key: &str, raw: &[String]) -> BusResult<Vec<Str
 pub(super) fn check_lease(lease_seconds: Option<i64>) -> BusResult<Duration> {
     let lease = limits::within(
         "lease_seconds",
-        lease_seconds.unwrap_or(DEFAULT_LEASE_SECONDS),
-        MIN_LEASE_SECONDS..=MAX_LEASE_SECONDS,
+        lease_seconds.unwrap_or(LEASE_DEFAULT_SECS),
+        LEASE_MIN_SECS..=LEASE_MAX_SECS,
         " (24 h)",
-        &format!(
-            "Omit it for {DEFAULT_LEASE_SECONDS} s, and call renew_task_lease while you work."
-        ),
+        &format!("Omit it for {LEASE_DEFAULT_SECS} s, and call renew_task_lease while you work."),
     )?;
     Ok(Duration::seconds(lease))
 }
@@ -153,8 +150,8 @@ pub(super) fn check_list_limit(limit: Option<i64>) -> BusResult<i64> {
     limits::page_limit(
         limit,
         limits::Page {
-            default: DEFAULT_LIST_LIMIT,
-            max: MAX_LIST_LIMIT,
+            default: PAGE_DEFAULT,
+            max: PAGE_MAX,
         },
         "Narrow the listing with `status` or `mine_only` instead of asking for more.",
     )
