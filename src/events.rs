@@ -31,7 +31,7 @@ use uuid::Uuid;
 /// The PostgreSQL notification channel.
 pub const CHANNEL: &str = "bus_events";
 /// PostgreSQL refuses payloads of 8000 bytes or more; stay well under.
-const MAX_PAYLOAD_BYTES: usize = 7_000;
+const PAYLOAD_MAX_BYTES: usize = 7_000;
 const FANOUT_CAPACITY: usize = 4_096;
 /// How long the publisher lets events gather after the first one.
 const COALESCE_FOR: Duration = Duration::from_millis(2);
@@ -290,7 +290,7 @@ fn payloads(batch: &[BusEvent]) -> Vec<String> {
     let mut size = 2;
     for event in batch {
         let json = serde_json::to_string(event).expect("an event serialises");
-        if !current.is_empty() && size + json.len() + 1 > MAX_PAYLOAD_BYTES {
+        if !current.is_empty() && size + json.len() + 1 > PAYLOAD_MAX_BYTES {
             out.push(format!("[{}]", current.join(",")));
             current.clear();
             size = 2;

@@ -27,7 +27,7 @@ use crate::error::{BusError, BusResult};
 use crate::store::admin::{self, AdminIdentity, Authority};
 use crate::store::{agents, teams, text, tokens};
 
-pub const ADMIN_MAX_BODY_BYTES: usize = 16 * 1024;
+pub const ADMIN_BODY_MAX_BYTES: usize = 16 * 1024;
 
 pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
     Router::new()
@@ -83,8 +83,8 @@ async fn admin_gate(State(state): State<Arc<AppState>>, request: Request, next: 
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > ADMIN_MAX_BODY_BYTES as u64) {
-        return too_large(ADMIN_MAX_BODY_BYTES);
+    if declared.is_some_and(|len| len > ADMIN_BODY_MAX_BYTES as u64) {
+        return too_large(ADMIN_BODY_MAX_BYTES);
     }
     let me = match bearer(request.headers()).and_then(auth::parse_admin_credential) {
         Ok(digest) => match admin::authenticate(&state.pool, &digest).await {
@@ -97,10 +97,10 @@ async fn admin_gate(State(state): State<Arc<AppState>>, request: Request, next: 
         return rate_limited(wait, state.admin_limiter.per_minute(), "admin credential");
     }
     let (mut parts, body) = request.into_parts();
-    let bytes = match Limited::new(body, ADMIN_MAX_BODY_BYTES).collect().await {
+    let bytes = match Limited::new(body, ADMIN_BODY_MAX_BYTES).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(err) if err.downcast_ref::<LengthLimitError>().is_some() => {
-            return too_large(ADMIN_MAX_BODY_BYTES);
+            return too_large(ADMIN_BODY_MAX_BYTES);
         }
         Err(err) => {
             return json_error(

@@ -51,7 +51,7 @@ pub const LONG_POLL_TOOLS: &[&str] = &[
 ];
 
 /// Larger than any wait call's arguments can sensibly be.
-const LONG_POLL_MAX_BODY_BYTES: usize = 64 * 1024;
+const LONG_POLL_BODY_MAX_BYTES: usize = 64 * 1024;
 
 /// What the caller is told to wait when the server is full: the requests
 /// ahead of it are short, so a second is enough to find room again.
@@ -216,7 +216,7 @@ pub enum BodyRefusal {
 pub fn is_long_poll(body: &[u8]) -> bool {
     // A wait call is a few hundred bytes: a large body is no wait, and is
     // not parsed a second time to find out.
-    if body.len() > LONG_POLL_MAX_BODY_BYTES {
+    if body.len() > LONG_POLL_BODY_MAX_BYTES {
         return false;
     }
     #[derive(serde::Deserialize)]

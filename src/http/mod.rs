@@ -20,7 +20,7 @@
 //!    `Retry-After`), then the credential's calls in flight (429), then the
 //!    body is read against the buffered-bytes budget (503) with the limit
 //!    enforced while streaming (413); then the body must be one JSON-RPC
-//!    message, nested at most [`malformed::MAX_JSON_DEPTH`] deep, with a
+//!    message, nested at most [`malformed::JSON_DEPTH_MAX`] deep, with a
 //!    protocol version this server speaks (400; see [`malformed`]); a long
 //!    poll then moves to its credential's long-poll count (429 at its cap).
 //! 4. rmcp's Streamable HTTP service, stateless with JSON responses, sees the

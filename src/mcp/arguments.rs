@@ -21,7 +21,7 @@
 use serde_json::{Map, Value};
 
 /// At most this many problems are named in one refusal.
-const MAX_PROBLEMS: usize = 8;
+const PROBLEMS_MAX: usize = 8;
 
 /// Keys and strings are shown up to this many characters.
 const SHOWN_CHARS: usize = 60;
@@ -43,9 +43,9 @@ pub fn check(
         return Ok(());
     }
     let total = checker.problems.len();
-    let mut named: Vec<String> = checker.problems.into_iter().take(MAX_PROBLEMS).collect();
-    if total > MAX_PROBLEMS {
-        named.push(format!("({} more not named here.)", total - MAX_PROBLEMS));
+    let mut named: Vec<String> = checker.problems.into_iter().take(PROBLEMS_MAX).collect();
+    if total > PROBLEMS_MAX {
+        named.push(format!("({} more not named here.)", total - PROBLEMS_MAX));
     }
     Err(format!(
         "{tool} was not run: its arguments do not fit what it takes. {} {} Nothing was done; \
@@ -238,7 +238,7 @@ impl<'s> Checker<'s> {
                 if let Some(item) = schema.get("items") {
                     for (index, entry) in items.iter().enumerate() {
                         self.value(&Path::Index(path, index), item, entry);
-                        if self.problems.len() > MAX_PROBLEMS {
+                        if self.problems.len() > PROBLEMS_MAX {
                             return;
                         }
                     }

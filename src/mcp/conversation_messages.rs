@@ -33,6 +33,18 @@ pub struct SendArgs {
     pub metadata: Option<Value>,
 }
 
+impl From<SendArgs> for NewConversationMessage {
+    fn from(args: SendArgs) -> Self {
+        NewConversationMessage {
+            conversation_id: args.conversation_id,
+            body: args.body,
+            request_id: args.request_id,
+            reply_to: args.reply_to,
+            metadata: args.metadata,
+        }
+    }
+}
+
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReadArgs {
@@ -43,6 +55,16 @@ pub struct ReadArgs {
     pub after_seq: Option<i64>,
     /// 1..200, default 50.
     pub limit: Option<i64>,
+}
+
+impl From<ReadArgs> for ReadRequest {
+    fn from(args: ReadArgs) -> Self {
+        ReadRequest {
+            conversation_id: args.conversation_id,
+            after_seq: args.after_seq,
+            limit: args.limit,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -98,14 +120,7 @@ impl BusServer {
         Parameters(args): Parameters<SendArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        let new = NewConversationMessage {
-            conversation_id: args.conversation_id,
-            body: args.body,
-            request_id: args.request_id,
-            reply_to: args.reply_to,
-            metadata: args.metadata,
-        };
-        reply(conversation_messages::send(self.bus(), me, new).await)
+        reply(conversation_messages::send(self.bus(), me, args.into()).await)
     }
 
     #[tool(
@@ -121,12 +136,7 @@ impl BusServer {
         Parameters(args): Parameters<ReadArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        let request = ReadRequest {
-            conversation_id: args.conversation_id,
-            after_seq: args.after_seq,
-            limit: args.limit,
-        };
-        reply(conversation_messages::read(self.bus(), me, request).await)
+        reply(conversation_messages::read(self.bus(), me, args.into()).await)
     }
 
     #[tool(

@@ -30,6 +30,20 @@ pub struct HeartbeatArgs {
     pub ttl_seconds: Option<i64>,
 }
 
+impl From<HeartbeatArgs> for Beat {
+    fn from(args: HeartbeatArgs) -> Self {
+        Beat {
+            status: args.status,
+            repo: args.repo,
+            branch: args.branch,
+            activity: args.activity,
+            project: args.project,
+            role: args.role,
+            ttl_seconds: args.ttl_seconds,
+        }
+    }
+}
+
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ListAgentsArgs {
@@ -63,16 +77,7 @@ impl BusServer {
         Parameters(args): Parameters<HeartbeatArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        let beat = Beat {
-            status: args.status,
-            repo: args.repo,
-            branch: args.branch,
-            activity: args.activity,
-            project: args.project,
-            role: args.role,
-            ttl_seconds: args.ttl_seconds,
-        };
-        reply(presence::heartbeat(self.bus(), me, &beat).await)
+        reply(presence::heartbeat(self.bus(), me, &args.into()).await)
     }
 
     #[tool(

@@ -30,6 +30,18 @@ pub struct CreateTaskArgs {
     pub depends_on: Option<Vec<String>>,
 }
 
+impl From<CreateTaskArgs> for NewTask {
+    fn from(args: CreateTaskArgs) -> Self {
+        NewTask {
+            key: args.key,
+            title: args.title,
+            description: args.description,
+            metadata: args.metadata,
+            depends_on: args.depends_on.unwrap_or_default(),
+        }
+    }
+}
+
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClaimTaskArgs {
@@ -114,14 +126,7 @@ impl BusServer {
         Parameters(args): Parameters<CreateTaskArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        let new = NewTask {
-            key: args.key,
-            title: args.title,
-            description: args.description,
-            metadata: args.metadata,
-            depends_on: args.depends_on.unwrap_or_default(),
-        };
-        reply(tasks::create(self.bus(), me, new).await)
+        reply(tasks::create(self.bus(), me, args.into()).await)
     }
 
     #[tool(

@@ -22,12 +22,12 @@ use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::events::{BusEvent, EventKind};
 
-pub const MAX_BYTES: usize = 256 * 1024;
-pub const MAX_PER_OWNER: i64 = 8;
+pub const ATTACHMENT_MAX_BYTES: usize = 256 * 1024;
+pub const PER_OWNER_MAX: i64 = 8;
 pub const FILENAME_MAX_BYTES: usize = 255;
 pub const CONTENT_TYPE_MAX_BYTES: usize = 127;
 /// The quota a team starts with; `ai-crew-sync team quota` changes it.
-pub const DEFAULT_TEAM_QUOTA_BYTES: i64 = 1024 * 1024 * 1024;
+pub const TEAM_QUOTA_DEFAULT_BYTES: i64 = 1024 * 1024 * 1024;
 
 /// A checked upload, decoded and ready to store.
 #[derive(Clone, Debug)]
@@ -90,7 +90,7 @@ pub fn decode(filename: &str, content_type: &str, data_base64: &str) -> BusResul
         )));
     }
     // Reject before decoding what cannot fit: base64 is 4 bytes per 3.
-    if data_base64.len() > MAX_BYTES.div_ceil(3) * 4 + 4 {
+    if data_base64.len() > ATTACHMENT_MAX_BYTES.div_ceil(3) * 4 + 4 {
         return Err(too_big(data_base64.len() / 4 * 3));
     }
     let data = STANDARD.decode(data_base64.trim()).map_err(|e| {
@@ -100,7 +100,7 @@ pub fn decode(filename: &str, content_type: &str, data_base64: &str) -> BusResul
             text::quote(&filename)
         ))
     })?;
-    if data.len() > MAX_BYTES {
+    if data.len() > ATTACHMENT_MAX_BYTES {
         return Err(too_big(data.len()));
     }
     Ok(Upload {
@@ -112,15 +112,15 @@ pub fn decode(filename: &str, content_type: &str, data_base64: &str) -> BusResul
 
 fn too_big(size: usize) -> BusError {
     BusError::invalid(format!(
-        "the attachment is {size} bytes; the limit is {MAX_BYTES} (256 KiB) per file. Attach a \
-         smaller excerpt, or split it across files (at most {MAX_PER_OWNER} per message or task)."
+        "the attachment is {size} bytes; the limit is {ATTACHMENT_MAX_BYTES} (256 KiB) per file. Attach a \
+         smaller excerpt, or split it across files (at most {PER_OWNER_MAX} per message or task)."
     ))
 }
 
 pub fn check_count(count: usize) -> BusResult<()> {
-    if count as i64 > MAX_PER_OWNER {
+    if count as i64 > PER_OWNER_MAX {
         return Err(BusError::invalid(format!(
-            "{count} attachments given; the limit is {MAX_PER_OWNER} per message or task. Zip them \
+            "{count} attachments given; the limit is {PER_OWNER_MAX} per message or task. Zip them \
              together or spread them over several messages."
         )));
     }
@@ -158,9 +158,9 @@ pub(crate) async fn insert_all(
     .bind(task_id)
     .fetch_one(&mut *conn)
     .await?;
-    if existing + uploads.len() as i64 > MAX_PER_OWNER {
+    if existing + uploads.len() as i64 > PER_OWNER_MAX {
         return Err(BusError::conflict(format!(
-            "this already has {existing} attachment(s); the limit is {MAX_PER_OWNER} per message or \
+            "this already has {existing} attachment(s); the limit is {PER_OWNER_MAX} per message or \
              task. Attach to a new message instead."
         )));
     }
@@ -218,7 +218,7 @@ async fn lock_quota(conn: &mut PgConnection, team_id: Uuid) -> BusResult<(i64, i
          ON CONFLICT (team_id) DO NOTHING",
     )
     .bind(team_id)
-    .bind(DEFAULT_TEAM_QUOTA_BYTES)
+    .bind(TEAM_QUOTA_DEFAULT_BYTES)
     .execute(&mut *conn)
     .await?;
     Ok(sqlx::query_as(

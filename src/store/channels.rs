@@ -67,12 +67,12 @@ fn check_topic(topic: Option<&str>) -> BusResult<Option<String>> {
     else {
         return Ok(None);
     };
-    if topic.len() > TOPIC_MAX_BYTES {
-        return Err(BusError::invalid(format!(
-            "channel topic is {} bytes; the limit is {TOPIC_MAX_BYTES}. Shorten it to one line.",
-            topic.len()
-        )));
-    }
+    super::limits::bytes_at_most(
+        topic.len(),
+        TOPIC_MAX_BYTES,
+        "channel topic",
+        "Shorten it to one line.",
+    )?;
     Ok(Some(topic.to_string()))
 }
 

@@ -126,7 +126,7 @@ pub async fn set_publication(
 }
 
 /// The longest reason a tombstone keeps (what a reader is shown).
-pub const MAX_TOMBSTONE_REASON_BYTES: usize = 500;
+pub const TOMBSTONE_REASON_MAX_BYTES: usize = 500;
 
 /// What `conversations tombstone` did.
 #[derive(Clone, Debug, Serialize)]
@@ -226,9 +226,9 @@ fn check_reason(reason: &str) -> BusResult<String> {
              holding it was lost\"). Nothing was changed.",
         ));
     }
-    if reason.len() > MAX_TOMBSTONE_REASON_BYTES {
+    if reason.len() > TOMBSTONE_REASON_MAX_BYTES {
         return Err(BusError::invalid(format!(
-            "the reason is {} bytes; a tombstone keeps at most {MAX_TOMBSTONE_REASON_BYTES}. Say \
+            "the reason is {} bytes; a tombstone keeps at most {TOMBSTONE_REASON_MAX_BYTES}. Say \
              it shorter. Nothing was changed.",
             reason.len()
         )));

@@ -21,6 +21,8 @@ use crate::error::{BusError, BusResult};
 
 /// `fetch_conversation_inbox` hands out at most this many at once.
 pub const FETCH_MAX: i64 = 50;
+/// ... and this many when the caller does not say.
+pub const FETCH_DEFAULT: i64 = 20;
 /// `confirm_inbox_delivery` takes at most this many ids at once.
 pub const CONFIRM_MAX: usize = 100;
 /// A reference handed out and not confirmed within this long is handed out
@@ -136,10 +138,12 @@ pub struct Fetched {
 }
 
 pub fn check_fetch_limit(limit: Option<i64>) -> BusResult<i64> {
-    let limit = limit.unwrap_or(20);
+    // Worded `1..50`, as this tool has always said it (the suite checks the
+    // text), rather than in limits::page_limit's words.
+    let limit = limit.unwrap_or(FETCH_DEFAULT);
     if !(1..=FETCH_MAX).contains(&limit) {
         return Err(BusError::invalid(format!(
-            "limit must be 1..{FETCH_MAX}; got {limit}. Omit it for 20."
+            "limit must be 1..{FETCH_MAX}; got {limit}. Omit it for {FETCH_DEFAULT}."
         )));
     }
     Ok(limit)

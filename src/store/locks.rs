@@ -17,7 +17,7 @@ use serde::Serialize;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::{address, at, sessions, text, window_phrase};
+use super::{address, at, limits, sessions, text, window_phrase};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -25,11 +25,11 @@ use crate::events::{BusEvent, EventKind};
 
 pub const NAME_MAX_BYTES: usize = 256;
 pub const PURPOSE_MAX_BYTES: usize = 256;
-pub const MIN_TTL_SECONDS: i64 = 5;
-pub const MAX_TTL_SECONDS: i64 = 86_400;
-pub const DEFAULT_TTL_SECONDS: i64 = 300;
+pub const TTL_MIN_SECS: i64 = 5;
+pub const TTL_MAX_SECS: i64 = 86_400;
+pub const TTL_DEFAULT_SECS: i64 = 300;
 /// `list_locks` shows at most this many (nearest expiry last) and says so.
-pub const MAX_LISTED: i64 = 200;
+pub const LISTED_MAX: i64 = 200;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Lock {
@@ -92,24 +92,25 @@ fn check_name_size(name: String) -> BusResult<String> {
              and lower-cased).",
         ));
     }
-    if name.len() > NAME_MAX_BYTES {
-        return Err(BusError::invalid(format!(
-            "lock name is {} bytes; the limit is {NAME_MAX_BYTES}. Name the resource briefly, \
-             e.g. `deploy:prod` or a repository-relative path.",
-            name.len()
-        )));
-    }
+    limits::bytes_at_most(
+        name.len(),
+        NAME_MAX_BYTES,
+        "lock name",
+        "Name the resource briefly, e.g. `deploy:prod` or a repository-relative path.",
+    )?;
     Ok(name)
 }
 
 fn check_ttl(ttl_seconds: Option<i64>) -> BusResult<Duration> {
-    let ttl = ttl_seconds.unwrap_or(DEFAULT_TTL_SECONDS);
-    if !(MIN_TTL_SECONDS..=MAX_TTL_SECONDS).contains(&ttl) {
-        return Err(BusError::invalid(format!(
-            "ttl_seconds must be between {MIN_TTL_SECONDS} and {MAX_TTL_SECONDS} (24 h); got {ttl}. \
-             Omit it for {DEFAULT_TTL_SECONDS} s, and acquire again before it runs out to extend it."
-        )));
-    }
+    let ttl = limits::within(
+        "ttl_seconds",
+        ttl_seconds.unwrap_or(TTL_DEFAULT_SECS),
+        TTL_MIN_SECS..=TTL_MAX_SECS,
+        " (24 h)",
+        &format!(
+            "Omit it for {TTL_DEFAULT_SECS} s, and acquire again before it runs out to extend it."
+        ),
+    )?;
     Ok(Duration::seconds(ttl))
 }
 
@@ -121,13 +122,12 @@ fn check_purpose(raw: Option<&str>) -> BusResult<Option<String>> {
     else {
         return Ok(None);
     };
-    if purpose.len() > PURPOSE_MAX_BYTES {
-        return Err(BusError::invalid(format!(
-            "purpose is {} bytes; the limit is {PURPOSE_MAX_BYTES}. One short line saying why you \
-             hold the lock is enough.",
-            purpose.len()
-        )));
-    }
+    limits::bytes_at_most(
+        purpose.len(),
+        PURPOSE_MAX_BYTES,
+        "purpose",
+        "One short line saying why you hold the lock is enough.",
+    )?;
     Ok(Some(purpose))
 }
 
@@ -324,11 +324,11 @@ pub async fn list(bus: &Bus, me: &Identity) -> BusResult<LockList> {
          LIMIT $2"
     ))
     .bind(me.team_id)
-    .bind(MAX_LISTED + 1)
+    .bind(LISTED_MAX + 1)
     .fetch_all(&bus.pool)
     .await?;
-    let more = rows.len() as i64 > MAX_LISTED;
-    rows.truncate(MAX_LISTED as usize);
+    let more = rows.len() as i64 > LISTED_MAX;
+    rows.truncate(LISTED_MAX as usize);
     let locks: Vec<Lock> = rows.into_iter().map(LockRow::into_lock).collect();
     Ok(LockList {
         count: locks.len(),

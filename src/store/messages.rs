@@ -16,16 +16,19 @@ use serde::Serialize;
 use serde_json::Value;
 use uuid::Uuid;
 
+use super::limits::{self, BODY_MAX_BYTES};
 use super::{attachments, channels, normalize_agent_name, sessions, text};
 use crate::Bus;
 use crate::auth::{self, Identity};
 use crate::error::{BusError, BusResult};
 use crate::events::{BusEvent, EventKind};
 
-pub const BODY_MAX_BYTES: usize = 1024 * 1024;
-pub const METADATA_MAX_BYTES: usize = 16 * 1024;
 pub const PAGE_MAX: i64 = 200;
 pub const PAGE_DEFAULT: i64 = 50;
+const PAGE: limits::Page = limits::Page {
+    default: PAGE_DEFAULT,
+    max: PAGE_MAX,
+};
 pub const QUERY_MAX_BYTES: usize = 256;
 /// How long a read waits for an older, still-open writer before answering
 /// with what is settled (and `more: true`): up to 2 s in 5 ms steps. The
@@ -123,32 +126,17 @@ pub fn parse_address(raw: &str) -> BusResult<(String, Option<String>)> {
 
 /// A metadata object: JSON object, or a string holding one, at most 16 KiB.
 pub fn normalize_metadata(metadata: Option<Value>) -> BusResult<Option<Value>> {
-    let value = match metadata {
-        None | Some(Value::Null) => return Ok(None),
-        Some(Value::String(text)) => match serde_json::from_str::<Value>(&text) {
-            Ok(object @ Value::Object(_)) => object,
-            _ => {
-                return Err(BusError::invalid(
-                    "metadata must be a JSON object (or a string holding one), e.g. \
-                     {\"pr\": 42}. Put free text in the body instead.",
-                ));
-            }
+    limits::metadata(
+        metadata,
+        limits::MetadataWords {
+            string_not_object: "metadata must be a JSON object (or a string holding one), e.g. \
+                                {\"pr\": 42}. Put free text in the body instead.",
+            not_object: "metadata must be a JSON object, e.g. {\"pr\": 42}. Put free text in the \
+                         body instead.",
+            too_big_hint: "Keep metadata to small keys and ids; put large content in the body or \
+                           an attachment.",
         },
-        Some(object @ Value::Object(_)) => object,
-        Some(_) => {
-            return Err(BusError::invalid(
-                "metadata must be a JSON object, e.g. {\"pr\": 42}. Put free text in the body instead.",
-            ));
-        }
-    };
-    let size = value.to_string().len();
-    if size > METADATA_MAX_BYTES {
-        return Err(BusError::invalid(format!(
-            "metadata is {size} bytes; the limit is {METADATA_MAX_BYTES} (16 KiB). Keep metadata to \
-             small keys and ids; put large content in the body or an attachment."
-        )));
-    }
-    Ok(Some(value))
+    )
 }
 
 pub(crate) fn check_body(body: &str) -> BusResult<()> {
@@ -157,14 +145,12 @@ pub(crate) fn check_body(body: &str) -> BusResult<()> {
             "the message body is empty; write what you want to say.",
         ));
     }
-    if body.len() > BODY_MAX_BYTES {
-        return Err(BusError::invalid(format!(
-            "the message body is {} bytes; the limit is {BODY_MAX_BYTES} (1 MiB). Split it into \
-             several messages, or share large content as an attachment or a note.",
-            body.len()
-        )));
-    }
-    Ok(())
+    limits::bytes_at_most(
+        body.len(),
+        BODY_MAX_BYTES,
+        "the message body",
+        "Split it into several messages, or share large content as an attachment or a note.",
+    )
 }
 
 /// The window's default channel: named after its `project` label, else after
@@ -365,13 +351,7 @@ pub struct ReadResult {
 }
 
 pub(crate) fn check_limit(limit: Option<i64>) -> BusResult<i64> {
-    let limit = limit.unwrap_or(PAGE_DEFAULT);
-    if !(1..=PAGE_MAX).contains(&limit) {
-        return Err(BusError::invalid(format!(
-            "limit must be between 1 and {PAGE_MAX}; got {limit}. Page through with repeated calls."
-        )));
-    }
-    Ok(limit)
+    limits::page_limit(limit, PAGE, "Page through with repeated calls.")
 }
 
 /// `read_messages`. With `only_new`, returns what came after this window's

@@ -21,26 +21,26 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::{sessions, text};
+use super::{limits, sessions, text};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::events::{BusEvent, EventKind};
 
 pub const DEFAULT_SCOPE: &str = "global";
-pub const MAX_SCOPE_BYTES: usize = 64;
-pub const MAX_KEY_BYTES: usize = 256;
-pub const MAX_VALUE_BYTES: usize = 1024 * 1024;
-pub const MAX_TAGS: usize = 16;
-pub const MAX_TAG_BYTES: usize = 64;
-pub const MAX_QUERY_BYTES: usize = 1024;
+pub const SCOPE_MAX_BYTES: usize = 64;
+pub const KEY_MAX_BYTES: usize = 256;
+pub const VALUE_MAX_BYTES: usize = 1024 * 1024;
+pub const TAGS_MAX: usize = 16;
+pub const TAG_MAX_BYTES: usize = 64;
+pub const QUERY_MAX_BYTES: usize = 1024;
 /// Characters of the value shown in listings and search results (the literal
 /// in `summary_columns!` must match).
 pub const PREVIEW_CHARS: usize = 160;
 /// Most notes a listing returns (most recently updated first).
-pub const MAX_LISTED: i64 = 200;
+pub const LISTED_MAX: i64 = 200;
 /// Most notes a search returns (best match first).
-pub const MAX_FOUND: i64 = 50;
+pub const FOUND_MAX: i64 = 50;
 
 /// Scopes: trimmed, lower-cased, ASCII letters, digits and `._:/-`, starting
 /// with a letter or digit, 1..=64 bytes. `None` or empty is [`DEFAULT_SCOPE`].
@@ -49,14 +49,14 @@ pub fn normalize_scope(raw: Option<&str>) -> BusResult<String> {
     if scope.is_empty() {
         return Ok(DEFAULT_SCOPE.to_string());
     }
-    let ok = scope.len() <= MAX_SCOPE_BYTES
+    let ok = scope.len() <= SCOPE_MAX_BYTES
         && scope.as_bytes()[0].is_ascii_alphanumeric()
         && scope
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'/' | b'-'));
     if !ok {
         return Err(BusError::invalid(format!(
-            "scope {} is not valid: use 1-{MAX_SCOPE_BYTES} ASCII letters, digits and `._:/-`, \
+            "scope {} is not valid: use 1-{SCOPE_MAX_BYTES} ASCII letters, digits and `._:/-`, \
              starting with a letter or digit (for example `global` or `project:web`). Nothing was \
              written. Omit scope for `{DEFAULT_SCOPE}`.",
             text::quote(raw.unwrap_or_default())
@@ -84,13 +84,12 @@ fn check_key_size(key: String) -> BusResult<String> {
              Nothing was written.",
         ));
     }
-    if key.len() > MAX_KEY_BYTES {
-        return Err(BusError::invalid(format!(
-            "key is {} bytes; the limit is {MAX_KEY_BYTES} bytes. Nothing was written. Use a short \
-             key and put the detail in the value.",
-            key.len()
-        )));
-    }
+    limits::bytes_at_most_spelled(
+        key.len(),
+        KEY_MAX_BYTES,
+        "key",
+        "Nothing was written. Use a short key and put the detail in the value.",
+    )?;
     Ok(key)
 }
 
@@ -100,9 +99,9 @@ fn normalize_tag(raw: &str) -> BusResult<String> {
 }
 
 fn check_tag_size(raw: &str, tag: String) -> BusResult<String> {
-    if tag.is_empty() || tag.len() > MAX_TAG_BYTES {
+    if tag.is_empty() || tag.len() > TAG_MAX_BYTES {
         return Err(BusError::invalid(format!(
-            "tag {} is not valid: each tag is 1-{MAX_TAG_BYTES} bytes of one-line text (this one \
+            "tag {} is not valid: each tag is 1-{TAG_MAX_BYTES} bytes of one-line text (this one \
              is {} bytes). Nothing was written. Use short tags such as `ci` or `decision`.",
             text::quote(raw),
             tag.len()
@@ -115,9 +114,9 @@ fn check_tag_size(raw: &str, tag: String) -> BusResult<String> {
 /// merged, sorted.
 pub fn normalize_tags(raw: &[String]) -> BusResult<Vec<String>> {
     // The raw length, before any per-tag work.
-    if raw.len() > MAX_TAGS {
+    if raw.len() > TAGS_MAX {
         return Err(BusError::invalid(format!(
-            "tags holds {} entries; a note has at most {MAX_TAGS} tags (duplicates count). \
+            "tags holds {} entries; a note has at most {TAGS_MAX} tags (duplicates count). \
              Nothing was written. Give each tag once, keep the ones that help find the note and \
              put the rest in the value.",
             raw.len()
@@ -133,15 +132,13 @@ pub fn normalize_tags(raw: &[String]) -> BusResult<Vec<String>> {
 }
 
 fn check_value(value: &str) -> BusResult<()> {
-    if value.len() > MAX_VALUE_BYTES {
-        return Err(BusError::invalid(format!(
-            "value is {} bytes; the limit is {MAX_VALUE_BYTES} bytes (1 MiB). Nothing was written. \
-             Split it across several notes (for example `{{key}}/part-1`, `{{key}}/part-2`) or keep \
-             only what teammates need.",
-            value.len()
-        )));
-    }
-    Ok(())
+    limits::bytes_at_most_spelled(
+        value.len(),
+        VALUE_MAX_BYTES,
+        "value",
+        "Nothing was written. Split it across several notes (for example `{key}/part-1`, \
+         `{key}/part-2`) or keep only what teammates need.",
+    )
 }
 
 /// The answer to `set_note`.
@@ -495,11 +492,11 @@ pub async fn list(
     .bind(me.team_id)
     .bind(&scope)
     .bind(&tag)
-    .bind(MAX_LISTED + 1)
+    .bind(LISTED_MAX + 1)
     .fetch_all(&bus.pool)
     .await?;
-    let truncated = notes.len() as i64 > MAX_LISTED;
-    notes.truncate(MAX_LISTED as usize);
+    let truncated = notes.len() as i64 > LISTED_MAX;
+    notes.truncate(LISTED_MAX as usize);
     Ok(NoteList { notes, truncated })
 }
 
@@ -518,13 +515,12 @@ pub async fn search(
              list_notes shows every note without searching.",
         ));
     }
-    if query.len() > MAX_QUERY_BYTES {
-        return Err(BusError::invalid(format!(
-            "query is {} bytes; the limit is {MAX_QUERY_BYTES}. Search for a few distinctive words \
-             instead of a passage.",
-            query.len()
-        )));
-    }
+    limits::bytes_at_most(
+        query.len(),
+        QUERY_MAX_BYTES,
+        "query",
+        "Search for a few distinctive words instead of a passage.",
+    )?;
     let scope = scope
         .filter(|s| !s.trim().is_empty())
         .map(|s| normalize_scope(Some(s)))
@@ -573,13 +569,13 @@ pub async fn search(
         .bind(me.team_id)
         .bind(&query)
         .bind(&scope)
-        .bind(MAX_FOUND + 1)
+        .bind(FOUND_MAX + 1)
         .bind(&literals.required)
         .bind(&literals.excluded)
         .fetch_all(&bus.pool)
         .await?;
-    let truncated = results.len() as i64 > MAX_FOUND;
-    results.truncate(MAX_FOUND as usize);
+    let truncated = results.len() as i64 > FOUND_MAX;
+    results.truncate(FOUND_MAX as usize);
     Ok(SearchResult {
         query,
         results,

@@ -13,7 +13,7 @@ use uuid::Uuid;
 use super::{channels, messages, presence, tasks};
 use crate::Bus;
 use crate::auth::Identity;
-use crate::error::{BusError, BusResult};
+use crate::error::BusResult;
 
 pub const DIGEST_HOURS_MAX: i32 = 336;
 pub const DIGEST_HOURS_DEFAULT: i32 = 24;
@@ -137,12 +137,13 @@ pub async fn team_digest(
     hours: Option<i32>,
     all_channels: bool,
 ) -> BusResult<Digest> {
-    let hours = hours.unwrap_or(DIGEST_HOURS_DEFAULT);
-    if !(1..=DIGEST_HOURS_MAX).contains(&hours) {
-        return Err(BusError::invalid(format!(
-            "hours must be between 1 and {DIGEST_HOURS_MAX} (two weeks); got {hours}."
-        )));
-    }
+    let hours = super::limits::within(
+        "hours",
+        hours.unwrap_or(DIGEST_HOURS_DEFAULT),
+        1..=DIGEST_HOURS_MAX,
+        " (two weeks)",
+        "",
+    )?;
     let focus = if all_channels {
         None
     } else {

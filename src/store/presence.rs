@@ -19,18 +19,18 @@ use serde::Serialize;
 use sqlx::{PgPool, postgres::types::PgInterval};
 use uuid::Uuid;
 
-use super::{sessions, text};
+use super::{limits, sessions, text};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 
-pub const MIN_TTL_SECONDS: i64 = 30;
-pub const MAX_TTL_SECONDS: i64 = 86_400;
-pub const DEFAULT_TTL_SECONDS: i64 = 600;
+pub const TTL_MIN_SECS: i64 = 30;
+pub const TTL_MAX_SECS: i64 = 86_400;
+pub const TTL_DEFAULT_SECS: i64 = 600;
 /// Each of repo, branch, activity, project and role.
-pub const MAX_FIELD_BYTES: usize = 256;
-pub const MAX_PAGE: i64 = 200;
-pub const DEFAULT_SESSIONS_PAGE: i64 = 50;
+pub const FIELD_MAX_BYTES: usize = 256;
+pub const PAGE_MAX: i64 = 200;
+pub const SESSIONS_PAGE_DEFAULT: i64 = 50;
 pub const STATUSES: [&str; 4] = ["active", "idle", "busy", "blocked"];
 
 /// What one heartbeat says. `None` keeps the stored value; `Some("")` clears it.
@@ -145,26 +145,30 @@ fn check_label(name: &str, raw: Option<&str>) -> BusResult<Option<Option<String>
 }
 
 fn check_field_size(name: &str, value: String) -> BusResult<String> {
-    if value.len() > MAX_FIELD_BYTES {
-        return Err(BusError::invalid(format!(
-            "{name} is {} bytes; the limit is {MAX_FIELD_BYTES} bytes. Nothing was written. \
-             Shorten it (a summary, not a log), or send \"\" to clear it.",
-            value.len()
-        )));
-    }
+    limits::bytes_at_most_spelled(
+        value.len(),
+        FIELD_MAX_BYTES,
+        name,
+        "Nothing was written. Shorten it (a summary, not a log), or send \"\" to clear it.",
+    )?;
     Ok(value)
 }
 
 fn check_ttl(ttl_seconds: Option<i64>) -> BusResult<Option<i32>> {
-    match ttl_seconds {
-        None => Ok(None),
-        Some(ttl) if (MIN_TTL_SECONDS..=MAX_TTL_SECONDS).contains(&ttl) => Ok(Some(ttl as i32)),
-        Some(ttl) => Err(BusError::invalid(format!(
-            "ttl_seconds must be between {MIN_TTL_SECONDS} and {MAX_TTL_SECONDS} (24 h); got {ttl}. \
-             Nothing was written. Omit it to keep the current ttl ({DEFAULT_TTL_SECONDS} s on a \
+    let Some(ttl) = ttl_seconds else {
+        return Ok(None);
+    };
+    let ttl = limits::within(
+        "ttl_seconds",
+        ttl,
+        TTL_MIN_SECS..=TTL_MAX_SECS,
+        " (24 h)",
+        &format!(
+            "Nothing was written. Omit it to keep the current ttl ({TTL_DEFAULT_SECS} s on a \
              first heartbeat), and beat again before it runs out."
-        ))),
-    }
+        ),
+    )?;
+    Ok(Some(ttl as i32))
 }
 
 /// A discovery filter: a lookup ([`text::lookup`]); empty means no filter.
@@ -175,14 +179,14 @@ fn check_filter(name: &str, raw: Option<&str>) -> BusResult<Option<String>> {
 }
 
 fn check_limit(limit: Option<i64>, default: i64) -> BusResult<i64> {
-    let limit = limit.unwrap_or(default);
-    if !(1..=MAX_PAGE).contains(&limit) {
-        return Err(BusError::invalid(format!(
-            "limit must be between 1 and {MAX_PAGE}; got {limit}. Narrow the listing with \
-             project, role or online_only instead of asking for more."
-        )));
-    }
-    Ok(limit)
+    limits::page_limit(
+        limit,
+        limits::Page {
+            default,
+            max: PAGE_MAX,
+        },
+        "Narrow the listing with project, role or online_only instead of asking for more.",
+    )
 }
 
 /// The columns of a [`Window`] over `presence p JOIN agents a`; a macro so
@@ -258,7 +262,7 @@ pub async fn heartbeat(bus: &Bus, me: &Identity, beat: &Beat) -> BusResult<Heart
     .bind(role.is_some())
     .bind(role.flatten())
     .bind(ttl)
-    .bind(DEFAULT_TTL_SECONDS as i32)
+    .bind(TTL_DEFAULT_SECS as i32)
     .fetch_one(&mut *tx)
     .await?;
     tx.commit().await?;
@@ -355,7 +359,7 @@ pub async fn list_sessions(
 ) -> BusResult<SessionList> {
     let project = check_filter("project", project)?;
     let role = check_filter("role", role)?;
-    let limit = check_limit(limit, DEFAULT_SESSIONS_PAGE)?;
+    let limit = check_limit(limit, SESSIONS_PAGE_DEFAULT)?;
     #[derive(sqlx::FromRow)]
     struct Row {
         agent: String,

@@ -74,14 +74,13 @@ pub async fn ack(
         .map(|n| super::text::one_line("acknowledgement note", &n))
         .transpose()?
         .filter(|n| !n.is_empty());
-    if let Some(note) = &note
-        && note.len() > NOTE_MAX_BYTES
-    {
-        return Err(BusError::invalid(format!(
-            "the note is {} bytes; the limit is {NOTE_MAX_BYTES}. Keep the note to a line; reply \
-             with send_conversation_message for anything longer.",
-            note.len()
-        )));
+    if let Some(note) = &note {
+        super::limits::bytes_at_most(
+            note.len(),
+            NOTE_MAX_BYTES,
+            "the note",
+            "Keep the note to a line; reply with send_conversation_message for anything longer.",
+        )?;
     }
     let mut tx = bus.pool.begin().await?;
     sessions::guard(&mut tx, me).await?;

@@ -32,9 +32,9 @@ use super::{Actor, Source, address, audit};
 use crate::auth::{self, Identity, SESSION_CREDENTIAL_PREFIX, SessionCredential};
 use crate::error::{BusError, BusResult};
 
-pub const MIN_TTL_SECONDS: i64 = 60;
-pub const MAX_TTL_SECONDS: i64 = 86_400;
-pub const DEFAULT_TTL_SECONDS: i64 = 86_400;
+pub const TTL_MIN_SECS: i64 = 60;
+pub const TTL_MAX_SECS: i64 = 86_400;
+pub const TTL_DEFAULT_SECS: i64 = 86_400;
 
 /// A credential just minted (register or resume): the only copy of the secret.
 #[derive(Clone, Debug, Serialize)]
@@ -61,13 +61,13 @@ pub struct SessionState {
 }
 
 fn check_ttl(ttl_seconds: Option<i64>) -> BusResult<Duration> {
-    let ttl = ttl_seconds.unwrap_or(DEFAULT_TTL_SECONDS);
-    if !(MIN_TTL_SECONDS..=MAX_TTL_SECONDS).contains(&ttl) {
-        return Err(BusError::invalid(format!(
-            "ttl_seconds must be between {MIN_TTL_SECONDS} and {MAX_TTL_SECONDS} (24 h); got {ttl}. \
-             Omit it for 24 h, and call renew_session before it runs out."
-        )));
-    }
+    let ttl = super::limits::within(
+        "ttl_seconds",
+        ttl_seconds.unwrap_or(TTL_DEFAULT_SECS),
+        TTL_MIN_SECS..=TTL_MAX_SECS,
+        " (24 h)",
+        "Omit it for 24 h, and call renew_session before it runs out.",
+    )?;
     Ok(Duration::seconds(ttl))
 }
 

@@ -2,7 +2,7 @@
 //!
 //! Stored as SHA-256 with a 12-character display prefix; the plaintext exists
 //! only in the answer to the call that minted it. At most
-//! [`MAX_ACTIVE_TOKENS_PER_AGENT`] live tokens per agent, counted under the
+//! [`ACTIVE_TOKENS_PER_AGENT_MAX`] live tokens per agent, counted under the
 //! agent's row lock so two concurrent issues cannot both take the last slot.
 
 use chrono::{DateTime, Utc};
@@ -16,7 +16,7 @@ use super::{Actor, audit, normalize_agent_name, sessions, teams};
 use crate::auth::{self, Identity};
 use crate::error::{BusError, BusResult};
 
-pub const MAX_ACTIVE_TOKENS_PER_AGENT: i64 = 100;
+pub const ACTIVE_TOKENS_PER_AGENT_MAX: i64 = 100;
 pub const TOKEN_LABEL_MAX_BYTES: usize = 64;
 
 /// A token just minted. `token` is the only copy of the secret there will ever be.
@@ -108,10 +108,10 @@ pub(crate) async fn issue_locked(
     .bind(agent_id)
     .fetch_one(&mut *conn)
     .await?;
-    if active >= MAX_ACTIVE_TOKENS_PER_AGENT {
+    if active >= ACTIVE_TOKENS_PER_AGENT_MAX {
         return Err(BusError::conflict(format!(
             "agent `{agent_name}` already has {active} active tokens; the limit is \
-             {MAX_ACTIVE_TOKENS_PER_AGENT}. Revoke unused ones first (`ai-crew-sync token list \
+             {ACTIVE_TOKENS_PER_AGENT_MAX}. Revoke unused ones first (`ai-crew-sync token list \
              --team {team_slug}`, then `ai-crew-sync token revoke --id ID`)."
         )));
     }

@@ -32,24 +32,26 @@ use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::events::{BusEvent, EventKind};
 
-pub const TIMEOUT_MIN_SECONDS: u64 = 1;
-pub const TIMEOUT_MAX_SECONDS: u64 = 300;
+pub const TIMEOUT_MIN_SECS: u64 = 1;
+pub const TIMEOUT_MAX_SECS: u64 = 300;
 /// Under the ~60 s at which common MCP clients cut a tool call.
-pub const TIMEOUT_DEFAULT_SECONDS: u64 = 50;
+pub const TIMEOUT_DEFAULT_SECS: u64 = 50;
 /// `kinds` entries at most: one per kind there is.
-pub const MAX_KINDS: usize = 4;
-const MAX_SUMMARIES: usize = 50;
+pub const KINDS_MAX: usize = 4;
+const SUMMARIES_MAX: usize = 50;
 const PREVIEW_CHARS: usize = 200;
 
 pub fn check_timeout(timeout_seconds: Option<u64>) -> BusResult<Duration> {
-    let secs = timeout_seconds.unwrap_or(TIMEOUT_DEFAULT_SECONDS);
-    if !(TIMEOUT_MIN_SECONDS..=TIMEOUT_MAX_SECONDS).contains(&secs) {
-        return Err(BusError::invalid(format!(
-            "timeout_seconds must be between {TIMEOUT_MIN_SECONDS} and {TIMEOUT_MAX_SECONDS}; got \
-             {secs}. Many MCP clients cut a call near 60 s, so the default {TIMEOUT_DEFAULT_SECONDS} \
-             is the safe choice; call again to keep waiting."
-        )));
-    }
+    let secs = super::limits::within(
+        "timeout_seconds",
+        timeout_seconds.unwrap_or(TIMEOUT_DEFAULT_SECS),
+        TIMEOUT_MIN_SECS..=TIMEOUT_MAX_SECS,
+        "",
+        &format!(
+            "Many MCP clients cut a call near 60 s, so the default {TIMEOUT_DEFAULT_SECS} is \
+             the safe choice; call again to keep waiting."
+        ),
+    )?;
     Ok(Duration::from_secs(secs))
 }
 
@@ -137,10 +139,10 @@ pub struct WaitRequest {
 pub fn parse_kinds(kinds: Option<Vec<String>>) -> BusResult<Option<Vec<EventKind>>> {
     let Some(kinds) = kinds else { return Ok(None) };
     // The raw length, before any per-entry work: duplicates count.
-    if kinds.len() > MAX_KINDS {
+    if kinds.len() > KINDS_MAX {
         return Err(BusError::invalid(format!(
-            "kinds holds {} entries; there are {MAX_KINDS} kinds (message, task, lock, note), so \
-             give at most {MAX_KINDS}, each once (or omit `kinds` to wake on all of them).",
+            "kinds holds {} entries; there are {KINDS_MAX} kinds (message, task, lock, note), so \
+             give at most {KINDS_MAX}, each once (or omit `kinds` to wake on all of them).",
             kinds.len()
         )));
     }
@@ -323,7 +325,7 @@ async fn changes_since(
     .bind(wants(EventKind::Message))
     .bind(request.all_channels)
     .bind(focus)
-    .bind(MAX_SUMMARIES as i64)
+    .bind(SUMMARIES_MAX as i64)
     .fetch_all(&bus.pool)
     .await?;
     Ok(rows
@@ -357,7 +359,7 @@ fn gather(
     focus: Option<Uuid>,
     request: &WaitRequest,
 ) {
-    while woken.len() < MAX_SUMMARIES {
+    while woken.len() < SUMMARIES_MAX {
         match events.try_recv() {
             Ok(event) if concerns(&event, me, focus, request) => woken.push(event),
             Ok(_) | Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_)) => {}
@@ -369,7 +371,7 @@ fn gather(
 /// Unread direct messages to this window, as summaries; the cursors are not
 /// moved (read_messages does that).
 async fn pending_direct(bus: &Bus, me: &Identity) -> BusResult<Vec<EventSummary>> {
-    let unread = messages::unread_direct_messages(bus, me, MAX_SUMMARIES as i64).await?;
+    let unread = messages::unread_direct_messages(bus, me, SUMMARIES_MAX as i64).await?;
     Ok(unread.into_iter().map(message_summary).collect())
 }
 

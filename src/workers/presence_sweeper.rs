@@ -25,14 +25,14 @@ pub const BATCH: i64 = 500;
 /// Time between passes.
 pub const INTERVAL: Duration = Duration::from_secs(10 * 60);
 /// At most this many batches per pass; the rest waits for the next pass.
-const MAX_BATCHES_PER_PASS: usize = 100;
+const BATCHES_PER_PASS_MAX: usize = 100;
 
 /// One pass: delete rows dead for longer than `retention`, `batch` at a time,
 /// until none is left (or the per-pass bound is reached). Returns how many
 /// rows were deleted.
 pub async fn sweep(pool: &PgPool, retention: Duration, batch: i64) -> BusResult<u64> {
     let mut total = 0;
-    for _ in 0..MAX_BATCHES_PER_PASS {
+    for _ in 0..BATCHES_PER_PASS_MAX {
         let deleted = presence::delete_dead_batch(pool, retention, batch).await?;
         total += deleted;
         if deleted < batch as u64 {
@@ -51,7 +51,7 @@ pub const INBOX_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 /// how many were released; their receipts stay.
 pub async fn release_inbox(pool: &PgPool, retention: Duration, batch: i64) -> BusResult<u64> {
     let mut total = 0;
-    for _ in 0..MAX_BATCHES_PER_PASS {
+    for _ in 0..BATCHES_PER_PASS_MAX {
         let released = inbox::release_owed_to_dead_windows(pool, retention, batch).await?;
         total += released;
         if released < batch as u64 {

@@ -1750,7 +1750,7 @@ async fn a_reconcile_error_on_a_last_attempt_does_not_lose_the_rest_of_the_pass(
     let t = Outboxed::new().await;
     let sent = [t.send_id("one").await, t.send_id("two").await];
     sqlx::query("UPDATE conversation_outbox SET attempts = $1")
-        .bind(outbox::MAX_ATTEMPTS - 1)
+        .bind(outbox::ATTEMPTS_MAX - 1)
         .execute(t.pool())
         .await
         .unwrap();

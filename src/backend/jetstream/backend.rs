@@ -18,7 +18,7 @@ use async_nats::jetstream::stream::{DirectGetErrorKind, RawMessageErrorKind};
 use uuid::Uuid;
 
 use super::{
-    Broker, ConditionKind, MAX_BODY_BYTES, body_stream_name, body_subject, locator, parse_locator,
+    BODY_MAX_BYTES, Broker, ConditionKind, body_stream_name, body_subject, locator, parse_locator,
 };
 use crate::backend::{Envelope, Locator, MessagingBackend, Published};
 use crate::error::{BusError, BusResult};
@@ -168,7 +168,7 @@ impl JetStreamBackend {
                      team stream --team TEAM --nats-url URL` to provision it."
                 ),
             },
-            PublishErrorKind::MaxPayloadExceeded if bytes <= MAX_BODY_BYTES => {
+            PublishErrorKind::MaxPayloadExceeded if bytes <= BODY_MAX_BYTES => {
                 // The bus checked the broker could take a full body at connect;
                 // it has since been reconfigured. That is for an operator to
                 // fix, and the body is fine, so it may succeed later.
@@ -182,7 +182,7 @@ impl JetStreamBackend {
             PublishErrorKind::MaxPayloadExceeded => Attempt::Refused {
                 fatal: true,
                 reason: format!(
-                    "this body is {bytes} bytes, over the 1 MiB ({MAX_BODY_BYTES} bytes) a \
+                    "this body is {bytes} bytes, over the 1 MiB ({BODY_MAX_BYTES} bytes) a \
                      conversation message may carry; send a shorter body or an attachment."
                 ),
             },

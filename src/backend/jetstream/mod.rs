@@ -40,7 +40,7 @@ pub use inspect::{LimitFinding, StreamInspection};
 pub use provision::{StreamReport, StreamSizes, TeamStreams};
 
 /// The largest body the bus accepts (the outbox cap, O1).
-pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+pub use crate::store::limits::BODY_MAX_BYTES;
 
 /// Room for the headers a body travels with (`Nats-Msg-Id` and three
 /// `Acs-*` ids take ~200 bytes); generous, so a future header does not
@@ -50,7 +50,7 @@ pub const HEADER_ALLOWANCE: usize = 4 * 1024;
 /// The smallest `max_payload` a broker must accept for the bus to route
 /// bodies to it: a full body plus its headers. NATS's default (1 MB =
 /// 1 048 576 bytes) is just short of it.
-pub const REQUIRED_MAX_PAYLOAD: usize = MAX_BODY_BYTES + HEADER_ALLOWANCE;
+pub const REQUIRED_MAX_PAYLOAD: usize = BODY_MAX_BYTES + HEADER_ALLOWANCE;
 
 /// How long a request to the broker may take before it counts as unanswered.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -196,7 +196,7 @@ impl Broker {
         if refuse_small_payload && max_payload < REQUIRED_MAX_PAYLOAD {
             return Err(BusError::invalid(format!(
                 "the NATS server at {url} accepts at most {max_payload} bytes per message \
-                 (its `max_payload`), and a conversation body can be 1 MiB ({MAX_BODY_BYTES} \
+                 (its `max_payload`), and a conversation body can be 1 MiB ({BODY_MAX_BYTES} \
                  bytes) plus headers, at least {REQUIRED_MAX_PAYLOAD} bytes in all. The bus \
                  refuses to route bodies to a broker that would reject a full one. Raise it \
                  in nats-server.conf (e.g. `max_payload: 2MB`) and restart nats-server."

@@ -41,11 +41,11 @@ impl Default for StreamSizes {
 }
 
 /// Largest single inbox reference: ids, a seq and two short names in JSON.
-pub const INBOX_MAX_MESSAGE_SIZE: i32 = 64 * 1024;
+pub const INBOX_MESSAGE_MAX_BYTES: i32 = 64 * 1024;
 
 /// Largest single body message the body stream takes: a 1 MiB body plus
 /// headers, with room to spare.
-pub const BODY_MAX_MESSAGE_SIZE: i32 = 2 * 1024 * 1024;
+pub const BODY_MESSAGE_MAX_BYTES: i32 = 2 * 1024 * 1024;
 
 /// How long the broker remembers a `Nats-Msg-Id`. Longer than NATS's 2 min
 /// default because an uncertain publish is re-presented by the reconciler
@@ -130,7 +130,7 @@ pub(super) fn body_config(team_id: Uuid, sizes: &StreamSizes) -> Config {
         discard: DiscardPolicy::New,
         max_bytes: sizes.max_bytes,
         max_messages: sizes.max_messages,
-        max_message_size: BODY_MAX_MESSAGE_SIZE,
+        max_message_size: BODY_MESSAGE_MAX_BYTES,
         duplicate_window: DUPLICATE_WINDOW,
         allow_direct: true,
         num_replicas: 1,
@@ -153,7 +153,7 @@ pub(super) fn inbox_config(team_id: Uuid, sizes: &StreamSizes) -> Config {
         max_age: sizes.inbox_max_age,
         max_bytes: sizes.inbox_max_bytes,
         max_messages: sizes.inbox_max_messages,
-        max_message_size: INBOX_MAX_MESSAGE_SIZE,
+        max_message_size: INBOX_MESSAGE_MAX_BYTES,
         duplicate_window: DUPLICATE_WINDOW.min(sizes.inbox_max_age),
         num_replicas: 1,
         ..Default::default()
@@ -263,7 +263,7 @@ impl Broker {
             .ensure_stream(body_config(team_id, sizes), update_quotas, |c| {
                 c.max_bytes = sizes.max_bytes;
                 c.max_messages = sizes.max_messages;
-                c.max_message_size = BODY_MAX_MESSAGE_SIZE;
+                c.max_message_size = BODY_MESSAGE_MAX_BYTES;
             })
             .await?;
         let inbox = self
@@ -271,7 +271,7 @@ impl Broker {
                 c.max_age = sizes.inbox_max_age;
                 c.max_bytes = sizes.inbox_max_bytes;
                 c.max_messages = sizes.inbox_max_messages;
-                c.max_message_size = INBOX_MAX_MESSAGE_SIZE;
+                c.max_message_size = INBOX_MESSAGE_MAX_BYTES;
             })
             .await?;
         Ok(TeamStreams {

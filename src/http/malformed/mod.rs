@@ -40,7 +40,7 @@ use envelope::{Shape, Top};
 /// envelope included (a tool call's arguments sit at level 3). Deeper
 /// structures are refused before anything parses them: parsing recurses, and
 /// a stored value must stay readable inside the deeper envelopes of answers.
-pub const MAX_JSON_DEPTH: usize = 64;
+pub const JSON_DEPTH_MAX: usize = 64;
 
 /// JSON-RPC 2.0 error codes.
 const PARSE_ERROR: i64 = -32700;
@@ -144,7 +144,7 @@ pub(super) struct Checked {
     method: Option<String>,
 }
 
-/// The body: not empty, not nested deeper than [`MAX_JSON_DEPTH`], JSON, one
+/// The body: not empty, not nested deeper than [`JSON_DEPTH_MAX`], JSON, one
 /// JSON-RPC message of the shape rmcp reads; then the `MCP-Protocol-Version`
 /// header, which an unknown value fails unless the body names its own version.
 #[allow(clippy::result_large_err)]
@@ -156,12 +156,12 @@ pub(super) fn check_body(headers: &HeaderMap, body: &[u8]) -> Result<Checked, Re
             format!("the request body is empty. Send one JSON-RPC message, such as {EXAMPLE}."),
         ));
     }
-    if nests_deeper_than(body, MAX_JSON_DEPTH) {
+    if nests_deeper_than(body, JSON_DEPTH_MAX) {
         return Err(jsonrpc_error(
             Value::Null,
             INVALID_REQUEST,
             format!(
-                "the request body nests arrays and objects more than {MAX_JSON_DEPTH} levels \
+                "the request body nests arrays and objects more than {JSON_DEPTH_MAX} levels \
                  deep, the limit of this server (the message, `params` and `arguments` take 3 of \
                  them). Nothing was done. Flatten the value: store deep structures as a string \
                  (JSON text) or split them up."
@@ -560,16 +560,16 @@ mod tests {
     fn nesting_over_the_limit_is_refused_naming_it() {
         let deep = format!(
             r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"set_note","arguments":{{"key":"k","value":{}1{}}}}}}}"#,
-            "[".repeat(MAX_JSON_DEPTH),
-            "]".repeat(MAX_JSON_DEPTH)
+            "[".repeat(JSON_DEPTH_MAX),
+            "]".repeat(JSON_DEPTH_MAX)
         );
         let (code, message) = code_and_message(&deep);
         assert_eq!(code, INVALID_REQUEST);
         assert!(message.contains("more than 64 levels"), "{message}");
         let fits = format!(
             r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"set_note","arguments":{{"key":"k","value":{}1{}}}}}}}"#,
-            "[".repeat(MAX_JSON_DEPTH - 3),
-            "]".repeat(MAX_JSON_DEPTH - 3)
+            "[".repeat(JSON_DEPTH_MAX - 3),
+            "]".repeat(JSON_DEPTH_MAX - 3)
         );
         assert!(refusal(&fits).is_none());
     }

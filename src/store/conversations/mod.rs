@@ -65,7 +65,7 @@ pub(crate) use access::{read_access, refuse_borrowed_label};
 pub use lifecycle::{Placement, TITLE_MAX_BYTES, archive, check_title, create, list};
 pub use membership::{INVITE_ROLES, invite, join, leave, remove};
 pub use recovery::{
-    EntitledRange, RECOVER_LIMIT_DEFAULT, RECOVER_LIMIT_MAX, RecoveredMessage, Recovery, recover,
+    EntitledRange, RECOVER_PAGE_DEFAULT, RECOVER_PAGE_MAX, RecoveredMessage, Recovery, recover,
 };
 pub use seats::MEMBERS_MAX;
 pub use transfer::transfer;

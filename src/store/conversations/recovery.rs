@@ -15,8 +15,8 @@ use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::store::sessions;
 
-pub const RECOVER_LIMIT_MAX: i64 = 200;
-pub const RECOVER_LIMIT_DEFAULT: i64 = 50;
+pub const RECOVER_PAGE_MAX: i64 = 200;
+pub const RECOVER_PAGE_DEFAULT: i64 = 50;
 
 /// One message as recovery returns it.
 #[derive(Clone, Debug, Serialize, sqlx::FromRow)]
@@ -70,12 +70,14 @@ pub async fn recover(
              previous page."
         )));
     }
-    let limit = limit.unwrap_or(RECOVER_LIMIT_DEFAULT);
-    if !(1..=RECOVER_LIMIT_MAX).contains(&limit) {
-        return Err(BusError::invalid(format!(
-            "limit must be 1..={RECOVER_LIMIT_MAX} (got {limit}); page with next_after_seq."
-        )));
-    }
+    let limit = crate::store::limits::page_limit(
+        limit,
+        crate::store::limits::Page {
+            default: RECOVER_PAGE_DEFAULT,
+            max: RECOVER_PAGE_MAX,
+        },
+        "Page with next_after_seq.",
+    )?;
     if me.session_credential.is_some() {
         return Err(BusError::forbidden(
             "recover_conversation_history takes the agent token (acs_…), not a session \

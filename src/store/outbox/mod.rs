@@ -60,9 +60,10 @@ pub use uncertain::{mark_uncertain, resolve_uncertain, teams_with_uncertain};
 /// How long a worker holds a slot before it is fair game again.
 pub const LEASE_SECS: i64 = 60;
 /// Attempts before a slot is marked failed rather than retried forever.
-pub const MAX_ATTEMPTS: i32 = 8;
+pub const ATTEMPTS_MAX: i32 = 8;
 /// Largest payload one slot holds: the ceiling on what a pending slot costs.
-pub const MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
+/// A slot holds one body, so this is the bus's body cap.
+pub const PAYLOAD_MAX_BYTES: usize = crate::store::limits::BODY_MAX_BYTES;
 /// When a slot waiting on a condition an operator can fix (a stream missing
 /// or full) is tried again: often enough that messages go out soon after the
 /// fix, seldom enough that a large backlog costs the broker little.
@@ -100,9 +101,9 @@ impl Lease {
 
 /// The refusal for a payload over the cap, before anything is written (O1).
 pub fn check_payload(payload: &str) -> BusResult<()> {
-    if payload.len() > MAX_PAYLOAD_BYTES {
+    if payload.len() > PAYLOAD_MAX_BYTES {
         return Err(BusError::invalid(format!(
-            "the message body is {} bytes; the outbox holds at most {MAX_PAYLOAD_BYTES} bytes \
+            "the message body is {} bytes; the outbox holds at most {PAYLOAD_MAX_BYTES} bytes \
              (1 MiB) per message. Send a shorter body, or split it into several messages.",
             payload.len()
         )));

@@ -5,7 +5,7 @@ use sqlx::PgPool;
 
 use super::lease::{lease, release};
 use super::settle::settle;
-use super::{Lease, MAX_ATTEMPTS, Settled};
+use super::{ATTEMPTS_MAX, Lease, Settled};
 use crate::backend::{MessagingBackend, Published};
 use crate::error::BusResult;
 
@@ -50,7 +50,7 @@ pub async fn settle_attempt<B: MessagingBackend>(
     // A Blocked outcome (the operator's to fix) waits in `settle` without
     // spending an attempt, whatever other attempts reported meanwhile.
     if matches!(outcome, Published::Retryable(_))
-        && lease.attempts >= MAX_ATTEMPTS
+        && lease.attempts >= ATTEMPTS_MAX
         && let Some(locator) = backend.reconcile(&lease.envelope()).await?
     {
         return settle(pool, lease, Published::Confirmed(locator)).await;

@@ -28,7 +28,7 @@ use crate::store::{address, window_phrase};
 
 pub const CANCEL_REASON_MAX_BYTES: usize = 4096;
 /// The answer names at most this many waiting dependents (and counts them all).
-const DEPENDENTS_SHOWN: i64 = 50;
+const DEPENDENTS_SHOWN_MAX: i64 = 50;
 
 /// `cancel_task`'s answer: the task as it now is, and who is left waiting.
 #[derive(Clone, Debug, Serialize)]
@@ -50,14 +50,13 @@ fn check_reason(reason: &str) -> BusResult<()> {
              kept on the task and in its history.",
         ));
     }
-    if reason.len() > CANCEL_REASON_MAX_BYTES {
-        return Err(BusError::invalid(format!(
-            "reason is {} bytes; the limit is {CANCEL_REASON_MAX_BYTES} (4 KiB). Say why in a few \
-             sentences and keep longer text in a note (set_note) whose key you mention.",
-            reason.len()
-        )));
-    }
-    Ok(())
+    crate::store::limits::bytes_at_most(
+        reason.len(),
+        CANCEL_REASON_MAX_BYTES,
+        "reason",
+        "Say why in a few sentences and keep longer text in a note (set_note) whose key you \
+         mention.",
+    )
 }
 
 /// Refuse unless `me` created the task (any window) or holds its live lease.
@@ -184,7 +183,7 @@ async fn waiting_dependents(
     )
     .bind(me.team_id)
     .bind(task_id)
-    .bind(DEPENDENTS_SHOWN)
+    .bind(DEPENDENTS_SHOWN_MAX)
     .fetch_all(&mut *conn)
     .await?;
     let total = rows.first().map(|(_, total)| *total).unwrap_or(0);

@@ -5,11 +5,11 @@ use chrono::Duration;
 use serde_json::{Value, json};
 
 use super::{
-    DEFAULT_LEASE_SECONDS, DEFAULT_LIST_LIMIT, DESCRIPTION_MAX_BYTES, KEY_MAX_BYTES,
-    MAX_DEPENDENCIES, MAX_LEASE_SECONDS, MAX_LIST_LIMIT, METADATA_MAX_BYTES, MIN_LEASE_SECONDS,
-    RESULT_MAX_BYTES, TITLE_MAX_BYTES,
+    DEPENDENCIES_MAX, DESCRIPTION_MAX_BYTES, KEY_MAX_BYTES, LEASE_DEFAULT_SECS, LEASE_MAX_SECS,
+    LEASE_MIN_SECS, PAGE_DEFAULT, PAGE_MAX, RESULT_MAX_BYTES, TITLE_MAX_BYTES,
 };
 use crate::error::{BusError, BusResult};
+use crate::store::limits;
 use crate::store::text;
 
 /// A key naming a task to create: one line ([`text::one_line`]), 1..=128 bytes.
@@ -30,13 +30,13 @@ fn check_key_size(key: String) -> BusResult<String> {
              `api-auth-refactor` (at most 128 bytes).",
         ));
     }
-    if key.len() > KEY_MAX_BYTES {
-        return Err(BusError::invalid(format!(
-            "task key is {} bytes; the limit is {KEY_MAX_BYTES}. Use a short identifier such as \
-             `api-auth-refactor` and put the detail in the title or description.",
-            key.len()
-        )));
-    }
+    limits::bytes_at_most(
+        key.len(),
+        KEY_MAX_BYTES,
+        "task key",
+        "Use a short identifier such as `api-auth-refactor` and put the detail in the title or \
+         description.",
+    )?;
     Ok(key)
 }
 
@@ -47,66 +47,46 @@ pub(super) fn check_title(raw: &str) -> BusResult<String> {
             "a task title is required: one line saying what is to be done (at most 512 bytes).",
         ));
     }
-    if title.len() > TITLE_MAX_BYTES {
-        return Err(BusError::invalid(format!(
-            "task title is {} bytes; the limit is {TITLE_MAX_BYTES}. Keep the title to one line \
-             and put the rest in `description` (up to 64 KiB).",
-            title.len()
-        )));
-    }
+    limits::bytes_at_most(
+        title.len(),
+        TITLE_MAX_BYTES,
+        "task title",
+        "Keep the title to one line and put the rest in `description` (up to 64 KiB).",
+    )?;
     Ok(title)
 }
 
 pub(super) fn check_description(raw: Option<String>) -> BusResult<Option<String>> {
-    match raw {
-        Some(text) if text.len() > DESCRIPTION_MAX_BYTES => Err(BusError::invalid(format!(
-            "task description is {} bytes; the limit is {DESCRIPTION_MAX_BYTES} (64 KiB). \
-             Summarise it, or keep the long text in a note (set_note) and reference its key.",
-            text.len()
-        ))),
-        Some(text) if text.trim().is_empty() => Ok(None),
-        other => Ok(other),
+    if let Some(text) = &raw {
+        limits::bytes_at_most(
+            text.len(),
+            DESCRIPTION_MAX_BYTES,
+            "task description",
+            "Summarise it, or keep the long text in a note (set_note) and reference its key.",
+        )?;
     }
+    Ok(raw.filter(|text| !text.trim().is_empty()))
 }
 
 /// A JSON object, or a string that parses to one (models often send JSON as
 /// a string); stored as the object. At most 16 KiB as compact JSON.
 pub fn check_metadata(raw: Option<Value>) -> BusResult<Value> {
-    let value = match raw {
-        None | Some(Value::Null) => return Ok(json!({})),
-        Some(Value::String(text)) => match serde_json::from_str::<Value>(&text) {
-            Ok(parsed @ Value::Object(_)) => parsed,
-            _ => {
-                return Err(BusError::invalid(
-                    "metadata is a string that is not a JSON object. Pass an object such as \
-                     {\"priority\": \"high\"} (or a string holding one).",
-                ));
-            }
-        },
-        Some(object @ Value::Object(_)) => object,
-        Some(_) => {
-            return Err(BusError::invalid(
-                "metadata must be a JSON object such as {\"priority\": \"high\"}, not an array, \
-                 number or boolean.",
-            ));
-        }
+    let words = limits::MetadataWords {
+        string_not_object: "metadata is a string that is not a JSON object. Pass an object such \
+                            as {\"priority\": \"high\"} (or a string holding one).",
+        not_object: "metadata must be a JSON object such as {\"priority\": \"high\"}, not an \
+                     array, number or boolean.",
+        too_big_hint: "Keep small facts in metadata and long text in the description or a note.",
     };
-    let size = value.to_string().len();
-    if size > METADATA_MAX_BYTES {
-        return Err(BusError::invalid(format!(
-            "metadata is {size} bytes as JSON; the limit is {METADATA_MAX_BYTES} (16 KiB). Keep \
-             small facts in metadata and long text in the description or a note."
-        )));
-    }
-    Ok(value)
+    Ok(limits::metadata(raw, words)?.unwrap_or_else(|| json!({})))
 }
 
 pub(super) fn check_dependencies(key: &str, raw: &[String]) -> BusResult<Vec<String>> {
     // The raw length, before any per-entry work: duplicates count, so a list
     // of a million copies of one key costs nothing.
-    if raw.len() > MAX_DEPENDENCIES {
+    if raw.len() > DEPENDENCIES_MAX {
         return Err(BusError::invalid(format!(
-            "depends_on holds {} entries; the limit is {MAX_DEPENDENCIES} (duplicates count). \
+            "depends_on holds {} entries; the limit is {DEPENDENCIES_MAX} (duplicates count). \
              Nothing was written. List each prerequisite once, and group many under fewer tasks \
              (for example one task that depends on the others).",
             raw.len()
@@ -129,26 +109,23 @@ pub(super) fn check_dependencies(key: &str, raw: &[String]) -> BusResult<Vec<Str
 }
 
 pub(super) fn check_lease(lease_seconds: Option<i64>) -> BusResult<Duration> {
-    let lease = lease_seconds.unwrap_or(DEFAULT_LEASE_SECONDS);
-    if !(MIN_LEASE_SECONDS..=MAX_LEASE_SECONDS).contains(&lease) {
-        return Err(BusError::invalid(format!(
-            "lease_seconds must be between {MIN_LEASE_SECONDS} and {MAX_LEASE_SECONDS} (24 h); got \
-             {lease}. Omit it for {DEFAULT_LEASE_SECONDS} s, and call renew_task_lease while you \
-             work."
-        )));
-    }
+    let lease = limits::within(
+        "lease_seconds",
+        lease_seconds.unwrap_or(LEASE_DEFAULT_SECS),
+        LEASE_MIN_SECS..=LEASE_MAX_SECS,
+        " (24 h)",
+        &format!("Omit it for {LEASE_DEFAULT_SECS} s, and call renew_task_lease while you work."),
+    )?;
     Ok(Duration::seconds(lease))
 }
 
 pub(super) fn check_result(result: &str) -> BusResult<()> {
-    if result.len() > RESULT_MAX_BYTES {
-        return Err(BusError::invalid(format!(
-            "result is {} bytes; the limit is {RESULT_MAX_BYTES} (64 KiB). Summarise the outcome \
-             and keep long output in a note (set_note) whose key you mention.",
-            result.len()
-        )));
-    }
-    Ok(())
+    limits::bytes_at_most(
+        result.len(),
+        RESULT_MAX_BYTES,
+        "result",
+        "Summarise the outcome and keep long output in a note (set_note) whose key you mention.",
+    )
 }
 
 /// The statuses `list_tasks` filters on.
@@ -170,14 +147,14 @@ pub(super) fn check_status_filter(raw: Option<&str>) -> BusResult<String> {
 }
 
 pub(super) fn check_list_limit(limit: Option<i64>) -> BusResult<i64> {
-    let limit = limit.unwrap_or(DEFAULT_LIST_LIMIT);
-    if !(1..=MAX_LIST_LIMIT).contains(&limit) {
-        return Err(BusError::invalid(format!(
-            "limit must be between 1 and {MAX_LIST_LIMIT}; got {limit}. Narrow the listing with \
-             `status` or `mine_only` instead of asking for more."
-        )));
-    }
-    Ok(limit)
+    limits::page_limit(
+        limit,
+        limits::Page {
+            default: PAGE_DEFAULT,
+            max: PAGE_MAX,
+        },
+        "Narrow the listing with `status` or `mine_only` instead of asking for more.",
+    )
 }
 
 #[cfg(test)]
@@ -194,7 +171,7 @@ mod tests {
         assert!(check_metadata(Some(json!("[1]"))).is_err());
         assert!(check_metadata(Some(json!("not json"))).is_err());
         assert!(check_metadata(Some(json!([1, 2]))).is_err());
-        let big = json!({ "x": "y".repeat(METADATA_MAX_BYTES) });
+        let big = json!({ "x": "y".repeat(limits::METADATA_MAX_BYTES) });
         let err = check_metadata(Some(big)).unwrap_err().to_string();
         assert!(err.contains("16384"), "{err}");
     }

@@ -55,15 +55,14 @@ pub const KEY_MAX_BYTES: usize = 128;
 pub const TITLE_MAX_BYTES: usize = 512;
 pub const DESCRIPTION_MAX_BYTES: usize = 64 * 1024;
 pub const RESULT_MAX_BYTES: usize = 64 * 1024;
-pub const METADATA_MAX_BYTES: usize = 16 * 1024;
-pub const MAX_DEPENDENCIES: usize = 32;
-pub const MIN_LEASE_SECONDS: i64 = 30;
-pub const MAX_LEASE_SECONDS: i64 = 86_400;
-pub const DEFAULT_LEASE_SECONDS: i64 = 900;
-pub const DEFAULT_LIST_LIMIT: i64 = 50;
-pub const MAX_LIST_LIMIT: i64 = 200;
+pub const DEPENDENCIES_MAX: usize = 32;
+pub const LEASE_MIN_SECS: i64 = 30;
+pub const LEASE_MAX_SECS: i64 = 86_400;
+pub const LEASE_DEFAULT_SECS: i64 = 900;
+pub const PAGE_DEFAULT: i64 = 50;
+pub const PAGE_MAX: i64 = 200;
 /// `get_task` shows at most this many of the latest events (and the total).
-pub const MAX_EVENTS_SHOWN: i64 = 200;
+pub const EVENTS_SHOWN_MAX: i64 = 200;
 
 /// A task as `create_task`, `claim_task`, `get_task` and friends return it.
 #[derive(Clone, Debug, Serialize)]
@@ -164,7 +163,7 @@ pub struct TaskDetail {
     #[serde(flatten)]
     pub task: Task,
     pub events: Vec<TaskEvent>,
-    /// All events of the task; `events` holds the latest [`MAX_EVENTS_SHOWN`].
+    /// All events of the task; `events` holds the latest [`EVENTS_SHOWN_MAX`].
     pub events_total: i64,
 }
 

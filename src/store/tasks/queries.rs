@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::checks::{check_key, check_list_limit, check_status_filter};
 use super::row::{TaskRow, read_task, summary_columns, task_from};
-use super::{MAX_EVENTS_SHOWN, TaskDetail, TaskEvent, TaskList, TaskSummary};
+use super::{EVENTS_SHOWN_MAX, TaskDetail, TaskEvent, TaskList, TaskSummary};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::BusResult;
@@ -100,7 +100,7 @@ pub async fn get(bus: &Bus, me: &Identity, key: &str) -> BusResult<TaskDetail> {
     )
     .bind(me.team_id)
     .bind(row.id)
-    .bind(MAX_EVENTS_SHOWN)
+    .bind(EVENTS_SHOWN_MAX)
     .fetch_all(&mut *conn)
     .await?;
     events.reverse();
