@@ -18,7 +18,7 @@ const MIGRATED_MESSAGES: i64 = 10_000;
 const MIGRATE_BATCH: i64 = 1_000;
 
 /// A conversation move (`conversations migrate --apply`, the library's
-/// `migrate::run`): a fresh 4-member conversation of [`MIGRATED_MESSAGES`]
+/// `moves::run`): a fresh 4-member conversation of [`MIGRATED_MESSAGES`]
 /// stored synchronous PostgreSQL messages (each [`SHORT_BODY`] with its
 /// SHA-256 and size, 3 receipts, written in raw SQL in batches) on the bench
 /// team, its streams provisioned on the run's nats-server, is moved to
@@ -32,7 +32,7 @@ const MIGRATE_BATCH: i64 = 1_000;
 pub(super) async fn migrate_conversation(ctx: Arc<Ctx>) -> Result<Run> {
     use ai_crew_sync::backend::Backends;
     use ai_crew_sync::backend::jetstream::{Broker, StreamSizes};
-    use ai_crew_sync::store::migrate::{self, Direction, Progress};
+    use ai_crew_sync::store::moves::{self, Direction, Progress};
 
     // The raw publish baseline ran right before; its rate is on its own line.
     let _ = ctx.own_baseline_ops.lock().expect("not poisoned").take();
@@ -62,7 +62,7 @@ pub(super) async fn migrate_conversation(ctx: Arc<Ctx>) -> Result<Run> {
         let reports = std::sync::Mutex::new(Vec::with_capacity(MIGRATED_MESSAGES as usize));
         let record = |_: &Progress| reports.lock().expect("not poisoned").push(Instant::now());
         let started = Instant::now();
-        let outcome = migrate::run(
+        let outcome = moves::run(
             &pool,
             &backends,
             team_id,
