@@ -15,7 +15,8 @@ use super::Context;
 use super::output;
 use crate::backend::Backends;
 use crate::backend::jetstream::Broker;
-use crate::store::conversation_operator::{self, Publication};
+use crate::store::conversation_operator;
+use crate::store::conversations::Publication;
 use crate::store::moves::{self, Direction, Moved, Plan, Progress};
 use crate::store::{broker_conditions, lost_bodies, outbox, teams};
 

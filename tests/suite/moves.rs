@@ -11,6 +11,7 @@ use ai_crew_sync::backend::jetstream::{Broker, BrokerOptions, StreamSizes};
 use ai_crew_sync::backend::{
     Backends, Envelope, Faults, JetStreamBackend, MessagingBackend, PostgresBackend, Published,
 };
+use ai_crew_sync::store::conversations::Publication;
 use ai_crew_sync::store::moves::{self, Direction, Progress};
 use ai_crew_sync::store::{outbox, teams};
 use serde_json::{Value, json};
@@ -843,10 +844,14 @@ async fn cleanup_respects_the_rollback_window_and_unfinished_moves() {
         .unwrap();
     // A jetstream thread cannot be switched to synchronous publication: its
     // sends would never reach the broker.
-    let err =
-        ai_crew_sync::store::outbox::set_publication(t.pool(), t.team_id, t.conversation_id, false)
-            .await
-            .unwrap_err();
+    let err = ai_crew_sync::store::outbox::set_publication(
+        t.pool(),
+        t.team_id,
+        t.conversation_id,
+        Publication::Sync,
+    )
+    .await
+    .unwrap_err();
     assert!(err.to_string().contains("migrate --to postgres"), "{err}");
     let report = moves::cleanup(t.pool(), t.team_id, 168, false)
         .await
@@ -1420,7 +1425,7 @@ async fn a_failed_move_started_again_past_the_duplicate_window_publishes_nothing
 #[tokio::test]
 async fn a_message_whose_publication_failed_blocks_the_move() {
     let t = thread("mv-failedmsg", 3).await;
-    outbox::set_publication(t.pool(), t.team_id, t.conversation_id, true)
+    outbox::set_publication(t.pool(), t.team_id, t.conversation_id, Publication::Outbox)
         .await
         .unwrap();
     let sent = t.send(t.conversation_id, "never stored").await.unwrap();

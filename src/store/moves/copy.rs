@@ -6,8 +6,9 @@ use uuid::Uuid;
 
 use super::Direction;
 use super::mover::Mover;
-use crate::backend::{Envelope, Locator, MessagingBackend, PostgresBackend, Published};
+use crate::backend::{BackendKind, Envelope, Locator, MessagingBackend, Published};
 use crate::error::{BusError, BusResult};
+use crate::store::conversations::PublicationState;
 use crate::store::outbox::body_digest;
 
 /// A message to move, in seq order.
@@ -15,11 +16,11 @@ use crate::store::outbox::body_digest;
 struct Source {
     seq: i64,
     id: Uuid,
-    publication_state: String,
+    publication_state: PublicationState,
     body: String,
     body_sha256: Vec<u8>,
     canonical_locator: Option<String>,
-    backend: String,
+    backend: BackendKind,
 }
 
 impl Mover<'_> {
@@ -61,10 +62,10 @@ impl Mover<'_> {
             };
             after_seq = last.seq;
             for source in page {
-                match source.publication_state.as_str() {
-                    "stored" => {}
-                    "pending_publication" if phase == "copying" => continue,
-                    state => {
+                match source.publication_state {
+                    PublicationState::Stored => {}
+                    PublicationState::PendingPublication if phase == "copying" => continue,
+                    state @ (PublicationState::PendingPublication | PublicationState::Failed) => {
                         return Err(BusError::conflict(format!(
                             "message {} (seq {}) is {state}: it is stored on no backend, so \
                              it cannot be moved, and the move will not cut over without it. \
@@ -199,7 +200,7 @@ impl Mover<'_> {
     /// The body from where it actually is: the row for a postgres-backed
     /// message, the broker (by its locator) otherwise.
     async fn read_source(&self, source: &Source) -> BusResult<String> {
-        if source.backend == PostgresBackend::NAME {
+        if source.backend == BackendKind::Postgres {
             return Ok(source.body.clone());
         }
         let Some(locator) = &source.canonical_locator else {

@@ -50,7 +50,7 @@ use std::time::Duration;
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::backend::{JetStreamBackend, PostgresBackend};
+use crate::backend::BackendKind;
 use crate::error::{BusError, BusResult};
 use crate::store::lost_bodies::KnownLost;
 
@@ -100,10 +100,10 @@ impl Direction {
         }
     }
 
-    pub fn target(self) -> &'static str {
+    pub fn target(self) -> BackendKind {
         match self {
-            Direction::ToJetStream => JetStreamBackend::NAME,
-            Direction::ToPostgres => PostgresBackend::NAME,
+            Direction::ToJetStream => BackendKind::Jetstream,
+            Direction::ToPostgres => BackendKind::Postgres,
         }
     }
 
@@ -121,7 +121,7 @@ impl Direction {
 pub struct Plan {
     pub conversation_id: Uuid,
     pub title: String,
-    pub current_backend: String,
+    pub current_backend: BackendKind,
     /// Every message that is not tombstoned, whatever its publication state:
     /// each one moves or the move is refused (a tombstone has no body left).
     pub messages: i64,

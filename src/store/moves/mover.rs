@@ -12,9 +12,10 @@ use super::pause::lift_orphaned_pause;
 use super::{
     Direction, Outcome, Progress, SETTLE_WAIT, lock_conversation, open_run_of, plan, run_is_open,
 };
-use crate::backend::{AnyBackend, Backends, JetStreamBackend};
+use crate::backend::{AnyBackend, BackendKind, Backends};
 use crate::error::{BusError, BusResult};
 use crate::store::Actor;
+use crate::store::conversations::Publication;
 use crate::store::lost_bodies::{self, KnownLost};
 
 /// One move in progress.
@@ -57,7 +58,7 @@ pub async fn run(
 ) -> BusResult<Outcome> {
     // Both directions talk to the broker: one writes to it, the other reads
     // from it. Without one, refuse before anything is written.
-    let jetstream = backends.for_message(JetStreamBackend::NAME, team_id)?;
+    let jetstream = backends.for_message(BackendKind::Jetstream, team_id)?;
     let target = backends.for_message(direction.target(), team_id)?;
     refuse_a_longer_backoff(
         pool,
@@ -449,13 +450,14 @@ impl Mover<'_> {
         sqlx::query(
             "UPDATE conversations
                 SET backend = $3,
-                    publication = CASE WHEN $3 = 'postgres' THEN 'sync' ELSE 'outbox' END,
+                    publication = $4,
                     write_paused_at = NULL
               WHERE team_id = $1 AND id = $2",
         )
         .bind(self.team_id)
         .bind(self.conversation_id)
         .bind(self.direction.target())
+        .bind(Publication::for_backend(self.direction.target()))
         .execute(&mut *tx)
         .await?;
         let paused_ms: Option<i64> = sqlx::query_scalar(
