@@ -4,8 +4,8 @@
 
 use uuid::Uuid;
 
-use super::Direction;
 use super::mover::Mover;
+use super::{Direction, ItemState};
 use crate::backend::{BackendKind, Envelope, Locator, MessagingBackend, Published};
 use crate::error::{BusError, BusResult};
 use crate::store::conversations::PublicationState;
@@ -118,14 +118,14 @@ impl Mover<'_> {
         // there before and back). The broker's deduplication is windowed, so
         // a republish after a long interruption would store a second entry.
         if let Some(found) = self.copy_already_there(source.id, &sum).await? {
-            self.mark_item(source.id, "verified", Some(&found), None)
+            self.mark_item(source.id, ItemState::Verified, Some(&found), None)
                 .await?;
             self.done.resumed += 1;
             self.done.bytes_copied += body.len() as i64;
             return Ok(());
         }
         let locator = self.write_target(source, &body).await?;
-        self.mark_item(source.id, "copied", Some(&locator), None)
+        self.mark_item(source.id, ItemState::Copied, Some(&locator), None)
             .await?;
         // Read back from the target and compare (M9).
         let back = self
@@ -139,7 +139,8 @@ impl Mover<'_> {
                     Some(_) => "checksum mismatch: the target holds a different body",
                     None => "the target could not read the copy back",
                 };
-                self.mark_item(source.id, "failed", None, Some(why)).await?;
+                self.mark_item(source.id, ItemState::Failed, None, Some(why))
+                    .await?;
                 return Err(BusError::conflict(format!(
                     "message {} was copied to {} and read back wrong ({why}). Nothing was cut \
                      over; the thread is reopened on {}.",
@@ -149,7 +150,8 @@ impl Mover<'_> {
                 )));
             }
         }
-        self.mark_item(source.id, "verified", None, None).await?;
+        self.mark_item(source.id, ItemState::Verified, None, None)
+            .await?;
         self.done.copied += 1;
         self.done.bytes_copied += body.len() as i64;
         Ok(())
@@ -177,7 +179,7 @@ impl Mover<'_> {
         )
         .bind(self.team_id)
         .bind(message_id)
-        .bind(self.direction.column())
+        .bind(self.direction)
         .bind(self.migration_id)
         .fetch_all(self.pool)
         .await?;
@@ -283,7 +285,7 @@ impl Mover<'_> {
     async fn mark_item(
         &self,
         message_id: Uuid,
-        state: &str,
+        state: ItemState,
         locator: Option<&str>,
         error: Option<&str>,
     ) -> BusResult<()> {

@@ -10,7 +10,8 @@ use uuid::Uuid;
 
 use super::pause::lift_orphaned_pause;
 use super::{
-    Direction, Outcome, Progress, SETTLE_WAIT, lock_conversation, open_run_of, plan, run_is_open,
+    Direction, MoveState, Outcome, Progress, SETTLE_WAIT, lock_conversation, open_run_of, plan,
+    run_is_open,
 };
 use crate::backend::{AnyBackend, BackendKind, Backends};
 use crate::error::{BusError, BusResult};
@@ -91,7 +92,7 @@ pub async fn run(
             bytes: 0,
             bytes_copied: 0,
             paused_ms: 0,
-            state: "copying".into(),
+            state: MoveState::Copying,
         },
     };
     let moved = async {
@@ -214,11 +215,11 @@ async fn open_run(
     let mut tx = pool.begin().await?;
     lock_conversation(&mut tx, team_id, conversation_id).await?;
     if let Some((id, open_direction)) = open_run_of(&mut tx, conversation_id).await? {
-        if open_direction != direction.column() {
+        if open_direction != direction {
             return Err(BusError::conflict(format!(
                 "a move of conversation {conversation_id} {} is already open. Let it finish (run \
                  the same command again to resume it) before moving it the other way.",
-                open_direction.replace('_', " ")
+                open_direction.in_words()
             )));
         }
         tx.commit().await?;
@@ -232,7 +233,7 @@ async fn open_run(
     .bind(id)
     .bind(team_id)
     .bind(conversation_id)
-    .bind(direction.column())
+    .bind(direction)
     .bind(started_by)
     .execute(&mut *tx)
     .await?;
@@ -485,7 +486,7 @@ impl Mover<'_> {
         self.done.bytes = bytes;
         self.done.paused_ms = paused_ms.unwrap_or(0);
         self.done.skipped = self.totals.0 - self.done.copied - self.done.resumed;
-        self.done.state = "cut_over".into();
+        self.done.state = MoveState::CutOver;
         self.report("cut_over");
         Ok(())
     }
@@ -500,7 +501,7 @@ impl Mover<'_> {
 /// owns is still lifted: left, it would refuse every send for good.
 pub async fn abort(pool: &PgPool, migration_id: Uuid, why: &str) -> BusResult<()> {
     let mut tx = pool.begin().await?;
-    let run: Option<(Uuid, Uuid, String)> = sqlx::query_as(
+    let run: Option<(Uuid, Uuid, Direction)> = sqlx::query_as(
         "SELECT team_id, conversation_id, direction FROM conversation_migrations WHERE id = $1",
     )
     .bind(migration_id)
@@ -520,7 +521,7 @@ pub async fn abort(pool: &PgPool, migration_id: Uuid, why: &str) -> BusResult<()
     .bind(why)
     .fetch_optional(&mut *tx)
     .await?;
-    if failed.is_some() && direction == Direction::ToPostgres.column() {
+    if failed.is_some() && direction == Direction::ToPostgres {
         sqlx::query(
             "UPDATE conversation_messages m
                 SET body = ''

@@ -65,7 +65,7 @@ pub async fn plan(
     .bind(team_id)
     .bind(only)
     .bind(direction.target())
-    .bind(direction.column())
+    .bind(direction)
     .fetch_all(pool)
     .await?;
     if let Some(missing) = only
