@@ -26,7 +26,10 @@ pub mod jetstream;
 pub mod postgres;
 pub mod routing;
 
+use std::fmt;
 use std::future::Future;
+
+use serde::{Deserialize, Serialize};
 
 use uuid::Uuid;
 
@@ -83,8 +86,8 @@ pub struct Envelope {
 /// transaction: the outbox leases in one short transaction, publishes with
 /// nothing held, and settles in another.
 pub trait MessagingBackend: Send + Sync {
-    /// The name recorded on the conversation, the message and the outbox slot.
-    fn name(&self) -> &'static str;
+    /// The kind recorded on the conversation, the message and the outbox slot.
+    fn kind(&self) -> BackendKind;
 
     /// Persist a body, idempotently on `publish_key`.
     fn publish(&self, envelope: &Envelope) -> impl Future<Output = Published> + Send;
@@ -141,10 +144,10 @@ pub enum AnyBackend {
 }
 
 impl MessagingBackend for AnyBackend {
-    fn name(&self) -> &'static str {
+    fn kind(&self) -> BackendKind {
         match self {
-            AnyBackend::Postgres(b) => b.name(),
-            AnyBackend::JetStream(b) => b.name(),
+            AnyBackend::Postgres(b) => b.kind(),
+            AnyBackend::JetStream(b) => b.kind(),
         }
     }
 
@@ -184,16 +187,46 @@ impl MessagingBackend for AnyBackend {
     }
 }
 
-/// The names a team, conversation or message may route to.
-pub const BACKEND_NAMES: [&str; 2] = [PostgresBackend::NAME, JetStreamBackend::NAME];
+/// Which backend holds a body: stored as text on a team
+/// (`teams.conversation_backend`, where new conversations go), a conversation,
+/// a message and an outbox slot (the `backend_name` domain), in its
+/// `snake_case` spelling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
+pub enum BackendKind {
+    /// The body stays in `conversation_messages`.
+    Postgres,
+    /// The body lives in the team's JetStream stream.
+    Jetstream,
+}
 
-/// Parse a backend name from an operator or a tool, with an error naming both.
-pub fn parse_backend_name(raw: &str) -> BusResult<&'static str> {
-    match raw.trim().to_ascii_lowercase().as_str() {
-        "postgres" => Ok(PostgresBackend::NAME),
-        "jetstream" => Ok(JetStreamBackend::NAME),
-        other => Err(crate::error::BusError::invalid(format!(
-            "unknown backend {other:?}: use `jetstream` or `postgres`."
-        ))),
+impl BackendKind {
+    /// Every backend a team, conversation or message may route to.
+    pub const ALL: [BackendKind; 2] = [BackendKind::Postgres, BackendKind::Jetstream];
+
+    /// Parse a backend name from an operator or a tool, with an error naming both.
+    pub fn parse(raw: &str) -> BusResult<BackendKind> {
+        match raw.trim().to_ascii_lowercase().as_str() {
+            "postgres" => Ok(BackendKind::Postgres),
+            "jetstream" => Ok(BackendKind::Jetstream),
+            other => Err(crate::error::BusError::invalid(format!(
+                "unknown backend {other:?}: use `jetstream` or `postgres`."
+            ))),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Postgres => "postgres",
+            BackendKind::Jetstream => "jetstream",
+        }
+    }
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // `pad`, so a caller's width (`{:<9}`) applies.
+        f.pad(self.as_str())
     }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::{Envelope, Locator, MessagingBackend, Published};
+use super::{BackendKind, Envelope, Locator, MessagingBackend, Published};
 use crate::error::{BusError, BusResult};
 
 #[derive(Clone)]
@@ -53,8 +53,6 @@ pub struct Faults {
 }
 
 impl PostgresBackend {
-    pub const NAME: &'static str = "postgres";
-
     pub fn new(pool: PgPool) -> Self {
         Self::with_faults(pool, Faults::default())
     }
@@ -83,8 +81,8 @@ impl PostgresBackend {
 }
 
 impl MessagingBackend for PostgresBackend {
-    fn name(&self) -> &'static str {
-        Self::NAME
+    fn kind(&self) -> BackendKind {
+        BackendKind::Postgres
     }
 
     async fn publish(&self, envelope: &Envelope) -> Published {

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::jetstream::Broker;
-use super::{AnyBackend, Faults, JetStreamBackend, PostgresBackend};
+use super::{AnyBackend, BackendKind, Faults, JetStreamBackend, PostgresBackend};
 use crate::error::{BusError, BusResult};
 
 /// The backends this process can reach. Cheap to clone.
@@ -161,14 +161,14 @@ impl Backends {
         }
     }
 
-    /// The backend named `name`, as a handle that reads only `team_id`'s
+    /// The backend of `kind`, as a handle that reads only `team_id`'s
     /// bodies.
-    pub fn for_message(&self, name: &str, team_id: Uuid) -> BusResult<AnyBackend> {
-        match name {
-            PostgresBackend::NAME => Ok(AnyBackend::Postgres(
+    pub fn for_message(&self, kind: BackendKind, team_id: Uuid) -> BusResult<AnyBackend> {
+        match kind {
+            BackendKind::Postgres => Ok(AnyBackend::Postgres(
                 self.postgres.clone().for_team(team_id),
             )),
-            JetStreamBackend::NAME => match (self.broker(), self.broker_configured()) {
+            BackendKind::Jetstream => match (self.broker(), self.broker_configured()) {
                 (Some(broker), _) => Ok(AnyBackend::JetStream(JetStreamBackend::new(
                     broker.clone(),
                     team_id,
@@ -179,15 +179,12 @@ impl Backends {
                 )),
                 (None, false) => Err(no_broker()),
             },
-            other => Err(BusError::invalid(format!(
-                "unknown backend {other:?}: use `jetstream` or `postgres`."
-            ))),
         }
     }
 
-    /// Refuse to route new work to `name` when this process cannot serve it.
-    pub fn require(&self, name: &str) -> BusResult<()> {
-        self.for_message(name, Uuid::nil()).map(|_| ())
+    /// Refuse to route new work to `kind` when this process cannot serve it.
+    pub fn require(&self, kind: BackendKind) -> BusResult<()> {
+        self.for_message(kind, Uuid::nil()).map(|_| ())
     }
 }
 

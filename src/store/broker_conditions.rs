@@ -25,10 +25,10 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::{Actor, audit, outbox, teams};
-use crate::backend::Backends;
 use crate::backend::jetstream::{
     Broker, ConditionKind, StreamCondition, TeamStreams, body_stream_name,
 };
+use crate::backend::{BackendKind, Backends};
 use crate::error::{BusError, BusResult};
 
 /// One condition, as an operator surface shows it.
@@ -179,12 +179,12 @@ pub async fn refuse_if_streams_missing(
     let Some(broker) = bus.backends.broker() else {
         return Ok(());
     };
-    let backend: Option<String> =
+    let backend: Option<BackendKind> =
         sqlx::query_scalar("SELECT conversation_backend FROM teams WHERE id = $1")
             .bind(team_id)
             .fetch_optional(&bus.pool)
             .await?;
-    if backend.as_deref() != Some(crate::backend::JetStreamBackend::NAME) {
+    if backend != Some(BackendKind::Jetstream) {
         return Ok(());
     }
     let Ok(conditions) = of_team(broker, team_id, team).await else {
@@ -214,7 +214,7 @@ pub struct FailedMessage {
     pub message_id: Uuid,
     pub conversation_id: Uuid,
     pub seq: i64,
-    pub backend: String,
+    pub backend: BackendKind,
     /// Why its last attempt failed (the slot's last error).
     pub last_error: Option<String>,
     /// The body is held by its outbox slot or its message row.
@@ -266,10 +266,7 @@ pub async fn retry_failed(
     .await?;
     let (retried, not_recoverable): (Vec<_>, Vec<_>) =
         failed.into_iter().partition(|m| m.body_held);
-    if retried
-        .iter()
-        .any(|m| m.backend == crate::backend::JetStreamBackend::NAME)
-    {
+    if retried.iter().any(|m| m.backend == BackendKind::Jetstream) {
         let Some(broker) = broker else {
             return Err(BusError::invalid(format!(
                 "{} failed message(s) of team `{}` go to JetStream; name the broker with \
@@ -352,7 +349,7 @@ pub async fn retry_failed(
             m.message_id,
             m.conversation_id,
             team.id,
-            &m.backend,
+            m.backend,
             &body,
         )
         .await?;

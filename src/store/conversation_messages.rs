@@ -30,12 +30,12 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use super::conversations::{self, Conversation, ReadAccess};
+use super::conversations::{self, Conversation, Publication, PublicationState, ReadAccess};
 use super::messages::{check_body, check_limit, normalize_metadata};
 use super::{lost_bodies, outbox, projects, sessions};
 use crate::Bus;
 use crate::auth::Identity;
-use crate::backend::{Locator, MessagingBackend};
+use crate::backend::{BackendKind, Locator, MessagingBackend};
 use crate::error::{BusError, BusResult};
 use crate::events::{BusEvent, EventKind};
 
@@ -59,8 +59,7 @@ pub struct Sent {
     /// True when the authoritative backend holds the body (on the Postgres
     /// path: the send committed).
     pub stored: bool,
-    /// `stored`, `pending_publication` or `failed`.
-    pub publication: String,
+    pub publication: PublicationState,
     /// The frozen recipient list, as addresses.
     pub recipients: Vec<String>,
     pub created_at: DateTime<Utc>,
@@ -102,8 +101,7 @@ pub struct ConversationMessage {
     pub metadata: Option<Value>,
     pub created_at: DateTime<Utc>,
     pub my_receipt: Option<MyReceipt>,
-    /// `stored`, `pending_publication` or `failed`.
-    pub publication: String,
+    pub publication: PublicationState,
     pub unavailable: Option<Unavailable>,
 }
 
@@ -118,9 +116,9 @@ struct MessageRow {
     reply_to: Option<Uuid>,
     metadata: Option<Value>,
     created_at: DateTime<Utc>,
-    publication_state: String,
+    publication_state: PublicationState,
     tombstone_reason: Option<String>,
-    backend: String,
+    backend: BackendKind,
     canonical_locator: Option<String>,
     body_sha256: Vec<u8>,
     uncertain: bool,
@@ -165,8 +163,8 @@ impl From<MessageRow> for ConversationMessage {
                 detail: reason,
             })
         } else {
-            match row.publication_state.as_str() {
-                "pending_publication" => Some(Unavailable {
+            match row.publication_state {
+                PublicationState::PendingPublication => Some(Unavailable {
                     reason: "pending_publication".into(),
                     detail: if row.uncertain {
                         "the last publish ended without an answer; the bus is asking the backend \
@@ -176,12 +174,12 @@ impl From<MessageRow> for ConversationMessage {
                     }
                     .into(),
                 }),
-                "failed" => Some(Unavailable {
+                PublicationState::Failed => Some(Unavailable {
                     reason: "failed".into(),
                     detail: "the backend refused this body for good; the sender may send it again."
                         .into(),
                 }),
-                _ => None,
+                PublicationState::Stored => None,
             }
         };
         let my_receipt = row.has_receipt.then_some(MyReceipt {
@@ -222,7 +220,7 @@ struct EarlierSend {
     id: Uuid,
     seq: i64,
     body_sha256: Vec<u8>,
-    publication_state: String,
+    publication_state: PublicationState,
     created_at: DateTime<Utc>,
 }
 
@@ -290,7 +288,7 @@ async fn store_if_clear(bus: &Bus, me: &Identity, send: &Validated<'_>) -> BusRe
     #[derive(sqlx::FromRow)]
     struct Stored {
         seq: i64,
-        publication: String,
+        publication: Publication,
         created_at: DateTime<Utc>,
         recipients: Vec<String>,
     }
@@ -325,7 +323,7 @@ async fn store_if_clear(bus: &Bus, me: &Identity, send: &Validated<'_>) -> BusRe
         }
         Err(err) => return Err(err.into()),
     };
-    let sync = stored.publication == "sync";
+    let sync = stored.publication == Publication::Sync;
 
     let conversation_id = send.new.conversation_id;
     let mut event = BusEvent::new(me.team_id, EventKind::Conversation, send.id.to_string()).by(me);
@@ -344,11 +342,10 @@ async fn store_if_clear(bus: &Bus, me: &Identity, send: &Validated<'_>) -> BusRe
         seq: stored.seq,
         stored: sync,
         publication: if sync {
-            "stored"
+            PublicationState::Stored
         } else {
-            "pending_publication"
-        }
-        .into(),
+            PublicationState::PendingPublication
+        },
         recipients: stored.recipients,
         created_at: stored.created_at,
         replayed: false,
@@ -492,7 +489,7 @@ async fn replay(
         message_id: earlier.id,
         conversation_id: conversation.id,
         seq: earlier.seq,
-        stored: earlier.publication_state == "stored",
+        stored: earlier.publication_state == PublicationState::Stored,
         publication: earlier.publication_state,
         recipients,
         created_at: earlier.created_at,
@@ -586,7 +583,7 @@ pub async fn read(bus: &Bus, me: &Identity, request: ReadRequest) -> BusResult<R
             .unavailable
             .as_ref()
             .is_some_and(|u| u.reason == "unreachable");
-        if message.publication == "pending_publication" || unreachable {
+        if message.publication == PublicationState::PendingPublication || unreachable {
             break;
         }
         next_after_seq = message.seq;
@@ -696,7 +693,7 @@ async fn resolve_bodies(bus: &Bus, rows: Vec<MessageRow>) -> BusResult<Vec<Conve
             }
             Some(Remote::Gone(reason)) => {
                 let locator = row.canonical_locator.clone().unwrap_or_default();
-                if outbox::tombstone_released(&bus.pool, row.id, &row.backend, &locator, &reason)
+                if outbox::tombstone_released(&bus.pool, row.id, row.backend, &locator, &reason)
                     .await?
                 {
                     row.tombstone_reason = Some(reason);
@@ -723,7 +720,7 @@ async fn resolve_bodies(bus: &Bus, rows: Vec<MessageRow>) -> BusResult<Vec<Conve
 }
 
 fn needs_fetch(row: &MessageRow) -> bool {
-    row.publication_state == "stored"
+    row.publication_state == PublicationState::Stored
         && row.tombstone_reason.is_none()
         && row.body.is_empty()
         && row.canonical_locator.is_some()
@@ -743,7 +740,7 @@ enum Remote {
 async fn fetch_remote(bus: &Bus, row: &MessageRow) -> Remote {
     let locator = Locator(row.canonical_locator.clone().unwrap_or_default());
     let team_id = row.team_id;
-    let backend = match bus.backends.for_message(&row.backend, team_id) {
+    let backend = match bus.backends.for_message(row.backend, team_id) {
         Ok(backend) => backend,
         Err(e) => return Remote::Unreachable(e.to_string()),
     };

@@ -20,47 +20,16 @@ use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use super::conversations::Publication;
 use super::{Actor, audit, outbox, teams};
 use crate::error::{BusError, BusResult};
-
-/// How a conversation's bodies reach their backend.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Publication {
-    /// Body, recipients and receipts commit in the send's transaction.
-    Sync,
-    /// The send enqueues an outbox slot; a worker publishes it later.
-    Outbox,
-}
-
-impl Publication {
-    pub fn parse(raw: &str) -> BusResult<Publication> {
-        match raw.trim().to_ascii_lowercase().as_str() {
-            "sync" => Ok(Publication::Sync),
-            "outbox" => Ok(Publication::Outbox),
-            _ => Err(BusError::invalid(format!(
-                "publication {} is not a mode: use `sync` (the body commits with the send; \
-                 postgres conversations only) or `outbox` (a worker publishes the body after \
-                 the send).",
-                super::text::quote(raw)
-            ))),
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Publication::Sync => "sync",
-            Publication::Outbox => "outbox",
-        }
-    }
-}
 
 /// What `conversations publication` did.
 #[derive(Clone, Debug, Serialize)]
 pub struct PublicationSwitched {
     pub conversation_id: Uuid,
-    pub before: String,
-    pub after: &'static str,
+    pub before: Publication,
+    pub after: Publication,
     /// False when the conversation already had that mode (nothing written).
     pub changed: bool,
 }
@@ -80,13 +49,7 @@ pub async fn set_publication(
     let mut tx = pool.begin().await?;
     // The outbox's switch takes the conversation row first (the lock a send
     // takes), so what follows runs under it too.
-    let before = outbox::switch_publication(
-        &mut tx,
-        team.id,
-        conversation_id,
-        mode == Publication::Outbox,
-    )
-    .await?;
+    let before = outbox::switch_publication(&mut tx, team.id, conversation_id, mode).await?;
     // An open move sets the publication itself when it cuts over (under this
     // row), so a switch now would be silently undone. Refused: the
     // transaction rolls back and nothing is changed.
@@ -104,7 +67,7 @@ pub async fn set_publication(
              same `conversations migrate … --apply` again) and switch afterwards."
         )));
     }
-    let changed = before != mode.as_str();
+    let changed = before != mode;
     if changed {
         audit::record(
             &mut tx,
@@ -112,7 +75,7 @@ pub async fn set_publication(
             actor,
             "conversation.publication",
             &conversation_id.to_string(),
-            json!({ "conversation_id": conversation_id, "before": before, "after": mode.as_str() }),
+            json!({ "conversation_id": conversation_id, "before": before, "after": mode }),
         )
         .await?;
         tx.commit().await?;
@@ -120,7 +83,7 @@ pub async fn set_publication(
     Ok(PublicationSwitched {
         conversation_id,
         before,
-        after: mode.as_str(),
+        after: mode,
         changed,
     })
 }

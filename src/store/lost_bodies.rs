@@ -44,7 +44,7 @@ use uuid::Uuid;
 
 use super::{Actor, audit, outbox, teams};
 use crate::backend::jetstream::{Broker, JetStreamBackend, TeamStreams};
-use crate::backend::{AnyBackend, Backends, Locator, MessagingBackend};
+use crate::backend::{AnyBackend, BackendKind, Backends, Locator, MessagingBackend};
 use crate::error::{BusError, BusResult};
 
 /// What a reader is shown in place of a body the broker lost, whichever way
@@ -167,7 +167,7 @@ pub async fn tombstone_bodies_of_replaced_streams(
         if silent.contains(&team_id) {
             continue;
         }
-        let backend = backends.for_message(JetStreamBackend::NAME, team_id)?;
+        let backend = backends.for_message(BackendKind::Jetstream, team_id)?;
         let fetched = backend
             .fetch_once(&Locator(locator.clone()), message_id)
             .await;
@@ -177,7 +177,7 @@ pub async fn tombstone_bodies_of_replaced_streams(
                 if outbox::tombstone_released(
                     pool,
                     message_id,
-                    JetStreamBackend::NAME,
+                    BackendKind::Jetstream,
                     &locator,
                     LOST_BODY_REASON,
                 )

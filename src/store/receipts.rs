@@ -29,7 +29,7 @@ use super::long_poll::{OnEvent, Polled, long_poll};
 use super::{inbox, sessions};
 use crate::Bus;
 use crate::auth::Identity;
-use crate::backend::PostgresBackend;
+use crate::backend::BackendKind;
 use crate::error::{BusError, BusResult};
 use crate::events::EventKind;
 
@@ -119,7 +119,7 @@ pub async fn ack(
     };
     // On a broker-backed conversation the sender learns of the ack through
     // its inbox; queued here, so there is no ack without its reference.
-    if conversation.backend != PostgresBackend::NAME {
+    if conversation.backend != BackendKind::Postgres {
         let receipt = if resolved { "resolved" } else { "acknowledged" };
         inbox::enqueue_receipt_reference(&mut tx, me.team_id, message_id, &me.address(), receipt)
             .await?;

@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::admin::{Authority, GlobalScope};
 use super::{Actor, audit, check_display_name, normalize_team_slug};
-use crate::backend::JetStreamBackend;
+use crate::backend::BackendKind;
 use crate::backend::jetstream::{Broker, StreamSizes, TeamStreams};
 use crate::error::{BusError, BusResult};
 
@@ -112,7 +112,7 @@ pub struct Capabilities {
     pub team: String,
     pub conversations: bool,
     /// The backend new conversations are created on.
-    pub conversation_backend: String,
+    pub conversation_backend: BackendKind,
 }
 
 /// A team's switches as they are in this transaction.
@@ -207,13 +207,12 @@ pub async fn jetstream_routing(
 pub async fn set_conversation_backend(
     pool: &PgPool,
     slug: &str,
-    backend: &str,
+    backend: BackendKind,
     broker: Option<&Broker>,
     actor: &Actor,
 ) -> BusResult<Capabilities> {
-    let backend = crate::backend::parse_backend_name(backend)?;
     let team = find(pool, slug).await?;
-    if backend == JetStreamBackend::NAME {
+    if backend == BackendKind::Jetstream {
         let Some(broker) = broker else {
             return Err(BusError::invalid(format!(
                 "naming jetstream needs the NATS server the team's streams are on: add \

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::Bus;
-use crate::backend::{AnyBackend, Locator, MessagingBackend, Published};
+use crate::backend::{AnyBackend, BackendKind, Locator, MessagingBackend, Published};
 use crate::error::BusResult;
 use crate::events::{BusEvent, EventKind};
 use crate::store::lost_bodies;
@@ -70,11 +70,11 @@ pub struct DrainPass {
     pub fenced: usize,
 }
 
-/// The backends this replica can publish to, by name.
-fn publishable(bus: &Bus) -> Vec<&'static str> {
-    crate::backend::BACKEND_NAMES
+/// The backends this replica can publish to.
+fn publishable(bus: &Bus) -> Vec<BackendKind> {
+    BackendKind::ALL
         .into_iter()
-        .filter(|name| bus.backends.require(name).is_ok())
+        .filter(|kind| bus.backends.require(*kind).is_ok())
         .collect()
 }
 
@@ -92,7 +92,7 @@ pub async fn drain_once(bus: &Bus, worker: &str, settings: &DrainSettings) -> Bu
     }
     let attempts: Vec<(Lease, AnyBackend, Published)> = futures::stream::iter(leases)
         .map(|lease| async move {
-            let backend = bus.backends.for_message(&lease.backend, lease.team_id);
+            let backend = bus.backends.for_message(lease.backend, lease.team_id);
             let outcome = match &backend {
                 Ok(backend) => publish_bounded(backend, &lease, settings.publish_timeout).await,
                 Err(e) => Published::Retryable(e.to_string()),
@@ -259,7 +259,7 @@ pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(30);
 pub async fn reconcile_once(bus: &Bus) -> BusResult<usize> {
     let mut resolved = 0;
     for (team_id, name) in outbox::teams_with_uncertain(&bus.pool).await? {
-        let Ok(backend) = bus.backends.for_message(&name, team_id) else {
+        let Ok(backend) = bus.backends.for_message(name, team_id) else {
             continue;
         };
         match outbox::resolve_uncertain(&bus.pool, &backend, team_id).await {

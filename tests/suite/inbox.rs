@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use ai_crew_sync::backend::BackendKind;
+use ai_crew_sync::store::conversations::Publication;
 use ai_crew_sync::store::{outbox, teams};
 use ai_crew_sync::workers::publication::{self, DrainSettings};
 use serde_json::{Value, json};
@@ -181,7 +183,7 @@ async fn what_is_owed_survives_a_restart_and_a_pending_message_is_not_owed_yet()
         .fetch_one(&p.app.pool)
         .await
         .unwrap();
-    outbox::set_publication(&p.app.pool, team_id, p.conversation_id, true)
+    outbox::set_publication(&p.app.pool, team_id, p.conversation_id, Publication::Outbox)
         .await
         .unwrap();
     let message_id = p.send("through the outbox").await;
@@ -370,7 +372,7 @@ async fn on_a_jetstream_team_references_go_through_the_broker_and_survive_losing
     teams::set_conversation_backend(
         &app.pool,
         "ibj",
-        "jetstream",
+        BackendKind::Jetstream,
         Some(app.broker()),
         &test_actor(),
     )
@@ -590,7 +592,7 @@ async fn jetstream_pair(slug: &str) -> Pair {
     teams::set_conversation_backend(
         &app.pool,
         slug,
-        "jetstream",
+        BackendKind::Jetstream,
         Some(app.broker()),
         &test_actor(),
     )

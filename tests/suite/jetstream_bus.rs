@@ -11,10 +11,10 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use ai_crew_sync::backend::Locator;
 use ai_crew_sync::backend::jetstream::{
     Broker, StreamSizes, body_stream_name, body_subject, parse_locator,
 };
+use ai_crew_sync::backend::{BackendKind, Locator};
 use ai_crew_sync::store::{lost_bodies, outbox, teams};
 use ai_crew_sync::workers::publication;
 use serde_json::{Value, json};
@@ -160,13 +160,13 @@ impl<'a> Routed<'a> {
         let caps = teams::set_conversation_backend(
             &app.pool,
             slug,
-            "jetstream",
+            BackendKind::Jetstream,
             Some(app.broker()),
             &test_actor(),
         )
         .await
         .expect("route the team to jetstream");
-        assert_eq!(caps.conversation_backend, "jetstream");
+        assert_eq!(caps.conversation_backend, BackendKind::Jetstream);
         let team_id: Uuid = sqlx::query_scalar("SELECT id FROM teams WHERE slug = $1")
             .bind(slug)
             .fetch_one(&app.pool)

@@ -11,7 +11,8 @@ use ai_crew_sync::backend::jetstream::{Broker, BrokerOptions, StreamSizes};
 use ai_crew_sync::backend::{
     Backends, Envelope, Faults, JetStreamBackend, MessagingBackend, PostgresBackend, Published,
 };
-use ai_crew_sync::store::moves::{self, Direction, Progress};
+use ai_crew_sync::store::conversations::Publication;
+use ai_crew_sync::store::moves::{self, Direction, MoveState, Progress};
 use ai_crew_sync::store::{outbox, teams};
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -322,7 +323,7 @@ async fn a_thousand_messages_move_to_jetstream_and_back_unchanged() {
     assert_eq!(bodies.len(), 1000);
 
     let there = t.run(Direction::ToJetStream).await.unwrap();
-    assert_eq!((there.copied, there.state.as_str()), (1000, "cut_over"));
+    assert_eq!((there.copied, there.state), (1000, MoveState::CutOver));
     assert_eq!(
         t.conversation_row().await,
         ("jetstream".into(), "outbox".into(), false)
@@ -349,7 +350,7 @@ async fn a_thousand_messages_move_to_jetstream_and_back_unchanged() {
     assert_eq!(t.read_all().await, bodies);
 
     let back = t.run(Direction::ToPostgres).await.unwrap();
-    assert_eq!((back.copied, back.state.as_str()), (1000, "cut_over"));
+    assert_eq!((back.copied, back.state), (1000, MoveState::CutOver));
     assert_eq!(
         t.conversation_row().await,
         ("postgres".into(), "sync".into(), false)
@@ -456,7 +457,7 @@ async fn a_move_is_refused_unpaused_while_a_message_waits_out_a_long_retry_backo
     .await
     .unwrap();
     let back = t.run(Direction::ToPostgres).await.unwrap();
-    assert_eq!((back.copied, back.state.as_str()), (4, "cut_over"));
+    assert_eq!((back.copied, back.state), (4, MoveState::CutOver));
     let (state, body): (String, String) = sqlx::query_as(
         "SELECT publication_state, body FROM conversation_messages WHERE id = $1::uuid",
     )
@@ -843,10 +844,14 @@ async fn cleanup_respects_the_rollback_window_and_unfinished_moves() {
         .unwrap();
     // A jetstream thread cannot be switched to synchronous publication: its
     // sends would never reach the broker.
-    let err =
-        ai_crew_sync::store::outbox::set_publication(t.pool(), t.team_id, t.conversation_id, false)
-            .await
-            .unwrap_err();
+    let err = ai_crew_sync::store::outbox::set_publication(
+        t.pool(),
+        t.team_id,
+        t.conversation_id,
+        Publication::Sync,
+    )
+    .await
+    .unwrap_err();
     assert!(err.to_string().contains("migrate --to postgres"), "{err}");
     let report = moves::cleanup(t.pool(), t.team_id, 168, false)
         .await
@@ -1163,7 +1168,7 @@ async fn two_operators_sharing_a_run_never_leave_a_pause_no_move_owns() {
     assert_eq!(t.plan_of(Direction::ToPostgres).await.blocked, None);
     let _workers = t.app.start_publication_workers();
     let back = t.run(Direction::ToPostgres).await.unwrap();
-    assert_eq!(back.state, "cut_over");
+    assert_eq!(back.state, MoveState::CutOver);
     assert_eq!(t.read_all().await.len(), 13);
 }
 
@@ -1333,7 +1338,7 @@ async fn a_target_not_provisioned_is_refused_before_anything_is_written() {
         .await
         .unwrap();
     let moved = t.run(Direction::ToJetStream).await.unwrap();
-    assert_eq!((moved.copied, moved.state.as_str()), (4, "cut_over"));
+    assert_eq!((moved.copied, moved.state), (4, MoveState::CutOver));
 }
 
 // Issue 14 item 3 (M7): a move that failed and is started again after the
@@ -1420,7 +1425,7 @@ async fn a_failed_move_started_again_past_the_duplicate_window_publishes_nothing
 #[tokio::test]
 async fn a_message_whose_publication_failed_blocks_the_move() {
     let t = thread("mv-failedmsg", 3).await;
-    outbox::set_publication(t.pool(), t.team_id, t.conversation_id, true)
+    outbox::set_publication(t.pool(), t.team_id, t.conversation_id, Publication::Outbox)
         .await
         .unwrap();
     let sent = t.send(t.conversation_id, "never stored").await.unwrap();
@@ -1537,7 +1542,7 @@ async fn m11_an_abort_that_cannot_finish_leaves_the_run_open_and_paused_until_re
     );
     let resumed = t.run(Direction::ToPostgres).await.unwrap();
     assert_eq!(resumed.migration_id, open, "the same run, resumed");
-    assert_eq!(resumed.state, "cut_over");
+    assert_eq!(resumed.state, MoveState::CutOver);
     assert_eq!(
         t.conversation_row().await,
         ("postgres".into(), "sync".into(), false)

@@ -10,9 +10,10 @@
 use std::time::Duration;
 
 use ai_crew_sync::backend::{
-    Backends, Envelope, Faults, Locator, MessagingBackend, PostgresBackend, Published,
+    BackendKind, Backends, Envelope, Faults, Locator, MessagingBackend, PostgresBackend, Published,
 };
-use ai_crew_sync::store::conversation_operator::{self, Publication};
+use ai_crew_sync::store::conversation_operator;
+use ai_crew_sync::store::conversations::Publication;
 use ai_crew_sync::store::outbox::{Lease, Settled};
 use ai_crew_sync::store::{outbox, teams};
 use ai_crew_sync::workers::publication::{self, DrainPass, DrainSettings};
@@ -58,7 +59,7 @@ impl Outboxed {
             .fetch_one(&app.pool)
             .await
             .unwrap();
-        outbox::set_publication(&app.pool, team_id, conversation_id, true)
+        outbox::set_publication(&app.pool, team_id, conversation_id, Publication::Outbox)
             .await
             .unwrap();
         Outboxed {
@@ -188,7 +189,7 @@ async fn o1_enqueue_refuses_a_payload_over_the_cap_and_writes_nothing() {
         Uuid::new_v4(),
         t.conversation_id,
         t.team_id,
-        "postgres",
+        BackendKind::Postgres,
         &"x".repeat(1024 * 1024 + 1),
     )
     .await
@@ -235,7 +236,7 @@ async fn o2_o3_a_send_enqueues_one_slot_and_is_pending_until_confirmed() {
         message_id,
         t.conversation_id,
         t.team_id,
-        "postgres",
+        BackendKind::Postgres,
         "hello through the outbox",
     )
     .await
@@ -669,7 +670,7 @@ async fn o14_status_counts_what_is_outstanding() {
 async fn o15_returning_to_sync_is_refused_while_anything_is_pending() {
     let t = Outboxed::new().await;
     let message_id = t.send_id("in flight").await;
-    let err = outbox::set_publication(t.pool(), t.team_id, t.conversation_id, false)
+    let err = outbox::set_publication(t.pool(), t.team_id, t.conversation_id, Publication::Sync)
         .await
         .unwrap_err();
     let text = err.to_string();
@@ -687,7 +688,7 @@ async fn o15_returning_to_sync_is_refused_while_anything_is_pending() {
         .await
         .unwrap();
     assert_eq!(t.message(message_id).await.publication_state, "stored");
-    outbox::set_publication(t.pool(), t.team_id, t.conversation_id, false)
+    outbox::set_publication(t.pool(), t.team_id, t.conversation_id, Publication::Sync)
         .await
         .unwrap();
     let sent = t.send("synchronous again").await;
@@ -849,7 +850,7 @@ async fn o15_the_switch_waits_for_a_send_holding_the_conversation_row() {
         message_id,
         t.conversation_id,
         t.team_id,
-        "postgres",
+        BackendKind::Postgres,
         "first",
     )
     .await

@@ -20,7 +20,7 @@ use uuid::Uuid;
 use super::{
     BODY_MAX_BYTES, Broker, ConditionKind, body_stream_name, body_subject, locator, parse_locator,
 };
-use crate::backend::{Envelope, Locator, MessagingBackend, Published};
+use crate::backend::{BackendKind, Envelope, Locator, MessagingBackend, Published};
 use crate::error::{BusError, BusResult};
 
 pub const HEADER_MESSAGE_ID: &str = "Acs-Message-Id";
@@ -54,8 +54,6 @@ enum Attempt {
 }
 
 impl JetStreamBackend {
-    pub const NAME: &'static str = "jetstream";
-
     pub fn new(broker: Broker, team_id: Uuid) -> Self {
         Self { broker, team_id }
     }
@@ -256,8 +254,8 @@ fn refusal(err: &async_nats::jetstream::Error, stream: &str) -> Attempt {
 }
 
 impl MessagingBackend for JetStreamBackend {
-    fn name(&self) -> &'static str {
-        Self::NAME
+    fn kind(&self) -> BackendKind {
+        BackendKind::Jetstream
     }
 
     async fn publish(&self, envelope: &Envelope) -> Published {

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand};
 use serde_json::json;
 
+use crate::backend::BackendKind;
 use crate::backend::jetstream::{Broker, StreamSizes};
 use crate::cli::Context;
 use crate::cli::output::{self, time};
@@ -180,8 +181,9 @@ async fn capability(ctx: &Context, actor: &Actor, args: CapabilityArgs) -> anyho
         json,
     } = args;
     let on = conversations.map(|v| v == "on");
-    let broker = match (&backend, &nats_url) {
-        (Some(b), Some(url)) if b == "jetstream" => {
+    let backend = backend.as_deref().map(BackendKind::parse).transpose()?;
+    let broker = match (backend, &nats_url) {
+        (Some(BackendKind::Jetstream), Some(url)) => {
             Some(Broker::connect(url, nats_credentials.as_deref()).await?)
         }
         _ => None,
@@ -190,7 +192,7 @@ async fn capability(ctx: &Context, actor: &Actor, args: CapabilityArgs) -> anyho
         .with_database(async |pool| {
             // The backend first: it is the one that can be refused,
             // and a refused command changes nothing.
-            if let Some(backend) = &backend {
+            if let Some(backend) = backend {
                 teams::set_conversation_backend(pool, &team, backend, broker.as_ref(), actor)
                     .await?;
             }

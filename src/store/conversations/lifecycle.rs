@@ -6,10 +6,10 @@ use uuid::Uuid;
 
 use super::access::{not_found, open, refuse_borrowed_label, require_manager, visible};
 use super::seats::{MEMBERS_MAX, lock_seats, parse_window, resolve_window};
-use super::{ConversationView, Visibility, audit, view, view_select};
+use super::{ConversationView, Publication, Visibility, audit, view, view_select};
 use crate::Bus;
 use crate::auth::Identity;
-use crate::backend::PostgresBackend;
+use crate::backend::BackendKind;
 use crate::error::{BusError, BusResult};
 use crate::store::{broker_conditions, projects, sessions, text};
 
@@ -125,20 +125,16 @@ pub async fn create(
     for window in &wanted {
         invitees.push(resolve_window(&mut tx, me, window).await?);
     }
-    let backend: String =
+    let backend: BackendKind =
         sqlx::query_scalar("SELECT conversation_backend FROM teams WHERE id = $1")
             .bind(me.team_id)
             .fetch_one(&mut *tx)
             .await?;
     // A team routed to a broker this server cannot reach is an explicit
     // refusal, never a silent fallback to PostgreSQL.
-    bus.backends.require(&backend)?;
+    bus.backends.require(backend)?;
     // Bodies off PostgreSQL go through the outbox: accepted now, published later.
-    let publication = if backend == PostgresBackend::NAME {
-        "sync"
-    } else {
-        "outbox"
-    };
+    let publication = Publication::for_backend(backend);
     let id = Uuid::new_v4();
     sqlx::query(
         "INSERT INTO conversations
@@ -152,7 +148,7 @@ pub async fn create(
     .bind(project_id)
     .bind(me.agent_id)
     .bind(&me.window)
-    .bind(&backend)
+    .bind(backend)
     .bind(publication)
     .execute(&mut *tx)
     .await?;

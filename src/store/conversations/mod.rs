@@ -45,12 +45,13 @@
 use std::fmt;
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::auth::Identity;
+use crate::backend::BackendKind;
 use crate::error::{BusError, BusResult};
 
 mod access;
@@ -215,6 +216,87 @@ impl fmt::Display for SeatState {
     }
 }
 
+/// How a conversation's bodies reach their backend, stored as
+/// `conversations.publication` (a text domain).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
+pub enum Publication {
+    /// Body, recipients and receipts commit in the send's transaction.
+    Sync,
+    /// The send enqueues an outbox slot; a worker publishes it later.
+    Outbox,
+}
+
+impl Publication {
+    /// An operator's `sync` or `outbox` (any case, trimmed).
+    pub fn parse(raw: &str) -> BusResult<Publication> {
+        match raw.trim().to_ascii_lowercase().as_str() {
+            "sync" => Ok(Publication::Sync),
+            "outbox" => Ok(Publication::Outbox),
+            _ => Err(BusError::invalid(format!(
+                "publication {} is not a mode: use `sync` (the body commits with the send; \
+                 postgres conversations only) or `outbox` (a worker publishes the body after \
+                 the send).",
+                super::text::quote(raw)
+            ))),
+        }
+    }
+
+    /// The mode a conversation on `backend` is created with, and a move to
+    /// `backend` cuts over to: bodies off PostgreSQL go through the outbox.
+    pub fn for_backend(backend: BackendKind) -> Publication {
+        match backend {
+            BackendKind::Postgres => Publication::Sync,
+            BackendKind::Jetstream => Publication::Outbox,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Publication::Sync => "sync",
+            Publication::Outbox => "outbox",
+        }
+    }
+}
+
+impl fmt::Display for Publication {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // `pad`, so a caller's width (`{:<6}`) applies.
+        f.pad(self.as_str())
+    }
+}
+
+/// Where a message's body stands, stored as
+/// `conversation_messages.publication_state` (a text domain).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
+pub enum PublicationState {
+    /// Accepted, and its outbox slot not yet confirmed by the backend.
+    PendingPublication,
+    /// The authoritative backend holds the body.
+    Stored,
+    /// The backend refused the body for good.
+    Failed,
+}
+
+impl PublicationState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PublicationState::PendingPublication => "pending_publication",
+            PublicationState::Stored => "stored",
+            PublicationState::Failed => "failed",
+        }
+    }
+}
+
+impl fmt::Display for PublicationState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
 /// A conversation row as the access rules need it.
 #[derive(Clone, Debug, Serialize, sqlx::FromRow)]
 pub struct Conversation {
@@ -224,9 +306,8 @@ pub struct Conversation {
     pub project_id: Option<Uuid>,
     pub project: Option<String>,
     pub last_seq: i64,
-    pub backend: String,
-    /// `sync` or `outbox`.
-    pub publication: String,
+    pub backend: BackendKind,
+    pub publication: Publication,
     pub write_paused_at: Option<DateTime<Utc>>,
     pub archived_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
@@ -293,8 +374,8 @@ pub struct ConversationView {
     pub visibility: Visibility,
     pub project: Option<String>,
     pub last_seq: i64,
-    pub backend: String,
-    pub publication: String,
+    pub backend: BackendKind,
+    pub publication: Publication,
     pub write_paused_at: Option<DateTime<Utc>>,
     pub archived_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
@@ -394,7 +475,7 @@ pub(crate) async fn audit(
 
 #[cfg(test)]
 mod tests {
-    use super::{SeatRole, SeatState, Visibility};
+    use super::{Publication, PublicationState, SeatRole, SeatState, Visibility};
 
     /// The JSON answers, `as_str` (refusal wording) and the database (the
     /// same `snake_case` rename) spell every variant the same way.
@@ -420,5 +501,17 @@ mod tests {
             serde_json::to_value([Visibility::Private, Visibility::Project]).unwrap(),
             serde_json::json!(["private", "project"])
         );
+        for mode in [Publication::Sync, Publication::Outbox] {
+            assert_eq!(serde_json::to_value(mode).unwrap(), mode.as_str());
+            assert_eq!(Publication::parse(mode.as_str()).unwrap(), mode);
+        }
+        for state in [
+            PublicationState::PendingPublication,
+            PublicationState::Stored,
+            PublicationState::Failed,
+        ] {
+            assert_eq!(serde_json::to_value(state).unwrap(), state.as_str());
+        }
+        assert_eq!(format!("{:<6}|", Publication::Sync), "sync  |");
     }
 }

@@ -4,10 +4,11 @@
 
 use uuid::Uuid;
 
-use super::Direction;
 use super::mover::Mover;
-use crate::backend::{Envelope, Locator, MessagingBackend, PostgresBackend, Published};
+use super::{Direction, ItemState};
+use crate::backend::{BackendKind, Envelope, Locator, MessagingBackend, Published};
 use crate::error::{BusError, BusResult};
+use crate::store::conversations::PublicationState;
 use crate::store::outbox::body_digest;
 
 /// A message to move, in seq order.
@@ -15,11 +16,11 @@ use crate::store::outbox::body_digest;
 struct Source {
     seq: i64,
     id: Uuid,
-    publication_state: String,
+    publication_state: PublicationState,
     body: String,
     body_sha256: Vec<u8>,
     canonical_locator: Option<String>,
-    backend: String,
+    backend: BackendKind,
 }
 
 impl Mover<'_> {
@@ -61,10 +62,10 @@ impl Mover<'_> {
             };
             after_seq = last.seq;
             for source in page {
-                match source.publication_state.as_str() {
-                    "stored" => {}
-                    "pending_publication" if phase == "copying" => continue,
-                    state => {
+                match source.publication_state {
+                    PublicationState::Stored => {}
+                    PublicationState::PendingPublication if phase == "copying" => continue,
+                    state @ (PublicationState::PendingPublication | PublicationState::Failed) => {
                         return Err(BusError::conflict(format!(
                             "message {} (seq {}) is {state}: it is stored on no backend, so \
                              it cannot be moved, and the move will not cut over without it. \
@@ -117,14 +118,14 @@ impl Mover<'_> {
         // there before and back). The broker's deduplication is windowed, so
         // a republish after a long interruption would store a second entry.
         if let Some(found) = self.copy_already_there(source.id, &sum).await? {
-            self.mark_item(source.id, "verified", Some(&found), None)
+            self.mark_item(source.id, ItemState::Verified, Some(&found), None)
                 .await?;
             self.done.resumed += 1;
             self.done.bytes_copied += body.len() as i64;
             return Ok(());
         }
         let locator = self.write_target(source, &body).await?;
-        self.mark_item(source.id, "copied", Some(&locator), None)
+        self.mark_item(source.id, ItemState::Copied, Some(&locator), None)
             .await?;
         // Read back from the target and compare (M9).
         let back = self
@@ -138,7 +139,8 @@ impl Mover<'_> {
                     Some(_) => "checksum mismatch: the target holds a different body",
                     None => "the target could not read the copy back",
                 };
-                self.mark_item(source.id, "failed", None, Some(why)).await?;
+                self.mark_item(source.id, ItemState::Failed, None, Some(why))
+                    .await?;
                 return Err(BusError::conflict(format!(
                     "message {} was copied to {} and read back wrong ({why}). Nothing was cut \
                      over; the thread is reopened on {}.",
@@ -148,7 +150,8 @@ impl Mover<'_> {
                 )));
             }
         }
-        self.mark_item(source.id, "verified", None, None).await?;
+        self.mark_item(source.id, ItemState::Verified, None, None)
+            .await?;
         self.done.copied += 1;
         self.done.bytes_copied += body.len() as i64;
         Ok(())
@@ -176,7 +179,7 @@ impl Mover<'_> {
         )
         .bind(self.team_id)
         .bind(message_id)
-        .bind(self.direction.column())
+        .bind(self.direction)
         .bind(self.migration_id)
         .fetch_all(self.pool)
         .await?;
@@ -199,7 +202,7 @@ impl Mover<'_> {
     /// The body from where it actually is: the row for a postgres-backed
     /// message, the broker (by its locator) otherwise.
     async fn read_source(&self, source: &Source) -> BusResult<String> {
-        if source.backend == PostgresBackend::NAME {
+        if source.backend == BackendKind::Postgres {
             return Ok(source.body.clone());
         }
         let Some(locator) = &source.canonical_locator else {
@@ -282,7 +285,7 @@ impl Mover<'_> {
     async fn mark_item(
         &self,
         message_id: Uuid,
-        state: &str,
+        state: ItemState,
         locator: Option<&str>,
         error: Option<&str>,
     ) -> BusResult<()> {

@@ -52,7 +52,7 @@ use std::time::Duration;
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::backend::{JetStreamBackend, PostgresBackend};
+use crate::backend::BackendKind;
 use crate::error::{BusError, BusResult};
 use crate::store::lost_bodies::KnownLost;
 
@@ -81,11 +81,16 @@ pub use mover::{abort, run};
 pub use pause::{Unpaused, is_paused, unpause};
 pub use plan::plan;
 
-/// Where a move is going.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+/// Where a move is going, stored as `conversation_migrations.direction`
+/// (`to_jetstream`, `to_postgres`). Its JSON spelling (`to_jet_stream`) is
+/// the answer's, kept as it was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, sqlx::Type)]
+#[sqlx(type_name = "text")]
 #[serde(rename_all = "snake_case")]
 pub enum Direction {
+    #[sqlx(rename = "to_jetstream")]
     ToJetStream,
+    #[sqlx(rename = "to_postgres")]
     ToPostgres,
 }
 
@@ -102,10 +107,10 @@ impl Direction {
         }
     }
 
-    pub fn target(self) -> &'static str {
+    pub fn target(self) -> BackendKind {
         match self {
-            Direction::ToJetStream => JetStreamBackend::NAME,
-            Direction::ToPostgres => PostgresBackend::NAME,
+            Direction::ToJetStream => BackendKind::Jetstream,
+            Direction::ToPostgres => BackendKind::Postgres,
         }
     }
 
@@ -116,6 +121,14 @@ impl Direction {
             Direction::ToPostgres => "to_postgres",
         }
     }
+
+    /// `to jetstream` or `to postgres`, as a sentence names it.
+    pub fn in_words(self) -> &'static str {
+        match self {
+            Direction::ToJetStream => "to jetstream",
+            Direction::ToPostgres => "to postgres",
+        }
+    }
 }
 
 /// What moving one conversation would take, and whether it can be moved.
@@ -123,7 +136,7 @@ impl Direction {
 pub struct Plan {
     pub conversation_id: Uuid,
     pub title: String,
-    pub current_backend: String,
+    pub current_backend: BackendKind,
     /// Every message that is not tombstoned, whatever its publication state:
     /// each one moves or the move is refused (a tombstone has no body left).
     pub messages: i64,
@@ -181,7 +194,34 @@ pub struct Outcome {
     pub bytes_copied: i64,
     /// How long writes to the thread were refused.
     pub paused_ms: i64,
-    pub state: String,
+    pub state: MoveState,
+}
+
+/// A move run's state, stored as `conversation_migrations.state`. Open while
+/// planned, copying or verified (one open run per conversation); cut over
+/// and failed are final.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
+pub enum MoveState {
+    Planned,
+    Copying,
+    Verified,
+    CutOver,
+    Failed,
+}
+
+/// One message's state in a move, stored as
+/// `conversation_migration_items.state`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+pub enum ItemState {
+    Planned,
+    /// Written to the target, not yet read back.
+    Copied,
+    /// Read back from the target and matching its digest.
+    Verified,
+    Failed,
 }
 
 /// How long, at most, a move waits under its pause for the messages still
@@ -210,7 +250,7 @@ async fn lock_conversation(
 async fn open_run_of(
     conn: &mut sqlx::PgConnection,
     conversation_id: Uuid,
-) -> BusResult<Option<(Uuid, String)>> {
+) -> BusResult<Option<(Uuid, Direction)>> {
     Ok(sqlx::query_as(
         "SELECT id, direction FROM conversation_migrations
           WHERE conversation_id = $1 AND state IN ('planned', 'copying', 'verified')",
@@ -231,4 +271,24 @@ async fn run_is_open(conn: &mut sqlx::PgConnection, migration_id: Uuid) -> BusRe
     .fetch_optional(conn)
     .await?;
     Ok(open.is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Direction, MoveState};
+
+    /// A move's answer spells its state as stored, and its direction as it
+    /// always has (the stored `to_jetstream` is the column's, not the JSON's).
+    #[test]
+    fn answers_spell_as_before() {
+        assert_eq!(
+            serde_json::to_value(MoveState::CutOver).unwrap(),
+            "cut_over"
+        );
+        assert_eq!(
+            serde_json::to_value(Direction::ToJetStream).unwrap(),
+            "to_jet_stream"
+        );
+        assert_eq!(Direction::ToPostgres.in_words(), "to postgres");
+    }
 }

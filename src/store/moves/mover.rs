@@ -10,11 +10,13 @@ use uuid::Uuid;
 
 use super::pause::lift_orphaned_pause;
 use super::{
-    Direction, Outcome, Progress, SETTLE_WAIT, lock_conversation, open_run_of, plan, run_is_open,
+    Direction, MoveState, Outcome, Progress, SETTLE_WAIT, lock_conversation, open_run_of, plan,
+    run_is_open,
 };
-use crate::backend::{AnyBackend, Backends, JetStreamBackend};
+use crate::backend::{AnyBackend, BackendKind, Backends};
 use crate::error::{BusError, BusResult};
 use crate::store::Actor;
+use crate::store::conversations::Publication;
 use crate::store::lost_bodies::{self, KnownLost};
 
 /// One move in progress.
@@ -57,7 +59,7 @@ pub async fn run(
 ) -> BusResult<Outcome> {
     // Both directions talk to the broker: one writes to it, the other reads
     // from it. Without one, refuse before anything is written.
-    let jetstream = backends.for_message(JetStreamBackend::NAME, team_id)?;
+    let jetstream = backends.for_message(BackendKind::Jetstream, team_id)?;
     let target = backends.for_message(direction.target(), team_id)?;
     refuse_a_longer_backoff(
         pool,
@@ -90,7 +92,7 @@ pub async fn run(
             bytes: 0,
             bytes_copied: 0,
             paused_ms: 0,
-            state: "copying".into(),
+            state: MoveState::Copying,
         },
     };
     let moved = async {
@@ -213,11 +215,11 @@ async fn open_run(
     let mut tx = pool.begin().await?;
     lock_conversation(&mut tx, team_id, conversation_id).await?;
     if let Some((id, open_direction)) = open_run_of(&mut tx, conversation_id).await? {
-        if open_direction != direction.column() {
+        if open_direction != direction {
             return Err(BusError::conflict(format!(
                 "a move of conversation {conversation_id} {} is already open. Let it finish (run \
                  the same command again to resume it) before moving it the other way.",
-                open_direction.replace('_', " ")
+                open_direction.in_words()
             )));
         }
         tx.commit().await?;
@@ -231,7 +233,7 @@ async fn open_run(
     .bind(id)
     .bind(team_id)
     .bind(conversation_id)
-    .bind(direction.column())
+    .bind(direction)
     .bind(started_by)
     .execute(&mut *tx)
     .await?;
@@ -449,13 +451,14 @@ impl Mover<'_> {
         sqlx::query(
             "UPDATE conversations
                 SET backend = $3,
-                    publication = CASE WHEN $3 = 'postgres' THEN 'sync' ELSE 'outbox' END,
+                    publication = $4,
                     write_paused_at = NULL
               WHERE team_id = $1 AND id = $2",
         )
         .bind(self.team_id)
         .bind(self.conversation_id)
         .bind(self.direction.target())
+        .bind(Publication::for_backend(self.direction.target()))
         .execute(&mut *tx)
         .await?;
         let paused_ms: Option<i64> = sqlx::query_scalar(
@@ -483,7 +486,7 @@ impl Mover<'_> {
         self.done.bytes = bytes;
         self.done.paused_ms = paused_ms.unwrap_or(0);
         self.done.skipped = self.totals.0 - self.done.copied - self.done.resumed;
-        self.done.state = "cut_over".into();
+        self.done.state = MoveState::CutOver;
         self.report("cut_over");
         Ok(())
     }
@@ -498,7 +501,7 @@ impl Mover<'_> {
 /// owns is still lifted: left, it would refuse every send for good.
 pub async fn abort(pool: &PgPool, migration_id: Uuid, why: &str) -> BusResult<()> {
     let mut tx = pool.begin().await?;
-    let run: Option<(Uuid, Uuid, String)> = sqlx::query_as(
+    let run: Option<(Uuid, Uuid, Direction)> = sqlx::query_as(
         "SELECT team_id, conversation_id, direction FROM conversation_migrations WHERE id = $1",
     )
     .bind(migration_id)
@@ -518,7 +521,7 @@ pub async fn abort(pool: &PgPool, migration_id: Uuid, why: &str) -> BusResult<()
     .bind(why)
     .fetch_optional(&mut *tx)
     .await?;
-    if failed.is_some() && direction == Direction::ToPostgres.column() {
+    if failed.is_some() && direction == Direction::ToPostgres {
         sqlx::query(
             "UPDATE conversation_messages m
                 SET body = ''

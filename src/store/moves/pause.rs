@@ -59,8 +59,8 @@ pub async fn unpause(
              nothing was changed. Run `conversations migrate --to {} --conversation \
              {conversation_id} --apply` again to resume it: it either finishes or fails and \
              lifts the pause.",
-            direction.replace('_', " "),
-            direction.trim_start_matches("to_")
+            direction.in_words(),
+            direction.target()
         )));
     }
     let paused_seconds: Option<i64> = sqlx::query_scalar(

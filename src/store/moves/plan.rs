@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use super::{Direction, Plan};
 use crate::backend::jetstream::{REQUIRED_MAX_PAYLOAD, body_stream_name, inbox_stream_name};
-use crate::backend::{Backends, JetStreamBackend};
+use crate::backend::{BackendKind, Backends};
 use crate::error::{BusError, BusResult};
 use crate::store::lost_bodies;
 
@@ -26,7 +26,7 @@ pub async fn plan(
     struct Row {
         conversation_id: Uuid,
         title: String,
-        current_backend: String,
+        current_backend: BackendKind,
         paused: bool,
         messages: i64,
         bytes: i64,
@@ -65,7 +65,7 @@ pub async fn plan(
     .bind(team_id)
     .bind(only)
     .bind(direction.target())
-    .bind(direction.column())
+    .bind(direction)
     .fetch_all(pool)
     .await?;
     if let Some(missing) = only
@@ -145,7 +145,7 @@ async fn check_target(backends: &Backends, team_id: Uuid, direction: Direction) 
         return Ok(());
     }
     // Configured, connected: the same refusal a send would get otherwise.
-    backends.for_message(JetStreamBackend::NAME, team_id)?;
+    backends.for_message(BackendKind::Jetstream, team_id)?;
     let Some(broker) = backends.broker() else {
         return Err(crate::backend::routing::no_broker());
     };

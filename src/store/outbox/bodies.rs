@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::backend::{Backends, Locator, MessagingBackend};
+use crate::backend::{BackendKind, Backends, Locator, MessagingBackend};
 use crate::error::BusResult;
 
 /// Bodies one sweep pass releases at most: a large backlog costs bounded work.
@@ -29,7 +29,7 @@ macro_rules! no_migration_holds {
     };
 }
 
-type Candidate = (Uuid, Uuid, String, String, Vec<u8>, DateTime<Utc>);
+type Candidate = (Uuid, Uuid, BackendKind, String, Vec<u8>, DateTime<Utc>);
 
 /// Drop the local copy of bodies whose backend confirms, now, that it holds
 /// them (O18). Until then a body lives in both places on purpose: losing it
@@ -59,7 +59,7 @@ pub async fn release_published_bodies(
     let mut confirmed: Vec<Uuid> = Vec::new();
     // A backend that fails is skipped for the rest of this pass, per team:
     // other teams' bodies are still confirmable.
-    let mut unusable: HashSet<(String, Uuid)> = HashSet::new();
+    let mut unusable: HashSet<(BackendKind, Uuid)> = HashSet::new();
     'scan: while examined < SCAN_LIMIT && confirmed.len() < RELEASE_BATCH {
         let page: Vec<Candidate> =
             sqlx::query_as(concat!(
@@ -87,17 +87,17 @@ pub async fn release_published_bodies(
         if page.is_empty() {
             break;
         }
-        for (message_id, team_id, backend_name, locator, digest, created_at) in page {
+        for (message_id, team_id, backend_kind, locator, digest, created_at) in page {
             cursor = Some((created_at, message_id));
             examined += 1;
-            if unusable.contains(&(backend_name.clone(), team_id)) {
+            if unusable.contains(&(backend_kind, team_id)) {
                 continue;
             }
-            let backend = match backends.for_message(&backend_name, team_id) {
+            let backend = match backends.for_message(backend_kind, team_id) {
                 Ok(backend) => backend,
                 Err(e) => {
                     tracing::debug!(error = %e, %team_id, "this backend cannot be opened; its bodies stay");
-                    unusable.insert((backend_name, team_id));
+                    unusable.insert((backend_kind, team_id));
                     continue;
                 }
             };
@@ -111,7 +111,7 @@ pub async fn release_published_bodies(
                     "the backend no longer holds this body; keeping the local copy"),
                 Err(e) => {
                     tracing::debug!(error = %e, %message_id, "the backend did not answer; its bodies stay");
-                    unusable.insert((backend_name, team_id));
+                    unusable.insert((backend_kind, team_id));
                 }
             }
             if confirmed.len() >= RELEASE_BATCH || examined >= SCAN_LIMIT {
@@ -159,7 +159,7 @@ pub fn body_digest(body: &str) -> [u8; 32] {
 pub async fn tombstone_released(
     pool: &PgPool,
     message_id: Uuid,
-    backend: &str,
+    backend: BackendKind,
     locator: &str,
     reason: &str,
 ) -> BusResult<bool> {

@@ -8,14 +8,15 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::{LEASE_SECS, Lease};
+use crate::backend::BackendKind;
 use crate::error::BusResult;
 
-type LeaseRow = (Uuid, Uuid, Uuid, String, String, Uuid, i64, i32);
+type LeaseRow = (Uuid, Uuid, Uuid, BackendKind, String, Uuid, i64, i32);
 type DueRow = (
     Uuid,
     Uuid,
     Uuid,
-    String,
+    BackendKind,
     String,
     Uuid,
     i64,
@@ -50,7 +51,7 @@ pub async fn lease(pool: &PgPool, worker: &str) -> BusResult<Option<Lease>> {
 pub async fn lease_due(
     pool: &PgPool,
     worker: &str,
-    backends: Option<&[&str]>,
+    backends: Option<&[BackendKind]>,
     limit: i64,
 ) -> BusResult<Vec<Lease>> {
     // The due slots are picked and locked once, in a materialized CTE, and

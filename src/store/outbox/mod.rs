@@ -34,7 +34,7 @@
 
 use uuid::Uuid;
 
-use crate::backend::Envelope;
+use crate::backend::{BackendKind, Envelope};
 use crate::error::{BusError, BusResult};
 
 mod bodies;
@@ -77,7 +77,7 @@ pub struct Lease {
     pub team_id: Uuid,
     /// The backend this slot was enqueued for; a worker for another one must
     /// not publish it.
-    pub backend: String,
+    pub backend: BackendKind,
     pub payload: String,
     pub publish_key: Uuid,
     /// The generation this lease was taken at. A settle that does not match
@@ -124,7 +124,7 @@ pub async fn enqueue(
     message_id: Uuid,
     conversation_id: Uuid,
     team_id: Uuid,
-    backend: &str,
+    backend: BackendKind,
     payload: &str,
 ) -> BusResult<Uuid> {
     check_payload(payload)?;

@@ -3,7 +3,9 @@
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use crate::backend::BackendKind;
 use crate::error::{BusError, BusResult};
+use crate::store::conversations::Publication;
 
 /// Switch a conversation between synchronous and outbox publication (O15).
 ///
@@ -15,10 +17,10 @@ pub async fn set_publication(
     pool: &PgPool,
     team_id: Uuid,
     conversation_id: Uuid,
-    outbox: bool,
+    mode: Publication,
 ) -> BusResult<()> {
     let mut tx = pool.begin().await?;
-    switch_publication(&mut tx, team_id, conversation_id, outbox).await?;
+    switch_publication(&mut tx, team_id, conversation_id, mode).await?;
     tx.commit().await?;
     Ok(())
 }
@@ -30,9 +32,9 @@ pub(crate) async fn switch_publication(
     tx: &mut sqlx::PgConnection,
     team_id: Uuid,
     conversation_id: Uuid,
-    outbox: bool,
-) -> BusResult<String> {
-    let row: Option<(String, String)> = sqlx::query_as(
+    mode: Publication,
+) -> BusResult<Publication> {
+    let row: Option<(BackendKind, Publication)> = sqlx::query_as(
         "SELECT backend, publication FROM conversations WHERE team_id = $1 AND id = $2 FOR UPDATE",
     )
     .bind(team_id)
@@ -44,13 +46,13 @@ pub(crate) async fn switch_publication(
             "no conversation {conversation_id} in this team."
         )));
     };
-    if !outbox && backend != crate::backend::PostgresBackend::NAME {
+    if mode == Publication::Sync && backend != BackendKind::Postgres {
         return Err(BusError::conflict(format!(
             "conversation {conversation_id} keeps its bodies on {backend}, which only the outbox \
              publishes to. Move it to postgres (`conversations migrate --to postgres`) instead."
         )));
     }
-    if !outbox {
+    if mode == Publication::Sync {
         let in_flight: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM conversation_outbox
               WHERE conversation_id = $1 AND state <> 'failed'",
@@ -69,7 +71,7 @@ pub(crate) async fn switch_publication(
     sqlx::query("UPDATE conversations SET publication = $3 WHERE team_id = $1 AND id = $2")
         .bind(team_id)
         .bind(conversation_id)
-        .bind(if outbox { "outbox" } else { "sync" })
+        .bind(mode)
         .execute(&mut *tx)
         .await?;
     Ok(before)

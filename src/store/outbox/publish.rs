@@ -69,11 +69,11 @@ pub async fn run_once<B: MessagingBackend>(
     let Some(lease) = lease(pool, worker).await? else {
         return Ok(None);
     };
-    if lease.backend != backend.name() {
+    if lease.backend != backend.kind() {
         tracing::warn!(
             slot = %lease.message_id,
             wanted = %lease.backend,
-            worker = backend.name(),
+            worker = %backend.kind(),
             "a worker leased a slot for another backend; releasing it"
         );
         release(pool, &lease, "leased by a worker for another backend").await?;

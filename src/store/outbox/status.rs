@@ -5,7 +5,9 @@ use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use crate::backend::BackendKind;
 use crate::error::BusResult;
+use crate::store::conversations::Publication;
 use crate::store::teams;
 
 /// What is outstanding for a team (O14).
@@ -61,9 +63,8 @@ async fn status_of(pool: &PgPool, team_id: Option<Uuid>) -> BusResult<Status> {
 pub struct ConversationPublication {
     pub conversation_id: Uuid,
     pub title: String,
-    pub backend: String,
-    /// `sync` or `outbox`.
-    pub publication: String,
+    pub backend: BackendKind,
+    pub publication: Publication,
     /// Seconds writes have been paused for a backend move, if they are.
     pub paused_seconds: Option<i64>,
     pub pending: i64,
@@ -78,14 +79,14 @@ pub struct ConversationPublication {
 pub struct TeamPublication {
     pub team: String,
     /// Where new conversations go.
-    pub conversation_backend: String,
+    pub conversation_backend: BackendKind,
     pub outbox: Status,
     pub conversations: Vec<ConversationPublication>,
 }
 
 pub async fn team_report(pool: &PgPool, team: &str) -> BusResult<TeamPublication> {
     let found = teams::find(pool, team).await?;
-    let conversation_backend: String =
+    let conversation_backend: BackendKind =
         sqlx::query_scalar("SELECT conversation_backend FROM teams WHERE id = $1")
             .bind(found.id)
             .fetch_one(pool)

@@ -8,7 +8,7 @@ use uuid::Uuid;
 use super::lease::{lease_one, unlease};
 use super::settle::settle;
 use super::{Lease, Settled};
-use crate::backend::{MessagingBackend, Published};
+use crate::backend::{BackendKind, MessagingBackend, Published};
 use crate::error::BusResult;
 
 /// When an uncertain slot is due again.
@@ -69,7 +69,7 @@ pub async fn resolve_uncertain<B: MessagingBackend>(
           ORDER BY o.created_at",
     )
     .bind(team_id)
-    .bind(backend.name())
+    .bind(backend.kind())
     .fetch_all(pool)
     .await?;
     let mut resolved = 0;
@@ -108,7 +108,7 @@ pub async fn resolve_uncertain<B: MessagingBackend>(
 }
 
 /// The teams with an uncertain publication, for the reconciler's pass.
-pub async fn teams_with_uncertain(pool: &PgPool) -> BusResult<Vec<(Uuid, String)>> {
+pub async fn teams_with_uncertain(pool: &PgPool) -> BusResult<Vec<(Uuid, BackendKind)>> {
     Ok(sqlx::query_as(
         "SELECT DISTINCT o.team_id, o.backend
            FROM conversation_outbox o
