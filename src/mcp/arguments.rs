@@ -17,6 +17,8 @@
 //! (lengths, ranges such as 30..86400, the statuses a schema lists) stay with
 //! the store, which explains its own refusals. Anything this misses still
 //! fails in deserialisation, and [`schema_summary`] words that refusal.
+//!
+//! Size: about 460 lines of code (one schema walk) and 330 of unit tests.
 
 use serde_json::{Map, Value};
 

@@ -8,6 +8,9 @@
 //! owed, so whatever a broker loses is rebuilt from here and from
 //! `message_receipts`. A receipt is owed to the window holding its seat now
 //! (a transfer moves the seat; `recipient_session` keeps who it was sent to).
+//!
+//! Size: about 620 lines of one concept (what a window is owed, from queueing
+//! to confirmation), plus its unit tests.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;

@@ -10,6 +10,10 @@
 //! `only_new` reads return only rows whose writing transaction is below the
 //! snapshot's xmin horizon, so a message committed late by a slow transaction
 //! is returned by a later read instead of being skipped (see migration 0003).
+//!
+//! Size: about 680 lines, past the ~600 the layout asks for: posting, reading
+//! with cursors and search are three seams. Issue 19 reworks reading and
+//! search for cost bounded by the page; the file splits along them then.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;

@@ -24,6 +24,8 @@
 //! The body is looked at in one pass that allocates only for short strings
 //! (`jsonrpc`, `id`, `method`, a tool's name): an 8 MiB message costs a scan,
 //! not a second copy of itself.
+//!
+//! Size: about 430 lines of code and 200 of unit tests for its refusals.
 
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
