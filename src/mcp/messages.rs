@@ -145,7 +145,8 @@ impl BusServer {
     #[tool(
         description = "Read messages. By default returns what this window has not read yet in \
                           `scope` (oldest first) and marks it read; `more: true` means read again. \
-                          Cursors are per window and per scope."
+                          Cursors are per window and per scope. A message committed late by \
+                          another writer is returned by a later read, never skipped."
     )]
     async fn read_messages(
         &self,
@@ -181,7 +182,9 @@ impl BusServer {
     }
 
     #[tool(
-        description = "The team's channels with their topics and message counts.",
+        description = "The team's channels with their topics, message counts, last message \
+                          time, and what this window has not read in each: `unread`, counted up \
+                          to 1000 (`unread_at_least: true` means 1000 or more).",
         annotations(read_only_hint = true)
     )]
     async fn list_channels(

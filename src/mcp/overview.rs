@@ -24,7 +24,9 @@ pub struct DigestArgs {
 impl BusServer {
     #[tool(
         description = "Who you are on the bus (agent, team, window, address) and your pending work: \
-                       unread direct messages and tasks you hold. Identity comes from your token; \
+                       unread direct messages (counted up to 1000; \
+                       `unread_direct_messages_at_least: true` means 1000 or more) and tasks you \
+                       hold. Identity comes from your token; \
                        the window from the X-Crew-Session header or your session credential.",
         annotations(read_only_hint = true)
     )]
@@ -38,8 +40,10 @@ impl BusServer {
     }
 
     #[tool(
-        description = "What the team did in the last `hours`: per channel a count and the latest \
-                       messages (your focused channel unless all_channels; announcements always), \
+        description = "What the team did in the last `hours`: per channel a count (among its \
+                       newest 1000 messages; `messages_at_least: true` means 1000 or more) and \
+                       the latest messages (your focused channel unless all_channels; \
+                       announcements always), \
                        tasks that moved, notes updated, agents seen. Never DMs.",
         annotations(read_only_hint = true)
     )]

@@ -13,7 +13,7 @@ use serde::Serialize;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::{sessions, text};
+use super::{messages, sessions, text};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -32,13 +32,19 @@ pub struct Channel {
     pub created_at: DateTime<Utc>,
 }
 
-#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize)]
 pub struct ChannelSummary {
     pub name: String,
     pub topic: Option<String>,
+    /// Every message the channel holds (a counter kept by each post).
     pub messages: i64,
     pub last_message_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
+    /// Messages this window has not read in the channel (past its `#name`
+    /// and `all` cursors, not its own posts), counted up to 1000.
+    pub unread: i64,
+    /// True when `unread` stopped at 1000: at least that many.
+    pub unread_at_least: bool,
 }
 
 /// `#Backend ` → `backend`; refused unless `[a-z0-9][a-z0-9._-]*`, <= 64 bytes.
@@ -172,17 +178,51 @@ pub async fn find(bus: &Bus, me: &Identity, name: &str) -> BusResult<Option<Chan
     .await?)
 }
 
-/// `list_channels`: every channel of the team with its message count.
+/// `list_channels`: every channel of the team with its message count (the
+/// channel's counters, kept by each post under the team's position lock) and
+/// this window's unread count, bounded: each channel walks at most
+/// `UNREAD_COUNT_CAP + 1` entries of its position index past the cursor.
 pub async fn list(bus: &Bus, me: &Identity) -> BusResult<Vec<ChannelSummary>> {
-    Ok(sqlx::query_as(
-        "SELECT c.name, c.topic, c.created_at,
-                count(m.id) AS messages, max(m.created_at) AS last_message_at
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        name: String,
+        topic: Option<String>,
+        messages: i64,
+        last_message_at: Option<DateTime<Utc>>,
+        created_at: DateTime<Utc>,
+        unread: i64,
+    }
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT c.name, c.topic, c.created_at, c.message_count AS messages, c.last_message_at,
+                (SELECT count(*) FROM (
+                     SELECT 1 FROM messages m
+                     WHERE m.team_id = c.team_id AND m.channel_id = c.id
+                       AND m.position > (
+                           SELECT coalesce(max(r.last_position), 0) FROM read_cursors r
+                           WHERE r.team_id = $1 AND r.agent_id = $2 AND r.session = $3
+                             AND r.scope IN ('#' || c.name, 'all'))
+                       AND NOT (m.sender_id = $2 AND m.sender_session = $3)
+                     ORDER BY m.position LIMIT $4) past) AS unread
          FROM channels c
-         LEFT JOIN messages m ON m.team_id = c.team_id AND m.channel_id = c.id
          WHERE c.team_id = $1
-         GROUP BY c.id ORDER BY c.name",
+         ORDER BY c.name",
     )
     .bind(me.team_id)
+    .bind(me.agent_id)
+    .bind(&me.window)
+    .bind(messages::UNREAD_COUNT_CAP + 1)
     .fetch_all(&bus.pool)
-    .await?)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| ChannelSummary {
+            name: row.name,
+            topic: row.topic,
+            messages: row.messages,
+            last_message_at: row.last_message_at,
+            created_at: row.created_at,
+            unread: row.unread.min(messages::UNREAD_COUNT_CAP),
+            unread_at_least: row.unread > messages::UNREAD_COUNT_CAP,
+        })
+        .collect())
 }

@@ -40,7 +40,10 @@ pub struct WhoAmI {
     pub role: Option<String>,
     /// Where post_message goes without `channel` or `to`.
     pub default_channel: Option<String>,
+    /// Unread direct messages to this window, counted up to 1000.
     pub unread_direct_messages: i64,
+    /// True when the count stopped at 1000: there are at least that many.
+    pub unread_direct_messages_at_least: bool,
     /// Tasks this window holds with a live lease.
     pub open_claimed_tasks: i64,
 }
@@ -48,7 +51,7 @@ pub struct WhoAmI {
 pub async fn whoami(bus: &Bus, me: &Identity) -> BusResult<WhoAmI> {
     let (project, role) = presence::window_labels(&bus.pool, me).await?;
     let default_channel = messages::default_channel(bus, me).await?;
-    let unread_direct_messages = messages::unread_direct(bus, me).await?;
+    let unread = messages::unread_direct(bus, me).await?;
     let open_claimed_tasks = tasks::count_claimed(bus, me).await?;
     Ok(WhoAmI {
         agent: me.agent.clone(),
@@ -66,7 +69,8 @@ pub async fn whoami(bus: &Bus, me: &Identity) -> BusResult<WhoAmI> {
         project,
         role,
         default_channel,
-        unread_direct_messages,
+        unread_direct_messages: unread.count,
+        unread_direct_messages_at_least: unread.at_least,
         open_claimed_tasks,
     })
 }
@@ -87,8 +91,11 @@ pub struct Digest {
 #[derive(Clone, Debug, Serialize)]
 pub struct ChannelActivity {
     pub channel: String,
-    /// Messages counted in the period (outside the focus: announcements only).
+    /// Messages counted in the period (outside the focus: announcements
+    /// only), among the channel's newest 1000: counting stops there.
     pub messages: i64,
+    /// True when counting stopped at 1000: at least that many.
+    pub messages_at_least: bool,
     pub latest: Vec<DigestMessage>,
 }
 
@@ -168,21 +175,32 @@ pub async fn team_digest(
         announce: bool,
         created_at: DateTime<Utc>,
     }
+    // Bounded by the page: only channels with a message in the period (the
+    // channel's counters say so), and in each only its newest
+    // UNREAD_COUNT_CAP + 1 messages, walked back on the channel's position
+    // index (which carries created_at and announce), are counted and shown.
     let rows: Vec<Row> = sqlx::query_as(
-        "SELECT channel, total, id, \"from\", preview, announce, created_at FROM (
-             SELECT c.name AS channel, m.id, m.announce, m.created_at, m.xact_id, m.seq,
-                    left(m.body, $5) AS preview,
-                    CASE WHEN m.sender_session = '' THEN s.name ELSE s.name || '/' || m.sender_session END AS \"from\",
-                    count(*) OVER (PARTITION BY m.channel_id) AS total,
-                    row_number() OVER (PARTITION BY m.channel_id ORDER BY m.xact_id DESC, m.seq DESC) AS rn
-             FROM messages m
-             JOIN channels c ON c.team_id = m.team_id AND c.id = m.channel_id
-             JOIN agents s ON s.team_id = m.team_id AND s.id = m.sender_id
-             WHERE m.team_id = $1 AND m.channel_id IS NOT NULL AND m.created_at > $2
-               AND ($3 OR m.channel_id = $4 OR m.announce)
-         ) recent
-         WHERE rn <= $6
-         ORDER BY channel, xact_id, seq",
+        "SELECT c.name AS channel, counted.total, m.id, left(m.body, $5) AS preview, m.announce,
+                m.created_at,
+                CASE WHEN m.sender_session = '' THEN s.name ELSE s.name || '/' || m.sender_session END AS \"from\"
+         FROM channels c
+         CROSS JOIN LATERAL (
+             SELECT count(*) AS total FROM (
+                 SELECT w.created_at, w.announce FROM messages w
+                 WHERE w.team_id = c.team_id AND w.channel_id = c.id
+                 ORDER BY w.position DESC LIMIT $7) newest
+             WHERE newest.created_at > $2 AND ($3 OR c.id = $4 OR newest.announce)) counted
+         CROSS JOIN LATERAL (
+             SELECT newest.id, newest.position FROM (
+                 SELECT w.id, w.position, w.created_at, w.announce FROM messages w
+                 WHERE w.team_id = c.team_id AND w.channel_id = c.id
+                 ORDER BY w.position DESC LIMIT $7) newest
+             WHERE newest.created_at > $2 AND ($3 OR c.id = $4 OR newest.announce)
+             ORDER BY newest.position DESC LIMIT $6) latest
+         JOIN messages m ON m.team_id = c.team_id AND m.id = latest.id
+         JOIN agents s ON s.team_id = m.team_id AND s.id = m.sender_id
+         WHERE c.team_id = $1 AND c.last_message_at > $2
+         ORDER BY c.name, latest.position",
     )
     .bind(me.team_id)
     .bind(since)
@@ -190,6 +208,7 @@ pub async fn team_digest(
     .bind(focus_id)
     .bind(PREVIEW_CHARS)
     .bind(LATEST_PER_CHANNEL)
+    .bind(messages::UNREAD_COUNT_CAP + 1)
     .fetch_all(&bus.pool)
     .await?;
     let mut channel_activity: Vec<ChannelActivity> = Vec::new();
@@ -200,7 +219,8 @@ pub async fn team_digest(
         {
             channel_activity.push(ChannelActivity {
                 channel: row.channel.clone(),
-                messages: row.total,
+                messages: row.total.min(messages::UNREAD_COUNT_CAP),
+                messages_at_least: row.total > messages::UNREAD_COUNT_CAP,
                 latest: Vec::new(),
             });
         }

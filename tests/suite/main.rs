@@ -24,6 +24,7 @@ mod jetstream;
 mod jetstream_bus;
 mod limits;
 mod locks;
+mod message_positions;
 mod messaging;
 mod migrations_landed;
 mod moves;
