@@ -59,12 +59,23 @@ DROP INDEX messages_dm_order;
 DROP INDEX messages_team_order;
 ALTER TABLE messages DROP COLUMN xact_id, DROP COLUMN seq;
 CREATE UNIQUE INDEX messages_team_position ON messages (team_id, position);
--- team_digest counts a channel's recent messages from this index alone.
+-- list_channels' unread counts and team_digest's counts read this index
+-- alone (an index-only scan once the table is vacuumed).
 CREATE INDEX messages_channel_position ON messages (team_id, channel_id, position)
-    INCLUDE (created_at, announce) WHERE channel_id IS NOT NULL;
+    INCLUDE (created_at, announce, sender_id, sender_session) WHERE channel_id IS NOT NULL;
+-- Direct messages: to or from one window (a window's reads), and to or from
+-- every window of an agent (`all_sessions`); each read walks one of these in
+-- position order from its cursor, so DMs of an agent's other windows are
+-- never scanned past.
 CREATE INDEX messages_recipient_position ON messages (team_id, recipient_id, position)
     WHERE recipient_id IS NOT NULL;
+CREATE INDEX messages_recipient_window_position
+    ON messages (team_id, recipient_id, recipient_session, position)
+    WHERE recipient_id IS NOT NULL;
 CREATE INDEX messages_sender_dm_position ON messages (team_id, sender_id, position)
+    WHERE recipient_id IS NOT NULL;
+CREATE INDEX messages_sender_window_dm_position
+    ON messages (team_id, sender_id, sender_session, position)
     WHERE recipient_id IS NOT NULL;
 
 -- A post with attachments inserts them before its message (the message's

@@ -165,7 +165,8 @@ impl BusServer {
 
     #[tool(
         description = "Full-text search over channel messages and your direct messages, best \
-                          match first. Emoji and other symbols (which full text ignores) match \
+                          match first among the newest 1000 matches (a rare word finds old \
+                          messages; for a common one, add words to narrow it). Emoji and other symbols (which full text ignores) match \
                           as written; a query of symbols alone lists the newest messages holding them.",
         annotations(read_only_hint = true)
     )]
@@ -184,7 +185,7 @@ impl BusServer {
     #[tool(
         description = "The team's channels with their topics, message counts, last message \
                           time, and what this window has not read in each: `unread`, counted up \
-                          to 1000 (`unread_at_least: true` means 1000 or more).",
+                          to 100 (`unread_at_least: true` means 100 or more).",
         annotations(read_only_hint = true)
     )]
     async fn list_channels(

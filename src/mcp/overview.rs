@@ -41,7 +41,7 @@ impl BusServer {
 
     #[tool(
         description = "What the team did in the last `hours`: per channel a count (among its \
-                       newest 1000 messages; `messages_at_least: true` means 1000 or more) and \
+                       newest 101 messages; `messages_at_least: true` means 100 or more) and \
                        the latest messages (your focused channel unless all_channels; \
                        announcements always), \
                        tasks that moved, notes updated, agents seen. Never DMs.",

@@ -41,9 +41,9 @@ pub struct ChannelSummary {
     pub last_message_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     /// Messages this window has not read in the channel (past its `#name`
-    /// and `all` cursors, not its own posts), counted up to 1000.
+    /// and `all` cursors, not its own posts), counted up to 100.
     pub unread: i64,
-    /// True when `unread` stopped at 1000: at least that many.
+    /// True when `unread` stopped at 100: at least that many.
     pub unread_at_least: bool,
 }
 
@@ -181,7 +181,7 @@ pub async fn find(bus: &Bus, me: &Identity, name: &str) -> BusResult<Option<Chan
 /// `list_channels`: every channel of the team with its message count (the
 /// channel's counters, kept by each post under the team's position lock) and
 /// this window's unread count, bounded: each channel walks at most
-/// `UNREAD_COUNT_CAP + 1` entries of its position index past the cursor.
+/// `CHANNEL_COUNT_CAP + 1` entries of its position index past the cursor.
 pub async fn list(bus: &Bus, me: &Identity) -> BusResult<Vec<ChannelSummary>> {
     #[derive(sqlx::FromRow)]
     struct Row {
@@ -210,19 +210,22 @@ pub async fn list(bus: &Bus, me: &Identity) -> BusResult<Vec<ChannelSummary>> {
     .bind(me.team_id)
     .bind(me.agent_id)
     .bind(&me.window)
-    .bind(messages::UNREAD_COUNT_CAP + 1)
+    .bind(messages::CHANNEL_COUNT_CAP + 1)
     .fetch_all(&bus.pool)
     .await?;
     Ok(rows
         .into_iter()
-        .map(|row| ChannelSummary {
-            name: row.name,
-            topic: row.topic,
-            messages: row.messages,
-            last_message_at: row.last_message_at,
-            created_at: row.created_at,
-            unread: row.unread.min(messages::UNREAD_COUNT_CAP),
-            unread_at_least: row.unread > messages::UNREAD_COUNT_CAP,
+        .map(|row| {
+            let unread = messages::BoundedCount::of(row.unread, messages::CHANNEL_COUNT_CAP);
+            ChannelSummary {
+                name: row.name,
+                topic: row.topic,
+                messages: row.messages,
+                last_message_at: row.last_message_at,
+                created_at: row.created_at,
+                unread: unread.count,
+                unread_at_least: unread.at_least,
+            }
         })
         .collect())
 }

@@ -92,9 +92,9 @@ pub struct Digest {
 pub struct ChannelActivity {
     pub channel: String,
     /// Messages counted in the period (outside the focus: announcements
-    /// only), among the channel's newest 1000: counting stops there.
+    /// only), among the channel's newest 101: counting stops at 100.
     pub messages: i64,
-    /// True when counting stopped at 1000: at least that many.
+    /// True when counting stopped at 100: at least that many.
     pub messages_at_least: bool,
     pub latest: Vec<DigestMessage>,
 }
@@ -177,29 +177,23 @@ pub async fn team_digest(
     }
     // Bounded by the page: only channels with a message in the period (the
     // channel's counters say so), and in each only its newest
-    // UNREAD_COUNT_CAP + 1 messages, walked back on the channel's position
+    // CHANNEL_COUNT_CAP + 1 messages, walked back on the channel's position
     // index (which carries created_at and announce), are counted and shown.
     let rows: Vec<Row> = sqlx::query_as(
-        "SELECT c.name AS channel, counted.total, m.id, left(m.body, $5) AS preview, m.announce,
+        "SELECT c.name AS channel, latest.total, m.id, left(m.body, $5) AS preview, m.announce,
                 m.created_at,
                 CASE WHEN m.sender_session = '' THEN s.name ELSE s.name || '/' || m.sender_session END AS \"from\"
          FROM channels c
          CROSS JOIN LATERAL (
-             SELECT count(*) AS total FROM (
-                 SELECT w.created_at, w.announce FROM messages w
-                 WHERE w.team_id = c.team_id AND w.channel_id = c.id
-                 ORDER BY w.position DESC LIMIT $7) newest
-             WHERE newest.created_at > $2 AND ($3 OR c.id = $4 OR newest.announce)) counted
-         CROSS JOIN LATERAL (
-             SELECT newest.id, newest.position FROM (
-                 SELECT w.id, w.position, w.created_at, w.announce FROM messages w
-                 WHERE w.team_id = c.team_id AND w.channel_id = c.id
-                 ORDER BY w.position DESC LIMIT $7) newest
-             WHERE newest.created_at > $2 AND ($3 OR c.id = $4 OR newest.announce)
-             ORDER BY newest.position DESC LIMIT $6) latest
-         JOIN messages m ON m.team_id = c.team_id AND m.id = latest.id
+             SELECT newest.position, count(*) OVER () AS total,
+                    row_number() OVER (ORDER BY newest.position DESC) AS rn
+             FROM (SELECT w.position, w.created_at, w.announce FROM messages w
+                   WHERE w.team_id = c.team_id AND w.channel_id = c.id
+                   ORDER BY w.position DESC LIMIT $7) newest
+             WHERE newest.created_at > $2 AND ($3 OR c.id = $4 OR newest.announce)) latest
+         JOIN messages m ON m.team_id = c.team_id AND m.position = latest.position
          JOIN agents s ON s.team_id = m.team_id AND s.id = m.sender_id
-         WHERE c.team_id = $1 AND c.last_message_at > $2
+         WHERE c.team_id = $1 AND c.last_message_at > $2 AND latest.rn <= $6
          ORDER BY c.name, latest.position",
     )
     .bind(me.team_id)
@@ -208,7 +202,7 @@ pub async fn team_digest(
     .bind(focus_id)
     .bind(PREVIEW_CHARS)
     .bind(LATEST_PER_CHANNEL)
-    .bind(messages::UNREAD_COUNT_CAP + 1)
+    .bind(messages::CHANNEL_COUNT_CAP + 1)
     .fetch_all(&bus.pool)
     .await?;
     let mut channel_activity: Vec<ChannelActivity> = Vec::new();
@@ -219,8 +213,8 @@ pub async fn team_digest(
         {
             channel_activity.push(ChannelActivity {
                 channel: row.channel.clone(),
-                messages: row.total.min(messages::UNREAD_COUNT_CAP),
-                messages_at_least: row.total > messages::UNREAD_COUNT_CAP,
+                messages: row.total.min(messages::CHANNEL_COUNT_CAP),
+                messages_at_least: row.total > messages::CHANNEL_COUNT_CAP,
                 latest: Vec::new(),
             });
         }

@@ -342,3 +342,219 @@ async fn migration_0021_numbers_history_per_team_and_converts_cursors() {
         .unwrap();
     assert_eq!(last, 5);
 }
+
+/// Seeds `n` channel messages from `sender` into `channel` (created if new)
+/// of `team` as the benchmark does, set-based: positions continue the team's
+/// counter, the counter and the channel's counters follow. `body` is an SQL
+/// expression over `g` (1..=n).
+async fn seed_channel(pool: &PgPool, team: &str, channel: &str, sender: &str, n: i64, body: &str) {
+    let sql = format!(
+        "WITH t AS (SELECT id FROM teams WHERE slug = $1),
+              base AS (SELECT coalesce((SELECT last_position FROM message_counters
+                                        WHERE team_id = (SELECT id FROM t)), 0) AS p),
+              inserted AS (
+                  INSERT INTO messages (id, team_id, channel_id, sender_id, sender_session, body,
+                                        position)
+                  SELECT gen_random_uuid(), t.id, c.id, a.id, '', {body}, base.p + g
+                  FROM t, base, generate_series(1, $4::bigint) g
+                  JOIN channels c ON c.name = $2 JOIN agents a ON a.name = $3
+                  WHERE c.team_id = (SELECT id FROM t) AND a.team_id = (SELECT id FROM t)
+                  RETURNING team_id, channel_id, position, created_at),
+              counter AS (
+                  INSERT INTO message_counters (team_id, last_position)
+                  SELECT team_id, max(position) FROM inserted GROUP BY team_id
+                  ON CONFLICT (team_id) DO UPDATE SET last_position = excluded.last_position)
+         UPDATE channels c SET message_count = c.message_count + s.n, last_position = s.p,
+                               last_message_at = s.at
+         FROM (SELECT channel_id, count(*) AS n, max(position) AS p, max(created_at) AS at
+               FROM inserted GROUP BY channel_id) s
+         WHERE c.id = s.channel_id"
+    );
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(team)
+        .bind(channel)
+        .bind(sender)
+        .bind(n)
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+// Issue 19 item 2, the bounded shapes: past their caps list_channels' unread
+// (100 a channel), team_digest's per-channel count (100) and whoami's unread
+// DMs (1000) say "at least"; below them they are exact and match what is
+// there; search ranks the newest 1000 matches of a word in every message and
+// still finds a rare word in the oldest one.
+#[tokio::test]
+async fn counts_stop_at_their_caps_and_search_ranks_the_newest_matches() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.mcp(&app.agent("acme", "alice").await, None).await;
+    let bob = app.mcp(&app.agent("acme", "bob").await, Some("w1")).await;
+    alice
+        .call(
+            "post_message",
+            json!({"channel": "quiet", "body": "first and rare: zebrafish"}),
+        )
+        .await
+        .unwrap();
+    seed_channel(&app.pool, "acme", "quiet", "alice", 4, "'common ' || g").await;
+    alice
+        .call(
+            "post_message",
+            json!({"channel": "busy", "body": "common opener"}),
+        )
+        .await
+        .unwrap();
+    seed_channel(&app.pool, "acme", "busy", "alice", 1500, "'common ' || g").await;
+
+    let listed = bob.call("list_channels", json!({})).await.unwrap();
+    let channels = listed["channels"].as_array().unwrap();
+    let by_name = |name: &str| channels.iter().find(|c| c["name"] == name).unwrap().clone();
+    assert_eq!(
+        (
+            by_name("quiet")["messages"].clone(),
+            by_name("quiet")["unread"].clone(),
+            by_name("quiet")["unread_at_least"].clone()
+        ),
+        (json!(5), json!(5), json!(false)),
+        "{listed}"
+    );
+    assert_eq!(
+        (
+            by_name("busy")["messages"].clone(),
+            by_name("busy")["unread"].clone(),
+            by_name("busy")["unread_at_least"].clone()
+        ),
+        (json!(1501), json!(100), json!(true)),
+        "{listed}"
+    );
+    // Reading moves the count: after the quiet channel's page, nothing unread there.
+    read_new(&bob, "quiet", 50).await;
+    let listed = bob.call("list_channels", json!({})).await.unwrap();
+    let quiet = listed["channels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "quiet")
+        .unwrap()
+        .clone();
+    assert_eq!(quiet["unread"], 0, "{listed}");
+    // The sender's own posts are not unread to it.
+    let mine = alice.call("list_channels", json!({})).await.unwrap();
+    assert!(
+        mine["channels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["unread"] == 0),
+        "{mine}"
+    );
+
+    let digest = bob
+        .call("team_digest", json!({"all_channels": true}))
+        .await
+        .unwrap();
+    let activity = digest["channels"].as_array().unwrap();
+    let busy = activity.iter().find(|c| c["channel"] == "busy").unwrap();
+    assert_eq!(
+        (busy["messages"].clone(), busy["messages_at_least"].clone()),
+        (json!(100), json!(true)),
+        "{digest}"
+    );
+    let quiet = activity.iter().find(|c| c["channel"] == "quiet").unwrap();
+    assert_eq!(
+        (
+            quiet["messages"].clone(),
+            quiet["messages_at_least"].clone()
+        ),
+        (json!(5), json!(false)),
+        "{digest}"
+    );
+
+    let rare = bob
+        .call("search_messages", json!({"query": "zebrafish"}))
+        .await
+        .unwrap();
+    let bodies: Vec<&str> = rare["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["body"].as_str().unwrap())
+        .collect();
+    assert_eq!(bodies, ["first and rare: zebrafish"], "{rare}");
+    let common = bob
+        .call("search_messages", json!({"query": "common", "limit": 200}))
+        .await
+        .unwrap();
+    let found: Vec<Uuid> = common["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(found.len(), 200, "{common}");
+    let positions = positions(&app.pool).await;
+    let newest = positions.values().max().copied().unwrap();
+    assert!(
+        found.iter().all(|id| positions[id] > newest - 1000),
+        "ranked among the newest 1000 matches"
+    );
+
+    // whoami: exact below 1000 unread DMs, "at least" past it.
+    let me = bob.call("whoami", json!({})).await.unwrap();
+    assert_eq!(
+        (
+            me["unread_direct_messages"].clone(),
+            me["unread_direct_messages_at_least"].clone()
+        ),
+        (json!(0), json!(false)),
+        "{me}"
+    );
+    sqlx::query(
+        "WITH t AS (SELECT id FROM teams WHERE slug = 'acme'),
+              base AS (SELECT last_position AS p FROM message_counters WHERE team_id = (SELECT id FROM t)),
+              inserted AS (
+                  INSERT INTO messages (id, team_id, sender_id, sender_session, recipient_id,
+                                        recipient_session, body, position)
+                  SELECT gen_random_uuid(), t.id, a.id, '', b.id,
+                         CASE WHEN g % 2 = 0 THEN 'w1' END, 'dm ' || g, base.p + g
+                  FROM t, base, generate_series(1, 1001) g
+                  JOIN agents a ON a.name = 'alice' JOIN agents b ON b.name = 'bob'
+                  WHERE a.team_id = (SELECT id FROM t) AND b.team_id = (SELECT id FROM t)
+                  RETURNING team_id, position)
+         UPDATE message_counters k SET last_position = (SELECT max(position) FROM inserted)
+         WHERE k.team_id = (SELECT id FROM t)",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let me = bob.call("whoami", json!({})).await.unwrap();
+    assert_eq!(
+        (
+            me["unread_direct_messages"].clone(),
+            me["unread_direct_messages_at_least"].clone()
+        ),
+        (json!(1000), json!(true)),
+        "{me}"
+    );
+    let page = bob
+        .call("read_messages", json!({"scope": "inbox", "limit": 200}))
+        .await
+        .unwrap();
+    assert_eq!(page["messages"][0]["body"], "dm 1", "{page}");
+    for _ in 0..4 {
+        bob.call("read_messages", json!({"scope": "inbox", "limit": 200}))
+            .await
+            .unwrap();
+    }
+    let me = bob.call("whoami", json!({})).await.unwrap();
+    assert_eq!(
+        (
+            me["unread_direct_messages"].clone(),
+            me["unread_direct_messages_at_least"].clone()
+        ),
+        (json!(1), json!(false)),
+        "{me}"
+    );
+}

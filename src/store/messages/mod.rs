@@ -186,7 +186,7 @@ mod search;
 
 pub use post::post;
 pub use read::{
-    BoundedCount, ReadRequest, ReadResult, UNREAD_COUNT_CAP, answer_to, read, unread_direct,
-    unread_direct_messages, visible,
+    BoundedCount, CHANNEL_COUNT_CAP, ReadRequest, ReadResult, UNREAD_COUNT_CAP, answer_to, read,
+    unread_direct, unread_direct_messages, visible,
 };
 pub use search::search;

@@ -19,26 +19,36 @@ use crate::store::{channels, sessions};
 
 /// Counts of unread messages stop here: past it the answer is "at least".
 pub const UNREAD_COUNT_CAP: i64 = 1000;
+/// Counts made once per channel (list_channels' unread, team_digest's
+/// messages) stop here, so a call walks at most this many entries a channel.
+pub const CHANNEL_COUNT_CAP: i64 = 100;
 
 /// Branches of a scope: each selects `id, position` of what a window may read.
-/// Binds: $1 team, $2 agent, $3 channel, $4 all_sessions, $5 window.
+/// Binds: $1 team, $2 agent, $3 channel, $5 window ($4, all_sessions, picks
+/// the branches instead).
 const TEAM_CHANNELS: &str = "SELECT id, position FROM messages
      WHERE team_id = $1 AND channel_id IS NOT NULL";
 const ONE_CHANNEL: &str = "SELECT id, position FROM messages
      WHERE team_id = $1 AND channel_id = $3";
-const DMS_TO_ME: &str = "SELECT id, position FROM messages
-     WHERE team_id = $1 AND recipient_id = $2
-       AND ($4 OR recipient_session IS NULL OR recipient_session = $5)";
-const DMS_FROM_ME: &str = "SELECT id, position FROM messages
-     WHERE team_id = $1 AND recipient_id IS NOT NULL AND sender_id = $2
-       AND ($4 OR sender_session = $5)";
+/// Its suffix orders by `recipient_session` too (constant here), so the
+/// planner walks the window index instead of filtering the agent's.
+const DMS_TO_EVERY_WINDOW: &str = "SELECT id, position FROM messages
+     WHERE team_id = $1 AND recipient_id = $2 AND recipient_session IS NULL";
+const DMS_TO_THIS_WINDOW: &str = "SELECT id, position FROM messages
+     WHERE team_id = $1 AND recipient_id = $2 AND recipient_session = $5";
+const DMS_TO_THE_AGENT: &str = "SELECT id, position FROM messages
+     WHERE team_id = $1 AND recipient_id = $2";
+const DMS_FROM_THIS_WINDOW: &str = "SELECT id, position FROM messages
+     WHERE team_id = $1 AND recipient_id IS NOT NULL AND sender_id = $2 AND sender_session = $5";
+const DMS_FROM_THE_AGENT: &str = "SELECT id, position FROM messages
+     WHERE team_id = $1 AND recipient_id IS NOT NULL AND sender_id = $2";
 
 /// `only_new`: past the cursor ($6), not this window's own posts, oldest
 /// first, at most the page ($7).
 const PAST_CURSOR: &str = " AND position > $6 AND NOT (sender_id = $2 AND sender_session = $5)
-     ORDER BY position LIMIT $7";
+     ORDER BY {key} position LIMIT $7";
 /// The latest page ($7), newest first (the cursor bind $6 is unused).
-const LATEST: &str = " ORDER BY position DESC LIMIT $7";
+const LATEST: &str = " ORDER BY {key_desc} position DESC LIMIT $7";
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 enum ScopeKind {
@@ -47,29 +57,47 @@ enum ScopeKind {
     Channel,
 }
 
-impl ScopeKind {
-    /// Branches, each an index range of its own (a generic plan cannot drop
-    /// an OR branch that a bound flag turns off, nor walk two indexes in one
-    /// order).
-    fn branches(self, only_new: bool) -> &'static [&'static str] {
-        match (self, only_new) {
-            (ScopeKind::All, true) => &[TEAM_CHANNELS, DMS_TO_ME],
-            (ScopeKind::All, false) => &[TEAM_CHANNELS, DMS_TO_ME, DMS_FROM_ME],
-            (ScopeKind::Inbox, true) => &[DMS_TO_ME],
-            (ScopeKind::Inbox, false) => &[DMS_TO_ME, DMS_FROM_ME],
-            (ScopeKind::Channel, _) => &[ONE_CHANNEL],
-        }
+/// The branches of one read, each an index range of its own (a generic plan
+/// cannot drop an OR branch that a bound flag turns off, nor walk two
+/// indexes in one order). `all_sessions` reads the DMs of every window of
+/// the agent; otherwise this window's and those to the whole agent.
+fn branches(scope: ScopeKind, only_new: bool, all_sessions: bool) -> Vec<&'static str> {
+    let mut branches = Vec::new();
+    match scope {
+        ScopeKind::Channel => return vec![ONE_CHANNEL],
+        ScopeKind::All => branches.push(TEAM_CHANNELS),
+        ScopeKind::Inbox => {}
     }
+    if all_sessions {
+        branches.push(DMS_TO_THE_AGENT);
+    } else {
+        branches.extend([DMS_TO_EVERY_WINDOW, DMS_TO_THIS_WINDOW]);
+    }
+    if !only_new {
+        branches.push(if all_sessions {
+            DMS_FROM_THE_AGENT
+        } else {
+            DMS_FROM_THIS_WINDOW
+        });
+    }
+    branches
 }
 
 /// The statement for one read: the branches' pages merged (UNION: a DM an
 /// agent sent itself is in two branches), cut to the page, in position order.
-fn read_sql(only_new: bool, scope: ScopeKind) -> String {
+fn read_sql(only_new: bool, scope: ScopeKind, all_sessions: bool) -> String {
     let suffix = if only_new { PAST_CURSOR } else { LATEST };
-    let branches: Vec<String> = scope
-        .branches(only_new)
+    let union: Vec<String> = branches(scope, only_new, all_sessions)
         .iter()
-        .map(|branch| format!("({branch}{suffix})"))
+        .map(|branch| {
+            let (key, key_desc) = if *branch == DMS_TO_EVERY_WINDOW {
+                ("recipient_session,", "recipient_session DESC,")
+            } else {
+                ("", "")
+            };
+            let suffix = suffix.replace("{key}", key).replace("{key_desc}", key_desc);
+            format!("({branch}{suffix})")
+        })
         .collect();
     let direction = if only_new { "" } else { " DESC" };
     format!(
@@ -78,7 +106,7 @@ fn read_sql(only_new: bool, scope: ScopeKind) -> String {
              SELECT id FROM ({union}) picked ORDER BY position{direction} LIMIT $7)
          ORDER BY m.position",
         columns = view_columns!(),
-        union = branches.join(" UNION "),
+        union = union.join(" UNION "),
     )
 }
 
@@ -137,7 +165,7 @@ pub async fn read(bus: &Bus, me: &Identity, request: ReadRequest) -> BusResult<R
     };
     let messages: Vec<MessageView> = sqlx::query_as(
         // Built from this file's constants only, never from input.
-        sqlx::AssertSqlSafe(read_sql(request.only_new, scope_kind)),
+        sqlx::AssertSqlSafe(read_sql(request.only_new, scope_kind, request.all_sessions)),
     )
     .bind(me.team_id)
     .bind(me.agent_id)
@@ -201,20 +229,37 @@ async fn cursor_for_update(
 }
 
 /// The direct messages to this window that it has not read yet: past both
-/// its `inbox` and its `all` cursor (either read consumes them), in position
-/// order on the recipient index. Binds: $1 team, $2 agent, $3 window.
-macro_rules! unread_dm_predicate {
+/// its `inbox` and its `all` cursor (either read consumes them), the oldest
+/// `$4`, from the two window indexes (to the whole agent, to this window).
+/// Binds: $1 team, $2 agent, $3 window, $4 how many.
+macro_rules! unread_dm_ids {
     () => {
-        " m.team_id = $1 AND m.recipient_id = $2
-          AND (m.recipient_session IS NULL OR m.recipient_session = $3)
-          AND NOT (m.sender_id = $2 AND m.sender_session = $3)
-          AND m.position > (
-              SELECT coalesce(max(last_position), 0) FROM read_cursors
-              WHERE team_id = $1 AND agent_id = $2 AND session = $3 AND scope IN ('inbox', 'all')) "
+        "SELECT id, position FROM (
+             (SELECT id, position FROM messages
+              WHERE team_id = $1 AND recipient_id = $2 AND recipient_session IS NULL
+                AND position > (SELECT since FROM cursor)
+                AND NOT (sender_id = $2 AND sender_session = $3)
+              ORDER BY recipient_session, position LIMIT $4)
+             UNION ALL
+             (SELECT id, position FROM messages
+              WHERE team_id = $1 AND recipient_id = $2 AND recipient_session = $3
+                AND position > (SELECT since FROM cursor)
+                AND NOT (sender_id = $2 AND sender_session = $3)
+              ORDER BY position LIMIT $4)) unread
+         ORDER BY position LIMIT $4"
     };
 }
 
-/// A count that stops at [`UNREAD_COUNT_CAP`]: `at_least` says it stopped.
+/// The cursor [`unread_dm_ids`] reads past, as a `WITH` item.
+macro_rules! unread_dm_cursor {
+    () => {
+        "WITH cursor AS (
+             SELECT coalesce(max(last_position), 0) AS since FROM read_cursors
+             WHERE team_id = $1 AND agent_id = $2 AND session = $3 AND scope IN ('inbox', 'all')) "
+    };
+}
+
+/// A count that stops at a cap: `at_least` says it stopped there.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct BoundedCount {
     pub count: i64,
@@ -222,11 +267,11 @@ pub struct BoundedCount {
 }
 
 impl BoundedCount {
-    /// From a count of at most `UNREAD_COUNT_CAP + 1` rows.
-    pub fn of(counted: i64) -> Self {
+    /// From a count of at most `cap + 1` rows.
+    pub fn of(counted: i64, cap: i64) -> Self {
         BoundedCount {
-            count: counted.min(UNREAD_COUNT_CAP),
-            at_least: counted > UNREAD_COUNT_CAP,
+            count: counted.min(cap),
+            at_least: counted > cap,
         }
     }
 }
@@ -235,9 +280,10 @@ impl BoundedCount {
 /// stop at [`UNREAD_COUNT_CAP`].
 pub async fn unread_direct(bus: &Bus, me: &Identity) -> BusResult<BoundedCount> {
     let counted: i64 = sqlx::query_scalar(concat!(
-        "SELECT count(*) FROM (SELECT 1 FROM messages m WHERE",
-        unread_dm_predicate!(),
-        " ORDER BY m.position LIMIT $4) unread"
+        unread_dm_cursor!(),
+        "SELECT count(*) FROM (",
+        unread_dm_ids!(),
+        ") counted"
     ))
     .bind(me.team_id)
     .bind(me.agent_id)
@@ -245,7 +291,7 @@ pub async fn unread_direct(bus: &Bus, me: &Identity) -> BusResult<BoundedCount> 
     .bind(UNREAD_COUNT_CAP + 1)
     .fetch_one(&bus.pool)
     .await?;
-    Ok(BoundedCount::of(counted))
+    Ok(BoundedCount::of(counted, UNREAD_COUNT_CAP))
 }
 
 /// The oldest `limit` unread direct messages of this window; no cursor moves.
@@ -255,11 +301,12 @@ pub async fn unread_direct_messages(
     limit: i64,
 ) -> BusResult<Vec<MessageView>> {
     Ok(sqlx::query_as(concat!(
+        unread_dm_cursor!(),
         "SELECT ",
         view_columns!(),
-        " WHERE",
-        unread_dm_predicate!(),
-        " ORDER BY m.position LIMIT $4"
+        " WHERE m.team_id = $1 AND m.id IN (SELECT id FROM (",
+        unread_dm_ids!(),
+        ") unread) ORDER BY m.position"
     ))
     .bind(me.team_id)
     .bind(me.agent_id)

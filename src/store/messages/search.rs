@@ -20,8 +20,13 @@ macro_rules! searchable {
     };
 }
 
+/// How many of the newest matches a word search ranks: a word in every
+/// message ranks this many, not the history.
+pub const SEARCH_CANDIDATES: i64 = 1000;
+
 /// `search_messages`: full text over channel messages and this window's DMs
-/// (sent or received), best match first; emoji and other symbols the full
+/// (sent or received), best match first among the newest
+/// [`SEARCH_CANDIDATES`] matches; emoji and other symbols the full
 /// text drops match as written ([`text::Literals`]).
 pub async fn search(
     bus: &Bus,
@@ -40,12 +45,24 @@ pub async fn search(
     }
     let literals = text::Literals::of(&query);
     let sql = if text::has_words(&bus.pool, "simple", &query, &literals).await? {
+        // Ranked within a bounded candidate set: the newest
+        // SEARCH_CANDIDATES matches by position. The planner walks the
+        // position index back for a common word (stopping at the set) or
+        // the GIN index for a rare one (all its matches, however old).
         concat!(
             "SELECT ",
-            view_columns!(),
-            " , websearch_to_tsquery('simple', $4) AS q WHERE m.search @@ q AND ",
+            view_columns_from!(),
+            " FROM (
+                 SELECT c.id, ts_rank(c.search, c.q) AS rank, c.created_at FROM (
+                     SELECT m.id, m.search, m.created_at, q.q
+                     FROM messages m, websearch_to_tsquery('simple', $4) AS q (q)
+                     WHERE m.search @@ q.q AND ",
             searchable!(),
-            " ORDER BY ts_rank(m.search, q) DESC, m.created_at DESC LIMIT $5"
+            "        ORDER BY m.position DESC LIMIT $8) c
+                 ORDER BY rank DESC, c.created_at DESC LIMIT $5) picked
+             JOIN messages m ON m.team_id = $1 AND m.id = picked.id",
+            view_joins!(),
+            " ORDER BY picked.rank DESC, picked.created_at DESC"
         )
     } else {
         // Only symbols: no index helps, so this reads the team's history
@@ -66,6 +83,10 @@ pub async fn search(
         .bind(limit)
         .bind(&literals.required)
         .bind(&literals.excluded)
+        .bind(SEARCH_CANDIDATES)
+        // Unnamed, so each search is planned with its own words: a generic
+        // plan cannot tell a word in every message from a rare one.
+        .persistent(false)
         .fetch_all(&bus.pool)
         .await?)
 }
