@@ -14,6 +14,21 @@ use uuid::Uuid;
 use crate::support::postgres::fresh_database_url;
 use crate::support::{McpClient, spawn_app, spawn_app_on};
 
+/// whoami's unread direct messages: `[count, at_least]`.
+async fn unread_dms(client: &McpClient) -> Value {
+    let me = client.call("whoami", json!({})).await.unwrap();
+    pair(
+        &me,
+        "unread_direct_messages",
+        "unread_direct_messages_at_least",
+    )
+}
+
+/// Two fields of an answer, as one value to compare.
+fn pair(v: &Value, a: &str, b: &str) -> Value {
+    json!([v[a], v[b]])
+}
+
 fn ids(read: &Value) -> Vec<Uuid> {
     read["messages"]
         .as_array()
@@ -410,23 +425,13 @@ async fn counts_stop_at_their_caps_and_search_ranks_the_newest_matches() {
 
     let listed = bob.call("list_channels", json!({})).await.unwrap();
     let channels = listed["channels"].as_array().unwrap();
-    let by_name = |name: &str| channels.iter().find(|c| c["name"] == name).unwrap().clone();
+    let counts = |name: &str| {
+        let c = channels.iter().find(|c| c["name"] == name).unwrap();
+        json!([c["messages"], c["unread"], c["unread_at_least"]])
+    };
     assert_eq!(
-        (
-            by_name("quiet")["messages"].clone(),
-            by_name("quiet")["unread"].clone(),
-            by_name("quiet")["unread_at_least"].clone()
-        ),
-        (json!(5), json!(5), json!(false)),
-        "{listed}"
-    );
-    assert_eq!(
-        (
-            by_name("busy")["messages"].clone(),
-            by_name("busy")["unread"].clone(),
-            by_name("busy")["unread_at_least"].clone()
-        ),
-        (json!(1501), json!(100), json!(true)),
+        (counts("quiet"), counts("busy")),
+        (json!([5, 5, false]), json!([1501, 100, true])),
         "{listed}"
     );
     // Reading moves the count: after the quiet channel's page, nothing unread there.
@@ -458,17 +463,14 @@ async fn counts_stop_at_their_caps_and_search_ranks_the_newest_matches() {
     let activity = digest["channels"].as_array().unwrap();
     let busy = activity.iter().find(|c| c["channel"] == "busy").unwrap();
     assert_eq!(
-        (busy["messages"].clone(), busy["messages_at_least"].clone()),
-        (json!(100), json!(true)),
+        pair(&busy, "messages", "messages_at_least"),
+        json!([100, true]),
         "{digest}"
     );
     let quiet = activity.iter().find(|c| c["channel"] == "quiet").unwrap();
     assert_eq!(
-        (
-            quiet["messages"].clone(),
-            quiet["messages_at_least"].clone()
-        ),
-        (json!(5), json!(false)),
+        pair(&quiet, "messages", "messages_at_least"),
+        json!([5, false]),
         "{digest}"
     );
 
@@ -502,15 +504,7 @@ async fn counts_stop_at_their_caps_and_search_ranks_the_newest_matches() {
     );
 
     // whoami: exact below 1000 unread DMs, "at least" past it.
-    let me = bob.call("whoami", json!({})).await.unwrap();
-    assert_eq!(
-        (
-            me["unread_direct_messages"].clone(),
-            me["unread_direct_messages_at_least"].clone()
-        ),
-        (json!(0), json!(false)),
-        "{me}"
-    );
+    assert_eq!(unread_dms(&bob).await, json!([0, false]));
     sqlx::query(
         "WITH t AS (SELECT id FROM teams WHERE slug = 'acme'),
               base AS (SELECT last_position AS p FROM message_counters WHERE team_id = (SELECT id FROM t)),
@@ -529,15 +523,7 @@ async fn counts_stop_at_their_caps_and_search_ranks_the_newest_matches() {
     .execute(&app.pool)
     .await
     .unwrap();
-    let me = bob.call("whoami", json!({})).await.unwrap();
-    assert_eq!(
-        (
-            me["unread_direct_messages"].clone(),
-            me["unread_direct_messages_at_least"].clone()
-        ),
-        (json!(1000), json!(true)),
-        "{me}"
-    );
+    assert_eq!(unread_dms(&bob).await, json!([1000, true]));
     let page = bob
         .call("read_messages", json!({"scope": "inbox", "limit": 200}))
         .await
@@ -548,13 +534,5 @@ async fn counts_stop_at_their_caps_and_search_ranks_the_newest_matches() {
             .await
             .unwrap();
     }
-    let me = bob.call("whoami", json!({})).await.unwrap();
-    assert_eq!(
-        (
-            me["unread_direct_messages"].clone(),
-            me["unread_direct_messages_at_least"].clone()
-        ),
-        (json!(1), json!(false)),
-        "{me}"
-    );
+    assert_eq!(unread_dms(&bob).await, json!([1, false]));
 }
