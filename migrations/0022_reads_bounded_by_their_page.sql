@@ -7,6 +7,10 @@
 CREATE INDEX tasks_team_status_updated ON tasks (team_id, status, updated_at, seq);
 CREATE INDEX tasks_claimed_queue ON tasks (team_id, created_at, seq) WHERE status = 'claimed';
 
+-- list_notes of one scope, most recently updated first.
+CREATE INDEX notes_team_scope_updated ON notes (team_id, scope, updated_at DESC)
+    WHERE deleted_at IS NULL;
+
 -- fetch_conversation_inbox hands out references per conversation in seq
 -- order, conversations by their oldest owed reference: both read here per
 -- conversation, a page at a time, instead of ranking everything owed.

@@ -9,22 +9,28 @@ use serde_json::{Value, json};
 use crate::inbox::{delivery_ids, pair};
 use crate::support::spawn_app;
 
+/// One page of at most 50 references for `client`: the answer and its seqs.
+async fn fetch_page(client: &crate::support::McpClient) -> (Value, Vec<i64>) {
+    let page = client
+        .call("fetch_conversation_inbox", json!({"limit": 50}))
+        .await
+        .unwrap();
+    let seqs = page["deliveries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["seq"].as_i64().unwrap())
+        .collect();
+    (page, seqs)
+}
+
 /// Hand out everything owed to `client` a page at a time, confirming each
 /// page; returns the seqs in the order they were handed out.
 async fn drain_inbox(client: &crate::support::McpClient) -> Vec<i64> {
     let mut seqs = Vec::new();
     for _ in 0..100 {
-        let page = client
-            .call("fetch_conversation_inbox", json!({"limit": 50}))
-            .await
-            .unwrap();
-        seqs.extend(
-            page["deliveries"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|d| d["seq"].as_i64().unwrap()),
-        );
+        let (page, page_seqs) = fetch_page(client).await;
+        seqs.extend(page_seqs);
         let ids = delivery_ids(&page);
         if !ids.is_empty() {
             client
@@ -59,17 +65,7 @@ async fn an_inbox_backlog_past_one_top_up_step_is_handed_out_whole_in_seq_order(
     assert!(status.get("owed_at_least").is_none(), "{status}");
 
     // One fetch queues at most one step (100 messages) and says there is more.
-    let first = p
-        .bob
-        .call("fetch_conversation_inbox", json!({"limit": 50}))
-        .await
-        .unwrap();
-    let seqs: Vec<i64> = first["deliveries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d["seq"].as_i64().unwrap())
-        .collect();
+    let (first, seqs) = fetch_page(&p.bob).await;
     assert_eq!(seqs, (1..=50).collect::<Vec<_>>());
     assert_eq!(first["more"], true);
     // The count is the same whether a receipt has its reference yet or not.
@@ -149,17 +145,7 @@ async fn inbox_status_counts_stop_at_a_thousand_and_say_at_least() {
     assert_eq!(status["owed"], 1000, "counted up to the cap: {status}");
 
     // The hand-out is unchanged: oldest first, in seq order, and more.
-    let page = p
-        .bob
-        .call("fetch_conversation_inbox", json!({"limit": 50}))
-        .await
-        .unwrap();
-    let seqs: Vec<i64> = page["deliveries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d["seq"].as_i64().unwrap())
-        .collect();
+    let (page, seqs) = fetch_page(&p.bob).await;
     assert_eq!(seqs, (1..=50).collect::<Vec<_>>());
     assert_eq!(page["more"], true);
     let status = inbox_status(&p.bob).await;
@@ -181,6 +167,21 @@ async fn inbox_status_counts_stop_at_a_thousand_and_say_at_least() {
     assert!(status.get("owed_at_least").is_none(), "{status}");
 }
 
+/// `search_notes` for `query`: the answer and its keys, best first.
+async fn search(client: &crate::support::McpClient, query: &str) -> (Value, Vec<String>) {
+    let found = client
+        .call("search_notes", json!({"query": query}))
+        .await
+        .unwrap();
+    let keys = found["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["key"].as_str().unwrap().to_string())
+        .collect();
+    (found, keys)
+}
+
 #[tokio::test]
 async fn a_note_search_ranks_among_the_most_recently_updated_matches() {
     let app = spawn_app().await;
@@ -198,16 +199,7 @@ async fn a_note_search_ranks_among_the_most_recently_updated_matches() {
         .await
         .unwrap();
     // Few notes match: the best match first, as before.
-    let found = alice
-        .call("search_notes", json!({"query": "zebra"}))
-        .await
-        .unwrap();
-    let keys: Vec<&str> = found["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["key"].as_str().unwrap())
-        .collect();
+    let (_, keys) = search(&alice, "zebra").await;
     assert_eq!(keys, ["zebra zebra zebra", "one"]);
 
     // 520 newer notes match too: the old best match is not among the 500
@@ -229,28 +221,16 @@ async fn a_note_search_ranks_among_the_most_recently_updated_matches() {
     .execute(&app.pool)
     .await
     .unwrap();
-    let found = alice
-        .call("search_notes", json!({"query": "zebra"}))
-        .await
-        .unwrap();
-    let keys: Vec<&str> = found["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["key"].as_str().unwrap())
-        .collect();
+    let (found, keys) = search(&alice, "zebra").await;
     assert_eq!(keys.len(), 50);
     assert_eq!(found["truncated"], true);
-    assert!(!keys.contains(&"zebra zebra zebra"), "{keys:?}");
+    assert!(!keys.iter().any(|k| k == "zebra zebra zebra"), "{keys:?}");
     // Equal ranks: the most recently updated first.
     assert_eq!(keys[0], "one");
     assert_eq!(keys[1], "seeded-1");
     // A narrower query still reaches it.
-    let found = alice
-        .call("search_notes", json!({"query": "zebra -seeded -one"}))
-        .await
-        .unwrap();
-    assert_eq!(found["results"][0]["key"], "zebra zebra zebra", "{found}");
+    let (_, keys) = search(&alice, "zebra -seeded -one").await;
+    assert_eq!(keys, ["zebra zebra zebra"]);
 }
 
 fn task_keys(list: &Value) -> Vec<String> {
