@@ -195,7 +195,8 @@ impl BusServer {
         description = "Hand out references owed to this window, oldest first: messages addressed \
                           to it (conversation, seq, sender; read the body with \
                           get_conversation_message) and receipts of its own messages. Confirm \
-                          each with confirm_inbox_delivery; unconfirmed ones come back after 60 s."
+                          each with confirm_inbox_delivery; unconfirmed ones come back after 60 s. \
+                          `more: true` means more are owed: fetch again."
     )]
     async fn fetch_conversation_inbox(
         &self,
@@ -225,7 +226,8 @@ impl BusServer {
 
     #[tool(
         description = "How many references are owed to this window and handed out, and the state \
-                          of its broker consumer (on a team whose conversations use JetStream).",
+                          of its broker consumer (on a team whose conversations use JetStream). \
+                          Counting stops at 1 000: `owed_at_least: true` means at least `owed`.",
         annotations(read_only_hint = true)
     )]
     async fn conversation_inbox_status(

@@ -109,7 +109,9 @@ impl BusServer {
 
     #[tool(
         description = "Full-text search of the team's notes (keys, tags and values), best match \
-                       first, at most 50, each with the passages that matched. Emoji and other \
+                       first, at most 50, each with the passages that matched. The best \
+                       matches are ranked among the 500 most recently updated notes that \
+                       match: add words or a scope to reach older ones. Emoji and other \
                        symbols (which full text ignores) match as written.",
         annotations(read_only_hint = true)
     )]

@@ -44,6 +44,9 @@ pub const PREVIEW_CHARS: usize = 160;
 pub const LISTED_MAX: i64 = 200;
 /// Most notes a search returns (best match first).
 pub const FOUND_MAX: i64 = 50;
+/// A search ranks only the most recently updated notes that match, at most
+/// this many, so its cost is bounded by its page, not by the team's notes.
+pub const RANKED_AMONG: i64 = 500;
 
 /// Scopes: trimmed, lower-cased, ASCII letters, digits and `._:/-`, starting
 /// with a letter or digit, 1..=64 bytes. `None` or empty is [`DEFAULT_SCOPE`].
@@ -530,6 +533,9 @@ pub async fn search(
         .transpose()?;
     let literals = text::Literals::of(&query);
     let sql = if text::has_words(&bus.pool, "english", &query, &literals).await? {
+        // Ranked within the RANKED_AMONG most recently updated matches: a
+        // word in every note walks the recency index and stops there,
+        // instead of ranking the team's every note.
         concat!(
             "SELECT ",
             summary_columns!(),
@@ -537,15 +543,18 @@ pub async fn search(
                                 'StartSel=**, StopSel=**, MaxFragments=2, MaxWords=24, MinWords=8, FragmentDelimiter=\" … \"')
                         AS snippet,
                     ts_rank(n.search, q) AS rank
-             FROM ",
-            notes_with_author!(),
-            ", websearch_to_tsquery('english', $2) q
-              WHERE n.team_id = $1 AND n.deleted_at IS NULL AND n.search @@ q
-                AND ($3::text IS NULL OR n.scope = $3)
-                AND ",
+             FROM (SELECT n.* FROM notes n
+                    WHERE n.team_id = $1 AND n.deleted_at IS NULL
+                      AND n.search @@ websearch_to_tsquery('english', $2)
+                      AND ($3::text IS NULL OR n.scope = $3)
+                      AND ",
             literals_match!(),
-            " ORDER BY rank DESC, n.updated_at DESC
-              LIMIT $4"
+            "     ORDER BY n.updated_at DESC
+                    LIMIT $7) n
+             JOIN agents u ON u.team_id = n.team_id AND u.id = n.updated_by_agent_id,
+             websearch_to_tsquery('english', $2) q
+             ORDER BY rank DESC, n.updated_at DESC
+             LIMIT $4"
         )
     } else {
         // Only symbols: no index can help (full text drops them), so this
@@ -575,6 +584,7 @@ pub async fn search(
         .bind(FOUND_MAX + 1)
         .bind(&literals.required)
         .bind(&literals.excluded)
+        .bind(RANKED_AMONG)
         .fetch_all(&bus.pool)
         .await?;
     let truncated = results.len() as i64 > FOUND_MAX;

@@ -14,14 +14,14 @@ use uuid::Uuid;
 
 use crate::support::{McpClient, TestApp, in_team, spawn_app, test_actor};
 
-struct Pair {
-    app: TestApp,
-    conversation_id: Uuid,
-    alice: McpClient,
-    bob: McpClient,
+pub(crate) struct Pair {
+    pub(crate) app: TestApp,
+    pub(crate) conversation_id: Uuid,
+    pub(crate) alice: McpClient,
+    pub(crate) bob: McpClient,
 }
 
-async fn pair() -> Pair {
+pub(crate) async fn pair() -> Pair {
     let app = spawn_app().await;
     app.team("ib").await;
     teams::capability(&app.pool, "ib", Some(true), &test_actor())
@@ -52,7 +52,7 @@ async fn pair() -> Pair {
 }
 
 impl Pair {
-    async fn send(&self, body: &str) -> Uuid {
+    pub(crate) async fn send(&self, body: &str) -> Uuid {
         let sent = self
             .alice
             .call(
@@ -66,14 +66,14 @@ impl Pair {
     }
 }
 
-async fn fetch(client: &McpClient) -> Value {
+pub(crate) async fn fetch(client: &McpClient) -> Value {
     client
         .call("fetch_conversation_inbox", json!({}))
         .await
         .unwrap()
 }
 
-fn delivery_ids(fetched: &Value) -> Vec<String> {
+pub(crate) fn delivery_ids(fetched: &Value) -> Vec<String> {
     fetched["deliveries"]
         .as_array()
         .unwrap()

@@ -7,6 +7,7 @@ mod admin;
 mod attachments;
 mod auth;
 mod binary;
+mod bounded_reads;
 mod cli;
 mod client;
 mod completions_man;

@@ -9,8 +9,8 @@
 //! `message_receipts`. A receipt is owed to the window holding its seat now
 //! (a transfer moves the seat; `recipient_session` keeps who it was sent to).
 //!
-//! Size: about 620 lines of one concept (what a window is owed, from queueing
-//! to confirmation), plus its unit tests.
+//! What is owed is read a page at a time in `owed.rs` (the top-up walk, the
+//! hand-out page, the bounded status counts).
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -18,9 +18,12 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use super::sessions;
+
+mod owed;
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
+pub use owed::{COUNTED_MAX, TOP_UP_STEP};
 
 /// `fetch_conversation_inbox` hands out at most this many at once.
 pub const FETCH_MAX: i64 = 50;
@@ -31,8 +34,6 @@ pub const CONFIRM_MAX: usize = 100;
 /// A reference handed out and not confirmed within this long is handed out
 /// again (the window may have crashed before it confirmed).
 pub const HANDOUT_SECS: f64 = 60.0;
-/// Receipts owed to a window turned into references per fetch, at most.
-const TOP_UP_MAX: i64 = 1000;
 
 /// The deterministic key of a recipient window: the first 16 bytes of
 /// SHA-256 over "<agent id>/<session label>", as 32 hex digits. It survives
@@ -168,55 +169,10 @@ pub async fn fetch(bus: &Bus, me: &Identity, limit: i64) -> BusResult<Fetched> {
     let key = recipient_key(me.agent_id, &me.window);
     let mut tx = bus.pool.begin().await?;
     sessions::guard(&mut tx, me).await?;
-    sqlx::query(
-        "INSERT INTO inbox_references
-             (id, team_id, recipient_key, recipient_id, recipient_session, kind,
-              conversation_id, message_id, seq, actor, created_at)
-         SELECT gen_random_uuid(), r.team_id, $3, w.agent_id, w.session, 'message',
-                m.conversation_id, m.id, m.seq,
-                CASE WHEN m.sender_session = '' THEN a.name ELSE a.name || '/' || m.sender_session END,
-                -- Owed since the send committed (the synchronous path's confirmation).
-                m.created_at
-           FROM message_receipts r
-           JOIN conversation_members w ON w.team_id = r.team_id AND w.id = r.member_id
-           JOIN conversation_messages m ON m.team_id = r.team_id AND m.id = r.message_id
-           JOIN agents a ON a.team_id = m.team_id AND a.id = m.sender_id
-          WHERE r.team_id = $1 AND w.agent_id = $2 AND w.session = $4
-            AND r.delivered_at IS NULL AND m.publication_state = 'stored'
-          ORDER BY m.created_at
-          LIMIT $5
-         ON CONFLICT DO NOTHING"
-    )
-    .bind(me.team_id)
-    .bind(me.agent_id)
-    .bind(&key)
-    .bind(&me.window)
-    .bind(TOP_UP_MAX)
-    .execute(&mut *tx)
-    .await?;
-    // The window function cannot share a statement level with FOR UPDATE,
-    // so the rank is computed over what is owed (unlocked) and the rows are
-    // locked by the outer query.
-    let mut deliveries: Vec<Delivery> = sqlx::query_as(
-        "WITH owed AS (
-             SELECT id, min(created_at) OVER (PARTITION BY conversation_id) AS conversation_first
-               FROM inbox_references
-              WHERE team_id = $1 AND recipient_key = $2 AND delivered_at IS NULL
-                AND (handed_out_at IS NULL OR handed_out_at < now() - make_interval(secs => $4)))
-         SELECT i.id AS delivery_id, i.kind, i.conversation_id, i.message_id, i.seq,
-                i.actor AS from, NULLIF(i.receipt, '') AS receipt, i.created_at AS queued_at
-           FROM inbox_references i JOIN owed o ON o.id = i.id
-          ORDER BY o.conversation_first, i.conversation_id, i.seq, i.kind, i.id
-          LIMIT $3 + 1
-          FOR UPDATE OF i SKIP LOCKED",
-    )
-    .bind(me.team_id)
-    .bind(&key)
-    .bind(limit)
-    .bind(HANDOUT_SECS)
-    .fetch_all(&mut *tx)
-    .await?;
-    let more = deliveries.len() as i64 > limit;
+    let walked_full = owed::top_up(&mut tx, me, &key).await?;
+    let mut deliveries = owed::page(&mut tx, me, &key, limit).await?;
+    // A walk that stopped at its step may have left receipts owed.
+    let more = deliveries.len() as i64 > limit || walked_full;
     deliveries.truncate(limit as usize);
     let handed: Vec<Uuid> = deliveries.iter().map(|d| d.delivery_id).collect();
     sqlx::query("UPDATE inbox_references SET handed_out_at = now() WHERE id = ANY($1)")
@@ -308,41 +264,25 @@ pub async fn confirm(bus: &Bus, me: &Identity, ids: &[Uuid]) -> BusResult<Confir
 pub struct Owed {
     pub recipient_key: String,
     /// References not yet confirmed (including receipts not yet turned into
-    /// references).
+    /// references). Counted up to [`COUNTED_MAX`] of each kind: see
+    /// `owed_at_least`.
     pub owed: i64,
+    /// True when a count stopped at [`COUNTED_MAX`]: at least `owed` are
+    /// owed, maybe more. Fetch and confirm to bring it down.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub owed_at_least: bool,
     /// Of those, handed out and awaiting confirmation.
     pub handed_out: i64,
 }
 
 pub async fn owed(bus: &Bus, me: &Identity) -> BusResult<Owed> {
     let key = recipient_key(me.agent_id, &me.window);
-    let (queued, handed_out, unqueued): (i64, i64, i64) = sqlx::query_as(
-        "SELECT
-            (SELECT count(*) FROM inbox_references
-              WHERE team_id = $1 AND recipient_key = $2 AND delivered_at IS NULL),
-            (SELECT count(*) FROM inbox_references
-              WHERE team_id = $1 AND recipient_key = $2 AND delivered_at IS NULL
-                AND handed_out_at >= now() - make_interval(secs => $5)),
-            (SELECT count(*) FROM message_receipts r
-               JOIN conversation_members w ON w.team_id = r.team_id AND w.id = r.member_id
-               JOIN conversation_messages m ON m.team_id = r.team_id AND m.id = r.message_id
-              WHERE r.team_id = $1 AND w.agent_id = $3 AND w.session = $4
-                AND r.delivered_at IS NULL AND m.publication_state = 'stored'
-                AND NOT EXISTS (SELECT 1 FROM inbox_references i
-                                 WHERE i.team_id = r.team_id AND i.recipient_key = $2
-                                   AND i.kind = 'message' AND i.message_id = r.message_id))",
-    )
-    .bind(me.team_id)
-    .bind(&key)
-    .bind(me.agent_id)
-    .bind(&me.window)
-    .bind(HANDOUT_SECS)
-    .fetch_one(&bus.pool)
-    .await?;
+    let counts = owed::counts(&bus.pool, me, &key).await?;
     Ok(Owed {
         recipient_key: key,
-        owed: queued + unqueued,
-        handed_out,
+        owed: counts.queued + counts.unqueued,
+        owed_at_least: counts.at_least,
+        handed_out: counts.handed_out,
     })
 }
 
@@ -593,8 +533,11 @@ pub async fn release_owed_to_dead_windows(
     let retention = sqlx::postgres::types::PgInterval::try_from(retention).map_err(|_| {
         BusError::invalid("the inbox retention is too long to express as an interval")
     })?;
-    let released = sqlx::query(
-        "DELETE FROM inbox_references i
+    // The released windows' top-up marks go with their references: a
+    // window that comes back is topped up again from what it is owed.
+    let released: i64 = sqlx::query_scalar(
+        "WITH released AS (
+         DELETE FROM inbox_references i
          USING (SELECT r.id FROM inbox_references r
                  WHERE r.delivered_at IS NULL AND r.created_at < now() - $1
                    AND NOT EXISTS (
@@ -611,13 +554,19 @@ pub async fn release_owed_to_dead_windows(
                         WHERE o.team_id = r.team_id AND o.recipient_key = r.recipient_key
                           AND (o.handed_out_at >= now() - $1 OR o.delivered_at >= now() - $1))
                  LIMIT $2 FOR UPDATE SKIP LOCKED) dead
-         WHERE i.id = dead.id AND i.delivered_at IS NULL",
+         WHERE i.id = dead.id AND i.delivered_at IS NULL
+         RETURNING i.team_id, i.recipient_key),
+         forgotten AS (
+             DELETE FROM inbox_topup_marks k
+              USING (SELECT DISTINCT team_id, recipient_key FROM released) r
+              WHERE k.team_id = r.team_id AND k.recipient_key = r.recipient_key)
+         SELECT count(*) FROM released",
     )
     .bind(retention)
     .bind(batch)
-    .execute(pool)
+    .fetch_one(pool)
     .await?;
-    Ok(released.rows_affected())
+    Ok(released as u64)
 }
 
 #[cfg(test)]
