@@ -1,5 +1,6 @@
 -- Read tools whose cost is bounded by their page, not by the team's history
--- (issue 19): indexes that serve each listing's filter and order.
+-- (issue 19): indexes that serve each listing's filter and order, and the
+-- inbox top-up's marks (at the end).
 --
 -- list_tasks: done and cancelled tasks most recently changed first, and the
 -- live claims in queue order, each read from its own index instead of

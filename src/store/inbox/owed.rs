@@ -36,7 +36,7 @@ pub(super) async fn top_up(
     no_jit(&mut *tx).await?;
     let walked_full: bool = sqlx::query_scalar(
         "WITH seats AS (
-             SELECT w.id, w.conversation_id,
+             SELECT w.id, w.conversation_id, k.through_seq AS marked,
                     COALESCE(k.through_seq,
                              -- One probe per undelivered receipt (a scalar
                              -- subquery, never a scan of the messages).
@@ -87,9 +87,11 @@ pub(super) async fn top_up(
                     COALESCE((SELECT max(w.seq) FROM walked w WHERE w.member_id = s.id),
                              s.after_seq, 0)
                FROM seats s
+              -- A mark is written only when it moves: an idle fetch writes nothing.
+              WHERE s.marked IS NULL OR EXISTS (SELECT 1 FROM walked w WHERE w.member_id = s.id)
              ON CONFLICT (team_id, member_id, recipient_key)
-             DO UPDATE SET through_seq = GREATEST(inbox_topup_marks.through_seq,
-                                                  EXCLUDED.through_seq))
+             DO UPDATE SET through_seq = EXCLUDED.through_seq
+                     WHERE inbox_topup_marks.through_seq < EXCLUDED.through_seq)
          SELECT EXISTS (SELECT 1 FROM walked GROUP BY member_id HAVING count(*) >= $5)",
     )
     .bind(me.team_id)
