@@ -463,13 +463,13 @@ async fn counts_stop_at_their_caps_and_search_ranks_the_newest_matches() {
     let activity = digest["channels"].as_array().unwrap();
     let busy = activity.iter().find(|c| c["channel"] == "busy").unwrap();
     assert_eq!(
-        pair(&busy, "messages", "messages_at_least"),
+        pair(busy, "messages", "messages_at_least"),
         json!([100, true]),
         "{digest}"
     );
     let quiet = activity.iter().find(|c| c["channel"] == "quiet").unwrap();
     assert_eq!(
-        pair(&quiet, "messages", "messages_at_least"),
+        pair(quiet, "messages", "messages_at_least"),
         json!([5, false]),
         "{digest}"
     );
