@@ -6,6 +6,8 @@
 //! scenario's figure is a ratio to it.
 //!
 //! One file per area: `messaging` (MCP round trips), `tasks`,
+//! `history` (a folder: read tools against a seeded small and large
+//! history, run by name only),
 //! `conversations`, `outbox` (the drain to JetStream), `moves` (a
 //! conversation moved between backends), and `baseline` (the yardsticks that
 //! are not one area's). This file holds what they share: the run's [`Ctx`],
@@ -15,6 +17,7 @@
 
 mod baseline;
 mod conversations;
+mod history;
 mod messaging;
 mod moves;
 mod outbox;
@@ -65,6 +68,8 @@ pub struct Scenario {
     /// Measured once, at the first client count only (its `clients` do not
     /// mean concurrency).
     pub once: bool,
+    /// Left out of a run that names no scenario (it is long); run by name.
+    pub by_name_only: bool,
 }
 
 /// The same work as a scenario, done with nothing in between (raw SQL on the
@@ -96,6 +101,7 @@ pub const SCENARIOS: &[Scenario] = &[
         baseline: None,
         needs_nats: false,
         once: false,
+        by_name_only: false,
     },
     Scenario {
         name: "whoami_rmcp",
@@ -104,6 +110,7 @@ pub const SCENARIOS: &[Scenario] = &[
         baseline: None,
         needs_nats: false,
         once: false,
+        by_name_only: false,
     },
     Scenario {
         name: "post_read",
@@ -112,6 +119,7 @@ pub const SCENARIOS: &[Scenario] = &[
         baseline: None,
         needs_nats: false,
         once: false,
+        by_name_only: false,
     },
     Scenario {
         name: "wake_latency",
@@ -120,6 +128,7 @@ pub const SCENARIOS: &[Scenario] = &[
         baseline: None,
         needs_nats: false,
         once: false,
+        by_name_only: false,
     },
     Scenario {
         name: "claim_complete",
@@ -128,6 +137,7 @@ pub const SCENARIOS: &[Scenario] = &[
         baseline: Some(PG_CLAIM_COMPLETE),
         needs_nats: false,
         once: false,
+        by_name_only: false,
     },
     Scenario {
         name: "conversation_send",
@@ -136,6 +146,7 @@ pub const SCENARIOS: &[Scenario] = &[
         baseline: Some(PG_MESSAGE_RECEIPTS),
         needs_nats: false,
         once: false,
+        by_name_only: false,
     },
     Scenario {
         name: "conversation_send_store",
@@ -144,6 +155,7 @@ pub const SCENARIOS: &[Scenario] = &[
         baseline: Some(PG_MESSAGE_RECEIPTS),
         needs_nats: false,
         once: false,
+        by_name_only: false,
     },
     Scenario {
         name: "outbox_drain_jetstream",
@@ -158,6 +170,7 @@ pub const SCENARIOS: &[Scenario] = &[
         baseline: Some(JETSTREAM_PUBLISH),
         needs_nats: true,
         once: false,
+        by_name_only: false,
     },
     Scenario {
         name: "outbox_drain_jetstream_backlog",
@@ -166,6 +179,7 @@ pub const SCENARIOS: &[Scenario] = &[
         baseline: Some(JETSTREAM_PUBLISH),
         needs_nats: true,
         once: false,
+        by_name_only: false,
     },
     Scenario {
         name: "migrate_conversation",
@@ -174,6 +188,25 @@ pub const SCENARIOS: &[Scenario] = &[
         baseline: Some(JETSTREAM_PUBLISH),
         needs_nats: true,
         once: true,
+        by_name_only: false,
+    },
+    Scenario {
+        name: "history_small",
+        about: "read tools against a seeded small history only (1 000 messages; ~2 min)",
+        run: |ctx, _| Box::pin(history::history(ctx, &[history::SMALL])),
+        baseline: None,
+        needs_nats: false,
+        once: true,
+        by_name_only: true,
+    },
+    Scenario {
+        name: "history",
+        about: "read tools against a small, then a large seeded history (1 000 000 messages)",
+        run: |ctx, _| Box::pin(history::history(ctx, &[history::SMALL, history::LARGE])),
+        baseline: None,
+        needs_nats: false,
+        once: true,
+        by_name_only: true,
     },
 ];
 
