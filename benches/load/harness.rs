@@ -70,6 +70,13 @@ impl Recorder {
         Instant::now() < self.deadline
     }
 
+    /// [`Recorder::is_open`], or fewer than `at_least` operations recorded
+    /// yet: for an operation that may outlast the window, which would
+    /// otherwise end with nothing measured.
+    pub fn wants_more(&self, at_least: usize) -> bool {
+        self.is_open() || self.latencies.len() < at_least
+    }
+
     /// Count an operation that began at `started` and has just finished.
     /// Operations begun during the warm-up are not counted.
     pub fn record(&mut self, started: Instant) {
@@ -109,8 +116,24 @@ pub struct Run {
     pub backlog: Option<i64>,
     /// A conversation move: what was moved and how long writes paused.
     pub migration: Option<Migration>,
+    /// A line of the history benchmark: which call, against which history.
+    pub history: Option<History>,
     /// A further line the same scenario measured (the move back).
     pub then: Option<Box<Run>>,
+}
+
+/// What a history line adds: the call measured, its client count (the
+/// scenario runs both counts itself), the history it ran against, how long
+/// that history took to seed, and the p99 against either history.
+#[derive(Clone, Debug)]
+pub struct History {
+    pub op: &'static str,
+    pub clients: usize,
+    /// `small` or `large`.
+    pub history: &'static str,
+    pub seed_secs: f64,
+    pub p99_small_ms: Option<f64>,
+    pub p99_large_ms: Option<f64>,
 }
 
 /// The figures of one conversation move (`migrate_conversation`).
@@ -136,6 +159,7 @@ impl Run {
             offered_per_s: None,
             backlog: None,
             migration: None,
+            history: None,
             then: None,
         }
     }
@@ -198,6 +222,7 @@ where
             offered_per_s: None,
             backlog: None,
             migration: None,
+            history: None,
             then: None,
         })
     })

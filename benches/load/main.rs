@@ -20,10 +20,14 @@
 //!
 //! Output: one JSON line per (scenario, client count) on stdout, baseline
 //! lines included; progress on stderr. `BENCH_SECS` sets the measured window
-//! of each line (default 5). Under `cargo test --benches` (no `--bench` flag)
+//! of each line (default 5). A run that names no scenario runs all but the
+//! long ones marked by-name-only (`history`, `history_small`), whose lines
+//! compare latency against a small and a large seeded history instead of a
+//! rate against a baseline. Under `cargo test --benches` (no `--bench` flag)
 //! it does nothing, so a test run never turns into a load run.
 
 mod harness;
+mod mcp_client;
 mod scenarios;
 mod servers;
 
@@ -60,7 +64,7 @@ fn main_inner() -> Result<()> {
         eprintln!("bench: not run without --bench (as under `cargo test`); use scripts/bench");
         return Ok(());
     };
-    // The MCP client (the library's) follows the system's proxy settings;
+    // The rmcp client (the library's) follows the system's proxy settings;
     // the run's traffic must stay on 127.0.0.1, whatever they say. (`*`
     // covers names only: addresses are matched by address.)
     // SAFETY: nothing else runs yet (no runtime, no thread), so nothing
@@ -127,7 +131,7 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Option<Vec<&'static 
         return Ok(None);
     }
     if selected.is_empty() {
-        selected = SCENARIOS.iter().collect();
+        selected = SCENARIOS.iter().filter(|s| !s.by_name_only).collect();
     }
     Ok(Some(selected))
 }
@@ -236,7 +240,7 @@ async fn run(
             while let Some(mut run) = measured {
                 emit(
                     scenario.name,
-                    clients,
+                    run.history.as_ref().map_or(clients, |h| h.clients),
                     &run,
                     server.peak_rss_mib(),
                     baseline_name,
@@ -285,6 +289,19 @@ struct Line<'a> {
     mb_per_s: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     paused_ms: Option<i64>,
+    /// A history line: the call, the history it ran against (`small` or
+    /// `large`), that history's seed time, and the p99 against each; its
+    /// `ratio` is then p99 large ÷ p99 small, not a rate over the baseline's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    op: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    history: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    seed_secs: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    p99_small_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    p99_large_ms: Option<f64>,
 }
 
 fn emit(
@@ -305,8 +322,14 @@ fn emit(
         server_peak_rss_mib: rss_mib.map(|v| round(v, 1)),
         baseline,
         baseline_ops_per_s: round(baseline_ops, 1),
-        // No ratio to a baseline that did nothing.
-        ratio: (baseline_ops > 0.0).then(|| round(ops_per_s / baseline_ops, 4)),
+        ratio: match &run.history {
+            Some(h) => match (h.p99_small_ms, h.p99_large_ms) {
+                (Some(small), Some(large)) if small > 0.0 => Some(round(large / small, 3)),
+                _ => None,
+            },
+            // No ratio to a baseline that did nothing.
+            None => (baseline_ops > 0.0).then(|| round(ops_per_s / baseline_ops, 4)),
+        },
         ops: run.ops(),
         secs: round(run.secs(), 3),
         offered_per_s: run.offered_per_s.map(|v| round(v, 1)),
@@ -326,6 +349,19 @@ fn emit(
             )
         }),
         paused_ms: run.migration.as_ref().map(|m| m.paused_ms),
+        op: run.history.as_ref().map(|h| h.op),
+        history: run.history.as_ref().map(|h| h.history),
+        seed_secs: run.history.as_ref().map(|h| round(h.seed_secs, 1)),
+        p99_small_ms: run
+            .history
+            .as_ref()
+            .and_then(|h| h.p99_small_ms)
+            .map(|v| round(v, 3)),
+        p99_large_ms: run
+            .history
+            .as_ref()
+            .and_then(|h| h.p99_large_ms)
+            .map(|v| round(v, 3)),
     };
     match serde_json::to_string(&line) {
         Ok(text) => println!("{text}"),

@@ -80,6 +80,10 @@ impl Server {
             .args(["--bind", &format!("127.0.0.1:{port}")])
             // The limiter would turn a load test into a test of the limiter.
             .args(["--rate-limit-per-minute", "0"])
+            // Every client of a run speaks with one token; the cap on its
+            // calls in flight (16 by default) would refuse the 16 pairs of
+            // `wake_latency` (32 calls) on kept-alive connections.
+            .args(["--max-in-flight-per-credential", "0"])
             .args(["--shutdown-grace-secs", &SHUTDOWN_GRACE_SECS.to_string()])
             .env("DATABASE_URL", database_url)
             .stdin(Stdio::null())

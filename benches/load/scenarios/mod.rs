@@ -6,14 +6,18 @@
 //! scenario's figure is a ratio to it.
 //!
 //! One file per area: `messaging` (MCP round trips), `tasks`,
+//! `history` (a folder: read tools against a seeded small and large
+//! history, run by name only),
 //! `conversations`, `outbox` (the drain to JetStream), `moves` (a
 //! conversation moved between backends), and `baseline` (the yardsticks that
 //! are not one area's). This file holds what they share: the run's [`Ctx`],
-//! the registry, the MCP client (the library's `Connection`) and a few
-//! constants.
+//! the registry, the MCP clients (the benchmark's kept-alive
+//! [`McpClient`], and the library's rmcp `Connection` for `whoami_rmcp`) and
+//! a few constants.
 
 mod baseline;
 mod conversations;
+mod history;
 mod messaging;
 mod moves;
 mod outbox;
@@ -22,12 +26,13 @@ mod tasks;
 use std::sync::Arc;
 
 use ai_crew_sync::client::Connection;
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 use futures::future::BoxFuture;
 use serde_json::Value;
 use sqlx::PgPool;
 
 use crate::harness::{Run, Timing};
+use crate::mcp_client::McpClient;
 
 pub use baseline::pg_insert_commit;
 
@@ -63,6 +68,8 @@ pub struct Scenario {
     /// Measured once, at the first client count only (its `clients` do not
     /// mean concurrency).
     pub once: bool,
+    /// Left out of a run that names no scenario (it is long); run by name.
+    pub by_name_only: bool,
 }
 
 /// The same work as a scenario, done with nothing in between (raw SQL on the
@@ -94,6 +101,16 @@ pub const SCENARIOS: &[Scenario] = &[
         baseline: None,
         needs_nats: false,
         once: false,
+        by_name_only: false,
+    },
+    Scenario {
+        name: "whoami_rmcp",
+        about: "whoami through the library's rmcp client (a connection per call), for reference",
+        run: |ctx, clients| Box::pin(messaging::whoami_rmcp(ctx, clients)),
+        baseline: None,
+        needs_nats: false,
+        once: false,
+        by_name_only: false,
     },
     Scenario {
         name: "post_read",
@@ -102,6 +119,7 @@ pub const SCENARIOS: &[Scenario] = &[
         baseline: None,
         needs_nats: false,
         once: false,
+        by_name_only: false,
     },
     Scenario {
         name: "wake_latency",
@@ -110,6 +128,7 @@ pub const SCENARIOS: &[Scenario] = &[
         baseline: None,
         needs_nats: false,
         once: false,
+        by_name_only: false,
     },
     Scenario {
         name: "claim_complete",
@@ -118,6 +137,7 @@ pub const SCENARIOS: &[Scenario] = &[
         baseline: Some(PG_CLAIM_COMPLETE),
         needs_nats: false,
         once: false,
+        by_name_only: false,
     },
     Scenario {
         name: "conversation_send",
@@ -126,6 +146,7 @@ pub const SCENARIOS: &[Scenario] = &[
         baseline: Some(PG_MESSAGE_RECEIPTS),
         needs_nats: false,
         once: false,
+        by_name_only: false,
     },
     Scenario {
         name: "conversation_send_store",
@@ -134,6 +155,7 @@ pub const SCENARIOS: &[Scenario] = &[
         baseline: Some(PG_MESSAGE_RECEIPTS),
         needs_nats: false,
         once: false,
+        by_name_only: false,
     },
     Scenario {
         name: "outbox_drain_jetstream",
@@ -148,6 +170,7 @@ pub const SCENARIOS: &[Scenario] = &[
         baseline: Some(JETSTREAM_PUBLISH),
         needs_nats: true,
         once: false,
+        by_name_only: false,
     },
     Scenario {
         name: "outbox_drain_jetstream_backlog",
@@ -156,6 +179,7 @@ pub const SCENARIOS: &[Scenario] = &[
         baseline: Some(JETSTREAM_PUBLISH),
         needs_nats: true,
         once: false,
+        by_name_only: false,
     },
     Scenario {
         name: "migrate_conversation",
@@ -164,6 +188,25 @@ pub const SCENARIOS: &[Scenario] = &[
         baseline: Some(JETSTREAM_PUBLISH),
         needs_nats: true,
         once: true,
+        by_name_only: false,
+    },
+    Scenario {
+        name: "history_small",
+        about: "read tools against a seeded small history only (1 000 messages; ~2 min)",
+        run: |ctx, _| Box::pin(history::history(ctx, &[history::SMALL])),
+        baseline: None,
+        needs_nats: false,
+        once: true,
+        by_name_only: true,
+    },
+    Scenario {
+        name: "history",
+        about: "read tools against a small, then a large seeded history (1 000 000 messages)",
+        run: |ctx, _| Box::pin(history::history(ctx, &[history::SMALL, history::LARGE])),
+        baseline: None,
+        needs_nats: false,
+        once: true,
+        by_name_only: true,
     },
 ];
 
@@ -172,23 +215,26 @@ pub const BASELINE: &str = "pg_insert_commit";
 
 impl Ctx {
     /// An MCP session of agent `bench` as window `session` (None: its shared
-    /// window), initialize done: the library's client, the one the console
-    /// client speaks with. Its HTTP client is rmcp's default (it keeps no idle
-    /// connections, to dodge delayed-ACK stalls, so each call opens one), so
-    /// the figures are what an rmcp agent sees; `main` turns proxies off, so
-    /// traffic cannot leave 127.0.0.1.
-    pub async fn connect(&self, session: Option<&str>) -> Result<Connection> {
+    /// window), initialize done, on a kept-alive HTTP/1.1 connection of its
+    /// own (see `mcp_client`): what an agent on an official SDK sees.
+    pub async fn connect(&self, session: Option<&str>) -> Result<McpClient> {
+        McpClient::open(&self.mcp_url, &self.token, session).await
+    }
+
+    /// The same session through the library's rmcp client, the one the
+    /// console client speaks with. Its HTTP client keeps no idle connections
+    /// (to dodge delayed-ACK stalls), so each call opens one: `whoami_rmcp`
+    /// keeps that figure for reference. `main` turns proxies off, so traffic
+    /// cannot leave 127.0.0.1.
+    pub async fn connect_rmcp(&self, session: Option<&str>) -> Result<Connection> {
         Connection::open(&self.mcp_url, &self.token, session).await
     }
 }
 
 /// Call `tool` with a JSON object of arguments, failing on a transport error
 /// or a refusal: a benchmark that counts refusals as work measures nothing.
-pub async fn call_tool(connection: &Connection, tool: &str, args: Value) -> Result<Value> {
-    let Value::Object(arguments) = args else {
-        bail!("the arguments of {tool} are not a JSON object: {args}");
-    };
-    connection.call(tool, arguments).await
+pub async fn call_tool(client: &McpClient, tool: &str, args: Value) -> Result<Value> {
+    client.call(tool, args).await
 }
 
 /// The body every benchmark message carries (as in `conversation_send`).
