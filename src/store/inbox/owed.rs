@@ -33,7 +33,6 @@ pub(super) async fn top_up(
     me: &Identity,
     key: &str,
 ) -> BusResult<bool> {
-    no_jit(&mut *tx).await?;
     let walked_full: bool = sqlx::query_scalar(
         "WITH seats AS (
              SELECT w.id, w.conversation_id, k.through_seq AS marked,
@@ -183,8 +182,6 @@ pub(super) struct Counts {
 /// every owed receipt has its reference); for one without, among at most
 /// [`COUNTED_MAX`] of its undelivered receipts.
 pub(super) async fn counts(pool: &sqlx::PgPool, me: &Identity, key: &str) -> BusResult<Counts> {
-    let mut tx = pool.begin().await?;
-    no_jit(&mut tx).await?;
     let counts = sqlx::query_as(
         "WITH seats AS (
              SELECT w.id, w.conversation_id, k.through_seq
@@ -240,17 +237,7 @@ pub(super) async fn counts(pool: &sqlx::PgPool, me: &Identity, key: &str) -> Bus
     .bind(&me.window)
     .bind(HANDOUT_SECS)
     .bind(COUNTED_MAX)
-    .fetch_one(&mut *tx)
+    .fetch_one(pool)
     .await?;
-    tx.commit().await?;
     Ok(counts)
-}
-
-/// These statements cost a few index probes per row, but the planner, which
-/// cannot know how few of a seat's receipts are undelivered, estimates them
-/// past `jit_above_cost`; compiling them would take longer than running them
-/// (1.5 s measured). For the rest of this transaction only.
-async fn no_jit(conn: &mut sqlx::PgConnection) -> BusResult<()> {
-    sqlx::query("SET LOCAL jit = off").execute(conn).await?;
-    Ok(())
 }

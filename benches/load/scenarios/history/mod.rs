@@ -328,7 +328,7 @@ pub async fn history(ctx: Arc<Ctx>, sizes: &'static [Size]) -> Result<Run> {
 }
 
 /// The cursor each only_new read is put back to, per scope.
-type Points = HashMap<&'static str, (i64, i64)>;
+type Points = HashMap<&'static str, i64>;
 
 /// Every measuring window has read everything; returns, per scope, the
 /// position just before the newest page of [`NEW_PAGE`] messages.
@@ -340,13 +340,13 @@ async fn prepare_windows(pool: &sqlx::PgPool, team: &seed::Team) -> Result<Point
     }
     let scopes = ["all", "inbox", "#ch-07"];
     sqlx::query(
-        "INSERT INTO read_cursors (team_id, agent_id, session, scope, last_xact, last_seq)
-         SELECT $1, $2, w, s, m.xact_id, m.seq
+        "INSERT INTO read_cursors (team_id, agent_id, session, scope, last_position)
+         SELECT $1, $2, w, s, m.position
          FROM unnest($3::text[]) AS w CROSS JOIN unnest($4::text[]) AS s
-         CROSS JOIN (SELECT xact_id, seq FROM messages WHERE team_id = $1
-                     ORDER BY xact_id DESC, seq DESC LIMIT 1) m
+         CROSS JOIN (SELECT position FROM messages WHERE team_id = $1
+                     ORDER BY position DESC LIMIT 1) m
          ON CONFLICT (team_id, agent_id, session, scope)
-         DO UPDATE SET last_xact = EXCLUDED.last_xact, last_seq = EXCLUDED.last_seq",
+         DO UPDATE SET last_position = EXCLUDED.last_position",
     )
     .bind(team.id)
     .bind(team.agent_id)
@@ -364,9 +364,9 @@ async fn prepare_windows(pool: &sqlx::PgPool, team: &seed::Team) -> Result<Point
             "m.channel_id = (SELECT id FROM channels WHERE team_id = $1 AND name = 'ch-07')",
         ),
     ] {
-        let point: Option<(i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT m.xact_id, m.seq FROM messages m WHERE m.team_id = $1 AND {filter}
-             ORDER BY m.xact_id DESC, m.seq DESC OFFSET $3 LIMIT 1"
+        let point: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT m.position FROM messages m WHERE m.team_id = $1 AND {filter}
+             ORDER BY m.position DESC OFFSET $3 LIMIT 1"
         )))
         .bind(team.id)
         .bind(team.agent_id)
@@ -375,7 +375,7 @@ async fn prepare_windows(pool: &sqlx::PgPool, team: &seed::Team) -> Result<Point
         .await
         .with_context(|| format!("the newest page of {scope}"))?;
         // Fewer than a page in the scope: every call reads them all.
-        points.insert(scope, point.unwrap_or((0, 0)));
+        points.insert(scope, point.unwrap_or(0));
     }
     Ok(points)
 }
@@ -438,18 +438,17 @@ async fn put_cursor_back(
     team: &seed::Team,
     window: &str,
     scope: &str,
-    (xact, seq): (i64, i64),
+    position: i64,
 ) -> Result<()> {
     sqlx::query(
-        "UPDATE read_cursors SET last_xact = $5, last_seq = $6
+        "UPDATE read_cursors SET last_position = $5
          WHERE team_id = $1 AND agent_id = $2 AND session = $3 AND scope = $4",
     )
     .bind(team.id)
     .bind(team.agent_id)
     .bind(window)
     .bind(scope)
-    .bind(xact)
-    .bind(seq)
+    .bind(position)
     .execute(pool)
     .await
     .context("putting a cursor back")?;

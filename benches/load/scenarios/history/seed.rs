@@ -106,8 +106,12 @@ pub async fn seed(pool: &PgPool, size: Size) -> Result<Team> {
         .execute(&mut *tx)
         .await
         .context("seeding messages")?;
-    // MERGE (messages.position): set the team's position counter here to
-    // the highest position seeded, i.e. `size.messages`.
+    sqlx::query(MESSAGE_COUNTERS)
+        .bind(id)
+        .bind(size.messages)
+        .execute(&mut *tx)
+        .await
+        .context("seeding the message counters")?;
     for (what, sql, count) in [
         ("tasks", TASKS, size.tasks),
         ("task events", TASK_EVENTS, size.tasks),
@@ -199,9 +203,9 @@ const CAST: &[(&str, &str)] = &[
 
 /// THE MESSAGES STATEMENT: every channel and direct message of a history,
 /// in one statement (binds $1 team, $2 count). Message g (1..count) is the
-/// g-th in commit order, so when messages get a per-team `position`
-/// column, it is `g` (add `position` to the column list and `g` to the
-/// SELECT), and the team's counter is `count` (see `seed`).
+/// g-th in commit order: its per-team `position` is `g`, and
+/// [`MESSAGE_COUNTERS`] then sets the team's counter to `count` and each
+/// channel's counters, as a post keeps them.
 ///
 /// One message in 5 is a DM to an agent as a whole (every window),
 /// round-robin over the 40 agents, so `bench` gets count/200; the rest go
@@ -212,9 +216,9 @@ const MESSAGES: &str = "
     WITH cast_ AS (
         SELECT (SELECT array_agg(id ORDER BY name) FROM channels WHERE team_id = $1) AS channels,
                (SELECT array_agg(id ORDER BY name) FROM agents WHERE team_id = $1) AS agents)
-    INSERT INTO messages (id, team_id, channel_id, sender_id, sender_session,
+    INSERT INTO messages (id, team_id, position, channel_id, sender_id, sender_session,
                           recipient_id, recipient_session, body, created_at)
-    SELECT gen_random_uuid(), $1,
+    SELECT gen_random_uuid(), $1, g,
            CASE WHEN g % 5 <> 0 THEN c.channels[1 + g % 50] END,
            c.agents[1 + g % 40], 'w1',
            CASE WHEN g % 5 = 0 THEN c.agents[1 + (g / 5 + 1) % 40] END,
@@ -224,6 +228,19 @@ const MESSAGES: &str = "
            now() - make_interval(secs => ($2 - g) * 2592000.0 / $2)
     FROM generate_series(1, $2) AS g CROSS JOIN cast_ c
     ORDER BY g";
+
+/// The counters a post keeps (binds $1 team, $2 count): the team's last
+/// position, and each channel's message count, last position and time.
+const MESSAGE_COUNTERS: &str = "
+    WITH team_ AS (
+        INSERT INTO message_counters (team_id, last_position) VALUES ($1, $2)
+        ON CONFLICT (team_id) DO UPDATE SET last_position = EXCLUDED.last_position)
+    UPDATE channels c SET message_count = s.n, last_position = s.last_position,
+                          last_message_at = s.last_at
+    FROM (SELECT channel_id, count(*) AS n, max(position) AS last_position,
+                 max(created_at) AS last_at
+          FROM messages WHERE team_id = $1 AND channel_id IS NOT NULL GROUP BY channel_id) s
+    WHERE c.team_id = $1 AND c.id = s.channel_id";
 
 /// Tasks (binds $1 team, $2 count): one in 20 open, one in 20 claimed by a
 /// live lease, the rest done; creators, holders and completers round-robin.
