@@ -93,12 +93,25 @@ pub async fn settle_confirmed_batch(
         .collect();
     let mut tx = pool.begin().await?;
     lock_conversations(&mut tx, &conversations).await?;
+    // Each slot is looked up by primary key from its own (id, generation)
+    // pair and locked there (the lateral sub-select with a `LIMIT` cannot be
+    // flattened into a join), then deleted by primary key. Written as a plain
+    // join of the outbox to the unnested arrays, the planner, trusting that
+    // few slots have a live lease, scanned the outbox once and compared every
+    // slot with every pair: 65 000 comparisons, 30 of the 60 ms of a
+    // 256-slot batch.
     let stored: Vec<(Uuid, Uuid)> = sqlx::query_as(
         "WITH won AS (
              DELETE FROM conversation_outbox o
-              USING unnest($1::uuid[], $2::bigint[]) AS s(message_id, generation)
-              WHERE o.message_id = s.message_id AND o.generation = s.generation
-                AND o.lease_expires_at IS NOT NULL AND o.lease_expires_at > now()
+              WHERE o.message_id = ANY(ARRAY(
+                  SELECT held.message_id
+                    FROM unnest($1::uuid[], $2::bigint[]) AS s(message_id, generation)
+                   CROSS JOIN LATERAL (
+                       SELECT h.message_id FROM conversation_outbox h
+                        WHERE h.message_id = s.message_id AND h.generation = s.generation
+                          AND h.lease_expires_at IS NOT NULL AND h.lease_expires_at > now()
+                        LIMIT 1
+                          FOR UPDATE) AS held))
               RETURNING o.team_id, o.message_id),
          located AS (
              SELECT won.team_id, won.message_id, l.locator
