@@ -183,71 +183,100 @@ fn announce(bus: &Bus, lease: &Lease) {
 }
 
 /// Run the drain until `shutdown`: `settings.lanes` lanes, each pass after
-/// pass while there is work, and when idle waiting for an outbox event (a
-/// send into an outbox on any replica) or the idle poll, whichever comes
-/// first. Sends on the synchronous path wake no drain. Lanes are
-/// independent workers (each its own worker name), exactly as replicas are.
+/// pass while there is work. An idle lane waits for a wake-up or the idle
+/// poll, whichever comes first. One listener per drain turns each outbox
+/// event (a send into an outbox on any replica) into a wake-up of *one* idle
+/// lane, and a lane that leased a full batch wakes one more, since more is
+/// waiting: woken all at once, every lane of every replica ran a lease per
+/// send, nearly all of them finding nothing, and the database spent on
+/// those leases what the drain needed. Sends on the synchronous path wake no
+/// drain. Lanes are independent workers (each its own worker name), exactly
+/// as replicas are.
 pub fn spawn_drain(
     bus: Bus,
     settings: DrainSettings,
     shutdown: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
+    let wake = std::sync::Arc::new(tokio::sync::Notify::new());
+    let listener = spawn_wake_listener(&bus, wake.clone(), shutdown.clone());
     let lanes: Vec<_> = (0..settings.lanes.max(1))
-        .map(|_| spawn_lane(bus.clone(), settings.clone(), shutdown.clone()))
+        .map(|_| {
+            spawn_lane(
+                bus.clone(),
+                settings.clone(),
+                wake.clone(),
+                shutdown.clone(),
+            )
+        })
         .collect();
     tokio::spawn(async move {
         for lane in lanes {
             let _ = lane.await;
         }
+        let _ = listener.await;
     })
 }
 
 fn spawn_lane(
     bus: Bus,
     settings: DrainSettings,
+    wake: std::sync::Arc<tokio::sync::Notify>,
     shutdown: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     let worker = format!("drain-{}", Uuid::new_v4().simple());
     tokio::spawn(async move {
-        let mut events = bus.events.subscribe();
         loop {
             if shutdown.is_cancelled() {
                 return;
             }
-            let busy = match drain_once(&bus, &worker, &settings).await {
-                Ok(pass) => pass.leased > 0,
+            let leased = match drain_once(&bus, &worker, &settings).await {
+                Ok(pass) => pass.leased,
                 Err(e) => {
                     tracing::warn!(error = %e, "outbox drain pass failed; retrying");
-                    false
+                    0
                 }
             };
-            if busy {
+            if leased > 0 {
+                if leased as i64 >= settings.batch {
+                    wake.notify_one();
+                }
                 continue;
             }
-            let idle = tokio::time::sleep(settings.idle_poll);
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = idle => {}
-                _ = wait_for_outbox_event(&mut events) => {}
+                _ = tokio::time::sleep(settings.idle_poll) => {}
+                _ = wake.notified() => {}
             }
         }
     })
 }
 
-async fn wait_for_outbox_event(
-    events: &mut tokio::sync::broadcast::Receiver<std::sync::Arc<BusEvent>>,
-) {
-    loop {
-        match events.recv().await {
-            Ok(event) if event.kind == EventKind::Outbox => return,
-            Ok(_) => {}
-            // Lagged: something happened; closed: fall back to the poll.
-            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return,
-            Err(tokio::sync::broadcast::error::RecvError::Closed) => {
-                std::future::pending::<()>().await
+/// Wake one idle lane per outbox event (or, when events were dropped, once:
+/// something happened).
+fn spawn_wake_listener(
+    bus: &Bus,
+    wake: std::sync::Arc<tokio::sync::Notify>,
+    shutdown: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let mut events = bus.events.subscribe();
+    tokio::spawn(async move {
+        loop {
+            let event = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                event = events.recv() => event,
+            };
+            match event {
+                Ok(event) if event.kind == EventKind::Outbox => wake.notify_one(),
+                Ok(_) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => wake.notify_one(),
+                // Closed: the lanes fall back to the idle poll.
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                    shutdown.cancelled().await;
+                    return;
+                }
             }
         }
-    }
+    })
 }
 
 /// How often the reconciler asks about uncertain publications.

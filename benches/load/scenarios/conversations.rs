@@ -112,7 +112,16 @@ pub(super) async fn seat_conversations_on(
 /// sending into its own conversation of 4 members: one operation is one
 /// message with its gap-free seq and 3 receipt rows, committed.
 pub(super) async fn conversation_send(ctx: Arc<Ctx>, clients: usize) -> Result<Run> {
-    let conversations = Arc::new(seat_conversations(&ctx.pool, clients).await?);
+    let conversations = seat_conversations(&ctx.pool, clients).await?;
+    send_into(ctx, conversations).await
+}
+
+/// Client `i` sends over MCP as window `sender-i` into `conversations[i]`
+/// (seated by [`seat_conversations_on`]), closed loop, one client per
+/// conversation.
+pub(super) async fn send_into(ctx: Arc<Ctx>, conversations: Vec<uuid::Uuid>) -> Result<Run> {
+    let clients = conversations.len();
+    let conversations = Arc::new(conversations);
     closed_loop(clients, ctx.timing, move |i, window| {
         let ctx = ctx.clone();
         let conversation = conversations[i];

@@ -87,6 +87,12 @@ const PG_MESSAGE_RECEIPTS: OwnBaseline = OwnBaseline {
     name: "pg_message_receipts",
     run: |ctx, clients| Box::pin(conversations::pg_message_receipts(ctx, clients)),
 };
+/// The drain's yardstick: how fast the same run's clients send into outbox
+/// conversations over MCP.
+const CONVERSATION_SEND_OUTBOX: OwnBaseline = OwnBaseline {
+    name: "conversation_send_outbox",
+    run: |ctx, clients| Box::pin(outbox::conversation_send_outbox(ctx, clients)),
+};
 const JETSTREAM_PUBLISH: OwnBaseline = OwnBaseline {
     name: baseline::JETSTREAM_BASELINE,
     run: |ctx, clients| Box::pin(baseline::jetstream_publish(ctx, clients)),
@@ -158,8 +164,17 @@ pub const SCENARIOS: &[Scenario] = &[
         by_name_only: false,
     },
     Scenario {
+        name: "outbox_drain_jetstream_backlog",
+        about: "an accepted outbox message stored on JetStream, draining a backlog: the drain's capacity",
+        run: |ctx, clients| Box::pin(outbox::outbox_drain_jetstream(ctx, clients, None)),
+        baseline: Some(CONVERSATION_SEND_OUTBOX),
+        needs_nats: true,
+        once: false,
+        by_name_only: false,
+    },
+    Scenario {
         name: "outbox_drain_jetstream",
-        about: "an accepted outbox message stored on JetStream, at a fixed offered load",
+        about: "the same at a quarter of that capacity, offered steadily: acceptance to stored",
         run: |ctx, clients| {
             Box::pin(outbox::outbox_drain_jetstream(
                 ctx,
@@ -167,15 +182,6 @@ pub const SCENARIOS: &[Scenario] = &[
                 Some(outbox::TARGET_LOAD),
             ))
         },
-        baseline: Some(JETSTREAM_PUBLISH),
-        needs_nats: true,
-        once: false,
-        by_name_only: false,
-    },
-    Scenario {
-        name: "outbox_drain_jetstream_backlog",
-        about: "the same, draining a backlog: the drain's capacity",
-        run: |ctx, clients| Box::pin(outbox::outbox_drain_jetstream(ctx, clients, None)),
         baseline: Some(JETSTREAM_PUBLISH),
         needs_nats: true,
         once: false,

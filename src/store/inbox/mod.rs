@@ -56,6 +56,36 @@ macro_rules! recipient_key_sql {
         )
     };
 }
+pub(crate) use recipient_key_sql;
+
+/// The statement that queues one message reference per frozen recipient of
+/// each message named by `$source`, a relation with columns `team_id` and
+/// `message_id`; a second run queues nothing new. Shared by
+/// [`enqueue_message_references`] and the outbox's batch settle, which runs
+/// it inside its one statement.
+macro_rules! message_references_sql {
+    ($source:literal) => {
+        concat!(
+            "INSERT INTO inbox_references
+                 (id, team_id, recipient_key, recipient_id, recipient_session, kind,
+                  conversation_id, message_id, seq, actor)
+             SELECT gen_random_uuid(), r.team_id, ",
+            $crate::store::inbox::recipient_key_sql!("w.agent_id", "w.session"),
+            ", w.agent_id, w.session, 'message', m.conversation_id, m.id, m.seq,
+                    CASE WHEN m.sender_session = '' THEN a.name ELSE a.name || '/' || m.sender_session END
+               FROM ",
+            $source,
+            " AS s
+               JOIN message_receipts r ON r.team_id = s.team_id AND r.message_id = s.message_id
+               -- The window that holds the receipt's seat now (a transfer moves it).
+               JOIN conversation_members w ON w.team_id = r.team_id AND w.id = r.member_id
+               JOIN conversation_messages m ON m.team_id = r.team_id AND m.id = r.message_id
+               JOIN agents a ON a.team_id = m.team_id AND a.id = m.sender_id
+             ON CONFLICT DO NOTHING"
+        )
+    };
+}
+pub(crate) use message_references_sql;
 
 /// Queue one message reference per frozen recipient of each message (given
 /// as `(team_id, message_id)`). Called in the transaction that records the
@@ -66,21 +96,8 @@ pub async fn enqueue_message_references(
 ) -> BusResult<u64> {
     let teams: Vec<Uuid> = messages.iter().map(|m| m.0).collect();
     let ids: Vec<Uuid> = messages.iter().map(|m| m.1).collect();
-    let queued = sqlx::query(concat!(
-        "INSERT INTO inbox_references
-             (id, team_id, recipient_key, recipient_id, recipient_session, kind,
-              conversation_id, message_id, seq, actor)
-         SELECT gen_random_uuid(), r.team_id, ",
-        recipient_key_sql!("w.agent_id", "w.session"),
-        ", w.agent_id, w.session, 'message', m.conversation_id, m.id, m.seq,
-                CASE WHEN m.sender_session = '' THEN a.name ELSE a.name || '/' || m.sender_session END
-           FROM unnest($1::uuid[], $2::uuid[]) AS s(team_id, message_id)
-           JOIN message_receipts r ON r.team_id = s.team_id AND r.message_id = s.message_id
-           -- The window that holds the receipt's seat now (a transfer moves it).
-           JOIN conversation_members w ON w.team_id = r.team_id AND w.id = r.member_id
-           JOIN conversation_messages m ON m.team_id = r.team_id AND m.id = r.message_id
-           JOIN agents a ON a.team_id = m.team_id AND a.id = m.sender_id
-         ON CONFLICT DO NOTHING"
+    let queued = sqlx::query(message_references_sql!(
+        "(SELECT * FROM unnest($1::uuid[], $2::uuid[]) AS u(team_id, message_id))"
     ))
     .bind(&teams)
     .bind(&ids)
