@@ -46,10 +46,14 @@ pub struct WhoAmI {
 }
 
 pub async fn whoami(bus: &Bus, me: &Identity) -> BusResult<WhoAmI> {
-    let (project, role) = presence::window_labels(&bus.pool, me).await?;
-    let default_channel = messages::default_channel(bus, me).await?;
-    let unread_direct_messages = messages::unread_direct(bus, me).await?;
-    let open_claimed_tasks = tasks::count_claimed(bus, me).await?;
+    // Three independent reads at once, the labels read once for both the
+    // answer and the default channel.
+    let ((project, role), unread_direct_messages, open_claimed_tasks) = tokio::try_join!(
+        presence::window_labels(&bus.pool, me),
+        messages::unread_direct(bus, me),
+        tasks::count_claimed(bus, me),
+    )?;
+    let default_channel = messages::default_channel_of(project.clone(), me);
     Ok(WhoAmI {
         agent: me.agent.clone(),
         agent_id: me.agent_id,
