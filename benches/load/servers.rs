@@ -80,6 +80,11 @@ impl Server {
             .args(["--bind", &format!("127.0.0.1:{port}")])
             // The limiter would turn a load test into a test of the limiter.
             .args(["--rate-limit-per-minute", "0"])
+            // long_polls holds 1 000 waits of the one bench agent, each on its
+            // own connection from 127.0.0.1: room for them and the rest.
+            .args(["--max-long-polls-per-credential", "2048"])
+            .args(["--max-in-flight", "4096"])
+            .args(["--max-connections-per-address", "4096"])
             .args(["--shutdown-grace-secs", &SHUTDOWN_GRACE_SECS.to_string()])
             .env("DATABASE_URL", database_url)
             .stdin(Stdio::null())

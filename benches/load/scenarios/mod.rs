@@ -5,7 +5,8 @@
 //! from. The baseline is not a scenario: it always runs, because every
 //! scenario's figure is a ratio to it.
 //!
-//! One file per area: `messaging` (MCP round trips), `tasks`,
+//! One file per area: `messaging` (MCP round trips), `long_polls` (1 000
+//! blocked waits beside a measured pair), `tasks`,
 //! `conversations`, `outbox` (the drain to JetStream), `moves` (a
 //! conversation moved between backends), and `baseline` (the yardsticks that
 //! are not one area's). This file holds what they share: the run's [`Ctx`],
@@ -14,6 +15,7 @@
 
 mod baseline;
 mod conversations;
+mod long_polls;
 mod messaging;
 mod moves;
 mod outbox;
@@ -110,6 +112,14 @@ pub const SCENARIOS: &[Scenario] = &[
         baseline: None,
         needs_nats: false,
         once: false,
+    },
+    Scenario {
+        name: "long_polls",
+        about: "wake_latency of one pair while 1 000 other windows are blocked in wait_for_updates",
+        run: |ctx, clients| Box::pin(long_polls::long_polls(ctx, clients)),
+        baseline: None,
+        needs_nats: false,
+        once: true,
     },
     Scenario {
         name: "claim_complete",
