@@ -24,6 +24,7 @@
 //! it does nothing, so a test run never turns into a load run.
 
 mod harness;
+mod mcp_client;
 mod scenarios;
 mod servers;
 
@@ -60,7 +61,7 @@ fn main_inner() -> Result<()> {
         eprintln!("bench: not run without --bench (as under `cargo test`); use scripts/bench");
         return Ok(());
     };
-    // The MCP client (the library's) follows the system's proxy settings;
+    // The rmcp client (the library's) follows the system's proxy settings;
     // the run's traffic must stay on 127.0.0.1, whatever they say. (`*`
     // covers names only: addresses are matched by address.)
     // SAFETY: nothing else runs yet (no runtime, no thread), so nothing

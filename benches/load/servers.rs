@@ -85,6 +85,10 @@ impl Server {
             .args(["--max-long-polls-per-credential", "2048"])
             .args(["--max-in-flight", "4096"])
             .args(["--max-connections-per-address", "4096"])
+            // Every client of a run speaks with one token; the cap on its
+            // calls in flight (16 by default) would refuse the 16 pairs of
+            // `wake_latency` (32 calls) on kept-alive connections.
+            .args(["--max-in-flight-per-credential", "0"])
             .args(["--shutdown-grace-secs", &SHUTDOWN_GRACE_SECS.to_string()])
             .env("DATABASE_URL", database_url)
             .stdin(Stdio::null())

@@ -10,8 +10,9 @@
 //! `conversations`, `outbox` (the drain to JetStream), `moves` (a
 //! conversation moved between backends), and `baseline` (the yardsticks that
 //! are not one area's). This file holds what they share: the run's [`Ctx`],
-//! the registry, the MCP client (the library's `Connection`) and a few
-//! constants.
+//! the registry, the MCP clients (the benchmark's kept-alive
+//! [`McpClient`], and the library's rmcp `Connection` for `whoami_rmcp`) and
+//! a few constants.
 
 mod baseline;
 mod conversations;
@@ -24,12 +25,13 @@ mod tasks;
 use std::sync::Arc;
 
 use ai_crew_sync::client::Connection;
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 use futures::future::BoxFuture;
 use serde_json::Value;
 use sqlx::PgPool;
 
 use crate::harness::{Run, Timing};
+use crate::mcp_client::McpClient;
 
 pub use baseline::pg_insert_commit;
 
@@ -93,6 +95,14 @@ pub const SCENARIOS: &[Scenario] = &[
         name: "whoami",
         about: "an authenticated MCP round trip",
         run: |ctx, clients| Box::pin(messaging::whoami(ctx, clients)),
+        baseline: None,
+        needs_nats: false,
+        once: false,
+    },
+    Scenario {
+        name: "whoami_rmcp",
+        about: "whoami through the library's rmcp client (a connection per call), for reference",
+        run: |ctx, clients| Box::pin(messaging::whoami_rmcp(ctx, clients)),
         baseline: None,
         needs_nats: false,
         once: false,
@@ -182,23 +192,26 @@ pub const BASELINE: &str = "pg_insert_commit";
 
 impl Ctx {
     /// An MCP session of agent `bench` as window `session` (None: its shared
-    /// window), initialize done: the library's client, the one the console
-    /// client speaks with. Its HTTP client is rmcp's default (it keeps no idle
-    /// connections, to dodge delayed-ACK stalls, so each call opens one), so
-    /// the figures are what an rmcp agent sees; `main` turns proxies off, so
-    /// traffic cannot leave 127.0.0.1.
-    pub async fn connect(&self, session: Option<&str>) -> Result<Connection> {
+    /// window), initialize done, on a kept-alive HTTP/1.1 connection of its
+    /// own (see `mcp_client`): what an agent on an official SDK sees.
+    pub async fn connect(&self, session: Option<&str>) -> Result<McpClient> {
+        McpClient::open(&self.mcp_url, &self.token, session).await
+    }
+
+    /// The same session through the library's rmcp client, the one the
+    /// console client speaks with. Its HTTP client keeps no idle connections
+    /// (to dodge delayed-ACK stalls), so each call opens one: `whoami_rmcp`
+    /// keeps that figure for reference. `main` turns proxies off, so traffic
+    /// cannot leave 127.0.0.1.
+    pub async fn connect_rmcp(&self, session: Option<&str>) -> Result<Connection> {
         Connection::open(&self.mcp_url, &self.token, session).await
     }
 }
 
 /// Call `tool` with a JSON object of arguments, failing on a transport error
 /// or a refusal: a benchmark that counts refusals as work measures nothing.
-pub async fn call_tool(connection: &Connection, tool: &str, args: Value) -> Result<Value> {
-    let Value::Object(arguments) = args else {
-        bail!("the arguments of {tool} are not a JSON object: {args}");
-    };
-    connection.call(tool, arguments).await
+pub async fn call_tool(client: &McpClient, tool: &str, args: Value) -> Result<Value> {
+    client.call(tool, args).await
 }
 
 /// The body every benchmark message carries (as in `conversation_send`).
