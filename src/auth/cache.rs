@@ -86,11 +86,8 @@ impl CredentialCache {
         identity: Identity,
         expires_at: Option<DateTime<Utc>>,
     ) {
-        let mut entries = self.entries.lock().expect("credential cache lock");
-        if entries.len() >= CAPACITY {
-            entries.clear();
-        }
-        entries.insert(
+        insert_bounded(
+            &self.entries,
             digest,
             Entry {
                 identity,
@@ -112,11 +109,8 @@ impl CredentialCache {
 
     /// Keep the team's flag, read under `generation`.
     pub fn remember_conversations_enabled(&self, team: Uuid, generation: u64, on: bool) {
-        let mut teams = self.teams.lock().expect("credential cache lock");
-        if teams.len() >= CAPACITY {
-            teams.clear();
-        }
-        teams.insert(
+        insert_bounded(
+            &self.teams,
             team,
             TeamFlag {
                 conversations: on,
@@ -125,6 +119,15 @@ impl CredentialCache {
             },
         );
     }
+}
+
+/// Insert into a map that a full cache empties first.
+fn insert_bounded<K: std::hash::Hash + Eq, V>(map: &Mutex<HashMap<K, V>>, key: K, value: V) {
+    let mut map = map.lock().expect("credential cache lock");
+    if map.len() >= CAPACITY {
+        map.clear();
+    }
+    map.insert(key, value);
 }
 
 #[cfg(test)]
