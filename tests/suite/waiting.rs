@@ -469,23 +469,30 @@ async fn many_blocked_waits_each_wake_for_their_own_dm_and_nothing_else() {
         .call("create_channel", json!({"name": "elsewhere"}))
         .await
         .unwrap();
-    let mut waiters = Vec::new();
+    // Every window connected first, so the waits start together.
+    let mut windows = Vec::new();
     for a in 0..AGENTS {
         let token = app.agent("acme", &format!("bob{a}")).await;
         for w in 0..WINDOWS {
             let window = app.mcp(&token, Some(&format!("w{w}"))).await;
+            windows.push((format!("bob{a}/w{w}"), window));
+        }
+    }
+    let waiters: Vec<_> = windows
+        .into_iter()
+        .map(|(address, window)| {
             let waiter = tokio::spawn(async move {
                 window
                     .call(
                         "wait_for_updates",
-                        json!({"timeout_seconds": 4, "kinds": ["message"]}),
+                        json!({"timeout_seconds": 10, "kinds": ["message"]}),
                     )
                     .await
                     .unwrap()
             });
-            waiters.push((format!("bob{a}/w{w}"), waiter));
-        }
-    }
+            (address, waiter)
+        })
+        .collect();
     // A DM sent before a wait subscribed is found by its first check, so the
     // posts need not wait for the waits to block.
     alice
