@@ -16,9 +16,19 @@
 //! The publisher sends an empty ping every `ping` interval, so the listener
 //! can tell `live` (hearing pings) from `silent` (connected, hearing nothing)
 //! and `detached` (no connection; it reconnects by itself).
+//!
+//! The same channel carries one more item, `{"k":"credentials","i":id}`,
+//! which no waiter sees: the SQL function `lock_agent_credentials` (migration
+//! 0024) queues it inside every transaction that takes a credential away, and
+//! [`notify_access_changed`] inside one that switches a team's conversation
+//! capability, so it is delivered at that commit, whichever process (a
+//! replica, the CLI) made it. Hearing one bumps [`Events::credentials_generation`], which
+//! empties every credential cache keyed on it ([`crate::auth::cache`]); so do
+//! a lost and a regained connection, since notifications sent meanwhile are
+//! gone.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -28,8 +38,13 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::auth::cache::CredentialCache;
+
 /// The PostgreSQL notification channel.
 pub const CHANNEL: &str = "bus_events";
+/// The `k` of the item that says an agent's credentials changed (see the
+/// module docs); not a [`BusEvent`].
+const CREDENTIALS_KIND: &str = "credentials";
 /// PostgreSQL refuses payloads of 8000 bytes or more; stay well under.
 const PAYLOAD_MAX_BYTES: usize = 7_000;
 const FANOUT_CAPACITY: usize = 4_096;
@@ -144,6 +159,11 @@ struct Inner {
     /// Unix millis of the last notification (or ping) heard.
     last_heard_ms: AtomicI64,
     ping: Duration,
+    /// Bumped whenever a credential may have changed unseen: a credentials
+    /// notification, the listener attaching or detaching.
+    credentials_generation: AtomicU64,
+    /// What is cached under that generation.
+    credentials: CredentialCache,
 }
 
 /// The hub of one process. Cheap to clone.
@@ -164,6 +184,8 @@ impl Events {
                 attached: AtomicU8::new(DETACHED),
                 last_heard_ms: AtomicI64::new(0),
                 ping,
+                credentials_generation: AtomicU64::new(0),
+                credentials: CredentialCache::default(),
             }),
         };
         tokio::spawn(publish_loop(pool.clone(), queue, ping, shutdown.clone()));
@@ -183,6 +205,32 @@ impl Events {
         self.inner.fanout.subscribe()
     }
 
+    /// What a credential cache may trust: a number that changes whenever a
+    /// credential may have been taken away on any replica, or `None` while
+    /// the listener is detached (revocations would go unheard: look every
+    /// credential up). An entry cached under one number is good only while
+    /// it stays the same; read it *before* the lookup whose answer is cached.
+    pub fn credentials_generation(&self) -> Option<u64> {
+        // Read the generation first: a detach bumps it, so an answer cached
+        // under a number read while attached dies with the detach.
+        let generation = self.inner.credentials_generation.load(Ordering::Acquire);
+        (self.inner.attached.load(Ordering::Acquire) == ATTACHED).then_some(generation)
+    }
+
+    /// This process's credential cache, good under
+    /// [`Events::credentials_generation`].
+    pub fn credential_cache(&self) -> &CredentialCache {
+        &self.inner.credentials
+    }
+
+    /// Drop every cached credential of this process now, without waiting for
+    /// the notification (a revocation this process just committed).
+    pub fn credentials_changed(&self) {
+        self.inner
+            .credentials_generation
+            .fetch_add(1, Ordering::AcqRel);
+    }
+
     pub fn state(&self) -> ListenerState {
         if self.inner.attached.load(Ordering::Relaxed) == DETACHED {
             return ListenerState::Detached;
@@ -195,6 +243,23 @@ impl Events {
             ListenerState::Live
         }
     }
+}
+
+/// Queue, inside the caller's transaction, the notification that makes every
+/// replica drop its cached credentials and access settings at commit (the
+/// SQL side of this is `lock_agent_credentials`, migration 0024; this is for
+/// a change that takes no agent's lock, such as a team's capability).
+pub async fn notify_access_changed(
+    conn: &mut sqlx::PgConnection,
+    about: Uuid,
+) -> Result<(), sqlx::Error> {
+    let payload = serde_json::json!([{ "k": CREDENTIALS_KIND, "i": about }]).to_string();
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(CHANNEL)
+        .bind(payload)
+        .execute(conn)
+        .await?;
+    Ok(())
 }
 
 fn now_ms() -> i64 {
@@ -329,7 +394,9 @@ async fn listen_loop(pool: PgPool, events: Events, shutdown: CancellationToken) 
             backoff = (backoff * 2).min(Duration::from_secs(5));
             continue;
         }
-        inner.attached.store(ATTACHED, Ordering::Relaxed);
+        // Whatever was revoked while no one listened went unheard.
+        events.credentials_changed();
+        inner.attached.store(ATTACHED, Ordering::Release);
         inner.last_heard_ms.store(now_ms(), Ordering::Relaxed);
         backoff = Duration::from_millis(100);
         loop {
@@ -340,7 +407,11 @@ async fn listen_loop(pool: PgPool, events: Events, shutdown: CancellationToken) 
             match notification {
                 Ok(Some(notification)) => {
                     inner.last_heard_ms.store(now_ms(), Ordering::Relaxed);
-                    for event in read_batch(notification.payload()) {
+                    let (batch, credentials) = read_batch(notification.payload());
+                    if credentials {
+                        events.credentials_changed();
+                    }
+                    for event in batch {
                         // No receivers is normal: nobody is waiting.
                         let _ = inner.fanout.send(Arc::new(event));
                     }
@@ -348,7 +419,8 @@ async fn listen_loop(pool: PgPool, events: Events, shutdown: CancellationToken) 
                 // The connection dropped: notifications sent meanwhile are lost,
                 // which the waiters' timed re-check covers.
                 Ok(None) | Err(_) => {
-                    inner.attached.store(DETACHED, Ordering::Relaxed);
+                    inner.attached.store(DETACHED, Ordering::Release);
+                    events.credentials_changed();
                     tracing::warn!("event listener lost its connection; reconnecting");
                     break;
                 }
@@ -412,19 +484,26 @@ pub async fn round_trip(pool: &PgPool, within: Duration) -> Result<Duration, Rou
     }
 }
 
-/// The events of one notification, one by one: an event this binary cannot
-/// read (a kind a newer replica emits during a rolling upgrade) is skipped,
-/// never the rest of the batch with it.
-fn read_batch(payload: &str) -> Vec<BusEvent> {
+/// The events of one notification, one by one, and whether it said that
+/// credentials changed: an event this binary cannot read (a kind a newer
+/// replica emits during a rolling upgrade) is skipped, never the rest of the
+/// batch with it.
+fn read_batch(payload: &str) -> (Vec<BusEvent>, bool) {
     let items: Vec<serde_json::Value> = match serde_json::from_str(payload) {
         Ok(items) => items,
         Err(err) => {
             tracing::warn!(error = %err, "unreadable bus_events payload");
-            return Vec::new();
+            return (Vec::new(), false);
         }
     };
-    items
+    let mut credentials = false;
+    let events = items
         .into_iter()
+        .filter(|item| {
+            let about_credentials = item["k"] == CREDENTIALS_KIND;
+            credentials |= about_credentials;
+            !about_credentials
+        })
         .filter_map(|item| match serde_json::from_value(item) {
             Ok(event) => Some(event),
             Err(err) => {
@@ -432,7 +511,8 @@ fn read_batch(payload: &str) -> Vec<BusEvent> {
                 None
             }
         })
-        .collect()
+        .collect();
+    (events, credentials)
 }
 
 #[cfg(test)]
@@ -447,8 +527,14 @@ mod tests {
             r#"[{{"t":"{team}","k":"from_a_newer_replica","i":"x"}},{}]"#,
             serde_json::to_string(&known).unwrap()
         );
-        assert_eq!(read_batch(&payload), vec![known]);
-        assert_eq!(read_batch("not json"), Vec::<BusEvent>::new());
+        assert_eq!(read_batch(&payload), (vec![known.clone()], false));
+        assert_eq!(read_batch("not json"), (Vec::<BusEvent>::new(), false));
+        let revoked = format!(
+            r#"[{{"k":"credentials","i":"{}"}},{}]"#,
+            Uuid::new_v4(),
+            serde_json::to_string(&known).unwrap()
+        );
+        assert_eq!(read_batch(&revoked), (vec![known], true));
     }
 
     #[test]

@@ -80,6 +80,11 @@ impl Server {
             .args(["--bind", &format!("127.0.0.1:{port}")])
             // The limiter would turn a load test into a test of the limiter.
             .args(["--rate-limit-per-minute", "0"])
+            // long_polls holds 1 000 waits of the one bench agent, each on its
+            // own connection from 127.0.0.1: room for them and the rest.
+            .args(["--max-long-polls-per-credential", "2048"])
+            .args(["--max-in-flight", "4096"])
+            .args(["--max-connections-per-address", "4096"])
             // Every client of a run speaks with one token; the cap on its
             // calls in flight (16 by default) would refuse the 16 pairs of
             // `wake_latency` (32 calls) on kept-alive connections.

@@ -6,6 +6,8 @@
 //! The prefix of a credential is checked before any lookup, so a credential of
 //! another class is refused with a message naming where it belongs.
 
+pub mod cache;
+
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;

@@ -195,7 +195,10 @@ async fn set_disabled(
         let team = me.team(team)?;
         agents::set_disabled(&state.pool, &team, name, disabled).await
     };
-    ok(result.await)
+    let result = result.await;
+    // This replica forgets at once; the others hear the commit's notification.
+    state.events.credentials_changed();
+    ok(result)
 }
 
 async fn disable_agent(
@@ -257,7 +260,9 @@ async fn revoke_token(
         let id = parse_id(&id, "token")?;
         tokens::revoke(&state.pool, id, &team).await
     };
-    ok(result.await)
+    let result = result.await;
+    state.events.credentials_changed();
+    ok(result)
 }
 
 fn parse_id(raw: &str, what: &str) -> BusResult<Uuid> {

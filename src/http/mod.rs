@@ -254,16 +254,36 @@ fn window_headers(headers: &HeaderMap) -> Result<(Option<String>, Option<i64>), 
     Ok((label, epoch))
 }
 
-/// Resolve the bearer credential (agent token or session credential) to the caller.
+/// Resolve the bearer credential (agent token or session credential) to the
+/// caller: from the credential cache when it holds a good answer
+/// ([`auth::cache`]), else from the database, caching what was accepted.
 async fn authenticate(
-    pool: &PgPool,
+    state: &AppState,
     headers: &HeaderMap,
     label: Option<String>,
     epoch: Option<i64>,
 ) -> Result<crate::auth::Identity, BusError> {
+    // Read before the lookup: a revocation heard during it makes the answer
+    // stale on arrival.
+    let generation = state.events.credentials_generation();
+    let cache = state.events.credential_cache();
     match auth::parse_agent_credential(bearer(headers)?)? {
         AgentCredential::Session(digest) => {
-            sessions::authenticate(pool, &digest, label.as_deref(), epoch).await
+            if let Some(identity) = generation.and_then(|g| cache.get(&digest, g)) {
+                let held = identity.session_credential.map(|w| w.epoch);
+                // Another label or epoch is looked up: the refusal is the database's.
+                if label.as_ref().is_none_or(|l| *l == identity.window)
+                    && epoch.is_none_or(|e| Some(e) == held)
+                {
+                    return Ok(identity);
+                }
+            }
+            let (identity, expires_at) =
+                sessions::authenticate_until(&state.pool, &digest, label.as_deref(), epoch).await?;
+            if let Some(generation) = generation {
+                cache.put(digest, generation, identity.clone(), Some(expires_at));
+            }
+            Ok(identity)
         }
         AgentCredential::Token(digest) => {
             if epoch.is_some() {
@@ -272,7 +292,19 @@ async fn authenticate(
                      token. Drop the header, or register_session and call with its credential.",
                 ));
             }
-            tokens::authenticate(pool, &digest, label.unwrap_or_default()).await
+            let window = label.unwrap_or_default();
+            if let Some(identity) = generation.and_then(|g| cache.get(&digest, g)) {
+                return Ok(crate::auth::Identity { window, ..identity });
+            }
+            let identity = tokens::authenticate(&state.pool, &digest, window).await?;
+            if let Some(generation) = generation {
+                let shared = crate::auth::Identity {
+                    window: String::new(),
+                    ..identity.clone()
+                };
+                cache.put(digest, generation, shared, None);
+            }
+            Ok(identity)
         }
     }
 }
@@ -444,7 +476,7 @@ async fn mcp_gate(State(state): State<Arc<AppState>>, request: Request, next: Ne
     if let Err(wait) = limits.may_authenticate(address) {
         return address_throttled(address, wait, limits.unauthenticated_per_minute());
     }
-    let identity = match authenticate(&state.pool, request.headers(), label, epoch).await {
+    let identity = match authenticate(&state, request.headers(), label, epoch).await {
         Ok(identity) => identity,
         Err(err) => {
             if matches!(err, BusError::Unauthenticated(_)) {

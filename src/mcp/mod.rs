@@ -184,9 +184,21 @@ impl BusServer {
         context: &RequestContext<RoleServer>,
     ) -> Result<bool, ErrorData> {
         let me = identity_of(context)?;
-        conversations::enabled(self.pool(), me)
+        // Cached like credentials (`auth::cache`): switching the capability
+        // notifies every replica.
+        let events = &self.bus().events;
+        let generation = events.credentials_generation();
+        let cache = events.credential_cache();
+        if let Some(on) = generation.and_then(|g| cache.conversations_enabled(me.team_id, g)) {
+            return Ok(on);
+        }
+        let on = conversations::enabled(self.pool(), me)
             .await
-            .map_err(|e| ErrorData::internal_error(e.to_string(), None))
+            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        if let Some(generation) = generation {
+            cache.remember_conversations_enabled(me.team_id, generation, on);
+        }
+        Ok(on)
     }
 }
 

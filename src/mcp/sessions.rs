@@ -65,7 +65,10 @@ impl BusServer {
         Parameters(_): Parameters<NoArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(sessions::resume(self.pool(), me).await)
+        let result = sessions::resume(self.pool(), me).await;
+        // This replica forgets at once; the others hear the commit's notification.
+        self.bus().events.credentials_changed();
+        reply(result)
     }
 
     #[tool(
@@ -78,7 +81,10 @@ impl BusServer {
         Parameters(args): Parameters<RenewArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(sessions::renew(self.pool(), me, args.ttl_seconds).await)
+        let result = sessions::renew(self.pool(), me, args.ttl_seconds).await;
+        // This replica forgets at once; the others hear the commit's notification.
+        self.bus().events.credentials_changed();
+        reply(result)
     }
 
     #[tool(
@@ -92,6 +98,9 @@ impl BusServer {
         Parameters(args): Parameters<RevokeArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(sessions::revoke(self.pool(), me, args.session.as_deref()).await)
+        let result = sessions::revoke(self.pool(), me, args.session.as_deref()).await;
+        // This replica forgets at once; the others hear the commit's notification.
+        self.bus().events.credentials_changed();
+        reply(result)
     }
 }

@@ -5,8 +5,11 @@
 //! check the database, then block. What happened before the subscription is
 //! found by the check; anything after arrives as an event. Notifications can
 //! still be lost (a listener reconnecting, a failed notify, a receiver that
-//! lagged), so a blocked wait re-checks the database every few seconds: a
-//! lost notification delays a wake, it never loses one.
+//! lagged), so a blocked wait re-checks the database on a timer: a lost
+//! notification delays a wake, it never loses one. The timer is slow while
+//! the listener hears the publisher's pings (a lost notification is then
+//! rare: a failed notify) and fast otherwise, so a thousand blocked waits
+//! cost a few re-checks a second, not hundreds.
 //!
 //! The caller subscribes (before whatever it must do first, such as sending
 //! the question it waits on), then hands the subscription over with its
@@ -21,13 +24,15 @@ use std::time::Duration;
 use tokio::sync::broadcast::Receiver;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
+use crate::Bus;
 use crate::error::BusResult;
-use crate::events::BusEvent;
+use crate::events::{BusEvent, ListenerState};
 
-/// How often a blocked wait re-checks the database regardless of events.
-const RECHECK_EVERY: Duration = Duration::from_secs(5);
+/// How often a blocked wait re-checks the database regardless of events,
+/// while the event listener is live, and while it is not.
+const RECHECK_LIVE: Duration = Duration::from_secs(30);
+const RECHECK_UNSURE: Duration = Duration::from_secs(5);
 
 /// What one event means to a wait.
 pub(crate) enum OnEvent<E> {
@@ -54,10 +59,10 @@ pub(crate) enum Polled<T, E> {
 
 /// Check, then block until an event asks for a look, the re-check timer or
 /// the deadline; again until something is found, an event ends the wait,
-/// the deadline has passed, or the server stops.
+/// the deadline has passed (after one last check), or the server stops.
 pub(crate) async fn long_poll<T, E, Fut>(
     events: &mut Receiver<Arc<BusEvent>>,
-    stopping: &CancellationToken,
+    bus: &Bus,
     deadline: Instant,
     mut on_event: impl FnMut(Arc<BusEvent>) -> OnEvent<E>,
     mut check: impl FnMut() -> Fut,
@@ -69,12 +74,21 @@ where
         if let Some(found) = check().await? {
             return Ok(Polled::Found(found));
         }
-        let recheck_at = (Instant::now() + RECHECK_EVERY).min(deadline);
+        // Checked once more at the deadline: a change whose notification was
+        // lost is found by the end of the wait at the latest.
+        if Instant::now() >= deadline {
+            return Ok(Polled::TimedOut);
+        }
+        let every = match bus.events.state() {
+            ListenerState::Live => RECHECK_LIVE,
+            ListenerState::Silent | ListenerState::Detached => RECHECK_UNSURE,
+        };
+        let recheck_at = (Instant::now() + every).min(deadline);
         loop {
             let received = tokio::select! {
                 received = events.recv() => received,
                 _ = tokio::time::sleep_until(recheck_at) => break,
-                () = stopping.cancelled() => return Ok(Polled::Stopping),
+                () = bus.stopping.cancelled() => return Ok(Polled::Stopping),
             };
             match received {
                 Ok(event) => match on_event(event) {
@@ -89,9 +103,6 @@ where
                     break;
                 }
             }
-        }
-        if Instant::now() >= deadline {
-            return Ok(Polled::TimedOut);
         }
     }
 }

@@ -49,8 +49,11 @@ pub struct WhoAmI {
 }
 
 pub async fn whoami(bus: &Bus, me: &Identity) -> BusResult<WhoAmI> {
+    // The labels are read once, for both the answer and the default
+    // channel. The reads run one after another: at once they would take
+    // three of the pool's connections per call.
     let (project, role) = presence::window_labels(&bus.pool, me).await?;
-    let default_channel = messages::default_channel(bus, me).await?;
+    let default_channel = messages::default_channel_of(project.clone(), me);
     let unread = messages::unread_direct(bus, me).await?;
     let open_claimed_tasks = tasks::count_claimed(bus, me).await?;
     Ok(WhoAmI {

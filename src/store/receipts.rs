@@ -305,7 +305,7 @@ async fn wait_for_conversation_updates_unchecked(
     let deadline = Instant::now() + timeout;
     let polled = long_poll(
         &mut events,
-        &bus.stopping,
+        bus,
         deadline,
         |event| {
             // Membership decides who a send is for, and only the database

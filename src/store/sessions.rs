@@ -226,12 +226,26 @@ pub async fn authenticate(
     header_label: Option<&str>,
     epoch: Option<i64>,
 ) -> BusResult<Identity> {
+    Ok(authenticate_until(pool, sha256, header_label, epoch)
+        .await?
+        .0)
+}
+
+/// [`authenticate`], and when the credential expires (for a cache that must
+/// not serve it past then).
+pub async fn authenticate_until(
+    pool: &PgPool,
+    sha256: &[u8; 32],
+    header_label: Option<&str>,
+    epoch: Option<i64>,
+) -> BusResult<(Identity, DateTime<Utc>)> {
     #[derive(sqlx::FromRow)]
     struct Row {
         session_id: Uuid,
         label: String,
         token_id: Uuid,
         epoch: i64,
+        expires_at: DateTime<Utc>,
         agent_id: Uuid,
         agent: String,
         team_id: Uuid,
@@ -241,7 +255,8 @@ pub async fn authenticate(
     }
     // The epoch fence is asked for only when the caller presented one.
     let row: Option<Row> = sqlx::query_as(
-        "SELECT s.id AS session_id, s.label, s.token_id, s.epoch, a.id AS agent_id, a.name AS agent,
+        "SELECT s.id AS session_id, s.label, s.token_id, s.epoch, s.expires_at,
+                a.id AS agent_id, a.name AS agent,
                 tm.id AS team_id, tm.slug AS team, r.refusal, r.session_epoch, r.refused_since
          FROM agent_sessions s
          JOIN agents a ON a.team_id = s.team_id AND a.id = s.agent_id
@@ -282,7 +297,7 @@ pub async fn authenticate(
         }),
     };
     row.refusal.check(&identity)?;
-    Ok(identity)
+    Ok((identity, row.expires_at))
 }
 
 fn actor_of(me: &Identity) -> Actor {

@@ -146,6 +146,8 @@ pub async fn capability(
         .await?
         .rows_affected();
         if changed > 0 {
+            // Servers cache the capability: they drop it at this commit.
+            crate::events::notify_access_changed(&mut tx, team.id).await?;
             audit::record(
                 &mut tx,
                 Some(team.id),

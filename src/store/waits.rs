@@ -237,7 +237,7 @@ async fn wait_for_updates_unchecked(
     let request = &request;
     let polled = long_poll(
         &mut events,
-        &bus.stopping,
+        bus,
         deadline,
         |event| {
             if concerns(&event, me, focus, request) {
@@ -516,7 +516,7 @@ async fn ask_unchecked(
     let deadline = Instant::now() + timeout;
     let polled = long_poll(
         &mut events,
-        &bus.stopping,
+        bus,
         deadline,
         |event| {
             // A DM to us may be the answer: look.

@@ -297,3 +297,85 @@ async fn an_agent_holds_at_most_100_active_tokens_and_secrets_are_never_stored()
         "a token's secret part is stored somewhere"
     );
 }
+
+/// Servers cache the credentials they have looked up; a revocation reaches
+/// every replica's cache through the event channel at its commit. Replica B
+/// has served a window's credential and an agent token (from its cache after
+/// the first call); the window is revoked over MCP on replica A, the token
+/// the way the CLI does it (straight in the database, no server involved):
+/// B refuses each from the next request on.
+#[tokio::test]
+async fn a_revocation_on_one_replica_is_refused_on_another_that_cached_the_credential() {
+    let a = spawn_app().await;
+    let b = a.replica().await;
+    a.team("acme").await;
+    let token = a.agent("acme", "alice").await;
+    let credential = a
+        .mcp(&token, None)
+        .await
+        .call("register_session", json!({ "session": "w1" }))
+        .await
+        .unwrap()["credential"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // B caches only while its event listener is attached.
+    let generation = || b.bus.events.credentials_generation();
+    heard_within_seconds(10, || generation().is_some()).await;
+    let whoami_on_b = async |bearer: &str| {
+        status_and_body(
+            b.raw_tool_call("whoami")
+                .bearer_auth(bearer)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await
+    };
+    for bearer in [&token, &credential] {
+        for _ in 0..2 {
+            let (status, body) = whoami_on_b(bearer).await;
+            assert_eq!(status, 200, "{body}");
+        }
+    }
+
+    // The window, revoked on A over MCP.
+    let before = generation();
+    a.mcp(&credential, None)
+        .await
+        .call("revoke_session", json!({}))
+        .await
+        .unwrap();
+    // The notification reaching B is what empties its cache; without it B
+    // would serve the credential for the cache's lifetime (60 s).
+    heard_within_seconds(10, || generation() != before).await;
+    let (status, body) = whoami_on_b(&credential).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("revoked"),
+        "{body}"
+    );
+
+    // The token still works on B, until revoked behind every server's back.
+    let (status, body) = whoami_on_b(&token).await;
+    assert_eq!(status, 200, "{body}");
+    let before = generation();
+    let id = tokens::list(&a.pool, &in_team("acme")).await.unwrap()[0].id;
+    tokens::revoke(&a.pool, id, &globally()).await.unwrap();
+    heard_within_seconds(10, || generation() != before).await;
+    let (status, body) = whoami_on_b(&token).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("revoked"),
+        "{body}"
+    );
+}
+
+/// Wait until `heard()` holds, at most `seconds` (then carry on: the
+/// assertions after it say what went wrong).
+async fn heard_within_seconds(seconds: u64, heard: impl Fn() -> bool) {
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
+    while !heard() && std::time::Instant::now() < give_up {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}

@@ -72,7 +72,7 @@ async fn the_creator_cancels_an_open_task_from_another_window_and_a_waiter_wakes
 
     // The creating window waits on task changes: its own create never wakes
     // it (a late notification of it cannot either), so only the cancel can.
-    // 3 s is under the wait's 5 s database re-check: only the cancel's
+    // 3 s is under the wait's database re-check (30 s while events flow): only the cancel's
     // wake-up event can end the wait in time.
     let waiter = tokio::spawn(async move {
         let woke = w1

@@ -37,7 +37,7 @@ async fn a_wait_on_one_replica_wakes_on_a_teammates_write_on_another() {
         .unwrap();
 
     // Bob's window `web` focuses on channel `web`. The timeout (3 s) is shorter
-    // than the database re-check (5 s): only an event can wake it in time.
+    // than the database re-check (30 s while events flow): only an event can wake it in time.
     alice
         .call("create_channel", json!({"name": "web"}))
         .await
@@ -240,7 +240,7 @@ async fn only_the_asked_agent_answers_a_question_and_a_third_agents_reply_stays_
     let bob_w2 = app.mcp(&bob_token, Some("w2")).await;
     let carol = app.mcp(&app.agent("acme", "carol").await, None).await;
 
-    // 3 s is under the wait's 5 s database re-check: carol's reply reaches
+    // 3 s is under the wait's database re-check (30 s while events flow): carol's reply reaches
     // the wait as an event, which wakes it to look, and it must keep waiting.
     let started = std::time::Instant::now();
     let asking = tokio::spawn(async move {
@@ -450,4 +450,85 @@ async fn a_change_whose_notification_is_lost_still_wakes_a_wait() {
     assert_eq!(result["events"][0]["kind"], "lock");
     assert_eq!(result["events"][0]["id"], "silent-lock");
     assert_eq!(result["events"][0]["by"], "alice");
+}
+
+/// Many windows blocked at once on one server: each is woken by the DM sent
+/// to it and by nothing else. Half of them get a DM, everyone hears
+/// chatter in a channel none of them focuses on; the windows nobody wrote to
+/// sleep through all of it, and no window is handed another's message.
+#[tokio::test]
+async fn many_blocked_waits_each_wake_for_their_own_dm_and_nothing_else() {
+    // Three agents of eight windows each: under the per-credential cap on
+    // long polls, and within the test pool's eight connections.
+    const AGENTS: usize = 3;
+    const WINDOWS: usize = 8;
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.mcp(&app.agent("acme", "alice").await, None).await;
+    alice
+        .call("create_channel", json!({"name": "elsewhere"}))
+        .await
+        .unwrap();
+    // Every window connected first, so the waits start together.
+    let mut windows = Vec::new();
+    for a in 0..AGENTS {
+        let token = app.agent("acme", &format!("bob{a}")).await;
+        for w in 0..WINDOWS {
+            let window = app.mcp(&token, Some(&format!("w{w}"))).await;
+            windows.push((format!("bob{a}/w{w}"), window));
+        }
+    }
+    let waiters: Vec<_> = windows
+        .into_iter()
+        .map(|(address, window)| {
+            let waiter = tokio::spawn(async move {
+                window
+                    .call(
+                        "wait_for_updates",
+                        json!({"timeout_seconds": 10, "kinds": ["message"]}),
+                    )
+                    .await
+                    .unwrap()
+            });
+            (address, waiter)
+        })
+        .collect();
+    // A DM sent before a wait subscribed is found by its first check, so the
+    // posts need not wait for the waits to block.
+    alice
+        .call(
+            "post_message",
+            json!({"channel": "elsewhere", "body": "chatter"}),
+        )
+        .await
+        .unwrap();
+    let concerned = |i: usize| i % 2 == 1;
+    for (i, (address, _)) in waiters.iter().enumerate() {
+        if concerned(i) {
+            alice
+                .call(
+                    "post_message",
+                    json!({"to": address, "body": format!("for {address}")}),
+                )
+                .await
+                .unwrap();
+        }
+    }
+    for (i, (address, waiter)) in waiters.into_iter().enumerate() {
+        let result = waiter.await.unwrap();
+        if concerned(i) {
+            assert_eq!(result["woke"], true, "{address}: {result}");
+            let events = result["events"].as_array().unwrap();
+            assert_eq!(events.len(), 1, "{address}: only its own DM: {result}");
+            assert_eq!(events[0]["kind"], "message", "{address}: {result}");
+            assert_eq!(
+                events[0]["preview"],
+                format!("for {address}"),
+                "{address}: {result}"
+            );
+        } else {
+            assert_eq!(result["woke"], false, "{address}: {result}");
+            assert_eq!(result["timed_out"], true, "{address}: {result}");
+        }
+    }
 }

@@ -5,7 +5,8 @@
 //! from. The baseline is not a scenario: it always runs, because every
 //! scenario's figure is a ratio to it.
 //!
-//! One file per area: `messaging` (MCP round trips), `tasks`,
+//! One file per area: `messaging` (MCP round trips), `long_polls` (1 000
+//! blocked waits beside a measured pair), `tasks`,
 //! `history` (a folder: read tools against a seeded small and large
 //! history, run by name only),
 //! `conversations`, `outbox` (the drain to JetStream), `moves` (a
@@ -18,6 +19,7 @@
 mod baseline;
 mod conversations;
 mod history;
+mod long_polls;
 mod messaging;
 mod moves;
 mod outbox;
@@ -134,6 +136,15 @@ pub const SCENARIOS: &[Scenario] = &[
         baseline: None,
         needs_nats: false,
         once: false,
+        by_name_only: false,
+    },
+    Scenario {
+        name: "long_polls",
+        about: "wake_latency of one pair while 1 000 other windows are blocked in wait_for_updates",
+        run: |ctx, clients| Box::pin(long_polls::long_polls(ctx, clients)),
+        baseline: None,
+        needs_nats: false,
+        once: true,
         by_name_only: false,
     },
     Scenario {

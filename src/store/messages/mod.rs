@@ -172,12 +172,17 @@ pub(crate) fn check_body(body: &str) -> BusResult<()> {
 /// `all`) names no channel: the caller named none, so it is not refused for one.
 pub async fn default_channel(bus: &Bus, me: &Identity) -> BusResult<Option<String>> {
     let project: Option<String> = super::presence::window_labels(&bus.pool, me).await?.0;
+    Ok(default_channel_of(project, me))
+}
+
+/// [`default_channel`] from the window's `project` label, already read.
+pub fn default_channel_of(project: Option<String>, me: &Identity) -> Option<String> {
     let candidate = project
         .filter(|p| !p.is_empty())
         .or_else(|| Some(me.window.clone()).filter(|s| !s.is_empty()));
-    Ok(candidate
+    candidate
         .and_then(|name| channels::normalize_name(&name).ok())
-        .filter(|name| !channels::RESERVED_NAMES.contains(&name.as_str())))
+        .filter(|name| !channels::RESERVED_NAMES.contains(&name.as_str()))
 }
 
 mod post;

@@ -1,0 +1,67 @@
+//! Long polls at scale: [`BLOCKED`] windows blocked in `wait_for_updates` on
+//! the one server while a further pair measures wake latency exactly as
+//! `wake_latency` does (a post until the recipient's blocked wait returns).
+//! The runner reports the server's peak RSS beside it. The blocked windows
+//! wait for messages of their own (DMs to them, their focus channel), which
+//! nothing sends: every post of the pair reaches all of them as an event
+//! they must look at and ignore.
+//!
+//! They are windows of the one bench agent, so the runner's server allows
+//! one credential that many long polls and connections (servers.rs).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use serde_json::json;
+use tokio::task::JoinSet;
+
+use super::{Ctx, call_tool};
+use crate::harness::Run;
+
+/// How many windows sit blocked while the pair is measured.
+pub(super) const BLOCKED: usize = 1_000;
+/// Each blocked wait's timeout; a wait that returns is made again at once.
+const WAIT_SECONDS: u64 = 300;
+
+pub(super) async fn long_polls(ctx: Arc<Ctx>, clients: usize) -> Result<Run> {
+    let connected = Arc::new(AtomicUsize::new(0));
+    let mut blocked: JoinSet<Result<()>> = JoinSet::new();
+    for i in 0..BLOCKED {
+        let ctx = ctx.clone();
+        let connected = connected.clone();
+        blocked.spawn(async move {
+            let window = ctx.connect(Some(&format!("idle{i}"))).await?;
+            connected.fetch_add(1, Ordering::Relaxed);
+            loop {
+                let answer = call_tool(
+                    &window,
+                    "wait_for_updates",
+                    json!({"timeout_seconds": WAIT_SECONDS, "kinds": ["message"]}),
+                )
+                .await?;
+                if answer["woke"] == true {
+                    bail!("an idle window woke for something not meant for it: {answer}");
+                }
+            }
+        });
+    }
+    // Every window connected (initialize done), then a moment for the last
+    // waits to reach the server and block.
+    while connected.load(Ordering::Relaxed) < BLOCKED {
+        if let Some(Ok(Err(err))) = blocked.try_join_next() {
+            return Err(err.context("a blocked window failed"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("bench: {BLOCKED} windows blocked in wait_for_updates");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let run = super::messaging::wake_latency(ctx, clients).await;
+    // A blocked window that failed (refused, woken wrongly) fails the run.
+    if let Some(Ok(Err(err))) = blocked.try_join_next() {
+        return Err(err.context("a blocked window failed"));
+    }
+    blocked.abort_all();
+    run
+}
