@@ -44,7 +44,8 @@ impl BusServer {
                        newest 101 messages; `messages_at_least: true` means 100 or more) and \
                        the latest messages (your focused channel unless all_channels; \
                        announcements always), \
-                       tasks that moved, notes updated, agents seen. Never DMs.",
+                       tasks that moved (up to 50, found among the period's newest 1 000 \
+                       task events), notes updated, agents seen. Never DMs.",
         annotations(read_only_hint = true)
     )]
     async fn team_digest(

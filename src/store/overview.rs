@@ -19,6 +19,11 @@ pub const DIGEST_HOURS_MAX: i32 = 336;
 pub const DIGEST_HOURS_DEFAULT: i32 = 24;
 const LATEST_PER_CHANNEL: i64 = 3;
 const DIGEST_LIST_MAX: i64 = 50;
+/// The tasks that moved are found among the period's newest this many task
+/// events (newest first on the team's event-time index), so a busy history
+/// costs no more than a quiet one; a task whose last move is older than
+/// these is left out.
+const DIGEST_TASK_EVENTS_READ: i64 = 1_000;
 const PREVIEW_CHARS: i32 = 280;
 
 #[derive(Clone, Debug, Serialize)]
@@ -239,10 +244,11 @@ pub async fn team_digest(
                         AS status,
                     e.kind AS last_event, e.at,
                     CASE WHEN e.session = '' THEN a.name ELSE a.name || '/' || e.session END AS by
-             FROM task_events e
+             FROM (SELECT * FROM task_events
+                   WHERE team_id = $1 AND at > $2
+                   ORDER BY at DESC LIMIT $4) e
              JOIN tasks t ON t.team_id = e.team_id AND t.id = e.task_id
              JOIN agents a ON a.team_id = e.team_id AND a.id = e.agent_id
-             WHERE e.team_id = $1 AND e.at > $2
              ORDER BY t.id, e.at DESC, e.id DESC
          ) moved
          ORDER BY at DESC LIMIT $3",
@@ -250,6 +256,7 @@ pub async fn team_digest(
     .bind(me.team_id)
     .bind(since)
     .bind(DIGEST_LIST_MAX)
+    .bind(DIGEST_TASK_EVENTS_READ)
     .fetch_all(&bus.pool)
     .await?;
 

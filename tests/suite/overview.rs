@@ -163,3 +163,52 @@ async fn the_digest_focuses_on_the_window_channel_keeps_announcements_and_never_
         "{refused}"
     );
 }
+
+/// team_digest finds the tasks that moved among the period's newest 1 000
+/// task events, so its cost does not grow with a busy period: a task whose
+/// last move is older than those is left out, one inside them is listed.
+#[tokio::test]
+async fn team_digest_finds_moved_tasks_among_the_newest_thousand_task_events() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.mcp(&app.agent("acme", "alice").await, None).await;
+    for key in ["quiet", "busy"] {
+        alice
+            .call("create_task", json!({"key": key, "title": key}))
+            .await
+            .unwrap();
+    }
+    // 998 further moves of `busy`, newer than both creations: with the two
+    // `created` events, the period holds exactly 1 000 events.
+    sqlx::query(
+        "INSERT INTO task_events (team_id, task_id, at, kind, agent_id, session)
+         SELECT t.team_id, t.id, now() + make_interval(secs => g), 'renewed', t.created_by, ''
+         FROM tasks t, generate_series(1, 998) g WHERE t.key = 'busy'",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let keys = |digest: &serde_json::Value| -> Vec<String> {
+        digest["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["key"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let digest = alice.call("team_digest", json!({})).await.unwrap();
+    assert_eq!(keys(&digest), ["busy", "quiet"], "{digest}");
+    assert_eq!(digest["tasks"][0]["last_event"], "renewed");
+
+    // One more move of `busy` pushes `quiet`'s only event past the newest 1 000.
+    sqlx::query(
+        "INSERT INTO task_events (team_id, task_id, at, kind, agent_id, session)
+         SELECT team_id, id, now() + interval '1 hour', 'renewed', created_by, ''
+         FROM tasks WHERE key = 'busy'",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let digest = alice.call("team_digest", json!({})).await.unwrap();
+    assert_eq!(keys(&digest), ["busy"], "{digest}");
+}
