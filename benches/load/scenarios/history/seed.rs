@@ -7,8 +7,8 @@
 //! with 3 windows `w1`..`w3` of which two are live; 50 channels) and
 //! a size that scales everything else together: channel and direct
 //! messages, tasks with their events, notes with their revisions, and one
-//! conversation with its receipts. `SMALL` is 1 000 messages; `LARGE` is a
-//! thousand times that.
+//! conversation with its receipts. `SMALL` is 1 000 messages (and a full
+//! page of tasks and notes); `LARGE` is a thousand times the messages.
 
 use anyhow::{Context as _, Result};
 use sqlx::PgPool;
@@ -42,8 +42,10 @@ pub struct Size {
 pub const SMALL: Size = Size {
     name: "small",
     messages: 1_000,
-    tasks: 20,
-    notes: 10,
+    // At least a full page of what list_tasks (open tasks) and list_notes
+    // return, so the pair compares pages, not a short answer with a long one.
+    tasks: 2_000,
+    notes: 400,
     conversation_messages: 100,
 };
 
