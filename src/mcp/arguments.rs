@@ -673,7 +673,7 @@ mod tests {
     }
 }
 
-/// The check against the bus's own 55 tools.
+/// The check against the bus's own 57 tools.
 #[cfg(test)]
 mod every_tool {
     use serde_json::json;
