@@ -252,6 +252,15 @@ async fn a_body_that_is_not_one_json_rpc_message_gets_a_json_rpc_error_and_chang
             "`params.arguments` must be an object",
         ),
         (
+            // rmcp alone answers an initialize it cannot read with "method
+            // not found", which sends a client looking for the wrong fault.
+            "initialize with empty params",
+            json!({"jsonrpc": "2.0", "id": 7, "method": "initialize", "params": {}}).to_string(),
+            -32602,
+            json!(7),
+            "initialize needs `params.protocolVersion`, a string",
+        ),
+        (
             // Shaped like a message (an answer), but not one rmcp can read:
             // its plain 415 is rewritten on the way out.
             "an error that is not an object",

@@ -47,7 +47,7 @@ macro_rules! forward_scalars {
 
 /// The top level of a body.
 pub(super) enum Top {
-    Message(Message),
+    Message(Box<Message>),
     Batch(usize),
     Other(Shape),
 }
@@ -70,6 +70,10 @@ struct Params {
     name: Option<Shape>,
     arguments: Option<Shape>,
     names_version: bool,
+    /// What `initialize` must carry: `protocolVersion`, `capabilities`, `clientInfo`.
+    protocol_version: Option<Shape>,
+    capabilities: Option<Shape>,
+    client_info: Option<Shape>,
 }
 
 /// A JSON value as far as a message needs it: short strings kept, the
@@ -192,6 +196,11 @@ impl Message {
                 ),
             ));
         }
+        if method == "initialize" {
+            // rmcp reads an initialize it cannot parse as some other request and
+            // answers "method not found"; name the missing field instead.
+            return initialize_problem(self.params.as_ref());
+        }
         if method == "tools/call" {
             let Some(params) = &self.params else {
                 return Some((
@@ -232,6 +241,39 @@ impl Message {
     }
 }
 
+/// What is wrong with an `initialize` request's params, if anything.
+fn initialize_problem(params: Option<&Params>) -> Option<(i64, String)> {
+    let empty = Params::default();
+    let params = params.unwrap_or(&empty);
+    let fields = [
+        ("protocolVersion", &params.protocol_version, "a string"),
+        ("capabilities", &params.capabilities, "an object"),
+        ("clientInfo", &params.client_info, "an object"),
+    ];
+    for (field, shape, wanted) in fields {
+        let fits = match (field, shape) {
+            ("protocolVersion", Some(Shape::Str(_) | Shape::LongStr)) => true,
+            ("protocolVersion", _) => false,
+            (_, Some(Shape::Object)) => true,
+            _ => false,
+        };
+        if !fits {
+            let got = shape
+                .as_ref()
+                .map_or_else(|| "nothing".to_string(), Shape::describe);
+            return Some((
+                INVALID_PARAMS,
+                format!(
+                    "initialize needs `params.{field}`, {wanted}; the message has {got}. E.g.                      {INITIALIZE_EXAMPLE}."
+                ),
+            ));
+        }
+    }
+    None
+}
+
+const INITIALIZE_EXAMPLE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"my-agent","version":"1.0"}}}"#;
+
 impl<'de> Deserialize<'de> for Top {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct TopVisitor;
@@ -257,7 +299,7 @@ impl<'de> Deserialize<'de> for Top {
                         }
                     }
                 }
-                Ok(Top::Message(message))
+                Ok(Top::Message(Box::new(message)))
             }
             fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Top, A::Error> {
                 ShapeVisitor.visit_seq(seq).map(|shape| match shape {
@@ -288,6 +330,9 @@ impl<'de> Deserialize<'de> for Params {
                     match key.as_str() {
                         "name" => params.name = Some(map.next_value()?),
                         "arguments" => params.arguments = Some(map.next_value()?),
+                        "protocolVersion" => params.protocol_version = Some(map.next_value()?),
+                        "capabilities" => params.capabilities = Some(map.next_value()?),
+                        "clientInfo" => params.client_info = Some(map.next_value()?),
                         "_meta" => params.names_version = map.next_value::<NamesVersion>()?.0,
                         _ => {
                             map.next_value::<IgnoredAny>()?;

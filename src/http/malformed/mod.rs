@@ -539,6 +539,21 @@ mod tests {
                 INVALID_PARAMS,
                 "`params.arguments` must be an object",
             ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}"#,
+                INVALID_PARAMS,
+                "initialize needs `params.protocolVersion`, a string; the message has nothing",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"initialize"}"#,
+                INVALID_PARAMS,
+                "initialize needs `params.protocolVersion`",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":"me"}}"#,
+                INVALID_PARAMS,
+                "`params.clientInfo`, an object; the message has the string \"me\"",
+            ),
         ];
         for (body, code, words) in cases {
             let (got_code, message) = code_and_message(body);
