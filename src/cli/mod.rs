@@ -6,11 +6,13 @@
 mod admin;
 mod args;
 mod client;
+mod context;
 mod conversations;
 mod doctor;
 mod generate;
 mod operator;
 mod output;
+mod secret;
 mod serve;
 
 use std::path::PathBuf;
@@ -94,8 +96,11 @@ enum Command {
     /// Administration: `bootstrap` locally, the rest over a server's /admin API.
     #[command(subcommand)]
     Admin(admin::AdminCommand),
-    /// The console client: act as an agent over /mcp (BUS_URL, BUS_TOKEN, BUS_SESSION).
+    /// The console client: act as an agent over /mcp (a profile, or BUS_URL and BUS_TOKEN).
     Client(client::ClientArgs),
+    /// This machine's side of identity: profiles, .acs.toml, and what applies here (show, verify).
+    #[command(subcommand)]
+    Context(context::ContextCommand),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout.
     Completions(generate::CompletionsArgs),
     /// Print the manual page (roff) on stdout, or write one page per command with --out-dir.
@@ -149,6 +154,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Token(cmd) => operator::token(&ctx, cmd).await,
         Command::Admin(cmd) => admin::run(&ctx, cmd).await,
         Command::Client(args) => client::run(args).await,
+        Command::Context(command) => context::run(command).await,
         Command::Completions(args) => generate::completions(args),
         Command::Man(args) => generate::man(args),
         Command::McpConfig(args) => {

@@ -7,6 +7,16 @@
 //! `X-Crew-Session`); several tool calls share it. A tool's refusal
 //! (`isError`) comes back as [`Refused`], carrying the server's explanation,
 //! so callers tell "the bus said no" from "the bus could not be reached".
+//!
+//! What a client keeps on its own machine sits beside it: [`local_files`]
+//! (private files in the config directory), [`profiles`] (which bus, team
+//! and agent, with the token), [`project`] (`.acs.toml`) and [`context`]
+//! (which of them applies here, and why).
+
+pub mod context;
+pub mod local_files;
+pub mod profiles;
+pub mod project;
 
 use std::collections::HashMap;
 
@@ -88,8 +98,9 @@ impl Connection {
             Ok(service) => service,
             Err(err) if is_unauthorized(&err) => bail!(
                 "{mcp_url} refused the credential (401): it is not a live agent token (acs_…) or \
-                 session credential (acss_…) of that server. Check BUS_TOKEN, or ask an operator \
-                 for a new one (`ai-crew-sync token issue`)."
+                 session credential (acss_…) of that server. Check BUS_TOKEN or the profile in use \
+                 (`ai-crew-sync context show`), or ask an operator for a new token \
+                 (`ai-crew-sync token issue`)."
             ),
             Err(err) => {
                 return Err(err)

@@ -71,6 +71,9 @@ impl Console {
             .env("BUS_URL", &self.url)
             .env_remove("BUS_TOKEN")
             .env_remove("BUS_SESSION")
+            .env_remove("BUS_PROFILE")
+            // No profiles of the person running the tests.
+            .env("BUS_CONFIG_DIR", crate::context::no_profiles_dir())
             .env_remove("RUST_LOG")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

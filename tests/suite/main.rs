@@ -12,6 +12,7 @@ mod cli;
 mod client;
 mod completions_man;
 mod connections;
+mod context;
 mod conversation_messages;
 mod conversations;
 mod deploy_unit;

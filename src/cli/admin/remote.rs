@@ -4,8 +4,6 @@
 //! credential read from a prompt that does not echo); `admin logout` forgets
 //! it. [`Remote::call`] is one `/admin` API call.
 
-use std::io::{BufRead, IsTerminal, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 
 use anyhow::{Context as _, anyhow, bail};
@@ -14,6 +12,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::s;
+use crate::cli::secret::read_secret;
+use crate::client::local_files::{self, write_private};
 
 #[derive(Serialize, Deserialize)]
 struct StoredLogin {
@@ -50,7 +50,7 @@ impl Remote {
             (None, None) => {}
         }
         let path = config_path()?;
-        let text = std::fs::read_to_string(&path).map_err(|_| {
+        let text = local_files::read_private(&path)?.ok_or_else(|| {
             anyhow!(
                 "not logged in: run `ai-crew-sync admin login --url URL` (or set BUS_ADMIN_URL and \
                  BUS_ADMIN_TOKEN). Looked for {}.",
@@ -92,21 +92,9 @@ impl Remote {
     }
 }
 
-/// `$BUS_CONFIG_DIR/admin.json`, else `$XDG_CONFIG_HOME/ai-crew-sync/admin.json`,
-/// else `~/.config/ai-crew-sync/admin.json`.
+/// `admin.json` in the client's config directory ([`local_files::config_dir`]).
 fn config_path() -> anyhow::Result<PathBuf> {
-    let env = |name| {
-        std::env::var_os(name)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
-    let dir = env("BUS_CONFIG_DIR")
-        .or_else(|| env("XDG_CONFIG_HOME").map(|d| d.join("ai-crew-sync")))
-        .or_else(|| env("HOME").map(|h| h.join(".config/ai-crew-sync")))
-        .ok_or_else(|| {
-            anyhow!("no HOME, XDG_CONFIG_HOME or BUS_CONFIG_DIR to keep the login in")
-        })?;
-    Ok(dir.join("admin.json"))
+    Ok(local_files::config_dir()?.join("admin.json"))
 }
 
 pub(super) async fn login(url: &str) -> anyhow::Result<()> {
@@ -143,80 +131,4 @@ pub(super) fn logout() -> anyhow::Result<()> {
         Err(e) => return Err(e).context(format!("removing {}", path.display())),
     }
     Ok(())
-}
-
-/// Write `bytes` to `path` atomically (temp file + rename), readable only by us.
-fn write_private(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let dir = path
-        .parent()
-        .ok_or_else(|| anyhow!("{} has no parent directory", path.display()))?;
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let tmp = dir.join(format!(".admin.json.{}.tmp", std::process::id()));
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .with_context(|| format!("creating {}", tmp.display()))?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    drop(file);
-    std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))?;
-    Ok(())
-}
-
-/// One line from a prompt that does not echo, or from stdin when it is not a terminal.
-fn read_secret(prompt: &str) -> anyhow::Result<String> {
-    let stdin = std::io::stdin();
-    let line = if stdin.is_terminal() {
-        eprint!("{prompt}");
-        std::io::stderr().flush()?;
-        let _echo_off = EchoOff::new();
-        let mut line = String::new();
-        let read = stdin.lock().read_line(&mut line);
-        // The typed newline was not echoed: end the prompt's line before
-        // anything else (an `error:` line included) is printed.
-        eprintln!();
-        read?;
-        line
-    } else {
-        let mut line = String::new();
-        stdin.lock().read_line(&mut line)?;
-        line
-    };
-    let secret = line.trim().to_string();
-    if secret.is_empty() {
-        bail!("no credential given (paste it at the prompt, or pipe it on stdin)");
-    }
-    Ok(secret)
-}
-
-/// Terminal echo off while alive; restored on drop, even on error.
-struct EchoOff {
-    saved: Option<libc::termios>,
-}
-
-impl EchoOff {
-    fn new() -> EchoOff {
-        // SAFETY: termios calls on fd 0 with a zeroed struct they fill in.
-        unsafe {
-            let mut term: libc::termios = std::mem::zeroed();
-            if libc::tcgetattr(0, &mut term) != 0 {
-                return EchoOff { saved: None };
-            }
-            let saved = term;
-            term.c_lflag &= !libc::ECHO;
-            libc::tcsetattr(0, libc::TCSANOW, &term);
-            EchoOff { saved: Some(saved) }
-        }
-    }
-}
-
-impl Drop for EchoOff {
-    fn drop(&mut self) {
-        if let Some(saved) = self.saved {
-            // SAFETY: restoring the settings read in `new`.
-            unsafe { libc::tcsetattr(0, libc::TCSANOW, &saved) };
-        }
-    }
 }

@@ -10,7 +10,7 @@ use super::{Print, Request, parse_json_object, request, show};
 
 #[derive(Args, Debug)]
 pub(super) struct SendArgs {
-    /// Channel to post in (default: the window's default channel).
+    /// Channel to post in (default: the channel .acs.toml names, else the window's default).
     #[arg(long, conflicts_with = "to")]
     channel: Option<String>,
     /// Direct message to an address: `agent` (every window) or `agent/window`.
@@ -63,6 +63,15 @@ pub(super) enum Show {
 
 fn shown(tool: &str, arguments: Value, show: Show) -> Request {
     request(tool, arguments, Print::Messaging(show))
+}
+
+impl SendArgs {
+    /// Post to `channel` when neither --channel nor --to was given.
+    pub(super) fn default_channel(&mut self, channel: &str) {
+        if self.channel.is_none() && self.to.is_none() {
+            self.channel = Some(channel.to_string());
+        }
+    }
 }
 
 pub(super) fn send(args: SendArgs) -> anyhow::Result<Request> {

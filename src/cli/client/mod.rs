@@ -29,35 +29,27 @@ mod show;
 mod tasks;
 mod waiting;
 
-use anyhow::{Context as _, anyhow, bail};
+use anyhow::{Context as _, bail};
 use clap::{Args, Subcommand};
 use serde_json::{Map, Value, json};
 
+use super::context::BusArgs;
 use super::output;
 use crate::client::Connection;
 
 #[derive(Args, Debug)]
 #[command(
     long_about = "The console client: talk to a running bus as one more agent over MCP.\n\n\
-                  Configure it from the environment: BUS_URL (default \
-                  http://127.0.0.1:8787/mcp), BUS_TOKEN (an agent token acs_… or a session \
-                  credential acss_…; prefer the environment to --token, which other users \
-                  can see in the process list) and BUS_SESSION (the window label, sent as \
-                  X-Crew-Session)."
+                  It speaks as a local profile (`context profile add`; chosen by --profile / \
+                  BUS_PROFILE, else the one .acs.toml names, else the default profile), or with \
+                  BUS_URL (default http://127.0.0.1:8787/mcp) and BUS_TOKEN (an agent token \
+                  acs_… or a session credential acss_…; prefer the environment to --token, \
+                  which other users can see in the process list). BUS_SESSION is the window \
+                  label, sent as X-Crew-Session. `context show` says what applies here."
 )]
 pub struct ClientArgs {
-    /// The server's MCP endpoint.
-    #[arg(
-        long,
-        env = "BUS_URL",
-        hide_env_values = true,
-        default_value = "http://127.0.0.1:8787/mcp",
-        global = true
-    )]
-    url: String,
-    /// Agent token (acs_…) or session credential (acss_…). Prefer setting BUS_TOKEN.
-    #[arg(long, env = "BUS_TOKEN", hide_env_values = true, global = true)]
-    token: Option<String>,
+    #[command(flatten)]
+    bus: BusArgs,
     /// Window label, sent as X-Crew-Session (omit for the agent's shared window).
     #[arg(long, env = "BUS_SESSION", global = true)]
     session: Option<String>,
@@ -122,20 +114,25 @@ enum ClientCommand {
 
 /// Run one client command against the bus.
 pub async fn run(args: ClientArgs) -> anyhow::Result<()> {
-    let token = args
-        .token
-        .as_deref()
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-        .ok_or_else(|| {
-            anyhow!(
-                "no token: set BUS_TOKEN to an agent token (acs_…) or a session credential \
-                 (acss_…), or pass --token. An operator mints one with `ai-crew-sync agent add` \
-                 or `token issue`."
-            )
-        })?;
-    let request = prepare(args.command)?;
-    let connection = Connection::open(&args.url, token, args.session.as_deref()).await?;
+    let resolved = args.bus.resolve()?;
+    let token = resolved.token()?;
+    let mut command = args.command;
+    // What .acs.toml says for this directory tree fills in what was not given.
+    match &mut command {
+        ClientCommand::Send(send) => {
+            if let Some(channel) = &resolved.channel {
+                send.default_channel(&channel.value);
+            }
+        }
+        ClientCommand::Beat(beat) => {
+            if let Some(project) = &resolved.project {
+                beat.default_project(&project.value);
+            }
+        }
+        _ => {}
+    }
+    let request = prepare(command)?;
+    let connection = Connection::open(&resolved.url.value, token, args.session.as_deref()).await?;
     let result = execute(&connection, request, args.json).await;
     connection.close().await;
     result

@@ -34,6 +34,7 @@ pub(super) struct BeatArgs {
     /// What you are doing now, one short line ("" clears).
     #[arg(long)]
     activity: Option<String>,
+    /// The project this window works on (default: the one .acs.toml names, else unchanged).
     #[arg(long)]
     project: Option<String>,
     #[arg(long)]
@@ -81,6 +82,15 @@ pub(super) fn sessions(args: SessionsArgs) -> Request {
         }),
         Show::Sessions,
     )
+}
+
+impl BeatArgs {
+    /// Say `project` when --project was not given.
+    pub(super) fn default_project(&mut self, project: &str) {
+        if self.project.is_none() {
+            self.project = Some(project.to_string());
+        }
+    }
 }
 
 pub(super) fn beat(args: BeatArgs) -> Request {

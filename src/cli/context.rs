@@ -1,0 +1,305 @@
+//! `ai-crew-sync context …`: the client's side of identity on this machine.
+//! Profiles (a bus URL, team, agent and token kept in a private file), the
+//! per-repository `.acs.toml` (profile, project, default channel), and
+//! `show` / `verify`, which say what applies here and whether it works.
+//!
+//! Thin like every command: the files and the order of precedence live in
+//! `crate::client::{profiles, project, context}`.
+
+use anyhow::{Context as _, bail};
+use clap::{Args, Subcommand};
+use serde_json::json;
+
+use super::output;
+use super::secret::read_secret;
+use crate::client::context::{self, Requested, Resolved};
+use crate::client::profiles::{Profile, Profiles};
+use crate::client::project::{self, ProjectFile};
+
+/// How a command that talks to a bus as an agent is told which one:
+/// a profile, or a token and URL as before profiles existed.
+#[derive(Args, Debug, Clone, Default)]
+pub struct BusArgs {
+    /// The server's MCP endpoint [default: the profile's, else http://127.0.0.1:8787/mcp].
+    #[arg(long, env = "BUS_URL", hide_env_values = true, global = true)]
+    pub url: Option<String>,
+    /// Agent token (acs_…) or session credential (acss_…). Prefer a profile, or BUS_TOKEN:
+    /// a flag is visible to other users in the process list.
+    #[arg(long, env = "BUS_TOKEN", hide_env_values = true, global = true)]
+    pub token: Option<String>,
+    /// The local profile to use (see `context profile add`) [default: the one .acs.toml
+    /// names, else the default profile].
+    #[arg(long, env = "BUS_PROFILE", global = true)]
+    pub profile: Option<String>,
+}
+
+impl BusArgs {
+    /// What applies in the current directory.
+    pub fn resolve(&self) -> anyhow::Result<Resolved> {
+        let here = std::env::current_dir().context("reading the current directory")?;
+        context::resolve(
+            Requested {
+                url: self.url.clone(),
+                token: self.token.clone(),
+                profile: self.profile.clone(),
+            },
+            &here,
+        )
+    }
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ContextCommand {
+    /// Say which profile, team, agent, project and channel apply here, and why (never a secret).
+    Show {
+        #[command(flatten)]
+        bus: BusArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Call whoami with what applies here, and check it is the team and agent expected.
+    Verify {
+        #[command(flatten)]
+        bus: BusArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Local profiles: add, list, default, remove.
+    #[command(subcommand)]
+    Profile(ProfileCommand),
+    /// Write .acs.toml (at the top of this git work tree, else here): the profile, project
+    /// and default channel for work in this directory tree. It holds no secret.
+    SetProject {
+        /// The profile this tree works with (each person keeps one of that name).
+        #[arg(long)]
+        profile: String,
+        /// The project this tree is (heartbeats and session listings show it).
+        #[arg(long)]
+        project: Option<String>,
+        /// The channel posts go to when none is named.
+        #[arg(long)]
+        channel: Option<String>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ProfileCommand {
+    /// Add (or replace) a profile. The token is read from a prompt that does not echo, or
+    /// from stdin when it is not a terminal; it is kept in profiles.toml (mode 0600).
+    Add {
+        #[arg(long)]
+        name: String,
+        /// The server's MCP endpoint, e.g. http://127.0.0.1:8787/mcp.
+        #[arg(long)]
+        url: String,
+        #[arg(long)]
+        team: String,
+        #[arg(long)]
+        agent: String,
+        /// Make it the default profile (the first profile always is).
+        #[arg(long)]
+        default: bool,
+    },
+    /// List the profiles (never their tokens).
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make a profile the default.
+    Default { name: String },
+    /// Remove a profile (its token is forgotten here, not revoked on the server).
+    Remove { name: String },
+}
+
+pub async fn run(command: ContextCommand) -> anyhow::Result<()> {
+    match command {
+        ContextCommand::Show { bus, json } => show(&bus.resolve()?, json),
+        ContextCommand::Verify { bus, json } => verify(&bus.resolve()?, json).await,
+        ContextCommand::Profile(command) => profile(command),
+        ContextCommand::SetProject {
+            profile,
+            project,
+            channel,
+        } => set_project(profile, project, channel),
+    }
+}
+
+fn show(resolved: &Resolved, json: bool) -> anyhow::Result<()> {
+    if json {
+        return output::json(resolved);
+    }
+    let line = |what: &str, setting: &Option<context::Setting>| match setting {
+        Some(s) => println!("{what:<9}{}  ({})", s.value, s.from),
+        None => println!("{what:<9}-"),
+    };
+    println!(
+        "{:<9}{}  ({})",
+        "url", resolved.url.value, resolved.url.from
+    );
+    line("profile", &resolved.profile);
+    line("team", &resolved.team);
+    line("agent", &resolved.agent);
+    line("project", &resolved.project);
+    line("channel", &resolved.channel);
+    match &resolved.credential {
+        Some(from) => println!("{:<9}{from}", "token"),
+        None => println!("{:<9}none: {}", "token", no_credential_hint()),
+    }
+    if let Some(path) = &resolved.project_file {
+        println!("{:<9}{}", "file", path.display());
+    }
+    if let Some(path) = &resolved.profiles_file {
+        println!("{:<9}{}", "profiles", path.display());
+    }
+    Ok(())
+}
+
+fn no_credential_hint() -> &'static str {
+    "add one with `context profile add`, or set BUS_TOKEN"
+}
+
+async fn verify(resolved: &Resolved, json: bool) -> anyhow::Result<()> {
+    let token = resolved.token()?;
+    let me = crate::client::whoami(&resolved.url.value, token, None)
+        .await
+        .with_context(|| format!("verifying against {}", resolved.url.value))?;
+    let got_team = me["team"].as_str().unwrap_or_default();
+    let got_agent = me["agent"].as_str().unwrap_or_default();
+    // A profile that names another agent than its token speaks for would
+    // file every heartbeat and claim under the wrong name in people's heads.
+    for (what, expected, got) in [
+        ("team", &resolved.team, got_team),
+        ("agent", &resolved.agent, got_agent),
+    ] {
+        if let Some(expected) = expected
+            && expected.value != got
+        {
+            bail!(
+                "the token answers as {what} {got:?}, but {} says {:?}: fix the profile \
+                 (`context profile add --name … ` again with the right --{what}) or its token",
+                expected.from,
+                expected.value
+            );
+        }
+    }
+    if json {
+        return output::json(&json!({"ok": true, "url": resolved.url.value, "whoami": me}));
+    }
+    println!(
+        "ok: {} answers as agent {got_agent} of team {got_team}",
+        resolved.url.value
+    );
+    Ok(())
+}
+
+fn profile(command: ProfileCommand) -> anyhow::Result<()> {
+    let mut profiles = Profiles::load()?;
+    match command {
+        ProfileCommand::Add {
+            name,
+            url,
+            team,
+            agent,
+            default,
+        } => {
+            let token = read_secret(&format!("token for {agent} of {team} (acs_…): "))?;
+            let replaced = profiles.profiles.contains_key(&name);
+            profiles.put(
+                &name,
+                Profile {
+                    url,
+                    team,
+                    agent,
+                    token,
+                },
+                default,
+            )?;
+            profiles.save()?;
+            let verb = if replaced { "replaced" } else { "added" };
+            let is_default = profiles.default.as_deref() == Some(name.as_str());
+            println!(
+                "{verb} profile {name}{} in {}; check it with `ai-crew-sync context verify \
+                 --profile {name}`",
+                if is_default { " (the default)" } else { "" },
+                profiles.file().display()
+            );
+        }
+        ProfileCommand::List { json } => {
+            let rows: Vec<_> = profiles
+                .profiles
+                .iter()
+                .map(|(name, p)| {
+                    json!({
+                        "name": name, "url": p.url, "team": p.team, "agent": p.agent,
+                        "default": profiles.default.as_deref() == Some(name.as_str()),
+                    })
+                })
+                .collect();
+            if json {
+                return output::json(&rows);
+            }
+            if rows.is_empty() {
+                println!("no profiles yet: add one with `ai-crew-sync context profile add`");
+                return Ok(());
+            }
+            let table = profiles
+                .profiles
+                .iter()
+                .map(|(name, p)| {
+                    let mark = if profiles.default.as_deref() == Some(name.as_str()) {
+                        "*"
+                    } else {
+                        ""
+                    };
+                    vec![
+                        format!("{name}{mark}"),
+                        p.team.clone(),
+                        p.agent.clone(),
+                        p.url.clone(),
+                    ]
+                })
+                .collect();
+            output::table(&["PROFILE", "TEAM", "AGENT", "URL"], table);
+        }
+        ProfileCommand::Default { name } => {
+            profiles.set_default(&name)?;
+            profiles.save()?;
+            println!("{name} is the default profile");
+        }
+        ProfileCommand::Remove { name } => {
+            profiles.remove(&name)?;
+            profiles.save()?;
+            println!(
+                "removed profile {name} (its token is forgotten here, not revoked: an operator \
+                 revokes it with `token revoke`)"
+            );
+        }
+    }
+    Ok(())
+}
+
+fn set_project(
+    profile: String,
+    project: Option<String>,
+    channel: Option<String>,
+) -> anyhow::Result<()> {
+    // A name only this machine lacks would break every command here at once.
+    Profiles::load()?.get(&profile)?;
+    let here = std::env::current_dir().context("reading the current directory")?;
+    let path = project::home_for(&here);
+    // Keep what the file says and was not given again.
+    let mut file = match project::find(&here)? {
+        Some((found, file)) if found == path => file,
+        _ => ProjectFile::default(),
+    };
+    file.profile = Some(profile);
+    if project.is_some() {
+        file.project = project;
+    }
+    if channel.is_some() {
+        file.channel = channel;
+    }
+    project::write(&path, &file)?;
+    println!("wrote {}", path.display());
+    Ok(())
+}

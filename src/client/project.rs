@@ -1,0 +1,74 @@
+//! `.acs.toml`: what a directory tree (usually a repository) works with —
+//! which profile, which project, which default channel. It holds no secret
+//! (a profile is named, never its token), so it may be committed for the
+//! team; each person keeps a profile of that name on their own machine.
+//!
+//! ```toml
+//! profile = "acme"
+//! project = "billing"
+//! channel = "billing-dev"
+//! ```
+//!
+//! The nearest file wins: the current directory, then each parent.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, bail};
+use serde::{Deserialize, Serialize};
+
+pub const FILE_NAME: &str = ".acs.toml";
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ProjectFile {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<String>,
+}
+
+/// The nearest `.acs.toml` at or above `dir`, with its path.
+pub fn find(dir: &Path) -> anyhow::Result<Option<(PathBuf, ProjectFile)>> {
+    for dir in dir.ancestors() {
+        let path = dir.join(FILE_NAME);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                let file = toml::from_str(&text).with_context(|| {
+                    format!(
+                        "{} is not a project file: it may hold `profile`, `project` and \
+                         `channel` (strings); fix it or write it again with `context set-project`",
+                        path.display()
+                    )
+                })?;
+                return Ok(Some((path, file)));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        }
+    }
+    Ok(None)
+}
+
+/// Where `set-project` writes from `dir`: the top of its git work tree, so
+/// the whole repository shares it; `dir` itself outside a repository.
+pub fn home_for(dir: &Path) -> PathBuf {
+    dir.ancestors()
+        .find(|d| d.join(".git").exists())
+        .unwrap_or(dir)
+        .join(FILE_NAME)
+}
+
+/// Write `file` at `path` (not a secret: ordinary permissions).
+pub fn write(path: &Path, file: &ProjectFile) -> anyhow::Result<()> {
+    if file.profile.is_none() && file.project.is_none() && file.channel.is_none() {
+        bail!("nothing to write: give --profile, --project or --channel");
+    }
+    let text = format!(
+        "# ai-crew-sync: what work in this directory tree uses (see `ai-crew-sync context show`).\n\
+         # No secret here: the profile's token stays in your own profiles file.\n{}",
+        toml::to_string(file).context("writing the project file as TOML")?
+    );
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
