@@ -87,6 +87,13 @@ pub struct AckArgs {
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+pub struct PresentedArgs {
+    /// The conversation messages just shown to the model, 1 to 100.
+    pub message_ids: Vec<Uuid>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ConversationWaitArgs {
     /// How long to wait, 1..300 s (default 50: under the ~60 s many clients allow a call).
     pub timeout_seconds: Option<u64>,
@@ -174,6 +181,21 @@ impl BusServer {
             )
             .await,
         )
+    }
+
+    #[tool(
+        description = "Record that these conversation messages addressed to this window were \
+                          put in front of the model (the `presented` receipt; only the client \
+                          knows, so only this call writes it). Call it after showing them, e.g. \
+                          in instructions or hook context. Each is recorded once; all or nothing."
+    )]
+    async fn mark_presented(
+        &self,
+        Extension(parts): Extension<http::request::Parts>,
+        Parameters(args): Parameters<PresentedArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let me = caller(&parts)?;
+        reply(receipts::present(self.bus(), me, &args.message_ids).await)
     }
 
     #[tool(

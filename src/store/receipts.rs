@@ -84,17 +84,8 @@ pub async fn ack(
     }
     let mut tx = bus.pool.begin().await?;
     sessions::guard(&mut tx, me).await?;
-    let (conversation_id, seq, _) = conversation_of(&mut tx, me, message_id).await?;
-    let conversation = conversations::load(&mut tx, me, conversation_id, false)
-        .await
-        .map_err(|_| message_not_found(message_id))?;
-    let seat = match conversations::read_access(&mut tx, me, &conversation).await {
-        Err(BusError::NotFound(_)) => return Err(message_not_found(message_id)),
-        Err(other) => return Err(other),
-        Ok(ReadAccess::Member(seat)) if seq >= seat.history_from_seq => seat,
-        Ok(ReadAccess::Member(_)) => return Err(message_not_found(message_id)),
-        Ok(ReadAccess::ProjectGrant) => return Err(not_a_recipient(message_id)),
-    };
+    let (conversation, seq, seat) = recipient_seat(&mut tx, me, message_id).await?;
+    let conversation_id = conversation.id;
     // The note is a fact like the timestamps: the first one written stays,
     // so a later ack cannot rewrite what the sender already read.
     let receipt: Option<Receipt> = sqlx::query_as(
@@ -151,6 +142,93 @@ pub async fn ack(
         receipt,
         note_not_kept,
     })
+}
+
+/// The conversation, seq and seat through which this window may act as a
+/// recipient of `message_id`; the same refusal for a message it cannot see
+/// as for one that does not exist.
+async fn recipient_seat(
+    conn: &mut sqlx::PgConnection,
+    me: &Identity,
+    message_id: Uuid,
+) -> BusResult<(conversations::Conversation, i64, conversations::Seat)> {
+    let (conversation_id, seq, _) = conversation_of(conn, me, message_id).await?;
+    let conversation = conversations::load(conn, me, conversation_id, false)
+        .await
+        .map_err(|_| message_not_found(message_id))?;
+    match conversations::read_access(conn, me, &conversation).await {
+        Err(BusError::NotFound(_)) => Err(message_not_found(message_id)),
+        Err(other) => Err(other),
+        Ok(ReadAccess::Member(seat)) if seq >= seat.history_from_seq => {
+            Ok((conversation, seq, seat))
+        }
+        Ok(ReadAccess::Member(_)) => Err(message_not_found(message_id)),
+        Ok(ReadAccess::ProjectGrant) => Err(not_a_recipient(message_id)),
+    }
+}
+
+/// How many messages one `mark_presented` call may name.
+pub const PRESENTED_MAX_IDS: usize = 100;
+
+/// One message whose receipt holds `presented`.
+#[derive(Clone, Debug, Serialize)]
+pub struct PresentedMessage {
+    pub message_id: Uuid,
+    pub conversation_id: Uuid,
+    pub seq: i64,
+    /// The first time it was recorded (a repeat keeps it).
+    pub presented_at: DateTime<Utc>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Presented {
+    pub messages: Vec<PresentedMessage>,
+}
+
+/// `mark_presented`: the client says it put these messages in front of the
+/// model. Only the client can know that, so only this call writes the fact
+/// (never a read, a fetch or a delivery). All or nothing: one id this window
+/// is not a recipient of refuses the call and records none.
+pub async fn present(bus: &Bus, me: &Identity, message_ids: &[Uuid]) -> BusResult<Presented> {
+    if message_ids.is_empty() || message_ids.len() > PRESENTED_MAX_IDS {
+        return Err(BusError::invalid(format!(
+            "message_ids must name 1 to {PRESENTED_MAX_IDS} messages; it names {}. Record the \
+             messages shown in one call per {PRESENTED_MAX_IDS}.",
+            message_ids.len()
+        )));
+    }
+    let mut ids = message_ids.to_vec();
+    ids.sort();
+    ids.dedup();
+    let mut tx = bus.pool.begin().await?;
+    sessions::guard(&mut tx, me).await?;
+    let mut messages = Vec::with_capacity(ids.len());
+    // Sorted ids: two calls naming the same receipts lock them in one order.
+    for message_id in ids {
+        let (conversation, seq, seat) = recipient_seat(&mut tx, me, message_id).await?;
+        let presented_at: Option<DateTime<Utc>> = sqlx::query_scalar(
+            "UPDATE message_receipts SET presented_at = COALESCE(presented_at, now())
+             WHERE team_id = $1 AND message_id = $2 AND member_id = $3
+             RETURNING presented_at",
+        )
+        .bind(me.team_id)
+        .bind(message_id)
+        .bind(seat.id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .flatten();
+        let Some(presented_at) = presented_at else {
+            return Err(not_a_recipient(message_id));
+        };
+        messages.push(PresentedMessage {
+            message_id,
+            conversation_id: conversation.id,
+            seq,
+            presented_at,
+        });
+    }
+    tx.commit().await?;
+    Ok(Presented { messages })
 }
 
 fn not_a_recipient(message_id: Uuid) -> BusError {

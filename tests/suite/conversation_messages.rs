@@ -585,6 +585,103 @@ async fn reading_never_changes_a_receipt_and_acks_count_against_the_frozen_denom
     );
 }
 
+/// The `presented` receipt (issue 21, item 5): only the client knows it
+/// showed a message to the model, so reads, fetches and acks never write it;
+/// `mark_presented` does, once, for this window's own receipts, all or none.
+#[tokio::test]
+async fn presented_is_written_only_by_mark_presented_once_and_all_or_nothing() {
+    let app = spawn_app().await;
+    let tokens = team_with(&app, "acme", &["alice", "bob", "carol"]).await;
+    let conv = conversation(&app.pool, "acme", "alice", None).await;
+    for agent in ["alice", "bob"] {
+        active(&app.pool, "acme", conv, agent, "").await;
+    }
+    let alice = app.mcp(&tokens[0], None).await;
+    let bob = app.mcp(&tokens[1], None).await;
+    let carol = app.mcp(&tokens[2], None).await;
+    let first = send(&alice, conv, "one").await.unwrap()["message_id"].clone();
+    let second = send(&alice, conv, "two").await.unwrap()["message_id"].clone();
+
+    bob.call("read_conversation", json!({"conversation_id": conv}))
+        .await
+        .unwrap();
+    bob.call("ack_message", json!({"message_id": first}))
+        .await
+        .unwrap();
+    let presented = |counts: &Value| counts["presented"].clone();
+    let counts = alice
+        .call("get_message_receipts", json!({"message_id": first}))
+        .await
+        .unwrap();
+    assert_eq!(
+        presented(&counts),
+        json!(0),
+        "a read and an ack are not a showing"
+    );
+
+    // One id bob may not mark (carol's view of it is none): nothing recorded.
+    let outsider = carol
+        .call("mark_presented", json!({"message_ids": [first]}))
+        .await
+        .unwrap_err();
+    assert_eq!(outsider["error"], "not_found", "{outsider}");
+    let sender = alice
+        .call("mark_presented", json!({"message_ids": [first, second]}))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        sender["error"], "forbidden",
+        "the sender is no recipient: {sender}"
+    );
+    let empty = bob
+        .call("mark_presented", json!({"message_ids": []}))
+        .await
+        .unwrap_err();
+    assert!(message_text(&empty).contains("1 to 100"), "{empty}");
+    // One of bob's own and one unknown id: refused, and his is not marked.
+    let mixed = bob
+        .call(
+            "mark_presented",
+            json!({"message_ids": [first, uuid::Uuid::now_v7()]}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(mixed["error"], "not_found", "{mixed}");
+    let marked_rows: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM message_receipts WHERE presented_at IS NOT NULL")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(marked_rows, 0, "nothing recorded by a refused call");
+
+    let marked = bob
+        .call(
+            "mark_presented",
+            json!({"message_ids": [second, first, first]}),
+        )
+        .await
+        .unwrap();
+    let rows = marked["messages"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "each message once: {marked}");
+    let at = rows[0]["presented_at"].clone();
+    let again = bob
+        .call(
+            "mark_presented",
+            json!({"message_ids": [rows[0]["message_id"]]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(again["messages"][0]["presented_at"], at, "written once");
+    for message in [&first, &second] {
+        let counts = alice
+            .call("get_message_receipts", json!({"message_id": message}))
+            .await
+            .unwrap();
+        assert_eq!(presented(&counts), json!(1), "{counts}");
+        assert_eq!(counts["total"], 1);
+    }
+}
+
 #[tokio::test]
 async fn a_seat_reads_from_its_history_boundary_and_a_project_grant_reads_everything() {
     let app = spawn_app().await;
