@@ -10,13 +10,15 @@
 //!
 //! What a client keeps on its own machine sits beside it: [`local_files`]
 //! (private files in the config directory), [`profiles`] (which bus, team
-//! and agent, with the token), [`project`] (`.acs.toml`) and [`context`]
-//! (which of them applies here, and why).
+//! and agent, with the token), [`project`] (`.acs.toml`), [`context`]
+//! (which of them applies here, and why) and [`spool`] (a window's inbox
+//! references, kept durably before their delivery is confirmed).
 
 pub mod context;
 pub mod local_files;
 pub mod profiles;
 pub mod project;
+pub mod spool;
 
 use std::collections::HashMap;
 
