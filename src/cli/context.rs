@@ -13,6 +13,8 @@ use serde_json::json;
 use super::output;
 use super::secret::read_secret;
 use crate::client::context::{self, Requested, Resolved};
+use crate::client::hook::{self as host_hook, HOOK_DEADLINE, HookEvent};
+use crate::client::local_files;
 use crate::client::profiles::{Profile, Profiles};
 use crate::client::project::{self, ProjectFile};
 
@@ -63,6 +65,14 @@ pub enum ContextCommand {
         bus: BusArgs,
         #[arg(long)]
         json: bool,
+    },
+    /// Answer a host's hook: read its JSON on stdin, print what the host takes (Claude Code's
+    /// format). Speaks as the `mcp proxy` window of that host conversation; without one it
+    /// prints nothing. Never fails the host: any problem prints nothing and exits 0 within
+    /// a few seconds.
+    Hook {
+        #[arg(long, value_enum)]
+        event: HookEvent,
     },
     /// Local profiles: add, list, default, remove.
     #[command(subcommand)]
@@ -115,12 +125,49 @@ pub async fn run(command: ContextCommand) -> anyhow::Result<()> {
     match command {
         ContextCommand::Show { bus, json } => show(&bus.resolve()?, json),
         ContextCommand::Verify { bus, json } => verify(&bus.resolve()?, json).await,
+        ContextCommand::Hook { event } => {
+            hook(event).await;
+            // Exit here: a stdin read cut off by the deadline would hold the
+            // runtime's shutdown until the host closed the pipe.
+            use std::io::Write as _;
+            let _ = std::io::stdout().flush();
+            std::process::exit(0)
+        }
         ContextCommand::Profile(command) => profile(command),
         ContextCommand::SetProject {
             profile,
             project,
             channel,
         } => set_project(profile, project, channel),
+    }
+}
+
+/// The most hook input read (a host's payload is a few KiB).
+const HOOK_INPUT_MAX: u64 = 1024 * 1024;
+
+/// Run one hook within [`HOOK_DEADLINE`]; whatever goes wrong is one line
+/// on stderr, and the host carries on.
+async fn hook(event: HookEvent) {
+    use tokio::io::AsyncReadExt as _;
+    let work = async {
+        let mut input = Vec::new();
+        tokio::io::stdin()
+            .take(HOOK_INPUT_MAX)
+            .read_to_end(&mut input)
+            .await
+            .context("reading the hook input")?;
+        let dir = local_files::config_dir()?;
+        let session = std::env::var("CLAUDE_CODE_SESSION_ID").ok();
+        host_hook::answer(event, &input, &dir, session).await
+    };
+    match tokio::time::timeout(HOOK_DEADLINE, work).await {
+        Ok(Ok(Some(out))) => println!("{out}"),
+        Ok(Ok(None)) => {}
+        Ok(Err(err)) => eprintln!("ai-crew-sync hook: {}", output::clean(&format!("{err:#}"))),
+        Err(_) => eprintln!(
+            "ai-crew-sync hook: no answer within {} s; carrying on without it",
+            HOOK_DEADLINE.as_secs()
+        ),
     }
 }
 

@@ -11,14 +11,18 @@
 //! What a client keeps on its own machine sits beside it: [`local_files`]
 //! (private files in the config directory), [`profiles`] (which bus, team
 //! and agent, with the token), [`project`] (`.acs.toml`), [`context`]
-//! (which of them applies here, and why) and [`spool`] (a window's inbox
-//! references, kept durably before their delivery is confirmed).
+//! (which of them applies here, and why), [`spool`] (a window's inbox
+//! references, kept durably before their delivery is confirmed),
+//! [`window_state`] (the window a proxy holds per host conversation) and
+//! [`hook`] (what a host's hook hears, speaking as that window).
 
 pub mod context;
+pub mod hook;
 pub mod local_files;
 pub mod profiles;
 pub mod project;
 pub mod spool;
+pub mod window_state;
 
 use std::collections::HashMap;
 

@@ -673,7 +673,7 @@ mod tests {
     }
 }
 
-/// The check against the bus's own 58 tools.
+/// The check against the bus's own 59 tools.
 #[cfg(test)]
 mod every_tool {
     use serde_json::json;
@@ -736,7 +736,7 @@ mod every_tool {
     #[test]
     fn every_tool_schema_uses_only_what_the_check_understands() {
         let tools = crate::mcp::BusServer::tools().list_all();
-        assert_eq!(tools.len(), 58);
+        assert_eq!(tools.len(), 59);
         for tool in &tools {
             let mut found = Vec::new();
             keywords_of(&Value::Object((*tool.input_schema).clone()), &mut found);

@@ -1,4 +1,5 @@
-//! `whoami` and `team_digest`: who you are and what the team has been doing.
+//! `whoami`, `pending_for_me` and `team_digest`: who you are, what needs you
+//! now, and what the team has been doing.
 
 use rmcp::handler::server::tool::Extension;
 use rmcp::handler::server::wrapper::Parameters;
@@ -8,7 +9,7 @@ use serde::Deserialize;
 
 use super::sessions::NoArgs;
 use super::{BusServer, caller, reply};
-use crate::store::overview;
+use crate::store::{overview, pending};
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -18,6 +19,16 @@ pub struct DigestArgs {
     /// Every channel's activity, not only this window's focused channel (announcements are always in).
     #[serde(default)]
     pub all_channels: bool,
+}
+
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PendingArgs {
+    /// When you last looked (RFC 3339, at most 7 days back): announcements after it are listed.
+    /// Omit for none.
+    pub since: Option<chrono::DateTime<chrono::Utc>>,
+    /// List your tasks whose lease lapses within this many seconds, 1..86400 (default 300).
+    pub lease_within_seconds: Option<i64>,
 }
 
 #[tool_router(router = identity_router, vis = "pub(super)")]
@@ -37,6 +48,24 @@ impl BusServer {
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
         reply(overview::whoami(self.bus(), me).await)
+    }
+
+    #[tool(
+        description = "What needs this window now, in one call that marks nothing read: unread \
+                       direct messages (count and the oldest 5), questions asked of you \
+                       (ask_agent) not yet answered, conversations owing your acknowledgement, \
+                       your tasks whose lease lapses within lease_within_seconds, and \
+                       announcements since `since`. Each list is short; read the rest with \
+                       read_messages, read_conversation and list_tasks.",
+        annotations(read_only_hint = true)
+    )]
+    async fn pending_for_me(
+        &self,
+        Extension(parts): Extension<http::request::Parts>,
+        Parameters(args): Parameters<PendingArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let me = caller(&parts)?;
+        reply(pending::pending_for_me(self.bus(), me, args.since, args.lease_within_seconds).await)
     }
 
     #[tool(

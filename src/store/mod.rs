@@ -24,6 +24,7 @@ pub mod moves;
 pub mod notes;
 pub mod outbox;
 pub mod overview;
+pub mod pending;
 pub mod presence;
 pub mod projects;
 pub mod receipts;

@@ -335,8 +335,13 @@ pub struct ConversationWait {
 }
 
 /// What this window owes: per conversation where it holds an active seat,
-/// its stored, unacknowledged receipts.
-async fn pending(bus: &Bus, me: &Identity) -> BusResult<Vec<Pending>> {
+/// its stored, unacknowledged receipts, oldest first (the first `limit`;
+/// `None`: all).
+pub async fn owed_acknowledgements(
+    bus: &Bus,
+    me: &Identity,
+    limit: impl Into<Option<i64>>,
+) -> BusResult<Vec<Pending>> {
     Ok(sqlx::query_as(
         "SELECT c.id AS conversation_id, c.title, count(*) AS unacknowledged,
                 c.last_seq AS latest_seq, min(m.seq) AS first_unacknowledged_seq
@@ -347,11 +352,12 @@ async fn pending(bus: &Bus, me: &Identity) -> BusResult<Vec<Pending>> {
          WHERE s.team_id = $1 AND s.agent_id = $2 AND s.session = $3 AND s.state = 'active'
            AND r.acknowledged_at IS NULL AND r.stored_at IS NOT NULL
          GROUP BY c.id, c.title, c.last_seq
-         ORDER BY min(m.created_at)",
+         ORDER BY min(m.created_at) LIMIT $4",
     )
     .bind(me.team_id)
     .bind(me.agent_id)
     .bind(&me.window)
+    .bind(limit.into())
     .fetch_all(&bus.pool)
     .await?)
 }
@@ -399,7 +405,7 @@ async fn wait_for_conversation_updates_unchecked(
             }
         },
         || async move {
-            let owed = pending(bus, me).await?;
+            let owed = owed_acknowledgements(bus, me, None).await?;
             Ok((!owed.is_empty()).then_some(owed))
         },
     )
@@ -419,7 +425,7 @@ async fn wait_for_conversation_updates_unchecked(
             });
         }
         // One last look at the deadline, then say it passed.
-        Polled::TimedOut => pending(bus, me).await?,
+        Polled::TimedOut => owed_acknowledgements(bus, me, None).await?,
     };
     if owed.is_empty() {
         return Ok(ConversationWait {

@@ -19,6 +19,7 @@ mod deploy_unit;
 mod doctor;
 mod embedded;
 mod events;
+mod hooks;
 mod http_surface;
 mod inbox;
 mod input_bounds;

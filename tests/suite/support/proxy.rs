@@ -59,6 +59,11 @@ impl Proxy {
         format!("nats://{}", self.addr)
     }
 
+    /// The address clients connect to, for a protocol other than NATS.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.addr
+    }
+
     fn set(&self, change: impl FnOnce(&mut Mode)) {
         change(&mut self.mode.lock().unwrap());
     }

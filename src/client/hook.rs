@@ -1,0 +1,312 @@
+//! `context hook`: what a host's hook hears from the bus, in the host's
+//! format (Claude Code's hook JSON first). It speaks as the proxy's window
+//! of that host conversation ([`WindowState`]) and as nothing else.
+//!
+//! - session start and user prompt: `hookSpecificOutput.additionalContext`
+//!   with what is new for the window since it last looked (unread direct
+//!   messages, questions asked of it, conversations owing its
+//!   acknowledgement, leases about to lapse, announcements), short and cut at
+//!   [`CONTEXT_MAX_CHARS`];
+//! - stop: a heartbeat, and a block (`decision: "block"`) with the question
+//!   when a teammate asked this window something it has not answered. Each
+//!   question blocks one stop only, and never a stop the host already
+//!   continued because of a stop hook (`stop_hook_active`), so it cannot loop;
+//! - session end: the window goes idle;
+//! - status: one line for a status bar.
+//!
+//! A hook never fails the host: no window for the conversation, bad input,
+//! a bus that is down or slow, each ends with nothing printed and exit 0,
+//! within [`HOOK_DEADLINE`]. The caller enforces that; this module returns
+//! errors so they can be logged.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use chrono::{DateTime, Utc};
+use serde_json::{Map, Value, json};
+
+use super::Connection;
+use super::window_state::{HookMarks, WindowState};
+
+/// Everything a hook does, reading its input included, ends within this.
+pub const HOOK_DEADLINE: Duration = Duration::from_secs(4);
+/// The most a hook's context adds to the model's input.
+pub const CONTEXT_MAX_CHARS: usize = 2_000;
+/// A first look reaches back this far for announcements.
+const FIRST_LOOK_HOURS: i64 = 24;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum HookEvent {
+    SessionStart,
+    UserPrompt,
+    Stop,
+    SessionEnd,
+    Status,
+}
+
+impl HookEvent {
+    /// The name Claude Code gives the event in `hookEventName`.
+    fn host_name(self) -> &'static str {
+        match self {
+            HookEvent::SessionStart => "SessionStart",
+            HookEvent::UserPrompt => "UserPromptSubmit",
+            HookEvent::Stop => "Stop",
+            HookEvent::SessionEnd => "SessionEnd",
+            HookEvent::Status => "Status",
+        }
+    }
+}
+
+/// Answer one hook: the text to print on stdout, or `None` for nothing.
+/// `input` is the host's hook JSON; `env_session` the host conversation id
+/// from the environment (`CLAUDE_CODE_SESSION_ID`) when the JSON has none.
+pub async fn answer(
+    event: HookEvent,
+    input: &[u8],
+    dir: &Path,
+    env_session: Option<String>,
+) -> anyhow::Result<Option<String>> {
+    let input: Value = if input.iter().all(u8::is_ascii_whitespace) {
+        Value::Null
+    } else {
+        serde_json::from_slice(input).context("the hook input is not JSON")?
+    };
+    let Some(host_session) = input["session_id"]
+        .as_str()
+        .map(str::to_string)
+        .or(env_session)
+        .filter(|s| !s.is_empty())
+    else {
+        return Ok(None);
+    };
+    let Some(window) = WindowState::load(dir, &host_session)? else {
+        return Ok(None);
+    };
+    if event == HookEvent::Stop && input["stop_hook_active"].as_bool() == Some(true) {
+        // The host is already continuing because of a stop hook: saying
+        // more here is how hooks loop.
+        return Ok(None);
+    }
+    let epoch = window.epoch.to_string();
+    let bus = Connection::open_with_headers(
+        &window.url,
+        &window.credential,
+        &[("x-crew-session", &window.label), ("x-crew-epoch", &epoch)],
+    )
+    .await?;
+    let result = speak(event, &bus, &window, dir).await;
+    bus.close().await;
+    result
+}
+
+async fn speak(
+    event: HookEvent,
+    bus: &Connection,
+    window: &WindowState,
+    dir: &Path,
+) -> anyhow::Result<Option<String>> {
+    let mut marks = HookMarks::load(dir, &window.host_session)?;
+    match event {
+        HookEvent::SessionEnd => {
+            bus.call("heartbeat", args(json!({"status": "idle"})))
+                .await?;
+            Ok(None)
+        }
+        HookEvent::Status => {
+            let pending = pending(bus, None).await?;
+            Ok(Some(status_line(window, &pending)))
+        }
+        HookEvent::Stop => {
+            bus.call("heartbeat", Map::new()).await?;
+            let pending = pending(bus, None).await?;
+            let question = pending["open_questions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|q| {
+                    !marks
+                        .blocked_for
+                        .iter()
+                        .any(|id| q["message_id"] == id.to_string())
+                });
+            let Some(question) = question else {
+                return Ok(None);
+            };
+            if let Some(id) = question["message_id"].as_str().and_then(|s| s.parse().ok()) {
+                marks.blocked_for.push(id);
+                // Only the newest few are worth remembering: questions
+                // are found among the newest direct messages anyway.
+                let keep = marks.blocked_for.len().saturating_sub(50);
+                marks.blocked_for.drain(..keep);
+            }
+            marks.save(dir, &window.host_session)?;
+            let reason = format!(
+                "{} asked you a question that is still unanswered: \"{}\" (message {}). Answer \
+                 it with post_message {{to: \"{}\", reply_to: \"{}\", body: …}} (or say you \
+                 cannot) before you stop.",
+                text(&question["from"]),
+                one_line(&question["preview"]),
+                text(&question["message_id"]),
+                text(&question["from"]),
+                text(&question["message_id"]),
+            );
+            Ok(Some(
+                json!({"decision": "block", "reason": reason}).to_string(),
+            ))
+        }
+        HookEvent::SessionStart | HookEvent::UserPrompt => {
+            let first_look = event == HookEvent::SessionStart || marks.last_looked_at.is_none();
+            let since = marks
+                .last_looked_at
+                .filter(|_| !first_look)
+                .unwrap_or_else(|| Utc::now() - chrono::Duration::hours(FIRST_LOOK_HOURS));
+            let looked_at = Utc::now();
+            let pending = pending(bus, Some(since)).await?;
+            let context = news(window, &pending, (!first_look).then_some(since), &mut marks);
+            marks.last_looked_at = Some(looked_at);
+            marks.save(dir, &window.host_session)?;
+            Ok(context.map(|context| {
+                json!({"hookSpecificOutput": {
+                    "hookEventName": event.host_name(),
+                    "additionalContext": context,
+                }})
+                .to_string()
+            }))
+        }
+    }
+}
+
+async fn pending(bus: &Connection, since: Option<DateTime<Utc>>) -> anyhow::Result<Value> {
+    let mut arguments = Map::new();
+    if let Some(since) = since {
+        arguments.insert("since".into(), json!(since.to_rfc3339()));
+    }
+    bus.call("pending_for_me", arguments).await
+}
+
+fn args(value: Value) -> Map<String, Value> {
+    match value {
+        Value::Object(map) => map,
+        _ => Map::new(),
+    }
+}
+
+fn text(value: &Value) -> String {
+    value.as_str().unwrap_or_default().to_string()
+}
+
+/// A preview on one line, without control characters another agent put there.
+fn one_line(value: &Value) -> String {
+    value
+        .as_str()
+        .unwrap_or_default()
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
+}
+
+/// Whether `at` (RFC 3339) is after `since` (always, without `since`).
+fn after(at: &Value, since: Option<DateTime<Utc>>) -> bool {
+    let Some(since) = since else { return true };
+    at.as_str()
+        .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
+        .is_none_or(|at| at.with_timezone(&Utc) > since)
+}
+
+fn list<'a>(pending: &'a Value, key: &str) -> impl Iterator<Item = &'a Value> {
+    pending[key].as_array().into_iter().flatten()
+}
+
+/// The window's news for the model, or `None` when there is none. With
+/// `since`, only what arrived after it; a lease about to lapse is news once
+/// per lease (remembered in `marks`).
+fn news(
+    window: &WindowState,
+    pending: &Value,
+    since: Option<DateTime<Utc>>,
+    marks: &mut HookMarks,
+) -> Option<String> {
+    let mut lines = Vec::new();
+    for m in list(pending, "direct_messages").filter(|m| after(&m["at"], since)) {
+        lines.push(format!(
+            "- direct message from {}: \"{}\" (read_messages scope inbox)",
+            text(&m["from"]),
+            one_line(&m["preview"])
+        ));
+    }
+    for q in list(pending, "open_questions").filter(|q| after(&q["at"], since)) {
+        lines.push(format!(
+            "- {} asked you: \"{}\" — answer with post_message {{to: \"{}\", reply_to: \"{}\"}}",
+            text(&q["from"]),
+            one_line(&q["preview"]),
+            text(&q["from"]),
+            text(&q["message_id"])
+        ));
+    }
+    if since.is_none() {
+        for c in list(pending, "conversations") {
+            lines.push(format!(
+                "- conversation \"{}\" ({}): {} message(s) await your acknowledgement from seq \
+                 {} (read_conversation, then ack_message)",
+                one_line(&c["title"]),
+                text(&c["conversation_id"]),
+                c["unacknowledged"],
+                c["first_unacknowledged_seq"]
+            ));
+        }
+    }
+    for t in list(pending, "expiring_tasks") {
+        let lease = format!("{}@{}", text(&t["key"]), text(&t["lease_expires_at"]));
+        if since.is_some() && marks.leases_called_out.contains(&lease) {
+            continue;
+        }
+        marks.leases_called_out.push(lease);
+        let keep = marks.leases_called_out.len().saturating_sub(50);
+        marks.leases_called_out.drain(..keep);
+        lines.push(format!(
+            "- your task {} \"{}\": lease lapses at {} (renew_task_lease, or complete_task)",
+            text(&t["key"]),
+            one_line(&t["title"]),
+            text(&t["lease_expires_at"])
+        ));
+    }
+    for a in list(pending, "announcements") {
+        lines.push(format!(
+            "- announcement in #{} from {}: \"{}\"",
+            text(&a["channel"]),
+            text(&a["from"]),
+            one_line(&a["preview"])
+        ));
+    }
+    if lines.is_empty() {
+        return None;
+    }
+    let unread = &pending["unread_direct_messages"];
+    let mut context = format!(
+        "ai-crew-sync: you are {}/{} in team {} ({} unread direct message(s)). New for you:\n",
+        window.agent, window.label, window.team, unread["count"]
+    );
+    for line in lines {
+        if context.chars().count() + line.chars().count() + 1 > CONTEXT_MAX_CHARS - 40 {
+            context.push_str("- … more: call pending_for_me\n");
+            break;
+        }
+        let _ = writeln!(context, "{line}");
+    }
+    Some(context.trim_end().to_string())
+}
+
+fn status_line(window: &WindowState, pending: &Value) -> String {
+    let count = |key: &str| pending[key].as_array().map_or(0, Vec::len);
+    format!(
+        "acs {}/{} · {} unread · {} question(s) · {} to ack · {} lease(s) lapsing",
+        window.agent,
+        window.label,
+        pending["unread_direct_messages"]["count"],
+        count("open_questions"),
+        count("conversations"),
+        count("expiring_tasks")
+    )
+}

@@ -1,0 +1,115 @@
+//! The windows held on this machine, one small private file per host
+//! conversation: which bus, which agent, which window label, and the
+//! window's session credential and epoch. The stdio proxy writes it when it
+//! registers or renews its window (and reuses it after a restart, so the
+//! same host conversation keeps the same window); the hooks read it, so a
+//! hook speaks as the proxy's window of that conversation and as nothing
+//! else. No file: no proxy for that conversation, and a hook does nothing.
+//!
+//! Beside each state file, the hooks keep their own marks (when the window
+//! last looked, which questions already stopped a stop), in a file of their
+//! own so a hook never rewrites what the proxy wrote.
+//!
+//! Files live in `windows/` under the config directory, named by a digest
+//! of the host conversation's id (the id itself may be long or odd), mode
+//! 0600 in a 0700 directory.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use super::local_files;
+
+/// One host conversation's window, as its proxy holds it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WindowState {
+    /// The host's id of the conversation (Claude Code's session id).
+    pub host_session: String,
+    /// The window label on the bus.
+    pub label: String,
+    /// The bus's MCP endpoint.
+    pub url: String,
+    pub team: String,
+    pub agent: String,
+    /// The window's session credential (`acss_…`).
+    pub credential: String,
+    pub epoch: i64,
+    pub expires_at: DateTime<Utc>,
+    /// The proxy process holding it.
+    pub pid: u32,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// What the hooks remember for a window.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct HookMarks {
+    /// When a hook last put the window's news in front of the model.
+    pub last_looked_at: Option<DateTime<Utc>>,
+    /// Questions a stop was already blocked for: each stops one stop only.
+    #[serde(default)]
+    pub blocked_for: Vec<Uuid>,
+    /// Leases already called out as about to lapse (`key@expiry`): a
+    /// renewed lease is news again, the same one is not.
+    #[serde(default)]
+    pub leases_called_out: Vec<String>,
+}
+
+/// The file name stem for a host conversation: 32 hex digits of SHA-256.
+pub fn key_for(host_session: &str) -> String {
+    hex::encode(&Sha256::digest(host_session.as_bytes())[..16])
+}
+
+fn path_for(dir: &Path, host_session: &str, suffix: &str) -> PathBuf {
+    dir.join("windows")
+        .join(format!("{}{suffix}", key_for(host_session)))
+}
+
+impl WindowState {
+    /// The state of `host_session`'s window, if a proxy holds one.
+    pub fn load(dir: &Path, host_session: &str) -> anyhow::Result<Option<WindowState>> {
+        let path = path_for(dir, host_session, ".json");
+        let Some(text) = local_files::read_private(&path)? else {
+            return Ok(None);
+        };
+        let state: WindowState = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a window state file", path.display()))?;
+        // A digest collision is not worth a guess: the file must name it.
+        Ok((state.host_session == host_session).then_some(state))
+    }
+
+    pub fn save(&self, dir: &Path) -> anyhow::Result<()> {
+        let path = path_for(dir, &self.host_session, ".json");
+        local_files::write_private(&path, &serde_json::to_vec_pretty(self)?)
+    }
+
+    /// Forget the window (the proxy ended it).
+    pub fn remove(dir: &Path, host_session: &str) -> anyhow::Result<()> {
+        for suffix in [".json", ".hook.json"] {
+            match std::fs::remove_file(path_for(dir, host_session, suffix)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+impl HookMarks {
+    pub fn load(dir: &Path, host_session: &str) -> anyhow::Result<HookMarks> {
+        let path = path_for(dir, host_session, ".hook.json");
+        match local_files::read_private(&path)? {
+            None => Ok(HookMarks::default()),
+            // Marks only spare the model repeats: unreadable ones start over.
+            Some(text) => Ok(serde_json::from_str(&text).unwrap_or_default()),
+        }
+    }
+
+    pub fn save(&self, dir: &Path, host_session: &str) -> anyhow::Result<()> {
+        let path = path_for(dir, host_session, ".hook.json");
+        local_files::write_private(&path, &serde_json::to_vec(self)?)
+    }
+}

@@ -1,0 +1,361 @@
+//! `context hook`: the real binary fed recorded Claude Code hook payloads,
+//! speaking as the window a proxy holds for that host conversation (its
+//! state file written here as the proxy writes it), against a real server.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use chrono::Utc;
+use serde_json::{Value, json};
+
+use crate::support::proxy::Proxy;
+use crate::support::{McpClient, TestApp, free_port, spawn_app};
+use ai_crew_sync::client::hook::CONTEXT_MAX_CHARS;
+use ai_crew_sync::client::window_state::WindowState;
+
+/// Claude Code's hook input for `event`, as it sends it.
+fn payload(session: &str, event: &str, extra: Value) -> String {
+    let mut input = json!({
+        "session_id": session,
+        "transcript_path": "/home/dev/.claude/projects/repo/transcript.jsonl",
+        "cwd": "/home/dev/repo",
+        "permission_mode": "default",
+        "hook_event_name": event,
+    });
+    input
+        .as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    input.to_string()
+}
+
+#[derive(Debug)]
+struct HookRun {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+/// Run `context hook --event EVENT` with `stdin`; a hook still running
+/// after 30 s fails the test (the host would have been held).
+async fn hook(config: &Path, event: &str, stdin: String) -> HookRun {
+    let config = config.to_path_buf();
+    let event = event.to_string();
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"))
+            .args(["context", "hook", "--event", &event])
+            .env("BUS_CONFIG_DIR", &config)
+            .env_remove("CLAUDE_CODE_SESSION_ID")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run ai-crew-sync context hook");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        let started = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if started.elapsed() > Duration::from_secs(30) {
+                let _ = child.kill();
+                panic!("the hook held the host for 30 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        HookRun {
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    })
+    .await
+    .unwrap()
+}
+
+/// What a proxy for host conversation `host` holds: a registered window,
+/// its state file in `config`, and a client speaking as that window.
+async fn proxy_window(
+    app: &TestApp,
+    token: &str,
+    host: &str,
+    label: &str,
+    config: &Path,
+) -> (WindowState, McpClient) {
+    let agent = app.mcp(token, None).await;
+    let issued = agent
+        .call("register_session", json!({"session": label}))
+        .await
+        .unwrap();
+    let me = agent.call("whoami", json!({})).await.unwrap();
+    let state = WindowState {
+        host_session: host.to_string(),
+        label: label.to_string(),
+        url: app.url("/mcp"),
+        team: me["team"].as_str().unwrap().to_string(),
+        agent: me["agent"].as_str().unwrap().to_string(),
+        credential: issued["credential"].as_str().unwrap().to_string(),
+        epoch: issued["epoch"].as_i64().unwrap(),
+        expires_at: issued["expires_at"].as_str().unwrap().parse().unwrap(),
+        pid: std::process::id(),
+        updated_at: Utc::now(),
+    };
+    state.save(config).unwrap();
+    let epoch = state.epoch.to_string();
+    let window = McpClient::connect_with(
+        &state.url,
+        &state.credential,
+        &[("x-crew-session", label), ("x-crew-epoch", &epoch)],
+    )
+    .await
+    .unwrap();
+    (state, window)
+}
+
+fn context_of(run: &HookRun, event: &str) -> String {
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let out: Value = serde_json::from_str(run.stdout.trim())
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {run:?}"));
+    assert_eq!(out["hookSpecificOutput"]["hookEventName"], event, "{out}");
+    out["hookSpecificOutput"]["additionalContext"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[tokio::test]
+async fn session_start_and_prompt_hooks_tell_the_window_what_is_new_and_read_nothing() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.agent("acme", "alice").await;
+    let bob = app.mcp(&app.agent("acme", "bob").await, None).await;
+    let config = tempfile::tempdir().unwrap();
+    let (_, window) = proxy_window(&app, &alice, "cc-1", "cc-one", config.path()).await;
+
+    bob.call(
+        "post_message",
+        json!({"to": "alice/cc-one", "body": "deploy is blocked on the migration"}),
+    )
+    .await
+    .unwrap();
+    bob.call(
+        "post_message",
+        json!({"channel": "general", "body": "freeze starts at noon", "announce": true}),
+    )
+    .await
+    .unwrap();
+    let asked = bob
+        .call(
+            "ask_agent",
+            json!({"to": "alice", "question": "which branch has the fix?", "timeout_seconds": 1}),
+        )
+        .await
+        .unwrap();
+    window
+        .call(
+            "create_task",
+            json!({"key": "fix-login", "title": "Fix the login form"}),
+        )
+        .await
+        .unwrap();
+    window
+        .call(
+            "claim_task",
+            json!({"key": "fix-login", "lease_seconds": 120}),
+        )
+        .await
+        .unwrap();
+
+    let start = hook(
+        config.path(),
+        "session-start",
+        payload("cc-1", "SessionStart", json!({"source": "startup"})),
+    )
+    .await;
+    let context = context_of(&start, "SessionStart");
+    for expected in [
+        "alice/cc-one",
+        "deploy is blocked on the migration",
+        "which branch has the fix?",
+        asked["question_message_id"].as_str().unwrap(),
+        "freeze starts at noon",
+        "fix-login",
+    ] {
+        assert!(
+            context.contains(expected),
+            "{expected:?} missing: {context}"
+        );
+    }
+    assert!(context.chars().count() <= CONTEXT_MAX_CHARS);
+
+    // Nothing new since: the prompt hook says nothing at all.
+    let quiet = hook(
+        config.path(),
+        "user-prompt",
+        payload("cc-1", "UserPromptSubmit", json!({"prompt": "carry on"})),
+    )
+    .await;
+    assert_eq!(
+        (quiet.code, quiet.stdout.as_str()),
+        (Some(0), ""),
+        "{quiet:?}"
+    );
+
+    bob.call(
+        "post_message",
+        json!({"to": "alice/cc-one", "body": "migration merged"}),
+    )
+    .await
+    .unwrap();
+    let prompt = hook(
+        config.path(),
+        "user-prompt",
+        payload("cc-1", "UserPromptSubmit", json!({"prompt": "carry on"})),
+    )
+    .await;
+    let context = context_of(&prompt, "UserPromptSubmit");
+    assert!(context.contains("migration merged"), "{context}");
+    assert!(
+        !context.contains("deploy is blocked"),
+        "only what is new: {context}"
+    );
+
+    // The hooks marked nothing read: the window still reads both as new.
+    let read = window
+        .call("read_messages", json!({"scope": "inbox"}))
+        .await
+        .unwrap();
+    let bodies: Vec<&str> = read["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["body"].as_str().unwrap())
+        .collect();
+    assert!(
+        bodies.contains(&"deploy is blocked on the migration"),
+        "{read}"
+    );
+    assert!(bodies.contains(&"migration merged"), "{read}");
+}
+
+#[tokio::test]
+async fn stop_blocks_once_for_an_unanswered_question_and_session_end_leaves_the_window_idle() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.agent("acme", "alice").await;
+    let bob = app.mcp(&app.agent("acme", "bob").await, None).await;
+    let config = tempfile::tempdir().unwrap();
+    let (_, window) = proxy_window(&app, &alice, "cc-2", "cc-two", config.path()).await;
+    let stop = |active: bool| payload("cc-2", "Stop", json!({"stop_hook_active": active}));
+
+    let calm = hook(config.path(), "stop", stop(false)).await;
+    assert_eq!((calm.code, calm.stdout.as_str()), (Some(0), ""), "{calm:?}");
+
+    let asked = bob
+        .call(
+            "ask_agent",
+            json!({"to": "alice/cc-two", "question": "may I rebase main?", "timeout_seconds": 1}),
+        )
+        .await
+        .unwrap();
+    let question_id = asked["question_message_id"].as_str().unwrap().to_string();
+
+    // The host already continues because of a stop hook: never block again.
+    let continuing = hook(config.path(), "stop", stop(true)).await;
+    assert_eq!(
+        (continuing.code, continuing.stdout.as_str()),
+        (Some(0), ""),
+        "{continuing:?}"
+    );
+    let blocked = hook(config.path(), "stop", stop(false)).await;
+    assert_eq!(blocked.code, Some(0), "{blocked:?}");
+    let out: Value = serde_json::from_str(blocked.stdout.trim()).unwrap();
+    assert_eq!(out["decision"], "block", "{out}");
+    let reason = out["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("may I rebase main?") && reason.contains(&question_id),
+        "{reason}"
+    );
+    let again = hook(config.path(), "stop", stop(false)).await;
+    assert_eq!(again.stdout, "", "one question blocks one stop: {again:?}");
+
+    // Answered: the status line counts no open question any more.
+    window
+        .call(
+            "post_message",
+            json!({"to": "bob", "reply_to": question_id, "body": "yes"}),
+        )
+        .await
+        .unwrap();
+    let status = hook(
+        config.path(),
+        "status",
+        payload("cc-2", "Status", json!({})),
+    )
+    .await;
+    assert_eq!(status.code, Some(0), "{status:?}");
+    assert!(
+        status.stdout.contains("alice/cc-two") && status.stdout.contains("0 question(s)"),
+        "{status:?}"
+    );
+
+    hook(
+        config.path(),
+        "session-end",
+        payload("cc-2", "SessionEnd", json!({"reason": "prompt_input_exit"})),
+    )
+    .await;
+    let sessions = bob.call("list_sessions", json!({})).await.unwrap();
+    let mine = sessions["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["address"] == "alice/cc-two")
+        .unwrap_or_else(|| panic!("{sessions}"))
+        .clone();
+    assert_eq!(mine["status"], "idle", "{mine}");
+}
+
+#[tokio::test]
+async fn a_hook_without_a_proxy_window_or_with_the_bus_down_prints_nothing_and_exits_0() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.agent("acme", "alice").await;
+    let config = tempfile::tempdir().unwrap();
+    let start = || payload("cc-3", "SessionStart", json!({"source": "startup"}));
+
+    let none = hook(config.path(), "session-start", start()).await;
+    assert_eq!((none.code, none.stdout.as_str()), (Some(0), ""), "{none:?}");
+    let garbage = hook(config.path(), "stop", "{not json".to_string()).await;
+    assert_eq!(
+        (garbage.code, garbage.stdout.as_str()),
+        (Some(0), ""),
+        "{garbage:?}"
+    );
+
+    let (mut state, _) = proxy_window(&app, &alice, "cc-3", "cc-three", config.path()).await;
+    // A bus that is gone: the connection is refused.
+    state.url = format!("http://127.0.0.1:{}/mcp", free_port());
+    state.save(config.path()).unwrap();
+    let refused = hook(config.path(), "session-start", start()).await;
+    assert_eq!(
+        (refused.code, refused.stdout.as_str()),
+        (Some(0), ""),
+        "{refused:?}"
+    );
+
+    // A bus that accepts and never answers: the hook gives up by itself.
+    let silent = Proxy::start(app.addr).await;
+    silent.black_hole();
+    state.url = format!("http://{}/mcp", silent.addr());
+    state.save(config.path()).unwrap();
+    let hung = hook(config.path(), "stop", payload("cc-3", "Stop", json!({}))).await;
+    assert_eq!((hung.code, hung.stdout.as_str()), (Some(0), ""), "{hung:?}");
+    assert!(hung.stderr.contains("no answer within"), "{hung:?}");
+}
