@@ -199,6 +199,17 @@ async fn tool_calls_are_counted_by_tool_and_outcome_and_timed_and_labels_carry_n
         "bus_http_responses_total",
         &[("route", "/mcp"), ("status", "200")],
     );
+    // The event listener hears the publisher's pings (every second here).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = scrape(&app).await;
+        let name = "bus_event_notifications_received_total";
+        if value(&now, name, &[]) > value(&before, name, &[]) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no notification counted in 30 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     // The listener's state is one of three, exactly one set.
     let states: f64 = ["live", "silent", "detached"]
         .iter()
