@@ -230,6 +230,34 @@ async fn tool_calls_are_counted_by_tool_and_outcome_and_timed_and_labels_carry_n
 }
 
 #[tokio::test]
+async fn a_blocked_long_poll_is_an_open_long_poll_until_it_answers() {
+    let app = spawn_app_with_metrics(HttpSettings::default(), None).await;
+    app.team("metrics-w").await;
+    let waiter = app.mcp(&app.agent("metrics-w", "waiter").await, None).await;
+    let before = scrape(&app).await;
+    let wait = tokio::spawn(async move {
+        waiter
+            .call("wait_for_updates", json!({ "timeout_seconds": 3 }))
+            .await
+    });
+    // Seen while it waits (other tests' waits may add to the gauge, never
+    // take this one away).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while value(&scrape(&app).await, "bus_long_polls_open", &[]) < 1.0 {
+        assert!(Instant::now() < deadline, "no open long poll seen");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    wait.await.unwrap().expect("the wait times out normally");
+    let after = scrape(&app).await;
+    assert_grew(
+        &before,
+        &after,
+        "bus_mcp_tool_call_duration_seconds_count",
+        &[("tool", "wait_for_updates")],
+    );
+}
+
+#[tokio::test]
 async fn rate_limit_refusals_are_counted_by_kind() {
     let settings = HttpSettings {
         rate_limit_per_minute: 2,
