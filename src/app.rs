@@ -8,6 +8,7 @@
 //! parse flags, or talk to the operator. `serve` does those, and prints what
 //! [`App::broker`] says about the broker.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -56,6 +57,11 @@ pub struct AppSettings {
     pub publication_workers: bool,
     /// The presence sweeper, which always runs.
     pub sweeper: SweeperSettings,
+    /// A listener of its own for `GET /metrics` (`serve --metrics-bind`),
+    /// bound by the caller so a taken address fails before anything starts.
+    /// `None`: no such listener (`/metrics` is then on the main listener
+    /// only, to a global admin credential).
+    pub metrics_listener: Option<TcpListener>,
 }
 
 impl Default for AppSettings {
@@ -67,6 +73,7 @@ impl Default for AppSettings {
             broker: BrokerSettings::Off,
             publication_workers: true,
             sweeper: SweeperSettings::default(),
+            metrics_listener: None,
         }
     }
 }
@@ -80,6 +87,7 @@ pub struct App {
     router: Router,
     http: HttpSettings,
     shutdown: CancellationToken,
+    metrics_addr: Option<SocketAddr>,
 }
 
 impl App {
@@ -108,13 +116,29 @@ impl App {
             publication::spawn_all(bus.clone(), shutdown.clone());
         }
         let router = crate::http::router(bus.clone(), settings.http.clone());
+        crate::metrics::install();
+        let metrics_addr = match settings.metrics_listener {
+            None => None,
+            Some(listener) => Some(serve_metrics(
+                listener,
+                &bus,
+                &settings.http,
+                shutdown.clone(),
+            )?),
+        };
         Ok(App {
             bus,
             broker,
             router,
             http: settings.http,
             shutdown,
+            metrics_addr,
         })
+    }
+
+    /// Where the separate metrics listener answers, if there is one.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
     }
 
     /// Serve on `listener` until shutdown: then stop accepting, answer
@@ -123,4 +147,32 @@ impl App {
     pub async fn serve(self, listener: TcpListener) -> std::io::Result<()> {
         crate::http::serve(listener, self.router, &self.http, self.shutdown).await
     }
+}
+
+/// Connections the metrics listener keeps open at once: a scraper or two.
+const METRICS_CONNECTIONS: usize = 16;
+
+/// Serve `GET /metrics` on `listener` until shutdown, in the background,
+/// with the main listener's timeouts and a small connection cap.
+fn serve_metrics(
+    listener: TcpListener,
+    bus: &Bus,
+    http: &HttpSettings,
+    shutdown: CancellationToken,
+) -> BusResult<SocketAddr> {
+    let addr = listener.local_addr().map_err(|e| {
+        crate::error::BusError::unavailable(format!("the metrics listener has no address: {e}"))
+    })?;
+    let router = crate::http::metrics::listener_router(bus, http.allowed_hosts.clone());
+    let settings = HttpSettings {
+        max_connections: METRICS_CONNECTIONS,
+        max_connections_per_address: METRICS_CONNECTIONS,
+        ..http.clone()
+    };
+    tokio::spawn(async move {
+        if let Err(err) = crate::http::serve(listener, router, &settings, shutdown).await {
+            tracing::warn!(error = %err, "the metrics listener stopped");
+        }
+    });
+    Ok(addr)
 }

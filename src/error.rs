@@ -82,6 +82,7 @@ impl BusError {
 impl From<sqlx::Error> for BusError {
     fn from(err: sqlx::Error) -> Self {
         tracing::error!(error = %err, "database error");
+        crate::metrics::record_db_error(&err);
         BusError::Db(err)
     }
 }

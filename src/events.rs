@@ -406,6 +406,7 @@ async fn listen_loop(pool: PgPool, events: Events, shutdown: CancellationToken) 
             };
             match notification {
                 Ok(Some(notification)) => {
+                    crate::metrics::record_notification();
                     inner.last_heard_ms.store(now_ms(), Ordering::Relaxed);
                     let (batch, credentials) = read_batch(notification.payload());
                     if credentials {
@@ -419,6 +420,7 @@ async fn listen_loop(pool: PgPool, events: Events, shutdown: CancellationToken) 
                 // The connection dropped: notifications sent meanwhile are lost,
                 // which the waiters' timed re-check covers.
                 Ok(None) | Err(_) => {
+                    crate::metrics::record_listener_lost();
                     inner.attached.store(DETACHED, Ordering::Release);
                     events.credentials_changed();
                     tracing::warn!("event listener lost its connection; reconnecting");

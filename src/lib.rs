@@ -8,6 +8,7 @@
 //! - [`mcp`]: the MCP tools (thin, over `store`).
 //! - [`http`]: the router: `/mcp`, `/health`, authentication, limits.
 //! - [`events`]: the LISTEN/NOTIFY hub that wakes waiting calls on every replica.
+//! - [`metrics`]: the Prometheus recorder and every metric name (`GET /metrics`).
 //! - [`db`]: the pool, migrations, the embedded local PostgreSQL.
 //! - [`auth`]: credentials and the caller's identity.
 //! - [`cli`]: the command line (thin, over `store`).
@@ -24,6 +25,7 @@ pub mod error;
 pub mod events;
 pub mod http;
 pub mod mcp;
+pub mod metrics;
 pub mod store;
 pub mod workers;
 

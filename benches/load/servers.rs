@@ -78,6 +78,8 @@ impl Server {
         command
             .arg("serve")
             .args(["--bind", &format!("127.0.0.1:{port}")])
+            // Not the default metrics port: another server may hold it.
+            .args(["--metrics-bind", "off"])
             // The limiter would turn a load test into a test of the limiter.
             .args(["--rate-limit-per-minute", "0"])
             // long_polls holds 1 000 waits of the one bench agent, each on its

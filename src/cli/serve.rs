@@ -21,6 +21,9 @@ use crate::workers::presence_sweeper::SweeperSettings;
 /// Where `serve` listens unless told otherwise (`doctor` judges the same default).
 pub(super) const DEFAULT_BIND: &str = "127.0.0.1:8787";
 
+/// Where `serve` answers `GET /metrics` to anyone who can reach it, unless told otherwise.
+pub(super) const DEFAULT_METRICS_BIND: &str = "127.0.0.1:9187";
+
 /// Pool size of the server.
 const SERVER_CONNECTIONS: u32 = 32;
 /// Descriptors kept out of --max-connections: the pool, the event listener,
@@ -33,6 +36,11 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, env = "BUS_BIND", default_value = DEFAULT_BIND)]
     bind: SocketAddr,
+    /// Address of a second listener that serves only GET /metrics (Prometheus text) without a
+    /// credential, to whoever can reach it; `off` for none. On the main listener /metrics
+    /// always needs a global admin credential (Authorization: Bearer acsa_…).
+    #[arg(long, env = "BUS_METRICS_BIND", default_value = DEFAULT_METRICS_BIND, value_parser = parse_metrics_bind)]
+    metrics_bind: MetricsBind,
     /// Host names clients may use in the Host header (comma-separated; `*` allows any).
     /// Default: localhost, 127.0.0.1, ::1.
     #[arg(long, env = "BUS_ALLOWED_HOSTS", value_delimiter = ',')]
@@ -142,13 +150,14 @@ pub async fn run(ctx: &Context, args: ServeArgs) -> anyhow::Result<()> {
             )
         })?;
     let local = listener.local_addr()?;
+    let metrics = bind_metrics(&args.metrics_bind).await?;
 
     let shutdown = CancellationToken::new();
     spawn_signal_handler(shutdown.clone());
 
     let db = ctx.open_database(SERVER_CONNECTIONS).await?;
     eprintln!("database: {}", db.location);
-    let result = serve_on(&db, listener, local, &args, shutdown).await;
+    let result = serve_on(&db, (listener, local), metrics, &args, shutdown).await;
     db.close().await;
     eprintln!("stopped");
     result
@@ -156,8 +165,8 @@ pub async fn run(ctx: &Context, args: ServeArgs) -> anyhow::Result<()> {
 
 async fn serve_on(
     db: &crate::db::Database,
-    listener: tokio::net::TcpListener,
-    local: SocketAddr,
+    (listener, local): (tokio::net::TcpListener, SocketAddr),
+    metrics: Option<tokio::net::TcpListener>,
     args: &ServeArgs,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -218,6 +227,7 @@ async fn serve_on(
             inbox_retention: Duration::from_secs(args.inbox_retention_hours * 3600),
             ..Default::default()
         },
+        metrics_listener: metrics,
     };
     let app = App::build(db.pool.clone(), settings, shutdown).await?;
     match &app.broker {
@@ -231,6 +241,9 @@ async fn serve_on(
     eprintln!(
         "listening on http://{local} (MCP: POST http://{local}/mcp, health: GET http://{local}/health)"
     );
+    if let Some(metrics) = app.metrics_addr() {
+        eprintln!("metrics: GET http://{metrics}/metrics (no credential; --metrics-bind)");
+    }
     app.serve(listener).await?;
     Ok(())
 }
@@ -274,4 +287,41 @@ fn spawn_signal_handler(shutdown: CancellationToken) {
         }
         shutdown.cancel();
     });
+}
+
+/// `--metrics-bind`: an address, or `off`.
+#[derive(Clone, Debug)]
+enum MetricsBind {
+    Off,
+    At(SocketAddr),
+}
+
+fn parse_metrics_bind(raw: &str) -> Result<MetricsBind, String> {
+    if raw.trim().eq_ignore_ascii_case("off") {
+        return Ok(MetricsBind::Off);
+    }
+    raw.trim().parse().map(MetricsBind::At).map_err(|_| {
+        format!(
+            "`{raw}` is not an address (host:port, e.g. {DEFAULT_METRICS_BIND} or 0.0.0.0:9187) \
+             nor `off`"
+        )
+    })
+}
+
+/// The metrics listener, bound before anything starts: a taken address is
+/// the most likely failure (a second server on this machine) and is named.
+async fn bind_metrics(bind: &MetricsBind) -> anyhow::Result<Option<tokio::net::TcpListener>> {
+    let MetricsBind::At(addr) = bind else {
+        return Ok(None);
+    };
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        anyhow::anyhow!(
+            "cannot listen for metrics on {addr}: {e}. Another process (often a second \
+             ai-crew-sync server on this machine) holds it. Give this server its own address \
+             with --metrics-bind ADDR (env BUS_METRICS_BIND; 127.0.0.1:0 picks a free port), or \
+             --metrics-bind off to serve /metrics only on the main listener to a global admin \
+             credential."
+        )
+    })?;
+    Ok(Some(listener))
 }

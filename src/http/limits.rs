@@ -42,6 +42,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
 
 use crate::config::HttpSettings;
+use crate::metrics::{Refusal, record_refusal};
 
 /// The tools that block until something happens (up to 300 s).
 pub const LONG_POLL_TOOLS: &[&str] = &[
@@ -116,7 +117,8 @@ impl Limits {
 
     /// One of the server's request slots, or `None` when all are taken.
     pub fn enter(&self) -> Option<OwnedSemaphorePermit> {
-        self.in_flight.clone().try_acquire_owned().ok()
+        let slot = self.in_flight.clone().try_acquire_owned().ok();
+        slot.or_else(|| refused(Refusal::InFlight))
     }
 
     /// Whether `address` may have a credential looked up now, or how long
@@ -124,7 +126,10 @@ impl Limits {
     /// so a burst of valid calls from one address is never refused here.
     pub fn may_authenticate(&self, address: Option<IpAddr>) -> Result<(), Duration> {
         match address {
-            Some(address) => self.addresses.check(address_key(address)),
+            Some(address) => self
+                .addresses
+                .check(address_key(address))
+                .inspect_err(|_| record_refusal(Refusal::UnauthenticatedAddress)),
             None => Ok(()),
         }
     }
@@ -139,11 +144,13 @@ impl Limits {
     /// An ordinary call slot of `credential`, or `None` at its cap.
     pub fn ordinary_slot(&self, credential: Uuid) -> Option<CredentialSlot> {
         CredentialCounts::take(&self.ordinary, credential)
+            .or_else(|| refused(Refusal::CredentialCalls))
     }
 
     /// A long-poll slot of `credential`, or `None` at its cap.
     pub fn long_poll_slot(&self, credential: Uuid) -> Option<CredentialSlot> {
         CredentialCounts::take(&self.long_polls, credential)
+            .or_else(|| refused(Refusal::CredentialLongPolls))
     }
 
     /// Read `body` whole, at most `limit` bytes, every byte counted against
@@ -194,8 +201,17 @@ impl Limits {
         self.buffered
             .clone()
             .try_acquire_many_owned(bytes)
-            .map_err(|_| BodyRefusal::BudgetExhausted)
+            .map_err(|_| {
+                record_refusal(Refusal::BufferedBytes);
+                BodyRefusal::BudgetExhausted
+            })
     }
+}
+
+/// Count a refusal and answer "no slot".
+fn refused<T>(kind: Refusal) -> Option<T> {
+    record_refusal(kind);
+    None
 }
 
 /// Why a body was not read.

@@ -1,4 +1,5 @@
-//! The HTTP surface: `POST /mcp`, `GET /health`, and a JSON 404 for the rest.
+//! The HTTP surface: `POST /mcp`, `GET /health`, `GET /metrics` (see
+//! [`metrics`]), `/admin`, and a JSON 404 for the rest.
 //!
 //! Checks run outside-in, cheapest first, and each refusal is a JSON body a
 //! model or a human can act on:
@@ -34,6 +35,7 @@ mod connections;
 mod health;
 pub mod limits;
 pub mod malformed;
+pub mod metrics;
 mod rate_limit;
 
 use std::net::SocketAddr;
@@ -69,6 +71,7 @@ pub const EPOCH_HEADER: &str = "x-crew-epoch";
 const ROUTES: &[&str] = &[
     "POST /mcp",
     "GET /health",
+    "GET /metrics",
     "GET /admin/whoami",
     "GET|POST /admin/teams",
     "GET|POST /admin/teams/{team}/agents",
@@ -127,6 +130,13 @@ pub fn router(bus: Bus, settings: HttpSettings) -> Router {
 
     Router::new()
         .route("/health", get(health::health))
+        .route(
+            "/metrics",
+            get(metrics::on_main_listener).layer(middleware::from_fn_with_state(
+                state.clone(),
+                admin_admission,
+            )),
+        )
         .nest("/mcp", mcp_routes)
         .nest(
             "/admin",
@@ -137,6 +147,7 @@ pub fn router(bus: Bus, settings: HttpSettings) -> Router {
         )
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), host_check))
+        .layer(middleware::from_fn(metrics::count_response))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
 }
@@ -196,28 +207,35 @@ fn request_host(request: &Request) -> Option<(String, String)> {
 }
 
 async fn host_check(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
-    let allowed = &state.settings.allowed_hosts;
-    if allowed.iter().any(|h| h == "*") {
-        return next.run(request).await;
+    match host_refusal(&state.settings.allowed_hosts, &request) {
+        Some(refusal) => refusal,
+        None => next.run(request).await,
     }
-    let ok = request_host(&request).is_some_and(|(bare, full)| {
+}
+
+/// The refusal of a request whose `Host` is not among `allowed`, if it is not.
+fn host_refusal(allowed: &[String], request: &Request) -> Option<Response> {
+    if allowed.iter().any(|h| h == "*") {
+        return None;
+    }
+    let ok = request_host(request).is_some_and(|(bare, full)| {
         allowed
             .iter()
             .any(|h| h.eq_ignore_ascii_case(&bare) || h.eq_ignore_ascii_case(&full))
     });
-    if !ok {
-        return json_error(
-            StatusCode::FORBIDDEN,
-            "forbidden",
-            format!(
-                "the Host header is not one this server answers to (allowed: {}). This guards \
-                 against DNS rebinding. Connect with an allowed name, or start the server with \
-                 `--allowed-hosts` naming the host clients use.",
-                allowed.join(", ")
-            ),
-        );
+    if ok {
+        return None;
     }
-    next.run(request).await
+    Some(json_error(
+        StatusCode::FORBIDDEN,
+        "forbidden",
+        format!(
+            "the Host header is not one this server answers to (allowed: {}). This guards \
+             against DNS rebinding. Connect with an allowed name, or start the server with \
+             `--allowed-hosts` naming the host clients use.",
+            allowed.join(", ")
+        ),
+    ))
 }
 
 pub(crate) fn too_large(limit: usize) -> Response {

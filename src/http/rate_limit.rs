@@ -62,6 +62,7 @@ impl RateLimiter {
             bucket.tokens -= 1.0;
             Ok(())
         } else {
+            crate::metrics::record_refusal(crate::metrics::Refusal::RateLimit);
             Err(Duration::from_secs_f64((1.0 - bucket.tokens) / per_second))
         }
     }

@@ -118,7 +118,34 @@ impl ServerHandler for BusServer {
         })
     }
 
+    /// Every tool call passes here: [`BusServer::dispatch`] answers it, and
+    /// it is counted and timed once (`crate::metrics`), by tool and outcome.
     async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let started = std::time::Instant::now();
+        // Only a tool that exists names its label: a caller's text never does.
+        let tool = match self.shared.tools.get(&request.name) {
+            Some(tool) => tool.name.clone(),
+            None => "unknown".into(),
+        };
+        let response = self.dispatch(request, context).await;
+        crate::metrics::record_tool_call(&tool, &response, started.elapsed());
+        response
+    }
+
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new(SERVER_NAME, env!("CARGO_PKG_VERSION")))
+            .with_instructions(INSTRUCTIONS)
+    }
+}
+
+impl BusServer {
+    /// Answer one tool call (see [`ServerHandler::call_tool`]).
+    async fn dispatch(
         &self,
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
@@ -171,14 +198,6 @@ impl ServerHandler for BusServer {
         Ok(reword_argument_error(&name, summary, response))
     }
 
-    fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new(SERVER_NAME, env!("CARGO_PKG_VERSION")))
-            .with_instructions(INSTRUCTIONS)
-    }
-}
-
-impl BusServer {
     async fn conversations_on(
         &self,
         context: &RequestContext<RoleServer>,

@@ -70,6 +70,7 @@ pub(crate) async fn long_poll<T, E, Fut>(
 where
     Fut: Future<Output = BusResult<Option<T>>>,
 {
+    let _open = crate::metrics::LongPollOpen::enter();
     loop {
         if let Some(found) = check().await? {
             return Ok(Polled::Found(found));

@@ -28,6 +28,7 @@ pub mod pending;
 pub mod presence;
 pub mod projects;
 pub mod receipts;
+pub mod scrape;
 pub mod sessions;
 pub mod tasks;
 pub mod teams;

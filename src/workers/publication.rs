@@ -157,6 +157,7 @@ pub async fn drain_once(bus: &Bus, worker: &str, settings: &DrainSettings) -> Bu
                 "could not settle a publication attempt; the slot returns when its lease expires"),
         }
     }
+    crate::metrics::record_drain_pass(&pass);
     Ok(pass)
 }
 
@@ -298,6 +299,7 @@ pub async fn reconcile_once(bus: &Bus) -> BusResult<usize> {
                 "could not resolve uncertain publications; retrying next pass"),
         }
     }
+    crate::metrics::record_reconciled(resolved);
     Ok(resolved)
 }
 
@@ -373,6 +375,7 @@ pub fn spawn_all(bus: Bus, shutdown: CancellationToken) -> Vec<tokio::task::Join
                 let lost =
                     lost_bodies::tombstone_bodies_of_replaced_streams(&bus.pool, &bus.backends)
                         .await?;
+                crate::metrics::record_bodies_swept(released + lost);
                 Ok(released + lost)
             }
         },

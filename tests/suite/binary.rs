@@ -22,6 +22,8 @@ fn bus(data_dir: &Path) -> Command {
 fn start_server(data_dir: &Path, port: u16) -> Child {
     bus(data_dir)
         .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
+        // Tests run servers side by side: none takes the default metrics port.
+        .args(["--metrics-bind", "off"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -218,6 +220,7 @@ async fn serve_fits_its_connection_cap_under_the_open_file_limit() {
     command
         .env("DATABASE_URL", &database_url)
         .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
+        .args(["--metrics-bind", "off"])
         .args(["--max-connections", "4096"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped());

@@ -9,7 +9,6 @@
 
 use std::time::Duration;
 
-use ai_crew_sync::backend::BackendKind;
 use ai_crew_sync::store::conversations::Publication;
 use ai_crew_sync::store::{outbox, teams};
 use ai_crew_sync::workers::publication::{self, DrainSettings};
@@ -354,34 +353,11 @@ async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) ->
 // rebuilt while PostgreSQL keeps everything owed, across a restart.
 #[tokio::test]
 async fn on_a_jetstream_team_references_go_through_the_broker_and_survive_losing_its_consumer() {
-    use ai_crew_sync::backend::jetstream::StreamSizes;
     use ai_crew_sync::store::inbox::recipient_key;
     use ai_crew_sync::workers::inbox_publisher;
 
     let app = crate::support::spawn_app_with_broker(&crate::support::nats::nats_url()).await;
-    app.team("ibj").await;
-    teams::capability(&app.pool, "ibj", Some(true), &test_actor())
-        .await
-        .unwrap();
-    teams::provision_streams(
-        &app.pool,
-        "ibj",
-        app.broker(),
-        &StreamSizes::default(),
-        false,
-        &test_actor(),
-    )
-    .await
-    .unwrap();
-    teams::set_conversation_backend(
-        &app.pool,
-        "ibj",
-        BackendKind::Jetstream,
-        Some(app.broker()),
-        &test_actor(),
-    )
-    .await
-    .unwrap();
+    app.jetstream_team("ibj").await;
     let alice = app.mcp(&app.agent("ibj", "alice").await, None).await;
     let bob_token = app.agent("ibj", "bob").await;
     let bob = app.mcp(&bob_token, Some("w1")).await;
@@ -577,31 +553,8 @@ async fn a_transferred_seat_takes_its_owed_references_to_the_new_window() {
 /// A team routed to JetStream with alice and bob/w1 in one private
 /// conversation; no worker runs until the test drives one.
 async fn jetstream_pair(slug: &str) -> Pair {
-    use ai_crew_sync::backend::jetstream::StreamSizes;
     let app = crate::support::spawn_app_with_broker(&crate::support::nats::nats_url()).await;
-    app.team(slug).await;
-    teams::capability(&app.pool, slug, Some(true), &test_actor())
-        .await
-        .unwrap();
-    teams::provision_streams(
-        &app.pool,
-        slug,
-        app.broker(),
-        &StreamSizes::default(),
-        false,
-        &test_actor(),
-    )
-    .await
-    .unwrap();
-    teams::set_conversation_backend(
-        &app.pool,
-        slug,
-        BackendKind::Jetstream,
-        Some(app.broker()),
-        &test_actor(),
-    )
-    .await
-    .unwrap();
+    app.jetstream_team(slug).await;
     let alice = app.mcp(&app.agent(slug, "alice").await, None).await;
     let bob = app.mcp(&app.agent(slug, "bob").await, Some("w1")).await;
     let created = alice

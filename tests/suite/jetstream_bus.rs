@@ -11,10 +11,10 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use ai_crew_sync::backend::Locator;
 use ai_crew_sync::backend::jetstream::{
     Broker, StreamSizes, body_stream_name, body_subject, parse_locator,
 };
-use ai_crew_sync::backend::{BackendKind, Locator};
 use ai_crew_sync::store::{lost_bodies, outbox, teams};
 use ai_crew_sync::workers::publication;
 use serde_json::{Value, json};
@@ -143,35 +143,7 @@ struct Routed<'a> {
 
 impl<'a> Routed<'a> {
     async fn new(app: &'a TestApp, slug: &str) -> Routed<'a> {
-        app.team(slug).await;
-        teams::capability(&app.pool, slug, Some(true), &test_actor())
-            .await
-            .unwrap();
-        teams::provision_streams(
-            &app.pool,
-            slug,
-            app.broker(),
-            &StreamSizes::default(),
-            false,
-            &test_actor(),
-        )
-        .await
-        .expect("provision the team's streams");
-        let caps = teams::set_conversation_backend(
-            &app.pool,
-            slug,
-            BackendKind::Jetstream,
-            Some(app.broker()),
-            &test_actor(),
-        )
-        .await
-        .expect("route the team to jetstream");
-        assert_eq!(caps.conversation_backend, BackendKind::Jetstream);
-        let team_id: Uuid = sqlx::query_scalar("SELECT id FROM teams WHERE slug = $1")
-            .bind(slug)
-            .fetch_one(&app.pool)
-            .await
-            .unwrap();
+        let team_id = app.jetstream_team(slug).await;
         let alice = app.mcp(&app.agent(slug, "alice").await, None).await;
         let bob = app.mcp(&app.agent(slug, "bob").await, None).await;
         let mut routed = Routed {
@@ -2072,6 +2044,8 @@ async fn serve_starts_during_a_broker_outage_and_picks_the_broker_up_when_it_ans
             &format!("127.0.0.1:{port}"),
             "--nats-url",
             &nats.url(),
+            "--metrics-bind",
+            "off",
         ])
         .env("DATABASE_URL", &database_url)
         .stdout(std::process::Stdio::null())

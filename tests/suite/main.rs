@@ -29,6 +29,7 @@ mod limits;
 mod locks;
 mod message_positions;
 mod messaging;
+mod metrics;
 mod migrations_landed;
 mod moves;
 mod notes;

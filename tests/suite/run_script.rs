@@ -39,6 +39,8 @@ fn run_script(args: &[&str], env: &[(&str, &Path)]) -> Command {
     command
         .env_clear()
         .env("ACS_RUN_BINARY", BINARY)
+        // Tests run servers side by side: none takes the default metrics port.
+        .env("BUS_METRICS_BIND", "off")
         .envs(env.iter().copied())
         .args(args);
     command

@@ -78,7 +78,8 @@ async fn previous_schema() -> (String, PgPool) {
 fn start_serve(database_url: &str, extra: &[&str]) -> (Child, u16) {
     let port = free_port();
     let bind = format!("127.0.0.1:{port}");
-    let mut args = vec!["serve", "--bind", &bind];
+    // Tests run servers side by side: none takes the default metrics port.
+    let mut args = vec!["serve", "--bind", &bind, "--metrics-bind", "off"];
     args.extend_from_slice(extra);
     let child = bus(database_url, &args).spawn().expect("spawn serve");
     (child, port)

@@ -23,7 +23,7 @@ mod owed;
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
-pub use owed::{COUNTED_MAX, TOP_UP_STEP};
+pub use owed::{COUNTED_MAX, TOP_UP_STEP, owed_installation};
 
 /// `fetch_conversation_inbox` hands out at most this many at once.
 pub const FETCH_MAX: i64 = 50;

@@ -241,3 +241,17 @@ pub(super) async fn counts(pool: &sqlx::PgPool, me: &Identity, key: &str) -> Bus
     .await?;
     Ok(counts)
 }
+
+/// References not yet delivered to any window of any team, counted up to
+/// `cap` (a partial index holds exactly these rows; the count stops at the
+/// cap, so `/metrics` costs the same however much is owed).
+pub async fn owed_installation(pool: &sqlx::PgPool, cap: i64) -> BusResult<i64> {
+    let owed = sqlx::query_scalar(
+        "SELECT count(*) FROM (
+             SELECT 1 FROM inbox_references WHERE delivered_at IS NULL LIMIT $1) owed",
+    )
+    .bind(cap)
+    .fetch_one(pool)
+    .await?;
+    Ok(owed)
+}

@@ -78,7 +78,7 @@ mod plan;
 pub use cleanup::{Cleanup, cleanup};
 pub use driver::{Event, Moved, run_all};
 pub use mover::{abort, run};
-pub use pause::{Unpaused, is_paused, unpause};
+pub use pause::{Unpaused, is_paused, open_counts, unpause};
 pub use plan::plan;
 
 /// Where a move is going, stored as `conversation_migrations.direction`

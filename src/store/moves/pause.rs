@@ -110,3 +110,23 @@ pub async fn is_paused(pool: &PgPool, conversation_id: Uuid) -> BusResult<bool> 
         ))
     })
 }
+
+/// Moves still open, and how many of their conversations have writes
+/// paused now (for `/metrics`). Read through the index of open runs, so
+/// the cost follows the moves in progress, never the conversations' count;
+/// a pause no open move owns (left by a crash, lifted by `unpause`) is not
+/// among them.
+pub async fn open_counts(pool: &PgPool) -> BusResult<(i64, i64)> {
+    let counts = sqlx::query_as(
+        "SELECT count(*),
+                count(*) FILTER (WHERE EXISTS (
+                    SELECT 1 FROM conversations c
+                     WHERE c.team_id = g.team_id AND c.id = g.conversation_id
+                       AND c.write_paused_at IS NOT NULL))
+           FROM conversation_migrations g
+          WHERE g.state IN ('planned', 'copying', 'verified')",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(counts)
+}

@@ -53,7 +53,8 @@ pub(crate) use mode::switch_publication;
 pub use publish::{publish_leased, reconcile, run_once, settle_attempt};
 pub use settle::{settle, settle_confirmed_batch, settle_waiting};
 pub use status::{
-    ConversationPublication, Status, TeamPublication, installation_status, status, team_report,
+    ConversationPublication, Status, TeamBacklog, TeamPublication, backlog_by_team,
+    installation_status, status, team_report,
 };
 pub use uncertain::{mark_uncertain, resolve_uncertain, teams_with_uncertain};
 

@@ -118,3 +118,33 @@ pub async fn team_report(pool: &PgPool, team: &str) -> BusResult<TeamPublication
         conversations,
     })
 }
+
+/// One team's outbox backlog, for the per-team gauges of `/metrics`.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct TeamBacklog {
+    pub team: String,
+    /// Slots not failed (pending or leased).
+    pub pending: i64,
+    /// Age of its oldest slot not failed; 0 when none.
+    pub oldest_pending_seconds: i64,
+}
+
+/// Every team's backlog (teams with none at 0): one row per team, each read
+/// from the outbox's `(team_id, state)` index, so the cost follows the
+/// number of teams and the backlog, never the history.
+pub async fn backlog_by_team(pool: &PgPool) -> BusResult<Vec<TeamBacklog>> {
+    let rows = sqlx::query_as(
+        "SELECT t.slug AS team,
+                count(o.message_id) AS pending,
+                COALESCE(extract(epoch FROM now() - min(o.created_at))::bigint, 0)
+                    AS oldest_pending_seconds
+           FROM teams t
+           LEFT JOIN conversation_outbox o
+                  ON o.team_id = t.id AND o.state IN ('pending', 'leased')
+          GROUP BY t.slug
+          ORDER BY t.slug",
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}

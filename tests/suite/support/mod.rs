@@ -24,6 +24,9 @@ use tokio_util::sync::CancellationToken;
 /// One server under test.
 pub struct TestApp {
     pub addr: SocketAddr,
+    /// The separate metrics listener (`serve --metrics-bind`), when the test
+    /// asked for one ([`spawn_app_with_metrics`]).
+    pub metrics_addr: Option<SocketAddr>,
     pub pool: PgPool,
     pub bus: ai_crew_sync::Bus,
     pub database_url: String,
@@ -117,6 +120,18 @@ fn test_settings(settings: HttpSettings, broker: Option<Broker>) -> AppSettings 
     }
 }
 
+/// A server as [`spawn_app_with`] makes one, plus the separate metrics
+/// listener `serve --metrics-bind` starts, on a free loopback port
+/// ([`TestApp::metrics_addr`]); with a broker at `nats_url` if given.
+pub async fn spawn_app_with_metrics(settings: HttpSettings, nats_url: Option<&str>) -> TestApp {
+    let (pool, database_url) = postgres::fresh_pool().await;
+    let broker = match nats_url {
+        Some(url) => Some(connect_broker(url).await),
+        None => None,
+    };
+    spawn_on_with(pool, database_url, settings, broker, true).await
+}
+
 /// Build the server as `serve` does ([`App::build`]) and serve it on a free
 /// loopback port.
 async fn spawn_on(
@@ -125,23 +140,38 @@ async fn spawn_on(
     settings: HttpSettings,
     broker: Option<Broker>,
 ) -> TestApp {
+    spawn_on_with(pool, database_url, settings, broker, false).await
+}
+
+async fn spawn_on_with(
+    pool: PgPool,
+    database_url: String,
+    settings: HttpSettings,
+    broker: Option<Broker>,
+    metrics_listener: bool,
+) -> TestApp {
     install_crypto_provider();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind a loopback port");
     let addr = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
-    let app = App::build(
-        pool.clone(),
-        test_settings(settings, broker),
-        shutdown.clone(),
-    )
-    .await
-    .expect("build the app");
+    let mut app_settings = test_settings(settings, broker);
+    if metrics_listener {
+        let metrics = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port for metrics");
+        app_settings.metrics_listener = Some(metrics);
+    }
+    let app = App::build(pool.clone(), app_settings, shutdown.clone())
+        .await
+        .expect("build the app");
+    let metrics_addr = app.metrics_addr();
     let bus = app.bus.clone();
     let serving = tokio::spawn(app.serve(listener));
     TestApp {
         addr,
+        metrics_addr,
         pool,
         bus,
         database_url,
@@ -245,6 +275,42 @@ impl TestApp {
         teams::create(&self.pool, &globally(), slug, &format!("Team {slug}"))
             .await
             .expect("create team");
+    }
+
+    /// Create a team routed to JetStream (conversations on, streams
+    /// provisioned on this app's broker, new conversations on jetstream,
+    /// publication through the outbox); its id.
+    pub async fn jetstream_team(&self, slug: &str) -> uuid::Uuid {
+        use ai_crew_sync::backend::BackendKind;
+        use ai_crew_sync::backend::jetstream::StreamSizes;
+        self.team(slug).await;
+        teams::capability(&self.pool, slug, Some(true), &test_actor())
+            .await
+            .expect("turn conversations on");
+        teams::provision_streams(
+            &self.pool,
+            slug,
+            self.broker(),
+            &StreamSizes::default(),
+            false,
+            &test_actor(),
+        )
+        .await
+        .expect("provision the team's streams");
+        teams::set_conversation_backend(
+            &self.pool,
+            slug,
+            BackendKind::Jetstream,
+            Some(self.broker()),
+            &test_actor(),
+        )
+        .await
+        .expect("route the team to jetstream");
+        sqlx::query_scalar("SELECT id FROM teams WHERE slug = $1")
+            .bind(slug)
+            .fetch_one(&self.pool)
+            .await
+            .expect("the team's id")
     }
 
     /// Add an agent to a team and return its first token.
