@@ -31,6 +31,7 @@
 
 mod admin;
 mod connections;
+pub mod dashboard;
 mod health;
 pub mod limits;
 pub mod malformed;
@@ -77,6 +78,9 @@ const ROUTES: &[&str] = &[
     "DELETE /admin/teams/{team}/tokens/{id}",
     "GET|POST /admin/credentials",
     "DELETE /admin/credentials/{id}",
+    "GET /dashboard",
+    "GET /dashboard/data",
+    "POST /dashboard/sign-in|sign-out",
 ];
 
 pub struct AppState {
@@ -135,6 +139,7 @@ pub fn router(bus: Bus, settings: HttpSettings) -> Router {
                 admin_admission,
             )),
         )
+        .merge(dashboard::routes(state.clone()))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), host_check))
         .layer(tower_http::trace::TraceLayer::new_for_http())
