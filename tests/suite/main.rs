@@ -14,6 +14,7 @@ mod completions_man;
 mod connections;
 mod conversation_messages;
 mod conversations;
+mod dashboard;
 mod deploy_unit;
 mod doctor;
 mod embedded;

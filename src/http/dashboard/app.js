@@ -160,7 +160,9 @@
     var target = document.getElementById(id);
     if (!target) return;
     while (target.firstChild) target.removeChild(target.firstChild);
-    nodes.forEach(function (node) { target.appendChild(node); });
+    nodes.forEach(function (node) {
+      target.appendChild(typeof node === "string" ? document.createTextNode(node) : node);
+    });
   }
 
   function render(data) {

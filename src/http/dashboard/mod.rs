@@ -236,6 +236,15 @@ async fn exchange(state: &Dashboard, form: &SignIn) -> Result<Viewer, BusError> 
             "paste an agent token (acs_…) or an admin credential (acsa_…) into the token field.",
         ));
     }
+    if !token.starts_with(auth::AGENT_TOKEN_PREFIX)
+        && !token.starts_with(auth::SESSION_CREDENTIAL_PREFIX)
+        && !token.starts_with(auth::ADMIN_CREDENTIAL_PREFIX)
+    {
+        return Err(BusError::invalid(
+            "this is not an agent token (acs_ followed by 64 hex characters) nor an admin \
+             credential (acsa_…). Copy the whole credential as it was printed.",
+        ));
+    }
     if token.starts_with(auth::ADMIN_CREDENTIAL_PREFIX) {
         let digest = auth::parse_admin_credential(token)?;
         return store::sign_in_admin(pool, &digest, &form.team).await;

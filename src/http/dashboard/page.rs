@@ -98,11 +98,10 @@ pub fn dashboard(snapshot: &Snapshot) -> String {
         escape(viewer.kind),
         time(&snapshot.generated_at),
     );
+    // Two columns; a wide card takes a whole row.
     let sections = [
-        ("health", "Outbox and broker", "", health(&snapshot.health)),
-        ("agents", "Agents", "", agents(&snapshot.agents)),
+        ("agents", "Agents", " wide", agents(&snapshot.agents)),
         ("tasks", "Task board", " wide", tasks(&snapshot.tasks)),
-        ("locks", "Locks", "", locks(&snapshot.locks)),
         (
             "messages",
             "Recent channel messages",
@@ -112,9 +111,11 @@ pub fn dashboard(snapshot: &Snapshot) -> String {
         (
             "conversations",
             "Conversations",
-            " wide",
+            "",
             conversations(&snapshot.conversations),
         ),
+        ("locks", "Locks", "", locks(&snapshot.locks)),
+        ("health", "Outbox and broker", "", health(&snapshot.health)),
     ];
     for (id, title, class, body) in sections {
         let _ = write!(
