@@ -138,6 +138,16 @@ pub async fn run(ctx: &Context, args: ServeArgs) -> anyhow::Result<()> {
             config::DEFAULT_MAX_BUFFERED_BYTES
         );
     }
+    // Checked here rather than by clap, whose refusal would print the value.
+    let secret_chars = args.dashboard_secret.as_deref().map(|s| s.chars().count());
+    if let Some(chars) = secret_chars.filter(|c| *c < http::dashboard::SECRET_MIN_CHARS) {
+        anyhow::bail!(
+            "--dashboard-secret (BUS_DASHBOARD_SECRET) is {chars} characters; it signs dashboard \
+             cookies and must be at least {}. Generate one with `openssl rand -hex 32`, or leave \
+             it unset for a random key per process.",
+            http::dashboard::SECRET_MIN_CHARS
+        );
+    }
     let listener = tokio::net::TcpListener::bind(args.bind)
         .await
         .map_err(|e| {
@@ -187,17 +197,6 @@ async fn serve_on(
         if local.ip().is_unspecified() {
             tracing::warn!(
                 "listening on all interfaces with only loopback Host names allowed; set --allowed-hosts to the names clients use"
-            );
-        }
-    }
-    if let Some(secret) = &args.dashboard_secret {
-        let min = http::dashboard::SECRET_MIN_CHARS;
-        if secret.chars().count() < min {
-            anyhow::bail!(
-                "--dashboard-secret (BUS_DASHBOARD_SECRET) is {} characters; it signs dashboard \
-                 cookies and must be at least {min}. Generate one with `openssl rand -hex 32`, \
-                 or leave it unset for a random key per process.",
-                secret.chars().count()
             );
         }
     }

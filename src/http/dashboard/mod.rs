@@ -135,6 +135,9 @@ async fn viewer(state: &Dashboard, headers: &HeaderMap) -> Result<Option<Viewer>
 }
 
 async fn show(State(state): State<Shared>, headers: HeaderMap) -> Response {
+    let Some(_slot) = state.app.limits.enter() else {
+        return super::too_many_in_flight(&state.app.limits);
+    };
     match viewer(&state, &headers).await {
         Ok(Some(viewer)) => {
             let app = &state.app;
@@ -160,6 +163,10 @@ async fn show(State(state): State<Shared>, headers: HeaderMap) -> Response {
 }
 
 async fn data(State(state): State<Shared>, headers: HeaderMap) -> Response {
+    // A page left open polls forever: it takes a request slot like any call.
+    let Some(_slot) = state.app.limits.enter() else {
+        return super::too_many_in_flight(&state.app.limits);
+    };
     let viewer = match viewer(&state, &headers).await {
         Ok(Some(viewer)) => viewer,
         Ok(None) => {
