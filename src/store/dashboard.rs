@@ -26,6 +26,8 @@ use crate::events::{Events, ListenerState};
 
 /// Newest agents (with their windows) shown.
 pub const AGENTS_MAX: i64 = 200;
+/// Windows shown across those agents.
+pub const WINDOWS_MAX: i64 = 1_000;
 /// Newest-updated tasks shown on the board.
 pub const TASKS_MAX: i64 = 200;
 /// Held locks shown, soonest to expire first.
@@ -379,10 +381,11 @@ async fn agents(pool: &PgPool, team_id: Uuid) -> BusResult<Vec<AgentView>> {
         "SELECT agent_id, session, expires_at > now() AS online, status, activity, project,
                 role, last_seen_at
            FROM presence WHERE team_id = $1 AND agent_id = ANY($2)
-          ORDER BY agent_id, session",
+          ORDER BY agent_id, session LIMIT $3",
     )
     .bind(team_id)
     .bind(&ids)
+    .bind(WINDOWS_MAX)
     .fetch_all(pool)
     .await?
     .into_iter()

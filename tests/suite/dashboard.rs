@@ -597,6 +597,23 @@ async fn the_dashboard_cookie_opens_neither_mcp_nor_admin() {
             .unwrap(),
     )
     .await;
+    for (name, value) in [
+        ("origin", "https://evil.example"),
+        ("sec-fetch-site", "cross-site"),
+    ] {
+        let elsewhere = Answer::of(
+            client()
+                .post(app.url("/dashboard/sign-in"))
+                .header(name, value)
+                .form_body(&[("token", alice.as_str())])
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(elsewhere.status, 403, "a sign-in posted from another site");
+        assert!(elsewhere.cookie().is_none());
+    }
     assert!(
         over_https.headers[header::SET_COOKIE]
             .to_str()

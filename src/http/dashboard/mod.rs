@@ -199,6 +199,13 @@ async fn sign_in(
     request_headers: HeaderMap,
     request: Request,
 ) -> Response {
+    if !same_origin(&request_headers) {
+        return refused(
+            StatusCode::FORBIDDEN,
+            "this sign-in came from another site's page. Open /dashboard on this server and sign \
+             in there.",
+        );
+    }
     let address = super::client_address(&request);
     let limits = &state.app.limits;
     if let Err(wait) = limits.may_authenticate(address) {
@@ -227,6 +234,28 @@ async fn sign_in(
         session::set_cookie(&request_headers, &value),
     );
     response
+}
+
+/// Whether a sign-in was posted from this server's own page, so no page
+/// elsewhere can sign a browser in to a team of its choosing. Browsers say
+/// so in `Sec-Fetch-Site`; without it, an `Origin` (other than `null`, which
+/// `Referrer-Policy: no-referrer` makes a browser send) must name this host.
+/// A client that is not a browser sends neither, and passes.
+fn same_origin(headers: &HeaderMap) -> bool {
+    let text = |name| {
+        headers
+            .get(name)
+            .and_then(|v: &HeaderValue| v.to_str().ok())
+    };
+    if let Some(site) = text("sec-fetch-site") {
+        return site.eq_ignore_ascii_case("same-origin") || site.eq_ignore_ascii_case("none");
+    }
+    match text(header::ORIGIN.as_str()) {
+        None | Some("null") => true,
+        Some(origin) => origin.split_once("://").is_some_and(|(_, authority)| {
+            authority.eq_ignore_ascii_case(text(header::HOST.as_str()).unwrap_or_default())
+        }),
+    }
 }
 
 fn refused(status: StatusCode, message: &str) -> Response {
