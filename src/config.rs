@@ -76,6 +76,10 @@ pub struct HttpSettings {
     pub max_connections_per_address: usize,
     /// How long shutdown waits for in-flight requests.
     pub shutdown_grace: Duration,
+    /// The key that signs dashboard cookies; `None`: a random one per
+    /// process (cookies then end with the process and are not accepted by
+    /// another replica).
+    pub dashboard_secret: Option<String>,
 }
 
 impl Default for HttpSettings {
@@ -96,6 +100,7 @@ impl Default for HttpSettings {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
             shutdown_grace: Duration::from_secs(10),
+            dashboard_secret: None,
         }
     }
 }

@@ -9,6 +9,8 @@
 #                           cluster runs PostgreSQL as an unprivileged user
 #                           through it, since PostgreSQL refuses root
 #   need_nats_server        nats-server
+#   need_chromium           chromium and chromedriver (/usr/bin): the real
+#                           headless browser the dashboard tests drive
 #   install_missing WHO [OTHERWISE]
 #
 # install_missing installs what is missing with apt-get when run as root on a
@@ -79,6 +81,18 @@ need_nats_server() {
   fi
 }
 
+need_chromium() {
+  # The dashboard tests (tests/suite/support/browser.rs) start these paths.
+  if [ ! -x /usr/bin/chromium ]; then
+    acs_missing+=(chromium)
+    acs_why+=("chromium: the headless browser the dashboard tests drive (/usr/bin/chromium)")
+  fi
+  if [ ! -x /usr/bin/chromedriver ]; then
+    acs_missing+=(chromium-driver)
+    acs_why+=("chromium-driver: chromedriver, through which the tests drive chromium (/usr/bin/chromedriver)")
+  fi
+}
+
 install_missing() {
   local who=$1 otherwise=${2:-} problem line
   if [ ${#acs_problems[@]} -gt 0 ]; then
@@ -107,6 +121,8 @@ install_missing() {
       postgresql) fedora+=(postgresql-server); brew+=(postgresql) ;;
       nats-server) brew+=(nats-server); elsewhere="  nats-server elsewhere: https://github.com/nats-io/nats-server/releases" ;;
       util-linux) fedora+=(util-linux) ;;
+      chromium) fedora+=(chromium); brew+=(--cask chromium) ;;
+      chromium-driver) fedora+=(chromedriver); brew+=(chromedriver) ;;
     esac
   done
   {

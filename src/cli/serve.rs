@@ -128,6 +128,11 @@ pub struct ServeArgs {
     /// at once, marked server_restarting).
     #[arg(long, env = "BUS_SHUTDOWN_GRACE_SECS", default_value_t = 10)]
     shutdown_grace_secs: u64,
+    /// Key that signs /dashboard cookies (HMAC-SHA256; at least 32 characters). Unset: a random
+    /// key per process, so dashboard sign-ins do not survive a restart and are not accepted by
+    /// another replica; set the same value on every replica to share them.
+    #[arg(long, env = "BUS_DASHBOARD_SECRET", hide_env_values = true)]
+    dashboard_secret: Option<String>,
 }
 
 pub async fn run(ctx: &Context, args: ServeArgs) -> anyhow::Result<()> {
@@ -139,6 +144,16 @@ pub async fn run(ctx: &Context, args: ServeArgs) -> anyhow::Result<()> {
             args.max_buffered_bytes,
             args.max_request_bytes,
             config::DEFAULT_MAX_BUFFERED_BYTES
+        );
+    }
+    // Checked here rather than by clap, whose refusal would print the value.
+    let secret_chars = args.dashboard_secret.as_deref().map(|s| s.chars().count());
+    if let Some(chars) = secret_chars.filter(|c| *c < http::dashboard::SECRET_MIN_CHARS) {
+        anyhow::bail!(
+            "--dashboard-secret (BUS_DASHBOARD_SECRET) is {chars} characters; it signs dashboard \
+             cookies and must be at least {}. Generate one with `openssl rand -hex 32`, or leave \
+             it unset for a random key per process.",
+            http::dashboard::SECRET_MIN_CHARS
         );
     }
     let listener = tokio::net::TcpListener::bind(args.bind)
@@ -210,6 +225,7 @@ async fn serve_on(
         max_connections: fit_connections(args.max_connections),
         max_connections_per_address: args.max_connections_per_address,
         shutdown_grace: Duration::from_secs(args.shutdown_grace_secs),
+        dashboard_secret: args.dashboard_secret.clone(),
     };
     let broker = match &args.nats_url {
         None => BrokerSettings::Off,

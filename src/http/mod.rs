@@ -32,6 +32,7 @@
 
 mod admin;
 mod connections;
+pub mod dashboard;
 mod health;
 pub mod limits;
 pub mod malformed;
@@ -80,6 +81,9 @@ const ROUTES: &[&str] = &[
     "DELETE /admin/teams/{team}/tokens/{id}",
     "GET|POST /admin/credentials",
     "DELETE /admin/credentials/{id}",
+    "GET /dashboard",
+    "GET /dashboard/data",
+    "POST /dashboard/sign-in|sign-out",
 ];
 
 pub struct AppState {
@@ -145,6 +149,7 @@ pub fn router(bus: Bus, settings: HttpSettings) -> Router {
                 admin_admission,
             )),
         )
+        .merge(dashboard::routes(state.clone()))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), host_check))
         .layer(middleware::from_fn(metrics::count_response))

@@ -14,6 +14,7 @@ pub mod channels;
 pub mod conversation_messages;
 pub mod conversation_operator;
 pub mod conversations;
+pub mod dashboard;
 pub mod inbox;
 pub mod limits;
 pub mod locks;

@@ -15,6 +15,7 @@ mod connections;
 mod context;
 mod conversation_messages;
 mod conversations;
+mod dashboard;
 mod deploy_unit;
 mod doctor;
 mod embedded;

@@ -3,6 +3,7 @@
 //! ([`spawn_app`]), a real MCP client over HTTP ([`McpClient`]), and
 //! throwaway PostgreSQL / NATS servers when the environment names none.
 
+pub mod browser;
 pub mod nats;
 pub mod postgres;
 pub mod proxy;

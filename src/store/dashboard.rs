@@ -1,0 +1,542 @@
+//! What the read-only dashboard (`/dashboard`) shows, and who may see it.
+//!
+//! Two principals sign in: an agent (with its agent token) or an admin
+//! credential confined to, or global over, the team it names. The cookie the
+//! dashboard hands out only names the principal by id ([`Principal`]), so
+//! [`recheck`] reads it back on every request: a revoked token, a disabled
+//! agent or a revoked admin credential stops the cookie at the next request.
+//!
+//! [`snapshot`] is a fixed handful of bounded queries (the newest N of each
+//! kind), so the page costs the same on a team with a long history. What it
+//! deliberately never returns: a direct message (channel messages only), a
+//! conversation the signed-in agent holds no active seat in, a body before
+//! the seat's `history_from_seq`, and for an admin principal any
+//! conversation body at all (metadata and receipt counts only).
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::admin::{self, Authority};
+use super::{outbox, teams, tokens};
+use crate::backend::Backends;
+use crate::error::{BusError, BusResult};
+use crate::events::{Events, ListenerState};
+
+/// Newest agents (with their windows) shown.
+pub const AGENTS_MAX: i64 = 200;
+/// Windows shown across those agents.
+pub const WINDOWS_MAX: i64 = 1_000;
+/// Newest-updated tasks shown on the board.
+pub const TASKS_MAX: i64 = 200;
+/// Held locks shown, soonest to expire first.
+pub const LOCKS_MAX: i64 = 100;
+/// Newest channel messages (announcements included) shown.
+pub const MESSAGES_MAX: i64 = 50;
+/// Conversations shown, most recently written first.
+pub const CONVERSATIONS_MAX: i64 = 20;
+/// Newest messages shown per conversation.
+pub const CONVERSATION_MESSAGES_MAX: i64 = 20;
+/// Characters of a body shown; the rest is cut and marked.
+pub const BODY_CHARS_MAX: i32 = 2_000;
+
+/// Who a dashboard cookie stands for: ids only, re-read on every request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Principal {
+    /// An agent, by the agent token it signed in with.
+    Agent { team_id: Uuid, token_id: Uuid },
+    /// An admin credential, looking at one team.
+    Admin { team_id: Uuid, credential_id: Uuid },
+}
+
+/// A principal as it is now: the team it looks at and the name to show.
+#[derive(Clone, Debug, Serialize)]
+pub struct Viewer {
+    #[serde(skip)]
+    pub principal: Principal,
+    #[serde(skip)]
+    pub agent_id: Option<Uuid>,
+    pub team: String,
+    /// `agent` or `admin`.
+    pub kind: &'static str,
+    /// The agent's name, or `admin:<credential prefix>`.
+    pub name: String,
+}
+
+/// Sign in with an agent token (its digest): the token must be live and its
+/// agent enabled, the same refusal `/mcp` gives otherwise.
+pub async fn sign_in_agent(pool: &PgPool, digest: &[u8; 32]) -> BusResult<Viewer> {
+    let me = tokens::authenticate(pool, digest, String::new()).await?;
+    Ok(Viewer {
+        principal: Principal::Agent {
+            team_id: me.team_id,
+            token_id: me.token_id,
+        },
+        agent_id: Some(me.agent_id),
+        team: me.team,
+        kind: "agent",
+        name: me.agent,
+    })
+}
+
+/// Sign in with an admin credential (its digest) for team `slug`: a global
+/// credential, or one confined to that team.
+pub async fn sign_in_admin(pool: &PgPool, digest: &[u8; 32], slug: &str) -> BusResult<Viewer> {
+    let me = admin::authenticate(pool, digest).await?;
+    if slug.trim().is_empty() {
+        return Err(BusError::invalid(match &me.team {
+            Some(own) => format!(
+                "an admin credential looks at one team: fill in the team field (this credential \
+                 is confined to `{own}`)."
+            ),
+            None => "an admin credential looks at one team: fill in the team field with the \
+                     team's slug."
+                .to_string(),
+        }));
+    }
+    let scope = Authority::Admin(me.clone()).team(slug)?;
+    let team = teams::find(pool, scope.slug()).await?;
+    Ok(Viewer {
+        principal: Principal::Admin {
+            team_id: team.id,
+            credential_id: me.credential_id,
+        },
+        agent_id: None,
+        team: team.slug,
+        kind: "admin",
+        name: format!("admin:{}", me.display_prefix),
+    })
+}
+
+/// The principal of a cookie as it is now, or why it no longer signs in.
+pub async fn recheck(pool: &PgPool, principal: Principal) -> BusResult<Viewer> {
+    let ended = || {
+        BusError::unauthenticated(
+            "the credential this dashboard session was opened with was revoked, or its agent \
+             disabled. Sign in again with a live credential.",
+        )
+    };
+    match principal {
+        Principal::Agent { team_id, token_id } => {
+            let row: Option<(Uuid, String, String, Option<String>)> = sqlx::query_as(
+                "SELECT a.id, a.name, tm.slug, r.refusal
+                   FROM agent_tokens t
+                   JOIN agents a ON a.team_id = t.team_id AND a.id = t.agent_id
+                   JOIN teams tm ON tm.id = t.team_id
+                   CROSS JOIN LATERAL agent_credential_refusal(t.team_id, t.agent_id, t.id, NULL, NULL) r
+                  WHERE t.team_id = $1 AND t.id = $2",
+            )
+            .bind(team_id)
+            .bind(token_id)
+            .fetch_optional(pool)
+            .await?;
+            match row {
+                Some((agent_id, name, team, None)) => Ok(Viewer {
+                    principal,
+                    agent_id: Some(agent_id),
+                    team,
+                    kind: "agent",
+                    name,
+                }),
+                _ => Err(ended()),
+            }
+        }
+        Principal::Admin {
+            team_id,
+            credential_id,
+        } => {
+            let row: Option<(String, String)> = sqlx::query_as(
+                "SELECT c.display_prefix, tm.slug
+                   FROM admin_credentials c JOIN teams tm ON tm.id = $1
+                  WHERE c.id = $2 AND c.revoked_at IS NULL
+                    AND (c.team_id IS NULL OR c.team_id = $1)",
+            )
+            .bind(team_id)
+            .bind(credential_id)
+            .fetch_optional(pool)
+            .await?;
+            let (prefix, team) = row.ok_or_else(ended)?;
+            Ok(Viewer {
+                principal,
+                agent_id: None,
+                team,
+                kind: "admin",
+                name: format!("admin:{prefix}"),
+            })
+        }
+    }
+}
+
+/// Everything one dashboard render shows.
+#[derive(Clone, Debug, Serialize)]
+pub struct Snapshot {
+    pub viewer: Viewer,
+    pub generated_at: DateTime<Utc>,
+    pub agents: Vec<AgentView>,
+    pub tasks: Vec<TaskView>,
+    pub locks: Vec<LockView>,
+    pub messages: Vec<ChannelMessageView>,
+    pub conversations: Conversations,
+    pub health: Health,
+    /// The caps each list was read under.
+    pub limits: Limits,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Limits {
+    pub agents: i64,
+    pub tasks: i64,
+    pub locks: i64,
+    pub messages: i64,
+    pub conversations: i64,
+    pub conversation_messages: i64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct AgentView {
+    pub name: String,
+    pub disabled: bool,
+    pub windows: Vec<WindowView>,
+}
+
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct WindowView {
+    /// The window label; empty for the agent's shared session.
+    pub session: String,
+    pub online: bool,
+    pub status: String,
+    pub activity: Option<String>,
+    pub project: Option<String>,
+    pub role: Option<String>,
+    pub last_seen_at: DateTime<Utc>,
+}
+
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct TaskView {
+    pub key: String,
+    pub title: String,
+    pub status: String,
+    /// `agent` or `agent/window` holding the claim.
+    pub holder: Option<String>,
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    pub updated_at: DateTime<Utc>,
+}
+
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct LockView {
+    pub name: String,
+    pub holder: String,
+    pub purpose: Option<String>,
+    pub expires_at: DateTime<Utc>,
+}
+
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct ChannelMessageView {
+    pub channel: String,
+    pub from: String,
+    pub body: String,
+    /// True when the body was cut at [`BODY_CHARS_MAX`] characters.
+    pub truncated: bool,
+    pub announce: bool,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Conversations {
+    /// False for an admin principal: metadata and receipt counts only.
+    pub bodies_shown: bool,
+    /// What this list holds and leaves out, in words.
+    pub note: String,
+    pub items: Vec<ConversationView>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ConversationView {
+    pub id: Uuid,
+    pub title: String,
+    pub visibility: String,
+    pub archived: bool,
+    pub messages: Vec<ConversationMessageView>,
+}
+
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct ConversationMessageView {
+    #[serde(skip)]
+    pub conversation_id: Uuid,
+    pub seq: i64,
+    pub from: String,
+    /// None when not shown: see `body_note`.
+    pub body: Option<String>,
+    pub body_note: Option<String>,
+    pub publication_state: String,
+    pub created_at: DateTime<Utc>,
+    pub recipients: i64,
+    pub stored: i64,
+    pub delivered: i64,
+    pub acknowledged: i64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Health {
+    /// The team's outbox: pending, leased, failed, oldest pending, bytes.
+    pub outbox: outbox::Status,
+    /// `not_configured`, `unreachable` or `configured`, as `/health` says
+    /// without `?broker=check`.
+    pub broker: &'static str,
+    /// The event listener (`live`, `silent`, `detached`).
+    pub events: ListenerState,
+    /// This team's JetStream streams that need an operator, in fixed words.
+    pub broker_conditions: Vec<String>,
+}
+
+/// What `viewer` may see of its team now.
+pub async fn snapshot(
+    pool: &PgPool,
+    backends: &Backends,
+    events: &Events,
+    viewer: Viewer,
+) -> BusResult<Snapshot> {
+    let team_id = match viewer.principal {
+        Principal::Agent { team_id, .. } | Principal::Admin { team_id, .. } => team_id,
+    };
+    let agents = agents(pool, team_id).await?;
+    let tasks = sqlx::query_as(
+        "SELECT t.key, t.title, t.status,
+                CASE WHEN h.id IS NULL THEN NULL
+                     WHEN t.holder_session = '' THEN h.name
+                     ELSE h.name || '/' || t.holder_session END AS holder,
+                t.lease_expires_at, t.updated_at
+           FROM (SELECT * FROM tasks WHERE team_id = $1 ORDER BY updated_at DESC LIMIT $2) t
+           LEFT JOIN agents h ON h.team_id = t.team_id AND h.id = t.holder_agent_id
+          ORDER BY t.updated_at DESC",
+    )
+    .bind(team_id)
+    .bind(TASKS_MAX)
+    .fetch_all(pool)
+    .await?;
+    let locks = sqlx::query_as(
+        "SELECT l.name,
+                CASE WHEN l.holder_session = '' THEN a.name
+                     ELSE a.name || '/' || l.holder_session END AS holder,
+                l.purpose, l.expires_at
+           FROM locks l JOIN agents a ON a.team_id = l.team_id AND a.id = l.holder_agent_id
+          WHERE l.team_id = $1 AND l.expires_at > now()
+          ORDER BY l.expires_at LIMIT $2",
+    )
+    .bind(team_id)
+    .bind(LOCKS_MAX)
+    .fetch_all(pool)
+    .await?;
+    // Channel messages only: a direct message never reaches the dashboard.
+    let messages = sqlx::query_as(
+        "SELECT c.name AS channel, a.name AS from, left(m.body, $3) AS body,
+                char_length(m.body) > $3 AS truncated, m.announce, m.created_at
+           FROM (SELECT * FROM messages
+                  WHERE team_id = $1 AND channel_id IS NOT NULL
+                  ORDER BY position DESC LIMIT $2) m
+           JOIN channels c ON c.team_id = m.team_id AND c.id = m.channel_id
+           JOIN agents a ON a.team_id = m.team_id AND a.id = m.sender_id
+          ORDER BY m.position DESC",
+    )
+    .bind(team_id)
+    .bind(MESSAGES_MAX)
+    .bind(BODY_CHARS_MAX)
+    .fetch_all(pool)
+    .await?;
+    let conversations = conversations(pool, team_id, viewer.agent_id).await?;
+    let health = health(pool, backends, events, team_id, &viewer.team).await?;
+    Ok(Snapshot {
+        viewer,
+        generated_at: Utc::now(),
+        agents,
+        tasks,
+        locks,
+        messages,
+        conversations,
+        health,
+        limits: Limits {
+            agents: AGENTS_MAX,
+            tasks: TASKS_MAX,
+            locks: LOCKS_MAX,
+            messages: MESSAGES_MAX,
+            conversations: CONVERSATIONS_MAX,
+            conversation_messages: CONVERSATION_MESSAGES_MAX,
+        },
+    })
+}
+
+/// The team's agents (enabled first, by name) with every window they have.
+async fn agents(pool: &PgPool, team_id: Uuid) -> BusResult<Vec<AgentView>> {
+    let rows: Vec<(Uuid, String, bool)> = sqlx::query_as(
+        "SELECT id, name, disabled_at IS NOT NULL FROM agents WHERE team_id = $1
+          ORDER BY disabled_at IS NOT NULL, name LIMIT $2",
+    )
+    .bind(team_id)
+    .bind(AGENTS_MAX)
+    .fetch_all(pool)
+    .await?;
+    let ids: Vec<Uuid> = rows.iter().map(|r| r.0).collect();
+    let windows: Vec<(Uuid, WindowView)> = sqlx::query_as::<_, WindowRow>(
+        "SELECT agent_id, session, expires_at > now() AS online, status, activity, project,
+                role, last_seen_at
+           FROM presence WHERE team_id = $1 AND agent_id = ANY($2)
+          ORDER BY agent_id, session LIMIT $3",
+    )
+    .bind(team_id)
+    .bind(&ids)
+    .bind(WINDOWS_MAX)
+    .fetch_all(pool)
+    .await?
+    .into_iter()
+    .map(|w| (w.agent_id, w.window))
+    .collect();
+    Ok(rows
+        .into_iter()
+        .map(|(id, name, disabled)| AgentView {
+            name,
+            disabled,
+            windows: windows
+                .iter()
+                .filter(|(agent, _)| *agent == id)
+                .map(|(_, w)| w.clone())
+                .collect(),
+        })
+        .collect())
+}
+
+#[derive(sqlx::FromRow)]
+struct WindowRow {
+    agent_id: Uuid,
+    #[sqlx(flatten)]
+    window: WindowView,
+}
+
+/// For an agent: the conversations where one of its windows holds an active
+/// seat, with bodies from the earliest seq such a seat may read. For an
+/// admin (no agent): every conversation of the team, without bodies.
+async fn conversations(
+    pool: &PgPool,
+    team_id: Uuid,
+    agent_id: Option<Uuid>,
+) -> BusResult<Conversations> {
+    // (id, title, visibility, archived, first seq whose body may be shown)
+    let listed: Vec<(Uuid, String, String, bool, Option<i64>)> = sqlx::query_as(
+        "SELECT c.id, c.title, c.visibility, c.archived_at IS NOT NULL,
+                (SELECT min(s.history_from_seq) FROM conversation_members s
+                  WHERE s.team_id = c.team_id AND s.conversation_id = c.id
+                    AND s.agent_id = $2 AND s.state = 'active') AS readable_from
+           FROM conversations c
+          WHERE c.team_id = $1
+            AND ($2::uuid IS NULL OR EXISTS (
+                 SELECT 1 FROM conversation_members s
+                  WHERE s.team_id = c.team_id AND s.conversation_id = c.id
+                    AND s.agent_id = $2 AND s.state = 'active'))
+          ORDER BY c.archived_at IS NOT NULL, c.last_seq DESC, c.created_at DESC
+          LIMIT $3",
+    )
+    .bind(team_id)
+    .bind(agent_id)
+    .bind(CONVERSATIONS_MAX)
+    .fetch_all(pool)
+    .await?;
+    let ids: Vec<Uuid> = listed.iter().map(|c| c.0).collect();
+    // The first readable seq per conversation; an admin has no seat, and
+    // i64::MAX is past every seq, so the query itself shows it no body.
+    let readable: Vec<i64> = listed.iter().map(|c| c.4.unwrap_or(i64::MAX)).collect();
+    let messages: Vec<ConversationMessageView> = sqlx::query_as(
+        "SELECT m.conversation_id, m.seq, CASE WHEN m.sender_session = '' THEN a.name
+                     ELSE a.name || '/' || m.sender_session END AS from,
+                CASE WHEN m.seq >= v.readable_from AND m.tombstoned_at IS NULL AND m.body <> ''
+                     THEN left(m.body, $3) END AS body,
+                CASE WHEN m.seq < v.readable_from THEN 'not shown: before your seat''s history'
+                     WHEN m.tombstoned_at IS NOT NULL THEN 'removed by an operator'
+                     WHEN m.body = '' THEN 'held by the broker only; read it with read_conversation'
+                     WHEN char_length(m.body) > $3 THEN 'cut to the first ' || $3 || ' characters'
+                END AS body_note,
+                m.publication_state, m.created_at,
+                r.recipients, r.stored, r.delivered, r.acknowledged
+           FROM unnest($2::uuid[], $4::bigint[]) AS v(conversation_id, readable_from)
+           CROSS JOIN LATERAL (
+                SELECT * FROM conversation_messages cm
+                 WHERE cm.team_id = $1 AND cm.conversation_id = v.conversation_id
+                 ORDER BY cm.seq DESC LIMIT $5) m
+           JOIN agents a ON a.team_id = m.team_id AND a.id = m.sender_id
+           CROSS JOIN LATERAL (
+                SELECT count(*) AS recipients,
+                       count(*) FILTER (WHERE rc.stored_at IS NOT NULL) AS stored,
+                       count(*) FILTER (WHERE rc.delivered_at IS NOT NULL) AS delivered,
+                       count(*) FILTER (WHERE rc.acknowledged_at IS NOT NULL) AS acknowledged
+                  FROM message_receipts rc
+                 WHERE rc.team_id = m.team_id AND rc.message_id = m.id) r
+          ORDER BY m.seq DESC",
+    )
+    .bind(team_id)
+    .bind(&ids)
+    .bind(BODY_CHARS_MAX)
+    .bind(&readable)
+    .bind(CONVERSATION_MESSAGES_MAX)
+    .fetch_all(pool)
+    .await?;
+    let bodies_shown = agent_id.is_some();
+    let note = if bodies_shown {
+        "conversations where one of your windows holds an active seat; bodies from where your \
+         seat's history starts"
+    } else {
+        "signed in with an admin credential: every conversation of the team with its receipt \
+         counts, and no message bodies"
+    };
+    Ok(Conversations {
+        bodies_shown,
+        note: note.to_string(),
+        items: listed
+            .into_iter()
+            .map(|(id, title, visibility, archived, _)| ConversationView {
+                id,
+                title,
+                visibility,
+                archived,
+                messages: messages
+                    .iter()
+                    .filter(|m| m.conversation_id == id)
+                    .map(|m| ConversationMessageView {
+                        body: m.body.clone().filter(|_| bodies_shown),
+                        body_note: if bodies_shown {
+                            m.body_note.clone()
+                        } else {
+                            Some("admin view: bodies are not shown".to_string())
+                        },
+                        ..m.clone()
+                    })
+                    .collect(),
+            })
+            .collect(),
+    })
+}
+
+async fn health(
+    pool: &PgPool,
+    backends: &Backends,
+    events: &Events,
+    team_id: Uuid,
+    team: &str,
+) -> BusResult<Health> {
+    let outbox = outbox::status(pool, team_id).await?;
+    let broker = match (backends.broker_configured(), backends.broker().is_some()) {
+        (false, _) => "not_configured",
+        (true, false) => "unreachable",
+        (true, true) => "configured",
+    };
+    let broker_conditions = crate::store::broker_conditions::installation(pool, backends, false)
+        .await?
+        .into_iter()
+        .filter(|c| c.team == team)
+        .map(|c| format!("{}: {} ({})", c.stream, c.why, c.fix))
+        .collect();
+    Ok(Health {
+        outbox,
+        broker,
+        events: events.state(),
+        broker_conditions,
+    })
+}

@@ -1,0 +1,823 @@
+//! The read-only dashboard at `/dashboard`: in a real headless browser
+//! (sign in through the form, see the agents, a task appear without a
+//! reload, a hostile task title shown as text and never run) and over plain
+//! HTTP (the protective headers, credentials refused in the URL, a bad token,
+//! a tampered cookie, the cookie refused by `/mcp` and `/admin`, revocation,
+//! and what `/dashboard/data` never carries).
+//!
+//! `DASHBOARD_SCREENSHOT=path` makes the populated-page test write a PNG of
+//! the page there (how docs/dashboard.png is made); without it nothing is
+//! written.
+
+use std::time::Duration;
+
+use ai_crew_sync::store::{admin, agents, teams, tokens};
+use reqwest::header;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::support::browser::Browser;
+use crate::support::{McpClient, TestApp, globally, in_team, spawn_app, test_actor};
+
+/// What the browser may take to show a change the server already has.
+const LIVE_UPDATE_WITHIN: Duration = Duration::from_secs(15);
+
+const XSS_TITLE: &str =
+    r#"<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>"#;
+
+/// A client that shows redirects instead of following them.
+fn client() -> reqwest::Client {
+    crate::support::install_crypto_provider();
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+/// A form-urlencoded body, as a browser posts the sign-in form.
+trait FormBody {
+    fn form_body(self, fields: &[(&str, &str)]) -> Self;
+}
+
+impl FormBody for reqwest::RequestBuilder {
+    fn form_body(self, fields: &[(&str, &str)]) -> Self {
+        let body = url::form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(fields)
+            .finish();
+        self.header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(body)
+    }
+}
+
+struct Answer {
+    status: u16,
+    headers: header::HeaderMap,
+    body: String,
+}
+
+impl Answer {
+    async fn of(response: reqwest::Response) -> Answer {
+        Answer {
+            status: response.status().as_u16(),
+            headers: response.headers().clone(),
+            body: response.text().await.unwrap(),
+        }
+    }
+
+    /// `name=value` of the cookie this answer sets, if it sets one.
+    fn cookie(&self) -> Option<String> {
+        let set = self.headers.get(header::SET_COOKIE)?.to_str().ok()?;
+        Some(set.split(';').next()?.to_string())
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or(Value::Null)
+    }
+}
+
+async fn sign_in(app: &TestApp, token: &str, team: &str) -> Answer {
+    Answer::of(
+        client()
+            .post(app.url("/dashboard/sign-in"))
+            .form_body(&[("token", token), ("team", team)])
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await
+}
+
+/// The cookie an agent token (or an admin credential for `team`) signs in to.
+async fn cookie_for(app: &TestApp, token: &str, team: &str) -> String {
+    let answer = sign_in(app, token, team).await;
+    assert_eq!(answer.status, 303, "{}", answer.body);
+    answer.cookie().expect("a signed-in answer sets the cookie")
+}
+
+async fn get(app: &TestApp, path: &str, cookie: Option<&str>) -> Answer {
+    let mut request = client().get(app.url(path));
+    if let Some(cookie) = cookie {
+        request = request.header(header::COOKIE, cookie);
+    }
+    Answer::of(request.send().await.unwrap()).await
+}
+
+async fn team_with_conversations(app: &TestApp, slug: &str) {
+    app.team(slug).await;
+    teams::capability(&app.pool, slug, Some(true), &test_actor())
+        .await
+        .unwrap();
+}
+
+async fn send(client: &McpClient, conversation: &str, body: &str) {
+    client
+        .call(
+            "send_conversation_message",
+            json!({"conversation_id": conversation, "body": body,
+                   "request_id": Uuid::new_v4().to_string()}),
+        )
+        .await
+        .unwrap();
+}
+
+/// A private conversation `owner` opens with `invitee` (its address), who
+/// joins through `invitee_client`; its id.
+async fn private_conversation(
+    owner: &McpClient,
+    title: &str,
+    invitee: &str,
+    invitee_client: &McpClient,
+) -> String {
+    let created = owner
+        .call(
+            "create_conversation",
+            json!({"title": title, "private": true, "invite": [invitee]}),
+        )
+        .await
+        .unwrap();
+    let id = created["id"].as_str().unwrap().to_string();
+    invitee_client
+        .call("join_conversation", json!({"conversation_id": id}))
+        .await
+        .unwrap();
+    id
+}
+
+async fn open_signed_in(app: &TestApp, token: &str) -> Browser {
+    let browser = Browser::start().await;
+    browser.goto(&app.url("/dashboard")).await;
+    browser.type_into("#token", token).await;
+    browser.click("#sign-in").await;
+    browser
+}
+
+#[tokio::test]
+async fn signing_in_through_the_form_shows_the_agents_and_a_new_task_appears_without_reload() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.agent("acme", "alice").await;
+    app.agent("acme", "bob").await;
+    let alice_mcp = app.mcp(&alice, Some("editor")).await;
+    alice_mcp
+        .call(
+            "heartbeat",
+            json!({"status": "busy", "activity": "writing the release notes", "role": "writer"}),
+        )
+        .await
+        .unwrap();
+
+    let browser = open_signed_in(&app, &alice).await;
+    assert!(
+        browser
+            .wait_for_text("writing the release notes", LIVE_UPDATE_WITHIN)
+            .await,
+        "the agents table after signing in: {}",
+        browser.text().await
+    );
+    let text = browser.text().await;
+    let who = browser
+        .script("return document.querySelector('header .who strong').textContent;")
+        .await;
+    assert_eq!(who, json!("alice"), "{text}");
+    assert!(text.contains("bob"), "every agent of the team is listed");
+    assert!(text.contains("editor"), "the window");
+    assert!(
+        !browser.source().await.contains(&alice),
+        "the token never reaches the page"
+    );
+
+    // A mark the page would lose on a reload.
+    browser
+        .script("window.__stayed = 'yes'; return null;")
+        .await;
+    alice_mcp
+        .call(
+            "create_task",
+            json!({"key": "ship-dashboard", "title": "Ship the dashboard"}),
+        )
+        .await
+        .unwrap();
+    assert!(
+        browser
+            .wait_for_text("Ship the dashboard", LIVE_UPDATE_WITHIN)
+            .await,
+        "the new task should appear on the open page: {}",
+        browser.text().await
+    );
+    assert_eq!(
+        browser.script("return window.__stayed || null;").await,
+        json!("yes"),
+        "the task appeared without a reload"
+    );
+    browser.quit().await;
+}
+
+#[tokio::test]
+async fn a_task_title_holding_markup_and_script_shows_as_text_and_never_runs() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.agent("acme", "alice").await;
+    let alice_mcp = app.mcp(&alice, None).await;
+    // One in the server's first render, one drawn by app.js afterwards.
+    alice_mcp
+        .call("create_task", json!({"key": "xss-1", "title": XSS_TITLE}))
+        .await
+        .unwrap();
+
+    let browser = open_signed_in(&app, &alice).await;
+    assert!(
+        browser.wait_for_text(XSS_TITLE, LIVE_UPDATE_WITHIN).await,
+        "the title shows as literal text: {}",
+        browser.text().await
+    );
+    let later = r#"<b>bold?</b><img src=y onerror="window.__pwned=3">"#;
+    alice_mcp
+        .call("create_task", json!({"key": "xss-2", "title": later}))
+        .await
+        .unwrap();
+    assert!(
+        browser.wait_for_text(later, LIVE_UPDATE_WITHIN).await,
+        "{}",
+        browser.text().await
+    );
+    // Give an injected handler every chance to have run.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        browser.script("return typeof window.__pwned;").await,
+        json!("undefined")
+    );
+    assert_eq!(
+        browser
+            .script(
+                "return document.querySelectorAll('#tasks img, #tasks script, #tasks b').length;"
+            )
+            .await,
+        json!(0),
+        "no element was made from a title"
+    );
+    browser.quit().await;
+}
+
+#[tokio::test]
+async fn a_populated_dashboard_shows_every_section_in_the_browser() {
+    let app = spawn_app().await;
+    team_with_conversations(&app, "acme").await;
+    let alice = app.agent("acme", "alice").await;
+    let bob = app.agent("acme", "bob").await;
+    app.agent("acme", "carol").await;
+    let alice_mcp = app.mcp(&alice, Some("backend")).await;
+    let bob_mcp = app.mcp(&bob, Some("frontend")).await;
+    alice_mcp
+        .call(
+            "heartbeat",
+            json!({"status": "busy", "activity": "migrating the billing schema",
+                   "project": "billing", "role": "backend"}),
+        )
+        .await
+        .unwrap();
+    bob_mcp
+        .call(
+            "heartbeat",
+            json!({"status": "active", "activity": "reviewing PR 42", "project": "web",
+                   "role": "reviewer"}),
+        )
+        .await
+        .unwrap();
+    for (key, title) in [
+        ("api-rate-limits", "Add rate limits to the public API"),
+        ("billing-schema", "Migrate the billing schema"),
+        ("docs-quickstart", "Rewrite the quickstart"),
+        ("flaky-ci", "Fix the flaky CI job"),
+    ] {
+        alice_mcp
+            .call("create_task", json!({"key": key, "title": title}))
+            .await
+            .unwrap();
+    }
+    alice_mcp
+        .call(
+            "claim_task",
+            json!({"key": "billing-schema", "lease_seconds": 900}),
+        )
+        .await
+        .unwrap();
+    bob_mcp
+        .call("claim_task", json!({"key": "docs-quickstart"}))
+        .await
+        .unwrap();
+    bob_mcp
+        .call(
+            "complete_task",
+            json!({"key": "docs-quickstart", "result": "merged"}),
+        )
+        .await
+        .unwrap();
+    alice_mcp
+        .call(
+            "acquire_lock",
+            json!({"name": "db/migrations", "ttl_seconds": 600, "purpose": "schema change"}),
+        )
+        .await
+        .unwrap();
+    alice_mcp
+        .call(
+            "post_message",
+            json!({"channel": "general", "body": "Deploy freeze starts at 18:00 UTC.",
+                   "announce": true}),
+        )
+        .await
+        .unwrap();
+    bob_mcp
+        .call(
+            "post_message",
+            json!({"channel": "web", "body": "PR 42 is ready for a second look."}),
+        )
+        .await
+        .unwrap();
+    let id = private_conversation(&alice_mcp, "Billing cut-over", "bob/frontend", &bob_mcp).await;
+    send(&alice_mcp, &id, "Cut-over plan: freeze, migrate, verify.").await;
+
+    let browser = open_signed_in(&app, &alice).await;
+    assert!(
+        browser
+            .wait_for_text("migrating the billing schema", LIVE_UPDATE_WITHIN)
+            .await,
+        "{}",
+        browser.text().await
+    );
+    let text = browser.text().await;
+    for expected in [
+        "reviewing PR 42",
+        "Add rate limits to the public API",
+        "held by alice/backend",
+        "Rewrite the quickstart",
+        "db/migrations",
+        "schema change",
+        "Deploy freeze starts at 18:00 UTC.",
+        "announcement",
+        "PR 42 is ready for a second look.",
+        "Billing cut-over",
+        "Cut-over plan: freeze, migrate, verify.",
+        "stored 1/1",
+        "carol",
+    ] {
+        assert!(text.contains(expected), "{expected:?} missing from: {text}");
+    }
+    // The poll redraws the same content, and says when.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(browser.text().await.contains("Cut-over plan"));
+    assert_eq!(
+        browser
+            .script("return document.body.classList.contains('stale');")
+            .await,
+        json!(false),
+        "the last poll was drawn without an error"
+    );
+    let updated = browser
+        .script("return document.getElementById('updated').textContent;")
+        .await;
+    assert!(
+        updated.as_str().unwrap().starts_with("updated 20"),
+        "{updated}"
+    );
+
+    if let Ok(path) = std::env::var("DASHBOARD_SCREENSHOT") {
+        browser.resize(1400, 1200).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        std::fs::write(&path, browser.screenshot().await).expect("write the screenshot");
+    }
+    browser.quit().await;
+}
+
+#[tokio::test]
+async fn every_dashboard_answer_carries_the_protective_headers() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.agent("acme", "alice").await;
+    let cookie = cookie_for(&app, &alice, "").await;
+    let answers = [
+        get(&app, "/dashboard", None).await,
+        get(&app, "/dashboard", Some(&cookie)).await,
+        get(&app, "/dashboard/data", Some(&cookie)).await,
+        get(&app, "/dashboard/data", None).await,
+        get(&app, "/dashboard/app.js", None).await,
+        get(&app, "/dashboard/app.css", None).await,
+        get(&app, "/dashboard?token=x", None).await,
+        sign_in(&app, "acs_nonsense", "").await,
+    ];
+    for answer in &answers {
+        let h = |name: &str| {
+            answer
+                .headers
+                .get(name)
+                .map(|v| v.to_str().unwrap().to_string())
+        };
+        assert_eq!(h("cache-control").as_deref(), Some("no-store"));
+        assert_eq!(h("referrer-policy").as_deref(), Some("no-referrer"));
+        assert_eq!(h("x-content-type-options").as_deref(), Some("nosniff"));
+        assert_eq!(h("x-frame-options").as_deref(), Some("DENY"));
+        let csp = h("content-security-policy").unwrap();
+        for directive in [
+            "default-src 'none'",
+            "script-src 'self'",
+            "style-src 'self'",
+            "connect-src 'self'",
+            "frame-ancestors 'none'",
+            "form-action 'self'",
+            "base-uri 'none'",
+        ] {
+            assert!(csp.contains(directive), "{csp}");
+        }
+    }
+    let page = &answers[1];
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains("signed in as <strong>alice</strong>"));
+    assert!(!page.body.contains("<style"), "no inline style");
+    assert_eq!(page.body.matches("<script").count(), 1, "only app.js");
+    assert!(answers[4].body.contains("textContent"));
+    assert_eq!(
+        answers[4].headers[header::CONTENT_TYPE],
+        "text/javascript; charset=utf-8"
+    );
+    assert_eq!(answers[3].status, 401);
+}
+
+#[tokio::test]
+async fn a_credential_in_the_query_string_is_refused() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.agent("acme", "alice").await;
+    for query in [
+        format!("token={alice}"),
+        format!("access_token={alice}"),
+        format!("x={alice}"),
+        "auth_token=whatever".to_string(),
+    ] {
+        for path in ["/dashboard", "/dashboard/data"] {
+            let answer = get(&app, &format!("{path}?{query}"), None).await;
+            assert_eq!(answer.status, 400, "{path}?{query}");
+            assert!(answer.cookie().is_none());
+            let message = answer.json()["message"].as_str().unwrap().to_string();
+            assert!(message.contains("sign-in form"), "{message}");
+            assert!(!message.contains(&alice), "the token is not echoed");
+        }
+    }
+    let answer = Answer::of(
+        client()
+            .post(app.url(&format!("/dashboard/sign-in?token={alice}")))
+            .form_body(&[("token", alice.as_str())])
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        answer.status, 400,
+        "a sign-in with the token in the URL too"
+    );
+    assert!(answer.cookie().is_none());
+}
+
+#[tokio::test]
+async fn a_bad_credential_gets_the_form_again_with_an_error_and_no_cookie() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let unknown = format!("acs_{}", "0".repeat(64));
+    for (token, team, says) in [
+        ("", "", "paste an agent token"),
+        ("acs_123", "", "malformed agent token"),
+        (unknown.as_str(), "", "unknown agent token"),
+        ("hunter2", "", "not an agent token"),
+    ] {
+        let answer = sign_in(&app, token, team).await;
+        assert!(answer.status >= 400, "{token:?}: {}", answer.status);
+        assert!(answer.cookie().is_none(), "{token:?} got a cookie");
+        assert!(
+            answer.body.contains("id=\"sign-in-error\""),
+            "{}",
+            answer.body
+        );
+        assert!(answer.body.contains(says), "{token:?}: {}", answer.body);
+        assert!(answer.body.contains("name=\"token\""), "the form again");
+    }
+    // The refusal escapes what it repeats.
+    let answer = sign_in(&app, "<script>alert(1)</script>", "").await;
+    assert!(!answer.body.contains("<script>alert"));
+}
+
+#[tokio::test]
+async fn a_tampered_or_foreign_cookie_is_refused() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.agent("acme", "alice").await;
+    let cookie = cookie_for(&app, &alice, "").await;
+    assert_eq!(
+        get(&app, "/dashboard/data", Some(&cookie)).await.status,
+        200
+    );
+
+    let (name, value) = cookie.split_once('=').unwrap();
+    let (payload, signature) = value.split_once('.').unwrap();
+    let mut flipped = signature.chars().collect::<Vec<_>>();
+    flipped[0] = if flipped[0] == 'A' { 'B' } else { 'A' };
+    let flipped: String = flipped.into_iter().collect();
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let text = String::from_utf8(b64.decode(payload).unwrap()).unwrap();
+    let later = text.rsplit_once('|').unwrap().0.to_string() + "|9999999999";
+    for forged in [
+        format!("{name}={payload}.{flipped}"),
+        format!("{name}={}.{signature}", b64.encode(later)),
+        format!(
+            "{name}={}.{signature}",
+            b64.encode(text.replacen("agent", "admin", 1))
+        ),
+        format!("{name}=garbage"),
+    ] {
+        let data = get(&app, "/dashboard/data", Some(&forged)).await;
+        assert_eq!(data.status, 401, "{forged}");
+        assert!(data.body.contains("Sign in again"), "{}", data.body);
+        let page = get(&app, "/dashboard", Some(&forged)).await;
+        assert_eq!(page.status, 401);
+        assert!(page.body.contains("name=\"token\""), "the form");
+        assert!(!page.body.contains("signed in as"));
+    }
+
+    // Another server (another per-process key) does not take it either.
+    let other = crate::support::spawn_app_on(app.pool.clone(), app.database_url.clone()).await;
+    assert_eq!(
+        get(&other, "/dashboard/data", Some(&cookie)).await.status,
+        401
+    );
+}
+
+#[tokio::test]
+async fn the_dashboard_cookie_opens_neither_mcp_nor_admin() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.agent("acme", "alice").await;
+    let root = admin::bootstrap(&app.pool, None, false, &test_actor())
+        .await
+        .unwrap()
+        .credential;
+    for (token, team) in [(alice.as_str(), ""), (root.as_str(), "acme")] {
+        let cookie = cookie_for(&app, token, team).await;
+        let mcp = app
+            .raw_tool_call("whoami")
+            .header(header::COOKIE, &cookie)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(mcp.status(), 401, "/mcp with only the cookie");
+        let admin = client()
+            .get(app.url("/admin/whoami"))
+            .header(header::COOKIE, &cookie)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(admin.status(), 401, "/admin with only the cookie");
+        // The cookie itself is kept to the dashboard and away from scripts.
+        let set = sign_in(&app, token, team).await;
+        let attributes = set.headers[header::SET_COOKIE]
+            .to_str()
+            .unwrap()
+            .to_string();
+        for attribute in ["Path=/dashboard", "HttpOnly", "SameSite=Strict"] {
+            assert!(attributes.contains(attribute), "{attributes}");
+        }
+        assert!(!attributes.contains("Secure"), "plain http on loopback");
+    }
+    let over_https = Answer::of(
+        client()
+            .post(app.url("/dashboard/sign-in"))
+            .header("X-Forwarded-Proto", "https")
+            .form_body(&[("token", alice.as_str())])
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    for (name, value) in [
+        ("origin", "https://evil.example"),
+        ("sec-fetch-site", "cross-site"),
+    ] {
+        let elsewhere = Answer::of(
+            client()
+                .post(app.url("/dashboard/sign-in"))
+                .header(name, value)
+                .form_body(&[("token", alice.as_str())])
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(elsewhere.status, 403, "a sign-in posted from another site");
+        assert!(elsewhere.cookie().is_none());
+    }
+    assert!(
+        over_https.headers[header::SET_COOKIE]
+            .to_str()
+            .unwrap()
+            .contains("; Secure")
+    );
+}
+
+#[tokio::test]
+async fn a_revoked_token_or_a_disabled_agent_ends_the_session_at_the_next_request() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.agent("acme", "alice").await;
+    let bob = app.agent("acme", "bob").await;
+
+    let cookie = cookie_for(&app, &alice, "").await;
+    assert_eq!(
+        get(&app, "/dashboard/data", Some(&cookie)).await.status,
+        200
+    );
+    let id = tokens::list(&app.pool, &in_team("acme"))
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|t| t.agent == "alice")
+        .unwrap()
+        .id;
+    tokens::revoke(&app.pool, id, &globally()).await.unwrap();
+    let after = get(&app, "/dashboard/data", Some(&cookie)).await;
+    assert_eq!(after.status, 401);
+    assert!(after.body.contains("revoked"), "{}", after.body);
+    let page = get(&app, "/dashboard", Some(&cookie)).await;
+    assert!(page.body.contains("name=\"token\""));
+    assert!(
+        page.headers[header::SET_COOKIE]
+            .to_str()
+            .unwrap()
+            .contains("Max-Age=0"),
+        "the dead cookie is cleared"
+    );
+
+    let cookie = cookie_for(&app, &bob, "").await;
+    agents::set_disabled(&app.pool, &in_team("acme"), "bob", true)
+        .await
+        .unwrap();
+    assert_eq!(
+        get(&app, "/dashboard/data", Some(&cookie)).await.status,
+        401
+    );
+    let refused = sign_in(&app, &bob, "").await;
+    assert!(
+        refused.cookie().is_none(),
+        "a disabled agent cannot sign in"
+    );
+
+    // Sign-out clears the cookie.
+    agents::set_disabled(&app.pool, &in_team("acme"), "bob", false)
+        .await
+        .unwrap();
+    cookie_for(&app, &bob, "").await;
+    let out = Answer::of(
+        client()
+            .post(app.url("/dashboard/sign-out"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(out.status, 303);
+    assert_eq!(out.cookie().as_deref(), Some("crew_dashboard="));
+}
+
+#[tokio::test]
+async fn data_never_carries_a_direct_message_or_a_conversation_the_signer_is_not_in() {
+    let app = spawn_app().await;
+    team_with_conversations(&app, "acme").await;
+    let alice = app.agent("acme", "alice").await;
+    let bob = app.agent("acme", "bob").await;
+    let carol = app.agent("acme", "carol").await;
+    let (alice_mcp, bob_mcp, carol_mcp) = (
+        app.mcp(&alice, None).await,
+        app.mcp(&bob, None).await,
+        app.mcp(&carol, None).await,
+    );
+    bob_mcp
+        .call(
+            "post_message",
+            json!({"to": "carol", "body": "dm-bob-to-carol-7f3a"}),
+        )
+        .await
+        .unwrap();
+    alice_mcp
+        .call(
+            "post_message",
+            json!({"to": "bob", "body": "dm-alice-to-bob-91c2"}),
+        )
+        .await
+        .unwrap();
+    alice_mcp
+        .call(
+            "post_message",
+            json!({"channel": "general", "body": "channel-hello-5e1d"}),
+        )
+        .await
+        .unwrap();
+    let secret_id = private_conversation(&bob_mcp, "Bob and Carol only", "carol", &carol_mcp).await;
+    send(&bob_mcp, &secret_id, "secret-body-b0b-ca401").await;
+    let ours_id = private_conversation(&alice_mcp, "Alice and Bob", "bob", &bob_mcp).await;
+    send(&alice_mcp, &ours_id, "ours-body-a11ce-b0b").await;
+
+    let cookie = cookie_for(&app, &alice, "").await;
+    let data = get(&app, "/dashboard/data", Some(&cookie)).await;
+    assert_eq!(data.status, 200);
+    let page = get(&app, "/dashboard", Some(&cookie)).await;
+    for body in [&data.body, &page.body] {
+        for never in [
+            "dm-bob-to-carol-7f3a",
+            "dm-alice-to-bob-91c2",
+            "secret-body-b0b-ca401",
+            "Bob and Carol only",
+        ] {
+            assert!(!body.contains(never), "{never} leaked into {body}");
+        }
+        assert!(body.contains("channel-hello-5e1d"));
+        assert!(body.contains("ours-body-a11ce-b0b"));
+    }
+    let json = data.json();
+    let conversations = json["conversations"]["items"].as_array().unwrap();
+    assert_eq!(conversations.len(), 1, "{json}");
+    let message = &conversations[0]["messages"][0];
+    assert_eq!(message["body"], "ours-body-a11ce-b0b");
+    assert_eq!(message["recipients"], 1, "bob: {message}");
+    assert_eq!(message["stored"], 1);
+    assert_eq!(message["acknowledged"], 0);
+
+    // An admin sees every conversation's metadata and receipt counts, never a body.
+    let root = admin::bootstrap(&app.pool, None, false, &test_actor())
+        .await
+        .unwrap()
+        .credential;
+    let cookie = cookie_for(&app, &root, "acme").await;
+    let data = get(&app, "/dashboard/data", Some(&cookie)).await;
+    assert_eq!(data.status, 200);
+    for never in [
+        "dm-bob-to-carol-7f3a",
+        "dm-alice-to-bob-91c2",
+        "secret-body-b0b-ca401",
+        "ours-body-a11ce-b0b",
+    ] {
+        assert!(!data.body.contains(never), "{never} shown to an admin");
+    }
+    let json = data.json();
+    assert_eq!(json["viewer"]["kind"], "admin");
+    assert_eq!(json["conversations"]["bodies_shown"], false);
+    let titles: Vec<&str> = json["conversations"]["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["title"].as_str().unwrap())
+        .collect();
+    assert!(titles.contains(&"Bob and Carol only") && titles.contains(&"Alice and Bob"));
+    assert!(
+        json["conversations"]["note"]
+            .as_str()
+            .unwrap()
+            .contains("no message bodies")
+    );
+}
+
+#[tokio::test]
+async fn an_admin_credential_signs_in_only_for_a_team_it_may_see() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    app.team("other").await;
+    let root = admin::bootstrap(&app.pool, None, false, &test_actor())
+        .await
+        .unwrap()
+        .credential;
+    let confined = admin::grant(&app.pool, &globally(), Some("other"), None)
+        .await
+        .unwrap()
+        .credential;
+
+    let no_team = sign_in(&app, &root, "").await;
+    assert_eq!(no_team.status, 400);
+    assert!(
+        no_team.body.contains("fill in the team field"),
+        "{}",
+        no_team.body
+    );
+    let foreign = sign_in(&app, &confined, "acme").await;
+    assert_eq!(foreign.status, 403);
+    assert!(foreign.cookie().is_none());
+    assert!(
+        foreign.body.contains("confined to team"),
+        "{}",
+        foreign.body
+    );
+    let missing = sign_in(&app, &root, "nope").await;
+    assert_eq!(missing.status, 404);
+    assert!(missing.cookie().is_none());
+
+    let cookie = cookie_for(&app, &confined, "other").await;
+    let data = get(&app, "/dashboard/data", Some(&cookie)).await.json();
+    assert_eq!(data["viewer"]["team"], "other");
+    assert_eq!(data["viewer"]["kind"], "admin");
+}
