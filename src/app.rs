@@ -24,6 +24,7 @@ use crate::config::HttpSettings;
 use crate::error::BusResult;
 use crate::workers::presence_sweeper::{self, SweeperSettings};
 use crate::workers::publication;
+use crate::workers::webhook_dispatcher::{self, DispatchSettings};
 
 /// Time between event-listener pings unless told otherwise (`serve
 /// --event-ping-secs`).
@@ -56,6 +57,9 @@ pub struct AppSettings {
     pub publication_workers: bool,
     /// The presence sweeper, which always runs.
     pub sweeper: SweeperSettings,
+    /// The webhook dispatcher, which always runs: deliveries are written by
+    /// triggers whatever the workers, and every replica helps send them.
+    pub webhooks: DispatchSettings,
 }
 
 impl Default for AppSettings {
@@ -67,6 +71,7 @@ impl Default for AppSettings {
             broker: BrokerSettings::Off,
             publication_workers: true,
             sweeper: SweeperSettings::default(),
+            webhooks: DispatchSettings::default(),
         }
     }
 }
@@ -104,6 +109,7 @@ impl App {
             }
         };
         presence_sweeper::spawn(bus.clone(), settings.sweeper, shutdown.clone());
+        webhook_dispatcher::spawn(bus.pool.clone(), settings.webhooks, shutdown.clone())?;
         if settings.publication_workers {
             publication::spawn_all(bus.clone(), shutdown.clone());
         }

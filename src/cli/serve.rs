@@ -218,6 +218,7 @@ async fn serve_on(
             inbox_retention: Duration::from_secs(args.inbox_retention_hours * 3600),
             ..Default::default()
         },
+        webhooks: Default::default(),
     };
     let app = App::build(db.pool.clone(), settings, shutdown).await?;
     match &app.broker {

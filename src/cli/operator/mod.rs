@@ -4,6 +4,7 @@
 //! `team …` is in [`team`]; agents, tokens, quickstart and mcp-config are here.
 
 pub mod team;
+pub mod webhook;
 
 use clap::{Args, Subcommand};
 use serde_json::json;
