@@ -294,3 +294,15 @@ pub fn spawn(
         }
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_from_the_base_up_to_the_cap() {
+        let settings = DispatchSettings::default();
+        let waits: Vec<u64> = (1..=12).map(|n| settings.backoff(n).as_secs()).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300, 300]);
+    }
+}

@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ai_crew_sync::store::teams;
-use ai_crew_sync::store::webhooks::{self, CreatedWebhook, NewWebhook, WebhookKind};
+use ai_crew_sync::store::webhooks::{self, CreatedWebhook, NewWebhook, WebhookKind, delivery};
+use ai_crew_sync::workers::webhook_dispatcher::Dispatcher;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -22,7 +23,8 @@ use uuid::Uuid;
 use crate::admin::api;
 use crate::cli::{bus, ok_json};
 use crate::support::{
-    McpClient, TestApp, free_port, in_team, postgres::fresh_database_url, spawn_app, test_actor,
+    McpClient, TestApp, free_port, globally, in_team, postgres::fresh_database_url,
+    postgres::fresh_pool, spawn_app, test_actor, webhook_settings,
 };
 
 /// One request the receiver got.
@@ -51,6 +53,8 @@ struct Inbox {
     /// Statuses to answer next, in order; then `otherwise`.
     plan: VecDeque<(u16, &'static str)>,
     otherwise: u16,
+    /// Requests to answer only after the dispatcher has given up on them.
+    stall_next: usize,
 }
 
 /// A webhook receiver on a loopback port.
@@ -65,10 +69,19 @@ async fn record(
     headers: HeaderMap,
     body: Bytes,
 ) -> (StatusCode, &'static str) {
-    let mut inbox = inbox.lock().unwrap();
-    inbox.requests.push(Request { headers, body });
-    let (status, text) = inbox.plan.pop_front().unwrap_or((inbox.otherwise, "ok"));
-    (StatusCode::from_u16(status).unwrap(), text)
+    let (answer, stall) = {
+        let mut inbox = inbox.lock().unwrap();
+        inbox.requests.push(Request { headers, body });
+        let stall = inbox.stall_next > 0;
+        inbox.stall_next = inbox.stall_next.saturating_sub(1);
+        let answer = inbox.plan.pop_front().unwrap_or((inbox.otherwise, "ok"));
+        (answer, stall)
+    };
+    if stall {
+        // Longer than the test dispatcher's request timeout (3 s).
+        tokio::time::sleep(Duration::from_secs(6)).await;
+    }
+    (StatusCode::from_u16(answer.0).unwrap(), answer.1)
 }
 
 impl Receiver {
@@ -105,6 +118,10 @@ impl Receiver {
     /// Answer these statuses (with these bodies) first, in order.
     fn answer_first(&self, plan: &[(u16, &'static str)]) {
         self.inbox.lock().unwrap().plan.extend(plan.iter().copied());
+    }
+
+    fn stall_next(&self, n: usize) {
+        self.inbox.lock().unwrap().stall_next = n;
     }
 
     fn answer_always(&self, status: u16) {
@@ -344,6 +361,93 @@ async fn a_503_is_retried_and_a_400_fails_with_its_error_listed() {
             .contains(&created.secret),
         "a listing never shows the secret"
     );
+}
+
+#[tokio::test]
+async fn a_receiver_that_does_not_answer_in_time_is_retried() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let token = app.agent("acme", "alice").await;
+    let receiver = Receiver::start().await;
+    add(&app, "acme", hook(&receiver.url(), &["message"])).await;
+    receiver.stall_next(1);
+    post(&app.mcp(&token, None).await, "general", "slow").await;
+
+    eventually("delivered after a timeout", || async {
+        in_state(&app, "delivered").await == 1
+    })
+    .await;
+    let row = &deliveries(&app).await[0];
+    assert_eq!(row.attempts, 2, "the stalled attempt, then the delivery");
+    let received = receiver.requests();
+    assert_eq!(received.len(), 2);
+    assert!(
+        received
+            .iter()
+            .all(|r| r.header("x-bus-delivery") == row.id.to_string())
+    );
+}
+
+#[tokio::test]
+async fn a_lease_keeps_a_delivery_from_everyone_else_until_it_lapses() {
+    // No server: this test is the only dispatcher, so it decides who claims.
+    let (pool, _) = fresh_pool().await;
+    teams::create(&pool, &globally(), "acme", "Acme")
+        .await
+        .unwrap();
+    let receiver = Receiver::start().await;
+    let hook_id = webhooks::add(&pool, &in_team("acme"), hook(&receiver.url(), &["task"]))
+        .await
+        .unwrap()
+        .webhook
+        .id;
+    sqlx::query(
+        "INSERT INTO webhook_deliveries (team_id, webhook_id, event, payload)
+         SELECT team_id, id, 'task.created', '{\"key\": \"k\"}' FROM webhooks WHERE id = $1",
+    )
+    .bind(hook_id)
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    // A replica claims it and dies before settling.
+    let dead = delivery::claim(&pool, 10, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 1);
+    assert!(
+        delivery::claim(&pool, 10, Duration::from_secs(2))
+            .await
+            .unwrap()
+            .is_empty(),
+        "nobody else takes a leased delivery"
+    );
+    let dispatcher = Dispatcher::new(pool.clone(), webhook_settings()).unwrap();
+    assert_eq!(dispatcher.run_once().await.unwrap(), 0);
+    assert!(receiver.requests().is_empty());
+
+    // Once the lease lapses, another replica sends it.
+    eventually("claimed again after the lease", || async {
+        dispatcher.run_once().await.unwrap() == 1
+    })
+    .await;
+    assert_eq!(receiver.requests().len(), 1);
+    assert_eq!(
+        receiver.requests()[0].header("x-bus-delivery"),
+        dead[0].id.to_string()
+    );
+    // The dead replica's late settle changes nothing.
+    assert!(
+        !delivery::settle_delivered(&pool, &dead[0], 200)
+            .await
+            .unwrap()
+    );
+    let (state, attempts): (String, i32) =
+        sqlx::query_as("SELECT state, attempts FROM webhook_deliveries")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((state.as_str(), attempts), ("delivered", 2));
 }
 
 #[tokio::test]
