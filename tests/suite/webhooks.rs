@@ -552,7 +552,11 @@ async fn direct_messages_and_conversation_bodies_never_reach_the_receiver() {
         json!({"key": "ship", "title": "ship it"}),
     )
     .await;
+    call(&alice, "claim_task", json!({"key": "ship"})).await;
     call(&alice, "acquire_lock", json!({"name": "deploy"})).await;
+    call(&alice, "release_lock", json!({"name": "deploy"})).await;
+    let announcement = json!({"channel": "general", "body": "freeze at 5", "announce": true});
+    call(&alice, "post_message", announcement).await;
     post(&alice, "general", "the last event").await;
 
     // Triggers enqueue at commit: every row exists now; wait until all are sent.
@@ -568,8 +572,11 @@ async fn direct_messages_and_conversation_bodies_never_reach_the_receiver() {
         .collect();
     for expected in [
         "message.posted",
+        "announcement.posted",
         "task.created",
+        "task.claimed",
         "lock.acquired",
+        "lock.released",
         "note.set",
         "conversation.created",
         "conversation.member_joined",
@@ -631,6 +638,9 @@ async fn slack_and_channel_filters_shape_what_is_sent() {
     )
     .await;
     let alice = app.mcp(&token, None).await;
+    app.team("other").await;
+    let other = app.agent("other", "carol").await;
+    post(&app.mcp(&other, None).await, "ops", "another team's #ops").await;
     post(&alice, "general", "not for this hook").await;
     post(&alice, "ops", "disk <full> & rising").await;
     alice
@@ -645,7 +655,11 @@ async fn slack_and_channel_filters_shape_what_is_sent() {
         in_state(&app, "delivered").await == 1
     })
     .await;
-    assert_eq!(deliveries(&app).await.len(), 1, "only #ops messages match");
+    assert_eq!(
+        deliveries(&app).await.len(),
+        1,
+        "only #ops messages of this team match; a team without hooks enqueues nothing"
+    );
     let body = receiver.requests()[0].json();
     assert_eq!(
         body,

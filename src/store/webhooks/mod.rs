@@ -231,8 +231,10 @@ pub async fn add(pool: &PgPool, team: &TeamScope, new: NewWebhook) -> BusResult<
     let id = Uuid::new_v4();
     let actor = team.actor();
     let mut tx = pool.begin().await?;
-    // The team row serialises adds, so two cannot both take the last place.
-    sqlx::query("SELECT 1 FROM teams WHERE id = $1 FOR UPDATE")
+    // The team row serialises adds, so two cannot both take the last place;
+    // NO KEY: writes that reference the team (their foreign keys take KEY
+    // SHARE) are not held up.
+    sqlx::query("SELECT 1 FROM teams WHERE id = $1 FOR NO KEY UPDATE")
         .bind(found.id)
         .execute(&mut *tx)
         .await?;
