@@ -94,6 +94,10 @@ pub struct Dispatcher {
 
 impl Dispatcher {
     pub fn new(pool: sqlx::PgPool, settings: DispatchSettings) -> BusResult<Dispatcher> {
+        // reqwest is built without a TLS provider of its own and refuses to
+        // build a client without one; `main` installs ring, and so does this
+        // for a library caller that did not (an error means one is installed).
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let build = |guarded: bool| {
             let mut builder = reqwest::Client::builder()
                 .timeout(settings.request_timeout)
