@@ -450,6 +450,43 @@ async fn a_lease_keeps_a_delivery_from_everyone_else_until_it_lapses() {
     assert_eq!((state.as_str(), attempts), ("delivered", 2));
 }
 
+/// A name that resolved to a public address at `add` and resolves to
+/// loopback now (DNS rebinding) is refused at send time: here the hooks are
+/// added with `allow_private` and the flag is then cleared underneath them.
+#[tokio::test]
+async fn a_hook_without_allow_private_never_connects_to_a_private_address() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let token = app.agent("acme", "alice").await;
+    let receiver = Receiver::start().await;
+    let port = receiver.addr.port();
+    for url in [
+        format!("http://localhost:{port}/by-name"),
+        format!("http://127.0.0.1:{port}/by-address"),
+    ] {
+        add(&app, "acme", hook(&url, &["message"])).await;
+    }
+    sqlx::query("UPDATE webhooks SET allow_private = false")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    post(&app.mcp(&token, None).await, "general", "stay inside").await;
+
+    eventually("both deliveries failed", || async {
+        in_state(&app, "failed").await == 2
+    })
+    .await;
+    assert!(receiver.requests().is_empty(), "nothing was sent");
+    for row in deliveries(&app).await {
+        let error = row.last_error.unwrap();
+        assert_eq!(row.attempts, 1, "refused at once, not retried: {error}");
+        assert!(
+            error.contains("--allow-private") && error.contains("127.0.0.1"),
+            "{error}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn generic_deliveries_are_signed_over_the_exact_body() {
     let app = spawn_app().await;
