@@ -752,26 +752,19 @@ async fn urls_are_validated_and_a_refusal_writes_nothing() {
     assert_eq!((hooks, audits), (0, 0), "a refused add writes nothing");
 }
 
+/// `words` split on spaces, as a shell would (no quoting needed here).
+fn argv(words: &str) -> Vec<&str> {
+    words.split_whitespace().collect()
+}
+
 #[tokio::test]
 async fn the_cli_adds_lists_and_removes_webhooks_and_audits_them() {
     let db = fresh_database_url().await;
-    ok_json(
-        &db,
-        &[
-            "team", "create", "--slug", "acme", "--name", "Acme", "--json",
-        ],
-    );
+    ok_json(&db, &argv("team create --slug acme --name Acme --json"));
 
     let refused = bus(
         &db,
-        &[
-            "webhook",
-            "add",
-            "--team",
-            "acme",
-            "--url",
-            "http://127.0.0.1:9/hook",
-        ],
+        &argv("webhook add --team acme --url http://127.0.0.1:9/hook"),
     );
     assert!(!refused.status.success());
     let stderr = String::from_utf8_lossy(&refused.stderr);
@@ -779,22 +772,10 @@ async fn the_cli_adds_lists_and_removes_webhooks_and_audits_them() {
 
     let added = ok_json(
         &db,
-        &[
-            "webhook",
-            "add",
-            "--team",
-            "acme",
-            "--url",
-            "http://127.0.0.1:9/hook",
-            "--kind",
-            "discord",
-            "--events",
-            "task,lock",
-            "--channel",
-            "ops",
-            "--allow-private",
-            "--json",
-        ],
+        &argv(
+            "webhook add --team acme --url http://127.0.0.1:9/hook --kind discord \
+             --events task,lock --channel ops --allow-private --json",
+        ),
     );
     let secret = added["secret"].as_str().unwrap();
     assert!(secret.starts_with("whsec_"));
@@ -804,15 +785,7 @@ async fn the_cli_adds_lists_and_removes_webhooks_and_audits_them() {
 
     let text = bus(
         &db,
-        &[
-            "webhook",
-            "add",
-            "--team",
-            "acme",
-            "--url",
-            "http://127.0.0.1:9/x",
-            "--allow-private",
-        ],
+        &argv("webhook add --team acme --url http://127.0.0.1:9/x --allow-private"),
     );
     let shown = String::from_utf8_lossy(&text.stdout);
     assert!(
@@ -820,18 +793,18 @@ async fn the_cli_adds_lists_and_removes_webhooks_and_audits_them() {
         "{shown}"
     );
 
-    let listed = ok_json(&db, &["webhook", "list", "--team", "acme", "--json"]);
+    let list = argv("webhook list --team acme --json");
+    let listed = ok_json(&db, &list);
     assert_eq!(listed.as_array().unwrap().len(), 2);
     assert_eq!(listed[0]["id"], id);
     assert_eq!(listed[0]["channels"], json!(["ops"]));
     assert!(!listed.to_string().contains(secret), "never the secret");
-    let table = bus(&db, &["webhook", "list", "--team", "acme"]);
+    let table = bus(&db, &argv("webhook list --team acme"));
     assert!(String::from_utf8_lossy(&table.stdout).contains(id));
 
     let removed = ok_json(&db, &["webhook", "remove", "--id", id, "--json"]);
     assert_eq!(removed["id"], id);
-    let listed = ok_json(&db, &["webhook", "list", "--team", "acme", "--json"]);
-    assert_eq!(listed.as_array().unwrap().len(), 1);
+    assert_eq!(ok_json(&db, &list).as_array().unwrap().len(), 1);
     let again = bus(&db, &["webhook", "remove", "--id", id]);
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("no webhook with id"));
