@@ -25,6 +25,7 @@ use crate::config::HttpSettings;
 use crate::error::BusResult;
 use crate::workers::presence_sweeper::{self, SweeperSettings};
 use crate::workers::publication;
+use crate::workers::webhook_dispatcher::{self, DispatchSettings};
 
 /// Time between event-listener pings unless told otherwise (`serve
 /// --event-ping-secs`).
@@ -62,6 +63,9 @@ pub struct AppSettings {
     /// `None`: no such listener (`/metrics` is then on the main listener
     /// only, to a global admin credential).
     pub metrics_listener: Option<TcpListener>,
+    /// The webhook dispatcher, which always runs: deliveries are written by
+    /// triggers whatever the workers, and every replica helps send them.
+    pub webhooks: DispatchSettings,
 }
 
 impl Default for AppSettings {
@@ -74,6 +78,7 @@ impl Default for AppSettings {
             publication_workers: true,
             sweeper: SweeperSettings::default(),
             metrics_listener: None,
+            webhooks: DispatchSettings::default(),
         }
     }
 }
@@ -112,6 +117,7 @@ impl App {
             }
         };
         presence_sweeper::spawn(bus.clone(), settings.sweeper, shutdown.clone());
+        webhook_dispatcher::spawn(bus.pool.clone(), settings.webhooks, shutdown.clone())?;
         if settings.publication_workers {
             publication::spawn_all(bus.clone(), shutdown.clone());
         }

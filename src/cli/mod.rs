@@ -91,6 +91,9 @@ enum Command {
     /// Manage agent tokens.
     #[command(subcommand)]
     Token(operator::TokenCommand),
+    /// Outgoing webhooks of a team (generic signed JSON, Slack, Discord).
+    #[command(subcommand)]
+    Webhook(operator::webhook::WebhookCommand),
     /// Print the MCP client config block for a URL and token.
     McpConfig(operator::McpConfigArgs),
     /// Administration: `bootstrap` locally, the rest over a server's /admin API.
@@ -152,6 +155,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Agent(cmd) => operator::agent(&ctx, cmd).await,
         Command::Conversations(cmd) => conversations::run(&ctx, cmd).await,
         Command::Token(cmd) => operator::token(&ctx, cmd).await,
+        Command::Webhook(cmd) => operator::webhook::run(&ctx, cmd).await,
         Command::Admin(cmd) => admin::run(&ctx, cmd).await,
         Command::Client(args) => client::run(args).await,
         Command::Context(command) => context::run(command).await,

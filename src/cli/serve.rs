@@ -244,6 +244,7 @@ async fn serve_on(
             ..Default::default()
         },
         metrics_listener: metrics,
+        webhooks: Default::default(),
     };
     let app = App::build(db.pool.clone(), settings, shutdown).await?;
     match &app.broker {

@@ -79,6 +79,8 @@ const ROUTES: &[&str] = &[
     "POST /admin/teams/{team}/agents/{name}/disable|enable",
     "GET|POST /admin/teams/{team}/tokens",
     "DELETE /admin/teams/{team}/tokens/{id}",
+    "GET|POST /admin/teams/{team}/webhooks",
+    "DELETE /admin/teams/{team}/webhooks/{id}",
     "GET|POST /admin/credentials",
     "DELETE /admin/credentials/{id}",
     "GET /dashboard",

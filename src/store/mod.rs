@@ -36,6 +36,7 @@ pub mod teams;
 pub mod text;
 pub mod tokens;
 pub mod waits;
+pub mod webhooks;
 
 use crate::error::{BusError, BusResult};
 

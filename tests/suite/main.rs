@@ -49,4 +49,5 @@ mod tenancy;
 mod text_rules;
 mod upgrades;
 mod waiting;
+mod webhooks;
 mod write_fence;

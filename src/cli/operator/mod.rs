@@ -1,9 +1,11 @@
 //! Local operator commands: teams, agents, tokens, quickstart, mcp-config.
 //! They run beside the database (DATABASE_URL or the embedded cluster).
 //!
-//! `team …` is in [`team`]; agents, tokens, quickstart and mcp-config are here.
+//! `team …` is in [`team`], `webhook …` in [`webhook`]; agents, tokens, quickstart and
+//! mcp-config are here.
 
 pub mod team;
+pub mod webhook;
 
 use clap::{Args, Subcommand};
 use serde_json::json;

@@ -27,6 +27,8 @@ use crate::error::{BusError, BusResult};
 use crate::store::admin::{self, AdminIdentity, Authority};
 use crate::store::{agents, teams, text, tokens};
 
+mod webhooks;
+
 pub const ADMIN_BODY_MAX_BYTES: usize = 16 * 1024;
 
 pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
@@ -40,6 +42,7 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/teams/{team}/tokens/{id}", delete(revoke_token))
         .route("/credentials", get(list_credentials).post(grant_credential))
         .route("/credentials/{id}", delete(revoke_credential))
+        .merge(webhooks::routes())
         .fallback(super::not_found)
         .layer(middleware::from_fn_with_state(state, admin_gate))
 }

@@ -18,6 +18,7 @@ use ai_crew_sync::config::HttpSettings;
 use ai_crew_sync::store::admin::{Authority, GlobalScope, TeamScope};
 use ai_crew_sync::store::{Actor, Source, agents, teams};
 use ai_crew_sync::workers::publication::{self, DrainSettings};
+use ai_crew_sync::workers::webhook_dispatcher::DispatchSettings;
 use serde_json::Value;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -117,6 +118,7 @@ fn test_settings(settings: HttpSettings, broker: Option<Broker>) -> AppSettings 
         event_ping: Duration::from_secs(1),
         broker: broker.map_or(BrokerSettings::Off, BrokerSettings::Ready),
         publication_workers: false,
+        webhooks: webhook_settings(),
         ..AppSettings::default()
     }
 }
@@ -131,6 +133,19 @@ pub async fn spawn_app_with_metrics(settings: HttpSettings, nats_url: Option<&st
         None => None,
     };
     spawn_on_with(pool, database_url, settings, broker, true).await
+}
+
+/// The webhook dispatcher of the tests: a short poll and a short backoff
+/// (200 ms doubling, capped at 1 s), so retries finish in seconds.
+pub fn webhook_settings() -> DispatchSettings {
+    DispatchSettings {
+        poll: Duration::from_millis(100),
+        request_timeout: Duration::from_secs(3),
+        lease: Duration::from_secs(10),
+        backoff_base: Duration::from_millis(200),
+        backoff_cap: Duration::from_secs(1),
+        ..DispatchSettings::default()
+    }
 }
 
 /// Build the server as `serve` does ([`App::build`]) and serve it on a free

@@ -1,0 +1,174 @@
+//! `webhook add|list|remove`: a team's outgoing webhooks, beside the
+//! database. Thin: parse, call one function of `store::webhooks`, print. The
+//! checks (URL, addresses, events, channels) and the audit row are there, so
+//! `/admin/teams/{team}/webhooks` behaves the same.
+
+use clap::{Args, Subcommand};
+use uuid::Uuid;
+
+use crate::cli::Context;
+use crate::cli::args::TeamArgs;
+use crate::cli::output::{self, time};
+use crate::store::admin::Authority;
+use crate::store::webhooks::{self, NewWebhook, WebhookKind, WebhookSummary};
+
+#[derive(Subcommand, Debug)]
+pub enum WebhookCommand {
+    /// Add a webhook to a team and print its signing secret (shown once).
+    Add(AddArgs),
+    /// List a team's webhooks with delivery counts by state and the last errors of failed ones.
+    List(TeamArgs),
+    /// Remove a webhook by id; its pending deliveries are dropped.
+    Remove {
+        #[arg(long)]
+        id: Uuid,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct AddArgs {
+    #[arg(long)]
+    team: String,
+    /// Where to POST: an http or https URL (no user:password in it).
+    #[arg(long)]
+    url: String,
+    /// generic: signed JSON envelope; slack / discord: a short text for an incoming webhook.
+    #[arg(long, value_parser = ["generic", "slack", "discord"], default_value = "generic")]
+    kind: String,
+    /// Event families, comma-separated: message, announcement, task, lock, note,
+    /// conversation [default: all]. Never direct messages or conversation bodies.
+    #[arg(long, value_delimiter = ',')]
+    events: Vec<String>,
+    /// Only messages and announcements of this channel (name or id); repeat for several
+    /// [default: every channel].
+    #[arg(long = "channel")]
+    channels: Vec<String>,
+    /// Allow a private, loopback or link-local address (a receiver on this network).
+    #[arg(long)]
+    allow_private: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn run(ctx: &Context, command: WebhookCommand) -> anyhow::Result<()> {
+    let authority = Authority::local();
+    match command {
+        WebhookCommand::Add(args) => {
+            let new = NewWebhook {
+                url: args.url,
+                kind: WebhookKind::parse(&args.kind)?,
+                events: args.events,
+                channels: args.channels,
+                allow_private: args.allow_private,
+            };
+            let created = ctx
+                .with_database(async |pool| {
+                    Ok(webhooks::add(pool, &authority.team(&args.team)?, new).await?)
+                })
+                .await?;
+            if args.json {
+                return output::json(&created);
+            }
+            let hook = &created.webhook;
+            println!(
+                "webhook {} added to team `{}`: {} {} for {}",
+                hook.id,
+                hook.team,
+                hook.kind.as_str(),
+                hook.url,
+                describe_filter(hook)
+            );
+            println!(
+                "signing secret (X-Bus-Signature: sha256=HMAC-SHA256 of the body), shown once:"
+            );
+            println!("  {}", created.secret);
+        }
+        WebhookCommand::List(TeamArgs { team, json }) => {
+            let list = ctx
+                .with_database(
+                    async |pool| Ok(webhooks::list(pool, &authority.team(&team)?).await?),
+                )
+                .await?;
+            if json {
+                return output::json(&list);
+            }
+            output::table(
+                &[
+                    "id",
+                    "kind",
+                    "url",
+                    "events",
+                    "pending",
+                    "delivered",
+                    "failed",
+                    "created",
+                ],
+                list.iter()
+                    .map(|h| {
+                        vec![
+                            h.id.to_string(),
+                            h.kind.as_str().to_owned(),
+                            output::clean(&h.url).into_owned(),
+                            describe_filter(h),
+                            (h.deliveries.pending + h.deliveries.delivering).to_string(),
+                            h.deliveries.delivered.to_string(),
+                            h.deliveries.failed.to_string(),
+                            time(&h.created_at),
+                        ]
+                    })
+                    .collect(),
+            );
+            for hook in list.iter().filter(|h| !h.failures.is_empty()) {
+                println!();
+                println!("failed deliveries of {} (newest first):", hook.id);
+                for f in &hook.failures {
+                    println!(
+                        "  {} {} after {} attempt(s): {}",
+                        time(&f.created_at),
+                        f.event,
+                        f.attempts,
+                        output::clean(f.last_error.as_deref().unwrap_or("-"))
+                    );
+                }
+            }
+        }
+        WebhookCommand::Remove { id, json } => {
+            let removed = ctx
+                .with_database(async |pool| {
+                    let global = authority.global("remove webhooks by id alone")?;
+                    Ok(webhooks::remove(pool, id, &global).await?)
+                })
+                .await?;
+            if json {
+                return output::json(&removed);
+            }
+            println!(
+                "webhook {} of team `{}` removed ({} delivered, {} failed, {} not yet sent dropped)",
+                removed.id,
+                removed.team,
+                removed.deliveries.delivered,
+                removed.deliveries.failed,
+                removed.deliveries.pending + removed.deliveries.delivering
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `task,lock` or `message in #general,#ops`.
+fn describe_filter(hook: &WebhookSummary) -> String {
+    let events = hook.events.join(",");
+    match &hook.channels {
+        Some(channels) => format!(
+            "{events} (messages in {})",
+            channels
+                .iter()
+                .map(|c| format!("#{c}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+        None => events,
+    }
+}
