@@ -32,6 +32,7 @@ pub mod tasks;
 pub mod teams;
 pub mod text;
 pub mod tokens;
+pub mod usage;
 pub mod waits;
 
 use crate::error::{BusError, BusResult};
