@@ -77,6 +77,8 @@ const ROUTES: &[&str] = &[
     "DELETE /admin/teams/{team}/tokens/{id}",
     "GET|POST /admin/credentials",
     "DELETE /admin/credentials/{id}",
+    "GET /admin/teams/{team}/usage",
+    "POST /admin/teams/{team}/prune",
 ];
 
 pub struct AppState {

@@ -27,6 +27,7 @@ pub mod overview;
 pub mod presence;
 pub mod projects;
 pub mod receipts;
+pub mod retention;
 pub mod sessions;
 pub mod tasks;
 pub mod teams;

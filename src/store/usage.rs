@@ -211,12 +211,7 @@ fn percent(used: i64, limit: i64) -> f64 {
 
 /// The recount's result, kept for [`check_quota`]. A short upsert of the
 /// team's quota row; an older count never overwrites a newer one.
-async fn record_count(
-    pool: &PgPool,
-    team_id: Uuid,
-    used: i64,
-    at: DateTime<Utc>,
-) -> BusResult<()> {
+async fn record_count(pool: &PgPool, team_id: Uuid, used: i64, at: DateTime<Utc>) -> BusResult<()> {
     sqlx::query(
         "INSERT INTO team_quotas (team_id, attachment_bytes_limit, storage_bytes_used, storage_counted_at)
          VALUES ($1, $2, $3, $4)

@@ -7,3 +7,4 @@
 pub mod inbox_publisher;
 pub mod presence_sweeper;
 pub mod publication;
+pub mod storage_recount;

@@ -7,6 +7,7 @@
 //! `store::lost_bodies`. What `migrate` shows (the plan, progress, each
 //! conversation's outcome) is `show_moves.rs`.
 
+mod retention;
 mod show_moves;
 
 use clap::Subcommand;
@@ -168,10 +169,14 @@ pub enum ConversationsCommand {
         #[arg(long)]
         json: bool,
     },
+    /// How many days one conversation keeps its messages: `team prune` then releases older
+    /// ones (tombstoned, body dropped) once every receipt is acknowledged. Audited.
+    Retention(retention::RetentionArgs),
 }
 
 pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result<()> {
     match command {
+        ConversationsCommand::Retention(args) => retention::run(ctx, args).await?,
         ConversationsCommand::Status {
             team,
             nats_url,

@@ -28,9 +28,8 @@ pub async fn create(bus: &Bus, me: &Identity, new: NewTask) -> BusResult<Task> {
 
     let mut tx = bus.pool.begin().await?;
     sessions::guard(&mut tx, me).await?;
-    let incoming = title.len()
-        + description.as_ref().map_or(0, |d| d.len())
-        + metadata.to_string().len();
+    let incoming =
+        title.len() + description.as_ref().map_or(0, |d| d.len()) + metadata.to_string().len();
     usage::check_quota(&mut *tx, me.team_id, &me.team, incoming).await?;
     let found = dependencies::resolve(&mut tx, me, &depends_on, "Nothing was created.").await?;
     let task_id = Uuid::new_v4();
