@@ -14,7 +14,7 @@ use crate::support::{
     McpClient, TestApp, globally, http_client, in_team, spawn_app, spawn_app_with, test_actor,
 };
 
-async fn api(
+pub(crate) async fn api(
     app: &TestApp,
     credential: &str,
     method: Method,

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use crate::support::postgres::fresh_database_url;
 
-fn bus(database_url: &str, args: &[&str]) -> Output {
+pub(crate) fn bus(database_url: &str, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"))
         .args(args)
         .env("DATABASE_URL", database_url)
@@ -15,7 +15,7 @@ fn bus(database_url: &str, args: &[&str]) -> Output {
         .expect("run ai-crew-sync")
 }
 
-fn ok_json(database_url: &str, args: &[&str]) -> Value {
+pub(crate) fn ok_json(database_url: &str, args: &[&str]) -> Value {
     let out = bus(database_url, args);
     assert!(
         out.status.success(),

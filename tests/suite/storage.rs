@@ -4,17 +4,18 @@
 //! and the `/admin` routes. History is made "old" by moving its timestamps
 //! back in the test's own database (test data setup).
 
-use std::process::{Command, Output};
-
 use ai_crew_sync::store::retention::{self, PruneRequest};
 use ai_crew_sync::store::{admin, teams, usage};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use reqwest::Method;
+
+use crate::admin::api;
+use crate::cli::{bus, ok_json};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::support::{McpClient, TestApp, http_client, in_team, spawn_app, test_actor};
+use crate::support::{McpClient, TestApp, in_team, spawn_app, test_actor};
 
 fn kind<'a>(report: &'a Value, kind: &str) -> &'a Value {
     report["kinds"]
@@ -512,29 +513,6 @@ async fn a_prune_keeps_what_readers_receipts_notes_and_open_tasks_still_need() {
     );
 }
 
-fn bus(database_url: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"))
-        .args(args)
-        .env("DATABASE_URL", database_url)
-        .output()
-        .expect("run ai-crew-sync")
-}
-
-fn ok_json(database_url: &str, args: &[&str]) -> Value {
-    let out = bus(database_url, args);
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{args:?} printed no JSON ({e}): {}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    })
-}
-
 #[tokio::test]
 async fn the_operator_binary_shows_usage_sets_quota_and_retention_and_prunes() {
     let app = spawn_app().await;
@@ -637,24 +615,6 @@ async fn the_operator_binary_shows_usage_sets_quota_and_retention_and_prunes() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-async fn api(
-    app: &TestApp,
-    credential: &str,
-    method: Method,
-    path: &str,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut request = http_client()
-        .request(method, app.url(path))
-        .bearer_auth(credential);
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    let response = request.send().await.unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
 }
 
 #[tokio::test]

@@ -124,98 +124,131 @@ macro_rules! conversation_message_bytes {
     };
 }
 
-pub(super) const CHANNEL_MESSAGES_COUNT: &str = concat!(
-    "SELECT count(*), coalesce(sum(",
-    message_bytes!(),
-    "), 0)::bigint FROM messages m WHERE ",
-    channel_message_prunable!()
+/// The dry run's count of what `predicate` allows in `table`: (rows, bytes).
+macro_rules! count_of {
+    ($table:literal, $alias:literal, $predicate:expr, $bytes:expr) => {
+        concat!(
+            "SELECT count(*), coalesce(sum(",
+            $bytes,
+            "), 0)::bigint FROM ",
+            $table,
+            " ",
+            $alias,
+            " WHERE ",
+            $predicate
+        )
+    };
+}
+
+pub(super) const CHANNEL_MESSAGES_COUNT: &str = count_of!(
+    "messages",
+    "m",
+    channel_message_prunable!(),
+    message_bytes!()
 );
-pub(super) const DIRECT_MESSAGES_COUNT: &str = concat!(
-    "SELECT count(*), coalesce(sum(",
-    message_bytes!(),
-    "), 0)::bigint FROM messages m WHERE ",
-    direct_message_prunable!()
+pub(super) const DIRECT_MESSAGES_COUNT: &str = count_of!(
+    "messages",
+    "m",
+    direct_message_prunable!(),
+    message_bytes!()
 );
-pub(super) const ATTACHMENTS_COUNT: &str = concat!(
-    "SELECT count(*), coalesce(sum(x.size_bytes), 0)::bigint FROM attachments x WHERE ",
-    attachment_prunable!()
+pub(super) const ATTACHMENTS_COUNT: &str =
+    count_of!("attachments", "x", attachment_prunable!(), "x.size_bytes");
+pub(super) const NOTE_REVISIONS_COUNT: &str = count_of!(
+    "note_revisions",
+    "x",
+    note_revision_prunable!(),
+    "octet_length(x.value)"
 );
-pub(super) const NOTE_REVISIONS_COUNT: &str = concat!(
-    "SELECT count(*), coalesce(sum(octet_length(x.value)), 0)::bigint FROM note_revisions x WHERE ",
-    note_revision_prunable!()
+pub(super) const TASK_EVENTS_COUNT: &str = count_of!(
+    "task_events",
+    "x",
+    task_event_prunable!(),
+    "octet_length(x.detail::text)"
 );
-pub(super) const TASK_EVENTS_COUNT: &str = concat!(
-    "SELECT count(*), coalesce(sum(octet_length(x.detail::text)), 0)::bigint FROM task_events x WHERE ",
-    task_event_prunable!()
+pub(super) const AUDIT_COUNT: &str = count_of!(
+    "audit_log",
+    "x",
+    audit_prunable!(),
+    "octet_length(x.detail::text)"
 );
-pub(super) const AUDIT_COUNT: &str = concat!(
-    "SELECT count(*), coalesce(sum(octet_length(x.detail::text)), 0)::bigint FROM audit_log x WHERE ",
-    audit_prunable!()
+pub(super) const CONVERSATION_AUDIT_COUNT: &str = count_of!(
+    "conversation_audit",
+    "x",
+    audit_prunable!(),
+    "octet_length(x.detail::text)"
 );
-pub(super) const CONVERSATION_AUDIT_COUNT: &str = concat!(
-    "SELECT count(*), coalesce(sum(octet_length(x.detail::text)), 0)::bigint
-       FROM conversation_audit x WHERE ",
-    audit_prunable!()
-);
-pub(super) const CONVERSATION_MESSAGES_COUNT: &str = concat!(
-    "SELECT count(*), coalesce(sum(",
-    conversation_message_bytes!(),
-    "), 0)::bigint FROM conversation_messages m WHERE ",
-    conversation_message_prunable!()
+pub(super) const CONVERSATION_MESSAGES_COUNT: &str = count_of!(
+    "conversation_messages",
+    "m",
+    conversation_message_prunable!(),
+    conversation_message_bytes!()
 );
 
 /// One batch of channel (or, with the other predicate, direct) messages:
 /// their ids, channels and weights, locked; rows another transaction holds
 /// are skipped, never waited on. `$3` the batch size.
-pub(super) const CHANNEL_MESSAGES_BATCH: &str = concat!(
-    "SELECT m.id, m.channel_id, ",
-    message_bytes!(),
-    "::bigint FROM messages m WHERE ",
-    channel_message_prunable!(),
-    " ORDER BY m.position LIMIT $3 FOR UPDATE OF m SKIP LOCKED"
-);
-pub(super) const DIRECT_MESSAGES_BATCH: &str = concat!(
-    "SELECT m.id, m.channel_id, ",
-    message_bytes!(),
-    "::bigint FROM messages m WHERE ",
-    direct_message_prunable!(),
-    " ORDER BY m.position LIMIT $3 FOR UPDATE OF m SKIP LOCKED"
-);
+macro_rules! message_batch {
+    ($predicate:expr) => {
+        concat!(
+            "SELECT m.id, m.channel_id, ",
+            message_bytes!(),
+            "::bigint FROM messages m WHERE ",
+            $predicate,
+            " ORDER BY m.position LIMIT $3 FOR UPDATE OF m SKIP LOCKED"
+        )
+    };
+}
 
-/// A batch of rows of a table keyed by `ctid`-free keys, deleted in one
-/// statement: (rows, bytes). `$3` the batch size.
-pub(super) const NOTE_REVISIONS_BATCH: &str = concat!(
-    "WITH d AS (DELETE FROM note_revisions x
-                 WHERE (x.team_id, x.note_id, x.revision) IN (
-                       SELECT x.team_id, x.note_id, x.revision FROM note_revisions x WHERE ",
+pub(super) const CHANNEL_MESSAGES_BATCH: &str = message_batch!(channel_message_prunable!());
+pub(super) const DIRECT_MESSAGES_BATCH: &str = message_batch!(direct_message_prunable!());
+
+/// One statement deleting a batch (`$3` rows) of `table` by its key columns
+/// (`columns`, comma-separated) that `predicate` allows, skipping rows
+/// others hold: (rows, bytes).
+macro_rules! delete_batch {
+    ($table:literal, $columns:literal, $predicate:expr, $bytes:literal) => {
+        concat!(
+            "WITH d AS (DELETE FROM ",
+            $table,
+            " x WHERE (",
+            $columns,
+            ") IN (SELECT ",
+            $columns,
+            " FROM ",
+            $table,
+            " x WHERE ",
+            $predicate,
+            " LIMIT $3 FOR UPDATE OF x SKIP LOCKED) RETURNING ",
+            $bytes,
+            " AS bytes) SELECT count(*), coalesce(sum(bytes), 0)::bigint FROM d"
+        )
+    };
+}
+
+pub(super) const NOTE_REVISIONS_BATCH: &str = delete_batch!(
+    "note_revisions",
+    "x.team_id, x.note_id, x.revision",
     note_revision_prunable!(),
-    "                   LIMIT $3 FOR UPDATE OF x SKIP LOCKED)
-                RETURNING coalesce(octet_length(x.value), 0) AS bytes)
-     SELECT count(*), coalesce(sum(bytes), 0)::bigint FROM d"
+    "coalesce(octet_length(x.value), 0)"
 );
-pub(super) const TASK_EVENTS_BATCH: &str = concat!(
-    "WITH d AS (DELETE FROM task_events x
-                 WHERE x.id IN (SELECT x.id FROM task_events x WHERE ",
+pub(super) const TASK_EVENTS_BATCH: &str = delete_batch!(
+    "task_events",
+    "x.id",
     task_event_prunable!(),
-    "                   LIMIT $3 FOR UPDATE OF x SKIP LOCKED)
-                RETURNING octet_length(x.detail::text) AS bytes)
-     SELECT count(*), coalesce(sum(bytes), 0)::bigint FROM d"
+    "octet_length(x.detail::text)"
 );
-pub(super) const AUDIT_BATCH: &str = concat!(
-    "WITH d AS (DELETE FROM audit_log x
-                 WHERE x.id IN (SELECT x.id FROM audit_log x WHERE ",
+pub(super) const AUDIT_BATCH: &str = delete_batch!(
+    "audit_log",
+    "x.id",
     audit_prunable!(),
-    "                   LIMIT $3 FOR UPDATE OF x SKIP LOCKED)
-                RETURNING octet_length(x.detail::text) AS bytes)
-     SELECT count(*), coalesce(sum(bytes), 0)::bigint FROM d"
+    "octet_length(x.detail::text)"
 );
-pub(super) const CONVERSATION_AUDIT_BATCH: &str = concat!(
-    "WITH d AS (DELETE FROM conversation_audit x
-                 WHERE x.id IN (SELECT x.id FROM conversation_audit x WHERE ",
+pub(super) const CONVERSATION_AUDIT_BATCH: &str = delete_batch!(
+    "conversation_audit",
+    "x.id",
     audit_prunable!(),
-    "                   LIMIT $3 FOR UPDATE OF x SKIP LOCKED)
-                RETURNING octet_length(x.detail::text) AS bytes)
-     SELECT count(*), coalesce(sum(bytes), 0)::bigint FROM d"
+    "octet_length(x.detail::text)"
 );
 
 /// A batch of one conversation's (`$4`) messages past retention, released:
