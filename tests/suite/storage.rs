@@ -12,6 +12,7 @@ use reqwest::Method;
 
 use crate::admin::api;
 use crate::cli::{bus, ok_json};
+use crate::jetstream_bus::{Routed, body_stream, sequence};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -41,9 +42,15 @@ async fn prune(app: &TestApp, team: &str, days: i64, audit: Option<i64>, apply: 
         audit_older_than_days: audit,
         apply,
     };
-    let pruned = retention::prune(&app.pool, &in_team(team), &request, &|_| {})
-        .await
-        .unwrap();
+    let pruned = retention::prune(
+        &app.pool,
+        &app.bus.backends,
+        &in_team(team),
+        &request,
+        &|_| {},
+    )
+    .await
+    .unwrap();
     serde_json::to_value(pruned).unwrap()
 }
 
@@ -95,6 +102,17 @@ async fn send(client: &McpClient, conversation: Uuid, body: &str) -> Result<Valu
         .await
 }
 
+/// A task created, claimed and completed: three events.
+async fn finished_task(client: &McpClient, key: &str, title: &str, result: &str) {
+    for (tool, args) in [
+        ("create_task", json!({"key": key, "title": title})),
+        ("claim_task", json!({"key": key})),
+        ("complete_task", json!({"key": key, "result": result})),
+    ] {
+        client.call(tool, args).await.unwrap();
+    }
+}
+
 async fn team_with_conversations(app: &TestApp, team: &str) {
     app.team(team).await;
     teams::capability(&app.pool, team, Some(true), &test_actor())
@@ -124,18 +142,7 @@ async fn usage_counts_exactly_what_was_written() {
             .await
             .unwrap();
     }
-    alice
-        .call("create_task", json!({"key": "t1", "title": "T"}))
-        .await
-        .unwrap();
-    alice
-        .call("claim_task", json!({"key": "t1"}))
-        .await
-        .unwrap();
-    alice
-        .call("complete_task", json!({"key": "t1", "result": "done"}))
-        .await
-        .unwrap();
+    finished_task(&alice, "t1", "T", "done").await;
     let talk = conversation(&alice, &bob, "bob").await;
     send(&alice, talk, &"e".repeat(25)).await.unwrap();
 
@@ -312,18 +319,9 @@ async fn prunable_history(app: &TestApp) -> History {
             .await
             .unwrap();
     }
-    for key in ["done", "open"] {
-        alice
-            .call("create_task", json!({"key": key, "title": key}))
-            .await
-            .unwrap();
-    }
+    finished_task(&alice, "done", "done", "ok").await;
     alice
-        .call("claim_task", json!({"key": "done"}))
-        .await
-        .unwrap();
-    alice
-        .call("complete_task", json!({"key": "done", "result": "ok"}))
+        .call("create_task", json!({"key": "open", "title": "open"}))
         .await
         .unwrap();
     let talk = conversation(&alice, &bob, "bob").await;
@@ -686,4 +684,79 @@ async fn the_admin_routes_show_usage_and_prune_within_the_credential_scope() {
     .await
     .unwrap();
     assert!(actor.starts_with("admin:"), "{actor}");
+}
+
+/// Every reference the inbox owes `client`, fetched and confirmed.
+async fn take_inbox(client: &McpClient) {
+    let fetched = crate::inbox::fetch(client).await;
+    let ids = crate::inbox::delivery_ids(&fetched);
+    client
+        .call("confirm_inbox_delivery", json!({"delivery_ids": ids}))
+        .await
+        .unwrap();
+}
+
+// A release on JetStream goes through the backend's retention path: the
+// acknowledged, delivered message's body leaves the team's body stream; the
+// unacknowledged one stays readable there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_jetstream_message_has_its_body_dropped_from_the_broker() {
+    let url = crate::support::nats::nats_url();
+    let app = crate::support::spawn_app_with_broker(&url).await;
+    let t = Routed::new(&app, "jsr").await;
+    let released = t.send("acknowledged, then released").await;
+    let kept = t.send("still unacknowledged").await;
+    let workers = app.start_publication_workers();
+    let locators = t.wait_stored(&[released, kept]).await;
+    workers.stop().await;
+    t.bob
+        .call("ack_message", json!({"message_id": released}))
+        .await
+        .unwrap();
+    take_inbox(&t.bob).await;
+    take_inbox(&t.alice).await;
+    retention::set_retention(&app.pool, &in_team("jsr"), t.conversation_id, Some(1))
+        .await
+        .unwrap();
+    sqlx::query("UPDATE conversation_messages SET created_at = now() - interval '10 days'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+
+    let dry = prune(&app, "jsr", 30, None, false).await;
+    assert_eq!(
+        rows_bytes(&dry, "conversation_messages_released"),
+        (1, "acknowledged, then released".len() as i64)
+    );
+    let applied = prune(&app, "jsr", 30, None, true).await;
+    assert_eq!(applied["kinds"], dry["kinds"]);
+    assert_eq!(applied["broker"]["dropped"], 1, "{applied}");
+    assert_eq!(applied["broker"]["waiting"], 0, "{applied}");
+
+    let stream = body_stream(&url, t.team_id).await;
+    assert!(
+        stream
+            .get_raw_message(sequence(t.team_id, &locators[0]))
+            .await
+            .is_err(),
+        "the released body left the stream"
+    );
+    assert!(
+        stream
+            .get_raw_message(sequence(t.team_id, &locators[1]))
+            .await
+            .is_ok()
+    );
+    let page = t
+        .bob
+        .call(
+            "read_conversation",
+            json!({"conversation_id": t.conversation_id}),
+        )
+        .await
+        .unwrap();
+    let messages = page["messages"].as_array().unwrap();
+    assert_eq!(messages[0]["unavailable"]["reason"], "tombstoned", "{page}");
+    assert_eq!(messages[1]["body"], "still unacknowledged", "{page}");
+    app.broker().remove_team_streams(t.team_id).await.unwrap();
 }

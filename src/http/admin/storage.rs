@@ -52,7 +52,7 @@ pub(super) async fn prune(
             audit_older_than_days: asked.audit_older_than_days,
             apply: asked.apply,
         };
-        retention::prune(&state.pool, &team, &request, &|_| {}).await
+        retention::prune(&state.pool, &state.backends, &team, &request, &|_| {}).await
     };
     ok(result.await)
 }

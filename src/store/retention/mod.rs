@@ -37,9 +37,10 @@ use uuid::Uuid;
 
 use super::admin::TeamScope;
 use super::{audit, teams, usage};
+use crate::backend::Backends;
 use crate::error::{BusError, BusResult};
 
-pub use release::set_retention;
+pub use release::{BrokerDrop, Retention, set_retention};
 
 /// Rows removed per transaction.
 pub const BATCH: i64 = 1000;
@@ -78,6 +79,9 @@ pub struct Prune {
     pub total_bytes: i64,
     /// With `--apply`: the team's usage counted afterwards.
     pub used_bytes_after: Option<i64>,
+    /// With `--apply`: released JetStream bodies dropped from the broker,
+    /// and those still waiting for it.
+    pub broker: Option<BrokerDrop>,
 }
 
 impl Prune {
@@ -109,6 +113,7 @@ fn check_days(flag: &str, days: i64) -> BusResult<()> {
 /// `progress` hears each batch.
 pub async fn prune(
     pool: &PgPool,
+    backends: &Backends,
     team: &TeamScope,
     request: &PruneRequest,
     progress: &(dyn Fn(&Progress) + Sync),
@@ -202,8 +207,10 @@ pub async fn prune(
         total_rows,
         total_bytes,
         used_bytes_after: None,
+        broker: None,
     };
     if request.apply {
+        result.broker = Some(release::drop_broker_bodies(pool, backends, team.id).await?);
         let mut tx = pool.begin().await?;
         audit::record(
             &mut tx,

@@ -10,6 +10,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::{BATCH, DAYS_MAX, kinds};
+use crate::backend::{BackendKind, Backends, Locator, MessagingBackend};
 use crate::error::{BusError, BusResult};
 use crate::store::admin::TeamScope;
 use crate::store::{audit, teams};
@@ -133,7 +134,7 @@ pub(super) async fn release_conversation_messages(
     let (mut rows, mut bytes) = (0i64, 0i64);
     for (conversation_id, days) in conversations {
         let reason = format!(
-            "released by retention: this conversation keeps messages {days} day(s) \
+            "{RELEASED_BY_RETENTION}: this conversation keeps messages {days} day(s) \
              (`ai-crew-sync team prune`)"
         );
         loop {
@@ -162,6 +163,82 @@ pub(super) async fn release_conversation_messages(
         }
     }
     Ok((rows, bytes))
+}
+
+/// How a retention release's tombstone reason starts; the broker drop below
+/// finds the messages it still owes a drop by it.
+const RELEASED_BY_RETENTION: &str = "released by retention";
+
+/// What the broker was asked to drop after a release.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct BrokerDrop {
+    /// Bodies the broker dropped.
+    pub dropped: i64,
+    /// Released messages whose broker body is still to drop (no broker
+    /// here, or it did not answer); the next `team prune --apply` with the
+    /// broker drops them.
+    pub waiting: i64,
+    /// Why some wait.
+    pub why: Option<String>,
+}
+
+/// Drop from the broker the bodies of the team's JetStream messages a
+/// release tombstoned, through the backend's retention path
+/// (`MessagingBackend::retain`), a batch at a time with nothing held; each
+/// dropped message's locator is then cleared, so a later prune does not ask
+/// again. Without a broker, or when it fails, the rest waits.
+pub(super) async fn drop_broker_bodies(
+    pool: &PgPool,
+    backends: &Backends,
+    team_id: Uuid,
+) -> BusResult<BrokerDrop> {
+    let mut result = BrokerDrop::default();
+    let owed = format!("{RELEASED_BY_RETENTION}%");
+    loop {
+        let batch: Vec<(Uuid, String)> = sqlx::query_as(
+            "SELECT id, canonical_locator FROM conversation_messages
+              WHERE team_id = $1 AND backend = 'jetstream' AND canonical_locator IS NOT NULL
+                AND tombstone_reason LIKE $2
+              ORDER BY id LIMIT $3",
+        )
+        .bind(team_id)
+        .bind(&owed)
+        .bind(BATCH)
+        .fetch_all(pool)
+        .await?;
+        if batch.is_empty() {
+            return Ok(result);
+        }
+        let locators: Vec<Locator> = batch.iter().map(|(_, l)| Locator(l.clone())).collect();
+        let dropped = match backends.for_message(BackendKind::Jetstream, team_id) {
+            Ok(backend) => backend.retain(&locators).await,
+            Err(err) => Err(err),
+        };
+        if let Err(err) = dropped {
+            result.waiting = sqlx::query_scalar(
+                "SELECT count(*) FROM conversation_messages
+                  WHERE team_id = $1 AND backend = 'jetstream' AND canonical_locator IS NOT NULL
+                    AND tombstone_reason LIKE $2",
+            )
+            .bind(team_id)
+            .bind(&owed)
+            .fetch_one(pool)
+            .await?;
+            result.why = Some(err.to_string());
+            return Ok(result);
+        }
+        let ids: Vec<Uuid> = batch.iter().map(|(id, _)| *id).collect();
+        let cleared = sqlx::query(
+            "UPDATE conversation_messages SET canonical_locator = NULL
+              WHERE team_id = $1 AND id = ANY($2) AND tombstone_reason LIKE $3",
+        )
+        .bind(team_id)
+        .bind(&ids)
+        .bind(&owed)
+        .execute(pool)
+        .await?;
+        result.dropped += cleared.rows_affected() as i64;
+    }
 }
 
 /// `conversations retention`'s answer.

@@ -66,6 +66,13 @@ pub struct PruneArgs {
     /// Remove (default: only show what would be removed).
     #[arg(long)]
     apply: bool,
+    /// The NATS server holding the team's body stream: with --apply, the bodies of released
+    /// JetStream messages are dropped there (without it they wait for a later prune).
+    #[arg(long, env = "BUS_NATS_URL", hide_env_values = true)]
+    nats_url: Option<String>,
+    /// A NATS .creds file for that server.
+    #[arg(long, env = "BUS_NATS_CREDENTIALS", hide_env_values = true)]
+    nats_credentials: Option<PathBuf>,
     #[arg(long)]
     json: bool,
 }

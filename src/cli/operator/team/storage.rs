@@ -7,6 +7,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::PruneArgs;
+use crate::backend::Backends;
+use crate::backend::jetstream::Broker;
 use crate::cli::Context;
 use crate::cli::output;
 use crate::store::admin::Authority;
@@ -75,9 +77,15 @@ pub(super) async fn prune(
         older_than_days,
         audit_older_than_days,
         apply,
+        nats_url,
+        nats_credentials,
         json,
     } = args;
     let scope = authority.team(&team)?;
+    let broker = match (&nats_url, apply) {
+        (Some(url), true) => Some(Broker::connect(url, nats_credentials.as_deref()).await?),
+        _ => None,
+    };
     let request = PruneRequest {
         older_than_days,
         audit_older_than_days,
@@ -86,7 +94,11 @@ pub(super) async fn prune(
     let view = ProgressView::new(json);
     let pruned = ctx
         .with_database(async |pool| {
-            Ok(retention::prune(pool, &scope, &request, &|p| view.show(p)).await?)
+            let backends = match &broker {
+                Some(broker) => Backends::with_broker(pool.clone(), broker.clone()),
+                None => Backends::postgres_only(pool.clone()),
+            };
+            Ok(retention::prune(pool, &backends, &scope, &request, &|p| view.show(p)).await?)
         })
         .await;
     view.finish();
@@ -126,6 +138,19 @@ pub(super) async fn prune(
         "total: {} rows, {} bytes",
         pruned.total_rows, pruned.total_bytes
     );
+    if let Some(broker) = &pruned.broker {
+        if broker.dropped > 0 {
+            println!("dropped {} released bodies from the broker", broker.dropped);
+        }
+        if broker.waiting > 0 {
+            println!(
+                "{} released bodies are still on the broker ({}); run the prune again with \
+                 --nats-url to drop them",
+                broker.waiting,
+                broker.why.as_deref().unwrap_or("no broker")
+            );
+        }
+    }
     if let Some(used) = pruned.used_bytes_after {
         println!("the team now stores {used} bytes (counted after the prune)");
     }
