@@ -567,6 +567,23 @@ async fn the_operator_binary_shows_usage_sets_quota_and_retention_and_prunes() {
         String::from_utf8_lossy(&refused.stderr)
     );
 
+    let shown = bus(
+        &db,
+        &[
+            "team",
+            "prune",
+            "--team",
+            "acme",
+            "--older-than-days",
+            "30",
+            "--audit-older-than-days",
+            "30",
+        ],
+    );
+    let shown = String::from_utf8_lossy(&shown.stdout).into_owned();
+    assert!(shown.contains("dry run, nothing removed"), "{shown}");
+    assert!(shown.contains("\nchannel_messages   "), "{shown}");
+
     let dry = ok_json(
         &db,
         &[

@@ -185,23 +185,37 @@ pub(super) const CONVERSATION_MESSAGES_COUNT: &str = count_of!(
     conversation_message_bytes!()
 );
 
-/// One batch of channel (or, with the other predicate, direct) messages:
-/// their ids, channels and weights, locked; rows another transaction holds
-/// are skipped, never waited on. `$3` the batch size.
+/// One batch of channel (or, with the other predicate, direct) messages to
+/// remove: ids and channels, unlocked (the removal takes its locks in the
+/// posts' order, see `release.rs`). `$3` the batch size.
 macro_rules! message_batch {
     ($predicate:expr) => {
         concat!(
-            "SELECT m.id, m.channel_id, ",
-            message_bytes!(),
-            "::bigint FROM messages m WHERE ",
+            "SELECT m.id, m.channel_id FROM messages m WHERE ",
             $predicate,
-            " ORDER BY m.position LIMIT $3 FOR UPDATE OF m SKIP LOCKED"
+            " ORDER BY m.position LIMIT $3"
+        )
+    };
+}
+
+/// Delete the batch's messages (`$3` their ids) that the predicate still
+/// allows: ids, channels and weights of what went.
+macro_rules! message_delete {
+    ($predicate:expr) => {
+        concat!(
+            "DELETE FROM messages m WHERE m.id = ANY($3) AND ",
+            $predicate,
+            " RETURNING m.id, m.channel_id, ",
+            message_bytes!(),
+            "::bigint"
         )
     };
 }
 
 pub(super) const CHANNEL_MESSAGES_BATCH: &str = message_batch!(channel_message_prunable!());
 pub(super) const DIRECT_MESSAGES_BATCH: &str = message_batch!(direct_message_prunable!());
+pub(super) const CHANNEL_MESSAGES_DELETE: &str = message_delete!(channel_message_prunable!());
+pub(super) const DIRECT_MESSAGES_DELETE: &str = message_delete!(direct_message_prunable!());
 
 /// One statement deleting a batch (`$3` rows) of `table` by its key columns
 /// (`columns`, comma-separated) that `predicate` allows, skipping rows

@@ -24,11 +24,15 @@ pub(super) struct MessagesGone {
 }
 
 /// Delete channel (`channel`) or direct messages the predicate allows, a
-/// batch per transaction: the batch's rows are locked (rows a post or
-/// another prune holds are skipped), replies to them forget what they
-/// answered (`reply_to` cleared: the original is gone), their attachments go
-/// and leave the attachment quota, the messages go, and each channel's
-/// `message_count` drops by what it lost. Positions are untouched.
+/// batch per transaction. Locks in the order posts take them (the quota
+/// row, then channel rows, then messages), so a post running beside a batch
+/// waits for it or it for the post, never both: the batch is chosen without
+/// locks, the team's quota row and the batch's channel rows are locked, the
+/// batch's messages are deleted if the predicate still allows them (a cursor
+/// made meanwhile keeps its messages), replies to them forget what they
+/// answered (`reply_to` cleared: the original is gone), their attachments
+/// go and leave the attachment quota, and each channel's `message_count`
+/// drops by what it lost. Positions are untouched.
 pub(super) async fn delete_messages(
     pool: &PgPool,
     team_id: Uuid,
@@ -36,10 +40,13 @@ pub(super) async fn delete_messages(
     channel: bool,
     report: &(dyn Fn(i64) + Sync),
 ) -> BusResult<MessagesGone> {
-    let batch_sql = if channel {
-        kinds::CHANNEL_MESSAGES_BATCH
+    let (batch_sql, delete_sql) = if channel {
+        (
+            kinds::CHANNEL_MESSAGES_BATCH,
+            kinds::CHANNEL_MESSAGES_DELETE,
+        )
     } else {
-        kinds::DIRECT_MESSAGES_BATCH
+        (kinds::DIRECT_MESSAGES_BATCH, kinds::DIRECT_MESSAGES_DELETE)
     };
     let mut gone = MessagesGone {
         rows: 0,
@@ -49,7 +56,7 @@ pub(super) async fn delete_messages(
     };
     loop {
         let mut tx = pool.begin().await?;
-        let batch: Vec<(Uuid, Option<Uuid>, i64)> = sqlx::query_as(batch_sql)
+        let batch: Vec<(Uuid, Option<Uuid>)> = sqlx::query_as(batch_sql)
             .bind(team_id)
             .bind(cutoff)
             .bind(BATCH)
@@ -59,7 +66,19 @@ pub(super) async fn delete_messages(
             tx.rollback().await?;
             return Ok(gone);
         }
-        let ids: Vec<Uuid> = batch.iter().map(|(id, _, _)| *id).collect();
+        let ids: Vec<Uuid> = batch.iter().map(|(id, _)| *id).collect();
+        let channels: Vec<Uuid> = batch.iter().filter_map(|(_, c)| *c).collect();
+        sqlx::query("SELECT 1 FROM team_quotas WHERE team_id = $1 FOR UPDATE")
+            .bind(team_id)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "SELECT 1 FROM channels WHERE team_id = $1 AND id = ANY($2) ORDER BY id FOR UPDATE",
+        )
+        .bind(team_id)
+        .bind(&channels)
+        .execute(&mut *tx)
+        .await?;
         sqlx::query(
             "UPDATE messages SET reply_to = NULL
               WHERE team_id = $1 AND reply_to = ANY($2) AND NOT (id = ANY($2))",
@@ -68,13 +87,24 @@ pub(super) async fn delete_messages(
         .bind(&ids)
         .execute(&mut *tx)
         .await?;
+        // The attachments go after their messages, in this transaction.
+        sqlx::query("SET CONSTRAINTS attachments_team_id_message_id_fkey DEFERRED")
+            .execute(&mut *tx)
+            .await?;
+        let deleted: Vec<(Uuid, Option<Uuid>, i64)> = sqlx::query_as(delete_sql)
+            .bind(team_id)
+            .bind(cutoff)
+            .bind(&ids)
+            .fetch_all(&mut *tx)
+            .await?;
+        let deleted_ids: Vec<Uuid> = deleted.iter().map(|(id, _, _)| *id).collect();
         let (attachments, attachment_bytes): (i64, i64) = sqlx::query_as(
             "WITH d AS (DELETE FROM attachments WHERE team_id = $1 AND message_id = ANY($2)
                         RETURNING size_bytes)
              SELECT count(*), coalesce(sum(size_bytes), 0)::bigint FROM d",
         )
         .bind(team_id)
-        .bind(&ids)
+        .bind(&deleted_ids)
         .fetch_one(&mut *tx)
         .await?;
         if attachment_bytes > 0 {
@@ -88,26 +118,26 @@ pub(super) async fn delete_messages(
             .execute(&mut *tx)
             .await?;
         }
-        sqlx::query("DELETE FROM messages WHERE team_id = $1 AND id = ANY($2)")
-            .bind(team_id)
-            .bind(&ids)
-            .execute(&mut *tx)
-            .await?;
-        let channels: Vec<Uuid> = batch.iter().filter_map(|(_, c, _)| *c).collect();
-        if !channels.is_empty() {
+        let lost: Vec<Uuid> = deleted.iter().filter_map(|(_, c, _)| *c).collect();
+        if !lost.is_empty() {
             sqlx::query(
                 "UPDATE channels c SET message_count = greatest(c.message_count - g.n, 0)
                    FROM (SELECT id, count(*) AS n FROM unnest($2::uuid[]) AS id GROUP BY id) g
                   WHERE c.team_id = $1 AND c.id = g.id",
             )
             .bind(team_id)
-            .bind(&channels)
+            .bind(&lost)
             .execute(&mut *tx)
             .await?;
         }
         tx.commit().await?;
-        gone.rows += batch.len() as i64;
-        gone.bytes += batch.iter().map(|(_, _, b)| *b).sum::<i64>();
+        if deleted.is_empty() {
+            // Everything chosen is needed after all (a reader came):
+            // nothing more this kind can take now.
+            return Ok(gone);
+        }
+        gone.rows += deleted.len() as i64;
+        gone.bytes += deleted.iter().map(|(_, _, b)| *b).sum::<i64>();
         gone.attachments += attachments;
         gone.attachment_bytes += attachment_bytes;
         report(gone.rows);
