@@ -1,8 +1,9 @@
 //! `conversations …`: where conversation bodies live, what is still in
 //! flight, moving conversations between backends (`migrate`, `cleanup`), and
 //! an operator's switch of one conversation's publication or tombstone of one
-//! message (`publication`, `tombstone`), and declaring bodies the broker lost
-//! (`declare-lost`). Runs beside the database; the logic is in
+//! message (`publication`, `tombstone`), declaring bodies the broker lost
+//! (`declare-lost`), and how long a conversation keeps its messages
+//! (`retention`, in `retention.rs`). Runs beside the database; the logic is in
 //! `store::outbox`, `store::moves`, `store::conversation_operator` and
 //! `store::lost_bodies`. What `migrate` shows (the plan, progress, each
 //! conversation's outcome) is `show_moves.rs`.
