@@ -102,6 +102,16 @@ async fn send(client: &McpClient, conversation: Uuid, body: &str) -> Result<Valu
         .await
 }
 
+async fn read_conversation(client: &McpClient, conversation: Uuid) -> Value {
+    client
+        .call(
+            "read_conversation",
+            json!({"conversation_id": conversation}),
+        )
+        .await
+        .unwrap()
+}
+
 /// A task created, claimed and completed: three events.
 async fn finished_task(client: &McpClient, key: &str, title: &str, result: &str) {
     for (tool, args) in [
@@ -461,14 +471,7 @@ async fn a_prune_keeps_what_readers_receipts_notes_and_open_tasks_still_need() {
 
     // The unacknowledged conversation message is kept; the acknowledged one
     // reads as released, its seq still there.
-    let page = history
-        .bob
-        .call(
-            "read_conversation",
-            json!({"conversation_id": history.conversation}),
-        )
-        .await
-        .unwrap();
+    let page = read_conversation(&history.bob, history.conversation).await;
     let messages = page["messages"].as_array().unwrap();
     assert_eq!(messages.len(), 2, "{page}");
     assert_eq!(messages[0]["seq"], 1);
@@ -521,6 +524,13 @@ async fn the_operator_binary_shows_usage_sets_quota_and_retention_and_prunes() {
     let used = ok_json(&db, &["team", "usage", "--team", "acme", "--json"]);
     assert_eq!(kind(&used, "channel_messages")["rows"], 5);
     assert_eq!(kind(&used, "direct_messages")["rows"], 2);
+    let shown = bus(&db, &["team", "usage", "--team", "acme"]);
+    let shown = String::from_utf8_lossy(&shown.stdout).into_owned();
+    assert!(shown.contains("\nchannel_messages "), "{shown}");
+    assert!(
+        shown.contains(&format!("{} of 1073741824 bytes used", used["used_bytes"])),
+        "{shown}"
+    );
 
     let quota = ok_json(
         &db,
@@ -764,14 +774,7 @@ async fn a_released_jetstream_message_has_its_body_dropped_from_the_broker() {
             .await
             .is_ok()
     );
-    let page = t
-        .bob
-        .call(
-            "read_conversation",
-            json!({"conversation_id": t.conversation_id}),
-        )
-        .await
-        .unwrap();
+    let page = read_conversation(&t.bob, t.conversation_id).await;
     let messages = page["messages"].as_array().unwrap();
     assert_eq!(messages[0]["unavailable"]["reason"], "tombstoned", "{page}");
     assert_eq!(messages[1]["body"], "still unacknowledged", "{page}");
