@@ -118,6 +118,7 @@ impl App {
         };
         presence_sweeper::spawn(bus.clone(), settings.sweeper, shutdown.clone());
         webhook_dispatcher::spawn(bus.pool.clone(), settings.webhooks, shutdown.clone())?;
+        crate::workers::storage_recount::spawn(bus.clone(), shutdown.clone());
         if settings.publication_workers {
             publication::spawn_all(bus.clone(), shutdown.clone());
         }

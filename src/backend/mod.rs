@@ -117,13 +117,11 @@ pub trait MessagingBackend: Send + Sync {
         self.fetch(locator, message_id)
     }
 
-    /// Drop bodies older than `before` that a retention policy no longer
-    /// keeps; how many went. No caller yet (conversation history has no
-    /// retention), and both backends drop nothing.
-    fn retain(
-        &self,
-        before: chrono::DateTime<chrono::Utc>,
-    ) -> impl Future<Output = BusResult<u64>> + Send;
+    /// Drop the bodies of messages PostgreSQL has already released under a
+    /// retention (`team prune`: tombstoned, body cleared): the history
+    /// decides, by locator, never the backend by age. How many went; a body
+    /// already gone counts nothing. Called with nothing held (B7).
+    fn retain(&self, released: &[Locator]) -> impl Future<Output = BusResult<u64>> + Send;
 
     /// Settle an attempt that ended without an answer by presenting the same
     /// envelope again under the same key and reading what comes back. `None`:
@@ -172,10 +170,10 @@ impl MessagingBackend for AnyBackend {
         }
     }
 
-    async fn retain(&self, before: chrono::DateTime<chrono::Utc>) -> BusResult<u64> {
+    async fn retain(&self, released: &[Locator]) -> BusResult<u64> {
         match self {
-            AnyBackend::Postgres(b) => b.retain(before).await,
-            AnyBackend::JetStream(b) => b.retain(before).await,
+            AnyBackend::Postgres(b) => b.retain(released).await,
+            AnyBackend::JetStream(b) => b.retain(released).await,
         }
     }
 

@@ -155,10 +155,9 @@ impl MessagingBackend for PostgresBackend {
         Ok(body)
     }
 
-    async fn retain(&self, _before: chrono::DateTime<chrono::Utc>) -> BusResult<u64> {
-        // The rows are the history, and conversation history has no
-        // retention yet (nothing deletes a message). Dropping anything here
-        // would delete history.
+    async fn retain(&self, _released: &[Locator]) -> BusResult<u64> {
+        // The rows are the history: `team prune` released these bodies in
+        // the rows themselves. Nothing separate to drop here (B5).
         Ok(0)
     }
 

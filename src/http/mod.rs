@@ -86,6 +86,8 @@ const ROUTES: &[&str] = &[
     "GET /dashboard",
     "GET /dashboard/data",
     "POST /dashboard/sign-in|sign-out",
+    "GET /admin/teams/{team}/usage",
+    "POST /admin/teams/{team}/prune",
 ];
 
 pub struct AppState {

@@ -11,12 +11,11 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use serde_json::json;
 use sha2::{Digest, Sha256};
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::{Actor, audit, sessions, teams, text};
+use super::{sessions, text, usage};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -165,13 +164,17 @@ pub(crate) async fn insert_all(
         )));
     }
     let bytes: i64 = uploads.iter().map(|u| u.data.len() as i64).sum();
+    // The caller checked the whole write against the quota (`usage`);
+    // attachments are also checked exactly, under the quota row's lock, so
+    // two concurrent uploads cannot both take its last bytes.
     let (limit, used) = lock_quota(conn, me.team_id).await?;
     if used + bytes > limit {
         return Err(BusError::conflict(format!(
-            "the team's attachment quota is {limit} bytes and {used} are used; these {bytes} bytes do \
-             not fit. Ask an operator to raise it (`ai-crew-sync team quota --team {} --bytes N`) or \
-             prune old history.",
-            me.team
+            "the team's storage quota is {limit} bytes and attachments alone use {used}; these \
+             {bytes} bytes do not fit, so nothing was written. An operator can trim old history \
+             with `ai-crew-sync team prune --team {team} --older-than-days N` or raise the quota \
+             with `ai-crew-sync team quota --team {team} --bytes N`.",
+            team = me.team
         )));
     }
     sqlx::query("UPDATE team_quotas SET attachment_bytes_used = attachment_bytes_used + $2 WHERE team_id = $1")
@@ -212,7 +215,7 @@ pub(crate) async fn insert_all(
 }
 
 /// The team's quota row, created with the default on first use, locked.
-async fn lock_quota(conn: &mut PgConnection, team_id: Uuid) -> BusResult<(i64, i64)> {
+pub(crate) async fn lock_quota(conn: &mut PgConnection, team_id: Uuid) -> BusResult<(i64, i64)> {
     sqlx::query(
         "INSERT INTO team_quotas (team_id, attachment_bytes_limit) VALUES ($1, $2)
          ON CONFLICT (team_id) DO NOTHING",
@@ -240,6 +243,7 @@ pub async fn attach_to_task(
     let task_key = text::lookup(task_key);
     let mut tx = bus.pool.begin().await?;
     sessions::guard(&mut tx, me).await?;
+    usage::check_quota(&mut *tx, me.team_id, &me.team, upload.data.len()).await?;
     // The task row's lock orders concurrent attaches to one task for the count.
     let task_id: Option<Uuid> =
         sqlx::query_scalar("SELECT id FROM tasks WHERE team_id = $1 AND key = $2 FOR UPDATE")
@@ -322,54 +326,6 @@ pub async fn get(bus: &Bus, me: &Identity, id: Uuid) -> BusResult<AttachmentData
     })
 }
 
-#[derive(Clone, Debug, Serialize)]
-pub struct Quota {
-    pub team: String,
-    pub attachment_bytes_limit: i64,
-    pub attachment_bytes_used: i64,
-}
-
-/// `team quota`: show the quota, or set it (audited). Lowering it below what
-/// is used refuses new uploads, never drops stored ones.
-pub async fn quota(
-    pool: &PgPool,
-    team: &str,
-    set_bytes: Option<i64>,
-    actor: &Actor,
-) -> BusResult<Quota> {
-    if let Some(bytes) = set_bytes
-        && bytes < 0
-    {
-        return Err(BusError::invalid(format!(
-            "--bytes must be 0 or more (got {bytes}); 0 refuses every new attachment."
-        )));
-    }
-    let mut tx = pool.begin().await?;
-    let team = teams::find(&mut *tx, team).await?;
-    let (mut limit, used) = lock_quota(&mut tx, team.id).await?;
-    if let Some(bytes) = set_bytes
-        && bytes != limit
-    {
-        sqlx::query("UPDATE team_quotas SET attachment_bytes_limit = $2 WHERE team_id = $1")
-            .bind(team.id)
-            .bind(bytes)
-            .execute(&mut *tx)
-            .await?;
-        audit::record(
-            &mut tx,
-            Some(team.id),
-            actor,
-            "team.quota",
-            &team.slug,
-            json!({ "attachment_bytes_limit": bytes, "previous": limit }),
-        )
-        .await?;
-        limit = bytes;
-    }
-    tx.commit().await?;
-    Ok(Quota {
-        team: team.slug,
-        attachment_bytes_limit: limit,
-        attachment_bytes_used: used,
-    })
-}
+/// `team quota` moved to [`super::usage`], where the quota now caps
+/// everything a team stores; kept here under its first name.
+pub use super::usage::{Quota, quota};

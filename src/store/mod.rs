@@ -30,11 +30,13 @@ pub mod presence;
 pub mod projects;
 pub mod receipts;
 pub mod scrape;
+pub mod retention;
 pub mod sessions;
 pub mod tasks;
 pub mod teams;
 pub mod text;
 pub mod tokens;
+pub mod usage;
 pub mod waits;
 pub mod webhooks;
 

@@ -24,7 +24,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::{limits, sessions, text};
+use super::{limits, sessions, text, usage};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -307,6 +307,8 @@ pub async fn set(
 
     let mut tx = bus.pool.begin().await?;
     sessions::guard(&mut tx, me).await?;
+    // The value is stored twice: on the note and in its revision.
+    usage::check_quota(&mut *tx, me.team_id, &me.team, 2 * value.len()).await?;
     #[derive(sqlx::FromRow)]
     struct Written {
         id: Uuid,

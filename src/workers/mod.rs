@@ -8,3 +8,4 @@ pub mod inbox_publisher;
 pub mod presence_sweeper;
 pub mod publication;
 pub mod webhook_dispatcher;
+pub mod storage_recount;

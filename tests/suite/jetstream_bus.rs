@@ -57,7 +57,10 @@ fn socket(url: &str) -> SocketAddr {
 
 /// The team's body stream, on a connection of its own straight to the
 /// server (never through the app's broker or a proxy in front of it).
-async fn body_stream(nats_url: &str, team_id: Uuid) -> async_nats::jetstream::stream::Stream {
+pub(crate) async fn body_stream(
+    nats_url: &str,
+    team_id: Uuid,
+) -> async_nats::jetstream::stream::Stream {
     let js = async_nats::jetstream::new(
         async_nats::connect(nats_url)
             .await
@@ -74,7 +77,7 @@ async fn stream_messages(nats_url: &str, team_id: Uuid) -> u64 {
 }
 
 /// The sequence a `jetstream:` locator of this team names.
-fn sequence(team_id: Uuid, locator: &str) -> u64 {
+pub(crate) fn sequence(team_id: Uuid, locator: &str) -> u64 {
     let parsed = Locator(locator.to_owned());
     let (stream, seq) = parse_locator(&parsed).unwrap_or_else(|| panic!("{locator}"));
     assert_eq!(stream, body_stream_name(team_id), "{locator}");
@@ -133,16 +136,16 @@ struct Row {
 /// A team routed to jetstream (streams provisioned, `conversation_backend`
 /// jetstream) with alice (sender) and bob (recipient) in a conversation on
 /// it; publication is therefore the outbox.
-struct Routed<'a> {
+pub(crate) struct Routed<'a> {
     app: &'a TestApp,
-    team_id: Uuid,
-    alice: McpClient,
-    bob: McpClient,
-    conversation_id: Uuid,
+    pub(crate) team_id: Uuid,
+    pub(crate) alice: McpClient,
+    pub(crate) bob: McpClient,
+    pub(crate) conversation_id: Uuid,
 }
 
 impl<'a> Routed<'a> {
-    async fn new(app: &'a TestApp, slug: &str) -> Routed<'a> {
+    pub(crate) async fn new(app: &'a TestApp, slug: &str) -> Routed<'a> {
         let team_id = app.jetstream_team(slug).await;
         let alice = app.mcp(&app.agent(slug, "alice").await, None).await;
         let bob = app.mcp(&app.agent(slug, "bob").await, None).await;
@@ -202,7 +205,7 @@ impl<'a> Routed<'a> {
         sent["message_id"].as_str().unwrap().parse().unwrap()
     }
 
-    async fn send(&self, body: &str) -> Uuid {
+    pub(crate) async fn send(&self, body: &str) -> Uuid {
         self.send_in(self.conversation_id, body).await
     }
 
@@ -233,7 +236,7 @@ impl<'a> Routed<'a> {
     }
 
     /// Wait until every message is stored; their locators, in order.
-    async fn wait_stored(&self, ids: &[Uuid]) -> Vec<String> {
+    pub(crate) async fn wait_stored(&self, ids: &[Uuid]) -> Vec<String> {
         eventually("every message stored", async || {
             let mut locators = Vec::new();
             for id in ids {

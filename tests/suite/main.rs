@@ -42,6 +42,7 @@ mod refusals;
 mod run_script;
 mod sessions;
 mod shutdown;
+mod storage;
 mod support_servers;
 mod task_cancel;
 mod tasks;

@@ -13,8 +13,11 @@
 use std::time::Instant;
 
 use async_nats::HeaderMap;
+use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::context::{GetStreamErrorKind, PublishError, PublishErrorKind};
-use async_nats::jetstream::stream::{DirectGetErrorKind, RawMessageErrorKind};
+use async_nats::jetstream::stream::{
+    DeleteMessageErrorKind, DirectGetErrorKind, RawMessageErrorKind,
+};
 use uuid::Uuid;
 
 use super::{
@@ -285,15 +288,47 @@ impl MessagingBackend for JetStreamBackend {
         self.read(locator, message_id, false).await
     }
 
-    async fn retain(&self, _before: chrono::DateTime<chrono::Utc>) -> BusResult<u64> {
-        // Nothing deleted by age here. A body on the broker is history that
-        // PostgreSQL points at; deleting it behind the database's back would
-        // turn readable messages into tombstones. The stream's own limits
-        // (max bytes / messages, discard new) bound its size by refusing new
-        // bodies, never by dropping old ones. Conversation history has no
-        // retention yet; one would be decided where the history is
-        // (PostgreSQL) and remove bodies by locator with their messages.
-        Ok(0)
+    async fn retain(&self, released: &[Locator]) -> BusResult<u64> {
+        // Only what PostgreSQL released (tombstoned under a retention) is
+        // dropped, by locator: a body on the broker is history the database
+        // points at, and deleting by age behind its back would turn readable
+        // messages into tombstones. A locator of another team's stream is
+        // never acted on.
+        let own = body_stream_name(self.team_id);
+        let mut handle = None;
+        let mut dropped = 0;
+        for locator in released {
+            let Some((stream, sequence)) = parse_locator(locator) else {
+                continue;
+            };
+            if stream != own {
+                continue;
+            }
+            let stream = match &handle {
+                Some(stream) => stream,
+                None => handle.insert(
+                    self.broker
+                        .js()
+                        .get_stream_no_info(&own)
+                        .await
+                        .map_err(|e| unreachable_broker(&e))?,
+                ),
+            };
+            match stream.delete_message(sequence).await {
+                Ok(true) => dropped += 1,
+                Ok(false) => {}
+                Err(err) => match err.kind() {
+                    DeleteMessageErrorKind::JetStream(e)
+                        if e.error_code() == ErrorCode::NO_MESSAGE_FOUND => {}
+                    _ => {
+                        return Err(BusError::unavailable(format!(
+                            "the broker did not drop the body at {own} sequence {sequence}: {err}"
+                        )));
+                    }
+                },
+            }
+        }
+        Ok(dropped)
     }
 
     async fn reconcile(&self, envelope: &Envelope) -> BusResult<Option<Locator>> {

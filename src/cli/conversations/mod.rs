@@ -1,12 +1,14 @@
 //! `conversations …`: where conversation bodies live, what is still in
 //! flight, moving conversations between backends (`migrate`, `cleanup`), and
 //! an operator's switch of one conversation's publication or tombstone of one
-//! message (`publication`, `tombstone`), and declaring bodies the broker lost
-//! (`declare-lost`). Runs beside the database; the logic is in
+//! message (`publication`, `tombstone`), declaring bodies the broker lost
+//! (`declare-lost`), and how long a conversation keeps its messages
+//! (`retention`, in `retention.rs`). Runs beside the database; the logic is in
 //! `store::outbox`, `store::moves`, `store::conversation_operator` and
 //! `store::lost_bodies`. What `migrate` shows (the plan, progress, each
 //! conversation's outcome) is `show_moves.rs`.
 
+mod retention;
 mod show_moves;
 
 use clap::Subcommand;
@@ -168,10 +170,14 @@ pub enum ConversationsCommand {
         #[arg(long)]
         json: bool,
     },
+    /// How many days one conversation keeps its messages: `team prune` then releases older
+    /// ones (tombstoned, body dropped) once every receipt is acknowledged. Audited.
+    Retention(retention::RetentionArgs),
 }
 
 pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result<()> {
     match command {
+        ConversationsCommand::Retention(args) => retention::run(ctx, args).await?,
         ConversationsCommand::Status {
             team,
             nats_url,

@@ -6,6 +6,8 @@
 //! tenth of the MCP one per credential. Bodies are parsed strictly (unknown
 //! fields refused), so a body can never widen what the path allows.
 
+mod storage;
+
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
@@ -43,6 +45,8 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/credentials", get(list_credentials).post(grant_credential))
         .route("/credentials/{id}", delete(revoke_credential))
         .merge(webhooks::routes())
+        .route("/teams/{team}/usage", get(storage::usage))
+        .route("/teams/{team}/prune", post(storage::prune))
         .fallback(super::not_found)
         .layer(middleware::from_fn_with_state(state, admin_gate))
 }

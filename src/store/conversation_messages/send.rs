@@ -3,6 +3,7 @@
 //! refusal.
 
 use super::*;
+use crate::store::usage;
 
 fn parse_request_id(raw: &str) -> BusResult<Uuid> {
     Uuid::parse_str(raw.trim()).map_err(|_| {
@@ -46,6 +47,16 @@ pub async fn send(bus: &Bus, me: &Identity, mut new: NewConversationMessage) -> 
     // Anything else is worked out by `explain_unstored`: a refusal, or the
     // original of a retried send. Neither finding anything means what stood in
     // the way changed in between (say, an invitation accepted): try again.
+    // The quota, read before the send's one round trip (without a lock, so
+    // reading it apart changes nothing). A retry of a send accepted before
+    // still gets its original: what was accepted is never refused afterwards.
+    let incoming = new.body.len() + send.metadata.as_ref().map_or(0, |m| m.to_string().len());
+    if let Err(refusal) = usage::check_quota(&bus.pool, me.team_id, &me.team, incoming).await {
+        return match explain_unstored(bus, me, &send).await? {
+            Some(original) if original.replayed => Ok(original),
+            _ => Err(refusal),
+        };
+    }
     for _ in 0..STORE_ATTEMPTS {
         if let Some(sent) = store_if_clear(bus, me, &send).await? {
             return Ok(sent);

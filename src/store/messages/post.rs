@@ -8,7 +8,7 @@ use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::events::{BusEvent, EventKind};
-use crate::store::{attachments, channels, sessions};
+use crate::store::{attachments, channels, sessions, usage};
 use uuid::Uuid;
 
 /// `post_message`.
@@ -42,6 +42,10 @@ pub async fn post(bus: &Bus, me: &Identity, new: NewMessage) -> BusResult<Posted
 
     let mut tx = bus.pool.begin().await?;
     sessions::guard(&mut tx, me).await?;
+    let incoming = new.body.len()
+        + metadata.as_ref().map_or(0, |m| m.to_string().len())
+        + new.attachments.iter().map(|a| a.data.len()).sum::<usize>();
+    usage::check_quota(&mut *tx, me.team_id, &me.team, incoming).await?;
     let (channel, channel_created) = match &channel {
         Some(name) => {
             let (channel, created) = channels::find_or_create(&mut tx, me, name).await?;

@@ -15,7 +15,7 @@ use super::{NewTask, Task, dependencies};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
-use crate::store::{at, sessions, window_phrase};
+use crate::store::{at, sessions, usage, window_phrase};
 
 /// `create_task`: the task, its dependency rows and its `created` event in one
 /// transaction. A missing dependency or a taken key writes nothing.
@@ -28,6 +28,9 @@ pub async fn create(bus: &Bus, me: &Identity, new: NewTask) -> BusResult<Task> {
 
     let mut tx = bus.pool.begin().await?;
     sessions::guard(&mut tx, me).await?;
+    let incoming =
+        title.len() + description.as_ref().map_or(0, |d| d.len()) + metadata.to_string().len();
+    usage::check_quota(&mut *tx, me.team_id, &me.team, incoming).await?;
     let found = dependencies::resolve(&mut tx, me, &depends_on, "Nothing was created.").await?;
     let task_id = Uuid::new_v4();
     let inserted = sqlx::query(
@@ -166,6 +169,9 @@ pub async fn release(bus: &Bus, me: &Identity, key: &str) -> BusResult<Task> {
 pub async fn complete(bus: &Bus, me: &Identity, key: &str, result: &str) -> BusResult<Task> {
     let key = check_key(key)?;
     check_result(result)?;
+    // Read before the transition (the quota row is read without a lock, so
+    // where it is read changes nothing); a refusal writes nothing.
+    usage::check_quota(&bus.pool, me.team_id, &me.team, result.len()).await?;
     transition(bus, me, &key, Lock::Row, |row| {
         require_live_claim(row, me, "complete_task")?;
         let update = sqlx::query(

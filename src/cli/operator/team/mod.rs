@@ -1,20 +1,23 @@
 //! `team …`: create and list teams, switch a team's conversations on or off
 //! and choose their backend (`capability`), provision or remove its
-//! JetStream streams (`stream`), and its attachment quota (`quota`). One
-//! function per subcommand; the logic is in `store::teams`,
-//! `store::attachments` and `store::broker_conditions`.
+//! JetStream streams (`stream`), and what it stores: counted (`usage`),
+//! capped (`quota`) and trimmed (`prune`). One function per subcommand; the
+//! logic is in `store::teams`, `store::usage`, `store::retention` and
+//! `store::broker_conditions`.
 
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
 use serde_json::json;
 
+mod storage;
+
 use crate::backend::BackendKind;
 use crate::backend::jetstream::{Broker, StreamSizes};
 use crate::cli::Context;
 use crate::cli::output::{self, time};
 use crate::store::admin::Authority;
-use crate::store::{Actor, attachments, broker_conditions, teams};
+use crate::store::{Actor, broker_conditions, teams, usage};
 
 #[derive(Subcommand, Debug)]
 pub enum TeamCommand {
@@ -29,8 +32,49 @@ pub enum TeamCommand {
     Capability(CapabilityArgs),
     /// Provision (or adopt) the team's JetStream streams and show them; or remove them.
     Stream(StreamArgs),
-    /// Show the team's attachment quota, or set it with --bytes (new uploads beyond it are refused).
+    /// Show the team's storage quota and usage, or set it with --bytes: it caps everything the
+    /// team stores (messages, notes, tasks, attachments, conversation bodies); writes past it are
+    /// refused, stored history is never dropped.
     Quota(QuotaArgs),
+    /// Rows and bytes the team stores per kind (counts, never content), its quota, the outbox
+    /// backlog, and warnings (quota above 80 %, outbox pending over 5 minutes).
+    Usage {
+        #[arg(long)]
+        team: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Trim old history: channel and direct messages (and their attachments) older than
+    /// --older-than-days that every live reader has read, note revisions other than the
+    /// current one, events of finished tasks, audit rows older than --audit-older-than-days,
+    /// and conversation messages past their conversation's retention (`conversations
+    /// retention`) once acknowledged and delivered. Without --apply: what would go, nothing
+    /// removed. With --apply: removed in batches of 1000 rows, audited.
+    Prune(PruneArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct PruneArgs {
+    #[arg(long)]
+    team: String,
+    /// Messages, note revisions and task events older than this many days.
+    #[arg(long)]
+    older_than_days: i64,
+    /// Also audit rows older than this many days (default: audit rows are kept).
+    #[arg(long)]
+    audit_older_than_days: Option<i64>,
+    /// Remove (default: only show what would be removed).
+    #[arg(long)]
+    apply: bool,
+    /// The NATS server holding the team's body stream: with --apply, the bodies of released
+    /// JetStream messages are dropped there (without it they wait for a later prune).
+    #[arg(long, env = "BUS_NATS_URL", hide_env_values = true)]
+    nats_url: Option<String>,
+    /// A NATS .creds file for that server.
+    #[arg(long, env = "BUS_NATS_CREDENTIALS", hide_env_values = true)]
+    nats_credentials: Option<PathBuf>,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -109,7 +153,7 @@ pub struct StreamArgs {
 pub struct QuotaArgs {
     #[arg(long)]
     team: String,
-    /// New limit in bytes (default for a new team: 1 GiB).
+    /// New limit in bytes for everything the team stores (default for a new team: 1 GiB).
     #[arg(long)]
     bytes: Option<i64>,
     #[arg(long)]
@@ -125,6 +169,8 @@ pub async fn run(ctx: &Context, command: TeamCommand) -> anyhow::Result<()> {
         TeamCommand::Capability(args) => capability(ctx, &actor, args).await,
         TeamCommand::Stream(args) => stream(ctx, &actor, args).await,
         TeamCommand::Quota(args) => quota(ctx, &actor, args).await,
+        TeamCommand::Usage { team, json } => storage::usage(ctx, &authority, &team, json).await,
+        TeamCommand::Prune(args) => storage::prune(ctx, &authority, args).await,
     }
 }
 
@@ -331,14 +377,18 @@ async fn stream(ctx: &Context, actor: &Actor, args: StreamArgs) -> anyhow::Resul
 async fn quota(ctx: &Context, actor: &Actor, args: QuotaArgs) -> anyhow::Result<()> {
     let QuotaArgs { team, bytes, json } = args;
     let quota = ctx
-        .with_database(async |pool| Ok(attachments::quota(pool, &team, bytes, actor).await?))
+        .with_database(async |pool| Ok(usage::quota(pool, &team, bytes, actor).await?))
         .await?;
     if json {
         return output::json(&quota);
     }
     println!(
-        "team `{}`: attachments use {} of {} bytes",
-        quota.team, quota.attachment_bytes_used, quota.attachment_bytes_limit
+        "team `{}`: stores {} of {} bytes ({:.1} %); attachments {} bytes",
+        quota.team,
+        quota.storage_bytes_used,
+        quota.storage_bytes_limit,
+        quota.percent_used,
+        quota.attachment_bytes_used
     );
     Ok(())
 }

@@ -1,0 +1,325 @@
+//! `team prune`: trimming a team's history, and `conversations retention`,
+//! how long one conversation keeps its messages.
+//!
+//! A dry run (the default) counts, per kind, what `--apply` would remove,
+//! with the same predicate the apply uses (`kinds.rs`: one definition per
+//! kind), so the numbers agree unless the team writes or reads in between.
+//! `--apply` removes it in batches of [`BATCH`] rows, each its own short
+//! transaction that skips rows another transaction holds instead of waiting:
+//! no long lock on any table, and a post, send or read runs between batches.
+//!
+//! What goes: channel and direct messages older than `--older-than-days`
+//! (with their attachments), note revisions that are not their note's
+//! current one, events of finished tasks, audit rows past the operator's
+//! `--audit-older-than-days` (kept when it is not given), and conversation
+//! messages past their conversation's `retention_days` (released: tombstoned
+//! and their body dropped, on JetStream through the backend's retention path;
+//! the row and seq stay so a reader sees an explained gap).
+//!
+//! What never goes: a message a live reader has not read (kinds.rs says what
+//! a reader and "read" are), a note or its current value, a task or an open
+//! task's events, a conversation message with an unacknowledged receipt, an
+//! inbox reference still owed, or an outbox slot not settled.
+//!
+//! Positions stay true: a message's position is never reused or renumbered;
+//! cursors, unread counts and pages are ranges of positions, so removing
+//! rows below a cursor changes none of them. A channel's `message_count`
+//! (how many messages it holds) drops by what went.
+
+mod kinds;
+mod release;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::json;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::admin::TeamScope;
+use super::{audit, teams, usage};
+use crate::backend::Backends;
+use crate::error::{BusError, BusResult};
+
+pub use release::{BrokerDrop, Retention, set_retention};
+
+/// Rows removed per transaction.
+pub const BATCH: i64 = 1000;
+/// The longest retention a day count may name (100 years).
+pub const DAYS_MAX: i64 = 36500;
+
+/// What `team prune` is asked.
+#[derive(Clone, Debug)]
+pub struct PruneRequest {
+    /// Messages, revisions and task events older than this many days.
+    pub older_than_days: i64,
+    /// Audit rows older than this many days; `None` keeps them all.
+    pub audit_older_than_days: Option<i64>,
+    /// Remove (otherwise only count).
+    pub apply: bool,
+}
+
+/// One kind: how many rows and bytes (would) go.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct KindPruned {
+    pub kind: &'static str,
+    pub rows: i64,
+    pub bytes: i64,
+}
+
+/// `team prune`'s answer.
+#[derive(Clone, Debug, Serialize)]
+pub struct Prune {
+    pub team: String,
+    pub applied: bool,
+    pub older_than_days: i64,
+    pub cutoff: DateTime<Utc>,
+    pub audit_older_than_days: Option<i64>,
+    pub kinds: Vec<KindPruned>,
+    pub total_rows: i64,
+    pub total_bytes: i64,
+    /// With `--apply`: the team's usage counted afterwards.
+    pub used_bytes_after: Option<i64>,
+    /// With `--apply`: released JetStream bodies dropped from the broker,
+    /// and those still waiting for it.
+    pub broker: Option<BrokerDrop>,
+}
+
+impl Prune {
+    pub fn kind(&self, kind: &str) -> Option<&KindPruned> {
+        self.kinds.iter().find(|k| k.kind == kind)
+    }
+}
+
+/// Where an `--apply` is: which kind, how many of its rows are done.
+#[derive(Clone, Debug)]
+pub struct Progress {
+    pub kind: &'static str,
+    pub done: i64,
+    pub total: i64,
+}
+
+fn check_days(flag: &str, days: i64) -> BusResult<()> {
+    if !(0..=DAYS_MAX).contains(&days) {
+        return Err(BusError::invalid(format!(
+            "{flag} {days} is out of range: give a number of days from 0 to {DAYS_MAX} (0 means \
+             everything older than now). Nothing was removed."
+        )));
+    }
+    Ok(())
+}
+
+/// `team prune`: count (dry run) or remove what the team's history no longer
+/// needs; with `apply`, audited with the counts and the usage recounted.
+/// `progress` hears each batch.
+pub async fn prune(
+    pool: &PgPool,
+    backends: &Backends,
+    team: &TeamScope,
+    request: &PruneRequest,
+    progress: &(dyn Fn(&Progress) + Sync),
+) -> BusResult<Prune> {
+    check_days("--older-than-days", request.older_than_days)?;
+    if let Some(days) = request.audit_older_than_days {
+        check_days("--audit-older-than-days", days)?;
+    }
+    let actor = team.actor().clone();
+    let team = teams::find(pool, team.slug()).await?;
+    // Every cut-off from the database's clock, read once: the dry run and
+    // the batches compare against the same instants.
+    let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
+    let cutoff = now - chrono::Duration::days(request.older_than_days);
+    let audit_cutoff = request
+        .audit_older_than_days
+        .map(|days| now - chrono::Duration::days(days));
+
+    let mut kinds = Vec::new();
+    let mut attachments_removed = (0, 0);
+    for kind in Kind::ALL {
+        let at = match kind {
+            Kind::Audit | Kind::ConversationAudit => match audit_cutoff {
+                Some(at) => at,
+                None => {
+                    kinds.push(KindPruned {
+                        kind: kind.name(),
+                        rows: 0,
+                        bytes: 0,
+                    });
+                    continue;
+                }
+            },
+            Kind::ConversationMessages => now,
+            _ => cutoff,
+        };
+        let (rows, bytes): (i64, i64) = sqlx::query_as(kind.count_sql())
+            .bind(team.id)
+            .bind(at)
+            .fetch_one(pool)
+            .await?;
+        let counted = if request.apply && rows > 0 {
+            let report = |done| {
+                progress(&Progress {
+                    kind: kind.name(),
+                    done,
+                    total: rows,
+                })
+            };
+            match kind {
+                Kind::ChannelMessages | Kind::DirectMessages => {
+                    let channel = kind == Kind::ChannelMessages;
+                    let gone =
+                        release::delete_messages(pool, team.id, at, channel, &report).await?;
+                    attachments_removed.0 += gone.attachments;
+                    attachments_removed.1 += gone.attachment_bytes;
+                    (gone.rows, gone.bytes)
+                }
+                Kind::ConversationMessages => {
+                    release::release_conversation_messages(pool, team.id, now, &report).await?
+                }
+                // Removed with their messages (above), counted as they go.
+                Kind::Attachments => (0, 0),
+                _ => kind.apply(pool, team.id, at, &report).await?,
+            }
+        } else {
+            (rows, bytes)
+        };
+        kinds.push(KindPruned {
+            kind: kind.name(),
+            rows: counted.0,
+            bytes: counted.1,
+        });
+    }
+    if request.apply
+        && let Some(k) = kinds
+            .iter_mut()
+            .find(|k| k.kind == Kind::Attachments.name())
+    {
+        (k.rows, k.bytes) = attachments_removed;
+    }
+    let total_rows = kinds.iter().map(|k| k.rows).sum();
+    let total_bytes = kinds.iter().map(|k| k.bytes).sum();
+    let mut result = Prune {
+        team: team.slug.clone(),
+        applied: request.apply,
+        older_than_days: request.older_than_days,
+        cutoff,
+        audit_older_than_days: request.audit_older_than_days,
+        kinds,
+        total_rows,
+        total_bytes,
+        used_bytes_after: None,
+        broker: None,
+    };
+    if request.apply {
+        result.broker = Some(release::drop_broker_bodies(pool, backends, team.id).await?);
+        let mut tx = pool.begin().await?;
+        audit::record(
+            &mut tx,
+            Some(team.id),
+            &actor,
+            "team.prune",
+            &team.slug,
+            json!({
+                "older_than_days": request.older_than_days,
+                "audit_older_than_days": request.audit_older_than_days,
+                "kinds": result.kinds,
+                "total_rows": total_rows,
+                "total_bytes": total_bytes,
+            }),
+        )
+        .await?;
+        tx.commit().await?;
+        let after = usage::count(pool, team.id, &team.slug).await?;
+        result.used_bytes_after = Some(after.used_bytes);
+    }
+    Ok(result)
+}
+
+/// The kinds, in the order they are shown and removed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    ChannelMessages,
+    DirectMessages,
+    Attachments,
+    NoteRevisions,
+    TaskEvents,
+    ConversationMessages,
+    Audit,
+    ConversationAudit,
+}
+
+impl Kind {
+    /// Attachments before the messages they hang on would be counted after
+    /// them: their count comes first, from the same predicate.
+    const ALL: [Kind; 8] = [
+        Kind::Attachments,
+        Kind::ChannelMessages,
+        Kind::DirectMessages,
+        Kind::NoteRevisions,
+        Kind::TaskEvents,
+        Kind::ConversationMessages,
+        Kind::Audit,
+        Kind::ConversationAudit,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::ChannelMessages => "channel_messages",
+            Kind::DirectMessages => "direct_messages",
+            Kind::Attachments => "message_attachments",
+            Kind::NoteRevisions => "note_revisions",
+            Kind::TaskEvents => "task_events",
+            Kind::ConversationMessages => "conversation_messages_released",
+            Kind::Audit => "audit",
+            Kind::ConversationAudit => "conversation_audit",
+        }
+    }
+
+    fn count_sql(self) -> &'static str {
+        match self {
+            Kind::ChannelMessages => kinds::CHANNEL_MESSAGES_COUNT,
+            Kind::DirectMessages => kinds::DIRECT_MESSAGES_COUNT,
+            Kind::Attachments => kinds::ATTACHMENTS_COUNT,
+            Kind::NoteRevisions => kinds::NOTE_REVISIONS_COUNT,
+            Kind::TaskEvents => kinds::TASK_EVENTS_COUNT,
+            Kind::ConversationMessages => kinds::CONVERSATION_MESSAGES_COUNT,
+            Kind::Audit => kinds::AUDIT_COUNT,
+            Kind::ConversationAudit => kinds::CONVERSATION_AUDIT_COUNT,
+        }
+    }
+
+    /// Remove this kind batch by batch: (rows, bytes) removed.
+    async fn apply(
+        self,
+        pool: &PgPool,
+        team_id: Uuid,
+        at: DateTime<Utc>,
+        report: &(dyn Fn(i64) + Sync),
+    ) -> BusResult<(i64, i64)> {
+        let statement = match self {
+            Kind::NoteRevisions => kinds::NOTE_REVISIONS_BATCH,
+            Kind::TaskEvents => kinds::TASK_EVENTS_BATCH,
+            Kind::Audit => kinds::AUDIT_BATCH,
+            Kind::ConversationAudit => kinds::CONVERSATION_AUDIT_BATCH,
+            // Each has its own batches (`release.rs`).
+            Kind::ChannelMessages
+            | Kind::DirectMessages
+            | Kind::Attachments
+            | Kind::ConversationMessages => return Ok((0, 0)),
+        };
+        let (mut rows, mut bytes) = (0, 0);
+        loop {
+            let (n, b): (i64, i64) = sqlx::query_as(statement)
+                .bind(team_id)
+                .bind(at)
+                .bind(BATCH)
+                .fetch_one(pool)
+                .await?;
+            rows += n;
+            bytes += b;
+            report(rows);
+            if n == 0 {
+                return Ok((rows, bytes));
+            }
+        }
+    }
+}
