@@ -7,5 +7,5 @@
 pub mod inbox_publisher;
 pub mod presence_sweeper;
 pub mod publication;
-pub mod webhook_dispatcher;
 pub mod storage_recount;
+pub mod webhook_dispatcher;
