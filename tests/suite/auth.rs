@@ -373,7 +373,7 @@ async fn a_revocation_on_one_replica_is_refused_on_another_that_cached_the_crede
 
 /// Wait until `heard()` holds, at most `seconds` (then carry on: the
 /// assertions after it say what went wrong).
-async fn heard_within_seconds(seconds: u64, heard: impl Fn() -> bool) {
+pub(crate) async fn heard_within_seconds(seconds: u64, heard: impl Fn() -> bool) {
     let give_up = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
     while !heard() && std::time::Instant::now() < give_up {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;

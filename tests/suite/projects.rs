@@ -3,6 +3,7 @@
 use ai_crew_sync::store::teams;
 use serde_json::json;
 
+use crate::auth::heard_within_seconds;
 use crate::support::{spawn_app, test_actor};
 
 #[tokio::test]
@@ -28,10 +29,16 @@ async fn conversation_tools_are_hidden_and_refused_until_the_team_turns_them_on(
         "{refused}"
     );
 
+    // The switch reaches the server's cache through the event channel
+    // (like a revocation): wait for that notification, not for time.
+    let generation = || app.bus.events.credentials_generation();
+    heard_within_seconds(10, || generation().is_some()).await;
+    let before = generation();
     let caps = teams::capability(&app.pool, "acme", Some(true), &test_actor())
         .await
         .unwrap();
     assert!(caps.conversations);
+    heard_within_seconds(10, || generation() != before).await;
     assert!(
         alice
             .list_tool_names()
@@ -43,9 +50,11 @@ async fn conversation_tools_are_hidden_and_refused_until_the_team_turns_them_on(
         .await
         .expect("on: the tool works");
 
+    let before = generation();
     teams::capability(&app.pool, "acme", Some(false), &test_actor())
         .await
         .unwrap();
+    heard_within_seconds(10, || generation() != before).await;
     assert!(
         alice.call("list_projects", json!({})).await.is_err(),
         "off again: refused per call"
