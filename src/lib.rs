@@ -24,6 +24,7 @@ pub mod error;
 pub mod events;
 pub mod http;
 pub mod mcp;
+pub mod proxy;
 pub mod store;
 pub mod workers;
 

@@ -35,6 +35,7 @@ mod outbox;
 mod overview;
 mod presence;
 mod projects;
+mod proxy;
 mod refusals;
 mod run_script;
 mod sessions;
