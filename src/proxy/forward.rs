@@ -52,7 +52,22 @@ impl ServerHandler for ProxyServer {
                     .filter(|t| !MANAGED.contains(&t.name.as_ref()))
                     .cloned(),
             ),
-            None => self.0.listed_without_bus.store(true, Ordering::SeqCst),
+            None => {
+                self.0.listed_without_bus.store(true, Ordering::SeqCst);
+                // The one place a tools/list can say why the list is short.
+                let trouble = self.0.trouble.lock().await.clone();
+                if let Some(status) = tools.iter_mut().find(|t| t.name == "session_status") {
+                    status.description = Some(
+                        format!(
+                            "The team's bus is not reachable yet ({}); its tools appear here when \
+                             it answers. {}",
+                            trouble.unwrap_or_else(|| "no answer yet".into()),
+                            status.description.as_deref().unwrap_or_default()
+                        )
+                        .into(),
+                    );
+                }
+            }
         }
         Ok(ListToolsResult::with_all_items(tools))
     }

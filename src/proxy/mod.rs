@@ -50,6 +50,8 @@ pub const PRESENCE_TTL_SECS: i64 = 300;
 /// How long `initialize` and `tools/list` wait for the bus before answering
 /// without it (a host gives up on a server that does not answer).
 const BUS_WAIT: Duration = Duration::from_secs(4);
+/// The bound on one attempt to register the window and fetch the tools.
+const ESTABLISH_BOUND: Duration = Duration::from_secs(15);
 /// The bound on marking the window idle at exit: the host kills a server
 /// that has not exited a few seconds after closing its stdin.
 const EXIT_BOUND: Duration = Duration::from_millis(1500);
@@ -202,14 +204,23 @@ impl Proxy {
     async fn maintain(self: Arc<Self>) {
         let mut backoff = Duration::from_secs(1);
         loop {
-            match self.establish().await {
+            // A bus that accepts and never answers must not stall the retries.
+            let attempt = tokio::time::timeout(ESTABLISH_BOUND, self.establish()).await;
+            let attempt = attempt.unwrap_or_else(|_| {
+                Err(anyhow::anyhow!(
+                    "the bus did not answer within {} s",
+                    ESTABLISH_BOUND.as_secs()
+                ))
+            });
+            match attempt {
                 Ok(()) => break,
                 Err(err) => {
                     let permanent = self.bound.read().await.token.is_none();
                     tracing::warn!("could not reach the bus: {err:#}");
                     if !permanent {
                         *self.trouble.lock().await = Some(format!(
-                            "{err:#} (retrying every {} s or less)",
+                            "{} (retrying every {} s or less)",
+                            brief(&err),
                             backoff.as_secs().max(1)
                         ));
                     }
@@ -394,9 +405,10 @@ impl Proxy {
         };
         let connection = Arc::new(window::open(&bound.url, &window).await.map_err(|e| {
             format!(
-                "the bus at {} could not be reached: {e:#}. Nothing was done; try again in a \
+                "the bus at {} could not be reached: {}. Nothing was done; try again in a \
                  moment.",
-                bound.url
+                bound.url,
+                brief(&e)
             )
         })?);
         bound.connection = Some(connection.clone());
@@ -425,9 +437,10 @@ impl Proxy {
                     return refusal(
                         "unavailable",
                         &format!(
-                            "{tool} did not get an answer from the bus at {url}: {err:#}. It may \
+                            "{tool} did not get an answer from the bus at {url}: {}. It may \
                              or may not have been carried out: check (read or list) before \
-                             repeating a change."
+                             repeating a change.",
+                            brief(&err)
                         ),
                     );
                 }
@@ -534,6 +547,23 @@ impl Proxy {
         bound.connection = Some(connection);
         *self.trouble.lock().await = None;
         Ok(())
+    }
+}
+
+/// An error in a line a model reads: what failed and the root cause, without
+/// the transport's layers in between.
+fn brief(err: &anyhow::Error) -> String {
+    let root = err.root_cause().to_string();
+    // rmcp prints its transport's type names before the cause.
+    let root = match root.rfind("] error: ") {
+        Some(at) => root[at + "] error: ".len()..].to_string(),
+        None => root,
+    };
+    let top = err.to_string();
+    if top == root {
+        top
+    } else {
+        format!("{top}: {root}")
     }
 }
 

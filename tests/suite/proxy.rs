@@ -24,14 +24,22 @@ struct Machine {
 }
 
 impl Machine {
-    /// Profiles (the first is the default) in a private profiles.toml.
+    /// Profiles of team acme (the first is the default) in a private profiles.toml.
     fn with_profiles(app: &TestApp, profiles: &[(&str, &str, &str)]) -> Machine {
+        let profiles: Vec<_> = profiles
+            .iter()
+            .map(|&(name, agent, token)| (name, "acme", agent, token))
+            .collect();
+        Machine::with_team_profiles(&app.mcp_url(), &profiles)
+    }
+
+    /// Profiles `(name, team, agent, token)` at `url`.
+    fn with_team_profiles(url: &str, profiles: &[(&str, &str, &str, &str)]) -> Machine {
         let config = tempfile::tempdir().unwrap();
         let mut text = format!("default = \"{}\"\n", profiles[0].0);
-        for (name, agent, token) in profiles {
+        for (name, team, agent, token) in profiles {
             text.push_str(&format!(
-                "\n[profiles.{name}]\nurl = \"{}\"\nteam = \"acme\"\nagent = \"{agent}\"\ntoken = \"{token}\"\n",
-                app.mcp_url()
+                "\n[profiles.{name}]\nurl = \"{url}\"\nteam = \"{team}\"\nagent = \"{agent}\"\ntoken = \"{token}\"\n",
             ));
         }
         let path = config.path().join("profiles.toml");
@@ -61,13 +69,7 @@ impl Machine {
 
     /// Run a whole session; every line the driver printed.
     async fn drive(&self, proxy_args: &[&str], steps: Value) -> Vec<Value> {
-        let mut driver = Driver::start(&self.script(proxy_args, steps));
-        let mut lines = Vec::new();
-        while let Some(line) = driver.next().await {
-            lines.push(line);
-        }
-        driver.finish().await;
-        lines
+        Driver::start(&self.script(proxy_args, steps)).rest().await
     }
 }
 
@@ -105,9 +107,27 @@ impl Driver {
         stdin.flush().await.unwrap();
     }
 
-    async fn finish(mut self) {
+    /// The lines up to a `pause` step (not included).
+    async fn until_pause(&mut self) -> Vec<Value> {
+        let mut lines = Vec::new();
+        loop {
+            let line = self.next().await.expect("the driver pauses");
+            if line["step"] == "pause" {
+                return lines;
+            }
+            lines.push(line);
+        }
+    }
+
+    /// Every line left, once the driver exited successfully.
+    async fn rest(mut self) -> Vec<Value> {
+        let mut lines = Vec::new();
+        while let Some(line) = self.next().await {
+            lines.push(line);
+        }
         let status = self.child.wait().await.unwrap();
         assert!(status.success(), "the driver failed: {status}");
+        lines
     }
 }
 
@@ -302,14 +322,7 @@ async fn a_revoked_token_stops_the_next_call_with_what_to_do() {
             {"op": "call", "tool": "whoami"},
         ]),
     ));
-    let mut before = Vec::new();
-    loop {
-        let line = driver.next().await.expect("the driver pauses");
-        if line["step"] == "pause" {
-            break;
-        }
-        before.push(line);
-    }
+    let before = driver.until_pause().await;
     assert_eq!(calls(&before)[0]["is_error"], false, "{before:#?}");
 
     for token in tokens::list(&app.pool, &in_team("acme")).await.unwrap() {
@@ -318,11 +331,7 @@ async fn a_revoked_token_stops_the_next_call_with_what_to_do() {
             .unwrap();
     }
     driver.resume().await;
-    let mut after = Vec::new();
-    while let Some(line) = driver.next().await {
-        after.push(line);
-    }
-    driver.finish().await;
+    let after = driver.rest().await;
     let refused = calls(&after)[0];
     assert_eq!(refused["is_error"], true, "{after:#?}");
     let text = refused["text"].as_str().unwrap();
@@ -359,12 +368,7 @@ async fn stdout_is_only_json_rpc_and_closing_stdin_ends_the_proxy_leaving_the_wi
     ))
     .unwrap();
     script["cwd"] = json!(repo);
-    let mut driver = Driver::start(&script.to_string());
-    let mut lines = Vec::new();
-    while let Some(line) = driver.next().await {
-        lines.push(line);
-    }
-    driver.finish().await;
+    let lines = Driver::start(&script.to_string()).rest().await;
 
     let end = closed(&lines);
     assert_eq!(end["stdout_errors"], json!([]), "{end}");
@@ -390,4 +394,155 @@ async fn stdout_is_only_json_rpc_and_closing_stdin_ends_the_proxy_leaving_the_wi
     assert_eq!(window["status"], "idle", "{window}");
     assert_eq!(window["repo"], "shop", "{window}");
     assert_eq!(window["branch"], "feature-x", "{window}");
+}
+
+#[tokio::test]
+async fn a_profile_switch_stays_in_the_team_and_lists_what_stays_behind() {
+    let app = spawn_app().await;
+    let alice = acme_with_alice(&app).await;
+    let bob = app.agent("acme", "bob").await;
+    app.team("other").await;
+    let carol = app.agent("other", "carol").await;
+    app.mcp(&alice, None)
+        .await
+        .call("create_task", json!({"key": "T-9", "title": "Migrate"}))
+        .await
+        .unwrap();
+    let machine = Machine::with_team_profiles(
+        &app.mcp_url(),
+        &[
+            ("work", "acme", "alice", &alice),
+            ("as-bob", "acme", "bob", &bob),
+            ("elsewhere", "other", "carol", &carol),
+        ],
+    );
+    let lines = machine
+        .drive(
+            &["--host-session", "switch"],
+            json!([
+                {"op": "call", "tool": "claim_task", "arguments": {"key": "T-9"}},
+                {"op": "call", "tool": "acquire_lock", "arguments": {"name": "db"}},
+                {"op": "call", "tool": "configure_session", "arguments": {"profile": "elsewhere"}},
+                {"op": "call", "tool": "configure_session", "arguments": {"profile": "as-bob"}},
+                {"op": "call", "tool": "whoami"},
+            ]),
+        )
+        .await;
+    let calls = calls(&lines);
+    assert_eq!(calls[1]["is_error"], false, "{:#?}", calls[1]);
+    let refused = &calls[2];
+    assert_eq!(refused["is_error"], true, "{refused:#}");
+    let text = refused["text"].as_str().unwrap();
+    assert!(
+        text.contains("stays in the team") && text.contains("Nothing was changed"),
+        "{text}"
+    );
+
+    let switched = &calls[3]["structured"];
+    assert_eq!(calls[3]["is_error"], false, "{:#?}", calls[3]);
+    let switch = &switched["profile_switch"];
+    assert_eq!(switch["to"]["agent"], "bob", "{switched}");
+    assert_eq!(switch["tasks_left_behind"][0]["key"], "T-9", "{switched}");
+    assert_eq!(switch["locks_left_behind"][0]["name"], "db", "{switched}");
+    assert_eq!(switched["session"]["agent"], "bob");
+    assert_eq!(switched["session"]["profile"], "as-bob");
+    let label = switched["session"]["label"].as_str().unwrap();
+    assert_eq!(calls[4]["structured"]["agent"], "bob");
+    assert_eq!(
+        calls[4]["structured"]["session"], label,
+        "the same window label"
+    );
+
+    let task = app
+        .mcp(&bob, None)
+        .await
+        .call("get_task", json!({"key": "T-9"}))
+        .await
+        .unwrap();
+    assert_eq!(task["holder"]["agent"], "alice", "the claim stayed: {task}");
+}
+
+#[tokio::test]
+async fn proxy_config_prints_each_hosts_block_without_a_credential() {
+    let app = spawn_app().await;
+    let alice = acme_with_alice(&app).await;
+    let machine = Machine::with_profiles(&app, &[("work", "alice", &alice)]);
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"))
+            .arg("proxy-config")
+            .args(args)
+            .env("BUS_CONFIG_DIR", machine.config.path())
+            .env("BUS_TOKEN", &alice)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            !stdout.contains(&alice) && !stdout.contains("acs_"),
+            "{stdout}"
+        );
+        stdout
+    };
+    let claude: Value =
+        serde_json::from_str(&run(&["--format", "json", "--profile", "work"])).unwrap();
+    assert_eq!(
+        claude["mcpServers"]["ai-crew-sync"],
+        json!({"type": "stdio", "command": "ai-crew-sync", "args": ["mcp", "proxy", "--profile", "work"], "env": {}})
+    );
+    let cursor: Value = serde_json::from_str(&run(&["--host", "cursor"])).unwrap();
+    assert_eq!(
+        cursor["mcpServers"]["ai-crew-sync"],
+        json!({"command": "ai-crew-sync", "args": ["mcp", "proxy"]})
+    );
+    let codex: toml::Table = toml::from_str(&run(&["--format", "toml"])).unwrap();
+    assert_eq!(
+        codex["mcp_servers"]["ai-crew-sync"]["args"],
+        toml::Value::Array(vec!["mcp".into(), "proxy".into()])
+    );
+    let all = run(&[]);
+    for place in [".mcp.json", "config.toml", ".cursor/mcp.json"] {
+        assert!(all.contains(place), "{all}");
+    }
+}
+
+#[tokio::test]
+async fn a_bus_down_at_start_gives_the_local_tools_then_the_bus_tools_when_it_answers() {
+    let app = spawn_app().await;
+    let alice = acme_with_alice(&app).await;
+    let gate = crate::support::proxy::Proxy::start(app.addr).await;
+    gate.black_hole();
+    let url = gate.url().replace("nats://", "http://") + "/mcp";
+    let machine = Machine::with_team_profiles(&url, &[("work", "acme", "alice", &alice)]);
+    let mut driver = Driver::start(&machine.script(
+        &["--host-session", "late"],
+        json!([
+            {"op": "list_tools"},
+            {"op": "call", "tool": "whoami"},
+            {"op": "pause"},
+            {"op": "wait_tools", "name": "claim_task", "timeout": 90},
+            {"op": "call", "tool": "whoami"},
+        ]),
+    ));
+    let before = driver.until_pause().await;
+    let instructions = step(&before, "initialize")[0]["instructions"]
+        .as_str()
+        .unwrap();
+    assert!(instructions.contains("not connected"), "{instructions}");
+    let tools = &step(&before, "list_tools")[0]["tools"];
+    assert_eq!(tools, &json!(["session_status", "configure_session"]));
+    let whoami = calls(&before)[0];
+    assert_eq!(whoami["is_error"], true);
+    assert!(
+        whoami["text"].as_str().unwrap().contains("not connected"),
+        "{whoami}"
+    );
+
+    gate.pass();
+    gate.cut();
+    driver.resume().await;
+    let after = driver.rest().await;
+    assert_eq!(step(&after, "wait_tools")[0]["found"], true, "{after:#?}");
+    let whoami = calls(&after)[0];
+    assert_eq!(whoami["is_error"], false, "{whoami}");
+    assert_eq!(whoami["structured"]["agent"], "alice");
 }

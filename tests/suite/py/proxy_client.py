@@ -5,13 +5,16 @@ Usage: proxy_client.py SCRIPT_JSON
 SCRIPT_JSON: {"command": str, "args": [str], "env": {str: str}, "cwd": str,
               "steps": [{"op": "list_tools"}
                         | {"op": "call", "tool": str, "arguments": {...}}
-                        | {"op": "pause"}]}
+                        | {"op": "pause"}
+                        | {"op": "wait_tools", "name": str, "timeout": seconds}]}
 
 Prints one JSON line per event on stdout:
   {"step": "initialize", "instructions": ..., "server": ...}
   {"step": "list_tools", "tools": [names]}
   {"step": "call", "tool": ..., "is_error": bool, "structured": ..., "text": ...}
   {"step": "pause"}  then waits for one line on this script's stdin
+  {"step": "wait_tools", "found": bool, "tools": [names]}  after listing tools
+      until `name` is among them or the timeout passed
   {"step": "closed", "stdout_errors": [...], "stderr": "..."}  after the server exited
 "stdout_errors" lists every line the SDK could not read as JSON-RPC: the
 server must write nothing else on stdout.
@@ -80,6 +83,14 @@ async def main(script):
                     elif op == "pause":
                         out({"step": "pause"})
                         await anyio.to_thread.run_sync(sys.stdin.readline)
+                    elif op == "wait_tools":
+                        names = []
+                        with anyio.move_on_after(step.get("timeout", 60)):
+                            while step["name"] not in names:
+                                names = [t.name for t in (await session.list_tools()).tools]
+                                if step["name"] not in names:
+                                    await anyio.sleep(0.5)
+                        out({"step": "wait_tools", "found": step["name"] in names, "tools": names})
                     else:
                         raise SystemExit(f"unknown op {op!r}")
         errlog.seek(0)
