@@ -169,7 +169,12 @@ impl Proxy {
                 }
             }
             if let Err(err) = self.call_json("heartbeat", beat).await {
-                return refusal("invalid", &format!("{err:#}"));
+                let done = if answer.contains_key("profile_switch") {
+                    "The profile switch was made; project and role were not set: "
+                } else {
+                    "Nothing was changed: "
+                };
+                return refusal("invalid", &format!("{done}{err:#}"));
             }
             let mut labels = self.labels.lock().await;
             if let Some(p) = project {

@@ -174,31 +174,48 @@ pub async fn run(options: ProxyOptions) -> anyhow::Result<()> {
     });
     let maintainer = tokio::spawn(proxy.clone().maintain());
 
-    let server = forward::ProxyServer(proxy.clone());
-    let service = server
-        .serve(rmcp::transport::io::stdio_pipes())
-        .await
-        .context("the MCP handshake on stdin/stdout failed")?;
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("listening for SIGTERM")?;
+    let server = forward::ProxyServer(proxy.clone());
+    let served = tokio::select! {
+        served = server.serve(rmcp::transport::io::stdio_pipes()) => served,
+        _ = sigterm.recv() => return proxy.stop(maintainer, "SIGTERM before the handshake").await,
+    };
+    let service = match served {
+        Ok(service) => service,
+        Err(err) => {
+            proxy.stop(maintainer, "no handshake").await?;
+            return Err(err).context("the MCP handshake on stdin/stdout failed");
+        }
+    };
     let token = service.cancellation_token();
     let reason = tokio::select! {
         quit = service.waiting() => format!("the host closed stdin ({quit:?})"),
         _ = sigterm.recv() => { token.cancel(); "SIGTERM".to_string() }
         _ = tokio::signal::ctrl_c() => { token.cancel(); "SIGINT".to_string() }
     };
-    tracing::info!("mcp proxy stopping: {reason}; marking the window idle");
-    maintainer.abort();
-    if tokio::time::timeout(EXIT_BOUND, proxy.mark_idle())
-        .await
-        .is_err()
-    {
-        tracing::warn!("the bus did not take the idle heartbeat in time; exiting anyway");
-    }
-    Ok(())
+    proxy.stop(maintainer, &reason).await
 }
 
 impl Proxy {
+    /// The end of a run, whatever ended it: no more background work, and the
+    /// window marked idle within [`EXIT_BOUND`].
+    async fn stop(
+        &self,
+        maintainer: tokio::task::JoinHandle<()>,
+        reason: &str,
+    ) -> anyhow::Result<()> {
+        tracing::info!("mcp proxy stopping: {reason}; marking the window idle");
+        maintainer.abort();
+        if tokio::time::timeout(EXIT_BOUND, self.mark_idle())
+            .await
+            .is_err()
+        {
+            tracing::warn!("the bus did not take the idle heartbeat in time; exiting anyway");
+        }
+        Ok(())
+    }
+
     /// The background loop: reach the bus (retrying with backoff), then keep
     /// presence alive and renew the credential at half-life.
     async fn maintain(self: Arc<Self>) {
