@@ -546,3 +546,52 @@ async fn a_bus_down_at_start_gives_the_local_tools_then_the_bus_tools_when_it_an
     assert_eq!(whoami["is_error"], false, "{whoami}");
     assert_eq!(whoami["structured"]["agent"], "alice");
 }
+
+#[tokio::test]
+async fn the_window_credential_is_renewed_at_half_life_and_keeps_its_epoch() {
+    let app = spawn_app().await;
+    let alice = acme_with_alice(&app).await;
+    let machine = Machine::with_profiles(&app, &[("work", "alice", &alice)]);
+    // The shortest lifetime the bus grants: renewed 30 s after it was issued.
+    let mut driver = Driver::start(&machine.script(
+        &["--host-session", "renew", "--session-ttl-seconds", "60"],
+        json!([
+            {"op": "call", "tool": "session_status"},
+            {"op": "pause"},
+            {"op": "call", "tool": "session_status"},
+            {"op": "call", "tool": "whoami"},
+        ]),
+    ));
+    let before = driver.until_pause().await;
+    let status = &calls(&before)[0]["structured"];
+    let label = status["label"].as_str().unwrap().to_string();
+    let row = || async {
+        sqlx::query_as::<_, (chrono::DateTime<chrono::Utc>, i64)>(
+            "SELECT expires_at, epoch FROM agent_sessions WHERE label = $1",
+        )
+        .bind(&label)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap()
+    };
+    let (issued_until, epoch) = row().await;
+    assert_eq!(status["credential_epoch"], epoch);
+    // Wait for the renewal (a bound only against hanging forever).
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
+    while row().await.0 <= issued_until {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the credential of {label} was never renewed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    driver.resume().await;
+    let after = driver.rest().await;
+    let calls = calls(&after);
+    let (renewed_until, epoch_now) = row().await;
+    assert_eq!(epoch_now, epoch, "a renewal keeps the epoch");
+    assert!(renewed_until > issued_until);
+    assert_eq!(calls[0]["structured"]["credential_epoch"], epoch);
+    assert_eq!(calls[1]["is_error"], false, "{:#?}", calls[1]);
+    assert_eq!(calls[1]["structured"]["session"], label.as_str());
+}
