@@ -137,15 +137,18 @@ impl Proxy {
                  Nothing was changed.",
             );
         }
-        // The channel rule is the session label's (both are names on the bus).
+        // A channel name follows the same rule as a window label on the bus.
         let channel = match channel {
             Some(c) if !c.is_empty() => match crate::auth::normalize_session_label(&c) {
                 Ok(c) => Some(Some(c)),
-                Err(e) => {
+                Err(_) => {
                     return refusal(
                         "invalid",
-                        &format!("channel: {e} Nothing was changed.")
-                            .replace("session label", "name"),
+                        &format!(
+                            "channel {c:?} is not a channel name: use ASCII letters, digits and \
+                             `-_.:`, at most 64 bytes (e.g. `billing-dev`), or \"\" to clear it. \
+                             Nothing was changed."
+                        ),
                     );
                 }
             },

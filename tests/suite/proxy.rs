@@ -256,6 +256,9 @@ async fn instructions_say_who_and_what_is_held_and_configure_session_sets_the_pr
                 {"op": "call", "tool": "configure_session", "arguments": {"project": "billing"}},
                 {"op": "call", "tool": "list_sessions", "arguments": {"project": "billing"}},
                 {"op": "call", "tool": "configure_session", "arguments": {"colour": "red"}},
+                {"op": "call", "tool": "configure_session", "arguments": {"channel": "no spaces"}},
+                {"op": "call", "tool": "configure_session", "arguments": {"channel": "billing-dev"}},
+                {"op": "call", "tool": "post_message", "arguments": {"body": "invoices are late"}},
             ]),
         )
         .await;
@@ -307,6 +310,23 @@ async fn instructions_say_who_and_what_is_held_and_configure_session_sets_the_pr
         "{:#?}",
         calls[3]
     );
+    assert_eq!(calls[4]["is_error"], true);
+    assert!(
+        calls[4]["text"]
+            .as_str()
+            .unwrap()
+            .contains("not a channel name"),
+        "{:#?}",
+        calls[4]
+    );
+    assert_eq!(calls[5]["structured"]["session"]["channel"], "billing-dev");
+    // post_message naming no channel goes to the window's default channel.
+    assert_eq!(calls[6]["is_error"], false, "{:#?}", calls[6]);
+    let read = bus
+        .call("read_messages", json!({"scope": "billing-dev"}))
+        .await
+        .unwrap();
+    assert_eq!(read["messages"][0]["body"], "invoices are late", "{read}");
 }
 
 #[tokio::test]
