@@ -26,6 +26,7 @@ pub mod events;
 pub mod http;
 pub mod mcp;
 pub mod metrics;
+pub mod proxy;
 pub mod store;
 pub mod workers;
 

@@ -12,6 +12,7 @@ mod doctor;
 mod generate;
 mod operator;
 mod output;
+mod proxy;
 mod secret;
 mod serve;
 
@@ -96,6 +97,11 @@ enum Command {
     Webhook(operator::webhook::WebhookCommand),
     /// Print the MCP client config block for a URL and token.
     McpConfig(operator::McpConfigArgs),
+    /// MCP servers on this machine: `mcp proxy`, a stdio server per host conversation.
+    #[command(subcommand)]
+    Mcp(proxy::McpCommand),
+    /// Print the config block for Claude Code, Codex and Cursor that runs `mcp proxy` (no credential in it).
+    ProxyConfig(proxy::ProxyConfigArgs),
     /// Administration: `bootstrap` locally, the rest over a server's /admin API.
     #[command(subcommand)]
     Admin(admin::AdminCommand),
@@ -159,6 +165,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Admin(cmd) => admin::run(&ctx, cmd).await,
         Command::Client(args) => client::run(args).await,
         Command::Context(command) => context::run(command).await,
+        Command::Mcp(command) => proxy::run(command).await,
+        Command::ProxyConfig(args) => proxy::config(args),
         Command::Completions(args) => generate::completions(args),
         Command::Man(args) => generate::man(args),
         Command::McpConfig(args) => {

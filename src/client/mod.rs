@@ -128,12 +128,21 @@ impl Connection {
 
     /// The names of every tool the server lists (all pages).
     pub async fn tool_names(&self) -> anyhow::Result<Vec<String>> {
-        let tools = self
-            .service
+        Ok(self
+            .tools()
+            .await?
+            .into_iter()
+            .map(|t| t.name.to_string())
+            .collect())
+    }
+
+    /// Every tool the server lists (all pages), schemas included: what the
+    /// stdio proxy offers its host.
+    pub async fn tools(&self) -> anyhow::Result<Vec<rmcp::model::Tool>> {
+        self.service
             .list_all_tools()
             .await
-            .with_context(|| format!("listing tools at {}", self.url))?;
-        Ok(tools.into_iter().map(|t| t.name.to_string()).collect())
+            .with_context(|| format!("listing tools at {}", self.url))
     }
 
     /// Call `tool` (`None`: with no arguments at all) and return its result

@@ -38,6 +38,7 @@ mod outbox;
 mod overview;
 mod presence;
 mod projects;
+mod proxy;
 mod refusals;
 mod run_script;
 mod sessions;

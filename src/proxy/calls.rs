@@ -1,0 +1,218 @@
+//! Calls to the bus through the window's connection: reopened when a call
+//! lost it, and when the bus refuses the window's credential (401/403), one
+//! recovery: a session that died is registered again and the call repeated
+//! (the bus did nothing), a token the bus no longer accepts is explained with
+//! what to do. A call that got no answer is never repeated: it may have been
+//! carried out.
+
+use std::sync::Arc;
+
+use rmcp::model::CallToolResult;
+use rmcp::service::ServiceError;
+use serde_json::{Map, Value};
+
+use super::{Proxy, refusal, window};
+use crate::client::{self, Connection};
+
+impl Proxy {
+    /// The window's connection, reopened when an earlier call lost it.
+    pub(super) async fn connection(&self) -> Result<Arc<Connection>, String> {
+        {
+            let bound = self.bound.read().await;
+            if let Some(connection) = &bound.connection {
+                return Ok(connection.clone());
+            }
+        }
+        let mut bound = self.bound.write().await;
+        if let Some(connection) = &bound.connection {
+            return Ok(connection.clone());
+        }
+        let Some(window) = bound.window.clone() else {
+            let trouble = self.trouble.lock().await.clone();
+            return Err(format!(
+                "not connected to the bus at {} yet: {}. Nothing was done. Call session_status \
+                 to see the state, and try again in a moment.",
+                bound.url,
+                trouble.unwrap_or_else(|| "the first attempt has not finished".into())
+            ));
+        };
+        let connection = Arc::new(window::open(&bound.url, &window).await.map_err(|e| {
+            format!(
+                "the bus at {} could not be reached: {}. Nothing was done; try again in a \
+                 moment.",
+                bound.url,
+                brief(&e)
+            )
+        })?);
+        bound.connection = Some(connection.clone());
+        Ok(connection)
+    }
+
+    /// A bus tool's result as the bus gave it, or a refusal the model can act
+    /// on when the call did not get through. A credential the bus refused
+    /// (401) is recovered once and the call repeated: the bus did nothing.
+    pub(super) async fn forward(
+        &self,
+        tool: &str,
+        arguments: Option<Map<String, Value>>,
+    ) -> CallToolResult {
+        for attempt in 0..2 {
+            let connection = match self.connection().await {
+                Ok(connection) => connection,
+                Err(message) => return refusal("unavailable", &message),
+            };
+            match connection.call_result(tool, arguments.clone()).await {
+                Ok(result) => return result,
+                Err(err) if attempt == 0 && credential_refused(&err) => {
+                    if let Err(message) = self.recover(&connection).await {
+                        return refusal("unauthenticated", &message);
+                    }
+                }
+                Err(err) => {
+                    self.drop_connection(&connection).await;
+                    let url = self.bound.read().await.url.clone();
+                    return refusal(
+                        "unavailable",
+                        &format!(
+                            "{tool} did not get an answer from the bus at {url}: {}. It may \
+                             or may not have been carried out: check (read or list) before \
+                             repeating a change.",
+                            brief(&err)
+                        ),
+                    );
+                }
+            }
+        }
+        refusal(
+            "unauthenticated",
+            "the bus refused this window's credential again right after it was renewed; nothing \
+             was done. Call session_status, and ask an operator to check the agent.",
+        )
+    }
+
+    /// [`Self::forward`] for the proxy's own use: the structured answer, or
+    /// an error carrying the refusal's words.
+    pub(super) async fn call_json(
+        &self,
+        tool: &str,
+        arguments: Map<String, Value>,
+    ) -> anyhow::Result<Value> {
+        let result = self.forward(tool, Some(arguments)).await;
+        let value = result.structured_content.clone().unwrap_or(Value::Null);
+        if result.is_error == Some(true) {
+            let message = value["message"]
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| format!("{value}"));
+            anyhow::bail!(client::Refused {
+                tool: tool.to_string(),
+                kind: value["error"].as_str().unwrap_or_default().to_string(),
+                message,
+            });
+        }
+        Ok(value)
+    }
+
+    async fn drop_connection(&self, failed: &Arc<Connection>) {
+        let mut bound = self.bound.write().await;
+        if bound
+            .connection
+            .as_ref()
+            .is_some_and(|c| Arc::ptr_eq(c, failed))
+        {
+            bound.connection = None;
+        }
+    }
+
+    /// The bus refused the window's credential. If the agent token still
+    /// works, the window's session died (expired, revoked): register again
+    /// (never taking over a live one). If the token itself is refused, say
+    /// so, and what to do.
+    pub(super) async fn recover(&self, failed: &Arc<Connection>) -> Result<(), String> {
+        let _one = self.recovering.lock().await;
+        {
+            let bound = self.bound.read().await;
+            if let Some(current) = &bound.connection
+                && !Arc::ptr_eq(current, failed)
+            {
+                // Another call recovered meanwhile.
+                return Ok(());
+            }
+        }
+        let (url, token, profile, team, agent) = {
+            let bound = self.bound.read().await;
+            (
+                bound.url.clone(),
+                bound.token.clone().unwrap_or_default(),
+                bound.profile.clone(),
+                bound.team.clone().unwrap_or_else(|| "TEAM".into()),
+                bound.agent.clone().unwrap_or_else(|| "AGENT".into()),
+            )
+        };
+        if let Err(err) = client::whoami(&url, &token, None).await {
+            let store = match &profile {
+                Some(p) => format!(
+                    "store it with `ai-crew-sync context profile add --name {p} --url {url} \
+                     --team {team} --agent {agent}`, then call configure_session {{\"profile\": \
+                     \"{p}\"}} (or restart this MCP server)"
+                ),
+                None => "put it in BUS_TOKEN (better: a profile, `ai-crew-sync context profile \
+                         add`) and restart this MCP server"
+                    .to_string(),
+            };
+            let message = format!(
+                "the bus at {url} no longer accepts agent {agent}'s token, so this window cannot \
+                 act; nothing was done. The token was probably revoked (or the agent disabled): \
+                 ask an operator for a new one (`ai-crew-sync token issue --team {team} --agent \
+                 {agent}`), {store}. The bus said: {err:#}"
+            );
+            *self.trouble.lock().await = Some(message.clone());
+            return Err(message);
+        }
+        let window = window::register(
+            &url,
+            &token,
+            &self.host.label,
+            self.options.session_ttl_seconds,
+            false,
+        )
+        .await
+        .map_err(|e| format!("{e:#}"))?;
+        let connection = Arc::new(
+            window::open(&url, &window)
+                .await
+                .map_err(|e| format!("{e:#}"))?,
+        );
+        let mut bound = self.bound.write().await;
+        bound.window = Some(window);
+        bound.connection = Some(connection);
+        *self.trouble.lock().await = None;
+        Ok(())
+    }
+}
+
+/// An error in a line a model reads: what failed and the root cause, without
+/// the transport's layers in between.
+pub(super) fn brief(err: &anyhow::Error) -> String {
+    let root = err.root_cause().to_string();
+    // rmcp prints its transport's type names before the cause.
+    let root = match root.rfind("] error: ") {
+        Some(at) => root[at + "] error: ".len()..].to_string(),
+        None => root,
+    };
+    let top = err.to_string();
+    if top == root {
+        top
+    } else {
+        format!("{top}: {root}")
+    }
+}
+
+/// The bus answered 401 or 403 to a request on an open connection.
+fn credential_refused(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<ServiceError>()
+            .is_some_and(|e| e.auth_challenge().is_some())
+    })
+}

@@ -1,0 +1,134 @@
+//! The proxy's MCP server, written by hand rather than with the tool macros:
+//! its tools are whatever the bus lists (fetched at start), plus two local
+//! ones. A bus tool is forwarded as it came; the answer goes back as the bus
+//! gave it.
+//!
+//! Three session tools are the proxy's business and are not offered: it
+//! registers, renews and rotates the window's credential itself, and a model
+//! rotating it would cut the proxy off.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, Implementation, InitializeRequestParams,
+    InitializeResult, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler};
+use serde_json::Value;
+
+use super::{Proxy, instructions, local_tools, refusal};
+
+/// Managed by the proxy; refused with an explanation when called.
+const MANAGED: &[&str] = &["register_session", "resume_session", "renew_session"];
+
+/// What the host sees: the proxy's state behind an `Arc`.
+pub(super) struct ProxyServer(pub(super) Arc<Proxy>);
+
+impl ServerHandler for ProxyServer {
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        context.peer.set_peer_info(request.clone());
+        let _ = self.0.peer.set(context.peer.clone());
+        let mut result = self.negotiate_initialize(&request)?;
+        result.instructions = Some(instructions::build(&self.0).await);
+        Ok(result)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        self.0.wait_settled().await;
+        let mut tools = local_tools::definitions();
+        match self.0.tools.read().await.as_ref() {
+            Some(bus) => tools.extend(
+                bus.iter()
+                    .filter(|t| !MANAGED.contains(&t.name.as_ref()))
+                    .cloned(),
+            ),
+            None => {
+                self.0.listed_without_bus.store(true, Ordering::SeqCst);
+                // The one place a tools/list can say why the list is short.
+                let trouble = self.0.trouble.lock().await.clone();
+                if let Some(status) = tools.iter_mut().find(|t| t.name == "session_status") {
+                    status.description = Some(
+                        format!(
+                            "The team's bus is not reachable yet ({}); its tools appear here when \
+                             it answers. {}",
+                            trouble.unwrap_or_else(|| "no answer yet".into()),
+                            status.description.as_deref().unwrap_or_default()
+                        )
+                        .into(),
+                    );
+                }
+            }
+        }
+        Ok(ListToolsResult::with_all_items(tools))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let name = request.name.as_ref();
+        if let Some(result) = local_tools::call(&self.0, name, request.arguments.as_ref()).await {
+            return Ok(result.into());
+        }
+        if MANAGED.contains(&name) {
+            return Ok(refusal(
+                "forbidden",
+                &format!(
+                    "{name} is handled by the ai-crew-sync proxy: it registers this window's \
+                     session credential, renews it at half-life and never shows it. Nothing was \
+                     done. session_status shows the window and its expiry; revoke_session still \
+                     works for another window of yours."
+                ),
+            )
+            .into());
+        }
+        let mut arguments = request.arguments.clone();
+        self.0.fill_default_channel(name, &mut arguments).await;
+        Ok(self.0.forward(name, arguments).await.into())
+    }
+
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .build(),
+        )
+        .with_server_info(Implementation::new(
+            "ai-crew-sync-proxy",
+            env!("CARGO_PKG_VERSION"),
+        ))
+    }
+}
+
+impl Proxy {
+    /// `post_message` naming neither `channel` nor `to` goes to the channel
+    /// set for this window (`.acs.toml` or configure_session), when there is one.
+    async fn fill_default_channel(
+        &self,
+        tool: &str,
+        arguments: &mut Option<serde_json::Map<String, Value>>,
+    ) {
+        if tool != "post_message" {
+            return;
+        }
+        let Some(channel) = self.labels.lock().await.channel.clone() else {
+            return;
+        };
+        let arguments = arguments.get_or_insert_with(Default::default);
+        if !arguments.contains_key("channel") && !arguments.contains_key("to") {
+            arguments.insert("channel".into(), Value::String(channel));
+        }
+    }
+}
