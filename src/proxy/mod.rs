@@ -45,7 +45,7 @@ use tokio::sync::{Mutex, RwLock, watch};
 use crate::client::Connection;
 use crate::client::context::{self, Requested};
 use calls::brief;
-use window::{HostSession, WindowCredential, WindowRecord};
+use window::{HostSession, WindowCredential};
 
 /// Presence lasts this long after each heartbeat; the proxy beats well before.
 pub const PRESENCE_TTL_SECS: i64 = 300;
@@ -317,16 +317,7 @@ impl Proxy {
     ) {
         let team = me["team"].as_str().unwrap_or_default().to_string();
         let agent = me["agent"].as_str().unwrap_or_default().to_string();
-        let record = WindowRecord {
-            url: url.to_string(),
-            team: team.clone(),
-            agent: agent.clone(),
-            profile: profile.clone(),
-            host_session_from: self.host.source.to_string(),
-            pid: std::process::id(),
-            window: window.clone(),
-        };
-        if let Err(err) = record.save() {
+        if let Err(err) = window::keep_record(&self.host, url, &team, &agent, &window) {
             tracing::warn!("could not keep the window record: {err:#}");
         }
         let mut bound = self.bound.write().await;
@@ -379,6 +370,13 @@ impl Proxy {
             .as_ref()
             .is_some_and(|w| w.credential == renewed.credential)
         {
+            let (team, agent) = (
+                bound.team.clone().unwrap_or_default(),
+                bound.agent.clone().unwrap_or_default(),
+            );
+            if let Err(err) = window::keep_record(&self.host, &bound.url, &team, &agent, &renewed) {
+                tracing::warn!("could not keep the window record: {err:#}");
+            }
             bound.window = Some(renewed);
         }
         Ok(())

@@ -32,6 +32,8 @@ use crate::client::{self, Connection, Refused};
 pub struct HostSession {
     /// `--host-session`, `CLAUDE_CODE_SESSION_ID`, or a random id.
     pub source: &'static str,
+    /// The host's id of the conversation (what its hooks receive as `session_id`).
+    pub id: String,
     pub label: String,
 }
 
@@ -44,18 +46,21 @@ pub fn host_session(flag: Option<String>) -> HostSession {
         return HostSession {
             source: "--host-session",
             label: label_for(&id),
+            id,
         };
     }
     if let Some(id) = given(std::env::var("CLAUDE_CODE_SESSION_ID").ok()) {
         return HostSession {
             source: "CLAUDE_CODE_SESSION_ID",
             label: label_for(&id),
+            id,
         };
     }
     let id = format!("random-{}", hex::encode(rand::random::<[u8; 8]>()));
     HostSession {
         source: "random (the host named no conversation)",
         label: label_for(&id),
+        id,
     }
 }
 
@@ -244,33 +249,30 @@ pub fn object(value: Value) -> Map<String, Value> {
     }
 }
 
-/// What the proxy keeps about its window on this machine, so the hooks of the
-/// same host conversation can act as the same window: a private file
-/// (`windows/<label>.json`, 0600 in a 0700 directory) in the config directory.
-#[derive(Serialize, Deserialize)]
-pub struct WindowRecord {
-    pub url: String,
-    pub team: String,
-    pub agent: String,
-    pub profile: Option<String>,
-    pub host_session_from: String,
-    pub pid: u32,
-    #[serde(flatten)]
-    pub window: WindowCredential,
-}
-
-impl WindowRecord {
-    pub fn path(label: &str) -> anyhow::Result<std::path::PathBuf> {
-        Ok(client::local_files::config_dir()?
-            .join("windows")
-            .join(format!("{label}.json")))
-    }
-
-    pub fn save(&self) -> anyhow::Result<()> {
-        let path = Self::path(&self.window.label)?;
-        let text = serde_json::to_vec_pretty(self).context("encoding the window record")?;
-        client::local_files::write_private(&path, &text)
-    }
+/// What the proxy keeps about its window on this machine, so the hooks of
+/// the same host conversation act as the same window
+/// ([`client::window_state`]): written at registration, at a switch and at
+/// each renewal.
+pub fn keep_record(
+    host: &HostSession,
+    url: &str,
+    team: &str,
+    agent: &str,
+    window: &WindowCredential,
+) -> anyhow::Result<()> {
+    let state = client::window_state::WindowState {
+        host_session: host.id.clone(),
+        label: window.label.clone(),
+        url: url.to_string(),
+        team: team.to_string(),
+        agent: agent.to_string(),
+        credential: window.credential.clone(),
+        epoch: window.epoch,
+        expires_at: window.expires_at,
+        pid: std::process::id(),
+        updated_at: Utc::now(),
+    };
+    state.save(&client::local_files::config_dir()?)
 }
 
 #[cfg(test)]

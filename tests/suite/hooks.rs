@@ -15,7 +15,7 @@ use ai_crew_sync::client::hook::CONTEXT_MAX_CHARS;
 use ai_crew_sync::client::window_state::WindowState;
 
 /// Claude Code's hook input for `event`, as it sends it.
-fn payload(session: &str, event: &str, extra: Value) -> String {
+pub(crate) fn payload(session: &str, event: &str, extra: Value) -> String {
     let mut input = json!({
         "session_id": session,
         "transcript_path": "/home/dev/.claude/projects/repo/transcript.jsonl",
@@ -31,15 +31,15 @@ fn payload(session: &str, event: &str, extra: Value) -> String {
 }
 
 #[derive(Debug)]
-struct HookRun {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
+pub(crate) struct HookRun {
+    pub(crate) code: Option<i32>,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
 }
 
 /// Run `context hook --event EVENT` with `stdin`; a hook still running
 /// after 30 s fails the test (the host would have been held).
-async fn hook(config: &Path, event: &str, stdin: String) -> HookRun {
+pub(crate) async fn hook(config: &Path, event: &str, stdin: String) -> HookRun {
     let config = config.to_path_buf();
     let event = event.to_string();
     tokio::task::spawn_blocking(move || {
@@ -118,7 +118,7 @@ async fn proxy_window(
     (state, window)
 }
 
-fn context_of(run: &HookRun, event: &str) -> String {
+pub(crate) fn context_of(run: &HookRun, event: &str) -> String {
     assert_eq!(run.code, Some(0), "{run:?}");
     let out: Value = serde_json::from_str(run.stdout.trim())
         .unwrap_or_else(|e| panic!("not JSON ({e}): {run:?}"));

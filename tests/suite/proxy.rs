@@ -615,3 +615,51 @@ async fn the_window_credential_is_renewed_at_half_life_and_keeps_its_epoch() {
     assert_eq!(calls[1]["is_error"], false, "{:#?}", calls[1]);
     assert_eq!(calls[1]["structured"]["session"], label.as_str());
 }
+
+/// The hooks of a host conversation speak as the window its proxy holds:
+/// the proxy keeps the window's record, `context hook` with the same
+/// conversation id finds it (no token of its own) and reports what was sent
+/// to exactly that window.
+#[tokio::test]
+async fn a_hook_of_the_same_host_conversation_speaks_as_the_proxys_window() {
+    let app = spawn_app().await;
+    let alice = acme_with_alice(&app).await;
+    let bob = app.mcp(&app.agent("acme", "bob").await, None).await;
+    let machine = Machine::with_profiles(&app, &[("work", "alice", &alice)]);
+    let lines = machine
+        .drive(
+            &["--host-session", "conv-77"],
+            json!([{"op": "call", "tool": "session_status"}]),
+        )
+        .await;
+    let label = calls(&lines)[0]["structured"]["label"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    bob.call(
+        "post_message",
+        json!({"to": format!("alice/{label}"), "body": "need your review on PR 9"}),
+    )
+    .await
+    .unwrap();
+
+    let start = crate::hooks::hook(
+        machine.config.path(),
+        "session-start",
+        crate::hooks::payload("conv-77", "SessionStart", json!({"source": "resume"})),
+    )
+    .await;
+    let context = crate::hooks::context_of(&start, "SessionStart");
+    assert!(context.contains(&format!("alice/{label}")), "{context}");
+    assert!(context.contains("need your review on PR 9"), "{context}");
+    let other = crate::hooks::hook(
+        machine.config.path(),
+        "session-start",
+        crate::hooks::payload("conv-78", "SessionStart", json!({"source": "startup"})),
+    )
+    .await;
+    assert_eq!(
+        other.stdout, "",
+        "another conversation has no window here: {other:?}"
+    );
+}
