@@ -1,0 +1,265 @@
+//! The dashboard in a real headless browser: signing in through the form
+//! shows the team's agents and a new task appears without a reload, a task
+//! title holding markup and script shows as text and never runs, and a
+//! populated page shows every section (agents, tasks, locks, messages,
+//! conversations with their receipts) and keeps redrawing without error.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::{private_conversation, send, team_with_conversations};
+use crate::support::browser::Browser;
+use crate::support::{TestApp, spawn_app};
+
+/// What the browser may take to show a change the server already has.
+const LIVE_UPDATE_WITHIN: Duration = Duration::from_secs(15);
+
+const XSS_TITLE: &str =
+    r#"<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>"#;
+
+async fn open_signed_in(app: &TestApp, token: &str) -> Browser {
+    let browser = Browser::start().await;
+    browser.goto(&app.url("/dashboard")).await;
+    browser.type_into("#token", token).await;
+    browser.click("#sign-in").await;
+    browser
+}
+
+#[tokio::test]
+async fn signing_in_through_the_form_shows_the_agents_and_a_new_task_appears_without_reload() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.agent("acme", "alice").await;
+    app.agent("acme", "bob").await;
+    let alice_mcp = app.mcp(&alice, Some("editor")).await;
+    alice_mcp
+        .call(
+            "heartbeat",
+            json!({"status": "busy", "activity": "writing the release notes", "role": "writer"}),
+        )
+        .await
+        .unwrap();
+
+    let browser = open_signed_in(&app, &alice).await;
+    assert!(
+        browser
+            .wait_for_text("writing the release notes", LIVE_UPDATE_WITHIN)
+            .await,
+        "the agents table after signing in: {}",
+        browser.text().await
+    );
+    let text = browser.text().await;
+    let who = browser
+        .script("return document.querySelector('header .who strong').textContent;")
+        .await;
+    assert_eq!(who, json!("alice"), "{text}");
+    assert!(text.contains("bob"), "every agent of the team is listed");
+    assert!(text.contains("editor"), "the window");
+    assert!(
+        !browser.source().await.contains(&alice),
+        "the token never reaches the page"
+    );
+
+    // A mark the page would lose on a reload.
+    browser
+        .script("window.__stayed = 'yes'; return null;")
+        .await;
+    alice_mcp
+        .call(
+            "create_task",
+            json!({"key": "ship-dashboard", "title": "Ship the dashboard"}),
+        )
+        .await
+        .unwrap();
+    assert!(
+        browser
+            .wait_for_text("Ship the dashboard", LIVE_UPDATE_WITHIN)
+            .await,
+        "the new task should appear on the open page: {}",
+        browser.text().await
+    );
+    assert_eq!(
+        browser.script("return window.__stayed || null;").await,
+        json!("yes"),
+        "the task appeared without a reload"
+    );
+    browser.quit().await;
+}
+
+#[tokio::test]
+async fn a_task_title_holding_markup_and_script_shows_as_text_and_never_runs() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.agent("acme", "alice").await;
+    let alice_mcp = app.mcp(&alice, None).await;
+    // One in the server's first render, one drawn by app.js afterwards.
+    alice_mcp
+        .call("create_task", json!({"key": "xss-1", "title": XSS_TITLE}))
+        .await
+        .unwrap();
+
+    let browser = open_signed_in(&app, &alice).await;
+    assert!(
+        browser.wait_for_text(XSS_TITLE, LIVE_UPDATE_WITHIN).await,
+        "the title shows as literal text: {}",
+        browser.text().await
+    );
+    let later = r#"<b>bold?</b><img src=y onerror="window.__pwned=3">"#;
+    alice_mcp
+        .call("create_task", json!({"key": "xss-2", "title": later}))
+        .await
+        .unwrap();
+    assert!(
+        browser.wait_for_text(later, LIVE_UPDATE_WITHIN).await,
+        "{}",
+        browser.text().await
+    );
+    // Give an injected handler every chance to have run.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        browser.script("return typeof window.__pwned;").await,
+        json!("undefined")
+    );
+    assert_eq!(
+        browser
+            .script(
+                "return document.querySelectorAll('#tasks img, #tasks script, #tasks b').length;"
+            )
+            .await,
+        json!(0),
+        "no element was made from a title"
+    );
+    browser.quit().await;
+}
+
+#[tokio::test]
+async fn a_populated_dashboard_shows_every_section_in_the_browser() {
+    let app = spawn_app().await;
+    team_with_conversations(&app, "acme").await;
+    let alice = app.agent("acme", "alice").await;
+    let bob = app.agent("acme", "bob").await;
+    app.agent("acme", "carol").await;
+    let alice_mcp = app.mcp(&alice, Some("backend")).await;
+    let bob_mcp = app.mcp(&bob, Some("frontend")).await;
+    alice_mcp
+        .call(
+            "heartbeat",
+            json!({"status": "busy", "activity": "migrating the billing schema",
+                   "project": "billing", "role": "backend"}),
+        )
+        .await
+        .unwrap();
+    bob_mcp
+        .call(
+            "heartbeat",
+            json!({"status": "active", "activity": "reviewing PR 42", "project": "web",
+                   "role": "reviewer"}),
+        )
+        .await
+        .unwrap();
+    for (key, title) in [
+        ("api-rate-limits", "Add rate limits to the public API"),
+        ("billing-schema", "Migrate the billing schema"),
+        ("docs-quickstart", "Rewrite the quickstart"),
+        ("flaky-ci", "Fix the flaky CI job"),
+    ] {
+        alice_mcp
+            .call("create_task", json!({"key": key, "title": title}))
+            .await
+            .unwrap();
+    }
+    alice_mcp
+        .call(
+            "claim_task",
+            json!({"key": "billing-schema", "lease_seconds": 900}),
+        )
+        .await
+        .unwrap();
+    bob_mcp
+        .call("claim_task", json!({"key": "docs-quickstart"}))
+        .await
+        .unwrap();
+    bob_mcp
+        .call(
+            "complete_task",
+            json!({"key": "docs-quickstart", "result": "merged"}),
+        )
+        .await
+        .unwrap();
+    alice_mcp
+        .call(
+            "acquire_lock",
+            json!({"name": "db/migrations", "ttl_seconds": 600, "purpose": "schema change"}),
+        )
+        .await
+        .unwrap();
+    alice_mcp
+        .call(
+            "post_message",
+            json!({"channel": "general", "body": "Deploy freeze starts at 18:00 UTC.",
+                   "announce": true}),
+        )
+        .await
+        .unwrap();
+    bob_mcp
+        .call(
+            "post_message",
+            json!({"channel": "web", "body": "PR 42 is ready for a second look."}),
+        )
+        .await
+        .unwrap();
+    let id = private_conversation(&alice_mcp, "Billing cut-over", "bob/frontend", &bob_mcp).await;
+    send(&alice_mcp, &id, "Cut-over plan: freeze, migrate, verify.").await;
+
+    let browser = open_signed_in(&app, &alice).await;
+    assert!(
+        browser
+            .wait_for_text("migrating the billing schema", LIVE_UPDATE_WITHIN)
+            .await,
+        "{}",
+        browser.text().await
+    );
+    let text = browser.text().await;
+    for expected in [
+        "reviewing PR 42",
+        "Add rate limits to the public API",
+        "held by alice/backend",
+        "Rewrite the quickstart",
+        "db/migrations",
+        "schema change",
+        "Deploy freeze starts at 18:00 UTC.",
+        "announcement",
+        "PR 42 is ready for a second look.",
+        "Billing cut-over",
+        "Cut-over plan: freeze, migrate, verify.",
+        "stored 1/1",
+        "carol",
+    ] {
+        assert!(text.contains(expected), "{expected:?} missing from: {text}");
+    }
+    // The poll redraws the same content, and says when.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(browser.text().await.contains("Cut-over plan"));
+    assert_eq!(
+        browser
+            .script("return document.body.classList.contains('stale');")
+            .await,
+        json!(false),
+        "the last poll was drawn without an error"
+    );
+    let updated = browser
+        .script("return document.getElementById('updated').textContent;")
+        .await;
+    assert!(
+        updated.as_str().unwrap().starts_with("updated 20"),
+        "{updated}"
+    );
+
+    if let Ok(path) = std::env::var("DASHBOARD_SCREENSHOT") {
+        browser.resize(1400, 1200).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        std::fs::write(&path, browser.screenshot().await).expect("write the screenshot");
+    }
+    browser.quit().await;
+}

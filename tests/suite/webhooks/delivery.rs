@@ -1,0 +1,307 @@
+//! Webhook delivery: every event reaches its hook exactly once although
+//! three replicas dispatch; a receiver that is down, answers 503 or does not
+//! answer in time is retried with the same delivery id, a 400 fails at once
+//! and is listed with its error; a lease keeps a claimed delivery from every
+//! other replica until it lapses; and the Slack kind and channel filters
+//! decide which events are sent and in what shape.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use ai_crew_sync::store::teams;
+use ai_crew_sync::store::webhooks::{self, NewWebhook, WebhookKind, delivery};
+use ai_crew_sync::workers::webhook_dispatcher::Dispatcher;
+use serde_json::json;
+
+use super::{Receiver, add, deliveries, eventually, hook, in_state, post};
+use crate::support::{
+    free_port, globally, in_team, postgres::fresh_pool, spawn_app, webhook_settings,
+};
+
+#[tokio::test]
+async fn three_replicas_deliver_each_event_exactly_once() {
+    let app = spawn_app().await;
+    let second = app.replica().await;
+    let third = app.replica().await;
+    app.team("acme").await;
+    let token = app.agent("acme", "alice").await;
+    let receiver = Receiver::start().await;
+    add(&app, "acme", hook(&receiver.url(), &["message"])).await;
+
+    // Posts through every replica; all three dispatchers run.
+    const N: usize = 30;
+    let clients = [
+        app.mcp(&token, None).await,
+        second.mcp(&token, None).await,
+        third.mcp(&token, None).await,
+    ];
+    for i in 0..N {
+        post(&clients[i % 3], "general", &format!("event {i}")).await;
+    }
+
+    eventually("every delivery delivered", || async {
+        in_state(&app, "delivered").await == N
+    })
+    .await;
+    // Settled rows are never claimed again, so what was received is final.
+    let received = receiver.requests();
+    let ids: Vec<String> = received
+        .iter()
+        .map(|r| r.header("x-bus-delivery").to_owned())
+        .collect();
+    let distinct: BTreeSet<&String> = ids.iter().collect();
+    assert_eq!(received.len(), N, "exactly one request per event: {ids:?}");
+    assert_eq!(distinct.len(), N, "each delivery id once");
+    let rows: BTreeSet<String> = deliveries(&app)
+        .await
+        .iter()
+        .map(|r| r.id.to_string())
+        .collect();
+    assert_eq!(
+        rows,
+        distinct.into_iter().cloned().collect(),
+        "the ids received are the delivery rows"
+    );
+    let bodies: BTreeSet<String> = received
+        .iter()
+        .map(|r| r.json()["data"]["body"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(bodies.len(), N, "every event arrived");
+}
+
+#[tokio::test]
+async fn a_receiver_that_is_down_is_retried_until_it_answers() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let token = app.agent("acme", "alice").await;
+    let port = free_port();
+    add(
+        &app,
+        "acme",
+        hook(&format!("http://127.0.0.1:{port}/hook"), &["message"]),
+    )
+    .await;
+    let alice = app.mcp(&token, None).await;
+    post(&alice, "general", "while nobody listens").await;
+
+    eventually("two failed attempts, still pending", || async {
+        let rows = deliveries(&app).await;
+        rows.len() == 1 && rows[0].attempts >= 2 && rows[0].state == "pending"
+    })
+    .await;
+    let row = &deliveries(&app).await[0];
+    assert!(
+        row.last_error
+            .as_deref()
+            .unwrap()
+            .contains("could not reach the receiver"),
+        "{row:?}"
+    );
+
+    let receiver = Receiver::start_on(port).await;
+    eventually("delivered once the receiver is back", || async {
+        in_state(&app, "delivered").await == 1
+    })
+    .await;
+    let received = receiver.requests();
+    assert_eq!(received.len(), 1);
+    assert_eq!(received[0].header("x-bus-delivery"), row.id.to_string());
+    assert_eq!(received[0].json()["data"]["body"], "while nobody listens");
+}
+
+#[tokio::test]
+async fn a_503_is_retried_and_a_400_fails_with_its_error_listed() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let token = app.agent("acme", "alice").await;
+    let receiver = Receiver::start().await;
+    let created = add(&app, "acme", hook(&receiver.url(), &["message"])).await;
+    let alice = app.mcp(&token, None).await;
+
+    receiver.answer_first(&[(503, "busy"), (503, "busy")]);
+    post(&alice, "general", "first").await;
+    eventually("delivered after two 503s", || async {
+        in_state(&app, "delivered").await == 1
+    })
+    .await;
+    let received = receiver.requests();
+    assert_eq!(received.len(), 3, "two refused attempts, then the delivery");
+    let ids: BTreeSet<&str> = received
+        .iter()
+        .map(|r| r.header("x-bus-delivery"))
+        .collect();
+    assert_eq!(ids.len(), 1, "every retry carries the same delivery id");
+    assert_eq!(deliveries(&app).await[0].attempts, 3);
+
+    receiver.answer_always(400);
+    receiver.answer_first(&[(400, "unknown payload shape")]);
+    post(&alice, "general", "second").await;
+    eventually("the 400 failed", || async {
+        in_state(&app, "failed").await == 1
+    })
+    .await;
+    let failed = deliveries(&app)
+        .await
+        .into_iter()
+        .find(|r| r.state == "failed")
+        .unwrap();
+    assert_eq!(
+        (failed.attempts, failed.last_status),
+        (1, Some(400)),
+        "a 400 is permanent: no retry"
+    );
+    assert_eq!(receiver.requests().len(), 4);
+
+    let listed = webhooks::list(&app.pool, &in_team("acme")).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    let listed = &listed[0];
+    assert_eq!(listed.id, created.webhook.id);
+    assert_eq!(
+        (listed.deliveries.delivered, listed.deliveries.failed),
+        (1, 1)
+    );
+    let error = listed.failures[0].last_error.as_deref().unwrap();
+    assert!(
+        error.contains("400") && error.contains("unknown payload shape"),
+        "{error}"
+    );
+    assert!(
+        !serde_json::to_string(&listed)
+            .unwrap()
+            .contains(&created.secret),
+        "a listing never shows the secret"
+    );
+}
+
+#[tokio::test]
+async fn a_receiver_that_does_not_answer_in_time_is_retried() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let token = app.agent("acme", "alice").await;
+    let receiver = Receiver::start().await;
+    add(&app, "acme", hook(&receiver.url(), &["message"])).await;
+    receiver.stall_next(1);
+    post(&app.mcp(&token, None).await, "general", "slow").await;
+
+    eventually("delivered after a timeout", || async {
+        in_state(&app, "delivered").await == 1
+    })
+    .await;
+    let row = &deliveries(&app).await[0];
+    assert_eq!(row.attempts, 2, "the stalled attempt, then the delivery");
+    let received = receiver.requests();
+    assert_eq!(received.len(), 2);
+    assert!(
+        received
+            .iter()
+            .all(|r| r.header("x-bus-delivery") == row.id.to_string())
+    );
+}
+
+#[tokio::test]
+async fn a_lease_keeps_a_delivery_from_everyone_else_until_it_lapses() {
+    // No server: this test is the only dispatcher, so it decides who claims.
+    let (pool, _) = fresh_pool().await;
+    teams::create(&pool, &globally(), "acme", "Acme")
+        .await
+        .unwrap();
+    let receiver = Receiver::start().await;
+    let hook_id = webhooks::add(&pool, &in_team("acme"), hook(&receiver.url(), &["task"]))
+        .await
+        .unwrap()
+        .webhook
+        .id;
+    sqlx::query(
+        "INSERT INTO webhook_deliveries (team_id, webhook_id, event, payload)
+         SELECT team_id, id, 'task.created', '{\"key\": \"k\"}' FROM webhooks WHERE id = $1",
+    )
+    .bind(hook_id)
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    // A replica claims it and dies before settling.
+    let dead = delivery::claim(&pool, 10, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 1);
+    assert!(
+        delivery::claim(&pool, 10, Duration::from_secs(2))
+            .await
+            .unwrap()
+            .is_empty(),
+        "nobody else takes a leased delivery"
+    );
+    let dispatcher = Dispatcher::new(pool.clone(), webhook_settings()).unwrap();
+    assert_eq!(dispatcher.run_once().await.unwrap(), 0);
+    assert!(receiver.requests().is_empty());
+
+    // Once the lease lapses, another replica sends it.
+    eventually("claimed again after the lease", || async {
+        dispatcher.run_once().await.unwrap() == 1
+    })
+    .await;
+    assert_eq!(receiver.requests().len(), 1);
+    assert_eq!(
+        receiver.requests()[0].header("x-bus-delivery"),
+        dead[0].id.to_string()
+    );
+    // The dead replica's late settle changes nothing.
+    assert!(
+        !delivery::settle_delivered(&pool, &dead[0], 200)
+            .await
+            .unwrap()
+    );
+    let (state, attempts): (String, i32) =
+        sqlx::query_as("SELECT state, attempts FROM webhook_deliveries")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((state.as_str(), attempts), ("delivered", 2));
+}
+
+#[tokio::test]
+async fn slack_and_channel_filters_shape_what_is_sent() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let token = app.agent("acme", "alice").await;
+    let receiver = Receiver::start().await;
+    add(
+        &app,
+        "acme",
+        NewWebhook {
+            kind: WebhookKind::Slack,
+            channels: vec!["#ops".into()],
+            ..hook(&receiver.url(), &["message"])
+        },
+    )
+    .await;
+    let alice = app.mcp(&token, None).await;
+    app.team("other").await;
+    let other = app.agent("other", "carol").await;
+    post(&app.mcp(&other, None).await, "ops", "another team's #ops").await;
+    post(&alice, "general", "not for this hook").await;
+    post(&alice, "ops", "disk <full> & rising").await;
+    alice
+        .call(
+            "create_task",
+            json!({"key": "t1", "title": "not subscribed"}),
+        )
+        .await
+        .unwrap();
+
+    eventually("one delivery sent", || async {
+        in_state(&app, "delivered").await == 1
+    })
+    .await;
+    assert_eq!(
+        deliveries(&app).await.len(),
+        1,
+        "only #ops messages of this team match; a team without hooks enqueues nothing"
+    );
+    let body = receiver.requests()[0].json();
+    assert_eq!(
+        body,
+        json!({"text": "[acme] #ops alice wrote: disk &lt;full&gt; &amp; rising"})
+    );
+}

@@ -1,0 +1,267 @@
+//! What webhooks refuse and keep back: a hook without `allow_private` never
+//! connects to a private address (even one a name resolves to only at send
+//! time), a generic delivery is signed over its exact bytes, direct
+//! messages, conversation bodies, private conversations and note values
+//! never reach a receiver, and a URL that is not http(s), private, carries
+//! credentials or names an unknown event is refused with nothing written.
+
+use std::collections::BTreeSet;
+
+use ai_crew_sync::store::teams;
+use ai_crew_sync::store::webhooks::{self, NewWebhook};
+use hmac::{Hmac, Mac};
+use serde_json::{Value, json};
+use sha2::Sha256;
+use uuid::Uuid;
+
+use super::{Receiver, Request, add, call, deliveries, eventually, hook, in_state, post};
+use crate::support::{McpClient, in_team, spawn_app, test_actor};
+
+/// A name that resolved to a public address at `add` and resolves to
+/// loopback now (DNS rebinding) is refused at send time: here the hooks are
+/// added with `allow_private` and the flag is then cleared underneath them.
+#[tokio::test]
+async fn a_hook_without_allow_private_never_connects_to_a_private_address() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let token = app.agent("acme", "alice").await;
+    let receiver = Receiver::start().await;
+    let port = receiver.addr.port();
+    for url in [
+        format!("http://localhost:{port}/by-name"),
+        format!("http://127.0.0.1:{port}/by-address"),
+    ] {
+        add(&app, "acme", hook(&url, &["message"])).await;
+    }
+    sqlx::query("UPDATE webhooks SET allow_private = false")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    post(&app.mcp(&token, None).await, "general", "stay inside").await;
+
+    eventually("both deliveries failed", || async {
+        in_state(&app, "failed").await == 2
+    })
+    .await;
+    assert!(receiver.requests().is_empty(), "nothing was sent");
+    for row in deliveries(&app).await {
+        let error = row.last_error.unwrap();
+        assert_eq!(row.attempts, 1, "refused at once, not retried: {error}");
+        assert!(
+            error.contains("--allow-private") && error.contains("127.0.0.1"),
+            "{error}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn generic_deliveries_are_signed_over_the_exact_body() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let token = app.agent("acme", "alice").await;
+    let receiver = Receiver::start().await;
+    let created = add(&app, "acme", hook(&receiver.url(), &["message"])).await;
+    assert!(created.secret.starts_with("whsec_"), "{}", created.secret);
+    let alice = app.mcp(&token, None).await;
+    post(&alice, "general", "sign me").await;
+
+    eventually("one request", || async { receiver.requests().len() == 1 }).await;
+    let request = &receiver.requests()[0];
+    let verify = |body: &[u8]| {
+        let mut mac = Hmac::<Sha256>::new_from_slice(created.secret.as_bytes()).unwrap();
+        mac.update(body);
+        format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+    };
+    assert_eq!(request.header("x-bus-signature"), verify(&request.body));
+    let mut tampered = request.body.to_vec();
+    tampered.push(b' ');
+    assert_ne!(
+        request.header("x-bus-signature"),
+        verify(&tampered),
+        "the signature covers the exact bytes"
+    );
+
+    let body = request.json();
+    assert_eq!(
+        body["id"].as_str().unwrap(),
+        request.header("x-bus-delivery")
+    );
+    assert_eq!(body["event"], "message.posted");
+    assert_eq!(request.header("x-bus-event"), "message.posted");
+    assert_eq!(body["team"], "acme");
+    assert_eq!(body["webhook_id"], json!(created.webhook.id));
+    assert_eq!(body["data"]["channel"], "general");
+    assert_eq!(body["data"]["sender"], "alice");
+    assert_eq!(body["data"]["body"], "sign me");
+    assert!(body["occurred_at"].is_string());
+}
+
+fn conversation_id(created: &Value) -> String {
+    created["conversation"]["id"]
+        .as_str()
+        .or(created["id"].as_str())
+        .unwrap_or_else(|| panic!("a conversation id in {created}"))
+        .to_owned()
+}
+
+async fn say(client: &McpClient, conversation: &str, body: &str) {
+    let args = json!({"conversation_id": conversation, "body": body,
+                      "request_id": Uuid::new_v4().to_string()});
+    call(client, "send_conversation_message", args).await;
+}
+
+#[tokio::test]
+async fn direct_messages_and_conversation_bodies_never_reach_the_receiver() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    teams::capability(&app.pool, "acme", Some(true), &test_actor())
+        .await
+        .unwrap();
+    let alice_token = app.agent("acme", "alice").await;
+    let bob_token = app.agent("acme", "bob").await;
+    let receiver = Receiver::start().await;
+    add(&app, "acme", hook(&receiver.url(), &[])).await;
+    let alice = app.mcp(&alice_token, None).await;
+    let bob = app.mcp(&bob_token, None).await;
+
+    call(
+        &alice,
+        "post_message",
+        json!({"to": "bob", "body": "DM-SECRET-7731"}),
+    )
+    .await;
+    call(&alice, "create_project", json!({"project": "web"})).await;
+    let grant = json!({"project": "web", "agent": "bob"});
+    call(&alice, "grant_project_access", grant).await;
+    let project = json!({"title": "release plan", "project": "web", "invite": ["bob"]});
+    let project_conv = conversation_id(&call(&alice, "create_conversation", project).await);
+    let join = json!({"conversation_id": project_conv});
+    call(&bob, "join_conversation", join).await;
+    say(&alice, &project_conv, "CONV-BODY-4410").await;
+    let private = json!({"title": "PRIVATE-TITLE-9902", "private": true});
+    let private_conv = conversation_id(&call(&alice, "create_conversation", private).await);
+    say(&alice, &private_conv, "PRIVATE-BODY-5521").await;
+    let note = json!({"key": "deploy", "value": "NOTE-VALUE-8812"});
+    call(&alice, "set_note", note).await;
+    call(
+        &alice,
+        "create_task",
+        json!({"key": "ship", "title": "ship it"}),
+    )
+    .await;
+    call(&alice, "claim_task", json!({"key": "ship"})).await;
+    call(&alice, "acquire_lock", json!({"name": "deploy"})).await;
+    call(&alice, "release_lock", json!({"name": "deploy"})).await;
+    let announcement = json!({"channel": "general", "body": "freeze at 5", "announce": true});
+    call(&alice, "post_message", announcement).await;
+    post(&alice, "general", "the last event").await;
+
+    // Triggers enqueue at commit: every row exists now; wait until all are sent.
+    eventually("every delivery sent", || async {
+        let rows = deliveries(&app).await;
+        !rows.is_empty() && rows.iter().all(|r| r.state == "delivered")
+    })
+    .await;
+    let received = receiver.requests();
+    let events: BTreeSet<String> = received
+        .iter()
+        .map(|r| r.json()["event"].as_str().unwrap().to_owned())
+        .collect();
+    for expected in [
+        "message.posted",
+        "announcement.posted",
+        "task.created",
+        "task.claimed",
+        "lock.acquired",
+        "lock.released",
+        "note.set",
+        "conversation.created",
+        "conversation.member_joined",
+        "conversation.message_sent",
+    ] {
+        assert!(
+            events.contains(expected),
+            "{expected} missing from {events:?}"
+        );
+    }
+    let everything: String = received
+        .iter()
+        .map(|r| String::from_utf8_lossy(&r.body).into_owned())
+        .collect::<Vec<_>>()
+        .join("\n");
+    for secret in [
+        "DM-SECRET-7731",
+        "CONV-BODY-4410",
+        "PRIVATE-BODY-5521",
+        "PRIVATE-TITLE-9902",
+        "NOTE-VALUE-8812",
+        private_conv.as_str(),
+    ] {
+        assert!(
+            !everything.contains(secret),
+            "{secret} reached the receiver: {everything}"
+        );
+    }
+    let sent = received
+        .iter()
+        .map(Request::json)
+        .find(|b| b["event"] == "conversation.message_sent")
+        .unwrap();
+    assert_eq!(sent["data"]["conversation_id"], json!(project_conv));
+    assert_eq!(sent["data"]["title"], "release plan");
+    assert_eq!(sent["data"]["sender"], "alice");
+    assert_eq!(sent["data"]["seq"], 1);
+    let messages = received
+        .iter()
+        .filter(|r| r.json()["event"] == "message.posted")
+        .count();
+    assert_eq!(messages, 1, "the DM is not a channel message");
+}
+
+#[tokio::test]
+async fn urls_are_validated_and_a_refusal_writes_nothing() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let refusal = |new: NewWebhook| {
+        let pool = app.pool.clone();
+        async move {
+            webhooks::add(&pool, &in_team("acme"), new)
+                .await
+                .expect_err("refused")
+                .to_string()
+        }
+    };
+    let ftp = refusal(hook("ftp://example.com/hook", &[])).await;
+    assert!(ftp.contains("only http and https"), "{ftp}");
+    let loopback = refusal(NewWebhook {
+        allow_private: false,
+        ..hook("http://127.0.0.1:9/hook", &[])
+    })
+    .await;
+    assert!(
+        loopback.contains("127.0.0.1") && loopback.contains("--allow-private"),
+        "{loopback}"
+    );
+    let localhost = refusal(NewWebhook {
+        allow_private: false,
+        ..hook("http://localhost:9/hook", &[])
+    })
+    .await;
+    assert!(localhost.contains("loopback"), "{localhost}");
+    let credentials = refusal(hook("https://user:pw@example.com/hook", &[])).await;
+    assert!(
+        credentials.contains("user name or password"),
+        "{credentials}"
+    );
+    let event = refusal(hook("http://127.0.0.1:9/hook", &["messages"])).await;
+    assert!(event.contains("message, announcement"), "{event}");
+
+    let (hooks, audits): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM webhooks),
+                (SELECT count(*) FROM audit_log WHERE action LIKE 'webhook.%')",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!((hooks, audits), (0, 0), "a refused add writes nothing");
+}

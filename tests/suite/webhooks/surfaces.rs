@@ -1,0 +1,218 @@
+//! The operator surfaces for webhooks: `bus webhook add|list|remove` (the
+//! secret shown once and never listed, private addresses refused without
+//! `--allow-private`, every change audited by origin only) and the
+//! `/admin/teams/{team}/webhooks` routes, which a credential may use only
+//! within its own team and which take a hook's deliveries with it.
+
+use reqwest::Method;
+use serde_json::json;
+
+use super::{Receiver, deliveries, eventually, in_state};
+use crate::admin::api;
+use crate::cli::{bus, ok_json};
+use crate::support::{postgres::fresh_database_url, spawn_app, test_actor};
+
+/// `words` split on spaces, as a shell would (no quoting needed here).
+fn argv(words: &str) -> Vec<&str> {
+    words.split_whitespace().collect()
+}
+
+#[tokio::test]
+async fn the_cli_adds_lists_and_removes_webhooks_and_audits_them() {
+    let db = fresh_database_url().await;
+    ok_json(&db, &argv("team create --slug acme --name Acme --json"));
+
+    let refused = bus(
+        &db,
+        &argv("webhook add --team acme --url http://127.0.0.1:9/hook"),
+    );
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("--allow-private"), "{stderr}");
+
+    let added = ok_json(
+        &db,
+        &argv(
+            "webhook add --team acme --url http://127.0.0.1:9/hook --kind discord \
+             --events task,lock --channel ops --allow-private --json",
+        ),
+    );
+    let secret = added["secret"].as_str().unwrap();
+    assert!(secret.starts_with("whsec_"));
+    assert_eq!(added["events"], json!(["task", "lock"]));
+    assert_eq!(added["kind"], "discord");
+    let id = added["id"].as_str().unwrap();
+
+    let text = bus(
+        &db,
+        &argv("webhook add --team acme --url http://127.0.0.1:9/x --allow-private"),
+    );
+    let shown = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.status.success() && shown.contains("shown once"),
+        "{shown}"
+    );
+
+    let list = argv("webhook list --team acme --json");
+    let listed = ok_json(&db, &list);
+    assert_eq!(listed.as_array().unwrap().len(), 2);
+    assert_eq!(listed[0]["id"], id);
+    assert_eq!(listed[0]["channels"], json!(["ops"]));
+    assert!(!listed.to_string().contains(secret), "never the secret");
+    let table = bus(&db, &argv("webhook list --team acme"));
+    assert!(String::from_utf8_lossy(&table.stdout).contains(id));
+
+    let removed = ok_json(&db, &["webhook", "remove", "--id", id, "--json"]);
+    assert_eq!(removed["id"], id);
+    assert_eq!(ok_json(&db, &list).as_array().unwrap().len(), 1);
+    let again = bus(&db, &["webhook", "remove", "--id", id]);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("no webhook with id"));
+
+    let pool = ai_crew_sync::db::connect(&db, 2).await.unwrap();
+    let actions: Vec<(String, String)> = sqlx::query_as(
+        "SELECT action, detail::text FROM audit_log WHERE action LIKE 'webhook.%' ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let names: Vec<&str> = actions.iter().map(|(a, _)| a.as_str()).collect();
+    assert_eq!(names, ["webhook.add", "webhook.add", "webhook.remove"]);
+    assert!(
+        actions[0].1.contains("http://127.0.0.1:9"),
+        "{}",
+        actions[0].1
+    );
+    assert!(
+        !actions[0].1.contains("/hook"),
+        "the audit names the origin only"
+    );
+}
+
+#[tokio::test]
+async fn admin_routes_add_list_and_remove_within_the_credentials_team() {
+    use ai_crew_sync::store::admin;
+    let app = spawn_app().await;
+    app.team("acme").await;
+    app.team("other").await;
+    let root = admin::bootstrap(&app.pool, None, false, &test_actor())
+        .await
+        .unwrap()
+        .credential;
+    let (status, scoped) = api(
+        &app,
+        &root,
+        Method::POST,
+        "/admin/credentials",
+        Some(json!({"team": "other"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{scoped}");
+    let scoped = scoped["credential"].as_str().unwrap().to_owned();
+
+    let receiver = Receiver::start().await;
+    let (status, refused) = api(
+        &app,
+        &root,
+        Method::POST,
+        "/admin/teams/acme/webhooks",
+        Some(json!({"url": receiver.url()})),
+    )
+    .await;
+    assert_eq!(status, 400, "{refused}");
+    assert!(
+        refused["message"]
+            .as_str()
+            .unwrap()
+            .contains("allow_private")
+    );
+
+    let (status, added) = api(
+        &app,
+        &root,
+        Method::POST,
+        "/admin/teams/acme/webhooks",
+        Some(json!({"url": receiver.url(), "events": ["task"], "allow_private": true})),
+    )
+    .await;
+    assert_eq!(status, 201, "{added}");
+    assert!(added["secret"].as_str().unwrap().starts_with("whsec_"));
+    let id = added["id"].as_str().unwrap().to_owned();
+
+    let (status, _) = api(
+        &app,
+        &scoped,
+        Method::GET,
+        "/admin/teams/acme/webhooks",
+        None,
+    )
+    .await;
+    assert_eq!(status, 403, "a credential of another team");
+    let (status, _) = api(
+        &app,
+        &scoped,
+        Method::DELETE,
+        &format!("/admin/teams/acme/webhooks/{id}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 403);
+    let (status, _) = api(
+        &app,
+        &scoped,
+        Method::DELETE,
+        &format!("/admin/teams/other/webhooks/{id}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 404, "another team's hook is not found from here");
+
+    // A task event is delivered; the listing counts it.
+    let token = app.agent("acme", "alice").await;
+    app.mcp(&token, None)
+        .await
+        .call("create_task", json!({"key": "t", "title": "a task"}))
+        .await
+        .unwrap();
+    eventually("the task event delivered", || async {
+        in_state(&app, "delivered").await == 1
+    })
+    .await;
+    let (status, listed) = api(&app, &root, Method::GET, "/admin/teams/acme/webhooks", None).await;
+    assert_eq!(status, 200);
+    assert_eq!(listed[0]["id"], id);
+    assert_eq!(listed[0]["deliveries"]["delivered"], 1);
+    assert!(listed[0].get("secret").is_none());
+    assert_eq!(receiver.requests()[0].json()["event"], "task.created");
+
+    let (status, removed) = api(
+        &app,
+        &root,
+        Method::DELETE,
+        &format!("/admin/teams/acme/webhooks/{id}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{removed}");
+    let (_, listed) = api(&app, &root, Method::GET, "/admin/teams/acme/webhooks", None).await;
+    assert_eq!(listed, json!([]));
+    assert_eq!(
+        deliveries(&app).await.len(),
+        0,
+        "deliveries go with their hook"
+    );
+
+    let audit: Vec<(String, String)> = sqlx::query_as(
+        "SELECT action, source FROM audit_log WHERE action LIKE 'webhook.%' ORDER BY id",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        audit,
+        [
+            ("webhook.add".to_owned(), "http".to_owned()),
+            ("webhook.remove".to_owned(), "http".to_owned())
+        ]
+    );
+}
