@@ -13,6 +13,7 @@ mod generate;
 mod operator;
 mod output;
 mod proxy;
+pub mod recipes;
 mod secret;
 mod serve;
 
@@ -102,6 +103,12 @@ enum Command {
     Mcp(proxy::McpCommand),
     /// Print the config block for Claude Code, Codex and Cursor that runs `mcp proxy` (no credential in it).
     ProxyConfig(proxy::ProxyConfigArgs),
+    /// The team's common procedures (who is online, inbox, next task, hand off, ask, announce,
+    /// stand-up) as texts a model follows; the same as the Claude Code plugin's slash commands.
+    Recipes {
+        /// The recipe to print (omit to list them).
+        name: Option<String>,
+    },
     /// Administration: `bootstrap` locally, the rest over a server's /admin API.
     #[command(subcommand)]
     Admin(admin::AdminCommand),
@@ -167,6 +174,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Context(command) => context::run(command).await,
         Command::Mcp(command) => proxy::run(command).await,
         Command::ProxyConfig(args) => proxy::config(args),
+        Command::Recipes { name } => recipes::run(name),
         Command::Completions(args) => generate::completions(args),
         Command::Man(args) => generate::man(args),
         Command::McpConfig(args) => {

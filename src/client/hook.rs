@@ -37,11 +37,16 @@ pub const CONTEXT_MAX_CHARS: usize = 2_000;
 /// A first look reaches back this far for announcements.
 const FIRST_LOOK_HOURS: i64 = 24;
 
+/// The events, named as `--event` takes them (`session_start`; the
+/// kebab-case spelling clap would give is accepted too).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum HookEvent {
+    #[value(name = "session_start", alias = "session-start")]
     SessionStart,
+    #[value(name = "user_prompt", alias = "user-prompt")]
     UserPrompt,
     Stop,
+    #[value(name = "session_end", alias = "session-end")]
     SessionEnd,
     Status,
 }

@@ -70,6 +70,12 @@ impl BusServer {
         }
     }
 
+    /// Every tool of the bus as `tools/list` shows it (name, description,
+    /// input schema), for checks of what other texts name.
+    pub fn tool_list() -> Vec<rmcp::model::Tool> {
+        Self::tools().list_all()
+    }
+
     /// Every tool of the bus.
     fn tools() -> ToolRouter<BusServer> {
         Self::identity_router()

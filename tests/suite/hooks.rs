@@ -174,7 +174,7 @@ async fn session_start_and_prompt_hooks_tell_the_window_what_is_new_and_read_not
 
     let start = hook(
         config.path(),
-        "session-start",
+        "session_start",
         payload("cc-1", "SessionStart", json!({"source": "startup"})),
     )
     .await;
@@ -197,7 +197,7 @@ async fn session_start_and_prompt_hooks_tell_the_window_what_is_new_and_read_not
     // Nothing new since: the prompt hook says nothing at all.
     let quiet = hook(
         config.path(),
-        "user-prompt",
+        "user_prompt",
         payload("cc-1", "UserPromptSubmit", json!({"prompt": "carry on"})),
     )
     .await;
@@ -215,7 +215,7 @@ async fn session_start_and_prompt_hooks_tell_the_window_what_is_new_and_read_not
     .unwrap();
     let prompt = hook(
         config.path(),
-        "user-prompt",
+        "user_prompt",
         payload("cc-1", "UserPromptSubmit", json!({"prompt": "carry on"})),
     )
     .await;
@@ -307,7 +307,7 @@ async fn stop_blocks_once_for_an_unanswered_question_and_session_end_leaves_the_
 
     hook(
         config.path(),
-        "session-end",
+        "session_end",
         payload("cc-2", "SessionEnd", json!({"reason": "prompt_input_exit"})),
     )
     .await;
@@ -330,7 +330,7 @@ async fn a_hook_without_a_proxy_window_or_with_the_bus_down_prints_nothing_and_e
     let config = tempfile::tempdir().unwrap();
     let start = || payload("cc-3", "SessionStart", json!({"source": "startup"}));
 
-    let none = hook(config.path(), "session-start", start()).await;
+    let none = hook(config.path(), "session_start", start()).await;
     assert_eq!((none.code, none.stdout.as_str()), (Some(0), ""), "{none:?}");
     let garbage = hook(config.path(), "stop", "{not json".to_string()).await;
     assert_eq!(
@@ -343,7 +343,7 @@ async fn a_hook_without_a_proxy_window_or_with_the_bus_down_prints_nothing_and_e
     // A bus that is gone: the connection is refused.
     state.url = format!("http://127.0.0.1:{}/mcp", free_port());
     state.save(config.path()).unwrap();
-    let refused = hook(config.path(), "session-start", start()).await;
+    let refused = hook(config.path(), "session_start", start()).await;
     assert_eq!(
         (refused.code, refused.stdout.as_str()),
         (Some(0), ""),

@@ -36,6 +36,7 @@ mod moves;
 mod notes;
 mod outbox;
 mod overview;
+mod plugin;
 mod presence;
 mod projects;
 mod proxy;

@@ -645,7 +645,7 @@ async fn a_hook_of_the_same_host_conversation_speaks_as_the_proxys_window() {
 
     let start = crate::hooks::hook(
         machine.config.path(),
-        "session-start",
+        "session_start",
         crate::hooks::payload("conv-77", "SessionStart", json!({"source": "resume"})),
     )
     .await;
@@ -654,7 +654,7 @@ async fn a_hook_of_the_same_host_conversation_speaks_as_the_proxys_window() {
     assert!(context.contains("need your review on PR 9"), "{context}");
     let other = crate::hooks::hook(
         machine.config.path(),
-        "session-start",
+        "session_start",
         crate::hooks::payload("conv-78", "SessionStart", json!({"source": "startup"})),
     )
     .await;
