@@ -31,6 +31,10 @@ pub struct ProxyArgs {
     /// Lifetime of the window's session credential in seconds, 60..86400; renewed at half-life.
     #[arg(long, default_value_t = 86_400, value_parser = clap::value_parser!(i64).range(60..=86_400))]
     session_ttl_seconds: i64,
+    /// Seconds between fetches of the window's conversation inbox into the local spool
+    /// (each reference is on disk before its delivery is confirmed).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    inbox_poll_secs: u64,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -78,6 +82,7 @@ pub async fn run(command: McpCommand) -> anyhow::Result<()> {
                 host_session: args.host_session,
                 role: args.role,
                 session_ttl_seconds: args.session_ttl_seconds,
+                inbox_poll: std::time::Duration::from_secs(args.inbox_poll_secs),
                 dir,
             })
             .await

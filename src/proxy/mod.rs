@@ -11,13 +11,16 @@
 //! (`client::context`), start serving stdio at once (a host waits for the
 //! handshake), and in the background register the window, fetch the bus's
 //! tools, heartbeat, then keep presence and the credential alive
-//! ([`Proxy::maintain`]). On stdin EOF or SIGTERM the window is marked idle,
+//! ([`Proxy::maintain`]), and keep the window's conversation inbox in a
+//! durable spool, confirming each reference only once it is on disk
+//! (`inbox.rs`). On stdin EOF or SIGTERM the window is marked idle,
 //! within a bound, and the process exits.
 //!
 //! Stdout carries only MCP framing: logs go to stderr, `git` runs with its
 //! output captured.
 //!
-//! Files: `window.rs` (label, credential, heartbeats), `calls.rs` (calls to
+//! Files: `window.rs` (label, credential, heartbeats), `inbox.rs` (the
+//! fetch, spool, confirm loop), `calls.rs` (calls to
 //! the bus and recovery when it refuses the credential), `forward.rs` (the
 //! `ServerHandler`), `local_tools.rs` (`session_status`, `configure_session`),
 //! `instructions.rs` (the start-of-session text), `host_config.rs` (what
@@ -26,6 +29,7 @@
 mod calls;
 mod forward;
 pub mod host_config;
+mod inbox;
 mod instructions;
 mod local_tools;
 pub mod window;
@@ -69,6 +73,8 @@ pub struct ProxyOptions {
     pub session_ttl_seconds: i64,
     /// Where `.acs.toml` and git are looked up.
     pub dir: PathBuf,
+    /// How often the conversation inbox is fetched into the spool.
+    pub inbox_poll: Duration,
 }
 
 /// The identity the proxy speaks as now (a profile switch replaces it).
@@ -261,16 +267,20 @@ impl Proxy {
         }
         let ttl = self.options.session_ttl_seconds;
         let tick = Duration::from_secs((PRESENCE_TTL_SECS as u64 / 3).min(ttl as u64 / 4).max(5));
-        loop {
-            tokio::time::sleep(tick).await;
-            let beat = json!({"ttl_seconds": PRESENCE_TTL_SECS});
-            if let Err(err) = self.call_json("heartbeat", window::object(beat)).await {
-                tracing::warn!("heartbeat failed: {err:#}");
+        let presence = async {
+            loop {
+                tokio::time::sleep(tick).await;
+                let beat = json!({"ttl_seconds": PRESENCE_TTL_SECS});
+                if let Err(err) = self.call_json("heartbeat", window::object(beat)).await {
+                    tracing::warn!("heartbeat failed: {err:#}");
+                }
+                if let Err(err) = self.renew_if_due().await {
+                    tracing::warn!("renewing the session credential failed: {err:#}");
+                }
             }
-            if let Err(err) = self.renew_if_due().await {
-                tracing::warn!("renewing the session credential failed: {err:#}");
-            }
-        }
+        };
+        // Neither ends: both stop when the run aborts this task.
+        tokio::join!(presence, self.clone().keep_inbox());
     }
 
     /// Register the window, open its connection, fetch the tools, say hello.

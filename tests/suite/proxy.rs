@@ -18,8 +18,8 @@ use tokio::process::{Child, ChildStdout};
 use crate::support::{TestApp, globally, in_team, spawn_app};
 
 /// One machine: a config directory with profiles, a working directory.
-struct Machine {
-    config: tempfile::TempDir,
+pub(crate) struct Machine {
+    pub(crate) config: tempfile::TempDir,
     cwd: tempfile::TempDir,
 }
 
@@ -34,7 +34,7 @@ impl Machine {
     }
 
     /// Profiles `(name, team, agent, token)` at `url`.
-    fn with_team_profiles(url: &str, profiles: &[(&str, &str, &str, &str)]) -> Machine {
+    pub(crate) fn with_team_profiles(url: &str, profiles: &[(&str, &str, &str, &str)]) -> Machine {
         let config = tempfile::tempdir().unwrap();
         let mut text = format!("default = \"{}\"\n", profiles[0].0);
         for (name, team, agent, token) in profiles {
@@ -51,7 +51,7 @@ impl Machine {
         }
     }
 
-    fn script(&self, proxy_args: &[&str], steps: Value) -> String {
+    pub(crate) fn script(&self, proxy_args: &[&str], steps: Value) -> String {
         let mut args = vec!["mcp", "proxy"];
         args.extend_from_slice(proxy_args);
         json!({
@@ -74,13 +74,13 @@ impl Machine {
 }
 
 /// The Python driver as a child process, read line by line.
-struct Driver {
+pub(crate) struct Driver {
     child: Child,
     lines: Lines<BufReader<ChildStdout>>,
 }
 
 impl Driver {
-    fn start(script: &str) -> Driver {
+    pub(crate) fn start(script: &str) -> Driver {
         need_python_mcp();
         let mut child = tokio::process::Command::new("python3")
             .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/suite/py/proxy_client.py"))
@@ -108,7 +108,7 @@ impl Driver {
     }
 
     /// The lines up to a `pause` step (not included).
-    async fn until_pause(&mut self) -> Vec<Value> {
+    pub(crate) async fn until_pause(&mut self) -> Vec<Value> {
         let mut lines = Vec::new();
         loop {
             let line = self.next().await.expect("the driver pauses");
@@ -149,7 +149,7 @@ fn step<'a>(lines: &'a [Value], kind: &str) -> Vec<&'a Value> {
     lines.iter().filter(|l| l["step"] == kind).collect()
 }
 
-fn calls(lines: &[Value]) -> Vec<&Value> {
+pub(crate) fn calls(lines: &[Value]) -> Vec<&Value> {
     step(lines, "call")
 }
 

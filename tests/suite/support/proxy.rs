@@ -138,10 +138,13 @@ async fn pump(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        let now = *mode.lock().unwrap();
-        if let Some(delay) = now.delay {
+        let delay = mode.lock().unwrap().delay;
+        if let Some(delay) = delay {
             tokio::time::sleep(delay).await;
         }
+        // A chunk held by a delay is judged by the mode when it is let go,
+        // so a test can cut off what is already on its way.
+        let now = *mode.lock().unwrap();
         if (upward && now.drop_up) || (!upward && now.drop_down) {
             continue;
         }
