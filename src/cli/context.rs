@@ -89,6 +89,9 @@ pub enum ContextCommand {
         /// The channel posts go to when none is named.
         #[arg(long)]
         channel: Option<String>,
+        /// The role windows working here say they have (e.g. reviewer).
+        #[arg(long)]
+        role: Option<String>,
     },
 }
 
@@ -138,7 +141,8 @@ pub async fn run(command: ContextCommand) -> anyhow::Result<()> {
             profile,
             project,
             channel,
-        } => set_project(profile, project, channel),
+            role,
+        } => set_project(profile, project, channel, role),
     }
 }
 
@@ -188,6 +192,7 @@ fn show(resolved: &Resolved, json: bool) -> anyhow::Result<()> {
     line("agent", &resolved.agent);
     line("project", &resolved.project);
     line("channel", &resolved.channel);
+    line("role", &resolved.role);
     match &resolved.credential {
         Some(from) => println!("{:<9}{from}", "token"),
         None => println!("{:<9}none: {}", "token", no_credential_hint()),
@@ -329,6 +334,7 @@ fn set_project(
     profile: String,
     project: Option<String>,
     channel: Option<String>,
+    role: Option<String>,
 ) -> anyhow::Result<()> {
     // A name only this machine lacks would break every command here at once.
     Profiles::load()?.get(&profile)?;
@@ -345,6 +351,9 @@ fn set_project(
     }
     if channel.is_some() {
         file.channel = channel;
+    }
+    if role.is_some() {
+        file.role = role;
     }
     project::write(&path, &file)?;
     println!("wrote {}", path.display());

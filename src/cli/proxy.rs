@@ -25,7 +25,8 @@ pub struct ProxyArgs {
     /// [default: CLAUDE_CODE_SESSION_ID, else a random id].
     #[arg(long)]
     host_session: Option<String>,
-    /// This window's role label in heartbeats (e.g. reviewer); configure_session changes it.
+    /// This window's role label in heartbeats (e.g. reviewer) [default: the role .acs.toml
+    /// names]; configure_session changes it.
     #[arg(long)]
     role: Option<String>,
     /// Lifetime of the window's session credential in seconds, 60..86400; renewed at half-life.

@@ -11,7 +11,7 @@
 //!   nearest `.acs.toml` names, else the default profile. `--url` /
 //!   `BUS_URL` still overrides the profile's URL.
 //!
-//! Project and channel come from the nearest `.acs.toml`.
+//! Project, channel and role come from the nearest `.acs.toml`.
 //!
 //! Nothing here prints or serialises a token.
 
@@ -61,6 +61,8 @@ pub struct Resolved {
     pub agent: Option<Setting>,
     pub project: Option<Setting>,
     pub channel: Option<Setting>,
+    /// The window's role label, from `.acs.toml`.
+    pub role: Option<Setting>,
     /// Where the credential comes from (never the credential).
     pub credential: Option<String>,
     pub project_file: Option<PathBuf>,
@@ -116,6 +118,7 @@ pub fn resolve(requested: Requested, dir: &Path) -> anyhow::Result<Resolved> {
         agent: None,
         project: file.project.clone().map(|v| Setting::new(v, from_file())),
         channel: file.channel.clone().map(|v| Setting::new(v, from_file())),
+        role: file.role.clone().map(|v| Setting::new(v, from_file())),
         credential: None,
         project_file: project_file.clone(),
         // Where profiles would be; read only when no token was given, so a

@@ -7,6 +7,7 @@
 //! profile = "acme"
 //! project = "billing"
 //! channel = "billing-dev"
+//! role = "backend"
 //! ```
 //!
 //! The nearest file wins: the current directory, then each parent.
@@ -27,6 +28,9 @@ pub struct ProjectFile {
     pub project: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub channel: Option<String>,
+    /// The role a window working here says it has (e.g. `reviewer`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
 }
 
 /// The nearest `.acs.toml` at or above `dir`, with its path.
@@ -37,8 +41,8 @@ pub fn find(dir: &Path) -> anyhow::Result<Option<(PathBuf, ProjectFile)>> {
             Ok(text) => {
                 let file = toml::from_str(&text).with_context(|| {
                     format!(
-                        "{} is not a project file: it may hold `profile`, `project` and \
-                         `channel` (strings); fix it or write it again with `context set-project`",
+                        "{} is not a project file: it may hold `profile`, `project`, \
+                         `channel` and `role` (strings); fix it or write it again with `context set-project`",
                         path.display()
                     )
                 })?;
@@ -62,8 +66,12 @@ pub fn home_for(dir: &Path) -> PathBuf {
 
 /// Write `file` at `path` (not a secret: ordinary permissions).
 pub fn write(path: &Path, file: &ProjectFile) -> anyhow::Result<()> {
-    if file.profile.is_none() && file.project.is_none() && file.channel.is_none() {
-        bail!("nothing to write: give --profile, --project or --channel");
+    if file.profile.is_none()
+        && file.project.is_none()
+        && file.channel.is_none()
+        && file.role.is_none()
+    {
+        bail!("nothing to write: give --profile, --project, --channel or --role");
     }
     let text = format!(
         "# ai-crew-sync: what work in this directory tree uses (see `ai-crew-sync context show`).\n\

@@ -67,7 +67,7 @@ const EXIT_BOUND: Duration = Duration::from_millis(1500);
 pub struct ProxyOptions {
     pub bus: Requested,
     pub host_session: Option<String>,
-    /// The window's role label (`.acs.toml` has none).
+    /// The window's role label (`--role`; else `.acs.toml`'s).
     pub role: Option<String>,
     /// Lifetime of the session credential; renewed at half-life.
     pub session_ttl_seconds: i64,
@@ -138,7 +138,10 @@ pub async fn run(options: ProxyOptions) -> anyhow::Result<()> {
                 },
                 Labels {
                     project: resolved.project.as_ref().map(|p| p.value.clone()),
-                    role: options.role.clone(),
+                    role: options
+                        .role
+                        .clone()
+                        .or_else(|| resolved.role.as_ref().map(|r| r.value.clone())),
                     channel: resolved.channel.as_ref().map(|c| c.value.clone()),
                 },
                 trouble,

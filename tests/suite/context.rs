@@ -199,6 +199,8 @@ async fn acs_toml_names_the_profile_project_and_channel_for_its_tree() {
                 "billing",
                 "--channel",
                 "billing-dev",
+                "--role",
+                "backend",
             ],
         )
         .await;
@@ -214,6 +216,7 @@ async fn acs_toml_names_the_profile_project_and_channel_for_its_tree() {
     assert_eq!(shown["profile"]["from"], file.display().to_string());
     assert_eq!(shown["project"]["value"], "billing");
     assert_eq!(shown["channel"]["value"], "billing-dev");
+    assert_eq!(shown["role"]["value"], "backend");
 
     // A post with no channel goes to the tree's channel, as the tree's profile.
     machine

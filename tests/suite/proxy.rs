@@ -382,6 +382,8 @@ async fn stdout_is_only_json_rpc_and_closing_stdin_ends_the_proxy_leaving_the_wi
         assert!(ok, "git {args:?}");
     };
     git(&["init", "-q", "-b", "feature-x"]);
+    // The repository's .acs.toml names the role its windows have.
+    std::fs::write(repo.join(".acs.toml"), "role = \"reviewer\"\n").unwrap();
     let mut script: Value = serde_json::from_str(&machine.script(
         &["--host-session", "idle-check"],
         json!([{"op": "call", "tool": "session_status"}]),
@@ -414,6 +416,7 @@ async fn stdout_is_only_json_rpc_and_closing_stdin_ends_the_proxy_leaving_the_wi
     assert_eq!(window["status"], "idle", "{window}");
     assert_eq!(window["repo"], "shop", "{window}");
     assert_eq!(window["branch"], "feature-x", "{window}");
+    assert_eq!(window["role"], "reviewer", "{window}");
 }
 
 #[tokio::test]
