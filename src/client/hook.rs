@@ -169,9 +169,18 @@ async fn speak(
                 .unwrap_or_else(|| Utc::now() - chrono::Duration::hours(FIRST_LOOK_HOURS));
             let looked_at = Utc::now();
             let pending = pending(bus, Some(since)).await?;
-            let context = news(window, &pending, (!first_look).then_some(since), &mut marks);
+            let (context, shown) =
+                news(window, &pending, (!first_look).then_some(since), &mut marks);
             marks.last_looked_at = Some(looked_at);
             marks.save(dir, &window.host_session)?;
+            if !shown.is_empty() {
+                // The `presented` receipt: only we know these bodies reach
+                // the model now.
+                let presented = args(json!({"message_ids": shown}));
+                if let Err(err) = bus.call("mark_presented", presented).await {
+                    tracing::warn!("could not record presented: {err:#}");
+                }
+            }
             Ok(context.map(|context| {
                 json!({"hookSpecificOutput": {
                     "hookEventName": event.host_name(),
@@ -227,40 +236,69 @@ fn list<'a>(pending: &'a Value, key: &str) -> impl Iterator<Item = &'a Value> {
 /// The window's news for the model, or `None` when there is none. With
 /// `since`, only what arrived after it; a lease about to lapse is news once
 /// per lease (remembered in `marks`).
+/// Also returns the conversation messages whose body it shows (for the
+/// `presented` receipt).
 fn news(
     window: &WindowState,
     pending: &Value,
     since: Option<DateTime<Utc>>,
     marks: &mut HookMarks,
-) -> Option<String> {
-    let mut lines = Vec::new();
+) -> (Option<String>, Vec<String>) {
+    // Each line, with the conversation message whose body it shows.
+    let mut lines: Vec<(String, Option<String>)> = Vec::new();
     for m in list(pending, "direct_messages").filter(|m| after(&m["at"], since)) {
-        lines.push(format!(
-            "- direct message from {}: \"{}\" (read_messages scope inbox)",
-            text(&m["from"]),
-            one_line(&m["preview"])
+        lines.push((
+            format!(
+                "- direct message from {}: \"{}\" (read_messages scope inbox)",
+                text(&m["from"]),
+                one_line(&m["preview"])
+            ),
+            None,
         ));
     }
     for q in list(pending, "open_questions").filter(|q| after(&q["at"], since)) {
-        lines.push(format!(
-            "- {} asked you: \"{}\" — answer with post_message {{to: \"{}\", reply_to: \"{}\"}}",
-            text(&q["from"]),
-            one_line(&q["preview"]),
-            text(&q["from"]),
-            text(&q["message_id"])
+        lines.push((
+            format!(
+                "- {} asked you: \"{}\" — answer with post_message {{to: \"{}\", reply_to: \"{}\"}}",
+                text(&q["from"]),
+                one_line(&q["preview"]),
+                text(&q["from"]),
+                text(&q["message_id"])
+            ),
+            None,
         ));
     }
     if since.is_none() {
         for c in list(pending, "conversations") {
-            lines.push(format!(
-                "- conversation \"{}\" ({}): {} message(s) await your acknowledgement from seq \
-                 {} (read_conversation, then ack_message)",
-                one_line(&c["title"]),
-                text(&c["conversation_id"]),
-                c["unacknowledged"],
-                c["first_unacknowledged_seq"]
+            lines.push((
+                format!(
+                    "- conversation \"{}\" ({}): {} message(s) await your acknowledgement \
+                     from seq {} (read_conversation, then ack_message)",
+                    one_line(&c["title"]),
+                    text(&c["conversation_id"]),
+                    c["unacknowledged"],
+                    c["first_unacknowledged_seq"]
+                ),
+                None,
             ));
         }
+    }
+    for m in list(pending, "awaiting_ack").filter(|m| after(&m["at"], since)) {
+        let Some(preview) = m["preview"].as_str() else {
+            continue;
+        };
+        lines.push((
+            format!(
+                "- in conversation \"{}\" (seq {}) from {}: \"{}\" — ack_message \
+                 {{message_id: \"{}\"}} once dealt with",
+                one_line(&m["title"]),
+                m["seq"],
+                text(&m["from"]),
+                one_line(&json!(preview)),
+                text(&m["message_id"])
+            ),
+            m["message_id"].as_str().map(str::to_string),
+        ));
     }
     for t in list(pending, "expiring_tasks") {
         let lease = format!("{}@{}", text(&t["key"]), text(&t["lease_expires_at"]));
@@ -270,37 +308,45 @@ fn news(
         marks.leases_called_out.push(lease);
         let keep = marks.leases_called_out.len().saturating_sub(50);
         marks.leases_called_out.drain(..keep);
-        lines.push(format!(
-            "- your task {} \"{}\": lease lapses at {} (renew_task_lease, or complete_task)",
-            text(&t["key"]),
-            one_line(&t["title"]),
-            text(&t["lease_expires_at"])
+        lines.push((
+            format!(
+                "- your task {} \"{}\": lease lapses at {} (renew_task_lease, or complete_task)",
+                text(&t["key"]),
+                one_line(&t["title"]),
+                text(&t["lease_expires_at"])
+            ),
+            None,
         ));
     }
     for a in list(pending, "announcements") {
-        lines.push(format!(
-            "- announcement in #{} from {}: \"{}\"",
-            text(&a["channel"]),
-            text(&a["from"]),
-            one_line(&a["preview"])
+        lines.push((
+            format!(
+                "- announcement in #{} from {}: \"{}\"",
+                text(&a["channel"]),
+                text(&a["from"]),
+                one_line(&a["preview"])
+            ),
+            None,
         ));
     }
     if lines.is_empty() {
-        return None;
+        return (None, Vec::new());
     }
     let unread = &pending["unread_direct_messages"];
     let mut context = format!(
         "ai-crew-sync: you are {}/{} in team {} ({} unread direct message(s)). New for you:\n",
         window.agent, window.label, window.team, unread["count"]
     );
-    for line in lines {
+    let mut shown = Vec::new();
+    for (line, message) in lines {
         if context.chars().count() + line.chars().count() + 1 > CONTEXT_MAX_CHARS - 40 {
             context.push_str("- … more: call pending_for_me\n");
             break;
         }
         let _ = writeln!(context, "{line}");
+        shown.extend(message);
     }
-    Some(context.trim_end().to_string())
+    (Some(context.trim_end().to_string()), shown)
 }
 
 fn status_line(window: &WindowState, pending: &Value) -> String {

@@ -3,8 +3,9 @@
 //! start, a prompt, a stop), where a hook has a second or two and one round
 //! trip: unread direct messages (oldest first, without moving the read
 //! cursor), questions asked of this window that it has not answered,
-//! conversations owing its acknowledgement, its tasks whose lease is about
-//! to lapse, and announcements since a time.
+//! conversations owing its acknowledgement (and the oldest such messages,
+//! previewed), its tasks whose lease is about to lapse, and announcements
+//! since a time.
 //!
 //! Every list is cut to a few entries and every read walks a bounded slice
 //! of an index (the newest direct messages to the agent, the team's newest
@@ -31,6 +32,9 @@ const QUESTIONS_SCANNED: i64 = 200;
 const ANNOUNCEMENTS_SHOWN: i64 = 5;
 const ANNOUNCEMENTS_SCANNED: i64 = 1_000;
 const CONVERSATIONS_SHOWN: i64 = 20;
+/// Conversation messages awaiting this window's acknowledgement, shown with
+/// a preview (the oldest first).
+const AWAITING_SHOWN: i64 = 5;
 const TASKS_SHOWN: i64 = 20;
 /// How much of a body a preview keeps (the queries' `left(m.body, 280)` too).
 const PREVIEW_CHARS: usize = 280;
@@ -54,6 +58,20 @@ pub struct Preview {
     pub truncated: bool,
 }
 
+/// A conversation message addressed to this window, not yet acknowledged.
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct AwaitingAck {
+    pub message_id: Uuid,
+    pub conversation_id: Uuid,
+    pub title: String,
+    pub seq: i64,
+    pub from: String,
+    pub at: DateTime<Utc>,
+    /// The body's first 280 characters; None when the body is not held here
+    /// (on the broker, or tombstoned): read it with read_conversation.
+    pub preview: Option<String>,
+}
+
 /// A task of this window whose lease is about to lapse.
 #[derive(Clone, Debug, Serialize, sqlx::FromRow)]
 pub struct ExpiringTask {
@@ -73,6 +91,8 @@ pub struct PendingForMe {
     pub open_questions: Vec<Preview>,
     /// Conversations where this window owes acknowledgements.
     pub conversations: Vec<Pending>,
+    /// The oldest conversation messages it has not acknowledged, with previews.
+    pub awaiting_ack: Vec<AwaitingAck>,
     /// Tasks this window holds whose lease lapses within `lease_within_seconds`.
     pub expiring_tasks: Vec<ExpiringTask>,
     /// Announcements after `since`, newest first (none without `since`).
@@ -111,6 +131,11 @@ pub async fn pending_for_me(
     };
     let open_questions = open_questions(bus, me).await?;
     let conversations = receipts::owed_acknowledgements(bus, me, CONVERSATIONS_SHOWN).await?;
+    let awaiting_ack = if conversations.is_empty() {
+        Vec::new()
+    } else {
+        awaiting_ack(bus, me).await?
+    };
     let expiring_tasks = expiring_tasks(bus, me, within).await?;
     let announcements = match since {
         Some(since) => announcements_since(bus, me, since).await?,
@@ -121,6 +146,7 @@ pub async fn pending_for_me(
         direct_messages,
         open_questions,
         conversations,
+        awaiting_ack,
         expiring_tasks,
         announcements,
     })
@@ -178,6 +204,31 @@ async fn open_questions(bus: &Bus, me: &Identity) -> BusResult<Vec<Preview>> {
     .bind(&me.window)
     .bind(QUESTIONS_SCANNED)
     .bind(QUESTIONS_SHOWN)
+    .fetch_all(&bus.pool)
+    .await?)
+}
+
+async fn awaiting_ack(bus: &Bus, me: &Identity) -> BusResult<Vec<AwaitingAck>> {
+    Ok(sqlx::query_as(
+        "SELECT m.id AS message_id, m.conversation_id, c.title, m.seq,
+                CASE WHEN m.sender_session = '' THEN a.name
+                     ELSE a.name || '/' || m.sender_session END AS from,
+                m.created_at AS at,
+                CASE WHEN m.tombstoned_at IS NULL AND m.body <> '' THEN left(m.body, 280) END
+                    AS preview
+         FROM conversation_members s
+         JOIN message_receipts r ON r.team_id = s.team_id AND r.member_id = s.id
+         JOIN conversation_messages m ON m.team_id = r.team_id AND m.id = r.message_id
+         JOIN conversations c ON c.team_id = m.team_id AND c.id = m.conversation_id
+         JOIN agents a ON a.team_id = m.team_id AND a.id = m.sender_id
+         WHERE s.team_id = $1 AND s.agent_id = $2 AND s.session = $3 AND s.state = 'active'
+           AND r.acknowledged_at IS NULL AND r.stored_at IS NOT NULL
+         ORDER BY m.created_at, m.seq LIMIT $4",
+    )
+    .bind(me.team_id)
+    .bind(me.agent_id)
+    .bind(&me.window)
+    .bind(AWAITING_SHOWN)
     .fetch_all(&bus.pool)
     .await?)
 }

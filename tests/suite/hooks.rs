@@ -10,9 +10,10 @@ use chrono::Utc;
 use serde_json::{Value, json};
 
 use crate::support::proxy::Proxy;
-use crate::support::{McpClient, TestApp, free_port, spawn_app};
+use crate::support::{McpClient, TestApp, free_port, spawn_app, test_actor};
 use ai_crew_sync::client::hook::CONTEXT_MAX_CHARS;
 use ai_crew_sync::client::window_state::WindowState;
+use ai_crew_sync::store::teams;
 
 /// Claude Code's hook input for `event`, as it sends it.
 pub(crate) fn payload(session: &str, event: &str, extra: Value) -> String {
@@ -157,6 +158,41 @@ async fn session_start_and_prompt_hooks_tell_the_window_what_is_new_and_read_not
         )
         .await
         .unwrap();
+    // A conversation message to the window: its body shown is `presented`.
+    teams::capability(&app.pool, "acme", Some(true), &test_actor())
+        .await
+        .unwrap();
+    let conversation = bob
+        .call(
+            "create_conversation",
+            json!({"title": "rollout", "private": true, "invite": ["alice/cc-one"]}),
+        )
+        .await
+        .unwrap()["id"]
+        .clone();
+    window
+        .call(
+            "join_conversation",
+            json!({"conversation_id": conversation}),
+        )
+        .await
+        .unwrap();
+    let rollout = bob
+        .call(
+            "send_conversation_message",
+            json!({"conversation_id": conversation, "body": "canary at 10%, then 50%",
+                   "request_id": uuid::Uuid::now_v7()}),
+        )
+        .await
+        .unwrap()["message_id"]
+        .clone();
+    let presented = async || {
+        bob.call("get_message_receipts", json!({"message_id": rollout}))
+            .await
+            .unwrap()["presented"]
+            .clone()
+    };
+    assert_eq!(presented().await, 0, "nothing shown yet");
     window
         .call(
             "create_task",
@@ -186,6 +222,8 @@ async fn session_start_and_prompt_hooks_tell_the_window_what_is_new_and_read_not
         asked["question_message_id"].as_str().unwrap(),
         "freeze starts at noon",
         "fix-login",
+        "canary at 10%, then 50%",
+        rollout.as_str().unwrap(),
     ] {
         assert!(
             context.contains(expected),
@@ -193,6 +231,7 @@ async fn session_start_and_prompt_hooks_tell_the_window_what_is_new_and_read_not
         );
     }
     assert!(context.chars().count() <= CONTEXT_MAX_CHARS);
+    assert_eq!(presented().await, 1, "the hook recorded what it showed");
 
     // Nothing new since: the prompt hook says nothing at all.
     let quiet = hook(
