@@ -40,7 +40,7 @@ mod plugin;
 mod presence;
 mod projects;
 mod proxy;
-mod proxy_spool;
+mod proxy_lifecycle;
 mod refusals;
 mod run_script;
 mod sessions;

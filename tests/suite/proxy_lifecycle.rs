@@ -1,10 +1,12 @@
-//! The proxy's inbox spool under a crash: `kill -9` of `mcp proxy` after it
-//! wrote a conversation inbox reference to its spool and before the bus
-//! heard the confirmation. The proxy reaches the bus through a relay that
-//! holds every chunk a while, so the confirmation is still on its way when
-//! the test cuts it off and kills the process; the bus must then still owe
-//! the delivery, and the next proxy of the same host conversation must
-//! confirm it from the spool, once.
+//! The proxy process ending: `kill -9` after it wrote a conversation inbox
+//! reference to its spool and before the bus heard the confirmation, and
+//! SIGTERM from a host that closes a conversation.
+//!
+//! For the crash, the proxy reaches the bus through a relay that holds every
+//! chunk a while, so the confirmation is still on its way when the test cuts
+//! it off and kills the process; the bus must then still owe the delivery,
+//! and the next proxy of the same host conversation must confirm it from the
+//! spool, once.
 
 use std::path::Path;
 use std::time::Duration;
@@ -172,4 +174,44 @@ async fn a_proxy_killed_between_spooling_and_confirming_loses_no_reference_and_c
             .contains("ship it?"),
         "never a body in the spool"
     );
+}
+
+/// A host ending a conversation sends SIGTERM: the proxy marks its window
+/// idle before it exits, so teammates do not see a window that is gone as
+/// active.
+#[tokio::test]
+async fn sigterm_ends_the_proxy_and_leaves_its_window_idle() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.agent("acme", "alice").await;
+    let machine = Machine::with_team_profiles(&app.mcp_url(), &[("work", "acme", "alice", &alice)]);
+    let host = "conv-term";
+    let mut driver = Driver::start(&machine.script(
+        &["--host-session", host],
+        json!([{"op": "call", "tool": "session_status"}, {"op": "pause"}]),
+    ));
+    let lines = driver.until_pause().await;
+    let label = calls(&lines)[0]["structured"]["label"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let bus = app.mcp(&alice, None).await;
+    let status = async || -> Value {
+        let sessions = bus.call("list_sessions", json!({})).await.unwrap();
+        sessions["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["session"] == label.as_str())
+            .map_or(Value::Null, |s| s["status"].clone())
+    };
+    assert_eq!(status().await, "active");
+
+    let state = window_state::WindowState::load(machine.config.path(), host)
+        .unwrap()
+        .unwrap();
+    // SAFETY: a signal to the proxy process this test started.
+    assert_eq!(unsafe { libc::kill(state.pid as i32, libc::SIGTERM) }, 0);
+    until("the window is idle", async || status().await == "idle").await;
+    drop(driver);
 }
