@@ -24,6 +24,8 @@ use crate::client::{Refused, local_files, window_state};
 const CONFIRM_MAX: usize = 100;
 /// While the team has conversations off (the tools are refused), look again this seldom.
 const OFF_POLL: Duration = Duration::from_secs(60);
+/// How often a running proxy drops references confirmed long ago from its spool.
+const COMPACT_EVERY: Duration = Duration::from_secs(3600);
 
 impl Proxy {
     /// Keep the inbox until the proxy stops (the caller drops this future).
@@ -41,10 +43,15 @@ impl Proxy {
                 return;
             }
         };
-        if let Err(err) = in_place(|| spool.compact(chrono::Utc::now())) {
-            tracing::warn!("compacting the inbox spool failed: {err:#}");
-        }
+        let mut compacted_at: Option<tokio::time::Instant> = None;
         loop {
+            // At start and every hour: a proxy may run for days.
+            if compacted_at.is_none_or(|at| at.elapsed() >= COMPACT_EVERY) {
+                if let Err(err) = in_place(|| spool.compact(chrono::Utc::now())) {
+                    tracing::warn!("compacting the inbox spool failed: {err:#}");
+                }
+                compacted_at = Some(tokio::time::Instant::now());
+            }
             let pause = match self.inbox_pass(&mut spool).await {
                 Ok(true) => Duration::ZERO,
                 Ok(false) => self.options.inbox_poll,
