@@ -20,7 +20,7 @@
 # and exits 1.
 #
 # The server binaries are looked for where the binary's embedded manager looks
-# (src/db/embedded.rs, find_bin_dir): only in BUS_PG_BIN_DIR when it is set;
+# (src/db/embedded/host.rs, find_bin_dir): only in BUS_PG_BIN_DIR when it is set;
 # otherwise on PATH, then `pg_config --bindir`, then /usr/lib/postgresql/*/bin.
 #
 # Test hook: ACS_PRETEND_NO_PG=1 makes the search find nothing, so the suite
