@@ -27,8 +27,8 @@ use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 use serde_json::{Map, Value, json};
 
-use super::Connection;
 use super::window_state::{HookMarks, WindowState};
+use super::{Connection, object};
 
 /// Everything a hook does, reading its input included, ends within this.
 pub const HOOK_DEADLINE: Duration = Duration::from_secs(4);
@@ -115,7 +115,7 @@ async fn speak(
     let mut marks = HookMarks::load(dir, &window.host_session)?;
     match event {
         HookEvent::SessionEnd => {
-            bus.call("heartbeat", args(json!({"status": "idle"})))
+            bus.call("heartbeat", object(json!({"status": "idle"})))
                 .await?;
             Ok(None)
         }
@@ -176,7 +176,7 @@ async fn speak(
             if !shown.is_empty() {
                 // The `presented` receipt: only we know these bodies reach
                 // the model now.
-                let presented = args(json!({"message_ids": shown}));
+                let presented = object(json!({"message_ids": shown}));
                 if let Err(err) = bus.call("mark_presented", presented).await {
                     tracing::warn!("could not record presented: {err:#}");
                 }
@@ -198,13 +198,6 @@ async fn pending(bus: &Connection, since: Option<DateTime<Utc>>) -> anyhow::Resu
         arguments.insert("since".into(), json!(since.to_rfc3339()));
     }
     bus.call("pending_for_me", arguments).await
-}
-
-fn args(value: Value) -> Map<String, Value> {
-    match value {
-        Value::Object(map) => map,
-        _ => Map::new(),
-    }
 }
 
 fn text(value: &Value) -> String {
@@ -332,10 +325,12 @@ fn news(
     if lines.is_empty() {
         return (None, Vec::new());
     }
-    let unread = &pending["unread_direct_messages"];
     let mut context = format!(
         "ai-crew-sync: you are {}/{} in team {} ({} unread direct message(s)). New for you:\n",
-        window.agent, window.label, window.team, unread["count"]
+        window.agent,
+        window.label,
+        window.team,
+        unread_count(pending)
     );
     let mut shown = Vec::new();
     for (line, message) in lines {
@@ -349,13 +344,25 @@ fn news(
     (Some(context.trim_end().to_string()), shown)
 }
 
+/// The unread count as the bus gave it: a count that stopped at its cap
+/// says so (`1000+`), never more than is known.
+fn unread_count(pending: &Value) -> String {
+    let unread = &pending["unread_direct_messages"];
+    let count = unread["count"].as_i64().unwrap_or(0);
+    if unread["at_least"] == Value::Bool(true) {
+        format!("{count}+")
+    } else {
+        count.to_string()
+    }
+}
+
 fn status_line(window: &WindowState, pending: &Value) -> String {
     let count = |key: &str| pending[key].as_array().map_or(0, Vec::len);
     format!(
         "acs {}/{} · {} unread · {} question(s) · {} to ack · {} lease(s) lapsing",
         window.agent,
         window.label,
-        pending["unread_direct_messages"]["count"],
+        unread_count(pending),
         count("open_questions"),
         count("conversations"),
         count("expiring_tasks")

@@ -237,3 +237,11 @@ pub async fn call_tool(
 pub async fn whoami(mcp_url: &str, bearer: &str, session: Option<&str>) -> anyhow::Result<Value> {
     call_tool(mcp_url, bearer, session, "whoami", Map::new()).await
 }
+
+/// A JSON object literal as tool arguments.
+pub fn object(value: Value) -> Map<String, Value> {
+    match value {
+        Value::Object(map) => map,
+        _ => Map::new(),
+    }
+}

@@ -22,7 +22,7 @@ use std::path::Path;
 use anyhow::{Context as _, anyhow};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value, json};
+use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use crate::client::{self, Connection, Refused};
@@ -241,13 +241,7 @@ pub async fn git_place(dir: &Path) -> (Option<String>, Option<String>) {
     .unwrap_or((None, None))
 }
 
-/// A JSON object literal as tool arguments.
-pub fn object(value: Value) -> Map<String, Value> {
-    match value {
-        Value::Object(map) => map,
-        _ => Map::new(),
-    }
-}
+pub use crate::client::object;
 
 /// What the proxy keeps about its window on this machine, so the hooks of
 /// the same host conversation act as the same window
