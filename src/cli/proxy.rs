@@ -22,7 +22,9 @@ pub struct ProxyArgs {
     #[command(flatten)]
     bus: BusArgs,
     /// The host conversation's id; the same id gives the same window after a restart
-    /// [default: CLAUDE_CODE_SESSION_ID, else a random id].
+    /// [default: CLAUDE_CODE_SESSION_ID, else the id the first tool call names in its _meta
+    /// (threadId, thread_id, sessionID, sessionId, session_id, conversationId,
+    /// conversation_id, vscode.conversationId, openai/session), else a random id].
     #[arg(long)]
     host_session: Option<String>,
     /// This window's role label in heartbeats (e.g. reviewer) [default: the role .acs.toml

@@ -139,9 +139,13 @@ impl Proxy {
                 return Ok(());
             }
         }
-        let (url, token, profile, team, agent) = {
+        let (label, url, token, profile, team, agent) = {
             let bound = self.bound.read().await;
             (
+                bound
+                    .window
+                    .as_ref()
+                    .map_or_else(|| self.host().label, |w| w.label.clone()),
                 bound.url.clone(),
                 bound.token.clone().unwrap_or_default(),
                 bound.profile.clone(),
@@ -172,7 +176,7 @@ impl Proxy {
         let window = window::register(
             &url,
             &token,
-            &self.host.label,
+            &label,
             self.options.session_ttl_seconds,
             false,
         )
@@ -184,9 +188,16 @@ impl Proxy {
                 .map_err(|e| format!("{e:#}"))?,
         );
         let mut bound = self.bound.write().await;
-        bound.window = Some(window);
-        bound.connection = Some(connection);
-        *self.trouble.lock().await = None;
+        // A switch to another window meanwhile: that one is current.
+        if bound
+            .connection
+            .as_ref()
+            .is_none_or(|current| Arc::ptr_eq(current, failed))
+        {
+            bound.window = Some(window);
+            bound.connection = Some(connection);
+            *self.trouble.lock().await = None;
+        }
         Ok(())
     }
 }

@@ -75,8 +75,13 @@ impl ServerHandler for ProxyServer {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        // rmcp moves the request's `_meta` into the context.
+        let meta = request.meta.as_deref().unwrap_or(&context.meta);
+        if let Err(message) = self.0.follow_thread(meta).await {
+            return Ok(refusal("unavailable", &message).into());
+        }
         let name = request.name.as_ref();
         if let Some(result) = local_tools::call(&self.0, name, request.arguments.as_ref()).await {
             return Ok(result.into());

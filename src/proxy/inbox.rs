@@ -29,22 +29,32 @@ const COMPACT_EVERY: Duration = Duration::from_secs(3600);
 
 impl Proxy {
     /// Keep the inbox until the proxy stops (the caller drops this future).
+    /// The spool is the host conversation's: when the proxy moves to the
+    /// conversation a first call named (`thread.rs`), the next pass opens
+    /// that one's spool.
     pub(super) async fn keep_inbox(self: Arc<Self>) {
-        let opened = local_files::config_dir().and_then(|dir| {
-            let path = spool::path_for(&dir, &window_state::key_for(&self.host.id))?;
-            in_place(|| Spool::open(&path))
-        });
-        let mut spool = match opened {
-            Ok(spool) => spool,
-            Err(err) => {
-                // Without a spool nothing is confirmed: the bus keeps owing
-                // the references, which is safe.
-                tracing::warn!("no inbox spool, so no delivery is confirmed: {err:#}");
-                return;
-            }
-        };
+        let mut spool: Option<(String, Spool)> = None;
         let mut compacted_at: Option<tokio::time::Instant> = None;
         loop {
+            let one = self.rebinding.lock().await;
+            let host = self.host().id;
+            if spool.as_ref().is_none_or(|(id, _)| *id != host) {
+                match open_spool(&host) {
+                    Ok(opened) => {
+                        if let Some((_, left)) = spool.replace((host, opened)) {
+                            retire(left);
+                        }
+                        compacted_at = None;
+                    }
+                    Err(err) => {
+                        // Without a spool nothing is confirmed: the bus keeps
+                        // owing the references, which is safe.
+                        tracing::warn!("no inbox spool, so no delivery is confirmed: {err:#}");
+                        return;
+                    }
+                }
+            }
+            let (_, spool) = spool.as_mut().expect("opened above");
             // At start and every hour: a proxy may run for days.
             if compacted_at.is_none_or(|at| at.elapsed() >= COMPACT_EVERY) {
                 if let Err(err) = in_place(|| spool.compact(chrono::Utc::now())) {
@@ -52,7 +62,7 @@ impl Proxy {
                 }
                 compacted_at = Some(tokio::time::Instant::now());
             }
-            let pause = match self.inbox_pass(&mut spool).await {
+            let pause = match self.inbox_pass(spool).await {
                 Ok(true) => Duration::ZERO,
                 Ok(false) => self.options.inbox_poll,
                 Err(err) if refused_as(&err, "forbidden") => OFF_POLL,
@@ -61,6 +71,7 @@ impl Proxy {
                     self.options.inbox_poll
                 }
             };
+            drop(one);
             tokio::time::sleep(pause).await;
         }
     }
@@ -93,6 +104,29 @@ impl Proxy {
             in_place(|| spool.mark_confirmed(chunk))?;
         }
         Ok(())
+    }
+}
+
+/// The spool of host conversation `host_id`'s window.
+fn open_spool(host_id: &str) -> anyhow::Result<Spool> {
+    let dir = local_files::config_dir()?;
+    let path = spool::path_for(&dir, &window_state::key_for(host_id))?;
+    in_place(|| Spool::open(&path))
+}
+
+/// The spool of a window the proxy left (the provisional one, revoked):
+/// removed when it owes the bus nothing, else kept for a person to look at.
+fn retire(left: Spool) {
+    let owed = left.unconfirmed().len();
+    if owed == 0 {
+        if let Err(err) = std::fs::remove_file(left.path()) {
+            tracing::warn!("could not remove {}: {err}", left.path().display());
+        }
+    } else {
+        tracing::warn!(
+            "{} keeps {owed} unconfirmed reference(s) of the window this proxy left",
+            left.path().display()
+        );
     }
 }
 

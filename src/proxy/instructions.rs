@@ -47,7 +47,7 @@ pub(super) async fn build(proxy: &Proxy) -> String {
         return cut(&format!(
             "ai-crew-sync: you are window {} on the team's bus; it was slow to say what is new, \
              so call whoami, list_tasks {{\"mine_only\": true}} and team_digest yourself. {HOW}",
-            proxy.host.label
+            proxy.host().label
         ));
     };
     let mut text = String::new();

@@ -85,13 +85,14 @@ fn only(arguments: &Map<String, Value>, known: &[&str]) -> Result<(), String> {
 
 impl Proxy {
     async fn status(&self) -> Value {
+        let host = self.host();
         let bound = self.bound.read().await;
         let labels = self.labels.lock().await.clone();
         let trouble = self.trouble.lock().await.clone();
         let tools = self.tools.read().await.as_ref().map(Vec::len);
         json!({
-            "label": self.host.label,
-            "label_from": self.host.source,
+            "label": host.label,
+            "label_from": host.source,
             "window": bound.window.as_ref().map(|w| w.address.clone()),
             "agent": bound.agent,
             "team": bound.team,
@@ -227,32 +228,16 @@ impl Proxy {
         if !same_agent {
             self.mark_idle().await;
         }
-        let window = window::register(
-            &profile.url,
-            &profile.token,
-            &self.host.label,
-            self.options.session_ttl_seconds,
-            true,
-        )
-        .await
-        .map_err(|e| format!("{e:#}. The window was not switched."))?;
-        let connection = window::open(&profile.url, &window)
-            .await
-            .map_err(|e| format!("{e:#}. The window was not switched."))?;
         let agent = theirs["agent"].as_str().unwrap_or_default().to_string();
-        self.adopt(
+        let _one = self.rebinding.lock().await;
+        self.rebind(
             &profile.url,
             &profile.token,
             Some(name.to_string()),
             &theirs,
-            window,
-            Arc::new(connection),
         )
-        .await;
-        *self.trouble.lock().await = None;
-        if let Err(err) = self.hello().await {
-            tracing::warn!("the first heartbeat after the switch failed: {err:#}");
-        }
+        .await
+        .map_err(|e| format!("{e:#}. The window was not switched."))?;
         let note = if same_agent {
             "same agent: this window's claims and locks stay with it".to_string()
         } else {
@@ -289,7 +274,7 @@ impl Proxy {
                     .collect()
             })
             .unwrap_or_default();
-        let label = self.host.label.clone();
+        let label = self.host().label;
         let agent = self.bound.read().await.agent.clone().unwrap_or_default();
         let locks = self
             .call_json("list_locks", Map::new())

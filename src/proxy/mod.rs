@@ -19,9 +19,10 @@
 //! Stdout carries only MCP framing: logs go to stderr, `git` runs with its
 //! output captured.
 //!
-//! Files: `window.rs` (label, credential, heartbeats), `inbox.rs` (the
-//! fetch, spool, confirm loop), `calls.rs` (calls to
-//! the bus and recovery when it refuses the credential), `forward.rs` (the
+//! Files: `window.rs` (label, credential, heartbeats), `thread.rs` (moving
+//! to another window: a profile switch, the first call's thread), `inbox.rs`
+//! (the fetch, spool, confirm loop), `calls.rs` (calls to the bus and
+//! recovery when it refuses the credential), `forward.rs` (the
 //! `ServerHandler`), `local_tools.rs` (`session_status`, `configure_session`),
 //! `instructions.rs` (the start-of-session text), `host_config.rs` (what
 //! `proxy-config` prints).
@@ -32,6 +33,7 @@ pub mod host_config;
 mod inbox;
 mod instructions;
 mod local_tools;
+mod thread;
 pub mod window;
 
 use std::path::PathBuf;
@@ -101,7 +103,14 @@ struct Labels {
 /// Everything one proxy process shares between the host's requests and its
 /// background loop.
 pub(crate) struct Proxy {
-    host: HostSession,
+    /// Which host conversation this is; a random one may be replaced once,
+    /// by the first tool call's thread (`thread.rs`).
+    host: std::sync::RwLock<HostSession>,
+    /// Held while the window is registered or replaced, and by each inbox
+    /// pass (whose spool follows the host conversation).
+    rebinding: Mutex<()>,
+    /// What the tool calls said about the host conversation (`thread.rs`).
+    thread: Mutex<thread::Seen>,
     options: ProxyOptions,
     bound: RwLock<Bound>,
     labels: Mutex<Labels>,
@@ -170,9 +179,11 @@ pub async fn run(options: ProxyOptions) -> anyhow::Result<()> {
             Some(format!("{err:#}")),
         ),
     };
-    tracing::info!(label = %host.label, from = host.source, "mcp proxy starting");
+    tracing::info!(label = %host.label, from = %host.source, "mcp proxy starting");
     let proxy = Arc::new(Proxy {
-        host,
+        host: std::sync::RwLock::new(host),
+        rebinding: Mutex::new(()),
+        thread: Mutex::new(thread::Seen::default()),
         options,
         bound: RwLock::new(bound),
         labels: Mutex::new(labels),
@@ -286,8 +297,17 @@ impl Proxy {
         tokio::join!(presence, self.clone().keep_inbox());
     }
 
+    /// The host conversation as it stands.
+    fn host(&self) -> HostSession {
+        self.host
+            .read()
+            .expect("the host lock is never poisoned")
+            .clone()
+    }
+
     /// Register the window, open its connection, fetch the tools, say hello.
     async fn establish(&self) -> anyhow::Result<()> {
+        let _one = self.rebinding.lock().await;
         let (url, token, profile) = {
             let bound = self.bound.read().await;
             (
@@ -302,7 +322,7 @@ impl Proxy {
         let window = window::register(
             &url,
             &token,
-            &self.host.label,
+            &self.host().label,
             self.options.session_ttl_seconds,
             true,
         )
@@ -330,7 +350,7 @@ impl Proxy {
     ) {
         let team = me["team"].as_str().unwrap_or_default().to_string();
         let agent = me["agent"].as_str().unwrap_or_default().to_string();
-        if let Err(err) = window::keep_record(&self.host, url, &team, &agent, &window) {
+        if let Err(err) = window::keep_record(&self.host(), url, &team, &agent, &window) {
             tracing::warn!("could not keep the window record: {err:#}");
         }
         let mut bound = self.bound.write().await;
@@ -387,7 +407,8 @@ impl Proxy {
                 bound.team.clone().unwrap_or_default(),
                 bound.agent.clone().unwrap_or_default(),
             );
-            if let Err(err) = window::keep_record(&self.host, &bound.url, &team, &agent, &renewed) {
+            if let Err(err) = window::keep_record(&self.host(), &bound.url, &team, &agent, &renewed)
+            {
                 tracing::warn!("could not keep the window record: {err:#}");
             }
             bound.window = Some(renewed);

@@ -2,7 +2,9 @@
 //! credential that makes it an authenticated window, and what the proxy says
 //! about it on the bus (heartbeats).
 //!
-//! The label is derived from the host conversation's id, never random when an
+//! The label is derived from the host conversation's id (`--host-session`,
+//! `CLAUDE_CODE_SESSION_ID`, or the thread a first tool call names in its
+//! `_meta`: [`thread_in`], and `thread.rs` for the move), never random when an
 //! id is known, so a restarted proxy for the same conversation is the same
 //! window (its claims, locks, cursors and inbox are still there). It is a short
 //! readable prefix of the id plus a hash of the whole id: valid whatever the
@@ -30,38 +32,79 @@ use crate::client::{self, Connection, Refused};
 /// Where the host conversation's id came from, and the window label it maps to.
 #[derive(Clone, Debug)]
 pub struct HostSession {
-    /// `--host-session`, `CLAUDE_CODE_SESSION_ID`, or a random id.
-    pub source: &'static str,
+    /// `--host-session`, `CLAUDE_CODE_SESSION_ID`, the first tool call's
+    /// `_meta` key, or a random id.
+    pub source: String,
     /// The host's id of the conversation (what its hooks receive as `session_id`).
     pub id: String,
     pub label: String,
+    /// A random id: the first tool call may still name the conversation
+    /// ([`thread_in`]), and the proxy then moves to that conversation's window.
+    pub provisional: bool,
+}
+
+impl HostSession {
+    fn named(source: impl Into<String>, id: String) -> HostSession {
+        HostSession {
+            source: source.into(),
+            label: label_for(&id),
+            id,
+            provisional: false,
+        }
+    }
 }
 
 /// The host conversation this proxy serves: `--host-session`, else the id
-/// Claude Code gives its MCP servers, else a random one (a window of its own
-/// that a restart does not find again).
+/// Claude Code gives its MCP servers, else a random one, provisional until
+/// the first tool call ([`thread_in`]); a random window is one a restart
+/// does not find again.
 pub fn host_session(flag: Option<String>) -> HostSession {
     let given = |v: Option<String>| v.map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
     if let Some(id) = given(flag) {
-        return HostSession {
-            source: "--host-session",
-            label: label_for(&id),
-            id,
-        };
+        return HostSession::named("--host-session", id);
     }
     if let Some(id) = given(std::env::var("CLAUDE_CODE_SESSION_ID").ok()) {
-        return HostSession {
-            source: "CLAUDE_CODE_SESSION_ID",
-            label: label_for(&id),
-            id,
-        };
+        return HostSession::named("CLAUDE_CODE_SESSION_ID", id);
     }
     let id = format!("random-{}", hex::encode(rand::random::<[u8; 8]>()));
     HostSession {
-        source: "random (the host named no conversation)",
-        label: label_for(&id),
-        id,
+        provisional: true,
+        ..HostSession::named("random (the host named no conversation)", id)
     }
+}
+
+/// The `_meta` keys of a `tools/call` in which hosts send the id of the
+/// conversation (thread, session) that made the call, in the order they are
+/// looked at: Codex's `threadId`, OpenCode's `sessionID`, VS Code's
+/// `vscode.conversationId`, ChatGPT's `openai/session`, and the plain
+/// spellings of the same.
+pub const THREAD_META_KEYS: &[&str] = &[
+    "threadId",
+    "thread_id",
+    "sessionID",
+    "sessionId",
+    "session_id",
+    "conversationId",
+    "conversation_id",
+    "vscode.conversationId",
+    "openai/session",
+];
+
+/// A thread id longer than this is not taken for one (ids are UUID-sized).
+const THREAD_ID_MAX_CHARS: usize = 256;
+
+/// The host conversation a tool call's `_meta` names: the first of
+/// [`THREAD_META_KEYS`] holding a non-empty string of at most 256 characters.
+pub fn thread_in(meta: &serde_json::Map<String, serde_json::Value>) -> Option<HostSession> {
+    THREAD_META_KEYS.iter().find_map(|key| {
+        let id = meta.get(*key)?.as_str()?.trim();
+        (!id.is_empty() && id.chars().count() <= THREAD_ID_MAX_CHARS).then(|| {
+            HostSession::named(
+                format!("_meta.{key} of the first tool call"),
+                id.to_string(),
+            )
+        })
+    })
 }
 
 /// `conv-<up to 12 letters and digits of the id>-<10 hex of its SHA-256>`:
@@ -286,6 +329,26 @@ mod tests {
                 label,
                 "{id:?}"
             );
+        }
+    }
+
+    #[test]
+    fn the_first_known_meta_key_names_the_thread() {
+        let meta = |v: serde_json::Value| v.as_object().unwrap().clone();
+        let codex = thread_in(&meta(json!({"progressToken": 3, "threadId": " T-1 "}))).unwrap();
+        assert_eq!((codex.id.as_str(), codex.label), ("T-1", label_for("T-1")));
+        assert_eq!(codex.source, "_meta.threadId of the first tool call");
+        assert!(!codex.provisional);
+        let both = thread_in(&meta(json!({"openai/session": "s", "sessionID": "o"}))).unwrap();
+        assert_eq!(both.id, "o");
+        for none in [
+            json!({}),
+            json!({"threadId": ""}),
+            json!({"threadId": 7}),
+            json!({"threadId": "x".repeat(257)}),
+            json!({"claudecode/toolUseId": "toolu_1"}),
+        ] {
+            assert!(thread_in(&meta(none.clone())).is_none(), "{none}");
         }
     }
 }

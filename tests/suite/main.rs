@@ -41,6 +41,7 @@ mod presence;
 mod projects;
 mod proxy;
 mod proxy_lifecycle;
+mod proxy_thread;
 mod refusals;
 mod run_script;
 mod sessions;

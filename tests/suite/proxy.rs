@@ -25,7 +25,7 @@ pub(crate) struct Machine {
 
 impl Machine {
     /// Profiles of team acme (the first is the default) in a private profiles.toml.
-    fn with_profiles(app: &TestApp, profiles: &[(&str, &str, &str)]) -> Machine {
+    pub(crate) fn with_profiles(app: &TestApp, profiles: &[(&str, &str, &str)]) -> Machine {
         let profiles: Vec<_> = profiles
             .iter()
             .map(|&(name, agent, token)| (name, "acme", agent, token))
@@ -68,7 +68,7 @@ impl Machine {
     }
 
     /// Run a whole session; every line the driver printed.
-    async fn drive(&self, proxy_args: &[&str], steps: Value) -> Vec<Value> {
+    pub(crate) async fn drive(&self, proxy_args: &[&str], steps: Value) -> Vec<Value> {
         Driver::start(&self.script(proxy_args, steps)).rest().await
     }
 }
@@ -101,7 +101,7 @@ impl Driver {
     }
 
     /// Let a paused script go on.
-    async fn resume(&mut self) {
+    pub(crate) async fn resume(&mut self) {
         let stdin = self.child.stdin.as_mut().unwrap();
         stdin.write_all(b"\n").await.unwrap();
         stdin.flush().await.unwrap();
@@ -120,7 +120,7 @@ impl Driver {
     }
 
     /// Every line left, once the driver exited successfully.
-    async fn rest(mut self) -> Vec<Value> {
+    pub(crate) async fn rest(mut self) -> Vec<Value> {
         let mut lines = Vec::new();
         while let Some(line) = self.next().await {
             lines.push(line);
@@ -133,14 +133,18 @@ impl Driver {
 
 fn need_python_mcp() {
     let ok = std::process::Command::new("python3")
-        .args(["-c", "import mcp"])
+        // 1.19 and later send a tool call's _meta (`call_tool(meta=...)`).
+        .args([
+            "-c",
+            "import inspect, mcp; assert 'meta' in inspect.signature(mcp.ClientSession.call_tool).parameters",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
     assert!(
         ok,
-        "these tests need the official MCP Python SDK: `pip install 'mcp>=1.9'` (scripts/test \
+        "these tests need the official MCP Python SDK: `pip install 'mcp>=1.19'` (scripts/test \
          installs it)"
     );
 }
@@ -154,7 +158,7 @@ pub(crate) fn calls(lines: &[Value]) -> Vec<&Value> {
 }
 
 /// The last line: the server exited, with what it wrote on stderr.
-fn closed(lines: &[Value]) -> &Value {
+pub(crate) fn closed(lines: &[Value]) -> &Value {
     let last = lines.last().expect("the driver printed something");
     assert_eq!(last["step"], "closed", "{lines:#?}");
     last

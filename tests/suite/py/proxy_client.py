@@ -4,7 +4,7 @@ Usage: proxy_client.py SCRIPT_JSON
 
 SCRIPT_JSON: {"command": str, "args": [str], "env": {str: str}, "cwd": str,
               "steps": [{"op": "list_tools"}
-                        | {"op": "call", "tool": str, "arguments": {...}}
+                        | {"op": "call", "tool": str, "arguments": {...}, "meta": {...}?}
                         | {"op": "pause"}
                         | {"op": "wait_tools", "name": str, "timeout": seconds}]}
 
@@ -71,7 +71,10 @@ async def main(script):
                         tools = await session.list_tools()
                         out({"step": "list_tools", "tools": [t.name for t in tools.tools]})
                     elif op == "call":
-                        result = await session.call_tool(step["tool"], step.get("arguments") or {})
+                        # `meta` is the request's `_meta`, where hosts such as Codex
+                        # name their conversation (needs mcp>=1.19).
+                        extra = {"meta": step["meta"]} if "meta" in step else {}
+                        result = await session.call_tool(step["tool"], step.get("arguments") or {}, **extra)
                         text = "\n".join(c.text for c in result.content if getattr(c, "type", "") == "text")
                         out({
                             "step": "call",
