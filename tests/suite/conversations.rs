@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use crate::support::{McpClient, TestApp, spawn_app, test_actor};
 
-async fn team_with_conversations(app: &TestApp, slug: &str) {
+pub(crate) async fn team_with_conversations(app: &TestApp, slug: &str) {
     app.team(slug).await;
     teams::capability(&app.pool, slug, Some(true), &test_actor())
         .await

@@ -569,6 +569,13 @@ async fn a_bus_down_at_start_gives_the_local_tools_then_the_bus_tools_when_it_an
     driver.resume().await;
     let after = driver.rest().await;
     assert_eq!(step(&after, "wait_tools")[0]["found"], true, "{after:#?}");
+    // The host was told, not left to poll.
+    let told = &closed(&after)["notifications"];
+    assert_eq!(
+        told,
+        &json!(["notifications/tools/list_changed"]),
+        "{after:#?}"
+    );
     let whoami = calls(&after)[0];
     assert_eq!(whoami["is_error"], false, "{whoami}");
     assert_eq!(whoami["structured"]["agent"], "alice");

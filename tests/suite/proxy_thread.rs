@@ -6,11 +6,11 @@
 
 use ai_crew_sync::client::{spool, window_state};
 use ai_crew_sync::proxy::window::label_for;
-use ai_crew_sync::store::teams;
 use serde_json::{Value, json};
 
+use crate::conversations::team_with_conversations;
 use crate::proxy::{Driver, Machine, calls, closed};
-use crate::support::{spawn_app, test_actor};
+use crate::support::spawn_app;
 
 /// The `session_status` answer among a run's calls, the `n`th one.
 fn status(lines: &[Value], n: usize) -> Value {
@@ -36,11 +36,8 @@ fn files(dir: &std::path::Path) -> Vec<String> {
 #[tokio::test]
 async fn the_first_calls_thread_id_picks_the_window_and_a_restart_of_that_thread_finds_it() {
     let app = spawn_app().await;
-    app.team("acme").await;
     // Conversations on, so the inbox loop polls (and opens its spool) each second.
-    teams::capability(&app.pool, "acme", Some(true), &test_actor())
-        .await
-        .unwrap();
+    team_with_conversations(&app, "acme").await;
     let alice = app.agent("acme", "alice").await;
     let bus = app.mcp(&alice, None).await;
     for key in ["T-1", "T-2"] {
@@ -94,6 +91,8 @@ async fn the_first_calls_thread_id_picks_the_window_and_a_restart_of_that_thread
     a.resume().await;
     let rest = a.rest().await;
     assert_eq!(status(&rest, 0)["label"], label_a.as_str(), "{rest:#?}");
+    // The move changed no tool: nothing to tell the host.
+    assert_eq!(closed(&rest)["notifications"], json!([]), "{rest:#?}");
     let stderr = closed(&rest)["stderr"].as_str().unwrap();
     assert!(
         stderr.contains("one proxy serves one conversation"),

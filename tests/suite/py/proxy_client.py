@@ -15,7 +15,9 @@ Prints one JSON line per event on stdout:
   {"step": "pause"}  then waits for one line on this script's stdin
   {"step": "wait_tools", "found": bool, "tools": [names]}  after listing tools
       until `name` is among them or the timeout passed
-  {"step": "closed", "stdout_errors": [...], "stderr": "..."}  after the server exited
+  {"step": "closed", "stdout_errors": [...], "stderr": "...", "notifications": [method]}
+      after the server exited; "notifications" lists the server's notifications
+      in the order received (e.g. "notifications/tools/list_changed")
 "stdout_errors" lists every line the SDK could not read as JSON-RPC: the
 server must write nothing else on stdout.
 """
@@ -56,9 +58,17 @@ async def main(script):
         env=script.get("env", {}),
         cwd=script.get("cwd"),
     )
+    notifications = []
+
+    async def on_message(message):
+        # Server notifications, by method; requests and errors are the SDK's.
+        method = getattr(message, "method", None) or getattr(getattr(message, "root", None), "method", None)
+        if isinstance(method, str) and method.startswith("notifications/"):
+            notifications.append(method)
+
     with tempfile.TemporaryFile(mode="w+") as errlog:
         async with stdio_client(params, errlog=errlog) as (read, write):
-            async with ClientSession(read, write) as session:
+            async with ClientSession(read, write, message_handler=on_message) as session:
                 init = await session.initialize()
                 out({
                     "step": "initialize",
@@ -98,7 +108,8 @@ async def main(script):
                         raise SystemExit(f"unknown op {op!r}")
         errlog.seek(0)
         stderr = errlog.read()
-    out({"step": "closed", "stdout_errors": collect.messages, "stderr": stderr})
+    out({"step": "closed", "stdout_errors": collect.messages, "stderr": stderr,
+         "notifications": notifications})
 
 
 if __name__ == "__main__":
