@@ -61,6 +61,13 @@ pub(super) async fn build(proxy: &Proxy) -> String {
                 me["session"].as_str().unwrap_or("?"),
                 me["address"].as_str().unwrap_or("?"),
             );
+            if proxy.host().provisional {
+                // The first tool call may name the conversation (`thread.rs`).
+                text.push_str(
+                    " That window is provisional until your first tool call; session_status \
+                     says which one you are in then.",
+                );
+            }
             if let Some(project) = me["project"].as_str() {
                 let _ = write!(text, " Project: {project}.");
             }

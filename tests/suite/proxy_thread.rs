@@ -61,6 +61,8 @@ async fn the_first_calls_thread_id_picks_the_window_and_a_restart_of_that_thread
         ]),
     ));
     let first = a.until_pause().await;
+    let instructions = first[0]["instructions"].as_str().unwrap();
+    assert!(instructions.contains("provisional"), "{instructions}");
     assert_eq!(calls(&first)[0]["is_error"], false, "{first:#?}");
     let label_a = label_for("A");
     let seen = status(&first, 0);
