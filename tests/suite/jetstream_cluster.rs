@@ -1,31 +1,61 @@
-//! The bus against a 3-node JetStream cluster ([`NatsCluster`]): R3 streams,
-//! a killed stream leader, reads through a client that knows every node.
+//! The bus against a 3-node JetStream cluster ([`NatsCluster`]) (issue 22,
+//! item 1): `team stream --replicas`, the outbox drained into an R3 stream
+//! while its leader is killed, and reads through a client that knows every
+//! node after the one it used is killed. Every wait is a poll with a
+//! deadline.
 
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use ai_crew_sync::backend::jetstream::{Broker, StreamSizes, body_stream_name};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::jetstream::{ok_json, refused};
+use crate::jetstream_bus::{Routed, sequence};
+use crate::support::nats::nats_url;
 use crate::support::nats_cluster::NatsCluster;
+use crate::support::postgres::fresh_database_url;
+use crate::support::{TestApp, spawn_app_with_broker};
+
+const DEADLINE: Duration = Duration::from_secs(20);
 
 /// Until `stream` has a leader other than `not`; its index.
-async fn new_leader(cluster: &NatsCluster, stream: &str, not: usize) -> usize {
-    let deadline = Instant::now() + Duration::from_secs(15);
+async fn new_leader(cluster: &NatsCluster, stream: &str, not: Option<usize>) -> usize {
+    let deadline = Instant::now() + DEADLINE;
     loop {
         if let Ok(Some(leader)) = cluster.stream_leader(stream).await
-            && leader != not
+            && Some(leader) != not
         {
             return leader;
         }
         assert!(
             Instant::now() < deadline,
-            "{stream} elected no new leader within 15 s"
+            "{stream} elected no new leader within {DEADLINE:?}"
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn three_nodes() -> (tempfile::TempDir, NatsCluster) {
+    let dir = tempfile::Builder::new()
+        .prefix("acs-test-nats-cluster-")
+        .tempdir()
+        .unwrap();
+    let cluster = NatsCluster::start(3, dir.path()).expect("start a 3-node cluster");
+    (dir, cluster)
+}
+
+fn r3() -> StreamSizes {
+    StreamSizes {
+        replicas: Some(3),
+        ..StreamSizes::default()
     }
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_three_node_cluster_elects_a_new_stream_leader_when_the_leader_is_killed() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut cluster = NatsCluster::start(3, dir.path()).expect("start a 3-node cluster");
+    let (_dir, mut cluster) = three_nodes();
     let client = async_nats::connect(cluster.client_urls()).await.unwrap();
     let js = async_nats::jetstream::new(client);
     js.create_stream(async_nats::jetstream::stream::Config {
@@ -41,15 +71,315 @@ async fn a_three_node_cluster_elects_a_new_stream_leader_when_the_leader_is_kill
         .unwrap()
         .await
         .expect("an ack after quorum");
-    let leader = cluster
-        .stream_leader("R3SMOKE")
-        .await
-        .unwrap()
-        .expect("a leader");
+    let leader = new_leader(&cluster, "R3SMOKE", None).await;
     cluster.kill(leader);
     assert!(!cluster.is_running(leader));
-    let next = new_leader(&cluster, "R3SMOKE", leader).await;
+    let next = new_leader(&cluster, "R3SMOKE", Some(leader)).await;
     assert_ne!(next, leader);
     cluster.restart(leader).expect("restart the old leader");
     assert!(cluster.is_running(leader));
+}
+
+/// A single server keeps one copy: `--replicas 3` there is refused before
+/// anything is written, and a count the bus does not use is refused too.
+#[tokio::test]
+async fn team_stream_refuses_replicas_a_single_server_cannot_keep_and_creates_nothing() {
+    let db = fresh_database_url().await;
+    let url = nats_url();
+    let slug = format!("jr{}", &Uuid::new_v4().simple().to_string()[..8]);
+    let (db2, url2, slug2) = (db.clone(), url.clone(), slug.clone());
+    let team: Value = tokio::task::spawn_blocking(move || {
+        let team = ok_json(
+            &db2,
+            &["team", "create", "--slug", &slug2, "--name", "R", "--json"],
+        );
+        let stream = ["team", "stream", "--team", &slug2, "--nats-url", &url2];
+        let single = refused(&db2, &[&stream[..], &["--replicas", "3"]].concat());
+        assert!(
+            single.contains("--replicas 3")
+                && single.contains("not part of a cluster")
+                && single.contains("Nothing was changed")
+                && single.contains("leave --replicas out"),
+            "{single}"
+        );
+        let even = refused(&db2, &[&stream[..], &["--replicas", "2"]].concat());
+        assert!(even.contains("1, 3 or 5"), "{even}");
+        team
+    })
+    .await
+    .unwrap();
+    let team_id: Uuid = team["id"].as_str().unwrap().parse().unwrap();
+    let broker = Broker::connect(&url, None).await.unwrap();
+    let (body, inbox) = broker.team_streams(team_id).await.unwrap();
+    assert!(body.is_none() && inbox.is_none(), "nothing was created");
+}
+
+/// On a cluster of three: `--replicas 3` creates both streams with three
+/// copies; `--replicas 5` (more than the servers) is refused by the broker
+/// and changes nothing, on a new team (no stream left behind) and on an
+/// existing one (still R3); lowering is refused; and `--update-quotas
+/// --replicas 3` raises an R1 team's streams, which without it are only
+/// reported.
+#[tokio::test(flavor = "multi_thread")]
+async fn team_stream_places_replicas_on_a_cluster_raises_them_and_refuses_what_it_cannot() {
+    let (_dir, cluster) = three_nodes();
+    let urls = cluster.client_urls().join(",");
+    let db = fresh_database_url().await;
+    let tag = Uuid::new_v4().simple().to_string()[..6].to_owned();
+    let (db2, urls2, tag2) = (db.clone(), urls.clone(), tag.clone());
+    let five: Value = tokio::task::spawn_blocking(move || {
+        let (db, urls, tag) = (db2, urls2, tag2);
+        let team = |slug: &str| {
+            ok_json(
+                &db,
+                &["team", "create", "--slug", slug, "--name", "R", "--json"],
+            )
+        };
+        let args = |slug: &str, extra: &[&str]| -> Vec<String> {
+            ["team", "stream", "--team", slug, "--nats-url", &urls]
+                .iter()
+                .chain(extra)
+                .map(|s| s.to_string())
+                .collect()
+        };
+        let ok = |slug: &str, extra: &[&str]| {
+            let a = args(slug, extra);
+            ok_json(&db, &a.iter().map(String::as_str).collect::<Vec<_>>())
+        };
+        let no = |slug: &str, extra: &[&str]| {
+            let a = args(slug, extra);
+            refused(&db, &a.iter().map(String::as_str).collect::<Vec<_>>())
+        };
+
+        let three = format!("r3{tag}");
+        team(&three);
+        let created = ok(&three, &["--replicas", "3", "--json"]);
+        for s in ["body", "inbox"] {
+            assert_eq!(created[s]["state"], "created", "{created}");
+            assert_eq!(created[s]["replicas"], 3, "{created}");
+        }
+        let more = no(&three, &["--replicas", "5", "--update-quotas"]);
+        assert!(
+            more.contains("could not place 5 replica")
+                && more.contains("Nothing was changed")
+                && more.contains("--replicas 3 or 1"),
+            "{more}"
+        );
+        let lower = no(&three, &["--replicas", "1", "--update-quotas"]);
+        assert!(
+            lower.contains("has 3 replicas and --replicas 1 would lower that")
+                && lower.contains("The NATS server allows it, but the bus refuses it as unsafe")
+                && lower.contains("nats stream edit"),
+            "{lower}"
+        );
+        let kept = ok(&three, &["--json"]);
+        for s in ["body", "inbox"] {
+            assert_eq!(kept[s]["state"], "adopted", "{kept}");
+            assert_eq!(kept[s]["replicas"], 3, "still three: {kept}");
+        }
+
+        let one = format!("r1{tag}");
+        team(&one);
+        let created = ok(&one, &["--json"]);
+        assert_eq!(created["body"]["replicas"], 1, "the default: {created}");
+        let reported = ok(&one, &["--replicas", "3", "--json"]);
+        for s in ["body", "inbox"] {
+            assert_eq!(reported[s]["replicas"], 1, "{reported}");
+            assert_eq!(
+                reported[s]["quotas_not_applied"],
+                json!(["replicas: kept 1, asked 3"]),
+                "{reported}"
+            );
+        }
+        let raised = ok(&one, &["--replicas", "3", "--update-quotas", "--json"]);
+        for s in ["body", "inbox"] {
+            assert_eq!(raised[s]["state"], "updated", "{raised}");
+            assert_eq!(raised[s]["replicas"], 3, "{raised}");
+        }
+
+        let none = format!("r5{tag}");
+        let team_five = team(&none);
+        let refused_five = no(&none, &["--replicas", "5"]);
+        assert!(
+            refused_five.contains("could not place 5 replica"),
+            "{refused_five}"
+        );
+        team_five
+    })
+    .await
+    .unwrap();
+    let team_id: Uuid = five["id"].as_str().unwrap().parse().unwrap();
+    let broker = Broker::connect(&urls, None).await.unwrap();
+    let (body, inbox) = broker.team_streams(team_id).await.unwrap();
+    assert!(
+        body.is_none() && inbox.is_none(),
+        "a refused --replicas 5 leaves no stream behind"
+    );
+}
+
+/// The index of the node `app`'s broker is connected to now.
+fn connected_node(app: &TestApp, cluster: &NatsCluster) -> usize {
+    let port = app.broker().js().client().server_info().port;
+    (0..3)
+        .find(|i| cluster.client_addr(*i).port() == port)
+        .expect("the broker is connected to a node of the cluster")
+}
+
+/// How many of `ids` are stored now.
+async fn stored_count(app: &TestApp, ids: &[Uuid]) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM conversation_messages
+          WHERE id = ANY($1) AND publication_state = 'stored'",
+    )
+    .bind(ids)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap()
+}
+
+// O-invariants on a cluster: sends drained into an R3 body stream while its
+// leader is killed mid-drain end as one stored row and one stream entry
+// each, under the outbox's publish key (a publish whose ack was lost with
+// the leader is presented again under the same `Nats-Msg-Id` and answered as
+// a duplicate); bodies acknowledged before the kill are on the new leader
+// (an ack comes after a majority stored it).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_leader_killed_mid_drain_leaves_one_entry_per_publish_key() {
+    let (_dir, mut cluster) = three_nodes();
+    let app = spawn_app_with_broker(&cluster.client_urls().join(",")).await;
+    let t = Routed::with_sizes(&app, "jsc1", &r3()).await;
+    let stream = body_stream_name(t.team_id);
+    const N: usize = 48;
+    let mut ids = Vec::with_capacity(N);
+    for i in 0..N {
+        ids.push(t.send(&format!("body {i} through a cluster")).await);
+    }
+    let keys: HashMap<Uuid, Uuid> = sqlx::query_as::<_, (Uuid, Uuid)>(
+        "SELECT message_id, publish_key FROM conversation_outbox WHERE team_id = $1",
+    )
+    .bind(t.team_id)
+    .fetch_all(&app.pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
+    assert_eq!(keys.len(), N);
+    let leader = new_leader(&cluster, &stream, None).await;
+
+    let _workers = app.start_publication_workers();
+    let deadline = Instant::now() + DEADLINE;
+    while stored_count(&app, &ids).await == 0 {
+        assert!(Instant::now() < deadline, "nothing stored");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let before: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM conversation_messages WHERE id = ANY($1) AND publication_state = 'stored'",
+    )
+    .bind(&ids)
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    tokio::task::block_in_place(|| cluster.kill(leader));
+    assert!(
+        before.len() < N,
+        "the leader was killed while the drain still had work ({} of {N} stored)",
+        before.len()
+    );
+    let next = new_leader(&cluster, &stream, Some(leader)).await;
+
+    let locators = t.wait_stored(&ids).await;
+    let client = async_nats::connect(cluster.client_urls()[next].as_str())
+        .await
+        .unwrap();
+    let mut body = async_nats::jetstream::new(client)
+        .get_stream(&stream)
+        .await
+        .unwrap();
+    let info = body.info().await.unwrap().clone();
+    assert_eq!(info.config.num_replicas, 3);
+    assert_eq!(info.state.messages, N as u64, "one entry per message");
+    let mut seen_keys = HashSet::new();
+    for seq in info.state.first_sequence..=info.state.last_sequence {
+        let entry = body.get_raw_message(seq).await.expect("no gap");
+        let key = entry
+            .headers
+            .get("Nats-Msg-Id")
+            .unwrap()
+            .as_str()
+            .to_owned();
+        assert!(seen_keys.insert(key.clone()), "publish key {key} twice");
+    }
+    let expected: HashSet<String> = keys.values().map(Uuid::to_string).collect();
+    assert_eq!(seen_keys, expected, "one entry per publish key");
+    for (id, locator) in ids.iter().zip(&locators) {
+        let entry = body
+            .get_raw_message(sequence(t.team_id, locator))
+            .await
+            .unwrap();
+        assert_eq!(
+            entry.headers.get("Acs-Message-Id").unwrap().as_str(),
+            id.to_string()
+        );
+        assert_eq!(
+            entry.headers.get("Nats-Msg-Id").unwrap().as_str(),
+            keys[id].to_string()
+        );
+    }
+    // Acknowledged before the kill, answered by the new leader.
+    for id in &before {
+        let i = ids.iter().position(|x| x == id).unwrap();
+        let seq = sequence(t.team_id, &locators[i]);
+        let entry = body.get_raw_message(seq).await.unwrap();
+        assert_eq!(
+            std::str::from_utf8(&entry.payload).unwrap(),
+            format!("body {i} through a cluster")
+        );
+    }
+}
+
+// A read whose body is only on the broker (the sweep released the local
+// copies) still answers after the node the server was connected to is
+// killed: the client moves to another node of the ones `--nats-url` named,
+// and any replica serves the body.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_read_falls_back_to_another_node_when_the_connected_one_is_killed() {
+    let (_dir, mut cluster) = three_nodes();
+    let app = spawn_app_with_broker(&cluster.client_urls().join(",")).await;
+    let t = Routed::with_sizes(&app, "jsc2", &r3()).await;
+    let bodies: Vec<String> = (0..3).map(|i| format!("read me {i}")).collect();
+    let mut ids = Vec::new();
+    for body in &bodies {
+        ids.push(t.send(body).await);
+    }
+    let workers = app.start_publication_workers();
+    t.wait_stored(&ids).await;
+    workers.stop().await;
+    assert_eq!(t.release().await, 3, "the local copies are released");
+
+    let node = connected_node(&app, &cluster);
+    tokio::task::block_in_place(|| cluster.kill(node));
+    let deadline = Instant::now() + DEADLINE;
+    for (id, body) in ids.iter().zip(&bodies) {
+        loop {
+            let one = t
+                .bob
+                .call("get_conversation_message", json!({"message_id": id}))
+                .await;
+            if let Ok(one) = &one
+                && one["body"] == body.as_str()
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{id} not read after node {node} was killed: {one:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert_ne!(
+        connected_node(&app, &cluster),
+        node,
+        "moved to another node"
+    );
 }
