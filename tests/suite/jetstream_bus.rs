@@ -266,7 +266,7 @@ impl<'a> Routed<'a> {
 
     /// Make every pending slot due now: the backoff is not what these tests
     /// are about, and it would outlast their deadlines.
-    async fn make_due(&self) {
+    pub(crate) async fn make_due(&self) {
         sqlx::query(
             "UPDATE conversation_outbox SET next_attempt_at = now() WHERE state = 'pending'",
         )

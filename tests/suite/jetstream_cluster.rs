@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use ai_crew_sync::backend::jetstream::{Broker, StreamSizes, body_stream_name};
+use ai_crew_sync::backend::jetstream::{Broker, BrokerOptions, StreamSizes, body_stream_name};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -16,6 +16,7 @@ use crate::jetstream_bus::{Routed, sequence};
 use crate::support::nats::nats_url;
 use crate::support::nats_cluster::NatsCluster;
 use crate::support::postgres::fresh_database_url;
+use crate::support::proxy::Proxy;
 use crate::support::{TestApp, spawn_app_with_broker};
 
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -44,6 +45,13 @@ fn three_nodes() -> (tempfile::TempDir, NatsCluster) {
         .unwrap();
     let cluster = NatsCluster::start(3, dir.path()).expect("start a 3-node cluster");
     (dir, cluster)
+}
+
+fn quick() -> BrokerOptions {
+    BrokerOptions {
+        timeout: Duration::from_secs(1),
+        ..BrokerOptions::default()
+    }
 }
 
 fn r3() -> StreamSizes {
@@ -81,9 +89,11 @@ async fn a_three_node_cluster_elects_a_new_stream_leader_when_the_leader_is_kill
 }
 
 /// A single server keeps one copy: `--replicas 3` there is refused before
-/// anything is written, and a count the bus does not use is refused too.
+/// anything is written, and a count the bus does not use is refused too. A
+/// body stream refused after the inbox stream was created (here: a stream
+/// of that name with other subjects) takes the new inbox stream with it.
 #[tokio::test]
-async fn team_stream_refuses_replicas_a_single_server_cannot_keep_and_creates_nothing() {
+async fn team_stream_refusals_on_a_single_server_leave_no_stream_behind() {
     let db = fresh_database_url().await;
     let url = nats_url();
     let slug = format!("jr{}", &Uuid::new_v4().simple().to_string()[..8]);
@@ -112,6 +122,30 @@ async fn team_stream_refuses_replicas_a_single_server_cannot_keep_and_creates_no
     let broker = Broker::connect(&url, None).await.unwrap();
     let (body, inbox) = broker.team_streams(team_id).await.unwrap();
     assert!(body.is_none() && inbox.is_none(), "nothing was created");
+
+    let squatter = body_stream_name(team_id);
+    broker
+        .js()
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: squatter.clone(),
+            subjects: vec![format!("elsewhere.{}.>", team_id.simple())],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let conflict = tokio::task::spawn_blocking(move || {
+        refused(
+            &db,
+            &["team", "stream", "--team", &slug, "--nats-url", &url],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(conflict.contains("cannot adopt it"), "{conflict}");
+    let (body, inbox) = broker.team_streams(team_id).await.unwrap();
+    assert!(body.is_some(), "the operator's stream is left alone");
+    assert!(inbox.is_none(), "the inbox stream created first is undone");
+    broker.js().delete_stream(&squatter).await.unwrap();
 }
 
 /// On a cluster of three: `--replicas 3` creates both streams with three
@@ -237,19 +271,44 @@ async fn stored_count(app: &TestApp, ids: &[Uuid]) -> i64 {
     .unwrap()
 }
 
-// O-invariants on a cluster: sends drained into an R3 body stream while its
-// leader is killed mid-drain end as one stored row and one stream entry
-// each, under the outbox's publish key (a publish whose ack was lost with
-// the leader is presented again under the same `Nats-Msg-Id` and answered as
-// a duplicate); bodies acknowledged before the kill are on the new leader
-// (an ack comes after a majority stored it).
+/// The entries of `stream` as `(sequence, Nats-Msg-Id)`, read through a
+/// fresh connection to the nodes still up (answered by the stream leader).
+async fn entries(cluster: &NatsCluster, up: &[usize], stream: &str) -> Vec<(u64, String)> {
+    let urls: Vec<String> = up
+        .iter()
+        .map(|i| cluster.client_urls()[*i].clone())
+        .collect();
+    let js = async_nats::jetstream::new(async_nats::connect(urls).await.unwrap());
+    let mut body = js.get_stream(stream).await.unwrap();
+    let state = body.info().await.unwrap().state.clone();
+    let mut out = Vec::new();
+    if state.messages == 0 {
+        return out;
+    }
+    for seq in state.first_sequence..=state.last_sequence {
+        let entry = body.get_raw_message(seq).await.expect("no gap");
+        let key = entry.headers.get("Nats-Msg-Id").expect("a publish key");
+        out.push((seq, key.as_str().to_owned()));
+    }
+    out
+}
+
+// Sends drained into an R3 body stream while its leader is killed end as
+// one stored row and one stream entry each, under the outbox's publish key.
+// The drain's first publishes are stored by the cluster but their acks are
+// lost (a proxy drops what the server sends back), so they are uncertain
+// when the leader dies; the reconciler presents them again under the same
+// `Nats-Msg-Id` to the new leader, which answers with the original
+// sequence: never a second entry. The entries stored before the kill are
+// there after it (an ack comes once a majority stored the body).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stream_leader_killed_mid_drain_leaves_one_entry_per_publish_key() {
     let (_dir, mut cluster) = three_nodes();
-    let app = spawn_app_with_broker(&cluster.client_urls().join(",")).await;
+    let proxy = Proxy::start(cluster.client_addr(0)).await;
+    let app = spawn_app_with_broker(&proxy.url()).await;
     let t = Routed::with_sizes(&app, "jsc1", &r3()).await;
     let stream = body_stream_name(t.team_id);
-    const N: usize = 48;
+    const N: usize = 40;
     let mut ids = Vec::with_capacity(N);
     for i in 0..N {
         ids.push(t.send(&format!("body {i} through a cluster")).await);
@@ -266,73 +325,72 @@ async fn a_stream_leader_killed_mid_drain_leaves_one_entry_per_publish_key() {
     assert_eq!(keys.len(), N);
     let leader = new_leader(&cluster, &stream, None).await;
 
+    proxy.black_hole_replies();
     let _workers = app.start_publication_workers();
     let deadline = Instant::now() + DEADLINE;
-    while stored_count(&app, &ids).await == 0 {
-        assert!(Instant::now() < deadline, "nothing stored");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let before: Vec<Uuid> = sqlx::query_scalar(
-        "SELECT id FROM conversation_messages WHERE id = ANY($1) AND publication_state = 'stored'",
-    )
-    .bind(&ids)
-    .fetch_all(&app.pool)
-    .await
-    .unwrap();
-    tokio::task::block_in_place(|| cluster.kill(leader));
-    assert!(
-        before.len() < N,
-        "the leader was killed while the drain still had work ({} of {N} stored)",
-        before.len()
+    let before = loop {
+        let before = entries(&cluster, &[0, 1, 2], &stream).await;
+        if !before.is_empty() {
+            break before;
+        }
+        assert!(Instant::now() < deadline, "the drain stored nothing");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        stored_count(&app, &ids).await,
+        0,
+        "no ack came back, so nothing is stored as far as PostgreSQL knows"
     );
-    let next = new_leader(&cluster, &stream, Some(leader)).await;
+    tokio::task::block_in_place(|| cluster.kill(leader));
+    proxy.pass();
+    proxy.cut();
+    let up: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
 
+    // What the server makes of the election: a stream without a leader,
+    // never a missing one (whose fix, `team stream`, is not this one's, and
+    // which refuses new conversations).
+    let broker = app.broker().clone();
+    let watching = tokio::spawn(async move {
+        let mut seen = HashSet::new();
+        for _ in 0..100 {
+            for c in broker.stream_conditions() {
+                seen.insert(c.condition.as_str());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        seen
+    });
+    new_leader(&cluster, &stream, Some(leader)).await;
+    // Slots that waited out the election are due again at once (the ten
+    // seconds they wait are not what this test is about).
+    while stored_count(&app, &ids).await < N as i64 {
+        assert!(Instant::now() < deadline, "not all stored");
+        t.make_due().await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let locators = t.wait_stored(&ids).await;
-    let client = async_nats::connect(cluster.client_urls()[next].as_str())
-        .await
-        .unwrap();
-    let mut body = async_nats::jetstream::new(client)
-        .get_stream(&stream)
-        .await
-        .unwrap();
-    let info = body.info().await.unwrap().clone();
-    assert_eq!(info.config.num_replicas, 3);
-    assert_eq!(info.state.messages, N as u64, "one entry per message");
-    let mut seen_keys = HashSet::new();
-    for seq in info.state.first_sequence..=info.state.last_sequence {
-        let entry = body.get_raw_message(seq).await.expect("no gap");
-        let key = entry
-            .headers
-            .get("Nats-Msg-Id")
-            .unwrap()
-            .as_str()
-            .to_owned();
-        assert!(seen_keys.insert(key.clone()), "publish key {key} twice");
-    }
+    let seen = watching.await.unwrap();
+    assert!(!seen.contains("stream_missing"), "{seen:?}");
+
+    let after = entries(&cluster, &up, &stream).await;
+    assert_eq!(after.len(), N, "one entry per message");
+    let after_keys: HashSet<&str> = after.iter().map(|(_, k)| k.as_str()).collect();
+    assert_eq!(after_keys.len(), N, "no publish key twice");
     let expected: HashSet<String> = keys.values().map(Uuid::to_string).collect();
-    assert_eq!(seen_keys, expected, "one entry per publish key");
-    for (id, locator) in ids.iter().zip(&locators) {
-        let entry = body
-            .get_raw_message(sequence(t.team_id, locator))
-            .await
-            .unwrap();
-        assert_eq!(
-            entry.headers.get("Acs-Message-Id").unwrap().as_str(),
-            id.to_string()
-        );
-        assert_eq!(
-            entry.headers.get("Nats-Msg-Id").unwrap().as_str(),
-            keys[id].to_string()
-        );
+    assert_eq!(
+        after_keys,
+        expected.iter().map(String::as_str).collect(),
+        "one entry per publish key"
+    );
+    for entry in &before {
+        assert!(after.contains(entry), "{entry:?} survived the leader");
     }
-    // Acknowledged before the kill, answered by the new leader.
-    for id in &before {
-        let i = ids.iter().position(|x| x == id).unwrap();
-        let seq = sequence(t.team_id, &locators[i]);
-        let entry = body.get_raw_message(seq).await.unwrap();
+    let at: HashMap<u64, &str> = after.iter().map(|(s, k)| (*s, k.as_str())).collect();
+    for (id, locator) in ids.iter().zip(&locators) {
         assert_eq!(
-            std::str::from_utf8(&entry.payload).unwrap(),
-            format!("body {i} through a cluster")
+            at[&sequence(t.team_id, locator)],
+            keys[id].to_string(),
+            "{id}'s locator names its own entry"
         );
     }
 }
@@ -382,4 +440,19 @@ async fn a_read_falls_back_to_another_node_when_the_connected_one_is_killed() {
         node,
         "moved to another node"
     );
+
+    // A server starting now with the dead node named first connects to
+    // one of the others (`serve --nats-url a,b,c`), once JetStream answers
+    // (the dead node may have been the meta leader: `serve` retries).
+    let mut urls = cluster.client_urls();
+    urls.swap(0, node);
+    let urls = urls.join(",");
+    let late = loop {
+        match Broker::connect_with(&urls, None, quick()).await {
+            Ok(late) => break late,
+            Err(e) => assert!(Instant::now() < deadline, "{e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(late.url(), urls);
 }
