@@ -88,6 +88,19 @@ async fn a_three_node_cluster_elects_a_new_stream_leader_when_the_leader_is_kill
     assert!(cluster.is_running(leader));
 }
 
+/// `team` (as `team create --json` printed it) has neither stream on the
+/// broker at `url` after a refusal; the broker and the team's id.
+async fn assert_no_streams(url: &str, team: &Value) -> (Broker, Uuid) {
+    let team_id: Uuid = team["id"].as_str().unwrap().parse().unwrap();
+    let broker = Broker::connect(url, None).await.unwrap();
+    let (body, inbox) = broker.team_streams(team_id).await.unwrap();
+    assert!(
+        body.is_none() && inbox.is_none(),
+        "a refused `team stream` leaves no stream behind"
+    );
+    (broker, team_id)
+}
+
 /// A single server keeps one copy: `--replicas 3` there is refused before
 /// anything is written, and a count the bus does not use is refused too. A
 /// body stream refused after the inbox stream was created (here: a stream
@@ -118,10 +131,7 @@ async fn team_stream_refusals_on_a_single_server_leave_no_stream_behind() {
     })
     .await
     .unwrap();
-    let team_id: Uuid = team["id"].as_str().unwrap().parse().unwrap();
-    let broker = Broker::connect(&url, None).await.unwrap();
-    let (body, inbox) = broker.team_streams(team_id).await.unwrap();
-    assert!(body.is_none() && inbox.is_none(), "nothing was created");
+    let (broker, team_id) = assert_no_streams(&url, &team).await;
 
     let squatter = body_stream_name(team_id);
     broker
@@ -242,13 +252,7 @@ async fn team_stream_places_replicas_on_a_cluster_raises_them_and_refuses_what_i
     })
     .await
     .unwrap();
-    let team_id: Uuid = five["id"].as_str().unwrap().parse().unwrap();
-    let broker = Broker::connect(&urls, None).await.unwrap();
-    let (body, inbox) = broker.team_streams(team_id).await.unwrap();
-    assert!(
-        body.is_none() && inbox.is_none(),
-        "a refused --replicas 5 leaves no stream behind"
-    );
+    assert_no_streams(&urls, &five).await;
 }
 
 /// The index of the node `app`'s broker is connected to now.
@@ -455,4 +459,71 @@ async fn a_read_falls_back_to_another_node_when_the_connected_one_is_killed() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(late.url(), urls);
+}
+
+// The inbox on an R3 inbox stream whose leader is killed: the publisher's
+// passes during the election publish nothing (PostgreSQL still owes every
+// reference), the first after it publishes each reference once, and the
+// window gets all of them and confirms them (through its consumer, or from
+// PostgreSQL while that consumer is still being placed on the new leader).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_inbox_publishes_and_hands_out_through_a_new_inbox_stream_leader() {
+    use ai_crew_sync::backend::jetstream::inbox_stream_name;
+    use ai_crew_sync::workers::inbox_publisher;
+
+    let (_dir, mut cluster) = three_nodes();
+    let app = spawn_app_with_broker(&cluster.client_urls().join(",")).await;
+    let p = crate::inbox::jetstream_pair_on(app, "jsc3", &r3()).await;
+    let app = &p.app;
+    let team_id: Uuid = sqlx::query_scalar("SELECT id FROM teams WHERE slug = 'jsc3'")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    let workers = app.start_publication_workers();
+    for body in ["one", "two", "three"] {
+        p.send(body).await;
+    }
+    let deadline = Instant::now() + DEADLINE;
+    let queued = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM inbox_references")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap()
+    };
+    while queued().await < 3 {
+        assert!(Instant::now() < deadline, "three references queued");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    workers.stop().await;
+
+    let stream = inbox_stream_name(team_id);
+    let leader = new_leader(&cluster, &stream, None).await;
+    tokio::task::block_in_place(|| cluster.kill(leader));
+    let mut published = 0;
+    while published < 3 {
+        assert!(Instant::now() < deadline, "{published} of 3 published");
+        published += inbox_publisher::publish_once(&app.bus).await.unwrap_or(0);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(published, 3, "each reference once");
+    let up: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    assert_eq!(
+        entries(&cluster, &up, &stream).await.len(),
+        3,
+        "one entry per reference"
+    );
+
+    let fetched = p
+        .bob
+        .call("fetch_conversation_inbox", json!({}))
+        .await
+        .unwrap();
+    let ids = crate::inbox::delivery_ids(&fetched);
+    assert_eq!(ids.len(), 3, "{fetched}");
+    let confirmed = p
+        .bob
+        .call("confirm_inbox_delivery", json!({"delivery_ids": ids}))
+        .await
+        .unwrap();
+    assert_eq!(confirmed["confirmed"], 3, "{confirmed}");
 }
