@@ -104,8 +104,10 @@ pub struct ServeArgs {
     /// Seconds between event-listener pings (how fast /health notices a silent listener).
     #[arg(long, env = "BUS_EVENT_PING_SECS", default_value_t = crate::app::DEFAULT_EVENT_PING.as_secs(), value_parser = clap::value_parser!(u64).range(1..=3600))]
     event_ping_secs: u64,
-    /// NATS server with JetStream for conversation bodies (teams routed to `jetstream`).
-    /// Without it, nothing can be routed to jetstream.
+    /// NATS server with JetStream for conversation bodies (teams routed to `jetstream`); for a
+    /// JetStream cluster, several of its servers comma-separated (nats://a:4222,nats://b:4222):
+    /// any that answers is used, and another when it goes away. Without it, nothing can be
+    /// routed to jetstream.
     #[arg(long, env = "BUS_NATS_URL", hide_env_values = true)]
     nats_url: Option<String>,
     /// NATS credentials file (.creds) for --nats-url.

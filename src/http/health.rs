@@ -6,8 +6,9 @@
 //! routed to jetstream; without it the broker is only reported as configured
 //! or not (or unreachable, when it has not answered since the start), so a
 //! load balancer's probe costs no broker round trip. `broker_conditions`
-//! lists every team stream that is missing or full (which team, which
-//! stream, why, the fixing command); any makes the status `degraded`.
+//! lists every team stream that is missing, full or without a leader (which
+//! team, which stream, why, the fixing command); any makes the status
+//! `degraded`.
 //!
 //! The route is unauthenticated, so it answers in fixed words only: a driver's
 //! error text (host names, database and role names, the server's own wording)

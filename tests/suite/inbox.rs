@@ -554,7 +554,16 @@ async fn a_transferred_seat_takes_its_owed_references_to_the_new_window() {
 /// conversation; no worker runs until the test drives one.
 async fn jetstream_pair(slug: &str) -> Pair {
     let app = crate::support::spawn_app_with_broker(&crate::support::nats::nats_url()).await;
-    app.jetstream_team(slug).await;
+    jetstream_pair_on(app, slug, &Default::default()).await
+}
+
+/// [`jetstream_pair`] on `app`, the team's streams provisioned at `sizes`.
+pub(crate) async fn jetstream_pair_on(
+    app: crate::support::TestApp,
+    slug: &str,
+    sizes: &ai_crew_sync::backend::jetstream::StreamSizes,
+) -> Pair {
+    app.jetstream_team_with(slug, sizes).await;
     let alice = app.mcp(&app.agent(slug, "alice").await, None).await;
     let bob = app.mcp(&app.agent(slug, "bob").await, Some("w1")).await;
     let created = alice

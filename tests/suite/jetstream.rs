@@ -595,7 +595,7 @@ async fn inbox_references_are_deduplicated_handed_out_and_gone_once_acked() {
     broker.remove_team_streams(team).await.unwrap();
 }
 
-fn bus(database_url: &str, args: &[&str]) -> Output {
+pub(crate) fn bus(database_url: &str, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"))
         .args(args)
         .env("DATABASE_URL", database_url)
@@ -605,7 +605,7 @@ fn bus(database_url: &str, args: &[&str]) -> Output {
         .expect("run ai-crew-sync")
 }
 
-fn ok_json(database_url: &str, args: &[&str]) -> Value {
+pub(crate) fn ok_json(database_url: &str, args: &[&str]) -> Value {
     let out = bus(database_url, args);
     assert!(
         out.status.success(),
@@ -620,7 +620,7 @@ fn ok_json(database_url: &str, args: &[&str]) -> Value {
     })
 }
 
-fn refused(database_url: &str, args: &[&str]) -> String {
+pub(crate) fn refused(database_url: &str, args: &[&str]) -> String {
     let out = bus(database_url, args);
     assert!(!out.status.success(), "{args:?} should have been refused");
     String::from_utf8_lossy(&out.stderr).into_owned()

@@ -146,7 +146,16 @@ pub(crate) struct Routed<'a> {
 
 impl<'a> Routed<'a> {
     pub(crate) async fn new(app: &'a TestApp, slug: &str) -> Routed<'a> {
-        let team_id = app.jetstream_team(slug).await;
+        Self::with_sizes(app, slug, &StreamSizes::default()).await
+    }
+
+    /// As [`Routed::new`], the team's streams provisioned at `sizes`.
+    pub(crate) async fn with_sizes(
+        app: &'a TestApp,
+        slug: &str,
+        sizes: &StreamSizes,
+    ) -> Routed<'a> {
+        let team_id = app.jetstream_team_with(slug, sizes).await;
         let alice = app.mcp(&app.agent(slug, "alice").await, None).await;
         let bob = app.mcp(&app.agent(slug, "bob").await, None).await;
         let mut routed = Routed {
@@ -219,7 +228,7 @@ impl<'a> Routed<'a> {
             .expect("a page never fails because one body is missing")
     }
 
-    async fn read_as_bob(&self) -> Value {
+    pub(crate) async fn read_as_bob(&self) -> Value {
         self.read_as_bob_in(self.conversation_id).await
     }
 
@@ -257,7 +266,7 @@ impl<'a> Routed<'a> {
 
     /// Make every pending slot due now: the backoff is not what these tests
     /// are about, and it would outlast their deadlines.
-    async fn make_due(&self) {
+    pub(crate) async fn make_due(&self) {
         sqlx::query(
             "UPDATE conversation_outbox SET next_attempt_at = now() WHERE state = 'pending'",
         )
@@ -266,7 +275,7 @@ impl<'a> Routed<'a> {
         .unwrap();
     }
 
-    async fn release(&self) -> u64 {
+    pub(crate) async fn release(&self) -> u64 {
         outbox::release_published_bodies(&self.app.pool, &self.app.bus.backends, None, 0)
             .await
             .expect("a sweep pass")

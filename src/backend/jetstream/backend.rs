@@ -120,6 +120,7 @@ impl JetStreamBackend {
             },
             Err(e) => self.classify(e, &subject, sent_at, envelope.body.len()),
         };
+        let attempt = self.missing_or_leaderless(attempt, &stream).await;
         // What the broker said about the stream, for health, status and the
         // outbox's choice to wait rather than spend an attempt.
         match &attempt {
@@ -131,6 +132,36 @@ impl JetStreamBackend {
             _ => {}
         }
         attempt
+    }
+
+    /// NATS answers "no stream" to a publish nobody took, and that is a
+    /// stream that does not exist just as well as a replicated stream with
+    /// no leader (an election, or too few of its servers up). Only the
+    /// broker saying the stream does not exist makes it missing: the fix for
+    /// that (`team stream`) is not the fix for the other, and a team whose
+    /// stream is missing has new conversations refused.
+    async fn missing_or_leaderless(&self, attempt: Attempt, stream: &str) -> Attempt {
+        let Attempt::Blocked {
+            kind: ConditionKind::StreamMissing,
+            ..
+        } = &attempt
+        else {
+            return attempt;
+        };
+        let exists = match self.broker.stream_info(stream).await {
+            Ok(None) => return attempt,
+            Ok(Some(_)) => "exists",
+            Err(_) => "did not answer whether it exists",
+        };
+        Attempt::Blocked {
+            kind: ConditionKind::StreamLeaderless,
+            reason: format!(
+                "no leader of stream {stream} took the publish, and the broker says the stream \
+                 {exists}: its replicas are electing a leader, or too few of the servers \
+                 holding them are up. The message waits pending without spending its \
+                 attempts; nothing was stored, and it is published again under the same key."
+            ),
+        }
     }
 
     fn classify(

@@ -1,6 +1,8 @@
 //! Conditions of a team's streams that an operator can fix: a stream missing
-//! (the broker's store was wiped, or nobody ran `team stream`), a body stream
-//! full (discard new, at its message or byte quota), a broker out of storage.
+//! (the broker's store was wiped, or nobody ran `team stream`), a stream
+//! without a leader (a replicated stream whose servers are too few to elect
+//! one), a body stream full (discard new, at its message or byte quota), a
+//! broker out of storage.
 //!
 //! None of them is the message's fault, so none may fail a message behind
 //! the operator's back: while one holds, the outbox puts the team's slots
@@ -38,6 +40,10 @@ pub enum ConditionKind {
     /// The broker answers that no such stream exists (or that nothing takes
     /// its subjects).
     StreamMissing,
+    /// Nothing took a publish to the stream's subjects, yet the broker does
+    /// not say the stream is gone: it has no leader (its replicas are
+    /// electing one, or too few of the servers holding them are up).
+    StreamLeaderless,
     /// The body stream is at its message or byte quota and refuses new bodies.
     StreamFull,
     /// The broker or the account has no JetStream storage left.
@@ -48,6 +54,7 @@ impl ConditionKind {
     pub fn as_str(self) -> &'static str {
         match self {
             ConditionKind::StreamMissing => "stream_missing",
+            ConditionKind::StreamLeaderless => "stream_leaderless",
             ConditionKind::StreamFull => "stream_full",
             ConditionKind::BrokerOutOfStorage => "broker_out_of_storage",
         }
@@ -59,6 +66,11 @@ impl ConditionKind {
             ConditionKind::StreamMissing => format!(
                 "stream {stream} does not exist on the broker (its store was wiped, or it was \
                  never provisioned there); the team's messages wait pending, attempts unspent"
+            ),
+            ConditionKind::StreamLeaderless => format!(
+                "stream {stream} has no leader to store bodies (its replicas are electing one, \
+                 or too few of the servers holding them are up); the team's messages wait \
+                 pending, attempts unspent"
             ),
             ConditionKind::StreamFull => format!(
                 "stream {stream} is full (at its message or byte quota) and refuses new bodies; \
@@ -77,6 +89,10 @@ impl ConditionKind {
             ConditionKind::StreamMissing => {
                 format!("ai-crew-sync team stream --team {team} --nats-url {nats_url}")
             }
+            ConditionKind::StreamLeaderless => "bring back the JetStream servers holding the \
+                 team's streams: a stream with N replicas needs a majority of them up (an \
+                 election alone ends within seconds, nothing to do)"
+                .to_owned(),
             ConditionKind::StreamFull => format!(
                 "ai-crew-sync team stream --team {team} --nats-url {nats_url} --update-quotas \
                  --max-messages N --max-bytes N"

@@ -22,6 +22,7 @@ mod conditions;
 mod inbox;
 mod inspect;
 mod provision;
+mod replicas;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -38,6 +39,7 @@ pub use conditions::{CHECK_CACHE, ConditionKind, StreamCondition};
 pub use inbox::InboxDelivery;
 pub use inspect::{LimitFinding, StreamInspection};
 pub use provision::{StreamReport, StreamSizes, TeamStreams};
+pub use replicas::ALLOWED as ALLOWED_REPLICAS;
 
 /// The largest body the bus accepts (the outbox cap, O1).
 pub use crate::store::limits::BODY_MAX_BYTES;
@@ -149,9 +151,11 @@ impl Broker {
         options: BrokerOptions,
         refuse_small_payload: bool,
     ) -> BusResult<Broker> {
-        // Userinfo in the URL (`nats://user:pass@host`, `nats://token@host`)
-        // is passed on as credentials, and never printed.
-        let (shown, user_info) = split_user_info(url);
+        // Several servers of a cluster, comma-separated; userinfo in a URL
+        // (`nats://user:pass@host`, `nats://token@host`) is passed on as
+        // credentials, and never printed.
+        let (servers, user_info) = split_servers(url)?;
+        let shown = servers.join(",");
         let url = shown.as_str();
         let denied: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
         let seen = denied.clone();
@@ -186,7 +190,7 @@ impl Broker {
                 ))
             })?;
         }
-        let client = connect.connect(url).await.map_err(|e| {
+        let client = connect.connect(servers.as_slice()).await.map_err(|e| {
             BusError::unavailable(format!(
                 "could not connect to the NATS server at {url}: {e}. Check the URL and that \
                  nats-server is running with JetStream on (`nats-server -js`)."
@@ -315,6 +319,36 @@ impl Broker {
             .get(subject)
             .is_some_and(|at| *at >= since)
     }
+}
+
+type UserInfo = Option<(String, Option<String>)>;
+
+/// `nats://a:4222,nats://b:4222` (a cluster's servers, any of which the
+/// client may use) → each URL without its userinfo, and the userinfo, which
+/// must be the same wherever it is given.
+fn split_servers(raw: &str) -> BusResult<(Vec<String>, UserInfo)> {
+    let mut servers = Vec::new();
+    let mut user_info: UserInfo = None;
+    for one in raw.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+        let (shown, info) = split_user_info(one);
+        if let Some(info) = info {
+            if user_info.as_ref().is_some_and(|known| *known != info) {
+                return Err(BusError::invalid(
+                    "the NATS URLs carry different users or passwords; one connection logs in \
+                     once, so give the same credentials in each URL (or in only one).",
+                ));
+            }
+            user_info = Some(info);
+        }
+        servers.push(shown);
+    }
+    if servers.is_empty() {
+        return Err(BusError::invalid(
+            "the NATS URL is empty; name a server (nats://host:4222), or several of a \
+             cluster comma-separated.",
+        ));
+    }
+    Ok((servers, user_info))
 }
 
 /// `nats://user:pass@host:port` → (`nats://host:port`, Some((user, Some(pass)))).
@@ -475,6 +509,18 @@ mod tests {
         assert_eq!(creds, Some(("bus".into(), Some("s@cret".into()))));
         let (shown, creds) = split_user_info("nats://127.0.0.1:4222");
         assert_eq!((shown.as_str(), creds), ("nats://127.0.0.1:4222", None));
+    }
+
+    #[test]
+    fn several_servers_are_split_with_one_login() {
+        let (servers, creds) =
+            split_servers("nats://bus:pw@10.0.0.1:4222, nats://10.0.0.2:4222,").unwrap();
+        assert_eq!(servers, ["nats://10.0.0.1:4222", "nats://10.0.0.2:4222"]);
+        assert_eq!(creds, Some(("bus".into(), Some("pw".into()))));
+        assert!(split_servers("nats://a:b@h1:1,nats://c:d@h2:2").is_err());
+        assert!(split_servers(" , ").is_err());
+        let (servers, creds) = split_servers("nats://127.0.0.1:4222").unwrap();
+        assert_eq!((servers.len(), creds), (1, None));
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Provisioning a team's two streams: create them with the bus's layout, or
 //! adopt ones an operator created (with replicas 3, a placement, other
 //! limits) and leave them as they are unless asked to update their quotas.
+//! Replicas are asked for with the sizes (`StreamSizes::replicas`), checked
+//! and undone on a refusal in `replicas.rs`.
 //!
 //! The bus never deletes a stream on its own: removal is an operator command
 //! (`team stream --remove`), refused while the team routes bodies there.
@@ -15,10 +17,11 @@ use uuid::Uuid;
 use super::{Broker, body_stream_name, inbox_stream_name, token};
 use crate::error::{BusError, BusResult};
 
-/// Sizes of a team's streams. `Default` is the spec's: 2 GiB and 100 000
-/// bodies; inbox references kept 7 days, at most 256 MiB and 1 000 000 of
-/// them (a reference is a few hundred bytes; what the inbox drops when full
-/// is still owed in PostgreSQL).
+/// Sizes of a team's streams, and how many copies the cluster keeps.
+/// `Default` is the spec's: 2 GiB and 100 000 bodies; inbox references kept
+/// 7 days, at most 256 MiB and 1 000 000 of them (a reference is a few
+/// hundred bytes; what the inbox drops when full is still owed in
+/// PostgreSQL); replicas not asked for.
 #[derive(Clone, Debug)]
 pub struct StreamSizes {
     pub max_bytes: i64,
@@ -26,6 +29,9 @@ pub struct StreamSizes {
     pub inbox_max_age: Duration,
     pub inbox_max_bytes: i64,
     pub inbox_max_messages: i64,
+    /// Replicas of both streams (1, 3 or 5). `None`: a new stream gets 1 and
+    /// an existing one keeps its own, with or without `--update-quotas`.
+    pub replicas: Option<usize>,
 }
 
 impl Default for StreamSizes {
@@ -36,6 +42,7 @@ impl Default for StreamSizes {
             inbox_max_age: Duration::from_secs(7 * 24 * 3600),
             inbox_max_bytes: 256 * 1024 * 1024,
             inbox_max_messages: 1_000_000,
+            replicas: None,
         }
     }
 }
@@ -133,7 +140,7 @@ pub(super) fn body_config(team_id: Uuid, sizes: &StreamSizes) -> Config {
         max_message_size: BODY_MESSAGE_MAX_BYTES,
         duplicate_window: DUPLICATE_WINDOW,
         allow_direct: true,
-        num_replicas: 1,
+        num_replicas: sizes.replicas.unwrap_or(1),
         ..Default::default()
     }
 }
@@ -155,7 +162,7 @@ pub(super) fn inbox_config(team_id: Uuid, sizes: &StreamSizes) -> Config {
         max_messages: sizes.inbox_max_messages,
         max_message_size: INBOX_MESSAGE_MAX_BYTES,
         duplicate_window: DUPLICATE_WINDOW.min(sizes.inbox_max_age),
-        num_replicas: 1,
+        num_replicas: sizes.replicas.unwrap_or(1),
         ..Default::default()
     }
 }
@@ -185,6 +192,15 @@ fn check_sizes(sizes: &StreamSizes) -> BusResult<()> {
             sizes.inbox_max_bytes
         )));
     }
+    if let Some(replicas) = sizes.replicas
+        && !super::replicas::ALLOWED.contains(&replicas)
+    {
+        return Err(BusError::invalid(format!(
+            "--replicas {replicas} is not one the bus uses: a team's streams take 1, 3 or 5 \
+             replicas (an odd count, so a majority is left when a server is lost). The \
+             default is 1."
+        )));
+    }
     if sizes.inbox_max_messages < 1000 {
         return Err(BusError::invalid(format!(
             "--inbox-max-messages {} is too small: the inbox stream must hold at least 1000 \
@@ -207,7 +223,7 @@ fn subject_list(subjects: &[String]) -> String {
         .join(", ")
 }
 
-fn broker_error(what: &str, err: &dyn std::fmt::Display) -> BusError {
+pub(super) fn broker_error(what: &str, err: &dyn std::fmt::Display) -> BusError {
     BusError::unavailable(format!(
         "the broker did not complete {what} ({err}); nothing else was changed, try again"
     ))
@@ -242,6 +258,11 @@ fn quota_differences(kept: &Config, asked: &Config) -> Vec<String> {
         kept.max_age.as_secs().to_string(),
         asked.max_age.as_secs().to_string(),
     );
+    compare(
+        "replicas",
+        kept.num_replicas.to_string(),
+        asked.num_replicas.to_string(),
+    );
     differences
 }
 
@@ -249,9 +270,17 @@ impl Broker {
     /// Create the team's body and inbox streams, or adopt existing ones. An
     /// adopted stream keeps its replicas, placement and limits; with
     /// `update_quotas` its size limits (body: bytes, messages, message size;
-    /// inbox: max age, bytes, messages, message size) are set to `sizes`.
-    /// Without it, the report names every limit left different from `sizes`
-    /// (`quotas_not_applied`), so a size flag is never ignored silently.
+    /// inbox: max age, bytes, messages, message size) are set to `sizes`,
+    /// and its replicas raised to `sizes.replicas` when given (never
+    /// lowered: refused). Without it, the report names every limit left
+    /// different from `sizes` (`quotas_not_applied`), so a flag is never
+    /// ignored silently.
+    ///
+    /// A refusal changes nothing: replicas the server cannot place are
+    /// refused before anything is written when it is not clustered, and
+    /// otherwise by the broker on the inbox stream, which goes first (what
+    /// it holds PostgreSQL rebuilds), so the change to it is undone if the
+    /// body stream is then refused.
     pub async fn provision_team(
         &self,
         team_id: Uuid,
@@ -259,21 +288,41 @@ impl Broker {
         update_quotas: bool,
     ) -> BusResult<TeamStreams> {
         check_sizes(sizes)?;
-        let body = self
-            .ensure_stream(body_config(team_id, sizes), update_quotas, |c| {
-                c.max_bytes = sizes.max_bytes;
-                c.max_messages = sizes.max_messages;
-                c.max_message_size = BODY_MESSAGE_MAX_BYTES;
-            })
-            .await?;
+        let body_wanted = body_config(team_id, sizes);
+        let inbox_wanted = inbox_config(team_id, sizes);
+        let body_found = self.stream_info(&body_wanted.name).await?;
+        let inbox_found = self.stream_info(&inbox_wanted.name).await?;
+        self.check_replicas(
+            sizes.replicas,
+            update_quotas,
+            [&body_found, &inbox_found].into_iter().flatten(),
+        )?;
+        let inbox_before = inbox_found.as_ref().map(|i| i.config.clone());
         let inbox = self
-            .ensure_stream(inbox_config(team_id, sizes), update_quotas, |c| {
+            .ensure_stream(inbox_wanted, inbox_found, update_quotas, |c| {
                 c.max_age = sizes.inbox_max_age;
                 c.max_bytes = sizes.inbox_max_bytes;
                 c.max_messages = sizes.inbox_max_messages;
                 c.max_message_size = INBOX_MESSAGE_MAX_BYTES;
+                if let Some(replicas) = sizes.replicas {
+                    c.num_replicas = replicas;
+                }
             })
             .await?;
+        let body = self
+            .ensure_stream(body_wanted, body_found, update_quotas, |c| {
+                c.max_bytes = sizes.max_bytes;
+                c.max_messages = sizes.max_messages;
+                c.max_message_size = BODY_MESSAGE_MAX_BYTES;
+                if let Some(replicas) = sizes.replicas {
+                    c.num_replicas = replicas;
+                }
+            })
+            .await;
+        let body = match body {
+            Ok(body) => body,
+            Err(refused) => return Err(self.undo(&inbox, inbox_before, refused).await),
+        };
         Ok(TeamStreams {
             team_id,
             body,
@@ -284,16 +333,18 @@ impl Broker {
     async fn ensure_stream(
         &self,
         wanted: Config,
+        found: Option<Info>,
         update_quotas: bool,
         quotas: impl Fn(&mut Config),
     ) -> BusResult<StreamReport> {
         let name = wanted.name.clone();
-        let Some(info) = self.stream_info(&name).await? else {
+        let replicas = wanted.num_replicas;
+        let Some(info) = found else {
             let mut created = self
                 .js()
                 .create_stream(wanted)
                 .await
-                .map_err(|e| broker_error(&format!("creating stream {name}"), &e))?;
+                .map_err(|e| self.refused(&format!("creating stream {name}"), replicas, &e))?;
             let info = created
                 .info()
                 .await
@@ -320,11 +371,14 @@ impl Broker {
         if config == info.config {
             return Ok(StreamReport::new(&info, "adopted"));
         }
-        let updated = self
-            .js()
-            .update_stream(config)
-            .await
-            .map_err(|e| broker_error(&format!("updating the quotas of stream {name}"), &e))?;
+        let replicas = config.num_replicas;
+        let updated = self.js().update_stream(config).await.map_err(|e| {
+            self.refused(
+                &format!("updating the quotas of stream {name}"),
+                replicas,
+                &e,
+            )
+        })?;
         Ok(StreamReport::new(&updated, "updated"))
     }
 

@@ -5,6 +5,7 @@
 
 pub mod browser;
 pub mod nats;
+pub mod nats_cluster;
 pub mod postgres;
 pub mod proxy;
 
@@ -297,22 +298,24 @@ impl TestApp {
     /// provisioned on this app's broker, new conversations on jetstream,
     /// publication through the outbox); its id.
     pub async fn jetstream_team(&self, slug: &str) -> uuid::Uuid {
+        self.jetstream_team_with(slug, &Default::default()).await
+    }
+
+    /// [`TestApp::jetstream_team`] with its streams provisioned at `sizes`
+    /// (e.g. three replicas on a cluster).
+    pub async fn jetstream_team_with(
+        &self,
+        slug: &str,
+        sizes: &ai_crew_sync::backend::jetstream::StreamSizes,
+    ) -> uuid::Uuid {
         use ai_crew_sync::backend::BackendKind;
-        use ai_crew_sync::backend::jetstream::StreamSizes;
         self.team(slug).await;
         teams::capability(&self.pool, slug, Some(true), &test_actor())
             .await
             .expect("turn conversations on");
-        teams::provision_streams(
-            &self.pool,
-            slug,
-            self.broker(),
-            &StreamSizes::default(),
-            false,
-            &test_actor(),
-        )
-        .await
-        .expect("provision the team's streams");
+        teams::provision_streams(&self.pool, slug, self.broker(), sizes, false, &test_actor())
+            .await
+            .expect("provision the team's streams");
         teams::set_conversation_backend(
             &self.pool,
             slug,

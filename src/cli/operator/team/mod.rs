@@ -114,7 +114,8 @@ pub struct CapabilityArgs {
 pub struct StreamArgs {
     #[arg(long)]
     team: String,
-    /// The NATS server (JetStream on, max_payload of at least 2MB).
+    /// The NATS server (JetStream on, max_payload of at least 2MB); for a cluster, several of
+    /// its servers comma-separated (nats://a:4222,nats://b:4222).
     #[arg(long, env = "BUS_NATS_URL", hide_env_values = true)]
     nats_url: String,
     /// A NATS .creds file with rights to manage streams (provisioning
@@ -137,13 +138,20 @@ pub struct StreamArgs {
     /// Inbox stream reference limit [default: 1000000].
     #[arg(long)]
     inbox_max_messages: Option<i64>,
-    /// Apply the size flags (or the defaults) to streams that already exist. Without it
-    /// an existing stream is adopted as it is, and any size flag that differs from it is
-    /// reported as ignored.
+    /// Copies of each stream the JetStream cluster keeps: 1, 3 or 5 [default: 1 for a new
+    /// stream; an existing one keeps its own]. More than 1 needs a cluster of at least that
+    /// many servers (name them in --nats-url); a count it cannot place is refused and
+    /// nothing is changed. With --update-quotas it raises an existing stream's replicas;
+    /// lowering is refused (do that with `nats stream edit`).
+    #[arg(long)]
+    replicas: Option<usize>,
+    /// Apply the size flags (or the defaults) and --replicas to streams that already exist.
+    /// Without it an existing stream is adopted as it is, and any flag that differs from it
+    /// is reported as ignored.
     #[arg(long)]
     update_quotas: bool,
     /// Delete both streams and their contents; refused while the team routes to jetstream.
-    #[arg(long, conflicts_with_all = ["max_bytes", "max_messages", "inbox_max_age_hours", "inbox_max_bytes", "inbox_max_messages", "update_quotas"])]
+    #[arg(long, conflicts_with_all = ["max_bytes", "max_messages", "inbox_max_age_hours", "inbox_max_bytes", "inbox_max_messages", "replicas", "update_quotas"])]
     remove: bool,
     #[arg(long)]
     json: bool,
@@ -267,6 +275,7 @@ async fn stream(ctx: &Context, actor: &Actor, args: StreamArgs) -> anyhow::Resul
         inbox_max_age_hours,
         inbox_max_bytes,
         inbox_max_messages,
+        replicas,
         update_quotas,
         remove,
         json,
@@ -297,8 +306,10 @@ async fn stream(ctx: &Context, actor: &Actor, args: StreamArgs) -> anyhow::Resul
             .unwrap_or(defaults.inbox_max_age),
         inbox_max_bytes: inbox_max_bytes.unwrap_or(defaults.inbox_max_bytes),
         inbox_max_messages: inbox_max_messages.unwrap_or(defaults.inbox_max_messages),
+        replicas,
     };
-    let size_flags_given = max_bytes.is_some()
+    let size_flags_given = replicas.is_some()
+        || max_bytes.is_some()
         || max_messages.is_some()
         || inbox_max_age_hours.is_some()
         || inbox_max_bytes.is_some()
