@@ -26,6 +26,7 @@ mod inbox;
 mod input_bounds;
 mod jetstream;
 mod jetstream_bus;
+mod jetstream_cluster;
 mod limits;
 mod locks;
 mod message_positions;

@@ -5,6 +5,7 @@
 
 pub mod browser;
 pub mod nats;
+pub mod nats_cluster;
 pub mod postgres;
 pub mod proxy;
 
