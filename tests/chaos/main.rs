@@ -1,5 +1,4 @@
 //! `scripts/chaos [--quick|--long] [--seed N]`: the bus's promises checked
-#![allow(dead_code)] // skeleton: the parts fill in (remove once built)
 //! under faults, in the style of queue chaos harnesses and Jepsen analyses.
 //!
 //! One run starts PostgreSQL, a 3-node NATS cluster with JetStream and 3
@@ -11,6 +10,8 @@
 //! ([`checker`]) and prints a table and a JSON summary. Any violation exits
 //! non-zero, naming the operation and the seed that reproduces the schedule.
 //!
+//! `--print-schedule` prints the seed's fault schedule without running.
+//!
 //! It is a test target without libtest (`harness = false`), so plain
 //! `cargo test` runs the quick profile with a fixed seed, and a name filter
 //! that does not match `chaos` skips it, as libtest would.
@@ -21,6 +22,14 @@ mod faults;
 mod history;
 mod model;
 mod workload;
+
+/// The suite's 3-node JetStream cluster on loopback.
+#[path = "../suite/support/nats_cluster.rs"]
+mod nats_cluster;
+/// The suite's fault proxy, as each replica's relay to PostgreSQL and NATS.
+#[allow(dead_code)] // shared with the suite; a run needs only some of it
+#[path = "../suite/support/proxy.rs"]
+mod relay;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -63,45 +72,105 @@ const LONG: Profile = Profile {
 struct Args {
     profile: Profile,
     seed: u64,
+    /// `--print-schedule`: print the seed's fault schedule and exit.
+    schedule_only: bool,
 }
 
 enum Parsed {
     Run(Args),
-    /// A name filter (`cargo test proxy`) that does not select this target.
+    /// A name filter (`cargo test proxy`), `--skip chaos`, `--ignored` or
+    /// `--bench` (`cargo bench`): libtest would run nothing here either.
     FilteredOut,
+    /// `cargo test -- --list`.
+    List,
 }
+
+/// libtest's flags that take a value (`--flag V` or `--flag=V`).
+const LIBTEST_VALUED: &[&str] = &[
+    "--color",
+    "--test-threads",
+    "--format",
+    "--logfile",
+    "--skip",
+    "--shuffle-seed",
+    "-Z",
+];
 
 fn parse(args: impl Iterator<Item = String>) -> anyhow::Result<Parsed> {
     let mut profile = QUICK;
     let mut seed = CI_SEED;
     let mut filters = Vec::new();
+    let mut skips = Vec::new();
+    let mut exact = false;
+    let mut skip_all = false;
+    let mut list = false;
+    let mut schedule_only = false;
     let mut args = args.peekable();
     while let Some(arg) = args.next() {
-        match arg.as_str() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((flag, value)) if flag.starts_with('-') => (flag, Some(value.to_string())),
+            _ => (arg.as_str(), None),
+        };
+        match flag {
             "--quick" => profile = QUICK,
             "--long" => profile = LONG,
             "--seed" => {
-                let value = args.next().context("--seed needs a number: --seed 42")?;
+                let value = inline
+                    .or_else(|| args.next())
+                    .context("--seed needs a number: --seed 42")?;
                 seed = value
                     .parse()
                     .with_context(|| format!("--seed {value:?} is not a whole number"))?;
             }
-            // What cargo and libtest pass to every test binary.
-            "--nocapture" | "--quiet" | "-q" | "--color" | "--test-threads" => {
-                if matches!(arg.as_str(), "--color" | "--test-threads") {
-                    args.next();
+            flag if LIBTEST_VALUED.contains(&flag) => {
+                let value = inline.or_else(|| args.next()).unwrap_or_default();
+                if flag == "--skip" {
+                    skips.push(value);
                 }
             }
-            flag if flag.starts_with("--") => {
-                bail!("unknown flag {flag}: use --quick, --long or --seed N")
+            "--print-schedule" => schedule_only = true,
+            "--list" => list = true,
+            "--exact" => exact = true,
+            // Only ignored tests, or only benchmarks: this is neither.
+            "--ignored" | "--bench" => skip_all = true,
+            // What else cargo and libtest pass to every test binary.
+            "--nocapture"
+            | "--no-capture"
+            | "--show-output"
+            | "--quiet"
+            | "-q"
+            | "--include-ignored"
+            | "--test"
+            | "--report-time"
+            | "--shuffle"
+            | "--force-run-in-process" => {}
+            flag if flag.starts_with('-') => {
+                bail!("unknown flag {flag}: use --quick, --long, --seed N or --print-schedule")
             }
             filter => filters.push(filter.to_string()),
         }
     }
-    if !filters.is_empty() && !filters.iter().any(|f| "chaos".contains(f.as_str())) {
+    let matches = |f: &String| {
+        if exact {
+            f == "chaos"
+        } else {
+            "chaos".contains(f.as_str())
+        }
+    };
+    if list {
+        return Ok(Parsed::List);
+    }
+    if skip_all
+        || skips.iter().any(matches)
+        || (!filters.is_empty() && !filters.iter().any(matches))
+    {
         return Ok(Parsed::FilteredOut);
     }
-    Ok(Parsed::Run(Args { profile, seed }))
+    Ok(Parsed::Run(Args {
+        profile,
+        seed,
+        schedule_only,
+    }))
 }
 
 fn main() -> ExitCode {
@@ -111,11 +180,26 @@ fn main() -> ExitCode {
             println!("chaos: filtered out");
             return ExitCode::SUCCESS;
         }
+        Ok(Parsed::List) => {
+            println!("chaos: test");
+            return ExitCode::SUCCESS;
+        }
         Err(e) => {
             eprintln!("chaos: {e:#}");
             return ExitCode::from(2);
         }
     };
+    if args.schedule_only {
+        let schedule = faults::Schedule::draw(args.seed, &args.profile);
+        println!(
+            "{} profile, seed {}:\n{schedule}",
+            args.profile.name, args.seed
+        );
+        return ExitCode::SUCCESS;
+    }
+    // reqwest is built without a default TLS provider (the clients speak
+    // plain HTTP on loopback, but a client cannot be built without one).
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -153,8 +237,11 @@ async fn run(args: &Args) -> anyhow::Result<bool> {
     let schedule = faults::Schedule::draw(args.seed, &profile);
     eprintln!("chaos: fault schedule\n{schedule}");
 
-    let mut cluster = cluster::Cluster::start(&profile).await?;
-    let outcome = async {
+    let mut cluster = tokio::select! {
+        started = cluster::Cluster::start(&profile) => started?,
+        signal = interrupted() => bail!("interrupted by {signal} while starting"),
+    };
+    let work = async {
         let target = cluster.target();
         let fixture = workload::prepare(&target, &profile).await?;
         let history = history::History::new(clock);
@@ -165,14 +252,43 @@ async fn run(args: &Args) -> anyhow::Result<bool> {
             args.seed,
             profile,
         ));
-        let applied = faults::inject(&mut cluster, &schedule, clock).await;
+        let applied = match faults::inject(&mut cluster, &schedule, clock).await {
+            Ok(applied) => applied,
+            Err(e) => {
+                load.abort();
+                return Err(e);
+            }
+        };
         load.await.context("the workload panicked")??;
         workload::settle(&target, &fixture, &history, profile.quiet).await?;
         let report = checker::check(&target, &fixture, &history, &applied).await?;
         report.print(args.seed, &profile, &schedule, &applied);
         anyhow::Ok(report.violations.is_empty())
+    };
+    let outcome = tokio::select! {
+        outcome = work => outcome,
+        signal = interrupted() => Err(anyhow::anyhow!("interrupted by {signal}")),
+    };
+    if !matches!(outcome, Ok(true)) {
+        cluster.print_logs();
+        eprintln!(
+            "chaos: the fault schedule of seed {}:\n{schedule}",
+            args.seed
+        );
     }
-    .await;
     cluster.stop().await;
     outcome
+}
+
+/// SIGINT or SIGTERM: the run ends early and still stops everything it
+/// started (the replicas and NATS nodes are its children; PostgreSQL is not).
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+        _ = term.recv() => "SIGTERM",
+    }
 }
