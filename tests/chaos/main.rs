@@ -269,14 +269,15 @@ async fn run(args: &Args) -> anyhow::Result<bool> {
         outcome = work => outcome,
         signal = interrupted() => Err(anyhow::anyhow!("interrupted by {signal}")),
     };
-    if !matches!(outcome, Ok(true)) {
+    let failed = !matches!(outcome, Ok(true));
+    if failed {
         cluster.print_logs();
         eprintln!(
             "chaos: the fault schedule of seed {}:\n{schedule}",
             args.seed
         );
     }
-    cluster.stop().await;
+    cluster.stop(failed).await;
     outcome
 }
 

@@ -190,9 +190,32 @@ impl Cluster {
         }
     }
 
-    /// Stop everything (what `Drop` does, off the runtime's threads).
-    pub async fn stop(self) {
+    /// Stop everything (what dropping it does, off the runtime's threads).
+    /// After a failed run the scratch directory stays, with the logs and
+    /// whatever the workload and the checker wrote there, but without the
+    /// databases' and streams' files.
+    pub async fn stop(self, failed: bool) {
         eprintln!("chaos: stopping the replicas, NATS and PostgreSQL");
-        tokio::task::block_in_place(move || drop(self));
+        let Cluster {
+            replicas,
+            pg_relays,
+            nats_relays,
+            nats,
+            postgres,
+            scratch,
+        } = self;
+        let pg_log = postgres.log();
+        tokio::task::block_in_place(move || {
+            drop(replicas);
+            drop((pg_relays, nats_relays, nats, postgres));
+        });
+        if failed {
+            let dir = scratch.keep();
+            let _ = std::fs::copy(&pg_log, dir.join("postgres.log"));
+            for data in ["pg", "nats"] {
+                let _ = std::fs::remove_dir_all(dir.join(data));
+            }
+            eprintln!("chaos: logs kept in {}", dir.display());
+        }
     }
 }

@@ -102,6 +102,8 @@ impl Replica {
             .args(["--max-connections-per-address", "4096"])
             .args(["--shutdown-grace-secs", &SHUTDOWN_GRACE_SECS.to_string()])
             .env("DATABASE_URL", &self.database_url)
+            // Plain text in the log file, no terminal colours.
+            .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
