@@ -13,7 +13,8 @@ use crate::model::{self, AppliedFault, Clock, FaultKind};
 /// How long to look for a replica holding slots, or for a stream leader.
 const FIND_LIMIT: Duration = Duration::from_secs(5);
 
-/// Runs the schedule over the load period, then heals whatever is still
+/// Runs the schedule over the load period (its times count from the call,
+/// which is when the clients start), then heals whatever is still
 /// broken and waits until every replica answers /health. An error means a
 /// fault could not be applied or healed (a process would not start again):
 /// the run cannot be judged.
@@ -28,11 +29,21 @@ pub async fn inject(
         .connect_lazy(&cluster.target().database_url)
         .context("a pool on the run's database")?;
     // (run time, is the end, fault index); ends first at the same moment.
+    let load_started = clock.now_ms();
+    eprintln!(
+        "chaos: {:>7.1} s the clients start; the schedule's times count from here",
+        load_started as f64 / 1000.0
+    );
     let mut steps: Vec<(u64, bool, usize)> = schedule
         .faults
         .iter()
         .enumerate()
-        .flat_map(|(i, f)| [(f.at_ms, false, i), (f.end_ms(), true, i)])
+        .flat_map(|(i, f)| {
+            [
+                (load_started + f.at_ms, false, i),
+                (load_started + f.end_ms(), true, i),
+            ]
+        })
         .collect();
     steps.sort_by_key(|&(at, end, _)| (at, !end));
     let mut applied: Vec<AppliedFault> = Vec::new();

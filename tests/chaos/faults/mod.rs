@@ -78,7 +78,7 @@ pub enum Link {
 /// One planned fault.
 #[derive(Clone, Debug)]
 pub struct Fault {
-    /// Run time (ms) it starts.
+    /// When it starts, in ms after the clients start.
     pub at_ms: u64,
     pub kind: FaultKind,
     /// A replica or a NATS node index, depending on the kind: the node to
