@@ -196,18 +196,11 @@ impl Cluster {
     /// databases' and streams' files.
     pub async fn stop(self, failed: bool) {
         eprintln!("chaos: stopping the replicas, NATS and PostgreSQL");
-        let Cluster {
-            replicas,
-            pg_relays,
-            nats_relays,
-            nats,
-            postgres,
-            scratch,
-        } = self;
-        let pg_log = postgres.log();
+        let scratch = self.scratch;
+        let pg_log = self.postgres.log();
         tokio::task::block_in_place(move || {
-            drop(replicas);
-            drop((pg_relays, nats_relays, nats, postgres));
+            drop(self.replicas);
+            drop((self.pg_relays, self.nats_relays, self.nats, self.postgres));
         });
         if failed {
             let dir = scratch.keep();
