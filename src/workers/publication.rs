@@ -224,7 +224,10 @@ fn spawn_lane(
     wake: std::sync::Arc<tokio::sync::Notify>,
     shutdown: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
-    let worker = format!("drain-{}", Uuid::new_v4().simple());
+    // The process id tells which replica holds a slot (`leased_by`), for an
+    // operator reading the outbox and for the chaos harness pausing the
+    // replica that holds slots; the UUID keeps lanes and hosts apart.
+    let worker = format!("drain-{}-{}", std::process::id(), Uuid::new_v4().simple());
     tokio::spawn(async move {
         loop {
             if shutdown.is_cancelled() {

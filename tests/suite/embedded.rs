@@ -172,3 +172,57 @@ async fn objects_the_bus_role_creates_never_run_as_the_superuser_at_the_next_sta
     );
     database.close().await;
 }
+
+/// `stop_immediately` is a crash (sessions cut, no checkpoint) and `restart`
+/// recovers: what was committed is there, the same URL works again.
+#[tokio::test]
+async fn an_immediate_stop_cuts_sessions_and_a_restart_recovers_what_was_committed() {
+    let dir = tempfile::Builder::new()
+        .prefix("acs-embedded-")
+        .tempdir()
+        .unwrap();
+    let data_dir = dir.path().to_path_buf();
+    let cluster = std::sync::Arc::new(
+        tokio::task::spawn_blocking(move || EmbeddedPostgres::start(&data_dir))
+            .await
+            .unwrap()
+            .expect("the embedded cluster starts"),
+    );
+    let url = cluster.database_url("postgres");
+    let pool = db::connect(&url, 1).await.unwrap();
+    for sql in ["CREATE TABLE kept (n int)", "INSERT INTO kept VALUES (7)"] {
+        sqlx::query(sql).execute(&pool).await.unwrap();
+    }
+
+    let down = cluster.clone();
+    tokio::task::spawn_blocking(move || down.stop_immediately())
+        .await
+        .unwrap()
+        .expect("pg_ctl stop -m immediate");
+    let cut = sqlx::query_scalar::<_, i32>("SELECT n FROM kept")
+        .fetch_one(&pool)
+        .await;
+    assert!(
+        cut.is_err(),
+        "a query on a stopped cluster answered: {cut:?}"
+    );
+    pool.close().await;
+
+    let up = cluster.clone();
+    tokio::task::spawn_blocking(move || up.restart())
+        .await
+        .unwrap()
+        .expect("the cluster starts again");
+    let pool = db::connect(&url, 1).await.unwrap();
+    let n: i32 = sqlx::query_scalar("SELECT n FROM kept")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(n, 7, "a committed row survives the crash");
+    pool.close().await;
+    let stop = cluster.clone();
+    tokio::task::spawn_blocking(move || stop.stop())
+        .await
+        .unwrap()
+        .unwrap();
+}
