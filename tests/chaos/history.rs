@@ -72,8 +72,13 @@ pub enum Outcome {
     /// The tool answered; the fields of its answer that matter (per kind,
     /// see `workload::client`).
     Ok { result: Value },
-    /// The tool said no (`isError`): nothing was done.
-    Refused { kind: String, message: String },
+    /// The tool said no (`isError`): nothing was done. `kind` is the
+    /// refusal's `error` (serialized so, beside the operation's own kind).
+    Refused {
+        #[serde(rename = "error")]
+        kind: String,
+        message: String,
+    },
     /// No answer from the tool: a transport error, an HTTP error (with its
     /// status), a JSON-RPC error. Whether it took effect is unknown.
     Failed {
@@ -221,10 +226,6 @@ impl History {
     /// Every operation so far, in completion order.
     pub fn ops(&self) -> Vec<Op> {
         self.ops.lock().expect("the history lock").clone()
-    }
-
-    pub fn len(&self) -> usize {
-        self.ops.lock().expect("the history lock").len()
     }
 
     /// Write every operation as one JSON line to `path`.

@@ -197,7 +197,7 @@ pub fn outbox_settled(input: &Input) -> (usize, Vec<Violation>) {
 
 /// Each stored outbox message is exactly one stream entry, the one its
 /// locator names, with its digest; no entry for a message the database
-/// does not hold.
+/// does not hold; no publish key (`Nats-Msg-Id`) on two entries.
 pub fn stream_entries(input: &Input) -> (usize, Vec<Violation>) {
     const CHECK: &str = "one stream entry per outbox message";
     let mut violations = Vec::new();
@@ -261,6 +261,23 @@ pub fn stream_entries(input: &Input) -> (usize, Vec<Violation>) {
                 format!(
                     "message {}: stream entry {} digest {} differs from the recorded {}",
                     m.id, entry.sequence, entry.sha256, m.sha256
+                ),
+            ));
+        }
+    }
+    let mut keys: HashMap<&str, Vec<u64>> = HashMap::new();
+    for e in &input.stream {
+        if let Some(key) = e.publish_key.as_deref() {
+            keys.entry(key).or_default().push(e.sequence);
+        }
+    }
+    for (key, sequences) in keys {
+        if sequences.len() > 1 {
+            violations.push(Violation::new(
+                CHECK,
+                format!(
+                    "publish key {key} is on {} stream entries {sequences:?}",
+                    sequences.len()
                 ),
             ));
         }

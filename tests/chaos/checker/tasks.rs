@@ -18,6 +18,8 @@ pub fn events(input: &Input) -> (usize, Vec<Violation>) {
     let mut violations = Vec::new();
     // key → (holder, lease end µs)
     let mut holders: HashMap<&str, (String, i64)> = HashMap::new();
+    // Database times as run milliseconds, to read beside the history.
+    let run_ms = |us: i64| us / 1000 - input.epoch_at_zero;
     for e in &input.db.task_events {
         let lease_end = e.at_us + e.lease_seconds.unwrap_or(0) * 1_000_000;
         let current = holders.get(e.key.as_str()).cloned();
@@ -32,8 +34,11 @@ pub fn events(input: &Input) -> (usize, Vec<Violation>) {
                     violations.push(Violation::new(
                         CHECK,
                         format!(
-                            "task {}: {} claimed it at {} µs while {other}'s lease ran to {end} µs",
-                            e.key, e.window, e.at_us
+                            "task {}: {} claimed it at {} ms while {other}'s lease ran to {} ms (run time)",
+                            e.key,
+                            e.window,
+                            run_ms(e.at_us),
+                            run_ms(end)
                         ),
                     ));
                 }
@@ -46,8 +51,12 @@ pub fn events(input: &Input) -> (usize, Vec<Violation>) {
                     _ => violations.push(Violation::new(
                         CHECK,
                         format!(
-                            "task {}: {} {} it at {} µs without a live lease (holder {:?})",
-                            e.key, e.window, e.kind, e.at_us, current
+                            "task {}: {} {} it at {} ms (run time) without a live lease (holder and lease end: {:?})",
+                            e.key,
+                            e.window,
+                            e.kind,
+                            run_ms(e.at_us),
+                            current.as_ref().map(|(w, end)| (w, run_ms(*end)))
                         ),
                     )),
                 }
@@ -147,7 +156,8 @@ pub fn reported(input: &Input) -> (usize, Vec<Violation>) {
             _ => violations.push(Violation::new(
                 CHECK,
                 format!(
-                    "completion accepted although the window's last lease ended at {last_end:?} (epoch ms), invoked at {invoked}: {}",
+                    "completion accepted although the window's last lease ended at {:?} ms (run time): {}",
+                    last_end.map(|end| end - input.epoch_at_zero),
                     op.describe()
                 ),
             )),

@@ -59,7 +59,6 @@ pub struct Conversation {
 /// Team, agents, credentials and conversations the clients use.
 #[derive(Clone, Debug)]
 pub struct Fixture {
-    pub team: String,
     pub team_id: Uuid,
     pub agents: Vec<Agent>,
     /// One per client, in client order; every seat is an active member of
@@ -77,18 +76,6 @@ impl Fixture {
     /// leader a fault kills.
     pub fn stream_name(&self) -> String {
         ai_crew_sync::backend::jetstream::body_stream_name(self.team_id)
-    }
-
-    /// The team's JetStream inbox stream (`ACS_I_<team>`).
-    pub fn inbox_stream_name(&self) -> String {
-        ai_crew_sync::backend::jetstream::inbox_stream_name(self.team_id)
-    }
-
-    pub fn mode(&self, conversation: Uuid) -> Option<Mode> {
-        self.conversations
-            .iter()
-            .find(|c| c.id == conversation)
-            .map(|c| c.mode)
     }
 }
 

@@ -144,7 +144,6 @@ pub async fn prepare(target: &Target, profile: &Profile) -> anyhow::Result<Fixtu
     }
     pool.close().await;
     Ok(Fixture {
-        team: TEAM.to_string(),
         team_id,
         agents,
         seats,
