@@ -99,6 +99,16 @@ impl Outcome {
     pub fn answered(&self) -> bool {
         !matches!(self, Outcome::Failed { .. })
     }
+
+    /// Worth another try: no answer, or a refusal saying the server could
+    /// not complete it now (`unavailable`: "nothing was changed, try again").
+    pub fn retryable(&self) -> bool {
+        match self {
+            Outcome::Ok { .. } => false,
+            Outcome::Refused { kind, .. } => kind == "unavailable",
+            Outcome::Failed { .. } => true,
+        }
+    }
 }
 
 /// One operation as it happened.

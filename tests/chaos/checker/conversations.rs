@@ -94,10 +94,12 @@ pub fn stored_once(input: &Input) -> (usize, Vec<Violation>) {
                     ),
                 ));
             }
-            if oks.is_empty()
+            // Only refusals, no attempt whose outcome is unknown: nothing
+            // could have stored it.
+            if !attempts.is_empty()
                 && attempts
                     .iter()
-                    .any(|op| matches!(op.outcome, Outcome::Refused { .. }))
+                    .all(|op| matches!(op.outcome, Outcome::Refused { .. }))
             {
                 violations.push(Violation::new(
                     CHECK,

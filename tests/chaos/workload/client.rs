@@ -165,7 +165,7 @@ impl Client {
                     json!({"sha256": digest, "attempt": attempt}),
                 )
                 .await;
-            if op.outcome.answered() {
+            if !op.outcome.retryable() {
                 return attempt + 1;
             }
             pause(self.rng.random_range(100..500)).await;
@@ -241,7 +241,7 @@ impl Client {
                     json!({"attempt": attempt, "repeat": false}),
                 )
                 .await;
-            if op.outcome.answered() {
+            if !op.outcome.retryable() {
                 if repeat && op.outcome.ok().is_some() {
                     calls += 1;
                     self.call(

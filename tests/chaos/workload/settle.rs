@@ -135,13 +135,13 @@ async fn drain_inbox(client: &mut Client, deadline: Instant) -> bool {
     false
 }
 
-/// Sends no attempt of which was answered: request_id → (client,
+/// Sends no attempt of which was answered for good: request_id → (client,
 /// conversation, body).
 fn unknown_sends(history: &History) -> BTreeMap<Uuid, (usize, Uuid, String)> {
     let ops = history.ops();
     let answered: HashSet<&str> = ops
         .iter()
-        .filter(|op| op.kind == OpKind::Send && op.outcome.answered())
+        .filter(|op| op.kind == OpKind::Send && !op.outcome.retryable())
         .filter_map(|op| op.args["request_id"].as_str())
         .collect();
     let mut unknown = BTreeMap::new();
