@@ -162,17 +162,6 @@ impl Op {
     }
 }
 
-/// What a client fills in before the call; [`History::record`] completes it.
-pub struct Invocation {
-    pub client: usize,
-    pub replica: usize,
-    pub window: String,
-    pub kind: OpKind,
-    pub phase: &'static str,
-    pub args: Value,
-    pub invoked_ms: u64,
-}
-
 /// The run's history, shared by every client (cheap to clone).
 #[derive(Clone)]
 pub struct History {
@@ -192,43 +181,32 @@ impl History {
         self.clock
     }
 
-    /// Start an operation now.
-    pub fn invoke(
-        &self,
-        client: usize,
-        replica: usize,
-        window: &str,
-        kind: OpKind,
-        phase: &'static str,
-        args: Value,
-    ) -> Invocation {
-        Invocation {
-            client,
-            replica,
-            window: window.to_string(),
+    /// Start an operation now: the caller fills in who and what, then
+    /// hands it to [`History::record`] with its outcome.
+    pub fn invoke(&self, kind: OpKind, args: Value) -> Op {
+        Op {
+            id: 0,
+            client: 0,
+            replica: 0,
+            window: String::new(),
             kind,
-            phase,
+            phase: "load",
             args,
             invoked_ms: self.clock.now_ms(),
+            completed_ms: 0,
+            outcome: Outcome::Failed {
+                status: None,
+                message: "in flight".into(),
+            },
         }
     }
 
-    /// Append a completed operation (completion time: now); its id.
-    pub fn record(&self, invocation: Invocation, outcome: Outcome) -> Op {
-        let completed_ms = self.clock.now_ms();
+    /// Append a completed operation (completion time: now).
+    pub fn record(&self, mut op: Op, outcome: Outcome) -> Op {
+        op.completed_ms = self.clock.now_ms();
+        op.outcome = outcome;
         let mut ops = self.ops.lock().expect("the history lock");
-        let op = Op {
-            id: ops.len(),
-            client: invocation.client,
-            replica: invocation.replica,
-            window: invocation.window,
-            kind: invocation.kind,
-            phase: invocation.phase,
-            args: invocation.args,
-            invoked_ms: invocation.invoked_ms,
-            completed_ms,
-            outcome,
-        };
+        op.id = ops.len();
         ops.push(op.clone());
         op
     }

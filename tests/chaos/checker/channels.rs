@@ -15,16 +15,20 @@ fn uuid_of(value: &serde_json::Value) -> Option<Uuid> {
     value.as_str()?.parse().ok()
 }
 
-/// An acknowledged post is one row with the body's digest; no more rows
-/// from a window than its posts that were acknowledged or unknown.
-pub fn posts(input: &Input) -> (usize, Vec<Violation>) {
-    const CHECK: &str = "channel posts stored once";
-    let rows: HashMap<Uuid, &ChannelMessage> = input
+fn by_id(input: &Input) -> HashMap<Uuid, &ChannelMessage> {
+    input
         .db
         .channel_messages
         .iter()
         .map(|m| (m.id, m))
-        .collect();
+        .collect()
+}
+
+/// An acknowledged post is one row with the body's digest; no more rows
+/// from a window than its posts that were acknowledged or unknown.
+pub fn posts(input: &Input) -> (usize, Vec<Violation>) {
+    const CHECK: &str = "channel posts stored once";
+    let rows = by_id(input);
     let mut violations = Vec::new();
     let mut checked = 0;
     let mut allowed: HashMap<&str, usize> = HashMap::new();
@@ -82,12 +86,7 @@ pub fn posts(input: &Input) -> (usize, Vec<Violation>) {
 /// have moved the cursor, so the chain restarts after it.
 pub fn reads(input: &Input) -> (usize, Vec<Violation>) {
     const CHECK: &str = "channel reads skip nothing";
-    let rows: HashMap<Uuid, &ChannelMessage> = input
-        .db
-        .channel_messages
-        .iter()
-        .map(|m| (m.id, m))
-        .collect();
+    let rows = by_id(input);
     let mut by_channel: HashMap<&str, Vec<&ChannelMessage>> = HashMap::new();
     for m in &input.db.channel_messages {
         by_channel.entry(m.channel.as_str()).or_default().push(m);

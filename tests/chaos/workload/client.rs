@@ -108,16 +108,13 @@ impl Client {
         if let (Some(map), Value::Object(extra)) = (recorded.as_object_mut(), extra) {
             map.extend(extra);
         }
-        let invocation = self.history.invoke(
-            self.index,
-            replica,
-            &self.address,
-            kind,
-            self.phase,
-            recorded,
-        );
+        let mut op = self.history.invoke(kind, recorded);
+        op.client = self.index;
+        op.replica = replica;
+        op.window = self.address.clone();
+        op.phase = self.phase;
         let outcome = self.window.call(replica, kind.tool(), arguments).await;
-        self.history.record(invocation, compact(kind, outcome))
+        self.history.record(op, compact(kind, outcome))
     }
 
     fn uuid(&mut self) -> Uuid {

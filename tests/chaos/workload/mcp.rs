@@ -106,18 +106,16 @@ impl Window {
             return failed(Some(status.as_u16()), format!("JSON-RPC error: {error}"));
         }
         let result = &message["result"];
-        let value = match result.get("structuredContent") {
-            Some(value) if !value.is_null() => value.clone(),
-            _ => Value::String(
-                result["content"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|c| c["text"].as_str())
-                    .collect::<Vec<_>>()
-                    .join("\n"),
-            ),
-        };
+        // Every bus tool answers structured JSON; its text stands in for
+        // anything else.
+        let value = result
+            .get("structuredContent")
+            .filter(|v| !v.is_null())
+            .cloned()
+            .unwrap_or_else(|| {
+                let texts = result["content"].as_array().into_iter().flatten();
+                Value::String(texts.filter_map(|c| c["text"].as_str()).collect())
+            });
         if result["isError"] == true {
             return Outcome::Refused {
                 kind: value["error"].as_str().unwrap_or_default().to_string(),

@@ -26,18 +26,7 @@ pub async fn prepare(target: &Target, profile: &Profile) -> anyhow::Result<Fixtu
         &["team", "create", "--slug", TEAM, "--name", "Chaos"],
     )
     .await?;
-    operator(
-        target,
-        &[
-            "team",
-            "capability",
-            "--team",
-            TEAM,
-            "--conversations",
-            "on",
-        ],
-    )
-    .await?;
+    team(target, "capability", &["--conversations", "on"]).await?;
     let mut agents = Vec::new();
     for k in 0..AGENTS {
         let name = format!("a{k}");
@@ -88,23 +77,11 @@ pub async fn prepare(target: &Target, profile: &Profile) -> anyhow::Result<Fixtu
     }
     let nats = &target.nats_urls[0];
     // TODO(lead): --replicas 3
-    operator(
+    team(target, "stream", &["--nats-url", nats]).await?;
+    team(
         target,
-        &["team", "stream", "--team", TEAM, "--nats-url", nats],
-    )
-    .await?;
-    operator(
-        target,
-        &[
-            "team",
-            "capability",
-            "--team",
-            TEAM,
-            "--backend",
-            "jetstream",
-            "--nats-url",
-            nats,
-        ],
+        "capability",
+        &["--backend", "jetstream", "--nats-url", nats],
     )
     .await?;
     for k in 0..OUTBOX_CONVERSATIONS {
@@ -192,6 +169,13 @@ fn expect_ok(outcome: Outcome, what: &str) -> anyhow::Result<Value> {
         Outcome::Ok { result } => Ok(result),
         other => bail!("setting up the chaos team: {what} did not succeed: {other:?}"),
     }
+}
+
+/// `team COMMAND --team chaos FLAGS…`.
+async fn team(target: &Target, command: &str, flags: &[&str]) -> anyhow::Result<String> {
+    let mut args = vec!["team", command, "--team", TEAM];
+    args.extend_from_slice(flags);
+    operator(target, &args).await
 }
 
 /// Run an operator command against the bus's database: its stdout.
