@@ -122,6 +122,13 @@ pub fn reported(input: &Input) -> (usize, Vec<Violation>) {
             }
         }
     }
+    // Each window's claims and renewals, so a completion looks at its own.
+    let mut by_window: HashMap<&str, Vec<&Op>> = HashMap::new();
+    for o in &input.ops {
+        if matches!(o.kind, OpKind::ClaimNext | OpKind::Renew) {
+            by_window.entry(o.window.as_str()).or_default().push(o);
+        }
+    }
     for op in input.ops.iter().filter(|op| op.kind == OpKind::Complete) {
         if op.outcome.ok().is_none() {
             continue;
@@ -129,11 +136,11 @@ pub fn reported(input: &Input) -> (usize, Vec<Violation>) {
         checked += 1;
         let key = op.args["key"].as_str().unwrap_or_default();
         let mine = || {
-            input.ops.iter().filter(|o| {
-                o.window == op.window
-                    && o.completed_ms <= op.invoked_ms
-                    && matches!(o.kind, OpKind::ClaimNext | OpKind::Renew)
-            })
+            by_window
+                .get(op.window.as_str())
+                .into_iter()
+                .flatten()
+                .filter(|o| o.completed_ms <= op.invoked_ms)
         };
         let unknown = mine().any(|o| {
             !o.outcome.answered() && (o.kind == OpKind::ClaimNext || o.args["key"] == key)

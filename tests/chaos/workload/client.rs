@@ -142,17 +142,19 @@ impl Client {
         let request_id = self.uuid();
         self.send(conversation, request_id, &body, SEND_ATTEMPTS)
             .await
+            .0
     }
 
     /// Send, retrying with the same request_id while the outcome is
-    /// unknown, at most `attempts` times; how many calls.
+    /// unknown, at most `attempts` times; how many calls, and whether the
+    /// outcome is known.
     pub async fn send(
         &mut self,
         conversation: Uuid,
         request_id: Uuid,
         body: &str,
         attempts: usize,
-    ) -> usize {
+    ) -> (usize, bool) {
         let digest = hex::encode(sha2::Sha256::digest(body.as_bytes()));
         for attempt in 0..attempts {
             let op = self
@@ -163,11 +165,11 @@ impl Client {
                 )
                 .await;
             if !op.outcome.retryable() {
-                return attempt + 1;
+                return (attempt + 1, true);
             }
             pause(self.rng.random_range(100..500)).await;
         }
-        attempts
+        (attempts, false)
     }
 
     async fn read(&mut self) -> usize {

@@ -32,18 +32,18 @@ pub async fn settle(
         .collect::<anyhow::Result<_>>()?;
     let mut remains = Vec::new();
 
-    let unknown = unknown_sends(history);
-    for (request_id, (client, conversation, body)) in &unknown {
-        let c = &mut clients[*client];
-        while Instant::now() < deadline {
-            c.send(*conversation, *request_id, body, 1).await;
-            if !unknown_sends(history).contains_key(request_id) {
-                break;
+    let mut still = 0;
+    for (request_id, (client, conversation, body)) in unknown_sends(history) {
+        let c = &mut clients[client];
+        let mut known = false;
+        while !known && Instant::now() < deadline {
+            known = c.send(conversation, request_id, &body, 1).await.1;
+            if !known {
+                pause(500).await;
             }
-            pause(500).await;
         }
+        still += usize::from(!known);
     }
-    let still = unknown_sends(history).len();
     if still > 0 {
         remains.push(format!("{still} sends still without an answer"));
     }
