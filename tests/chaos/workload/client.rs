@@ -21,6 +21,9 @@ use crate::model::Target;
 const SEND_ATTEMPTS: usize = 4;
 /// A conversation page.
 const PAGE: i64 = 50;
+/// How long after a lease ended its lapsed holder tries to complete it
+/// (more than the checker's clock slack).
+const LATE_MS: i64 = 300;
 
 /// A task this window claimed.
 struct Held {
@@ -87,6 +90,19 @@ impl Client {
 
     /// One operation (or a few that belong together); how many calls.
     async fn step(&mut self) -> usize {
+        // A claim left to lapse is completed just after its lease ended,
+        // before another window is likely to have claimed it: the server
+        // must refuse (the lapse, not another holder, is what is tested).
+        let now = chrono::Utc::now().timestamp_millis();
+        if let Some(i) = self
+            .held
+            .iter()
+            .position(|h| h.abandoned && now > h.expires_ms + LATE_MS)
+        {
+            let held = self.held.swap_remove(i);
+            self.complete(&held.key, true).await;
+            return 1;
+        }
         let roll = self.rng.random_range(0..100);
         match roll {
             0..18 => self.send_into(Mode::Sync).await,
@@ -314,16 +330,6 @@ impl Client {
 
     async fn task(&mut self) -> usize {
         let now = chrono::Utc::now().timestamp_millis();
-        // A lapsed claim: completing it must be refused.
-        if let Some(i) = self
-            .held
-            .iter()
-            .position(|h| h.abandoned && now > h.expires_ms + 1_000)
-        {
-            let held = self.held.swap_remove(i);
-            self.complete(&held.key, true).await;
-            return 1;
-        }
         if let Some(i) = self.held.iter().position(|h| !h.abandoned) {
             if now > self.held[i].expires_ms - 3_000 {
                 // Too close to its end to act on safely: let it lapse.
