@@ -54,6 +54,9 @@ pub struct Report {
     pub operations: usize,
     /// Per tool: ok, refused, failed (unknown outcome).
     pub outcomes: BTreeMap<&'static str, [usize; 3]>,
+    /// Refusals per `tool: kind` (an `unavailable` with no fault running
+    /// is worth a look: the server could not complete a call).
+    pub refusals: BTreeMap<String, usize>,
 }
 
 type Check = fn(&data::Input) -> (usize, Vec<Violation>);
@@ -125,10 +128,16 @@ pub async fn check(
     };
     let (checks, violations) = run_checks(&input);
     let mut outcomes: BTreeMap<&'static str, [usize; 3]> = BTreeMap::new();
+    let mut refusals: BTreeMap<String, usize> = BTreeMap::new();
     for op in &input.ops {
-        let slot = match op.outcome {
+        let slot = match &op.outcome {
             Outcome::Ok { .. } => 0,
-            Outcome::Refused { .. } => 1,
+            Outcome::Refused { kind, .. } => {
+                *refusals
+                    .entry(format!("{}: {kind}", op.kind.tool()))
+                    .or_default() += 1;
+                1
+            }
             Outcome::Failed { .. } => 2,
         };
         outcomes.entry(op.kind.tool()).or_default()[slot] += 1;
@@ -138,6 +147,7 @@ pub async fn check(
         checks,
         operations: input.ops.len(),
         outcomes,
+        refusals,
     })
 }
 
@@ -190,6 +200,7 @@ impl Report {
             "violation_count": self.violations.len(),
             "checks": checks,
             "outcomes": outcomes,
+            "refusals": self.refusals,
         })
     }
 
@@ -209,6 +220,14 @@ impl Report {
         );
         for (tool, [ok, refused, failed]) in &self.outcomes {
             eprintln!("  {tool:<40} {ok:>8} {refused:>5} {failed:>7}");
+        }
+        if !self.refusals.is_empty() {
+            let list: Vec<String> = self
+                .refusals
+                .iter()
+                .map(|(k, n)| format!("{k} {n}"))
+                .collect();
+            eprintln!("  refusals: {}", list.join(", "));
         }
         eprintln!("\n  {:<40} {:>8} {:>10}", "check", "checked", "violations");
         for row in &self.checks {

@@ -99,7 +99,7 @@ fn base() -> Input {
             W0,
             json!({"lease_seconds": 30}),
             1_000,
-            ok(json!({"claimed": true, "key": "t", "lease_expires_ms": 31_000})),
+            ok(json!({"claimed": true, "key": "t", "holder": W0, "lease_expires_ms": 31_000})),
         ),
         op(
             OpKind::Complete,

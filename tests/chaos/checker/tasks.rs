@@ -51,12 +51,16 @@ pub fn events(input: &Input) -> (usize, Vec<Violation>) {
                     _ => violations.push(Violation::new(
                         CHECK,
                         format!(
-                            "task {}: {} {} it at {} ms (run time) without a live lease (holder and lease end: {:?})",
+                            "task {}: {} {} it at {} ms (run time) without a live lease ({})",
                             e.key,
                             e.window,
                             e.kind,
                             run_ms(e.at_us),
-                            current.as_ref().map(|(w, end)| (w, run_ms(*end)))
+                            match &current {
+                                Some((w, end)) =>
+                                    format!("{w}'s lease ended at {} ms", run_ms(*end)),
+                                None => "nobody held it".into(),
+                            }
                         ),
                     )),
                 }
@@ -97,6 +101,16 @@ pub fn reported(input: &Input) -> (usize, Vec<Violation>) {
             continue;
         };
         checked += 1;
+        if r["holder"].as_str() != Some(op.window.as_str()) {
+            violations.push(Violation::new(
+                CHECK,
+                format!(
+                    "the answer names holder {} for the calling window: {}",
+                    r["holder"],
+                    op.describe()
+                ),
+            ));
+        }
         leases
             .entry(key.to_string())
             .or_default()
