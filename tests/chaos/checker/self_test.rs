@@ -1,0 +1,324 @@
+//! The checker's own test: a small made-up run that breaks no promise, then
+//! one breakage per check; every check must pass the first and catch its
+//! breakage. Plain `#[test]`s do not run in this libtest-less target, so
+//! `main` calls [`self_test`] (e.g. behind a `--self-test` flag).
+
+use std::collections::HashMap;
+
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use super::data::{ChannelMessage, Db, Input, Receipt, StoredMessage, StreamEntry, TaskEvent};
+use super::run_checks;
+use crate::history::{Op, OpKind, Outcome};
+use crate::model::{AppliedFault, FaultKind};
+use crate::workload::Mode;
+
+const W0: &str = "a0/w0";
+const W1: &str = "a1/w1";
+const STREAM: &str = "ACS_T_test";
+
+fn id(n: u128) -> Uuid {
+    Uuid::from_u128(n)
+}
+
+fn op(kind: OpKind, window: &str, args: Value, at: u64, outcome: Outcome) -> Op {
+    Op {
+        id: 0,
+        client: 0,
+        replica: 0,
+        window: window.to_string(),
+        kind,
+        phase: "load",
+        args,
+        invoked_ms: at,
+        completed_ms: at + 5,
+        outcome,
+    }
+}
+
+fn ok(result: Value) -> Outcome {
+    Outcome::Ok { result }
+}
+
+/// One outbox message sent, read, handed out, confirmed (twice),
+/// acknowledged; one task claimed and completed in time; two channel posts
+/// read in order.
+fn base() -> Input {
+    let (conversation, message, request) = (id(1), id(2), id(3));
+    let (post1, post2) = (id(10), id(11));
+    let ops = vec![
+        op(
+            OpKind::Send,
+            W0,
+            json!({"conversation_id": conversation, "request_id": request, "sha256": "d1"}),
+            100,
+            ok(json!({"message_id": message, "seq": 1})),
+        ),
+        op(
+            OpKind::Read,
+            W1,
+            json!({"conversation_id": conversation, "after_seq": 0, "limit": 50}),
+            200,
+            ok(
+                json!({"next_after_seq": 1, "messages": [{"seq": 1, "message_id": message, "sha256": "d1"}]}),
+            ),
+        ),
+        op(
+            OpKind::Fetch,
+            W1,
+            json!({"limit": 20}),
+            300,
+            ok(
+                json!({"deliveries": [{"kind": "message", "message_id": message, "conversation_id": conversation, "seq": 1, "delivery_id": id(4)}]}),
+            ),
+        ),
+        op(
+            OpKind::Confirm,
+            W1,
+            json!({"delivery_ids": [id(4)], "repeat": false}),
+            310,
+            ok(json!({"confirmed": 1, "already_confirmed": 0, "unknown": []})),
+        ),
+        op(
+            OpKind::Confirm,
+            W1,
+            json!({"delivery_ids": [id(4)], "repeat": true}),
+            320,
+            ok(json!({"confirmed": 0, "already_confirmed": 1, "unknown": []})),
+        ),
+        op(
+            OpKind::Ack,
+            W1,
+            json!({"message_id": message}),
+            330,
+            ok(json!({})),
+        ),
+        op(
+            OpKind::ClaimNext,
+            W0,
+            json!({"lease_seconds": 30}),
+            1_000,
+            ok(json!({"claimed": true, "key": "t", "holder": W0, "lease_expires_ms": 31_000})),
+        ),
+        op(
+            OpKind::Complete,
+            W0,
+            json!({"key": "t"}),
+            10_000,
+            ok(json!({"key": "t"})),
+        ),
+        op(
+            OpKind::Post,
+            W0,
+            json!({"channel": "ch", "sha256": "e1"}),
+            400,
+            ok(json!({"id": post1})),
+        ),
+        op(
+            OpKind::Post,
+            W0,
+            json!({"channel": "ch", "sha256": "e2"}),
+            410,
+            ok(json!({"id": post2})),
+        ),
+        op(
+            OpKind::ReadChannel,
+            W1,
+            json!({"scope": "ch"}),
+            500,
+            ok(json!({"ids": [post1]})),
+        ),
+        op(
+            OpKind::ReadChannel,
+            W1,
+            json!({"scope": "ch"}),
+            510,
+            ok(json!({"ids": [post2]})),
+        ),
+    ];
+    let channel = |id, position, sha: &str| ChannelMessage {
+        id,
+        channel: "ch".into(),
+        position,
+        sender: W0.into(),
+        sha256: sha.into(),
+    };
+    Input {
+        ops,
+        db: Db {
+            messages: vec![StoredMessage {
+                id: message,
+                conversation_id: conversation,
+                seq: 1,
+                sender: W0.into(),
+                request_id: request,
+                sha256: "d1".into(),
+                state: "stored".into(),
+                locator: Some(format!("jetstream:{STREAM}:1")),
+                slot_state: None,
+                slot_error: None,
+            }],
+            last_seq: HashMap::from([(conversation, 1)]),
+            receipts: vec![Receipt {
+                message_id: message,
+                window: W1.into(),
+                delivered: true,
+                acknowledged: true,
+            }],
+            task_events: vec![
+                TaskEvent {
+                    key: "t".into(),
+                    at_us: 1_000_000,
+                    kind: "claimed".into(),
+                    window: W0.into(),
+                    lease_seconds: Some(30),
+                },
+                TaskEvent {
+                    key: "t".into(),
+                    at_us: 10_000_000,
+                    kind: "completed".into(),
+                    window: W0.into(),
+                    lease_seconds: None,
+                },
+            ],
+            channel_messages: vec![channel(post1, 1, "e1"), channel(post2, 2, "e2")],
+        },
+        stream: vec![StreamEntry {
+            sequence: 1,
+            message_id: Some(message.to_string()),
+            publish_key: None,
+            sha256: "d1".into(),
+        }],
+        stream_name: STREAM.into(),
+        modes: HashMap::from([(conversation, Mode::Outbox)]),
+        faults: vec![AppliedFault {
+            kind: FaultKind::RestartPostgres,
+            target: "postgres".into(),
+            started_ms: 50_000,
+            ended_ms: Some(55_000),
+        }],
+        epoch_at_zero: 0,
+    }
+}
+
+type Breakage = fn(&mut Input);
+
+/// Per check, one breakage it must report.
+fn breakages() -> Vec<(&'static str, Breakage)> {
+    vec![
+        ("sends stored exactly once", |i| {
+            let mut twin = i.db.messages[0].clone();
+            twin.id = id(99);
+            i.db.messages.push(twin);
+        }),
+        ("seqs 1..N without gap", |i| {
+            i.db.last_seq.insert(id(1), 2);
+        }),
+        ("outbox settled", |i| {
+            i.db.messages[0].state = "pending_publication".into()
+        }),
+        ("one stream entry per outbox message", |i| {
+            let mut twin = i.stream[0].clone();
+            twin.sequence = 2;
+            i.stream.push(twin);
+        }),
+        ("reader pages skip nothing", |i| {
+            i.ops[1].outcome = ok(json!({"next_after_seq": 0, "messages": []}));
+        }),
+        ("one lease holder (task events)", |i| {
+            i.db.task_events.insert(
+                1,
+                TaskEvent {
+                    key: "t".into(),
+                    at_us: 5_000_000,
+                    kind: "claimed".into(),
+                    window: W1.into(),
+                    lease_seconds: Some(30),
+                },
+            );
+        }),
+        ("one lease holder (client view)", |i| {
+            i.ops[7].invoked_ms = 40_000;
+            i.ops[7].completed_ms = 40_005;
+        }),
+        ("inbox references handed out", |i| {
+            i.db.receipts.push(Receipt {
+                message_id: id(2),
+                window: "a2/w2".into(),
+                delivered: true,
+                acknowledged: false,
+            });
+        }),
+        ("confirmation idempotent", |i| {
+            i.ops[4].outcome = ok(json!({"confirmed": 1, "already_confirmed": 0, "unknown": []}));
+        }),
+        ("acknowledgements recorded", |i| {
+            i.db.receipts[0].acknowledged = false
+        }),
+        ("channel posts stored once", |i| {
+            i.db.channel_messages[0].sha256 = "other".into()
+        }),
+        ("channel reads skip nothing", |i| {
+            i.ops[11].outcome = ok(json!({"ids": [id(10)]}));
+        }),
+        ("no 5xx but 503 in a PostgreSQL outage", |i| {
+            i.ops.push(op(
+                OpKind::Read,
+                W1,
+                json!({}),
+                20_000,
+                Outcome::Failed {
+                    status: Some(503),
+                    message: "database unavailable".into(),
+                },
+            ));
+        }),
+    ]
+}
+
+/// Ok when the made-up run passes every check and each breakage is caught
+/// by its check; otherwise says which check missed what.
+pub fn self_test() -> anyhow::Result<()> {
+    let mut problems = Vec::new();
+    let (_, clean) = run_checks(&base());
+    for v in &clean {
+        problems.push(format!("the clean run fails {}: {}", v.check, v.what));
+    }
+    let (rows, _) = run_checks(&base());
+    for (name, breakage) in breakages() {
+        if !rows.iter().any(|r| r.name == name) {
+            problems.push(format!("no check is named {name:?}"));
+            continue;
+        }
+        let mut input = base();
+        breakage(&mut input);
+        let (rows, _) = run_checks(&input);
+        if rows
+            .iter()
+            .find(|r| r.name == name)
+            .is_none_or(|r| r.violations == 0)
+        {
+            problems.push(format!("{name} did not catch its breakage"));
+        }
+    }
+    if rows.len() != breakages().len() {
+        problems.push(format!(
+            "{} checks but {} breakages",
+            rows.len(),
+            breakages().len()
+        ));
+    }
+    if problems.is_empty() {
+        eprintln!(
+            "chaos: checker self-test passed ({} checks, each caught its breakage)",
+            rows.len()
+        );
+        Ok(())
+    } else {
+        anyhow::bail!(
+            "the checker's self-test failed:\n  {}",
+            problems.join("\n  ")
+        )
+    }
+}
