@@ -28,7 +28,6 @@ impl Clock {
 
     /// The wall-clock time (UTC, milliseconds since the epoch) the run
     /// started, to compare with times the server returns.
-    #[allow(dead_code)] // for the checker (branch chaos-checker): drop on merge
     pub fn epoch_ms_at(&self, run_ms: u64) -> i64 {
         let now_epoch = chrono::Utc::now().timestamp_millis();
         now_epoch - self.now_ms() as i64 + run_ms as i64
@@ -40,7 +39,6 @@ impl Clock {
 pub const TEAM: &str = "chaos";
 
 /// The servers a workload and the checker talk to.
-#[allow(dead_code)] // read by the workload (branch chaos-checker): drop on merge
 #[derive(Clone, Debug)]
 pub struct Target {
     /// Each replica's MCP endpoint (`http://127.0.0.1:PORT/mcp`).

@@ -75,9 +75,10 @@ pub async fn prepare(target: &Target, profile: &Profile) -> anyhow::Result<Fixtu
             mode: Mode::Sync,
         });
     }
-    let nats = &target.nats_urls[0];
-    // TODO(lead): --replicas 3
-    team(target, "stream", &["--nats-url", nats]).await?;
+    // Every node, so setup rides out a node the schedule has not touched
+    // yet being slow; the streams are R3, placed by the cluster.
+    let nats = &target.nats_urls.join(",");
+    team(target, "stream", &["--nats-url", nats, "--replicas", "3"]).await?;
     team(
         target,
         "capability",
