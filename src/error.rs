@@ -29,8 +29,10 @@ pub enum BusError {
     /// may succeed later. Nothing accepted was lost.
     #[error("{0}")]
     Unavailable(String),
-    /// The database failed. The text stays in the server log.
-    #[error("the database could not complete this request; nothing was changed, try again")]
+    /// The database failed. The text stays in the server log; what the
+    /// caller is told depends on whether a change could have gone through
+    /// ([`db_message`]).
+    #[error("{}", db_message(.0))]
     Db(#[source] sqlx::Error),
 }
 
@@ -79,6 +81,26 @@ impl BusError {
     }
 }
 
+/// What a caller is told when the database failed. With no connection to be
+/// had, or an error the server answered with (the statement, and its
+/// transaction, rolled back), nothing was changed. Once a statement was on
+/// its way and the connection broke, the commit may have happened before the
+/// answer was lost (a PostgreSQL restart does this): saying "nothing was
+/// changed" then would be a lie the caller acts on, so it is told the outcome
+/// is unknown and how to find out.
+fn db_message(err: &sqlx::Error) -> &'static str {
+    match err {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Database(_) => {
+            "the database could not complete this request; nothing was changed, try again"
+        }
+        _ => {
+            "the database connection broke during this request: if it was a change, it may \
+             or may not have been made. Retry a send with the same request_id (it is stored \
+             once); for anything else, read the state back before repeating it"
+        }
+    }
+}
+
 impl From<sqlx::Error> for BusError {
     fn from(err: sqlx::Error) -> Self {
         tracing::error!(error = %err, "database error");
@@ -88,3 +110,25 @@ impl From<sqlx::Error> for BusError {
 }
 
 pub type BusResult<T> = Result<T, BusError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The chaos run (seed 20261203, before this fix) saw sends refused with
+    // "nothing was changed" during a PostgreSQL restart that were stored:
+    // the connection broke after the commit. Only errors that prove nothing
+    // ran may say so.
+    #[test]
+    fn a_broken_connection_says_the_change_may_have_been_made() {
+        let broken = BusError::Db(sqlx::Error::Io(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset,
+        )));
+        assert!(broken.to_string().contains("may or may not have been made"));
+        assert!(!broken.to_string().contains("nothing was changed"));
+        assert_eq!(broken.kind(), "unavailable");
+
+        let no_connection = BusError::Db(sqlx::Error::PoolTimedOut);
+        assert!(no_connection.to_string().contains("nothing was changed"));
+    }
+}

@@ -100,6 +100,17 @@ impl Outcome {
         !matches!(self, Outcome::Failed { .. })
     }
 
+    /// A refusal that promises nothing was done. A database connection that
+    /// broke mid-request is refused as `unavailable` saying the change "may or
+    /// may not have been made" (the commit may have happened before the answer
+    /// was lost): that one is an unknown outcome, like a transport error.
+    pub fn changed_nothing(&self) -> bool {
+        match self {
+            Outcome::Refused { message, .. } => !message.contains("may or may not"),
+            _ => false,
+        }
+    }
+
     /// Worth another try: no answer, or a refusal saying the server could
     /// not complete it now (`unavailable`: "nothing was changed, try again").
     pub fn retryable(&self) -> bool {

@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use super::Violation;
 use super::data::{Input, StoredMessage};
-use crate::history::{Op, OpKind, Outcome};
+use crate::history::{Op, OpKind};
 use crate::workload::Mode;
 
 fn uuid_of(value: &serde_json::Value) -> Option<Uuid> {
@@ -94,13 +94,9 @@ pub fn stored_once(input: &Input) -> (usize, Vec<Violation>) {
                     ),
                 ));
             }
-            // Only refusals, no attempt whose outcome is unknown: nothing
-            // could have stored it.
-            if !attempts.is_empty()
-                && attempts
-                    .iter()
-                    .all(|op| matches!(op.outcome, Outcome::Refused { .. }))
-            {
+            // Only refusals that say nothing was changed, no attempt whose
+            // outcome is unknown: nothing could have stored it.
+            if !attempts.is_empty() && attempts.iter().all(|op| op.outcome.changed_nothing()) {
                 violations.push(Violation::new(
                     CHECK,
                     format!(
