@@ -49,16 +49,19 @@ pub struct Profile {
     pub quiet: Duration,
     /// Concurrent clients.
     pub clients: usize,
-    /// Task leases, shorter than the faults.
-    pub lease_secs: u64,
+    /// Up to this much longer than its floor each fault may last: the long
+    /// profile's faults reach past the task lease
+    /// ([`ai_crew_sync::store::tasks::LEASE_MIN_SECS`], what every client
+    /// claims with), the quick profile's mostly do not.
+    pub fault_spread_ms: u64,
 }
 
 const QUICK: Profile = Profile {
     name: "quick",
-    load: Duration::from_secs(150),
+    load: Duration::from_secs(165),
     quiet: Duration::from_secs(30),
     clients: 12,
-    lease_secs: 5,
+    fault_spread_ms: 3_000,
 };
 
 const LONG: Profile = Profile {
@@ -66,7 +69,7 @@ const LONG: Profile = Profile {
     load: Duration::from_secs(25 * 60),
     quiet: Duration::from_secs(60),
     clients: 16,
-    lease_secs: 5,
+    fault_spread_ms: 30_000,
 };
 
 struct Args {

@@ -90,3 +90,7 @@ pub struct AppliedFault {
     /// When it was healed (None: never, which the run reports).
     pub ended_ms: Option<u64>,
 }
+
+/// Every claim and renewal asks for the server's shortest task lease
+/// (`claim_task`'s `lease_seconds` 30..), so faults can outlast it.
+pub const TASK_LEASE_SECS: u64 = ai_crew_sync::store::tasks::LEASE_MIN_SECS as u64;

@@ -23,12 +23,16 @@
 //! broker to start, and a replica that cannot come back is not the fault
 //! drawn.
 //!
-//! Durations: a replica's kill, its partitions and link delays, PostgreSQL's
-//! outage and a NATS node's absence last longer than the task lease
-//! (`profile.lease_secs`), so leases lapse during them; the pause lasts
-//! longer than the outbox drain's slot lease (`store::outbox::LEASE_SECS`),
-//! so other replicas take the paused one's slots over and its late
-//! settlements meet the generation fence.
+//! Durations: PostgreSQL's outage always outlasts the task lease every
+//! client claims with (`model::TASK_LEASE_SECS`, the server's 30 s
+//! minimum), so every lease held when it starts lapses during it and its
+//! holder meets the refusal afterwards; the pause always outlasts the outbox
+//! drain's slot lease (`store::outbox::LEASE_SECS`), so other replicas take
+//! the paused one's slots over and its late settlements meet the generation
+//! fence, while requests it had accepted wait past their task leases. Every
+//! other fault lasts at least [`SHORT_FAULT_MS`] and up to the profile's
+//! `fault_spread_ms` more: in the long profile most of them outlast the task
+//! lease as well.
 
 mod inject;
 
@@ -53,6 +57,10 @@ const MIN_GAP_MS: u64 = 1_000;
 const RESTART_MARGIN_MS: u64 = 15_000;
 /// How long the outbox drain holds a slot before another worker may take it.
 const DRAIN_LEASE_MS: u64 = ai_crew_sync::store::outbox::LEASE_SECS as u64 * 1000;
+/// The task lease every client claims and renews with.
+const TASK_LEASE_MS: u64 = crate::model::TASK_LEASE_SECS * 1000;
+/// The floor of the faults not tied to a lease.
+const SHORT_FAULT_MS: u64 = 5_000;
 
 const REPLICA_LANE: [FaultKind; 5] = [
     FaultKind::KillReplica,
@@ -104,37 +112,50 @@ pub struct Schedule {
     pub faults: Vec<Fault>,
 }
 
-/// (shortest, extra drawn up to) in ms for each kind.
-fn duration_range(kind: FaultKind, lease_ms: u64) -> (u64, u64) {
+/// (shortest, extra drawn up to) in ms for each kind, before the profile's
+/// `fault_spread_ms`.
+fn duration_range(kind: FaultKind) -> (u64, u64) {
     match kind {
-        FaultKind::KillReplica => (2 * lease_ms, 3_000),
+        FaultKind::KillReplica => (2 * SHORT_FAULT_MS, 3_000),
         FaultKind::PauseDrainReplica => (DRAIN_LEASE_MS + 5_000, 3_000),
         FaultKind::PartitionReplicaPostgres | FaultKind::PartitionReplicaNats => {
-            (lease_ms + 2_000, 3_000)
+            (SHORT_FAULT_MS + 2_000, 3_000)
         }
-        FaultKind::DelayReplicaLink => (lease_ms + 1_000, 3_000),
-        FaultKind::RestartPostgres => (lease_ms + 1_000, 3_000),
-        FaultKind::KillNatsNode | FaultKind::KillStreamLeader => (2 * lease_ms, 5_000),
+        FaultKind::DelayReplicaLink => (SHORT_FAULT_MS + 1_000, 3_000),
+        FaultKind::RestartPostgres => (TASK_LEASE_MS + 1_000, 3_000),
+        FaultKind::KillNatsNode | FaultKind::KillStreamLeader => (2 * SHORT_FAULT_MS, 5_000),
         // The cluster is down for this long; it also takes a while to elect.
         FaultKind::RestartAllNats => (3_000, 3_000),
+    }
+}
+
+/// What a fault must last longer than: the lease it is there to outlast.
+fn outlasts(kind: FaultKind) -> u64 {
+    match kind {
+        FaultKind::PauseDrainReplica => DRAIN_LEASE_MS,
+        FaultKind::RestartPostgres => TASK_LEASE_MS,
+        FaultKind::RestartAllNats => 0,
+        _ => SHORT_FAULT_MS,
     }
 }
 
 impl Schedule {
     pub fn draw(seed: u64, profile: &Profile) -> Schedule {
         let mut rng = StdRng::seed_from_u64(seed);
-        let lease_ms = profile.lease_secs * 1000;
         let window = (profile.load.as_millis() as u64).saturating_sub(WARMUP_MS + TAIL_MS);
-        let rounds = (window / 150_000).max(1) as usize;
+        // A round of the replica lane takes about 100 s plus five times half
+        // the spread; the lane keeps about half the window free of faults.
+        let round_ms = 2 * (100_000 + 5 * profile.fault_spread_ms / 2);
+        let rounds = (window / round_ms).max(1) as usize;
 
-        let mut replica = drawn(&mut rng, &REPLICA_LANE, rounds, lease_ms);
+        let mut replica = drawn(&mut rng, &REPLICA_LANE, rounds, profile);
         spread(&mut rng, &mut replica, window);
         let down: Vec<(u64, u64)> = replica
             .iter()
             .filter(|f| f.kind == FaultKind::KillReplica)
             .map(|f| (f.at_ms, f.end_ms() + RESTART_MARGIN_MS))
             .collect();
-        let mut infra = drawn(&mut rng, &INFRA_LANE, rounds, lease_ms);
+        let mut infra = drawn(&mut rng, &INFRA_LANE, rounds, profile);
         spread_around(&mut rng, &mut infra, window, &down);
         let mut faults: Vec<Fault> = replica.into_iter().chain(infra).collect();
         for fault in &mut faults {
@@ -156,7 +177,6 @@ impl Schedule {
     /// enough, and no infrastructure fault while a killed replica is down.
     fn problems(&self, profile: &Profile) -> Vec<String> {
         let mut problems = Vec::new();
-        let lease_ms = profile.lease_secs * 1000;
         let load_ms = profile.load.as_millis() as u64;
         for kind in REPLICA_LANE.iter().chain(&INFRA_LANE) {
             if !self.faults.iter().any(|f| f.kind == *kind) {
@@ -182,11 +202,7 @@ impl Schedule {
             }
         }
         for fault in &self.faults {
-            let least = match fault.kind {
-                FaultKind::PauseDrainReplica => DRAIN_LEASE_MS,
-                FaultKind::RestartAllNats => 0,
-                _ => lease_ms,
-            };
+            let least = outlasts(fault.kind);
             if fault.duration_ms <= least {
                 problems.push(format!(
                     "{} lasts {} ms, not past {least} ms",
@@ -226,13 +242,16 @@ impl Schedule {
 
 /// `kinds` × `rounds` in a random order, each with its target and duration
 /// drawn; not yet placed in time.
-fn drawn(rng: &mut StdRng, kinds: &[FaultKind], rounds: usize, lease_ms: u64) -> Vec<Fault> {
+fn drawn(rng: &mut StdRng, kinds: &[FaultKind], rounds: usize, profile: &Profile) -> Vec<Fault> {
     let mut order: Vec<FaultKind> = (0..rounds).flat_map(|_| kinds.iter().copied()).collect();
     order.shuffle(rng);
     order
         .into_iter()
         .map(|kind| {
-            let (least, extra) = duration_range(kind, lease_ms);
+            let (least, mut extra) = duration_range(kind);
+            if kind != FaultKind::RestartAllNats {
+                extra += profile.fault_spread_ms;
+            }
             let target_count = match kind {
                 FaultKind::KillNatsNode | FaultKind::KillStreamLeader => NATS_NODES,
                 _ => REPLICAS,

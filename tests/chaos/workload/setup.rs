@@ -127,12 +127,9 @@ pub async fn prepare(target: &Target, profile: &Profile) -> anyhow::Result<Fixtu
         seats,
         conversations,
         channels,
-        lease_secs: profile.lease_secs.max(LEASE_MIN_SECS),
+        lease_secs: crate::model::TASK_LEASE_SECS,
     })
 }
-
-/// The server's shortest task lease (`claim_task`'s `lease_seconds` 30..).
-const LEASE_MIN_SECS: u64 = 30;
 
 /// Window 0 creates a private conversation inviting every other window;
 /// each joins. Its id.
