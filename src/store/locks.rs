@@ -144,9 +144,16 @@ struct LockRow {
     expired: bool,
 }
 
+/// The holder's name is a scalar subquery, not a join: `release_lock` locks
+/// the row (`FOR UPDATE OF l`), and if it waits out a takeover it is handed
+/// the new holder, which a joined agent row (the old holder's) would not
+/// match, and the lock would read as free.
 macro_rules! lock_columns {
     () => {
-        "l.name, l.holder_agent_id, a.name AS agent, l.holder_session, l.purpose, l.acquired_at,
+        "l.name, l.holder_agent_id,
+         (SELECT a.name FROM agents a WHERE a.team_id = l.team_id AND a.id = l.holder_agent_id)
+           AS agent,
+         l.holder_session, l.purpose, l.acquired_at,
          l.expires_at,
          greatest(0, ceil(extract(epoch FROM l.expires_at - now())))::bigint AS seconds_left,
          l.expires_at <= now() AS expired"
@@ -198,14 +205,14 @@ async fn read_lock(
         concat!(
             "SELECT ",
             lock_columns!(),
-            " FROM locks l JOIN agents a ON a.team_id = l.team_id AND a.id = l.holder_agent_id
+            " FROM locks l
              WHERE l.team_id = $1 AND l.name = $2 FOR UPDATE OF l"
         )
     } else {
         concat!(
             "SELECT ",
             lock_columns!(),
-            " FROM locks l JOIN agents a ON a.team_id = l.team_id AND a.id = l.holder_agent_id
+            " FROM locks l
              WHERE l.team_id = $1 AND l.name = $2"
         )
     };
@@ -318,7 +325,7 @@ pub async fn list(bus: &Bus, me: &Identity) -> BusResult<LockList> {
     let mut rows: Vec<LockRow> = sqlx::query_as(concat!(
         "SELECT ",
         lock_columns!(),
-        " FROM locks l JOIN agents a ON a.team_id = l.team_id AND a.id = l.holder_agent_id
+        " FROM locks l
          WHERE l.team_id = $1 AND l.expires_at > now()
          ORDER BY l.expires_at, l.name
          LIMIT $2"

@@ -287,3 +287,62 @@ async fn lock_names_are_per_team() {
     assert_eq!(own["holder"], "bob");
     assert_eq!(lock_rows(&app).await.len(), 2);
 }
+
+/// A window releases its expired lock just as another takes it over; the
+/// row is held so both are seen queued on it (the takeover first), then let
+/// go. The release waited out the takeover and must say who holds the lock
+/// now (it once said the lock was free: the holder's name came from a join,
+/// which a locked read does not evaluate again against the newer row, so the
+/// row dropped out).
+#[tokio::test]
+async fn a_release_that_waits_out_a_takeover_names_the_new_holder() {
+    use crate::write_fence::{until, waiting_on};
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.mcp(&app.agent("acme", "alice").await, Some("w1")).await;
+    let bob = app.mcp(&app.agent("acme", "bob").await, Some("w2")).await;
+    alice
+        .call("acquire_lock", json!({ "name": "ci", "ttl_seconds": 600 }))
+        .await
+        .unwrap();
+    let expired = sqlx::query(
+        "UPDATE locks SET acquired_at = now() - interval '1 hour',
+                          expires_at = now() - interval '1 second'
+          WHERE name = 'ci'",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(expired.rows_affected(), 1);
+
+    let mut held = app.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM locks WHERE name = 'ci' FOR UPDATE")
+        .execute(&mut *held)
+        .await
+        .unwrap();
+    let takeover = tokio::spawn(async move {
+        bob.call("acquire_lock", json!({ "name": "ci", "ttl_seconds": 600 }))
+            .await
+    });
+    until("the takeover to queue on the lock", async || {
+        waiting_on(&app.pool, false).await >= 1
+    })
+    .await;
+    let release =
+        tokio::spawn(async move { alice.call("release_lock", json!({ "name": "ci" })).await });
+    until("the release to queue on the lock", async || {
+        waiting_on(&app.pool, false).await >= 2
+    })
+    .await;
+    held.rollback().await.unwrap();
+
+    let taken = takeover.await.unwrap().expect("bob takes the expired lock");
+    assert_eq!(taken["holder"], "bob/w2");
+    let refused = release.await.unwrap().unwrap_err();
+    assert_eq!(refused["error"], "conflict", "{refused}");
+    assert!(
+        message(&refused).contains("agent `bob`"),
+        "the refusal names the new holder: {refused}"
+    );
+    assert_eq!(lock_rows(&app).await[0].1, "w2", "bob's window holds it");
+}

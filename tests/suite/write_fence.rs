@@ -34,7 +34,7 @@ pub(crate) async fn hold_row(
 
 /// Backends of this test's database waiting on a lock of `kind`
 /// (`advisory` for the fence, anything for the revocation's row wait).
-async fn waiting_on(pool: &PgPool, advisory_only: bool) -> i64 {
+pub(crate) async fn waiting_on(pool: &PgPool, advisory_only: bool) -> i64 {
     sqlx::query_scalar(
         "SELECT count(*) FROM pg_locks l
           WHERE NOT l.granted
@@ -47,7 +47,7 @@ async fn waiting_on(pool: &PgPool, advisory_only: bool) -> i64 {
     .unwrap()
 }
 
-async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
+pub(crate) async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     while !done().await {
         assert!(

@@ -14,9 +14,24 @@ use crate::error::{BusError, BusResult};
 use crate::events::{BusEvent, EventKind};
 use crate::store::{address, at, window_phrase};
 
+/// The name of the team's agent whose id is in `column`, or NULL.
+macro_rules! agent_name {
+    ($column:literal) => {
+        concat!(
+            "(SELECT a.name FROM agents a WHERE a.team_id = t.team_id AND a.id = ",
+            $column,
+            ")"
+        )
+    };
+}
+
 /// The columns of a task as read everywhere, the large ones as the caller
 /// names them (a listing leaves them out). The lapse is decided here, on the
-/// database clock, so every reader agrees.
+/// database clock, so every reader agrees. The agents' names are scalar
+/// subqueries, not joins: a reader that locks the row (`FOR NO KEY UPDATE OF
+/// t`) and waits out a concurrent claim is handed the row as that claim left
+/// it, and only a subquery is evaluated again against it (a joined agent row
+/// would still be the one matching the old holder: none).
 macro_rules! columns {
     (
         description: $description:literal,
@@ -28,14 +43,14 @@ macro_rules! columns {
         concat!(
             "t.id, t.key, t.title, ", $description, ", ", $metadata, ", t.status,
          (t.status = 'claimed' AND t.lease_expires_at <= now()) AS lapsed,
-         t.holder_agent_id, ha.name AS holder_agent, t.holder_session, t.claimed_at,
+         t.holder_agent_id, ", $crate::store::tasks::row::agent_name!("t.holder_agent_id"), " AS holder_agent, t.holder_session, t.claimed_at,
          t.lease_expires_at,
          greatest(0, ceil(extract(epoch FROM t.lease_expires_at - now())))::bigint AS lease_seconds_left,
          t.created_by AS creator_id, ca.name AS created_by, t.created_session, t.created_at,
-         t.updated_at, da.name AS completed_by, t.completed_session, t.completed_at, ",
+         t.updated_at, ", $crate::store::tasks::row::agent_name!("t.completed_by"), " AS completed_by, t.completed_session, t.completed_at, ",
             $result,
             ",
-         xa.name AS cancelled_by, t.cancelled_session, t.cancelled_at, ",
+         ", $crate::store::tasks::row::agent_name!("t.cancelled_by"), " AS cancelled_by, t.cancelled_session, t.cancelled_at, ",
             $cancel_reason,
             ",
          ",
@@ -84,13 +99,10 @@ macro_rules! summary_columns {
 macro_rules! task_from {
     () => {
         " FROM tasks t
-          JOIN agents ca ON ca.team_id = t.team_id AND ca.id = t.created_by
-          LEFT JOIN agents ha ON ha.team_id = t.team_id AND ha.id = t.holder_agent_id
-          LEFT JOIN agents da ON da.team_id = t.team_id AND da.id = t.completed_by
-          LEFT JOIN agents xa ON xa.team_id = t.team_id AND xa.id = t.cancelled_by "
+          JOIN agents ca ON ca.team_id = t.team_id AND ca.id = t.created_by "
     };
 }
-pub(super) use {columns, summary_columns, task_from};
+pub(super) use {agent_name, columns, summary_columns, task_from};
 
 #[derive(sqlx::FromRow)]
 pub(super) struct TaskRow {
