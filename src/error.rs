@@ -93,6 +93,18 @@ fn db_message(err: &sqlx::Error) -> &'static str {
         sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Database(_) => {
             "the database could not complete this request; nothing was changed, try again"
         }
+        // The database answered, and the server could not read the answer:
+        // a bug in the server, not a broken connection.
+        sqlx::Error::RowNotFound
+        | sqlx::Error::ColumnNotFound(_)
+        | sqlx::Error::ColumnIndexOutOfBounds { .. }
+        | sqlx::Error::ColumnDecode { .. }
+        | sqlx::Error::Decode(_)
+        | sqlx::Error::TypeNotFound { .. } => {
+            "the server could not read the database's answer to this request (a server bug; \
+             its log has the details): if it was a change, it may or may not have been made. \
+             Read the state back before repeating it"
+        }
         _ => {
             "the database connection broke during this request: if it was a change, it may \
              or may not have been made. Retry a send with the same request_id (it is stored \
@@ -127,6 +139,12 @@ mod tests {
         assert!(broken.to_string().contains("may or may not have been made"));
         assert!(!broken.to_string().contains("nothing was changed"));
         assert_eq!(broken.kind(), "unavailable");
+
+        // A session registration racing a takeover once lost its row this
+        // way and was told the connection broke.
+        let unreadable = BusError::Db(sqlx::Error::RowNotFound);
+        assert!(unreadable.to_string().contains("server bug"));
+        assert!(!unreadable.to_string().contains("connection broke"));
 
         let no_connection = BusError::Db(sqlx::Error::PoolTimedOut);
         assert!(no_connection.to_string().contains("nothing was changed"));

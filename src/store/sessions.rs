@@ -353,13 +353,18 @@ pub async fn register(
         Some((id, epoch, expires_at)) => (id, epoch, expires_at, false),
         None => {
             // The label has a row: take it over only if it is dead. The row lock
-            // orders this against a concurrent registration of the same label.
+            // orders this against a concurrent registration of the same label;
+            // the token is read by a subquery, evaluated again against the row
+            // a concurrent takeover left (a joined token row would be the old
+            // token's, and the row would drop out).
             let existing: (Uuid, bool, DateTime<Utc>) = sqlx::query_as(
                 "SELECT s.id,
-                        s.revoked_at IS NULL AND s.expires_at > now() AND t.revoked_at IS NULL AS live,
+                        s.revoked_at IS NULL AND s.expires_at > now()
+                          AND EXISTS (SELECT 1 FROM agent_tokens t
+                                       WHERE t.team_id = s.team_id AND t.agent_id = s.agent_id
+                                         AND t.id = s.token_id AND t.revoked_at IS NULL) AS live,
                         s.expires_at
                  FROM agent_sessions s
-                 JOIN agent_tokens t ON t.team_id = s.team_id AND t.agent_id = s.agent_id AND t.id = s.token_id
                  WHERE s.team_id = $1 AND s.agent_id = $2 AND s.label = $3
                  FOR UPDATE OF s",
             )

@@ -356,3 +356,73 @@ async fn revoking_the_token_kills_its_sessions_and_disabling_refuses_everything(
         assert_eq!(response.status().as_u16(), 403);
     }
 }
+
+/// Two tokens of one agent register the same dead label at once; the row is
+/// held so both are seen queued on it, then let go. One takes the label over
+/// (its token now on the row); the other waited that out and must be told
+/// the window is live. It once failed instead: the token came from a join,
+/// which a locked read does not evaluate again against the newer row, so the
+/// row dropped out.
+#[tokio::test]
+async fn two_tokens_taking_over_one_dead_label_at_once_leave_one_live_window() {
+    use crate::write_fence::{until, waiting_on};
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let first = app.mcp(&app.agent("acme", "alice").await, None).await;
+    let laptop = tokens::issue(&app.pool, &in_team("acme"), "alice", Some("laptop"))
+        .await
+        .unwrap()
+        .token;
+    let second = app.mcp(&laptop, None).await;
+    register(&first, "w1").await;
+    first
+        .call("revoke_session", json!({ "session": "w1" }))
+        .await
+        .unwrap();
+
+    let mut held = app.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM agent_sessions WHERE label = 'w1' FOR UPDATE")
+        .execute(&mut *held)
+        .await
+        .unwrap();
+    let by_second = tokio::spawn(async move {
+        second
+            .call("register_session", json!({ "session": "w1" }))
+            .await
+    });
+    until(
+        "the laptop's registration to queue on the label",
+        async || waiting_on(&app.pool, false).await >= 1,
+    )
+    .await;
+    let by_first = tokio::spawn(async move {
+        first
+            .call("register_session", json!({ "session": "w1" }))
+            .await
+    });
+    until(
+        "the first token's registration to queue on the label",
+        async || waiting_on(&app.pool, false).await >= 2,
+    )
+    .await;
+    held.rollback().await.unwrap();
+
+    let taken = by_second.await.unwrap().expect("the laptop takes w1 over");
+    assert_eq!(taken["epoch"], 2, "{taken}");
+    let refused = by_first.await.unwrap().unwrap_err();
+    assert_eq!(refused["error"], "conflict", "{refused}");
+    assert!(
+        refused["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("already has a live session"),
+        "{refused}"
+    );
+    let live: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM agent_sessions WHERE label = 'w1' AND revoked_at IS NULL",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(live, 1);
+}
