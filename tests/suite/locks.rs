@@ -296,7 +296,6 @@ async fn lock_names_are_per_team() {
 /// row dropped out).
 #[tokio::test]
 async fn a_release_that_waits_out_a_takeover_names_the_new_holder() {
-    use crate::write_fence::{until, waiting_on};
     let app = spawn_app().await;
     app.team("acme").await;
     let alice = app.mcp(&app.agent("acme", "alice").await, Some("w1")).await;
@@ -315,30 +314,19 @@ async fn a_release_that_waits_out_a_takeover_names_the_new_holder() {
     .unwrap();
     assert_eq!(expired.rows_affected(), 1);
 
-    let mut held = app.pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM locks WHERE name = 'ci' FOR UPDATE")
-        .execute(&mut *held)
-        .await
-        .unwrap();
-    let takeover = tokio::spawn(async move {
-        bob.call("acquire_lock", json!({ "name": "ci", "ttl_seconds": 600 }))
-            .await
-    });
-    until("the takeover to queue on the lock", async || {
-        waiting_on(&app.pool, false).await >= 1
-    })
+    let (taken, refused) = crate::write_fence::queued_on_one_row(
+        &app.pool,
+        "SELECT 1 FROM locks WHERE name = 'ci' FOR UPDATE",
+        async move {
+            bob.call("acquire_lock", json!({ "name": "ci", "ttl_seconds": 600 }))
+                .await
+        },
+        async move { alice.call("release_lock", json!({ "name": "ci" })).await },
+    )
     .await;
-    let release =
-        tokio::spawn(async move { alice.call("release_lock", json!({ "name": "ci" })).await });
-    until("the release to queue on the lock", async || {
-        waiting_on(&app.pool, false).await >= 2
-    })
-    .await;
-    held.rollback().await.unwrap();
-
-    let taken = takeover.await.unwrap().expect("bob takes the expired lock");
+    let taken = taken.expect("bob takes the expired lock");
     assert_eq!(taken["holder"], "bob/w2");
-    let refused = release.await.unwrap().unwrap_err();
+    let refused = refused.unwrap_err();
     assert_eq!(refused["error"], "conflict", "{refused}");
     assert!(
         message(&refused).contains("agent `bob`"),

@@ -365,7 +365,6 @@ async fn revoking_the_token_kills_its_sessions_and_disabling_refuses_everything(
 /// row dropped out.
 #[tokio::test]
 async fn two_tokens_taking_over_one_dead_label_at_once_leave_one_live_window() {
-    use crate::write_fence::{until, waiting_on};
     let app = spawn_app().await;
     app.team("acme").await;
     let first = app.mcp(&app.agent("acme", "alice").await, None).await;
@@ -380,36 +379,24 @@ async fn two_tokens_taking_over_one_dead_label_at_once_leave_one_live_window() {
         .await
         .unwrap();
 
-    let mut held = app.pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM agent_sessions WHERE label = 'w1' FOR UPDATE")
-        .execute(&mut *held)
-        .await
-        .unwrap();
-    let by_second = tokio::spawn(async move {
-        second
-            .call("register_session", json!({ "session": "w1" }))
-            .await
-    });
-    until(
-        "the laptop's registration to queue on the label",
-        async || waiting_on(&app.pool, false).await >= 1,
+    let (taken, refused) = crate::write_fence::queued_on_one_row(
+        &app.pool,
+        "SELECT 1 FROM agent_sessions WHERE label = 'w1' FOR UPDATE",
+        async move {
+            second
+                .call("register_session", json!({ "session": "w1" }))
+                .await
+        },
+        async move {
+            first
+                .call("register_session", json!({ "session": "w1" }))
+                .await
+        },
     )
     .await;
-    let by_first = tokio::spawn(async move {
-        first
-            .call("register_session", json!({ "session": "w1" }))
-            .await
-    });
-    until(
-        "the first token's registration to queue on the label",
-        async || waiting_on(&app.pool, false).await >= 2,
-    )
-    .await;
-    held.rollback().await.unwrap();
-
-    let taken = by_second.await.unwrap().expect("the laptop takes w1 over");
+    let taken = taken.expect("the laptop takes w1 over");
     assert_eq!(taken["epoch"], 2, "{taken}");
-    let refused = by_first.await.unwrap().unwrap_err();
+    let refused = refused.unwrap_err();
     assert_eq!(refused["error"], "conflict", "{refused}");
     assert!(
         refused["message"]

@@ -831,53 +831,25 @@ async fn a_revoked_window_can_no_longer_change_tasks_or_locks() {
 /// read does not evaluate again against the newer row).
 #[tokio::test]
 async fn the_window_that_loses_a_claim_race_is_told_who_won() {
-    use crate::write_fence::{until, waiting_on};
     let app = spawn_app().await;
     app.team("acme").await;
     let alice = app.mcp(&app.agent("acme", "alice").await, Some("w1")).await;
     let bob = app.mcp(&app.agent("acme", "bob").await, Some("w2")).await;
     create(&alice, "deploy", &[]).await;
 
-    let mut held = app.pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM tasks WHERE key = 'deploy' FOR NO KEY UPDATE")
-        .execute(&mut *held)
-        .await
-        .unwrap();
-    let first = tokio::spawn(async move {
-        let answer = alice.call("claim_task", json!({ "key": "deploy" })).await;
-        ("alice", answer)
-    });
-    until("the first claim to queue on the task", async || {
-        waiting_on(&app.pool, false).await >= 1
-    })
+    let (won, lost) = crate::write_fence::queued_on_one_row(
+        &app.pool,
+        "SELECT 1 FROM tasks WHERE key = 'deploy' FOR NO KEY UPDATE",
+        async move { alice.call("claim_task", json!({ "key": "deploy" })).await },
+        async move { bob.call("claim_task", json!({ "key": "deploy" })).await },
+    )
     .await;
-    let second = tokio::spawn(async move {
-        let answer = bob.call("claim_task", json!({ "key": "deploy" })).await;
-        ("bob", answer)
-    });
-    until("the second claim to queue on the task", async || {
-        waiting_on(&app.pool, false).await >= 2
-    })
-    .await;
-    held.rollback().await.unwrap();
-
-    let answers = [first.await.unwrap(), second.await.unwrap()];
-    let winners: Vec<&str> = answers
-        .iter()
-        .filter(|(_, answer)| answer.is_ok())
-        .map(|(who, _)| *who)
-        .collect();
-    assert_eq!(winners.len(), 1, "exactly one claim wins: {answers:?}");
-    let (winner, window) = if winners[0] == "alice" {
-        ("alice", "w1")
-    } else {
-        ("bob", "w2")
-    };
-    let (_, lost) = answers.iter().find(|(who, _)| *who != winner).unwrap();
-    let refused = lost.as_ref().unwrap_err();
+    let won = won.expect("alice, first in the queue, claims the task");
+    assert_eq!(won["holder"]["address"], "alice/w1", "{won}");
+    let refused = lost.unwrap_err();
     assert_eq!(refused["error"], "conflict", "{refused}");
     assert!(
-        message(refused).contains(&format!("agent `{winner}` in window `{window}`")),
+        message(&refused).contains("agent `alice` in window `w1`"),
         "the refusal names the window that won: {refused}"
     );
 }

@@ -34,7 +34,7 @@ pub(crate) async fn hold_row(
 
 /// Backends of this test's database waiting on a lock of `kind`
 /// (`advisory` for the fence, anything for the revocation's row wait).
-pub(crate) async fn waiting_on(pool: &PgPool, advisory_only: bool) -> i64 {
+async fn waiting_on(pool: &PgPool, advisory_only: bool) -> i64 {
     sqlx::query_scalar(
         "SELECT count(*) FROM pg_locks l
           WHERE NOT l.granted
@@ -47,7 +47,7 @@ pub(crate) async fn waiting_on(pool: &PgPool, advisory_only: bool) -> i64 {
     .unwrap()
 }
 
-pub(crate) async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
+async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     while !done().await {
         assert!(
@@ -93,6 +93,39 @@ where
     held.commit().await.unwrap();
     revocation.await.unwrap();
     write.await.unwrap()
+}
+
+/// Hold the one row `hold` selects (`FOR UPDATE` or `FOR NO KEY UPDATE`),
+/// start `first` and see it queue on the row, then `second` likewise, and let
+/// the row go: `first` goes ahead, and `second` reads the row `first` left.
+/// Their answers.
+pub(crate) async fn queued_on_one_row<A, B>(
+    pool: &PgPool,
+    hold: &'static str,
+    first: A,
+    second: B,
+) -> (A::Output, B::Output)
+where
+    A: Future + Send + 'static,
+    A::Output: Send + 'static,
+    B: Future + Send + 'static,
+    B::Output: Send + 'static,
+{
+    let mut held = pool.begin().await.unwrap();
+    let rows = sqlx::query(hold).execute(&mut *held).await.unwrap();
+    assert_eq!(rows.rows_affected(), 1, "{hold} holds one row");
+    let first = tokio::spawn(first);
+    until("the first to queue on the held row", async || {
+        waiting_on(pool, false).await >= 1
+    })
+    .await;
+    let second = tokio::spawn(second);
+    until("the second to queue on the held row", async || {
+        waiting_on(pool, false).await >= 2
+    })
+    .await;
+    held.rollback().await.unwrap();
+    (first.await.unwrap(), second.await.unwrap())
 }
 
 async fn count(pool: &PgPool, table: &str) -> i64 {
