@@ -23,6 +23,7 @@ mod events;
 mod hooks;
 mod http_surface;
 mod inbox;
+mod inbox_publisher;
 mod input_bounds;
 mod jetstream;
 mod jetstream_bus;

@@ -34,7 +34,7 @@ pub(crate) async fn hold_row(
 
 /// Backends of this test's database waiting on a lock of `kind`
 /// (`advisory` for the fence, anything for the revocation's row wait).
-async fn waiting_on(pool: &PgPool, advisory_only: bool) -> i64 {
+pub(crate) async fn waiting_on(pool: &PgPool, advisory_only: bool) -> i64 {
     sqlx::query_scalar(
         "SELECT count(*) FROM pg_locks l
           WHERE NOT l.granted

@@ -522,10 +522,20 @@ pub async fn mark_published(pool: &sqlx::PgPool, published: &[(Uuid, u64)]) -> B
     }
     let ids: Vec<Uuid> = published.iter().map(|p| p.0).collect();
     let seqs: Vec<i64> = published.iter().map(|p| p.1 as i64).collect();
+    // Rows another transaction holds are skipped, not waited for: a window's
+    // fetch or confirmation (each locking its rows in its own order) and this
+    // update waiting on each other's rows was a deadlock (seen once in a chaos
+    // run), and the side aborted may be the window's request. A row skipped
+    // is published again next pass, which the broker deduplicates by its id.
     let done = sqlx::query(
-        "UPDATE inbox_references i SET published_at = now(), broker_seq = p.seq
-           FROM unnest($1::uuid[], $2::bigint[]) AS p(id, seq)
-          WHERE i.id = p.id AND i.published_at IS NULL",
+        "WITH mine AS (
+             SELECT id FROM inbox_references
+              WHERE id = ANY($1) AND published_at IS NULL
+              ORDER BY id
+                FOR NO KEY UPDATE SKIP LOCKED)
+         UPDATE inbox_references i SET published_at = now(), broker_seq = p.seq
+           FROM unnest($1::uuid[], $2::bigint[]) AS p(id, seq), mine
+          WHERE i.id = p.id AND i.id = mine.id",
     )
     .bind(&ids)
     .bind(&seqs)
