@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
+use ai_crew_sync::store::inbox;
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 use serde_json::{Value, json};
@@ -24,6 +25,8 @@ const PAGE: i64 = 50;
 /// How long after a lease ended its lapsed holder tries to complete it
 /// (more than the checker's clock slack).
 const LATE_MS: i64 = 300;
+/// Inbox pages one inbox step fetches at most.
+const INBOX_ROUNDS: usize = 4;
 
 /// A task this window claimed.
 struct Held {
@@ -273,8 +276,22 @@ impl Client {
         (calls, true, more)
     }
 
+    /// Pages of the largest size while the inbox says there is more, up to
+    /// [`INBOX_ROUNDS`]: a window keeps up with what it is sent (each send
+    /// owes most windows a reference), so what is owed when the load stops
+    /// is a short backlog the quiet period drains. (With one page of 20 per
+    /// inbox step, a 25-minute run left each window ~14 000 references
+    /// behind, more than the quiet period can hand out.)
     async fn inbox(&mut self) -> usize {
-        self.inbox_round(20).await.0
+        let mut calls = 0;
+        for _ in 0..INBOX_ROUNDS {
+            let (made, handed_out, more) = self.inbox_round(inbox::FETCH_MAX).await;
+            calls += made;
+            if !handed_out || !more {
+                break;
+            }
+        }
+        calls
     }
 
     async fn ack(&mut self) -> usize {

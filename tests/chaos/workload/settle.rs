@@ -119,7 +119,9 @@ pub async fn settle(
 /// Fetch and confirm until the window owes nothing; false on the deadline.
 async fn drain_inbox(client: &mut Client, deadline: Instant) -> bool {
     while Instant::now() < deadline {
-        let (_, handed_out, more) = client.inbox_round(50).await;
+        let (_, handed_out, more) = client
+            .inbox_round(ai_crew_sync::store::inbox::FETCH_MAX)
+            .await;
         if handed_out || more {
             continue;
         }
