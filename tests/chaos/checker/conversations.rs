@@ -18,7 +18,8 @@ fn uuid_of(value: &serde_json::Value) -> Option<Uuid> {
 
 /// Every send acknowledged to a client is one row, the message the answer
 /// named, with the digest the client sent; every attempt of a request_id
-/// maps to the same message; no row without a send in the history.
+/// maps to the same message, and a stored one's last answer is not a
+/// refusal; no row without a send in the history.
 pub fn stored_once(input: &Input) -> (usize, Vec<Violation>) {
     const CHECK: &str = "sends stored exactly once";
     let mut violations = Vec::new();
@@ -91,6 +92,23 @@ pub fn stored_once(input: &Input) -> (usize, Vec<Violation>) {
                         "stored body digest {} differs from the one sent {digest}: {}",
                         row.sha256,
                         first.describe()
+                    ),
+                ));
+            }
+            // A stored request_id's retry is answered with the original; a
+            // final refusal leaves the client thinking it was not stored.
+            if let Some(last) = attempts.iter().rev().find(|op| op.outcome.answered())
+                && last.outcome.ok().is_none()
+                && !last.outcome.retryable()
+            {
+                violations.push(Violation::new(
+                    CHECK,
+                    format!(
+                        "request_id {} is stored as {} but its last answer was a refusal, \
+                         not the original: {}",
+                        key.1,
+                        row.id,
+                        last.describe()
                     ),
                 ));
             }

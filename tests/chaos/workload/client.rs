@@ -25,6 +25,8 @@ const PAGE: i64 = 50;
 /// How long after a lease ended its lapsed holder tries to complete it
 /// (more than the checker's clock slack).
 const LATE_MS: i64 = 300;
+/// How often an answered send is sent again with its request_id.
+const REPEAT_SEND: f64 = 0.05;
 /// Inbox pages one inbox step fetches at most.
 const INBOX_ROUNDS: usize = 4;
 
@@ -159,9 +161,15 @@ impl Client {
         let conversation = choices[self.rng.random_range(0..choices.len())];
         let body = self.body("message");
         let request_id = self.uuid();
-        self.send(conversation, request_id, &body, SEND_ATTEMPTS)
-            .await
-            .0
+        let (mut calls, known) = self
+            .send(conversation, request_id, &body, SEND_ATTEMPTS)
+            .await;
+        // Now and then the same send again, as a client does that lost the
+        // answer: it must be answered with the original message.
+        if known && self.rng.random_bool(REPEAT_SEND) {
+            calls += self.send(conversation, request_id, &body, 1).await.0;
+        }
+        calls
     }
 
     /// Send, retrying with the same request_id while the outcome is
