@@ -1,6 +1,8 @@
-//! The inbox publisher's bookkeeping beside the windows' own writes: marking
-//! references published never waits on a row another transaction holds, so
-//! it cannot close a deadlock with a window's fetch or confirmation.
+//! The inbox between PostgreSQL and the broker when either side stalls:
+//! marking references published never waits on a row another transaction
+//! holds (so it cannot close a deadlock with a window's fetch or
+//! confirmation), and a window's fetch never waits on a broker that does not
+//! answer.
 
 use std::time::Duration;
 
@@ -74,4 +76,37 @@ async fn marking_references_published_skips_a_row_held_elsewhere_instead_of_wait
         published_seqs(&p.app.pool, &ids).await,
         [Some(1), Some(12), Some(3)]
     );
+}
+
+/// A broker that never answers the window's pull: here the bus's NATS user
+/// may not ask a consumer for messages, so the server drops the request
+/// (the chaos run saw the same from a consumer without a leader after the
+/// cluster restarted). The fetch is served from PostgreSQL after a bounded
+/// wait; it used to wait for an answer that never came.
+#[tokio::test]
+async fn an_inbox_fetch_the_broker_never_answers_is_served_from_postgres() {
+    use ai_crew_sync::workers::publication::{self, DrainSettings};
+
+    use crate::support::nats::OwnedNats;
+
+    let server = OwnedNats::start_with_config(
+        "authorization {\n  users = [\n    { user: bus, password: bus, permissions: { \
+         publish: { allow: [\">\"], deny: [\"$JS.API.CONSUMER.MSG.NEXT.>\"] }, \
+         subscribe: { allow: [\">\"] } } }\n  ]\n}",
+    );
+    let app = crate::support::spawn_app_with_broker(&server.url_as("bus", "bus")).await;
+    let p = crate::inbox::jetstream_pair_on(app, "ibn", &Default::default()).await;
+    let sent = p.send("through a silent broker").await;
+    let pass = publication::drain_once(&p.app.bus, "silent-test", &DrainSettings::default())
+        .await
+        .unwrap();
+    assert_eq!(pass.stored, 1);
+
+    let fetched = tokio::time::timeout(Duration::from_secs(60), fetch(&p.bob))
+        .await
+        .expect("the fetch answers although the broker never does");
+    let deliveries = fetched["deliveries"].as_array().unwrap();
+    assert_eq!(deliveries.len(), 1, "{fetched}");
+    assert_eq!(deliveries[0]["message_id"], sent.to_string());
+    let _ = &p.alice;
 }

@@ -23,6 +23,9 @@ use crate::error::{BusError, BusResult};
 /// How long a handed-out reference stays with one fetch before the broker
 /// offers it again.
 pub const INBOX_ACK_WAIT: Duration = Duration::from_secs(60);
+/// How long an inbox fetch waits for the broker beyond the wait it asked
+/// for; past it the window is served from PostgreSQL alone.
+pub const FETCH_BUDGET: Duration = Duration::from_secs(2);
 
 /// One reference handed out by the broker, not yet acked.
 #[derive(Clone, Debug)]
@@ -109,8 +112,35 @@ impl Broker {
     }
 
     /// Up to `max` references for the window, waiting at most `wait` for
-    /// the first one when none is ready. Nothing is acked here.
+    /// the first one when none is ready, and at most [`FETCH_BUDGET`] more
+    /// for the broker to answer at all. Nothing is acked here.
     pub async fn fetch_inbox(
+        &self,
+        team_id: Uuid,
+        recipient_key: &str,
+        max: usize,
+        wait: Duration,
+    ) -> BusResult<Vec<InboxDelivery>> {
+        // A pull the broker never answers (a consumer without a leader after
+        // the cluster restarted) has no timeout of its own: the window's
+        // fetch hung until its client gave up (seen in a chaos run), and
+        // the references it then handed out from PostgreSQL went unseen.
+        let budget = wait + FETCH_BUDGET;
+        tokio::time::timeout(
+            budget,
+            self.fetch_inbox_now(team_id, recipient_key, max, wait),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(BusError::unavailable(format!(
+                "the message broker did not answer an inbox fetch within {:.1} s; \
+                     PostgreSQL still holds what is owed",
+                budget.as_secs_f32()
+            )))
+        })
+    }
+
+    async fn fetch_inbox_now(
         &self,
         team_id: Uuid,
         recipient_key: &str,
