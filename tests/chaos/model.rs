@@ -70,7 +70,16 @@ pub enum FaultKind {
     KillNatsNode,
     /// `kill -9` of the stream leader's node, restarted.
     KillStreamLeader,
-    /// Every NATS node restarted.
+    /// Every NATS node restarted: stopped at once as an operator restarting
+    /// the cluster does (`SIGTERM`), then started again. Not `kill -9` of
+    /// every node: a JetStream cluster whose every replica crashes at once
+    /// loses acknowledged entries it had not flushed, and its replicas can
+    /// diverge (nats-server 2.9 here has no `sync_interval: always`; Jepsen
+    /// found the same in 2.12.1 with the default). A long run (seed 20261204)
+    /// saw it: one body entry lost, and after the next leader change ~300
+    /// entries one sequence below where the broker had acknowledged them.
+    /// That is the broker's durability, which the bus can report but not
+    /// restore; the faults here test the bus.
     RestartAllNats,
     /// A replica cut off from PostgreSQL (its relay black-holes), then healed.
     PartitionReplicaPostgres,

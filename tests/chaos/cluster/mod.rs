@@ -129,6 +129,11 @@ impl Cluster {
         self.nats.kill(node);
     }
 
+    /// Every NATS node stopped as an operator restarting the cluster does.
+    pub fn shut_down_all_nats(&mut self) {
+        tokio::task::block_in_place(|| self.nats.shut_down_all());
+    }
+
     pub fn restart_nats(&mut self, node: usize) -> anyhow::Result<()> {
         tokio::task::block_in_place(|| self.nats.restart(node))
     }

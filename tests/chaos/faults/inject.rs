@@ -184,9 +184,7 @@ async fn apply(
             }
         },
         FaultKind::RestartAllNats => {
-            for node in 0..NATS_NODES {
-                cluster.kill_nats(node);
-            }
+            cluster.shut_down_all_nats();
             (0, "every nats node".into())
         }
     })

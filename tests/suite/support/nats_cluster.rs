@@ -105,6 +105,29 @@ impl NatsCluster {
         }
     }
 
+    /// Stop every node the way an operator restarting the cluster does
+    /// (`SIGTERM`, each node flushing its store and leaving), all at once;
+    /// a node still running after 10 s is killed.
+    #[allow(
+        dead_code,
+        reason = "the chaos run's restart of every node; the suite kills nodes"
+    )]
+    pub fn shut_down_all(&mut self) {
+        for node in &self.nodes {
+            if let Some(child) = &node.child {
+                // SAFETY: signalling our own child by its pid.
+                unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for node in 0..self.nodes.len() {
+            while self.is_running(node) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            self.kill(node);
+        }
+    }
+
     /// Start a killed node again on the same ports and store directory;
     /// returns once it accepts clients.
     pub fn restart(&mut self, node: usize) -> anyhow::Result<()> {
