@@ -76,8 +76,8 @@ pub enum FaultKind {
     /// loses acknowledged entries it had not flushed, and its replicas can
     /// diverge (nats-server 2.9 here has no `sync_interval: always`; Jepsen
     /// found the same in 2.12.1 with the default). A long run (seed 20261204)
-    /// saw it: one body entry lost, and after the next leader change ~300
-    /// entries one sequence below where the broker had acknowledged them.
+    /// saw it: one body entry lost, and the ~300 entries published after it
+    /// found one sequence below where the broker had acknowledged them.
     /// That is the broker's durability, which the bus can report but not
     /// restore; the faults here test the bus.
     RestartAllNats,
