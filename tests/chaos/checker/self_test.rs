@@ -1,7 +1,8 @@
 //! The checker's own test: a small made-up run that breaks no promise, then
 //! at least one breakage per check; every check must pass the first and
-//! catch each of its breakages. Plain `#[test]`s do not run in this libtest-less target, so
-//! `main` calls [`self_test`] (e.g. behind a `--self-test` flag).
+//! catch each of its breakages. Plain `#[test]`s do not run in this
+//! libtest-less target, so `main` calls [`self_test`] (e.g. behind a
+//! `--self-test` flag).
 
 use std::collections::HashMap;
 
