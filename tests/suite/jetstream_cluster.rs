@@ -1,8 +1,8 @@
 //! The bus against a 3-node JetStream cluster ([`NatsCluster`]) (issue 22,
 //! item 1): `team stream --replicas`, the outbox drained into an R3 stream
-//! while its leader is killed, and reads through a client that knows every
-//! node after the one it used is killed. Every wait is a poll with a
-//! deadline.
+//! while its leader is killed, reads through a client that knows every
+//! node after the one it used is killed, and reads that a lagging copy
+//! answers "not found". Every wait is a poll with a deadline.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -526,4 +526,112 @@ async fn the_inbox_publishes_and_hands_out_through_a_new_inbox_stream_leader() {
         .await
         .unwrap();
     assert_eq!(confirmed["confirmed"], 3, "{confirmed}");
+}
+
+// A direct get is answered by any copy of the stream that serves them, and a
+// copy behind the leader (a follower that has not applied the latest
+// entries, or a mirror with `mirror_direct`) answers "no message at that
+// sequence" for a body the leader stored long ago. A read does not take
+// that answer for a loss: it asks the stream leader, and the body is shown.
+// The lagging copy here is a mirror filtered so that it never catches up
+// with the conversation, and the only copy answering direct gets: the
+// stream's own replicas stop serving them after the server has learned that
+// the stream allows them (a follower's lag lasts milliseconds; this one
+// lasts the whole test). The test first checks that every direct get is
+// answered "not found".
+#[tokio::test(flavor = "multi_thread")]
+async fn a_read_asks_the_stream_leader_when_a_lagging_copy_answers_not_found() {
+    use ai_crew_sync::backend::jetstream::body_subject;
+    use async_nats::jetstream::stream::{Config, DirectGetErrorKind, Source};
+
+    let (_dir, cluster) = three_nodes();
+    let app = spawn_app_with_broker(&cluster.client_urls().join(",")).await;
+    let t = Routed::new(&app, "jsc4").await;
+    let stream = body_stream_name(t.team_id);
+    let bodies: Vec<String> = (0..3).map(|i| format!("held by the leader {i}")).collect();
+    let mut ids = Vec::new();
+    for body in &bodies {
+        ids.push(t.send(body).await);
+    }
+    let workers = app.start_publication_workers();
+    let locators = t.wait_stored(&ids).await;
+    workers.stop().await;
+    // The sweep reads each body back before it drops the local copy, by
+    // direct get: the server has learned that the stream allows them.
+    assert_eq!(t.release().await, 3, "the local copies are released");
+
+    let js = async_nats::jetstream::new(async_nats::connect(cluster.client_urls()).await.unwrap());
+    let elsewhere = body_subject(t.team_id, Uuid::nil());
+    js.create_stream(Config {
+        name: format!("{stream}_LAGGING"),
+        mirror: Some(Source {
+            name: stream.clone(),
+            filter_subject: Some(elsewhere.clone()),
+            ..Default::default()
+        }),
+        mirror_direct: true,
+        ..Default::default()
+    })
+    .await
+    .expect("a filtered mirror");
+    // A mirror serves direct gets once it has caught up with what it
+    // mirrors, which takes one entry.
+    js.publish(elsewhere, "another conversation".into())
+        .await
+        .unwrap()
+        .await
+        .expect("stored");
+    let mut origin = js.get_stream(&stream).await.unwrap();
+    let mut config = origin.info().await.unwrap().config.clone();
+    assert!(config.allow_direct, "the bus provisions direct gets");
+    config.allow_direct = false;
+    js.update_stream(config).await.unwrap();
+
+    let first = sequence(t.team_id, &locators[0]);
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        match origin.direct_get(first).await {
+            Err(e) if e.kind() == DirectGetErrorKind::NotFound => break,
+            other => assert!(
+                Instant::now() < deadline,
+                "the mirror never became the copy answering direct gets: {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for locator in &locators {
+        for _ in 0..10 {
+            let answer = origin.direct_get(sequence(t.team_id, locator)).await;
+            assert!(
+                matches!(&answer, Err(e) if e.kind() == DirectGetErrorKind::NotFound),
+                "only the lagging mirror answers direct gets: {answer:?}"
+            );
+        }
+    }
+
+    for (id, body) in ids.iter().zip(&bodies) {
+        let one = t
+            .bob
+            .call("get_conversation_message", json!({"message_id": id}))
+            .await
+            .unwrap();
+        assert_eq!(one["body"], body.as_str(), "{one}");
+    }
+    let page = t.read_as_bob().await;
+    let shown: Vec<&str> = page["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["body"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(shown, bodies, "{page}");
+    let tombstones: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM conversation_messages
+          WHERE id = ANY($1) AND tombstone_reason IS NOT NULL",
+    )
+    .bind(&ids)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(tombstones, 0, "no body was declared lost");
 }
