@@ -30,37 +30,55 @@ pub(crate) async fn pair() -> Pair {
     teams::capability(&app.pool, "ib", Some(true), &test_actor())
         .await
         .unwrap();
-    let alice = app.mcp(&app.agent("ib", "alice").await, None).await;
-    let bob = app.mcp(&app.agent("ib", "bob").await, Some("w1")).await;
-    let created = alice
-        .call(
-            "create_conversation",
-            json!({"title": "Inbox", "private": true, "invite": ["bob/w1"]}),
-        )
-        .await
-        .unwrap();
+    pair_in(app, "ib", "Inbox").await.0
+}
+
+/// Alice and bob (window `w1`) of team `slug` on `app`, in a new
+/// conversation; what `create_conversation` answered.
+async fn pair_in(app: TestApp, slug: &str, title: &str) -> (Pair, Value) {
+    let alice = app.mcp(&app.agent(slug, "alice").await, None).await;
+    let bob = app.mcp(&app.agent(slug, "bob").await, Some("w1")).await;
+    let created = open_conversation(&alice, &bob, title).await;
     let conversation_id: Uuid = created["id"].as_str().unwrap().parse().unwrap();
-    bob.call(
-        "join_conversation",
-        json!({"conversation_id": conversation_id}),
-    )
-    .await
-    .unwrap();
-    Pair {
+    let pair = Pair {
         app,
         conversation_id,
         alice,
         bob,
-    }
+    };
+    (pair, created)
+}
+
+/// Alice opens a private conversation with bob's window `w1`, which joins
+/// it; what `create_conversation` answered.
+pub(crate) async fn open_conversation(alice: &McpClient, bob: &McpClient, title: &str) -> Value {
+    let created = alice
+        .call(
+            "create_conversation",
+            json!({"title": title, "private": true, "invite": ["bob/w1"]}),
+        )
+        .await
+        .unwrap();
+    bob.call(
+        "join_conversation",
+        json!({"conversation_id": created["id"]}),
+    )
+    .await
+    .unwrap();
+    created
 }
 
 impl Pair {
     pub(crate) async fn send(&self, body: &str) -> Uuid {
+        self.send_in(self.conversation_id, body).await
+    }
+
+    pub(crate) async fn send_in(&self, conversation_id: Uuid, body: &str) -> Uuid {
         let sent = self
             .alice
             .call(
                 "send_conversation_message",
-                json!({"conversation_id": self.conversation_id, "body": body,
+                json!({"conversation_id": conversation_id, "body": body,
                        "request_id": Uuid::new_v4()}),
             )
             .await
@@ -361,21 +379,9 @@ async fn on_a_jetstream_team_references_go_through_the_broker_and_survive_losing
     let alice = app.mcp(&app.agent("ibj", "alice").await, None).await;
     let bob_token = app.agent("ibj", "bob").await;
     let bob = app.mcp(&bob_token, Some("w1")).await;
-    let created = alice
-        .call(
-            "create_conversation",
-            json!({"title": "Broker inbox", "private": true, "invite": ["bob/w1"]}),
-        )
-        .await
-        .unwrap();
+    let created = open_conversation(&alice, &bob, "Broker inbox").await;
     assert_eq!(created["backend"], "jetstream");
     let conversation_id = created["id"].as_str().unwrap().to_string();
-    bob.call(
-        "join_conversation",
-        json!({"conversation_id": conversation_id}),
-    )
-    .await
-    .unwrap();
     let workers = app.start_publication_workers();
     for body in ["one", "two", "three"] {
         alice
@@ -564,29 +570,9 @@ pub(crate) async fn jetstream_pair_on(
     sizes: &ai_crew_sync::backend::jetstream::StreamSizes,
 ) -> Pair {
     app.jetstream_team_with(slug, sizes).await;
-    let alice = app.mcp(&app.agent(slug, "alice").await, None).await;
-    let bob = app.mcp(&app.agent(slug, "bob").await, Some("w1")).await;
-    let created = alice
-        .call(
-            "create_conversation",
-            json!({"title": "Order", "private": true, "invite": ["bob/w1"]}),
-        )
-        .await
-        .unwrap();
+    let (pair, created) = pair_in(app, slug, "Order").await;
     assert_eq!(created["backend"], "jetstream");
-    let conversation_id: Uuid = created["id"].as_str().unwrap().parse().unwrap();
-    bob.call(
-        "join_conversation",
-        json!({"conversation_id": conversation_id}),
-    )
-    .await
-    .unwrap();
-    Pair {
-        app,
-        conversation_id,
-        alice,
-        bob,
-    }
+    pair
 }
 
 // The inbox hands references out in seq order within a conversation (issue

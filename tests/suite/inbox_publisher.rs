@@ -1,8 +1,9 @@
 //! The inbox between PostgreSQL and the broker when either side stalls:
 //! marking references published never waits on a row another transaction
 //! holds (so it cannot close a deadlock with a window's fetch or
-//! confirmation), and a window's fetch never waits on a broker that does not
-//! answer.
+//! confirmation), a window's fetch and confirmation lock the references
+//! they share in one order, and a window's fetch never waits on a broker
+//! that does not answer.
 
 use std::time::Duration;
 
@@ -10,7 +11,7 @@ use ai_crew_sync::store::inbox;
 use uuid::Uuid;
 
 use crate::inbox::{delivery_ids, fetch, pair};
-use crate::write_fence::waiting_on;
+use crate::write_fence::{queued_on_one_row, waiting_on};
 
 async fn published_seqs(pool: &sqlx::PgPool, ids: &[Uuid]) -> Vec<Option<i64>> {
     let mut seqs = Vec::new();
@@ -76,6 +77,81 @@ async fn marking_references_published_skips_a_row_held_elsewhere_instead_of_wait
         published_seqs(&p.app.pool, &ids).await,
         [Some(1), Some(12), Some(3)]
     );
+}
+
+/// A window confirming references while its own fetch records the broker's
+/// hand-outs of the same ones: both lock those rows. Each used to lock them
+/// in the order its plan read them: the confirmation by message id (older
+/// message first), the fetch by conversation then seq. With an older message
+/// in the conversation whose id sorts last, the orders cross. With the older
+/// message's reference held elsewhere, the confirmation queues on it, then
+/// the fetch queues on it too, holding the newer one: when the row is let go
+/// the confirmation takes it and waits on the fetch, which waits on the
+/// confirmation, and PostgreSQL ended one of the two calls with "deadlock
+/// detected". Both lock in id order now.
+#[tokio::test]
+async fn a_confirmation_and_a_fetch_of_the_same_references_lock_them_in_one_order() {
+    use std::sync::Arc;
+
+    use ai_crew_sync::workers::publication::{self, DrainSettings};
+    use serde_json::json;
+
+    let app = crate::support::spawn_app_with_broker(&crate::support::nats::nats_url()).await;
+    let p = crate::inbox::jetstream_pair_on(app, "ibd", &Default::default()).await;
+    let created = crate::inbox::open_conversation(&p.alice, &p.bob, "Another").await;
+    let other: Uuid = created["id"].as_str().unwrap().parse().unwrap();
+    p.send_in(p.conversation_id.max(other), "older").await;
+    p.send_in(p.conversation_id.min(other), "newer").await;
+    let pass = publication::drain_once(&p.app.bus, "order-test", &DrainSettings::default())
+        .await
+        .unwrap();
+    assert_eq!(pass.stored, 2);
+    let owed: Vec<(Uuid, Uuid, String)> = sqlx::query_as(
+        "SELECT id, team_id, recipient_key FROM inbox_references ORDER BY message_id",
+    )
+    .fetch_all(&p.app.pool)
+    .await
+    .unwrap();
+    assert_eq!(owed.len(), 2, "bob is owed two references");
+    let (team_id, key) = (owed[0].1, owed[0].2.as_str());
+    for (id, _, _) in &owed {
+        let payload = json!({ "delivery_id": id }).to_string();
+        p.app
+            .broker()
+            .publish_inbox_reference(team_id, key, *id, payload.as_bytes())
+            .await
+            .unwrap();
+    }
+    let ids: Vec<Uuid> = owed.iter().map(|o| o.0).collect();
+
+    let bob = Arc::new(p.bob);
+    let confirming = {
+        let bob = bob.clone();
+        async move {
+            bob.call("confirm_inbox_delivery", json!({ "delivery_ids": ids }))
+                .await
+        }
+    };
+    let fetching = {
+        let bob = bob.clone();
+        async move { bob.call("fetch_conversation_inbox", json!({})).await }
+    };
+    let (confirmed, fetched) = queued_on_one_row(
+        &p.app.pool,
+        "SELECT 1 FROM inbox_references ORDER BY message_id LIMIT 1 FOR UPDATE",
+        confirming,
+        fetching,
+    )
+    .await;
+    let confirmed = confirmed.expect("the confirmation answers");
+    assert_eq!(confirmed["confirmed"], 2, "{confirmed}");
+    fetched.expect("the fetch answers");
+    let delivered: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM inbox_references WHERE delivered_at IS NOT NULL")
+            .fetch_one(&p.app.pool)
+            .await
+            .unwrap();
+    assert_eq!(delivered, 2);
 }
 
 /// A broker that never answers the window's pull: here the bus's NATS user

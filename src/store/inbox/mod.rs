@@ -239,6 +239,7 @@ pub async fn confirm(bus: &Bus, me: &Identity, ids: &[Uuid]) -> BusResult<Confir
         "WITH before AS (
              SELECT id, delivered_at IS NULL AS fresh, broker_ack FROM inbox_references
               WHERE team_id = $1 AND recipient_key = $2 AND id = ANY($3)
+              ORDER BY id
               FOR UPDATE),
          marked AS (
              UPDATE inbox_references i SET delivered_at = now()
@@ -404,11 +405,20 @@ async fn record_broker_acks(
 ) -> BusResult<Vec<String>> {
     let ids: Vec<Uuid> = handed.iter().map(|h| h.0).collect();
     let subjects: Vec<String> = handed.iter().map(|h| h.1.clone()).collect();
+    // The rows are locked in id order, as a confirmation locks them: in the
+    // broker's order (a redelivery comes after newer references) each could
+    // hold a row the other waits on.
     let owed: Vec<Uuid> = sqlx::query_scalar(
-        "UPDATE inbox_references i SET broker_ack = h.subject
-           FROM unnest($3::uuid[], $4::text[]) AS h(id, subject)
-          WHERE i.id = h.id AND i.team_id = $1 AND i.recipient_key = $2
-            AND i.delivered_at IS NULL
+        "WITH handed AS (
+             SELECT * FROM unnest($3::uuid[], $4::text[]) AS h(id, subject)),
+         locked AS (
+             SELECT i.id FROM inbox_references i JOIN handed h ON h.id = i.id
+              WHERE i.team_id = $1 AND i.recipient_key = $2
+              ORDER BY i.id
+              FOR NO KEY UPDATE OF i)
+         UPDATE inbox_references i SET broker_ack = h.subject
+           FROM locked JOIN handed h ON h.id = locked.id
+          WHERE i.id = locked.id AND i.delivered_at IS NULL
           RETURNING i.id",
     )
     .bind(team_id)
