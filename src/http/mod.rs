@@ -81,6 +81,7 @@ const ROUTES: &[&str] = &[
     "DELETE /admin/teams/{team}/tokens/{id}",
     "GET|POST /admin/teams/{team}/webhooks",
     "DELETE /admin/teams/{team}/webhooks/{id}",
+    "POST /admin/teams/{team}/webhooks/{id}/pause|resume",
     "GET|POST /admin/credentials",
     "DELETE /admin/credentials/{id}",
     "GET /dashboard",

@@ -1,5 +1,5 @@
-//! `webhook add|list|remove`: a team's outgoing webhooks, beside the
-//! database. Thin: parse, call one function of `store::webhooks`, print. The
+//! `webhook add|list|pause|resume|remove`: a team's outgoing webhooks, beside
+//! the database. Thin: parse, call one function of `store::webhooks`, print. The
 //! checks (URL, addresses, events, channels) and the audit row are there, so
 //! `/admin/teams/{team}/webhooks` behaves the same.
 
@@ -16,8 +16,25 @@ use crate::store::webhooks::{self, NewWebhook, WebhookKind, WebhookSummary};
 pub enum WebhookCommand {
     /// Add a webhook to a team and print its signing secret (shown once).
     Add(AddArgs),
-    /// List a team's webhooks with delivery counts by state and the last errors of failed ones.
+    /// List a team's webhooks (active or paused) with delivery counts by state and the last
+    /// errors of failed ones.
     List(TeamArgs),
+    /// Pause a webhook by id: events are not queued for it while it is paused, and the
+    /// deliveries queued before wait for `webhook resume`.
+    Pause {
+        #[arg(long)]
+        id: Uuid,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Resume a paused webhook: the deliveries queued before the pause go out, oldest
+    /// first, and new events are queued again.
+    Resume {
+        #[arg(long)]
+        id: Uuid,
+        #[arg(long)]
+        json: bool,
+    },
     /// Remove a webhook by id; its pending deliveries are dropped.
     Remove {
         #[arg(long)]
@@ -100,6 +117,7 @@ pub async fn run(ctx: &Context, command: WebhookCommand) -> anyhow::Result<()> {
                     "kind",
                     "url",
                     "events",
+                    "state",
                     "pending",
                     "delivered",
                     "failed",
@@ -112,6 +130,12 @@ pub async fn run(ctx: &Context, command: WebhookCommand) -> anyhow::Result<()> {
                             h.kind.as_str().to_owned(),
                             output::clean(&h.url).into_owned(),
                             describe_filter(h),
+                            if h.paused_at.is_some() {
+                                "paused"
+                            } else {
+                                "active"
+                            }
+                            .to_owned(),
                             (h.deliveries.pending + h.deliveries.delivering).to_string(),
                             h.deliveries.delivered.to_string(),
                             h.deliveries.failed.to_string(),
@@ -132,6 +156,40 @@ pub async fn run(ctx: &Context, command: WebhookCommand) -> anyhow::Result<()> {
                         output::clean(f.last_error.as_deref().unwrap_or("-"))
                     );
                 }
+            }
+        }
+        WebhookCommand::Pause { id, json } | WebhookCommand::Resume { id, json } => {
+            let paused = matches!(command, WebhookCommand::Pause { .. });
+            let change = ctx
+                .with_database(async |pool| {
+                    let global = authority.global("pause or resume webhooks by id alone")?;
+                    Ok(webhooks::set_paused(pool, id, &global, paused).await?)
+                })
+                .await?;
+            if json {
+                return output::json(&change);
+            }
+            let hook = &change.webhook;
+            let waiting = hook.deliveries.pending + hook.deliveries.delivering;
+            match (paused, change.changed) {
+                (true, true) => println!(
+                    "webhook {} of team `{}` paused: nothing is queued for it until `webhook \
+                     resume --id {}`; {waiting} delivery(ies) queued before wait",
+                    hook.id, hook.team, hook.id
+                ),
+                (true, false) => println!(
+                    "webhook {} of team `{}` was already paused; nothing changed",
+                    hook.id, hook.team
+                ),
+                (false, true) => println!(
+                    "webhook {} of team `{}` resumed; {waiting} delivery(ies) queued before the \
+                     pause go out now",
+                    hook.id, hook.team
+                ),
+                (false, false) => println!(
+                    "webhook {} of team `{}` was not paused; nothing changed",
+                    hook.id, hook.team
+                ),
             }
         }
         WebhookCommand::Remove { id, json } => {

@@ -1,13 +1,14 @@
-//! `/admin/teams/{team}/webhooks`: list and add a team's webhooks, and
-//! `DELETE …/webhooks/{id}` to remove one. Thin like the rest of `/admin`: the
-//! team check is [`Authority::team`], the work and the audit row are in
-//! `store::webhooks`, exactly as `webhook add|list|remove` runs them.
+//! `/admin/teams/{team}/webhooks`: list and add a team's webhooks,
+//! `POST …/webhooks/{id}/pause` and `…/resume`, and `DELETE …/webhooks/{id}`
+//! to remove one. Thin like the rest of `/admin`: the team check is
+//! [`Authority::team`], the work and the audit row are in `store::webhooks`,
+//! exactly as `webhook add|list|pause|resume|remove` runs them.
 
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::routing::{delete, get};
+use axum::routing::{delete, get, post};
 use axum::{Extension, Router};
 use serde::Deserialize;
 
@@ -20,6 +21,8 @@ pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
         .route("/teams/{team}/webhooks", get(list).post(add))
         .route("/teams/{team}/webhooks/{id}", delete(remove))
+        .route("/teams/{team}/webhooks/{id}/pause", post(pause))
+        .route("/teams/{team}/webhooks/{id}/resume", post(resume))
 }
 
 /// The body of `POST /admin/teams/{team}/webhooks`; `events` and `channels`
@@ -83,6 +86,37 @@ async fn remove(
         let team = me.team(&team)?;
         let id = parse_id(&id, "webhook")?;
         webhooks::remove(&state.pool, id, &team).await
+    };
+    ok(result.await)
+}
+
+async fn pause(
+    State(state): State<Arc<AppState>>,
+    Extension(me): Extension<Authority>,
+    Path((team, id)): Path<(String, String)>,
+) -> Answer {
+    set_paused(&state, &me, &team, &id, true).await
+}
+
+async fn resume(
+    State(state): State<Arc<AppState>>,
+    Extension(me): Extension<Authority>,
+    Path((team, id)): Path<(String, String)>,
+) -> Answer {
+    set_paused(&state, &me, &team, &id, false).await
+}
+
+async fn set_paused(
+    state: &AppState,
+    me: &Authority,
+    team: &str,
+    id: &str,
+    paused: bool,
+) -> Answer {
+    let result = async {
+        let team = me.team(team)?;
+        let id = parse_id(id, "webhook")?;
+        webhooks::set_paused(&state.pool, id, &team, paused).await
     };
     ok(result.await)
 }

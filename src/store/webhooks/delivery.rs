@@ -53,16 +53,25 @@ impl Claimed {
     }
 }
 
-/// Lease up to `batch` due deliveries (oldest due first) for `lease`.
+/// Lease up to `batch` due deliveries (oldest due first) for `lease`, none of
+/// a paused hook. The hook's row is locked `FOR SHARE SKIP LOCKED`: a pause
+/// being made holds it, so the claim skips that hook's rows rather than
+/// read it as active from a snapshot taken before the pause committed, and a
+/// pause waits for a claim that locked it first. Once [`super::set_paused`]
+/// has returned, no claim leases another of its deliveries. Skipping, not
+/// waiting: a hook being removed holds its row while it deletes the
+/// deliveries a claim may hold, and waiting there would close a deadlock.
 pub async fn claim(pool: &PgPool, batch: i64, lease: Duration) -> BusResult<Vec<Claimed>> {
     let lease_id = Uuid::new_v4();
     Ok(sqlx::query_as(
         "WITH due AS (
-             SELECT id FROM webhook_deliveries
-             WHERE state IN ('pending', 'delivering') AND next_attempt_at <= now()
-             ORDER BY next_attempt_at
+             SELECT d.id FROM webhook_deliveries d JOIN webhooks w ON w.id = d.webhook_id
+             WHERE d.state IN ('pending', 'delivering') AND d.next_attempt_at <= now()
+               AND w.paused_at IS NULL
+             ORDER BY d.next_attempt_at
              LIMIT $1
-             FOR UPDATE SKIP LOCKED)
+             FOR UPDATE OF d SKIP LOCKED
+             FOR SHARE OF w SKIP LOCKED)
          UPDATE webhook_deliveries d
          SET state = 'delivering', lease_id = $2, attempts = d.attempts + 1,
              next_attempt_at = now() + make_interval(secs => $3)

@@ -1,5 +1,6 @@
-//! Outgoing webhooks: a team's hooks (`webhook add|list|remove`, the same over
-//! `/admin`), and the delivery rows the dispatcher works through.
+//! Outgoing webhooks: a team's hooks (`webhook add|list|pause|resume|remove`,
+//! the same over `/admin`), and the delivery rows the dispatcher works
+//! through.
 //!
 //! Enqueueing is not here: triggers of migration 0025 write one delivery row
 //! per (event, matching hook) inside the transaction of the change, so a
@@ -123,6 +124,10 @@ pub struct WebhookSummary {
     pub allow_private: bool,
     pub created_by: String,
     pub created_at: DateTime<Utc>,
+    /// Set while the hook is paused: nothing is queued for it, and what was
+    /// queued before waits for `webhook resume`.
+    pub paused_at: Option<DateTime<Utc>>,
+    pub paused_by: Option<String>,
     pub deliveries: DeliveryCounts,
     /// The newest failed deliveries (at most [`FAILURES_SHOWN`]).
     pub failures: Vec<FailedDelivery>,
@@ -148,6 +153,8 @@ struct WebhookRow {
     allow_private: bool,
     created_by: String,
     created_at: DateTime<Utc>,
+    paused_at: Option<DateTime<Utc>>,
+    paused_by: Option<String>,
 }
 
 fn check_events(raw: &[String]) -> BusResult<Vec<String>> {
@@ -340,6 +347,85 @@ pub async fn remove<'a>(
     Ok(summary)
 }
 
+/// What [`set_paused`] did.
+#[derive(Clone, Debug, Serialize)]
+pub struct PauseChange {
+    #[serde(flatten)]
+    pub webhook: WebhookSummary,
+    /// False when the hook already was as asked (nothing written, nothing
+    /// audited).
+    pub changed: bool,
+}
+
+/// Pause a hook (`paused`) or resume it. While paused, events are not queued
+/// for it and the deliveries queued before wait; on resume they go out,
+/// oldest first (migration 0027 says why). Asking for the state a hook is
+/// already in changes nothing and says so. Within one team, another team's
+/// hook is "not found".
+pub async fn set_paused<'a>(
+    pool: &PgPool,
+    id: Uuid,
+    within: impl Into<Reach<'a>>,
+    paused: bool,
+) -> BusResult<PauseChange> {
+    let within = within.into();
+    let team_id = match within.team() {
+        Some(slug) => Some(teams::find(pool, slug).await?.id),
+        None => None,
+    };
+    let actor = within.actor();
+    let mut tx = pool.begin().await?;
+    // The hook's row is locked while the pause commits: a claim in progress
+    // (which reads it FOR SHARE) finishes first, and any later one sees it.
+    let found: Option<(Uuid, Option<DateTime<Utc>>)> = sqlx::query_as(
+        "SELECT team_id, paused_at FROM webhooks
+          WHERE id = $1 AND ($2::uuid IS NULL OR team_id = $2)
+          FOR NO KEY UPDATE",
+    )
+    .bind(id)
+    .bind(team_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((hook_team, paused_at)) = found else {
+        return Err(BusError::not_found(format!(
+            "no webhook with id {id}. `ai-crew-sync webhook list --team T` shows webhook ids."
+        )));
+    };
+    let changed = paused_at.is_some() != paused;
+    if changed {
+        sqlx::query(
+            "UPDATE webhooks SET paused_at = CASE WHEN $2 THEN now() END,
+                                 paused_by = CASE WHEN $2 THEN $3 END
+              WHERE id = $1",
+        )
+        .bind(id)
+        .bind(paused)
+        .bind(&actor.name)
+        .execute(&mut *tx)
+        .await?;
+        let action = if paused {
+            "webhook.pause"
+        } else {
+            "webhook.resume"
+        };
+        audit::record(
+            &mut tx,
+            Some(hook_team),
+            actor,
+            action,
+            &id.to_string(),
+            json!({}),
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    let webhook = summaries(pool, Some(hook_team), Some(id))
+        .await?
+        .pop()
+        .ok_or_else(|| BusError::not_found(format!("webhook {id} was removed meanwhile.")))?;
+    Ok(PauseChange { webhook, changed })
+}
+
 /// Hooks of `team_id` (or any team), or the one hook `id`.
 async fn summaries(
     pool: &PgPool,
@@ -348,7 +434,7 @@ async fn summaries(
 ) -> BusResult<Vec<WebhookSummary>> {
     let rows: Vec<WebhookRow> = sqlx::query_as(
         "SELECT w.id, t.slug AS team, w.url, w.kind, w.events, w.channels, w.allow_private,
-                w.created_by, w.created_at
+                w.created_by, w.created_at, w.paused_at, w.paused_by
          FROM webhooks w JOIN teams t ON t.id = w.team_id
          WHERE ($1::uuid IS NULL OR w.team_id = $1) AND ($2::uuid IS NULL OR w.id = $2)
          ORDER BY w.created_at, w.id",
@@ -393,6 +479,8 @@ async fn summaries(
             allow_private: row.allow_private,
             created_by: row.created_by,
             created_at: row.created_at,
+            paused_at: row.paused_at,
+            paused_by: row.paused_by,
             deliveries,
             failures,
         });

@@ -2,8 +2,9 @@
 //! three replicas dispatch; a receiver that is down, answers 503 or does not
 //! answer in time is retried with the same delivery id, a 400 fails at once
 //! and is listed with its error; a lease keeps a claimed delivery from every
-//! other replica until it lapses; and the Slack kind and channel filters
-//! decide which events are sent and in what shape.
+//! other replica until it lapses; a paused hook is sent nothing and gets
+//! what was queued before its pause on resume; and the Slack kind and
+//! channel filters decide which events are sent and in what shape.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -12,6 +13,7 @@ use ai_crew_sync::store::teams;
 use ai_crew_sync::store::webhooks::{self, NewWebhook, WebhookKind, delivery};
 use ai_crew_sync::workers::webhook_dispatcher::Dispatcher;
 use serde_json::json;
+use uuid::Uuid;
 
 use super::{Receiver, add, deliveries, eventually, hook, in_state, post};
 use crate::support::{
@@ -200,25 +202,8 @@ async fn a_receiver_that_does_not_answer_in_time_is_retried() {
 
 #[tokio::test]
 async fn a_lease_keeps_a_delivery_from_everyone_else_until_it_lapses() {
-    // No server: this test is the only dispatcher, so it decides who claims.
-    let (pool, _) = fresh_pool().await;
-    teams::create(&pool, &globally(), "acme", "Acme")
-        .await
-        .unwrap();
     let receiver = Receiver::start().await;
-    let hook_id = webhooks::add(&pool, &in_team("acme"), hook(&receiver.url(), &["task"]))
-        .await
-        .unwrap()
-        .webhook
-        .id;
-    sqlx::query(
-        "INSERT INTO webhook_deliveries (team_id, webhook_id, event, payload)
-         SELECT team_id, id, 'task.created', '{\"key\": \"k\"}' FROM webhooks WHERE id = $1",
-    )
-    .bind(hook_id)
-    .execute(&pool)
-    .await
-    .unwrap();
+    let (pool, _) = one_queued_delivery(&receiver.url()).await;
 
     // A replica claims it and dies before settling.
     let dead = delivery::claim(&pool, 10, Duration::from_secs(2))
@@ -304,4 +289,168 @@ async fn slack_and_channel_filters_shape_what_is_sent() {
         body,
         json!({"text": "[acme] #ops alice wrote: disk &lt;full&gt; &amp; rising"})
     );
+}
+
+/// A database without a server (the test is the only dispatcher, so it
+/// decides who claims) holding team `acme`, a task hook to `url` and one
+/// delivery queued for it; the hook's id.
+async fn one_queued_delivery(url: &str) -> (sqlx::PgPool, Uuid) {
+    let (pool, _) = fresh_pool().await;
+    teams::create(&pool, &globally(), "acme", "Acme")
+        .await
+        .unwrap();
+    let hook_id = webhooks::add(&pool, &in_team("acme"), hook(url, &["task"]))
+        .await
+        .unwrap()
+        .webhook
+        .id;
+    sqlx::query(
+        "INSERT INTO webhook_deliveries (team_id, webhook_id, event, payload)
+         SELECT team_id, id, 'task.created', '{\"key\": \"k\"}' FROM webhooks WHERE id = $1",
+    )
+    .bind(hook_id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    (pool, hook_id)
+}
+
+/// The delivery rows of one hook: (state, attempts, due now).
+async fn rows_of(app: &crate::support::TestApp, hook: Uuid) -> Vec<(String, i32, bool)> {
+    sqlx::query_as(
+        "SELECT state, attempts, next_attempt_at <= now() FROM webhook_deliveries
+          WHERE webhook_id = $1 ORDER BY created_at",
+    )
+    .bind(hook)
+    .fetch_all(&app.pool)
+    .await
+    .unwrap()
+}
+
+// A hook paused while its receiver is down: events posted during the pause
+// are not queued for it, and the delivery queued before waits. Once that
+// delivery is due again, a newer delivery of another hook is sent (the
+// dispatcher takes the oldest due first, so it would have taken the paused
+// one before it) and the paused hook's receiver, back up meanwhile, gets
+// nothing. On resume it gets the delivery queued before the pause, once,
+// then new events again; never what was posted during the pause.
+#[tokio::test]
+async fn a_paused_hook_is_sent_nothing_and_resuming_sends_what_was_queued_before() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.mcp(&app.agent("acme", "alice").await, None).await;
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}/hook");
+    let paused = add(&app, "acme", hook(&url, &["message"])).await.webhook.id;
+    let watcher = Receiver::start().await;
+    add(&app, "acme", hook(&watcher.url(), &["message"])).await;
+
+    post(&alice, "general", "before the pause").await;
+    eventually("a first attempt at the receiver that is down", || async {
+        rows_of(&app, paused)
+            .await
+            .first()
+            .is_some_and(|r| r.1 >= 1)
+    })
+    .await;
+    let change = webhooks::set_paused(&app.pool, paused, &in_team("acme"), true)
+        .await
+        .unwrap();
+    assert!(change.changed && change.webhook.paused_at.is_some());
+    // An attempt already under way when the pause committed settles.
+    eventually("the queued delivery back to pending", || async {
+        rows_of(&app, paused).await[0].0 == "pending"
+    })
+    .await;
+    let attempts = rows_of(&app, paused).await[0].1;
+    let receiver = Receiver::start_on(port).await;
+
+    post(&alice, "general", "during the pause").await;
+    eventually("the queued delivery due again", || async {
+        rows_of(&app, paused).await[0].2
+    })
+    .await;
+    post(&alice, "general", "probe").await;
+    eventually("the other hook sent the probe", || async {
+        watcher
+            .requests()
+            .iter()
+            .any(|r| r.json()["data"]["body"] == "probe")
+    })
+    .await;
+    assert!(
+        receiver.requests().is_empty(),
+        "nothing reaches a paused hook"
+    );
+    assert_eq!(
+        rows_of(&app, paused).await,
+        [("pending".to_owned(), attempts, true)],
+        "one delivery waits, not tried again; none queued during the pause"
+    );
+
+    let change = webhooks::set_paused(&app.pool, paused, &in_team("acme"), false)
+        .await
+        .unwrap();
+    assert!(change.changed && change.webhook.paused_at.is_none());
+    eventually("the queued delivery sent on resume", || async {
+        !receiver.requests().is_empty()
+    })
+    .await;
+    post(&alice, "general", "after the resume").await;
+    eventually("the new event sent", || async {
+        receiver.requests().len() >= 2
+    })
+    .await;
+    let bodies: Vec<String> = receiver
+        .requests()
+        .iter()
+        .map(|r| r.json()["data"]["body"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(bodies, ["before the pause", "after the resume"]);
+    let states: Vec<String> = rows_of(&app, paused)
+        .await
+        .into_iter()
+        .map(|r| r.0)
+        .collect();
+    assert_eq!(states, ["delivered", "delivered"]);
+}
+
+// A claim made while a pause is being committed takes nothing of the
+// paused hook, neither then nor after: once `pause` has answered no send
+// starts. (Reading the hook without a lock, the claim saw it active in its
+// snapshot and leased its delivery while the pause committed.)
+#[tokio::test]
+async fn a_claim_made_while_a_pause_commits_takes_nothing_of_the_hook() {
+    let (pool, hook_id) = one_queued_delivery("http://127.0.0.1:9/hook").await;
+
+    // The pause's transaction, between its write and its commit.
+    let mut pausing = pool.begin().await.unwrap();
+    sqlx::query("UPDATE webhooks SET paused_at = now(), paused_by = 'test' WHERE id = $1")
+        .bind(hook_id)
+        .execute(&mut *pausing)
+        .await
+        .unwrap();
+    let during = delivery::claim(&pool, 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(during.is_empty(), "claimed during the pause: {during:?}");
+    pausing.commit().await.unwrap();
+    let after = delivery::claim(&pool, 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(after.is_empty(), "claimed after the pause: {after:?}");
+    let (state, attempts): (String, i32) =
+        sqlx::query_as("SELECT state, attempts FROM webhook_deliveries")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((state.as_str(), attempts), ("pending", 0));
+
+    webhooks::set_paused(&pool, hook_id, &in_team("acme"), false)
+        .await
+        .unwrap();
+    let resumed = delivery::claim(&pool, 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(resumed.len(), 1, "resumed, the delivery is claimed");
 }

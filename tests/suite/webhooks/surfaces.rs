@@ -1,4 +1,4 @@
-//! The operator surfaces for webhooks: `bus webhook add|list|remove` (the
+//! The operator surfaces for webhooks: `bus webhook add|list|pause|resume|remove` (the
 //! secret shown once and never listed, private addresses refused without
 //! `--allow-private`, every change audited by origin only) and the
 //! `/admin/teams/{team}/webhooks` routes, which a credential may use only
@@ -61,6 +61,36 @@ async fn the_cli_adds_lists_and_removes_webhooks_and_audits_them() {
     assert!(!listed.to_string().contains(secret), "never the secret");
     let table = bus(&db, &argv("webhook list --team acme"));
     assert!(String::from_utf8_lossy(&table.stdout).contains(id));
+    assert_eq!(listed[0]["paused_at"], json!(null));
+
+    let paused = ok_json(&db, &["webhook", "pause", "--id", id, "--json"]);
+    assert_eq!(paused["changed"], true, "{paused}");
+    assert!(paused["paused_at"].is_string(), "{paused}");
+    assert!(
+        paused["paused_by"].as_str().unwrap().starts_with("cli:"),
+        "the operator who paused it: {paused}"
+    );
+    let again = ok_json(&db, &["webhook", "pause", "--id", id, "--json"]);
+    assert_eq!(again["changed"], false, "pausing twice changes nothing");
+    assert_eq!(again["paused_at"], paused["paused_at"]);
+    let table = bus(&db, &argv("webhook list --team acme"));
+    let row = String::from_utf8_lossy(&table.stdout)
+        .lines()
+        .find(|l| l.contains(id))
+        .map(str::to_owned)
+        .unwrap();
+    assert!(row.contains("paused"), "{row}");
+    let said = bus(&db, &["webhook", "resume", "--id", id]);
+    let said = String::from_utf8_lossy(&said.stdout);
+    assert!(said.contains("resumed"), "{said}");
+    let resumed = ok_json(&db, &list);
+    assert_eq!(resumed[0]["paused_at"], json!(null));
+    let unknown = bus(
+        &db,
+        &argv("webhook pause --id 00000000-0000-4000-8000-000000000000"),
+    );
+    assert!(!unknown.status.success());
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("no webhook with id"));
 
     let removed = ok_json(&db, &["webhook", "remove", "--id", id, "--json"]);
     assert_eq!(removed["id"], id);
@@ -77,7 +107,16 @@ async fn the_cli_adds_lists_and_removes_webhooks_and_audits_them() {
     .await
     .unwrap();
     let names: Vec<&str> = actions.iter().map(|(a, _)| a.as_str()).collect();
-    assert_eq!(names, ["webhook.add", "webhook.add", "webhook.remove"]);
+    assert_eq!(
+        names,
+        [
+            "webhook.add",
+            "webhook.add",
+            "webhook.pause",
+            "webhook.resume",
+            "webhook.remove"
+        ]
+    );
     assert!(
         actions[0].1.contains("http://127.0.0.1:9"),
         "{}",
@@ -166,6 +205,47 @@ async fn admin_routes_add_list_and_remove_within_the_credentials_team() {
     )
     .await;
     assert_eq!(status, 404, "another team's hook is not found from here");
+    for action in ["pause", "resume"] {
+        let (status, _) = api(
+            &app,
+            &scoped,
+            Method::POST,
+            &format!("/admin/teams/acme/webhooks/{id}/{action}"),
+            None,
+        )
+        .await;
+        assert_eq!(status, 403, "{action} by a credential of another team");
+        let (status, _) = api(
+            &app,
+            &scoped,
+            Method::POST,
+            &format!("/admin/teams/other/webhooks/{id}/{action}"),
+            None,
+        )
+        .await;
+        assert_eq!(status, 404, "{action}: another team's hook is not found");
+    }
+    let (status, paused) = api(
+        &app,
+        &root,
+        Method::POST,
+        &format!("/admin/teams/acme/webhooks/{id}/pause"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{paused}");
+    assert_eq!(paused["changed"], true);
+    assert!(paused["paused_at"].is_string(), "{paused}");
+    let (status, resumed) = api(
+        &app,
+        &root,
+        Method::POST,
+        &format!("/admin/teams/acme/webhooks/{id}/resume"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{resumed}");
+    assert_eq!(resumed["paused_at"], json!(null));
 
     // A task event is delivered; the listing counts it.
     let token = app.agent("acme", "alice").await;
@@ -210,9 +290,6 @@ async fn admin_routes_add_list_and_remove_within_the_credentials_team() {
     .unwrap();
     assert_eq!(
         audit,
-        [
-            ("webhook.add".to_owned(), "http".to_owned()),
-            ("webhook.remove".to_owned(), "http".to_owned())
-        ]
+        ["add", "pause", "resume", "remove"].map(|a| (format!("webhook.{a}"), "http".to_owned()))
     );
 }
