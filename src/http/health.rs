@@ -17,9 +17,13 @@
 //! says its kind and where to look; with an admin credential (`acsa_…`) it
 //! names the team, the stream and the fixing command (a team's credential
 //! sees its own team's only).
+//!
+//! One look at the installation is taken at a time, and the requests that
+//! came while it was taken share the next ([`Looks`]): a flood of probes
+//! holds one database connection, not the pool.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::extract::{Query, State};
@@ -29,6 +33,7 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use crate::auth;
+use crate::events::ListenerState;
 use crate::store::admin::{self, AdminIdentity};
 use crate::store::broker_conditions::Reported;
 
@@ -38,13 +43,96 @@ pub struct HealthQuery {
     broker: Option<String>,
 }
 
+/// How long each part of a look may take before it is reported unavailable.
+const PART_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// What one look at the installation found: everything `/health` answers but
+/// what the caller's credential may see of the conditions.
+#[derive(Clone)]
+struct Look {
+    /// When the look began: it answers requests that arrived before that.
+    began: Instant,
+    database: Result<(), &'static str>,
+    broker: &'static str,
+    events: ListenerState,
+    publication: Value,
+    conditions: Vec<Reported>,
+}
+
+/// The latest look of each kind (plain, and `?broker=check`). `/health` is
+/// unauthenticated and a look costs database queries (and, checked, broker
+/// round trips for every jetstream team), so a flood of probes must not
+/// become a flood of those: one look of a kind is taken at a time, and the
+/// requests that arrived while it was being taken wait and share the next
+/// one. Every answer is still of a look begun after its request arrived,
+/// never an older one.
+#[derive(Default)]
+pub struct Looks {
+    plain: tokio::sync::Mutex<Option<Look>>,
+    checked: tokio::sync::Mutex<Option<Look>>,
+}
+
+impl Looks {
+    async fn get(&self, state: &AppState, check_broker: bool) -> Look {
+        let arrived = Instant::now();
+        let slot = if check_broker {
+            &self.checked
+        } else {
+            &self.plain
+        };
+        let mut latest = slot.lock().await;
+        if let Some(look) = latest.as_ref().filter(|l| l.began >= arrived) {
+            return look.clone();
+        }
+        let look = look(state, check_broker).await;
+        *latest = Some(look.clone());
+        look
+    }
+}
+
 pub async fn health(
     State(state): State<Arc<AppState>>,
     Query(query): Query<HealthQuery>,
     headers: HeaderMap,
 ) -> (StatusCode, Json<Value>) {
-    let probe = crate::db::ping(&state.pool);
-    let database = match tokio::time::timeout(Duration::from_secs(3), probe).await {
+    let check_broker = query.broker.as_deref() == Some("check");
+    let look = state.health.get(&state, check_broker).await;
+    let version = env!("CARGO_PKG_VERSION");
+    let (broker, events) = (look.broker, look.events);
+    if let Err(detail) = look.database {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(
+                json!({ "status": "unavailable", "database": detail, "broker": broker,
+                         "events": events, "version": version }),
+            ),
+        );
+    }
+    // A credential is looked up only when there is something to show.
+    let viewer = match look.conditions.is_empty() {
+        true => None,
+        false => viewer(&state, &headers).await,
+    };
+    let conditions = shown_to(viewer.as_ref(), look.conditions);
+    let status = if broker == "unreachable" || !conditions.is_empty() {
+        "degraded"
+    } else {
+        "ok"
+    };
+    (
+        StatusCode::OK,
+        Json(
+            json!({ "status": status, "database": "ok", "broker": broker, "events": events,
+                     "publication": look.publication, "broker_conditions": conditions,
+                     "version": version }),
+        ),
+    )
+}
+
+/// Take a look: the database, the broker, the outbox and the streams' conditions.
+async fn look(state: &AppState, check_broker: bool) -> Look {
+    let began = Instant::now();
+    let database = match tokio::time::timeout(PART_TIMEOUT, crate::db::ping(&state.pool)).await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(err)) => {
             tracing::warn!(error = %err, "health: the database check failed");
@@ -55,35 +143,38 @@ pub async fn health(
             Err("unreachable")
         }
     };
-    let version = env!("CARGO_PKG_VERSION");
-    let events = state.events.state();
-    let check_broker = query.broker.as_deref() == Some("check");
     let broker = match (state.backends.broker_configured(), check_broker) {
         (false, _) => "not_configured",
         (true, false) if state.backends.broker().is_none() => "unreachable",
         (true, false) => "configured",
         (true, true) => {
             let reachable = state.backends.broker_reachable();
-            match tokio::time::timeout(Duration::from_secs(3), reachable).await {
+            match tokio::time::timeout(PART_TIMEOUT, reachable).await {
                 Ok(Some(true)) => "ok",
                 _ => "unreachable",
             }
         }
     };
-    let Ok(()) = database else {
-        let detail = database.unwrap_err();
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(
-                json!({ "status": "unavailable", "database": detail, "broker": broker,
-                         "events": events, "version": version }),
-            ),
-        );
+    let mut look = Look {
+        began,
+        database,
+        broker,
+        events: state.events.state(),
+        publication: Value::Null,
+        conditions: Vec::new(),
     };
-    let publication = match crate::store::outbox::installation_status(&state.pool).await {
-        Ok(status) => json!(status),
-        Err(err) => {
+    if look.database.is_err() {
+        return look;
+    }
+    let status = crate::store::outbox::installation_status(&state.pool);
+    look.publication = match tokio::time::timeout(PART_TIMEOUT, status).await {
+        Ok(Ok(status)) => json!(status),
+        Ok(Err(err)) => {
             tracing::warn!(error = %err, "health: the outbox status could not be read");
+            json!({ "error": "unavailable" })
+        }
+        Err(_) => {
+            tracing::warn!("health: the outbox status took longer than 3 s");
             json!({ "error": "unavailable" })
         }
     };
@@ -93,7 +184,7 @@ pub async fn health(
     // jetstream is looked at, otherwise what the drain learned.
     let conditions =
         crate::store::broker_conditions::installation(&state.pool, &state.backends, check_broker);
-    let conditions = match tokio::time::timeout(Duration::from_secs(3), conditions).await {
+    look.conditions = match tokio::time::timeout(PART_TIMEOUT, conditions).await {
         Ok(Ok(conditions)) => conditions,
         Ok(Err(err)) => {
             tracing::warn!(error = %err, "health: the broker conditions could not be read");
@@ -101,25 +192,7 @@ pub async fn health(
         }
         Err(_) => Vec::new(),
     };
-    // A credential is looked up only when there is something to show.
-    let viewer = match conditions.is_empty() {
-        true => None,
-        false => viewer(&state, &headers).await,
-    };
-    let conditions = shown_to(viewer.as_ref(), conditions);
-    let status = if broker == "unreachable" || !conditions.is_empty() {
-        "degraded"
-    } else {
-        "ok"
-    };
-    (
-        StatusCode::OK,
-        Json(
-            json!({ "status": status, "database": "ok", "broker": broker, "events": events,
-                     "publication": publication, "broker_conditions": conditions,
-                     "version": version }),
-        ),
-    )
+    look
 }
 
 /// The admin credential the request carries, if any and valid. Anything else

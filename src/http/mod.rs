@@ -101,6 +101,8 @@ pub struct AppState {
     pub admin_limiter: RateLimiter,
     /// In-flight, buffered-bytes, per-credential and per-address caps.
     pub limits: Limits,
+    /// `/health`'s latest looks, shared by every probe.
+    pub health: health::Looks,
 }
 
 /// The whole HTTP application. Shutdown is [`serve`]'s business: it drains
@@ -115,6 +117,7 @@ pub fn router(bus: Bus, settings: HttpSettings) -> Router {
         admin_limiter: RateLimiter::new(settings.rate_limit_per_minute.div_ceil(10)),
         limits: Limits::new(&settings),
         settings: settings.clone(),
+        health: health::Looks::default(),
     });
 
     // Host is checked by our own layer for every route, so rmcp's copy of the

@@ -24,6 +24,50 @@ async fn health_answers_200_json_while_the_database_answers() {
     );
 }
 
+// `/health` is unauthenticated, and each look at the installation costs
+// database queries: a burst of probes while the database is slow must not
+// take the pool that tool calls need. Here the outbox table is locked, so a
+// look waits in the database: thirty probes at once leave one query waiting,
+// not one per probe, and once the lock goes every probe is answered.
+#[tokio::test]
+async fn a_burst_of_health_probes_holds_one_database_connection_not_the_pool() {
+    use std::time::{Duration, Instant};
+
+    use crate::write_fence::waiting_on;
+
+    let app = spawn_app().await;
+    let mut lock = app.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE conversation_outbox IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let probes: Vec<_> = (0..30)
+        .map(|_| {
+            let url = app.url("/health");
+            tokio::spawn(async move { http_client().get(url).send().await.unwrap().status() })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while waiting_on(&app.pool, false).await == 0 {
+        assert!(Instant::now() < deadline, "no look reached the database");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // A second of the burst: a look per probe would have queued several.
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(1) {
+        assert_eq!(
+            waiting_on(&app.pool, false).await,
+            1,
+            "one look waits in the database"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    lock.rollback().await.unwrap();
+    for probe in probes {
+        assert_eq!(probe.await.unwrap().as_u16(), 200);
+    }
+}
+
 #[tokio::test]
 async fn unknown_paths_get_a_json_404_naming_the_real_routes() {
     let app = spawn_app().await;
