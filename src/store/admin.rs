@@ -279,21 +279,16 @@ pub async fn authenticate(pool: &PgPool, sha256: &[u8; 32]) -> BusResult<AdminId
     })
 }
 
+/// Bytes of an admin credential's label, at most.
+pub const CREDENTIAL_LABEL_MAX_BYTES: usize = 64;
+
 fn check_label(label: Option<&str>) -> BusResult<Option<String>> {
-    let Some(label) = label
-        .map(|l| super::text::one_line("credential label", l))
-        .transpose()?
-        .filter(|l| !l.is_empty())
-    else {
-        return Ok(None);
-    };
-    if label.len() > 64 {
-        return Err(BusError::invalid(format!(
-            "a credential label must be at most 64 bytes of one-line text (got {} bytes).",
-            label.len()
-        )));
-    }
-    Ok(Some(label))
+    super::text::optional_label(
+        "credential label",
+        label,
+        CREDENTIAL_LABEL_MAX_BYTES,
+        "Use a short note such as `ci` or `alice-laptop`; nothing was created.",
+    )
 }
 
 /// The first global credential, minted locally. Refused while a live global

@@ -145,12 +145,17 @@ pub fn normalize_agent_name(raw: &str) -> BusResult<String> {
     Ok(name)
 }
 
-/// Free-text display names: one line ([`text::one_line`]), 1..=200 bytes.
+/// Bytes of a display name (a team's name, a conversation's title), at most.
+pub const DISPLAY_NAME_MAX_BYTES: usize = 200;
+
+/// Free-text display names: one line ([`text::one_line`]), 1 to
+/// [`DISPLAY_NAME_MAX_BYTES`] bytes.
 pub fn check_display_name(what: &str, raw: &str) -> BusResult<String> {
     let name = text::one_line(what, raw)?;
-    if name.is_empty() || name.len() > 200 {
+    if name.is_empty() || name.len() > DISPLAY_NAME_MAX_BYTES {
         return Err(BusError::invalid(format!(
-            "{what} must be 1-200 bytes of one-line text (got {} bytes).",
+            "{what} must be 1-{DISPLAY_NAME_MAX_BYTES} bytes of one-line text (got {} bytes); \
+             nothing was changed. Give a shorter one.",
             name.len()
         )));
     }

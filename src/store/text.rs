@@ -99,6 +99,26 @@ pub fn one_line(field: &str, raw: &str) -> BusResult<String> {
     one_line_else(field, raw, "")
 }
 
+/// An optional label (`field`): one line ([`one_line`]) of at most `max`
+/// bytes; absent or empty is none. `instead` says what to give instead when
+/// it is too long.
+pub fn optional_label(
+    field: &str,
+    raw: Option<&str>,
+    max: usize,
+    instead: &str,
+) -> BusResult<Option<String>> {
+    let Some(label) = raw
+        .map(|l| one_line(field, l))
+        .transpose()?
+        .filter(|l| !l.is_empty())
+    else {
+        return Ok(None);
+    };
+    super::limits::bytes_at_most(label.len(), max, field, instead)?;
+    Ok(Some(label))
+}
+
 /// [`one_line`], with a hint of where the rest belongs (for example "put the
 /// details in `description`").
 pub fn one_line_else(field: &str, raw: &str, elsewhere: &str) -> BusResult<String> {

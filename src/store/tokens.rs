@@ -150,21 +150,12 @@ pub(crate) async fn issue_locked(
 }
 
 fn check_label(label: Option<&str>) -> BusResult<Option<String>> {
-    let Some(label) = label
-        .map(|l| super::text::one_line("token label", l))
-        .transpose()?
-        .filter(|l| !l.is_empty())
-    else {
-        return Ok(None);
-    };
-    if label.len() > TOKEN_LABEL_MAX_BYTES {
-        return Err(BusError::invalid(format!(
-            "token label must be at most {TOKEN_LABEL_MAX_BYTES} bytes of one-line text (got {} \
-             bytes). Use a short note such as `laptop` or `ci`.",
-            label.len()
-        )));
-    }
-    Ok(Some(label))
+    super::text::optional_label(
+        "token label",
+        label,
+        TOKEN_LABEL_MAX_BYTES,
+        "Use a short note such as `laptop` or `ci`; nothing was issued.",
+    )
 }
 
 /// The columns of a [`TokenSummary`]; a macro so queries can `concat!` a literal.

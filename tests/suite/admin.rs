@@ -387,6 +387,54 @@ async fn the_admin_api_has_its_own_rate_and_body_limits_and_the_token_cap_holds(
     );
 }
 
+// A token's or a credential's label, or a team's name, past its limit is
+// refused with the limit and what to give instead, and nothing is written.
+#[tokio::test]
+async fn labels_and_names_past_their_limits_are_refused_and_write_nothing() {
+    let app = spawn_app().await;
+    let root = global_credential(&app).await;
+    app.team("acme").await;
+    app.agent("acme", "alice").await;
+    let count = async |table: &str| -> i64 {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+            .fetch_one(&app.pool)
+            .await
+            .unwrap()
+    };
+    let (tokens, credentials, teams) = (
+        count("agent_tokens").await,
+        count("admin_credentials").await,
+        count("teams").await,
+    );
+    let refusals = [
+        (
+            "/admin/teams/acme/tokens",
+            json!({"agent": "alice", "label": "x".repeat(65)}),
+            "token label is 65 bytes; the limit is 64",
+        ),
+        (
+            "/admin/credentials",
+            json!({"label": "x".repeat(65)}),
+            "credential label is 65 bytes; the limit is 64",
+        ),
+        (
+            "/admin/teams",
+            json!({"slug": "beta", "name": "x".repeat(201)}),
+            "1-200 bytes",
+        ),
+    ];
+    for (path, body, says) in refusals {
+        let (status, answer) = api(&app, &root, Method::POST, path, Some(body)).await;
+        assert_eq!(status, 400, "{path}: {answer}");
+        let message = answer["message"].as_str().unwrap();
+        assert!(message.contains(says), "{path}: {message}");
+        assert!(message.contains("nothing was"), "{path}: {message}");
+    }
+    assert_eq!(count("agent_tokens").await, tokens);
+    assert_eq!(count("admin_credentials").await, credentials);
+    assert_eq!(count("teams").await, teams);
+}
+
 /// Run the CLI off the runtime thread: the server under test shares this runtime.
 async fn bus(
     app: &TestApp,
