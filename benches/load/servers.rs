@@ -257,6 +257,9 @@ impl Nats {
         let child = Command::new("nats-server")
             .arg("-c")
             .arg(&config)
+            // Its own working directory: nats-server 2.9 has been seen to
+            // write consumer metadata into it.
+            .current_dir(dir.path())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

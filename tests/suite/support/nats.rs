@@ -54,6 +54,8 @@ fn start() -> Server {
     let child = Command::new("nats-server")
         .arg("-c")
         .arg(&config)
+        // Its working directory is its own: see `NatsCluster::spawn`.
+        .current_dir(dir.path())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -174,6 +176,7 @@ impl OwnedNats {
         let child = Command::new("nats-server")
             .arg("-c")
             .arg(&config)
+            .current_dir(self.dir.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

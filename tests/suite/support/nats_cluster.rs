@@ -189,9 +189,14 @@ impl NatsCluster {
 
     fn spawn(&mut self, node: usize) -> anyhow::Result<()> {
         let n = &mut self.nodes[node];
+        let dir = n.config.parent().unwrap_or(Path::new("."));
         let child = Command::new("nats-server")
             .arg("-c")
             .arg(&n.config)
+            // Its own working directory: nats-server 2.9 has been seen to
+            // write a consumer's meta.inf and meta.sum into it (the chaos
+            // run left them in the checkout's root).
+            .current_dir(dir)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
