@@ -22,17 +22,19 @@
 //! came while it was taken share the next ([`Looks`]): a flood of probes
 //! holds one database connection, not the pool.
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::Json;
-use axum::extract::{Query, State};
+use axum::extract::{ConnectInfo, Query, State};
 use axum::http::{HeaderMap, StatusCode};
+use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::AppState;
 use crate::auth;
+use crate::error::BusError;
 use crate::events::ListenerState;
 use crate::store::admin::{self, AdminIdentity};
 use crate::store::broker_conditions::Reported;
@@ -93,6 +95,7 @@ impl Looks {
 pub async fn health(
     State(state): State<Arc<AppState>>,
     Query(query): Query<HealthQuery>,
+    connection: Option<Extension<ConnectInfo<SocketAddr>>>,
     headers: HeaderMap,
 ) -> (StatusCode, Json<Value>) {
     let check_broker = query.broker.as_deref() == Some("check");
@@ -111,7 +114,14 @@ pub async fn health(
     // A credential is looked up only when there is something to show.
     let viewer = match look.conditions.is_empty() {
         true => None,
-        false => viewer(&state, &headers).await,
+        false => {
+            viewer(
+                &state,
+                &headers,
+                connection.map(|Extension(ConnectInfo(a))| a.ip()),
+            )
+            .await
+        }
     };
     let conditions = shown_to(viewer.as_ref(), look.conditions);
     let status = if broker == "unreachable" || !conditions.is_empty() {
@@ -197,11 +207,31 @@ async fn look(state: &AppState, check_broker: bool) -> Look {
 
 /// The admin credential the request carries, if any and valid. Anything else
 /// (none, another class, unknown, revoked) is an anonymous caller here: the
-/// probe never answers 401.
-async fn viewer(state: &AppState, headers: &HeaderMap) -> Option<AdminIdentity> {
+/// probe never answers 401. Looking an admin credential up costs a database
+/// query, so an unknown or revoked one spends the address's allowance of
+/// failed authentications as on `/admin`: once a flood of made-up
+/// credentials from one address has spent it, that address's probes are
+/// answered as anonymous without a lookup.
+async fn viewer(
+    state: &AppState,
+    headers: &HeaderMap,
+    address: Option<IpAddr>,
+) -> Option<AdminIdentity> {
     let bearer = super::bearer(headers).ok()?;
+    // Another class of credential, or none well formed, costs no lookup.
     let digest = auth::parse_admin_credential(bearer).ok()?;
-    admin::authenticate(&state.pool, &digest).await.ok()
+    let limits = &state.limits;
+    if limits.may_authenticate(address).is_err() {
+        return None;
+    }
+    match admin::authenticate(&state.pool, &digest).await {
+        Ok(me) => Some(me),
+        Err(BusError::Unauthenticated(_)) => {
+            limits.failed_authentication(address);
+            None
+        }
+        Err(_) => None,
+    }
 }
 
 /// What of each condition `viewer` may see (see the module docs).

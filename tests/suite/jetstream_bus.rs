@@ -569,6 +569,70 @@ async fn health_check(app: &TestApp) -> Value {
         .expect("/health is JSON")
 }
 
+/// `/health` with `bearer` (none: anonymous), checking the broker.
+async fn health_as(app: &TestApp, bearer: Option<&str>) -> Value {
+    let mut request = crate::support::http_client().get(app.url("/health?broker=check"));
+    if let Some(bearer) = bearer {
+        request = request.bearer_auth(bearer);
+    }
+    let response = request.send().await.expect("/health answers");
+    assert_eq!(response.status().as_u16(), 200);
+    response.json().await.expect("/health is JSON")
+}
+
+// A condition makes `/health` look up the admin credential a probe carries
+// (to name the team). A made-up credential costs a database query, so it
+// spends the address's allowance of failed authentications as on `/admin`:
+// once spent, that address's probes are answered as anonymous without a
+// lookup, a valid credential's too, until it refills.
+#[tokio::test]
+async fn health_looks_up_made_up_admin_credentials_only_within_the_address_allowance() {
+    let app = spawn_app_with_broker(&nats_url()).await;
+    let team_id = app.jetstream_team("jsbprobe").await;
+    app.broker()
+        .js()
+        .delete_stream(body_stream_name(team_id))
+        .await
+        .unwrap();
+    let admin = ai_crew_sync::store::admin::grant(&app.pool, &globally(), None, None)
+        .await
+        .expect("a global admin credential")
+        .credential;
+    let named = eventually("the missing stream named to the admin", async || {
+        let health = health_as(&app, Some(&admin)).await;
+        (health["broker_conditions"][0]["team"] == "jsbprobe").then_some(health)
+    })
+    .await;
+    assert_eq!(named["status"], "degraded", "{named}");
+
+    let made_up = format!("acsa_{}", "0".repeat(64));
+    // The allowance refills while the probes are answered: a few more than
+    // it holds spend it.
+    let allowance = ai_crew_sync::config::HttpSettings::default().unauthenticated_per_minute;
+    let mut sent = 0;
+    let spent = loop {
+        let anonymous = health_as(&app, Some(&made_up)).await;
+        assert_eq!(
+            anonymous["broker_conditions"][0]["condition"],
+            "stream_missing"
+        );
+        assert!(!anonymous.to_string().contains("jsbprobe"), "{anonymous}");
+        sent += 1;
+        if sent >= allowance {
+            let seen = health_as(&app, Some(&admin)).await;
+            if !seen.to_string().contains("jsbprobe") {
+                break seen;
+            }
+        }
+        assert!(
+            sent < 3 * allowance,
+            "{sent} made-up credentials, and a lookup is still made for each"
+        );
+    };
+    assert_eq!(spent["status"], "degraded", "{spent}");
+    assert_eq!(spent["broker_conditions"][0]["condition"], "stream_missing");
+}
+
 /// The one condition `health` names for `stream`.
 fn only_condition<'v>(health: &'v Value, stream: &str) -> &'v Value {
     let found: Vec<&Value> = health["broker_conditions"]
