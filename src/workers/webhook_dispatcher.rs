@@ -196,14 +196,13 @@ impl Dispatcher {
                 }
                 let permanent = status.is_redirection()
                     || (status.is_client_error() && !matches!(status.as_u16(), 408 | 429));
-                let said = first_bytes(response, ANSWER_KEPT_BYTES).await;
-                let said: String = said.chars().take(200).collect();
+                // The status and its standard phrase only, never the body:
+                // the listing shows this to whoever manages the team's hooks,
+                // and a body is whatever the receiver (a metadata service,
+                // an internal admin page) chose to say.
                 let mut error = format!("the receiver answered {status}");
                 if status.is_redirection() {
                     error.push_str(" (redirects are not followed; give the final URL)");
-                }
-                if !said.trim().is_empty() {
-                    error.push_str(&format!(": {}", said.trim()));
                 }
                 fail(Some(status.as_u16()), error, permanent).await
             }
@@ -221,22 +220,6 @@ impl Dispatcher {
             }
         }
     }
-}
-
-/// Bytes of a refusing receiver's answer read for the error: a receiver
-/// could answer with gigabytes.
-const ANSWER_KEPT_BYTES: usize = 1024;
-
-/// The start of a response's body, at most `max` bytes, as text.
-async fn first_bytes(mut response: reqwest::Response, max: usize) -> String {
-    let mut kept = Vec::new();
-    while kept.len() < max {
-        match response.chunk().await {
-            Ok(Some(chunk)) => kept.extend_from_slice(&chunk[..chunk.len().min(max - kept.len())]),
-            _ => break,
-        }
-    }
-    String::from_utf8_lossy(&kept).into_owned()
 }
 
 fn count(outcome: Outcome) {

@@ -234,7 +234,7 @@ async fn urls_are_validated_and_a_refusal_writes_nothing() {
     let ftp = refusal(hook("ftp://example.com/hook", &[])).await;
     assert!(ftp.contains("only http and https"), "{ftp}");
     let loopback = refusal(NewWebhook {
-        allow_private: false,
+        allow_private: None,
         ..hook("http://127.0.0.1:9/hook", &[])
     })
     .await;
@@ -243,7 +243,7 @@ async fn urls_are_validated_and_a_refusal_writes_nothing() {
         "{loopback}"
     );
     let localhost = refusal(NewWebhook {
-        allow_private: false,
+        allow_private: None,
         ..hook("http://localhost:9/hook", &[])
     })
     .await;
