@@ -30,6 +30,9 @@ async fn a_hook_without_allow_private_never_connects_to_a_private_address() {
     for url in [
         format!("http://localhost:{port}/by-name"),
         format!("http://127.0.0.1:{port}/by-address"),
+        // 127.0.0.1 inside IPv6: judged as the IPv4 address it carries.
+        format!("http://[64:ff9b::7f00:1]:{port}/nat64"),
+        format!("http://[::ffff:127.0.0.1]:{port}/mapped"),
     ] {
         add(&app, "acme", hook(&url, &["message"])).await;
     }
@@ -39,8 +42,8 @@ async fn a_hook_without_allow_private_never_connects_to_a_private_address() {
         .unwrap();
     post(&app.mcp(&token, None).await, "general", "stay inside").await;
 
-    eventually("both deliveries failed", || async {
-        in_state(&app, "failed").await == 2
+    eventually("every delivery failed", || async {
+        in_state(&app, "failed").await == 4
     })
     .await;
     assert!(receiver.requests().is_empty(), "nothing was sent");
@@ -248,6 +251,21 @@ async fn urls_are_validated_and_a_refusal_writes_nothing() {
     })
     .await;
     assert!(localhost.contains("loopback"), "{localhost}");
+    let metadata = refusal(NewWebhook {
+        allow_private: None,
+        ..hook("http://[64:ff9b::a9fe:a9fe]/latest/meta-data", &[])
+    })
+    .await;
+    assert!(
+        metadata.contains("NAT64 form of 169.254.169.254") && metadata.contains("--allow-private"),
+        "{metadata}"
+    );
+    let benchmarking = refusal(NewWebhook {
+        allow_private: None,
+        ..hook("http://198.18.0.1/hook", &[])
+    })
+    .await;
+    assert!(benchmarking.contains("benchmarking"), "{benchmarking}");
     let credentials = refusal(hook("https://user:pw@example.com/hook", &[])).await;
     assert!(
         credentials.contains("user name or password"),
