@@ -103,7 +103,8 @@ pub async fn run(ctx: &Context, command: WebhookCommand) -> anyhow::Result<()> {
                 describe_filter(hook)
             );
             println!(
-                "signing secret (X-Bus-Signature: sha256=HMAC-SHA256 of the body), shown once:"
+                "signing secret (X-Bus-Signature: sha256=HMAC-SHA256 of \"<X-Bus-Timestamp>.<body>\"), \
+                 shown once:"
             );
             println!("  {}", created.secret);
         }

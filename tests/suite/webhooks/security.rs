@@ -15,7 +15,7 @@ use sha2::Sha256;
 use uuid::Uuid;
 
 use super::{Receiver, Request, add, call, deliveries, eventually, hook, in_state, post};
-use crate::support::{McpClient, in_team, spawn_app, test_actor};
+use crate::support::{McpClient, free_port, in_team, spawn_app, test_actor};
 
 /// A name that resolved to a public address at `add` and resolves to
 /// loopback now (DNS rebinding) is refused at send time: here the hooks are
@@ -57,8 +57,12 @@ async fn a_hook_without_allow_private_never_connects_to_a_private_address() {
     }
 }
 
+/// The signature covers `X-Bus-Timestamp` and the exact body, as the README
+/// tells a receiver to check it: a captured delivery sent again with a fresh
+/// timestamp no longer verifies, so a receiver that refuses stale
+/// timestamps refuses the replay.
 #[tokio::test]
-async fn generic_deliveries_are_signed_over_the_exact_body() {
+async fn generic_deliveries_are_signed_over_the_timestamp_and_the_exact_body() {
     let app = spawn_app().await;
     app.team("acme").await;
     let token = app.agent("acme", "alice").await;
@@ -70,17 +74,32 @@ async fn generic_deliveries_are_signed_over_the_exact_body() {
 
     eventually("one request", || async { receiver.requests().len() == 1 }).await;
     let request = &receiver.requests()[0];
-    let verify = |body: &[u8]| {
+    // The README's recipe: HMAC-SHA256 of "<X-Bus-Timestamp>.<raw body>".
+    let verify = |timestamp: &str, body: &[u8]| {
         let mut mac = Hmac::<Sha256>::new_from_slice(created.secret.as_bytes()).unwrap();
+        mac.update(timestamp.as_bytes());
+        mac.update(b".");
         mac.update(body);
         format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
     };
-    assert_eq!(request.header("x-bus-signature"), verify(&request.body));
+    let timestamp = request.header("x-bus-timestamp");
+    let seconds: i64 = timestamp
+        .parse()
+        .unwrap_or_else(|_| panic!("X-Bus-Timestamp is unix seconds: {timestamp:?}"));
+    assert_eq!(
+        request.header("x-bus-signature"),
+        verify(timestamp, &request.body)
+    );
+    assert_ne!(
+        request.header("x-bus-signature"),
+        verify(&(seconds + 600).to_string(), &request.body),
+        "a replay under a later timestamp does not verify"
+    );
     let mut tampered = request.body.to_vec();
     tampered.push(b' ');
     assert_ne!(
         request.header("x-bus-signature"),
-        verify(&tampered),
+        verify(timestamp, &tampered),
         "the signature covers the exact bytes"
     );
 
@@ -282,4 +301,31 @@ async fn urls_are_validated_and_a_refusal_writes_nothing() {
     .await
     .unwrap();
     assert_eq!((hooks, audits), (0, 0), "a refused add writes nothing");
+}
+
+/// reqwest's error text names the URL it was sending to, and a hook's URL
+/// may carry the receiver's secret in its path (Slack's and Discord's do):
+/// a delivery that cannot connect records (and logs: the log line carries
+/// the same text) why, without the URL.
+#[tokio::test]
+async fn an_unreachable_receiver_is_recorded_without_the_hooks_url() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let token = app.agent("acme", "alice").await;
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}/services/T0/B0/s3cr3t-path-token?key=q-s3cr3t");
+    add(&app, "acme", hook(&url, &["message"])).await;
+    post(&app.mcp(&token, None).await, "general", "nobody listens").await;
+
+    eventually("the delivery gave up", || async {
+        in_state(&app, "failed").await == 1
+    })
+    .await;
+    let listed = webhooks::list(&app.pool, &in_team("acme")).await.unwrap();
+    let error = listed[0].failures[0].last_error.clone().unwrap();
+    assert!(error.starts_with("could not reach the receiver"), "{error}");
+    assert!(
+        !error.contains("s3cr3t"),
+        "the URL is never in the error: {error}"
+    );
 }
