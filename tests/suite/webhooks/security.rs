@@ -329,3 +329,52 @@ async fn an_unreachable_receiver_is_recorded_without_the_hooks_url() {
         "the URL is never in the error: {error}"
     );
 }
+
+/// Errors older builds recorded are cleaned by migration 0028: a receiver's
+/// body after its status, and the hook's URL in reqwest's text.
+#[tokio::test]
+async fn migration_0028_scrubs_reply_bodies_and_urls_from_recorded_errors() {
+    use ai_crew_sync::db;
+    let url = crate::support::postgres::fresh_database_url().await;
+    let pool = db::connect(&url, 2).await.unwrap();
+    let mut before = db::migrator();
+    before.migrations.to_mut().retain(|m| m.version < 28);
+    before.run(&pool).await.unwrap();
+    let hook = "http://127.0.0.1:9/services/T0/B0/s3cr3t";
+    sqlx::query(
+        "WITH t AS (INSERT INTO teams (id, slug, name) VALUES (gen_random_uuid(), 'acme', 'Acme')
+                    RETURNING id),
+              w AS (INSERT INTO webhooks (id, team_id, url, kind, events, secret, created_by)
+                    SELECT gen_random_uuid(), t.id, $1, 'generic', ARRAY['message'],
+                           repeat('k', 40), 'test' FROM t RETURNING id, team_id)
+         INSERT INTO webhook_deliveries (team_id, webhook_id, event, payload, state, last_error)
+         SELECT w.team_id, w.id, 'message.posted', '{}', 'failed', e.error
+           FROM w, (VALUES ('the receiver answered 404 Not Found: instance-id: i-0s3cr3t'),
+                           ('the receiver answered 302 Found (redirects are not followed; give \
+                             the final URL): <html>s3cr3t</html>'),
+                           ('could not reach the receiver: error sending request for url (' || $1
+                            || '): client error (Connect): tcp connect error: Connection refused'))
+                    AS e (error)",
+    )
+    .bind(hook)
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    db::migrator().run(&pool).await.unwrap();
+    let errors: Vec<String> =
+        sqlx::query_scalar("SELECT last_error FROM webhook_deliveries ORDER BY last_error")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        errors,
+        [
+            "could not reach the receiver: error sending request: client error (Connect): tcp \
+             connect error: Connection refused",
+            "the receiver answered 302 Found (redirects are not followed; give the final URL)",
+            "the receiver answered 404 Not Found",
+        ]
+    );
+    pool.close().await;
+}
