@@ -23,3 +23,18 @@ UPDATE webhook_deliveries d
   FROM webhooks w
  WHERE w.id = d.webhook_id
    AND (strpos(d.last_error, w.url) > 0 OR d.last_error LIKE '% for url (%');
+
+-- A credential confined to a team could set allow_private (item 1); only the
+-- local operator or a global admin credential may now. A hook that such a
+-- credential added (its `created_by` names the credential, `admin:<prefix>`)
+-- loses the flag: its next delivery to a non-public address is refused and
+-- says so in `webhook list`, and the operator or a global admin adds it
+-- again if the receiver really is on the server's network. A prefix that a
+-- global credential also has is left alone.
+UPDATE webhooks w
+   SET allow_private = false
+ WHERE w.allow_private
+   AND EXISTS (SELECT 1 FROM admin_credentials c
+                WHERE 'admin:' || c.display_prefix = w.created_by AND c.team_id IS NOT NULL)
+   AND NOT EXISTS (SELECT 1 FROM admin_credentials c
+                    WHERE 'admin:' || c.display_prefix = w.created_by AND c.team_id IS NULL);

@@ -330,10 +330,11 @@ async fn an_unreachable_receiver_is_recorded_without_the_hooks_url() {
     );
 }
 
-/// Errors older builds recorded are cleaned by migration 0028: a receiver's
-/// body after its status, and the hook's URL in reqwest's text.
+/// Migration 0028 cleans what older builds left: a receiver's body after its
+/// status and the hook's URL in recorded errors, and `allow_private` on a
+/// hook a credential confined to a team added.
 #[tokio::test]
-async fn migration_0028_scrubs_reply_bodies_and_urls_from_recorded_errors() {
+async fn migration_0028_scrubs_recorded_errors_and_a_confined_credentials_allow_private() {
     use ai_crew_sync::db;
     let url = crate::support::postgres::fresh_database_url().await;
     let pool = db::connect(&url, 2).await.unwrap();
@@ -360,8 +361,41 @@ async fn migration_0028_scrubs_reply_bodies_and_urls_from_recorded_errors() {
     .execute(&pool)
     .await
     .unwrap();
+    // Hooks with allow_private added by a credential confined to the team
+    // and by a global one.
+    sqlx::query(
+        "WITH c AS (INSERT INTO admin_credentials (id, team_id, secret_sha256, display_prefix,
+                                                   created_by)
+                    SELECT gen_random_uuid(), CASE WHEN p = 'acsa_team0001' THEN t.id END,
+                           sha256(p::bytea), p, 'test'
+                      FROM teams t, unnest(ARRAY['acsa_team0001', 'acsa_glob0001']) AS p
+                    RETURNING team_id, display_prefix)
+         INSERT INTO webhooks (id, team_id, url, kind, events, secret, allow_private, created_by)
+         SELECT gen_random_uuid(), t.id, $1, 'generic', ARRAY['task'], repeat('k', 40), true,
+                'admin:' || c.display_prefix
+           FROM teams t, c",
+    )
+    .bind(hook)
+    .execute(&pool)
+    .await
+    .unwrap();
 
     db::migrator().run(&pool).await.unwrap();
+    let private: Vec<(String, bool)> = sqlx::query_as(
+        "SELECT created_by, allow_private FROM webhooks WHERE created_by LIKE 'admin:%'
+          ORDER BY created_by",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        private,
+        [
+            ("admin:acsa_glob0001".to_owned(), true),
+            ("admin:acsa_team0001".to_owned(), false),
+        ],
+        "a confined credential's hook loses allow_private; a global one's keeps it"
+    );
     let errors: Vec<String> =
         sqlx::query_scalar("SELECT last_error FROM webhook_deliveries ORDER BY last_error")
             .fetch_all(&pool)
