@@ -4,10 +4,15 @@
 //! Bytes are octet lengths of what each row carries for the team: message
 //! bodies and their metadata's JSON text, note values, task title,
 //! description, result and metadata, event and audit details, attachment
-//! sizes. Conversation messages count their body where it is kept: the row's
+//! sizes, webhook deliveries' payloads and errors. Conversation messages count their body where it is kept: the row's
 //! text on PostgreSQL, the recorded `body_bytes` on JetStream (a released
 //! message counts nothing); local copies of JetStream bodies and outbox
-//! payloads are shown apart and not counted twice.
+//! payloads are shown apart and not counted twice. Webhook deliveries are
+//! counted against the quota although their payload repeats an event (a
+//! post's body, say): unlike a local copy, which the sweep releases, a
+//! delivery row stays as long as the hook's receiver lets it (a failed one
+//! until `team prune`), once per hook, so it is storage the team's hooks
+//! add, and `team prune` removes the settled ones.
 //!
 //! The quota (`team quota --bytes N`) caps the kinds marked `in_quota`: what
 //! agents write. Audit rows and inbox references are the bus's own records and
@@ -110,6 +115,9 @@ SELECT
   (SELECT coalesce(sum(octet_length(detail::text)), 0)::bigint FROM task_events WHERE team_id = $1),
   (SELECT count(*) FROM attachments WHERE team_id = $1),
   (SELECT coalesce(sum(size_bytes), 0)::bigint FROM attachments WHERE team_id = $1),
+  (SELECT count(*) FROM webhook_deliveries WHERE team_id = $1),
+  (SELECT coalesce(sum(octet_length(payload::text) + coalesce(octet_length(last_error), 0)), 0)::bigint
+     FROM webhook_deliveries WHERE team_id = $1),
   (SELECT count(*) FROM audit_log WHERE team_id = $1),
   (SELECT coalesce(sum(octet_length(detail::text)), 0)::bigint FROM audit_log WHERE team_id = $1),
   (SELECT count(*) FROM conversation_audit WHERE team_id = $1),
@@ -123,7 +131,7 @@ SELECT
 
 /// (kind, counted against the quota), in the order [`COUNTS`] reads them
 /// (rows then bytes each), up to `inbox_references`.
-const KINDS: [(&str, bool); 12] = [
+const KINDS: [(&str, bool); 13] = [
     ("channel_messages", true),
     ("direct_messages", true),
     ("conversation_messages_postgres", true),
@@ -134,6 +142,7 @@ const KINDS: [(&str, bool); 12] = [
     ("tasks", true),
     ("task_events", true),
     ("attachments", true),
+    ("webhook_deliveries", true),
     ("audit", false),
     ("conversation_audit", false),
 ];

@@ -10,7 +10,7 @@ use crate::cli::Context;
 use crate::cli::args::TeamArgs;
 use crate::cli::output::{self, time};
 use crate::store::admin::Authority;
-use crate::store::webhooks::{self, NewWebhook, WebhookKind, WebhookSummary};
+use crate::store::webhooks::{self, NewWebhook, PrivateTargets, WebhookKind, WebhookSummary};
 
 #[derive(Subcommand, Debug)]
 pub enum WebhookCommand {
@@ -62,7 +62,9 @@ pub struct AddArgs {
     /// [default: every channel].
     #[arg(long = "channel")]
     channels: Vec<String>,
-    /// Allow a private, loopback or link-local address (a receiver on this network).
+    /// Allow a private, loopback, link-local or other non-public address (a receiver on
+    /// this network). Only this local command or a global admin credential may; a
+    /// credential confined to a team is refused.
     #[arg(long)]
     allow_private: bool,
     #[arg(long)]
@@ -78,7 +80,10 @@ pub async fn run(ctx: &Context, command: WebhookCommand) -> anyhow::Result<()> {
                 kind: WebhookKind::parse(&args.kind)?,
                 events: args.events,
                 channels: args.channels,
-                allow_private: args.allow_private,
+                allow_private: args
+                    .allow_private
+                    .then(|| PrivateTargets::grant(&authority))
+                    .transpose()?,
             };
             let created = ctx
                 .with_database(async |pool| {
@@ -98,7 +103,8 @@ pub async fn run(ctx: &Context, command: WebhookCommand) -> anyhow::Result<()> {
                 describe_filter(hook)
             );
             println!(
-                "signing secret (X-Bus-Signature: sha256=HMAC-SHA256 of the body), shown once:"
+                "signing secret (X-Bus-Signature: sha256=HMAC-SHA256 of \"<X-Bus-Timestamp>.<body>\"), \
+                 shown once:"
             );
             println!("  {}", created.secret);
         }

@@ -15,7 +15,7 @@ use serde::Deserialize;
 use super::{Answer, created, ok, parse, parse_id};
 use crate::http::AppState;
 use crate::store::admin::Authority;
-use crate::store::webhooks::{self, NewWebhook, WebhookKind};
+use crate::store::webhooks::{self, NewWebhook, PrivateTargets, WebhookKind};
 
 pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
@@ -70,7 +70,10 @@ async fn add(
             kind,
             events: new.events,
             channels: new.channels,
-            allow_private: new.allow_private,
+            allow_private: new
+                .allow_private
+                .then(|| PrivateTargets::grant(&me))
+                .transpose()?,
         };
         webhooks::add(&state.pool, &team, new).await
     };

@@ -84,6 +84,25 @@ macro_rules! task_event_prunable {
     };
 }
 
+/// A webhook delivery older than the cut-off that is settled: delivered, or
+/// failed (given up; until now kept until its hook was removed). Its payload
+/// carries what the event said, a channel post's body included, so it goes
+/// with the messages of its age. One still to be sent (pending, or being
+/// sent, or waiting on a paused hook) stays: removing it would drop an
+/// event its receiver was promised.
+macro_rules! webhook_delivery_prunable {
+    () => {
+        "x.team_id = $1 AND x.created_at < $2 AND x.state IN ('delivered', 'failed')"
+    };
+}
+
+/// What a webhook delivery weighs (as `team usage` counts it).
+macro_rules! webhook_delivery_bytes {
+    () => {
+        "(octet_length(x.payload::text) + coalesce(octet_length(x.last_error), 0))"
+    };
+}
+
 /// An audit row (operator or conversation audit) older than the audit
 /// retention.
 macro_rules! audit_prunable {
@@ -165,6 +184,12 @@ pub(super) const TASK_EVENTS_COUNT: &str = count_of!(
     "x",
     task_event_prunable!(),
     "octet_length(x.detail::text)"
+);
+pub(super) const WEBHOOK_DELIVERIES_COUNT: &str = count_of!(
+    "webhook_deliveries",
+    "x",
+    webhook_delivery_prunable!(),
+    webhook_delivery_bytes!()
 );
 pub(super) const AUDIT_COUNT: &str = count_of!(
     "audit_log",
@@ -251,6 +276,12 @@ pub(super) const TASK_EVENTS_BATCH: &str = delete_batch!(
     "x.id",
     task_event_prunable!(),
     "octet_length(x.detail::text)"
+);
+pub(super) const WEBHOOK_DELIVERIES_BATCH: &str = delete_batch!(
+    "webhook_deliveries",
+    "x.id",
+    webhook_delivery_prunable!(),
+    "(octet_length(x.payload::text) + coalesce(octet_length(x.last_error), 0))"
 );
 pub(super) const AUDIT_BATCH: &str = delete_batch!(
     "audit_log",

@@ -10,7 +10,8 @@
 //!
 //! What goes: channel and direct messages older than `--older-than-days`
 //! (with their attachments), note revisions that are not their note's
-//! current one, events of finished tasks, audit rows past the operator's
+//! current one, events of finished tasks, settled webhook deliveries
+//! (delivered or failed: their payloads carry what the event said), audit rows past the operator's
 //! `--audit-older-than-days` (kept when it is not given), and conversation
 //! messages past their conversation's `retention_days` (released: tombstoned
 //! and their body dropped, on JetStream through the backend's retention path;
@@ -242,6 +243,7 @@ enum Kind {
     Attachments,
     NoteRevisions,
     TaskEvents,
+    WebhookDeliveries,
     ConversationMessages,
     Audit,
     ConversationAudit,
@@ -250,12 +252,13 @@ enum Kind {
 impl Kind {
     /// Attachments before the messages they hang on would be counted after
     /// them: their count comes first, from the same predicate.
-    const ALL: [Kind; 8] = [
+    const ALL: [Kind; 9] = [
         Kind::Attachments,
         Kind::ChannelMessages,
         Kind::DirectMessages,
         Kind::NoteRevisions,
         Kind::TaskEvents,
+        Kind::WebhookDeliveries,
         Kind::ConversationMessages,
         Kind::Audit,
         Kind::ConversationAudit,
@@ -268,6 +271,7 @@ impl Kind {
             Kind::Attachments => "message_attachments",
             Kind::NoteRevisions => "note_revisions",
             Kind::TaskEvents => "task_events",
+            Kind::WebhookDeliveries => "webhook_deliveries",
             Kind::ConversationMessages => "conversation_messages_released",
             Kind::Audit => "audit",
             Kind::ConversationAudit => "conversation_audit",
@@ -281,6 +285,7 @@ impl Kind {
             Kind::Attachments => kinds::ATTACHMENTS_COUNT,
             Kind::NoteRevisions => kinds::NOTE_REVISIONS_COUNT,
             Kind::TaskEvents => kinds::TASK_EVENTS_COUNT,
+            Kind::WebhookDeliveries => kinds::WEBHOOK_DELIVERIES_COUNT,
             Kind::ConversationMessages => kinds::CONVERSATION_MESSAGES_COUNT,
             Kind::Audit => kinds::AUDIT_COUNT,
             Kind::ConversationAudit => kinds::CONVERSATION_AUDIT_COUNT,
@@ -298,6 +303,7 @@ impl Kind {
         let statement = match self {
             Kind::NoteRevisions => kinds::NOTE_REVISIONS_BATCH,
             Kind::TaskEvents => kinds::TASK_EVENTS_BATCH,
+            Kind::WebhookDeliveries => kinds::WEBHOOK_DELIVERIES_BATCH,
             Kind::Audit => kinds::AUDIT_BATCH,
             Kind::ConversationAudit => kinds::CONVERSATION_AUDIT_BATCH,
             // Each has its own batches (`release.rs`).

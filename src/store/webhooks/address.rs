@@ -3,13 +3,17 @@
 //! vector: http or https only, a host, no credentials in it, and every
 //! address the host resolves to public, unless the operator allowed private
 //! ones for this hook (`--allow-private`, for a receiver on the same network).
+//! "Public" is decided by [`private_reason`] alone: outside every block of
+//! IANA's special-purpose registries (v4 and v6) and multicast, with an IPv4
+//! address carried inside an IPv6 one (mapped, compatible, NAT64, 6to4)
+//! judged as that IPv4 address.
 //!
 //! The check runs twice: at `webhook add` (a clear refusal, nothing written),
 //! and at every send, on the addresses the connection will actually use
 //! ([`GuardedResolver`]), so a name that resolved to a public address at add
 //! and to 127.0.0.1 later (DNS rebinding) is still refused.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use url::Url;
 
@@ -17,46 +21,136 @@ use crate::error::{BusError, BusResult};
 
 pub const URL_MAX_BYTES: usize = 2048;
 
-/// Why an address may not receive a webhook, or `None` when it may.
-pub fn private_reason(ip: IpAddr) -> Option<&'static str> {
-    match ip {
-        IpAddr::V4(v4) => v4_reason(v4),
-        IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
-                return v4_reason(v4);
-            }
-            let first = v6.segments()[0];
-            if v6.is_loopback() {
-                Some("loopback")
-            } else if v6.is_unspecified() {
-                Some("unspecified")
-            } else if v6.is_multicast() {
-                Some("multicast")
-            } else if first & 0xfe00 == 0xfc00 {
-                Some("private (unique local)")
-            } else if first & 0xffc0 == 0xfe80 || first & 0xffc0 == 0xfec0 {
-                Some("link-local")
-            } else {
-                None
-            }
-        }
+/// IPv4 ranges no webhook may reach, with why: every block of IANA's IPv4
+/// Special-Purpose Address Registry (RFC 6890 and its updates), the
+/// globally reachable ones too (AS112, AMT: no webhook receiver lives
+/// there), plus multicast. Network, prefix length, reason.
+const V4_DENIED: &[([u8; 4], u8, &str)] = &[
+    ([0, 0, 0, 0], 8, "\"this network\" (unspecified)"),
+    ([10, 0, 0, 0], 8, "private"),
+    (
+        [100, 64, 0, 0],
+        10,
+        "shared address space (carrier-grade NAT)",
+    ),
+    ([127, 0, 0, 0], 8, "loopback"),
+    (
+        [169, 254, 0, 0],
+        16,
+        "link-local (cloud metadata services live here)",
+    ),
+    ([172, 16, 0, 0], 12, "private"),
+    ([192, 0, 0, 0], 24, "IETF protocol assignments"),
+    ([192, 0, 2, 0], 24, "documentation (TEST-NET-1)"),
+    ([192, 31, 196, 0], 24, "AS112 anycast"),
+    ([192, 52, 193, 0], 24, "AMT relay anycast"),
+    ([192, 88, 99, 0], 24, "6to4 relay anycast (deprecated)"),
+    ([192, 168, 0, 0], 16, "private"),
+    ([192, 175, 48, 0], 24, "AS112 direct delegation"),
+    ([198, 18, 0, 0], 15, "benchmarking"),
+    ([198, 51, 100, 0], 24, "documentation (TEST-NET-2)"),
+    ([203, 0, 113, 0], 24, "documentation (TEST-NET-3)"),
+    ([224, 0, 0, 0], 4, "multicast"),
+    ([240, 0, 0, 0], 4, "reserved (and the broadcast address)"),
+];
+
+/// IPv6 ranges no webhook may reach, with why: IANA's IPv6 Special-Purpose
+/// Address Registry and the non-unicast blocks. The forms that carry an IPv4
+/// address are not here: [`embedded_v4`] unwraps them and the IPv4 address
+/// decides. Whatever is outside global unicast (`2000::/3`) and not listed
+/// is refused too.
+const V6_DENIED: &[([u16; 8], u8, &str)] = &[
+    ([0, 0, 0, 0, 0, 0, 0, 0], 128, "unspecified"),
+    ([0, 0, 0, 0, 0, 0, 0, 1], 128, "loopback"),
+    (
+        [0x64, 0xff9b, 1, 0, 0, 0, 0, 0],
+        48,
+        "local-use IPv4/IPv6 translation",
+    ),
+    ([0x100, 0, 0, 0, 0, 0, 0, 0], 64, "discard-only"),
+    ([0x100, 0, 0, 1, 0, 0, 0, 0], 64, "dummy prefix"),
+    (
+        [0x2001, 0, 0, 0, 0, 0, 0, 0],
+        23,
+        "IETF protocol assignments (Teredo, benchmarking, ORCHID, ...)",
+    ),
+    ([0x2001, 0xdb8, 0, 0, 0, 0, 0, 0], 32, "documentation"),
+    (
+        [0x2620, 0x4f, 0x8000, 0, 0, 0, 0, 0],
+        48,
+        "AS112 direct delegation",
+    ),
+    ([0x3fff, 0, 0, 0, 0, 0, 0, 0], 20, "documentation"),
+    (
+        [0x5f00, 0, 0, 0, 0, 0, 0, 0],
+        16,
+        "segment routing (SRv6) identifiers",
+    ),
+    ([0xfc00, 0, 0, 0, 0, 0, 0, 0], 7, "private (unique local)"),
+    ([0xfe80, 0, 0, 0, 0, 0, 0, 0], 10, "link-local"),
+    ([0xfec0, 0, 0, 0, 0, 0, 0, 0], 10, "site-local (deprecated)"),
+    ([0xff00, 0, 0, 0, 0, 0, 0, 0], 8, "multicast"),
+];
+
+/// The IPv4 address inside an IPv6 one that carries it, and what the form
+/// is called: IPv4-mapped `::ffff:a.b.c.d`, IPv4-translated
+/// `::ffff:0:a.b.c.d`, IPv4-compatible `::a.b.c.d` (deprecated, but a stack
+/// may still route it), NAT64 `64:ff9b::a.b.c.d` and 6to4 `2002:AABB:CCDD::`.
+/// A packet to any of these can end at the IPv4 address, so that address is
+/// what is judged.
+fn embedded_v4(v6: Ipv6Addr) -> Option<(Ipv4Addr, &'static str)> {
+    let s = v6.segments();
+    let low = Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8);
+    match s {
+        [0, 0, 0, 0, 0, 0xffff, _, _] => Some((low, "IPv4-mapped")),
+        [0, 0, 0, 0, 0xffff, 0, _, _] => Some((low, "IPv4-translated")),
+        // `::` and `::1` are themselves (V6_DENIED), not IPv4 addresses.
+        [0, 0, 0, 0, 0, 0, 0, 0 | 1] => None,
+        [0, 0, 0, 0, 0, 0, _, _] => Some((low, "IPv4-compatible")),
+        [0x64, 0xff9b, 0, 0, 0, 0, _, _] => Some((low, "NAT64")),
+        [0x2002, hi, lo, ..] => Some((
+            Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8),
+            "6to4",
+        )),
+        _ => None,
     }
 }
 
+fn in_v4(ip: Ipv4Addr, net: [u8; 4], len: u8) -> bool {
+    let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
+    u32::from(ip) & mask == u32::from(Ipv4Addr::from(net)) & mask
+}
+
+fn in_v6(ip: Ipv6Addr, net: [u16; 8], len: u8) -> bool {
+    let mask = u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
+    u128::from(ip) & mask == u128::from(Ipv6Addr::from(net)) & mask
+}
+
 fn v4_reason(v4: Ipv4Addr) -> Option<&'static str> {
-    let [a, b, ..] = v4.octets();
-    if v4.is_loopback() {
-        Some("loopback")
-    } else if v4.is_unspecified() || a == 0 {
-        Some("unspecified")
-    } else if v4.is_private() || (a == 100 && (64..128).contains(&b)) {
-        Some("private")
-    } else if v4.is_link_local() {
-        Some("link-local")
-    } else if v4.is_multicast() || v4.is_broadcast() {
-        Some("multicast or broadcast")
-    } else {
-        None
+    V4_DENIED
+        .iter()
+        .find(|(net, len, _)| in_v4(v4, *net, *len))
+        .map(|(_, _, reason)| *reason)
+}
+
+/// Why an address may not receive a webhook, or `None` when it may.
+pub fn private_reason(ip: IpAddr) -> Option<String> {
+    match ip {
+        IpAddr::V4(v4) => v4_reason(v4).map(str::to_owned),
+        IpAddr::V6(v6) => {
+            if let Some((v4, form)) = embedded_v4(v6) {
+                return v4_reason(v4).map(|reason| format!("{reason}: {form} form of {v4}"));
+            }
+            if let Some((_, _, reason)) =
+                V6_DENIED.iter().find(|(net, len, _)| in_v6(v6, *net, *len))
+            {
+                return Some((*reason).to_owned());
+            }
+            if !in_v6(v6, [0x2000, 0, 0, 0, 0, 0, 0, 0], 3) {
+                return Some("not global unicast (outside 2000::/3)".to_owned());
+            }
+            None
+        }
     }
 }
 
@@ -193,34 +287,106 @@ mod tests {
     use super::*;
 
     #[test]
-    fn private_addresses_are_named() {
+    fn every_special_purpose_range_is_refused() {
         for ip in [
-            "127.0.0.1",
-            "10.1.2.3",
-            "172.16.0.1",
-            "192.168.1.1",
-            "169.254.169.254",
+            // IPv4: IANA's special-purpose registry, multicast, reserved.
             "0.0.0.0",
+            "0.1.2.3",
+            "10.1.2.3",
             "100.64.0.1",
+            "100.127.255.254",
+            "127.0.0.1",
+            "127.255.0.9",
+            "169.254.169.254",
+            "172.16.0.1",
+            "172.31.255.255",
+            "192.0.0.8",
+            "192.0.0.170",
+            "192.0.2.1",
+            "192.31.196.1",
+            "192.52.193.1",
+            "192.88.99.1",
+            "192.168.1.1",
+            "192.175.48.1",
+            "198.18.0.1",
+            "198.19.255.255",
+            "198.51.100.7",
+            "203.0.113.9",
             "224.0.0.1",
-            "::1",
+            "239.255.255.250",
+            "240.0.0.1",
+            "255.255.255.255",
+            // IPv6: the registry and the non-unicast blocks.
             "::",
+            "::1",
+            "64:ff9b:1::1",
+            "100::1",
+            "100:0:0:1::1",
+            "2001::1",
+            "2001:2::1",
+            "2001:20::1",
+            "2001:db8::1",
+            "2620:4f:8000::1",
+            "3fff::1",
+            "5f00::1",
+            "fc00::1",
             "fd00::1",
             "fe80::1",
+            "febf::1",
+            "fec0::1",
             "ff02::1",
+            "4000::1",
+            "::2:0:0:1",
+            // IPv4 inside IPv6: the IPv4 address decides.
             "::ffff:127.0.0.1",
+            "::ffff:169.254.169.254",
+            "::ffff:0:10.0.0.1",
+            "::127.0.0.1",
+            "::10.0.0.1",
+            "64:ff9b::127.0.0.1",
+            "64:ff9b::a9fe:a9fe",
+            "64:ff9b::198.18.0.1",
+            "2002:7f00:1::",
+            "2002:a9fe:a9fe::1",
+            "2002:c0a8:0101:5::1",
         ] {
             assert!(
                 private_reason(ip.parse().unwrap()).is_some(),
                 "{ip} should be refused"
             );
         }
-        for ip in ["1.1.1.1", "93.184.216.34", "2606:4700::1111"] {
-            assert!(
-                private_reason(ip.parse().unwrap()).is_none(),
-                "{ip} is public"
-            );
+    }
+
+    #[test]
+    fn public_addresses_pass_in_every_form() {
+        for ip in [
+            "1.1.1.1",
+            "8.8.8.8",
+            "93.184.216.34",
+            "100.63.255.255",
+            "100.128.0.1",
+            "172.32.0.1",
+            "192.0.1.1",
+            "198.20.0.1",
+            "223.255.255.255",
+            "2606:4700::1111",
+            "2a00:1450:4001::200e",
+            "::ffff:1.1.1.1",
+            "::1.1.1.1",
+            "64:ff9b::1.1.1.1",
+            "2002:0101:0101::1",
+        ] {
+            assert_eq!(private_reason(ip.parse().unwrap()), None, "{ip} is public");
         }
+    }
+
+    #[test]
+    fn a_refusal_names_the_embedded_address() {
+        let reason = private_reason("64:ff9b::a9fe:a9fe".parse().unwrap()).unwrap();
+        assert!(
+            reason.contains("link-local") && reason.contains("NAT64 form of 169.254.169.254"),
+            "{reason}"
+        );
     }
 
     #[test]

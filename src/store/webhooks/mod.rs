@@ -28,7 +28,7 @@ use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::admin::{Reach, TeamScope};
+use super::admin::{Authority, Reach, TeamScope};
 use super::{audit, channels, teams, text};
 use crate::error::{BusError, BusResult};
 
@@ -88,7 +88,40 @@ pub struct NewWebhook {
     pub kind: WebhookKind,
     pub events: Vec<String>,
     pub channels: Vec<String>,
-    pub allow_private: bool,
+    /// `Some`: the hook may reach private, loopback and link-local addresses.
+    pub allow_private: Option<PrivateTargets>,
+}
+
+/// Permission for a hook to reach non-public addresses (`--allow-private`,
+/// `allow_private: true` over `/admin`), made only by [`PrivateTargets::grant`].
+/// Such a hook makes the server POST wherever its host points: the metrics
+/// listener, a cloud metadata address, a database's HTTP port. That is a
+/// decision about the server's network, not about one team, so only the
+/// operator beside the database and a global admin credential may make it;
+/// a credential confined to a team may not.
+#[derive(Clone, Debug)]
+pub struct PrivateTargets(super::Actor);
+
+impl PrivateTargets {
+    pub fn grant(authority: &Authority) -> BusResult<PrivateTargets> {
+        if let Authority::Admin(me) = authority
+            && let Some(team) = &me.team
+        {
+            return Err(BusError::forbidden(format!(
+                "only a global admin credential or the operator on the server can let a webhook \
+                 reach private, loopback or link-local addresses (allow_private); this credential \
+                 is confined to team `{team}`, so nothing was added. Point the webhook at a \
+                 public address and leave allow_private out, or ask the operator to add it \
+                 (`ai-crew-sync webhook add --allow-private`)."
+            )));
+        }
+        Ok(PrivateTargets(authority.actor()))
+    }
+
+    /// Who allowed it.
+    pub fn actor(&self) -> &super::Actor {
+        &self.0
+    }
 }
 
 /// Deliveries of one hook by state.
@@ -231,7 +264,8 @@ pub async fn add(pool: &PgPool, team: &TeamScope, new: NewWebhook) -> BusResult<
     let events = check_events(&new.events)?;
     let found = teams::find(pool, team.slug()).await?;
     let channels = check_channels(pool, found.id, &new.channels).await?;
-    address::check_destination(&url, new.allow_private).await?;
+    let allow_private = new.allow_private.is_some();
+    address::check_destination(&url, allow_private).await?;
     let mut key = [0u8; 32];
     rand::rng().fill_bytes(&mut key);
     let secret = format!("whsec_{}", hex::encode(key));
@@ -269,7 +303,7 @@ pub async fn add(pool: &PgPool, team: &TeamScope, new: NewWebhook) -> BusResult<
     .bind(&events)
     .bind((!channels.is_empty()).then_some(&channels))
     .bind(&secret)
-    .bind(new.allow_private)
+    .bind(allow_private)
     .bind(&actor.name)
     .execute(&mut *tx)
     .await?;
@@ -281,7 +315,7 @@ pub async fn add(pool: &PgPool, team: &TeamScope, new: NewWebhook) -> BusResult<
         &id.to_string(),
         json!({
             "origin": origin(&url), "kind": new.kind.as_str(), "events": events,
-            "channels": channels, "allow_private": new.allow_private,
+            "channels": channels, "allow_private": allow_private,
         }),
     )
     .await?;

@@ -1,6 +1,9 @@
 //! What a delivery sends. Generic hooks get a JSON envelope
 //! `{id, webhook_id, team, event, occurred_at, data}`, signed with the hook's
-//! secret over the exact body bytes (`X-Bus-Signature: sha256=<hex>`);
+//! secret over the send's timestamp and the exact body bytes
+//! (`X-Bus-Timestamp: <unix seconds>`, `X-Bus-Signature: sha256=<hex>` of
+//! `<timestamp>.<body>`): a receiver that refuses an old timestamp cannot be
+//! fed a captured delivery again later;
 //! Slack gets `{"text": …}`, Discord `{"content": …}`: one short line a
 //! person reads, with mentions disabled so a message cannot ping a room.
 //!
@@ -41,10 +44,16 @@ pub fn body(claimed: &Claimed) -> Vec<u8> {
     serde_json::to_vec(&value).expect("a JSON value serialises")
 }
 
-/// `sha256=<hex HMAC-SHA256 of body keyed with secret>`.
-pub fn signature(secret: &str, body: &[u8]) -> String {
+/// `sha256=<hex HMAC-SHA256 of "<timestamp>.<body>" keyed with secret>`:
+/// the timestamp (unix seconds, sent as `X-Bus-Timestamp`) is signed with
+/// the body, so changing it breaks the signature, and a receiver that
+/// refuses a stale one refuses a replayed capture. Each attempt is signed
+/// anew with its own send time.
+pub fn signature(secret: &str, timestamp: i64, body: &[u8]) -> String {
     let mut mac =
         Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes a key of any length");
+    mac.update(timestamp.to_string().as_bytes());
+    mac.update(b".");
     mac.update(body);
     format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
 }
@@ -147,11 +156,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn signature_is_hmac_sha256_hex() {
-        // RFC 4231 test case 2.
+    fn signature_is_hmac_sha256_hex_of_timestamp_dot_body() {
+        // Python: hmac.new(b"Jefe", b"1764900000.what do ya want for nothing?",
+        // hashlib.sha256).hexdigest()
         assert_eq!(
-            signature("Jefe", b"what do ya want for nothing?"),
-            "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+            signature("Jefe", 1_764_900_000, b"what do ya want for nothing?"),
+            "sha256=eb0388e42001310b72c166f20e4b252a81a0b9d083680290777f54abf4c54f97"
+        );
+        assert_ne!(
+            signature("Jefe", 1_764_900_001, b"what do ya want for nothing?"),
+            signature("Jefe", 1_764_900_000, b"what do ya want for nothing?"),
         );
     }
 

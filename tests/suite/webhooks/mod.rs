@@ -13,14 +13,16 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ai_crew_sync::store::webhooks::{self, CreatedWebhook, NewWebhook, WebhookKind};
+use ai_crew_sync::store::webhooks::{
+    self, CreatedWebhook, NewWebhook, PrivateTargets, WebhookKind,
+};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::support::{McpClient, TestApp, in_team};
+use crate::support::{McpClient, TestApp, in_team, test_authority};
 
 mod delivery;
 mod security;
@@ -161,7 +163,9 @@ fn hook(url: &str, events: &[&str]) -> NewWebhook {
         kind: WebhookKind::Generic,
         events: events.iter().map(|e| e.to_string()).collect(),
         channels: vec![],
-        allow_private: true,
+        allow_private: Some(
+            PrivateTargets::grant(&test_authority()).expect("the local operator allows private"),
+        ),
     }
 }
 

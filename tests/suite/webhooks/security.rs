@@ -15,7 +15,7 @@ use sha2::Sha256;
 use uuid::Uuid;
 
 use super::{Receiver, Request, add, call, deliveries, eventually, hook, in_state, post};
-use crate::support::{McpClient, in_team, spawn_app, test_actor};
+use crate::support::{McpClient, free_port, in_team, spawn_app, test_actor};
 
 /// A name that resolved to a public address at `add` and resolves to
 /// loopback now (DNS rebinding) is refused at send time: here the hooks are
@@ -30,6 +30,9 @@ async fn a_hook_without_allow_private_never_connects_to_a_private_address() {
     for url in [
         format!("http://localhost:{port}/by-name"),
         format!("http://127.0.0.1:{port}/by-address"),
+        // 127.0.0.1 inside IPv6: judged as the IPv4 address it carries.
+        format!("http://[64:ff9b::7f00:1]:{port}/nat64"),
+        format!("http://[::ffff:127.0.0.1]:{port}/mapped"),
     ] {
         add(&app, "acme", hook(&url, &["message"])).await;
     }
@@ -39,8 +42,8 @@ async fn a_hook_without_allow_private_never_connects_to_a_private_address() {
         .unwrap();
     post(&app.mcp(&token, None).await, "general", "stay inside").await;
 
-    eventually("both deliveries failed", || async {
-        in_state(&app, "failed").await == 2
+    eventually("every delivery failed", || async {
+        in_state(&app, "failed").await == 4
     })
     .await;
     assert!(receiver.requests().is_empty(), "nothing was sent");
@@ -54,8 +57,12 @@ async fn a_hook_without_allow_private_never_connects_to_a_private_address() {
     }
 }
 
+/// The signature covers `X-Bus-Timestamp` and the exact body, as the README
+/// tells a receiver to check it: a captured delivery sent again with a fresh
+/// timestamp no longer verifies, so a receiver that refuses stale
+/// timestamps refuses the replay.
 #[tokio::test]
-async fn generic_deliveries_are_signed_over_the_exact_body() {
+async fn generic_deliveries_are_signed_over_the_timestamp_and_the_exact_body() {
     let app = spawn_app().await;
     app.team("acme").await;
     let token = app.agent("acme", "alice").await;
@@ -67,17 +74,32 @@ async fn generic_deliveries_are_signed_over_the_exact_body() {
 
     eventually("one request", || async { receiver.requests().len() == 1 }).await;
     let request = &receiver.requests()[0];
-    let verify = |body: &[u8]| {
+    // The README's recipe: HMAC-SHA256 of "<X-Bus-Timestamp>.<raw body>".
+    let verify = |timestamp: &str, body: &[u8]| {
         let mut mac = Hmac::<Sha256>::new_from_slice(created.secret.as_bytes()).unwrap();
+        mac.update(timestamp.as_bytes());
+        mac.update(b".");
         mac.update(body);
         format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
     };
-    assert_eq!(request.header("x-bus-signature"), verify(&request.body));
+    let timestamp = request.header("x-bus-timestamp");
+    let seconds: i64 = timestamp
+        .parse()
+        .unwrap_or_else(|_| panic!("X-Bus-Timestamp is unix seconds: {timestamp:?}"));
+    assert_eq!(
+        request.header("x-bus-signature"),
+        verify(timestamp, &request.body)
+    );
+    assert_ne!(
+        request.header("x-bus-signature"),
+        verify(&(seconds + 600).to_string(), &request.body),
+        "a replay under a later timestamp does not verify"
+    );
     let mut tampered = request.body.to_vec();
     tampered.push(b' ');
     assert_ne!(
         request.header("x-bus-signature"),
-        verify(&tampered),
+        verify(timestamp, &tampered),
         "the signature covers the exact bytes"
     );
 
@@ -234,7 +256,7 @@ async fn urls_are_validated_and_a_refusal_writes_nothing() {
     let ftp = refusal(hook("ftp://example.com/hook", &[])).await;
     assert!(ftp.contains("only http and https"), "{ftp}");
     let loopback = refusal(NewWebhook {
-        allow_private: false,
+        allow_private: None,
         ..hook("http://127.0.0.1:9/hook", &[])
     })
     .await;
@@ -243,11 +265,26 @@ async fn urls_are_validated_and_a_refusal_writes_nothing() {
         "{loopback}"
     );
     let localhost = refusal(NewWebhook {
-        allow_private: false,
+        allow_private: None,
         ..hook("http://localhost:9/hook", &[])
     })
     .await;
     assert!(localhost.contains("loopback"), "{localhost}");
+    let metadata = refusal(NewWebhook {
+        allow_private: None,
+        ..hook("http://[64:ff9b::a9fe:a9fe]/latest/meta-data", &[])
+    })
+    .await;
+    assert!(
+        metadata.contains("NAT64 form of 169.254.169.254") && metadata.contains("--allow-private"),
+        "{metadata}"
+    );
+    let benchmarking = refusal(NewWebhook {
+        allow_private: None,
+        ..hook("http://198.18.0.1/hook", &[])
+    })
+    .await;
+    assert!(benchmarking.contains("benchmarking"), "{benchmarking}");
     let credentials = refusal(hook("https://user:pw@example.com/hook", &[])).await;
     assert!(
         credentials.contains("user name or password"),
@@ -264,4 +301,114 @@ async fn urls_are_validated_and_a_refusal_writes_nothing() {
     .await
     .unwrap();
     assert_eq!((hooks, audits), (0, 0), "a refused add writes nothing");
+}
+
+/// reqwest's error text names the URL it was sending to, and a hook's URL
+/// may carry the receiver's secret in its path (Slack's and Discord's do):
+/// a delivery that cannot connect records (and logs: the log line carries
+/// the same text) why, without the URL.
+#[tokio::test]
+async fn an_unreachable_receiver_is_recorded_without_the_hooks_url() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let token = app.agent("acme", "alice").await;
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}/services/T0/B0/s3cr3t-path-token?key=q-s3cr3t");
+    add(&app, "acme", hook(&url, &["message"])).await;
+    post(&app.mcp(&token, None).await, "general", "nobody listens").await;
+
+    eventually("the delivery gave up", || async {
+        in_state(&app, "failed").await == 1
+    })
+    .await;
+    let listed = webhooks::list(&app.pool, &in_team("acme")).await.unwrap();
+    let error = listed[0].failures[0].last_error.clone().unwrap();
+    assert!(error.starts_with("could not reach the receiver"), "{error}");
+    assert!(
+        !error.contains("s3cr3t"),
+        "the URL is never in the error: {error}"
+    );
+}
+
+/// Migration 0028 cleans what older builds left: a receiver's body after its
+/// status and the hook's URL in recorded errors, and `allow_private` on a
+/// hook a credential confined to a team added.
+#[tokio::test]
+async fn migration_0028_scrubs_recorded_errors_and_a_confined_credentials_allow_private() {
+    use ai_crew_sync::db;
+    let url = crate::support::postgres::fresh_database_url().await;
+    let pool = db::connect(&url, 2).await.unwrap();
+    let mut before = db::migrator();
+    before.migrations.to_mut().retain(|m| m.version < 28);
+    before.run(&pool).await.unwrap();
+    let hook = "http://127.0.0.1:9/services/T0/B0/s3cr3t";
+    sqlx::query(
+        "WITH t AS (INSERT INTO teams (id, slug, name) VALUES (gen_random_uuid(), 'acme', 'Acme')
+                    RETURNING id),
+              w AS (INSERT INTO webhooks (id, team_id, url, kind, events, secret, created_by)
+                    SELECT gen_random_uuid(), t.id, $1, 'generic', ARRAY['message'],
+                           repeat('k', 40), 'test' FROM t RETURNING id, team_id)
+         INSERT INTO webhook_deliveries (team_id, webhook_id, event, payload, state, last_error)
+         SELECT w.team_id, w.id, 'message.posted', '{}', 'failed', e.error
+           FROM w, (VALUES ('the receiver answered 404 Not Found: instance-id: i-0s3cr3t'),
+                           ('the receiver answered 302 Found (redirects are not followed; give \
+                             the final URL): <html>s3cr3t</html>'),
+                           ('could not reach the receiver: error sending request for url (' || $1
+                            || '): client error (Connect): tcp connect error: Connection refused'))
+                    AS e (error)",
+    )
+    .bind(hook)
+    .execute(&pool)
+    .await
+    .unwrap();
+    // Hooks with allow_private added by a credential confined to the team
+    // and by a global one.
+    sqlx::query(
+        "WITH c AS (INSERT INTO admin_credentials (id, team_id, secret_sha256, display_prefix,
+                                                   created_by)
+                    SELECT gen_random_uuid(), CASE WHEN p = 'acsa_team0001' THEN t.id END,
+                           sha256(p::bytea), p, 'test'
+                      FROM teams t, unnest(ARRAY['acsa_team0001', 'acsa_glob0001']) AS p
+                    RETURNING team_id, display_prefix)
+         INSERT INTO webhooks (id, team_id, url, kind, events, secret, allow_private, created_by)
+         SELECT gen_random_uuid(), t.id, $1, 'generic', ARRAY['task'], repeat('k', 40), true,
+                'admin:' || c.display_prefix
+           FROM teams t, c",
+    )
+    .bind(hook)
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    db::migrator().run(&pool).await.unwrap();
+    let private: Vec<(String, bool)> = sqlx::query_as(
+        "SELECT created_by, allow_private FROM webhooks WHERE created_by LIKE 'admin:%'
+          ORDER BY created_by",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        private,
+        [
+            ("admin:acsa_glob0001".to_owned(), true),
+            ("admin:acsa_team0001".to_owned(), false),
+        ],
+        "a confined credential's hook loses allow_private; a global one's keeps it"
+    );
+    let errors: Vec<String> =
+        sqlx::query_scalar("SELECT last_error FROM webhook_deliveries ORDER BY last_error")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        errors,
+        [
+            "could not reach the receiver: error sending request: client error (Connect): tcp \
+             connect error: Connection refused",
+            "the receiver answered 302 Found (redirects are not followed; give the final URL)",
+            "the receiver answered 404 Not Found",
+        ]
+    );
+    pool.close().await;
 }

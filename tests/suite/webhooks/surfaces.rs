@@ -293,3 +293,109 @@ async fn admin_routes_add_list_and_remove_within_the_credentials_team() {
         ["add", "pause", "resume", "remove"].map(|a| (format!("webhook.{a}"), "http".to_owned()))
     );
 }
+
+/// A hook with `allow_private` makes the server POST wherever its host
+/// points (the metrics listener, a cloud metadata address): a credential
+/// confined to a team may not set it, a global one may (and so may the local
+/// CLI, above). What a refusing receiver answered never reaches a listing:
+/// the status and its standard phrase only, never the body.
+#[tokio::test]
+async fn only_a_global_admin_lets_a_hook_reach_private_addresses_and_no_reply_is_echoed() {
+    use ai_crew_sync::store::admin;
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let root = admin::bootstrap(&app.pool, None, false, &test_actor())
+        .await
+        .unwrap()
+        .credential;
+    let (status, scoped) = api(
+        &app,
+        &root,
+        Method::POST,
+        "/admin/credentials",
+        Some(json!({"team": "acme"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{scoped}");
+    let scoped = scoped["credential"].as_str().unwrap().to_owned();
+    let receiver = Receiver::start().await;
+    receiver.answer_first(&[(404, "instance-id: i-0metadata-secret")]);
+
+    let (status, refused) = api(
+        &app,
+        &scoped,
+        Method::POST,
+        "/admin/teams/acme/webhooks",
+        Some(json!({"url": receiver.url(), "events": ["task"], "allow_private": true})),
+    )
+    .await;
+    assert_eq!(status, 403, "{refused}");
+    let message = refused["message"].as_str().unwrap();
+    assert!(
+        message.contains("global admin credential") && message.contains("nothing was added"),
+        "{message}"
+    );
+    let (hooks, audits): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM webhooks),
+                (SELECT count(*) FROM audit_log WHERE action LIKE 'webhook.%')",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!((hooks, audits), (0, 0), "a refused add writes nothing");
+    // The same credential still adds a hook to a public address.
+    let (status, public) = api(
+        &app,
+        &scoped,
+        Method::POST,
+        "/admin/teams/acme/webhooks",
+        Some(json!({"url": "http://93.184.216.34/hook", "events": ["lock"]})),
+    )
+    .await;
+    assert_eq!(status, 201, "{public}");
+    assert_eq!(public["allow_private"], false);
+
+    let (status, added) = api(
+        &app,
+        &root,
+        Method::POST,
+        "/admin/teams/acme/webhooks",
+        Some(json!({"url": receiver.url(), "events": ["task"], "allow_private": true})),
+    )
+    .await;
+    assert_eq!(status, 201, "a global credential may: {added}");
+    let token = app.agent("acme", "alice").await;
+    app.mcp(&token, None)
+        .await
+        .call("create_task", json!({"key": "t", "title": "a task"}))
+        .await
+        .unwrap();
+    eventually("the refused delivery failed", || async {
+        in_state(&app, "failed").await == 1
+    })
+    .await;
+    assert_eq!(receiver.requests().len(), 1);
+    let (status, listed) = api(
+        &app,
+        &scoped,
+        Method::GET,
+        "/admin/teams/acme/webhooks",
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{listed}");
+    let hook = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["id"] == added["id"])
+        .unwrap();
+    assert_eq!(
+        hook["failures"][0]["last_error"],
+        "the receiver answered 404 Not Found"
+    );
+    assert!(
+        !listed.to_string().contains("metadata-secret"),
+        "the reply's body is never listed: {listed}"
+    );
+}

@@ -33,8 +33,8 @@ pub enum TeamCommand {
     /// Provision (or adopt) the team's JetStream streams and show them; or remove them.
     Stream(StreamArgs),
     /// Show the team's storage quota and usage, or set it with --bytes: it caps everything the
-    /// team stores (messages, notes, tasks, attachments, conversation bodies); writes past it are
-    /// refused, stored history is never dropped.
+    /// team stores (messages, notes, tasks, attachments, conversation bodies, webhook deliveries);
+    /// writes past it are refused, stored history is never dropped.
     Quota(QuotaArgs),
     /// Rows and bytes the team stores per kind (counts, never content), its quota, the outbox
     /// backlog, and warnings (quota above 80 %, outbox pending over 5 minutes).
@@ -46,9 +46,9 @@ pub enum TeamCommand {
     },
     /// Trim old history: channel and direct messages (and their attachments) older than
     /// --older-than-days that every live reader has read, note revisions other than the
-    /// current one, events of finished tasks, audit rows older than --audit-older-than-days,
-    /// and conversation messages past their conversation's retention (`conversations
-    /// retention`) once acknowledged and delivered. Without --apply: what would go, nothing
+    /// current one, events of finished tasks, delivered and failed webhook deliveries, audit rows
+    /// older than --audit-older-than-days, and conversation messages past their conversation's
+    /// retention (`conversations retention`) once acknowledged and delivered. Without --apply: what would go, nothing
     /// removed. With --apply: removed in batches of 1000 rows, audited.
     Prune(PruneArgs),
 }
@@ -57,7 +57,8 @@ pub enum TeamCommand {
 pub struct PruneArgs {
     #[arg(long)]
     team: String,
-    /// Messages, note revisions and task events older than this many days.
+    /// Messages, note revisions, task events and settled webhook deliveries older than this many
+    /// days.
     #[arg(long)]
     older_than_days: i64,
     /// Also audit rows older than this many days (default: audit rows are kept).
