@@ -15,7 +15,8 @@ use std::time::Duration;
 use axum::Router;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
+use tokio::task::JoinHandle;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::Bus;
 use crate::backend::Backends;
@@ -92,19 +93,34 @@ pub struct App {
     router: Router,
     http: HttpSettings,
     shutdown: CancellationToken,
+    /// Cancelled once the listener has answered its last request (or the
+    /// grace ran out): the event publisher then sends what those requests
+    /// queued and stops. Also cancelled if the app is dropped unserved.
+    events_stop: DropGuard,
+    /// Every task this app started (event hub, workers, metrics listener):
+    /// `serve` waits for them before it returns.
+    tasks: Vec<JoinHandle<()>>,
     metrics_addr: Option<SocketAddr>,
 }
 
 impl App {
     /// Start the event hub on `pool`, connect the broker, start the workers
-    /// and build the router. Everything stops when `shutdown` is cancelled.
-    /// Fails only when the broker answers and cannot be used.
+    /// and build the router. Everything stops when `shutdown` is cancelled:
+    /// the workers after the pass they are in, the event hub once
+    /// [`App::serve`] has answered its last request. Fails only when the
+    /// broker answers and cannot be used.
     pub async fn build(
         pool: PgPool,
         settings: AppSettings,
         shutdown: CancellationToken,
     ) -> BusResult<App> {
-        let bus = Bus::start(pool.clone(), settings.event_ping, shutdown.clone());
+        let events_stop = CancellationToken::new();
+        let (bus, mut tasks) = Bus::start_until(
+            pool.clone(),
+            settings.event_ping,
+            shutdown.clone(),
+            events_stop.clone(),
+        );
         let (bus, broker) = match settings.broker {
             BrokerSettings::Off => (bus, None),
             BrokerSettings::Connect { url, credentials } => {
@@ -116,22 +132,32 @@ impl App {
                 (bus.with_backends(Backends::with_broker(pool, broker)), None)
             }
         };
-        presence_sweeper::spawn(bus.clone(), settings.sweeper, shutdown.clone());
-        webhook_dispatcher::spawn(bus.pool.clone(), settings.webhooks, shutdown.clone())?;
-        crate::workers::storage_recount::spawn(bus.clone(), shutdown.clone());
+        tasks.push(presence_sweeper::spawn(
+            bus.clone(),
+            settings.sweeper,
+            shutdown.clone(),
+        ));
+        tasks.push(webhook_dispatcher::spawn(
+            bus.pool.clone(),
+            settings.webhooks,
+            shutdown.clone(),
+        )?);
+        tasks.push(crate::workers::storage_recount::spawn(
+            bus.clone(),
+            shutdown.clone(),
+        ));
         if settings.publication_workers {
-            publication::spawn_all(bus.clone(), shutdown.clone());
+            tasks.extend(publication::spawn_all(bus.clone(), shutdown.clone()));
         }
         let router = crate::http::router(bus.clone(), settings.http.clone());
         crate::metrics::install();
         let metrics_addr = match settings.metrics_listener {
             None => None,
-            Some(listener) => Some(serve_metrics(
-                listener,
-                &bus,
-                &settings.http,
-                shutdown.clone(),
-            )?),
+            Some(listener) => {
+                let (addr, task) = serve_metrics(listener, &bus, &settings.http, shutdown.clone())?;
+                tasks.push(task);
+                Some(addr)
+            }
         };
         Ok(App {
             bus,
@@ -139,6 +165,8 @@ impl App {
             router,
             http: settings.http,
             shutdown,
+            events_stop: events_stop.drop_guard(),
+            tasks,
             metrics_addr,
         })
     }
@@ -150,11 +178,44 @@ impl App {
 
     /// Serve on `listener` until shutdown: then stop accepting, answer
     /// blocked long polls at once, and let other requests finish within the
-    /// grace.
+    /// grace. Then the event publisher sends what those requests wrote (a
+    /// wait on another replica wakes for it), and this returns once every
+    /// task of the app has stopped: a worker's pass in flight finishes (its
+    /// outcome recorded) before the process exits. The workers were told to
+    /// stop when shutdown began; they are waited for until the grace ends,
+    /// and at least [`TASKS_AFTER_SERVING`] after the last request, so the
+    /// whole stop takes at most the grace plus that.
     pub async fn serve(self, listener: TcpListener) -> std::io::Result<()> {
-        crate::http::serve(listener, self.router, &self.http, self.shutdown).await
+        let began = tokio::spawn({
+            let shutdown = self.shutdown.clone();
+            async move {
+                shutdown.cancelled().await;
+                tokio::time::Instant::now()
+            }
+        });
+        let served =
+            crate::http::serve(listener, self.router, &self.http, self.shutdown.clone()).await;
+        // Serving may also have ended with an error: stop the workers then too.
+        self.shutdown.cancel();
+        drop(self.events_stop);
+        let began = began.await.unwrap_or_else(|_| tokio::time::Instant::now());
+        let deadline = (began + self.http.shutdown_grace)
+            .max(tokio::time::Instant::now() + TASKS_AFTER_SERVING);
+        let tasks = futures::future::join_all(self.tasks);
+        if tokio::time::timeout_at(deadline, tasks).await.is_err() {
+            tracing::warn!(
+                "some background tasks had not stopped by the end of the shutdown grace; \
+                 exiting without them"
+            );
+        }
+        served
     }
 }
+
+/// How long, at least, `serve` waits for its tasks after its last request:
+/// time for the event publisher to send what that request wrote, even when
+/// the requests took the whole grace.
+pub const TASKS_AFTER_SERVING: Duration = Duration::from_secs(5);
 
 /// Connections the metrics listener keeps open at once: a scraper or two.
 const METRICS_CONNECTIONS: usize = 16;
@@ -166,7 +227,7 @@ fn serve_metrics(
     bus: &Bus,
     http: &HttpSettings,
     shutdown: CancellationToken,
-) -> BusResult<SocketAddr> {
+) -> BusResult<(SocketAddr, JoinHandle<()>)> {
     let addr = listener.local_addr().map_err(|e| {
         crate::error::BusError::unavailable(format!("the metrics listener has no address: {e}"))
     })?;
@@ -176,10 +237,10 @@ fn serve_metrics(
         max_connections_per_address: METRICS_CONNECTIONS,
         ..http.clone()
     };
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         if let Err(err) = crate::http::serve(listener, router, &settings, shutdown).await {
             tracing::warn!(error = %err, "the metrics listener stopped");
         }
     });
-    Ok(addr)
+    Ok((addr, task))
 }

@@ -173,8 +173,15 @@ pub struct Events {
 }
 
 impl Events {
-    /// Start the publisher and the listener on `pool`; both stop with `shutdown`.
-    pub fn start(pool: PgPool, ping: Duration, shutdown: CancellationToken) -> Events {
+    /// Start the publisher and the listener on `pool`; both stop with
+    /// `stop`, the publisher after sending what was queued before it (so a
+    /// write committed while the server finishes its last requests still
+    /// wakes the waits on other replicas). Their handles, to wait for them.
+    pub fn start(
+        pool: PgPool,
+        ping: Duration,
+        stop: CancellationToken,
+    ) -> (Events, Vec<tokio::task::JoinHandle<()>>) {
         let (outgoing, queue) = mpsc::unbounded_channel();
         let (fanout, _) = broadcast::channel(FANOUT_CAPACITY);
         let events = Events {
@@ -188,14 +195,17 @@ impl Events {
                 credentials: CredentialCache::default(),
             }),
         };
-        tokio::spawn(publish_loop(pool.clone(), queue, ping, shutdown.clone()));
-        tokio::spawn(listen_loop(pool, events.clone(), shutdown));
-        events
+        let tasks = vec![
+            tokio::spawn(publish_loop(pool.clone(), queue, ping, stop.clone())),
+            tokio::spawn(listen_loop(pool, events.clone(), stop)),
+        ];
+        (events, tasks)
     }
 
     /// Queue `event` for every replica. Call after the change committed.
     pub fn emit(&self, event: BusEvent) {
-        // The receiver only goes away at shutdown, when nobody waits any more.
+        // The receiver only goes away once the server has answered its last
+        // request, when nothing writes any more.
         let _ = self.inner.outgoing.send(event);
     }
 
@@ -270,12 +280,28 @@ async fn publish_loop(
     pool: PgPool,
     mut queue: mpsc::UnboundedReceiver<BusEvent>,
     ping: Duration,
-    shutdown: CancellationToken,
+    stop: CancellationToken,
 ) {
     let mut ticker = tokio::time::interval(ping);
     loop {
         let first = tokio::select! {
-            _ = shutdown.cancelled() => return,
+            _ = stop.cancelled() => {
+                // Whatever was emitted before the stop goes out: a wake the
+                // waits on other replicas would otherwise only find on their
+                // timed re-check, up to 30 s later.
+                queue.close();
+                while let Some(event) = queue.recv().await {
+                    let mut batch = vec![event];
+                    while batch.len() < 1_000 {
+                        match queue.try_recv() {
+                            Ok(event) => add_to_batch(&mut batch, event),
+                            Err(_) => break,
+                        }
+                    }
+                    publish(&pool, &batch).await;
+                }
+                return;
+            }
             _ = ticker.tick() => None,
             event = queue.recv() => match event {
                 Some(event) => Some(event),
@@ -297,22 +323,26 @@ async fn publish_loop(
                 Err(_) => break,
             }
         }
-        for payload in payloads(&batch) {
-            // A notification is a hint, gone with the server anyway, so its
-            // transaction does not wait for a WAL flush: under load that
-            // flush queued behind (and delayed) the commits of real writes.
-            if let Err(err) = sqlx::query(
-                "SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, $2)",
-            )
-            .bind(CHANNEL)
-            .bind(&payload)
-            .execute(&pool)
-            .await
-            {
-                // Waiters re-check the database on a timer, so a lost
-                // notification delays a wake; it never loses data.
-                tracing::warn!(error = %err, "could not send a bus_events notification");
-            }
+        publish(&pool, &batch).await;
+    }
+}
+
+/// Send `batch` (an empty one is a ping) as one notification per ~8 KB.
+async fn publish(pool: &PgPool, batch: &[BusEvent]) {
+    for payload in payloads(batch) {
+        // A notification is a hint, gone with the server anyway, so its
+        // transaction does not wait for a WAL flush: under load that
+        // flush queued behind (and delayed) the commits of real writes.
+        if let Err(err) =
+            sqlx::query("SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, $2)")
+                .bind(CHANNEL)
+                .bind(&payload)
+                .execute(pool)
+                .await
+        {
+            // Waiters re-check the database on a timer, so a lost
+            // notification delays a wake; it never loses data.
+            tracing::warn!(error = %err, "could not send a bus_events notification");
         }
     }
 }
@@ -369,7 +399,7 @@ fn payloads(batch: &[BusEvent]) -> Vec<String> {
     out
 }
 
-async fn listen_loop(pool: PgPool, events: Events, shutdown: CancellationToken) {
+async fn listen_loop(pool: PgPool, events: Events, stop: CancellationToken) {
     let inner = &events.inner;
     let mut backoff = Duration::from_millis(100);
     loop {
@@ -378,7 +408,7 @@ async fn listen_loop(pool: PgPool, events: Events, shutdown: CancellationToken) 
             Err(err) => {
                 tracing::warn!(error = %err, "event listener cannot connect; retrying");
                 tokio::select! {
-                    _ = shutdown.cancelled() => return,
+                    _ = stop.cancelled() => return,
                     _ = tokio::time::sleep(backoff) => {}
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(5));
@@ -388,7 +418,7 @@ async fn listen_loop(pool: PgPool, events: Events, shutdown: CancellationToken) 
         if let Err(err) = listener.listen(CHANNEL).await {
             tracing::warn!(error = %err, "event listener cannot LISTEN; retrying");
             tokio::select! {
-                _ = shutdown.cancelled() => return,
+                _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(backoff) => {}
             }
             backoff = (backoff * 2).min(Duration::from_secs(5));
@@ -401,7 +431,7 @@ async fn listen_loop(pool: PgPool, events: Events, shutdown: CancellationToken) 
         backoff = Duration::from_millis(100);
         loop {
             let notification = tokio::select! {
-                _ = shutdown.cancelled() => return,
+                _ = stop.cancelled() => return,
                 n = listener.try_recv() => n,
             };
             match notification {

@@ -52,14 +52,28 @@ impl Bus {
         event_ping: std::time::Duration,
         shutdown: tokio_util::sync::CancellationToken,
     ) -> Bus {
-        let events = events::Events::start(pool.clone(), event_ping, shutdown.clone());
+        Bus::start_until(pool, event_ping, shutdown.clone(), shutdown).0
+    }
+
+    /// As [`Bus::start`], for a server that stops in two steps: long polls
+    /// answer when `stopping` is cancelled, while the event hub keeps
+    /// publishing what the last requests write until `events_stop` (then it
+    /// sends what is queued and stops). The hub's task handles, to wait for.
+    pub fn start_until(
+        pool: sqlx::PgPool,
+        event_ping: std::time::Duration,
+        stopping: tokio_util::sync::CancellationToken,
+        events_stop: tokio_util::sync::CancellationToken,
+    ) -> (Bus, Vec<tokio::task::JoinHandle<()>>) {
+        let (events, tasks) = events::Events::start(pool.clone(), event_ping, events_stop);
         let backends = backend::Backends::postgres_only(pool.clone());
-        Bus {
+        let bus = Bus {
             pool,
             events,
             backends,
-            stopping: shutdown,
-        }
+            stopping,
+        };
+        (bus, tasks)
     }
 
     /// The same bus routing to `backends` (a broker, when `serve` has one).

@@ -8,11 +8,14 @@ use std::time::Duration;
 
 use ai_crew_sync::config::HttpSettings;
 use ai_crew_sync::store::teams;
+use ai_crew_sync::store::webhooks::{self, NewWebhook, WebhookKind};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use uuid::Uuid;
 
-use crate::support::{TestApp, spawn_app_with, test_actor};
+use crate::support::{McpClient, TestApp, in_team, spawn_app_with, test_actor};
+use crate::write_fence::{hold_row, until, waiting_on};
 
 /// The status and JSON body of the one answer on `stream`.
 async fn read_answer(stream: &mut TcpStream) -> (u16, Value) {
@@ -170,4 +173,177 @@ async fn a_wait_that_ends_while_the_server_runs_carries_no_restart_fields() {
     assert_eq!(quiet["timed_out"], true);
     assert!(quiet.get("server_restarting").is_none(), "{quiet}");
     assert!(quiet.get("suggestion").is_none(), "{quiet}");
+}
+
+// Issue 33 item 14: a write that a replica finishes during its grace period
+// still wakes a long poll on another replica. Bob waits on replica B (25 s,
+// shorter than the 30 s database re-check while events flow, so only the
+// write's notification wakes him before his deadline); alice's post is in
+// flight on replica A when A begins to stop (held on a row lock until A
+// refuses new connections), and commits during A's grace.
+// A's event publisher sends it before it stops. (Breakage: the publisher
+// stopping when shutdown begins, as it did, i.e. `Bus::start_until` given
+// `shutdown` for its events token in `App::build`: the notification is
+// never sent and bob is not woken before his deadline.)
+#[tokio::test]
+async fn a_write_committed_during_the_grace_wakes_a_long_poll_on_another_replica() {
+    let mut a = spawn_app_with(HttpSettings {
+        shutdown_grace: Duration::from_secs(60),
+        ..HttpSettings::default()
+    })
+    .await;
+    let b = a.replica().await;
+    a.team("acme").await;
+    let alice = a.mcp(&a.agent("acme", "alice").await, None).await;
+    let bob = McpClient::connect(&b.mcp_url(), &a.agent("acme", "bob").await, Some("web"))
+        .await
+        .unwrap();
+    alice
+        .call("create_channel", json!({"name": "web"}))
+        .await
+        .unwrap();
+    let waiting = tokio::spawn(async move {
+        bob.call("wait_for_updates", json!({"timeout_seconds": 25}))
+            .await
+            .unwrap()
+    });
+    // Bob's wait has subscribed, checked the database and is blocked once
+    // its first check (the changes since it began) has run.
+    until("bob's wait is blocked on replica B", async || {
+        let checked: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE datname = current_database() AND query LIKE '%''task'' AS kind%'",
+        )
+        .fetch_one(&a.pool)
+        .await
+        .unwrap();
+        checked > 0
+    })
+    .await;
+
+    // Alice's post is in flight on A, held in the database (her agent row,
+    // which the message's sender key needs) until A has begun to stop.
+    let alice_id: Uuid = sqlx::query_scalar("SELECT id FROM agents WHERE name = 'alice'")
+        .fetch_one(&a.pool)
+        .await
+        .unwrap();
+    let held = hold_row(
+        &a.pool,
+        "SELECT 1 FROM agents WHERE id = $1 FOR UPDATE",
+        alice_id,
+    )
+    .await;
+    let posting = tokio::spawn(async move {
+        alice
+            .call(
+                "post_message",
+                json!({"channel": "web", "body": "posted during the grace"}),
+            )
+            .await
+    });
+    until("alice's post waits on her row", async || {
+        waiting_on(&a.pool, false).await >= 1
+    })
+    .await;
+    a.begin_shutdown();
+    until("replica A stops accepting", async || {
+        TcpStream::connect(a.addr).await.is_err()
+    })
+    .await;
+    held.rollback().await.unwrap();
+    let posted = posting.await.unwrap().expect("the post in flight finishes");
+    assert_eq!(
+        posted["message"]["body"], "posted during the grace",
+        "{posted}"
+    );
+
+    let woke = tokio::time::timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("bob is woken by the post, not by his deadline")
+        .unwrap();
+    assert_eq!(woke["woke"], true, "{woke}");
+    assert_eq!(
+        woke["events"][0]["preview"], "posted during the grace",
+        "{woke}"
+    );
+    assert_eq!(woke["events"][0]["by"], "alice", "{woke}");
+    tokio::time::timeout(Duration::from_secs(20), a.served())
+        .await
+        .expect("A stops once its last call is answered")
+        .expect("serve ends cleanly");
+}
+
+// Issue 33 item 14: `serve` returns only after its workers have stopped. The
+// webhook dispatcher is in the middle of a delivery (to a receiver that
+// takes the request and never answers) when shutdown begins; when `serve`
+// returns, the dispatcher has finished that pass and recorded the attempt
+// (its 3 s request timeout), instead of leaving the row `delivering` for a
+// process about to exit. (Breakage: `App::serve` not waiting for its
+// tasks: it returns at once, the row still `delivering`.)
+#[tokio::test]
+async fn serve_returns_after_its_workers_have_recorded_what_they_were_doing() {
+    let mut app = spawn_app_with(HttpSettings {
+        shutdown_grace: Duration::from_secs(60),
+        ..HttpSettings::default()
+    })
+    .await;
+    app.team("acme").await;
+    let alice = app.mcp(&app.agent("acme", "alice").await, None).await;
+    alice
+        .call("create_channel", json!({"name": "general"}))
+        .await
+        .unwrap();
+    // A receiver that reads the request and never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let (received_tx, mut received) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let receiver = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((mut socket, _)) = silent.accept().await {
+            let mut first = [0u8; 1];
+            if socket.read(&mut first).await.unwrap_or(0) > 0 {
+                let _ = received_tx.send(());
+            }
+            held.push(socket);
+        }
+    });
+    webhooks::add(
+        &app.pool,
+        &in_team("acme"),
+        NewWebhook {
+            url: format!("http://127.0.0.1:{port}/hook"),
+            kind: WebhookKind::Generic,
+            events: vec!["message".into()],
+            channels: vec![],
+            allow_private: true,
+        },
+    )
+    .await
+    .unwrap();
+    alice
+        .call(
+            "post_message",
+            json!({"channel": "general", "body": "to a receiver that never answers"}),
+        )
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(20), received.recv())
+        .await
+        .expect("the dispatcher sends the delivery")
+        .unwrap();
+
+    app.begin_shutdown();
+    tokio::time::timeout(Duration::from_secs(30), app.served())
+        .await
+        .expect("serve returns within its grace")
+        .expect("serve ends cleanly");
+    let (state, attempts, error): (String, i32, Option<String>) =
+        sqlx::query_as("SELECT state, attempts, last_error FROM webhook_deliveries")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_ne!(state, "delivering", "the attempt in flight was recorded");
+    assert_eq!(attempts, 1);
+    assert!(error.is_some(), "its outcome is recorded");
+    receiver.abort();
 }

@@ -47,7 +47,7 @@ pub(crate) async fn waiting_on(pool: &PgPool, advisory_only: bool) -> i64 {
     .unwrap()
 }
 
-async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
+pub(crate) async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     while !done().await {
         assert!(

@@ -48,8 +48,10 @@ pub async fn lease(pool: &PgPool, worker: &str) -> BusResult<Option<Lease>> {
 /// Take up to `limit` due slots at once, oldest first, under the same rules
 /// as [`lease`]; `backends` narrows them to slots this worker can publish
 /// (a replica without a broker leaves the broker's slots to one that has it).
-pub async fn lease_due(
-    pool: &PgPool,
+/// On a pool the lease commits at once; on an open transaction its row locks
+/// are held until that commits, and every other lease skips those slots.
+pub async fn lease_due<'e>(
+    db: impl sqlx::PgExecutor<'e>,
     worker: &str,
     backends: Option<&[BackendKind]>,
     limit: i64,
@@ -85,7 +87,7 @@ pub async fn lease_due(
     .bind(LEASE_SECS as f64)
     .bind(backends)
     .bind(limit)
-    .fetch_all(pool)
+    .fetch_all(db)
     .await?;
     let mut leases: Vec<(DateTime<Utc>, Lease)> = rows
         .into_iter()

@@ -311,3 +311,98 @@ async fn o18_the_clear_rechecks_the_predicate_and_keeps_a_body_moved_meanwhile()
     assert_eq!(t.row(id).await.body, "moved back to postgres meanwhile");
     app.broker().remove_team_streams(t.team_id).await.unwrap();
 }
+
+// O18, at clear time, with a live broker: what commits while a pass talks to
+// the broker (after it chose its candidates, before its clear) is seen by
+// the clear. A move that starts holding a message, a message made
+// PostgreSQL-backed, and a conversation made PostgreSQL-backed all keep
+// their bodies; a control body in the same pass is released. The clear is
+// held back by an operator's transaction that lets the pass read but not
+// write `conversation_messages` (SHARE), and that commits the changes once
+// the clear waits, so the clear starts after them. (Mutations, one at a
+// time, in the clear of `release_published_bodies`: drop
+// `no_migration_holds!()`: the migrating body is emptied; drop `AND
+// m.backend <> 'postgres'`: the PostgreSQL-backed message's body is emptied;
+// drop `c.backend <> 'postgres' AND`: the body in the PostgreSQL-backed
+// conversation is emptied.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn o18_the_clear_sees_a_migration_and_a_postgres_backing_committed_during_the_pass() {
+    let app = spawn_app_with_broker(&nats_url()).await;
+    let t = Routed::new(&app, "jsclearing").await;
+    let migrating = t.send("a move starts holding it").await;
+    let message_to_postgres = t.send("its row becomes the record").await;
+    let control = t.send("released by this pass").await;
+    let moved = t.conversation("Moved back to postgres meanwhile").await;
+    let in_moved = t.send_in(moved, "its conversation becomes postgres").await;
+    assert_eq!(drain_all(&app).await.stored, 4);
+
+    let mut operator = app.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE conversation_messages IN SHARE MODE")
+        .execute(&mut *operator)
+        .await
+        .unwrap();
+    let pass = tokio::spawn({
+        let pool = app.pool.clone();
+        let backends = app.bus.backends.clone();
+        async move { outbox::release_published_bodies(&pool, &backends, None, 0).await }
+    });
+    eventually("the pass's clear waits for the operator", async || {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE wait_event_type = 'Lock' AND query LIKE '%SET body = ''''%'",
+        )
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+        (waiting > 0).then_some(())
+    })
+    .await;
+    let migration = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO conversation_migrations
+             (id, team_id, conversation_id, direction, state, started_by)
+         VALUES ($1, $2, $3, 'to_postgres', 'copying', 'test')",
+    )
+    .bind(migration)
+    .bind(t.team_id)
+    .bind(t.conversation_id)
+    .execute(&mut *operator)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO conversation_migration_items
+             (migration_id, message_id, team_id, body_sha256, bytes, state)
+         SELECT $1, id, team_id, body_sha256, body_bytes, 'copied'
+           FROM conversation_messages WHERE id = $2",
+    )
+    .bind(migration)
+    .bind(migrating)
+    .execute(&mut *operator)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE conversation_messages SET backend = 'postgres' WHERE id = $1")
+        .bind(message_to_postgres)
+        .execute(&mut *operator)
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE conversations SET backend = 'postgres', publication = 'sync' WHERE id = $1",
+    )
+    .bind(moved)
+    .execute(&mut *operator)
+    .await
+    .unwrap();
+    operator.commit().await.unwrap();
+
+    let released = pass.await.unwrap().unwrap();
+    for (id, body) in [
+        (migrating, "a move starts holding it"),
+        (message_to_postgres, "its row becomes the record"),
+        (in_moved, "its conversation becomes postgres"),
+    ] {
+        assert_eq!(t.row(id).await.body, body, "kept");
+    }
+    assert_eq!(released, 1, "only the control body");
+    assert_eq!(t.row(control).await.body, "");
+    app.broker().remove_team_streams(t.team_id).await.unwrap();
+}

@@ -94,6 +94,49 @@ async fn thread(team: &str, messages: usize) -> Thread {
     t
 }
 
+/// An operator's move, as a future of its own, that stops at its first
+/// copied body (a slow terminal) until `resume` says go; `reached` says it
+/// got there. It blocks in place, so the test runs multi-threaded.
+fn stopping_at_first_copy(
+    t: &Thread,
+    direction: Direction,
+) -> (
+    impl Future<Output = Result<moves::Outcome, ai_crew_sync::BusError>> + Send + 'static,
+    tokio::sync::mpsc::UnboundedReceiver<()>,
+    std::sync::mpsc::Sender<()>,
+) {
+    let (pool, backends) = (t.pool().clone(), t.backends.clone());
+    let (team_id, conversation_id) = (t.team_id, t.conversation_id);
+    let (reached_tx, reached) = tokio::sync::mpsc::unbounded_channel();
+    let (resume, resume_rx) = std::sync::mpsc::channel::<()>();
+    let run = async move {
+        let resume_rx = std::sync::Mutex::new(resume_rx);
+        let first = std::sync::atomic::AtomicBool::new(false);
+        moves::run(
+            &pool,
+            &backends,
+            team_id,
+            conversation_id,
+            direction,
+            "stopping operator",
+            None,
+            &|_: &Progress| {
+                if !first.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    let _ = reached_tx.send(());
+                    tokio::task::block_in_place(|| {
+                        let _ = resume_rx
+                            .lock()
+                            .unwrap()
+                            .recv_timeout(Duration::from_secs(60));
+                    });
+                }
+            },
+        )
+        .await
+    };
+    (run, reached, resume)
+}
+
 async fn new_conversation(alice: &McpClient, bob: &McpClient, title: &str) -> Uuid {
     let created = alice
         .call(

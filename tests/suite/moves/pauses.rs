@@ -3,6 +3,7 @@
 //! an abort clears, `is_paused`, and cleanup within the rollback window.
 
 use super::*;
+use crate::write_fence::{until, waiting_on};
 
 // M14: cleanup refuses a negative window, never drops a body inside the
 // window nor one of a move that did not cut over, and drops the rest only
@@ -207,6 +208,125 @@ async fn two_operators_sharing_a_run_never_leave_a_pause_no_move_owns() {
     let back = t.run(Direction::ToPostgres).await.unwrap();
     assert_eq!(back.state, MoveState::CutOver);
     assert_eq!(t.read_all().await.len(), 13);
+}
+
+// M4: the pause is taken under the conversation's lock, so an abort that
+// lands between the mover's open-run check and its pause cannot happen: the
+// abort (queued first on the conversation row) fails the run, and the mover
+// (queued second, at its pause) then finds the run no longer open and
+// pauses nothing. (Mutation: drop `lock_conversation` from `pause`: the
+// mover checks the run while it is still open, queues on the row at its
+// pause update and pauses for a failed run after the abort; it stops only at
+// its cutover, and the failed run records a pause.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn m4_an_abort_between_the_open_run_check_and_the_pause_pauses_nothing() {
+    let t = thread("mv-abortgap", 3).await;
+    let (run, mut reached, resume) = stopping_at_first_copy(&t, Direction::ToJetStream);
+    let mover = tokio::spawn(run);
+    tokio::time::timeout(Duration::from_secs(60), reached.recv())
+        .await
+        .expect("the mover copied its first body")
+        .expect("the mover reports before it finishes");
+    let open: Uuid = sqlx::query_scalar(
+        "SELECT id FROM conversation_migrations WHERE conversation_id = $1 AND state = 'copying'",
+    )
+    .bind(t.conversation_id)
+    .fetch_one(t.pool())
+    .await
+    .unwrap();
+
+    let mut held = t.pool().begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
+        .bind(t.conversation_id)
+        .execute(&mut *held)
+        .await
+        .unwrap();
+    let abort = tokio::spawn({
+        let pool = t.pool().clone();
+        async move { moves::abort(&pool, open, "another operator gave up").await }
+    });
+    until("the abort queues on the conversation", async || {
+        waiting_on(t.pool(), false).await >= 1
+    })
+    .await;
+    resume.send(()).unwrap();
+    // Every body copied and verified: the mover is past its copy, so what
+    // it waits on is its pause.
+    until("the mover queues at its pause", async || {
+        let verified: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM conversation_migration_items
+              WHERE migration_id = $1 AND state = 'verified'",
+        )
+        .bind(open)
+        .fetch_one(t.pool())
+        .await
+        .unwrap();
+        verified == 3 && waiting_on(t.pool(), false).await >= 2
+    })
+    .await;
+    held.rollback().await.unwrap();
+    abort.await.unwrap().unwrap();
+
+    let said = mover.await.unwrap().unwrap_err().to_string();
+    assert!(said.contains("given up by another process"), "{said}");
+    assert!(said.contains("did not pause writes"), "{said}");
+    let (state, paused): (String, bool) = sqlx::query_as(
+        "SELECT state, paused_at IS NOT NULL FROM conversation_migrations WHERE id = $1",
+    )
+    .bind(open)
+    .fetch_one(t.pool())
+    .await
+    .unwrap();
+    assert_eq!((state.as_str(), paused), ("failed", false), "never paused");
+    assert_eq!(
+        t.conversation_row().await,
+        ("postgres".into(), "sync".into(), false)
+    );
+    t.send(t.conversation_id, "open after the abort")
+        .await
+        .unwrap();
+}
+
+// M12: an abort fails only an open run. One arriving late, for a run that
+// has cut over or already failed, leaves it as it is: the moved thread stays
+// moved and its run `cut_over`, and a failed run keeps its first error.
+// (Mutation: drop `AND state IN ('planned', 'copying', 'verified')` from the
+// abort's update: the finished run is marked failed with the late reason.)
+#[tokio::test]
+async fn m12_a_stale_abort_leaves_a_finished_or_failed_run_as_it_is() {
+    let t = thread("mv-lateabort", 2).await;
+    let moved = t.run(Direction::ToJetStream).await.unwrap();
+    let failed = t
+        .left_run(t.conversation_id, "to_postgres", "failed", false)
+        .await;
+    sqlx::query("UPDATE conversation_migrations SET error = 'the first reason' WHERE id = $1")
+        .bind(failed)
+        .execute(t.pool())
+        .await
+        .unwrap();
+    for run in [moved.migration_id, failed] {
+        moves::abort(t.pool(), run, "a late abort").await.unwrap();
+    }
+    let runs: Vec<(String, Option<String>, bool)> = sqlx::query_as(
+        "SELECT state, error, failed_at IS NOT NULL FROM conversation_migrations
+          WHERE conversation_id = $1 ORDER BY created_at",
+    )
+    .bind(t.conversation_id)
+    .fetch_all(t.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        runs,
+        [
+            ("cut_over".into(), None, false),
+            ("failed".into(), Some("the first reason".into()), false)
+        ]
+    );
+    assert_eq!(
+        t.conversation_row().await,
+        ("jetstream".into(), "outbox".into(), false)
+    );
+    assert_eq!(t.read_all().await.len(), 2);
 }
 
 // Issue 14 item 1, M2, M12: a thread paused with no move owning the pause

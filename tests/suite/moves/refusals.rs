@@ -4,6 +4,7 @@
 //! publication failed.
 
 use super::*;
+use crate::write_fence::queued_on_one_row;
 
 // Issue 14 item 2. A message accepted before the pause whose publication is
 // waiting out a retry backoff longer than the move may pause writes: the move
@@ -296,6 +297,70 @@ async fn concurrent_operators_share_one_run_and_opposite_directions_conflict() {
         [("to_jetstream".into(), "cut_over".into())]
     );
     assert!(!moves::is_paused(t2.pool(), other).await.unwrap());
+}
+
+// M3: two operators opening opposite moves at once: the one that takes the
+// conversation's lock second is refused with the conflict message (the open
+// move named, what to do), not a unique-index error, and the first moves the
+// thread. Both queue on the conversation row an uncommitted open run holds,
+// so without the lock they would both pass the open-run check and race on
+// the one-open-run index instead. The first stops at its first copy until
+// the second has answered, so its run is still open when the second looks.
+// (Mutation: drop `lock_conversation` from `open_run`: the loser's error is
+// the unique index's, `conversation_migrations_one_open`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn m3_the_loser_of_two_concurrent_operators_gets_the_conflict_message() {
+    let t = thread("mv-loser", 4).await;
+    let (first, mut reached, resume) = stopping_at_first_copy(&t, Direction::ToJetStream);
+    let second = {
+        let (pool, backends) = (t.pool().clone(), t.backends.clone());
+        let (team_id, conversation_id) = (t.team_id, t.conversation_id);
+        async move {
+            let answer = moves::run(
+                &pool,
+                &backends,
+                team_id,
+                conversation_id,
+                Direction::ToPostgres,
+                "second operator",
+                None,
+                &|_: &Progress| {},
+            )
+            .await;
+            let _ = resume.send(());
+            answer
+        }
+    };
+    let hold: &'static str = Box::leak(
+        format!(
+            "WITH held AS (SELECT team_id, id FROM conversations WHERE id = '{}' FOR UPDATE)
+             INSERT INTO conversation_migrations
+                 (id, team_id, conversation_id, direction, state, started_by)
+             SELECT gen_random_uuid(), team_id, id, 'to_jetstream', 'copying', 'held' FROM held",
+            t.conversation_id
+        )
+        .into_boxed_str(),
+    );
+    let (first, second) = queued_on_one_row(t.pool(), hold, first, second).await;
+    let outcomes = [&first, &second].map(|o| o.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+    let loser = match (first, second) {
+        (Ok(moved), Err(loser)) => {
+            assert_eq!(moved.state, MoveState::CutOver);
+            loser
+        }
+        _ => panic!("one operator moves, the other is refused: {outcomes:?}"),
+    };
+    assert!(reached.try_recv().is_ok(), "the first stopped at its copy");
+    assert_eq!(loser.kind(), "conflict", "{loser}");
+    let said = loser.to_string();
+    assert!(said.contains("is already open"), "{said}");
+    assert!(said.contains("to jetstream"), "{said}");
+    assert!(said.contains("run the same command again"), "{said}");
+    assert_eq!(t.runs().await, [("to_jetstream".into(), "cut_over".into())]);
+    assert_eq!(
+        t.conversation_row().await,
+        ("jetstream".into(), "outbox".into(), false)
+    );
 }
 
 // Issue 14 items 2 and 6: the plan refuses a target whose streams are missing

@@ -2,6 +2,7 @@
 //! removed or inverted; the mutation tried is named in its comment.
 
 use super::*;
+use crate::write_fence::{until, waiting_on};
 
 // O4: the lease takes the oldest due slot, not whatever the table scan meets
 // first. The oldest slot is rewritten last, so in heap order it comes after
@@ -58,6 +59,110 @@ async fn o4_the_lease_takes_the_oldest_due_slot_not_the_first_in_the_heap() {
         .map(|l| l.message_id)
         .collect();
     assert_eq!(rest, vec![second, third], "then in created order");
+}
+
+// O3: enqueue itself marks the message `pending_publication`, whatever state
+// its caller left it in, in the caller's transaction: a failed message with
+// no slot (as `conversations retry` finds one whose body is in its row) is
+// pending once enqueued, and unchanged if that transaction rolls back.
+// (Mutation: drop the `marked` update from `enqueue`: the message stays
+// `failed` with a pending slot, which no settle would ever store.)
+#[tokio::test]
+async fn o3_enqueue_marks_the_message_pending_whatever_state_it_was_in() {
+    let t = Outboxed::new().await;
+    let message_id = t.send_id("failed, then enqueued again").await;
+    let held = lease(t.pool()).await;
+    assert_eq!(
+        outbox::settle(t.pool(), &held, Published::Fatal("refused".into()))
+            .await
+            .unwrap(),
+        Settled::Failed
+    );
+    sqlx::query("DELETE FROM conversation_outbox WHERE message_id = $1")
+        .bind(message_id)
+        .execute(t.pool())
+        .await
+        .unwrap();
+    assert_eq!(t.message(message_id).await.publication_state, "failed");
+    let enqueue = async |tx: &mut sqlx::PgConnection| {
+        outbox::enqueue(
+            tx,
+            message_id,
+            t.conversation_id,
+            t.team_id,
+            BackendKind::Postgres,
+            "failed, then enqueued again",
+        )
+        .await
+        .unwrap()
+    };
+
+    let mut rolled_back = t.pool().begin().await.unwrap();
+    enqueue(&mut rolled_back).await;
+    rolled_back.rollback().await.unwrap();
+    assert_eq!(t.message(message_id).await.publication_state, "failed");
+    assert!(t.slot(message_id).await.is_none(), "no slot either");
+
+    let mut tx = t.pool().begin().await.unwrap();
+    enqueue(&mut tx).await;
+    tx.commit().await.unwrap();
+    assert_eq!(
+        t.message(message_id).await.publication_state,
+        "pending_publication",
+        "enqueue marks the message, not its caller"
+    );
+    let slot = t.slot(message_id).await.expect("a slot");
+    assert_eq!((slot.state.as_str(), slot.attempts), ("pending", 0));
+    let again = lease(t.pool()).await;
+    assert_eq!(
+        outbox::settle(
+            t.pool(),
+            &again,
+            Published::Confirmed(Locator(message_id.to_string()))
+        )
+        .await
+        .unwrap(),
+        Settled::Stored
+    );
+    assert_eq!(t.message(message_id).await.publication_state, "stored");
+}
+
+// O4: `SKIP LOCKED`: while one worker's lease transaction is still open on
+// the oldest due slot, a second worker gets the next slot at once instead of
+// queueing behind the first. (Mutation: drop `SKIP LOCKED` from `lease_due`:
+// the second lease waits on the held row, which `waiting_on` sees.)
+#[tokio::test]
+async fn o4_a_second_lease_skips_the_slot_an_open_lease_holds_without_waiting() {
+    let t = Outboxed::new().await;
+    let oldest = t.send_id("leased by a transaction still open").await;
+    let next = t.send_id("free for the next worker").await;
+    let mut first = t.pool().begin().await.unwrap();
+    let held = outbox::lease_due(&mut *first, "first", None, 1)
+        .await
+        .unwrap();
+    assert_eq!(
+        held.iter().map(|l| l.message_id).collect::<Vec<_>>(),
+        vec![oldest]
+    );
+
+    let second = tokio::spawn({
+        let pool = t.pool().clone();
+        async move { outbox::lease(&pool, "second").await.unwrap() }
+    });
+    until("the second lease answers", async || {
+        assert_eq!(
+            waiting_on(t.pool(), false).await,
+            0,
+            "the second lease waits for the slot the first one holds"
+        );
+        second.is_finished()
+    })
+    .await;
+    let got = second.await.unwrap().expect("the next due slot");
+    assert_eq!(got.message_id, next);
+    first.commit().await.unwrap();
+    let slot = t.slot(oldest).await.unwrap();
+    assert_eq!(slot.leased_by.as_deref(), Some("first"));
 }
 
 // O5: `lease_one` never takes a failed slot, and counts no attempt on the
