@@ -20,7 +20,7 @@
 mod page;
 mod session;
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -34,11 +34,26 @@ use super::AppState;
 use crate::auth::{self, AgentCredential};
 use crate::error::BusError;
 use crate::store::dashboard::{self as store, Viewer};
+use crate::store::text;
 
 pub use page::escape;
 pub use session::{COOKIE_NAME, SECRET_MIN_CHARS};
 
+/// `app.js` as written; [`script`] serves it with the bidi list filled in.
 const APP_JS: &str = include_str!("app.js");
+/// Where `app.js` takes the characters it spells out.
+const BIDI_PLACEHOLDER: &str = "__BIDI_CONTROLS__";
+
+/// `app.js` with [`text::BIDI_CONTROLS`] written in as JavaScript escapes, so
+/// the redraws spell out exactly the set the first render and the console
+/// client do, from the one list.
+static SCRIPT: LazyLock<String> = LazyLock::new(|| {
+    let set: String = text::BIDI_CONTROLS
+        .iter()
+        .map(|c| format!("\\u{:04X}", *c as u32))
+        .collect();
+    APP_JS.replacen(BIDI_PLACEHOLDER, &set, 1)
+});
 const APP_CSS: &str = include_str!("app.css");
 
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
@@ -305,7 +320,7 @@ async fn sign_out(headers: HeaderMap) -> Response {
 async fn script() -> Response {
     (
         [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
-        APP_JS,
+        SCRIPT.as_str(),
     )
         .into_response()
 }
@@ -323,5 +338,19 @@ async fn read_form(request: Request) -> Result<SignIn, String> {
             "the sign-in form could not be read ({rejection}). Send it as \
              application/x-www-form-urlencoded with the fields token and team."
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_script_is_served_with_the_one_bidi_list_written_in() {
+        assert!(APP_JS.matches(BIDI_PLACEHOLDER).count() == 1);
+        assert!(!SCRIPT.contains(BIDI_PLACEHOLDER));
+        assert!(SCRIPT.contains(
+            "\"[\" + \"\\u202A\\u202B\\u202C\\u202D\\u202E\\u2066\\u2067\\u2068\\u2069\" + \"]\""
+        ));
     }
 }

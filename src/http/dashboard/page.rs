@@ -3,8 +3,8 @@
 //! same markup (built with `createElement`/`textContent`).
 //!
 //! Every value from the database or the request passes through [`escape`]
-//! exactly once, where it is written into the markup; nothing else is
-//! interpolated. The page has no inline script or style (the CSP forbids
+//! exactly once, where it is written into the markup (which also spells out
+//! bidirectional formatting characters); nothing else is interpolated. The page has no inline script or style (the CSP forbids
 //! them): only `/dashboard/app.js` and `/dashboard/app.css`.
 
 use std::fmt::Write;
@@ -15,9 +15,14 @@ use crate::events::ListenerState;
 use crate::store::dashboard::{
     AgentView, ChannelMessageView, Conversations, Health, LockView, Snapshot, TaskView,
 };
+use crate::store::text;
 
-/// Text made safe for HTML content and quoted attribute values.
+/// Text made safe for HTML content and quoted attribute values, with the
+/// bidirectional embeddings, overrides and isolates spelled out as
+/// `&lt;U+202E&gt;` ([`text::show_bidi`], the console client's rule too;
+/// `app.js` applies the same set to what it redraws).
 pub fn escape(text: &str) -> String {
+    let text = text::show_bidi(text);
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {
@@ -381,6 +386,7 @@ mod tests {
             "&lt;img src=x onerror=&quot;a(&#39;b&#39;)&quot;&gt;&amp;amp;"
         );
         assert_eq!(escape("plain text, é ✓"), "plain text, é ✓");
+        assert_eq!(escape("a\u{202E}b"), "a&lt;U+202E&gt;b");
         assert_eq!(escape(""), "");
     }
 
