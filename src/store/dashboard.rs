@@ -9,9 +9,13 @@
 //! [`snapshot`] is a fixed handful of bounded queries (the newest N of each
 //! kind), so the page costs the same on a team with a long history. What it
 //! deliberately never returns: a direct message (channel messages only), a
-//! conversation the signed-in agent holds no active seat in, a body before
-//! the seat's `history_from_seq`, and for an admin principal any
-//! conversation body at all (metadata and receipt counts only).
+//! conversation the signed-in agent holds no active seat in (a registered
+//! window's seat does not count: its private data is for its session
+//! credential, not the agent token), a body before the seat's
+//! `history_from_seq`, and for an admin principal any conversation body at
+//! all (metadata and receipt counts only).
+
+use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -19,7 +23,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::admin::{self, Authority};
-use super::{outbox, teams, tokens};
+use super::{conversations, outbox, teams, tokens};
 use crate::backend::Backends;
 use crate::error::{BusError, BusResult};
 use crate::events::{Events, ListenerState};
@@ -413,33 +417,43 @@ struct WindowRow {
 }
 
 /// For an agent: the conversations where one of its windows holds an active
-/// seat, with bodies from the earliest seq such a seat may read. For an
-/// admin (no agent): every conversation of the team, without bodies.
+/// seat, with bodies from the earliest seq such a seat may read; a seat of a
+/// registered window (one with a live session credential) is that window's
+/// private data and never counts, as on `/mcp` for the bare agent token the
+/// dashboard signed in with. For an admin (no agent): every conversation of
+/// the team, without bodies.
 async fn conversations(
     pool: &PgPool,
     team_id: Uuid,
     agent_id: Option<Uuid>,
 ) -> BusResult<Conversations> {
+    // The seats the agent token reads through: active, and not a registered
+    // window's (the bare token is refused those on /mcp, by the same rule).
+    static LISTED: LazyLock<String> = LazyLock::new(|| {
+        let seat = format!(
+            "s.team_id = c.team_id AND s.conversation_id = c.id AND s.agent_id = $2
+             AND s.state = 'active' AND NOT {}",
+            conversations::registered_window("s.team_id", "s.agent_id", "s.session")
+        );
+        format!(
+            "SELECT c.id, c.title, c.visibility, c.archived_at IS NOT NULL,
+                    (SELECT min(s.history_from_seq) FROM conversation_members s
+                      WHERE {seat}) AS readable_from
+               FROM conversations c
+              WHERE c.team_id = $1
+                AND ($2::uuid IS NULL OR EXISTS (
+                     SELECT 1 FROM conversation_members s WHERE {seat}))
+              ORDER BY c.archived_at IS NOT NULL, c.last_seq DESC, c.created_at DESC
+              LIMIT $3"
+        )
+    });
     // (id, title, visibility, archived, first seq whose body may be shown)
-    let listed: Vec<(Uuid, String, String, bool, Option<i64>)> = sqlx::query_as(
-        "SELECT c.id, c.title, c.visibility, c.archived_at IS NOT NULL,
-                (SELECT min(s.history_from_seq) FROM conversation_members s
-                  WHERE s.team_id = c.team_id AND s.conversation_id = c.id
-                    AND s.agent_id = $2 AND s.state = 'active') AS readable_from
-           FROM conversations c
-          WHERE c.team_id = $1
-            AND ($2::uuid IS NULL OR EXISTS (
-                 SELECT 1 FROM conversation_members s
-                  WHERE s.team_id = c.team_id AND s.conversation_id = c.id
-                    AND s.agent_id = $2 AND s.state = 'active'))
-          ORDER BY c.archived_at IS NOT NULL, c.last_seq DESC, c.created_at DESC
-          LIMIT $3",
-    )
-    .bind(team_id)
-    .bind(agent_id)
-    .bind(CONVERSATIONS_MAX)
-    .fetch_all(pool)
-    .await?;
+    let listed: Vec<(Uuid, String, String, bool, Option<i64>)> = sqlx::query_as(LISTED.as_str())
+        .bind(team_id)
+        .bind(agent_id)
+        .bind(CONVERSATIONS_MAX)
+        .fetch_all(pool)
+        .await?;
     let ids: Vec<Uuid> = listed.iter().map(|c| c.0).collect();
     // The first readable seq per conversation; an admin has no seat, and
     // i64::MAX is past every seq, so the query itself shows it no body.
@@ -480,8 +494,9 @@ async fn conversations(
     .await?;
     let bodies_shown = agent_id.is_some();
     let note = if bodies_shown {
-        "conversations where one of your windows holds an active seat; bodies from where your \
-         seat's history starts"
+        "conversations where one of your windows holds an active seat (not a registered \
+         window's: those are read with the window's session credential); bodies from where \
+         your seat's history starts"
     } else {
         "signed in with an admin credential: every conversation of the team with its receipt \
          counts, and no message bodies"
