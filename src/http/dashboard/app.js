@@ -1,6 +1,7 @@
 // ai-crew-sync dashboard: redraws each section from /dashboard/data every
-// few seconds. Every value goes into the page as a text node (el/replace
-// below, through shown); no markup is ever built from data.
+// few seconds. Every value goes into the page as text, the textContent way
+// (text nodes made by el/replace below, through shown); no markup is ever
+// built from data.
 "use strict";
 
 (function () {
