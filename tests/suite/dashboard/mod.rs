@@ -21,6 +21,7 @@ use crate::support::{McpClient, TestApp, test_actor};
 
 mod browser;
 mod plain_http;
+mod sessions;
 
 /// A client that shows redirects instead of following them.
 fn client() -> reqwest::Client {
