@@ -80,6 +80,36 @@ pub struct HttpSettings {
     /// process (cookies then end with the process and are not accepted by
     /// another replica).
     pub dashboard_secret: Option<String>,
+    /// Whether the dashboard's cookie is `Secure` on every answer, or only
+    /// when a proxy says the request came over https.
+    pub dashboard_cookie: DashboardCookie,
+}
+
+/// Whether the dashboard's sign-in cookie carries `Secure` (browsers then
+/// send it back over https only, and to `http://localhost`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DashboardCookie {
+    /// `Secure` on every sign-in: the dashboard is reached over https.
+    Secure,
+    /// `Secure` only on a request a proxy says came over https
+    /// (`X-Forwarded-Proto: https`): the dashboard is reached over plain
+    /// http, where a browser would drop a `Secure` cookie.
+    PlainHttp,
+}
+
+impl DashboardCookie {
+    /// `serve`'s choice: plain http when the operator says so
+    /// (`--dashboard-plain-http`) or when the listener is bound to a
+    /// loopback address only (`scripts/run` on http://127.0.0.1:8787: no
+    /// one else can reach it, and browsers ask no TLS of localhost); `Secure`
+    /// on any other address.
+    pub fn for_listener(bind: std::net::IpAddr, plain_http: bool) -> DashboardCookie {
+        if plain_http || bind.is_loopback() {
+            DashboardCookie::PlainHttp
+        } else {
+            DashboardCookie::Secure
+        }
+    }
 }
 
 impl Default for HttpSettings {
@@ -101,6 +131,8 @@ impl Default for HttpSettings {
             max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
             shutdown_grace: Duration::from_secs(10),
             dashboard_secret: None,
+            // What `serve` picks for its default, loopback, listener.
+            dashboard_cookie: DashboardCookie::PlainHttp,
         }
     }
 }
@@ -110,4 +142,20 @@ pub fn default_allowed_hosts() -> Vec<String> {
         .into_iter()
         .map(String::from)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_dashboard_cookie_is_secure_off_loopback_unless_the_operator_says_plain_http() {
+        let on = |ip: &str, plain| DashboardCookie::for_listener(ip.parse().unwrap(), plain);
+        assert_eq!(on("127.0.0.1", false), DashboardCookie::PlainHttp);
+        assert_eq!(on("::1", false), DashboardCookie::PlainHttp);
+        assert_eq!(on("0.0.0.0", false), DashboardCookie::Secure);
+        assert_eq!(on("::", false), DashboardCookie::Secure);
+        assert_eq!(on("192.168.1.10", false), DashboardCookie::Secure);
+        assert_eq!(on("0.0.0.0", true), DashboardCookie::PlainHttp);
+    }
 }

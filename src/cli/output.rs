@@ -4,13 +4,16 @@
 //! notes, names, activity, the server's refusals quoting them). A terminal
 //! obeys control characters, so a teammate could clear the operator's screen,
 //! rewrite what was shown or ring the bell. Text mode passes every answer
-//! through [`clean_value`] and every error through [`clean`]; JSON mode
-//! escapes what serde_json would leave raw ([`json`]).
+//! through [`clean_value`] and every error through [`clean`] (which also
+//! spells out bidirectional formatting characters); JSON mode escapes what
+//! serde_json would leave raw ([`json`]) and keeps the text as it is.
 
 use std::borrow::Cow;
 
 use serde::Serialize;
 use serde_json::Value;
+
+use crate::store::text;
 
 /// Print `value` as pretty JSON on stdout. serde_json escapes C0 controls
 /// but writes DEL and the C1 controls (U+0080..U+009F, which some terminals
@@ -41,12 +44,16 @@ fn is_raw_control(c: char) -> bool {
 
 /// `text` without control characters (C0, DEL, C1: escape sequences, the
 /// bell, carriage returns, backspaces), except newline and tab, so foreign
-/// text cannot drive the terminal it is printed on.
+/// text cannot drive the terminal it is printed on; and with the
+/// bidirectional embeddings, overrides and isolates spelled out as
+/// `<U+202E>` ([`text::show_bidi`], the dashboard's rule too), so it cannot
+/// display in another order than it was written in.
 pub fn clean(text: &str) -> Cow<'_, str> {
-    if text.chars().any(is_unsafe) {
-        Cow::Owned(text.chars().filter(|c| !is_unsafe(*c)).collect())
+    let shown = text::show_bidi(text);
+    if shown.chars().any(is_unsafe) {
+        Cow::Owned(shown.chars().filter(|c| !is_unsafe(*c)).collect())
     } else {
-        Cow::Borrowed(text)
+        shown
     }
 }
 

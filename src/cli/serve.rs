@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::Context;
 use crate::app::{App, AppSettings, BrokerSettings};
 use crate::backend::routing::{BROKER_RETRY, BrokerStart};
-use crate::config::{self, HttpSettings};
+use crate::config::{self, DashboardCookie, HttpSettings};
 use crate::http;
 use crate::workers::presence_sweeper::SweeperSettings;
 
@@ -135,6 +135,13 @@ pub struct ServeArgs {
     /// another replica; set the same value on every replica to share them.
     #[arg(long, env = "BUS_DASHBOARD_SECRET", hide_env_values = true)]
     dashboard_secret: Option<String>,
+    /// The dashboard is reached over plain http:// on this non-loopback --bind (no TLS in front):
+    /// its sign-in cookie is then not marked Secure, which browsers would drop over http.
+    /// Without it the cookie is Secure unless --bind is a loopback address (the default
+    /// 127.0.0.1:8787, where plain http is expected); behind a TLS proxy that sends
+    /// X-Forwarded-Proto: https it is Secure either way.
+    #[arg(long, env = "BUS_DASHBOARD_PLAIN_HTTP")]
+    dashboard_plain_http: bool,
 }
 
 pub async fn run(ctx: &Context, args: ServeArgs) -> anyhow::Result<()> {
@@ -228,6 +235,7 @@ async fn serve_on(
         max_connections_per_address: args.max_connections_per_address,
         shutdown_grace: Duration::from_secs(args.shutdown_grace_secs),
         dashboard_secret: args.dashboard_secret.clone(),
+        dashboard_cookie: DashboardCookie::for_listener(local.ip(), args.dashboard_plain_http),
     };
     let broker = match &args.nats_url {
         None => BrokerSettings::Off,

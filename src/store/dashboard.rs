@@ -2,16 +2,23 @@
 //!
 //! Two principals sign in: an agent (with its agent token) or an admin
 //! credential confined to, or global over, the team it names. The cookie the
-//! dashboard hands out only names the principal by id ([`Principal`]), so
-//! [`recheck`] reads it back on every request: a revoked token, a disabled
-//! agent or a revoked admin credential stops the cookie at the next request.
+//! dashboard hands out only names the principal by id ([`Principal`]) and
+//! the sign-in's row in `dashboard_sessions` ([`SignIn`], written by
+//! [`begin`]), so [`recheck`] reads both back on every request: a revoked
+//! token, a disabled agent or a revoked admin credential stops the cookie at
+//! the next request, and so does signing out ([`end`] deletes the row), on
+//! every replica, for every copy of the cookie.
 //!
 //! [`snapshot`] is a fixed handful of bounded queries (the newest N of each
 //! kind), so the page costs the same on a team with a long history. What it
 //! deliberately never returns: a direct message (channel messages only), a
-//! conversation the signed-in agent holds no active seat in, a body before
-//! the seat's `history_from_seq`, and for an admin principal any
-//! conversation body at all (metadata and receipt counts only).
+//! conversation the signed-in agent holds no active seat in (a registered
+//! window's seat does not count: its private data is for its session
+//! credential, not the agent token), a body before the seat's
+//! `history_from_seq`, and for an admin principal any conversation body at
+//! all (metadata and receipt counts only).
+
+use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -19,7 +26,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::admin::{self, Authority};
-use super::{outbox, teams, tokens};
+use super::{conversations, outbox, teams, tokens};
 use crate::backend::Backends;
 use crate::error::{BusError, BusResult};
 use crate::events::{Events, ListenerState};
@@ -109,62 +116,193 @@ pub async fn sign_in_admin(pool: &PgPool, digest: &[u8; 32], slug: &str) -> BusR
     })
 }
 
-/// The principal of a cookie as it is now, or why it no longer signs in.
-pub async fn recheck(pool: &PgPool, principal: Principal) -> BusResult<Viewer> {
-    let ended = || {
+impl Principal {
+    fn team_id(&self) -> Uuid {
+        match *self {
+            Principal::Agent { team_id, .. } | Principal::Admin { team_id, .. } => team_id,
+        }
+    }
+
+    /// The agent token's or the admin credential's id.
+    fn id(&self) -> Uuid {
+        match *self {
+            Principal::Agent { token_id, .. } => token_id,
+            Principal::Admin { credential_id, .. } => credential_id,
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            Principal::Agent { .. } => "agent",
+            Principal::Admin { .. } => "admin",
+        }
+    }
+
+    /// The key the dashboard's per-principal rate limit counts under.
+    pub fn rate_key(&self) -> Uuid {
+        self.id()
+    }
+}
+
+/// A dashboard sign-in as its cookie names it: who, and the server-side
+/// row ([`begin`]) that signing out deletes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SignIn {
+    pub principal: Principal,
+    pub session_id: Uuid,
+}
+
+/// Live sign-ins one principal keeps; its next one ends the oldest.
+pub const SIGN_INS_PER_PRINCIPAL: i64 = 16;
+/// Expired sign-in rows each new sign-in deletes (of any principal).
+const EXPIRED_DELETED_PER_SIGN_IN: i64 = 100;
+
+/// Record a sign-in of `principal` until `expires_at`, so that signing out
+/// ([`end`]) ends it on every replica. Keeps the table small on the way:
+/// a batch of expired rows goes, and the principal keeps its newest
+/// [`SIGN_INS_PER_PRINCIPAL`].
+pub async fn begin(
+    pool: &PgPool,
+    principal: Principal,
+    expires_at: DateTime<Utc>,
+) -> BusResult<SignIn> {
+    let session_id = Uuid::new_v4();
+    let mut tx = pool.begin().await?;
+    sqlx::query(
+        "DELETE FROM dashboard_sessions WHERE id IN (
+             SELECT id FROM dashboard_sessions WHERE expires_at <= now()
+              ORDER BY expires_at LIMIT $1)",
+    )
+    .bind(EXPIRED_DELETED_PER_SIGN_IN)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO dashboard_sessions (id, team_id, principal, principal_id, expires_at)
+         VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(session_id)
+    .bind(principal.team_id())
+    .bind(principal.kind())
+    .bind(principal.id())
+    .bind(expires_at)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "DELETE FROM dashboard_sessions WHERE principal_id = $1 AND id NOT IN (
+             SELECT id FROM dashboard_sessions WHERE principal_id = $1
+              ORDER BY created_at DESC, id LIMIT $2)",
+    )
+    .bind(principal.id())
+    .bind(SIGN_INS_PER_PRINCIPAL)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(SignIn {
+        principal,
+        session_id,
+    })
+}
+
+/// Sign out: the sign-in's row goes, and with it every copy of its cookie.
+pub async fn end(pool: &PgPool, session_id: Uuid) -> BusResult<()> {
+    sqlx::query("DELETE FROM dashboard_sessions WHERE id = $1")
+        .bind(session_id)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// The viewer a cookie's sign-in stands for now, or why it no longer signs
+/// in: its credential revoked (or agent disabled), or the sign-in ended.
+pub async fn recheck(pool: &PgPool, sign_in: SignIn) -> BusResult<Viewer> {
+    let revoked = || {
         BusError::unauthenticated(
             "the credential this dashboard session was opened with was revoked, or its agent \
              disabled. Sign in again with a live credential.",
         )
     };
-    match principal {
+    let signed_out = || {
+        BusError::unauthenticated(
+            "this dashboard sign-in has ended: it was signed out (here or in another browser \
+             holding the same cookie), or a newer sign-in with the same credential replaced it. \
+             Sign in again.",
+        )
+    };
+    let SignIn {
+        principal,
+        session_id,
+    } = sign_in;
+    // Whether the sign-in's row is still there, in the same round trip.
+    const LIVE: &str = "EXISTS (SELECT 1 FROM dashboard_sessions d
+                                 WHERE d.id = $3 AND d.team_id = $1 AND d.principal_id = $2
+                                   AND d.expires_at > now())";
+    let viewer = match principal {
         Principal::Agent { team_id, token_id } => {
-            let row: Option<(Uuid, String, String, Option<String>)> = sqlx::query_as(
-                "SELECT a.id, a.name, tm.slug, r.refusal
-                   FROM agent_tokens t
-                   JOIN agents a ON a.team_id = t.team_id AND a.id = t.agent_id
-                   JOIN teams tm ON tm.id = t.team_id
-                   CROSS JOIN LATERAL agent_credential_refusal(t.team_id, t.agent_id, t.id, NULL, NULL) r
-                  WHERE t.team_id = $1 AND t.id = $2",
-            )
-            .bind(team_id)
-            .bind(token_id)
-            .fetch_optional(pool)
-            .await?;
+            static SQL: LazyLock<String> = LazyLock::new(|| {
+                format!(
+                    "SELECT a.id, a.name, tm.slug, r.refusal, {LIVE}
+                       FROM agent_tokens t
+                       JOIN agents a ON a.team_id = t.team_id AND a.id = t.agent_id
+                       JOIN teams tm ON tm.id = t.team_id
+                       CROSS JOIN LATERAL agent_credential_refusal(t.team_id, t.agent_id, t.id, NULL, NULL) r
+                      WHERE t.team_id = $1 AND t.id = $2"
+                )
+            });
+            let row: Option<(Uuid, String, String, Option<String>, bool)> =
+                sqlx::query_as(SQL.as_str())
+                    .bind(team_id)
+                    .bind(token_id)
+                    .bind(session_id)
+                    .fetch_optional(pool)
+                    .await?;
             match row {
-                Some((agent_id, name, team, None)) => Ok(Viewer {
-                    principal,
-                    agent_id: Some(agent_id),
-                    team,
-                    kind: "agent",
-                    name,
-                }),
-                _ => Err(ended()),
+                Some((agent_id, name, team, None, live)) => (
+                    Viewer {
+                        principal,
+                        agent_id: Some(agent_id),
+                        team,
+                        kind: "agent",
+                        name,
+                    },
+                    live,
+                ),
+                _ => return Err(revoked()),
             }
         }
         Principal::Admin {
             team_id,
             credential_id,
         } => {
-            let row: Option<(String, String)> = sqlx::query_as(
-                "SELECT c.display_prefix, tm.slug
-                   FROM admin_credentials c JOIN teams tm ON tm.id = $1
-                  WHERE c.id = $2 AND c.revoked_at IS NULL
-                    AND (c.team_id IS NULL OR c.team_id = $1)",
+            static SQL: LazyLock<String> = LazyLock::new(|| {
+                format!(
+                    "SELECT c.display_prefix, tm.slug, {LIVE}
+                       FROM admin_credentials c JOIN teams tm ON tm.id = $1
+                      WHERE c.id = $2 AND c.revoked_at IS NULL
+                        AND (c.team_id IS NULL OR c.team_id = $1)"
+                )
+            });
+            let row: Option<(String, String, bool)> = sqlx::query_as(SQL.as_str())
+                .bind(team_id)
+                .bind(credential_id)
+                .bind(session_id)
+                .fetch_optional(pool)
+                .await?;
+            let (prefix, team, live) = row.ok_or_else(revoked)?;
+            (
+                Viewer {
+                    principal,
+                    agent_id: None,
+                    team,
+                    kind: "admin",
+                    name: format!("admin:{prefix}"),
+                },
+                live,
             )
-            .bind(team_id)
-            .bind(credential_id)
-            .fetch_optional(pool)
-            .await?;
-            let (prefix, team) = row.ok_or_else(ended)?;
-            Ok(Viewer {
-                principal,
-                agent_id: None,
-                team,
-                kind: "admin",
-                name: format!("admin:{prefix}"),
-            })
         }
+    };
+    match viewer {
+        (viewer, true) => Ok(viewer),
+        (_, false) => Err(signed_out()),
     }
 }
 
@@ -297,9 +435,7 @@ pub async fn snapshot(
     events: &Events,
     viewer: Viewer,
 ) -> BusResult<Snapshot> {
-    let team_id = match viewer.principal {
-        Principal::Agent { team_id, .. } | Principal::Admin { team_id, .. } => team_id,
-    };
+    let team_id = viewer.principal.team_id();
     let agents = agents(pool, team_id).await?;
     let tasks = sqlx::query_as(
         "SELECT t.key, t.title, t.status,
@@ -413,33 +549,43 @@ struct WindowRow {
 }
 
 /// For an agent: the conversations where one of its windows holds an active
-/// seat, with bodies from the earliest seq such a seat may read. For an
-/// admin (no agent): every conversation of the team, without bodies.
+/// seat, with bodies from the earliest seq such a seat may read; a seat of a
+/// registered window (one with a live session credential) is that window's
+/// private data and never counts, as on `/mcp` for the bare agent token the
+/// dashboard signed in with. For an admin (no agent): every conversation of
+/// the team, without bodies.
 async fn conversations(
     pool: &PgPool,
     team_id: Uuid,
     agent_id: Option<Uuid>,
 ) -> BusResult<Conversations> {
+    // The seats the agent token reads through: active, and not a registered
+    // window's (the bare token is refused those on /mcp, by the same rule).
+    static LISTED: LazyLock<String> = LazyLock::new(|| {
+        let seat = format!(
+            "s.team_id = c.team_id AND s.conversation_id = c.id AND s.agent_id = $2
+             AND s.state = 'active' AND NOT {}",
+            conversations::registered_window("s.team_id", "s.agent_id", "s.session")
+        );
+        format!(
+            "SELECT c.id, c.title, c.visibility, c.archived_at IS NOT NULL,
+                    (SELECT min(s.history_from_seq) FROM conversation_members s
+                      WHERE {seat}) AS readable_from
+               FROM conversations c
+              WHERE c.team_id = $1
+                AND ($2::uuid IS NULL OR EXISTS (
+                     SELECT 1 FROM conversation_members s WHERE {seat}))
+              ORDER BY c.archived_at IS NOT NULL, c.last_seq DESC, c.created_at DESC
+              LIMIT $3"
+        )
+    });
     // (id, title, visibility, archived, first seq whose body may be shown)
-    let listed: Vec<(Uuid, String, String, bool, Option<i64>)> = sqlx::query_as(
-        "SELECT c.id, c.title, c.visibility, c.archived_at IS NOT NULL,
-                (SELECT min(s.history_from_seq) FROM conversation_members s
-                  WHERE s.team_id = c.team_id AND s.conversation_id = c.id
-                    AND s.agent_id = $2 AND s.state = 'active') AS readable_from
-           FROM conversations c
-          WHERE c.team_id = $1
-            AND ($2::uuid IS NULL OR EXISTS (
-                 SELECT 1 FROM conversation_members s
-                  WHERE s.team_id = c.team_id AND s.conversation_id = c.id
-                    AND s.agent_id = $2 AND s.state = 'active'))
-          ORDER BY c.archived_at IS NOT NULL, c.last_seq DESC, c.created_at DESC
-          LIMIT $3",
-    )
-    .bind(team_id)
-    .bind(agent_id)
-    .bind(CONVERSATIONS_MAX)
-    .fetch_all(pool)
-    .await?;
+    let listed: Vec<(Uuid, String, String, bool, Option<i64>)> = sqlx::query_as(LISTED.as_str())
+        .bind(team_id)
+        .bind(agent_id)
+        .bind(CONVERSATIONS_MAX)
+        .fetch_all(pool)
+        .await?;
     let ids: Vec<Uuid> = listed.iter().map(|c| c.0).collect();
     // The first readable seq per conversation; an admin has no seat, and
     // i64::MAX is past every seq, so the query itself shows it no body.
@@ -480,8 +626,9 @@ async fn conversations(
     .await?;
     let bodies_shown = agent_id.is_some();
     let note = if bodies_shown {
-        "conversations where one of your windows holds an active seat; bodies from where your \
-         seat's history starts"
+        "conversations where one of your windows holds an active seat (not a registered \
+         window's: those are read with the window's session credential); bodies from where \
+         your seat's history starts"
     } else {
         "signed in with an admin credential: every conversation of the team with its receipt \
          counts, and no message bodies"

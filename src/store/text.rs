@@ -26,6 +26,11 @@
 //! [`quote`] is how a refusal shows what it was given: quoted, cut to 40
 //! characters, invisible characters spelled out, and never in Rust syntax.
 //!
+//! [`show_bidi`] is how text for people (the console client's text mode, the
+//! dashboard) shows a stored body: the bidirectional embeddings, overrides
+//! and isolates spelled out as `<U+202E>`, so a body cannot display in an
+//! order other than the one it was written in. JSON keeps them as they are.
+//!
 //! [`Literals`] is what full-text search cannot see: PostgreSQL's parser drops
 //! emoji and other symbols, so `search_notes` and `search_messages` match
 //! those as exact substrings.
@@ -80,6 +85,42 @@ fn bidi_name(c: char) -> Option<&'static str> {
         '\u{2069}' => "pop directional isolate",
         _ => return None,
     })
+}
+
+/// The bidirectional formatting characters that text for people shows as
+/// `<U+XXXX>` ([`show_bidi`]): the explicit embeddings and overrides
+/// (U+202A-U+202E) and isolates (U+2066-U+2069), the characters of
+/// CVE-2021-42574 ("Trojan Source") that make text display in an order other
+/// than the one it is stored in. The implicit marks (U+200E, U+200F, U+061C)
+/// are not among them: they only settle the direction of neutral characters
+/// next to them, cannot reverse a run of letters, and are how people who
+/// write Hebrew, Arabic or Persian keep punctuation and numbers in place, so
+/// spelling them out would garble their messages. (A one-line field refuses
+/// them all the same: a name has no use for them.) `app.js` receives this
+/// very list from the server, so the console client, the dashboard's first
+/// render and its redraws escape one set.
+pub const BIDI_CONTROLS: [char; 9] = [
+    '\u{202A}', '\u{202B}', '\u{202C}', '\u{202D}', '\u{202E}', '\u{2066}', '\u{2067}', '\u{2068}',
+    '\u{2069}',
+];
+
+/// `text` as a person should see it: every character of [`BIDI_CONTROLS`]
+/// spelled out as `<U+XXXX>`, everything else as it is. For display only
+/// (the console client's text mode, the dashboard); stored text and JSON
+/// answers keep those characters byte for byte.
+pub fn show_bidi(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.contains(BIDI_CONTROLS) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if BIDI_CONTROLS.contains(&c) {
+            out.push_str(&format!("<U+{:04X}>", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// Unicode NFC (the quick check skips the work for text already in NFC).
@@ -351,6 +392,20 @@ mod tests {
         // Lookups normalise and never refuse.
         assert_eq!(lookup(" e\u{301}\u{202E} "), "\u{e9}\u{202E}");
         assert_eq!(lookup_lower(" E\u{301} "), "\u{e9}");
+    }
+
+    #[test]
+    fn show_bidi_spells_out_exactly_the_explicit_formatting_characters() {
+        assert_eq!(
+            show_bidi("invoice\u{202E}fdp.exe\u{202C} \u{2066}x\u{2069}"),
+            "invoice<U+202E>fdp.exe<U+202C> <U+2066>x<U+2069>"
+        );
+        for c in BIDI_CONTROLS {
+            assert_eq!(show_bidi(&c.to_string()), format!("<U+{:04X}>", c as u32));
+        }
+        // The implicit marks, right-to-left scripts, the emoji joiner: kept.
+        let kept = "שלום\u{200F}, مرحبا\u{061C} a\u{200E}b 👩\u{200D}💻\n\tend";
+        assert!(matches!(show_bidi(kept), std::borrow::Cow::Borrowed(_)));
     }
 
     #[test]

@@ -798,3 +798,46 @@ async fn client_text_never_passes_another_agents_control_characters_to_the_termi
     let answer: Value = serde_json::from_str(&run.stdout).unwrap();
     assert_eq!(answer["messages"][0]["body"], hostile);
 }
+
+// Issue 33 item 8: bidirectional embeddings, overrides and isolates in
+// another agent's text are spelled out in text mode (`<U+202E>`), so a body
+// cannot display in another order than it was written in; JSON keeps them.
+#[tokio::test]
+async fn client_text_spells_out_bidirectional_formatting_characters_and_json_keeps_them() {
+    let app = spawn_app().await;
+    let alice = team_with(&app, "alice", None).await;
+    let bob = app.mcp(&app.agent("acme", "bob").await, None).await;
+    // Reads as "invoice_exe.pdf" on a terminal that honours U+202E; the
+    // implicit right-to-left mark (U+200F) in Hebrew text is left alone.
+    let hostile = "invoice_\u{202E}fdp.exe\u{202C} \u{2067}isolated\u{2069} שלום\u{200F}!";
+    let shown = "invoice_<U+202E>fdp.exe<U+202C> <U+2067>isolated<U+2069> שלום\u{200F}!";
+    bob.call(
+        "post_message",
+        serde_json::json!({"to": "alice", "body": hostile}),
+    )
+    .await
+    .unwrap();
+    bob.call(
+        "create_task",
+        serde_json::json!({"key": "t1", "title": "plain", "description": hostile}),
+    )
+    .await
+    .unwrap();
+    for args in [&["read", "--all"][..], &["task", "show", "t1"]] {
+        let run = alice.run(args).await;
+        assert_eq!(run.code, Some(0), "{args:?}: {run:?}");
+        assert!(run.stdout.contains(shown), "{args:?}: {:?}", run.stdout);
+        for c in ai_crew_sync::store::text::BIDI_CONTROLS {
+            assert!(
+                !run.stdout.contains(c),
+                "{args:?} printed U+{:04X} raw",
+                c as u32
+            );
+        }
+    }
+    let answer = alice.json(&["read", "--all"]).await;
+    assert_eq!(
+        answer["messages"][0]["body"], hostile,
+        "JSON keeps the text"
+    );
+}

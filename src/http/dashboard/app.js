@@ -1,17 +1,34 @@
 // ai-crew-sync dashboard: redraws each section from /dashboard/data every
-// few seconds. Every value goes into the page through textContent (el/text
-// below); no markup is ever built from data.
+// few seconds. Every value goes into the page as text, the textContent way
+// (text nodes made by el/replace below, through shown); no markup is ever
+// built from data.
 "use strict";
 
 (function () {
   var POLL_MS = 3000;
   var COLUMNS = ["open", "claimed", "done", "cancelled"];
+  // The bidirectional embeddings, overrides and isolates, drawn spelled out
+  // (<U+202E>) as the server's first render and the console client show
+  // them, so no text displays in another order than it was written in. The
+  // server writes the list in when it serves this file, from the one list in
+  // src/store/text.rs (BIDI_CONTROLS).
+  var BIDI = new RegExp("[" + "__BIDI_CONTROLS__" + "]", "g");
+
+  function shown(text) {
+    return String(text).replace(BIDI, function (c) {
+      return "<U+" + c.charCodeAt(0).toString(16).toUpperCase() + ">";
+    });
+  }
+
+  function textNode(text) {
+    return document.createTextNode(shown(text));
+  }
 
   function el(tag, className, children) {
     var node = document.createElement(tag);
     if (className) node.className = className;
     (children || []).forEach(function (child) {
-      node.appendChild(typeof child === "string" ? document.createTextNode(child) : child);
+      node.appendChild(typeof child === "string" ? textNode(child) : child);
     });
     return node;
   }
@@ -161,7 +178,7 @@
     if (!target) return;
     while (target.firstChild) target.removeChild(target.firstChild);
     nodes.forEach(function (node) {
-      target.appendChild(typeof node === "string" ? document.createTextNode(node) : node);
+      target.appendChild(typeof node === "string" ? textNode(node) : node);
     });
   }
 

@@ -3,8 +3,8 @@
 //! same markup (built with `createElement`/`textContent`).
 //!
 //! Every value from the database or the request passes through [`escape`]
-//! exactly once, where it is written into the markup; nothing else is
-//! interpolated. The page has no inline script or style (the CSP forbids
+//! exactly once, where it is written into the markup (which also spells out
+//! bidirectional formatting characters); nothing else is interpolated. The page has no inline script or style (the CSP forbids
 //! them): only `/dashboard/app.js` and `/dashboard/app.css`.
 
 use std::fmt::Write;
@@ -15,9 +15,14 @@ use crate::events::ListenerState;
 use crate::store::dashboard::{
     AgentView, ChannelMessageView, Conversations, Health, LockView, Snapshot, TaskView,
 };
+use crate::store::text;
 
-/// Text made safe for HTML content and quoted attribute values.
+/// Text made safe for HTML content and quoted attribute values, with the
+/// bidirectional embeddings, overrides and isolates spelled out as
+/// `&lt;U+202E&gt;` ([`text::show_bidi`], the console client's rule too;
+/// `app.js` applies the same set to what it redraws).
 pub fn escape(text: &str) -> String {
+    let text = text::show_bidi(text);
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {
@@ -53,8 +58,10 @@ fn or_dash(text: Option<&str>) -> String {
     text.map_or_else(|| "—".to_string(), escape)
 }
 
-/// The sign-in form, with `error` (already in words for a person) above it.
-pub fn sign_in(error: Option<&str>) -> String {
+/// The sign-in form, with `error` (already in words for a person) above it,
+/// and when `dropped_over_http` (the cookie will be `Secure`, and this page
+/// did not come over https) why signing in may lead back here.
+pub fn sign_in(error: Option<&str>, dropped_over_http: bool) -> String {
     let mut html = head("ai-crew-sync · sign in");
     html.push_str("<body class=\"sign-in\"><main class=\"card narrow\"><h1>ai-crew-sync</h1>");
     html.push_str(
@@ -78,6 +85,14 @@ pub fn sign_in(error: Option<&str>) -> String {
          <p class=\"muted small\">The credential is exchanged for a cookie that lasts 8 hours \
          and only opens this page. Never put a credential in the address bar.</p>",
     );
+    if dropped_over_http {
+        html.push_str(
+            "<p class=\"muted small\" id=\"secure-cookie-note\">This server marks its sign-in \
+             cookie Secure. If signing in brings you back to this form, this page was opened \
+             over plain http://, where browsers drop such a cookie: open it over https, or \
+             have the operator start the server with --dashboard-plain-http.</p>",
+        );
+    }
     html.push_str("</main></body></html>");
     html
 }
@@ -381,12 +396,13 @@ mod tests {
             "&lt;img src=x onerror=&quot;a(&#39;b&#39;)&quot;&gt;&amp;amp;"
         );
         assert_eq!(escape("plain text, é ✓"), "plain text, é ✓");
+        assert_eq!(escape("a\u{202E}b"), "a&lt;U+202E&gt;b");
         assert_eq!(escape(""), "");
     }
 
     #[test]
     fn the_sign_in_form_escapes_its_error() {
-        let html = sign_in(Some("<script>x</script>"));
+        let html = sign_in(Some("<script>x</script>"), false);
         assert!(html.contains("&lt;script&gt;x&lt;/script&gt;"));
         assert!(!html.contains("<script>x"));
         assert!(!html.contains("<style"), "no inline style");

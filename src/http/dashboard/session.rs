@@ -1,15 +1,19 @@
-//! The dashboard's session cookie: who signed in, for which team, until when,
-//! signed with HMAC-SHA256 under the server's dashboard key.
+//! The dashboard's session cookie: who signed in, for which team, which
+//! sign-in, until when, signed with HMAC-SHA256 under the server's dashboard
+//! key.
 //!
-//! The cookie carries ids only ([`Principal`]), never a credential, and is
-//! checked in constant time ([`Mac::verify_slice`]). A valid signature is not
-//! enough: the handler re-reads the principal on every request
-//! (`store::dashboard::recheck`), so a revocation ends the session at the
-//! next request. The attributes keep the cookie to this page: `HttpOnly`
-//! (no script reads it), `SameSite=Strict` (no other site sends it),
-//! `Path=/dashboard` (so `/mcp` and `/admin` never see it, and they take
-//! bearer credentials only anyway), and `Secure` when the request came over
-//! https (a TLS-terminating proxy says so in `X-Forwarded-Proto`).
+//! The cookie carries ids only ([`SignIn`]: the principal and its sign-in
+//! row), never a credential, and is checked in constant time
+//! ([`Mac::verify_slice`]). A valid signature is not enough: the handler
+//! re-reads the principal and the sign-in row on every request
+//! (`store::dashboard::recheck`), so a revocation or a sign-out ends the
+//! session at the next request, on every replica. The attributes keep the
+//! cookie to this page: `HttpOnly` (no script reads it), `SameSite=Strict`
+//! (no other site sends it), `Path=/dashboard` (so `/mcp` and `/admin` never
+//! see it, and they take bearer credentials only anyway), and `Secure` unless
+//! the operator serves the dashboard over plain http ([`DashboardCookie`]; a
+//! request a TLS-terminating proxy marks `X-Forwarded-Proto: https` gets it
+//! either way).
 
 use axum::http::{HeaderMap, HeaderValue, header};
 use base64::Engine;
@@ -19,7 +23,8 @@ use rand::RngCore;
 use sha2::Sha256;
 use uuid::Uuid;
 
-use crate::store::dashboard::Principal;
+use crate::config::DashboardCookie;
+use crate::store::dashboard::{Principal, SignIn};
 
 pub const COOKIE_NAME: &str = "crew_dashboard";
 /// How long a dashboard sign-in lasts.
@@ -50,16 +55,20 @@ impl CookieKey {
         HmacSha256::new_from_slice(&self.0).expect("HMAC takes a key of any length")
     }
 
-    /// The cookie value for `principal`, good until `expires`.
-    pub fn seal(&self, principal: Principal, expires: chrono::DateTime<chrono::Utc>) -> String {
-        let (kind, team, id) = match principal {
+    /// The cookie value for `sign_in`, good until `expires`.
+    pub fn seal(&self, sign_in: SignIn, expires: chrono::DateTime<chrono::Utc>) -> String {
+        let (kind, team, id) = match sign_in.principal {
             Principal::Agent { team_id, token_id } => ("agent", team_id, token_id),
             Principal::Admin {
                 team_id,
                 credential_id,
             } => ("admin", team_id, credential_id),
         };
-        let payload = format!("{kind}|{team}|{id}|{}", expires.timestamp());
+        let payload = format!(
+            "{kind}|{team}|{id}|{}|{}",
+            sign_in.session_id,
+            expires.timestamp()
+        );
         let mut mac = self.mac();
         mac.update(payload.as_bytes());
         let signature = mac.finalize().into_bytes();
@@ -70,9 +79,9 @@ impl CookieKey {
         )
     }
 
-    /// The principal a cookie value names, if this key signed it and it has
+    /// The sign-in a cookie value names, if this key signed it and it has
     /// not expired.
-    pub fn open(&self, value: &str) -> Option<Principal> {
+    pub fn open(&self, value: &str) -> Option<SignIn> {
         let (payload, signature) = value.split_once('.')?;
         let payload = URL_SAFE_NO_PAD.decode(payload).ok()?;
         let signature = URL_SAFE_NO_PAD.decode(signature).ok()?;
@@ -81,25 +90,35 @@ impl CookieKey {
         mac.verify_slice(&signature).ok()?;
         let payload = String::from_utf8(payload).ok()?;
         let mut parts = payload.split('|');
-        let (kind, team, id, expires) =
-            (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        let (kind, team, id, session, expires) = (
+            parts.next()?,
+            parts.next()?,
+            parts.next()?,
+            parts.next()?,
+            parts.next()?,
+        );
         let expires: i64 = expires.parse().ok()?;
         if parts.next().is_some() || expires <= chrono::Utc::now().timestamp() {
             return None;
         }
         let team_id: Uuid = team.parse().ok()?;
         let id: Uuid = id.parse().ok()?;
-        match kind {
-            "agent" => Some(Principal::Agent {
+        let session_id: Uuid = session.parse().ok()?;
+        let principal = match kind {
+            "agent" => Principal::Agent {
                 team_id,
                 token_id: id,
-            }),
-            "admin" => Some(Principal::Admin {
+            },
+            "admin" => Principal::Admin {
                 team_id,
                 credential_id: id,
-            }),
-            _ => None,
-        }
+            },
+            _ => return None,
+        };
+        Some(SignIn {
+            principal,
+            session_id,
+        })
     }
 }
 
@@ -116,16 +135,25 @@ pub fn cookie_value(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// Whether the request reached us over https (through a proxy that says so).
-fn over_https(headers: &HeaderMap) -> bool {
+pub fn over_https(headers: &HeaderMap) -> bool {
     headers
         .get("x-forwarded-proto")
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("https"))
 }
 
+/// Whether the cookie set in answer to `request` is `Secure`.
+fn secure(mode: DashboardCookie, request: &HeaderMap) -> &'static str {
+    if mode == DashboardCookie::Secure || over_https(request) {
+        "; Secure"
+    } else {
+        ""
+    }
+}
+
 /// `Set-Cookie` for a fresh sign-in.
-pub fn set_cookie(request: &HeaderMap, value: &str) -> HeaderValue {
-    let secure = if over_https(request) { "; Secure" } else { "" };
+pub fn set_cookie(mode: DashboardCookie, request: &HeaderMap, value: &str) -> HeaderValue {
+    let secure = secure(mode, request);
     let header = format!(
         "{COOKIE_NAME}={value}; Path=/dashboard; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
         LIFETIME.num_seconds()
@@ -134,8 +162,8 @@ pub fn set_cookie(request: &HeaderMap, value: &str) -> HeaderValue {
 }
 
 /// `Set-Cookie` that makes the browser forget the sign-in.
-pub fn clear_cookie(request: &HeaderMap) -> HeaderValue {
-    let secure = if over_https(request) { "; Secure" } else { "" };
+pub fn clear_cookie(mode: DashboardCookie, request: &HeaderMap) -> HeaderValue {
+    let secure = secure(mode, request);
     let header =
         format!("{COOKIE_NAME}=; Path=/dashboard; HttpOnly; SameSite=Strict; Max-Age=0{secure}");
     HeaderValue::from_str(&header).expect("fixed words")
@@ -148,9 +176,12 @@ mod tests {
     #[test]
     fn a_cookie_opens_only_under_its_key_untampered_and_unexpired() {
         let key = CookieKey::new(None);
-        let principal = Principal::Agent {
-            team_id: Uuid::new_v4(),
-            token_id: Uuid::new_v4(),
+        let principal = SignIn {
+            principal: Principal::Agent {
+                team_id: Uuid::new_v4(),
+                token_id: Uuid::new_v4(),
+            },
+            session_id: Uuid::new_v4(),
         };
         let later = chrono::Utc::now() + LIFETIME;
         let sealed = key.seal(principal, later);
@@ -166,9 +197,12 @@ mod tests {
         assert_eq!(key.open(&format!("{forged}.{signature}")), None);
         assert_eq!(key.open("garbage"), None);
 
-        let admin = Principal::Admin {
-            team_id: Uuid::new_v4(),
-            credential_id: Uuid::new_v4(),
+        let admin = SignIn {
+            principal: Principal::Admin {
+                team_id: Uuid::new_v4(),
+                credential_id: Uuid::new_v4(),
+            },
+            session_id: Uuid::new_v4(),
         };
         let fixed = CookieKey::new(Some("a shared secret for every replica!!"));
         assert_eq!(fixed.open(&fixed.seal(admin, later)), Some(admin));

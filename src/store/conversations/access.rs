@@ -3,6 +3,8 @@
 //! project grant), and, for membership changes, the conversation row locked
 //! first, who may see it and who may manage it.
 
+use std::sync::LazyLock;
+
 use sqlx::PgConnection;
 use uuid::Uuid;
 
@@ -46,23 +48,38 @@ pub(crate) async fn seat(
         .await?)
 }
 
+/// The one rule for "this window is a registered window" (identity.md: a
+/// registered window's private data is not for the bare agent token): a
+/// live session credential, derived from a live agent token, holds the label
+/// (`team`, `agent`, `label` are SQL expressions: parameters or columns).
+/// MCP refuses the bare token wearing such a label ([`refuse_borrowed_label`],
+/// [`seat_unless_borrowed`]); the dashboard, which signs in with the bare
+/// token, leaves such a window's seats out (`store::dashboard`).
+pub(crate) fn registered_window(team: &str, agent: &str, label: &str) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM agent_sessions rw_s
+                 JOIN agent_tokens rw_t ON rw_t.team_id = rw_s.team_id AND rw_t.id = rw_s.token_id
+                 WHERE rw_s.team_id = {team} AND rw_s.agent_id = {agent} AND rw_s.label = {label}
+                   AND rw_s.revoked_at IS NULL AND rw_s.expires_at > now()
+                   AND rw_t.revoked_at IS NULL)"
+    )
+}
+
+static REGISTERED: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {}", registered_window("$1", "$2", "$3")));
+
 /// Refuse the bare agent token wearing a label that belongs to a live
 /// authenticated window: that window's private data needs its credential.
 pub(crate) async fn refuse_borrowed_label(conn: &mut PgConnection, me: &Identity) -> BusResult<()> {
     if me.session_credential.is_some() || me.window.is_empty() {
         return Ok(());
     }
-    let registered: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM agent_sessions s
-                        JOIN agent_tokens t ON t.team_id = s.team_id AND t.id = s.token_id
-                        WHERE s.team_id = $1 AND s.agent_id = $2 AND s.label = $3
-                          AND s.revoked_at IS NULL AND s.expires_at > now() AND t.revoked_at IS NULL)",
-    )
-    .bind(me.team_id)
-    .bind(me.agent_id)
-    .bind(&me.window)
-    .fetch_one(&mut *conn)
-    .await?;
+    let registered: bool = sqlx::query_scalar(REGISTERED.as_str())
+        .bind(me.team_id)
+        .bind(me.agent_id)
+        .bind(&me.window)
+        .fetch_one(&mut *conn)
+        .await?;
     if registered {
         return Err(borrowed_label(me));
     }
@@ -142,25 +159,26 @@ async fn seat_unless_borrowed(
         transfer_to_session: Option<String>,
         superseded_by: Option<Uuid>,
     }
-    let row: Row = sqlx::query_as(
-        "SELECT ($5 AND EXISTS (
-                    SELECT 1 FROM agent_sessions s
-                    JOIN agent_tokens t ON t.team_id = s.team_id AND t.id = s.token_id
-                    WHERE s.team_id = $1 AND s.agent_id = $3 AND s.label = $4
-                      AND s.revoked_at IS NULL AND s.expires_at > now() AND t.revoked_at IS NULL))
-                    AS borrowed,
-                m.id, m.role, m.state, m.history_from_seq, m.transfer_to_session, m.superseded_by
-         FROM (SELECT 1) AS one
-         LEFT JOIN conversation_members m
-                ON m.team_id = $1 AND m.conversation_id = $2 AND m.agent_id = $3 AND m.session = $4",
-    )
-    .bind(me.team_id)
-    .bind(conversation_id)
-    .bind(me.agent_id)
-    .bind(&me.window)
-    .bind(me.session_credential.is_none() && !me.window.is_empty())
-    .fetch_one(&mut *conn)
-    .await?;
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "SELECT ($5 AND {}) AS borrowed,
+                    m.id, m.role, m.state, m.history_from_seq, m.transfer_to_session,
+                    m.superseded_by
+             FROM (SELECT 1) AS one
+             LEFT JOIN conversation_members m
+                    ON m.team_id = $1 AND m.conversation_id = $2 AND m.agent_id = $3
+                   AND m.session = $4",
+            registered_window("$1", "$3", "$4")
+        )
+    });
+    let row: Row = sqlx::query_as(SQL.as_str())
+        .bind(me.team_id)
+        .bind(conversation_id)
+        .bind(me.agent_id)
+        .bind(&me.window)
+        .bind(me.session_credential.is_none() && !me.window.is_empty())
+        .fetch_one(&mut *conn)
+        .await?;
     if row.borrowed {
         return Err(borrowed_label(me));
     }

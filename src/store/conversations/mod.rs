@@ -62,7 +62,7 @@ mod seats;
 mod transfer;
 
 pub use access::{ReadAccess, not_found};
-pub(crate) use access::{read_access, refuse_borrowed_label};
+pub(crate) use access::{read_access, refuse_borrowed_label, registered_window};
 pub use lifecycle::{Placement, TITLE_MAX_BYTES, archive, check_title, create, list};
 pub use membership::{INVITE_ROLES, invite, join, leave, remove};
 pub use recovery::{

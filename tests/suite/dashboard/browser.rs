@@ -263,3 +263,65 @@ async fn a_populated_dashboard_shows_every_section_in_the_browser() {
     }
     browser.quit().await;
 }
+
+// Issue 33 item 8: a body holding bidirectional embeddings, overrides and
+// isolates is shown with them spelled out (`<U+202E>`), in the server's first
+// render and in what app.js redraws later; `/dashboard/data` keeps the text.
+#[tokio::test]
+async fn bidirectional_formatting_characters_in_bodies_are_shown_spelled_out() {
+    let app = spawn_app().await;
+    team_with_conversations(&app, "acme").await;
+    let alice = app.agent("acme", "alice").await;
+    let bob = app.agent("acme", "bob").await;
+    let alice_mcp = app.mcp(&alice, None).await;
+    let bob_mcp = app.mcp(&bob, None).await;
+    let first = "first_\u{202E}fdp.exe\u{202C} \u{2066}iso\u{2069}";
+    alice_mcp
+        .call("post_message", json!({"channel": "general", "body": first}))
+        .await
+        .unwrap();
+    let id = private_conversation(&alice_mcp, "Bidi", "bob", &bob_mcp).await;
+    send(&bob_mcp, &id, "conv_\u{202B}abc\u{202C}").await;
+
+    let browser = open_signed_in(&app, &alice).await;
+    // The first render, before any redraw.
+    let source = browser.source().await;
+    assert!(
+        source
+            .contains("first_&lt;U+202E&gt;fdp.exe&lt;U+202C&gt; &lt;U+2066&gt;iso&lt;U+2069&gt;"),
+        "{source}"
+    );
+    // A message that only app.js can draw.
+    let later = "later_\u{202D}txt.exe\u{202C} \u{2067}\u{2068}x\u{2069}";
+    alice_mcp
+        .call("post_message", json!({"channel": "general", "body": later}))
+        .await
+        .unwrap();
+    let drawn = "later_<U+202D>txt.exe<U+202C> <U+2067><U+2068>x<U+2069>";
+    assert!(
+        browser.wait_for_text(drawn, LIVE_UPDATE_WITHIN).await,
+        "{}",
+        browser.text().await
+    );
+    let text = browser.text().await;
+    assert!(
+        text.contains("first_<U+202E>fdp.exe<U+202C> <U+2066>iso<U+2069>"),
+        "{text}"
+    );
+    assert!(text.contains("conv_<U+202B>abc<U+202C>"), "{text}");
+    for c in ai_crew_sync::store::text::BIDI_CONTROLS {
+        assert!(!text.contains(c), "U+{:04X} drawn raw: {text}", c as u32);
+    }
+    browser.quit().await;
+
+    // The JSON the page polls keeps the text as it is.
+    let cookie = super::cookie_for(&app, &alice, "").await;
+    let data = super::get(&app, "/dashboard/data", Some(&cookie)).await;
+    let bodies: Vec<String> = data.json()["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["body"].as_str().unwrap().to_string())
+        .collect();
+    assert!(bodies.contains(&later.to_string()), "{bodies:?}");
+}

@@ -4,7 +4,10 @@
 //! section of a populated page) and over plain HTTP (`plain_http`: the
 //! protective headers, credentials refused in the URL, a bad token, a
 //! tampered cookie, the cookie refused by `/mcp` and `/admin`, revocation,
-//! and what `/dashboard/data` never carries). This file holds the helpers:
+//! and what `/dashboard/data` never carries), and the sign-ins the server
+//! keeps (`sessions`: sign-out ends every copy of a cookie on every replica,
+//! the form's slot and 4 KiB cap, the per-principal rate limit, and when the
+//! cookie is `Secure`, down to `serve`'s own flags). This file holds the helpers:
 //! an HTTP client that shows redirects and signs in (for the plain-HTTP
 //! tests) and a team with private conversations (for both).
 //!
@@ -21,6 +24,7 @@ use crate::support::{McpClient, TestApp, test_actor};
 
 mod browser;
 mod plain_http;
+mod sessions;
 
 /// A client that shows redirects instead of following them.
 fn client() -> reqwest::Client {

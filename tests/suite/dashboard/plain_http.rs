@@ -447,3 +447,58 @@ async fn an_admin_credential_signs_in_only_for_a_team_it_may_see() {
     assert_eq!(data["viewer"]["team"], "other");
     assert_eq!(data["viewer"]["kind"], "admin");
 }
+
+// Issue 33 item 3: a registered window's private data is not for the bare
+// agent token (identity.md). `/mcp` refuses the token wearing the window's
+// label; the dashboard, signed in with that token, leaves the window's
+// conversations out by the same rule, and shows them again once the window's
+// session is revoked (as `/mcp` then lets the bare token read them).
+#[tokio::test]
+async fn a_registered_windows_conversations_are_not_shown_to_the_agent_token() {
+    let app = spawn_app().await;
+    team_with_conversations(&app, "acme").await;
+    let alice = app.agent("acme", "alice").await;
+    let bob = app.agent("acme", "bob").await;
+    let alice_mcp = app.mcp(&alice, None).await;
+    let bob_mcp = app.mcp(&bob, None).await;
+    let w1 = alice_mcp
+        .call("register_session", json!({"session": "w1"}))
+        .await
+        .unwrap();
+    let alice_w1 = app.mcp(w1["credential"].as_str().unwrap(), None).await;
+    let private = private_conversation(&bob_mcp, "Bob and alice/w1", "alice/w1", &alice_w1).await;
+    send(&bob_mcp, &private, "w1-private-body-5d2e").await;
+    let shared = private_conversation(&bob_mcp, "Bob and alice", "alice", &alice_mcp).await;
+    send(&bob_mcp, &shared, "shared-window-body-8c1f").await;
+
+    // What /mcp says to the bare token wearing the label.
+    let borrowed = app.mcp(&alice, Some("w1")).await;
+    let refused = borrowed
+        .call("read_conversation", json!({"conversation_id": private}))
+        .await
+        .unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("registered as an authenticated window"),
+        "{refused}"
+    );
+
+    let cookie = cookie_for(&app, &alice, "").await;
+    let data = get(&app, "/dashboard/data", Some(&cookie)).await;
+    let page = get(&app, "/dashboard", Some(&cookie)).await;
+    for body in [&data.body, &page.body] {
+        assert!(body.contains("shared-window-body-8c1f"), "{body}");
+        for never in ["w1-private-body-5d2e", "Bob and alice/w1"] {
+            assert!(
+                !body.contains(never),
+                "{never} shown to the agent token: {body}"
+            );
+        }
+    }
+
+    // Revoked, the label is no longer a registered window's.
+    alice_w1.call("revoke_session", json!({})).await.unwrap();
+    let data = get(&app, "/dashboard/data", Some(&cookie)).await;
+    assert!(data.body.contains("w1-private-body-5d2e"), "{}", data.body);
+}

@@ -216,16 +216,16 @@ impl TestApp {
 
     /// Another replica: its own router, pool and event listener on the same database.
     pub async fn replica(&self) -> TestApp {
+        self.replica_with(HttpSettings::default()).await
+    }
+
+    /// [`TestApp::replica`] with `settings` (a dashboard secret shared with
+    /// this one, say).
+    pub async fn replica_with(&self, settings: HttpSettings) -> TestApp {
         let pool = ai_crew_sync::db::connect(&self.database_url, 8)
             .await
             .expect("connect a replica");
-        spawn_on(
-            pool,
-            self.database_url.clone(),
-            HttpSettings::default(),
-            None,
-        )
-        .await
+        spawn_on(pool, self.database_url.clone(), settings, None).await
     }
 
     /// Another replica with its own broker connection to `nats_url`: its own
