@@ -8,13 +8,13 @@ use std::time::Duration;
 
 use ai_crew_sync::config::HttpSettings;
 use ai_crew_sync::store::teams;
-use ai_crew_sync::store::webhooks::{self, NewWebhook, WebhookKind};
+use ai_crew_sync::store::webhooks::{self, NewWebhook, PrivateTargets, WebhookKind};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use uuid::Uuid;
 
-use crate::support::{McpClient, TestApp, in_team, spawn_app_with, test_actor};
+use crate::support::{McpClient, TestApp, in_team, spawn_app_with, test_actor, test_authority};
 use crate::write_fence::{hold_row, until, waiting_on};
 
 /// The status and JSON body of the one answer on `stream`.
@@ -315,7 +315,10 @@ async fn serve_returns_after_its_workers_have_recorded_what_they_were_doing() {
             kind: WebhookKind::Generic,
             events: vec!["message".into()],
             channels: vec![],
-            allow_private: true,
+            allow_private: Some(
+                PrivateTargets::grant(&test_authority())
+                    .expect("the local operator allows private"),
+            ),
         },
     )
     .await
