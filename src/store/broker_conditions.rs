@@ -310,7 +310,9 @@ pub async fn retry_failed(
     .execute(&mut *tx)
     .await?;
     // Fresh attempts, due now; a new generation so no settle of an earlier
-    // lease can land on the slot again.
+    // lease can land on the slot again. A message given up on as uncertain
+    // stays so: its first new attempt asks the backend by key before
+    // publishing (a body that did land is settled, not stored twice).
     let put_back: Vec<Uuid> = sqlx::query_scalar(
         "WITH slots AS (
              UPDATE conversation_outbox
@@ -320,7 +322,7 @@ pub async fn retry_failed(
               WHERE team_id = $1 AND message_id = ANY($2) AND state = 'failed'
               RETURNING message_id)
          UPDATE conversation_messages m
-            SET publication_state = 'pending_publication', uncertain_at = NULL
+            SET publication_state = 'pending_publication'
           WHERE m.team_id = $1 AND m.id = ANY($2) AND m.publication_state = 'failed'
             AND m.tombstoned_at IS NULL
             AND (m.id IN (SELECT message_id FROM slots)
