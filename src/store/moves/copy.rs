@@ -171,11 +171,25 @@ impl Mover<'_> {
 
     /// A move to postgres over a body the row still holds with its recorded
     /// SHA-256 (published, not yet released by the sweep): that row is the
-    /// target, and the body is already in it. Recorded verified in one
-    /// statement, never `planned` first: an abort clears the bodies of
-    /// unverified items (M12), and this one is not a copy the move wrote but
-    /// possibly the last copy anywhere (after a wipe of the broker's store).
+    /// target, and the body is already in it, so nothing is read from the
+    /// broker (after a wipe of its store it holds nothing there) and nothing
+    /// is written. It is read back from the target and compared like every
+    /// copy (M9), then recorded verified in one statement, never `planned`
+    /// first: an abort clears the bodies of unverified items (M12), and this
+    /// one is not a copy the move wrote but possibly the last copy anywhere.
     async fn keep_local_copy(&mut self, source: &Source) -> BusResult<()> {
+        let back = self
+            .target
+            .fetch(&Locator(source.id.to_string()), source.id)
+            .await?;
+        if !back.is_some_and(|back| body_digest(&back)[..] == source.body_sha256[..]) {
+            return Err(BusError::conflict(format!(
+                "message {} changed in PostgreSQL while it was being moved back (its row no \
+                 longer holds the body with the SHA-256 recorded at send). Nothing was cut \
+                 over; run the same command again.",
+                source.id
+            )));
+        }
         sqlx::query(
             "INSERT INTO conversation_migration_items
                  (migration_id, message_id, team_id, body_sha256, bytes, state, target_locator)
@@ -193,7 +207,7 @@ impl Mover<'_> {
         .bind(source.id.to_string())
         .execute(self.pool)
         .await?;
-        self.done.resumed += 1;
+        self.done.copied += 1;
         self.done.bytes_copied += source.body.len() as i64;
         Ok(())
     }
