@@ -182,7 +182,7 @@ impl Mover<'_> {
             .target
             .fetch(&Locator(source.id.to_string()), source.id)
             .await?;
-        if !back.is_some_and(|back| body_digest(&back)[..] == source.body_sha256[..]) {
+        if back.is_none_or(|back| body_digest(&back)[..] != source.body_sha256[..]) {
             return Err(BusError::conflict(format!(
                 "message {} changed in PostgreSQL while it was being moved back (its row no \
                  longer holds the body with the SHA-256 recorded at send). Nothing was cut \
