@@ -26,13 +26,18 @@ use crate::error::BusResult;
 pub async fn mark_uncertain(pool: &PgPool, lease: &Lease, why: &str) -> BusResult<Settled> {
     let give_up = gives_up(lease.attempts);
     let reason = if give_up {
+        let retry = match lease.backend {
+            BackendKind::Jetstream => {
+                "ai-crew-sync conversations retry --team TEAM --nats-url URL --apply"
+            }
+            BackendKind::Postgres => "ai-crew-sync conversations retry --team TEAM --apply",
+        };
         format!(
             "attempt {} of {ATTEMPTS_MAX} to publish this body to the {} backend ended without an \
              answer ({why}), as the last ones did, and the outbox gave up: whether the backend \
              stored it is not known. Once the broker answers again (`/health`, `ai-crew-sync \
-             conversations status --team TEAM`), `ai-crew-sync conversations retry --team TEAM \
-             --apply` publishes it again: it asks the broker by the same key first, so a body \
-             that did land is not stored twice.",
+             conversations status --team TEAM`), `{retry}` publishes it again: it asks the \
+             broker by the same key first, so a body that did land is not stored twice.",
             lease.attempts, lease.backend
         )
     } else {
