@@ -62,11 +62,16 @@ pub enum Published {
     Blocked(String),
     /// It will never succeed: a payload the backend can never take, a
     /// permission denied. The slot is marked failed and stays visible. (A
-    /// full stream is `Retryable`: an operator raising its quota cures it.)
+    /// full stream is `Blocked`, not this: an operator raising its quota
+    /// cures it, and the slot waits for that without spending attempts.)
     Fatal(String),
     /// The attempt ended without an answer (a timeout, a connection lost
     /// after the request left): whether the backend stored the body is not
-    /// known. Not retried blindly; the reconciler asks the backend.
+    /// known. Never retried blindly: the slot's next attempt asks the backend
+    /// by the publish key first (`reconcile`), and so does the reconciler
+    /// meanwhile. It counts as an attempt, with the retryable backoff and
+    /// cap: a backend that never answers ends the slot `failed`, saying so,
+    /// rather than uncertain for ever.
     Unanswered(String),
 }
 

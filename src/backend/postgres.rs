@@ -29,6 +29,8 @@ pub struct PostgresBackend {
     /// Fetches answered so far, for `Faults::fetch_fails_after`. Shared by
     /// every clone, like `retryable_left`.
     fetches: Arc<AtomicUsize>,
+    /// Unanswered publishes still owed (`Faults::unanswered`), shared too.
+    unanswered_left: Arc<AtomicUsize>,
 }
 
 /// What to make go wrong. Off unless a test builds a backend with
@@ -50,6 +52,14 @@ pub struct Faults {
     /// Answer this many fetches, then fail every later one as unavailable:
     /// a backend that stops being readable in the middle of a move.
     pub fetch_fails_after: Option<usize>,
+    /// End the next N publishes without an answer (`Published::Unanswered`),
+    /// as a broker whose acknowledgements never come back; `usize::MAX` is
+    /// one that never answers a publish. Nothing is written unless
+    /// `unanswered_landed`.
+    pub unanswered: usize,
+    /// With `unanswered`: the body is written before the answer is lost, so
+    /// the publish key did land and only asking by key can tell.
+    pub unanswered_landed: bool,
 }
 
 impl PostgresBackend {
@@ -60,12 +70,14 @@ impl PostgresBackend {
     /// A backend that misbehaves as `faults` says. Only the tests build one.
     pub fn with_faults(pool: PgPool, faults: Faults) -> Self {
         let retryable_left = Arc::new(AtomicUsize::new(faults.retryable));
+        let unanswered_left = Arc::new(AtomicUsize::new(faults.unanswered));
         Self {
             pool,
             team_id: None,
             faults,
             retryable_left,
             fetches: Arc::default(),
+            unanswered_left,
         }
     }
 
@@ -101,6 +113,15 @@ impl MessagingBackend for PostgresBackend {
         if owed_failure {
             return Published::Retryable("the backend was unreachable".into());
         }
+        let unanswered = self
+            .unanswered_left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                left.checked_sub(1)
+            })
+            .is_ok();
+        if unanswered && !self.faults.unanswered_landed {
+            return Published::Unanswered("the backend did not answer".into());
+        }
         // Idempotent: the row already holds the body, and confirming it twice
         // is the same write. A locator already set to something else is left
         // alone (and the answer is still this message's id).
@@ -117,6 +138,9 @@ impl MessagingBackend for PostgresBackend {
             Err(e) => {
                 tracing::warn!(error = %e, message = %envelope.message_id, "postgres publish failed");
                 Published::Retryable("the backend write failed".into())
+            }
+            Ok(_) if unanswered => {
+                Published::Unanswered("the backend stored it and its answer was lost".into())
             }
             Ok(_) if self.faults.lose_confirmation => {
                 Published::Retryable("the confirmation was lost".into())

@@ -1,7 +1,8 @@
 //! What an operator sees and does when a team's JetStream streams are in a
 //! condition only they can fix (missing after the broker's store was wiped,
 //! full, out of storage): the conditions named with the command that fixes
-//! them (for `/health`, `conversations status`), the refusal of a new
+//! them (for `/health`, `conversations status`, and a reader of a body only
+//! the broker held while its stream is missing), the refusal of a new
 //! conversation on streams that are missing, the one-command recovery of
 //! failed messages whose body is still held (`conversations retry`), and the
 //! count `team stream` reports of messages naming sequences the stream does
@@ -166,6 +167,34 @@ pub async fn of_team(broker: &Broker, team_id: Uuid, team: &str) -> BusResult<Ve
         .collect())
 }
 
+/// The team's body stream is missing on a broker that answers: the one
+/// condition under which a read of a body held only by the broker cannot
+/// succeed however often it is repeated, until an operator restores the
+/// broker's store or re-creates the stream. Asked as `/health` and
+/// `conversations status` ask it ([`of_team`], cached briefly), so a reader
+/// is told what an operator is. `None`: not known to be missing (the stream
+/// exists, or the broker did not answer, which is unknown, not missing).
+pub async fn body_stream_missing(
+    pool: &PgPool,
+    broker: &Broker,
+    team_id: Uuid,
+) -> BusResult<Option<Reported>> {
+    let team: Option<String> = sqlx::query_scalar("SELECT slug FROM teams WHERE id = $1")
+        .bind(team_id)
+        .fetch_optional(pool)
+        .await?;
+    let Some(team) = team else {
+        return Ok(None);
+    };
+    let Ok(conditions) = of_team(broker, team_id, &team).await else {
+        return Ok(None);
+    };
+    let body = body_stream_name(team_id);
+    Ok(conditions
+        .into_iter()
+        .find(|c| c.condition == ConditionKind::StreamMissing && c.stream == body))
+}
+
 /// Refuse a new conversation of a team routed to jetstream whose streams
 /// the broker says are missing: every body sent into it would wait for an
 /// operator. Checked before the creating transaction (no network I/O inside
@@ -310,7 +339,9 @@ pub async fn retry_failed(
     .execute(&mut *tx)
     .await?;
     // Fresh attempts, due now; a new generation so no settle of an earlier
-    // lease can land on the slot again.
+    // lease can land on the slot again. A message given up on as uncertain
+    // stays so: its first new attempt asks the backend by key before
+    // publishing (a body that did land is settled, not stored twice).
     let put_back: Vec<Uuid> = sqlx::query_scalar(
         "WITH slots AS (
              UPDATE conversation_outbox
@@ -320,7 +351,7 @@ pub async fn retry_failed(
               WHERE team_id = $1 AND message_id = ANY($2) AND state = 'failed'
               RETURNING message_id)
          UPDATE conversation_messages m
-            SET publication_state = 'pending_publication', uncertain_at = NULL
+            SET publication_state = 'pending_publication'
           WHERE m.team_id = $1 AND m.id = ANY($2) AND m.publication_state = 'failed'
             AND m.tombstoned_at IS NULL
             AND (m.id IN (SELECT message_id FROM slots)

@@ -10,7 +10,8 @@
 //!
 //! The drain never holds a database transaction across a publish: it leases
 //! a batch in one statement, publishes with nothing held (bounded by a
-//! timeout; no answer in time is *uncertain*, not failed), and settles in
+//! timeout; no answer in time is *uncertain*, not failed, and the slot's next
+//! attempt asks the backend by key before publishing again), and settles in
 //! short transactions afterwards.
 
 use std::time::Duration;
@@ -20,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::Bus;
-use crate::backend::{AnyBackend, BackendKind, Locator, MessagingBackend, Published};
+use crate::backend::{AnyBackend, BackendKind, Locator, Published};
 use crate::error::BusResult;
 use crate::events::{BusEvent, EventKind};
 use crate::store::lost_bodies;
@@ -161,8 +162,10 @@ pub async fn drain_once(bus: &Bus, worker: &str, settings: &DrainSettings) -> Bu
     Ok(pass)
 }
 
+/// One attempt (`outbox::attempt`: asking by key first after an unanswered
+/// one), bounded: no answer within `limit` is another unanswered attempt.
 async fn publish_bounded(backend: &AnyBackend, lease: &Lease, limit: Duration) -> Published {
-    match tokio::time::timeout(limit, backend.publish(&lease.envelope())).await {
+    match tokio::time::timeout(limit, outbox::attempt(backend, lease)).await {
         Ok(outcome) => outcome,
         Err(_) => Published::Unanswered(format!(
             "the {} backend did not answer within {} s",

@@ -453,13 +453,14 @@ impl JetStreamBackend {
         stream: &str,
         sequence: u64,
     ) -> BusResult<Option<async_nats::jetstream::message::StreamMessage>> {
+        let asked_at = Instant::now();
         let handle = self
             .broker
             .js()
             .get_stream_no_info(stream)
             .await
             .map_err(|e| unreachable_broker(&e))?;
-        if let Some(message) = self.leader_get(&handle, stream, sequence).await? {
+        if let Some(message) = self.leader_get(&handle, stream, sequence, asked_at).await? {
             return Ok(Some(message));
         }
         // The first "not found" stays recorded after a confirmation: any
@@ -488,6 +489,7 @@ impl JetStreamBackend {
         stream: &str,
         sequence: u64,
     ) -> BusResult<Option<async_nats::jetstream::message::StreamMessage>> {
+        let asked_at = Instant::now();
         let direct = match self.broker.allows_direct(stream) {
             Some(direct) => direct,
             None => {
@@ -495,7 +497,7 @@ impl JetStreamBackend {
                     Ok(handle) => handle.cached_info().config.allow_direct,
                     Err(e) => match e.kind() {
                         GetStreamErrorKind::JetStream(js) if js.error_code().0 == 10059 => {
-                            return Err(self.stream_missing(stream));
+                            return Err(self.stream_missing(stream, asked_at));
                         }
                         _ => return Err(unreachable_broker(&e)),
                     },
@@ -522,7 +524,7 @@ impl JetStreamBackend {
                 }
             }
         }
-        self.leader_get(&handle, stream, sequence).await
+        self.leader_get(&handle, stream, sequence, asked_at).await
     }
 
     /// `STREAM.MSG.GET`, answered by the stream's leader: never a replica's
@@ -532,13 +534,14 @@ impl JetStreamBackend {
         handle: &async_nats::jetstream::stream::Stream<()>,
         stream: &str,
         sequence: u64,
+        asked_at: Instant,
     ) -> BusResult<Option<async_nats::jetstream::message::StreamMessage>> {
         match handle.get_raw_message(sequence).await {
             Ok(message) => Ok(Some(message)),
             Err(e) => match e.kind() {
                 RawMessageErrorKind::NoMessageFound => Ok(None),
                 RawMessageErrorKind::JetStream(js) if js.error_code().0 == 10059 => {
-                    Err(self.stream_missing(stream))
+                    Err(self.stream_missing(stream, asked_at))
                 }
                 _ => Err(unreachable_broker(&e)),
             },
@@ -547,7 +550,17 @@ impl JetStreamBackend {
 
     /// The stream itself is gone: said so rather than "no longer holds it",
     /// which would tombstone every body of a team pointed at the wrong server.
-    fn stream_missing(&self, stream: &str) -> BusError {
+    /// Recorded as the stream's condition, as a publish's answer is, so
+    /// health, status, the outbox and the reader all know it (a read may be
+    /// the first to learn it, within a stream check's cache).
+    fn stream_missing(&self, stream: &str, asked_at: Instant) -> BusError {
+        self.broker.raise_condition(
+            self.team_id,
+            stream,
+            ConditionKind::StreamMissing,
+            "a read was answered that the stream does not exist",
+            asked_at,
+        );
         BusError::unavailable(format!(
             "stream {stream} does not exist on the broker at {}, so whether it held this body \
              is not known. Point the server at the broker that holds it, or restore the stream; \

@@ -11,8 +11,8 @@
 //! the command that fixes it.
 //!
 //! The state is kept here, in memory, per (team, stream), by whoever last
-//! learned something from the broker: a publish's answer or a stream-info
-//! check. A condition is raised and cleared once: the server logs a WARN when
+//! learned something from the broker: a publish's answer, a read answered
+//! "no such stream" (raised only), or a stream-info check. A condition is raised and cleared once: the server logs a WARN when
 //! one appears (or changes) and an INFO when it clears, never once per
 //! message. An answer older than the last change is ignored: a publish sent
 //! before the stream filled up says nothing about the stream now, so its

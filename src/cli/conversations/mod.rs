@@ -45,7 +45,9 @@ pub enum ConversationsCommand {
     /// Put `failed` messages whose body is still held (outbox slot or message row) back to
     /// pending with fresh attempts, once their cause is fixed. Without --apply: what would be
     /// retried, nothing written. Refused while a team stream is still missing or full (naming
-    /// it and the fix). Audited.
+    /// it and the fix). A message given up on after 8 publishes the broker never answered is
+    /// asked for by its publish key first, so a body the broker kept is not stored twice.
+    /// Audited.
     Retry {
         #[arg(long)]
         team: String,

@@ -176,8 +176,17 @@ impl From<MessageRow> for ConversationMessage {
                 }),
                 PublicationState::Failed => Some(Unavailable {
                     reason: "failed".into(),
-                    detail: "the backend refused this body for good; the sender may send it again."
-                        .into(),
+                    detail: if row.uncertain {
+                        // Given up after attempts nobody answered: not a
+                        // refusal, and a resend could store it twice.
+                        "the backend never answered the publishes of this body and the bus gave \
+                         up; whether it holds it is not known. An operator publishes it again \
+                         with `conversations retry` once the broker answers (sent again instead, \
+                         it would be stored twice if the backend did keep it)."
+                    } else {
+                        "the backend refused this body for good; the sender may send it again."
+                    }
+                    .into(),
                 }),
                 PublicationState::Stored => None,
             }

@@ -3,6 +3,7 @@
 //! their backends and what cannot be shown explained.
 
 use super::*;
+use crate::store::broker_conditions;
 
 /// What `read_conversation` was asked for.
 #[derive(Clone, Debug, Default)]
@@ -278,6 +279,9 @@ async fn fetch_remote(bus: &Bus, row: &MessageRow) -> Remote {
         }
         Err(e) => {
             tracing::debug!(error = %e, message = %row.id, "a backend did not answer a read");
+            if let Some(missing) = stream_missing(bus, row).await {
+                return Remote::Unreachable(missing);
+            }
             Remote::Unreachable(format!(
                 "the {} backend cannot show this body now ({e}); it is not declared lost. Read \
                  again shortly.",
@@ -285,4 +289,26 @@ async fn fetch_remote(bus: &Bus, row: &MessageRow) -> Remote {
             ))
         }
     }
+}
+
+/// Why a read that failed will keep failing, when the bus knows: the team's
+/// stream is missing on a broker that answers (the condition `/health` and
+/// `conversations status` report, with the same fix). Reading again does
+/// not help; an operator does.
+async fn stream_missing(bus: &Bus, row: &MessageRow) -> Option<String> {
+    if row.backend != BackendKind::Jetstream {
+        return None;
+    }
+    let broker = bus.backends.broker()?;
+    let missing = broker_conditions::body_stream_missing(&bus.pool, broker, row.team_id)
+        .await
+        .ok()??;
+    Some(format!(
+        "this body is held only by the broker, and the team's stream {} is missing there, so \
+         reading again will not show it until an operator acts. {} Restoring the broker's \
+         store brings the body back; re-creating the stream with that command instead makes \
+         the bodies written to the old stream read as lost.",
+        missing.stream,
+        missing.sentence()
+    ))
 }

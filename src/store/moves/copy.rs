@@ -23,6 +23,15 @@ struct Source {
     backend: BackendKind,
 }
 
+impl Source {
+    /// The row still holds this message's body: not released (the sweep
+    /// empties a published body's row only once the broker confirmed it),
+    /// and hashing to the SHA-256 recorded when it was sent.
+    fn holds_its_body(&self) -> bool {
+        !self.body.is_empty() && body_digest(&self.body)[..] == self.body_sha256[..]
+    }
+}
+
 impl Mover<'_> {
     /// Copy every message not tombstoned up to `up_to_seq` not yet stored
     /// on the target nor verified by this run, in seq order (M5). Whatever
@@ -86,6 +95,9 @@ impl Mover<'_> {
 
     /// Read, record, write, read back, compare (M5-M9).
     async fn copy_one(&mut self, source: &Source) -> BusResult<()> {
+        if self.direction == Direction::ToPostgres && source.holds_its_body() {
+            return self.keep_local_copy(source).await;
+        }
         let body = self.read_source(source).await?;
         let sum = body_digest(&body);
         if sum[..] != source.body_sha256[..] {
@@ -157,6 +169,49 @@ impl Mover<'_> {
         Ok(())
     }
 
+    /// A move to postgres over a body the row still holds with its recorded
+    /// SHA-256 (published, not yet released by the sweep): that row is the
+    /// target, and the body is already in it, so nothing is read from the
+    /// broker (after a wipe of its store it holds nothing there) and nothing
+    /// is written. It is read back from the target and compared like every
+    /// copy (M9), then recorded verified in one statement, never `planned`
+    /// first: an abort clears the bodies of unverified items (M12), and this
+    /// one is not a copy the move wrote but possibly the last copy anywhere.
+    async fn keep_local_copy(&mut self, source: &Source) -> BusResult<()> {
+        let back = self
+            .target
+            .fetch(&Locator(source.id.to_string()), source.id)
+            .await?;
+        if back.is_none_or(|back| body_digest(&back)[..] != source.body_sha256[..]) {
+            return Err(BusError::conflict(format!(
+                "message {} changed in PostgreSQL while it was being moved back (its row no \
+                 longer holds the body with the SHA-256 recorded at send). Nothing was cut \
+                 over; run the same command again.",
+                source.id
+            )));
+        }
+        sqlx::query(
+            "INSERT INTO conversation_migration_items
+                 (migration_id, message_id, team_id, body_sha256, bytes, state, target_locator)
+             VALUES ($1, $2, $3, $4, $5, 'verified', $6)
+             ON CONFLICT (migration_id, message_id) DO UPDATE
+                 SET body_sha256 = EXCLUDED.body_sha256, bytes = EXCLUDED.bytes,
+                     state = 'verified', target_locator = EXCLUDED.target_locator,
+                     last_error = NULL, updated_at = now()",
+        )
+        .bind(self.migration_id)
+        .bind(source.id)
+        .bind(self.team_id)
+        .bind(&source.body_sha256)
+        .bind(source.body.len() as i32)
+        .bind(source.id.to_string())
+        .execute(self.pool)
+        .await?;
+        self.done.copied += 1;
+        self.done.bytes_copied += source.body.len() as i64;
+        Ok(())
+    }
+
     /// A copy of this message on the target with the right SHA-256, at a
     /// locator a run of this direction recorded (this run's first). Only the
     /// broker can hold a second copy: a move to postgres writes into the row.
@@ -200,9 +255,11 @@ impl Mover<'_> {
     }
 
     /// The body from where it actually is: the row for a postgres-backed
-    /// message, the broker (by its locator) otherwise.
+    /// message, or for one whose row still holds it with its recorded
+    /// SHA-256 (that copy is the body, whatever the broker answers now: after
+    /// a wipe of its store, nothing), the broker (by its locator) otherwise.
     async fn read_source(&self, source: &Source) -> BusResult<String> {
-        if source.backend == BackendKind::Postgres {
+        if source.backend == BackendKind::Postgres || source.holds_its_body() {
             return Ok(source.body.clone());
         }
         let Some(locator) = &source.canonical_locator else {

@@ -11,7 +11,7 @@ use super::{LEASE_SECS, Lease};
 use crate::backend::BackendKind;
 use crate::error::BusResult;
 
-type LeaseRow = (Uuid, Uuid, Uuid, BackendKind, String, Uuid, i64, i32);
+type LeaseRow = (Uuid, Uuid, Uuid, BackendKind, String, Uuid, i64, i32, bool);
 type DueRow = (
     Uuid,
     Uuid,
@@ -21,12 +21,34 @@ type DueRow = (
     Uuid,
     i64,
     i32,
+    bool,
     DateTime<Utc>,
 );
 
+/// The columns a lease returns, `uncertain` read from the slot's message by
+/// its primary key (one lookup per slot taken).
+macro_rules! lease_returning {
+    () => {
+        " RETURNING o.message_id, o.conversation_id, o.team_id, o.backend, o.payload,
+                    o.publish_key, o.generation, o.attempts,
+                    EXISTS (SELECT 1 FROM conversation_messages m
+                             WHERE m.team_id = o.team_id AND m.id = o.message_id
+                               AND m.uncertain_at IS NOT NULL) AS uncertain"
+    };
+}
+
 fn lease_of(row: LeaseRow) -> Lease {
-    let (message_id, conversation_id, team_id, backend, payload, publish_key, generation, attempts) =
-        row;
+    let (
+        message_id,
+        conversation_id,
+        team_id,
+        backend,
+        payload,
+        publish_key,
+        generation,
+        attempts,
+        uncertain,
+    ) = row;
     Lease {
         message_id,
         conversation_id,
@@ -36,6 +58,7 @@ fn lease_of(row: LeaseRow) -> Lease {
         publish_key,
         generation,
         attempts,
+        uncertain,
     }
 }
 
@@ -66,7 +89,7 @@ pub async fn lease_due<'e>(
     // UPDATE SKIP LOCKED)` the sub-select is also part of the update's
     // plan: with many drains leasing and settling the same rows, one such
     // lease was seen re-checking rows for minutes while holding its locks.)
-    let rows: Vec<DueRow> = sqlx::query_as(
+    let rows: Vec<DueRow> = sqlx::query_as(concat!(
         "UPDATE conversation_outbox o
             SET state = 'leased', leased_by = $1,
                 lease_expires_at = now() + make_interval(secs => $2),
@@ -79,10 +102,10 @@ pub async fn lease_due<'e>(
                  AND ($3::text[] IS NULL OR backend = ANY($3))
                ORDER BY next_attempt_at, created_at
                LIMIT $4
-               FOR UPDATE SKIP LOCKED))
-          RETURNING o.message_id, o.conversation_id, o.team_id, o.backend, o.payload,
-                    o.publish_key, o.generation, o.attempts, o.created_at",
-    )
+               FOR UPDATE SKIP LOCKED))",
+        lease_returning!(),
+        ", o.created_at"
+    ))
     .bind(worker)
     .bind(LEASE_SECS as f64)
     .bind(backends)
@@ -91,8 +114,8 @@ pub async fn lease_due<'e>(
     .await?;
     let mut leases: Vec<(DateTime<Utc>, Lease)> = rows
         .into_iter()
-        .map(|(m, c, t, b, p, k, g, a, created_at)| {
-            (created_at, lease_of((m, c, t, b, p, k, g, a)))
+        .map(|(m, c, t, b, p, k, g, a, u, created_at)| {
+            (created_at, lease_of((m, c, t, b, p, k, g, a, u)))
         })
         .collect();
     // RETURNING has no order; hand them out oldest first.
@@ -106,17 +129,16 @@ pub async fn lease_due<'e>(
 /// out). Counts no attempt. Public for the reconciler's callers and for the
 /// tests that show the fence.
 pub async fn lease_one(pool: &PgPool, worker: &str, message_id: Uuid) -> BusResult<Option<Lease>> {
-    let row: Option<LeaseRow> = sqlx::query_as(
+    let row: Option<LeaseRow> = sqlx::query_as(concat!(
         "UPDATE conversation_outbox o
             SET state = 'leased', leased_by = $1,
                 lease_expires_at = now() + make_interval(secs => $3),
                 generation = o.generation + 1, updated_at = now()
           WHERE o.message_id = $2
             AND o.state IN ('pending', 'leased')
-            AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
-          RETURNING o.message_id, o.conversation_id, o.team_id, o.backend, o.payload,
-                    o.publish_key, o.generation, o.attempts",
-    )
+            AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())",
+        lease_returning!()
+    ))
     .bind(worker)
     .bind(message_id)
     .bind(LEASE_SECS as f64)

@@ -50,7 +50,7 @@ pub use bodies::{
 pub use lease::{lease, lease_due, lease_one, release, unlease};
 pub use mode::set_publication;
 pub(crate) use mode::switch_publication;
-pub use publish::{publish_leased, reconcile, run_once, settle_attempt};
+pub use publish::{attempt, publish_leased, reconcile, run_once, settle_attempt};
 pub use settle::{settle, settle_confirmed_batch, settle_waiting};
 pub use status::{
     ConversationPublication, Status, TeamBacklog, TeamPublication, backlog_by_team,
@@ -62,6 +62,20 @@ pub use uncertain::{mark_uncertain, resolve_uncertain, teams_with_uncertain};
 pub const LEASE_SECS: i64 = 60;
 /// Attempts before a slot is marked failed rather than retried forever.
 pub const ATTEMPTS_MAX: i32 = 8;
+
+/// When a slot whose attempt `attempts` was refused for now (O8) or went
+/// unanswered (O16) is due again: 2^min(attempts,6) s, so a backend that
+/// keeps failing is asked less and less often, never more than a minute
+/// apart. One rule for both outcomes.
+pub fn backoff_secs(attempts: i32) -> f64 {
+    (1_i64 << attempts.clamp(0, 6)) as f64
+}
+
+/// Whether attempt `attempts` was the last one: the slot ends `failed`
+/// rather than being retried for ever (O8, O16).
+pub fn gives_up(attempts: i32) -> bool {
+    attempts >= ATTEMPTS_MAX
+}
 /// Largest payload one slot holds: the ceiling on what a pending slot costs.
 /// A slot holds one body, so this is the bus's body cap.
 pub const PAYLOAD_MAX_BYTES: usize = crate::store::limits::BODY_MAX_BYTES;
@@ -86,6 +100,9 @@ pub struct Lease {
     /// changes nothing.
     pub generation: i64,
     pub attempts: i32,
+    /// The message's last attempt ended without an answer (`uncertain_at`
+    /// set): this attempt asks the backend by key before publishing again.
+    pub uncertain: bool,
 }
 
 impl Lease {

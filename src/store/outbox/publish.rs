@@ -1,11 +1,12 @@
-//! One worker pass over a slot: publish it with nothing held, then settle;
-//! and asking the backend before a last retryable attempt is written off.
+//! One worker pass over a slot: publish it with nothing held (asking the
+//! backend by key first when the last attempt went unanswered), then settle;
+//! and asking the backend before a last attempt is written off.
 
 use sqlx::PgPool;
 
 use super::lease::{lease, release};
 use super::settle::settle;
-use super::{ATTEMPTS_MAX, Lease, Settled};
+use super::{Lease, Settled, gives_up};
 use crate::backend::{MessagingBackend, Published};
 use crate::error::BusResult;
 
@@ -35,8 +36,30 @@ pub async fn publish_leased<B: MessagingBackend>(
     backend: &B,
     lease: &Lease,
 ) -> BusResult<Settled> {
-    let outcome = backend.publish(&lease.envelope()).await;
+    let outcome = attempt(backend, lease).await;
     settle_attempt(pool, backend, lease, outcome).await
+}
+
+/// One attempt at a leased slot, with nothing held. A slot whose last
+/// attempt went unanswered may have landed: the backend is asked by the
+/// publish key first (O16), and only "nothing is held under this key" leads
+/// to a publish; a landed body is settled from the answer, never published
+/// again. A backend that cannot be asked has not answered this attempt
+/// either, and it is counted as one.
+pub async fn attempt<B: MessagingBackend>(backend: &B, lease: &Lease) -> Published {
+    if lease.uncertain {
+        match backend.reconcile(&lease.envelope()).await {
+            Ok(Some(locator)) => return Published::Confirmed(locator),
+            Ok(None) => {}
+            Err(e) => {
+                return Published::Unanswered(format!(
+                    "the {} backend could not be asked whether it holds this body ({e})",
+                    lease.backend
+                ));
+            }
+        }
+    }
+    backend.publish(&lease.envelope()).await
 }
 
 /// [`publish_leased`]'s settlement, for a caller that ran the publish itself
@@ -49,11 +72,26 @@ pub async fn settle_attempt<B: MessagingBackend>(
 ) -> BusResult<Settled> {
     // A Blocked outcome (the operator's to fix) waits in `settle` without
     // spending an attempt, whatever other attempts reported meanwhile.
-    if matches!(outcome, Published::Retryable(_))
-        && lease.attempts >= ATTEMPTS_MAX
-        && let Some(locator) = backend.reconcile(&lease.envelope()).await?
-    {
-        return settle(pool, lease, Published::Confirmed(locator)).await;
+    if !gives_up(lease.attempts) {
+        return settle(pool, lease, outcome).await;
+    }
+    match outcome {
+        Published::Retryable(_) => {
+            if let Some(locator) = backend.reconcile(&lease.envelope()).await? {
+                return settle(pool, lease, Published::Confirmed(locator)).await;
+            }
+        }
+        // The last of the slot's attempts went unanswered: asked once more
+        // by key, a landed body is stored; otherwise the slot gives up,
+        // saying that nobody knows (`mark_uncertain`). A backend that cannot
+        // be asked either does not keep the slot in flight: that is the
+        // backend that never answers, and the seed gives up on it.
+        Published::Unanswered(_) => {
+            if let Ok(Some(locator)) = backend.reconcile(&lease.envelope()).await {
+                return settle(pool, lease, Published::Confirmed(locator)).await;
+            }
+        }
+        _ => {}
     }
     settle(pool, lease, outcome).await
 }

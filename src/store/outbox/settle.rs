@@ -8,7 +8,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::uncertain::mark_uncertain;
-use super::{ATTEMPTS_MAX, Lease, Settled, WAIT_RECHECK_SECS};
+use super::{Lease, Settled, WAIT_RECHECK_SECS, backoff_secs, gives_up};
 use crate::backend::{Locator, Published};
 use crate::error::BusResult;
 use crate::store::inbox;
@@ -185,8 +185,8 @@ async fn settle_retryable(pool: &PgPool, lease: &Lease, why: &str) -> BusResult<
     // Backs off rather than spinning, gives up rather than retrying for ever
     // (O8). The slot and the message change together: a slot marked failed
     // beside a message still saying pending is a gap nobody resolves.
-    let give_up = lease.attempts >= ATTEMPTS_MAX;
-    let backoff = (1_i64 << lease.attempts.clamp(0, 6)) as f64;
+    let give_up = gives_up(lease.attempts);
+    let backoff = backoff_secs(lease.attempts);
     let mut tx = pool.begin().await?;
     let updated: Option<Uuid> = sqlx::query_scalar(concat!(
         "UPDATE conversation_outbox

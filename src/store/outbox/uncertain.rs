@@ -1,28 +1,53 @@
-//! A publish that ended without an answer: the slot goes back to pending and
-//! the message is marked uncertain (`mark_uncertain`) until the reconciler
-//! asks the backend what it holds (`resolve_uncertain`).
+//! A publish that ended without an answer: the slot goes back to pending
+//! after the retry backoff, the message is marked uncertain
+//! (`mark_uncertain`), and its next attempt, or the reconciler before it
+//! (`resolve_uncertain`), asks the backend by key what it holds. Each
+//! unanswered attempt counts: the last one ends the slot `failed`, saying
+//! that nobody knows whether the body was stored, and how to bring it back.
 
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::lease::{lease_one, unlease};
 use super::settle::settle;
-use super::{Lease, Settled};
+use super::{ATTEMPTS_MAX, Lease, Settled, backoff_secs, gives_up};
 use crate::backend::{BackendKind, MessagingBackend, Published};
 use crate::error::BusResult;
 
-/// When an uncertain slot is due again.
-const UNCERTAIN_RETRY_SECS: f64 = 5.0;
-
 /// Settle a lease whose publish ended without an answer (O16): the message is
 /// neither stored nor failed, and claiming either would be a guess. The slot
-/// goes back to pending (due again shortly, under the same key), the message
-/// is marked uncertain once, and [`resolve_uncertain`] asks the backend.
+/// goes back to pending, due again after the same backoff as a retryable
+/// outcome (O8) under the same key, the message is marked uncertain once, and
+/// the next attempt asks the backend by key before publishing again. The
+/// attempt counted: on the last one the outbox gives up rather than retrying
+/// for ever, the slot and the message `failed` together with a reason an
+/// operator acts on (`conversations retry` brings it back), the message still
+/// marked uncertain because that is what it is.
 pub async fn mark_uncertain(pool: &PgPool, lease: &Lease, why: &str) -> BusResult<Settled> {
+    let give_up = gives_up(lease.attempts);
+    let reason = if give_up {
+        let retry = match lease.backend {
+            BackendKind::Jetstream => {
+                "ai-crew-sync conversations retry --team TEAM --nats-url URL --apply"
+            }
+            BackendKind::Postgres => "ai-crew-sync conversations retry --team TEAM --apply",
+        };
+        format!(
+            "attempt {} of {ATTEMPTS_MAX} to publish this body to the {} backend ended without an \
+             answer ({why}), as the last ones did, and the outbox gave up: whether the backend \
+             stored it is not known. Once the broker answers again (`/health`, `ai-crew-sync \
+             conversations status --team TEAM`), `{retry}` publishes it again: it asks the \
+             broker by the same key first, so a body that did land is not stored twice.",
+            lease.attempts, lease.backend
+        )
+    } else {
+        why.to_owned()
+    };
     let mut tx = pool.begin().await?;
     let held: Option<Uuid> = sqlx::query_scalar(
         "UPDATE conversation_outbox
-            SET state = 'pending', leased_by = NULL, lease_expires_at = NULL,
+            SET state = CASE WHEN $5 THEN 'failed' ELSE 'pending' END,
+                leased_by = NULL, lease_expires_at = NULL,
                 next_attempt_at = now() + make_interval(secs => $3),
                 last_error = $4, updated_at = now()
           WHERE message_id = $1 AND generation = $2
@@ -30,22 +55,29 @@ pub async fn mark_uncertain(pool: &PgPool, lease: &Lease, why: &str) -> BusResul
     )
     .bind(lease.message_id)
     .bind(lease.generation)
-    .bind(UNCERTAIN_RETRY_SECS)
-    .bind(why)
+    .bind(backoff_secs(lease.attempts))
+    .bind(&reason)
+    .bind(give_up)
     .fetch_optional(&mut *tx)
     .await?;
     if held.is_none() {
         return Ok(Settled::Fenced);
     }
     sqlx::query(
-        "UPDATE conversation_messages SET uncertain_at = COALESCE(uncertain_at, now())
+        "UPDATE conversation_messages
+            SET uncertain_at = COALESCE(uncertain_at, now()),
+                publication_state = CASE WHEN $3 THEN 'failed' ELSE publication_state END
           WHERE team_id = $1 AND id = $2",
     )
     .bind(lease.team_id)
     .bind(lease.message_id)
+    .bind(give_up)
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
+    if give_up {
+        return Ok(Settled::Failed);
+    }
     Ok(Settled::Retrying {
         attempts: lease.attempts,
     })

@@ -534,3 +534,42 @@ async fn declare_lost_counts_then_tombstones_and_audits_what_the_broker_cannot_r
     let again = declare_lost(&app, &url, &["--team", "jsb15d", "--apply"]);
     assert_eq!(again["lost"], 0, "declared once: {again}");
 }
+
+// Issue 33 item 17: the team's body stream deleted on a live broker (its
+// store wiped): a body only the broker held reads `unavailable:
+// unreachable`, not lost (a restore brings it back), and the detail says
+// what the bus knows and `/health` and `conversations status` say: the
+// team's stream is missing (the same `stream_missing` condition), reading
+// again will not help, and the operator's fix (restore the store, or `team
+// stream`). Not "read again shortly".
+#[tokio::test]
+async fn a_read_while_the_teams_stream_is_missing_names_it_and_the_operators_fix() {
+    let app = spawn_app_with_broker(&nats_url()).await;
+    let t = Routed::new(&app, "jsb33missing").await;
+    let id = t.send("held by the broker alone").await;
+    let workers = app.start_publication_workers();
+    t.wait_stored(&[id]).await;
+    workers.stop().await;
+    assert_eq!(t.release().await, 1, "the local copy released");
+
+    let stream = body_stream_name(t.team_id);
+    let js = async_nats::jetstream::new(async_nats::connect(nats_url()).await.unwrap());
+    js.delete_stream(&stream).await.unwrap();
+    let page = t.read_as_bob().await;
+    let shown = in_page(&page, id);
+    assert_unreachable_without_promise(shown);
+    let detail = shown["unavailable"]["detail"].as_str().unwrap();
+    for said in [
+        stream.as_str(),
+        "missing",
+        "stream_missing",
+        "will not show it until an operator acts",
+        "Restoring the broker's store",
+        "ai-crew-sync team stream --team jsb33missing --nats-url",
+    ] {
+        assert!(detail.contains(said), "{said:?} in {detail}");
+    }
+    assert!(!detail.contains("Read again shortly"), "{detail}");
+    assert!(t.row(id).await.tombstone_reason.is_none(), "not lost");
+    let _ = app.broker().remove_team_streams(t.team_id).await;
+}

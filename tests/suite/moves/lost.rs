@@ -281,3 +281,119 @@ async fn a_move_over_bodies_the_broker_lost_names_them_and_tombstones_them_only_
     assert_eq!(messages[4]["body"], "after the wipe, one");
     assert_eq!(messages[5]["body"], "after the wipe, two");
 }
+
+// Issue 33 item 16 (M5, M11, O18; lost_bodies: a body PostgreSQL still holds
+// with its recorded digest is not lost). A thread moved to JetStream and
+// cleaned up, then two more messages published to the stream whose local
+// copies the sweep has not released yet; the broker's store wiped and the
+// stream re-created by `team stream`. The plan names only the released
+// bodies as lost, and `--apply --tombstone-lost` does what it said:
+// tombstones those and moves the rest, the held bodies taken from
+// PostgreSQL byte for byte (the broker holds nothing at their sequences).
+#[tokio::test]
+async fn a_move_back_after_a_wipe_keeps_the_bodies_postgres_still_holds() {
+    let t = thread("mv-held33", 3).await;
+    team_stream(&t).await;
+    t.run(Direction::ToJetStream).await.unwrap();
+    moves::cleanup(t.pool(), t.team_id, 0, true).await.unwrap();
+    let held = ["held before the wipe, one", "held before the wipe, two ✓"];
+    for body in held {
+        t.send(t.conversation_id, body).await.unwrap();
+    }
+    let workers = t.app.start_publication_workers();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let stored: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM conversation_messages
+              WHERE conversation_id = $1 AND seq > 3 AND publication_state = 'stored'
+                AND canonical_locator IS NOT NULL",
+        )
+        .bind(t.conversation_id)
+        .fetch_one(t.pool())
+        .await
+        .unwrap();
+        if stored == 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the new messages were not published"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    workers.stop().await;
+    // Published to the stream, and still held by PostgreSQL (the sweep's
+    // grace has not passed).
+    assert_eq!(t.body_at(4).await, held[0]);
+    assert_eq!(t.body_at(5).await, held[1]);
+
+    // The store wiped; `team stream` re-creates the stream, empty.
+    t.backends
+        .broker()
+        .unwrap()
+        .js()
+        .delete_stream(ai_crew_sync::backend::jetstream::body_stream_name(
+            t.team_id,
+        ))
+        .await
+        .unwrap();
+    team_stream(&t).await;
+    assert_eq!(t.stream_messages().await, 0);
+
+    let plan = t.plan_of(Direction::ToPostgres).await;
+    let seqs: Vec<i64> = plan.lost.iter().map(|l| l.seq).collect();
+    assert_eq!(
+        seqs,
+        [1, 2, 3],
+        "only the released bodies are lost: {plan:?}"
+    );
+    assert!(plan.blocked.is_none(), "{plan:?}");
+
+    let out = tokio::task::spawn_blocking({
+        let mut command =
+            t.command(&["migrate", "--to", "postgres", "--apply", "--tombstone-lost"]);
+        move || command.output().unwrap()
+    })
+    .await
+    .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the apply does what its plan said: {said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("3 lost bod(ies) tombstoned"), "{said}");
+    let lost = Some(ai_crew_sync::store::lost_bodies::LOST_BODY_REASON.to_owned());
+    assert_eq!(
+        tombstones(&t).await,
+        [
+            (1, lost.clone()),
+            (2, lost.clone()),
+            (3, lost),
+            (4, None),
+            (5, None)
+        ]
+    );
+    assert_eq!(
+        t.conversation_row().await,
+        ("postgres".into(), "sync".into(), false)
+    );
+    // Kept byte for byte, in the row that is now the record, and read so.
+    assert_eq!(t.body_at(4).await, held[0]);
+    assert_eq!(t.body_at(5).await, held[1]);
+    let page = t
+        .bob
+        .call(
+            "read_conversation",
+            json!({"conversation_id": t.conversation_id, "after_seq": 3, "limit": 50}),
+        )
+        .await
+        .unwrap();
+    let bodies: Vec<&str> = page["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["body"].as_str().unwrap_or_else(|| panic!("no body: {m}")))
+        .collect();
+    assert_eq!(bodies, held, "{page}");
+}

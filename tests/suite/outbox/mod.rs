@@ -31,6 +31,7 @@ use crate::support::{McpClient, TestApp, spawn_app, test_actor};
 mod fences;
 mod lifecycle;
 mod operator;
+mod unanswered;
 mod uncertain;
 mod workers;
 
