@@ -104,7 +104,8 @@ impl App {
         settings: AppSettings,
         shutdown: CancellationToken,
     ) -> BusResult<App> {
-        let bus = Bus::start(pool.clone(), settings.event_ping, shutdown.clone());
+        let mut bus = Bus::start(pool.clone(), settings.event_ping, shutdown.clone());
+        bus.max_sessions_per_agent = settings.http.max_sessions_per_agent;
         let (bus, broker) = match settings.broker {
             BrokerSettings::Off => (bus, None),
             BrokerSettings::Connect { url, credentials } => {

@@ -221,9 +221,8 @@ async fn viewer(
     // Another class of credential, or none well formed, costs no lookup.
     let digest = auth::parse_admin_credential(bearer).ok()?;
     let limits = &state.limits;
-    if limits.may_authenticate(address).is_err() {
-        return None;
-    }
+    let address = limits.client_address(address, headers);
+    let _turn = limits.lookup_turn(address).await;
     match admin::authenticate(&state.pool, &digest).await {
         Ok(me) => Some(me),
         Err(BusError::Unauthenticated(_)) => {

@@ -206,11 +206,11 @@ async fn sign_in(
              in there.",
         );
     }
-    let address = super::client_address(&request);
     let limits = &state.app.limits;
-    if let Err(wait) = limits.may_authenticate(address) {
-        return super::address_throttled(address, wait, limits.unauthenticated_per_minute());
-    }
+    let address = super::client_address(limits, &request);
+    // Past the address's allowance of failures the sign-in waits its turn
+    // for the lookup; a token that verifies is never refused for it.
+    let _turn = limits.lookup_turn(address).await;
     let form = match read_form(request).await {
         Ok(form) => form,
         Err(message) => return refused(StatusCode::BAD_REQUEST, &message),
