@@ -102,7 +102,7 @@ pub struct AppState {
     pub admin_limiter: RateLimiter,
     /// In-flight, buffered-bytes, per-credential and per-address caps.
     pub limits: Limits,
-    /// `/health`'s latest looks, shared by every probe.
+    /// `/health`'s snapshot (refreshed by one task) and latest checked look.
     pub health: health::Looks,
 }
 
@@ -120,6 +120,10 @@ pub fn router(bus: Bus, settings: HttpSettings) -> Router {
         settings: settings.clone(),
         health: health::Looks::default(),
     });
+    tokio::spawn(health::refresh(
+        Arc::downgrade(&state),
+        bus.stopping.clone(),
+    ));
 
     // Host is checked by our own layer for every route, so rmcp's copy of the
     // check is off rather than kept in step with it.

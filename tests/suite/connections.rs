@@ -468,3 +468,56 @@ async fn a_long_poll_outliving_the_idle_and_header_timeouts_gets_its_answer() {
     assert_eq!(woke["woke"], true, "{woke}");
     assert_eq!(woke["events"][0]["preview"], "still there?", "{woke}");
 }
+
+/// A flood of complete `/health` requests, one per connection on every
+/// connection the server allows, while a look at the installation waits in
+/// the database (the outbox table is locked): every probe is answered at
+/// once from the snapshot, so its connection goes idle, and an `/mcp` call
+/// on a new connection takes the place of one of them and is served.
+#[tokio::test]
+async fn a_flood_of_complete_health_requests_leaves_room_for_mcp() {
+    let app = spawn_app_with(HttpSettings {
+        max_connections: 8,
+        max_connections_per_address: 8,
+        ..HttpSettings::default()
+    })
+    .await;
+    app.team("acme").await;
+    let token = app.agent("acme", "alice").await;
+    let (status, health) = health_from(&app, HEALTH_CHECKER).await;
+    assert_eq!(status, 200, "{health}");
+
+    // From now on every look waits in the database.
+    let mut lock = app.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE conversation_outbox IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let mut probes = Vec::new();
+    for _ in 0..8 {
+        let mut stream = connect_from(FLOODER, app.addr).await;
+        let request = format!("GET /health HTTP/1.1\r\nHost: {}\r\n\r\n", app.addr);
+        stream.write_all(request.as_bytes()).await.unwrap();
+        probes.push(stream);
+    }
+    for stream in &mut probes {
+        let (status, health) = read_answer(stream, Duration::from_secs(5)).await;
+        assert_eq!(
+            status, 200,
+            "a probe is answered from the snapshot: {health}"
+        );
+    }
+
+    // Every connection the server allows is held by the flood, each idle
+    // now: the call evicts one and is served, though looks still wait.
+    let mut call = connect_from(HEALTH_CHECKER, app.addr).await;
+    let request = tool_request(&app, &token, &call_body("whoami", json!({})));
+    call.write_all(request.as_bytes()).await.unwrap();
+    let (status, body) = read_answer(&mut call, Duration::from_secs(10)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["result"]["structuredContent"]["agent"], "alice",
+        "{body}"
+    );
+    lock.rollback().await.unwrap();
+}
