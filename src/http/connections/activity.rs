@@ -45,6 +45,8 @@ struct State {
     heard_at: Option<Instant>,
     /// Whether a request has been seen on this connection.
     served: bool,
+    /// Taken for a newcomer ([`Activity::try_evict`]): no request starts.
+    evicted: bool,
 }
 
 impl Activity {
@@ -55,6 +57,7 @@ impl Activity {
                 waiting_since: Instant::now(),
                 heard_at: None,
                 served: false,
+                evicted: false,
             }),
             changed: Notify::new(),
             evicted: CancellationToken::new(),
@@ -75,12 +78,35 @@ impl Activity {
         }
     }
 
-    pub(super) fn request_started(&self) {
+    /// A request's headers have arrived; `false` when the connection was
+    /// evicted first (the request must not run: the connection is closing).
+    /// Decided under the same lock as [`Activity::try_evict`], so a request
+    /// either starts before the eviction, which then looks elsewhere, or
+    /// not at all.
+    pub(super) fn request_started(&self) -> bool {
         let mut state = self.state();
+        if state.evicted {
+            return false;
+        }
         state.open_requests += 1;
         state.served = true;
         drop(state);
         self.changed.notify_one();
+        true
+    }
+
+    /// Evict this connection for a newcomer if no request is open on it:
+    /// compare and set under the state's lock, so a request that has just
+    /// started is never cut. `false`: it is busy (or already evicted).
+    pub(super) fn try_evict(&self) -> bool {
+        let mut state = self.state();
+        if state.open_requests > 0 || state.evicted {
+            return false;
+        }
+        state.evicted = true;
+        drop(state);
+        self.evicted.cancel();
+        true
     }
 
     pub(super) fn request_finished(&self) {
@@ -128,9 +154,9 @@ pub(super) enum Expiry {
 pub(super) struct RequestOpen(Arc<Activity>);
 
 impl RequestOpen {
-    pub(super) fn new(activity: Arc<Activity>) -> RequestOpen {
-        activity.request_started();
-        RequestOpen(activity)
+    /// `None` when the connection was evicted before the request started.
+    pub(super) fn new(activity: Arc<Activity>) -> Option<RequestOpen> {
+        activity.request_started().then(|| RequestOpen(activity))
     }
 }
 
@@ -194,5 +220,29 @@ impl AsyncWrite for WatchedIo {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_that_has_started_is_never_evicted_and_an_evicted_one_never_starts() {
+        let busy = Arc::new(Activity::new());
+        let open = RequestOpen::new(busy.clone()).expect("starts on a fresh connection");
+        assert!(!busy.try_evict(), "a started request keeps its connection");
+        assert!(!busy.evicted.is_cancelled());
+        drop(open);
+        assert!(busy.try_evict(), "once answered, it may be evicted");
+
+        let evicted = Arc::new(Activity::new());
+        assert!(evicted.try_evict());
+        assert!(evicted.evicted.is_cancelled());
+        assert!(
+            RequestOpen::new(evicted.clone()).is_none(),
+            "no request starts on an evicted connection"
+        );
+        assert!(!evicted.try_evict(), "evicted once");
     }
 }
