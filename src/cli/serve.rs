@@ -99,8 +99,8 @@ pub struct ServeArgs {
     /// CIDR blocks, e.g. 10.0.0.0/8,::1). Default none: the peer's address is the client's
     /// and X-Forwarded-For is ignored, so a client cannot choose the address its failed
     /// authentications count against.
-    #[arg(long, env = "BUS_TRUSTED_PROXIES", default_value = "", value_parser = config::TrustedProxies::parse)]
-    trusted_proxies: config::TrustedProxies,
+    #[arg(long, env = "BUS_TRUSTED_PROXIES", value_parser = config::TrustedProxies::parse)]
+    trusted_proxies: Option<config::TrustedProxies>,
     /// Seconds a request body may take to arrive in full after its headers, on every route;
     /// a slower one gets 408, its connection is closed, and its reserved share of
     /// --max-buffered-bytes is given back.
@@ -253,7 +253,7 @@ async fn serve_on(
         max_in_flight_per_team: args.max_in_flight_per_team,
         max_long_polls_per_team: args.max_long_polls_per_team,
         max_sessions_per_agent: args.max_sessions_per_agent,
-        trusted_proxies: args.trusted_proxies.clone(),
+        trusted_proxies: args.trusted_proxies.clone().unwrap_or_default(),
         unauthenticated_per_minute: args.unauthenticated_per_minute,
         body_read_timeout: Duration::from_secs(args.body_read_timeout_secs),
         header_read_timeout: Duration::from_secs(args.header_read_timeout_secs),

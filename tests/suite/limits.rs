@@ -327,6 +327,8 @@ async fn bodies_beyond_the_byte_budget_are_refused_not_buffered() {
         max_request_bytes: MIB,
         max_buffered_bytes: budget,
         max_in_flight_per_credential: 0,
+        max_in_flight_per_agent: 0,
+        max_in_flight_per_team: 0,
         rate_limit_per_minute: 0,
         ..HttpSettings::default()
     })
