@@ -526,3 +526,54 @@ async fn a_flood_of_complete_health_requests_leaves_room_for_mcp() {
     }
     lock.rollback().await.unwrap();
 }
+
+/// A request pipelined behind another, of which only part has come, is a
+/// request still sending its headers: its connection is closed by the header
+/// timeout (1 s here), not kept for the idle timeout (120 s) as if it were
+/// waiting. Beside it, a connection whose one request was answered in full
+/// (a body included) is idle and stays open past the header timeout.
+#[tokio::test]
+async fn a_pipelined_partial_request_is_timed_by_the_header_deadline() {
+    let app = spawn_app_with(HttpSettings {
+        header_read_timeout: Duration::from_secs(1),
+        idle_timeout: Duration::from_secs(120),
+        ..HttpSettings::default()
+    })
+    .await;
+    app.team("acme").await;
+    let token = app.agent("acme", "alice").await;
+    let call = tool_request(&app, &token, &call_body("whoami", json!({})));
+
+    // One write: a whole call with its body, then the start of a next request.
+    let mut pipelined = TcpStream::connect(app.addr).await.unwrap();
+    let wire = format!("{call}GET /health HTTP/1.1\r\nHo");
+    pipelined.write_all(wire.as_bytes()).await.unwrap();
+    // The same again, the partial request sent while the call is answered.
+    let mut behind = TcpStream::connect(app.addr).await.unwrap();
+    behind.write_all(call.as_bytes()).await.unwrap();
+    behind.write_all(b"GET /health HT").await.unwrap();
+    // A whole call and nothing after it.
+    let mut idle = TcpStream::connect(app.addr).await.unwrap();
+    idle.write_all(call.as_bytes()).await.unwrap();
+
+    for stream in [&mut pipelined, &mut behind, &mut idle] {
+        let (status, body) = read_answer(stream, Duration::from_secs(10)).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    for stream in [pipelined, behind] {
+        assert!(
+            matches!(
+                outcome(stream, Duration::from_secs(30)).await,
+                Outcome::Closed(text) if text.is_empty()
+            ),
+            "the unfinished headers are cut off by the header timeout, not kept for the idle one"
+        );
+    }
+    assert!(
+        matches!(
+            outcome(idle, Duration::from_secs(3)).await,
+            Outcome::Open(_)
+        ),
+        "a connection with nothing more to read is idle, not late with headers"
+    );
+}

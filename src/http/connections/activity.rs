@@ -1,11 +1,14 @@
 //! What one connection is doing, as far as its timeouts care: whether a
-//! request is open, since when it has waited for one, and when the first
-//! byte of the next arrived. [`WatchedIo`] reports bytes read, [`RequestOpen`]
+//! request is open, since when it has waited for one, and when the heads of
+//! requests not yet started began to arrive. [`WatchedIo`] follows the bytes
+//! read ([`super::framing`]) and reports each head that begins, even one
+//! pipelined behind a request still being answered, [`RequestOpen`]
 //! marks a request from its headers until its response has been sent, and
 //! [`Activity::deadline`] turns that into the moment the connection is closed
 //! if nothing changes (none while a request is open: a long poll is never
 //! idle).
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -16,6 +19,8 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+use super::framing::Framing;
 
 /// The connection timeouts of [`crate::config::HttpSettings`].
 #[derive(Clone, Copy)]
@@ -41,7 +46,11 @@ struct State {
     /// Since when no request has been open: the accept, or the end of the
     /// last response.
     waiting_since: Instant,
-    /// The first byte read since `waiting_since`.
+    /// When each request head read but not yet started began to arrive:
+    /// the header timeout of the next request counts from the first.
+    pending_heads: VecDeque<Instant>,
+    /// The first byte read since `waiting_since`, on a connection whose
+    /// framing is no longer followed.
     heard_at: Option<Instant>,
     /// Whether a request has been seen on this connection.
     served: bool,
@@ -55,6 +64,7 @@ impl Activity {
             state: Mutex::new(State {
                 open_requests: 0,
                 waiting_since: Instant::now(),
+                pending_heads: VecDeque::new(),
                 heard_at: None,
                 served: false,
                 evicted: false,
@@ -68,7 +78,16 @@ impl Activity {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Bytes arrived.
+    /// `count` request heads began to arrive.
+    pub(super) fn heads_begun(&self, count: usize) {
+        let now = Instant::now();
+        let mut state = self.state();
+        state.pending_heads.extend(std::iter::repeat_n(now, count));
+        drop(state);
+        self.changed.notify_one();
+    }
+
+    /// Bytes arrived on a connection whose framing is no longer followed.
     pub(super) fn heard(&self) {
         let mut state = self.state();
         if state.open_requests == 0 && state.heard_at.is_none() {
@@ -90,6 +109,7 @@ impl Activity {
         }
         state.open_requests += 1;
         state.served = true;
+        state.pending_heads.pop_front();
         drop(state);
         self.changed.notify_one();
         true
@@ -127,11 +147,19 @@ impl Activity {
         if state.open_requests > 0 {
             return None;
         }
-        Some(match (state.served, state.heard_at) {
+        let begun = state.pending_heads.front().copied().or(state.heard_at);
+        Some(match (state.served, begun) {
             // A new connection is opened to send a request: its headers are due
             // from the accept, however slowly the first bytes come.
             (false, _) => (state.waiting_since + timeouts.header, Expiry::Headers),
-            (true, Some(heard_at)) => (heard_at + timeouts.header, Expiry::Headers),
+            // Part of a next request is here (perhaps read ahead while the
+            // last one was answered): its headers are due from its first
+            // byte, or from the last answer if that came later (hyper reads
+            // no more of it until then).
+            (true, Some(begun)) => (
+                begun.max(state.waiting_since) + timeouts.header,
+                Expiry::Headers,
+            ),
             (true, None) => (state.waiting_since + timeouts.idle, Expiry::Idle),
         })
     }
@@ -166,15 +194,21 @@ impl Drop for RequestOpen {
     }
 }
 
-/// The socket, telling its connection's [`Activity`] when bytes arrive.
+/// The socket, telling its connection's [`Activity`] when request heads
+/// begin in the bytes read.
 pub(super) struct WatchedIo {
     inner: TcpStream,
     activity: Arc<Activity>,
+    framing: Framing,
 }
 
 impl WatchedIo {
     pub(super) fn new(inner: TcpStream, activity: Arc<Activity>) -> WatchedIo {
-        WatchedIo { inner, activity }
+        WatchedIo {
+            inner,
+            activity,
+            framing: Framing::new(),
+        }
     }
 }
 
@@ -187,7 +221,13 @@ impl AsyncRead for WatchedIo {
         let before = buf.filled().len();
         let result = Pin::new(&mut self.inner).poll_read(cx, buf);
         if matches!(result, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.activity.heard();
+            let this = &mut *self;
+            let begun = this.framing.feed(&buf.filled()[before..]);
+            if this.framing.lost() {
+                this.activity.heard();
+            } else if begun > 0 {
+                this.activity.heads_begun(begun);
+            }
         }
         result
     }

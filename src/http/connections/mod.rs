@@ -21,7 +21,11 @@
 //!   most the header timeout anyway.
 //! - **A header timeout**: a request's headers must arrive in full within it,
 //!   counted from the accept for a connection's first request and from the
-//!   first byte for a later one. Past it the connection is closed.
+//!   first byte for a later one. Past it the connection is closed. A later
+//!   request's first byte is found by following the framing of the bytes
+//!   read ([`framing`]), so the start of a request pipelined behind another
+//!   (read ahead by hyper, perhaps in the same read as the end of the one
+//!   before) is timed by this deadline too, not by the idle one.
 //! - **An idle timeout**: a kept-alive connection with no request in flight
 //!   and no byte of a next one is closed after it. A request in flight (a
 //!   long poll waiting up to 300 s, a progress stream) is never idle.
@@ -40,6 +44,7 @@
 
 mod activity;
 mod bodies;
+mod framing;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
