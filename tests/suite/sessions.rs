@@ -449,6 +449,17 @@ async fn an_agent_holds_at_most_its_cap_of_live_sessions() {
 
     // Another agent has its own allowance.
     register(&app.mcp(&other, None).await, "w1").await;
+    // The rows windows leave are outside the quota, but counted.
+    let team_id: uuid::Uuid = sqlx::query_scalar("SELECT id FROM teams WHERE slug = 'acme'")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    let usage = ai_crew_sync::store::usage::count(&app.pool, team_id, "acme")
+        .await
+        .unwrap();
+    let sessions = usage.kind("sessions").expect("sessions are counted");
+    assert_eq!((sessions.rows, sessions.in_quota), (3, false));
+    assert!(usage.kind("presence").is_some() && usage.kind("read_cursors").is_some());
 
     agent
         .call("revoke_session", json!({ "session": "w1" }))
