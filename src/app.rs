@@ -115,12 +115,13 @@ impl App {
         shutdown: CancellationToken,
     ) -> BusResult<App> {
         let events_stop = CancellationToken::new();
-        let (bus, mut tasks) = Bus::start_until(
+        let (mut bus, mut tasks) = Bus::start_until(
             pool.clone(),
             settings.event_ping,
             shutdown.clone(),
             events_stop.clone(),
         );
+        bus.max_sessions_per_agent = settings.http.max_sessions_per_agent;
         let (bus, broker) = match settings.broker {
             BrokerSettings::Off => (bus, None),
             BrokerSettings::Connect { url, credentials } => {

@@ -1,5 +1,6 @@
 //! Settings of the HTTP surface, filled from `serve`'s flags (or by tests).
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 8 * 1024 * 1024;
@@ -13,6 +14,20 @@ pub const DEFAULT_MAX_BUFFERED_BYTES: usize = 256 * 1024 * 1024;
 pub const DEFAULT_MAX_IN_FLIGHT_PER_CREDENTIAL: u32 = 16;
 /// Blocked waits per credential, counted apart from ordinary calls.
 pub const DEFAULT_MAX_LONG_POLLS_PER_CREDENTIAL: u32 = 16;
+/// Ordinary calls in flight per agent, summed over its windows: four busy
+/// windows' worth, a sixteenth of the server's requests in flight.
+pub const DEFAULT_MAX_IN_FLIGHT_PER_AGENT: u32 = 64;
+/// Long polls in flight per agent, summed over its windows: one wait in
+/// each of as many windows as an agent may have live.
+pub const DEFAULT_MAX_LONG_POLLS_PER_AGENT: u32 = 64;
+/// Ordinary calls in flight per team, summed over its agents: a quarter of
+/// the server's requests in flight, so with its long polls one team holds at
+/// most half and the other teams keep the rest.
+pub const DEFAULT_MAX_IN_FLIGHT_PER_TEAM: u32 = 256;
+/// Long polls in flight per team (see [`DEFAULT_MAX_IN_FLIGHT_PER_TEAM`]).
+pub const DEFAULT_MAX_LONG_POLLS_PER_TEAM: u32 = 256;
+/// Live session credentials (authenticated windows) per agent.
+pub const DEFAULT_MAX_SESSIONS_PER_AGENT: u32 = 64;
 /// Failed authentications per client address per minute.
 pub const DEFAULT_UNAUTHENTICATED_PER_MINUTE: u32 = 120;
 /// Seconds a request body may take to arrive in full.
@@ -53,8 +68,27 @@ pub struct HttpSettings {
     /// `wait_for_conversation_updates`) in flight per credential, counted
     /// apart from ordinary calls; more get 429. 0 = no cap.
     pub max_long_polls_per_credential: u32,
-    /// Failed authentications per client address per minute before that
-    /// address is refused ahead of any database lookup; 0 = no limit.
+    /// Ordinary calls in flight per agent, summed over its windows and
+    /// tokens; more get 429. 0 = no cap.
+    pub max_in_flight_per_agent: u32,
+    /// Long polls in flight per agent, summed over its windows and tokens;
+    /// more get 429. 0 = no cap.
+    pub max_long_polls_per_agent: u32,
+    /// Ordinary calls in flight per team, summed over its agents; more get
+    /// 429. 0 = no cap.
+    pub max_in_flight_per_team: u32,
+    /// Long polls in flight per team, summed over its agents; more get 429.
+    /// 0 = no cap.
+    pub max_long_polls_per_team: u32,
+    /// Live session credentials per agent; `register_session` past it is
+    /// refused. 0 = no cap.
+    pub max_sessions_per_agent: u32,
+    /// Proxies whose `X-Forwarded-For` names the client; none: the peer's
+    /// address is the client's.
+    pub trusted_proxies: TrustedProxies,
+    /// Failed authentications per client address per minute; past it the
+    /// address's lookups run a few at a time and its failures get 429 (a
+    /// credential that verifies is never refused); 0 = no limit.
     pub unauthenticated_per_minute: u32,
     /// How long a request body may take to arrive in full after its headers,
     /// on every route; a slower one is answered 408 (its connection then
@@ -123,6 +157,12 @@ impl Default for HttpSettings {
             max_buffered_bytes: DEFAULT_MAX_BUFFERED_BYTES,
             max_in_flight_per_credential: DEFAULT_MAX_IN_FLIGHT_PER_CREDENTIAL,
             max_long_polls_per_credential: DEFAULT_MAX_LONG_POLLS_PER_CREDENTIAL,
+            max_in_flight_per_agent: DEFAULT_MAX_IN_FLIGHT_PER_AGENT,
+            max_long_polls_per_agent: DEFAULT_MAX_LONG_POLLS_PER_AGENT,
+            max_in_flight_per_team: DEFAULT_MAX_IN_FLIGHT_PER_TEAM,
+            max_long_polls_per_team: DEFAULT_MAX_LONG_POLLS_PER_TEAM,
+            max_sessions_per_agent: DEFAULT_MAX_SESSIONS_PER_AGENT,
+            trusted_proxies: TrustedProxies::default(),
             unauthenticated_per_minute: DEFAULT_UNAUTHENTICATED_PER_MINUTE,
             body_read_timeout: Duration::from_secs(DEFAULT_BODY_READ_TIMEOUT_SECS),
             header_read_timeout: Duration::from_secs(DEFAULT_HEADER_READ_TIMEOUT_SECS),
@@ -144,6 +184,112 @@ pub fn default_allowed_hosts() -> Vec<String> {
         .collect()
 }
 
+/// The proxies whose `X-Forwarded-For` is believed (`serve
+/// --trusted-proxies`); none by default, and then the peer's address is the
+/// client's whatever the header says, so a client cannot pick the address
+/// its failures are counted against.
+#[derive(Clone, Debug, Default)]
+pub struct TrustedProxies(Vec<Cidr>);
+
+impl TrustedProxies {
+    /// A comma-separated list of addresses or CIDR blocks (`10.0.0.0/8`,
+    /// `::1`, `fd00::/8`).
+    pub fn parse(list: &str) -> Result<TrustedProxies, String> {
+        list.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(Cidr::parse)
+            .collect::<Result<Vec<_>, _>>()
+            .map(TrustedProxies)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn trusts(&self, address: IpAddr) -> bool {
+        self.0.iter().any(|c| c.contains(address))
+    }
+
+    /// The client of a request from `peer`: `peer` itself unless it is a
+    /// trusted proxy; then the nearest hop of `X-Forwarded-For` (read from
+    /// the right, each trusted hop skipped) that is not one. An entry that
+    /// is not an address ends the walk at the hop that reported it.
+    pub fn client(&self, peer: IpAddr, headers: &axum::http::HeaderMap) -> IpAddr {
+        if !self.trusts(peer) {
+            return peer;
+        }
+        let hops: Vec<&str> = headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .collect();
+        let mut client = peer;
+        for hop in hops.iter().rev() {
+            let Ok(address) = hop.parse::<IpAddr>() else {
+                break;
+            };
+            client = address;
+            if !self.trusts(address) {
+                break;
+            }
+        }
+        client
+    }
+}
+
+/// An address block: `address/prefix`, or one address.
+#[derive(Clone, Copy, Debug)]
+struct Cidr {
+    network: IpAddr,
+    prefix: u8,
+}
+
+impl Cidr {
+    fn parse(text: &str) -> Result<Cidr, String> {
+        let (address, prefix) = match text.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (text, None),
+        };
+        let network: IpAddr = address
+            .parse()
+            .map_err(|_| format!("`{text}` is not an address nor an address/prefix block"))?;
+        let max = if network.is_ipv4() { 32 } else { 128 };
+        let prefix =
+            match prefix {
+                None => max,
+                Some(p) => p.parse::<u8>().ok().filter(|p| *p <= max).ok_or_else(|| {
+                    format!("`{text}`: the prefix must be a number from 0 to {max}")
+                })?,
+            };
+        Ok(Cidr { network, prefix })
+    }
+
+    fn contains(&self, address: IpAddr) -> bool {
+        let address = match address {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(address, IpAddr::V4),
+            v4 => v4,
+        };
+        match (self.network, address) {
+            (IpAddr::V4(net), IpAddr::V4(a)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(net) & mask == u32::from(a) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(a)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(net) & mask == u128::from(a) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -157,5 +303,24 @@ mod tests {
         assert_eq!(on("::", false), DashboardCookie::Secure);
         assert_eq!(on("192.168.1.10", false), DashboardCookie::Secure);
         assert_eq!(on("0.0.0.0", true), DashboardCookie::PlainHttp);
+    }
+
+    #[test]
+    fn forwarded_addresses_are_believed_only_from_trusted_proxies() {
+        let mut headers = axum::http::HeaderMap::new();
+        headers.insert("x-forwarded-for", "203.0.113.9, 10.1.2.3".parse().unwrap());
+        let peer: IpAddr = "10.0.0.5".parse().unwrap();
+        let none = TrustedProxies::default();
+        assert_eq!(none.client(peer, &headers), peer);
+        let proxies = TrustedProxies::parse("10.0.0.0/8, ::1").unwrap();
+        assert_eq!(
+            proxies.client(peer, &headers),
+            "203.0.113.9".parse::<IpAddr>().unwrap(),
+            "trusted hops are skipped from the right"
+        );
+        let stranger: IpAddr = "192.0.2.7".parse().unwrap();
+        assert_eq!(proxies.client(stranger, &headers), stranger);
+        assert!(TrustedProxies::parse("10.0.0.0/33").is_err());
+        assert!(TrustedProxies::parse("proxy.local").is_err());
     }
 }

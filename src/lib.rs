@@ -42,6 +42,9 @@ pub struct Bus {
     /// Cancelled when the process begins to stop: a blocked long poll then
     /// answers at once (`server_restarting`) instead of holding the shutdown.
     pub stopping: tokio_util::sync::CancellationToken,
+    /// Live session credentials an agent may hold (`serve
+    /// --max-sessions-per-agent`; 0 = no cap).
+    pub max_sessions_per_agent: u32,
 }
 
 impl Bus {
@@ -72,6 +75,7 @@ impl Bus {
             events,
             backends,
             stopping,
+            max_sessions_per_agent: config::DEFAULT_MAX_SESSIONS_PER_AGENT,
         };
         (bus, tasks)
     }

@@ -235,6 +235,14 @@ pub enum Refusal {
     CredentialCalls,
     /// A credential's long polls in flight (429).
     CredentialLongPolls,
+    /// An agent's ordinary calls in flight, over its windows (429).
+    AgentCalls,
+    /// An agent's long polls in flight, over its windows (429).
+    AgentLongPolls,
+    /// A team's ordinary calls in flight (429).
+    TeamCalls,
+    /// A team's long polls in flight (429).
+    TeamLongPolls,
     /// The buffered request bytes budget (503).
     BufferedBytes,
 }
@@ -247,6 +255,10 @@ impl Refusal {
             Refusal::InFlight => "in_flight",
             Refusal::CredentialCalls => "credential_calls",
             Refusal::CredentialLongPolls => "credential_long_polls",
+            Refusal::AgentCalls => "agent_calls",
+            Refusal::AgentLongPolls => "agent_long_polls",
+            Refusal::TeamCalls => "team_calls",
+            Refusal::TeamLongPolls => "team_long_polls",
             Refusal::BufferedBytes => "buffered_bytes",
         }
     }

@@ -91,6 +91,12 @@ impl Server {
             // calls in flight (16 by default) would refuse the 16 pairs of
             // `wake_latency` (32 calls) on kept-alive connections.
             .args(["--max-in-flight-per-credential", "0"])
+            // ... and they are all one agent of one team: its agent's and
+            // team's caps would refuse the same waits and pairs.
+            .args(["--max-in-flight-per-agent", "0"])
+            .args(["--max-long-polls-per-agent", "0"])
+            .args(["--max-in-flight-per-team", "0"])
+            .args(["--max-long-polls-per-team", "0"])
             .args(["--shutdown-grace-secs", &SHUTDOWN_GRACE_SECS.to_string()])
             .env("DATABASE_URL", database_url)
             .stdin(Stdio::null())

@@ -69,10 +69,38 @@ pub struct ServeArgs {
     /// per credential; more get 429 + Retry-After (0 = no cap).
     #[arg(long, env = "BUS_MAX_LONG_POLLS_PER_CREDENTIAL", default_value_t = config::DEFAULT_MAX_LONG_POLLS_PER_CREDENTIAL)]
     max_long_polls_per_credential: u32,
-    /// Failed authentications per client address per minute; past it the address gets 429
-    /// before any credential lookup, valid ones included (0 = no limit).
+    /// Ordinary calls in flight per agent, summed over all its windows and tokens; more get
+    /// 429 + Retry-After naming the limit (0 = no cap).
+    #[arg(long, env = "BUS_MAX_IN_FLIGHT_PER_AGENT", default_value_t = config::DEFAULT_MAX_IN_FLIGHT_PER_AGENT)]
+    max_in_flight_per_agent: u32,
+    /// Long polls in flight per agent, summed over all its windows and tokens; more get 429 +
+    /// Retry-After naming the limit (0 = no cap).
+    #[arg(long, env = "BUS_MAX_LONG_POLLS_PER_AGENT", default_value_t = config::DEFAULT_MAX_LONG_POLLS_PER_AGENT)]
+    max_long_polls_per_agent: u32,
+    /// Ordinary calls in flight per team, summed over its agents, so one team cannot take the
+    /// slots of the others; more get 429 + Retry-After (0 = no cap).
+    #[arg(long, env = "BUS_MAX_IN_FLIGHT_PER_TEAM", default_value_t = config::DEFAULT_MAX_IN_FLIGHT_PER_TEAM)]
+    max_in_flight_per_team: u32,
+    /// Long polls in flight per team, summed over its agents; more get 429 + Retry-After
+    /// (0 = no cap).
+    #[arg(long, env = "BUS_MAX_LONG_POLLS_PER_TEAM", default_value_t = config::DEFAULT_MAX_LONG_POLLS_PER_TEAM)]
+    max_long_polls_per_team: u32,
+    /// Live session credentials (authenticated windows) per agent; register_session past it is
+    /// refused, naming the limit (end old windows with revoke_session or let them expire)
+    /// (0 = no cap).
+    #[arg(long, env = "BUS_MAX_SESSIONS_PER_AGENT", default_value_t = config::DEFAULT_MAX_SESSIONS_PER_AGENT)]
+    max_sessions_per_agent: u32,
+    /// Failed authentications per client address per minute; past it the address's
+    /// credentials are looked up only a few at a time and its failures get 429 (a credential
+    /// that verifies is never refused) (0 = no limit).
     #[arg(long, env = "BUS_UNAUTHENTICATED_PER_MINUTE", default_value_t = config::DEFAULT_UNAUTHENTICATED_PER_MINUTE)]
     unauthenticated_per_minute: u32,
+    /// Reverse proxies whose X-Forwarded-For names the client (comma-separated addresses or
+    /// CIDR blocks, e.g. 10.0.0.0/8,::1). Default none: the peer's address is the client's
+    /// and X-Forwarded-For is ignored, so a client cannot choose the address its failed
+    /// authentications count against.
+    #[arg(long, env = "BUS_TRUSTED_PROXIES", value_parser = config::TrustedProxies::parse)]
+    trusted_proxies: Option<config::TrustedProxies>,
     /// Seconds a request body may take to arrive in full after its headers, on every route;
     /// a slower one gets 408, its connection is closed, and its reserved share of
     /// --max-buffered-bytes is given back.
@@ -227,6 +255,12 @@ async fn serve_on(
         max_buffered_bytes: args.max_buffered_bytes,
         max_in_flight_per_credential: args.max_in_flight_per_credential,
         max_long_polls_per_credential: args.max_long_polls_per_credential,
+        max_in_flight_per_agent: args.max_in_flight_per_agent,
+        max_long_polls_per_agent: args.max_long_polls_per_agent,
+        max_in_flight_per_team: args.max_in_flight_per_team,
+        max_long_polls_per_team: args.max_long_polls_per_team,
+        max_sessions_per_agent: args.max_sessions_per_agent,
+        trusted_proxies: args.trusted_proxies.clone().unwrap_or_default(),
         unauthenticated_per_minute: args.unauthenticated_per_minute,
         body_read_timeout: Duration::from_secs(args.body_read_timeout_secs),
         header_read_timeout: Duration::from_secs(args.header_read_timeout_secs),

@@ -18,9 +18,16 @@
 //! names the team, the stream and the fixing command (a team's credential
 //! sees its own team's only).
 //!
-//! One look at the installation is taken at a time, and the requests that
-//! came while it was taken share the next ([`Looks`]): a flood of probes
-//! holds one database connection, not the pool.
+//! A plain probe is answered from one snapshot of the installation that one
+//! task refreshes ([`Looks`], [`refresh`]): no request takes a pool
+//! connection or calls the broker, so a flood of probes, complete requests
+//! from many connections, costs the database one look a second and each
+//! probe a moment of its connection, which is then idle (and can be evicted
+//! for a newcomer such as an `/mcp` call). The snapshot is at most a second
+//! old while probes keep coming; after a quiet spell the first probe waits
+//! for a look begun after it arrived. `?broker=check`, an operator's explicit
+//! check, always waits for a look begun after it arrived; one such look is
+//! taken at a time and shared by the checks that came meanwhile.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -31,11 +38,11 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 
 use super::AppState;
 use crate::auth;
 use crate::error::BusError;
-use crate::events::ListenerState;
 use crate::store::admin::{self, AdminIdentity};
 use crate::store::broker_conditions::Reported;
 
@@ -56,39 +63,109 @@ struct Look {
     began: Instant,
     database: Result<(), &'static str>,
     broker: &'static str,
-    events: ListenerState,
     publication: Value,
     conditions: Vec<Reported>,
 }
 
-/// The latest look of each kind (plain, and `?broker=check`). `/health` is
-/// unauthenticated and a look costs database queries (and, checked, broker
-/// round trips for every jetstream team), so a flood of probes must not
-/// become a flood of those: one look of a kind is taken at a time, and the
-/// requests that arrived while it was being taken wait and share the next
-/// one. Every answer is still of a look begun after its request arrived,
-/// never an older one.
-#[derive(Default)]
+/// How often the snapshot is refreshed while probes keep coming.
+const REFRESH_EVERY: Duration = Duration::from_secs(1);
+/// A snapshot older than this is not answered: the probe waits for the
+/// next look (every part of a look is bounded by [`PART_TIMEOUT`], so a
+/// slow database still refreshes well within it).
+const STALE_AFTER: Duration = Duration::from_secs(15);
+/// How long a probe waits for a look begun after it arrived.
+const LOOK_WAIT: Duration = Duration::from_secs(10);
+
+/// The snapshot plain probes are answered from, refreshed by [`refresh`],
+/// and the latest `?broker=check` look. `/health` is unauthenticated and a
+/// look costs database queries (and, checked, broker round trips for every
+/// jetstream team), so a flood of probes must not become a flood of those.
 pub struct Looks {
-    plain: tokio::sync::Mutex<Option<Look>>,
+    plain: tokio::sync::watch::Sender<Option<Look>>,
+    /// A probe found the snapshot older than [`REFRESH_EVERY`].
+    wanted: tokio::sync::Notify,
     checked: tokio::sync::Mutex<Option<Look>>,
+}
+
+impl Default for Looks {
+    fn default() -> Self {
+        Looks {
+            plain: tokio::sync::watch::channel(None).0,
+            wanted: tokio::sync::Notify::new(),
+            checked: tokio::sync::Mutex::new(None),
+        }
+    }
 }
 
 impl Looks {
     async fn get(&self, state: &AppState, check_broker: bool) -> Look {
         let arrived = Instant::now();
-        let slot = if check_broker {
-            &self.checked
-        } else {
-            &self.plain
-        };
-        let mut latest = slot.lock().await;
+        if !check_broker {
+            return self.snapshot(arrived).await;
+        }
+        let mut latest = self.checked.lock().await;
         if let Some(look) = latest.as_ref().filter(|l| l.began >= arrived) {
             return look.clone();
         }
-        let look = look(state, check_broker).await;
+        let look = look(state, true).await;
         *latest = Some(look.clone());
         look
+    }
+
+    /// The snapshot, asking for a newer one when it is past
+    /// [`REFRESH_EVERY`]; waiting for one begun after `arrived` only when
+    /// there is none yet or it is past [`STALE_AFTER`].
+    async fn snapshot(&self, arrived: Instant) -> Look {
+        let current = self.plain.borrow().clone();
+        if let Some(look) = current.as_ref() {
+            let age = arrived.saturating_duration_since(look.began);
+            if age > REFRESH_EVERY {
+                self.wanted.notify_one();
+            }
+            if age <= STALE_AFTER {
+                return look.clone();
+            }
+        }
+        let mut changes = self.plain.subscribe();
+        self.wanted.notify_one();
+        let fresh = changes.wait_for(|l| l.as_ref().is_some_and(|l| l.began >= arrived));
+        match tokio::time::timeout(LOOK_WAIT, fresh).await {
+            Ok(Ok(look)) => look.clone().expect("checked by wait_for"),
+            // No look in time (or the refresher stopped with the server):
+            // the latest there is, or the database reported unreachable.
+            _ => self.plain.borrow().clone().unwrap_or(Look {
+                began: arrived,
+                database: Err("unreachable"),
+                broker: "unknown",
+                publication: Value::Null,
+                conditions: Vec::new(),
+            }),
+        }
+    }
+}
+
+/// The one task that refreshes the snapshot: a look when a probe asked for
+/// one, at most one every [`REFRESH_EVERY`], until `stopping`.
+pub async fn refresh(state: std::sync::Weak<AppState>, stopping: CancellationToken) {
+    let mut last: Option<Instant> = None;
+    loop {
+        let Some(looks) = state.upgrade() else { return };
+        let wanted = async {
+            looks.health.wanted.notified().await;
+            if let Some(last) = last {
+                tokio::time::sleep_until((last + REFRESH_EVERY).into()).await;
+            }
+        };
+        tokio::select! {
+            () = wanted => {}
+            () = stopping.cancelled() => return,
+        }
+        let look = tokio::select! {
+            look = look(&looks, false) => look,
+            () = stopping.cancelled() => return,
+        };
+        last = Some(look.began);
+        looks.health.plain.send_replace(Some(look));
     }
 }
 
@@ -101,7 +178,8 @@ pub async fn health(
     let check_broker = query.broker.as_deref() == Some("check");
     let look = state.health.get(&state, check_broker).await;
     let version = env!("CARGO_PKG_VERSION");
-    let (broker, events) = (look.broker, look.events);
+    // The listener's state is this process's own, read now.
+    let (broker, events) = (look.broker, state.events.state());
     if let Err(detail) = look.database {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -169,7 +247,6 @@ async fn look(state: &AppState, check_broker: bool) -> Look {
         began,
         database,
         broker,
-        events: state.events.state(),
         publication: Value::Null,
         conditions: Vec::new(),
     };
@@ -221,9 +298,8 @@ async fn viewer(
     // Another class of credential, or none well formed, costs no lookup.
     let digest = auth::parse_admin_credential(bearer).ok()?;
     let limits = &state.limits;
-    if limits.may_authenticate(address).is_err() {
-        return None;
-    }
+    let address = limits.client_address(address, headers);
+    let _turn = limits.lookup_turn(address).await;
     match admin::authenticate(&state.pool, &digest).await {
         Ok(me) => Some(me),
         Err(BusError::Unauthenticated(_)) => {

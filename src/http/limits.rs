@@ -1,34 +1,41 @@
 //! Load limits of one process: what keeps memory bounded and one caller from
 //! starving the others, whatever arrives at once.
 //!
-//! - **Requests in flight** (global): a semaphore taken first on `/mcp` and
-//!   `/admin`; when it is empty the answer is 503 at once, so a flood queues
-//!   nowhere inside the server.
+//! - **Requests in flight** (global): a semaphore taken first on `/mcp`,
+//!   `/admin` and the dashboard; when it is empty the answer is 503 at once,
+//!   so a flood queues nowhere inside the server.
 //! - **Request bytes buffered** (global): a semaphore counted in bytes. A body
 //!   is reserved by its declared `Content-Length` before a byte is read (a
 //!   chunked body chunk by chunk as it arrives) and released when the request
 //!   has been answered; an empty budget is 503. Hundreds of 8 MiB uploads at
 //!   once therefore cost at most the budget, not hundreds of bodies.
-//! - **Per credential** (a session credential, else the agent token): ordinary
-//!   calls in flight, and separately long polls (`wait_for_updates`,
-//!   `ask_agent`, `wait_for_conversation_updates`, which block up to 300 s)
-//!   in flight, each 429. A call is counted as ordinary from before its body
-//!   is read (so one credential cannot hold more than its share of the byte
-//!   budget) and moves to the long-poll count once its body shows it is one,
+//! - **Per caller, at three levels** ([`Caller`]): the credential (a session
+//!   credential, else the agent token), the agent (summed over all its
+//!   windows and tokens) and the team (summed over its agents). At each level
+//!   ordinary calls in flight and, separately, long polls (`wait_for_updates`,
+//!   `ask_agent`, `wait_for_conversation_updates`, which block up to 300 s) in
+//!   flight are capped, each 429 naming the level and its limit. An agent that
+//!   registers many windows therefore cannot hold more than its agent's share,
+//!   and one team never more than its team's share, so the global slots stay
+//!   open to every other team. A call is counted as ordinary from before its
+//!   body is read (so one caller cannot hold more than its share of the byte
+//!   budget) and moves to the long-poll counts once its body shows it is one,
 //!   so blocked waits never use up the slots of ordinary calls.
-//! - **Failed authentication per client address**: a token bucket checked
-//!   before the credential is looked up and spent by each credential that
-//!   proves unknown, revoked or malformed. An address that keeps sending bad
-//!   credentials is refused (429) without a database lookup, valid
-//!   credentials from that address included while it lasts: before the
-//!   lookup the server cannot tell them apart. Valid calls spend nothing, so
-//!   a burst of them from one address (every agent on one machine) is never
-//!   refused here; a concurrent flood of bad ones gets at most the requests
-//!   in flight past the check before the bucket shows empty. IPv6 addresses
-//!   count per /64, which one host usually holds whole.
+//! - **Failed authentication per client address**: a token bucket spent by
+//!   each credential that proves unknown, revoked or malformed. It never
+//!   refuses a credential that verifies: while an address is within its
+//!   allowance its lookups run at once; past it they still run, but only a
+//!   few at a time across all such addresses ([`Limits::lookup_turn`]), so a
+//!   flood of made-up credentials costs a few database lookups at a time, not
+//!   the pool, and the failures themselves are answered 429. A credential the
+//!   cache already holds is never looked up, so agents already working from a
+//!   throttled address are not even slowed. The client address is the peer's,
+//!   or, from a configured proxy (`--trusted-proxies`), the nearest untrusted
+//!   hop of `X-Forwarded-For` ([`TrustedProxies`]). IPv6 addresses count per
+//!   /64, which one host usually holds whole.
 //!
-//! Everything here is atomics and semaphores, plus two maps under a mutex that
-//! is never held across an await. Per process, like the rate limit: N
+//! Everything here is atomics and semaphores, plus maps under mutexes that
+//! are never held across an await. Per process, like the rate limit: N
 //! replicas admit N times as much.
 
 use std::collections::HashMap;
@@ -41,7 +48,7 @@ use http_body_util::BodyExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
 
-use crate::config::HttpSettings;
+use crate::config::{HttpSettings, TrustedProxies};
 use crate::metrics::{Refusal, record_refusal};
 
 /// The tools that block until something happens (up to 300 s).
@@ -63,13 +70,67 @@ pub struct Limits {
     max_in_flight: usize,
     buffered: Arc<Semaphore>,
     max_buffered_bytes: usize,
-    ordinary: Arc<CredentialCounts>,
-    long_polls: Arc<CredentialCounts>,
+    ordinary: Arc<CallerCounts>,
+    long_polls: Arc<CallerCounts>,
     /// A body reserves its declared length of the budget before it is read,
     /// so one that declares 8 MiB and sends nothing would otherwise hold that
     /// share for as long as its connection stays open.
     body_read_timeout: Duration,
     addresses: AddressLimiter,
+    /// Lookups of credentials from addresses past their allowance, a few at a
+    /// time across all of them.
+    throttled_lookups: Arc<Semaphore>,
+    trusted_proxies: TrustedProxies,
+}
+
+/// Credential lookups at once for all addresses past their allowance of
+/// failed authentications: enough that a valid credential waits little, few
+/// enough that a flood of made-up ones leaves the pool to everyone else.
+const THROTTLED_LOOKUPS: usize = 2;
+
+/// Who a call counts against: its credential, its agent and its team.
+#[derive(Clone, Copy, Debug)]
+pub struct Caller {
+    /// The session credential, else the agent token.
+    pub credential: Uuid,
+    pub agent: Uuid,
+    pub team: Uuid,
+}
+
+impl Caller {
+    pub fn of(identity: &crate::auth::Identity) -> Caller {
+        Caller {
+            credential: identity
+                .session_credential
+                .map_or(identity.token_id, |w| w.session_id),
+            agent: identity.agent_id,
+            team: identity.team_id,
+        }
+    }
+}
+
+/// The level whose cap a call met.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Level {
+    Credential,
+    Agent,
+    Team,
+}
+
+/// A call refused at the cap of one of its levels.
+#[derive(Clone, Copy, Debug)]
+pub struct AtCap {
+    pub level: Level,
+    pub cap: u32,
+}
+
+/// The caps of one kind of call (ordinary, or long polls) at each level;
+/// 0 = no cap at that level.
+#[derive(Clone, Copy, Debug)]
+pub struct LevelCaps {
+    pub credential: u32,
+    pub agent: u32,
+    pub team: u32,
 }
 
 impl Limits {
@@ -86,12 +147,20 @@ impl Limits {
             max_in_flight,
             buffered: Arc::new(Semaphore::new(max_buffered_bytes)),
             max_buffered_bytes,
-            ordinary: Arc::new(CredentialCounts::new(settings.max_in_flight_per_credential)),
-            long_polls: Arc::new(CredentialCounts::new(
-                settings.max_long_polls_per_credential,
-            )),
+            ordinary: Arc::new(CallerCounts::new(LevelCaps {
+                credential: settings.max_in_flight_per_credential,
+                agent: settings.max_in_flight_per_agent,
+                team: settings.max_in_flight_per_team,
+            })),
+            long_polls: Arc::new(CallerCounts::new(LevelCaps {
+                credential: settings.max_long_polls_per_credential,
+                agent: settings.max_long_polls_per_agent,
+                team: settings.max_long_polls_per_team,
+            })),
             addresses: AddressLimiter::new(settings.unauthenticated_per_minute),
             body_read_timeout: settings.body_read_timeout,
+            throttled_lookups: Arc::new(Semaphore::new(THROTTLED_LOOKUPS)),
+            trusted_proxies: settings.trusted_proxies.clone(),
         }
     }
 
@@ -101,14 +170,6 @@ impl Limits {
 
     pub fn max_buffered_bytes(&self) -> usize {
         self.max_buffered_bytes
-    }
-
-    pub fn max_in_flight_per_credential(&self) -> u32 {
-        self.ordinary.cap
-    }
-
-    pub fn max_long_polls_per_credential(&self) -> u32 {
-        self.long_polls.cap
     }
 
     pub fn unauthenticated_per_minute(&self) -> u32 {
@@ -121,16 +182,32 @@ impl Limits {
         slot.or_else(|| refused(Refusal::InFlight))
     }
 
-    /// Whether `address` may have a credential looked up now, or how long
-    /// until it may. Only failures spend the allowance ([`Limits::failed_authentication`]),
-    /// so a burst of valid calls from one address is never refused here.
-    pub fn may_authenticate(&self, address: Option<IpAddr>) -> Result<(), Duration> {
-        match address {
-            Some(address) => self
-                .addresses
-                .check(address_key(address))
-                .inspect_err(|_| record_refusal(Refusal::UnauthenticatedAddress)),
-            None => Ok(()),
+    /// The address a request comes from: the peer's, or behind a trusted
+    /// proxy the client `X-Forwarded-For` names ([`TrustedProxies::client`]).
+    pub fn client_address(
+        &self,
+        peer: Option<IpAddr>,
+        headers: &axum::http::HeaderMap,
+    ) -> Option<IpAddr> {
+        peer.map(|peer| self.trusted_proxies.client(peer, headers))
+    }
+
+    /// Wait for `address`'s turn to have a credential looked up. Within its
+    /// allowance of failed authentications that is at once; past it, the
+    /// lookup waits for one of a few places shared by every address past
+    /// its allowance (held until the turn is dropped). A credential is
+    /// never refused here: one that verifies is served, only later.
+    pub async fn lookup_turn(&self, address: Option<IpAddr>) -> LookupTurn {
+        let Some(address) = address else {
+            return LookupTurn::default();
+        };
+        let Err(wait) = self.addresses.check(address_key(address)) else {
+            return LookupTurn::default();
+        };
+        let permit = self.throttled_lookups.clone().acquire_owned().await.ok();
+        LookupTurn {
+            throttled: Some(wait),
+            _permit: permit,
         }
     }
 
@@ -141,16 +218,26 @@ impl Limits {
         }
     }
 
-    /// An ordinary call slot of `credential`, or `None` at its cap.
-    pub fn ordinary_slot(&self, credential: Uuid) -> Option<CredentialSlot> {
-        CredentialCounts::take(&self.ordinary, credential)
-            .or_else(|| refused(Refusal::CredentialCalls))
+    /// An ordinary call slot of `caller`, or the level at its cap.
+    pub fn ordinary_slot(&self, caller: Caller) -> Result<CallerSlot, AtCap> {
+        CallerCounts::take(&self.ordinary, caller).inspect_err(|at| {
+            record_refusal(match at.level {
+                Level::Credential => Refusal::CredentialCalls,
+                Level::Agent => Refusal::AgentCalls,
+                Level::Team => Refusal::TeamCalls,
+            })
+        })
     }
 
-    /// A long-poll slot of `credential`, or `None` at its cap.
-    pub fn long_poll_slot(&self, credential: Uuid) -> Option<CredentialSlot> {
-        CredentialCounts::take(&self.long_polls, credential)
-            .or_else(|| refused(Refusal::CredentialLongPolls))
+    /// A long-poll slot of `caller`, or the level at its cap.
+    pub fn long_poll_slot(&self, caller: Caller) -> Result<CallerSlot, AtCap> {
+        CallerCounts::take(&self.long_polls, caller).inspect_err(|at| {
+            record_refusal(match at.level {
+                Level::Credential => Refusal::CredentialLongPolls,
+                Level::Agent => Refusal::AgentLongPolls,
+                Level::Team => Refusal::TeamLongPolls,
+            })
+        })
     }
 
     /// Read `body` whole, at most `limit` bytes, every byte counted against
@@ -256,51 +343,87 @@ pub fn is_long_poll(body: &[u8]) -> bool {
     })
 }
 
-/// Calls in flight per credential, each at most `cap`; 0 = no cap.
-struct CredentialCounts {
-    cap: u32,
-    // Only credentials with a call in flight have an entry, so the map is
-    // bounded by the global in-flight cap.
-    counts: Mutex<HashMap<Uuid, u32>>,
+/// Calls in flight per credential, per agent and per team, each level at
+/// most its cap. One mutex over the three maps: a call takes its three
+/// counts together or none of them.
+struct CallerCounts {
+    caps: LevelCaps,
+    // Only keys with a call in flight have an entry, so the maps are bounded
+    // by the global in-flight cap.
+    counts: Mutex<[HashMap<Uuid, u32>; 3]>,
 }
 
-impl CredentialCounts {
-    fn new(cap: u32) -> Self {
-        CredentialCounts {
-            cap,
-            counts: Mutex::new(HashMap::new()),
+impl CallerCounts {
+    fn new(caps: LevelCaps) -> Self {
+        CallerCounts {
+            caps,
+            counts: Mutex::new(Default::default()),
         }
     }
 
-    fn take(this: &Arc<Self>, credential: Uuid) -> Option<CredentialSlot> {
+    fn levels(&self, caller: Caller) -> [(Level, Uuid, u32); 3] {
+        [
+            (Level::Credential, caller.credential, self.caps.credential),
+            (Level::Agent, caller.agent, self.caps.agent),
+            (Level::Team, caller.team, self.caps.team),
+        ]
+    }
+
+    fn take(this: &Arc<Self>, caller: Caller) -> Result<CallerSlot, AtCap> {
         let mut counts = this.counts.lock().unwrap_or_else(|p| p.into_inner());
-        let count = counts.entry(credential).or_insert(0);
-        if this.cap != 0 && *count >= this.cap {
-            return None;
+        let levels = this.levels(caller);
+        for (i, (level, key, cap)) in levels.iter().enumerate() {
+            let held = counts[i].get(key).copied().unwrap_or(0);
+            if *cap != 0 && held >= *cap {
+                return Err(AtCap {
+                    level: *level,
+                    cap: *cap,
+                });
+            }
         }
-        *count += 1;
-        Some(CredentialSlot {
+        for (i, (_, key, _)) in levels.iter().enumerate() {
+            *counts[i].entry(*key).or_insert(0) += 1;
+        }
+        Ok(CallerSlot {
             counts: Arc::clone(this),
-            credential,
+            caller,
         })
     }
 }
 
-/// One call of a credential in flight; released when dropped.
-pub struct CredentialSlot {
-    counts: Arc<CredentialCounts>,
-    credential: Uuid,
+/// One call of a caller in flight; released when dropped.
+pub struct CallerSlot {
+    counts: Arc<CallerCounts>,
+    caller: Caller,
 }
 
-impl Drop for CredentialSlot {
+impl Drop for CallerSlot {
     fn drop(&mut self) {
         let mut counts = self.counts.counts.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(count) = counts.get_mut(&self.credential) {
-            *count -= 1;
-            if *count == 0 {
-                counts.remove(&self.credential);
+        for (i, (_, key, _)) in self.counts.levels(self.caller).iter().enumerate() {
+            if let Some(count) = counts[i].get_mut(key) {
+                *count -= 1;
+                if *count == 0 {
+                    counts[i].remove(key);
+                }
             }
         }
+    }
+}
+
+/// A place among the credential lookups (see [`Limits::lookup_turn`]).
+#[derive(Default)]
+pub struct LookupTurn {
+    /// Set when the address was past its allowance: how long until it has
+    /// one attempt again.
+    throttled: Option<Duration>,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl LookupTurn {
+    /// Whether the address was past its allowance, and for how long yet.
+    pub fn throttled(&self) -> Option<Duration> {
+        self.throttled
     }
 }
 
@@ -444,16 +567,56 @@ mod tests {
 
     #[test]
     fn a_credential_at_its_cap_leaves_others_alone() {
-        let counts = Arc::new(CredentialCounts::new(2));
-        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
-        let first = CredentialCounts::take(&counts, a).unwrap();
-        let _second = CredentialCounts::take(&counts, a).unwrap();
-        assert!(CredentialCounts::take(&counts, a).is_none());
-        assert!(CredentialCounts::take(&counts, b).is_some());
+        let counts = Arc::new(CallerCounts::new(LevelCaps {
+            credential: 2,
+            agent: 0,
+            team: 0,
+        }));
+        let caller = |credential| Caller {
+            credential,
+            agent: Uuid::nil(),
+            team: Uuid::nil(),
+        };
+        let (a, b) = (caller(Uuid::new_v4()), caller(Uuid::new_v4()));
+        let first = CallerCounts::take(&counts, a).unwrap();
+        let _second = CallerCounts::take(&counts, a).unwrap();
+        assert!(CallerCounts::take(&counts, a).is_err());
+        assert!(CallerCounts::take(&counts, b).is_ok());
         drop(first);
         assert!(
-            CredentialCounts::take(&counts, a).is_some(),
+            CallerCounts::take(&counts, a).is_ok(),
             "a finished call frees its slot"
         );
+    }
+
+    #[test]
+    fn an_agents_windows_share_its_cap_and_a_teams_agents_share_the_teams() {
+        let counts = Arc::new(CallerCounts::new(LevelCaps {
+            credential: 2,
+            agent: 3,
+            team: 4,
+        }));
+        let team = Uuid::new_v4();
+        let (alice, bob) = (Uuid::new_v4(), Uuid::new_v4());
+        let window = |agent| Caller {
+            credential: Uuid::new_v4(),
+            agent,
+            team,
+        };
+        let held: Vec<_> = (0..3)
+            .map(|_| CallerCounts::take(&counts, window(alice)).unwrap())
+            .collect();
+        let refused = CallerCounts::take(&counts, window(alice)).err().unwrap();
+        assert_eq!((refused.level, refused.cap), (Level::Agent, 3));
+        let _bobs = CallerCounts::take(&counts, window(bob)).unwrap();
+        let refused = CallerCounts::take(&counts, window(bob)).err().unwrap();
+        assert_eq!((refused.level, refused.cap), (Level::Team, 4));
+        let other_team = Caller {
+            team: Uuid::new_v4(),
+            ..window(Uuid::new_v4())
+        };
+        assert!(CallerCounts::take(&counts, other_team).is_ok());
+        drop(held);
+        assert!(CallerCounts::take(&counts, window(alice)).is_ok());
     }
 }

@@ -14,16 +14,17 @@
 //!    JSON and event streams (406), a `Content-Type` other than JSON (415), a
 //!    declared body over the limit (413), then a malformed `X-Crew-Session` or
 //!    `X-Crew-Epoch` (400) before the
-//!    credential is looked up, then the client address's allowance of failed
-//!    authentications (429 without a lookup), then the bearer credential: an
-//!    agent token or a session credential (401 unknown/revoked/expired/stale,
-//!    403 disabled agent), then the per-token rate limit (429 +
-//!    `Retry-After`), then the credential's calls in flight (429), then the
+//!    credential is looked up, then the bearer credential: an agent token or
+//!    a session credential (401 unknown/revoked/expired/stale, 403 disabled
+//!    agent; from an address past its allowance of failed authentications
+//!    the lookup waits its turn and a failure is 429, a valid credential is
+//!    served), then the per-token rate limit (429 + `Retry-After`), then the
+//!    caller's calls in flight per credential, agent and team (429), then the
 //!    body is read against the buffered-bytes budget (503) with the limit
 //!    enforced while streaming (413); then the body must be one JSON-RPC
 //!    message, nested at most [`malformed::JSON_DEPTH_MAX`] deep, with a
 //!    protocol version this server speaks (400; see [`malformed`]); a long
-//!    poll then moves to its credential's long-poll count (429 at its cap).
+//!    poll then moves to its caller's long-poll counts (429 at a cap).
 //! 4. rmcp's Streamable HTTP service, stateless with JSON responses, sees the
 //!    caller's [`Identity`] in the request extensions. A refusal it still
 //!    answers in plain text is rewritten as JSON on the way out.
@@ -101,7 +102,7 @@ pub struct AppState {
     pub admin_limiter: RateLimiter,
     /// In-flight, buffered-bytes, per-credential and per-address caps.
     pub limits: Limits,
-    /// `/health`'s latest looks, shared by every probe.
+    /// `/health`'s snapshot (refreshed by one task) and latest checked look.
     pub health: health::Looks,
 }
 
@@ -119,6 +120,10 @@ pub fn router(bus: Bus, settings: HttpSettings) -> Router {
         settings: settings.clone(),
         health: health::Looks::default(),
     });
+    tokio::spawn(health::refresh(
+        Arc::downgrade(&state),
+        bus.stopping.clone(),
+    ));
 
     // Host is checked by our own layer for every route, so rmcp's copy of the
     // check is off rather than kept in step with it.
@@ -293,6 +298,33 @@ async fn authenticate(
     headers: &HeaderMap,
     label: Option<String>,
     epoch: Option<i64>,
+    address: Option<std::net::IpAddr>,
+) -> Result<crate::auth::Identity, Unverified> {
+    let mut turn = None;
+    let result = authenticate_with(state, headers, label, epoch, address, &mut turn).await;
+    result.map_err(|error| Unverified {
+        throttled: turn.as_ref().and_then(limits::LookupTurn::throttled),
+        error,
+    })
+}
+
+/// A credential that did not verify, and whether its address was past its
+/// allowance of failed authentications when it was looked up.
+struct Unverified {
+    error: BusError,
+    throttled: Option<std::time::Duration>,
+}
+
+/// [`authenticate`]: a cached credential is answered at once; a lookup waits
+/// for the address's turn ([`Limits::lookup_turn`]), kept in `turn` until
+/// the caller has judged the answer.
+async fn authenticate_with(
+    state: &AppState,
+    headers: &HeaderMap,
+    label: Option<String>,
+    epoch: Option<i64>,
+    address: Option<std::net::IpAddr>,
+    turn: &mut Option<limits::LookupTurn>,
 ) -> Result<crate::auth::Identity, BusError> {
     // Read before the lookup: a revocation heard during it makes the answer
     // stale on arrival.
@@ -309,6 +341,7 @@ async fn authenticate(
                     return Ok(identity);
                 }
             }
+            *turn = Some(state.limits.lookup_turn(address).await);
             let (identity, expires_at) =
                 sessions::authenticate_until(&state.pool, &digest, label.as_deref(), epoch).await?;
             if let Some(generation) = generation {
@@ -327,6 +360,7 @@ async fn authenticate(
             if let Some(identity) = generation.and_then(|g| cache.get(&digest, g)) {
                 return Ok(crate::auth::Identity { window, ..identity });
             }
+            *turn = Some(state.limits.lookup_turn(address).await);
             let identity = tokens::authenticate(&state.pool, &digest, window).await?;
             if let Some(generation) = generation {
                 let shared = crate::auth::Identity {
@@ -402,15 +436,31 @@ fn too_many_in_flight(limits: &Limits) -> Response {
     ))
 }
 
-/// 429 + `Retry-After` for a credential at one of its in-flight caps.
-fn credential_busy(cap: u32, what: &str, instead: &str) -> Response {
+/// 429 + `Retry-After` for a caller at one of its in-flight caps: which
+/// level (its credential, its agent over all its windows, its team), the
+/// limit, and what to do.
+fn caller_busy(at: limits::AtCap, what: &str, instead: &str) -> Response {
     let seconds = limits::RETRY_AFTER_BUSY.as_secs();
+    let cap = at.cap;
+    let who = match at.level {
+        limits::Level::Credential => format!(
+            "this credential already has {cap} {what} in flight (the limit per credential on \
+             this server)"
+        ),
+        limits::Level::Agent => format!(
+            "this agent already has {cap} {what} in flight across all its windows (the limit \
+             per agent on this server, whatever the number of windows)"
+        ),
+        limits::Level::Team => format!(
+            "this team already has {cap} {what} in flight across all its agents (the limit per \
+             team on this server, which keeps room for other teams)"
+        ),
+    };
     let mut response = json_error(
         StatusCode::TOO_MANY_REQUESTS,
         "rate_limited",
         format!(
-            "this credential already has {cap} {what} in flight (the limit per credential on this \
-             server). Nothing was done. Wait for one to return, then retry (Retry-After: \
+            "{who}. Nothing was done. Wait for one to return, then retry (Retry-After: \
              {seconds} s); {instead}"
         ),
     );
@@ -420,23 +470,25 @@ fn credential_busy(cap: u32, what: &str, instead: &str) -> Response {
     response
 }
 
-/// 429 + `Retry-After` for an address that failed to authenticate too often.
+/// 429 + `Retry-After` for a credential that did not verify, from an
+/// address that failed to authenticate too often.
 fn address_throttled(
     address: Option<std::net::IpAddr>,
     wait: std::time::Duration,
     per_minute: u32,
 ) -> Response {
+    crate::metrics::record_refusal(crate::metrics::Refusal::UnauthenticatedAddress);
     let seconds = wait.as_secs() + 1;
     let from = address.map_or_else(|| "this address".to_string(), |a| a.to_string());
     let mut response = json_error(
         StatusCode::TOO_MANY_REQUESTS,
         "rate_limited",
         format!(
-            "too many requests from {from} failed to authenticate (more than {per_minute} \
-             a minute), so its credentials are not looked up for now, valid ones included. Wait \
-             {seconds} s, and check that every client here sends a current credential \
-             (`Authorization: Bearer acs_…`); an operator issues one with `ai-crew-sync token \
-             issue`."
+            "this credential did not verify, and too many requests from {from} failed to \
+             authenticate (more than {per_minute} a minute), so its credentials are looked up \
+             only a few at a time for now (valid ones are still served). Wait {seconds} s, and \
+             check that every client here sends a current credential (`Authorization: Bearer \
+             acs_…`); an operator issues one with `ai-crew-sync token issue`."
         ),
     );
     response
@@ -445,11 +497,14 @@ fn address_throttled(
     response
 }
 
-fn client_address(request: &Request) -> Option<std::net::IpAddr> {
-    request
+/// The address a request comes from: its peer's, or behind a trusted proxy
+/// the client `X-Forwarded-For` names (see [`Limits::client_address`]).
+pub(crate) fn client_address(limits: &Limits, request: &Request) -> Option<std::net::IpAddr> {
+    let peer = request
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
-        .map(|ConnectInfo(addr)| addr.ip())
+        .map(|ConnectInfo(addr)| addr.ip());
+    limits.client_address(peer, request.headers())
 }
 
 /// `/admin`'s share of the load limits: a request slot and the address's
@@ -464,13 +519,16 @@ async fn admin_admission(
     let Some(_slot) = limits.enter() else {
         return too_many_in_flight(limits);
     };
-    let address = client_address(&request);
-    if let Err(wait) = limits.may_authenticate(address) {
-        return address_throttled(address, wait, limits.unauthenticated_per_minute());
-    }
+    let address = client_address(limits, &request);
+    // The admin gate looks the credential up inside the route: past the
+    // address's allowance the whole request waits for its turn.
+    let turn = limits.lookup_turn(address).await;
     let response = next.run(request).await;
     if response.status() == StatusCode::UNAUTHORIZED {
         limits.failed_authentication(address);
+        if let Some(wait) = turn.throttled() {
+            return address_throttled(address, wait, limits.unauthenticated_per_minute());
+        }
     }
     response
 }
@@ -501,19 +559,20 @@ async fn mcp_gate(State(state): State<Arc<AppState>>, request: Request, next: Ne
         Ok(headers) => headers,
         Err(err) => return bus_error_response(&err),
     };
-    // Checked before the lookup, so a flood of bad credentials from one
-    // address stops costing lookups once its allowance is spent.
-    let address = client_address(&request);
-    if let Err(wait) = limits.may_authenticate(address) {
-        return address_throttled(address, wait, limits.unauthenticated_per_minute());
-    }
-    let identity = match authenticate(&state, request.headers(), label, epoch).await {
+    // Past the address's allowance of failures the lookup waits its turn
+    // (a few at a time), so a flood of bad credentials costs a few lookups
+    // at a time; a credential that verifies is never refused for it.
+    let address = client_address(limits, &request);
+    let identity = match authenticate(&state, request.headers(), label, epoch, address).await {
         Ok(identity) => identity,
-        Err(err) => {
-            if matches!(err, BusError::Unauthenticated(_)) {
+        Err(Unverified { error, throttled }) => {
+            if matches!(error, BusError::Unauthenticated(_)) {
                 limits.failed_authentication(address);
+                if let Some(wait) = throttled {
+                    return address_throttled(address, wait, limits.unauthenticated_per_minute());
+                }
             }
-            return bus_error_response(&err);
+            return bus_error_response(&error);
         }
     };
 
@@ -521,17 +580,18 @@ async fn mcp_gate(State(state): State<Arc<AppState>>, request: Request, next: Ne
         return rate_limited(wait, state.limiter.per_minute(), "token");
     }
 
-    let credential = identity
-        .session_credential
-        .map_or(identity.token_id, |w| w.session_id);
-    // Counted as ordinary before the body is read, so one credential holds
-    // at most its cap of bodies in the buffered-bytes budget.
-    let Some(ordinary) = limits.ordinary_slot(credential) else {
-        return credential_busy(
-            limits.max_in_flight_per_credential(),
-            "ordinary calls",
-            "batch work instead of sending calls in parallel.",
-        );
+    let caller = limits::Caller::of(&identity);
+    // Counted as ordinary before the body is read, so one caller holds at
+    // most its cap of bodies in the buffered-bytes budget.
+    let ordinary = match limits.ordinary_slot(caller) {
+        Ok(slot) => slot,
+        Err(at) => {
+            return caller_busy(
+                at,
+                "ordinary calls",
+                "batch work instead of sending calls in parallel.",
+            );
+        }
     };
 
     let (mut parts, body) = request.into_parts();
@@ -571,14 +631,15 @@ async fn mcp_gate(State(state): State<Arc<AppState>>, request: Request, next: Ne
     // ordinary calls of the same credential need.
     let _call = if limits::is_long_poll(&bytes) {
         drop(ordinary);
-        match limits.long_poll_slot(credential) {
-            Some(slot) => slot,
-            None => {
-                return credential_busy(
-                    limits.max_long_polls_per_credential(),
+        match limits.long_poll_slot(caller) {
+            Ok(slot) => slot,
+            Err(at) => {
+                return caller_busy(
+                    at,
                     "long polls (wait_for_updates, ask_agent, wait_for_conversation_updates)",
                     "one wait per window with `kinds` or `all_channels` covers what several \
-                     would.",
+                     would; end the windows you no longer use (revoke_session) rather than \
+                     waiting in each.",
                 );
             }
         }

@@ -51,7 +51,8 @@ impl BusServer {
         Parameters(args): Parameters<RegisterArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(sessions::register(self.pool(), me, &args.session, args.ttl_seconds).await)
+        let max_live = self.bus().max_sessions_per_agent;
+        reply(sessions::register(self.pool(), me, &args.session, args.ttl_seconds, max_live).await)
     }
 
     #[tool(

@@ -308,13 +308,22 @@ fn actor_of(me: &Identity) -> Actor {
     }
 }
 
+/// Second key of the advisory lock that orders an agent's registrations
+/// (ASCII 'ACSs'; the first is a hash of the agent), so two at once cannot
+/// both count one place left under [`register`]'s cap.
+const REGISTRATION_LOCK: i32 = 1_094_931_315;
+
 /// `register_session`: a credential for window `label`, derived from the
-/// caller's agent token. Refused while the label has a live session.
+/// caller's agent token. Refused while the label has a live session, and
+/// when the agent already has `max_live` live sessions in other windows
+/// (0 = no cap): each window is a row, a credential and a share of the
+/// agent's calls, so an agent cannot mint them without end.
 pub async fn register(
     pool: &PgPool,
     me: &Identity,
     label: &str,
     ttl_seconds: Option<i64>,
+    max_live: u32,
 ) -> BusResult<IssuedSession> {
     if me.session_credential.is_some() {
         return Err(BusError::forbidden(
@@ -333,6 +342,9 @@ pub async fn register(
     let secret = auth::new_secret(SESSION_CREDENTIAL_PREFIX);
     let mut tx = pool.begin().await?;
     guard(&mut tx, me).await?;
+    if max_live > 0 {
+        refuse_past_live_cap(&mut tx, me, &label, max_live).await?;
+    }
     let inserted: Option<(Uuid, i64, DateTime<Utc>)> = sqlx::query_as(
         "INSERT INTO agent_sessions (id, team_id, agent_id, token_id, label, secret_sha256, display_prefix, expires_at)
          VALUES ($1, $2, $3, $4, $5, $6, $7, now() + $8)
@@ -418,6 +430,46 @@ pub async fn register(
         epoch,
         expires_at,
     })
+}
+
+/// Refuse a registration of `label` when the agent's other windows already
+/// hold `max_live` live sessions. Taken under the agent's registration lock
+/// (after the write fence), held to the commit, so the count cannot go stale
+/// before the insert.
+async fn refuse_past_live_cap(
+    conn: &mut PgConnection,
+    me: &Identity,
+    label: &str,
+    max_live: u32,
+) -> BusResult<()> {
+    sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2::text))")
+        .bind(REGISTRATION_LOCK)
+        .bind(me.agent_id)
+        .execute(&mut *conn)
+        .await?;
+    let live: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM agent_sessions s
+         WHERE s.team_id = $1 AND s.agent_id = $2 AND s.label <> $3
+           AND s.revoked_at IS NULL AND s.expires_at > now()
+           AND EXISTS (SELECT 1 FROM agent_tokens t
+                        WHERE t.team_id = s.team_id AND t.agent_id = s.agent_id
+                          AND t.id = s.token_id AND t.revoked_at IS NULL)",
+    )
+    .bind(me.team_id)
+    .bind(me.agent_id)
+    .bind(label)
+    .fetch_one(&mut *conn)
+    .await?;
+    if live >= i64::from(max_live) {
+        return Err(BusError::conflict(format!(
+            "agent `{}` already has {live} live sessions (windows with a session credential); \
+             the limit is {max_live} per agent on this server. Nothing was registered. End \
+             windows you no longer use with revoke_session {{\"session\": \"LABEL\"}} (or let \
+             them expire), or reuse one of them with its credential, then register again.",
+            me.agent
+        )));
+    }
+    Ok(())
 }
 
 fn needs_session_credential(tool: &str) -> BusError {

@@ -122,6 +122,9 @@ SELECT
   (SELECT coalesce(sum(octet_length(detail::text)), 0)::bigint FROM audit_log WHERE team_id = $1),
   (SELECT count(*) FROM conversation_audit WHERE team_id = $1),
   (SELECT coalesce(sum(octet_length(detail::text)), 0)::bigint FROM conversation_audit WHERE team_id = $1),
+  (SELECT count(*) FROM agent_sessions WHERE team_id = $1), 0::bigint,
+  (SELECT count(*) FROM presence WHERE team_id = $1), 0::bigint,
+  (SELECT count(*) FROM read_cursors WHERE team_id = $1), 0::bigint,
   (SELECT count(*) FROM inbox_references WHERE team_id = $1),
   (SELECT count(*) FROM inbox_references WHERE team_id = $1 AND delivered_at IS NULL),
   (SELECT coalesce(sum(payload_bytes), 0)::bigint FROM conversation_outbox
@@ -131,7 +134,11 @@ SELECT
 
 /// (kind, counted against the quota), in the order [`COUNTS`] reads them
 /// (rows then bytes each), up to `inbox_references`.
-const KINDS: [(&str, bool); 13] = [
+/// Windows' rows (session credentials, presence, read cursors) are the bus's
+/// bookkeeping of what agents do, not history they write: counted so an
+/// operator sees an agent that mints windows without end, not charged (live
+/// sessions are capped per agent instead, `serve --max-sessions-per-agent`).
+const KINDS: [(&str, bool); 16] = [
     ("channel_messages", true),
     ("direct_messages", true),
     ("conversation_messages_postgres", true),
@@ -145,6 +152,9 @@ const KINDS: [(&str, bool); 13] = [
     ("webhook_deliveries", true),
     ("audit", false),
     ("conversation_audit", false),
+    ("sessions", false),
+    ("presence", false),
+    ("read_cursors", false),
 ];
 
 /// Count what `team_id` stores, record the total as its usage, and say what

@@ -468,3 +468,112 @@ async fn a_long_poll_outliving_the_idle_and_header_timeouts_gets_its_answer() {
     assert_eq!(woke["woke"], true, "{woke}");
     assert_eq!(woke["events"][0]["preview"], "still there?", "{woke}");
 }
+
+/// A flood of complete `/health` requests, one per connection on every
+/// connection the server allows, while a look at the installation waits in
+/// the database (the outbox table is locked): every probe is answered at
+/// once from the snapshot, so its connection goes idle, and an `/mcp` call
+/// on a new connection takes the place of one of them and is served.
+#[tokio::test]
+async fn a_flood_of_complete_health_requests_leaves_room_for_mcp() {
+    let app = spawn_app_with(HttpSettings {
+        max_connections: 8,
+        max_connections_per_address: 8,
+        ..HttpSettings::default()
+    })
+    .await;
+    app.team("acme").await;
+    let token = app.agent("acme", "alice").await;
+    let (status, health) = health_from(&app, HEALTH_CHECKER).await;
+    assert_eq!(status, 200, "{health}");
+
+    // From now on every look waits in the database.
+    let mut lock = app.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE conversation_outbox IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let mut probes = Vec::new();
+    for _ in 0..8 {
+        let mut stream = connect_from(FLOODER, app.addr).await;
+        let request = format!("GET /health HTTP/1.1\r\nHost: {}\r\n\r\n", app.addr);
+        stream.write_all(request.as_bytes()).await.unwrap();
+        probes.push(stream);
+    }
+    // Let the server take the probes up (not an assertion: a probe it has
+    // not begun yet could be evicted either way).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // Every connection the server allows is held by the flood: the call
+    // takes the place of a probe already answered and is served, though
+    // looks at the installation still wait in the database.
+    let mut call = connect_from(HEALTH_CHECKER, app.addr).await;
+    let request = tool_request(&app, &token, &call_body("whoami", json!({})));
+    call.write_all(request.as_bytes()).await.unwrap();
+    let (status, body) = read_answer(&mut call, Duration::from_secs(10)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["result"]["structuredContent"]["agent"], "alice",
+        "{body}"
+    );
+
+    // Each probe was answered from the snapshot taken before the lock, not
+    // by a look of its own (which would report the outbox unavailable).
+    for stream in &mut probes {
+        let (status, health) = read_answer(stream, Duration::from_secs(10)).await;
+        assert_eq!(status, 200, "{health}");
+        assert!(health["publication"]["pending"].is_i64(), "{health}");
+    }
+    lock.rollback().await.unwrap();
+}
+
+/// A request pipelined behind another, of which only part has come, is a
+/// request still sending its headers: its connection is closed by the header
+/// timeout (1 s here), not kept for the idle timeout (120 s) as if it were
+/// waiting. Beside it, a connection whose one request was answered in full
+/// (a body included) is idle and stays open past the header timeout.
+#[tokio::test]
+async fn a_pipelined_partial_request_is_timed_by_the_header_deadline() {
+    let app = spawn_app_with(HttpSettings {
+        header_read_timeout: Duration::from_secs(1),
+        idle_timeout: Duration::from_secs(120),
+        ..HttpSettings::default()
+    })
+    .await;
+    app.team("acme").await;
+    let token = app.agent("acme", "alice").await;
+    let call = tool_request(&app, &token, &call_body("whoami", json!({})));
+
+    // One write: a whole call with its body, then the start of a next request.
+    let mut pipelined = TcpStream::connect(app.addr).await.unwrap();
+    let wire = format!("{call}GET /health HTTP/1.1\r\nHo");
+    pipelined.write_all(wire.as_bytes()).await.unwrap();
+    // The same again, the partial request sent while the call is answered.
+    let mut behind = TcpStream::connect(app.addr).await.unwrap();
+    behind.write_all(call.as_bytes()).await.unwrap();
+    behind.write_all(b"GET /health HT").await.unwrap();
+    // A whole call and nothing after it.
+    let mut idle = TcpStream::connect(app.addr).await.unwrap();
+    idle.write_all(call.as_bytes()).await.unwrap();
+
+    for stream in [&mut pipelined, &mut behind, &mut idle] {
+        let (status, body) = read_answer(stream, Duration::from_secs(10)).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    for stream in [pipelined, behind] {
+        assert!(
+            matches!(
+                outcome(stream, Duration::from_secs(30)).await,
+                Outcome::Closed(text) if text.is_empty()
+            ),
+            "the unfinished headers are cut off by the header timeout, not kept for the idle one"
+        );
+    }
+    assert!(
+        matches!(
+            outcome(idle, Duration::from_secs(3)).await,
+            Outcome::Open(_)
+        ),
+        "a connection with nothing more to read is idle, not late with headers"
+    );
+}

@@ -327,6 +327,8 @@ async fn bodies_beyond_the_byte_budget_are_refused_not_buffered() {
         max_request_bytes: MIB,
         max_buffered_bytes: budget,
         max_in_flight_per_credential: 0,
+        max_in_flight_per_agent: 0,
+        max_in_flight_per_team: 0,
         rate_limit_per_minute: 0,
         ..HttpSettings::default()
     })
@@ -461,8 +463,38 @@ fn vm_rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
+/// POST `body` to /mcp with `token` and an `X-Forwarded-For` header.
+async fn post_forwarded(
+    client: &reqwest::Client,
+    app: &TestApp,
+    token: &str,
+    forwarded_for: &str,
+) -> (u16, Option<u64>, Value) {
+    let response = client
+        .post(app.mcp_url())
+        .header("Accept", "application/json, text/event-stream")
+        .header("Content-Type", "application/json")
+        .header("X-Forwarded-For", forwarded_for)
+        .bearer_auth(token)
+        .body(call_body("whoami", json!({})))
+        .send()
+        .await
+        .expect("a response");
+    let status = response.status().as_u16();
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    (
+        status,
+        retry_after,
+        response.json().await.unwrap_or(Value::Null),
+    )
+}
+
 #[tokio::test]
-async fn an_address_that_keeps_failing_authentication_is_refused_before_any_lookup() {
+async fn an_address_that_keeps_failing_authentication_is_throttled_but_valid_credentials_pass() {
     let (app, alice, _bob) = app_with(HttpSettings {
         unauthenticated_per_minute: 5,
         ..HttpSettings::default()
@@ -482,7 +514,7 @@ async fn an_address_that_keeps_failing_authentication_is_refused_before_any_look
     let (status, retry_after, body) = post(&app, &unknown, whoami()).await;
     assert_eq!(
         status, 429,
-        "the sixth failure in a minute is refused: {body}"
+        "the sixth failure in a minute is answered 429: {body}"
     );
     assert!(
         retry_after.is_some_and(|s| (1..=13).contains(&s)),
@@ -493,11 +525,21 @@ async fn an_address_that_keeps_failing_authentication_is_refused_before_any_look
         message(&body).contains("failed to authenticate (more than 5 a minute)"),
         "{body}"
     );
-    // The allowance is per address, taken before the credential is looked
-    // up: the server cannot tell a valid token from this address apart
-    // without the lookup it is refusing to make, so alice is refused too.
+    assert!(
+        message(&body).contains("valid ones are still served"),
+        "{body}"
+    );
+
+    // Every agent on this machine shares the address: a credential that
+    // verifies is never refused for the failures of others, whether the
+    // server already knows it (alice) or sees it for the first time (carol,
+    // whose token is issued now and must be looked up).
     let (status, _, body) = post(&app, &alice, whoami()).await;
-    assert_eq!(status, 429, "{body}");
+    assert_eq!(status, 200, "a known valid credential: {body}");
+    let carol = app.agent("acme", "carol").await;
+    let (status, _, body) = post(&app, &carol, whoami()).await;
+    assert_eq!(status, 200, "a valid credential looked up now: {body}");
+    assert_eq!(body["result"]["structuredContent"]["agent"], "carol");
     let admin = http_client()
         .get(app.url("/admin/whoami"))
         .bearer_auth(format!("acsa_{}", "0".repeat(64)))
@@ -506,19 +548,193 @@ async fn an_address_that_keeps_failing_authentication_is_refused_before_any_look
         .unwrap();
     assert_eq!(admin.status().as_u16(), 429, "/admin shares the allowance");
 
-    // Another address (127.0.0.2 is loopback too) is not affected.
+    // Another address (127.0.0.2 is loopback too) has its own allowance.
     let elsewhere = reqwest::Client::builder()
         .local_address("127.0.0.2".parse::<std::net::IpAddr>().unwrap())
         .build()
         .unwrap();
-    let (status, _, body) = post_from(&elsewhere, &app, &alice, whoami()).await;
-    assert_eq!(status, 200, "another address is served: {body}");
+    let (status, _, body) = post_from(&elsewhere, &app, &unknown, whoami()).await;
+    assert_eq!(
+        status, 401,
+        "another address's failure is its first: {body}"
+    );
+}
 
-    // No lookup happens: with the database gone, the refusal is the same
-    // 429, not a database error.
-    app.pool.close().await;
-    let (status, _, body) = post(&app, &unknown, whoami()).await;
-    assert_eq!(status, 429, "refused before touching the database: {body}");
+/// `X-Forwarded-For` names the client only when the peer is a configured
+/// proxy: behind it each client has its own allowance; from anyone else the
+/// header is ignored, so a client cannot pick the address its failures count
+/// against (nor spend another's).
+#[tokio::test]
+async fn forwarded_for_is_believed_only_from_a_trusted_proxy() {
+    let (app, _alice, _bob) = app_with(HttpSettings {
+        unauthenticated_per_minute: 3,
+        trusted_proxies: ai_crew_sync::config::TrustedProxies::parse("127.0.0.1/32").unwrap(),
+        ..HttpSettings::default()
+    })
+    .await;
+    let unknown = format!("acs_{}", "0".repeat(64));
+    let proxy = http_client();
+    for _ in 0..3 {
+        assert_eq!(
+            post_forwarded(&proxy, &app, &unknown, "203.0.113.1")
+                .await
+                .0,
+            401
+        );
+    }
+    let (status, _, body) = post_forwarded(&proxy, &app, &unknown, "203.0.113.1").await;
+    assert_eq!(status, 429, "{body}");
+    assert!(message(&body).contains("from 203.0.113.1"), "{body}");
+    let (status, _, body) =
+        post_forwarded(&proxy, &app, &unknown, "198.51.100.7, 203.0.113.2").await;
+    assert_eq!(
+        status, 401,
+        "another client behind the proxy has its own allowance: {body}"
+    );
+
+    // 127.0.0.2 is no proxy of this server: its header is ignored.
+    let stranger = reqwest::Client::builder()
+        .local_address("127.0.0.2".parse::<std::net::IpAddr>().unwrap())
+        .build()
+        .unwrap();
+    for forwarded in ["192.0.2.1", "192.0.2.2", "192.0.2.3"] {
+        assert_eq!(
+            post_forwarded(&stranger, &app, &unknown, forwarded).await.0,
+            401
+        );
+    }
+    let (status, _, body) = post_forwarded(&stranger, &app, &unknown, "192.0.2.4").await;
+    assert_eq!(
+        status, 429,
+        "its failures count against its own address: {body}"
+    );
+    assert!(message(&body).contains("from 127.0.0.2"), "{body}");
+}
+
+/// `register_session` as `token`: the window's session credential.
+async fn window(app: &TestApp, token: &str, label: &str) -> String {
+    let client = app.mcp(token, None).await;
+    let issued = client
+        .call("register_session", json!({"session": label}))
+        .await
+        .expect("register_session");
+    issued["credential"].as_str().unwrap().to_string()
+}
+
+/// Windows do not multiply an agent's share: one agent blocking waits in
+/// many windows is refused at its agent's cap, told the limit, and another
+/// team's agent is still served although the server has few slots.
+#[tokio::test]
+async fn one_agent_flooding_long_polls_over_many_windows_leaves_room_for_other_teams() {
+    let (app, alice, _bob) = app_with(HttpSettings {
+        max_in_flight: 4,
+        max_long_polls_per_agent: 3,
+        ..HttpSettings::default()
+    })
+    .await;
+    app.team("other").await;
+    let dave = app.agent("other", "dave").await;
+    let app = Arc::new(app);
+    let mut windows = Vec::new();
+    for i in 0..5 {
+        windows.push(window(&app, &alice, &format!("w{i}")).await);
+    }
+    // Three windows block in wait_for_updates (each retried while a probe
+    // below holds a slot at the instant it arrives).
+    let waiters: Vec<_> = windows[..3]
+        .iter()
+        .map(|credential| {
+            let (app, credential) = (app.clone(), credential.clone());
+            tokio::spawn(async move {
+                loop {
+                    let body = call_body("wait_for_updates", json!({"timeout_seconds": 6}));
+                    let answer = post(&app, &credential, body).await;
+                    if answer.0 != 429 && answer.0 != 503 {
+                        return answer;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+        })
+        .collect();
+    // A fourth window's wait is refused once those block: the agent's cap,
+    // not the window's (each window has 16).
+    let (status, retry_after, body) = until_status(429, || {
+        post(
+            &app,
+            &windows[3],
+            call_body("wait_for_updates", json!({"timeout_seconds": 0})),
+        )
+    })
+    .await;
+    assert_eq!(
+        status, 429,
+        "the agent's fourth long poll is refused: {body}"
+    );
+    assert_eq!(retry_after, Some(1));
+    assert!(
+        message(&body).contains("this agent already has 3 long polls")
+            && message(&body).contains("across all its windows"),
+        "{body}"
+    );
+    // Another team's agent on the same server is served in full.
+    let (status, _, body) = post(&app, &dave, call_body("whoami", json!({}))).await;
+    assert_eq!(
+        status, 200,
+        "another team is served beside the flood: {body}"
+    );
+    assert_eq!(body["result"]["structuredContent"]["agent"], "dave");
+    for waiter in &waiters {
+        assert!(!waiter.is_finished(), "the waits were still blocked");
+    }
+    for waiter in waiters {
+        let (status, _, body) = waiter.await.unwrap();
+        assert_eq!(status, 200, "{body}");
+    }
+}
+
+/// A team's agents share the team's cap of ordinary calls in flight: past it
+/// they are refused with the limit, and another team is served.
+#[tokio::test]
+async fn a_team_at_its_cap_of_calls_in_flight_leaves_room_for_other_teams() {
+    let (app, alice, bob) = app_with(HttpSettings {
+        max_in_flight: 4,
+        max_in_flight_per_agent: 2,
+        max_in_flight_per_team: 3,
+        ..HttpSettings::default()
+    })
+    .await;
+    app.team("other").await;
+    let dave = app.agent("other", "dave").await;
+    let (w1, w2) = (
+        window(&app, &alice, "w1").await,
+        window(&app, &alice, "w2").await,
+    );
+    let first = upload_being_read(&app, &alice, Length::Declared(1000), b"{").await;
+    let second = upload_being_read(&app, &w1, Length::Declared(1000), b"{").await;
+    // Alice's third, from another window, meets her agent's cap.
+    let (status, _, body) =
+        until_status(429, || post(&app, &w2, call_body("whoami", json!({})))).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(
+        message(&body).contains("this agent already has 2 ordinary calls"),
+        "{body}"
+    );
+    let third = upload_being_read(&app, &bob, Length::Declared(1000), b"{").await;
+    // Bob's second meets the team's cap (3), though his own has room.
+    let (status, _, body) =
+        until_status(429, || post(&app, &bob, call_body("whoami", json!({})))).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(
+        message(&body).contains("this team already has 3 ordinary calls"),
+        "{body}"
+    );
+    let (status, _, body) = post(&app, &dave, call_body("whoami", json!({}))).await;
+    assert_eq!(status, 200, "the other team takes the fourth slot: {body}");
+    drop((first, second, third));
+    let (status, _, body) =
+        until_status(200, || post(&app, &bob, call_body("whoami", json!({})))).await;
+    assert_eq!(status, 200, "{body}");
 }
 
 /// A long poll whose client asked for progress is answered as an event

@@ -243,7 +243,7 @@ async fn a_mutation_racing_a_revoke_never_commits_after_it() {
 
     let (mut renewed_first, mut refused) = (0, 0);
     for round in 0..30 {
-        let issued = sessions::register(&app.pool, &agent, "race", Some(3600))
+        let issued = sessions::register(&app.pool, &agent, "race", Some(3600), 0)
             .await
             .unwrap();
         assert_eq!(issued.epoch, round + 1);
@@ -412,4 +412,64 @@ async fn two_tokens_taking_over_one_dead_label_at_once_leave_one_live_window() {
     .await
     .unwrap();
     assert_eq!(live, 1);
+}
+
+/// Each window is a row, a credential and a share of the agent's calls: an
+/// agent holds at most its cap of live sessions, is told the limit and what
+/// to do, and has room again once it ends one.
+#[tokio::test]
+async fn an_agent_holds_at_most_its_cap_of_live_sessions() {
+    let app = crate::support::spawn_app_with(ai_crew_sync::config::HttpSettings {
+        max_sessions_per_agent: 2,
+        ..Default::default()
+    })
+    .await;
+    app.team("acme").await;
+    let token = app.agent("acme", "alice").await;
+    let other = app.agent("acme", "bob").await;
+    let agent = app.mcp(&token, None).await;
+    register(&agent, "w1").await;
+    register(&agent, "w2").await;
+
+    let refused = agent
+        .call("register_session", json!({ "session": "w3" }))
+        .await
+        .expect_err("a third live session is refused");
+    let text = refused.to_string();
+    assert!(
+        text.contains("already has 2 live sessions") && text.contains("the limit is 2 per agent"),
+        "{text}"
+    );
+    assert!(text.contains("revoke_session"), "says what to do: {text}");
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM agent_sessions WHERE label = 'w3'")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0, "a refused registration writes nothing");
+
+    // Another agent has its own allowance.
+    register(&app.mcp(&other, None).await, "w1").await;
+    // The rows windows leave are outside the quota, but counted.
+    let team_id: uuid::Uuid = sqlx::query_scalar("SELECT id FROM teams WHERE slug = 'acme'")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    let usage = ai_crew_sync::store::usage::count(&app.pool, team_id, "acme")
+        .await
+        .unwrap();
+    let sessions = usage.kind("sessions").expect("sessions are counted");
+    assert_eq!((sessions.rows, sessions.in_quota), (3, false));
+    assert!(usage.kind("presence").is_some() && usage.kind("read_cursors").is_some());
+
+    agent
+        .call("revoke_session", json!({ "session": "w1" }))
+        .await
+        .expect("revoke w1");
+    register(&agent, "w3").await;
+    // Taking over a dead label counts like a new one.
+    let refused = agent
+        .call("register_session", json!({ "session": "w1" }))
+        .await
+        .expect_err("w1 again would be a third live session");
+    assert!(refused.to_string().contains("the limit is 2"), "{refused}");
 }

@@ -39,6 +39,20 @@ pub(super) fn body_timed_out(limit: Duration) -> Response {
     response
 }
 
+/// 503 for a request that arrived on a connection just evicted for a
+/// newcomer: nothing was done, and the connection closes.
+pub(super) fn evicted_before_start() -> Response {
+    let mut response = crate::http::server_busy(
+        "this connection had waited longest with no request and was closed to make room for \
+         a new one just as this request arrived"
+            .to_string(),
+    );
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
 /// A response body that keeps its request open until it has been sent in
 /// full (hyper drops it then) or dropped with its connection.
 pub(super) struct Finishing {

@@ -12,13 +12,20 @@
 //! - **At the global cap a newcomer evicts** the connection that has waited
 //!   longest without a request in flight (idle, or still sending its
 //!   headers) instead of being turned away; only when every connection is
-//!   busy answering is it refused. A flood of sockets that never finish their
+//!   busy answering is it refused. A connection is taken by compare-and-set
+//!   on its state ([`activity::Activity::try_evict`]): one whose request
+//!   started since it was picked is passed over, never cut, and a request
+//!   arriving on one already taken is answered 503 without running. A flood of sockets that never finish their
 //!   headers, from one address or many, therefore never keeps `/health` (or
 //!   anyone else) out: its sockets are what gets evicted, and each lives at
 //!   most the header timeout anyway.
 //! - **A header timeout**: a request's headers must arrive in full within it,
 //!   counted from the accept for a connection's first request and from the
-//!   first byte for a later one. Past it the connection is closed.
+//!   first byte for a later one. Past it the connection is closed. A later
+//!   request's first byte is found by following the framing of the bytes
+//!   read ([`framing`]), so the start of a request pipelined behind another
+//!   (read ahead by hyper, perhaps in the same read as the end of the one
+//!   before) is timed by this deadline too, not by the idle one.
 //! - **An idle timeout**: a kept-alive connection with no request in flight
 //!   and no byte of a next one is closed after it. A request in flight (a
 //!   long poll waiting up to 300 s, a progress stream) is never idle.
@@ -37,6 +44,7 @@
 
 mod activity;
 mod bodies;
+mod framing;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -59,7 +67,7 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use activity::{Activity, RequestOpen, Timeouts, WatchedIo};
-use bodies::{DeadlineBody, Finishing, body_timed_out};
+use bodies::{DeadlineBody, Finishing, body_timed_out, evicted_before_start};
 
 use super::limits::address_key;
 use crate::config::HttpSettings;
@@ -203,10 +211,9 @@ impl Registry {
         let slot = match self.slots.clone().try_acquire_owned() {
             Ok(slot) => slot,
             Err(_) => {
-                let Some(victim) = self.longest_waiting() else {
+                if !self.evict_longest_waiting() {
                     return Err(Refusal::ServerFull);
-                };
-                victim.evicted.cancel();
+                }
                 match tokio::time::timeout(EVICTION_WAIT, self.slots.clone().acquire_owned()).await
                 {
                     Ok(Ok(slot)) => slot,
@@ -235,14 +242,21 @@ impl Registry {
         })
     }
 
-    /// The open connection that has waited longest with no request in flight.
-    fn longest_waiting(&self) -> Option<Arc<Activity>> {
-        let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        open.values()
-            .filter(|a| !a.evicted.is_cancelled())
-            .filter_map(|a| a.waiting_since().map(|since| (since, a)))
-            .min_by_key(|(since, _)| *since)
-            .map(|(_, a)| a.clone())
+    /// Evict the open connection that has waited longest with no request
+    /// in flight; `false` when every one is answering a request. Each
+    /// candidate is taken by compare and set ([`Activity::try_evict`]): one
+    /// whose request started since the list was made is passed over, never
+    /// cut.
+    fn evict_longest_waiting(&self) -> bool {
+        let mut waiting: Vec<_> = {
+            let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+            open.values()
+                .filter(|a| !a.evicted.is_cancelled())
+                .filter_map(|a| a.waiting_since().map(|since| (since, a.clone())))
+                .collect()
+        };
+        waiting.sort_by_key(|(since, _)| *since);
+        waiting.iter().any(|(_, a)| a.try_evict())
     }
 
     /// Resolves once every connection has closed.
@@ -389,7 +403,11 @@ async fn answer(
     activity: Arc<Activity>,
     request: hyper::Request<Incoming>,
 ) -> Result<Response, Infallible> {
-    let open = RequestOpen::new(activity);
+    let Some(open) = RequestOpen::new(activity) else {
+        // The connection was evicted just before this request began: it is
+        // closing, and the request did nothing.
+        return Ok(evicted_before_start());
+    };
     let timed_out = Arc::new(AtomicBool::new(false));
     let mut request =
         request.map(|body| Body::new(DeadlineBody::new(body, body_limit, timed_out.clone())));

@@ -282,10 +282,10 @@ async fn sign_in(
              in there.",
         );
     }
-    let address = super::client_address(&request);
-    if let Err(wait) = limits.may_authenticate(address) {
-        return super::address_throttled(address, wait, limits.unauthenticated_per_minute());
-    }
+    let address = super::client_address(limits, &request);
+    // Past the address's allowance of failures the sign-in waits its turn
+    // for the lookup; a token that verifies is never refused for it.
+    let turn = limits.lookup_turn(address).await;
     let form = match read_form(&state, request).await {
         Ok(form) => form,
         Err(refusal) => return refusal,
@@ -295,6 +295,13 @@ async fn sign_in(
         Err(err) => {
             if matches!(err, BusError::Unauthenticated(_)) {
                 limits.failed_authentication(address);
+                if let Some(wait) = turn.throttled() {
+                    return super::address_throttled(
+                        address,
+                        wait,
+                        limits.unauthenticated_per_minute(),
+                    );
+                }
             }
             let status =
                 StatusCode::from_u16(err.http_status()).unwrap_or(StatusCode::UNAUTHORIZED);
