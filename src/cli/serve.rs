@@ -109,7 +109,8 @@ pub struct ServeArgs {
     /// NATS server with JetStream for conversation bodies (teams routed to `jetstream`); for a
     /// JetStream cluster, several of its servers comma-separated (nats://a:4222,nats://b:4222):
     /// any that answers is used, and another when it goes away. Without it, nothing can be
-    /// routed to jetstream.
+    /// routed to jetstream. A URL with a user, password or token goes in BUS_NATS_URL or
+    /// --nats-url-file PATH (as a flag it is refused), or use --nats-credentials.
     #[arg(long, env = "BUS_NATS_URL", hide_env_values = true)]
     nats_url: Option<String>,
     /// NATS credentials file (.creds) for --nats-url.
@@ -134,7 +135,8 @@ pub struct ServeArgs {
     shutdown_grace_secs: u64,
     /// Key that signs /dashboard cookies (HMAC-SHA256; at least 32 characters). Unset: a random
     /// key per process, so dashboard sign-ins do not survive a restart and are not accepted by
-    /// another replica; set the same value on every replica to share them.
+    /// another replica; set the same value on every replica to share them. Give it as
+    /// BUS_DASHBOARD_SECRET or --dashboard-secret-file PATH: as a flag it is refused.
     #[arg(long, env = "BUS_DASHBOARD_SECRET", hide_env_values = true)]
     dashboard_secret: Option<String>,
 }
