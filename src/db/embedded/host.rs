@@ -3,7 +3,7 @@
 //! root, and the small pid and private-file helpers. Kept apart from the
 //! cluster's life cycle (`mod.rs`), which only calls these.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -310,7 +310,14 @@ pub(super) fn read_pid(path: &Path) -> Option<u32> {
 
 pub(super) fn write_pid(path: &Path, pid: u32) -> Result<(), EmbeddedError> {
     let tmp = path.with_extension("tmp");
-    let mut file = File::create(&tmp).map_err(io_err(&tmp))?;
+    // A new file, never through a link left at the temporary name (one a
+    // crash left is removed first: the link itself, not what it names).
+    let _ = fs::remove_file(&tmp);
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .map_err(io_err(&tmp))?;
     writeln!(file, "{pid}").map_err(io_err(&tmp))?;
     fs::rename(&tmp, path).map_err(io_err(path))
 }
