@@ -25,8 +25,8 @@ pub struct BusArgs {
     /// The server's MCP endpoint [default: the profile's, else http://127.0.0.1:8787/mcp].
     #[arg(long, env = "BUS_URL", hide_env_values = true, global = true)]
     pub url: Option<String>,
-    /// Agent token (acs_…) or session credential (acss_…). Prefer a profile, or BUS_TOKEN:
-    /// a flag is visible to other users in the process list.
+    /// Agent token (acs_…) or session credential (acss_…): a profile, BUS_TOKEN or
+    /// --token-file PATH. As a flag it is refused (other users see it in the process list).
     #[arg(long, env = "BUS_TOKEN", hide_env_values = true, global = true)]
     pub token: Option<String>,
     /// The local profile to use (see `context profile add`) [default: the one .acs.toml

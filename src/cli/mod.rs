@@ -36,9 +36,29 @@ use crate::db::embedded::EmbeddedPostgres;
                   started from the system's PostgreSQL server binaries."
 )]
 pub struct Cli {
-    /// PostgreSQL to use. Without it, the embedded cluster in --data-dir is used.
+    /// PostgreSQL to use. Without it, the embedded cluster in --data-dir is used. With a
+    /// password, give it as DATABASE_URL or --database-url-file, not as this flag.
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     database_url: Option<String>,
+
+    /// Read DATABASE_URL from this file (its first line). A URL with a password is refused
+    /// as --database-url: the command line is visible to every user of the machine.
+    #[arg(long, global = true, value_name = "PATH")]
+    database_url_file: Option<PathBuf>,
+
+    /// Read BUS_TOKEN (an agent token or session credential) from this file; --token is
+    /// refused (the command line is visible to every user of the machine).
+    #[arg(long, global = true, value_name = "PATH")]
+    token_file: Option<PathBuf>,
+
+    /// Read BUS_NATS_URL from this file. A NATS URL with a user, password or token is refused
+    /// as --nats-url.
+    #[arg(long, global = true, value_name = "PATH")]
+    nats_url_file: Option<PathBuf>,
+
+    /// Read BUS_DASHBOARD_SECRET from this file (serve); --dashboard-secret is refused.
+    #[arg(long, global = true, value_name = "PATH")]
+    dashboard_secret_file: Option<PathBuf>,
 
     /// Where the embedded PostgreSQL keeps its data [default: $XDG_DATA_HOME/ai-crew-sync].
     #[arg(long, env = "BUS_DATA_DIR", global = true)]
@@ -125,6 +145,10 @@ enum Command {
 
 /// Parse the command line and run it. Errors print on stderr and exit 1.
 pub fn main() -> ExitCode {
+    if let Err(err) = secret::take_secrets_off_argv(&std::env::args_os().collect::<Vec<_>>()) {
+        eprintln!("error: {err:#}");
+        return ExitCode::FAILURE;
+    }
     let cli = Cli::parse();
     // reqwest is built without a TLS provider of its own (no C toolchain for
     // aws-lc); ring serves https URLs of remote servers.

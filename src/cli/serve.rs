@@ -37,10 +37,12 @@ pub struct ServeArgs {
     #[arg(long, env = "BUS_BIND", default_value = DEFAULT_BIND)]
     bind: SocketAddr,
     /// Address of a second listener that serves only GET /metrics (Prometheus text) without a
-    /// credential, to whoever can reach it; `off` for none. On the main listener /metrics
-    /// always needs a global admin credential (Authorization: Bearer acsa_…).
-    #[arg(long, env = "BUS_METRICS_BIND", default_value = DEFAULT_METRICS_BIND, value_parser = parse_metrics_bind)]
-    metrics_bind: MetricsBind,
+    /// credential, to whoever can reach it; `off` for none. Default 127.0.0.1:9187; when that
+    /// default is taken (a second server on this machine) serve logs it and goes on without
+    /// the separate listener, while an address given here that is taken stops serve. On the
+    /// main listener /metrics always needs a global admin credential (Authorization: Bearer acsa_…).
+    #[arg(long, env = "BUS_METRICS_BIND", value_parser = parse_metrics_bind)]
+    metrics_bind: Option<MetricsBind>,
     /// Host names clients may use in the Host header (comma-separated; `*` allows any).
     /// Default: localhost, 127.0.0.1, ::1.
     #[arg(long, env = "BUS_ALLOWED_HOSTS", value_delimiter = ',')]
@@ -135,7 +137,8 @@ pub struct ServeArgs {
     /// NATS server with JetStream for conversation bodies (teams routed to `jetstream`); for a
     /// JetStream cluster, several of its servers comma-separated (nats://a:4222,nats://b:4222):
     /// any that answers is used, and another when it goes away. Without it, nothing can be
-    /// routed to jetstream.
+    /// routed to jetstream. A URL with a user, password or token goes in BUS_NATS_URL or
+    /// --nats-url-file PATH (as a flag it is refused), or use --nats-credentials.
     #[arg(long, env = "BUS_NATS_URL", hide_env_values = true)]
     nats_url: Option<String>,
     /// NATS credentials file (.creds) for --nats-url.
@@ -160,7 +163,8 @@ pub struct ServeArgs {
     shutdown_grace_secs: u64,
     /// Key that signs /dashboard cookies (HMAC-SHA256; at least 32 characters). Unset: a random
     /// key per process, so dashboard sign-ins do not survive a restart and are not accepted by
-    /// another replica; set the same value on every replica to share them.
+    /// another replica; set the same value on every replica to share them. Give it as
+    /// BUS_DASHBOARD_SECRET or --dashboard-secret-file PATH: as a flag it is refused.
     #[arg(long, env = "BUS_DASHBOARD_SECRET", hide_env_values = true)]
     dashboard_secret: Option<String>,
     /// The dashboard is reached over plain http:// on this non-loopback --bind (no TLS in front):
@@ -202,7 +206,7 @@ pub async fn run(ctx: &Context, args: ServeArgs) -> anyhow::Result<()> {
             )
         })?;
     let local = listener.local_addr()?;
-    let metrics = bind_metrics(&args.metrics_bind).await?;
+    let metrics = bind_metrics(args.metrics_bind.as_ref()).await?;
 
     let shutdown = CancellationToken::new();
     spawn_signal_handler(shutdown.clone());
@@ -371,9 +375,37 @@ fn parse_metrics_bind(raw: &str) -> Result<MetricsBind, String> {
 
 /// The metrics listener, bound before anything starts: a taken address is
 /// the most likely failure (a second server on this machine) and is named.
-async fn bind_metrics(bind: &MetricsBind) -> anyhow::Result<Option<tokio::net::TcpListener>> {
-    let MetricsBind::At(addr) = bind else {
-        return Ok(None);
+///
+/// `None` is the default address, which nobody chose: a second server on the
+/// same machine (another project's bus, a second replica) finds it taken, and
+/// refusing to start for a listener nobody asked for would stop that server
+/// for nothing. So a taken default is logged and the server goes on without
+/// the separate listener (`/metrics` stays on the main listener for a global
+/// admin). An address the operator gave is a promise to a scraper: taken, it
+/// stops `serve` with the way out.
+async fn bind_metrics(
+    bind: Option<&MetricsBind>,
+) -> anyhow::Result<Option<tokio::net::TcpListener>> {
+    let addr = match bind {
+        Some(MetricsBind::Off) => return Ok(None),
+        Some(MetricsBind::At(addr)) => *addr,
+        None => {
+            let addr: SocketAddr = DEFAULT_METRICS_BIND.parse()?;
+            return match tokio::net::TcpListener::bind(addr).await {
+                Ok(listener) => Ok(Some(listener)),
+                Err(e) => {
+                    eprintln!(
+                        "metrics: the default address {addr} is taken ({e}), likely by another \
+                         ai-crew-sync server on this machine; serving without the separate \
+                         metrics listener. /metrics stays on the main listener for a global \
+                         admin credential. To scrape this server without one, give it its own \
+                         address with --metrics-bind ADDR (env BUS_METRICS_BIND); \
+                         --metrics-bind off silences this message."
+                    );
+                    Ok(None)
+                }
+            };
+        }
     };
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
         anyhow::anyhow!(

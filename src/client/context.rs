@@ -4,7 +4,7 @@
 //! function, so they all agree.
 //!
 //! The order, first match wins:
-//! - a token given as `--token` / `BUS_TOKEN` is used as it always was, with
+//! - a token given as `BUS_TOKEN` (or `--token-file`) is used as it always was, with
 //!   `--url` / `BUS_URL` (or the built-in URL); giving a profile as well is
 //!   refused, since one of the two would be silently ignored;
 //! - otherwise a profile: `--profile` / `BUS_PROFILE`, else the one the
@@ -131,12 +131,12 @@ pub fn resolve(requested: Requested, dir: &Path) -> anyhow::Result<Resolved> {
     if let Some(token) = given(requested.token) {
         if let Some(name) = named_profile {
             bail!(
-                "both a token (--token / BUS_TOKEN) and a profile ({name:?}, from --profile / \
+                "both a token (BUS_TOKEN / --token-file) and a profile ({name:?}, from --profile / \
                  BUS_PROFILE) were given, and one would be ignored: unset BUS_TOKEN (or drop \
-                 --token) to use the profile, or drop --profile / BUS_PROFILE to use the token"
+                 --token-file) to use the profile, or drop --profile / BUS_PROFILE to use the token"
             );
         }
-        resolved.credential = Some("--token / BUS_TOKEN".to_string());
+        resolved.credential = Some("BUS_TOKEN / --token-file".to_string());
         resolved.token = Some(token);
         return Ok(resolved);
     }

@@ -10,7 +10,12 @@
 //! role = "backend"
 //! ```
 //!
-//! The nearest file wins: the current directory, then each parent.
+//! The nearest file wins: the current directory, then each parent up to the
+//! top of the git work tree (the first directory holding `.git`) or `$HOME`,
+//! whichever comes first, and no further. Outside both, only the current
+//! directory counts. A file above that line is not the user's to trust: a
+//! `/tmp/.acs.toml` anyone can plant would otherwise choose the profile (and
+//! so the token) of everyone working under `/tmp`.
 
 use std::path::{Path, PathBuf};
 
@@ -33,9 +38,13 @@ pub struct ProjectFile {
     pub role: Option<String>,
 }
 
-/// The nearest `.acs.toml` at or above `dir`, with its path.
+/// The nearest `.acs.toml` at or above `dir` within its search (the module
+/// doc says where it stops), with its path.
 pub fn find(dir: &Path) -> anyhow::Result<Option<(PathBuf, ProjectFile)>> {
-    for dir in dir.ancestors() {
+    let home = std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .map(|h| std::fs::canonicalize(&h).unwrap_or_else(|_| PathBuf::from(h)));
+    for dir in searched(dir, home.as_deref()) {
         let path = dir.join(FILE_NAME);
         match std::fs::read_to_string(&path) {
             Ok(text) => {
@@ -53,6 +62,19 @@ pub fn find(dir: &Path) -> anyhow::Result<Option<(PathBuf, ProjectFile)>> {
         }
     }
     Ok(None)
+}
+
+/// The directories [`find`] looks in, nearest first: `dir` up to the first
+/// that holds `.git` or is `home`; only `dir` when neither is above it.
+fn searched<'a>(dir: &'a Path, home: Option<&Path>) -> Vec<&'a Path> {
+    let mut walked = Vec::new();
+    for d in dir.ancestors() {
+        walked.push(d);
+        if d.join(".git").exists() || home.is_some_and(|h| h == d) {
+            return walked;
+        }
+    }
+    vec![dir]
 }
 
 /// Where `set-project` writes from `dir`: the top of its git work tree, so

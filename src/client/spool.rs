@@ -27,13 +27,15 @@
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
+
+use super::local_files;
 
 /// How long a confirmed reference stays in the spool (for `session_status`
 /// and the hooks to say what arrived lately) before compaction drops it.
@@ -93,15 +95,14 @@ impl Spool {
         let dir = path
             .parent()
             .context("the spool path has no parent directory")?;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .with_context(|| format!("creating {}", dir.display()))?;
+        local_files::private_dir(dir)?;
+        // Never through a symlink: the spool is appended to and later
+        // replaced, and a link would point both elsewhere.
         let mut file = OpenOptions::new()
             .read(true)
             .append(true)
             .create(true)
+            .custom_flags(libc::O_NOFOLLOW)
             .mode(0o600)
             .open(path)
             .with_context(|| format!("opening the spool {}", path.display()))?;
@@ -292,14 +293,8 @@ impl Spool {
                 bytes.push(b'\n');
             }
         }
-        let tmp = self.path.with_extension("compacting");
-        let mut out = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .with_context(|| format!("writing {}", tmp.display()))?;
+        let tmp = local_files::temporary_beside(&self.path, "compacting")?;
+        let mut out = local_files::create_new_private(&tmp)?;
         out.write_all(&bytes)?;
         out.sync_all()?;
         drop(out);
@@ -312,6 +307,7 @@ impl Spool {
         }
         self.file = OpenOptions::new()
             .append(true)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&self.path)
             .with_context(|| format!("reopening {}", self.path.display()))?;
         Ok(dropped.len())
@@ -458,6 +454,32 @@ mod tests {
         let reopened = Spool::open(&path).unwrap();
         assert_eq!(reopened.unconfirmed(), vec![open.delivery_id]);
         assert_eq!(reopened.entries().count(), 1);
+    }
+
+    // Issue 33 item 10: the spool is never opened through a symlink (it
+    // would append to, then replace, whatever the link names), and a spool
+    // directory others may write in is refused, named with the fix.
+    #[test]
+    fn a_spool_behind_a_symlink_or_in_a_directory_others_write_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = spool_in(&dir);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let target = dir.path().join("elsewhere");
+        // Empty: a spool would open it happily, were the link followed.
+        std::fs::write(&target, "").unwrap();
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        assert!(Spool::open(&path).is_err(), "opened through a symlink");
+        std::fs::remove_file(&path).unwrap();
+
+        let spool_dir = path.parent().unwrap();
+        std::fs::set_permissions(spool_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = Spool::open(&path).err().expect("refused").to_string();
+        assert!(
+            err.contains(&spool_dir.display().to_string())
+                && err.contains(&format!("chmod 700 {}", spool_dir.display())),
+            "{err}"
+        );
+        assert!(!path.exists(), "nothing created");
     }
 
     #[test]

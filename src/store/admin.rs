@@ -120,6 +120,7 @@ impl Authority {
         Ok(TeamScope {
             slug,
             actor: self.actor(),
+            authority: self.clone(),
         })
     }
 
@@ -141,9 +142,19 @@ impl Authority {
 pub struct TeamScope {
     slug: String,
     actor: Actor,
+    /// Who gave the permission, for an operation on the team that only a
+    /// global authority may do ([`TeamScope::global`]).
+    authority: Authority,
 }
 
 impl TeamScope {
+    /// Permission for an operation on this team that a credential confined to
+    /// it may not do (pruning its audit trail: the record of what its own
+    /// admins did); refused as [`Authority::global`] refuses.
+    pub fn global(&self, what: &str) -> BusResult<GlobalScope> {
+        self.authority.global(what)
+    }
+
     /// The team's slug (see [`Authority::team`] for when it is normalised).
     pub fn slug(&self) -> &str {
         &self.slug

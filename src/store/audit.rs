@@ -26,22 +26,7 @@ pub async fn record(
     subject: &str,
     detail: Value,
 ) -> BusResult<()> {
-    if let Some(credential) = actor.admin_credential {
-        let (refusal, since): (Option<String>, Option<DateTime<Utc>>) =
-            sqlx::query_as("SELECT refusal, refused_since FROM admin_write_refusal($1)")
-                .bind(credential)
-                .fetch_one(&mut *conn)
-                .await?;
-        if refusal.is_some() {
-            let when = since
-                .map(|at| format!(" at {}", at.to_rfc3339()))
-                .unwrap_or_default();
-            return Err(BusError::unauthenticated(format!(
-                "this admin credential was revoked{when}; nothing was changed. Ask a global admin \
-                 for a new one."
-            )));
-        }
-    }
+    fence(conn, actor, "nothing was changed").await?;
     sqlx::query(
         "INSERT INTO audit_log (team_id, actor, source, action, subject, detail)
          VALUES ($1, $2, $3, $4, $5, $6)",
@@ -54,5 +39,30 @@ pub async fn record(
     .bind(detail)
     .execute(conn)
     .await?;
+    Ok(())
+}
+
+/// The admin write fence alone, for a change made in several transactions
+/// (a prune's batches) whose audit row is written once: each transaction
+/// takes it first, so a revocation that commits stops the next one. Nothing
+/// for the local operator or an agent (their own fences guard their writes).
+/// `stopped` says what a refusal leaves behind.
+pub async fn fence(conn: &mut PgConnection, actor: &Actor, stopped: &str) -> BusResult<()> {
+    if let Some(credential) = actor.admin_credential {
+        let (refusal, since): (Option<String>, Option<DateTime<Utc>>) =
+            sqlx::query_as("SELECT refusal, refused_since FROM admin_write_refusal($1)")
+                .bind(credential)
+                .fetch_one(&mut *conn)
+                .await?;
+        if refusal.is_some() {
+            let when = since
+                .map(|at| format!(" at {}", at.to_rfc3339()))
+                .unwrap_or_default();
+            return Err(BusError::unauthenticated(format!(
+                "this admin credential was revoked{when}; {stopped}. Ask a global admin for a new \
+                 one."
+            )));
+        }
+    }
     Ok(())
 }

@@ -270,15 +270,8 @@ async fn quickstart_prints_a_token_and_a_client_config_and_reuses_on_rerun() {
     );
 
     let out = Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"))
-        .args([
-            "mcp-config",
-            "--url",
-            "http://h/mcp",
-            "--token",
-            "acs_x",
-            "--session",
-            "win-2",
-        ])
+        .args(["mcp-config", "--url", "http://h/mcp", "--session", "win-2"])
+        .env("BUS_TOKEN", "acs_x")
         .output()
         .unwrap();
     let block: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -370,4 +363,114 @@ fn help_never_prints_a_credential_held_in_the_environment() {
             }
         }
     }
+}
+
+/// Issue 33 item 9: a secret given as a flag is refused before anything
+/// runs, naming the variable and the file flag that take it instead; the
+/// file flag works; a URL without credentials may stay a flag.
+#[test]
+fn a_secret_on_the_command_line_is_refused_and_read_from_a_file_instead() {
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"))
+            .args(args)
+            .env_remove("BUS_TOKEN")
+            .env_remove("DATABASE_URL")
+            .env_remove("BUS_NATS_URL")
+            .env_remove("BUS_DASHBOARD_SECRET")
+            .output()
+            .expect("run ai-crew-sync");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for (args, env, file_flag) in [
+        (
+            &[
+                "mcp-config",
+                "--url",
+                "http://h/mcp",
+                "--token",
+                "acs_s3cret",
+            ][..],
+            "BUS_TOKEN",
+            "--token-file",
+        ),
+        (
+            &["client", "--token=acs_s3cret", "whoami"][..],
+            "BUS_TOKEN",
+            "--token-file",
+        ),
+        (
+            &["serve", "--dashboard-secret", "s3cret".repeat(8).as_str()][..],
+            "BUS_DASHBOARD_SECRET",
+            "--dashboard-secret-file",
+        ),
+        (
+            &[
+                "migrate",
+                "--database-url",
+                "postgres://u:s3cret@127.0.0.1:1/db",
+            ][..],
+            "DATABASE_URL",
+            "--database-url-file",
+        ),
+        (
+            &[
+                "team",
+                "stream",
+                "--team",
+                "t",
+                "--nats-url",
+                "nats://u:s3cret@127.0.0.1:1",
+            ][..],
+            "BUS_NATS_URL",
+            "--nats-url-file",
+        ),
+    ] {
+        let (code, _, stderr) = run(args);
+        assert_eq!(code, Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("refused") && stderr.contains(env) && stderr.contains(file_flag),
+            "{args:?}: {stderr}"
+        );
+        assert!(
+            !stderr.contains("s3cret"),
+            "the refusal repeats no secret: {stderr}"
+        );
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    std::fs::write(&file, "acs_from_the_file\n").unwrap();
+    let (code, stdout, stderr) = run(&[
+        "mcp-config",
+        "--url",
+        "http://h/mcp",
+        "--token-file",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let block: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        block["mcpServers"]["ai-crew-sync"]["headers"]["Authorization"],
+        "Bearer acs_from_the_file"
+    );
+    // No credentials in it: the URL may be a flag (this one answers nothing).
+    let (code, _, stderr) = run(&[
+        "team",
+        "stream",
+        "--team",
+        "t",
+        "--nats-url",
+        "nats://127.0.0.1:1",
+        "--database-url",
+        "postgres://postgres@127.0.0.1:1/none",
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(
+        !stderr.contains("on the command line is refused"),
+        "{stderr}"
+    );
 }

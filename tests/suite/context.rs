@@ -341,3 +341,98 @@ async fn unsafe_profiles_and_wrong_credentials_are_refused_and_change_nothing() 
         run.stderr
     );
 }
+
+/// Issue 33 item 10: a config directory others may write in is refused,
+/// naming it and the fix, before a profile (a token) is written there or
+/// read from it.
+#[tokio::test]
+async fn a_config_directory_others_may_write_in_is_refused_naming_it_and_the_fix() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.agent("acme", "alice").await;
+    let machine = Machine::new();
+    let here = tempfile::tempdir().unwrap();
+    let config = machine.config.path();
+    let url = app.url("/mcp");
+    let add = [
+        "context", "profile", "add", "--name", "p", "--url", &url, "--team", "acme", "--agent",
+        "alice",
+    ];
+
+    std::fs::set_permissions(config, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let run = machine.run(here.path(), &add, &format!("{alice}\n")).await;
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert!(
+        run.stderr.contains(&config.display().to_string())
+            && run.stderr.contains("writable by its group or others")
+            && run
+                .stderr
+                .contains(&format!("chmod 700 {}", config.display())),
+        "{}",
+        run.stderr
+    );
+    assert!(!machine.profiles_file().exists(), "nothing written");
+
+    // Private again: the profile is written; opened up later, it is not read.
+    std::fs::set_permissions(config, std::fs::Permissions::from_mode(0o700)).unwrap();
+    machine.add_profile(&app, "p", "alice", &alice).await;
+    std::fs::set_permissions(config, std::fs::Permissions::from_mode(0o775)).unwrap();
+    let run = machine.run(here.path(), &["client", "whoami"], "").await;
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert!(run.stderr.contains("chmod 700"), "{}", run.stderr);
+}
+
+/// Issue 33 item 10: the `.acs.toml` search stops at the top of the git work
+/// tree or at `$HOME`; outside both only the current directory counts, so a
+/// file planted in a shared directory above (`/tmp/.acs.toml`) chooses nothing.
+#[tokio::test]
+async fn an_acs_toml_above_the_work_tree_or_home_chooses_nothing() {
+    let machine = Machine::new();
+    let shared = tempfile::tempdir().unwrap(); // stands for /tmp
+    std::fs::write(
+        shared.path().join(".acs.toml"),
+        "profile = \"planted\"\nproject = \"planted\"\n",
+    )
+    .unwrap();
+    let home = shared.path().join("home");
+    let work = shared.path().join("work/deeper");
+    let repo = home.join("repo");
+    let inside = repo.join("src");
+    for dir in [&work, &inside] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    std::fs::create_dir(repo.join(".git")).unwrap();
+    let machine = machine.with_env("HOME", &home.display().to_string());
+    let project_in = async |dir: &Path| {
+        let run = machine
+            .run(dir, &["context", "show", "--json"], "")
+            .await
+            .json();
+        run["project"]["value"].clone()
+    };
+
+    assert_eq!(
+        project_in(&work).await,
+        Value::Null,
+        "outside home and repo"
+    );
+    assert_eq!(project_in(&home).await, Value::Null, "above home");
+    assert_eq!(project_in(&inside).await, Value::Null, "above the repo");
+
+    // Within the line, the nearest file still wins.
+    std::fs::write(home.join(".acs.toml"), "project = \"mine\"\n").unwrap();
+    assert_eq!(project_in(&home).await, "mine");
+    assert_eq!(
+        project_in(&inside).await,
+        Value::Null,
+        "the repo is the top"
+    );
+    std::fs::write(repo.join(".acs.toml"), "project = \"repo\"\n").unwrap();
+    assert_eq!(project_in(&inside).await, "repo");
+    std::fs::write(work.join(".acs.toml"), "project = \"here\"\n").unwrap();
+    assert_eq!(
+        project_in(&work).await,
+        "here",
+        "the current directory counts"
+    );
+}

@@ -226,3 +226,88 @@ async fn an_immediate_stop_cuts_sessions_and_a_restart_recovers_what_was_committ
         .unwrap()
         .unwrap();
 }
+
+/// Issue 33 item 11: started as root (as the suite runs here), the cluster
+/// runs as the dedicated system user `ai-crew-sync-pg` (created when
+/// missing), never `nobody`, with no capability (it used to keep
+/// `CAP_DAC_READ_SEARCH`, which reads every file on the machine), and still
+/// reaches a data directory under a directory only root may enter.
+#[tokio::test]
+async fn as_root_the_cluster_runs_as_its_own_system_user_without_capabilities() {
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not root: the cluster runs as the user who starts it; nothing to check");
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("acs-embedded-user-")
+        .tempdir()
+        .unwrap();
+    // The directory above is root's alone, as /root is for the default.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let data_dir = dir.path().join("data");
+    let cluster = tokio::task::spawn_blocking(move || EmbeddedPostgres::start(&data_dir))
+        .await
+        .unwrap()
+        .expect("the embedded cluster starts");
+    let pid = std::fs::read_to_string(cluster.pgdata().join("postmaster.pid")).unwrap();
+    let pid = pid.lines().next().unwrap().trim().to_owned();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .unwrap_or_else(|| panic!("no {name} in {status}"))
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let expected = {
+        let name = std::ffi::CString::new(ai_crew_sync::db::embedded::SERVER_USER).unwrap();
+        let pw = unsafe { libc::getpwnam(name.as_ptr()) };
+        assert!(!pw.is_null(), "the server user exists");
+        unsafe { (*pw).pw_uid }.to_string()
+    };
+    assert_ne!(expected, "65534", "not nobody");
+    assert!(
+        field("Uid").iter().all(|uid| *uid == expected),
+        "the postmaster runs as {}: {:?}",
+        ai_crew_sync::db::embedded::SERVER_USER,
+        field("Uid")
+    );
+    for caps in ["CapInh", "CapPrm", "CapEff", "CapAmb"] {
+        assert_eq!(
+            field(caps),
+            vec!["0000000000000000".to_owned()],
+            "{caps}: no capability"
+        );
+    }
+    let pgdata = cluster.pgdata();
+    tokio::task::spawn_blocking(move || cluster.stop())
+        .await
+        .unwrap()
+        .unwrap();
+
+    // A cluster an earlier version ran as `nobody`: handed over at the next start.
+    let chowned = std::process::Command::new("chown")
+        .args(["-R", "65534:65534"])
+        .arg(&pgdata)
+        .status()
+        .unwrap();
+    assert!(chowned.success());
+    let data_dir = dir.path().join("data");
+    let cluster = tokio::task::spawn_blocking(move || EmbeddedPostgres::start(&data_dir))
+        .await
+        .unwrap()
+        .expect("a cluster left by another user starts");
+    let owner =
+        std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(pgdata.join("PG_VERSION")).unwrap());
+    assert_eq!(
+        owner.to_string(),
+        expected,
+        "its files are the server user's"
+    );
+    tokio::task::spawn_blocking(move || cluster.stop())
+        .await
+        .unwrap()
+        .unwrap();
+}

@@ -441,14 +441,60 @@ async fn a_drain_pass_counts_publish_outcomes_and_empties_the_outbox_gauges() {
 }
 
 fn serve(database_url: &str, port: u16, metrics_bind: &str) -> Command {
+    let mut command = serve_on_default_metrics(database_url, port);
+    command.args(["--metrics-bind", metrics_bind]);
+    command
+}
+
+/// `serve` as an operator starts it without saying where metrics go.
+fn serve_on_default_metrics(database_url: &str, port: u16) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"));
     command
         .env("DATABASE_URL", database_url)
         .env_remove("BUS_METRICS_BIND")
         .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
-        .args(["--metrics-bind", metrics_bind])
         .stdout(Stdio::null());
     command
+}
+
+/// A second server on the machine finds the default metrics address taken
+/// (the first server holds it): it starts anyway, says so, and answers.
+#[tokio::test]
+async fn serve_starts_without_the_metrics_listener_when_the_default_address_is_taken() {
+    let database_url = crate::support::postgres::fresh_database_url().await;
+    // The first server's listener. Held by someone else already is as good.
+    let _first = std::net::TcpListener::bind("127.0.0.1:9187");
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let port = free_port();
+    let mut child = serve_on_default_metrics(&database_url, port)
+        .stderr(log.reopen().unwrap())
+        .spawn()
+        .expect("spawn serve");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!(
+                "serve stopped ({status}) because the default metrics address was taken: {}",
+                std::fs::read_to_string(log.path()).unwrap()
+            );
+        }
+        if let Ok(response) = http_client()
+            .get(format!("http://127.0.0.1:{port}/health"))
+            .send()
+            .await
+            && response.status().is_success()
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no /health within 60 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    crate::binary::sigterm_and_wait(child);
+    let stderr = std::fs::read_to_string(log.path()).unwrap();
+    assert!(
+        stderr.contains("127.0.0.1:9187 is taken") && stderr.contains("--metrics-bind ADDR"),
+        "the log says the listener is missing and how to get one: {stderr}"
+    );
 }
 
 #[tokio::test]

@@ -43,8 +43,8 @@ use crate::client::Connection;
                   It speaks as a local profile (`context profile add`; chosen by --profile / \
                   BUS_PROFILE, else the one .acs.toml names, else the default profile), or with \
                   BUS_URL (default http://127.0.0.1:8787/mcp) and BUS_TOKEN (an agent token \
-                  acs_… or a session credential acss_…; prefer the environment to --token, \
-                  which other users can see in the process list). BUS_SESSION is the window \
+                  acs_… or a session credential acss_…, or --token-file PATH; --token is refused, \
+                  since other users can see it in the process list). BUS_SESSION is the window \
                   label, sent as X-Crew-Session. `context show` says what applies here."
 )]
 pub struct ClientArgs {

@@ -20,7 +20,7 @@ use crate::backend::Backends;
 use crate::backend::jetstream::Broker;
 use crate::store::conversation_operator;
 use crate::store::conversations::Publication;
-use crate::store::moves::{self, Direction, Moved};
+use crate::store::moves::{self, Direction};
 use crate::store::{broker_conditions, lost_bodies, outbox, teams};
 use show_moves::{MoveView, moved_json, print_plans};
 
@@ -123,6 +123,9 @@ pub enum ConversationsCommand {
     /// bytes, already there, blocked and why, resuming), nothing written. With --apply, per
     /// conversation: copy, pause writes to it, copy the tail, verify by SHA-256, cut over; a
     /// failed move cuts nothing over and reopens the thread; run the same command to resume.
+    /// Exit code with --apply: 0 when every conversation asked for is on the target (moved
+    /// now or already there); 1 when any was not moved, refused by its plan (a failed
+    /// publication, a pause no move owns, ...) or failed.
     Migrate {
         #[arg(long)]
         team: String,
@@ -417,12 +420,14 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
                         .collect();
                     output::json(&outcomes)?;
                 }
-                let failures = moved
-                    .iter()
-                    .filter(|m| matches!(m, Moved::Failed { .. }))
-                    .count();
-                if failures > 0 {
-                    anyhow::bail!("{failures} conversation(s) were not moved");
+                let left = moved.iter().filter(|m| m.left_behind()).count();
+                if left > 0 {
+                    anyhow::bail!(
+                        "{left} of the {} conversation(s) asked for were not moved to {} \
+                         (refused or failed; each is named above with why)",
+                        moved.len(),
+                        direction.target()
+                    );
                 }
                 Ok(())
             })

@@ -123,7 +123,7 @@ impl MoveView {
 pub(super) fn moved_json(plan: &Plan, moved: &Moved) -> serde_json::Value {
     match moved {
         Moved::Skipped { reason } => serde_json::json!({
-            "conversation_id": plan.conversation_id, "state": "skipped", "reason": reason }),
+            "conversation_id": plan.conversation_id, "state": "skipped", "reason": reason.to_string() }),
         Moved::CutOver(outcome) => serde_json::to_value(outcome).unwrap_or_default(),
         Moved::Failed { error, paused } => serde_json::json!({
             "conversation_id": plan.conversation_id, "state": "failed",

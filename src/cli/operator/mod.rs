@@ -84,7 +84,8 @@ pub struct McpConfigArgs {
         default_value = "http://127.0.0.1:8787/mcp"
     )]
     pub url: String,
-    /// The agent token (acs_…).
+    /// The agent token (acs_…): BUS_TOKEN or --token-file PATH; as a flag it is refused
+    /// (other users see it in the process list).
     #[arg(long, env = "BUS_TOKEN", hide_env_values = true)]
     pub token: String,
     /// Window label to send as X-Crew-Session.

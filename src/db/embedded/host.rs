@@ -3,7 +3,7 @@
 //! root, and the small pid and private-file helpers. Kept apart from the
 //! cluster's life cycle (`mod.rs`), which only calls these.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -108,18 +108,183 @@ pub(super) fn which(program: &str) -> Option<PathBuf> {
         .find(|candidate| candidate.is_file())
 }
 
-pub(super) fn unprivileged_user() -> RunAs {
-    for name in [c"postgres", c"nobody"] {
-        let pw = unsafe { libc::getpwnam(name.as_ptr()) };
-        if !pw.is_null() {
-            let (uid, gid) = unsafe { ((*pw).pw_uid, (*pw).pw_gid) };
-            return RunAs { uid, gid };
+/// The system user the server binaries run as when we are root.
+pub const SERVER_USER: &str = "ai-crew-sync-pg";
+
+/// [`SERVER_USER`], created (`useradd --system`, no home, no login shell)
+/// when missing. A user of its own, never `nobody` (whose other processes,
+/// every daemon that drops to it, would share the cluster's files) nor
+/// `postgres` (a system PostgreSQL's clusters).
+pub(super) fn unprivileged_user() -> Result<RunAs, EmbeddedError> {
+    if let Some(user) = lookup_user(SERVER_USER) {
+        return Ok(user);
+    }
+    let out = Command::new("useradd")
+        .args([
+            "--system",
+            "--user-group",
+            "--no-create-home",
+            "--home-dir",
+            "/nonexistent",
+            "--shell",
+            "/usr/sbin/nologin",
+            "--comment",
+            "ai-crew-sync embedded PostgreSQL",
+            SERVER_USER,
+        ])
+        .output();
+    // Another process may have created it meanwhile: look again either way.
+    if let Some(user) = lookup_user(SERVER_USER) {
+        return Ok(user);
+    }
+    let why = match out {
+        Ok(out) => output_text(&out),
+        Err(e) => format!("useradd could not run: {e}"),
+    };
+    Err(EmbeddedError::Command {
+        command: format!("useradd --system {SERVER_USER}"),
+        detail: format!(
+            "running as root, the embedded PostgreSQL runs as the system user {SERVER_USER}, \
+             which is missing and could not be created ({why}). Create it \
+             (`useradd --system --user-group --no-create-home --shell /usr/sbin/nologin \
+             {SERVER_USER}`), run as a normal user, or set DATABASE_URL"
+        ),
+    })
+}
+
+fn lookup_user(name: &str) -> Option<RunAs> {
+    let name = std::ffi::CString::new(name).ok()?;
+    // SAFETY: getpwnam with a valid C string; the fields are copied out
+    // before any other passwd call.
+    let pw = unsafe { libc::getpwnam(name.as_ptr()) };
+    if pw.is_null() {
+        return None;
+    }
+    let (uid, gid) = unsafe { ((*pw).pw_uid, (*pw).pw_gid) };
+    Some(RunAs { uid, gid })
+}
+
+/// Let `user` reach `data_dir`: every directory above it (and it) that its
+/// mode does not let `user` search gets one POSIX ACL entry, search (`x`)
+/// for that user alone. This replaces the capability the server ran with
+/// before (`CAP_DAC_READ_SEARCH`, which reads every file on the machine):
+/// a default data directory under `/root` is reachable, nothing else is.
+pub(super) fn grant_search(data_dir: &Path, user: &RunAs) -> Result<(), EmbeddedError> {
+    use std::os::unix::fs::MetadataExt;
+    for dir in data_dir.ancestors() {
+        let meta = fs::metadata(dir).map_err(io_err(dir))?;
+        let mode = meta.mode();
+        let searchable = mode & 0o001 != 0
+            || (meta.uid() == user.uid && mode & 0o100 != 0)
+            || (meta.gid() == user.gid && mode & 0o010 != 0);
+        if searchable {
+            continue;
+        }
+        add_search_acl(dir, mode, user.uid).map_err(|e| EmbeddedError::Command {
+            command: "embedded PostgreSQL".into(),
+            detail: format!(
+                "{} does not let the server's user {SERVER_USER} through (mode {:o}), and \
+                 granting it search with an ACL failed ({e}). Grant it yourself (`setfacl -m \
+                 u:{SERVER_USER}:x {}`), pick a --data-dir it can reach (e.g. \
+                 /var/lib/ai-crew-sync), or set DATABASE_URL",
+                dir.display(),
+                mode & 0o7777,
+                dir.display()
+            ),
+        })?;
+    }
+    Ok(())
+}
+
+/// `system.posix_acl_access` (version 2: entries of tag u16, perm u16, id
+/// u32, little-endian, sorted by tag then id), with `uid` given search.
+fn add_search_acl(dir: &Path, mode: u32, uid: u32) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    const USER_OBJ: u16 = 0x01;
+    const USER: u16 = 0x02;
+    const GROUP_OBJ: u16 = 0x04;
+    const MASK: u16 = 0x10;
+    const OTHER: u16 = 0x20;
+    const NO_ID: u32 = u32::MAX;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
+    let name = c"system.posix_acl_access";
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: path and name are C strings; buf is writable for its length.
+    let n = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    let mut entries: Vec<(u16, u16, u32)> = if n >= 4 {
+        buf[4..n as usize]
+            .chunks_exact(8)
+            .map(|e| {
+                (
+                    u16::from_le_bytes([e[0], e[1]]),
+                    u16::from_le_bytes([e[2], e[3]]),
+                    u32::from_le_bytes([e[4], e[5], e[6], e[7]]),
+                )
+            })
+            .collect()
+    } else {
+        let err = std::io::Error::last_os_error();
+        if n < 0 && err.raw_os_error() != Some(libc::ENODATA) {
+            return Err(err);
+        }
+        // No ACL yet: the one the mode stands for.
+        vec![
+            (USER_OBJ, ((mode >> 6) & 7) as u16, NO_ID),
+            (GROUP_OBJ, ((mode >> 3) & 7) as u16, NO_ID),
+            (OTHER, (mode & 7) as u16, NO_ID),
+        ]
+    };
+    match entries.iter_mut().find(|e| e.0 == USER && e.2 == uid) {
+        Some(entry) => entry.1 |= 1,
+        None => entries.push((USER, 1, uid)),
+    }
+    // The mask bounds every named entry: it must allow search too.
+    let group = entries.iter().find(|e| e.0 == GROUP_OBJ).map_or(0, |e| e.1);
+    match entries.iter_mut().find(|e| e.0 == MASK) {
+        Some(mask) => mask.1 |= 1,
+        None => entries.push((MASK, group | 1, NO_ID)),
+    }
+    entries.sort_by_key(|e| (e.0, e.2));
+    let mut acl = 2u32.to_le_bytes().to_vec();
+    for (tag, perm, id) in entries {
+        acl.extend_from_slice(&tag.to_le_bytes());
+        acl.extend_from_slice(&perm.to_le_bytes());
+        acl.extend_from_slice(&id.to_le_bytes());
+    }
+    // SAFETY: as above; acl is readable for its length.
+    let set = unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            acl.as_ptr().cast(),
+            acl.len(),
+            0,
+        )
+    };
+    if set != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Give `user` everything under `dir` (without following links), for a
+/// cluster made by an earlier version as another user (`postgres`, `nobody`).
+pub(super) fn chown_tree(dir: &Path, user: &RunAs) -> Result<(), EmbeddedError> {
+    std::os::unix::fs::lchown(dir, Some(user.uid), Some(user.gid)).map_err(io_err(dir))?;
+    if fs::symlink_metadata(dir).map_err(io_err(dir))?.is_dir() {
+        for entry in fs::read_dir(dir).map_err(io_err(dir))? {
+            let entry = entry.map_err(io_err(dir))?;
+            chown_tree(&entry.path(), user)?;
         }
     }
-    RunAs {
-        uid: 65534,
-        gid: 65534,
-    }
+    Ok(())
 }
 
 pub(super) fn chown(path: &Path, user: &RunAs) -> Result<(), EmbeddedError> {
@@ -145,7 +310,14 @@ pub(super) fn read_pid(path: &Path) -> Option<u32> {
 
 pub(super) fn write_pid(path: &Path, pid: u32) -> Result<(), EmbeddedError> {
     let tmp = path.with_extension("tmp");
-    let mut file = File::create(&tmp).map_err(io_err(&tmp))?;
+    // A new file, never through a link left at the temporary name (one a
+    // crash left is removed first: the link itself, not what it names).
+    let _ = fs::remove_file(&tmp);
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .map_err(io_err(&tmp))?;
     writeln!(file, "{pid}").map_err(io_err(&tmp))?;
     fs::rename(&tmp, path).map_err(io_err(path))
 }

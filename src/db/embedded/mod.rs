@@ -18,9 +18,12 @@
 //! next process to arrive.
 //!
 //! PostgreSQL refuses to run as root. When we are root, every server binary
-//! runs as the `postgres` user (or `nobody`) through `setpriv`, with the one
-//! capability that lets it traverse a data directory under `/root`; and since
-//! other processes of that user could reach the socket, such a cluster gets a
+//! runs as the dedicated system user [`SERVER_USER`] (`ai-crew-sync-pg`,
+//! created with `useradd --system` when missing; never `nobody`) through
+//! `setpriv`, with no capability: each directory above the data directory
+//! that its mode does not let that user search (`/root` for the default)
+//! gets one ACL entry letting that user alone through. Since other
+//! processes of that user could reach the socket, such a cluster gets a
 //! superuser password (kept in `<data-dir>/pgpass`, readable by root only)
 //! instead of trust authentication.
 //!
@@ -57,9 +60,10 @@ use thiserror::Error;
 
 mod crash;
 mod host;
+pub use host::SERVER_USER;
 use host::{
-    check_socket_path, chown, command_error, find_bin_dir, output_text, pid_alive, read_pid,
-    unprivileged_user, which, write_pid, write_private,
+    check_socket_path, chown, chown_tree, command_error, find_bin_dir, grant_search, output_text,
+    pid_alive, read_pid, unprivileged_user, which, write_pid, write_private,
 };
 
 /// The database the bus keeps its tables in, inside the embedded cluster.
@@ -170,7 +174,7 @@ impl EmbeddedPostgres {
             if which("setpriv").is_none() {
                 return Err(EmbeddedError::NoSetpriv);
             }
-            Some(unprivileged_user())
+            Some(unprivileged_user()?)
         } else {
             None
         };
@@ -214,7 +218,7 @@ impl EmbeddedPostgres {
             if which("setpriv").is_none() {
                 return Err(EmbeddedError::NoSetpriv);
             }
-            Some(unprivileged_user())
+            Some(unprivileged_user()?)
         } else {
             None
         };
@@ -460,9 +464,19 @@ impl EmbeddedPostgres {
         // data from every other user, the server's group included. The
         // socket directory stays private so trust authentication reaches
         // only its owner (and root).
+        if let Some(user) = &self.run_as {
+            grant_search(&self.data_dir, user)?;
+        }
         for dir in [self.pgdata(), self.rundir()] {
             fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).map_err(io_err(&dir))?;
             if let Some(user) = &self.run_as {
+                // A cluster an earlier version ran as `postgres` or `nobody`
+                // becomes the server user's, files and all.
+                let owner =
+                    std::os::unix::fs::MetadataExt::uid(&fs::metadata(&dir).map_err(io_err(&dir))?);
+                if owner != user.uid {
+                    chown_tree(&dir, user)?;
+                }
                 chown(&dir, user)?;
             }
             let mode = fs::metadata(&dir)
@@ -590,12 +604,14 @@ impl EmbeddedPostgres {
         let mut command = match &self.run_as {
             None => Command::new(&binary),
             Some(user) => {
+                // No capability kept: the uid change drops them all, and
+                // the directories above the data are opened to this user
+                // alone by `grant_search` instead.
                 let mut c = Command::new("setpriv");
                 c.arg(format!("--reuid={}", user.uid))
                     .arg(format!("--regid={}", user.gid))
                     .arg("--clear-groups")
-                    .arg("--inh-caps=+dac_read_search")
-                    .arg("--ambient-caps=+dac_read_search")
+                    .arg("--inh-caps=-all")
                     .arg("--")
                     .arg(&binary);
                 c

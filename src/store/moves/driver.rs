@@ -8,7 +8,7 @@
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::{Direction, Outcome, Plan, Progress, is_paused, run};
+use super::{Blocked, Direction, Outcome, Plan, Progress, is_paused, run};
 use crate::backend::Backends;
 use crate::error::BusError;
 use crate::store::Actor;
@@ -17,13 +17,31 @@ use crate::store::Actor;
 #[derive(Debug)]
 pub enum Moved {
     /// The plan blocked it (its `blocked`); nothing was done.
-    Skipped { reason: String },
+    Skipped { reason: Blocked },
     /// Moved and cut over.
     CutOver(Outcome),
     /// The move failed and cut nothing over. `paused`: its writes are still
     /// paused (an abort that could not finish; the same command resumes
     /// it), or that could not be told; otherwise the thread is open again.
     Failed { error: BusError, paused: bool },
+}
+
+impl Moved {
+    /// The conversation is not where the caller asked it to be: refused by
+    /// its plan or failed. One already there is not left behind. A script
+    /// running `conversations migrate --apply` learns this from the exit code.
+    pub fn left_behind(&self) -> bool {
+        match self {
+            Moved::CutOver(_) => false,
+            Moved::Skipped {
+                reason: Blocked::AlreadyThere(_),
+            } => false,
+            Moved::Skipped {
+                reason: Blocked::Refused(_),
+            }
+            | Moved::Failed { .. } => true,
+        }
+    }
 }
 
 /// What the driver tells its caller as it goes.

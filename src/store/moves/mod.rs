@@ -150,8 +150,8 @@ pub struct Plan {
     pub in_flight: i64,
     /// Messages whose publication failed for good: they block the move.
     pub failed: i64,
-    /// Why this conversation cannot be moved now.
-    pub blocked: Option<String>,
+    /// Why this conversation is not moved now.
+    pub blocked: Option<Blocked>,
     /// A run of this direction is open: the command continues it.
     pub resuming: bool,
     /// Messages whose bodies cannot be read from where they are (the broker
@@ -159,6 +159,34 @@ pub struct Plan {
     /// re-created; `store::lost_bodies`). `--apply` refuses naming them
     /// unless told to tombstone them ([`run`]'s `tombstone_lost`).
     pub lost: Vec<KnownLost>,
+}
+
+/// Why a plan moves nothing. Shown (and serialized) as its sentence.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Blocked {
+    /// Every message is on the target already and no run is open: the
+    /// conversation is where it was asked to be, so nothing is left undone.
+    AlreadyThere(BackendKind),
+    /// Something stops the move (a failed publication, a pause no move owns,
+    /// a move the other way); the sentence says what and what to do. The
+    /// conversation stays where it was: a caller that asked for the move
+    /// did not get it.
+    Refused(String),
+}
+
+impl std::fmt::Display for Blocked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Blocked::AlreadyThere(backend) => write!(f, "already on {backend}"),
+            Blocked::Refused(why) => f.write_str(why),
+        }
+    }
+}
+
+impl Serialize for Blocked {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
 }
 
 /// How a move is going, for a progress bar or a line of output.

@@ -5,7 +5,7 @@
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::{Direction, Plan};
+use super::{Blocked, Direction, Plan};
 use crate::backend::jetstream::{REQUIRED_MAX_PAYLOAD, body_stream_name, inbox_stream_name};
 use crate::backend::{BackendKind, Backends};
 use crate::error::{BusError, BusResult};
@@ -86,33 +86,33 @@ pub async fn plan(
         .map(|r| {
             let resuming = r.open_same > 0;
             let blocked = if r.open_other > 0 {
-                Some(format!(
+                Some(Blocked::Refused(format!(
                     "a move of this conversation the other way is open; let it finish (run it \
                      again) before moving it to {}",
                     direction.target()
-                ))
+                )))
             } else if r.failed > 0 {
                 // A failed message has no copy on its backend; a move would
                 // either stop on it half-way or cut over leaving it behind.
-                Some(format!(
+                Some(Blocked::Refused(format!(
                     "{} message(s) of this conversation failed publication for good and are \
                      stored on no backend (their bodies are still in PostgreSQL); a move would \
                      leave them behind. `conversations status` shows them; tombstone each \
                      deliberately (`conversations tombstone --team T --conversation C --seq N \
                      --reason …`), then run the same command again",
                     r.failed
-                ))
+                )))
             } else if r.current_backend == direction.target()
                 && r.already_there == r.messages
                 && !resuming
             {
-                Some(format!("already on {}", direction.target()))
+                Some(Blocked::AlreadyThere(direction.target()))
             } else if r.paused && !resuming {
-                Some(
+                Some(Blocked::Refused(
                     "writes are paused and no move owns the pause; `conversations unpause` lifts \
                      it (refused while a move is open), then run the same command again"
                         .to_owned(),
-                )
+                ))
             } else {
                 None
             };

@@ -7,12 +7,16 @@
 //! `--apply` removes it in batches of [`BATCH`] rows, each its own short
 //! transaction that skips rows another transaction holds instead of waiting:
 //! no long lock on any table, and a post, send or read runs between batches.
+//! Before the first batch a `team.prune_started` audit row is written under
+//! the admin write fence; the audit (and note-revision, task-event) batches
+//! take that fence too, so revoking the credential stops the prune.
 //!
 //! What goes: channel and direct messages older than `--older-than-days`
 //! (with their attachments), note revisions that are not their note's
 //! current one, events of finished tasks, settled webhook deliveries
-//! (delivered or failed: their payloads carry what the event said), audit rows past the operator's
-//! `--audit-older-than-days` (kept when it is not given), and conversation
+//! (delivered or failed: their payloads carry what the event said), audit
+//! rows past the operator's `--audit-older-than-days` (kept when it is not
+//! given; at least [`AUDIT_DAYS_MIN`], for a global authority only), and conversation
 //! messages past their conversation's `retention_days` (released: tombstoned
 //! and their body dropped, on JetStream through the backend's retention path;
 //! the row and seq stay so a reader sees an explained gap).
@@ -37,7 +41,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::admin::TeamScope;
-use super::{audit, teams, usage};
+use super::{Actor, audit, teams, usage};
 use crate::backend::Backends;
 use crate::error::{BusError, BusResult};
 
@@ -47,13 +51,20 @@ pub use release::{BrokerDrop, Retention, set_retention};
 pub const BATCH: i64 = 1000;
 /// The longest retention a day count may name (100 years).
 pub const DAYS_MAX: i64 = 36500;
+/// The youngest audit rows a prune may remove. The audit trail is how a
+/// change is traced back to who made it; a prune that could take the last
+/// weeks of it (`0`: everything) would let whoever holds a credential erase
+/// the record of what it just did. A month is longer than any of this
+/// product's other windows (rollback 7 days, inbox retention 7 days).
+pub const AUDIT_DAYS_MIN: i64 = 30;
 
 /// What `team prune` is asked.
 #[derive(Clone, Debug)]
 pub struct PruneRequest {
     /// Messages, revisions and task events older than this many days.
     pub older_than_days: i64,
-    /// Audit rows older than this many days; `None` keeps them all.
+    /// Audit rows older than this many days (at least [`AUDIT_DAYS_MIN`],
+    /// for a global authority only); `None` keeps them all.
     pub audit_older_than_days: Option<i64>,
     /// Remove (otherwise only count).
     pub apply: bool,
@@ -99,6 +110,19 @@ pub struct Progress {
     pub total: i64,
 }
 
+fn check_audit_days(days: i64) -> BusResult<()> {
+    check_days("--audit-older-than-days", days)?;
+    if days < AUDIT_DAYS_MIN {
+        return Err(BusError::invalid(format!(
+            "--audit-older-than-days {days} is below the minimum of {AUDIT_DAYS_MIN} days: the \
+             audit trail of the last {AUDIT_DAYS_MIN} days is never pruned. Give \
+             {AUDIT_DAYS_MIN} or more, or leave it out to keep every audit row. Nothing was \
+             removed."
+        )));
+    }
+    Ok(())
+}
+
 fn check_days(flag: &str, days: i64) -> BusResult<()> {
     if !(0..=DAYS_MAX).contains(&days) {
         return Err(BusError::invalid(format!(
@@ -121,7 +145,10 @@ pub async fn prune(
 ) -> BusResult<Prune> {
     check_days("--older-than-days", request.older_than_days)?;
     if let Some(days) = request.audit_older_than_days {
-        check_days("--audit-older-than-days", days)?;
+        check_audit_days(days)?;
+        // The team's audit trail records what its own admins did: a
+        // credential confined to the team may not erase it.
+        team.global("prune a team's audit trail (--audit-older-than-days)")?;
     }
     let actor = team.actor().clone();
     let team = teams::find(pool, team.slug()).await?;
@@ -133,6 +160,25 @@ pub async fn prune(
         .audit_older_than_days
         .map(|days| now - chrono::Duration::days(days));
 
+    if request.apply {
+        // Before the first batch, under the admin write fence: a revoked
+        // credential removes nothing, and a prune that stops half-way (a
+        // revocation between batches, a crash) is still on record.
+        let mut tx = pool.begin().await?;
+        audit::record(
+            &mut tx,
+            Some(team.id),
+            &actor,
+            "team.prune_started",
+            &team.slug,
+            json!({
+                "older_than_days": request.older_than_days,
+                "audit_older_than_days": request.audit_older_than_days,
+            }),
+        )
+        .await?;
+        tx.commit().await?;
+    }
     let mut kinds = Vec::new();
     let mut attachments_removed = (0, 0);
     for kind in Kind::ALL {
@@ -178,7 +224,7 @@ pub async fn prune(
                 }
                 // Removed with their messages (above), counted as they go.
                 Kind::Attachments => (0, 0),
-                _ => kind.apply(pool, team.id, at, &report).await?,
+                _ => kind.apply(pool, team.id, at, &actor, &report).await?,
             }
         } else {
             (rows, bytes)
@@ -292,12 +338,16 @@ impl Kind {
         }
     }
 
-    /// Remove this kind batch by batch: (rows, bytes) removed.
+    /// Remove this kind batch by batch: (rows, bytes) removed. Each batch
+    /// takes `actor`'s admin write fence first (as the audit row of a
+    /// one-transaction change does), so revoking the credential stops the
+    /// prune at the next batch.
     async fn apply(
         self,
         pool: &PgPool,
         team_id: Uuid,
         at: DateTime<Utc>,
+        actor: &Actor,
         report: &(dyn Fn(i64) + Sync),
     ) -> BusResult<(i64, i64)> {
         let statement = match self {
@@ -314,12 +364,24 @@ impl Kind {
         };
         let (mut rows, mut bytes) = (0, 0);
         loop {
+            let mut tx = pool.begin().await?;
+            audit::fence(
+                &mut tx,
+                actor,
+                &format!(
+                    "the prune stopped at {} after {rows} rows; what it removed before stays \
+                     removed (the team.prune_started audit row records who began it)",
+                    self.name()
+                ),
+            )
+            .await?;
             let (n, b): (i64, i64) = sqlx::query_as(statement)
                 .bind(team_id)
                 .bind(at)
                 .bind(BATCH)
-                .fetch_one(pool)
+                .fetch_one(&mut *tx)
                 .await?;
+            tx.commit().await?;
             rows += n;
             bytes += b;
             report(rows);

@@ -340,7 +340,7 @@ async fn m2_a_stale_abort_still_lifts_a_pause_no_move_owns() {
         .left_run(t.conversation_id, "to_jetstream", "failed", true)
         .await;
     let plan = t.plan_of(Direction::ToJetStream).await;
-    let blocked = plan.blocked.unwrap_or_default();
+    let blocked = plan.blocked.map(|b| b.to_string()).unwrap_or_default();
     assert!(blocked.contains("no move owns the pause"), "{blocked}");
     assert!(blocked.contains("conversations unpause"), "{blocked}");
     assert!(!plan.resuming);

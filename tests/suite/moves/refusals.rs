@@ -170,8 +170,38 @@ async fn the_plan_writes_nothing_and_explains_each_conversation() {
     )
     .await
     .unwrap();
-    assert_eq!(plans[0].blocked.as_deref(), Some("already on jetstream"));
+    assert_eq!(
+        plans[0].blocked,
+        Some(moves::Blocked::AlreadyThere(
+            ai_crew_sync::backend::BackendKind::Jetstream
+        ))
+    );
     assert_eq!(plans[0].already_there, 5);
+    // Asked again, the move has nothing to do: where it was asked to be is
+    // success for a script (issue 33 item 15).
+    let out = tokio::task::spawn_blocking({
+        let mut command = t.command(&[
+            "migrate",
+            "--to",
+            "jetstream",
+            "--apply",
+            "--conversation",
+            &t.conversation_id.to_string(),
+        ]);
+        move || command.output().unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "already there exits 0: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("skipped (already on jetstream)"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }
 
 // M4: sends racing the pause either commit before it (and are moved) or are
@@ -461,7 +491,7 @@ async fn a_message_whose_publication_failed_blocks_the_move() {
 
     let plan = t.plan_of(Direction::ToJetStream).await;
     assert_eq!((plan.messages, plan.failed), (4, 1));
-    let blocked = plan.blocked.unwrap_or_default();
+    let blocked = plan.blocked.map(|b| b.to_string()).unwrap_or_default();
     assert!(blocked.contains("1 message(s)"), "{blocked}");
     assert!(blocked.contains("tombstone"), "{blocked}");
 
@@ -471,4 +501,36 @@ async fn a_message_whose_publication_failed_blocks_the_move() {
     assert_eq!(t.stream_messages().await, 0, "no body copied");
     assert_eq!(t.conversation_row().await.0, "postgres");
     assert!(!moves::is_paused(t.pool(), t.conversation_id).await.unwrap());
+
+    // Issue 33 item 15: the operator's command, as a script runs it, exits
+    // non-zero when a conversation it was asked to move is refused, and says
+    // which and why (here in its JSON outcome).
+    let out = tokio::task::spawn_blocking({
+        let mut command = t.command(&["migrate", "--to", "jetstream", "--apply", "--json"]);
+        move || command.output().unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a refused conversation fails the command: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let outcomes: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        outcomes[0]["conversation_id"],
+        t.conversation_id.to_string()
+    );
+    assert_eq!(outcomes[0]["state"], "skipped");
+    assert!(
+        outcomes[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("1 message(s)"),
+        "{outcomes}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("1 of the 1 conversation(s)"), "{stderr}");
+    assert_eq!(t.conversation_row().await.0, "postgres");
 }

@@ -210,3 +210,168 @@ async fn the_admin_routes_show_usage_and_prune_within_the_credential_scope() {
     .unwrap();
     assert!(actor.starts_with("admin:"), "{actor}");
 }
+
+/// Team acme's audit rows older than the cut-off: what an audit prune may take.
+async fn old_audit_rows(app: &crate::support::TestApp) -> i64 {
+    super::count(
+        app,
+        "SELECT (SELECT count(*) FROM audit_log x JOIN teams t ON t.id = x.team_id
+                  WHERE t.slug = 'acme' AND x.at < now() - interval '30 days')
+              + (SELECT count(*) FROM conversation_audit x JOIN teams t ON t.id = x.team_id
+                  WHERE t.slug = 'acme' AND x.at < now() - interval '30 days')",
+    )
+    .await
+}
+
+/// Issue 33 item 4: a team's audit trail is pruned only by a global admin or
+/// the local operator, never younger than the minimum, and a prune writes a
+/// fenced `team.prune_started` row before its first batch: a revoked
+/// credential removes nothing, and one revoked between batches stops it.
+#[tokio::test]
+async fn only_a_global_authority_prunes_the_audit_trail_past_the_minimum_and_revocation_stops_it() {
+    use ai_crew_sync::auth;
+    use ai_crew_sync::store::admin::Authority;
+    use ai_crew_sync::store::retention::{self, PruneRequest};
+
+    let app = spawn_app().await;
+    prunable_history(&app).await;
+    let root = admin::bootstrap(&app.pool, None, false, &test_actor())
+        .await
+        .unwrap()
+        .credential;
+    let (_, granted) = api(
+        &app,
+        &root,
+        Method::POST,
+        "/admin/credentials",
+        Some(json!({"team": "acme"})),
+    )
+    .await;
+    let acme_only = granted["credential"].as_str().unwrap().to_owned();
+    let audit_before = old_audit_rows(&app).await;
+    assert!(audit_before > 0);
+    let messages = "SELECT count(*) FROM messages";
+    let messages_before = super::count(&app, messages).await;
+
+    // The team's own admin: refused, nothing removed, not even its messages.
+    let (status, refused) = api(
+        &app,
+        &acme_only,
+        Method::POST,
+        "/admin/teams/acme/prune",
+        Some(json!({"older_than_days": 30, "audit_older_than_days": 30, "apply": true})),
+    )
+    .await;
+    assert_eq!(status, 403, "{refused}");
+    assert!(
+        refused
+            .to_string()
+            .contains("only a global admin credential can prune a team's audit trail"),
+        "{refused}"
+    );
+    // A global admin below the minimum: refused with the minimum named.
+    let (status, refused) = api(
+        &app,
+        &root,
+        Method::POST,
+        "/admin/teams/acme/prune",
+        Some(json!({"older_than_days": 30, "audit_older_than_days": 0, "apply": true})),
+    )
+    .await;
+    assert_eq!(status, 400, "{refused}");
+    assert!(
+        refused.to_string().contains("minimum of 30 days"),
+        "{refused}"
+    );
+    assert_eq!(old_audit_rows(&app).await, audit_before);
+    assert_eq!(super::count(&app, messages).await, messages_before);
+
+    // A global credential revoked after it was checked (a request in
+    // flight): the fenced start row refuses the prune before any batch.
+    let request = PruneRequest {
+        older_than_days: 30,
+        audit_older_than_days: Some(30),
+        apply: true,
+    };
+    let as_admin = async |credential: &str| {
+        let digest = auth::parse_admin_credential(credential).unwrap();
+        let me = admin::authenticate(&app.pool, &digest).await.unwrap();
+        (me.credential_id, Authority::Admin(me).team("acme").unwrap())
+    };
+    let (root_id, scope) = as_admin(&root).await;
+    let second = admin::grant(&app.pool, &crate::support::globally(), None, None)
+        .await
+        .unwrap();
+    admin::revoke(&app.pool, &crate::support::globally(), root_id)
+        .await
+        .unwrap();
+    let err = retention::prune(&app.pool, &app.bus.backends, &scope, &request, &|_| {})
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("was revoked"), "{err}");
+    assert_eq!(
+        super::count(&app, messages).await,
+        messages_before,
+        "nothing removed"
+    );
+    assert_eq!(old_audit_rows(&app).await, audit_before);
+
+    // Revoked between batches (after the first one reports): the next batch
+    // is refused, and the audit rows it had not reached stay.
+    let (second_id, scope) = as_admin(&second.credential).await;
+    let database_url = app.database_url.clone();
+    let revoked = std::sync::Once::new();
+    let err = retention::prune(&app.pool, &app.bus.backends, &scope, &request, &|_| {
+        revoked.call_once(|| {
+            let database_url = database_url.clone();
+            std::thread::spawn(move || {
+                tokio::runtime::Runtime::new().unwrap().block_on(async {
+                    let pool = sqlx::PgPool::connect(&database_url).await.unwrap();
+                    admin::revoke(&pool, &crate::support::globally(), second_id)
+                        .await
+                        .unwrap();
+                })
+            })
+            .join()
+            .unwrap();
+        })
+    })
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("the prune stopped at"), "{err}");
+    assert_eq!(
+        old_audit_rows(&app).await,
+        audit_before,
+        "no audit row went"
+    );
+    let started: Vec<String> = sqlx::query_scalar(
+        "SELECT actor FROM audit_log WHERE action = 'team.prune_started' ORDER BY id",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        started.len(),
+        1,
+        "the second credential's start: {started:?}"
+    );
+    assert!(started[0].starts_with("admin:"), "{started:?}");
+
+    // The local operator may, past the minimum.
+    let pruned = retention::prune(
+        &app.pool,
+        &app.bus.backends,
+        &crate::support::in_team("acme"),
+        &request,
+        &|_| {},
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        pruned.kind("audit").unwrap().rows + pruned.kind("conversation_audit").unwrap().rows,
+        audit_before
+    );
+    assert_eq!(old_audit_rows(&app).await, 0);
+}

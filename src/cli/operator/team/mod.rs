@@ -61,7 +61,8 @@ pub struct PruneArgs {
     /// days.
     #[arg(long)]
     older_than_days: i64,
-    /// Also audit rows older than this many days (default: audit rows are kept).
+    /// Also audit rows older than this many days, at least 30 (default: audit rows are kept).
+    /// Only the local operator or a global admin credential may prune the audit trail.
     #[arg(long)]
     audit_older_than_days: Option<i64>,
     /// Remove (default: only show what would be removed).
