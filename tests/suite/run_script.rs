@@ -11,6 +11,7 @@
 //! the script's one test hook (`ACS_PRETEND_NO_PG=1`: the search finds
 //! nothing) and a genuinely unprivileged run.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -276,11 +277,15 @@ async fn the_run_command_with_database_url_needs_no_pg_binaries() {
         ("ACS_PRETEND_NO_PG", Path::new("1")),
     ];
 
-    // DATABASE_URL in the environment, then as the flag.
+    // DATABASE_URL in the environment, then in a file named by the flag
+    // (the URL may carry a password, which is never taken from argv).
+    let url_file = dir.path().join("database-url");
+    std::fs::write(&url_file, &database_url).unwrap();
+    std::fs::set_permissions(&url_file, std::fs::Permissions::from_mode(0o600)).unwrap();
     for flag in [false, true] {
         let port = free_port();
         let bind = format!("127.0.0.1:{port}");
-        let database_flag = format!("--database-url={database_url}");
+        let database_flag = format!("--database-url-file={}", url_file.display());
         let command = if flag {
             run_script(&["--bind", &bind, &database_flag], &env)
         } else {
