@@ -8,8 +8,9 @@
 //! transaction that skips rows another transaction holds instead of waiting:
 //! no long lock on any table, and a post, send or read runs between batches.
 //! Before the first batch a `team.prune_started` audit row is written under
-//! the admin write fence; the audit (and note-revision, task-event) batches
-//! take that fence too, so revoking the credential stops the prune.
+//! the admin write fence, and every batch of every kind takes that fence
+//! first ([`fence_batch`]), so revoking the credential stops the prune at its
+//! next batch.
 //!
 //! What goes: channel and direct messages older than `--older-than-days`
 //! (with their attachments), note revisions that are not their note's
@@ -214,13 +215,15 @@ pub async fn prune(
                 Kind::ChannelMessages | Kind::DirectMessages => {
                     let channel = kind == Kind::ChannelMessages;
                     let gone =
-                        release::delete_messages(pool, team.id, at, channel, &report).await?;
+                        release::delete_messages(pool, team.id, at, channel, &actor, &report)
+                            .await?;
                     attachments_removed.0 += gone.attachments;
                     attachments_removed.1 += gone.attachment_bytes;
                     (gone.rows, gone.bytes)
                 }
                 Kind::ConversationMessages => {
-                    release::release_conversation_messages(pool, team.id, now, &report).await?
+                    release::release_conversation_messages(pool, team.id, now, &actor, &report)
+                        .await?
                 }
                 // Removed with their messages (above), counted as they go.
                 Kind::Attachments => (0, 0),
@@ -365,16 +368,7 @@ impl Kind {
         let (mut rows, mut bytes) = (0, 0);
         loop {
             let mut tx = pool.begin().await?;
-            audit::fence(
-                &mut tx,
-                actor,
-                &format!(
-                    "the prune stopped at {} after {rows} rows; what it removed before stays \
-                     removed (the team.prune_started audit row records who began it)",
-                    self.name()
-                ),
-            )
-            .await?;
+            fence_batch(&mut tx, actor, self.name(), rows).await?;
             let (n, b): (i64, i64) = sqlx::query_as(statement)
                 .bind(team_id)
                 .bind(at)
@@ -390,4 +384,24 @@ impl Kind {
             }
         }
     }
+}
+
+/// The first statement of every prune batch's transaction: `actor`'s admin
+/// write fence, so a credential revoked mid-prune stops it at the next batch
+/// of whatever kind it is removing (messages, conversation messages, audit).
+pub(super) async fn fence_batch(
+    tx: &mut sqlx::PgConnection,
+    actor: &Actor,
+    kind: &str,
+    rows: i64,
+) -> BusResult<()> {
+    audit::fence(
+        tx,
+        actor,
+        &format!(
+            "the prune stopped at {kind} after {rows} rows; what it removed before stays \
+             removed (the team.prune_started audit row records who began it)"
+        ),
+    )
+    .await
 }

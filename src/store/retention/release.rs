@@ -9,11 +9,11 @@ use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::{BATCH, DAYS_MAX, kinds};
+use super::{BATCH, DAYS_MAX, fence_batch, kinds};
 use crate::backend::{BackendKind, Backends, Locator, MessagingBackend};
 use crate::error::{BusError, BusResult};
 use crate::store::admin::TeamScope;
-use crate::store::{audit, teams};
+use crate::store::{Actor, audit, teams};
 
 /// What one kind of message batches removed.
 pub(super) struct MessagesGone {
@@ -38,8 +38,14 @@ pub(super) async fn delete_messages(
     team_id: Uuid,
     cutoff: DateTime<Utc>,
     channel: bool,
+    actor: &Actor,
     report: &(dyn Fn(i64) + Sync),
 ) -> BusResult<MessagesGone> {
+    let kind = if channel {
+        "channel_messages"
+    } else {
+        "direct_messages"
+    };
     let (batch_sql, delete_sql) = if channel {
         (
             kinds::CHANNEL_MESSAGES_BATCH,
@@ -56,6 +62,7 @@ pub(super) async fn delete_messages(
     };
     loop {
         let mut tx = pool.begin().await?;
+        fence_batch(&mut tx, actor, kind, gone.rows).await?;
         let batch: Vec<(Uuid, Option<Uuid>)> = sqlx::query_as(batch_sql)
             .bind(team_id)
             .bind(cutoff)
@@ -152,6 +159,7 @@ pub(super) async fn release_conversation_messages(
     pool: &PgPool,
     team_id: Uuid,
     now: DateTime<Utc>,
+    actor: &Actor,
     report: &(dyn Fn(i64) + Sync),
 ) -> BusResult<(i64, i64)> {
     let conversations: Vec<(Uuid, i32)> = sqlx::query_as(
@@ -169,6 +177,7 @@ pub(super) async fn release_conversation_messages(
         );
         loop {
             let mut tx = pool.begin().await?;
+            fence_batch(&mut tx, actor, "conversation_messages", rows).await?;
             sqlx::query("SELECT 1 FROM conversations WHERE team_id = $1 AND id = $2 FOR UPDATE")
                 .bind(team_id)
                 .bind(conversation_id)
