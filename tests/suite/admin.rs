@@ -32,11 +32,28 @@ pub(crate) async fn api(
     (status, response.json().await.unwrap_or(Value::Null))
 }
 
-async fn global_credential(app: &TestApp) -> String {
+pub(crate) async fn global_credential(app: &TestApp) -> String {
     admin::bootstrap(&app.pool, None, false, &test_actor())
         .await
         .unwrap()
         .credential
+}
+
+/// The installation's first global credential and one it grants, confined
+/// to `team`: the two sides of every "only a global admin may" test.
+pub(crate) async fn global_and_confined(app: &TestApp, team: &str) -> (String, String) {
+    let root = global_credential(app).await;
+    let (status, granted) = api(
+        app,
+        &root,
+        Method::POST,
+        "/admin/credentials",
+        Some(json!({"team": team})),
+    )
+    .await;
+    assert_eq!(status, 201, "{granted}");
+    let confined = granted["credential"].as_str().unwrap().to_owned();
+    (root, confined)
 }
 
 #[tokio::test]

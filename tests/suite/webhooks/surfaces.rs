@@ -8,9 +8,9 @@ use reqwest::Method;
 use serde_json::json;
 
 use super::{Receiver, deliveries, eventually, in_state};
-use crate::admin::api;
+use crate::admin::{api, global_and_confined};
 use crate::cli::{bus, ok_json};
-use crate::support::{postgres::fresh_database_url, spawn_app, test_actor};
+use crate::support::{postgres::fresh_database_url, spawn_app};
 
 /// `words` split on spaces, as a shell would (no quoting needed here).
 fn argv(words: &str) -> Vec<&str> {
@@ -130,24 +130,10 @@ async fn the_cli_adds_lists_and_removes_webhooks_and_audits_them() {
 
 #[tokio::test]
 async fn admin_routes_add_list_and_remove_within_the_credentials_team() {
-    use ai_crew_sync::store::admin;
     let app = spawn_app().await;
     app.team("acme").await;
     app.team("other").await;
-    let root = admin::bootstrap(&app.pool, None, false, &test_actor())
-        .await
-        .unwrap()
-        .credential;
-    let (status, scoped) = api(
-        &app,
-        &root,
-        Method::POST,
-        "/admin/credentials",
-        Some(json!({"team": "other"})),
-    )
-    .await;
-    assert_eq!(status, 201, "{scoped}");
-    let scoped = scoped["credential"].as_str().unwrap().to_owned();
+    let (root, scoped) = global_and_confined(&app, "other").await;
 
     let receiver = Receiver::start().await;
     let (status, refused) = api(
@@ -301,23 +287,9 @@ async fn admin_routes_add_list_and_remove_within_the_credentials_team() {
 /// the status and its standard phrase only, never the body.
 #[tokio::test]
 async fn only_a_global_admin_lets_a_hook_reach_private_addresses_and_no_reply_is_echoed() {
-    use ai_crew_sync::store::admin;
     let app = spawn_app().await;
     app.team("acme").await;
-    let root = admin::bootstrap(&app.pool, None, false, &test_actor())
-        .await
-        .unwrap()
-        .credential;
-    let (status, scoped) = api(
-        &app,
-        &root,
-        Method::POST,
-        "/admin/credentials",
-        Some(json!({"team": "acme"})),
-    )
-    .await;
-    assert_eq!(status, 201, "{scoped}");
-    let scoped = scoped["credential"].as_str().unwrap().to_owned();
+    let (root, scoped) = global_and_confined(&app, "acme").await;
     let receiver = Receiver::start().await;
     receiver.answer_first(&[(404, "instance-id: i-0metadata-secret")]);
 
