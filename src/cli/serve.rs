@@ -56,7 +56,7 @@ pub struct ServeArgs {
     /// Requests per token per minute in this process (0 = no limit).
     #[arg(long, env = "BUS_RATE_LIMIT_PER_MINUTE", default_value_t = config::DEFAULT_RATE_LIMIT_PER_MINUTE)]
     rate_limit_per_minute: u32,
-    /// Requests on /mcp and /admin handled at once; more are refused with 503 + Retry-After.
+    /// Requests on /mcp, /admin and /dashboard handled at once; more are refused with 503 + Retry-After.
     #[arg(long, env = "BUS_MAX_IN_FLIGHT", default_value_t = config::DEFAULT_MAX_IN_FLIGHT, value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
     max_in_flight: usize,
     /// Request body bytes buffered at once across all requests (at least --max-request-bytes);
