@@ -80,6 +80,9 @@ pub struct Limits {
     /// Lookups of credentials from addresses past their allowance, a few at a
     /// time across all of them.
     throttled_lookups: Arc<Semaphore>,
+    /// Lookups waiting or running per address past its allowance, so one
+    /// address cannot hold the server's request slots in that queue.
+    throttled_waiting: Arc<Mutex<HashMap<IpAddr, usize>>>,
     trusted_proxies: TrustedProxies,
 }
 
@@ -87,6 +90,11 @@ pub struct Limits {
 /// failed authentications: enough that a valid credential waits little, few
 /// enough that a flood of made-up ones leaves the pool to everyone else.
 const THROTTLED_LOOKUPS: usize = 2;
+
+/// Lookups one address past its allowance may have waiting or running at
+/// once; more are refused at once (429), before they would hold a request
+/// slot in the queue. A credential the server already knows never queues.
+const THROTTLED_WAITING_PER_ADDRESS: usize = 4;
 
 /// Who a call counts against: its credential, its agent and its team.
 #[derive(Clone, Copy, Debug)]
@@ -160,6 +168,7 @@ impl Limits {
             addresses: AddressLimiter::new(settings.unauthenticated_per_minute),
             body_read_timeout: settings.body_read_timeout,
             throttled_lookups: Arc::new(Semaphore::new(THROTTLED_LOOKUPS)),
+            throttled_waiting: Arc::default(),
             trusted_proxies: settings.trusted_proxies.clone(),
         }
     }
@@ -204,10 +213,20 @@ impl Limits {
         let Err(wait) = self.addresses.check(address_key(address)) else {
             return LookupTurn::default();
         };
+        let key = address_key(address);
+        let Some(waiting) = WaitingLookup::join(&self.throttled_waiting, key) else {
+            return LookupTurn {
+                throttled: Some(wait),
+                crowded: true,
+                ..LookupTurn::default()
+            };
+        };
         let permit = self.throttled_lookups.clone().acquire_owned().await.ok();
         LookupTurn {
             throttled: Some(wait),
+            crowded: false,
             _permit: permit,
+            _waiting: Some(waiting),
         }
     }
 
@@ -417,13 +436,56 @@ pub struct LookupTurn {
     /// Set when the address was past its allowance: how long until it has
     /// one attempt again.
     throttled: Option<Duration>,
+    /// Set when the address already had its most lookups waiting: no turn,
+    /// the request is to be refused without looking its credential up.
+    crowded: bool,
     _permit: Option<OwnedSemaphorePermit>,
+    _waiting: Option<WaitingLookup>,
 }
 
 impl LookupTurn {
     /// Whether the address was past its allowance, and for how long yet.
     pub fn throttled(&self) -> Option<Duration> {
         self.throttled
+    }
+
+    /// Whether no turn was given: the address, past its allowance, already
+    /// has [`THROTTLED_WAITING_PER_ADDRESS`] lookups waiting or running.
+    pub fn crowded(&self) -> bool {
+        self.crowded
+    }
+}
+
+/// One throttled lookup of an address, counted until dropped.
+struct WaitingLookup {
+    waiting: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    key: IpAddr,
+}
+
+impl WaitingLookup {
+    fn join(waiting: &Arc<Mutex<HashMap<IpAddr, usize>>>, key: IpAddr) -> Option<WaitingLookup> {
+        let mut counts = waiting.lock().unwrap_or_else(|p| p.into_inner());
+        let count = counts.entry(key).or_insert(0);
+        if *count >= THROTTLED_WAITING_PER_ADDRESS {
+            return None;
+        }
+        *count += 1;
+        Some(WaitingLookup {
+            waiting: Arc::clone(waiting),
+            key,
+        })
+    }
+}
+
+impl Drop for WaitingLookup {
+    fn drop(&mut self) {
+        let mut counts = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = counts.get_mut(&self.key) {
+            *count -= 1;
+            if *count == 0 {
+                counts.remove(&self.key);
+            }
+        }
     }
 }
 

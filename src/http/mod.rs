@@ -315,6 +315,25 @@ struct Unverified {
     throttled: Option<std::time::Duration>,
 }
 
+/// Wait for the address's turn to look a credential up, kept in `turn`. An
+/// address past its allowance that already has its most lookups queued gets
+/// no turn: refused as unverified (the caller answers 429), without holding
+/// a request slot in the queue.
+async fn take_lookup_turn(
+    state: &AppState,
+    address: Option<std::net::IpAddr>,
+    turn: &mut Option<limits::LookupTurn>,
+) -> Result<(), BusError> {
+    let taken = turn.insert(state.limits.lookup_turn(address).await);
+    if taken.crowded() {
+        return Err(BusError::unauthenticated(
+            "this address is past its allowance of failed authentications and already has its \
+             most credential lookups waiting; this one was not looked up.",
+        ));
+    }
+    Ok(())
+}
+
 /// [`authenticate`]: a cached credential is answered at once; a lookup waits
 /// for the address's turn ([`Limits::lookup_turn`]), kept in `turn` until
 /// the caller has judged the answer.
@@ -341,7 +360,7 @@ async fn authenticate_with(
                     return Ok(identity);
                 }
             }
-            *turn = Some(state.limits.lookup_turn(address).await);
+            take_lookup_turn(state, address, turn).await?;
             let (identity, expires_at) =
                 sessions::authenticate_until(&state.pool, &digest, label.as_deref(), epoch).await?;
             if let Some(generation) = generation {
@@ -360,7 +379,7 @@ async fn authenticate_with(
             if let Some(identity) = generation.and_then(|g| cache.get(&digest, g)) {
                 return Ok(crate::auth::Identity { window, ..identity });
             }
-            *turn = Some(state.limits.lookup_turn(address).await);
+            take_lookup_turn(state, address, turn).await?;
             let identity = tokens::authenticate(&state.pool, &digest, window).await?;
             if let Some(generation) = generation {
                 let shared = crate::auth::Identity {
@@ -523,6 +542,9 @@ async fn admin_admission(
     // The admin gate looks the credential up inside the route: past the
     // address's allowance the whole request waits for its turn.
     let turn = limits.lookup_turn(address).await;
+    if let (true, Some(wait)) = (turn.crowded(), turn.throttled()) {
+        return address_throttled(address, wait, limits.unauthenticated_per_minute());
+    }
     let response = next.run(request).await;
     if response.status() == StatusCode::UNAUTHORIZED {
         limits.failed_authentication(address);

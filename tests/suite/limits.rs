@@ -821,3 +821,57 @@ async fn a_body_that_never_arrives_is_answered_408_and_frees_the_budget() {
     let (status, _, body) = post(&app, &bob, call_body("whoami", json!({}))).await;
     assert_eq!(status, 200, "the budget was given back: {body}");
 }
+
+/// Past its allowance an address's lookups queue for a few shared places,
+/// each holding one of the server's request slots while it waits: without a
+/// cap per address, one address sending made-up tokens fills every slot.
+/// With the lookups held up (the token table locked), a flood of 10 gets
+/// at most 4 into the queue and the other 6 answered 429 at once. Fails
+/// with the per-address cap removed (`if *count >= …` never true): no answer
+/// comes while the lookups wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_address_past_its_allowance_queues_few_lookups_and_the_rest_are_refused_at_once() {
+    let (app, _alice, _bob) = app_with(HttpSettings {
+        unauthenticated_per_minute: 1,
+        ..HttpSettings::default()
+    })
+    .await;
+    let unknown = format!("acs_{}", "0".repeat(64));
+    let whoami = || call_body("whoami", json!({}));
+    assert_eq!(post(&app, &unknown, whoami()).await.0, 401);
+
+    let mut lock = app.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE agent_tokens IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let app = Arc::new(app);
+    let (answers, mut answered) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..10 {
+        let (app, unknown, answers) = (Arc::clone(&app), unknown.clone(), answers.clone());
+        tokio::spawn(async move {
+            let _ = answers.send(post(&app, &unknown, call_body("whoami", json!({}))).await.0);
+        });
+    }
+    let mut refused = 0;
+    while refused < 6 {
+        let status = tokio::time::timeout(Duration::from_secs(15), answered.recv())
+            .await
+            .expect("lookups past the address's cap are refused at once, not queued")
+            .unwrap();
+        assert_eq!(status, 429, "no lookup finishes while the table is locked");
+        refused += 1;
+    }
+    crate::write_fence::until("two lookups wait on the locked table", async || {
+        crate::write_fence::waiting_on(&app.pool, false).await == 2
+    })
+    .await;
+    lock.rollback().await.unwrap();
+    for _ in 0..4 {
+        let status = tokio::time::timeout(Duration::from_secs(15), answered.recv())
+            .await
+            .expect("the queued lookups are answered once the table is free")
+            .unwrap();
+        assert!(status == 429 || status == 401, "{status}");
+    }
+}

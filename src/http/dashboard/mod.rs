@@ -286,6 +286,9 @@ async fn sign_in(
     // Past the address's allowance of failures the sign-in waits its turn
     // for the lookup; a token that verifies is never refused for it.
     let turn = limits.lookup_turn(address).await;
+    if let (true, Some(wait)) = (turn.crowded(), turn.throttled()) {
+        return super::address_throttled(address, wait, limits.unauthenticated_per_minute());
+    }
     let form = match read_form(&state, request).await {
         Ok(form) => form,
         Err(refusal) => return refusal,
