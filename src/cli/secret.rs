@@ -173,7 +173,9 @@ pub fn take_secrets_off_argv(args: &[std::ffi::OsString]) -> anyhow::Result<()> 
                 let text = std::fs::read_to_string(&path).map_err(|e| {
                     anyhow::anyhow!("{} {path}: cannot read it: {e}", secret.file_flag)
                 })?;
-                let value = text.trim();
+                // The first line only, as --help says: a trailing comment or a
+                // second line never becomes part of the secret.
+                let value = text.lines().next().unwrap_or("").trim();
                 if value.is_empty() {
                     bail!(
                         "{} {path} is empty: it must hold the {} value on its first line",

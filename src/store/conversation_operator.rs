@@ -47,7 +47,11 @@ pub async fn set_publication(
 ) -> BusResult<PublicationSwitched> {
     let team = teams::find(pool, team_slug).await?;
     let mut tx = pool.begin().await?;
-    // The outbox's switch takes the conversation row first (the lock a send
+    // The admin fence before the conversation's row, as a prune batch takes
+    // them: the other order closes a cycle with a prune and a queued
+    // revocation of the same credential.
+    audit::fence(&mut tx, actor, "nothing was changed").await?;
+    // The outbox's switch takes the conversation row (the lock a send
     // takes), so what follows runs under it too.
     let before = outbox::switch_publication(&mut tx, team.id, conversation_id, mode).await?;
     // An open move sets the publication itself when it cuts over (under this

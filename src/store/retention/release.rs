@@ -309,6 +309,9 @@ pub async fn set_retention(
     let actor = team.actor().clone();
     let team = teams::find(pool, team.slug()).await?;
     let mut tx = pool.begin().await?;
+    // The fence before the conversation's row, as a prune batch takes them:
+    // the other order closes a cycle with a prune and a queued revocation.
+    audit::fence(&mut tx, &actor, "nothing was changed").await?;
     let previous: Option<Option<i32>> = sqlx::query_scalar(
         "SELECT retention_days FROM conversations WHERE team_id = $1 AND id = $2 FOR UPDATE",
     )
