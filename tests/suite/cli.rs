@@ -443,7 +443,12 @@ fn a_secret_on_the_command_line_is_refused_and_read_from_a_file_instead() {
 
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("token");
-    std::fs::write(&file, "acs_from_the_file\n").unwrap();
+    // The first line is the secret; what follows it is never part of it.
+    std::fs::write(
+        &file,
+        "acs_from_the_file\n# issued 2026-12-05 for the build bot\n",
+    )
+    .unwrap();
     let (code, stdout, stderr) = run(&[
         "mcp-config",
         "--url",
