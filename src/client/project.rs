@@ -15,7 +15,10 @@
 //! whichever comes first, and no further. Outside both, only the current
 //! directory counts. A file above that line is not the user's to trust: a
 //! `/tmp/.acs.toml` anyone can plant would otherwise choose the profile (and
-//! so the token) of everyone working under `/tmp`.
+//! so the token) of everyone working under `/tmp`. Within the search, a file
+//! owned by another user (not root), or writable by every user, is skipped
+//! with a warning on stderr: a `.git` is only a name, and anyone may create
+//! `/tmp/.git` beside their `/tmp/.acs.toml`.
 
 use std::path::{Path, PathBuf};
 
@@ -46,6 +49,14 @@ pub fn find(dir: &Path) -> anyhow::Result<Option<(PathBuf, ProjectFile)>> {
         .map(|h| std::fs::canonicalize(&h).unwrap_or_else(|_| PathBuf::from(h)));
     for dir in searched(dir, home.as_deref()) {
         let path = dir.join(FILE_NAME);
+        if let Some(why) = not_trusted(&path) {
+            eprintln!(
+                "ai-crew-sync: ignoring {}: {why}. Only your own project file (or root's) is \
+                 used; remove it or, if it is yours, `chown` it to you and `chmod o-w` it.",
+                path.display()
+            );
+            continue;
+        }
         match std::fs::read_to_string(&path) {
             Ok(text) => {
                 let file = toml::from_str(&text).with_context(|| {
@@ -62,6 +73,26 @@ pub fn find(dir: &Path) -> anyhow::Result<Option<(PathBuf, ProjectFile)>> {
         }
     }
     Ok(None)
+}
+
+/// Why the project file at `path` is not to be trusted, if it is not: owned
+/// by another user than the caller or root, or writable by every user. A
+/// file that is missing or unreadable is left to the read that follows.
+fn not_trusted(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me && meta.uid() != 0 {
+        return Some(format!(
+            "it belongs to user id {}, not you ({me})",
+            meta.uid()
+        ));
+    }
+    if meta.mode() & 0o002 != 0 {
+        return Some("every user of this machine may write it".to_owned());
+    }
+    None
 }
 
 /// The directories [`find`] looks in, nearest first: `dir` up to the first

@@ -436,3 +436,43 @@ async fn an_acs_toml_above_the_work_tree_or_home_chooses_nothing() {
         "the current directory counts"
     );
 }
+
+/// A `.git` is only a name: another user who plants `/tmp/.git` beside
+/// `/tmp/.acs.toml` puts that file inside the search of everyone working
+/// under `/tmp`. A project file that another user owns, or that every user
+/// may write, is skipped with a warning naming it. Fails with
+/// `not_trusted` answering `None`: the planted project is chosen.
+#[tokio::test]
+async fn a_project_file_another_user_owns_or_anyone_may_write_is_skipped() {
+    use std::os::unix::fs::PermissionsExt;
+    let machine = Machine::new();
+    let shared = tempfile::tempdir().unwrap(); // stands for /tmp
+    let scratch = shared.path().join("scratch");
+    std::fs::create_dir_all(&scratch).unwrap();
+    std::fs::create_dir(shared.path().join(".git")).unwrap();
+    let planted = shared.path().join(".acs.toml");
+    std::fs::write(&planted, "project = \"planted\"\n").unwrap();
+    let machine = machine.with_env("HOME", "/nonexistent");
+    let show = async || {
+        machine
+            .run(&scratch, &["context", "show", "--json"], "")
+            .await
+    };
+
+    // Another user's file (the suite runs as root here, which may hand it over).
+    std::os::unix::fs::chown(&planted, Some(65534), None).unwrap();
+    let run = show().await;
+    assert_eq!(run.json()["project"]["value"], Value::Null, "{run:?}");
+    assert!(
+        run.stderr.contains("ignoring") && run.stderr.contains(&*planted.to_string_lossy()),
+        "the skipped file is named: {run:?}"
+    );
+    // Yours, but anyone may write it.
+    std::os::unix::fs::chown(&planted, Some(unsafe { libc::geteuid() }), None).unwrap();
+    std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let run = show().await;
+    assert_eq!(run.json()["project"]["value"], Value::Null, "{run:?}");
+    // Yours and only yours to write: used.
+    std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o644)).unwrap();
+    assert_eq!(show().await.json()["project"]["value"], "planted");
+}
