@@ -304,6 +304,7 @@ async fn authenticate(
     let result = authenticate_with(state, headers, label, epoch, address, &mut turn).await;
     result.map_err(|error| Unverified {
         throttled: turn.as_ref().and_then(limits::LookupTurn::throttled),
+        crowded: turn.as_ref().is_some_and(limits::LookupTurn::crowded),
         error,
     })
 }
@@ -313,6 +314,8 @@ async fn authenticate(
 struct Unverified {
     error: BusError,
     throttled: Option<std::time::Duration>,
+    /// Not looked up at all: the address already had its most lookups queued.
+    crowded: bool,
 }
 
 /// Wait for the address's turn to look a credential up, kept in `turn`. An
@@ -416,19 +419,14 @@ pub(crate) fn bearer(headers: &HeaderMap) -> Result<&str, BusError> {
 /// 429 with `Retry-After`, saying which allowance ran out.
 pub(crate) fn rate_limited(wait: std::time::Duration, per_minute: u32, what: &str) -> Response {
     let seconds = wait.as_secs() + 1;
-    let mut response = json_error(
-        StatusCode::TOO_MANY_REQUESTS,
-        "rate_limited",
+    too_many_requests(
+        seconds,
         format!(
             "this {what} made more than {per_minute} requests in the last minute (the limit of \
              this server). Wait {seconds} s before the next call; batch work or use \
              wait_for_updates instead of polling."
         ),
-    );
-    response
-        .headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
-    response
+    )
 }
 
 /// 503 + `Retry-After`: the server holds as much as it is allowed to.
@@ -475,18 +473,13 @@ fn caller_busy(at: limits::AtCap, what: &str, instead: &str) -> Response {
              team on this server, which keeps room for other teams)"
         ),
     };
-    let mut response = json_error(
-        StatusCode::TOO_MANY_REQUESTS,
-        "rate_limited",
+    too_many_requests(
+        seconds,
         format!(
             "{who}. Nothing was done. Wait for one to return, then retry (Retry-After: \
              {seconds} s); {instead}"
         ),
-    );
-    response
-        .headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
-    response
+    )
 }
 
 /// 429 + `Retry-After` for a credential that did not verify, from an
@@ -499,9 +492,8 @@ fn address_throttled(
     crate::metrics::record_refusal(crate::metrics::Refusal::UnauthenticatedAddress);
     let seconds = wait.as_secs() + 1;
     let from = address.map_or_else(|| "this address".to_string(), |a| a.to_string());
-    let mut response = json_error(
-        StatusCode::TOO_MANY_REQUESTS,
-        "rate_limited",
+    too_many_requests(
+        seconds,
         format!(
             "this credential did not verify, and too many requests from {from} failed to \
              authenticate (more than {per_minute} a minute), so its credentials are looked up \
@@ -509,11 +501,39 @@ fn address_throttled(
              check that every client here sends a current credential (`Authorization: Bearer \
              acs_…`); an operator issues one with `ai-crew-sync token issue`."
         ),
-    );
+    )
+}
+
+/// 429 `rate_limited` saying `message`, with `Retry-After: seconds`.
+fn too_many_requests(seconds: u64, message: String) -> Response {
+    let mut response = json_error(StatusCode::TOO_MANY_REQUESTS, "rate_limited", message);
     response
         .headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
     response
+}
+
+/// 429 for a request from an address past its allowance that already has
+/// its most credential lookups waiting: this one was not looked up at all.
+fn address_crowded(
+    address: Option<std::net::IpAddr>,
+    wait: std::time::Duration,
+    per_minute: u32,
+) -> Response {
+    crate::metrics::record_refusal(crate::metrics::Refusal::UnauthenticatedAddress);
+    let seconds = wait.as_secs() + 1;
+    let from = address.map_or_else(|| "this address".to_string(), |a| a.to_string());
+    too_many_requests(
+        seconds,
+        format!(
+            "this credential was not looked up: too many requests from {from} failed to \
+             authenticate (more than {per_minute} a minute), and {from} already has its most \
+             credential lookups waiting. A credential this server already knows is still served \
+             at once. Wait {seconds} s and try again, and check that every client here sends a \
+             current credential (`Authorization: Bearer acs_…`); an operator issues one with \
+             `ai-crew-sync token issue`."
+        ),
+    )
 }
 
 /// The address a request comes from: its peer's, or behind a trusted proxy
@@ -543,7 +563,7 @@ async fn admin_admission(
     // address's allowance the whole request waits for its turn.
     let turn = limits.lookup_turn(address).await;
     if let (true, Some(wait)) = (turn.crowded(), turn.throttled()) {
-        return address_throttled(address, wait, limits.unauthenticated_per_minute());
+        return address_crowded(address, wait, limits.unauthenticated_per_minute());
     }
     let response = next.run(request).await;
     if response.status() == StatusCode::UNAUTHORIZED {
@@ -587,7 +607,14 @@ async fn mcp_gate(State(state): State<Arc<AppState>>, request: Request, next: Ne
     let address = client_address(limits, &request);
     let identity = match authenticate(&state, request.headers(), label, epoch, address).await {
         Ok(identity) => identity,
-        Err(Unverified { error, throttled }) => {
+        Err(Unverified {
+            error,
+            throttled,
+            crowded,
+        }) => {
+            if let (true, Some(wait)) = (crowded, throttled) {
+                return address_crowded(address, wait, limits.unauthenticated_per_minute());
+            }
             if matches!(error, BusError::Unauthenticated(_)) {
                 limits.failed_authentication(address);
                 if let Some(wait) = throttled {

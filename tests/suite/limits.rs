@@ -850,16 +850,21 @@ async fn an_address_past_its_allowance_queues_few_lookups_and_the_rest_are_refus
     for _ in 0..10 {
         let (app, unknown, answers) = (Arc::clone(&app), unknown.clone(), answers.clone());
         tokio::spawn(async move {
-            let _ = answers.send(post(&app, &unknown, call_body("whoami", json!({}))).await.0);
+            let (status, _, body) = post(&app, &unknown, call_body("whoami", json!({}))).await;
+            let _ = answers.send((status, body));
         });
     }
     let mut refused = 0;
     while refused < 6 {
-        let status = tokio::time::timeout(Duration::from_secs(15), answered.recv())
+        let (status, body) = tokio::time::timeout(Duration::from_secs(15), answered.recv())
             .await
             .expect("lookups past the address's cap are refused at once, not queued")
             .unwrap();
         assert_eq!(status, 429, "no lookup finishes while the table is locked");
+        assert!(
+            message(&body).contains("this credential was not looked up"),
+            "{body}"
+        );
         refused += 1;
     }
     crate::write_fence::until("two lookups wait on the locked table", async || {
@@ -868,7 +873,7 @@ async fn an_address_past_its_allowance_queues_few_lookups_and_the_rest_are_refus
     .await;
     lock.rollback().await.unwrap();
     for _ in 0..4 {
-        let status = tokio::time::timeout(Duration::from_secs(15), answered.recv())
+        let (status, _) = tokio::time::timeout(Duration::from_secs(15), answered.recv())
             .await
             .expect("the queued lookups are answered once the table is free")
             .unwrap();

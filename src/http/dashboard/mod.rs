@@ -287,7 +287,7 @@ async fn sign_in(
     // for the lookup; a token that verifies is never refused for it.
     let turn = limits.lookup_turn(address).await;
     if let (true, Some(wait)) = (turn.crowded(), turn.throttled()) {
-        return super::address_throttled(address, wait, limits.unauthenticated_per_minute());
+        return super::address_crowded(address, wait, limits.unauthenticated_per_minute());
     }
     let form = match read_form(&state, request).await {
         Ok(form) => form,
