@@ -262,6 +262,18 @@ pub async fn prune(
     if request.apply {
         result.broker = Some(release::drop_broker_bodies(pool, backends, team.id).await?);
         let mut tx = pool.begin().await?;
+        // Revoked after the last batch: everything asked was removed, only
+        // this closing row is refused, and the refusal says so.
+        audit::fence(
+            &mut tx,
+            &actor,
+            &format!(
+                "the prune removed all it was asked to ({total_rows} rows) but its closing \
+                 team.prune audit row was not written (the team.prune_started row records who \
+                 began it)"
+            ),
+        )
+        .await?;
         audit::record(
             &mut tx,
             Some(team.id),
