@@ -1,5 +1,10 @@
 //! The embedded default: a private PostgreSQL cluster in the bus's data directory.
 //!
+//! Past 700 lines (711): one type's life cycle (start, adopt, hand over, stop)
+//! plus the bus role's provisioning and the lock/registry of processes. Those
+//! last two are the seams to cut when issue 35 moves this into the storage
+//! crate; the host's users, `setpriv` and ACLs already live in `host.rs`.
+//!
 //! With no `DATABASE_URL`, every command that needs the database uses one
 //! cluster under `--data-dir`, started from the system's server binaries:
 //!
