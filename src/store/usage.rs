@@ -299,16 +299,22 @@ pub async fn check_quota(
     .fetch_optional(db)
     .await?;
     let (limit, used) = row.unwrap_or((TEAM_QUOTA_DEFAULT_BYTES, 0));
-    let incoming = incoming as i64;
-    if used.saturating_add(incoming) > limit {
-        return Err(BusError::conflict(format!(
-            "the team's storage quota is {limit} bytes and {used} are used; this write of \
-             {incoming} bytes would pass it, so nothing was written. An operator can trim old \
-             history with `ai-crew-sync team prune --team {team_slug} --older-than-days N` or raise \
-             the quota with `ai-crew-sync team quota --team {team_slug} --bytes N`."
-        )));
+    if used.saturating_add(incoming as i64) > limit {
+        return Err(quota_refusal(limit, used, incoming, team_slug));
     }
     Ok(())
+}
+
+/// The quota refusal's words, for [`check_quota`] and for the writes whose
+/// SQL function applies the same rule (`team_quota_refusal`, migration 0032)
+/// and answers the figures.
+pub(crate) fn quota_refusal(limit: i64, used: i64, incoming: usize, team_slug: &str) -> BusError {
+    BusError::conflict(format!(
+        "the team's storage quota is {limit} bytes and {used} are used; this write of \
+         {incoming} bytes would pass it, so nothing was written. An operator can trim old \
+         history with `ai-crew-sync team prune --team {team_slug} --older-than-days N` or raise \
+         the quota with `ai-crew-sync team quota --team {team_slug} --bytes N`."
+    ))
 }
 
 /// `team quota`'s answer. The attachment fields are kept from when the quota

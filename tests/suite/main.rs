@@ -51,6 +51,7 @@ mod shutdown;
 mod storage;
 mod support_servers;
 mod task_cancel;
+mod task_writes;
 mod tasks;
 mod tenancy;
 mod text_rules;

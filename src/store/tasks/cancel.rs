@@ -20,7 +20,7 @@ use uuid::Uuid;
 use super::Task;
 use super::checks::check_key;
 use super::row::TaskRow;
-use super::transition::{Change, Lock, transition_and};
+use super::transition::{Change, transition_and};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -100,7 +100,6 @@ pub async fn cancel(bus: &Bus, me: &Identity, key: &str, reason: &str) -> BusRes
         bus,
         me,
         &key,
-        Lock::Row,
         |row| {
             if matches!(row.status.as_str(), "done" | "cancelled") {
                 return Err(BusError::conflict(format!(

@@ -1,21 +1,15 @@
 //! Claiming: `claim_task` for a named task, `claim_next_task` for the oldest
-//! ready one, and what they share (the refusal of a blocked task, why
-//! nothing was claimable).
+//! ready one (each one round trip, [`change`](super::change)), and the words
+//! of their refusals and of why nothing was claimable.
 
-use chrono::{DateTime, Utc};
-use serde_json::json;
-use sqlx::PgConnection;
-use uuid::Uuid;
-
+use super::change::{self, Declined, NothingClaimable, Op, unknown_code};
 use super::checks::{check_key, check_lease};
-use super::lifecycle::extend_lease;
 use super::row::TaskRow;
-use super::transition::{Change, Lock, finish, transition};
-use super::{NextTask, Task, dependencies};
+use super::{NextTask, Task};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
-use crate::store::{address, at, sessions};
+use crate::store::{address, at};
 
 /// `claim_task`: claim `key` for this window. Re-claiming a task this window
 /// holds extends its lease; a lapsed lease, anyone's, may be taken over.
@@ -27,47 +21,27 @@ pub async fn claim(
 ) -> BusResult<Task> {
     let key = check_key(key)?;
     let lease = check_lease(lease_seconds)?;
-    transition(bus, me, &key, Lock::DependenciesThenRow, |row| {
-        match row.status.as_str() {
-            "done" | "cancelled" => Err(BusError::conflict(format!(
-                "task `{key}` is already {}{}; there is nothing to claim. claim_next_task finds \
-                 open work.",
-                row.status,
-                row.finished_phrase()
-            ))),
-            "claimed" if !row.lapsed && row.held_by(me) => {
-                let detail = json!({ "lease_seconds": lease.num_seconds(), "via": "claim_task" });
-                Ok(Change::new(extend_lease(row, lease), "renewed", detail))
-            }
-            "claimed" if !row.lapsed => Err(BusError::conflict(format!(
-                "task `{key}` is claimed by {}; {}. Nothing was changed. Wait for it to be \
-                 released, completed or to lapse (wait_for_updates), or take other work with \
-                 claim_next_task.",
-                row.holder_phrase(),
-                row.lease_phrase()
-            ))),
-            _ => {
-                if !row.blocked_by.is_empty() {
-                    return Err(blocked(row));
-                }
-                let lapsed_holder = row.holder().map(|h| h.address);
-                let update = sqlx::query(
-                    "UPDATE tasks
-                     SET status = 'claimed', holder_agent_id = $2, holder_session = $3,
-                         lease_expires_at = now() + $4, claimed_at = now(), updated_at = now()
-                     WHERE id = $1",
-                )
-                .bind(row.id)
-                .bind(me.agent_id)
-                .bind(&me.window)
-                .bind(lease);
-                let detail =
-                    json!({ "lease_seconds": lease.num_seconds(), "lapsed_holder": lapsed_holder });
-                Ok(Change::new(update, "claimed", detail))
-            }
-        }
+    let Declined { code, row } = match change::change(bus, me, &key, Op::Claim(lease)).await? {
+        Ok(row) => return Ok(row.into_task()),
+        Err(declined) => declined,
+    };
+    Err(match code.as_str() {
+        "finished" => BusError::conflict(format!(
+            "task `{key}` is already {}{}; there is nothing to claim. claim_next_task finds \
+             open work.",
+            row.status,
+            row.finished_phrase()
+        )),
+        "held" => BusError::conflict(format!(
+            "task `{key}` is claimed by {}; {}. Nothing was changed. Wait for it to be \
+             released, completed or to lapse (wait_for_updates), or take other work with \
+             claim_next_task.",
+            row.holder_phrase(),
+            row.lease_phrase()
+        )),
+        "blocked" => blocked(&row),
+        other => unknown_code(other),
     })
-    .await
 }
 
 fn blocked(row: &TaskRow) -> BusError {
@@ -101,71 +75,24 @@ fn blocked(row: &TaskRow) -> BusError {
 }
 
 /// `claim_next_task`: the oldest open (or lapsed) task whose dependencies are
-/// all done, claimed for this window.
+/// all done, claimed for this window. Nothing claimable is an answer, not a
+/// refusal: it says why, in numbers.
 pub async fn claim_next(
     bus: &Bus,
     me: &Identity,
     lease_seconds: Option<i64>,
 ) -> BusResult<NextTask> {
-    #[derive(sqlx::FromRow)]
-    struct Claimed {
-        id: Uuid,
-        key: String,
-        prev_agent: Option<String>,
-        prev_session: Option<String>,
-    }
     let lease = check_lease(lease_seconds)?;
-    let mut tx = bus.pool.begin().await?;
-    sessions::guard(&mut tx, me).await?;
-    dependencies::hold_for_claim(&mut tx, me.team_id).await?;
-    // SKIP LOCKED: a row another claimer has locked is passed over, and a row
-    // it claimed and committed meanwhile fails the re-checked WHERE, so each
-    // task goes to exactly one window however many ask at once.
-    let claimed: Option<Claimed> = sqlx::query_as(
-        "WITH next AS (
-             SELECT t.id, pa.name AS prev_agent, t.holder_session AS prev_session
-             FROM tasks t
-             LEFT JOIN agents pa ON pa.team_id = t.team_id AND pa.id = t.holder_agent_id
-             WHERE t.team_id = $1
-               AND (t.status = 'open' OR (t.status = 'claimed' AND t.lease_expires_at <= now()))
-               AND NOT EXISTS (
-                   SELECT 1 FROM task_dependencies d
-                   JOIN tasks p ON p.team_id = d.team_id AND p.id = d.depends_on_id
-                   WHERE d.team_id = t.team_id AND d.task_id = t.id AND p.status <> 'done')
-             ORDER BY t.created_at, t.seq
-             LIMIT 1
-             FOR NO KEY UPDATE OF t SKIP LOCKED
-         )
-         UPDATE tasks t
-         SET status = 'claimed', holder_agent_id = $2, holder_session = $3,
-             lease_expires_at = now() + $4, claimed_at = now(), updated_at = now()
-         FROM next
-         WHERE t.id = next.id
-         RETURNING t.id, t.key, next.prev_agent, next.prev_session",
-    )
-    .bind(me.team_id)
-    .bind(me.agent_id)
-    .bind(&me.window)
-    .bind(lease)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let Some(claimed) = claimed else {
-        let message = nothing_claimable(&mut tx, me).await?;
-        // Nothing was written; the transaction only held the guard's read.
-        tx.rollback().await?;
-        return Ok(NextTask {
-            claimed: false,
-            task: None,
-            message,
-        });
+    let task = match change::claim_next(bus, me, lease).await? {
+        Ok(row) => row.into_task(),
+        Err(nothing) => {
+            return Ok(NextTask {
+                claimed: false,
+                task: None,
+                message: nothing_claimable(me, nothing),
+            });
+        }
     };
-    let lapsed_holder = claimed
-        .prev_agent
-        .as_deref()
-        .map(|a| address(a, claimed.prev_session.as_deref().unwrap_or("")));
-    let detail = json!({ "lease_seconds": lease.num_seconds(), "lapsed_holder": lapsed_holder,
-                         "via": "claim_next_task" });
-    let task = finish(tx, bus, me, claimed.id, &claimed.key, "claimed", detail).await?;
     let expiry = task
         .holder
         .as_ref()
@@ -177,36 +104,26 @@ pub async fn claim_next(
             "claimed `{}` for this window until {expiry}. renew_task_lease before then if the \
              work takes longer; complete_task with a result when done, or release_task to hand \
              it back.",
-            claimed.key
+            task.key
         ),
         task: Some(task),
     })
 }
 
 /// Why `claim_next_task` found nothing, in numbers the caller can act on.
-async fn nothing_claimable(conn: &mut PgConnection, me: &Identity) -> BusResult<String> {
-    let (waiting, held, next_expiry, stuck): (i64, i64, Option<DateTime<Utc>>, i64) =
-        sqlx::query_as(
-            "SELECT count(*) FILTER (WHERE status = 'open' OR lease_expires_at <= now()),
-                count(*) FILTER (WHERE status = 'claimed' AND lease_expires_at > now()),
-                min(lease_expires_at) FILTER (WHERE status = 'claimed' AND lease_expires_at > now()),
-                count(*) FILTER (WHERE (status = 'open' OR lease_expires_at <= now())
-                                   AND EXISTS (
-                                       SELECT 1 FROM task_dependencies d
-                                       JOIN tasks p ON p.team_id = d.team_id AND p.id = d.depends_on_id
-                                       WHERE d.team_id = t.team_id AND d.task_id = t.id
-                                         AND p.status = 'cancelled'))
-         FROM tasks t WHERE team_id = $1 AND status IN ('open', 'claimed')",
-        )
-    .bind(me.team_id)
-    .fetch_one(&mut *conn)
-    .await?;
+fn nothing_claimable(me: &Identity, nothing: NothingClaimable) -> String {
+    let NothingClaimable {
+        waiting,
+        held,
+        next_expiry,
+        stuck,
+    } = nothing;
     if waiting == 0 && held == 0 {
-        return Ok(format!(
+        return format!(
             "nothing to claim: team `{}` has no open tasks. create_task adds work; \
              wait_for_updates with kinds [\"task\"] wakes you when some arrives.",
             me.team
-        ));
+        );
     }
     let mut parts = Vec::new();
     if waiting > 0 {
@@ -227,9 +144,9 @@ async fn nothing_claimable(conn: &mut PgConnection, me: &Identity) -> BusResult<
             "{held} task(s) are claimed with live leases (the first one ends at {next})"
         ));
     }
-    Ok(format!(
+    format!(
         "nothing to claim right now: {}. list_tasks shows them; wait_for_updates with kinds \
          [\"task\"] wakes you when one becomes ready.",
         parts.join("; ")
-    ))
+    )
 }

@@ -15,7 +15,9 @@
 //!
 //! No cycle: a new list is refused if any entry already depends on this task,
 //! directly or through others. The check runs under a team-wide advisory
-//! lock that every dependency change takes first, so two changes in flight
+//! lock (`lock_task_dependencies`, migration 0032) that every dependency
+//! change takes first (and every claim shared, so a claim that waited behind
+//! a re-point reads the new dependencies), so two changes in flight
 //! cannot each pass the check and together close a cycle. `create_task`
 //! takes no lock: a task being created has no dependents.
 
@@ -33,25 +35,6 @@ use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::store::{address, sessions, window_phrase};
-
-/// The advisory lock class of dependency changes: ASCII 'ACSd' (the agent
-/// credential lock of migration 0016 is 'ACSa'); the second key is a hash of
-/// the team. A hash collision only makes two teams' changes queue.
-const DEPENDENCY_LOCK_CLASS: i32 = 0x4143_5364;
-
-/// A claim's share of the team's dependency lock, taken before it reads the
-/// task: a re-point holds the lock exclusively until it commits, so a claim
-/// that waited behind it reads the new dependencies, never the ones from
-/// before (a row lock alone would leave the claim's dependency check on its
-/// statement's older snapshot).
-pub(super) async fn hold_for_claim(conn: &mut PgConnection, team_id: Uuid) -> BusResult<()> {
-    sqlx::query("SELECT pg_advisory_xact_lock_shared($1, hashtext($2::uuid::text))")
-        .bind(DEPENDENCY_LOCK_CLASS)
-        .bind(team_id)
-        .execute(&mut *conn)
-        .await?;
-    Ok(())
-}
 
 /// The ids of the tasks `keys` names, in the order given; refuses a missing
 /// or cancelled one. `nothing` ends the refusal ("Nothing was created.").
@@ -122,8 +105,9 @@ pub async fn set_dependencies(
     sessions::guard(&mut tx, me).await?;
     // Before anything is read: the cycle check below must see every change
     // that committed before this one took the lock.
-    sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2::uuid::text))")
-        .bind(DEPENDENCY_LOCK_CLASS)
+    // The team's dependency lock, exclusively (`lock_task_dependencies`,
+    // migration 0032): a claim takes it shared before it reads the task.
+    sqlx::query("SELECT lock_task_dependencies($1, true)")
         .bind(me.team_id)
         .execute(&mut *tx)
         .await?;

@@ -1,16 +1,16 @@
 //! A task's life apart from claiming: `create_task`, and the holder's
-//! `renew_task_lease`, `release_task` and `complete_task`.
+//! `renew_task_lease`, `release_task` and `complete_task` (each one round
+//! trip, [`change`](super::change)).
 
-use chrono::Duration;
 use serde_json::json;
 use uuid::Uuid;
 
+use super::change::{self, Declined, Op, unknown_code};
 use super::checks::{
     check_dependencies, check_description, check_key, check_lease, check_metadata, check_new_key,
     check_result, check_title,
 };
-use super::row::TaskRow;
-use super::transition::{Change, Lock, Update, finish, transition};
+use super::transition::finish;
 use super::{NewTask, Task, dependencies};
 use crate::Bus;
 use crate::auth::Identity;
@@ -71,48 +71,65 @@ pub async fn create(bus: &Bus, me: &Identity, new: NewTask) -> BusResult<Task> {
     finish(tx, bus, me, task_id, &key, "created", detail).await
 }
 
-/// Refuse unless this window holds a live claim on `row`. `action` names the
-/// tool, for the message.
-fn require_live_claim(row: &TaskRow, me: &Identity, action: &str) -> BusResult<()> {
+/// Why this window may not `action` the task: the code `task_change`
+/// declined with (migration 0032 decides: finished, not_claimed,
+/// lapsed_mine, lapsed_other, held_other), in words. `action` names the tool.
+fn live_claim_refusal(declined: Declined, me: &Identity, action: &str) -> BusError {
+    let Declined { code, row } = declined;
     let key = &row.key;
-    match row.status.as_str() {
-        "done" | "cancelled" => Err(BusError::conflict(format!(
+    match code.as_str() {
+        "finished" => BusError::conflict(format!(
             "task `{key}` is already {}{}; {action} applies to a task you hold. Nothing was \
              changed.",
             row.status,
             row.finished_phrase()
-        ))),
-        "open" => Err(BusError::conflict(format!(
+        )),
+        "not_claimed" => BusError::conflict(format!(
             "task `{key}` is not claimed by anyone, so this window cannot {action} it. claim_task \
              it first. Nothing was changed."
-        ))),
-        _ if row.held_by(me) && row.lapsed => Err(BusError::conflict(format!(
+        )),
+        "lapsed_mine" => BusError::conflict(format!(
             "your lease on task `{key}` lapsed at {}; the task is open to anyone again and \
              nothing was changed. claim_task it again (if nobody else has), then {action}.",
             row.lease_expires_at.map(at).unwrap_or_default()
-        ))),
-        _ if row.held_by(me) => Ok(()),
-        _ if row.lapsed => Err(BusError::conflict(format!(
+        )),
+        "lapsed_other" => BusError::conflict(format!(
             "task `{key}` is not claimed by this window: the lease of {} lapsed at {}, so the \
              task is open. claim_task it first, then {action}. Nothing was changed.",
             row.holder_phrase(),
             row.lease_expires_at.map(at).unwrap_or_default()
-        ))),
-        _ => {
+        )),
+        "held_other" => {
             let sibling = if row.holder_agent_id == Some(me.agent_id) {
                 " A claim belongs to the window that took it: another window of the same agent \
                  cannot renew, release or complete it."
             } else {
                 ""
             };
-            Err(BusError::conflict(format!(
+            BusError::conflict(format!(
                 "task `{key}` is claimed by {}, not by this window ({}); {}. Only the holding \
                  window can {action} it. Nothing was changed.{sibling}",
                 row.holder_phrase(),
                 window_phrase(&me.agent, &me.window),
                 row.lease_phrase()
-            )))
+            ))
         }
+        other => unknown_code(other),
+    }
+}
+
+/// The holder's tools: `op` on the task `key` in one round trip, or the
+/// refusal in words.
+async fn holder_change(
+    bus: &Bus,
+    me: &Identity,
+    key: &str,
+    op: Op<'_>,
+    action: &str,
+) -> BusResult<Task> {
+    match change::change(bus, me, key, op).await? {
+        Ok(row) => Ok(row.into_task()),
+        Err(declined) => Err(live_claim_refusal(declined, me, action)),
     }
 }
 
@@ -126,20 +143,7 @@ pub async fn renew(
 ) -> BusResult<Task> {
     let key = check_key(key)?;
     let lease = check_lease(lease_seconds)?;
-    transition(bus, me, &key, Lock::Row, |row| {
-        require_live_claim(row, me, "renew_task_lease")?;
-        let detail = json!({ "lease_seconds": lease.num_seconds() });
-        Ok(Change::new(extend_lease(row, lease), "renewed", detail))
-    })
-    .await
-}
-
-/// The UPDATE that pushes the lease of a task its holder keeps to now +
-/// `lease` (a renewal, or a claim by the window that holds it already).
-pub(super) fn extend_lease(row: &TaskRow, lease: Duration) -> Update {
-    sqlx::query("UPDATE tasks SET lease_expires_at = now() + $2, updated_at = now() WHERE id = $1")
-        .bind(row.id)
-        .bind(lease)
+    holder_change(bus, me, &key, Op::Renew(lease), "renew_task_lease").await
 }
 
 /// `release_task`: hand the task back, open. The holding window only; its
@@ -147,46 +151,14 @@ pub(super) fn extend_lease(row: &TaskRow, lease: Duration) -> Update {
 /// clears the lapsed holder).
 pub async fn release(bus: &Bus, me: &Identity, key: &str) -> BusResult<Task> {
     let key = check_key(key)?;
-    transition(bus, me, &key, Lock::Row, |row| {
-        if !(row.status == "claimed" && row.held_by(me)) {
-            require_live_claim(row, me, "release_task")?;
-        }
-        let update = sqlx::query(
-            "UPDATE tasks
-             SET status = 'open', holder_agent_id = NULL, holder_session = NULL,
-                 lease_expires_at = NULL, claimed_at = NULL, updated_at = now()
-             WHERE id = $1",
-        )
-        .bind(row.id);
-        let detail = json!({ "lease_had_lapsed": row.lapsed });
-        Ok(Change::new(update, "released", detail))
-    })
-    .await
+    holder_change(bus, me, &key, Op::Release, "release_task").await
 }
 
 /// `complete_task`: mark the task done with `result`. The window holding a
-/// live claim only; a lapsed claim must be claimed again first.
+/// live claim only; a lapsed claim must be claimed again first. The quota is
+/// checked in the same call, before anything else (a refusal writes nothing).
 pub async fn complete(bus: &Bus, me: &Identity, key: &str, result: &str) -> BusResult<Task> {
     let key = check_key(key)?;
     check_result(result)?;
-    // Read before the transition (the quota row is read without a lock, so
-    // where it is read changes nothing); a refusal writes nothing.
-    usage::check_quota(&bus.pool, me.team_id, &me.team, result.len()).await?;
-    transition(bus, me, &key, Lock::Row, |row| {
-        require_live_claim(row, me, "complete_task")?;
-        let update = sqlx::query(
-            "UPDATE tasks
-             SET status = 'done', holder_agent_id = NULL, holder_session = NULL,
-                 lease_expires_at = NULL, completed_by = $2, completed_session = $3,
-                 completed_at = now(), result = $4, updated_at = now()
-             WHERE id = $1",
-        )
-        .bind(row.id)
-        .bind(me.agent_id)
-        .bind(&me.window)
-        .bind(result);
-        let detail = json!({ "result_bytes": result.len() });
-        Ok(Change::new(update, "completed", detail))
-    })
-    .await
+    holder_change(bus, me, &key, Op::Complete(result), "complete_task").await
 }

@@ -22,21 +22,29 @@
 //!
 //! Every change is one short transaction: the session guard, the row lock,
 //! the change, its `task_events` row. The wake-up event is emitted after commit.
+//! The hot ones (both claims, renew, release, complete) are one round trip
+//! each: one call of a SQL function (migration 0032) that runs the write
+//! fence, the quota, the locks, the decision and the writes, and answers a
+//! refusal as a code the tool words. A task's columns are defined once, in
+//! the view `task_rows`, which every reader and those functions read.
 //! Not here: attachments.
 //!
 //! Layout: this file holds the limits and the types the tools answer with;
 //! `checks` the argument checks (all before a transaction opens); `row` the
-//! task row as read and locked, its event row and wake-up; `transition` the
-//! one path of a change to an existing task (guard, lock, check, update,
-//! event, commit, wake-up); `lifecycle` creating, renewing, releasing and
-//! completing; `claim` claiming one task or the next ready one; `cancel` and
-//! `dependencies` cancelling and re-pointing; `queries` listing and reading.
+//! task row as read and locked, its event row and wake-up; `change` the
+//! one-round-trip calls (`task_change`, `task_claim_next`); `transition` the
+//! several-statement path of a change to an existing task (guard, lock,
+//! check, update, event, commit, wake-up) that `cancel` takes; `lifecycle`
+//! creating, renewing, releasing and completing; `claim` claiming one task or
+//! the next ready one; `cancel` and `dependencies` cancelling and
+//! re-pointing; `queries` listing and reading.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
 
 mod cancel;
+mod change;
 mod checks;
 mod claim;
 mod dependencies;

@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 
 use super::checks::{check_key, check_list_limit, check_status_filter};
-use super::row::{TaskRow, read_task, summary_columns, task_from};
+use super::row::{TaskRow, read_task, summary_columns};
 use super::{EVENTS_SHOWN_MAX, TaskDetail, TaskEvent, TaskList, TaskSummary};
 use crate::Bus;
 use crate::auth::Identity;
@@ -24,7 +24,7 @@ macro_rules! list_where {
                END
            AND (NOT $3::bool
                 OR (t.holder_agent_id = $4 AND t.holder_session = $5)
-                OR (t.completed_by = $4 AND t.completed_session = $5))"
+                OR (t.completer_id = $4 AND t.completed_session = $5))"
     };
 }
 
@@ -44,7 +44,7 @@ pub async fn list(
         concat!(
             "SELECT ",
             summary_columns!(),
-            task_from!(),
+            " FROM task_rows t ",
             list_where!(),
             " ORDER BY t.created_at, t.seq LIMIT $6"
         )
@@ -52,7 +52,7 @@ pub async fn list(
         concat!(
             "SELECT ",
             summary_columns!(),
-            task_from!(),
+            " FROM task_rows t ",
             list_where!(),
             " ORDER BY t.updated_at DESC, t.seq DESC LIMIT $6"
         )

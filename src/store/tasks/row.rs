@@ -14,95 +14,22 @@ use crate::error::{BusError, BusResult};
 use crate::events::{BusEvent, EventKind};
 use crate::store::{address, at, window_phrase};
 
-/// The name of the team's agent whose id is in `column`, or NULL.
-macro_rules! agent_name {
-    ($column:literal) => {
-        concat!(
-            "(SELECT a.name FROM agents a WHERE a.team_id = t.team_id AND a.id = ",
-            $column,
-            ")"
-        )
-    };
-}
-
-/// The columns of a task as read everywhere, the large ones as the caller
-/// names them (a listing leaves them out). The lapse is decided here, on the
-/// database clock, so every reader agrees. The agents' names are scalar
-/// subqueries, not joins: a reader that locks the row (`FOR NO KEY UPDATE OF
-/// t`) and waits out a concurrent claim is handed the row as that claim left
-/// it, and only a subquery is evaluated again against it (a joined agent row
-/// would still be the one matching the old holder: none).
-macro_rules! columns {
-    (
-        description: $description:literal,
-        metadata: $metadata:literal,
-        result: $result:literal,
-        cancel_reason: $cancel_reason:literal,
-        depends_on: $depends_on:literal $(,)?
-    ) => {
-        concat!(
-            "t.id, t.key, t.title, ", $description, ", ", $metadata, ", t.status,
-         (t.status = 'claimed' AND t.lease_expires_at <= now()) AS lapsed,
-         t.holder_agent_id, ", $crate::store::tasks::row::agent_name!("t.holder_agent_id"), " AS holder_agent, t.holder_session, t.claimed_at,
-         t.lease_expires_at,
-         greatest(0, ceil(extract(epoch FROM t.lease_expires_at - now())))::bigint AS lease_seconds_left,
-         t.created_by AS creator_id, ca.name AS created_by, t.created_session, t.created_at,
-         t.updated_at, ", $crate::store::tasks::row::agent_name!("t.completed_by"), " AS completed_by, t.completed_session, t.completed_at, ",
-            $result,
-            ",
-         ", $crate::store::tasks::row::agent_name!("t.cancelled_by"), " AS cancelled_by, t.cancelled_session, t.cancelled_at, ",
-            $cancel_reason,
-            ",
-         ",
-            $depends_on,
-            ",
-         ARRAY(SELECT p.key FROM task_dependencies d
-               JOIN tasks p ON p.team_id = d.team_id AND p.id = d.depends_on_id
-               WHERE d.team_id = t.team_id AND d.task_id = t.id AND p.status <> 'done'
-               ORDER BY p.seq) AS blocked_by,
-         ARRAY(SELECT p.key FROM task_dependencies d
-               JOIN tasks p ON p.team_id = d.team_id AND p.id = d.depends_on_id
-               WHERE d.team_id = t.team_id AND d.task_id = t.id AND p.status = 'cancelled'
-               ORDER BY p.seq) AS blocked_by_cancelled"
-        )
-    };
-}
-
-/// Everything a task holds.
-macro_rules! task_columns {
-    () => {
-        $crate::store::tasks::row::columns!(
-            description: "t.description",
-            metadata: "t.metadata",
-            result: "t.result",
-            cancel_reason: "t.cancel_reason",
-            depends_on: "ARRAY(SELECT p.key FROM task_dependencies d
-               JOIN tasks p ON p.team_id = d.team_id AND p.id = d.depends_on_id
-               WHERE d.team_id = t.team_id AND d.task_id = t.id ORDER BY p.seq) AS depends_on",
-        )
-    };
-}
-
-/// Listings leave the large fields out.
+/// The columns of a task as a listing reads them from the view `task_rows`
+/// (migration 0032, the one definition of a task's columns: the lapse decided
+/// on the database clock, the agents' names, the dependency arrays), the
+/// large ones left out.
 macro_rules! summary_columns {
     () => {
-        $crate::store::tasks::row::columns!(
-            description: "NULL::text AS description",
-            metadata: "'{}'::jsonb AS metadata",
-            result: "NULL::text AS result",
-            cancel_reason: "NULL::text AS cancel_reason",
-            depends_on: "'{}'::text[] AS depends_on",
-        )
+        "t.id, t.key, t.title, NULL::text AS description, '{}'::jsonb AS metadata, t.status,
+         t.lapsed, t.holder_agent_id, t.holder_agent, t.holder_session, t.claimed_at,
+         t.lease_expires_at, t.lease_seconds_left, t.creator_id, t.created_by,
+         t.created_session, t.created_at, t.updated_at, t.completed_by, t.completed_session,
+         t.completed_at, NULL::text AS result, t.cancelled_by, t.cancelled_session,
+         t.cancelled_at, NULL::text AS cancel_reason, '{}'::text[] AS depends_on, t.blocked_by,
+         t.blocked_by_cancelled"
     };
 }
-
-macro_rules! task_from {
-    () => {
-        " FROM tasks t
-          JOIN agents ca ON ca.team_id = t.team_id AND ca.id = t.created_by "
-    };
-}
-pub(super) use {agent_name, columns, summary_columns, task_from};
+pub(super) use summary_columns;
 
 #[derive(sqlx::FromRow)]
 pub(super) struct TaskRow {
@@ -280,7 +207,7 @@ impl TaskRow {
     }
 }
 
-fn no_such_task(me: &Identity, key: &str) -> BusError {
+pub(super) fn no_such_task(me: &Identity, key: &str) -> BusError {
     BusError::not_found(format!(
         "no task with key `{key}` in team `{}`. list_tasks shows the team's tasks; create_task \
          makes one.",
@@ -289,36 +216,29 @@ fn no_such_task(me: &Identity, key: &str) -> BusError {
 }
 
 /// The one task the team ($1) holds under the key ($2).
-macro_rules! select_task {
-    () => {
-        concat!(
-            "SELECT ",
-            task_columns!(),
-            task_from!(),
-            "WHERE t.team_id = $1 AND t.key = $2"
-        )
-    };
-}
+const SELECT_TASK: &str = "SELECT * FROM task_rows t WHERE t.team_id = $1 AND t.key = $2";
 
 pub(super) async fn read_task(
     conn: &mut PgConnection,
     me: &Identity,
     key: &str,
 ) -> BusResult<TaskRow> {
-    find_task(conn, me, key, select_task!()).await
+    find_task(conn, me, key, SELECT_TASK).await
 }
 
-/// The task row locked for a change: claims, renewals, releases and
-/// completions of one task queue up here. `NO KEY UPDATE` because no change
-/// touches the key columns, so foreign-key checks (a new task depending on
-/// this one, an event row) are not made to wait behind it.
+/// The task row locked for a change (through the view, which locks the task
+/// row only): the changes of one task queue up here (`task_change`, migration
+/// 0032, locks the same way). `NO KEY UPDATE` because no change touches the
+/// key columns, so foreign-key checks (a new task depending on this one, an
+/// event row) are not made to wait behind it.
 pub(super) async fn lock_task(
     conn: &mut PgConnection,
     me: &Identity,
     key: &str,
 ) -> BusResult<TaskRow> {
-    let query = concat!(select_task!(), " FOR NO KEY UPDATE OF t");
-    find_task(conn, me, key, query).await
+    const QUERY: &str = "SELECT * FROM task_rows t WHERE t.team_id = $1 AND t.key = $2 \
+                         FOR NO KEY UPDATE";
+    find_task(conn, me, key, QUERY).await
 }
 
 /// The row `query` finds for the team and `key` ($1, $2), or the refusal

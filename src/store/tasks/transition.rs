@@ -1,13 +1,12 @@
-//! The one path a change to an existing task takes, written once: begin, the
-//! session guard (the write fence: a revoked credential or a replaced window
-//! writes nothing), the task row locked, the locked row checked, one UPDATE
-//! of it, its `task_events` row, commit, and the wake-up event after commit.
+//! The path of a task change made in several statements: begin, the session
+//! guard (the write fence: a revoked credential or a replaced window writes
+//! nothing), the task row locked, the locked row checked, one UPDATE of it,
+//! its `task_events` row, commit, and the wake-up event after commit.
 //!
-//! `claim_task`, `renew_task_lease`, `release_task`, `complete_task` and
-//! `cancel_task` are each one call of [`transition`]: what differs is the
-//! check of the locked row and the change that follows it ([`Change`]).
-//! Creating a task, claiming the next one and re-pointing dependencies lock
-//! differently but end the same way ([`finish`]).
+//! `cancel_task` is one call of [`transition_and`]; creating a task and
+//! re-pointing dependencies lock differently but end the same way
+//! ([`finish`]). The claims and the holder's tools are one round trip each
+//! instead ([`change`](super::change), migration 0032).
 
 use serde_json::Value;
 use sqlx::postgres::PgArguments;
@@ -16,7 +15,6 @@ use sqlx::{PgConnection, Postgres, Transaction};
 use uuid::Uuid;
 
 use super::Task;
-use super::dependencies;
 use super::row::{TaskRow, emit, lock_task, read_task, record_event};
 use crate::Bus;
 use crate::auth::Identity;
@@ -44,49 +42,20 @@ impl Change {
     }
 }
 
-/// What a transition locks after the session guard, in this order.
-pub(super) enum Lock {
-    /// The task row only.
-    Row,
-    /// The team's dependency lock, shared, then the task row: a claim, which
-    /// must read the dependencies a re-point in flight leaves
-    /// ([`dependencies::hold_for_claim`]).
-    DependenciesThenRow,
-}
-
 /// Change the task `key` (already checked): `plan` refuses the locked row
-/// (nothing is written) or says what to change. Answers the task as it is
-/// after the change.
-pub(super) async fn transition(
-    bus: &Bus,
-    me: &Identity,
-    key: &str,
-    lock: Lock,
-    plan: impl FnOnce(&TaskRow) -> BusResult<Change>,
-) -> BusResult<Task> {
-    Ok(
-        transition_and(bus, me, key, lock, plan, async |_, _| Ok(()))
-            .await?
-            .0,
-    )
-}
-
-/// [`transition`], and `also` in the same transaction after the change (with
-/// the row as it was locked, before the change): what a caller reads besides
-/// the task for its answer.
+/// (nothing is written) or says what to change; then `also` in the same
+/// transaction after the change (with the row as it was locked, before the
+/// change): what a caller reads besides the task for its answer. Answers the
+/// task as it is after the change.
 pub(super) async fn transition_and<X>(
     bus: &Bus,
     me: &Identity,
     key: &str,
-    lock: Lock,
     plan: impl FnOnce(&TaskRow) -> BusResult<Change>,
     also: impl AsyncFnOnce(&mut PgConnection, &TaskRow) -> BusResult<X>,
 ) -> BusResult<(Task, X)> {
     let mut tx = bus.pool.begin().await?;
     sessions::guard(&mut tx, me).await?;
-    if let Lock::DependenciesThenRow = lock {
-        dependencies::hold_for_claim(&mut tx, me.team_id).await?;
-    }
     let row = lock_task(&mut tx, me, key).await?;
     let change = plan(&row)?;
     change.update.execute(&mut *tx).await?;
