@@ -277,8 +277,11 @@ pub async fn recount_all(pool: &PgPool) -> BusResult<usize> {
     Ok(teams.len())
 }
 
-/// The quota rule, the one place it is written: a write of `incoming` bytes
-/// is refused when the team's last counted usage plus it passes the limit.
+/// The quota rule: a write of `incoming` bytes is refused when the team's
+/// last counted usage plus it passes the limit. The writes that are one SQL
+/// call apply the same rule inside it (`team_quota_refusal`, migration 0032)
+/// and word it with [`quota_refusal`]; this reads the row itself so that a
+/// build one migration ahead of its schema still writes.
 /// Reads the quota row without a lock (see the module comment for the
 /// bounded overshoot this allows). Call it before writing anything.
 pub async fn check_quota(
