@@ -126,8 +126,9 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_row   task_rows;
-    v_mine  boolean;
+    v_row     task_rows;
+    v_mine    boolean;
+    v_refused boolean;
     v_event text;
     v_detail jsonb;
     v_lease interval := make_interval(secs => coalesce(p_lease_seconds, 0));
@@ -135,9 +136,9 @@ BEGIN
     -- complete_task's quota comes first, where it was read before this was
     -- one call: a refused write is refused the same way.
     IF p_op = 'complete' THEN
-        SELECT q.refused, q.quota_limit, q.quota_used INTO v_mine, quota_limit, quota_used
+        SELECT q.refused, q.quota_limit, q.quota_used INTO v_refused, quota_limit, quota_used
           FROM team_quota_refusal(p_team, octet_length(p_result), p_quota_default) q;
-        IF v_mine THEN
+        IF v_refused THEN
             declined := 'quota';
             RETURN NEXT;
             RETURN;
