@@ -301,14 +301,21 @@ pub async fn check_quota(
     let (limit, used) = row.unwrap_or((TEAM_QUOTA_DEFAULT_BYTES, 0));
     let incoming = incoming as i64;
     if used.saturating_add(incoming) > limit {
-        return Err(BusError::conflict(format!(
-            "the team's storage quota is {limit} bytes and {used} are used; this write of \
-             {incoming} bytes would pass it, so nothing was written. An operator can trim old \
-             history with `ai-crew-sync team prune --team {team_slug} --older-than-days N` or raise \
-             the quota with `ai-crew-sync team quota --team {team_slug} --bytes N`."
-        )));
+        return Err(quota_refused(limit, used, incoming, team_slug));
     }
     Ok(())
+}
+
+/// The quota refusal in words, for [`check_quota`] and for a write whose one
+/// statement checks the quota itself (the SQL function
+/// `storage_quota_refusal`, migration 0031, states the same rule).
+pub(crate) fn quota_refused(limit: i64, used: i64, incoming: i64, team_slug: &str) -> BusError {
+    BusError::conflict(format!(
+        "the team's storage quota is {limit} bytes and {used} are used; this write of \
+         {incoming} bytes would pass it, so nothing was written. An operator can trim old \
+         history with `ai-crew-sync team prune --team {team_slug} --older-than-days N` or raise \
+         the quota with `ai-crew-sync team quota --team {team_slug} --bytes N`."
+    ))
 }
 
 /// `team quota`'s answer. The attachment fields are kept from when the quota
