@@ -367,8 +367,8 @@ async fn migration_0021_numbers_history_per_team_and_converts_cursors() {
 async fn seed_channel(pool: &PgPool, team: &str, channel: &str, sender: &str, n: i64, body: &str) {
     let sql = format!(
         "WITH t AS (SELECT id FROM teams WHERE slug = $1),
-              base AS (SELECT coalesce((SELECT last_position FROM message_counters
-                                        WHERE team_id = (SELECT id FROM t)), 0) AS p),
+              base AS (SELECT coalesce(pg_sequence_last_value(
+                                   message_position_sequence((SELECT id FROM t))::regclass), 0) AS p),
               inserted AS (
                   INSERT INTO messages (id, team_id, channel_id, sender_id, sender_session, body,
                                         position)
@@ -509,7 +509,8 @@ async fn counts_stop_at_their_caps_and_search_ranks_the_newest_matches() {
     assert_eq!(unread_dms(&bob).await, json!([0, false]));
     sqlx::query(
         "WITH t AS (SELECT id FROM teams WHERE slug = 'acme'),
-              base AS (SELECT last_position AS p FROM message_counters WHERE team_id = (SELECT id FROM t)),
+              base AS (SELECT pg_sequence_last_value(
+                                  message_position_sequence((SELECT id FROM t))::regclass) AS p),
               inserted AS (
                   INSERT INTO messages (id, team_id, sender_id, sender_session, recipient_id,
                                         recipient_session, body, position)
