@@ -394,7 +394,10 @@ async fn first_channel_count(app: &crate::support::TestApp) -> Value {
 
 // post_message's refusals, now worded from the codes its one SQL call
 // returns: the same words as when each check was its own statement, and
-// nothing written.
+// nothing written. Letting the function go on past the fence's refusal (in
+// post_message, `IF refusal IS NOT NULL THEN` -> `IF false THEN`) stores the
+// disabled agent's post although Rust still words the refusal: this test
+// fails.
 #[tokio::test]
 async fn post_message_refusals_keep_their_words_and_write_nothing() {
     let app = spawn_app().await;
@@ -477,4 +480,9 @@ async fn post_message_refusals_keep_their_words_and_write_nothing() {
         message(disabled).starts_with("agent `alice` of team `acme` is disabled"),
         "the fence refuses"
     );
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM messages")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(stored, 0, "the fenced post wrote nothing");
 }
