@@ -5,8 +5,11 @@
 //! is one or a few branches (the team's channel messages, one channel, the
 //! DMs to this agent, the DMs it sent), each walked in position order from
 //! the cursor (or back from the newest) and cut at the page, then merged. So
-//! a read costs its page, not the team's history, and waits for nobody: the
-//! positions a reader can see are a prefix of the team's (module overview).
+//! a read costs its page, not the team's history. An `only_new` page also
+//! lists, in the same snapshot, the team's positions missing between the
+//! cursor and the page's newest; if there are any, the read waits for their
+//! writers (`message_positions_wait`, migration 0031: its own team's only)
+//! and reads again up to the same newest position (module overview).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
