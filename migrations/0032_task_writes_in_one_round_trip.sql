@@ -8,7 +8,7 @@
 -- store_conversation_message() (migrations 0014, 0016):
 --   1. the write fence: agent_write_refusal() (migration 0016), called, not
 --      copied, so "who may write" stays written once;
---   2. the quota (complete_task only): team_quota_refusal() below;
+--   2. the quota (complete_task only): storage_quota_refusal() (migration 0031);
 --   3. the team's dependency lock, shared (a claim), then the task row locked;
 --   4. the decision, the UPDATE and the task_events row (its webhook trigger,
 --      migration 0025, fires as before);
@@ -73,21 +73,6 @@ BEGIN
 END
 $$;
 
--- The quota rule (store/usage.rs check_quota holds the same for writes still
--- made in several statements): a write of p_incoming bytes is refused when
--- the team's last counted usage plus it passes the limit. Read without a
--- lock. p_default_limit applies to a team without a quota row.
-CREATE FUNCTION team_quota_refusal(p_team uuid, p_incoming bigint, p_default_limit bigint)
-RETURNS TABLE (refused boolean, quota_limit bigint, quota_used bigint)
-LANGUAGE sql STABLE AS $$
-    SELECT coalesce(q.storage_bytes_used, 0) + p_incoming
-               > coalesce(q.attachment_bytes_limit, p_default_limit),
-           coalesce(q.attachment_bytes_limit, p_default_limit),
-           coalesce(q.storage_bytes_used, 0)
-      FROM (SELECT 1) AS one
-      LEFT JOIN team_quotas q ON q.team_id = p_team
-$$;
-
 -- A window's address as refusals and events print it: `agent` or
 -- `agent/session`.
 CREATE FUNCTION task_window_address(p_agent text, p_session text)
@@ -128,7 +113,6 @@ AS $$
 DECLARE
     v_row     task_rows;
     v_mine    boolean;
-    v_refused boolean;
     v_event text;
     v_detail jsonb;
     v_lease interval := make_interval(secs => coalesce(p_lease_seconds, 0));
@@ -136,15 +120,14 @@ BEGIN
     -- complete_task's quota comes first, where it was read before this was
     -- one call: a refused write is refused the same way.
     IF p_op = 'complete' THEN
-        SELECT q.refused, q.quota_limit, q.quota_used INTO v_refused, quota_limit, quota_used
-          FROM team_quota_refusal(p_team, octet_length(p_result), p_quota_default) q;
-        IF v_refused THEN
+        -- A row only when refused: otherwise both figures stay NULL.
+        SELECT q.limit_bytes, q.used_bytes INTO quota_limit, quota_used
+          FROM storage_quota_refusal(p_team, octet_length(p_result), p_quota_default) q;
+        IF FOUND THEN
             declined := 'quota';
             RETURN NEXT;
             RETURN;
         END IF;
-        quota_limit := NULL;
-        quota_used := NULL;
     END IF;
 
     SELECT r.refusal, r.session_epoch, r.refused_since

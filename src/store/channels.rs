@@ -36,7 +36,7 @@ pub struct Channel {
 pub struct ChannelSummary {
     pub name: String,
     pub topic: Option<String>,
-    /// Every message the channel holds (a counter kept by each post).
+    /// Every message the channel holds (counters kept by each post).
     pub messages: i64,
     pub last_message_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
@@ -118,6 +118,16 @@ pub async fn create(
     Ok(Created { channel, created })
 }
 
+/// The refusal of a reserved name that names no existing channel.
+pub(crate) fn reserved_refused(name: &str) -> BusError {
+    BusError::invalid(format!(
+        "`{name}` cannot be a channel name: read_messages takes `inbox` as the scope of \
+         this window's direct messages and `all` as everything it may read, so a channel \
+         called `{name}` could only be read as `#{name}`. Nothing was created. Choose \
+         another name, for example `{name}-team`."
+    ))
+}
+
 /// The channel called `name` (already normalised), created if missing. A
 /// reserved name is never created; an existing channel of that name is found.
 pub(crate) async fn find_or_create(
@@ -135,12 +145,7 @@ pub(crate) async fn find_or_create(
         .await?;
         return match existing {
             Some(channel) => Ok((channel, false)),
-            None => Err(BusError::invalid(format!(
-                "`{name}` cannot be a channel name: read_messages takes `inbox` as the scope of \
-                 this window's direct messages and `all` as everything it may read, so a channel \
-                 called `{name}` could only be read as `#{name}`. Nothing was created. Choose \
-                 another name, for example `{name}-team`."
-            ))),
+            None => Err(reserved_refused(name)),
         };
     }
     let inserted: Option<Channel> = sqlx::query_as(
@@ -179,7 +184,8 @@ pub async fn find(bus: &Bus, me: &Identity, name: &str) -> BusResult<Option<Chan
 }
 
 /// `list_channels`: every channel of the team with its message count (the
-/// channel's counters, kept by each post under the team's position lock) and
+/// channel row's part plus its stripes in `channel_message_counts`, which
+/// each post bumps: migration 0031), its newest message's time and
 /// this window's unread count, bounded: each channel walks at most
 /// `CHANNEL_COUNT_CAP + 1` entries of its position index past the cursor.
 pub async fn list(bus: &Bus, me: &Identity) -> BusResult<Vec<ChannelSummary>> {
@@ -193,7 +199,13 @@ pub async fn list(bus: &Bus, me: &Identity) -> BusResult<Vec<ChannelSummary>> {
         unread: i64,
     }
     let rows: Vec<Row> = sqlx::query_as(
-        "SELECT c.name, c.topic, c.created_at, c.message_count AS messages, c.last_message_at,
+        "SELECT c.name, c.topic, c.created_at,
+                c.message_count + coalesce((SELECT sum(k.messages) FROM channel_message_counts k
+                                            WHERE k.team_id = c.team_id AND k.channel_id = c.id),
+                                           0)::bigint AS messages,
+                (SELECT n.created_at FROM messages n
+                  WHERE n.team_id = c.team_id AND n.channel_id = c.id
+                  ORDER BY n.position DESC LIMIT 1) AS last_message_at,
                 (SELECT count(*) FROM (
                      SELECT 1 FROM messages m
                      WHERE m.team_id = c.team_id AND m.channel_id = c.id

@@ -183,8 +183,7 @@ pub async fn team_digest(
         announce: bool,
         created_at: DateTime<Utc>,
     }
-    // Bounded by the page: only channels with a message in the period (the
-    // channel's counters say so), and in each only its newest
+    // Bounded by the page: in each channel only its newest
     // CHANNEL_COUNT_CAP + 1 messages, walked back on the channel's position
     // index (which carries created_at and announce), are counted and shown.
     let rows: Vec<Row> = sqlx::query_as(
@@ -201,7 +200,7 @@ pub async fn team_digest(
              WHERE newest.created_at > $2 AND ($3 OR c.id = $4 OR newest.announce)) latest
          JOIN messages m ON m.team_id = c.team_id AND m.position = latest.position
          JOIN agents s ON s.team_id = m.team_id AND s.id = m.sender_id
-         WHERE c.team_id = $1 AND c.last_message_at > $2 AND latest.rn <= $6
+         WHERE c.team_id = $1 AND latest.rn <= $6
          ORDER BY c.name, latest.position",
     )
     .bind(me.team_id)

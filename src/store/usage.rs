@@ -279,7 +279,7 @@ pub async fn recount_all(pool: &PgPool) -> BusResult<usize> {
 
 /// The quota rule: a write of `incoming` bytes is refused when the team's
 /// last counted usage plus it passes the limit. The writes that are one SQL
-/// call apply the same rule inside it (`team_quota_refusal`, migration 0032)
+/// call apply the same rule inside it (`storage_quota_refusal`, migration 0031)
 /// and word it with [`quota_refusal`]; this reads the row itself so that a
 /// build one migration ahead of its schema still writes.
 /// Reads the quota row without a lock (see the module comment for the
@@ -302,16 +302,18 @@ pub async fn check_quota(
     .fetch_optional(db)
     .await?;
     let (limit, used) = row.unwrap_or((TEAM_QUOTA_DEFAULT_BYTES, 0));
-    if used.saturating_add(incoming as i64) > limit {
+    let incoming = incoming as i64;
+    if used.saturating_add(incoming) > limit {
         return Err(quota_refusal(limit, used, incoming, team_slug));
     }
     Ok(())
 }
 
 /// The quota refusal's words, for [`check_quota`] and for the writes whose
-/// SQL function applies the same rule (`team_quota_refusal`, migration 0032)
-/// and answers the figures.
-pub(crate) fn quota_refusal(limit: i64, used: i64, incoming: usize, team_slug: &str) -> BusError {
+/// one SQL call checks the quota itself (the SQL function
+/// `storage_quota_refusal`, migration 0031, states the same rule) and answers
+/// the figures.
+pub(crate) fn quota_refusal(limit: i64, used: i64, incoming: i64, team_slug: &str) -> BusError {
     BusError::conflict(format!(
         "the team's storage quota is {limit} bytes and {used} are used; this write of \
          {incoming} bytes would pass it, so nothing was written. An operator can trim old \

@@ -38,6 +38,7 @@ mod moves;
 mod notes;
 mod outbox;
 mod overview;
+mod parallel_posts;
 mod plugin;
 mod presence;
 mod projects;

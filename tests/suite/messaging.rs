@@ -187,58 +187,6 @@ async fn a_dm_to_one_window_reaches_only_that_window_and_cursors_are_per_window(
     assert_eq!(found["messages"].as_array().unwrap().len(), 1);
 }
 
-// A slow writer takes the team's next position (the counter row, as a post's
-// last statement does) and has not committed: a later post waits for it, a
-// read meanwhile returns neither, and after the commit both come in order.
-#[tokio::test]
-async fn a_message_committed_late_is_read_later_never_skipped() {
-    let app = spawn_app().await;
-    let (alice_token, bob_token) = two_agents(&app).await;
-    let alice = app.mcp(&alice_token, None).await;
-    let bob = app.mcp(&bob_token, None).await;
-    alice
-        .call("create_channel", json!({"name": "ops"}))
-        .await
-        .unwrap();
-
-    let mut slow = app.pool.begin().await.unwrap();
-    sqlx::query(
-        "WITH pos AS (
-             INSERT INTO message_counters (team_id, last_position)
-             SELECT id, 1 FROM teams WHERE slug = 'acme'
-             ON CONFLICT (team_id) DO UPDATE SET last_position = message_counters.last_position + 1
-             RETURNING last_position)
-         INSERT INTO messages (id, team_id, channel_id, sender_id, sender_session, body, position)
-         SELECT gen_random_uuid(), c.team_id, c.id, a.id, '', 'slow one', pos.last_position
-         FROM pos, channels c JOIN agents a ON a.team_id = c.team_id AND a.name = 'alice'
-         WHERE c.name = 'ops'",
-    )
-    .execute(&mut *slow)
-    .await
-    .unwrap();
-    let fast = tokio::spawn(async move {
-        alice
-            .call(
-                "post_message",
-                json!({"channel": "ops", "body": "fast one"}),
-            )
-            .await
-            .unwrap()
-    });
-
-    let first = read(&bob, json!({"scope": "ops"})).await;
-    assert!(
-        bodies(&first).is_empty(),
-        "nothing is returned past a position still uncommitted: {first}"
-    );
-    slow.commit().await.unwrap();
-    fast.await.unwrap();
-    assert_eq!(
-        bodies(&read(&bob, json!({"scope": "ops"})).await),
-        ["slow one", "fast one"]
-    );
-}
-
 #[tokio::test]
 async fn metadata_default_channel_announcements_and_channels() {
     let app = spawn_app().await;

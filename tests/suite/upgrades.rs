@@ -164,10 +164,10 @@ async fn a_database_at_the_previous_schema_upgrades_with_its_data() {
     let bob_token = app.agent("upg", "bob").await;
     let alice = app.mcp(&alice_token, None).await;
     let bob = app.mcp(&bob_token, Some("w1")).await;
-    // Before migration 0021 (message positions) this build cannot post; the
+    // Before migration 0031 (post_message in SQL) this build cannot post; the
     // message is then written as the earlier schema has it.
     let positions_landed: bool =
-        sqlx::query_scalar("SELECT to_regclass('message_counters') IS NOT NULL")
+        sqlx::query_scalar("SELECT to_regprocedure('post_message(uuid, uuid, text, uuid, uuid, bigint, uuid, text, boolean, text, text, text, text, boolean, boolean, uuid, jsonb, bigint, bigint)') IS NOT NULL")
             .fetch_one(&app.pool)
             .await
             .unwrap();
@@ -181,9 +181,17 @@ async fn a_database_at_the_previous_schema_upgrades_with_its_data() {
             .unwrap();
     } else {
         sqlx::query(
-            "INSERT INTO messages (id, team_id, sender_id, sender_session, recipient_id, body)
-             SELECT gen_random_uuid(), t.id, a.id, '', b.id, 'written before the upgrade'
-             FROM teams t JOIN agents a ON a.team_id = t.id AND a.name = 'alice'
+            "WITH pos AS (
+                 INSERT INTO message_counters (team_id, last_position)
+                 SELECT id, 1 FROM teams WHERE slug = 'upg'
+                 ON CONFLICT (team_id) DO UPDATE
+                    SET last_position = message_counters.last_position + 1
+                 RETURNING last_position)
+             INSERT INTO messages (id, team_id, sender_id, sender_session, recipient_id, body,
+                                   position)
+             SELECT gen_random_uuid(), t.id, a.id, '', b.id, 'written before the upgrade',
+                    pos.last_position
+             FROM pos, teams t JOIN agents a ON a.team_id = t.id AND a.name = 'alice'
              JOIN agents b ON b.team_id = t.id AND b.name = 'bob'
              WHERE t.slug = 'upg'",
         )

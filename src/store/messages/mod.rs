@@ -6,12 +6,22 @@
 //! of that agent; a DM to `agent/window` reaches exactly that window (even if
 //! the window has never connected: it waits there).
 //!
-//! Order: every message has a per-team `position`, 1..N without gaps, taken
-//! from the team's `message_counters` row by the post's last statement before
-//! its commit (migration 0021). The row lock makes positions commit in order:
-//! position p is visible only after every position below it has committed, so
-//! a cursor (one per agent, window and scope: the last position read) never
-//! passes a message that commits late, and a reader waits for no one.
+//! Order: every message has a per-team `position` from the team's own
+//! sequence, taken in the statement that inserts it (migration 0031), so a
+//! team's posts commit in parallel: positions may commit out of order, and a
+//! post that rolls back leaves its position empty for good. A cursor (one per
+//! agent, window and scope: the last position read) must never pass a
+//! message that commits later (issue 19's guarantee a), and a read must wait
+//! for no transaction but its own team's writers (b). So a writer, in that
+//! statement, takes the team's entry lock shared, then its position, then the
+//! position's lock exclusively, all held to its commit. A read that finds a
+//! position missing below the newest it would return waits for that
+//! position's writer (its lock), reads again, and for a position still
+//! missing waits once for the team's entry lock exclusively: every writer
+//! that took a position below the newest visible one took the entry lock
+//! first, so after that wait the position has committed or never will.
+//! Every position up to a cursor is thus settled (`read.rs`). Counts never
+//! subtract positions: they count rows.
 //!
 //! Seams: the model and argument checks here; `post.rs` writes a message,
 //! `read.rs` reads pages and cursors, `search.rs` searches.
@@ -53,7 +63,7 @@ pub struct MessageView {
     /// `[{id, filename, content_type, size_bytes}]`; get_attachment fetches one.
     pub attachments: Value,
     pub created_at: DateTime<Utc>,
-    /// The team-wide, commit-ordered position (cursors compare it).
+    /// The team-wide position (cursors compare it; see the overview).
     #[serde(skip)]
     pub position: i64,
 }

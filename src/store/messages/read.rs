@@ -5,8 +5,14 @@
 //! is one or a few branches (the team's channel messages, one channel, the
 //! DMs to this agent, the DMs it sent), each walked in position order from
 //! the cursor (or back from the newest) and cut at the page, then merged. So
-//! a read costs its page, not the team's history, and waits for nobody: the
-//! positions a reader can see are a prefix of the team's (module overview).
+//! a read costs its page, not the team's history. An `only_new` page also
+//! lists, in the same snapshot, the team's positions missing between the
+//! cursor and the page's newest; if there are any, the read waits for their
+//! writers (`message_positions_wait`, migration 0031: its own team's only)
+//! and reads again up to the same newest position (module overview).
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
 
 use serde::Serialize;
 use uuid::Uuid;
@@ -43,9 +49,10 @@ const DMS_FROM_THIS_WINDOW: &str = "SELECT id, position FROM messages
 const DMS_FROM_THE_AGENT: &str = "SELECT id, position FROM messages
      WHERE team_id = $1 AND recipient_id IS NOT NULL AND sender_id = $2";
 
-/// `only_new`: past the cursor ($6), not this window's own posts, oldest
-/// first, at most the page ($7).
-const PAST_CURSOR: &str = " AND position > $6 AND NOT (sender_id = $2 AND sender_session = $5)
+/// `only_new`: past the cursor ($6) and at most $8, not this window's own
+/// posts, oldest first, at most the page ($7).
+const PAST_CURSOR: &str = " AND position > $6 AND position <= $8
+     AND NOT (sender_id = $2 AND sender_session = $5)
      ORDER BY {key} position LIMIT $7";
 /// The latest page ($7), newest first (the cursor bind $6 is unused).
 const LATEST: &str = " ORDER BY {key_desc} position DESC LIMIT $7";
@@ -100,14 +107,58 @@ fn read_sql(only_new: bool, scope: ScopeKind, all_sessions: bool) -> String {
         })
         .collect();
     let direction = if only_new { "" } else { " DESC" };
-    format!(
+    let page = format!(
         "SELECT {columns}
          WHERE m.team_id = $1 AND m.id IN (
              SELECT id FROM ({union}) picked ORDER BY position{direction} LIMIT $7)
          ORDER BY m.position",
         columns = view_columns!(),
         union = union.join(" UNION "),
+    );
+    if !only_new {
+        return page;
+    }
+    // With the page, in the same snapshot: the team's positions missing
+    // between $9 (below it every position is settled) and the page's newest.
+    format!(
+        "WITH page AS ({page}),
+              gaps AS (
+                  SELECT coalesce(array_agg(g.p ORDER BY g.p), '{{}}') AS gaps
+                  FROM generate_series($9 + 1, (SELECT max(position) FROM page)) AS g(p)
+                  WHERE NOT EXISTS (SELECT 1 FROM messages x
+                                    WHERE x.team_id = $1 AND x.position = g.p))
+         SELECT page.*, gaps.gaps FROM page, gaps ORDER BY page.position"
     )
+}
+
+/// A row of an `only_new` page: the message, and the gaps below the page's
+/// newest position (the same on every row).
+#[derive(sqlx::FromRow)]
+struct PageRow {
+    #[sqlx(flatten)]
+    message: MessageView,
+    gaps: Vec<i64>,
+}
+
+/// Per team, a position at or below which every position is settled
+/// (committed, or gone for good): what some read of this process saw
+/// settled. A fact that stays true, so a read starts its gap check here when
+/// its cursor is further behind (a sparse scope in a busy team), and a
+/// process that has not seen the team yet starts from the cursor.
+fn settled() -> &'static Mutex<HashMap<Uuid, i64>> {
+    static SETTLED: OnceLock<Mutex<HashMap<Uuid, i64>>> = OnceLock::new();
+    SETTLED.get_or_init(Default::default)
+}
+
+fn settled_through(team: Uuid) -> i64 {
+    let settled = settled().lock().unwrap_or_else(|e| e.into_inner());
+    settled.get(&team).copied().unwrap_or(0)
+}
+
+fn settle(team: Uuid, through: i64) {
+    let mut settled = settled().lock().unwrap_or_else(|e| e.into_inner());
+    let at = settled.entry(team).or_insert(0);
+    *at = (*at).max(through);
 }
 
 /// What `read_messages` reads.
@@ -158,24 +209,58 @@ pub async fn read(bus: &Bus, me: &Identity, request: ReadRequest) -> BusResult<R
     let mut tx = bus.pool.begin().await?;
     // Moving a cursor is a mutation: a revoked or stale window moves nothing.
     sessions::guard(&mut tx, me).await?;
-    let after = if request.only_new {
-        cursor_for_update(&mut tx, me, &scope).await?
-    } else {
-        0
+    // Built from this file's constants only, never from input.
+    let sql = read_sql(request.only_new, scope_kind, request.all_sessions);
+    let page = |after: i64, through: i64, settled: i64| {
+        sqlx::query_as::<_, PageRow>(sqlx::AssertSqlSafe(sql.clone()))
+            .bind(me.team_id)
+            .bind(me.agent_id)
+            .bind(channel_id)
+            .bind(request.all_sessions)
+            .bind(&me.window)
+            .bind(after)
+            .bind(limit)
+            .bind(through)
+            .bind(settled)
     };
-    let messages: Vec<MessageView> = sqlx::query_as(
-        // Built from this file's constants only, never from input.
-        sqlx::AssertSqlSafe(read_sql(request.only_new, scope_kind, request.all_sessions)),
-    )
-    .bind(me.team_id)
-    .bind(me.agent_id)
-    .bind(channel_id)
-    .bind(request.all_sessions)
-    .bind(&me.window)
-    .bind(after)
-    .bind(limit)
-    .fetch_all(&mut *tx)
-    .await?;
+    let messages: Vec<MessageView> = if request.only_new {
+        let after = cursor_for_update(&mut tx, me, &scope).await?;
+        // Every position up to the cursor is settled (a cursor moves only
+        // past settled positions); so is what this process saw settled.
+        let settled_below = after.max(settled_through(me.team_id));
+        let mut rows = page(after, i64::MAX, settled_below)
+            .fetch_all(&mut *tx)
+            .await?;
+        let gaps = rows.first().map(|row| row.gaps.clone()).unwrap_or_default();
+        if !gaps.is_empty() {
+            // A position below the page's newest is missing: its writer may
+            // commit later. Wait for those writers (of this team only), then
+            // read again up to the same newest position, now all settled.
+            let newest = rows.last().map_or(after, |row| row.message.position);
+            sqlx::query("SELECT message_positions_wait($1, $2)")
+                .bind(me.team_id)
+                .bind(&gaps)
+                .execute(&mut *tx)
+                .await?;
+            rows = page(after, newest, newest).fetch_all(&mut *tx).await?;
+        }
+        let messages: Vec<MessageView> = rows.into_iter().map(|row| row.message).collect();
+        if let Some(last) = messages.last() {
+            settle(me.team_id, last.position);
+        }
+        messages
+    } else {
+        sqlx::query_as(sqlx::AssertSqlSafe(sql.clone()))
+            .bind(me.team_id)
+            .bind(me.agent_id)
+            .bind(channel_id)
+            .bind(request.all_sessions)
+            .bind(&me.window)
+            .bind(0_i64)
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await?
+    };
     if request.only_new
         && let Some(last) = messages.last()
     {

@@ -24,9 +24,11 @@ pub(super) struct MessagesGone {
 }
 
 /// Delete channel (`channel`) or direct messages the predicate allows, a
-/// batch per transaction. Locks in the order posts take them (the quota
-/// row, then channel rows, then messages), so a post running beside a batch
-/// waits for it or it for the post, never both: the batch is chosen without
+/// batch per transaction. A post no longer writes its channel's row (its
+/// count goes to a stripe, migration 0031), so the batch's channel rows are
+/// locked `FOR NO KEY UPDATE`, which a post's reference to its channel does
+/// not wait for (nor it for the post, which may hold that reference while
+/// its attachments wait for the quota row): the batch is chosen without
 /// locks, the team's quota row and the batch's channel rows are locked, the
 /// batch's messages are deleted if the predicate still allows them (a cursor
 /// made meanwhile keeps its messages), replies to them forget what they
@@ -80,7 +82,8 @@ pub(super) async fn delete_messages(
             .execute(&mut *tx)
             .await?;
         sqlx::query(
-            "SELECT 1 FROM channels WHERE team_id = $1 AND id = ANY($2) ORDER BY id FOR UPDATE",
+            "SELECT 1 FROM channels WHERE team_id = $1 AND id = ANY($2) ORDER BY id
+             FOR NO KEY UPDATE",
         )
         .bind(team_id)
         .bind(&channels)
@@ -128,7 +131,7 @@ pub(super) async fn delete_messages(
         let lost: Vec<Uuid> = deleted.iter().filter_map(|(_, c, _)| *c).collect();
         if !lost.is_empty() {
             sqlx::query(
-                "UPDATE channels c SET message_count = greatest(c.message_count - g.n, 0)
+                "UPDATE channels c SET message_count = c.message_count - g.n
                    FROM (SELECT id, count(*) AS n FROM unnest($2::uuid[]) AS id GROUP BY id) g
                   WHERE c.team_id = $1 AND c.id = g.id",
             )
