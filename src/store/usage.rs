@@ -301,14 +301,46 @@ pub async fn check_quota(
     let (limit, used) = row.unwrap_or((TEAM_QUOTA_DEFAULT_BYTES, 0));
     let incoming = incoming as i64;
     if used.saturating_add(incoming) > limit {
-        return Err(BusError::conflict(format!(
+        let refused = QuotaRefusal {
+            limit,
+            used,
+            incoming,
+        };
+        return Err(refused.refusal(team_slug));
+    }
+    Ok(())
+}
+
+/// A write the quota refused: what `storage_quota_refusal` (migration 0033)
+/// answers for the writes that check it inside their one SQL call (the same
+/// rule as [`check_quota`]; this build still runs the Rust one for the others
+/// because the upgrade test writes with it on the schema before 0033).
+#[derive(serde::Deserialize)]
+pub(crate) struct QuotaRefusal {
+    limit: i64,
+    used: i64,
+    incoming: i64,
+}
+
+impl QuotaRefusal {
+    pub(crate) fn from_detail(detail: Option<serde_json::Value>) -> BusResult<QuotaRefusal> {
+        super::fenced::detail(detail)
+    }
+
+    /// The refusal in words, the same for every write the quota stops.
+    pub(crate) fn refusal(&self, team_slug: &str) -> BusError {
+        let QuotaRefusal {
+            limit,
+            used,
+            incoming,
+        } = self;
+        BusError::conflict(format!(
             "the team's storage quota is {limit} bytes and {used} are used; this write of \
              {incoming} bytes would pass it, so nothing was written. An operator can trim old \
              history with `ai-crew-sync team prune --team {team_slug} --older-than-days N` or raise \
              the quota with `ai-crew-sync team quota --team {team_slug} --bytes N`."
-        )));
+        ))
     }
-    Ok(())
 }
 
 /// `team quota`'s answer. The attachment fields are kept from when the quota

@@ -1,0 +1,315 @@
+-- One round trip per write tool (issue 34, item 1): acquire_lock,
+-- release_lock, heartbeat and set_note.
+--
+-- Before: each ran BEGIN, the write fence (agent_write_refusal), the quota
+-- read (set_note), its lookups, the write and COMMIT as separate statements,
+-- five to eight round trips with the fence's lock held across all of them.
+-- Now each is one call of a function below, as store_conversation_message
+-- (migrations 0014, 0016) already is: the fence first, then the quota, the
+-- lookups and the writes, each statement on a fresh snapshot (the functions
+-- are VOLATILE), all in the caller's one implicit transaction.
+--
+-- "Who may write" stays in one place: every function calls
+-- agent_write_refusal() (migration 0016) and does not restate it.
+--
+-- Every function answers one row of the same shape, so the Rust side reads
+-- them alike (store/sessions.rs `FencedWrite`):
+--   refusal, session_epoch, refused_since  the fence's answer, exactly as
+--                                          agent_write_refusal gives it;
+--                                          when refusal is set nothing was
+--                                          written and the rest is NULL
+--   outcome                                what happened, a short code
+--   detail                                 the data its answer (or its
+--                                          refusal's words) needs, as jsonb
+-- A refusal is a code and data, never words: Rust words it (the same texts
+-- as before), so nothing here raises an error a caller has to parse.
+
+-- The quota rule of store/usage.rs `check_quota` for writes that run in SQL:
+-- a write of p_incoming bytes is refused when the team's last counted usage
+-- plus it passes the limit (p_default_limit when the team has no quota row).
+-- Read without a lock, as check_quota reads it (usage.rs says why and how
+-- far it can overshoot). NULL: allowed; else {limit, used, incoming}.
+CREATE FUNCTION storage_quota_refusal(p_team uuid, p_incoming bigint, p_default_limit bigint)
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN q.used + p_incoming > q.lim THEN
+                    jsonb_build_object('limit', q.lim, 'used', q.used, 'incoming', p_incoming)
+           END
+      FROM (SELECT coalesce((SELECT attachment_bytes_limit FROM team_quotas WHERE team_id = p_team),
+                            p_default_limit) AS lim,
+                   coalesce((SELECT storage_bytes_used FROM team_quotas WHERE team_id = p_team),
+                            0) AS used) q
+$$;
+
+-- A lock as its tools show it: the holder's name read now (a scalar
+-- subquery of the current row, so a takeover waited out names the new
+-- holder). NULL when there is no row.
+CREATE FUNCTION team_lock_state(p_team uuid, p_name text)
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object(
+               'name', l.name,
+               'holder_agent_id', l.holder_agent_id,
+               'agent', (SELECT a.name FROM agents a
+                          WHERE a.team_id = l.team_id AND a.id = l.holder_agent_id),
+               'holder_session', l.holder_session,
+               'purpose', l.purpose,
+               'acquired_at', l.acquired_at,
+               'expires_at', l.expires_at,
+               'seconds_left', greatest(0, ceil(extract(epoch FROM l.expires_at - now())))::bigint,
+               'expired', l.expires_at <= now())
+      FROM locks l
+     WHERE l.team_id = p_team AND l.name = p_name
+$$;
+
+-- acquire_lock. Outcomes: taken, extended (detail: the lock now), held
+-- (detail: the lock as its holder has it), vanished (no row after the
+-- upsert: someone released it in between; the caller is asked to retry).
+CREATE FUNCTION acquire_team_lock(
+    p_team uuid, p_agent uuid, p_token uuid, p_window uuid, p_epoch bigint,
+    p_session text, p_name text, p_ttl interval, p_purpose text)
+RETURNS TABLE (refusal text, session_epoch bigint, refused_since timestamptz,
+               outcome text, detail jsonb)
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_extended boolean;
+BEGIN
+    SELECT r.refusal, r.session_epoch, r.refused_since
+      INTO refusal, session_epoch, refused_since
+      FROM agent_write_refusal(p_team, p_agent, p_token, p_window, p_epoch, false) r;
+    IF refusal IS NOT NULL THEN
+        RETURN NEXT;
+        RETURN;
+    END IF;
+
+    -- The WHERE of DO UPDATE is the rule: an expired row goes to anyone, a
+    -- live one only to its own window. When it refuses, the row stays locked
+    -- by this statement, so the holder read below is the one that refused us.
+    INSERT INTO locks AS l (team_id, name, holder_agent_id, holder_session, purpose,
+                            acquired_at, expires_at)
+    VALUES (p_team, p_name, p_agent, p_session, p_purpose, now(), now() + p_ttl)
+    ON CONFLICT (team_id, name) DO UPDATE SET
+        holder_agent_id = EXCLUDED.holder_agent_id,
+        holder_session = EXCLUDED.holder_session,
+        purpose = CASE WHEN l.expires_at > now() THEN coalesce(EXCLUDED.purpose, l.purpose)
+                       ELSE EXCLUDED.purpose END,
+        acquired_at = CASE WHEN l.expires_at > now() THEN l.acquired_at ELSE now() END,
+        expires_at = EXCLUDED.expires_at
+    WHERE l.expires_at <= now()
+       OR (l.holder_agent_id = EXCLUDED.holder_agent_id
+           AND l.holder_session = EXCLUDED.holder_session)
+    RETURNING l.acquired_at < now() INTO v_extended;
+    outcome := CASE WHEN NOT FOUND THEN 'held' WHEN v_extended THEN 'extended' ELSE 'taken' END;
+
+    detail := team_lock_state(p_team, p_name);
+    IF detail IS NULL THEN
+        outcome := 'vanished';
+    END IF;
+    RETURN NEXT;
+END
+$$;
+
+-- release_lock: only the holding window; its own expired lock too (that
+-- removes the stale row). Outcomes: released (detail: the lock as it was),
+-- held (by another window, live; detail: the lock), not_held (no row, or
+-- another window's expired one).
+CREATE FUNCTION release_team_lock(
+    p_team uuid, p_agent uuid, p_token uuid, p_window uuid, p_epoch bigint,
+    p_session text, p_name text)
+RETURNS TABLE (refusal text, session_epoch bigint, refused_since timestamptz,
+               outcome text, detail jsonb)
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_mine    boolean;
+    v_expired boolean;
+BEGIN
+    SELECT r.refusal, r.session_epoch, r.refused_since
+      INTO refusal, session_epoch, refused_since
+      FROM agent_write_refusal(p_team, p_agent, p_token, p_window, p_epoch, false) r;
+    IF refusal IS NOT NULL THEN
+        RETURN NEXT;
+        RETURN;
+    END IF;
+
+    -- Lock the row first; a takeover this waits out is read as it is after.
+    SELECT l.holder_agent_id = p_agent AND l.holder_session = p_session, l.expires_at <= now()
+      INTO v_mine, v_expired
+      FROM locks l
+     WHERE l.team_id = p_team AND l.name = p_name
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        outcome := 'not_held';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    -- A new statement after the row lock: the holder as it is now.
+    detail := team_lock_state(p_team, p_name);
+    IF v_mine THEN
+        DELETE FROM locks l WHERE l.team_id = p_team AND l.name = p_name;
+        outcome := 'released';
+    ELSIF NOT v_expired THEN
+        outcome := 'held';
+    ELSE
+        outcome := 'not_held';
+    END IF;
+    RETURN NEXT;
+END
+$$;
+
+-- heartbeat: upsert this window's presence. Each optional field travels as
+-- (given, value): not given keeps the stored value on update; given with
+-- NULL clears it. Outcome: beat (detail: the window as now stored, the
+-- columns of store/presence.rs `Window`).
+CREATE FUNCTION store_heartbeat(
+    p_team uuid, p_agent uuid, p_token uuid, p_window uuid, p_epoch bigint,
+    p_session text, p_status text,
+    p_repo_given boolean, p_repo text,
+    p_branch_given boolean, p_branch text,
+    p_activity_given boolean, p_activity text,
+    p_project_given boolean, p_project text,
+    p_role_given boolean, p_role text,
+    p_ttl integer, p_default_ttl integer)
+RETURNS TABLE (refusal text, session_epoch bigint, refused_since timestamptz,
+               outcome text, detail jsonb)
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+BEGIN
+    SELECT r.refusal, r.session_epoch, r.refused_since
+      INTO refusal, session_epoch, refused_since
+      FROM agent_write_refusal(p_team, p_agent, p_token, p_window, p_epoch, false) r;
+    IF refusal IS NOT NULL THEN
+        RETURN NEXT;
+        RETURN;
+    END IF;
+
+    -- One statement writes the row, so concurrent beats of one window never
+    -- interleave field by field.
+    WITH beat AS (
+        INSERT INTO presence AS p (team_id, agent_id, session, status, repo, branch, activity,
+                                   project, role, ttl_seconds, expires_at)
+        VALUES (p_team, p_agent, p_session, coalesce(p_status, 'active'), p_repo, p_branch,
+                p_activity, p_project, p_role, coalesce(p_ttl, p_default_ttl),
+                now() + make_interval(secs => coalesce(p_ttl, p_default_ttl)))
+        ON CONFLICT (team_id, agent_id, session) DO UPDATE SET
+            status = coalesce(p_status, p.status),
+            repo = CASE WHEN p_repo_given THEN EXCLUDED.repo ELSE p.repo END,
+            branch = CASE WHEN p_branch_given THEN EXCLUDED.branch ELSE p.branch END,
+            activity = CASE WHEN p_activity_given THEN EXCLUDED.activity ELSE p.activity END,
+            project = CASE WHEN p_project_given THEN EXCLUDED.project ELSE p.project END,
+            role = CASE WHEN p_role_given THEN EXCLUDED.role ELSE p.role END,
+            ttl_seconds = coalesce(p_ttl, p.ttl_seconds),
+            last_seen_at = now(),
+            expires_at = now() + make_interval(secs => coalesce(p_ttl, p.ttl_seconds))
+        RETURNING p.*)
+    SELECT jsonb_build_object(
+               'session', p.session,
+               'address', CASE WHEN p.session = '' THEN a.name ELSE a.name || '/' || p.session END,
+               'online', p.expires_at > now() AND a.disabled_at IS NULL,
+               'status', p.status, 'repo', p.repo, 'branch', p.branch,
+               'activity', p.activity, 'project', p.project, 'role', p.role,
+               'ttl_seconds', p.ttl_seconds, 'last_seen_at', p.last_seen_at,
+               'expires_at', p.expires_at)
+      INTO detail
+      FROM beat p JOIN agents a ON a.team_id = p.team_id AND a.id = p.agent_id;
+    outcome := 'beat';
+    RETURN NEXT;
+END
+$$;
+
+-- set_note: create or replace a note and record its revision. p_tags NULL
+-- keeps the current tags (none on a new note); '{}' clears them. Outcomes:
+-- quota (detail: storage_quota_refusal's), unchanged (same value and tags:
+-- nothing written; detail: the note as it stands), set (detail: the note
+-- as written). The value is charged twice: on the note and its revision.
+CREATE FUNCTION store_note(
+    p_team uuid, p_agent uuid, p_token uuid, p_window uuid, p_epoch bigint,
+    p_session text, p_id uuid, p_scope text, p_key text, p_value text, p_tags text[],
+    p_default_quota bigint)
+RETURNS TABLE (refusal text, session_epoch bigint, refused_since timestamptz,
+               outcome text, detail jsonb)
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_was_deleted boolean;
+    v_id          uuid;
+    v_created     boolean;
+BEGIN
+    SELECT r.refusal, r.session_epoch, r.refused_since
+      INTO refusal, session_epoch, refused_since
+      FROM agent_write_refusal(p_team, p_agent, p_token, p_window, p_epoch, false) r;
+    IF refusal IS NOT NULL THEN
+        RETURN NEXT;
+        RETURN;
+    END IF;
+
+    detail := storage_quota_refusal(p_team, 2 * octet_length(p_value)::bigint, p_default_quota);
+    IF detail IS NOT NULL THEN
+        outcome := 'quota';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+
+    -- Lock the note if it exists, so "was it deleted?" still holds when the
+    -- upsert below runs. (A missing note cannot be locked; a concurrent first
+    -- set then meets the upsert's conflict and becomes revision 2.)
+    SELECT n.deleted_at IS NOT NULL INTO v_was_deleted
+      FROM notes n
+     WHERE n.team_id = p_team AND n.scope = p_scope AND n.key = p_key
+       FOR UPDATE;
+
+    -- The WHERE on the update makes an identical set a no-op: no row comes
+    -- back, and no revision is written. A deleted note is set again (it
+    -- counts as created, with the next revision number).
+    INSERT INTO notes AS n (id, team_id, scope, key, value, tags, revision,
+                            created_by_agent_id, created_by_session,
+                            updated_by_agent_id, updated_by_session)
+    VALUES (p_id, p_team, p_scope, p_key, p_value, coalesce(p_tags, '{}'::text[]), 1,
+            p_agent, p_session, p_agent, p_session)
+    ON CONFLICT (team_id, scope, key) DO UPDATE SET
+        value = EXCLUDED.value,
+        tags = CASE WHEN n.deleted_at IS NOT NULL THEN EXCLUDED.tags
+                    ELSE coalesce(p_tags, n.tags) END,
+        revision = n.revision + 1,
+        updated_by_agent_id = EXCLUDED.updated_by_agent_id,
+        updated_by_session = EXCLUDED.updated_by_session,
+        updated_at = now(),
+        deleted_at = NULL
+    WHERE n.deleted_at IS NOT NULL
+       OR n.value IS DISTINCT FROM EXCLUDED.value
+       OR (p_tags IS NOT NULL AND n.tags IS DISTINCT FROM p_tags)
+    RETURNING n.id, n.revision = 1 OR coalesce(v_was_deleted, false) INTO v_id, v_created;
+
+    IF FOUND THEN
+        -- The revision copies the stored value inside the database.
+        INSERT INTO note_revisions (team_id, note_id, revision, action, value, tags,
+                                    author_agent_id, author_session, at)
+        SELECT n.team_id, n.id, n.revision, 'set', n.value, n.tags, n.updated_by_agent_id,
+               n.updated_by_session, n.updated_at
+          FROM notes n WHERE n.team_id = p_team AND n.id = v_id;
+        outcome := 'set';
+    ELSE
+        outcome := 'unchanged';
+    END IF;
+
+    SELECT jsonb_build_object(
+               'revision', n.revision,
+               'created', coalesce(v_created, false),
+               'tags', to_jsonb(n.tags),
+               'bytes', octet_length(n.value)::bigint,
+               'updated_at', n.updated_at,
+               'updated_by', CASE WHEN n.updated_by_session = '' THEN u.name
+                                  ELSE u.name || '/' || n.updated_by_session END)
+      INTO detail
+      FROM notes n JOIN agents u ON u.team_id = n.team_id AND u.id = n.updated_by_agent_id
+     WHERE n.team_id = p_team AND n.scope = p_scope AND n.key = p_key;
+    RETURN NEXT;
+END
+$$;

@@ -1,0 +1,195 @@
+//! The write tools that are one SQL call each (issue 34 item 1, migration
+//! 0033: acquire_lock, release_lock, heartbeat, set_note) run the write
+//! fence inside that call, in the same transaction as their writes: a
+//! revocation caught between taking its fence and committing makes the call
+//! wait, and once it commits the call is refused with today's words and
+//! leaves everything as it was. The race itself is `write_fence::race`.
+
+use ai_crew_sync::store::{agents, tokens};
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::support::{in_team, spawn_app};
+use crate::write_fence::{
+    acme_with_alice, agent_id, alice_with_window_w, count, hold_row, message, race,
+};
+
+const DISABLED: &str = "agent `alice` of team `acme` is disabled";
+
+// Breakage: `IF refusal IS NOT NULL THEN` -> `IF false THEN` in
+// acquire_team_lock makes the call take the lock across the disable.
+#[tokio::test]
+async fn an_acquire_lock_in_flight_across_an_agent_disable_is_refused_and_takes_nothing() {
+    let app = spawn_app().await;
+    let alice = app.mcp(&acme_with_alice(&app).await, None).await;
+    let held = hold_row(
+        &app.pool,
+        "SELECT 1 FROM agents WHERE id = $1 FOR NO KEY UPDATE",
+        agent_id(&app.pool, "alice").await,
+    )
+    .await;
+
+    let pool = app.pool.clone();
+    let answer = race(
+        &app.pool,
+        held,
+        async move {
+            agents::set_disabled(&pool, &in_team("acme"), "alice", true)
+                .await
+                .unwrap()
+        },
+        async move {
+            alice
+                .call("acquire_lock", json!({ "name": "deploy:prod" }))
+                .await
+        },
+    )
+    .await;
+
+    let refusal = answer.expect_err("a disabled agent's acquire");
+    assert!(message(&refusal).contains(DISABLED), "{refusal}");
+    assert_eq!(count(&app.pool, "locks").await, 0, "no lock was taken");
+}
+
+// Breakage: `IF refusal IS NOT NULL THEN` -> `IF false THEN` in
+// release_team_lock makes the call delete the lock across the revocation.
+#[tokio::test]
+async fn a_release_lock_in_flight_across_its_token_revocation_is_refused_and_keeps_the_lock() {
+    let app = spawn_app().await;
+    let (_agent, window, _) = alice_with_window_w(&app).await;
+    window
+        .call("acquire_lock", json!({ "name": "deploy:prod" }))
+        .await
+        .unwrap();
+    let token_id: Uuid = sqlx::query_scalar("SELECT id FROM agent_tokens")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    let held = hold_row(
+        &app.pool,
+        "SELECT 1 FROM agent_tokens WHERE id = $1 FOR NO KEY UPDATE",
+        token_id,
+    )
+    .await;
+
+    let pool = app.pool.clone();
+    let answer = race(
+        &app.pool,
+        held,
+        async move {
+            tokens::revoke(&pool, token_id, &in_team("acme"))
+                .await
+                .unwrap()
+        },
+        async move {
+            window
+                .call("release_lock", json!({ "name": "deploy:prod" }))
+                .await
+        },
+    )
+    .await;
+
+    let refusal = answer.expect_err("a revoked token's window releasing");
+    assert!(
+        message(&refusal).contains("the agent token it was registered with was revoked"),
+        "{refusal}"
+    );
+    let holders: Vec<String> = sqlx::query_scalar("SELECT holder_session FROM locks")
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(holders, ["w"], "the lock is still held by the window");
+}
+
+// Breakage: `IF refusal IS NOT NULL THEN` -> `IF false THEN` in
+// store_heartbeat makes the revoked window's beat land.
+#[tokio::test]
+async fn a_heartbeat_in_flight_across_revoke_session_is_refused_and_changes_nothing() {
+    let app = spawn_app().await;
+    let (agent, window, issued) = alice_with_window_w(&app).await;
+    window
+        .call("heartbeat", json!({ "activity": "before" }))
+        .await
+        .unwrap();
+    let before: (String, chrono::DateTime<chrono::Utc>) =
+        sqlx::query_as("SELECT activity, last_seen_at FROM presence WHERE session = 'w'")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    let session_id: Uuid = issued["session_id"].as_str().unwrap().parse().unwrap();
+    let held = hold_row(
+        &app.pool,
+        "SELECT 1 FROM agent_sessions WHERE id = $1 FOR NO KEY UPDATE",
+        session_id,
+    )
+    .await;
+
+    let answer = race(
+        &app.pool,
+        held,
+        async move {
+            agent
+                .call("revoke_session", json!({ "session": "w" }))
+                .await
+                .unwrap()
+        },
+        async move {
+            window
+                .call("heartbeat", json!({ "activity": "late", "status": "busy" }))
+                .await
+        },
+    )
+    .await;
+
+    let refusal = answer.expect_err("a revoked window's heartbeat");
+    assert!(
+        message(&refusal).contains("session `w` was revoked"),
+        "{refusal}"
+    );
+    let after: (String, chrono::DateTime<chrono::Utc>) =
+        sqlx::query_as("SELECT activity, last_seen_at FROM presence WHERE session = 'w'")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(after, before, "the window's presence is as it was");
+}
+
+// Breakage: `IF refusal IS NOT NULL THEN` -> `IF false THEN` in store_note
+// makes the disabled agent's note and its revision land.
+#[tokio::test]
+async fn a_set_note_in_flight_across_an_agent_disable_is_refused_and_writes_no_revision() {
+    let app = spawn_app().await;
+    let alice = app.mcp(&acme_with_alice(&app).await, None).await;
+    let held = hold_row(
+        &app.pool,
+        "SELECT 1 FROM agents WHERE id = $1 FOR NO KEY UPDATE",
+        agent_id(&app.pool, "alice").await,
+    )
+    .await;
+
+    let pool = app.pool.clone();
+    let answer = race(
+        &app.pool,
+        held,
+        async move {
+            agents::set_disabled(&pool, &in_team("acme"), "alice", true)
+                .await
+                .unwrap()
+        },
+        async move {
+            alice
+                .call("set_note", json!({ "key": "plan", "value": "late" }))
+                .await
+        },
+    )
+    .await;
+
+    let refusal = answer.expect_err("a disabled agent's note");
+    assert!(message(&refusal).contains(DISABLED), "{refusal}");
+    assert_eq!(count(&app.pool, "notes").await, 0, "no note was set");
+    assert_eq!(
+        count(&app.pool, "note_revisions").await,
+        0,
+        "no revision was written"
+    );
+}
