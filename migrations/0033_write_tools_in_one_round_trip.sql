@@ -313,3 +313,200 @@ BEGIN
     RETURN NEXT;
 END
 $$;
+
+-- The seat through which window (p_agent, p_session) may act as a recipient
+-- of message p_message, as store/receipts.rs `recipient_seat` decided it in
+-- Rust: code ok (with the seat), not_found (no such message, or not visible
+-- to this window: the same answer), borrowed (a bare token wearing the label
+-- of a live registered window; p_bare_label says the caller is such a
+-- token), invited (a seat not yet joined), not_a_recipient (reads through a
+-- project grant only).
+CREATE FUNCTION conversation_recipient_seat(
+    p_team uuid, p_agent uuid, p_session text, p_bare_label boolean, p_message uuid)
+RETURNS TABLE (code text, conversation_id uuid, seq bigint, seat_id uuid, backend text)
+LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_column
+DECLARE
+    v_project uuid;
+    v_state   text;
+    v_from    bigint;
+BEGIN
+    SELECT m.conversation_id, m.seq, c.project_id, c.backend::text
+      INTO conversation_id, seq, v_project, backend
+      FROM conversation_messages m
+      JOIN conversations c ON c.team_id = m.team_id AND c.id = m.conversation_id
+     WHERE m.team_id = p_team AND m.id = p_message;
+    IF NOT FOUND THEN
+        code := 'not_found';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    IF p_bare_label AND EXISTS (
+           SELECT 1 FROM agent_sessions s
+             JOIN agent_tokens t ON t.team_id = s.team_id AND t.id = s.token_id
+            WHERE s.team_id = p_team AND s.agent_id = p_agent AND s.label = p_session
+              AND s.revoked_at IS NULL AND s.expires_at > now() AND t.revoked_at IS NULL) THEN
+        code := 'borrowed';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    SELECT s.id, s.state::text, s.history_from_seq INTO seat_id, v_state, v_from
+      FROM conversation_members s
+     WHERE s.team_id = p_team AND s.conversation_id = conversation_recipient_seat.conversation_id
+       AND s.agent_id = p_agent AND s.session = p_session;
+    code := CASE
+        WHEN v_state = 'active' AND seq >= v_from THEN 'ok'
+        WHEN v_state = 'active' THEN 'not_found'
+        WHEN v_project IS NOT NULL AND EXISTS (
+                 SELECT 1 FROM project_grants g
+                  WHERE g.team_id = p_team AND g.project_id = v_project AND g.agent_id = p_agent)
+             THEN 'not_a_recipient'
+        WHEN v_state = 'invited' THEN 'invited'
+        ELSE 'not_found' END;
+    RETURN NEXT;
+END
+$$;
+
+-- ack_message: the recipient seat acknowledges (and with p_resolved,
+-- resolves) a message; each fact and the note are written once. On a broker
+-- conversation the sender's receipt reference is queued (store/inbox's
+-- recipient key), and the ack is audited, all in this one call. Outcomes:
+-- acked (detail: conversation_id, seq, receipt), or a refusal code of
+-- conversation_recipient_seat (detail: conversation_id).
+CREATE FUNCTION store_ack(
+    p_team uuid, p_agent uuid, p_token uuid, p_window uuid, p_epoch bigint,
+    p_session text, p_bare_label boolean, p_message uuid, p_resolved boolean, p_note text,
+    p_address text)
+RETURNS TABLE (refusal text, session_epoch bigint, refused_since timestamptz,
+               outcome text, detail jsonb)
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_seat    record;
+    v_receipt jsonb;
+BEGIN
+    SELECT r.refusal, r.session_epoch, r.refused_since
+      INTO refusal, session_epoch, refused_since
+      FROM agent_write_refusal(p_team, p_agent, p_token, p_window, p_epoch, false) r;
+    IF refusal IS NOT NULL THEN
+        RETURN NEXT;
+        RETURN;
+    END IF;
+
+    SELECT * INTO v_seat
+      FROM conversation_recipient_seat(p_team, p_agent, p_session, p_bare_label, p_message);
+    detail := jsonb_build_object('conversation_id', v_seat.conversation_id, 'seq', v_seat.seq);
+    IF v_seat.code <> 'ok' THEN
+        outcome := v_seat.code;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+
+    -- One receipt row, last in the lock order: no conversation lock.
+    UPDATE message_receipts r
+       SET acknowledged_at = COALESCE(r.acknowledged_at, now()),
+           resolved_at = CASE WHEN p_resolved THEN COALESCE(r.resolved_at, now())
+                              ELSE r.resolved_at END,
+           ack_note = COALESCE(r.ack_note, p_note)
+     WHERE r.team_id = p_team AND r.message_id = p_message AND r.member_id = v_seat.seat_id
+    RETURNING jsonb_build_object(
+                  'recipient', p_address, 'stored_at', r.stored_at,
+                  'delivered_at', r.delivered_at, 'presented_at', r.presented_at,
+                  'acknowledged_at', r.acknowledged_at, 'resolved_at', r.resolved_at,
+                  'note', r.ack_note)
+      INTO v_receipt;
+    IF NOT FOUND THEN
+        outcome := 'not_a_recipient';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+
+    IF v_seat.backend <> 'postgres' THEN
+        INSERT INTO inbox_references
+            (id, team_id, recipient_key, recipient_id, recipient_session, kind,
+             conversation_id, message_id, seq, actor, receipt)
+        SELECT gen_random_uuid(), m.team_id,
+               encode(substring(sha256(convert_to(m.sender_id::text || '/' || m.sender_session,
+                                                  'UTF8')) FROM 1 FOR 16), 'hex'),
+               m.sender_id, m.sender_session, 'receipt', m.conversation_id, m.id, m.seq,
+               p_address, CASE WHEN p_resolved THEN 'resolved' ELSE 'acknowledged' END
+          FROM conversation_messages m WHERE m.team_id = p_team AND m.id = p_message
+        ON CONFLICT DO NOTHING;
+    END IF;
+
+    INSERT INTO conversation_audit
+        (team_id, conversation_id, actor_id, actor_session, action, subject, detail)
+    VALUES (p_team, v_seat.conversation_id, p_agent, p_session, 'ack', p_message::text,
+            jsonb_build_object('message_id', p_message, 'seq', v_seat.seq,
+                               'resolved', p_resolved, 'note_bytes', octet_length(p_note)));
+
+    outcome := 'acked';
+    detail := detail || jsonb_build_object('receipt', v_receipt);
+    RETURN NEXT;
+END
+$$;
+
+-- mark_presented: all or nothing over p_messages (sorted, distinct: two
+-- calls lock shared receipts in one order). Outcomes: presented (detail: an
+-- array of {message_id, conversation_id, seq, presented_at}), or a refusal
+-- code of conversation_recipient_seat (detail: message_id, conversation_id)
+-- with nothing written.
+CREATE FUNCTION store_presented(
+    p_team uuid, p_agent uuid, p_token uuid, p_window uuid, p_epoch bigint,
+    p_session text, p_bare_label boolean, p_messages uuid[])
+RETURNS TABLE (refusal text, session_epoch bigint, refused_since timestamptz,
+               outcome text, detail jsonb)
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_message   uuid;
+    v_seat      record;
+    v_at        timestamptz;
+    v_presented jsonb := '[]'::jsonb;
+BEGIN
+    SELECT r.refusal, r.session_epoch, r.refused_since
+      INTO refusal, session_epoch, refused_since
+      FROM agent_write_refusal(p_team, p_agent, p_token, p_window, p_epoch, false) r;
+    IF refusal IS NOT NULL THEN
+        RETURN NEXT;
+        RETURN;
+    END IF;
+
+    BEGIN
+        FOREACH v_message IN ARRAY p_messages LOOP
+            SELECT * INTO v_seat
+              FROM conversation_recipient_seat(p_team, p_agent, p_session, p_bare_label,
+                                               v_message);
+            IF v_seat.code = 'ok' THEN
+                UPDATE message_receipts r SET presented_at = COALESCE(r.presented_at, now())
+                 WHERE r.team_id = p_team AND r.message_id = v_message
+                   AND r.member_id = v_seat.seat_id
+                RETURNING r.presented_at INTO v_at;
+                IF NOT FOUND THEN
+                    v_seat.code := 'not_a_recipient';
+                END IF;
+            END IF;
+            IF v_seat.code <> 'ok' THEN
+                outcome := v_seat.code;
+                detail := jsonb_build_object('message_id', v_message,
+                                             'conversation_id', v_seat.conversation_id);
+                -- Undo the receipts marked so far: all or nothing.
+                RAISE EXCEPTION USING ERRCODE = 'AC002';
+            END IF;
+            v_presented := v_presented || jsonb_build_array(jsonb_build_object(
+                'message_id', v_message, 'conversation_id', v_seat.conversation_id,
+                'seq', v_seat.seq, 'presented_at', v_at));
+        END LOOP;
+    EXCEPTION WHEN SQLSTATE 'AC002' THEN
+        RETURN NEXT;
+        RETURN;
+    END;
+    outcome := 'presented';
+    detail := v_presented;
+    RETURN NEXT;
+END
+$$;

@@ -5,11 +5,11 @@
 //! wait, and once it commits the call is refused with today's words and
 //! leaves everything as it was. The race itself is `write_fence::race`.
 
-use ai_crew_sync::store::{agents, tokens};
+use ai_crew_sync::store::{agents, teams, tokens};
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::support::{in_team, spawn_app};
+use crate::support::{McpClient, TestApp, in_team, spawn_app, test_actor};
 use crate::write_fence::{
     acme_with_alice, agent_id, alice_with_window_w, count, hold_row, message, race,
 };
@@ -191,5 +191,146 @@ async fn a_set_note_in_flight_across_an_agent_disable_is_refused_and_writes_no_r
         count(&app.pool, "note_revisions").await,
         0,
         "no revision was written"
+    );
+}
+
+/// acme with conversations enabled; alice (bare token) sends bob (window
+/// `w`, its own session credential) a message. bob's agent-token client,
+/// his window's client and the message.
+async fn a_message_for_bob_w(app: &TestApp) -> (McpClient, McpClient, Uuid) {
+    let alice = app.mcp(&acme_with_alice(app).await, None).await;
+    teams::capability(&app.pool, "acme", Some(true), &test_actor())
+        .await
+        .unwrap();
+    let bob_agent = app.mcp(&app.agent("acme", "bob").await, None).await;
+    let issued = bob_agent
+        .call("register_session", json!({ "session": "w" }))
+        .await
+        .unwrap();
+    let bob = app.mcp(issued["credential"].as_str().unwrap(), None).await;
+    let created = alice
+        .call(
+            "create_conversation",
+            json!({ "title": "release", "private": true, "invite": ["bob/w"] }),
+        )
+        .await
+        .unwrap();
+    let conversation = created["id"].as_str().unwrap().to_owned();
+    bob.call(
+        "join_conversation",
+        json!({ "conversation_id": conversation }),
+    )
+    .await
+    .unwrap();
+    let sent = alice
+        .call(
+            "send_conversation_message",
+            json!({ "conversation_id": conversation, "body": "ship it?",
+                    "request_id": Uuid::new_v4() }),
+        )
+        .await
+        .unwrap();
+    let message_id = sent["message_id"].as_str().unwrap().parse().unwrap();
+    (bob_agent, bob, message_id)
+}
+
+/// bob's receipt facts and the conversation's audit rows of the ack.
+async fn receipt_and_acks(app: &TestApp) -> (bool, bool, i64) {
+    sqlx::query_as(
+        "SELECT acknowledged_at IS NOT NULL, presented_at IS NOT NULL,
+                (SELECT count(*) FROM conversation_audit WHERE action = 'ack')
+         FROM message_receipts",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap()
+}
+
+// Breakage: `IF refusal IS NOT NULL THEN` -> `IF false THEN` in store_ack
+// makes the disabled agent's ack and its audit row land.
+#[tokio::test]
+async fn an_ack_in_flight_across_the_recipients_disable_is_refused_and_records_nothing() {
+    let app = spawn_app().await;
+    let (_, bob, message_id) = a_message_for_bob_w(&app).await;
+    let held = hold_row(
+        &app.pool,
+        "SELECT 1 FROM agents WHERE id = $1 FOR NO KEY UPDATE",
+        agent_id(&app.pool, "bob").await,
+    )
+    .await;
+
+    let pool = app.pool.clone();
+    let answer = race(
+        &app.pool,
+        held,
+        async move {
+            agents::set_disabled(&pool, &in_team("acme"), "bob", true)
+                .await
+                .unwrap()
+        },
+        async move {
+            bob.call(
+                "ack_message",
+                json!({ "message_id": message_id, "resolved": true, "note": "done" }),
+            )
+            .await
+        },
+    )
+    .await;
+
+    let refusal = answer.expect_err("a disabled agent's ack");
+    assert!(
+        message(&refusal).contains("agent `bob` of team `acme` is disabled"),
+        "{refusal}"
+    );
+    assert_eq!(
+        receipt_and_acks(&app).await,
+        (false, false, 0),
+        "no fact, no audit"
+    );
+}
+
+// Breakage: `IF refusal IS NOT NULL THEN` -> `IF false THEN` in
+// store_presented makes the revoked window's `presented` land.
+#[tokio::test]
+async fn a_mark_presented_in_flight_across_revoke_session_is_refused_and_records_nothing() {
+    let app = spawn_app().await;
+    let (bob_agent, bob, message_id) = a_message_for_bob_w(&app).await;
+    let session_id: Uuid = sqlx::query_scalar("SELECT id FROM agent_sessions WHERE label = 'w'")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    let held = hold_row(
+        &app.pool,
+        "SELECT 1 FROM agent_sessions WHERE id = $1 FOR NO KEY UPDATE",
+        session_id,
+    )
+    .await;
+
+    let answer = race(
+        &app.pool,
+        held,
+        async move {
+            bob_agent
+                .call("revoke_session", json!({ "session": "w" }))
+                .await
+                .unwrap()
+        },
+        async move {
+            bob.call("mark_presented", json!({ "message_ids": [message_id] }))
+                .await
+        },
+    )
+    .await;
+
+    let refusal = answer.expect_err("a revoked window's mark_presented");
+    assert!(
+        message(&refusal).contains("session `w` was revoked"),
+        "{refusal}"
+    );
+    assert_eq!(
+        receipt_and_acks(&app).await,
+        (false, false, 0),
+        "nothing recorded"
     );
 }

@@ -4,7 +4,8 @@
 //!
 //! A reference is queued in the transaction that makes it true: at
 //! confirmation for an outbox message (no reference to a message nobody
-//! stored), at ack for a receipt reference. PostgreSQL never expires what is
+//! stored), at ack for a receipt reference (inside `store_ack`, migration
+//! 0033, which computes the same recipient key in SQL). PostgreSQL never expires what is
 //! owed, so whatever a broker loses is rebuilt from here and from
 //! `message_receipts`. A receipt is owed to the window holding its seat now
 //! (a transfer moves the seat; `recipient_session` keeps who it was sent to).
@@ -104,34 +105,6 @@ pub async fn enqueue_message_references(
     .execute(tx)
     .await?;
     Ok(queued.rows_affected())
-}
-
-/// Queue a receipt reference for the sender of `message_id` ("`actor`
-/// acknowledged/resolved your message"), in the ack's transaction.
-pub async fn enqueue_receipt_reference(
-    tx: &mut sqlx::PgConnection,
-    team_id: Uuid,
-    message_id: Uuid,
-    actor: &str,
-    receipt: &str,
-) -> BusResult<()> {
-    sqlx::query(concat!(
-        "INSERT INTO inbox_references
-             (id, team_id, recipient_key, recipient_id, recipient_session, kind,
-              conversation_id, message_id, seq, actor, receipt)
-         SELECT gen_random_uuid(), m.team_id, ",
-        recipient_key_sql!("m.sender_id", "m.sender_session"),
-        ", m.sender_id, m.sender_session, 'receipt', m.conversation_id, m.id, m.seq, $3, $4
-           FROM conversation_messages m WHERE m.team_id = $1 AND m.id = $2
-         ON CONFLICT DO NOTHING"
-    ))
-    .bind(team_id)
-    .bind(message_id)
-    .bind(actor)
-    .bind(receipt)
-    .execute(tx)
-    .await?;
-    Ok(())
 }
 
 /// One reference handed to a window.
