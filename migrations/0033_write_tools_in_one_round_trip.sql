@@ -314,6 +314,20 @@ BEGIN
 END
 $$;
 
+-- Whether label p_label of the agent belongs to a live registered window
+-- (session credential and its token unrevoked, unexpired): the private data
+-- of such a window is refused to the bare agent token wearing its label.
+-- The rule of store/conversations/access.rs `registered_window`, for the
+-- functions below.
+CREATE FUNCTION window_label_registered(p_team uuid, p_agent uuid, p_label text)
+RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM agent_sessions s
+          JOIN agent_tokens t ON t.team_id = s.team_id AND t.id = s.token_id
+         WHERE s.team_id = p_team AND s.agent_id = p_agent AND s.label = p_label
+           AND s.revoked_at IS NULL AND s.expires_at > now() AND t.revoked_at IS NULL)
+$$;
+
 -- The seat through which window (p_agent, p_session) may act as a recipient
 -- of message p_message, as store/receipts.rs `recipient_seat` decided it in
 -- Rust: code ok (with the seat), not_found (no such message, or not visible
@@ -341,11 +355,7 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
-    IF p_bare_label AND EXISTS (
-           SELECT 1 FROM agent_sessions s
-             JOIN agent_tokens t ON t.team_id = s.team_id AND t.id = s.token_id
-            WHERE s.team_id = p_team AND s.agent_id = p_agent AND s.label = p_session
-              AND s.revoked_at IS NULL AND s.expires_at > now() AND t.revoked_at IS NULL) THEN
+    IF p_bare_label AND window_label_registered(p_team, p_agent, p_session) THEN
         code := 'borrowed';
         RETURN NEXT;
         RETURN;
@@ -507,6 +517,61 @@ BEGIN
     END;
     outcome := 'presented';
     detail := v_presented;
+    RETURN NEXT;
+END
+$$;
+
+-- confirm_inbox_delivery's PostgreSQL part: record `delivered` on this
+-- window's references named (p_key: store/inbox `recipient_key`) and, for a
+-- message, on its receipt, before anything is acked to a broker (the caller
+-- acks after this commits). Idempotent. Outcomes: borrowed (a bare token
+-- wearing a registered window's label: nothing written), confirmed (detail:
+-- [{id, fresh, broker_ack}] for each reference of this window named).
+CREATE FUNCTION confirm_inbox_references(
+    p_team uuid, p_agent uuid, p_token uuid, p_window uuid, p_epoch bigint,
+    p_session text, p_bare_label boolean, p_key text, p_ids uuid[])
+RETURNS TABLE (refusal text, session_epoch bigint, refused_since timestamptz,
+               outcome text, detail jsonb)
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+BEGIN
+    SELECT r.refusal, r.session_epoch, r.refused_since
+      INTO refusal, session_epoch, refused_since
+      FROM agent_write_refusal(p_team, p_agent, p_token, p_window, p_epoch, false) r;
+    IF refusal IS NOT NULL THEN
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    IF p_bare_label AND window_label_registered(p_team, p_agent, p_session) THEN
+        outcome := 'borrowed';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+
+    WITH before AS (
+        SELECT i.id, i.delivered_at IS NULL AS fresh, i.broker_ack FROM inbox_references i
+         WHERE i.team_id = p_team AND i.recipient_key = p_key AND i.id = ANY(p_ids)
+         ORDER BY i.id
+           FOR UPDATE),
+    marked AS (
+        UPDATE inbox_references i SET delivered_at = now()
+          FROM before WHERE i.id = before.id AND before.fresh
+         RETURNING i.id, i.kind, i.message_id),
+    receipts AS (
+        UPDATE message_receipts r SET delivered_at = COALESCE(r.delivered_at, now())
+          FROM marked
+         WHERE marked.kind = 'message' AND r.team_id = p_team
+           AND r.message_id = marked.message_id
+           AND r.member_id IN (SELECT w.id FROM conversation_members w
+                                WHERE w.team_id = p_team AND w.agent_id = p_agent
+                                  AND w.session = p_session))
+    SELECT coalesce(jsonb_agg(jsonb_build_object('id', b.id, 'fresh', b.fresh,
+                                                 'broker_ack', b.broker_ack)), '[]'::jsonb)
+      INTO detail
+      FROM before b;
+    outcome := 'confirmed';
     RETURN NEXT;
 END
 $$;

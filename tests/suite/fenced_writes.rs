@@ -334,3 +334,50 @@ async fn a_mark_presented_in_flight_across_revoke_session_is_refused_and_records
         "nothing recorded"
     );
 }
+
+// Breakage: `IF refusal IS NOT NULL THEN` -> `IF false THEN` in
+// confirm_inbox_references makes the disabled agent's confirmation land.
+#[tokio::test]
+async fn a_confirm_inbox_delivery_in_flight_across_an_agent_disable_is_refused_and_marks_nothing() {
+    let p = crate::inbox::pair().await;
+    p.send("one").await;
+    let ids = crate::inbox::delivery_ids(&crate::inbox::fetch(&p.bob).await);
+    assert_eq!(ids.len(), 1);
+    let held = hold_row(
+        &p.app.pool,
+        "SELECT 1 FROM agents WHERE id = $1 FOR NO KEY UPDATE",
+        agent_id(&p.app.pool, "bob").await,
+    )
+    .await;
+
+    let pool = p.app.pool.clone();
+    let bob = p.bob;
+    let answer = race(
+        &p.app.pool,
+        held,
+        async move {
+            agents::set_disabled(&pool, &in_team("ib"), "bob", true)
+                .await
+                .unwrap()
+        },
+        async move {
+            bob.call("confirm_inbox_delivery", json!({ "delivery_ids": ids }))
+                .await
+        },
+    )
+    .await;
+
+    let refusal = answer.expect_err("a disabled agent's confirmation");
+    assert!(
+        message(&refusal).contains("agent `bob` of team `ib` is disabled"),
+        "{refusal}"
+    );
+    let delivered: (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM inbox_references WHERE delivered_at IS NOT NULL),
+                (SELECT count(*) FROM message_receipts WHERE delivered_at IS NOT NULL)",
+    )
+    .fetch_one(&p.app.pool)
+    .await
+    .unwrap();
+    assert_eq!(delivered, (0, 0), "nothing was marked delivered");
+}
