@@ -15,9 +15,11 @@
 //! is refused, or waits until the mutation has committed. A mutation can never
 //! commit after the revocation that should have stopped it.
 //!
-//! A conversation send is one call of `store_conversation_message`, which calls
-//! the same `agent_write_refusal` first: the rule lives once, in SQL, and only
-//! its words ([`Refusal::check`]) live here.
+//! A conversation send is one call of `store_conversation_message`, and the
+//! write tools of migration 0033 (locks, heartbeat, notes, acks, receipts,
+//! inbox confirmation) one call each of their functions (`store/fenced.rs`);
+//! each calls the same `agent_write_refusal` first: the rule lives once, in
+//! SQL, and only its words ([`Refusal::check`]) live here.
 //!
 //! Not here: presence of windows (heartbeats) and the shared session `""`,
 //! which needs no credential.
