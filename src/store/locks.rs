@@ -11,13 +11,17 @@
 //! Acquire is one upsert whose `WHERE` decides who may take the row, so two
 //! windows racing for a free name cannot both win: the second one's upsert
 //! waits on the first one's row and then finds it held.
+//!
+//! Acquire and release are one round trip each: a call of
+//! `acquire_team_lock` / `release_team_lock` (migration 0033), which runs the
+//! write fence, the write and the holder's read-back in one statement
+//! ([`fenced`]); the refusals are worded here.
 
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
-use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::{address, at, limits, sessions, text, window_phrase};
+use super::{address, at, fenced, limits, text, window_phrase};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -131,7 +135,9 @@ fn check_purpose(raw: Option<&str>) -> BusResult<Option<String>> {
     Ok(Some(purpose))
 }
 
-#[derive(sqlx::FromRow)]
+/// A lock row as `list_locks` selects it and as `team_lock_state`
+/// (migration 0033) answers it.
+#[derive(sqlx::FromRow, serde::Deserialize)]
 struct LockRow {
     name: String,
     holder_agent_id: Uuid,
@@ -144,10 +150,9 @@ struct LockRow {
     expired: bool,
 }
 
-/// The holder's name is a scalar subquery, not a join: `release_lock` locks
-/// the row (`FOR UPDATE OF l`), and if it waits out a takeover it is handed
-/// the new holder, which a joined agent row (the old holder's) would not
-/// match, and the lock would read as free.
+/// `list_locks`' columns; `team_lock_state` (migration 0033) gives the same
+/// for one lock. The holder's name is a scalar subquery of the current row,
+/// so a release that waited out a takeover names the new holder.
 macro_rules! lock_columns {
     () => {
         "l.name, l.holder_agent_id,
@@ -161,10 +166,6 @@ macro_rules! lock_columns {
 }
 
 impl LockRow {
-    fn held_by(&self, me: &Identity) -> bool {
-        self.holder_agent_id == me.agent_id && self.holder_session == me.window
-    }
-
     /// "held by … until … (N s left)", and why a sibling window does not count.
     fn held_phrase(&self, me: &Identity) -> String {
         let sibling = if self.holder_agent_id == me.agent_id {
@@ -195,36 +196,12 @@ impl LockRow {
     }
 }
 
-async fn read_lock(
-    conn: &mut PgConnection,
-    me: &Identity,
-    name: &str,
-    for_update: bool,
-) -> BusResult<Option<LockRow>> {
-    let query = if for_update {
-        concat!(
-            "SELECT ",
-            lock_columns!(),
-            " FROM locks l
-             WHERE l.team_id = $1 AND l.name = $2 FOR UPDATE OF l"
-        )
-    } else {
-        concat!(
-            "SELECT ",
-            lock_columns!(),
-            " FROM locks l
-             WHERE l.team_id = $1 AND l.name = $2"
-        )
-    };
-    Ok(sqlx::query_as(query)
-        .bind(me.team_id)
-        .bind(name)
-        .fetch_optional(&mut *conn)
-        .await?)
-}
-
 /// `acquire_lock`: take `name` if it is free or expired, or extend it if this
 /// window holds it (expiry = now + ttl; a new purpose replaces the old).
+/// One round trip: `acquire_team_lock` (migration 0033) runs the write
+/// fence, the upsert whose `WHERE` decides who may take the row, and reads
+/// the holder back while the row is still locked by the upsert, so a
+/// refusal names the holder that refused it.
 pub async fn acquire(
     bus: &Bus,
     me: &Identity,
@@ -235,46 +212,36 @@ pub async fn acquire(
     let name = normalize_name(name)?;
     let ttl = check_ttl(ttl_seconds)?;
     let purpose = check_purpose(purpose)?;
-    let mut tx = bus.pool.begin().await?;
-    sessions::guard(&mut tx, me).await?;
-    // The WHERE of DO UPDATE is the rule: an expired row goes to anyone, a
-    // live one only to its own window. When it refuses, the row stays locked
-    // by this statement, so the holder read below is the one that refused us.
-    let taken: Option<bool> = sqlx::query_scalar(
-        "INSERT INTO locks AS l (team_id, name, holder_agent_id, holder_session, purpose,
-                                 acquired_at, expires_at)
-         VALUES ($1, $2, $3, $4, $5, now(), now() + $6)
-         ON CONFLICT (team_id, name) DO UPDATE SET
-             holder_agent_id = EXCLUDED.holder_agent_id,
-             holder_session = EXCLUDED.holder_session,
-             purpose = CASE WHEN l.expires_at > now() THEN coalesce(EXCLUDED.purpose, l.purpose)
-                            ELSE EXCLUDED.purpose END,
-             acquired_at = CASE WHEN l.expires_at > now() THEN l.acquired_at ELSE now() END,
-             expires_at = EXCLUDED.expires_at
-         WHERE l.expires_at <= now()
-            OR (l.holder_agent_id = EXCLUDED.holder_agent_id
-                AND l.holder_session = EXCLUDED.holder_session)
-         RETURNING l.acquired_at < now() AS extended",
+    let (outcome, detail) = fenced::call(
+        "SELECT refusal, session_epoch, refused_since, outcome, detail
+         FROM acquire_team_lock($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        me,
     )
-    .bind(me.team_id)
-    .bind(&name)
-    .bind(me.agent_id)
     .bind(&me.window)
-    .bind(&purpose)
+    .bind(&name)
     .bind(ttl)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let row = read_lock(&mut tx, me, &name, false)
-        .await?
-        .ok_or_else(|| BusError::conflict("the lock vanished while it was taken; try again."))?;
-    let Some(extended) = taken else {
-        return Err(BusError::conflict(format!(
-            "lock `{name}` is {} Nothing was changed. Wait for it to be released or to expire \
-             (wait_for_updates with kinds [\"lock\"]), or ask its holder.",
-            row.held_phrase(me)
-        )));
+    .bind(&purpose)
+    .fetch_one(&bus.pool)
+    .await?
+    .outcome(me)?;
+    let extended = match outcome.as_str() {
+        "taken" => false,
+        "extended" => true,
+        "vanished" => {
+            return Err(BusError::conflict(
+                "the lock vanished while it was taken; try again.",
+            ));
+        }
+        _ => {
+            let row: LockRow = fenced::detail(detail)?;
+            return Err(BusError::conflict(format!(
+                "lock `{name}` is {} Nothing was changed. Wait for it to be released or to expire \
+                 (wait_for_updates with kinds [\"lock\"]), or ask its holder.",
+                row.held_phrase(me)
+            )));
+        }
     };
-    tx.commit().await?;
+    let row: LockRow = fenced::detail(detail)?;
     bus.events
         .emit(BusEvent::new(me.team_id, EventKind::Lock, name.as_str()).by(me));
     Ok(Acquired {
@@ -284,40 +251,45 @@ pub async fn acquire(
 }
 
 /// `release_lock`: only the holding window. Its own expired lock may be
-/// released too (it was free already; this removes the stale row).
+/// released too (it was free already; this removes the stale row). One round
+/// trip: `release_team_lock` (migration 0033) runs the fence, locks the row
+/// (a takeover it waits out is read as it is after), and deletes it when
+/// this window holds it.
 pub async fn release(bus: &Bus, me: &Identity, name: &str) -> BusResult<Released> {
     let name = lookup_name(name)?;
-    let mut tx = bus.pool.begin().await?;
-    sessions::guard(&mut tx, me).await?;
-    let row = read_lock(&mut tx, me, &name, true).await?;
-    let row = match row {
-        Some(row) if row.held_by(me) => row,
-        Some(row) if !row.expired => {
-            return Err(BusError::conflict(format!(
+    let (outcome, detail) = fenced::call(
+        "SELECT refusal, session_epoch, refused_since, outcome, detail
+         FROM release_team_lock($1, $2, $3, $4, $5, $6, $7)",
+        me,
+    )
+    .bind(&me.window)
+    .bind(&name)
+    .fetch_one(&bus.pool)
+    .await?
+    .outcome(me)?;
+    match outcome.as_str() {
+        "released" => {
+            let row: LockRow = fenced::detail(detail)?;
+            bus.events
+                .emit(BusEvent::new(me.team_id, EventKind::Lock, name.as_str()).by(me));
+            Ok(Released {
+                name,
+                released: true,
+                had_expired: row.expired,
+            })
+        }
+        "held" => {
+            let row: LockRow = fenced::detail(detail)?;
+            Err(BusError::conflict(format!(
                 "lock `{name}` is {} Only the holding window can release it; nothing was changed.",
                 row.held_phrase(me)
-            )));
+            )))
         }
-        _ => {
-            return Err(BusError::not_found(format!(
-                "lock `{name}` is not held by anyone (free or expired), so there is nothing to \
-                 release. list_locks shows the locks held now."
-            )));
-        }
-    };
-    sqlx::query("DELETE FROM locks WHERE team_id = $1 AND name = $2")
-        .bind(me.team_id)
-        .bind(&name)
-        .execute(&mut *tx)
-        .await?;
-    tx.commit().await?;
-    bus.events
-        .emit(BusEvent::new(me.team_id, EventKind::Lock, name.as_str()).by(me));
-    Ok(Released {
-        name,
-        released: true,
-        had_expired: row.expired,
-    })
+        _ => Err(BusError::not_found(format!(
+            "lock `{name}` is not held by anyone (free or expired), so there is nothing to \
+             release. list_locks shows the locks held now."
+        ))),
+    }
 }
 
 /// `list_locks`: the team's unexpired locks, soonest expiry first.

@@ -15,6 +15,7 @@ pub mod conversation_messages;
 pub mod conversation_operator;
 pub mod conversations;
 pub mod dashboard;
+mod fenced;
 pub mod inbox;
 pub mod limits;
 pub mod locks;

@@ -24,7 +24,8 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::{limits, sessions, text, usage};
+use super::attachments::TEAM_QUOTA_DEFAULT_BYTES;
+use super::{fenced, limits, sessions, text, usage};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -291,7 +292,10 @@ macro_rules! notes_with_author {
 }
 
 /// `set_note`: create or replace a note. `tags: None` keeps the current tags
-/// (none on a new note); `Some(vec![])` clears them.
+/// (none on a new note); `Some(vec![])` clears them. One round trip:
+/// `store_note` (migration 0033) runs the write fence, the quota (the value
+/// is stored twice: on the note and in its revision), the upsert and the
+/// revision.
 pub async fn set(
     bus: &Bus,
     me: &Identity,
@@ -305,120 +309,49 @@ pub async fn set(
     check_value(value)?;
     let tags = tags.map(normalize_tags).transpose()?;
 
-    let mut tx = bus.pool.begin().await?;
-    sessions::guard(&mut tx, me).await?;
-    // The value is stored twice: on the note and in its revision.
-    usage::check_quota(&mut *tx, me.team_id, &me.team, 2 * value.len()).await?;
-    #[derive(sqlx::FromRow)]
-    struct Written {
-        id: Uuid,
+    #[derive(serde::Deserialize)]
+    struct Stored {
         revision: i64,
         created: bool,
         tags: Vec<String>,
         bytes: i64,
         updated_at: DateTime<Utc>,
+        updated_by: String,
     }
-    // The WHERE on the update makes an identical set a no-op: no row comes
-    // back, and no revision is written. A deleted note is set again (it
-    // counts as created, with the next revision number).
-    // Lock the note if it exists, so "was it deleted?" still holds when the
-    // upsert below runs. (A missing note cannot be locked; a concurrent first
-    // set then meets the upsert's conflict and becomes revision 2.)
-    let was_deleted: Option<bool> = sqlx::query_scalar(
-        "SELECT deleted_at IS NOT NULL FROM notes WHERE team_id = $1 AND scope = $2 AND key = $3
-         FOR UPDATE",
+    let (outcome, detail) = fenced::call(
+        "SELECT refusal, session_epoch, refused_since, outcome, detail
+         FROM store_note($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+        me,
     )
-    .bind(me.team_id)
-    .bind(&scope)
-    .bind(&key)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let written: Option<Written> = sqlx::query_as(
-        "INSERT INTO notes AS n (id, team_id, scope, key, value, tags, revision,
-                                 created_by_agent_id, created_by_session,
-                                 updated_by_agent_id, updated_by_session)
-         VALUES ($1, $2, $3, $4, $5, coalesce($6, '{}'::text[]), 1, $7, $8, $7, $8)
-         ON CONFLICT (team_id, scope, key) DO UPDATE SET
-             value = EXCLUDED.value,
-             tags = CASE WHEN n.deleted_at IS NOT NULL THEN EXCLUDED.tags
-                         ELSE coalesce($6, n.tags) END,
-             revision = n.revision + 1,
-             updated_by_agent_id = EXCLUDED.updated_by_agent_id,
-             updated_by_session = EXCLUDED.updated_by_session,
-             updated_at = now(),
-             deleted_at = NULL
-         WHERE n.deleted_at IS NOT NULL
-            OR n.value IS DISTINCT FROM EXCLUDED.value
-            OR ($6::text[] IS NOT NULL AND n.tags IS DISTINCT FROM $6::text[])
-         RETURNING n.id, n.revision,
-                   n.revision = 1 OR $9 AS created,
-                   n.tags, octet_length(n.value)::bigint AS bytes, n.updated_at",
-    )
+    .bind(&me.window)
     .bind(Uuid::new_v4())
-    .bind(me.team_id)
     .bind(&scope)
     .bind(&key)
     .bind(value)
     .bind(&tags)
-    .bind(me.agent_id)
-    .bind(&me.window)
-    .bind(was_deleted.unwrap_or(false))
-    .fetch_optional(&mut *tx)
-    .await?;
-
-    let Some(written) = written else {
-        // Unchanged: report the note as it stands.
-        let current: (i64, Vec<String>, i64, DateTime<Utc>, String) = sqlx::query_as(concat!(
-            "SELECT n.revision, n.tags, octet_length(n.value)::bigint, n.updated_at, ",
-            updated_by!(),
-            " FROM ",
-            notes_with_author!(),
-            " WHERE n.team_id = $1 AND n.scope = $2 AND n.key = $3"
-        ))
-        .bind(me.team_id)
-        .bind(&scope)
-        .bind(&key)
-        .fetch_one(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        return Ok(NoteSet {
-            scope,
-            key,
-            revision: current.0,
-            changed: false,
-            created: false,
-            tags: current.1,
-            bytes: current.2,
-            updated_at: current.3,
-            updated_by: current.4,
-        });
-    };
-    // The revision copies the stored value inside the database: a 1 MiB value
-    // crosses the wire once.
-    sqlx::query(
-        "INSERT INTO note_revisions (team_id, note_id, revision, action, value, tags,
-                                     author_agent_id, author_session, at)
-         SELECT team_id, id, revision, 'set', value, tags, updated_by_agent_id,
-                updated_by_session, updated_at
-         FROM notes WHERE team_id = $1 AND id = $2",
-    )
-    .bind(me.team_id)
-    .bind(written.id)
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    bus.events
-        .emit(BusEvent::new(me.team_id, EventKind::Note, key.clone()).by(me));
+    .bind(TEAM_QUOTA_DEFAULT_BYTES)
+    .fetch_one(&bus.pool)
+    .await?
+    .outcome(me)?;
+    if outcome == "quota" {
+        return Err(usage::QuotaRefusal::from_detail(detail)?.refusal(&me.team));
+    }
+    let changed = outcome == "set";
+    let stored: Stored = fenced::detail(detail)?;
+    if changed {
+        bus.events
+            .emit(BusEvent::new(me.team_id, EventKind::Note, key.clone()).by(me));
+    }
     Ok(NoteSet {
         scope,
         key,
-        revision: written.revision,
-        changed: true,
-        created: written.created,
-        tags: written.tags,
-        bytes: written.bytes,
-        updated_at: written.updated_at,
-        updated_by: me.address(),
+        revision: stored.revision,
+        changed,
+        created: stored.created,
+        tags: stored.tags,
+        bytes: stored.bytes,
+        updated_at: stored.updated_at,
+        updated_by: stored.updated_by,
     })
 }
 

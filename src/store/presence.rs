@@ -19,7 +19,7 @@ use serde::Serialize;
 use sqlx::{PgPool, postgres::types::PgInterval};
 use uuid::Uuid;
 
-use super::{limits, sessions, text};
+use super::{fenced, limits, text};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -46,7 +46,7 @@ pub struct Beat {
 }
 
 /// One window as others see it.
-#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize, sqlx::FromRow)]
 pub struct Window {
     /// The window label; `""` is the agent's shared window.
     pub session: String,
@@ -211,7 +211,8 @@ macro_rules! summary_order {
 
 /// `heartbeat`: upsert this window's presence. Validates everything first;
 /// one statement writes the row, so concurrent beats of one window never
-/// interleave field by field.
+/// interleave field by field. One round trip: `store_heartbeat` (migration
+/// 0033) runs the write fence and the upsert.
 pub async fn heartbeat(bus: &Bus, me: &Identity, beat: &Beat) -> BusResult<Heartbeat> {
     let status = beat.status.as_deref().map(parse_status).transpose()?;
     let repo = check_label("repo label", beat.repo.as_deref())?;
@@ -221,34 +222,14 @@ pub async fn heartbeat(bus: &Bus, me: &Identity, beat: &Beat) -> BusResult<Heart
     let role = check_label("role label", beat.role.as_deref())?;
     let ttl = check_ttl(beat.ttl_seconds)?;
 
-    let mut tx = bus.pool.begin().await?;
-    sessions::guard(&mut tx, me).await?;
     // Each optional field travels as (given, value): not given keeps the
     // stored value on update; given with NULL clears it.
-    let window: Window = sqlx::query_as(concat!(
-        "WITH beat AS (
-             INSERT INTO presence AS p (team_id, agent_id, session, status, repo, branch, activity,
-                                        project, role, ttl_seconds, expires_at)
-             VALUES ($1, $2, $3, coalesce($4, 'active'), $6, $8, $10, $12, $14,
-                     coalesce($15, $16), now() + make_interval(secs => coalesce($15, $16)))
-             ON CONFLICT (team_id, agent_id, session) DO UPDATE SET
-                 status = coalesce($4, p.status),
-                 repo = CASE WHEN $5 THEN EXCLUDED.repo ELSE p.repo END,
-                 branch = CASE WHEN $7 THEN EXCLUDED.branch ELSE p.branch END,
-                 activity = CASE WHEN $9 THEN EXCLUDED.activity ELSE p.activity END,
-                 project = CASE WHEN $11 THEN EXCLUDED.project ELSE p.project END,
-                 role = CASE WHEN $13 THEN EXCLUDED.role ELSE p.role END,
-                 ttl_seconds = coalesce($15, p.ttl_seconds),
-                 last_seen_at = now(),
-                 expires_at = now() + make_interval(secs => coalesce($15, p.ttl_seconds))
-             RETURNING p.*
-         )
-         SELECT ",
-        window_columns!(),
-        " FROM beat p JOIN agents a ON a.team_id = p.team_id AND a.id = p.agent_id"
-    ))
-    .bind(me.team_id)
-    .bind(me.agent_id)
+    let (_, detail) = fenced::call(
+        "SELECT refusal, session_epoch, refused_since, outcome, detail
+         FROM store_heartbeat($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
+                              $16, $17, $18, $19)",
+        me,
+    )
     .bind(&me.window)
     .bind(status)
     .bind(repo.is_some())
@@ -263,12 +244,12 @@ pub async fn heartbeat(bus: &Bus, me: &Identity, beat: &Beat) -> BusResult<Heart
     .bind(role.flatten())
     .bind(ttl)
     .bind(TTL_DEFAULT_SECS as i32)
-    .fetch_one(&mut *tx)
-    .await?;
-    tx.commit().await?;
+    .fetch_one(&bus.pool)
+    .await?
+    .outcome(me)?;
     Ok(Heartbeat {
         agent: me.agent.clone(),
-        window,
+        window: fenced::detail(detail)?,
     })
 }
 

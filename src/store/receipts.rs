@@ -19,24 +19,22 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use serde_json::json;
 use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::conversation_messages::{conversation_of, message_not_found};
 use super::conversations::{self, ReadAccess};
+use super::fenced;
 use super::long_poll::{OnEvent, Polled, long_poll};
-use super::{inbox, sessions};
 use crate::Bus;
 use crate::auth::Identity;
-use crate::backend::BackendKind;
 use crate::error::{BusError, BusResult};
 use crate::events::EventKind;
 
 pub const NOTE_MAX_BYTES: usize = 1024;
 
 /// One recipient's receipt.
-#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize, sqlx::FromRow)]
 pub struct Receipt {
     /// The recipient window's address.
     pub recipient: String,
@@ -62,7 +60,9 @@ pub struct Acked {
 
 /// `ack_message`: the recipient seat acknowledges (and with `resolved`,
 /// resolves) a message. Each timestamp is written once; a repeat keeps the
-/// first time. Audited.
+/// first time. Audited. One round trip: `store_ack` (migration 0033) runs
+/// the write fence, finds the recipient seat, writes the receipt, queues the
+/// sender's receipt reference on a broker conversation and the audit row.
 pub async fn ack(
     bus: &Bus,
     me: &Identity,
@@ -82,50 +82,37 @@ pub async fn ack(
             "Keep the note to a line; reply with send_conversation_message for anything longer.",
         )?;
     }
-    let mut tx = bus.pool.begin().await?;
-    sessions::guard(&mut tx, me).await?;
-    let (conversation, seq, seat) = recipient_seat(&mut tx, me, message_id).await?;
-    let conversation_id = conversation.id;
-    // The note is a fact like the timestamps: the first one written stays,
-    // so a later ack cannot rewrite what the sender already read.
-    let receipt: Option<Receipt> = sqlx::query_as(
-        "UPDATE message_receipts
-         SET acknowledged_at = COALESCE(acknowledged_at, now()),
-             resolved_at = CASE WHEN $4 THEN COALESCE(resolved_at, now()) ELSE resolved_at END,
-             ack_note = COALESCE(ack_note, $5)
-         WHERE team_id = $1 AND message_id = $2 AND member_id = $3
-         RETURNING $6::text AS recipient, stored_at, delivered_at, presented_at, acknowledged_at,
-                   resolved_at, ack_note AS note",
+    #[derive(serde::Deserialize)]
+    struct Stored {
+        conversation_id: Option<Uuid>,
+        seq: Option<i64>,
+        receipt: Option<Receipt>,
+    }
+    let (outcome, detail) = fenced::call(
+        "SELECT refusal, session_epoch, refused_since, outcome, detail
+         FROM store_ack($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        me,
     )
-    .bind(me.team_id)
+    .bind(&me.window)
+    .bind(bare_label(me))
     .bind(message_id)
-    .bind(seat.id)
     .bind(resolved)
     .bind(&note)
     .bind(me.address())
-    .fetch_optional(&mut *tx)
-    .await?;
-    let Some(receipt) = receipt else {
-        return Err(not_a_recipient(message_id));
+    .fetch_one(&bus.pool)
+    .await?
+    .outcome(me)?;
+    let stored: Stored = fenced::detail(detail)?;
+    let (Some(conversation_id), Some(seq), Some(receipt)) =
+        (stored.conversation_id, stored.seq, stored.receipt)
+    else {
+        return Err(recipient_refusal(
+            me,
+            &outcome,
+            message_id,
+            stored.conversation_id,
+        ));
     };
-    // On a broker-backed conversation the sender learns of the ack through
-    // its inbox; queued here, so there is no ack without its reference.
-    if conversation.backend != BackendKind::Postgres {
-        let receipt = if resolved { "resolved" } else { "acknowledged" };
-        inbox::enqueue_receipt_reference(&mut tx, me.team_id, message_id, &me.address(), receipt)
-            .await?;
-    }
-    conversations::audit(
-        &mut tx,
-        me,
-        Some(conversation_id),
-        "ack",
-        &message_id.to_string(),
-        json!({ "message_id": message_id, "seq": seq, "resolved": resolved,
-                "note_bytes": note.as_ref().map(String::len) }),
-    )
-    .await?;
-    tx.commit().await?;
     let note_not_kept = match (&note, &receipt.note) {
         (Some(given), Some(kept)) if given != kept => Some(
             "this receipt already holds a note (a note is written once, like every fact); \
@@ -144,26 +131,26 @@ pub async fn ack(
     })
 }
 
-/// The conversation, seq and seat through which this window may act as a
-/// recipient of `message_id`; the same refusal for a message it cannot see
-/// as for one that does not exist.
-async fn recipient_seat(
-    conn: &mut sqlx::PgConnection,
+/// Whether the caller is a bare agent token wearing a window label: such a
+/// token is refused a registered window's conversations.
+fn bare_label(me: &Identity) -> bool {
+    me.session_credential.is_none() && !me.window.is_empty()
+}
+
+/// The words for a code of `conversation_recipient_seat` (migration 0033):
+/// the same refusal for a message this window cannot see as for one that
+/// does not exist.
+fn recipient_refusal(
     me: &Identity,
+    code: &str,
     message_id: Uuid,
-) -> BusResult<(conversations::Conversation, i64, conversations::Seat)> {
-    let (conversation_id, seq, _) = conversation_of(conn, me, message_id).await?;
-    let conversation = conversations::load(conn, me, conversation_id, false)
-        .await
-        .map_err(|_| message_not_found(message_id))?;
-    match conversations::read_access(conn, me, &conversation).await {
-        Err(BusError::NotFound(_)) => Err(message_not_found(message_id)),
-        Err(other) => Err(other),
-        Ok(ReadAccess::Member(seat)) if seq >= seat.history_from_seq => {
-            Ok((conversation, seq, seat))
-        }
-        Ok(ReadAccess::Member(_)) => Err(message_not_found(message_id)),
-        Ok(ReadAccess::ProjectGrant) => Err(not_a_recipient(message_id)),
+    conversation_id: Option<Uuid>,
+) -> BusError {
+    match (code, conversation_id) {
+        ("borrowed", _) => conversations::borrowed_label(me),
+        ("invited", Some(conversation_id)) => conversations::invited_not_joined(conversation_id),
+        ("not_a_recipient", _) => not_a_recipient(message_id),
+        _ => message_not_found(message_id),
     }
 }
 
@@ -171,7 +158,7 @@ async fn recipient_seat(
 pub const PRESENTED_MAX_IDS: usize = 100;
 
 /// One message whose receipt holds `presented`.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct PresentedMessage {
     pub message_id: Uuid,
     pub conversation_id: Uuid,
@@ -188,7 +175,8 @@ pub struct Presented {
 /// `mark_presented`: the client says it put these messages in front of the
 /// model. Only the client can know that, so only this call writes the fact
 /// (never a read, a fetch or a delivery). All or nothing: one id this window
-/// is not a recipient of refuses the call and records none.
+/// is not a recipient of refuses the call and records none. One round trip:
+/// `store_presented` (migration 0033).
 pub async fn present(bus: &Bus, me: &Identity, message_ids: &[Uuid]) -> BusResult<Presented> {
     if message_ids.is_empty() || message_ids.len() > PRESENTED_MAX_IDS {
         return Err(BusError::invalid(format!(
@@ -198,37 +186,37 @@ pub async fn present(bus: &Bus, me: &Identity, message_ids: &[Uuid]) -> BusResul
         )));
     }
     let mut ids = message_ids.to_vec();
+    // Sorted ids: two calls naming the same receipts lock them in one order.
     ids.sort();
     ids.dedup();
-    let mut tx = bus.pool.begin().await?;
-    sessions::guard(&mut tx, me).await?;
-    let mut messages = Vec::with_capacity(ids.len());
-    // Sorted ids: two calls naming the same receipts lock them in one order.
-    for message_id in ids {
-        let (conversation, seq, seat) = recipient_seat(&mut tx, me, message_id).await?;
-        let presented_at: Option<DateTime<Utc>> = sqlx::query_scalar(
-            "UPDATE message_receipts SET presented_at = COALESCE(presented_at, now())
-             WHERE team_id = $1 AND message_id = $2 AND member_id = $3
-             RETURNING presented_at",
-        )
-        .bind(me.team_id)
-        .bind(message_id)
-        .bind(seat.id)
-        .fetch_optional(&mut *tx)
-        .await?
-        .flatten();
-        let Some(presented_at) = presented_at else {
-            return Err(not_a_recipient(message_id));
-        };
-        messages.push(PresentedMessage {
-            message_id,
-            conversation_id: conversation.id,
-            seq,
-            presented_at,
+    let (outcome, detail) = fenced::call(
+        "SELECT refusal, session_epoch, refused_since, outcome, detail
+         FROM store_presented($1, $2, $3, $4, $5, $6, $7, $8)",
+        me,
+    )
+    .bind(&me.window)
+    .bind(bare_label(me))
+    .bind(&ids)
+    .fetch_one(&bus.pool)
+    .await?
+    .outcome(me)?;
+    if outcome == "presented" {
+        return Ok(Presented {
+            messages: fenced::detail(detail)?,
         });
     }
-    tx.commit().await?;
-    Ok(Presented { messages })
+    #[derive(serde::Deserialize)]
+    struct Refused {
+        message_id: Uuid,
+        conversation_id: Option<Uuid>,
+    }
+    let refused: Refused = fenced::detail(detail)?;
+    Err(recipient_refusal(
+        me,
+        &outcome,
+        refused.message_id,
+        refused.conversation_id,
+    ))
 }
 
 fn not_a_recipient(message_id: Uuid) -> BusError {

@@ -17,8 +17,10 @@
 //!
 //! A conversation send is one call of `store_conversation_message`, and the
 //! hot task writes one call of `task_change` / `task_claim_next` (migration
-//! 0032); each calls the same `agent_write_refusal` first: the rule lives
-//! once, in SQL, and only its words ([`Refusal::check`]) live here.
+//! 0032), and the write tools of migration 0033 (locks, heartbeat, notes,
+//! acks, receipts, inbox confirmation) one call each of their functions
+//! (`store/fenced.rs`); each calls the same `agent_write_refusal` first: the
+//! rule lives once, in SQL, and only its words ([`Refusal::check`]) live here.
 //!
 //! Not here: presence of windows (heartbeats) and the shared session `""`,
 //! which needs no credential.

@@ -18,7 +18,9 @@
 //! agents write. Audit rows and inbox references are the bus's own records and
 //! are not charged to the team. The check, [`check_quota`], is the one rule
 //! every write path calls: `used + this write > limit` refuses and writes
-//! nothing. `used` is the last recount (`team_quotas.storage_bytes_used`), read
+//! nothing. A write that is one SQL call (`set_note`) checks it there, with
+//! `storage_quota_refusal` (migration 0033), and words it through
+//! [`QuotaRefusal`]. `used` is the last recount (`team_quotas.storage_bytes_used`), read
 //! without a lock, because counting a team's history on each write is far too
 //! slow and a counter row bumped by every write would make a team's writes
 //! queue on one row (conversation sends are benchmarked). Recounts run every
@@ -307,6 +309,27 @@ pub async fn check_quota(
         return Err(quota_refusal(limit, used, incoming, team_slug));
     }
     Ok(())
+}
+
+/// A write the quota refused, as the writes of migration 0033 answer it in
+/// their detail: `storage_quota_refusal`'s figures (migration 0031), worded
+/// by [`quota_refusal`].
+#[derive(serde::Deserialize)]
+pub(crate) struct QuotaRefusal {
+    limit: i64,
+    used: i64,
+    incoming: i64,
+}
+
+impl QuotaRefusal {
+    pub(crate) fn from_detail(detail: Option<serde_json::Value>) -> BusResult<QuotaRefusal> {
+        super::fenced::detail(detail)
+    }
+
+    /// The refusal in words, the same for every write the quota stops.
+    pub(crate) fn refusal(&self, team_slug: &str) -> BusError {
+        quota_refusal(self.limit, self.used, self.incoming, team_slug)
+    }
 }
 
 /// The quota refusal's words, for [`check_quota`] and for the writes whose

@@ -20,6 +20,7 @@ mod deploy_unit;
 mod doctor;
 mod embedded;
 mod events;
+mod fenced_writes;
 mod hooks;
 mod http_surface;
 mod inbox;

@@ -128,14 +128,14 @@ where
     (first.await.unwrap(), second.await.unwrap())
 }
 
-async fn count(pool: &PgPool, table: &str) -> i64 {
+pub(crate) async fn count(pool: &PgPool, table: &str) -> i64 {
     sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
         .fetch_one(pool)
         .await
         .unwrap()
 }
 
-async fn agent_id(pool: &PgPool, name: &str) -> Uuid {
+pub(crate) async fn agent_id(pool: &PgPool, name: &str) -> Uuid {
     sqlx::query_scalar("SELECT id FROM agents WHERE name = $1")
         .bind(name)
         .fetch_one(pool)
@@ -143,18 +143,18 @@ async fn agent_id(pool: &PgPool, name: &str) -> Uuid {
         .unwrap()
 }
 
-fn message(refusal: &Value) -> String {
+pub(crate) fn message(refusal: &Value) -> String {
     refusal["message"].as_str().unwrap_or_default().to_string()
 }
 
-async fn acme_with_alice(app: &TestApp) -> String {
+pub(crate) async fn acme_with_alice(app: &TestApp) -> String {
     app.team("acme").await;
     app.agent("acme", "alice").await
 }
 
 /// alice's agent token, her window `w` on its own session credential, and
 /// what register_session answered.
-async fn alice_with_window_w(app: &TestApp) -> (McpClient, McpClient, Value) {
+pub(crate) async fn alice_with_window_w(app: &TestApp) -> (McpClient, McpClient, Value) {
     let token = acme_with_alice(app).await;
     let agent = app.mcp(&token, None).await;
     let issued = agent

@@ -86,7 +86,7 @@ pub(crate) async fn refuse_borrowed_label(conn: &mut PgConnection, me: &Identity
     Ok(())
 }
 
-fn borrowed_label(me: &Identity) -> BusError {
+pub(crate) fn borrowed_label(me: &Identity) -> BusError {
     BusError::forbidden(format!(
         "window `{}` is registered as an authenticated window; its conversations are reached \
          with its session credential (acss_…), not with the agent token and X-Crew-Session.",
@@ -114,6 +114,14 @@ pub(crate) async fn read_access(
     access_from(conn, me, conversation, seat).await
 }
 
+/// The refusal for a window whose seat is invited, not yet joined.
+pub(crate) fn invited_not_joined(conversation_id: Uuid) -> BusError {
+    BusError::forbidden(format!(
+        "you are invited to conversation {conversation_id} but have not joined: call \
+         join_conversation first. An invitation is not membership."
+    ))
+}
+
 /// Read access from this window's seat (if any) and, failing that, the
 /// agent's project grant.
 async fn access_from(
@@ -133,11 +141,7 @@ async fn access_from(
         return Ok(ReadAccess::ProjectGrant);
     }
     match seat {
-        Some(seat) if seat.state == SeatState::Invited => Err(BusError::forbidden(format!(
-            "you are invited to conversation {} but have not joined: call join_conversation \
-             first. An invitation is not membership.",
-            conversation.id
-        ))),
+        Some(seat) if seat.state == SeatState::Invited => Err(invited_not_joined(conversation.id)),
         _ => Err(not_found(conversation.id)),
     }
 }

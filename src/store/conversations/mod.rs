@@ -62,7 +62,9 @@ mod seats;
 mod transfer;
 
 pub use access::{ReadAccess, not_found};
-pub(crate) use access::{read_access, refuse_borrowed_label, registered_window};
+pub(crate) use access::{
+    borrowed_label, invited_not_joined, read_access, refuse_borrowed_label, registered_window,
+};
 pub use lifecycle::{Placement, TITLE_MAX_BYTES, archive, check_title, create, list};
 pub use membership::{INVITE_ROLES, invite, join, leave, remove};
 pub use recovery::{

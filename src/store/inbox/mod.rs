@@ -4,7 +4,8 @@
 //!
 //! A reference is queued in the transaction that makes it true: at
 //! confirmation for an outbox message (no reference to a message nobody
-//! stored), at ack for a receipt reference. PostgreSQL never expires what is
+//! stored), at ack for a receipt reference (inside `store_ack`, migration
+//! 0033, which computes the same recipient key in SQL). PostgreSQL never expires what is
 //! owed, so whatever a broker loses is rebuilt from here and from
 //! `message_receipts`. A receipt is owed to the window holding its seat now
 //! (a transfer moves the seat; `recipient_session` keeps who it was sent to).
@@ -17,7 +18,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use super::sessions;
+use super::{fenced, sessions};
 
 mod owed;
 use crate::Bus;
@@ -106,34 +107,6 @@ pub async fn enqueue_message_references(
     Ok(queued.rows_affected())
 }
 
-/// Queue a receipt reference for the sender of `message_id` ("`actor`
-/// acknowledged/resolved your message"), in the ack's transaction.
-pub async fn enqueue_receipt_reference(
-    tx: &mut sqlx::PgConnection,
-    team_id: Uuid,
-    message_id: Uuid,
-    actor: &str,
-    receipt: &str,
-) -> BusResult<()> {
-    sqlx::query(concat!(
-        "INSERT INTO inbox_references
-             (id, team_id, recipient_key, recipient_id, recipient_session, kind,
-              conversation_id, message_id, seq, actor, receipt)
-         SELECT gen_random_uuid(), m.team_id, ",
-        recipient_key_sql!("m.sender_id", "m.sender_session"),
-        ", m.sender_id, m.sender_session, 'receipt', m.conversation_id, m.id, m.seq, $3, $4
-           FROM conversation_messages m WHERE m.team_id = $1 AND m.id = $2
-         ON CONFLICT DO NOTHING"
-    ))
-    .bind(team_id)
-    .bind(message_id)
-    .bind(actor)
-    .bind(receipt)
-    .execute(tx)
-    .await?;
-    Ok(())
-}
-
 /// One reference handed to a window.
 #[derive(Clone, Debug, Serialize, sqlx::FromRow)]
 pub struct Delivery {
@@ -214,10 +187,12 @@ pub struct Confirmed {
     pub broker_acks: Vec<String>,
 }
 
-/// `confirm_inbox_delivery`: record `delivered` (on the reference and, for a
-/// message, on this window's receipt) before anything is acknowledged to a
-/// broker, so a crash between the two re-delivers rather than loses.
-/// Idempotent.
+/// `confirm_inbox_delivery`'s PostgreSQL part: record `delivered` (on the
+/// reference and, for a message, on this window's receipt) before anything
+/// is acknowledged to a broker, so a crash between the two re-delivers
+/// rather than loses. Idempotent. One round trip:
+/// `confirm_inbox_references` (migration 0033) runs the write fence, the
+/// borrowed-label refusal and the marks.
 pub async fn confirm(bus: &Bus, me: &Identity, ids: &[Uuid]) -> BusResult<Confirmed> {
     if ids.is_empty() || ids.len() > CONFIRM_MAX {
         return Err(BusError::invalid(format!(
@@ -227,40 +202,28 @@ pub async fn confirm(bus: &Bus, me: &Identity, ids: &[Uuid]) -> BusResult<Confir
         )));
     }
     let key = recipient_key(me.agent_id, &me.window);
-    let mut tx = bus.pool.begin().await?;
-    sessions::guard(&mut tx, me).await?;
-    #[derive(sqlx::FromRow)]
+    #[derive(serde::Deserialize)]
     struct Row {
         id: Uuid,
         fresh: bool,
         broker_ack: Option<String>,
     }
-    let rows: Vec<Row> = sqlx::query_as(
-        "WITH before AS (
-             SELECT id, delivered_at IS NULL AS fresh, broker_ack FROM inbox_references
-              WHERE team_id = $1 AND recipient_key = $2 AND id = ANY($3)
-              ORDER BY id
-              FOR UPDATE),
-         marked AS (
-             UPDATE inbox_references i SET delivered_at = now()
-               FROM before WHERE i.id = before.id AND before.fresh
-              RETURNING i.id, i.kind, i.message_id),
-         receipts AS (
-             UPDATE message_receipts r SET delivered_at = COALESCE(r.delivered_at, now())
-               FROM marked
-              WHERE marked.kind = 'message' AND r.team_id = $1 AND r.message_id = marked.message_id
-                AND r.member_id IN (SELECT w.id FROM conversation_members w
-                                     WHERE w.team_id = $1 AND w.agent_id = $4 AND w.session = $5))
-         SELECT id, fresh, broker_ack FROM before",
+    let (outcome, detail) = fenced::call(
+        "SELECT refusal, session_epoch, refused_since, outcome, detail
+         FROM confirm_inbox_references($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        me,
     )
-    .bind(me.team_id)
+    .bind(&me.window)
+    .bind(me.session_credential.is_none() && !me.window.is_empty())
     .bind(&key)
     .bind(ids)
-    .bind(me.agent_id)
-    .bind(&me.window)
-    .fetch_all(&mut *tx)
-    .await?;
-    tx.commit().await?;
+    .fetch_one(&bus.pool)
+    .await?
+    .outcome(me)?;
+    if outcome == "borrowed" {
+        return Err(super::conversations::borrowed_label(me));
+    }
+    let rows: Vec<Row> = fenced::detail(detail)?;
     let known: std::collections::HashSet<Uuid> = rows.iter().map(|r| r.id).collect();
     let mut unknown: Vec<Uuid> = ids
         .iter()
@@ -439,7 +402,7 @@ async fn record_broker_acks(
 /// and only then are the broker's hand-outs acked (a crash in between
 /// re-delivers a reference, which is acked then; it never loses one).
 pub async fn confirm_delivery(bus: &Bus, me: &Identity, ids: &[Uuid]) -> BusResult<Confirmed> {
-    refuse_borrowed_label(bus, me).await?;
+    // The borrowed-label refusal is inside `confirm`'s one round trip.
     let confirmed = confirm(bus, me, ids).await?;
     if !confirmed.broker_acks.is_empty()
         && let Some(broker) = bus.backends.broker()
