@@ -28,6 +28,8 @@ use crate::mcp_client::{McpClient, http_client};
 /// How many windows sit blocked while the pair is measured.
 pub(super) const BLOCKED: usize = 1_000;
 pub(super) const BLOCKED_10K: usize = 10_000;
+/// Wakes measured at least, even past the window.
+const WAKES_AT_LEAST: usize = 20;
 /// Windows connecting at once while they are set up.
 const CONNECTING: usize = 64;
 /// Each blocked wait's timeout; a wait that returns is made again at once.
@@ -71,7 +73,8 @@ pub(super) async fn long_polls(ctx: Arc<Ctx>, clients: usize, count: usize) -> R
     }
     eprintln!("bench: {count} windows blocked in wait_for_updates");
     tokio::time::sleep(Duration::from_secs(2 + count as u64 / 2_000)).await;
-    let run = super::messaging::wake_latency(ctx, clients).await;
+    // At least WAKES_AT_LEAST wakes, however long they take.
+    let run = super::messaging::wake_latency_at_least(ctx, clients, WAKES_AT_LEAST).await;
     // A blocked window that failed (refused, woken wrongly) fails the run.
     if let Some(Ok(Err(err))) = blocked.try_join_next() {
         return Err(err.context("a blocked window failed"));

@@ -198,7 +198,8 @@ pub(super) async fn capacity(ctx: Arc<Ctx>) -> Result<Run> {
             break;
         }
     }
-    agents.abort_all();
+    // Every agent (and with it its wait) ends before the next scenario.
+    agents.shutdown().await;
     // The lines in order, the capacity on the last.
     let mut next: Option<Box<Run>> = None;
     let last = lines.len();
@@ -225,6 +226,15 @@ async fn server_pg_connections(ctx: &Ctx) -> Result<i64> {
     .await
     .context("counting PostgreSQL connections")?;
     Ok(all - i64::from(ctx.pool.size()))
+}
+
+/// A spawned task that ends when this is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// What one agent task needs.
@@ -256,13 +266,12 @@ impl Simulated {
         let waits = calls.on(self.waits_http.clone());
         self.live.fetch_add(1, Ordering::Relaxed);
         let this = Arc::new(self);
-        let waiting = {
+        // Aborted with this task (when the scenario ends), not left waiting.
+        let _waiting = AbortOnDrop({
             let (this, calls) = (this.clone(), calls.clone());
             tokio::spawn(async move { this.wait_loop(&waits, &calls).await })
-        };
-        let result = this.call_loop(&agent, &calls).await;
-        waiting.abort();
-        result
+        });
+        this.call_loop(&agent, &calls).await
     }
 
     /// The agent's one blocked wait, made again when it returns; a wake is
