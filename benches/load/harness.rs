@@ -120,6 +120,9 @@ pub struct Run {
     pub history: Option<History>,
     /// A further line the same scenario measured (the move back).
     pub then: Option<Box<Run>>,
+    /// Fields of the scenario's own, added to its line as they are (the
+    /// capacity steps' per-tool p99s, the peer workloads' counts).
+    pub extra: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// What a history line adds: the call measured, its client count (the
@@ -161,6 +164,7 @@ impl Run {
             migration: None,
             history: None,
             then: None,
+            extra: None,
         }
     }
 
@@ -224,6 +228,7 @@ where
             migration: None,
             history: None,
             then: None,
+            extra: None,
         })
     })
     .await;

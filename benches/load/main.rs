@@ -197,6 +197,7 @@ async fn run(
         pool: pool.clone(),
         timing,
         nats_url: nats.map(Nats::url),
+        server_pid: server.pid(),
         own_baseline_ops: std::sync::Mutex::new(None),
     });
 
@@ -302,6 +303,9 @@ struct Line<'a> {
     p99_small_ms: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     p99_large_ms: Option<f64>,
+    /// A scenario's own fields (capacity, the peer workloads), last.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    extra: Option<&'a serde_json::Map<String, serde_json::Value>>,
 }
 
 fn emit(
@@ -362,6 +366,7 @@ fn emit(
             .as_ref()
             .and_then(|h| h.p99_large_ms)
             .map(|v| round(v, 3)),
+        extra: run.extra.as_ref(),
     };
     match serde_json::to_string(&line) {
         Ok(text) => println!("{text}"),

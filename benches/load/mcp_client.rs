@@ -42,14 +42,18 @@ impl McpClient {
     /// Open a session at `url` with `bearer` as window `window` (None: the
     /// agent's shared window): `initialize`, then `notifications/initialized`.
     pub async fn open(url: &str, bearer: &str, window: Option<&str>) -> Result<McpClient> {
-        let http = reqwest::Client::builder()
-            // Every request stays on 127.0.0.1, whatever the environment says.
-            .no_proxy()
-            .http1_only()
-            .tcp_nodelay(true)
-            .pool_max_idle_per_host(4)
-            .build()
-            .context("building the benchmark's HTTP client")?;
+        McpClient::open_on(http_client(4)?, url, bearer, window).await
+    }
+
+    /// [`McpClient::open`] on an HTTP client shared with other sessions (its
+    /// pool keeps up to the idle connections it was built with): many
+    /// simulated agents without a client each.
+    pub async fn open_on(
+        http: reqwest::Client,
+        url: &str,
+        bearer: &str,
+        window: Option<&str>,
+    ) -> Result<McpClient> {
         let mut headers = HeaderMap::new();
         headers.insert(
             AUTHORIZATION,
@@ -91,6 +95,17 @@ impl McpClient {
         );
         client.notify("notifications/initialized").await?;
         Ok(client)
+    }
+
+    /// The same session on another HTTP client (a second pool): what an
+    /// agent does when it keeps its blocked wait on a connection of its own.
+    pub fn on(&self, http: reqwest::Client) -> McpClient {
+        McpClient {
+            http,
+            url: self.url.clone(),
+            headers: self.headers.clone(),
+            next_id: AtomicU64::new(1_000_000_000),
+        }
     }
 
     /// Call `tool` with a JSON object of arguments: its structured answer
@@ -221,6 +236,18 @@ impl McpClient {
             .await
             .with_context(|| format!("POST {}", self.url))
     }
+}
+
+/// A kept-alive HTTP/1.1 client keeping up to `idle` idle connections to
+/// the server; every request stays on 127.0.0.1, whatever the environment says.
+pub fn http_client(idle: usize) -> Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .no_proxy()
+        .http1_only()
+        .tcp_nodelay(true)
+        .pool_max_idle_per_host(idle)
+        .build()
+        .context("building the benchmark's HTTP client")
 }
 
 /// The JSON-RPC response with `id` in one SSE event (its `data:` lines

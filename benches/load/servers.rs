@@ -82,11 +82,15 @@ impl Server {
             .args(["--metrics-bind", "off"])
             // The limiter would turn a load test into a test of the limiter.
             .args(["--rate-limit-per-minute", "0"])
-            // long_polls holds 1 000 waits of the one bench agent, each on its
-            // own connection from 127.0.0.1: room for them and the rest.
-            .args(["--max-long-polls-per-credential", "2048"])
-            .args(["--max-in-flight", "4096"])
-            .args(["--max-connections-per-address", "4096"])
+            // long_polls_10k holds 10 000 waits of the one bench agent, and
+            // capacity up to 10 000 agents' waits, each on its own connection
+            // from 127.0.0.1 (many hosts simulated on one address): room for
+            // them and the calls beside them. The server raises its soft
+            // open-file limit to the hard one (20 000 here) to fit them.
+            .args(["--max-long-polls-per-credential", "0"])
+            .args(["--max-in-flight", "16384"])
+            .args(["--max-connections", "16384"])
+            .args(["--max-connections-per-address", "16384"])
             // Every client of a run speaks with one token; the cap on its
             // calls in flight (16 by default) would refuse the 16 pairs of
             // `wake_latency` (32 calls) on kept-alive connections.
@@ -152,6 +156,11 @@ impl Server {
         }
     }
 
+    /// The server's process id (for its memory, read from /proc).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn mcp_url(&self) -> String {
         format!("{}/mcp", self.base_url)
     }
@@ -164,10 +173,7 @@ impl Server {
 
     /// Peak resident memory (VmHWM) in MiB.
     pub fn peak_rss_mib(&self) -> Option<f64> {
-        let status = fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
-        let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-        let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-        Some(kib / 1024.0)
+        memory_mib(self.child.id(), "VmHWM")
     }
 
     /// SIGTERM, then wait for the drain; SIGKILL if it overruns.
@@ -215,6 +221,18 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// A memory figure of process `pid` from /proc/PID/status in MiB: `VmRSS`
+/// (resident now) or `VmHWM` (its peak).
+pub fn memory_mib(pid: u32, field: &str) -> Option<f64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| {
+        l.strip_prefix(field)
+            .is_some_and(|rest| rest.starts_with(':'))
+    })?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
 }
 
 /// A free loopback port (bound, then released for the server to take).

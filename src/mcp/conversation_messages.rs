@@ -249,7 +249,7 @@ impl BusServer {
     #[tool(
         description = "How many references are owed to this window and handed out, and the state \
                           of its broker consumer (on a team whose conversations use JetStream). \
-                          Counting stops at 1 000: `owed_at_least: true` means at least `owed`.",
+                          Counting stops at 150: `owed_at_least: true` means at least `owed`.",
         annotations(read_only_hint = true)
     )]
     async fn conversation_inbox_status(

@@ -69,12 +69,13 @@ impl BusServer {
     }
 
     #[tool(
-        description = "What the team did in the last `hours`: per channel a count (among its \
-                       newest 101 messages; `messages_at_least: true` means 100 or more) and \
+        description = "What the team did in the last `hours`: per channel a count that stops \
+                       at 10 (`messages_at_least: true` means 10 or more; read_messages or \
+                       list_channels for more) and \
                        the latest messages (your focused channel unless all_channels; \
                        announcements always), \
-                       tasks that moved (up to 50, found among the period's newest 1 000 \
-                       task events), notes updated, agents seen. Never DMs.",
+                       tasks that moved (the 50 that moved last), notes updated, agents seen. \
+                       Never DMs.",
         annotations(read_only_hint = true)
     )]
     async fn team_digest(

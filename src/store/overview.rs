@@ -19,11 +19,12 @@ pub const DIGEST_HOURS_MAX: i32 = 336;
 pub const DIGEST_HOURS_DEFAULT: i32 = 24;
 const LATEST_PER_CHANNEL: i64 = 3;
 const DIGEST_LIST_MAX: i64 = 50;
-/// The tasks that moved are found among the period's newest this many task
-/// events (newest first on the team's event-time index), so a busy history
-/// costs no more than a quiet one; a task whose last move is older than
-/// these is left out.
-const DIGEST_TASK_EVENTS_READ: i64 = 1_000;
+/// A channel's messages in the period are counted among its newest this
+/// many + 1, so every active channel costs the same few index entries
+/// whatever its traffic; past it the count says "at least". Lower than
+/// `list_channels`' unread cap: a digest tells where the activity is, and
+/// its cost is this cap times the team's active channels.
+pub const DIGEST_COUNT_CAP: i64 = 10;
 const PREVIEW_CHARS: i32 = 280;
 
 #[derive(Clone, Debug, Serialize)]
@@ -100,9 +101,10 @@ pub struct Digest {
 pub struct ChannelActivity {
     pub channel: String,
     /// Messages counted in the period (outside the focus: announcements
-    /// only), among the channel's newest 101: counting stops at 100.
+    /// only), among the channel's newest [`DIGEST_COUNT_CAP`] + 1:
+    /// counting stops at the cap.
     pub messages: i64,
-    /// True when counting stopped at 100: at least that many.
+    /// True when counting stopped at the cap: at least that many.
     pub messages_at_least: bool,
     pub latest: Vec<DigestMessage>,
 }
@@ -184,7 +186,7 @@ pub async fn team_digest(
         created_at: DateTime<Utc>,
     }
     // Bounded by the page: in each channel only its newest
-    // CHANNEL_COUNT_CAP + 1 messages, walked back on the channel's position
+    // DIGEST_COUNT_CAP + 1 messages, walked back on the channel's position
     // index (which carries created_at and announce), are counted and shown.
     let rows: Vec<Row> = sqlx::query_as(
         "SELECT c.name AS channel, latest.total, m.id, left(m.body, $5) AS preview, m.announce,
@@ -209,7 +211,7 @@ pub async fn team_digest(
     .bind(focus_id)
     .bind(PREVIEW_CHARS)
     .bind(LATEST_PER_CHANNEL)
-    .bind(messages::CHANNEL_COUNT_CAP + 1)
+    .bind(DIGEST_COUNT_CAP + 1)
     .fetch_all(&bus.pool)
     .await?;
     let mut channel_activity: Vec<ChannelActivity> = Vec::new();
@@ -220,8 +222,8 @@ pub async fn team_digest(
         {
             channel_activity.push(ChannelActivity {
                 channel: row.channel.clone(),
-                messages: row.total.min(messages::CHANNEL_COUNT_CAP),
-                messages_at_least: row.total > messages::CHANNEL_COUNT_CAP,
+                messages: row.total.min(DIGEST_COUNT_CAP),
+                messages_at_least: row.total > DIGEST_COUNT_CAP,
                 latest: Vec::new(),
             });
         }
@@ -236,26 +238,30 @@ pub async fn team_digest(
         }
     }
 
+    // Bounded by the page: the team's tasks walked newest move first on
+    // their update-time index (every task event sets updated_at), each with
+    // its latest event in the period from the task's own events.
     let tasks: Vec<TaskMove> = sqlx::query_as(
         "SELECT key, title, status, last_event, by, at FROM (
-             SELECT DISTINCT ON (t.id) t.key, t.title,
+             SELECT t.key, t.title,
                     CASE WHEN t.status = 'claimed' AND t.lease_expires_at <= now() THEN 'open' ELSE t.status END
                         AS status,
-                    e.kind AS last_event, e.at,
+                    e.kind AS last_event, e.at, t.updated_at,
                     CASE WHEN e.session = '' THEN a.name ELSE a.name || '/' || e.session END AS by
-             FROM (SELECT * FROM task_events
-                   WHERE team_id = $1 AND at > $2
-                   ORDER BY at DESC LIMIT $4) e
-             JOIN tasks t ON t.team_id = e.team_id AND t.id = e.task_id
-             JOIN agents a ON a.team_id = e.team_id AND a.id = e.agent_id
-             ORDER BY t.id, e.at DESC, e.id DESC
+             FROM tasks t
+             CROSS JOIN LATERAL (
+                 SELECT kind, at, session, agent_id FROM task_events
+                 WHERE team_id = t.team_id AND task_id = t.id AND at > $2
+                 ORDER BY at DESC, id DESC LIMIT 1) e
+             JOIN agents a ON a.team_id = t.team_id AND a.id = e.agent_id
+             WHERE t.team_id = $1 AND t.updated_at > $2
+             ORDER BY t.updated_at DESC LIMIT $3
          ) moved
-         ORDER BY at DESC LIMIT $3",
+         ORDER BY at DESC",
     )
     .bind(me.team_id)
     .bind(since)
     .bind(DIGEST_LIST_MAX)
-    .bind(DIGEST_TASK_EVENTS_READ)
     .fetch_all(&bus.pool)
     .await?;
 

@@ -164,30 +164,24 @@ async fn the_digest_focuses_on_the_window_channel_keeps_announcements_and_never_
     );
 }
 
-/// team_digest finds the tasks that moved among the period's newest 1 000
-/// task events, so its cost does not grow with a busy period: a task whose
-/// last move is older than those is left out, one inside them is listed.
+/// team_digest lists the 50 tasks that moved last, each with its latest
+/// event, however many events the period holds: its cost is its page (the
+/// tasks' update-time index), not the period's events.
 #[tokio::test]
-async fn team_digest_finds_moved_tasks_among_the_newest_thousand_task_events() {
+async fn team_digest_lists_the_tasks_that_moved_last() {
     let app = spawn_app().await;
     app.team("acme").await;
     let alice = app.mcp(&app.agent("acme", "alice").await, None).await;
-    for key in ["quiet", "busy"] {
+    let create = async |key: &str| {
         alice
             .call("create_task", json!({"key": key, "title": key}))
             .await
             .unwrap();
+    };
+    create("quiet").await;
+    for n in 0..50 {
+        create(&format!("t{n:02}")).await;
     }
-    // 998 further moves of `busy`, newer than both creations: with the two
-    // `created` events, the period holds exactly 1 000 events.
-    sqlx::query(
-        "INSERT INTO task_events (team_id, task_id, at, kind, agent_id, session)
-         SELECT t.team_id, t.id, now() + make_interval(secs => g), 'renewed', t.created_by, ''
-         FROM tasks t, generate_series(1, 998) g WHERE t.key = 'busy'",
-    )
-    .execute(&app.pool)
-    .await
-    .unwrap();
     let keys = |digest: &serde_json::Value| -> Vec<String> {
         digest["tasks"]
             .as_array()
@@ -196,19 +190,28 @@ async fn team_digest_finds_moved_tasks_among_the_newest_thousand_task_events() {
             .map(|t| t["key"].as_str().unwrap().to_string())
             .collect()
     };
+    // 51 moved; the page holds the 50 newest, newest first.
     let digest = alice.call("team_digest", json!({})).await.unwrap();
-    assert_eq!(keys(&digest), ["busy", "quiet"], "{digest}");
-    assert_eq!(digest["tasks"][0]["last_event"], "renewed");
+    let expected: Vec<String> = (0..50).rev().map(|n| format!("t{n:02}")).collect();
+    assert_eq!(keys(&digest), expected, "{digest}");
 
-    // One more move of `busy` pushes `quiet`'s only event past the newest 1 000.
-    sqlx::query(
-        "INSERT INTO task_events (team_id, task_id, at, kind, agent_id, session)
-         SELECT team_id, id, now() + interval '1 hour', 'renewed', created_by, ''
-         FROM tasks WHERE key = 'busy'",
-    )
-    .execute(&app.pool)
-    .await
-    .unwrap();
+    // A move of `quiet` (claimed, then renewed twice) brings it to the top,
+    // with its latest event; the oldest of the others leaves the page.
+    alice
+        .call("claim_task", json!({"key": "quiet"}))
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        alice
+            .call("renew_task_lease", json!({"key": "quiet"}))
+            .await
+            .unwrap();
+    }
     let digest = alice.call("team_digest", json!({})).await.unwrap();
-    assert_eq!(keys(&digest), ["busy"], "{digest}");
+    let listed = keys(&digest);
+    assert_eq!(listed.len(), 50, "{digest}");
+    assert_eq!(listed[0], "quiet", "{digest}");
+    assert_eq!(digest["tasks"][0]["last_event"], "renewed", "{digest}");
+    assert_eq!(digest["tasks"][0]["status"], "claimed", "{digest}");
+    assert!(!listed.contains(&"t00".to_string()), "{digest}");
 }

@@ -83,6 +83,16 @@ pub(super) async fn post_read(ctx: Arc<Ctx>, clients: usize) -> Result<Run> {
 /// includes the posting call's own round trip (the commit happens inside it).
 /// Each worker is one waiter/poster pair; ops/s is pairs completed.
 pub(super) async fn wake_latency(ctx: Arc<Ctx>, clients: usize) -> Result<Run> {
+    wake_latency_at_least(ctx, clients, 0).await
+}
+
+/// [`wake_latency`], each pair measuring at least `at_least` wakes even when
+/// they outlast the window (thousands of blocked waits on a loaded machine).
+pub(super) async fn wake_latency_at_least(
+    ctx: Arc<Ctx>,
+    clients: usize,
+    at_least: usize,
+) -> Result<Run> {
     closed_loop(clients, ctx.timing, move |i, window| {
         let ctx = ctx.clone();
         async move {
@@ -92,7 +102,7 @@ pub(super) async fn wake_latency(ctx: Arc<Ctx>, clients: usize) -> Result<Run> {
             let post =
                 serde_json::json!({"to": format!("bench/{waiter_window}"), "body": "wake up"});
             let mut rec = window.open().await;
-            while rec.is_open() {
+            while rec.wants_more(at_least) {
                 wake_once(&mut rec, &waiter, &poster, &post).await?;
             }
             poster.close().await;

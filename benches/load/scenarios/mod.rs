@@ -6,7 +6,9 @@
 //! scenario's figure is a ratio to it.
 //!
 //! One file per area: `messaging` (MCP round trips), `long_polls` (1 000
-//! blocked waits beside a measured pair), `tasks`,
+//! or 10 000 blocked waits beside a measured pair), `teams` (one team's
+//! posts against 16 teams'), `capacity` (a folder: agents as hosts run them,
+//! raised in steps), `peer` (mcp_agent_mail_rust's workloads), `tasks`,
 //! `history` (a folder: read tools against a seeded small and large
 //! history, run by name only),
 //! `conversations`, `outbox` (the drain to JetStream), `moves` (a
@@ -17,13 +19,16 @@
 //! a few constants.
 
 mod baseline;
+mod capacity;
 mod conversations;
 mod history;
 mod long_polls;
 mod messaging;
 mod moves;
 mod outbox;
+mod peer;
 mod tasks;
+mod teams;
 
 use std::sync::Arc;
 
@@ -49,6 +54,8 @@ pub struct Ctx {
     pub timing: Timing,
     /// The run's own `nats-server`, when a selected scenario needs one.
     pub nats_url: Option<String>,
+    /// The server's process id, for a scenario that reads its memory per step.
+    pub server_pid: u32,
     /// The rate of the own baseline measured right before the scenario now
     /// running: an open-loop scenario offers a load relative to it.
     pub own_baseline_ops: std::sync::Mutex<Option<f64>>,
@@ -94,6 +101,12 @@ const PG_MESSAGE_RECEIPTS: OwnBaseline = OwnBaseline {
 const CONVERSATION_SEND_OUTBOX: OwnBaseline = OwnBaseline {
     name: "conversation_send_outbox",
     run: |ctx, clients| Box::pin(outbox::conversation_send_outbox(ctx, clients)),
+};
+/// `post_one_team`'s yardstick: the same posts from clients each in a team
+/// of its own.
+const POST_TEAMS: OwnBaseline = OwnBaseline {
+    name: "post_teams",
+    run: |ctx, clients| Box::pin(teams::post_teams(ctx, clients)),
 };
 const JETSTREAM_PUBLISH: OwnBaseline = OwnBaseline {
     name: baseline::JETSTREAM_BASELINE,
@@ -141,7 +154,58 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "long_polls",
         about: "wake_latency of one pair while 1 000 other windows are blocked in wait_for_updates",
-        run: |ctx, clients| Box::pin(long_polls::long_polls(ctx, clients)),
+        run: |ctx, clients| Box::pin(long_polls::long_polls(ctx, clients, long_polls::BLOCKED)),
+        baseline: None,
+        needs_nats: false,
+        once: true,
+        by_name_only: false,
+    },
+    Scenario {
+        name: "long_polls_10k",
+        about: "the same with 10 000 windows blocked: the memory of a large fleet's waits",
+        run: |ctx, clients| {
+            Box::pin(long_polls::long_polls(
+                ctx,
+                clients,
+                long_polls::BLOCKED_10K,
+            ))
+        },
+        baseline: None,
+        needs_nats: false,
+        once: true,
+        by_name_only: false,
+    },
+    Scenario {
+        name: "post_one_team",
+        about: "post_message to #general of one team, every client an agent of it in its own window",
+        run: |ctx, clients| Box::pin(teams::post_one_team(ctx, clients)),
+        baseline: Some(POST_TEAMS),
+        needs_nats: false,
+        once: false,
+        by_name_only: false,
+    },
+    Scenario {
+        name: "capacity",
+        about: "agents as hosts run them (a blocked wait each, a call every 10 s) in 100 teams, raised in steps",
+        run: |ctx, _| Box::pin(capacity::capacity(ctx)),
+        baseline: None,
+        needs_nats: false,
+        once: true,
+        by_name_only: false,
+    },
+    Scenario {
+        name: "peer_burst",
+        about: "mcp_agent_mail_rust's burst: 30 agents x 5 DMs at once, then each fetches its inbox",
+        run: |ctx, _| Box::pin(peer::peer_burst(ctx)),
+        baseline: None,
+        needs_nats: false,
+        once: true,
+        by_name_only: false,
+    },
+    Scenario {
+        name: "peer_mixed",
+        about: "mcp_agent_mail_rust's mix: 30 s of sends, reads, searches, lock and task calls from 30 agents",
+        run: |ctx, _| Box::pin(peer::peer_mixed(ctx)),
         baseline: None,
         needs_nats: false,
         once: true,

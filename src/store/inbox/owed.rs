@@ -20,8 +20,10 @@ use crate::error::BusResult;
 /// Messages of one seat's conversation the top-up walks per fetch, at most.
 pub const TOP_UP_STEP: i64 = 100;
 /// `conversation_inbox_status` counts references and receipts up to this
-/// many of each; past it the count is a lower bound (`owed_at_least`).
-pub const COUNTED_MAX: i64 = 1000;
+/// many of each; past it the count is a lower bound (`owed_at_least`). Three
+/// fetch pages, past one top-up step: enough to tell "a page or two" from
+/// "a backlog", and the status costs the same however deep the backlog is.
+pub const COUNTED_MAX: i64 = 150;
 
 /// Queue a reference for each owed receipt of the next [`TOP_UP_STEP`]
 /// messages of every seat this window holds, and move the seats' marks.

@@ -84,7 +84,7 @@ pub(super) async fn change(
         Some("quota") => Err(usage::quota_refusal(
             row.try_get("quota_limit")?,
             row.try_get("quota_used")?,
-            result.map_or(0, str::len),
+            result.map_or(0, |r| r.len() as i64),
             &me.team,
         )),
         Some(code) => Ok(Err(Declined {

@@ -266,6 +266,23 @@ const OPS: &[Op] = &[
 
 /// The scenarios: every size in `sizes` seeded and measured in turn.
 pub async fn history(ctx: Arc<Ctx>, sizes: &'static [Size]) -> Result<Run> {
+    // BENCH_HISTORY_OPS=a,b: only these calls (by their line's `op`), in
+    // the order of OPS; to measure a few calls at long windows.
+    let chosen: Option<std::collections::HashSet<String>> = std::env::var("BENCH_HISTORY_OPS")
+        .ok()
+        .map(|list| list.split(',').map(|op| op.trim().to_string()).collect());
+    if let Some(chosen) = &chosen {
+        let unknown: Vec<&String> = chosen
+            .iter()
+            .filter(|c| !OPS.iter().any(|op| op.name == c.as_str()))
+            .collect();
+        anyhow::ensure!(
+            unknown.is_empty(),
+            "BENCH_HISTORY_OPS names calls the history benchmark does not measure: {unknown:?}; \
+             known: {:?}",
+            OPS.iter().map(|op| op.name).collect::<Vec<_>>()
+        );
+    }
     // (op, clients) → the small history's p99, for the ratio.
     let mut lines: Vec<Run> = Vec::new();
     let mut small_p99: HashMap<(&str, usize), Option<f64>> = HashMap::new();
@@ -276,7 +293,10 @@ pub async fn history(ctx: Arc<Ctx>, sizes: &'static [Size]) -> Result<Run> {
         let seed_secs = started.elapsed().as_secs_f64();
         eprintln!("bench: history: {} seeded in {seed_secs:.1} s", size.name);
         let points = Arc::new(prepare_windows(&ctx.pool, &team).await?);
-        for op in OPS {
+        for op in OPS
+            .iter()
+            .filter(|op| chosen.as_ref().is_none_or(|c| c.contains(op.name)))
+        {
             for &clients in crate::CLIENT_COUNTS {
                 eprintln!(
                     "bench: history ({}): {} with {clients} client(s)",
