@@ -185,7 +185,8 @@ pub async fn team_digest(
         announce: bool,
         created_at: DateTime<Utc>,
     }
-    // Bounded by the page: in each channel only its newest
+    // Bounded by the page: only channels whose newest message (by the
+    // position index) is in the period, and in each only its newest
     // DIGEST_COUNT_CAP + 1 messages, walked back on the channel's position
     // index (which carries created_at and announce), are counted and shown.
     let rows: Vec<Row> = sqlx::query_as(
@@ -203,6 +204,9 @@ pub async fn team_digest(
          JOIN messages m ON m.team_id = c.team_id AND m.position = latest.position
          JOIN agents s ON s.team_id = m.team_id AND s.id = m.sender_id
          WHERE c.team_id = $1 AND latest.rn <= $6
+           AND (SELECT n.created_at FROM messages n
+                 WHERE n.team_id = c.team_id AND n.channel_id = c.id
+                 ORDER BY n.position DESC LIMIT 1) > $2
          ORDER BY c.name, latest.position",
     )
     .bind(me.team_id)
