@@ -18,7 +18,8 @@
 //! agents write. Audit rows and inbox references are the bus's own records and
 //! are not charged to the team. The check, [`check_quota`], is the one rule
 //! every write path calls: `used + this write > limit` refuses and writes
-//! nothing. `used` is the last recount (`team_quotas.storage_bytes_used`), read
+//! nothing (a conversation send runs the same rule inside its one SQL call,
+//! `store_conversation_message`, migration 0034). `used` is the last recount (`team_quotas.storage_bytes_used`), read
 //! without a lock, because counting a team's history on each write is far too
 //! slow and a counter row bumped by every write would make a team's writes
 //! queue on one row (conversation sends are benchmarked). Recounts run every
@@ -301,14 +302,21 @@ pub async fn check_quota(
     let (limit, used) = row.unwrap_or((TEAM_QUOTA_DEFAULT_BYTES, 0));
     let incoming = incoming as i64;
     if used.saturating_add(incoming) > limit {
-        return Err(BusError::conflict(format!(
-            "the team's storage quota is {limit} bytes and {used} are used; this write of \
-             {incoming} bytes would pass it, so nothing was written. An operator can trim old \
-             history with `ai-crew-sync team prune --team {team_slug} --older-than-days N` or raise \
-             the quota with `ai-crew-sync team quota --team {team_slug} --bytes N`."
-        )));
+        return Err(quota_refused(limit, used, incoming, team_slug));
     }
     Ok(())
+}
+
+/// The quota refusal in words, for [`check_quota`] and for a write whose one
+/// statement checks the quota itself (`store_conversation_message`, migration
+/// 0034, states the same rule and answers these figures).
+pub(crate) fn quota_refused(limit: i64, used: i64, incoming: i64, team_slug: &str) -> BusError {
+    BusError::conflict(format!(
+        "the team's storage quota is {limit} bytes and {used} are used; this write of \
+         {incoming} bytes would pass it, so nothing was written. An operator can trim old \
+         history with `ai-crew-sync team prune --team {team_slug} --older-than-days N` or raise \
+         the quota with `ai-crew-sync team quota --team {team_slug} --bytes N`."
+    ))
 }
 
 /// `team quota`'s answer. The attachment fields are kept from when the quota
