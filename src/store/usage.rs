@@ -18,9 +18,9 @@
 //! agents write. Audit rows and inbox references are the bus's own records and
 //! are not charged to the team. The check, [`check_quota`], is the one rule
 //! every write path calls: `used + this write > limit` refuses and writes
-//! nothing. A write that is one SQL call (`set_note`) checks it there, with
-//! `storage_quota_refusal` (migration 0033), and words it through
-//! [`QuotaRefusal`]. `used` is the last recount (`team_quotas.storage_bytes_used`), read
+//! nothing. A write that is one SQL call (a post, the task writes, `set_note`,
+//! a conversation send) checks it there, with `storage_quota_refusal`
+//! (migration 0031), and words it through [`quota_refusal`]. `used` is the last recount (`team_quotas.storage_bytes_used`), read
 //! without a lock, because counting a team's history on each write is far too
 //! slow and a counter row bumped by every write would make a team's writes
 //! queue on one row (conversation sends are benchmarked). Recounts run every

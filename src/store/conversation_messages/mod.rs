@@ -12,10 +12,11 @@
 //! conversation, only agents still holding the grant), one receipt row each.
 //!
 //! That transaction is one round trip: the statements run server-side in
-//! `store_conversation_message` (migrations 0014, 0016), which stores only a send
-//! nothing stands in the way of and otherwise declines, writing nothing. Why
-//! it declined (and every refusal's wording) is worked out here, in Rust, the
-//! way every other writer starts: see [`explain_unstored`].
+//! `store_conversation_message` (migrations 0014, 0016, 0034), which checks
+//! the team's quota, stores only a send nothing stands in the way of and
+//! otherwise declines, writing nothing. Why it declined (and every refusal's
+//! wording) is worked out here, in Rust, the way every other writer starts:
+//! see [`explain_unstored`].
 //!
 //! `request_id` makes a send safe to retry: the unique key (conversation,
 //! sender, request_id) is checked under the conversation lock, so two

@@ -43,27 +43,30 @@ pub async fn send(bus: &Bus, me: &Identity, mut new: NewConversationMessage) -> 
         id: Uuid::now_v7(),
     };
 
-    // A send that nothing stands in the way of is stored in one round trip.
-    // Anything else is worked out by `explain_unstored`: a refusal, or the
-    // original of a retried send. Neither finding anything means what stood in
-    // the way changed in between (say, an invitation accepted): try again.
-    // The quota, read before the send's one round trip (without a lock, so
-    // reading it apart changes nothing). A retry of a send accepted before
-    // still gets its original: what was accepted is never refused afterwards.
-    let incoming = new.body.len() + send.metadata.as_ref().map_or(0, |m| m.to_string().len());
-    if let Err(refusal) = usage::check_quota(&bus.pool, me.team_id, &me.team, incoming).await {
-        return match explain_unstored(bus, me, &send).await? {
-            Some(original) if original.replayed => Ok(original),
-            _ => Err(refusal),
-        };
-    }
+    // A send that nothing stands in the way of is stored in one round trip,
+    // the quota checked inside it. Anything else is worked out by
+    // `explain_unstored`: a refusal, or the original of a retried send.
+    // Neither finding anything means what stood in the way changed in between
+    // (say, an invitation accepted): try again.
     for _ in 0..STORE_ATTEMPTS {
-        if let Some(sent) = store_if_clear(bus, me, &send).await? {
-            return Ok(sent);
-        }
-        if let Some(original) = explain_unstored(bus, me, &send).await? {
-            return Ok(original);
-        }
+        let over_quota = match store_if_clear(bus, me, &send).await? {
+            Outcome::Sent(sent) => return Ok(sent),
+            Outcome::OverQuota(refusal) => refusal,
+            Outcome::Declined => {
+                if let Some(original) = explain_unstored(bus, me, &send).await? {
+                    return Ok(original);
+                }
+                continue;
+            }
+        };
+        // A retry of a send accepted before still gets its original: what
+        // was accepted is never refused afterwards. A refusal that applies
+        // anyway (archived, not a member, ...) comes first, as it did when
+        // the quota was read before the send.
+        return match explain_unstored(bus, me, &send).await? {
+            Some(original) => Ok(original),
+            None => Err(over_quota),
+        };
     }
     Err(BusError::conflict(
         "this send could not be stored; nothing was changed. Retry with the same request_id.",
@@ -77,6 +80,26 @@ const STORE_ATTEMPTS: usize = 3;
 
 /// SQLSTATE of `store_conversation_message` declining a send (migration 0014).
 const NOT_STORED: &str = "AC001";
+/// SQLSTATE of `store_conversation_message` refusing a send over the team's
+/// storage quota (migration 0034), DETAIL `{"limit", "used", "incoming"}`.
+const OVER_QUOTA: &str = "AC002";
+
+/// What the send's one round trip came to.
+enum Outcome {
+    Sent(Sent),
+    /// Nothing written: something stands in the way ([`explain_unstored`]).
+    Declined,
+    /// Nothing written: the quota's refusal, in words.
+    OverQuota(BusError),
+}
+
+/// The quota figures `store_conversation_message` answers with AC002.
+#[derive(serde::Deserialize)]
+struct QuotaFigures {
+    limit: i64,
+    used: i64,
+    incoming: i64,
+}
 
 /// A send's arguments, checked, with the id its message will have.
 struct Validated<'a> {
@@ -88,13 +111,15 @@ struct Validated<'a> {
 }
 
 /// The send's writes, in one round trip: `store_conversation_message`
-/// (migration 0016) takes the locks in the writers' order (the write fence,
-/// then the conversation row, claiming the next seq), re-reads the seat,
-/// grant and `reply_to` after the lock, freezes the recipients, inserts the message, its receipts and (on an
-/// outbox conversation) its slot, and commits. None: it declined and wrote
-/// nothing (the claimed seq went with its transaction), because something
-/// stands in the way; [`explain_unstored`] says what.
-async fn store_if_clear(bus: &Bus, me: &Identity, send: &Validated<'_>) -> BusResult<Option<Sent>> {
+/// (migrations 0016, 0034) checks the team's quota, takes the locks in the
+/// writers' order (the write fence, then the conversation row, claiming the
+/// next seq), re-reads the seat, grant and `reply_to` after the lock, freezes
+/// the recipients, inserts the message, its receipts and (on an outbox
+/// conversation) its slot, and commits. Declined: it wrote nothing (the
+/// claimed seq went with its transaction), because something stands in the
+/// way; [`explain_unstored`] says what. Over the quota: nothing written
+/// either, and the refusal says by how much.
+async fn store_if_clear(bus: &Bus, me: &Identity, send: &Validated<'_>) -> BusResult<Outcome> {
     #[derive(sqlx::FromRow)]
     struct Stored {
         seq: i64,
@@ -126,12 +151,31 @@ async fn store_if_clear(bus: &Bus, me: &Identity, send: &Validated<'_>) -> BusRe
     .await;
     let stored = match stored {
         Ok(stored) => stored,
-        Err(err)
-            if err.as_database_error().and_then(|e| e.code()).as_deref() == Some(NOT_STORED) =>
-        {
-            return Ok(None);
+        Err(err) => {
+            let Some(db) = err.as_database_error() else {
+                return Err(err.into());
+            };
+            return match db.code().as_deref() {
+                Some(NOT_STORED) => Ok(Outcome::Declined),
+                Some(OVER_QUOTA) => {
+                    let detail = db
+                        .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                        .and_then(|e| e.detail());
+                    let Some(QuotaFigures {
+                        limit,
+                        used,
+                        incoming,
+                    }) = detail.and_then(|d| serde_json::from_str(d).ok())
+                    else {
+                        return Err(err.into());
+                    };
+                    Ok(Outcome::OverQuota(usage::quota_refusal(
+                        limit, used, incoming, &me.team,
+                    )))
+                }
+                _ => Err(err.into()),
+            };
         }
-        Err(err) => return Err(err.into()),
     };
     let sync = stored.publication == Publication::Sync;
 
@@ -146,7 +190,7 @@ async fn store_if_clear(bus: &Bus, me: &Identity, send: &Validated<'_>) -> BusRe
     }
     bus.events.emit(event);
 
-    Ok(Some(Sent {
+    Ok(Outcome::Sent(Sent {
         message_id: send.id,
         conversation_id,
         seq: stored.seq,

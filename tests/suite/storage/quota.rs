@@ -169,3 +169,63 @@ async fn a_write_past_the_quota_is_refused_naming_quota_usage_and_prune_and_writ
         before[0] + 1
     );
 }
+
+// Issue 34: the send checks the quota inside its one call. Over the quota a
+// new send is refused with the figures (its body's bytes as counted) and
+// stores nothing, not even a seq; a retry of a send accepted before still
+// gets its original.
+#[tokio::test]
+async fn a_send_over_the_quota_stores_nothing_and_its_accepted_retry_still_answers() {
+    let app = spawn_app().await;
+    team_with_conversations(&app, "acme").await;
+    let alice = app.mcp(&app.agent("acme", "alice").await, None).await;
+    let bob = app.mcp(&app.agent("acme", "bob").await, None).await;
+    let talk = conversation(&alice, &bob, "bob").await;
+    let request_id = uuid::Uuid::new_v4().to_string();
+    let first = json!({"conversation_id": talk, "body": "accepted before the quota",
+                       "request_id": request_id});
+    let original = alice
+        .call("send_conversation_message", first.clone())
+        .await
+        .unwrap();
+
+    // Not one byte of room.
+    let used = usage_of(&app, "acme").await["used_bytes"].as_i64().unwrap();
+    usage::quota(&app.pool, "acme", Some(used), &test_actor())
+        .await
+        .unwrap();
+    let stored = count(&app, "SELECT count(*) FROM conversation_messages").await;
+    let refused = send(&alice, talk, &"y".repeat(60))
+        .await
+        .expect_err("over the quota");
+    let text = refused["message"].as_str().unwrap();
+    assert!(
+        text.contains(&format!(
+            "quota is {used} bytes and {used} are used; this write of 60 bytes"
+        )),
+        "{text}"
+    );
+    assert_eq!(
+        count(&app, "SELECT count(*) FROM conversation_messages").await,
+        stored,
+        "the refused send stored nothing"
+    );
+
+    let retried = alice
+        .call("send_conversation_message", first)
+        .await
+        .unwrap();
+    assert_eq!(retried["message_id"], original["message_id"]);
+    assert_eq!(retried["seq"], original["seq"]);
+    assert_eq!(retried["replayed"], true);
+
+    // The quota raised: the next send takes the next seq, so the refused one
+    // left no gap.
+    usage::quota(&app.pool, "acme", Some(used + 1000), &test_actor())
+        .await
+        .unwrap();
+    let next = send(&alice, talk, "after the quota was raised")
+        .await
+        .unwrap();
+    assert_eq!(next["seq"], original["seq"].as_i64().unwrap() + 1);
+}
