@@ -58,9 +58,6 @@ pub const LONG_POLL_TOOLS: &[&str] = &[
     "wait_for_conversation_updates",
 ];
 
-/// Larger than any wait call's arguments can sensibly be.
-const LONG_POLL_BODY_MAX_BYTES: usize = 64 * 1024;
-
 /// What the caller is told to wait when the server is full: the requests
 /// ahead of it are short, so a second is enough to find room again.
 pub const RETRY_AFTER_BUSY: Duration = Duration::from_secs(1);
@@ -333,35 +330,6 @@ pub enum BodyRefusal {
     TimedOut,
 }
 
-/// Whether a JSON-RPC body is a `tools/call` of a long-polling tool. A body
-/// that does not parse is ordinary (rmcp then refuses it).
-pub fn is_long_poll(body: &[u8]) -> bool {
-    // A wait call is a few hundred bytes: a large body is no wait, and is
-    // not parsed a second time to find out.
-    if body.len() > LONG_POLL_BODY_MAX_BYTES {
-        return false;
-    }
-    #[derive(serde::Deserialize)]
-    struct Call<'a> {
-        #[serde(borrow)]
-        method: Option<&'a str>,
-        #[serde(borrow)]
-        params: Option<Params<'a>>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Params<'a> {
-        #[serde(borrow)]
-        name: Option<&'a str>,
-    }
-    serde_json::from_slice::<Call<'_>>(body).is_ok_and(|call| {
-        call.method == Some("tools/call")
-            && call
-                .params
-                .and_then(|p| p.name)
-                .is_some_and(|name| LONG_POLL_TOOLS.contains(&name))
-    })
-}
-
 /// Calls in flight per credential, per agent and per team, each level at
 /// most its cap. One mutex over the three maps: a call takes its three
 /// counts together or none of them.
@@ -380,28 +348,31 @@ impl CallerCounts {
         }
     }
 
-    fn levels(&self, caller: Caller) -> [(Level, Uuid, u32); 3] {
+    /// The levels of `caller` that have a cap, with the index of their map:
+    /// a level without one (0) is never counted, as nothing would read it.
+    fn levels(&self, caller: Caller) -> impl Iterator<Item = (usize, Level, Uuid, u32)> {
         [
             (Level::Credential, caller.credential, self.caps.credential),
             (Level::Agent, caller.agent, self.caps.agent),
             (Level::Team, caller.team, self.caps.team),
         ]
+        .into_iter()
+        .enumerate()
+        .filter(|(_, (_, _, cap))| *cap != 0)
+        .map(|(i, (level, key, cap))| (i, level, key, cap))
     }
 
     fn take(this: &Arc<Self>, caller: Caller) -> Result<CallerSlot, AtCap> {
-        let mut counts = this.counts.lock().unwrap_or_else(|p| p.into_inner());
-        let levels = this.levels(caller);
-        for (i, (level, key, cap)) in levels.iter().enumerate() {
-            let held = counts[i].get(key).copied().unwrap_or(0);
-            if *cap != 0 && held >= *cap {
-                return Err(AtCap {
-                    level: *level,
-                    cap: *cap,
-                });
+        if this.levels(caller).next().is_some() {
+            let mut counts = this.counts.lock().unwrap_or_else(|p| p.into_inner());
+            for (i, level, key, cap) in this.levels(caller) {
+                if counts[i].get(&key).copied().unwrap_or(0) >= cap {
+                    return Err(AtCap { level, cap });
+                }
             }
-        }
-        for (i, (_, key, _)) in levels.iter().enumerate() {
-            *counts[i].entry(*key).or_insert(0) += 1;
+            for (i, _, key, _) in this.levels(caller) {
+                *counts[i].entry(key).or_insert(0) += 1;
+            }
         }
         Ok(CallerSlot {
             counts: Arc::clone(this),
@@ -418,12 +389,15 @@ pub struct CallerSlot {
 
 impl Drop for CallerSlot {
     fn drop(&mut self) {
+        if self.counts.levels(self.caller).next().is_none() {
+            return;
+        }
         let mut counts = self.counts.counts.lock().unwrap_or_else(|p| p.into_inner());
-        for (i, (_, key, _)) in self.counts.levels(self.caller).iter().enumerate() {
-            if let Some(count) = counts[i].get_mut(key) {
+        for (i, _, key, _) in self.counts.levels(self.caller) {
+            if let Some(count) = counts[i].get_mut(&key) {
                 *count -= 1;
                 if *count == 0 {
-                    counts[i].remove(key);
+                    counts[i].remove(&key);
                 }
             }
         }
@@ -598,23 +572,6 @@ impl AddressLimiter {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn long_polls_are_told_apart_by_tool_name() {
-        let call = |name: &str| {
-            serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                               "params": {"name": name, "arguments": {"timeout_seconds": 5}}})
-            .to_string()
-        };
-        assert!(is_long_poll(call("wait_for_updates").as_bytes()));
-        assert!(is_long_poll(call("ask_agent").as_bytes()));
-        assert!(is_long_poll(
-            call("wait_for_conversation_updates").as_bytes()
-        ));
-        assert!(!is_long_poll(call("whoami").as_bytes()));
-        assert!(!is_long_poll(br#"{"method":"tools/list","id":1}"#));
-        assert!(!is_long_poll(b"not json"));
-    }
 
     #[test]
     fn ipv6_addresses_share_their_64() {

@@ -64,7 +64,7 @@ use crate::Bus;
 use crate::auth::{self, AgentCredential};
 use crate::config::HttpSettings;
 use crate::error::BusError;
-use crate::mcp::BusServer;
+use crate::mcp::{BusServer, RequestBody};
 use crate::store::{sessions, tokens};
 pub(crate) use refusals::{
     address_crowded, address_throttled, caller_busy, rate_limited, server_busy, too_many_in_flight,
@@ -561,8 +561,9 @@ async fn mcp_gate(State(state): State<Arc<AppState>>, request: Request, next: Ne
         Err(refusal) => return refusal,
     };
     // A blocked wait moves to its own count, so waits never use up the slots
-    // ordinary calls of the same credential need.
-    let _call = if limits::is_long_poll(&bytes) {
+    // ordinary calls of the same credential need. The tool's name comes from
+    // the same pass that checked the body: it is not read a second time.
+    let _call = if checked.is_long_poll() {
         drop(ordinary);
         match limits.long_poll_slot(caller) {
             Ok(slot) => slot,
@@ -580,6 +581,9 @@ async fn mcp_gate(State(state): State<Arc<AppState>>, request: Request, next: Ne
         ordinary
     };
     parts.extensions.insert(identity);
+    // Shared, not copied: only a call whose arguments fail to deserialise
+    // reads it again, to name what is wrong (`mcp::BusServer::dispatch`).
+    parts.extensions.insert(RequestBody(bytes.clone()));
     let response = next
         .run(Request::from_parts(parts, Body::from(bytes)))
         .await;

@@ -25,8 +25,8 @@ use std::sync::Arc;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
-    PaginatedRequestParams, ResultType, ServerCapabilities, ServerConfig,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorCode, Implementation,
+    ListToolsResult, PaginatedRequestParams, ResultType, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, tool_handler};
@@ -157,7 +157,7 @@ impl BusServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         // An unknown tool is a protocol error (MCP: -32602), named.
-        let Some(tool) = self.shared.tools.get(&request.name) else {
+        let Some(route) = self.shared.tools.map.get(&request.name) else {
             let shown: String = request.name.chars().take(64).collect();
             return Err(ErrorData::invalid_params(
                 format!(
@@ -182,26 +182,36 @@ impl BusServer {
             );
             return Ok(refusal(&err).into());
         }
-        // Types, unknown and missing arguments, in the bus's words rather
-        // than serde's.
-        if let Err(message) = arguments::check(
-            &request.name,
-            &tool.input_schema,
-            request.arguments.as_ref(),
-        ) {
-            return Ok(refusal(&BusError::invalid(message)).into());
-        }
-        let summary = arguments::schema_summary(&request.name, &tool.input_schema);
         if conversations::TOOLS.contains(&request.name.as_ref())
             && !self.conversations_on(&context).await?
         {
+            // Arguments that do not fit are refused first, as for a team
+            // with conversations on (there deserialisation finds them).
+            if let Err(message) = arguments::check(
+                &request.name,
+                &route.attr.input_schema,
+                request.arguments.as_ref(),
+            ) {
+                return Ok(refusal(&BusError::invalid(message)).into());
+            }
             let me = identity_of(&context)?;
             return Ok(refusal(&conversations::disabled_error(me)).into());
         }
-        let name = request.name.clone();
+        // Every tool reads the caller from the HTTP parts, so a call without
+        // them is a wiring bug, refused before any tool runs; past this, the
+        // one way a route answers "invalid params" is arguments that do not
+        // deserialise into the tool's argument struct.
+        let body = http_parts(&context)?
+            .extensions
+            .get::<RequestBody>()
+            .cloned();
         let call = ToolCallContext::new(self, request, context);
-        let response = self.shared.tools.call(call).await?;
-        Ok(reword_argument_error(&name, summary, response))
+        match (route.call)(call).await {
+            Err(error) if error.code == ErrorCode::INVALID_PARAMS => {
+                Ok(argument_refusal(&route.attr, body.as_ref(), &error).into())
+            }
+            answer => answer,
+        }
     }
 
     async fn conversations_on(
@@ -227,37 +237,54 @@ impl BusServer {
     }
 }
 
-/// rmcp answers arguments that fail to deserialise with serde's text (`failed
-/// to deserialize parameters: invalid type: …`). [`arguments::check`] runs
-/// first and should leave nothing for it; whatever slips past becomes the
-/// bus's refusal, and serde's text goes to the log, not to the model.
-fn reword_argument_error(
-    tool: &str,
-    summary: String,
-    response: CallToolResponse,
-) -> CallToolResponse {
-    const SERDE_PREFIX: &str = "failed to deserialize parameters";
-    let CallToolResponse::Complete(result) = &response else {
-        return response;
+/// The refusal of a call whose arguments did not deserialise: the schema
+/// check ([`arguments::check`]) names each problem, in the bus's words; it is
+/// only run now, on the way to a refusal, against the arguments as the body
+/// carried them. Should it find nothing (deserialisation refused something
+/// the check does not know), the refusal lists what the tool takes, and
+/// serde's text goes to the log, not to the model.
+fn argument_refusal(tool: &Tool, body: Option<&RequestBody>, error: &ErrorData) -> CallToolResult {
+    let arguments = body.and_then(RequestBody::arguments);
+    let message = match arguments::check(&tool.name, &tool.input_schema, arguments.as_ref()) {
+        Err(message) => message,
+        Ok(()) => {
+            tracing::warn!(
+                tool = %tool.name,
+                error = %error.message,
+                "arguments passed the schema check but failed to deserialise"
+            );
+            format!(
+                "{} was not run: its arguments do not fit what it takes. {} Nothing was done; \
+                 call it again with the arguments fixed.",
+                tool.name,
+                arguments::schema_summary(&tool.name, &tool.input_schema)
+            )
+        }
     };
-    let serde_text = (result.is_error == Some(true) && result.structured_content.is_none())
-        .then(|| result.content.first().and_then(|c| c.as_text()))
-        .flatten()
-        .filter(|text| text.text.starts_with(SERDE_PREFIX));
-    let Some(serde_text) = serde_text else {
-        return response;
-    };
-    tracing::warn!(
-        tool,
-        error = %serde_text.text,
-        "arguments passed the schema check but failed to deserialise"
-    );
-    let err = BusError::invalid(format!(
-        "{tool} was not run: its arguments do not fit what it takes. {} Nothing was done; call \
-         it again with the arguments fixed.",
-        summary
-    ));
-    refusal(&err).into()
+    refusal(&BusError::invalid(message))
+}
+
+/// The body of the POST a call came in, as the HTTP layer read it (a shared
+/// buffer, not a copy), in the request's extensions. rmcp hands a tool its
+/// arguments by value; this is where a refusal finds them again.
+#[derive(Clone)]
+pub struct RequestBody(pub axum::body::Bytes);
+
+impl RequestBody {
+    /// `params.arguments` of the JSON-RPC message, when it is an object.
+    fn arguments(&self) -> Option<serde_json::Map<String, serde_json::Value>> {
+        #[derive(serde::Deserialize)]
+        struct Message {
+            params: Params,
+        }
+        #[derive(serde::Deserialize)]
+        struct Params {
+            arguments: Option<serde_json::Map<String, serde_json::Value>>,
+        }
+        serde_json::from_slice::<Message>(&self.0)
+            .ok()
+            .and_then(|m| m.params.arguments)
+    }
 }
 
 /// Whether a decoded argument (its name, a string, or anything nested in it)
@@ -273,14 +300,17 @@ fn holds_nul(key: &str, value: &serde_json::Value) -> bool {
         }
 }
 
-fn identity_of(context: &RequestContext<RoleServer>) -> Result<&Identity, ErrorData> {
-    let parts = context
+fn http_parts(context: &RequestContext<RoleServer>) -> Result<&http::request::Parts, ErrorData> {
+    context
         .extensions
         .get::<http::request::Parts>()
         .ok_or_else(|| {
             ErrorData::internal_error("request reached MCP without its HTTP parts", None)
-        })?;
-    caller(parts)
+        })
+}
+
+fn identity_of(context: &RequestContext<RoleServer>) -> Result<&Identity, ErrorData> {
+    caller(http_parts(context)?)
 }
 
 /// The caller of this request. The HTTP layer refuses every request it cannot
@@ -320,41 +350,57 @@ pub(crate) fn refusal(err: &BusError) -> CallToolResult {
 
 #[cfg(test)]
 mod tests {
-    use rmcp::model::ContentBlock;
-
     use super::*;
 
-    fn structured(response: &CallToolResponse) -> Option<&serde_json::Value> {
-        match response {
-            CallToolResponse::Complete(result) => result.structured_content.as_ref(),
-            _ => None,
-        }
+    fn message(result: &CallToolResult) -> String {
+        let body = result
+            .structured_content
+            .as_ref()
+            .expect("a structured refusal");
+        assert_eq!(body["error"], "invalid");
+        body["message"].as_str().unwrap().to_string()
+    }
+
+    fn set_note() -> Tool {
+        BusServer::tool_list()
+            .into_iter()
+            .find(|tool| tool.name == "set_note")
+            .unwrap()
+    }
+
+    fn body(arguments: serde_json::Value) -> RequestBody {
+        let message = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                             "params": {"name": "set_note", "arguments": arguments}});
+        RequestBody(message.to_string().into())
     }
 
     #[test]
-    fn serde_text_from_a_tool_becomes_the_bus_refusal() {
-        let serde = CallToolResult::error(vec![ContentBlock::text(
-            "failed to deserialize parameters: invalid type: string \"5\", expected i64",
-        )]);
-        let summary = "claim_task takes key (required).".to_string();
-        let response = reword_argument_error("claim_task", summary, serde.into());
-        let body = structured(&response).expect("a structured refusal");
-        assert_eq!(body["error"], "invalid");
-        let message = body["message"].as_str().unwrap();
+    fn a_refusal_names_what_the_body_got_wrong_and_what_the_tool_takes() {
+        let serde = ErrorData::invalid_params("failed to deserialize parameters: …", None);
+        let refused = argument_refusal(&set_note(), Some(&body(json!({"key": 5}))), &serde);
+        let message = message(&refused);
         assert!(
-            message.starts_with("claim_task was not run") && message.contains("takes key"),
+            message.starts_with("set_note was not run") && message.contains("`key` got 5"),
             "{message}"
         );
-        assert!(!message.contains("expected i64"), "{message}");
+        assert!(
+            message.contains("set_note takes key, value (required)"),
+            "{message}"
+        );
+        assert!(!message.contains("deserialize"), "{message}");
     }
 
     #[test]
-    fn other_results_pass_unchanged() {
-        let refused = refusal(&BusError::conflict("held"));
-        let response = reword_argument_error("claim_task", String::new(), refused.into());
-        assert_eq!(structured(&response).unwrap()["message"], "held");
-        let plain = CallToolResult::error(vec![ContentBlock::text("something else")]);
-        let response = reword_argument_error("claim_task", String::new(), plain.into());
-        assert!(structured(&response).is_none());
+    fn a_refusal_the_check_cannot_explain_still_lists_what_the_tool_takes() {
+        let serde = ErrorData::invalid_params("failed to deserialize parameters: …", None);
+        let fitting = body(json!({"key": "k", "value": "v"}));
+        for given in [Some(&fitting), None] {
+            let message = message(&argument_refusal(&set_note(), given, &serde));
+            assert!(
+                message.starts_with("set_note was not run")
+                    && message.contains("set_note takes key, value (required)"),
+                "{message}"
+            );
+        }
     }
 }

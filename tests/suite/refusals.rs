@@ -145,8 +145,13 @@ async fn a_wrong_method_accept_or_content_type_gets_json_with_its_status_before_
         );
     }
 
-    // Content-Type other than JSON, or none.
-    for content_type in [Some("text/plain"), None] {
+    // Content-Type other than JSON, or none; or JSON listed with another
+    // type, which the transport beneath would not read as JSON either.
+    for content_type in [
+        Some("text/plain"),
+        None,
+        Some("application/json, text/plain"),
+    ] {
         let mut request = http_client()
             .post(app.mcp_url())
             .bearer_auth(&token)

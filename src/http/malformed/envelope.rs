@@ -124,6 +124,19 @@ impl Message {
         }
     }
 
+    /// The tool a `tools/call` names, when it is a short string.
+    pub(super) fn tool_name(&self) -> Option<&str> {
+        match (
+            &self.method,
+            self.params.as_ref().and_then(|p| p.name.as_ref()),
+        ) {
+            (Some(Shape::Str(method)), Some(Shape::Str(name))) if method == "tools/call" => {
+                Some(name)
+            }
+            _ => None,
+        }
+    }
+
     pub(super) fn names_its_version(&self) -> bool {
         self.params.as_ref().is_some_and(|p| p.names_version)
     }

@@ -19,11 +19,13 @@
 //!   usable one, else `null`.
 //! - Whatever rmcp still refuses in plain text is rewritten by
 //!   [`explain_plain_refusal`] into the same JSON, so no text/plain refusal
-//!   leaves `/mcp`.
+//!   leaves `/mcp`. The rewrite goes by status, never by rmcp's words.
 //!
 //! The body is looked at in one pass that allocates only for short strings
 //! (`jsonrpc`, `id`, `method`, a tool's name): an 8 MiB message costs a scan,
-//! not a second copy of itself.
+//! not a second copy of itself. The same pass tells a long poll apart
+//! ([`Checked::is_long_poll`]); rmcp's own parse into its message types is
+//! the only other one.
 //!
 //! Size: about 430 lines of code and 200 of unit tests for its refusals.
 
@@ -33,6 +35,7 @@ use rmcp::model::ProtocolVersion;
 use serde_json::{Value, json};
 
 use super::json_error;
+use super::limits::LONG_POLL_TOOLS;
 
 mod envelope;
 
@@ -91,9 +94,16 @@ pub(super) fn check_headers(method: &Method, headers: &HeaderMap) -> Result<(), 
             ),
         ));
     }
-    let content_type_ok = media_ranges(headers, header::CONTENT_TYPE)
-        .next()
-        .is_some_and(|essence| essence.eq_ignore_ascii_case("application/json"));
+    // Read as rmcp reads it (the first value, its essence before any `;`), so
+    // a Content-Type that passes here passes there too, and rmcp's 415 can
+    // only mean a body it could not read (see [`explain_plain_refusal`]).
+    let content_type_ok = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| {
+            let essence = value.split_once(';').map_or(value, |(essence, _)| essence);
+            essence.trim().eq_ignore_ascii_case("application/json")
+        });
     if !content_type_ok {
         let sent = header_text(headers, header::CONTENT_TYPE);
         return Err(json_error(
@@ -138,12 +148,25 @@ fn media_ranges(headers: &HeaderMap, name: header::HeaderName) -> impl Iterator<
         .map(str::trim)
 }
 
-/// What the gate learned from a body that passed [`check_body`].
+/// What the gate learned from a body that passed [`check_body`], in the one
+/// pass that reads it before rmcp does.
 pub(super) struct Checked {
     /// The request's id, to echo in a later JSON-RPC error.
     id: Value,
     /// The method, when short enough to name.
     method: Option<String>,
+    /// The tool a `tools/call` names (when short enough to keep).
+    tool: Option<String>,
+}
+
+impl Checked {
+    /// Whether the message is a `tools/call` of a long-polling tool
+    /// ([`LONG_POLL_TOOLS`]), which moves to its caller's long-poll counts.
+    pub(super) fn is_long_poll(&self) -> bool {
+        self.tool
+            .as_deref()
+            .is_some_and(|tool| LONG_POLL_TOOLS.contains(&tool))
+    }
 }
 
 /// The body: not empty, not nested deeper than [`JSON_DEPTH_MAX`], JSON, one
@@ -229,7 +252,8 @@ pub(super) fn check_body(headers: &HeaderMap, body: &[u8]) -> Result<Checked, Re
         Some(Shape::Str(method)) => Some(method.clone()),
         _ => None,
     };
-    Ok(Checked { id, method })
+    let tool = message.tool_name().map(str::to_string);
+    Ok(Checked { id, method, tool })
 }
 
 /// serde_json's account of a syntax error: JSON's own vocabulary (`expected
@@ -355,9 +379,9 @@ pub(super) async fn explain_plain_refusal(checked: &Checked, response: Response)
         text,
         "rewriting a plain refusal from rmcp"
     );
-    let mut rewritten = if status == StatusCode::UNSUPPORTED_MEDIA_TYPE
-        && text.starts_with("fail to deserialize")
-    {
+    // Told apart by status, never by rmcp's words: the gate has checked the
+    // Content-Type as rmcp does, so its 415 is a body it could not read.
+    let mut rewritten = if status == StatusCode::UNSUPPORTED_MEDIA_TYPE {
         let method = checked
             .method
             .as_deref()
@@ -373,7 +397,7 @@ pub(super) async fn explain_plain_refusal(checked: &Checked, response: Response)
             ),
         )
     } else {
-        let (kind, advice) = advice_for(status, &text);
+        let (kind, advice) = advice_for(status);
         let said = if text.is_empty() {
             String::new()
         } else {
@@ -391,16 +415,17 @@ pub(super) async fn explain_plain_refusal(checked: &Checked, response: Response)
 }
 
 /// The bus's kind and first sentence for a status rmcp answered in text.
-fn advice_for(status: StatusCode, text: &str) -> (&'static str, String) {
+/// Its Host check is off (the gate's own runs first), so its one 403 is the
+/// Origin guard's.
+fn advice_for(status: StatusCode) -> (&'static str, String) {
     match status.as_u16() {
-        403 if text.contains("Origin") => (
+        403 => (
             "forbidden",
             "the request's Origin header is not one this server accepts (a guard against \
              cross-site requests from browsers). Send no Origin header from a non-browser \
              client, or start the server with `--allowed-origins` naming the origin."
                 .to_string(),
         ),
-        403 => ("forbidden", "the request was refused.".to_string()),
         404 => (
             "not_found",
             "the MCP transport found nothing to answer this request with.".to_string(),
@@ -474,6 +499,29 @@ mod tests {
         assert_eq!(checked.method.as_deref(), Some("tools/call"));
         let notification = br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
         assert!(check_body(&HeaderMap::new(), notification).is_ok());
+    }
+
+    #[test]
+    fn long_polls_are_told_apart_by_tool_name() {
+        let call = |name: &str| {
+            json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                   "params": {"name": name, "arguments": {"timeout_seconds": 5}}})
+            .to_string()
+        };
+        let long_poll = |body: &str| {
+            check_body(&HeaderMap::new(), body.as_bytes()).is_ok_and(|c| c.is_long_poll())
+        };
+        assert!(long_poll(&call("wait_for_updates")));
+        assert!(long_poll(&call("ask_agent")));
+        assert!(long_poll(&call("wait_for_conversation_updates")));
+        assert!(!long_poll(&call("whoami")));
+        assert!(!long_poll(
+            r#"{"jsonrpc":"2.0","method":"tools/list","id":1}"#
+        ));
+        // The name of another method's params is no tool.
+        assert!(!long_poll(
+            r#"{"jsonrpc":"2.0","method":"prompts/get","id":1,"params":{"name":"ask_agent"}}"#
+        ));
     }
 
     #[test]
