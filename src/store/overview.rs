@@ -6,11 +6,13 @@
 //! period, never the number of channels. It never shows direct messages or
 //! private conversation bodies.
 
+use std::sync::LazyLock;
+
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::{channels, messages, presence, tasks};
+use super::{channels, messages};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::BusResult;
@@ -55,13 +57,39 @@ pub struct WhoAmI {
 }
 
 pub async fn whoami(bus: &Bus, me: &Identity) -> BusResult<WhoAmI> {
-    // The labels are read once, for both the answer and the default
-    // channel. The reads run one after another: at once they would take
-    // three of the pool's connections per call.
-    let (project, role) = presence::window_labels(&bus.pool, me).await?;
+    // One statement, one round trip: the window's labels (for both the
+    // answer and the default channel), its unread direct messages (counted
+    // as `unread_direct` counts them) and its live claims.
+    #[derive(sqlx::FromRow)]
+    struct Reads {
+        project: Option<String>,
+        role: Option<String>,
+        unread: i64,
+        claimed: i64,
+    }
+    static WHOAMI: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "{cursor} SELECT p.project, p.role, {unread} AS unread,
+                    (SELECT count(*) FROM tasks t
+                      WHERE t.team_id = $1 AND t.holder_agent_id = $2 AND t.holder_session = $3
+                        AND t.status = 'claimed' AND t.lease_expires_at > now()) AS claimed
+             FROM (SELECT 1) one
+             LEFT JOIN presence p ON p.team_id = $1 AND p.agent_id = $2 AND p.session = $3",
+            cursor = messages::UNREAD_DM_CURSOR,
+            unread = messages::UNREAD_DM_COUNT,
+        )
+    });
+    let reads: Reads = sqlx::query_as(WHOAMI.as_str())
+        .bind(me.team_id)
+        .bind(me.agent_id)
+        .bind(&me.window)
+        .bind(messages::UNREAD_COUNT_CAP + 1)
+        .fetch_one(&bus.pool)
+        .await?;
+    let (project, role) = (reads.project, reads.role);
     let default_channel = messages::default_channel_of(project.clone(), me);
-    let unread = messages::unread_direct(bus, me).await?;
-    let open_claimed_tasks = tasks::count_claimed(bus, me).await?;
+    let unread = messages::BoundedCount::of(reads.unread, messages::UNREAD_COUNT_CAP);
+    let open_claimed_tasks = reads.claimed;
     Ok(WhoAmI {
         agent: me.agent.clone(),
         agent_id: me.agent_id,

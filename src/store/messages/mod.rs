@@ -204,4 +204,5 @@ pub use read::{
     BoundedCount, CHANNEL_COUNT_CAP, ReadRequest, ReadResult, UNREAD_COUNT_CAP, answer_to, read,
     unread_direct, unread_direct_messages, visible,
 };
+pub(crate) use read::{UNREAD_DM_COUNT, UNREAD_DM_CURSOR};
 pub use search::search;

@@ -361,6 +361,13 @@ impl BoundedCount {
     }
 }
 
+/// The statement [`unread_direct`] runs, as text for a read model that puts
+/// the count beside other columns of one statement (`whoami`): a `WITH` item
+/// and a scalar subquery. Binds: $1 team, $2 agent, $3 window, $4 the cap + 1.
+pub(crate) const UNREAD_DM_CURSOR: &str = unread_dm_cursor!();
+pub(crate) const UNREAD_DM_COUNT: &str =
+    concat!("(SELECT count(*) FROM (", unread_dm_ids!(), ") counted)");
+
 /// How many direct messages this window has not read, for `whoami`; counts
 /// stop at [`UNREAD_COUNT_CAP`].
 pub async fn unread_direct(bus: &Bus, me: &Identity) -> BusResult<BoundedCount> {

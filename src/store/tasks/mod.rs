@@ -57,7 +57,7 @@ pub use checks::check_metadata;
 pub use claim::{claim, claim_next};
 pub use dependencies::set_dependencies;
 pub use lifecycle::{complete, create, release, renew};
-pub use queries::{count_claimed, get, list};
+pub use queries::{get, list};
 
 pub const KEY_MAX_BYTES: usize = 128;
 pub const TITLE_MAX_BYTES: usize = 512;

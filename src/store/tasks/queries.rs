@@ -119,18 +119,3 @@ pub async fn get(bus: &Bus, me: &Identity, key: &str) -> BusResult<TaskDetail> {
             .collect(),
     })
 }
-
-/// How many tasks this window holds with a live lease (for `whoami`).
-pub async fn count_claimed(bus: &Bus, me: &Identity) -> BusResult<i64> {
-    let count: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM tasks
-         WHERE team_id = $1 AND holder_agent_id = $2 AND holder_session = $3
-           AND status = 'claimed' AND lease_expires_at > now()",
-    )
-    .bind(me.team_id)
-    .bind(me.agent_id)
-    .bind(&me.window)
-    .fetch_one(&bus.pool)
-    .await?;
-    Ok(count)
-}
