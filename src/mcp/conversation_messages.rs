@@ -249,7 +249,8 @@ impl BusServer {
     #[tool(
         description = "How many references are owed to this window and handed out, and the state \
                           of its broker consumer (on a team whose conversations use JetStream). \
-                          Counting stops at 150: `owed_at_least: true` means at least `owed`.",
+                          Counting stops at 50 (one full fetch page): `owed_at_least: true` means at least \
+                          `owed`; fetch and confirm to bring it down.",
         annotations(read_only_hint = true)
     )]
     async fn conversation_inbox_status(

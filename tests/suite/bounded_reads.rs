@@ -1,10 +1,12 @@
 //! Read tools bounded by their page (issue 19): the same answers as before
 //! on the same data, and the shapes that changed to stay bounded: the inbox
 //! handed out across several top-up steps, its status counts that stop at
-//! 150 and say "at least", a note search ranked among the most recent
+//! 50 (one fetch page) and say "at least", a note search ranked among the most recent
 //! matches, task listings read from their indexes.
 
 use serde_json::{Value, json};
+
+use ai_crew_sync::store::inbox::COUNTED_MAX;
 
 use crate::inbox::{delivery_ids, pair};
 use crate::support::spawn_app;
@@ -55,45 +57,72 @@ async fn inbox_status(client: &crate::support::McpClient) -> Value {
 #[tokio::test]
 async fn an_inbox_backlog_past_one_top_up_step_is_handed_out_whole_in_seq_order() {
     let p = pair().await;
-    // Past one top-up step (100), under the status's cap (150).
+    // Past one top-up step (100) and past the status's cap (50).
     let sent = 130;
     for i in 0..sent {
         p.send(&format!("message {i}")).await;
     }
-    // Before any fetch: every receipt is owed, counted exactly.
+    // Before any fetch: every receipt is owed, counted up to the cap.
     let status = inbox_status(&p.bob).await;
-    assert_eq!(status["owed"], sent, "{status}");
-    assert!(status.get("owed_at_least").is_none(), "{status}");
+    assert_eq!(status["owed"], COUNTED_MAX, "{status}");
+    assert_eq!(status["owed_at_least"], true, "{status}");
 
     // One fetch queues at most one step (100 messages) and says there is more.
-    let (first, seqs) = fetch_page(&p.bob).await;
+    let (first, mut seqs) = fetch_page(&p.bob).await;
     assert_eq!(seqs, (1..=50).collect::<Vec<_>>());
     assert_eq!(first["more"], true);
-    // The count is the same whether a receipt has its reference yet or not.
+    let status = inbox_status(&p.bob).await;
+    assert_eq!(
+        (
+            &status["owed"],
+            &status["owed_at_least"],
+            &status["handed_out"]
+        ),
+        (&json!(COUNTED_MAX), &json!(true), &json!(50)),
+        "{status}"
+    );
+    confirm(&p.bob, &first).await;
+    let (second, page_seqs) = fetch_page(&p.bob).await;
+    assert_eq!(page_seqs, (51..=100).collect::<Vec<_>>());
+    seqs.extend(page_seqs);
+    confirm(&p.bob, &second).await;
+
+    // Under the cap the count is exact: the 30 receipts past the walk's
+    // mark are owed though no reference names them yet ...
+    let status = inbox_status(&p.bob).await;
+    assert_eq!(status["owed"], sent - 100, "{status}");
+    assert!(status.get("owed_at_least").is_none(), "{status}");
+    // ... and the same once the next fetch has queued their references.
+    let (third, page_seqs) = fetch_page(&p.bob).await;
+    seqs.extend(page_seqs);
     let status = inbox_status(&p.bob).await;
     assert_eq!(
         (status["owed"].as_i64(), status["handed_out"].as_i64()),
-        (Some(sent), Some(50)),
+        (Some(sent - 100), Some(sent - 100)),
         "{status}"
     );
-    p.bob
-        .call(
-            "confirm_inbox_delivery",
-            json!({"delivery_ids": delivery_ids(&first)}),
-        )
-        .await
-        .unwrap();
+    confirm(&p.bob, &third).await;
 
-    let rest = drain_inbox(&p.bob).await;
+    seqs.extend(drain_inbox(&p.bob).await);
     assert_eq!(
-        rest,
-        (51..=sent).collect::<Vec<_>>(),
+        seqs,
+        (1..=sent).collect::<Vec<_>>(),
         "each once, in seq order"
     );
     assert_eq!(inbox_status(&p.bob).await["owed"], 0);
     // Messages sent after the walk reached the end are owed too.
     p.send("late").await;
     assert_eq!(drain_inbox(&p.bob).await, vec![sent + 1]);
+}
+
+async fn confirm(client: &crate::support::McpClient, page: &Value) {
+    client
+        .call(
+            "confirm_inbox_delivery",
+            json!({"delivery_ids": delivery_ids(page)}),
+        )
+        .await
+        .unwrap();
 }
 
 /// Add `count` stored messages from the conversation's owner to `p`'s
@@ -143,7 +172,10 @@ async fn inbox_status_counts_stop_at_their_cap_and_say_at_least() {
     seed_owed_messages(&p, 1100).await;
     let status = inbox_status(&p.bob).await;
     assert_eq!(status["owed_at_least"], true, "{status}");
-    assert_eq!(status["owed"], 150, "counted up to the cap: {status}");
+    assert_eq!(
+        status["owed"], COUNTED_MAX,
+        "counted up to the cap: {status}"
+    );
 
     // The hand-out is unchanged: oldest first, in seq order, and more.
     let (page, seqs) = fetch_page(&p.bob).await;
@@ -151,14 +183,8 @@ async fn inbox_status_counts_stop_at_their_cap_and_say_at_least() {
     assert_eq!(page["more"], true);
     let status = inbox_status(&p.bob).await;
     assert_eq!(status["owed_at_least"], true, "{status}");
-    assert!(status["owed"].as_i64().unwrap() >= 150, "{status}");
-    p.bob
-        .call(
-            "confirm_inbox_delivery",
-            json!({"delivery_ids": delivery_ids(&page)}),
-        )
-        .await
-        .unwrap();
+    assert_eq!(status["owed"], COUNTED_MAX, "{status}");
+    confirm(&p.bob, &page).await;
 
     // Below the cap the count is exact again and the flag is gone.
     let all = drain_inbox(&p.bob).await;

@@ -1,6 +1,6 @@
 //! The write tools that are one SQL call each (issue 34 item 1, migration
-//! 0033: acquire_lock, release_lock, heartbeat, set_note) run the write
-//! fence inside that call, in the same transaction as their writes: a
+//! 0033: acquire_lock, release_lock, heartbeat, set_note and the rest;
+//! 0039: the inbox fetch) run the write fence inside that call, in the same transaction as their writes: a
 //! revocation caught between taking its fence and committing makes the call
 //! wait, and once it commits the call is refused with today's words and
 //! leaves everything as it was. The race itself is `write_fence::race`.
@@ -335,6 +335,38 @@ async fn a_mark_presented_in_flight_across_revoke_session_is_refused_and_records
     );
 }
 
+/// `call` by bob's window of an inbox pair, caught between its fence and its
+/// commit by bob's disable: the refusal, checked to be the disable's words.
+async fn refused_across_bobs_disable<W>(app: &TestApp, call: W) -> serde_json::Value
+where
+    W: Future<Output = Result<serde_json::Value, serde_json::Value>> + Send + 'static,
+{
+    let held = hold_row(
+        &app.pool,
+        "SELECT 1 FROM agents WHERE id = $1 FOR NO KEY UPDATE",
+        agent_id(&app.pool, "bob").await,
+    )
+    .await;
+    let pool = app.pool.clone();
+    let answer = race(
+        &app.pool,
+        held,
+        async move {
+            agents::set_disabled(&pool, &in_team("ib"), "bob", true)
+                .await
+                .unwrap()
+        },
+        call,
+    )
+    .await;
+    let refusal = answer.expect_err("a disabled agent's call");
+    assert!(
+        message(&refusal).contains("agent `bob` of team `ib` is disabled"),
+        "{refusal}"
+    );
+    refusal
+}
+
 // Breakage: `IF refusal IS NOT NULL THEN` -> `IF false THEN` in
 // confirm_inbox_references makes the disabled agent's confirmation land.
 #[tokio::test]
@@ -343,35 +375,12 @@ async fn a_confirm_inbox_delivery_in_flight_across_an_agent_disable_is_refused_a
     p.send("one").await;
     let ids = crate::inbox::delivery_ids(&crate::inbox::fetch(&p.bob).await);
     assert_eq!(ids.len(), 1);
-    let held = hold_row(
-        &p.app.pool,
-        "SELECT 1 FROM agents WHERE id = $1 FOR NO KEY UPDATE",
-        agent_id(&p.app.pool, "bob").await,
-    )
-    .await;
-
-    let pool = p.app.pool.clone();
     let bob = p.bob;
-    let answer = race(
-        &p.app.pool,
-        held,
-        async move {
-            agents::set_disabled(&pool, &in_team("ib"), "bob", true)
-                .await
-                .unwrap()
-        },
-        async move {
-            bob.call("confirm_inbox_delivery", json!({ "delivery_ids": ids }))
-                .await
-        },
-    )
+    refused_across_bobs_disable(&p.app, async move {
+        bob.call("confirm_inbox_delivery", json!({ "delivery_ids": ids }))
+            .await
+    })
     .await;
-
-    let refusal = answer.expect_err("a disabled agent's confirmation");
-    assert!(
-        message(&refusal).contains("agent `bob` of team `ib` is disabled"),
-        "{refusal}"
-    );
     let delivered: (i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM inbox_references WHERE delivered_at IS NOT NULL),
                 (SELECT count(*) FROM message_receipts WHERE delivered_at IS NOT NULL)",
@@ -380,4 +389,25 @@ async fn a_confirm_inbox_delivery_in_flight_across_an_agent_disable_is_refused_a
     .await
     .unwrap();
     assert_eq!(delivered, (0, 0), "nothing was marked delivered");
+}
+
+// Breakage: `IF refusal IS NOT NULL THEN` -> `IF false THEN` in
+// fetch_inbox_page (migration 0039) makes the disabled agent's fetch hand
+// the reference out.
+#[tokio::test]
+async fn a_fetch_conversation_inbox_in_flight_across_an_agent_disable_is_refused_and_hands_out_nothing()
+ {
+    let p = crate::inbox::pair().await;
+    p.send("one").await;
+    let bob = p.bob;
+    refused_across_bobs_disable(&p.app, async move {
+        bob.call("fetch_conversation_inbox", json!({})).await
+    })
+    .await;
+    let handed_out: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM inbox_references WHERE handed_out_at IS NOT NULL")
+            .fetch_one(&p.app.pool)
+            .await
+            .unwrap();
+    assert_eq!(handed_out, 0, "nothing was handed out");
 }

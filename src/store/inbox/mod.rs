@@ -14,11 +14,11 @@
 //! hand-out page, the bounded status counts).
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use super::{fenced, sessions};
+use super::fenced;
 
 mod owed;
 use crate::Bus;
@@ -108,7 +108,7 @@ pub async fn enqueue_message_references(
 }
 
 /// One reference handed to a window.
-#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow)]
 pub struct Delivery {
     /// Pass to `confirm_inbox_delivery` once the reference reached you.
     pub delivery_id: Uuid,
@@ -124,7 +124,7 @@ pub struct Delivery {
     pub queued_at: DateTime<Utc>,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Fetched {
     pub deliveries: Vec<Delivery>,
     /// More references are owed than this call handed out.
@@ -155,22 +155,30 @@ pub fn check_fetch_limit(limit: Option<i64>) -> BusResult<i64> {
 /// when their messages are confirmed, and a retried publish confirms seq 9
 /// after seq 10, so neither queue time nor the inbox stream's order is the
 /// conversation's.
+///
+/// One round trip: `fetch_inbox_page` (migration 0039) runs the write
+/// fence, the borrowed-label refusal, the top-up walk, the page and the
+/// hand-out mark; `owed.rs` says how each is bounded.
 pub async fn fetch(bus: &Bus, me: &Identity, limit: i64) -> BusResult<Fetched> {
     let key = recipient_key(me.agent_id, &me.window);
-    let mut tx = bus.pool.begin().await?;
-    sessions::guard(&mut tx, me).await?;
-    let walked_full = owed::top_up(&mut tx, me, &key).await?;
-    let mut deliveries = owed::page(&mut tx, me, &key, limit).await?;
-    // A walk that stopped at its step may have left receipts owed.
-    let more = deliveries.len() as i64 > limit || walked_full;
-    deliveries.truncate(limit as usize);
-    let handed: Vec<Uuid> = deliveries.iter().map(|d| d.delivery_id).collect();
-    sqlx::query("UPDATE inbox_references SET handed_out_at = now() WHERE id = ANY($1)")
-        .bind(&handed)
-        .execute(&mut *tx)
-        .await?;
-    tx.commit().await?;
-    Ok(Fetched { deliveries, more })
+    let (outcome, detail) = fenced::call(
+        "SELECT refusal, session_epoch, refused_since, outcome, detail
+         FROM fetch_inbox_page($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        me,
+    )
+    .bind(&me.window)
+    .bind(me.session_credential.is_none() && !me.window.is_empty())
+    .bind(&key)
+    .bind(limit)
+    .bind(TOP_UP_STEP)
+    .bind(HANDOUT_SECS)
+    .fetch_one(&bus.pool)
+    .await?
+    .outcome(me)?;
+    if outcome == "borrowed" {
+        return Err(super::conversations::borrowed_label(me));
+    }
+    fenced::detail(detail)
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -245,8 +253,7 @@ pub async fn confirm(bus: &Bus, me: &Identity, ids: &[Uuid]) -> BusResult<Confir
 pub struct Owed {
     pub recipient_key: String,
     /// References not yet confirmed (including receipts not yet turned into
-    /// references). Counted up to [`COUNTED_MAX`] of each kind: see
-    /// `owed_at_least`.
+    /// references). Counted up to [`COUNTED_MAX`]: see `owed_at_least`.
     pub owed: i64,
     /// True when a count stopped at [`COUNTED_MAX`]: at least `owed` are
     /// owed, maybe more. Fetch and confirm to bring it down.
@@ -259,10 +266,11 @@ pub struct Owed {
 pub async fn owed(bus: &Bus, me: &Identity) -> BusResult<Owed> {
     let key = recipient_key(me.agent_id, &me.window);
     let counts = owed::counts(&bus.pool, me, &key).await?;
+    let counted = counts.queued + counts.unqueued;
     Ok(Owed {
         recipient_key: key,
-        owed: counts.queued + counts.unqueued,
-        owed_at_least: counts.at_least,
+        owed: counted.min(COUNTED_MAX),
+        owed_at_least: counts.at_least || counted >= COUNTED_MAX,
         handed_out: counts.handed_out,
     })
 }
@@ -304,12 +312,13 @@ const BROKER_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 /// PostgreSQL, which also decides the order ([`fetch`]). A broker that does
 /// not answer costs nothing but speed.
 pub async fn fetch_inbox(bus: &Bus, me: &Identity, limit: i64) -> BusResult<Fetched> {
-    // Before the broker is asked: a borrowed label must not consume anything.
-    refuse_borrowed_label(bus, me).await?;
     let key = recipient_key(me.agent_id, &me.window);
     let mut from_broker: Vec<(Uuid, String)> = Vec::new();
     let broker = broker_for(bus, me.team_id).await?;
     if let Some(broker) = broker {
+        // Before the broker is asked: a borrowed label must not consume
+        // anything. (Without a broker, `fetch` refuses it in its one call.)
+        refuse_borrowed_label(bus, me).await?;
         match broker
             .fetch_inbox(me.team_id, &key, limit as usize, BROKER_WAIT)
             .await
