@@ -143,6 +143,18 @@ enum Command {
     Man(generate::ManArgs),
 }
 
+/// A command whose reader goes away (`ai-crew-sync client call … | head`)
+/// ends as other Unix tools do, by SIGPIPE, instead of panicking on the
+/// next print: Rust ignores SIGPIPE, so `println!` would fail. Not for the
+/// servers (`serve`, `mcp proxy`), which handle a closed peer themselves.
+fn die_quietly_on_a_closed_pipe() {
+    // SAFETY: called before any thread is started; restoring a signal's
+    // default disposition has no other effect on this process.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 /// Parse the command line and run it. Errors print on stderr and exit 1.
 pub fn main() -> ExitCode {
     if let Err(err) = secret::take_secrets_off_argv(&std::env::args_os().collect::<Vec<_>>()) {
@@ -150,6 +162,9 @@ pub fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_) | Command::Mcp(_)) {
+        die_quietly_on_a_closed_pipe();
+    }
     // reqwest is built without a TLS provider of its own (no C toolchain for
     // aws-lc); ring serves https URLs of remote servers.
     let _ = rustls::crypto::ring::default_provider().install_default();

@@ -178,3 +178,32 @@ fn man_out_dir_writes_one_page_per_command() {
         "no page for `help`: {on_disk:?}"
     );
 }
+
+/// `ai-crew-sync recipes | head -1`: a reader that goes away ends the command
+/// as it ends other Unix tools (SIGPIPE), never with a panic and its
+/// backtrace on the terminal.
+// Breakage: without `die_quietly_on_a_closed_pipe()` in cli::main the
+// command panics with "failed printing to stdout: Broken pipe".
+#[test]
+fn a_reader_that_goes_away_ends_the_command_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"))
+        .arg("recipes")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run ai-crew-sync recipes");
+    // Close the reading end before the command prints anything.
+    drop(child.stdout.take());
+    let out = child
+        .wait_with_output()
+        .expect("wait for ai-crew-sync recipes");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        out.status.success() || out.status.signal() == Some(libc::SIGPIPE),
+        "{:?}: {stderr}",
+        out.status
+    );
+}
