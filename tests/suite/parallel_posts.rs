@@ -178,6 +178,53 @@ async fn a_writer_between_its_position_and_its_lock_is_waited_for() {
     assert_eq!(bodies(&page), ["between", "after"], "{page}");
 }
 
+// Two reads of the same window and scope at once never hand out a message
+// twice: a read moves the cursor only from the position its own statement
+// read (read.rs, `MOVE_CURSOR`), and a read that finds it moved reads again
+// from there. Both reads here have read the same page and wait at the cursor
+// row, which a test transaction holds. Dropping the compare (`AND
+// r.last_position = (SELECT after FROM cursor)`) makes both return "one",
+// "two": this test fails.
+#[tokio::test]
+async fn two_reads_of_one_window_at_once_hand_out_each_message_once() {
+    let app = spawn_app().await;
+    let (alice, bob) = two_agents_and_a_channel(&app).await;
+    assert!(bodies(&read_new(&bob, "ops").await).is_empty());
+    for body in ["one", "two"] {
+        alice
+            .call("post_message", json!({"channel": "ops", "body": body}))
+            .await
+            .unwrap();
+    }
+    let mut held = app.pool.begin().await.unwrap();
+    sqlx::query(
+        "SELECT 1 FROM read_cursors r JOIN agents a ON a.team_id = r.team_id AND a.id = r.agent_id
+          WHERE a.name = 'bob' AND r.scope = '#ops' FOR UPDATE OF r",
+    )
+    .fetch_one(&mut *held)
+    .await
+    .expect("bob's first read left a cursor");
+
+    let bob = Arc::new(bob);
+    let reads: Vec<_> = (0..2)
+        .map(|_| {
+            let bob = bob.clone();
+            tokio::spawn(async move { read_new(&bob, "ops").await })
+        })
+        .collect();
+    until("both reads wait at the cursor row", async || {
+        waiting_on(&app.pool, false).await >= 2
+    })
+    .await;
+    held.commit().await.unwrap();
+    let mut read = Vec::new();
+    for page in reads {
+        read.extend(bodies(&page.await.unwrap()));
+    }
+    read.sort();
+    assert_eq!(read, ["one", "two"], "each message once across both reads");
+}
+
 // A post that rolls back leaves its position empty for good: readers pass
 // the gap and read what came after it, once.
 #[tokio::test]

@@ -10,11 +10,18 @@
 //! cursor and the page's newest; if there are any, the read waits for their
 //! writers (`message_positions_wait`, migration 0031: its own team's only)
 //! and reads again up to the same newest position (module overview).
+//!
+//! A read is one statement, without a transaction around it: the write
+//! fence, the cursor, the page, its gaps and the cursor's move (a compare and
+//! set on the position the statement read, so two reads of the same window
+//! and scope never hand out the same page twice). A read that finds nothing
+//! new writes nothing; the wait for a gap's writer is a statement of its own.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 use serde::Serialize;
+use sqlx::{FromRow, PgPool, Row};
 use uuid::Uuid;
 
 use super::{MessageView, check_limit};
@@ -49,13 +56,50 @@ const DMS_FROM_THIS_WINDOW: &str = "SELECT id, position FROM messages
 const DMS_FROM_THE_AGENT: &str = "SELECT id, position FROM messages
      WHERE team_id = $1 AND recipient_id IS NOT NULL AND sender_id = $2";
 
-/// `only_new`: past the cursor ($6) and at most $8, not this window's own
-/// posts, oldest first, at most the page ($7).
-const PAST_CURSOR: &str = " AND position > $6 AND position <= $8
+/// `only_new`: past the cursor (read in the same statement) and at most $8,
+/// not this window's own posts, oldest first, at most the page ($7).
+const PAST_CURSOR: &str = " AND position > (SELECT after FROM cursor) AND position <= $8
      AND NOT (sender_id = $2 AND sender_session = $5)
      ORDER BY {key} position LIMIT $7";
-/// The latest page ($7), newest first (the cursor bind $6 is unused).
+/// The latest page ($7), newest first.
 const LATEST: &str = " ORDER BY {key_desc} position DESC LIMIT $7";
+
+/// The write fence (`agent_write_refusal`, migration 0016) as the first `WITH`
+/// item of a read: its function takes the lock and reads the credential in a
+/// snapshot of its own, so a revocation committed while it waited is seen.
+/// Binds: $1 team, $2 agent, $10 token, $11 window credential, $12 epoch.
+const FENCE: &str = "fence AS MATERIALIZED (
+         SELECT refusal, session_epoch, refused_since
+         FROM agent_write_refusal($1, $2, $10, $11, $12, false))";
+
+/// This window's cursor for the scope ($6): the last position read (0 before
+/// the first read) and whether the row exists.
+const CURSOR: &str = "cursor AS MATERIALIZED (
+         SELECT coalesce(max(last_position), 0) AS after, count(*) AS found
+         FROM read_cursors WHERE team_id = $1 AND agent_id = $2 AND session = $5 AND scope = $6)";
+
+/// After the page and its gaps: the cursor moves to the page's newest
+/// position, only if the fence let the read through, nothing is missing below
+/// that position, and the cursor is still where this statement read it
+/// (`moved` says whether it did: another read of the same window and scope may
+/// have moved it meanwhile, and then this one reads again from there). A first
+/// read creates the cursor even when there is nothing to read. A read that
+/// finds nothing new writes nothing.
+const MOVE_CURSOR: &str = "settled AS (
+         SELECT max(position) AS newest FROM page
+         WHERE (SELECT refusal FROM fence) IS NULL AND (SELECT gaps FROM gaps) = '{}'),
+     moved AS (
+         UPDATE read_cursors r SET last_position = s.newest, updated_at = now()
+         FROM settled s
+         WHERE r.team_id = $1 AND r.agent_id = $2 AND r.session = $5 AND r.scope = $6
+           AND s.newest IS NOT NULL AND r.last_position = (SELECT after FROM cursor)
+         RETURNING 1),
+     created AS (
+         INSERT INTO read_cursors (team_id, agent_id, session, scope, last_position)
+         SELECT $1, $2, $5, $6, coalesce(s.newest, 0) FROM settled s
+         WHERE (SELECT found FROM cursor) = 0 AND (SELECT refusal FROM fence) IS NULL
+         ON CONFLICT DO NOTHING
+         RETURNING 1)";
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 enum ScopeKind {
@@ -90,9 +134,9 @@ fn branches(scope: ScopeKind, only_new: bool, all_sessions: bool) -> Vec<&'stati
     branches
 }
 
-/// The statement for one read: the branches' pages merged (UNION: a DM an
-/// agent sent itself is in two branches), cut to the page, in position order.
-fn read_sql(only_new: bool, scope: ScopeKind, all_sessions: bool) -> String {
+/// The page of one read: the branches' pages merged (UNION: a DM an agent
+/// sent itself is in two branches), cut to the page.
+fn page_sql(only_new: bool, scope: ScopeKind, all_sessions: bool) -> String {
     let suffix = if only_new { PAST_CURSOR } else { LATEST };
     let union: Vec<String> = branches(scope, only_new, all_sessions)
         .iter()
@@ -107,37 +151,54 @@ fn read_sql(only_new: bool, scope: ScopeKind, all_sessions: bool) -> String {
         })
         .collect();
     let direction = if only_new { "" } else { " DESC" };
-    let page = format!(
+    format!(
         "SELECT {columns}
          WHERE m.team_id = $1 AND m.id IN (
-             SELECT id FROM ({union}) picked ORDER BY position{direction} LIMIT $7)
-         ORDER BY m.position",
+             SELECT id FROM ({union}) picked ORDER BY position{direction} LIMIT $7)",
         columns = view_columns!(),
         union = union.join(" UNION "),
-    );
-    if !only_new {
-        return page;
-    }
-    // With the page, in the same snapshot: the team's positions missing
-    // between $9 (below it every position is settled) and the page's newest.
-    format!(
-        "WITH page AS ({page}),
-              gaps AS (
-                  SELECT coalesce(array_agg(g.p ORDER BY g.p), '{{}}') AS gaps
-                  FROM generate_series($9 + 1, (SELECT max(position) FROM page)) AS g(p)
-                  WHERE NOT EXISTS (SELECT 1 FROM messages x
-                                    WHERE x.team_id = $1 AND x.position = g.p))
-         SELECT page.*, gaps.gaps FROM page, gaps ORDER BY page.position"
     )
 }
 
-/// A row of an `only_new` page: the message, and the gaps below the page's
-/// newest position (the same on every row).
-#[derive(sqlx::FromRow)]
-struct PageRow {
-    #[sqlx(flatten)]
-    message: MessageView,
+/// The statement for one read, in one round trip: the fence, then the page
+/// in position order, each row beside the fence's answer (one row of NULL
+/// message columns when the page is empty). `only_new` also reads the cursor,
+/// lists the team's positions missing between $9 (below it every position is
+/// settled) and the page's newest, in the same snapshot as the page, and
+/// moves the cursor (`MOVE_CURSOR`).
+fn read_sql(only_new: bool, scope: ScopeKind, all_sessions: bool) -> String {
+    let page = page_sql(only_new, scope, all_sessions);
+    if !only_new {
+        return format!(
+            "WITH {FENCE}, page AS ({page})
+             SELECT f.refusal, f.session_epoch, f.refused_since, p.*
+             FROM fence f LEFT JOIN page p ON true ORDER BY p.position"
+        );
+    }
+    format!(
+        "WITH {FENCE}, {CURSOR},
+              page AS MATERIALIZED ({page}),
+              gaps AS MATERIALIZED (
+                  SELECT coalesce(array_agg(g.p ORDER BY g.p), '{{}}') AS gaps
+                  FROM generate_series(greatest((SELECT after FROM cursor), $9) + 1,
+                                       (SELECT max(position) FROM page)) AS g(p)
+                  WHERE NOT EXISTS (SELECT 1 FROM messages x
+                                    WHERE x.team_id = $1 AND x.position = g.p)),
+              {MOVE_CURSOR}
+         SELECT f.refusal, f.session_epoch, f.refused_since, p.*, g.gaps,
+                (SELECT count(*) FROM moved) + (SELECT count(*) FROM created) AS moved
+         FROM fence f LEFT JOIN (page p CROSS JOIN gaps g) ON true
+         ORDER BY p.position"
+    )
+}
+
+/// What one read statement answered.
+struct Page {
+    messages: Vec<MessageView>,
+    /// `only_new`: the team's positions missing below the page's newest.
     gaps: Vec<i64>,
+    /// `only_new`: whether this statement moved (or created) the cursor.
+    moved: bool,
 }
 
 /// Per team, a position at or below which every position is settled
@@ -180,9 +241,100 @@ pub struct ReadResult {
     pub more: bool,
 }
 
+/// One read's statement and what it binds besides its bounds.
+struct Reader<'a> {
+    me: &'a Identity,
+    sql: String,
+    scope: &'a str,
+    channel_id: Option<Uuid>,
+    all_sessions: bool,
+    only_new: bool,
+    limit: i64,
+}
+
+impl Reader<'_> {
+    /// Run the statement once: reads at most up to `through`, with every
+    /// position up to `settled` known settled. A refused fence is the error.
+    async fn run(&self, pool: &PgPool, through: i64, settled: i64) -> BusResult<Page> {
+        let me = self.me;
+        let rows = sqlx::query(sqlx::AssertSqlSafe(self.sql.clone()))
+            .bind(me.team_id)
+            .bind(me.agent_id)
+            .bind(self.channel_id)
+            .bind(self.all_sessions)
+            .bind(&me.window)
+            .bind(self.scope)
+            .bind(self.limit)
+            .bind(through)
+            .bind(settled)
+            .bind(me.token_id)
+            .bind(me.session_credential.map(|w| w.session_id))
+            .bind(me.session_credential.map(|w| w.epoch))
+            .fetch_all(pool)
+            .await?;
+        let Some(first) = rows.first() else {
+            return Err(BusError::Db(sqlx::Error::Protocol(
+                "read_messages returned no row".into(),
+            )));
+        };
+        sessions::Refusal::from_row(first)?.check(me)?;
+        let mut page = Page {
+            messages: Vec::with_capacity(rows.len()),
+            gaps: Vec::new(),
+            moved: false,
+        };
+        for row in &rows {
+            if row.try_get::<Option<Uuid>, _>("id")?.is_none() {
+                continue;
+            }
+            page.messages.push(MessageView::from_row(row)?);
+        }
+        if self.only_new {
+            page.gaps = first
+                .try_get::<Option<Vec<i64>>, _>("gaps")?
+                .unwrap_or_default();
+            page.moved = first.try_get::<i64, _>("moved")? > 0;
+        }
+        Ok(page)
+    }
+
+    /// `only_new`: the page past the cursor, the cursor moved past it. A
+    /// position missing below the page's newest may still commit: wait for
+    /// its writer (of this team only), then read again up to the same newest
+    /// position, now all settled. If another read of the same window and
+    /// scope moved the cursor first, read again from where it left it.
+    async fn read_new(&self, pool: &PgPool) -> BusResult<Vec<MessageView>> {
+        let team = self.me.team_id;
+        let (mut through, mut settled) = (i64::MAX, settled_through(team));
+        loop {
+            let page = self.run(pool, through, settled).await?;
+            if !page.gaps.is_empty() {
+                let newest = page.messages.last().map_or(0, |m| m.position);
+                sqlx::query("SELECT message_positions_wait($1, $2)")
+                    .bind(team)
+                    .bind(&page.gaps)
+                    .execute(pool)
+                    .await?;
+                (through, settled) = (newest, newest);
+                continue;
+            }
+            let Some(last) = page.messages.last() else {
+                return Ok(page.messages);
+            };
+            if page.moved {
+                settle(team, last.position);
+                return Ok(page.messages);
+            }
+            (through, settled) = (i64::MAX, settled_through(team));
+        }
+    }
+}
+
 /// `read_messages`. With `only_new`, returns what came after this window's
 /// cursor for the scope (oldest first) and advances it; without, the latest
-/// page, leaving the cursor alone.
+/// page, leaving the cursor alone. Either is one statement, which takes the
+/// write fence first (moving a cursor is a mutation: a revoked or stale
+/// window reads and moves nothing).
 pub async fn read(bus: &Bus, me: &Identity, request: ReadRequest) -> BusResult<ReadResult> {
     let limit = check_limit(request.limit)?;
     let scope_raw = request.scope.trim();
@@ -206,111 +358,26 @@ pub async fn read(bus: &Bus, me: &Identity, request: ReadRequest) -> BusResult<R
         None => None,
     };
 
-    let mut tx = bus.pool.begin().await?;
-    // Moving a cursor is a mutation: a revoked or stale window moves nothing.
-    sessions::guard(&mut tx, me).await?;
-    // Built from this file's constants only, never from input.
-    let sql = read_sql(request.only_new, scope_kind, request.all_sessions);
-    let page = |after: i64, through: i64, settled: i64| {
-        sqlx::query_as::<_, PageRow>(sqlx::AssertSqlSafe(sql.clone()))
-            .bind(me.team_id)
-            .bind(me.agent_id)
-            .bind(channel_id)
-            .bind(request.all_sessions)
-            .bind(&me.window)
-            .bind(after)
-            .bind(limit)
-            .bind(through)
-            .bind(settled)
+    let reader = Reader {
+        me,
+        // Built from this file's constants only, never from input.
+        sql: read_sql(request.only_new, scope_kind, request.all_sessions),
+        scope: &scope,
+        channel_id,
+        all_sessions: request.all_sessions,
+        only_new: request.only_new,
+        limit,
     };
-    let messages: Vec<MessageView> = if request.only_new {
-        let after = cursor_for_update(&mut tx, me, &scope).await?;
-        // Every position up to the cursor is settled (a cursor moves only
-        // past settled positions); so is what this process saw settled.
-        let settled_below = after.max(settled_through(me.team_id));
-        let mut rows = page(after, i64::MAX, settled_below)
-            .fetch_all(&mut *tx)
-            .await?;
-        let gaps = rows.first().map(|row| row.gaps.clone()).unwrap_or_default();
-        if !gaps.is_empty() {
-            // A position below the page's newest is missing: its writer may
-            // commit later. Wait for those writers (of this team only), then
-            // read again up to the same newest position, now all settled.
-            let newest = rows.last().map_or(after, |row| row.message.position);
-            sqlx::query("SELECT message_positions_wait($1, $2)")
-                .bind(me.team_id)
-                .bind(&gaps)
-                .execute(&mut *tx)
-                .await?;
-            rows = page(after, newest, newest).fetch_all(&mut *tx).await?;
-        }
-        let messages: Vec<MessageView> = rows.into_iter().map(|row| row.message).collect();
-        if let Some(last) = messages.last() {
-            settle(me.team_id, last.position);
-        }
-        messages
+    let messages = if request.only_new {
+        reader.read_new(&bus.pool).await?
     } else {
-        sqlx::query_as(sqlx::AssertSqlSafe(sql.clone()))
-            .bind(me.team_id)
-            .bind(me.agent_id)
-            .bind(channel_id)
-            .bind(request.all_sessions)
-            .bind(&me.window)
-            .bind(0_i64)
-            .bind(limit)
-            .fetch_all(&mut *tx)
-            .await?
+        reader.run(&bus.pool, i64::MAX, 0).await?.messages
     };
-    if request.only_new
-        && let Some(last) = messages.last()
-    {
-        sqlx::query(
-            "UPDATE read_cursors SET last_position = $5, updated_at = now()
-             WHERE team_id = $1 AND agent_id = $2 AND session = $3 AND scope = $4",
-        )
-        .bind(me.team_id)
-        .bind(me.agent_id)
-        .bind(&me.window)
-        .bind(&scope)
-        .bind(last.position)
-        .execute(&mut *tx)
-        .await?;
-    }
-    tx.commit().await?;
     Ok(ReadResult {
-        scope,
         more: messages.len() as i64 == limit,
+        scope,
         messages,
     })
-}
-
-/// This window's last position read for `scope`, locked so two reads of the
-/// same window and scope take turns instead of returning the same page twice.
-async fn cursor_for_update(
-    conn: &mut sqlx::PgConnection,
-    me: &Identity,
-    scope: &str,
-) -> BusResult<i64> {
-    sqlx::query(
-        "INSERT INTO read_cursors (team_id, agent_id, session, scope, last_position)
-         VALUES ($1, $2, $3, $4, 0) ON CONFLICT DO NOTHING",
-    )
-    .bind(me.team_id)
-    .bind(me.agent_id)
-    .bind(&me.window)
-    .bind(scope)
-    .execute(&mut *conn)
-    .await?;
-    Ok(sqlx::query_scalar(
-        "SELECT last_position FROM read_cursors
-         WHERE team_id = $1 AND agent_id = $2 AND session = $3 AND scope = $4 FOR UPDATE",
-    )
-    .bind(me.team_id)
-    .bind(me.agent_id)
-    .bind(&me.window)
-    .bind(scope)
-    .fetch_one(&mut *conn)
-    .await?)
 }
 
 /// The direct messages to this window that it has not read yet: past both

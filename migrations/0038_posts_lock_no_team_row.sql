@@ -1,0 +1,15 @@
+-- A post no longer locks its team's row (issue 34, post_read).
+--
+-- Every foreign key check of an insert takes the referenced row FOR KEY
+-- SHARE until the commit. messages.team_id -> teams made every post of a team
+-- lock the team's one row, so posts in flight together shared that lock: each
+-- new one replaced the row's lock by a new MultiXact holding all of them
+-- (measured during 16 parallel posters of one team: a MultiXact of 13-16
+-- members on the team row, about one new MultiXact per post), which writes
+-- WAL and the MultiXact logs and dirties the teams page.
+--
+-- The key is redundant: (team_id, sender_id) -> agents (team_id, id) already
+-- holds every message to an agent of its team, and agents.team_id -> teams
+-- holds the agent to an existing team. The keys to agents stay: they are the
+-- database's own tenancy check (a message cannot name another team's agent).
+ALTER TABLE messages DROP CONSTRAINT messages_team_id_fkey;
