@@ -4,6 +4,7 @@
 //! benchmark conversations the other conversation scenarios share.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use anyhow::{Context as _, Result, bail};
@@ -213,8 +214,12 @@ pub(super) async fn pg_message_receipts(ctx: Arc<Ctx>, clients: usize) -> Result
 
 /// The store path of `conversation_send` with no MCP or HTTP in between: each
 /// client calls the library's send directly as its own window. This is the
-/// figure the issue's target (60 % of `pg_message_receipts` at 16 clients)
-/// is about.
+/// figure the issue's target (75 % of `pg_message_receipts` at 16 clients)
+/// is about. Its line also says what PostgreSQL did per send, over every send
+/// of the run (the warm-up's too): `xacts_per_op`, transactions committed in
+/// the bench database (1 while a send is one call), and `wal_bytes_per_op`,
+/// WAL written by the cluster. A send that takes another round trip, or
+/// writes another row or index entry, shows there whatever the machine's noise.
 pub(super) async fn conversation_send_store(ctx: Arc<Ctx>, clients: usize) -> Result<Run> {
     use ai_crew_sync::auth::{self, AgentCredential};
     use ai_crew_sync::store::{conversation_messages, tokens};
@@ -229,8 +234,12 @@ pub(super) async fn conversation_send_store(ctx: Arc<Ctx>, clients: usize) -> Re
     let AgentCredential::Token(digest) = auth::parse_agent_credential(&ctx.token)? else {
         bail!("the bench token is not an agent token");
     };
+    let sends = Arc::new(AtomicUsize::new(0));
+    // No figures (rather than no run) on a PostgreSQL older than 15.
+    let before = pg_counters(&ctx.pool).await.ok();
+    let counted = sends.clone();
     let run = closed_loop(clients, ctx.timing, move |i, window| {
-        let (bus, conversation) = (bus.clone(), conversations[i]);
+        let (bus, conversation, sends) = (bus.clone(), conversations[i], counted.clone());
         async move {
             let me = tokens::authenticate(&bus.pool, &digest, format!("sender-{i}")).await?;
             let mut rec = window.open().await;
@@ -247,6 +256,7 @@ pub(super) async fn conversation_send_store(ctx: Arc<Ctx>, clients: usize) -> Re
                 if sent.recipients.len() != CONVERSATION_RECIPIENTS {
                     bail!("a send did not freeze {CONVERSATION_RECIPIENTS} recipients");
                 }
+                sends.fetch_add(1, Ordering::Relaxed);
                 rec.record(started);
             }
             Ok(rec.finish())
@@ -254,5 +264,59 @@ pub(super) async fn conversation_send_store(ctx: Arc<Ctx>, clients: usize) -> Re
     })
     .await;
     shutdown.cancel();
-    run
+    let mut run = run?;
+    let (Some(before), Ok(after)) = (before, pg_counters(&ctx.pool).await) else {
+        return Ok(run);
+    };
+    let sends = sends.load(Ordering::Relaxed).max(1) as f64;
+    // The reading of `before` committed once, and `after`'s flushes each once.
+    let xacts = after.xacts - before.xacts - 1 - after.flushes;
+    let per_send = |n: i64| (n as f64 / sends * 100.0).round() / 100.0;
+    let mut extra = serde_json::Map::new();
+    extra.insert("xacts_per_op".into(), json!(per_send(xacts)));
+    extra.insert(
+        "wal_bytes_per_op".into(),
+        json!(per_send(after.wal - before.wal).round()),
+    );
+    run.extra = Some(extra);
+    Ok(run)
+}
+
+/// The bench database's committed transactions and the cluster's WAL position.
+struct Counters {
+    xacts: i64,
+    wal: i64,
+    /// Transactions this reading made before it read (its flushes).
+    flushes: i64,
+}
+
+/// [`Counters`] now. PostgreSQL sends a connection's counts to the
+/// statistics at most once a second, so every idle connection of the pool
+/// first flushes what it holds back (`pg_stat_force_next_flush`, PostgreSQL
+/// 15): the count then holds every commit made through the pool.
+async fn pg_counters(pool: &PgPool) -> Result<Counters> {
+    let mut idle = Vec::new();
+    while let Some(conn) = pool.try_acquire() {
+        idle.push(conn);
+    }
+    for conn in &mut idle {
+        sqlx::query("SELECT pg_stat_force_next_flush()")
+            .execute(&mut **conn)
+            .await
+            .context("flushing a connection's statistics")?;
+    }
+    let flushes = idle.len() as i64;
+    drop(idle);
+    let (xacts, wal): (i64, i64) = sqlx::query_as(
+        "SELECT xact_commit, pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint
+         FROM pg_stat_database WHERE datname = current_database()",
+    )
+    .fetch_one(pool)
+    .await
+    .context("reading the commit count and the WAL position")?;
+    Ok(Counters {
+        xacts,
+        wal,
+        flushes,
+    })
 }

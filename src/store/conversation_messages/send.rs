@@ -111,11 +111,12 @@ struct Validated<'a> {
 }
 
 /// The send's writes, in one round trip: `store_conversation_message`
-/// (migrations 0016, 0034) checks the team's quota, takes the locks in the
-/// writers' order (the write fence, then the conversation row, claiming the
-/// next seq), re-reads the seat, grant and `reply_to` after the lock, freezes
-/// the recipients, inserts the message, its receipts and (on an outbox
-/// conversation) its slot, and commits. Declined: it wrote nothing (the
+/// (migrations 0016, 0034, 0037) checks the team's quota, takes the locks in
+/// the writers' order (the write fence, then the conversation row, claiming
+/// the next seq), re-reads the seat, grant and `reply_to` after the lock,
+/// freezes the recipients, inserts the message, its receipts, its webhook
+/// event (project conversations with a hook) and (on an outbox conversation)
+/// its slot, and commits. Declined: it wrote nothing (the
 /// claimed seq went with its transaction), because something stands in the
 /// way; [`explain_unstored`] says what. Over the quota: nothing written
 /// either, and the refusal says by how much.

@@ -15,7 +15,7 @@ use sha2::Sha256;
 use uuid::Uuid;
 
 use super::{Receiver, Request, add, call, deliveries, eventually, hook, in_state, post};
-use crate::support::{McpClient, free_port, in_team, spawn_app, test_actor};
+use crate::support::{McpClient, TestApp, free_port, in_team, spawn_app, test_actor};
 
 /// A name that resolved to a public address at `add` and resolves to
 /// loopback now (DNS rebinding) is refused at send time: here the hooks are
@@ -132,8 +132,8 @@ async fn say(client: &McpClient, conversation: &str, body: &str) {
     call(client, "send_conversation_message", args).await;
 }
 
-#[tokio::test]
-async fn direct_messages_and_conversation_bodies_never_reach_the_receiver() {
+/// Team `acme` with conversations on, and tokens of its agents alice and bob.
+async fn acme_with_conversations() -> (TestApp, String, String) {
     let app = spawn_app().await;
     app.team("acme").await;
     teams::capability(&app.pool, "acme", Some(true), &test_actor())
@@ -141,6 +141,12 @@ async fn direct_messages_and_conversation_bodies_never_reach_the_receiver() {
         .unwrap();
     let alice_token = app.agent("acme", "alice").await;
     let bob_token = app.agent("acme", "bob").await;
+    (app, alice_token, bob_token)
+}
+
+#[tokio::test]
+async fn direct_messages_and_conversation_bodies_never_reach_the_receiver() {
+    let (app, alice_token, bob_token) = acme_with_conversations().await;
     let receiver = Receiver::start().await;
     add(&app, "acme", hook(&receiver.url(), &[])).await;
     let alice = app.mcp(&alice_token, None).await;
@@ -411,4 +417,66 @@ async fn migration_0028_scrubs_recorded_errors_and_a_confined_credentials_allow_
         ]
     );
     pool.close().await;
+}
+
+/// A conversation send queues `conversation.message_sent` itself (migration
+/// 0037; a row trigger did before): one delivery per hook subscribed to
+/// conversations, from a project conversation only, a reply included, and
+/// nothing for a hook of other events or for a private conversation.
+#[tokio::test]
+async fn a_conversation_send_queues_its_event_for_subscribed_hooks_only() {
+    let (app, alice_token, bob_token) = acme_with_conversations().await;
+    // Never delivered (nothing listens there): only the queued rows matter.
+    let subscribed = add(
+        &app,
+        "acme",
+        hook("http://127.0.0.1:9/c", &["conversation"]),
+    )
+    .await;
+    add(&app, "acme", hook("http://127.0.0.1:9/m", &["message"])).await;
+    let alice = app.mcp(&alice_token, None).await;
+    let bob = app.mcp(&bob_token, None).await;
+    call(&alice, "create_project", json!({"project": "web"})).await;
+    let grant = json!({"project": "web", "agent": "bob"});
+    call(&alice, "grant_project_access", grant).await;
+    let project = json!({"title": "release plan", "project": "web", "invite": ["bob"]});
+    let project_conv = conversation_id(&call(&alice, "create_conversation", project).await);
+    call(
+        &bob,
+        "join_conversation",
+        json!({"conversation_id": project_conv}),
+    )
+    .await;
+    let private = json!({"title": "side chat", "private": true, "invite": ["bob"]});
+    let private_conv = conversation_id(&call(&alice, "create_conversation", private).await);
+    say(&alice, &private_conv, "not for hooks").await;
+    let first = call(
+        &alice,
+        "send_conversation_message",
+        json!({"conversation_id": project_conv, "body": "first",
+               "request_id": Uuid::new_v4().to_string()}),
+    )
+    .await;
+    let reply = json!({"conversation_id": project_conv, "body": "second",
+                       "request_id": Uuid::new_v4().to_string(),
+                       "reply_to": first["message_id"]});
+    call(&bob, "send_conversation_message", reply).await;
+
+    let queued: Vec<(Uuid, Value)> = sqlx::query_as(
+        "SELECT webhook_id, payload FROM webhook_deliveries
+         WHERE event = 'conversation.message_sent' ORDER BY payload->>'seq'",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(queued.len(), 2, "{queued:?}");
+    for (seq, ((webhook, data), sender)) in queued.iter().zip(["alice", "bob"]).enumerate() {
+        assert_eq!(*webhook, subscribed.webhook.id);
+        assert_eq!(data["conversation_id"], json!(project_conv));
+        assert_eq!(data["title"], "release plan");
+        assert_eq!(data["project"], "web");
+        assert_eq!(data["seq"], seq + 1);
+        assert_eq!(data["sender"], sender);
+    }
+    assert_eq!(queued[0].1["message_id"], first["message_id"]);
 }
