@@ -387,3 +387,90 @@ async fn many_windows_claiming_next_at_once_never_share_a_task() {
         .unwrap();
     assert_eq!(open, 0);
 }
+
+/// `task_row_of` (migration 0036), which the task writes answer with, builds
+/// from a tasks row what the view `task_rows` answers for it, in every state
+/// a task can be in: open, with a description and metadata, held, lapsed,
+/// done, cancelled, and waiting on done, open and cancelled prerequisites.
+#[tokio::test]
+async fn task_row_of_answers_what_the_view_answers() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let planner = app.mcp(&app.agent("acme", "planner").await, None).await;
+    let worker = app
+        .mcp(&app.agent("acme", "worker").await, Some("w1"))
+        .await;
+    let create = |key: &'static str, extra: Value| {
+        let mut args = json!({ "key": key, "title": format!("do {key}") });
+        args.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        planner.call("create_task", args)
+    };
+    create(
+        "open",
+        json!({ "description": "the details", "metadata": { "area": "api" } }),
+    )
+    .await
+    .unwrap();
+    for key in ["done", "held", "lapsed", "cancelled", "waiting"] {
+        create(key, json!({})).await.unwrap();
+    }
+    create(
+        "child",
+        json!({ "depends_on": ["done", "waiting", "cancelled"] }),
+    )
+    .await
+    .unwrap();
+    for key in ["done", "held", "lapsed"] {
+        worker
+            .call("claim_task", json!({ "key": key }))
+            .await
+            .unwrap();
+    }
+    worker
+        .call(
+            "complete_task",
+            json!({ "key": "done", "result": "shipped" }),
+        )
+        .await
+        .unwrap();
+    planner
+        .call(
+            "cancel_task",
+            json!({ "key": "cancelled", "reason": "not needed" }),
+        )
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE tasks SET lease_expires_at = now() - interval '1 minute' WHERE key = 'lapsed'",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+
+    let rows: Vec<(String, Value, Value)> = sqlx::query_as(
+        "SELECT t.key, to_jsonb(task_row_of(t)), to_jsonb(v)
+           FROM tasks t JOIN task_rows v ON v.id = t.id ORDER BY t.seq",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 7);
+    for (key, built, viewed) in &rows {
+        assert_eq!(built, viewed, "{key}");
+    }
+    let child = &rows.iter().find(|(key, ..)| key == "child").unwrap().1;
+    assert_eq!(
+        child["blocked_by"],
+        json!(["cancelled", "waiting"]),
+        "{child}"
+    );
+    assert_eq!(
+        child["blocked_by_cancelled"],
+        json!(["cancelled"]),
+        "{child}"
+    );
+    let lapsed = &rows.iter().find(|(key, ..)| key == "lapsed").unwrap().1;
+    assert_eq!(lapsed["lapsed"], true, "{lapsed}");
+}
