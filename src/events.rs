@@ -40,6 +40,9 @@ use uuid::Uuid;
 
 use crate::auth::cache::CredentialCache;
 
+mod waiters;
+pub use waiters::{Filter, Lagged, Waiter};
+
 /// The PostgreSQL notification channel.
 pub const CHANNEL: &str = "bus_events";
 /// The `k` of the item that says an agent's credentials changed (see the
@@ -164,6 +167,8 @@ struct Inner {
     credentials_generation: AtomicU64,
     /// What is cached under that generation.
     credentials: CredentialCache,
+    /// The long polls' subscriptions ([`Events::wait_for`]).
+    waiters: Arc<waiters::Waiters>,
 }
 
 /// The hub of one process. Cheap to clone.
@@ -193,6 +198,7 @@ impl Events {
                 ping,
                 credentials_generation: AtomicU64::new(0),
                 credentials: CredentialCache::default(),
+                waiters: Arc::default(),
             }),
         };
         let tasks = vec![
@@ -213,6 +219,19 @@ impl Events {
     /// the database, so nothing committed in between is missed.
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<BusEvent>> {
         self.inner.fanout.subscribe()
+    }
+
+    /// The events of `team` that `filter` passes, from now on, for one
+    /// long poll: an event wakes only the waits it passes (see
+    /// `events/waiters.rs`). Register *before* checking the database, as
+    /// with [`Events::subscribe`].
+    pub fn wait_for(&self, team: Uuid, filter: Filter) -> Waiter {
+        self.inner.waiters.register(team, filter)
+    }
+
+    /// How many long polls are registered with [`Events::wait_for`] now.
+    pub fn waits_registered(&self) -> usize {
+        self.inner.waiters.count()
     }
 
     /// What a credential cache may trust: a number that changes whenever a
@@ -443,8 +462,10 @@ async fn listen_loop(pool: PgPool, events: Events, stop: CancellationToken) {
                         events.credentials_changed();
                     }
                     for event in batch {
+                        let event = Arc::new(event);
+                        inner.waiters.deliver(&event);
                         // No receivers is normal: nobody is waiting.
-                        let _ = inner.fanout.send(Arc::new(event));
+                        let _ = inner.fanout.send(event);
                     }
                 }
                 // The connection dropped: notifications sent meanwhile are lost,

@@ -12,7 +12,9 @@
 //! cost a few re-checks a second, not hundreds.
 //!
 //! The caller subscribes (before whatever it must do first, such as sending
-//! the question it waits on), then hands the subscription over with its
+//! the question it waits on) with a filter the hub runs for it, so an event
+//! no filter passes wakes no wait ([`crate::events::Events::wait_for`]);
+//! then it hands the subscription over with its
 //! deadline, what each event means to it ([`OnEvent`]) and its database
 //! check; it shapes the answer from how the wait ended ([`Polled`]). The bus
 //! stopping ends every wait at once, so the caller can say
@@ -21,13 +23,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::broadcast::Receiver;
-use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 
 use crate::Bus;
 use crate::error::BusResult;
-use crate::events::{BusEvent, ListenerState};
+use crate::events::{BusEvent, Lagged, ListenerState, Waiter};
 
 /// How often a blocked wait re-checks the database regardless of events,
 /// while the event listener is live, and while it is not.
@@ -61,7 +61,7 @@ pub(crate) enum Polled<T, E> {
 /// the deadline; again until something is found, an event ends the wait,
 /// the deadline has passed (after one last check), or the server stops.
 pub(crate) async fn long_poll<T, E, Fut>(
-    events: &mut Receiver<Arc<BusEvent>>,
+    events: &mut Waiter,
     bus: &Bus,
     deadline: Instant,
     mut on_event: impl FnMut(Arc<BusEvent>) -> OnEvent<E>,
@@ -98,11 +98,7 @@ where
                     OnEvent::End(ended) => return Ok(Polled::Ended(ended)),
                 },
                 // Missed some: the database check at the top finds what matters.
-                Err(RecvError::Lagged(_)) => break,
-                Err(RecvError::Closed) => {
-                    tokio::time::sleep_until(recheck_at).await;
-                    break;
-                }
+                Err(Lagged) => break,
             }
         }
     }

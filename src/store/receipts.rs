@@ -369,7 +369,19 @@ async fn wait_for_conversation_updates_unchecked(
     me: &Identity,
     timeout: Duration,
 ) -> BusResult<ConversationWait> {
-    let mut events = bus.events.subscribe();
+    // Membership decides who a send is for, and only the database knows it:
+    // any send by someone else in this team is worth a look.
+    let mut events = {
+        let (agent, window) = (me.agent_id, me.window.clone());
+        bus.events.wait_for(
+            me.team_id,
+            Box::new(move |event| {
+                event.kind == EventKind::Conversation
+                    && !(event.actor == Some(agent)
+                        && event.actor_session.as_deref() == Some(window.as_str()))
+            }),
+        )
+    };
     {
         let mut conn = bus.pool.acquire().await?;
         conversations::refuse_borrowed_label(&mut conn, me).await?;
@@ -379,19 +391,7 @@ async fn wait_for_conversation_updates_unchecked(
         &mut events,
         bus,
         deadline,
-        |event| {
-            // Membership decides who a send is for, and only the database
-            // knows it: any send by someone else in this team is worth a look.
-            if event.kind == EventKind::Conversation
-                && event.team_id == me.team_id
-                && !(event.actor == Some(me.agent_id)
-                    && event.actor_session.as_deref() == Some(me.window.as_str()))
-            {
-                OnEvent::<Infallible>::Recheck
-            } else {
-                OnEvent::Ignore
-            }
-        },
+        |_| OnEvent::<Infallible>::Recheck,
         || async move {
             let owed = owed_acknowledgements(bus, me, None).await?;
             Ok((!owed.is_empty()).then_some(owed))

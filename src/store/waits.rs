@@ -30,7 +30,7 @@ use super::{channels, messages, sessions};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
-use crate::events::{BusEvent, EventKind};
+use crate::events::{BusEvent, EventKind, Waiter};
 
 pub const TIMEOUT_MIN_SECS: u64 = 1;
 pub const TIMEOUT_MAX_SECS: u64 = 300;
@@ -165,8 +165,11 @@ pub fn parse_kinds(kinds: Option<Vec<String>>) -> BusResult<Option<Vec<EventKind
     Ok(Some(parsed))
 }
 
-/// Whether `event` concerns this window.
-fn concerns(event: &BusEvent, me: &Identity, focus: Option<Uuid>, request: &WaitRequest) -> bool {
+/// Whether `event` may concern this window: all that [`concerns`] asks but
+/// the channel focus, which is read from the database only after the wait
+/// has subscribed. The hub runs this for a blocked wait, so an event it
+/// refuses (another window's DM, conversation traffic) wakes nothing.
+fn may_concern(event: &BusEvent, me: &Identity, request: &WaitRequest) -> bool {
     if event.team_id != me.team_id {
         return false;
     }
@@ -181,24 +184,27 @@ fn concerns(event: &BusEvent, me: &Identity, focus: Option<Uuid>, request: &Wait
         return false;
     }
     match event.kind {
-        EventKind::Message => match event.recipient {
-            Some(recipient) => {
-                recipient == me.agent_id
-                    && event
-                        .recipient_session
-                        .as_deref()
-                        .is_none_or(|s| s == me.window)
-            }
-            None => {
-                event.announce
-                    || request.all_channels
-                    || (focus.is_some() && event.channel_id == focus)
-            }
-        },
+        EventKind::Message => event.recipient.is_none_or(|recipient| {
+            recipient == me.agent_id
+                && event
+                    .recipient_session
+                    .as_deref()
+                    .is_none_or(|s| s == me.window)
+        }),
         EventKind::Task | EventKind::Lock | EventKind::Note => true,
         // Conversation traffic has its own wait (wait_for_conversation_updates).
         EventKind::Conversation | EventKind::Outbox => false,
     }
+}
+
+/// Whether `event` concerns this window.
+fn concerns(event: &BusEvent, me: &Identity, focus: Option<Uuid>, request: &WaitRequest) -> bool {
+    may_concern(event, me, request)
+        && (event.kind != EventKind::Message
+            || event.recipient.is_some()
+            || event.announce
+            || request.all_channels
+            || (focus.is_some() && event.channel_id == focus))
 }
 
 /// `wait_for_updates`. What it found is handed out only if the caller's
@@ -219,7 +225,13 @@ async fn wait_for_updates_unchecked(
     me: &Identity,
     request: WaitRequest,
 ) -> BusResult<WaitResult> {
-    let mut events = bus.events.subscribe();
+    let mut events = {
+        let (me, request) = (me.clone(), request.clone());
+        bus.events.wait_for(
+            me.team_id,
+            Box::new(move |event| may_concern(event, &me, &request)),
+        )
+    };
     let focus = match messages::default_channel(bus, me).await? {
         Some(name) => channels::find(bus, me, &name).await?.map(|c| c.id),
         None => None,
@@ -353,7 +365,7 @@ async fn changes_since(
 /// Take whatever else concerning us has already arrived, without waiting: a
 /// burst comes back in one answer, and the first event is never delayed.
 fn gather(
-    events: &mut tokio::sync::broadcast::Receiver<Arc<BusEvent>>,
+    events: &mut Waiter,
     woken: &mut Vec<Arc<BusEvent>>,
     me: &Identity,
     focus: Option<Uuid>,
@@ -361,9 +373,9 @@ fn gather(
 ) {
     while woken.len() < SUMMARIES_MAX {
         match events.try_recv() {
-            Ok(event) if concerns(&event, me, focus, request) => woken.push(event),
-            Ok(_) | Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_)) => {}
-            Err(_) => return,
+            Some(Ok(event)) if concerns(&event, me, focus, request) => woken.push(event),
+            Some(_) => {}
+            None => return,
         }
     }
 }
@@ -482,7 +494,12 @@ async fn ask_unchecked(
     timeout: Duration,
     resume_message_id: Option<Uuid>,
 ) -> BusResult<AskResult> {
-    let mut events = bus.events.subscribe();
+    // A DM to us may be the answer: those wake the wait, to look.
+    let agent = me.agent_id;
+    let mut events = bus.events.wait_for(
+        me.team_id,
+        Box::new(move |event| event.kind == EventKind::Message && event.recipient == Some(agent)),
+    );
     let question_id = match resume_message_id {
         Some(id) => {
             let mine: bool = sqlx::query_scalar(
@@ -518,14 +535,7 @@ async fn ask_unchecked(
         &mut events,
         bus,
         deadline,
-        |event| {
-            // A DM to us may be the answer: look.
-            if event.kind == EventKind::Message && event.recipient == Some(me.agent_id) {
-                OnEvent::<Infallible>::Recheck
-            } else {
-                OnEvent::Ignore
-            }
-        },
+        |_| OnEvent::<Infallible>::Recheck,
         || messages::answer_to(bus, me, question_id),
     )
     .await?;

@@ -532,3 +532,50 @@ async fn many_blocked_waits_each_wake_for_their_own_dm_and_nothing_else() {
         }
     }
 }
+
+/// A blocked wait holds one registration with the event hub, whose filter
+/// the hub runs for every event of the team, and gives it back when it
+/// ends: woken, or abandoned by a client that went away (a registration
+/// left behind would be filtered for every event of the team for good).
+#[tokio::test]
+async fn a_wait_gives_its_hub_registration_back_when_woken_or_abandoned() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.mcp(&app.agent("acme", "alice").await, None).await;
+    let bob = app.mcp(&app.agent("acme", "bob").await, None).await;
+    let carol = app.mcp(&app.agent("acme", "carol").await, None).await;
+    let registered = |count: usize| {
+        let events = app.bus.events.clone();
+        async move {
+            for _ in 0..400 {
+                if events.waits_registered() == count {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            panic!(
+                "{} waits registered, expected {count}",
+                events.waits_registered()
+            );
+        }
+    };
+    let wait = json!({"timeout_seconds": 60, "kinds": ["message"]});
+
+    let woken = tokio::spawn({
+        let wait = wait.clone();
+        async move { bob.call("wait_for_updates", wait).await.unwrap() }
+    });
+    registered(1).await;
+    alice
+        .call("post_message", json!({"to": "bob", "body": "wake up"}))
+        .await
+        .unwrap();
+    assert_eq!(woken.await.unwrap()["woke"], true);
+    registered(0).await;
+
+    let abandoned = tokio::spawn(async move { carol.call("wait_for_updates", wait).await });
+    registered(1).await;
+    // The client goes away mid-call: its connection closes.
+    abandoned.abort();
+    registered(0).await;
+}

@@ -4,8 +4,8 @@
 //! `wake_latency` does (a post until the recipient's blocked wait returns).
 //! The runner reports the server's peak RSS beside it. The blocked windows
 //! wait for messages of their own (DMs to them, their focus channel), which
-//! nothing sends: every post of the pair reaches all of them as an event
-//! they must look at and ignore.
+//! nothing sends: every post of the pair is an event the hub runs each of
+//! their filters on, and refuses for all of them (none is woken).
 //!
 //! They are windows of the one bench agent, so the runner's server allows
 //! one credential that many long polls and connections (servers.rs). They
