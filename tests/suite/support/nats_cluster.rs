@@ -223,7 +223,8 @@ impl NatsCluster {
     }
 
     /// Until `$JS.API.INFO` answers without error through every node (only
-    /// a meta leader answers it in a cluster). On a thread with its own
+    /// a meta leader answers it in a cluster) and a stream with a replica on
+    /// every node can be placed. On a thread with its own
     /// runtime, so `start` can block inside a test's runtime.
     fn wait_meta_leader(&self) -> anyhow::Result<()> {
         let urls = self.client_urls();
@@ -257,6 +258,41 @@ impl NatsCluster {
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
                 }
+                // A meta leader answers before every peer has joined its
+                // group; until then a stream of N replicas is refused "no
+                // suitable peers for placement" (a test failed so under
+                // load). Wait until one can be placed, then remove it.
+                let client = async_nats::connect(urls[0].as_str())
+                    .await
+                    .with_context(|| format!("connect to {}", urls[0]))?;
+                let probe = serde_json::json!({
+                    "name": "ACS_CLUSTER_PROBE", "subjects": ["acs.cluster.probe"],
+                    "num_replicas": urls.len(), "max_bytes": 1024,
+                });
+                loop {
+                    let answer = tokio::time::timeout(
+                        Duration::from_secs(2),
+                        client.request(
+                            "$JS.API.STREAM.CREATE.ACS_CLUSTER_PROBE",
+                            probe.to_string().into(),
+                        ),
+                    )
+                    .await;
+                    if let Ok(Ok(reply)) = answer
+                        && serde_json::from_slice::<serde_json::Value>(&reply.payload)
+                            .is_ok_and(|v| v.get("error").is_none())
+                    {
+                        break;
+                    }
+                    if Instant::now() > deadline {
+                        bail!("the cluster could not place a stream of {} replicas within {START_TIMEOUT:?}", urls.len());
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                client
+                    .request("$JS.API.STREAM.DELETE.ACS_CLUSTER_PROBE", "".into())
+                    .await
+                    .context("delete the placement probe")?;
                 Ok(())
             })
         })
