@@ -477,9 +477,15 @@ async fn put_cursor_back(
 
 async fn forget_handouts(pool: &sqlx::PgPool, team: &seed::Team, window: &str) -> Result<()> {
     let key = ai_crew_sync::store::inbox::recipient_key(team.agent_id, window);
+    // Rows a fetch in flight holds are skipped, not waited for: waiting
+    // deadlocked with a fetch whose top-up insert waited on a row this
+    // update had just rewritten (one run of 2026-12-05). The fetch hands
+    // those rows out anyway.
     sqlx::query(
         "UPDATE inbox_references SET handed_out_at = NULL
-         WHERE team_id = $1 AND recipient_key = $2 AND delivered_at IS NULL",
+         WHERE id IN (SELECT id FROM inbox_references
+                      WHERE team_id = $1 AND recipient_key = $2 AND delivered_at IS NULL
+                      FOR UPDATE SKIP LOCKED)",
     )
     .bind(team.id)
     .bind(key)
