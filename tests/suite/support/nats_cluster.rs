@@ -238,24 +238,8 @@ impl NatsCluster {
                     let client = async_nats::connect(url.as_str())
                         .await
                         .with_context(|| format!("connect to {url}"))?;
-                    loop {
-                        let answer = tokio::time::timeout(
-                            Duration::from_secs(1),
-                            client.request("$JS.API.INFO", "".into()),
-                        )
-                        .await;
-                        if let Ok(Ok(reply)) = answer
-                            && serde_json::from_slice::<serde_json::Value>(&reply.payload)
-                                .is_ok_and(|v| v.get("error").is_none())
-                        {
-                            break;
-                        }
-                        if Instant::now() > deadline {
-                            bail!(
-                                "JetStream had no meta leader via {url} within {START_TIMEOUT:?}"
-                            );
-                        }
-                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    if !answered_before(&client, "$JS.API.INFO", String::new(), deadline).await {
+                        bail!("JetStream had no meta leader via {url} within {START_TIMEOUT:?}");
                     }
                 }
                 // A meta leader answers before every peer has joined its
@@ -269,25 +253,12 @@ impl NatsCluster {
                     "name": "ACS_CLUSTER_PROBE", "subjects": ["acs.cluster.probe"],
                     "num_replicas": urls.len(), "max_bytes": 1024,
                 });
-                loop {
-                    let answer = tokio::time::timeout(
-                        Duration::from_secs(2),
-                        client.request(
-                            "$JS.API.STREAM.CREATE.ACS_CLUSTER_PROBE",
-                            probe.to_string().into(),
-                        ),
-                    )
-                    .await;
-                    if let Ok(Ok(reply)) = answer
-                        && serde_json::from_slice::<serde_json::Value>(&reply.payload)
-                            .is_ok_and(|v| v.get("error").is_none())
-                    {
-                        break;
-                    }
-                    if Instant::now() > deadline {
-                        bail!("the cluster could not place a stream of {} replicas within {START_TIMEOUT:?}", urls.len());
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                let create = "$JS.API.STREAM.CREATE.ACS_CLUSTER_PROBE";
+                if !answered_before(&client, create, probe.to_string(), deadline).await {
+                    bail!(
+                        "the cluster could not place a stream of {} replicas within {START_TIMEOUT:?}",
+                        urls.len()
+                    );
                 }
                 client
                     .request("$JS.API.STREAM.DELETE.ACS_CLUSTER_PROBE", "".into())
@@ -332,4 +303,31 @@ fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
         .iter()
         .map(|l| Ok(l.local_addr()?.port()))
         .collect()
+}
+
+/// Ask `subject` every 100 ms until the answer is JSON without an `error`
+/// (true), or `deadline` passes (false).
+async fn answered_before(
+    client: &async_nats::Client,
+    subject: &'static str,
+    payload: String,
+    deadline: Instant,
+) -> bool {
+    loop {
+        let answer = tokio::time::timeout(
+            Duration::from_secs(1),
+            client.request(subject, payload.clone().into()),
+        )
+        .await;
+        if let Ok(Ok(reply)) = answer
+            && serde_json::from_slice::<serde_json::Value>(&reply.payload)
+                .is_ok_and(|v| v.get("error").is_none())
+        {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
