@@ -1,88 +1,19 @@
 //! ai-crew-sync: a self-hosted coordination bus for teams of AI coding agents.
 //!
 //! One binary is the server, the operator CLI and the console client. The
-//! library holds everything; `main.rs` only parses the command line.
+//! work lives in the workspace's crates, one per layer (ARCHITECTURE.md):
+//! `acs-wire` (the contract both sides share), `acs-metrics`, `acs-store`
+//! (database and domain logic), `acs-server` (MCP, HTTP, workers, the app)
+//! and `acs-agent` (client, proxy, hooks). This package is the binary: the
+//! command line ([`cli`]); `main.rs` only parses it.
 //!
-//! - [`app`]: the whole server built once from settings (`serve` and the tests).
-//! - [`store`]: all domain logic and all SQL.
-//! - [`mcp`]: the MCP tools (thin, over `store`).
-//! - [`http`]: the router: `/mcp`, `/health`, authentication, limits.
-//! - [`events`]: the LISTEN/NOTIFY hub that wakes waiting calls on every replica.
-//! - [`metrics`]: the Prometheus recorder and every metric name (`GET /metrics`).
-//! - [`db`]: the pool, migrations, the embedded local PostgreSQL.
-//! - [`auth`]: credentials and the caller's identity.
-//! - [`cli`]: the command line (thin, over `store`).
-//! - [`client`]: speaking MCP to a server, as an agent would.
+//! The crates' modules are re-exported under their old names so tests,
+//! benchmarks and scripts reach them by one path (`ai_crew_sync::store`).
 
-pub mod app;
-pub mod auth;
-pub mod backend;
 pub mod cli;
-pub mod client;
-pub mod config;
-pub mod db;
-pub mod error;
-pub mod events;
-pub mod http;
-pub mod mcp;
-pub mod metrics;
-pub mod proxy;
-pub mod store;
-pub mod workers;
 
-pub use error::{BusError, BusResult};
-
-/// What every tool and worker works with: the database, the event hub and
-/// the message backends. Cheap to clone.
-#[derive(Clone)]
-pub struct Bus {
-    pub pool: sqlx::PgPool,
-    pub events: events::Events,
-    pub backends: backend::Backends,
-    /// Cancelled when the process begins to stop: a blocked long poll then
-    /// answers at once (`server_restarting`) instead of holding the shutdown.
-    pub stopping: tokio_util::sync::CancellationToken,
-    /// Live session credentials an agent may hold (`serve
-    /// --max-sessions-per-agent`; 0 = no cap).
-    pub max_sessions_per_agent: u32,
-}
-
-impl Bus {
-    /// Connect the event hub to `pool`; its tasks stop, and long polls
-    /// answer, when `shutdown` is cancelled.
-    pub fn start(
-        pool: sqlx::PgPool,
-        event_ping: std::time::Duration,
-        shutdown: tokio_util::sync::CancellationToken,
-    ) -> Bus {
-        Bus::start_until(pool, event_ping, shutdown.clone(), shutdown).0
-    }
-
-    /// As [`Bus::start`], for a server that stops in two steps: long polls
-    /// answer when `stopping` is cancelled, while the event hub keeps
-    /// publishing what the last requests write until `events_stop` (then it
-    /// sends what is queued and stops). The hub's task handles, to wait for.
-    pub fn start_until(
-        pool: sqlx::PgPool,
-        event_ping: std::time::Duration,
-        stopping: tokio_util::sync::CancellationToken,
-        events_stop: tokio_util::sync::CancellationToken,
-    ) -> (Bus, Vec<tokio::task::JoinHandle<()>>) {
-        let (events, tasks) = events::Events::start(pool.clone(), event_ping, events_stop);
-        let backends = backend::Backends::postgres_only(pool.clone());
-        let bus = Bus {
-            pool,
-            events,
-            backends,
-            stopping,
-            max_sessions_per_agent: config::DEFAULT_MAX_SESSIONS_PER_AGENT,
-        };
-        (bus, tasks)
-    }
-
-    /// The same bus routing to `backends` (a broker, when `serve` has one).
-    pub fn with_backends(mut self, backends: backend::Backends) -> Bus {
-        self.backends = backends;
-        self
-    }
-}
+pub use acs_agent::{client, proxy};
+pub use acs_metrics as metrics;
+pub use acs_server::{app, config, http, mcp, workers};
+pub use acs_store::{Bus, BusError, BusResult, auth, backend, db, error, events, store};
+pub use acs_wire as wire;

@@ -4,7 +4,7 @@
 //! `show` / `verify`, which say what applies here and whether it works.
 //!
 //! Thin like every command: the files and the order of precedence live in
-//! `crate::client::{profiles, project, context}`.
+//! `acs_agent::client::{profiles, project, context}`.
 
 use anyhow::{Context as _, bail};
 use clap::{Args, Subcommand};
@@ -12,11 +12,11 @@ use serde_json::json;
 
 use super::output;
 use super::secret::read_secret;
-use crate::client::context::{self, Requested, Resolved};
-use crate::client::hook::{self as host_hook, HOOK_DEADLINE, HookEvent};
-use crate::client::local_files;
-use crate::client::profiles::{Profile, Profiles};
-use crate::client::project::{self, ProjectFile};
+use acs_agent::client::context::{self, Requested, Resolved};
+use acs_agent::client::hook::{self as host_hook, HOOK_DEADLINE, HookEvent};
+use acs_agent::client::local_files;
+use acs_agent::client::profiles::{Profile, Profiles};
+use acs_agent::client::project::{self, ProjectFile};
 
 /// How a command that talks to a bus as an agent is told which one:
 /// a profile, or a token and URL as before profiles existed.
@@ -212,7 +212,7 @@ fn no_credential_hint() -> &'static str {
 
 async fn verify(resolved: &Resolved, json: bool) -> anyhow::Result<()> {
     let token = resolved.token()?;
-    let me = crate::client::whoami(&resolved.url.value, token, None)
+    let me = acs_agent::client::whoami(&resolved.url.value, token, None)
         .await
         .with_context(|| format!("verifying against {}", resolved.url.value))?;
     let got_team = me["team"].as_str().unwrap_or_default();

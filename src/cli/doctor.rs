@@ -31,11 +31,11 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use super::{COMMAND_CONNECTIONS, Context, output};
-use crate::db::embedded::{EmbeddedError, EmbeddedPostgres};
-use crate::db::schema::{self, MigrationInfo};
-use crate::error::BusError;
-use crate::store::admin::Authority;
-use crate::store::{outbox, teams};
+use acs_store::db::embedded::{EmbeddedError, EmbeddedPostgres};
+use acs_store::db::schema::{self, MigrationInfo};
+use acs_store::error::BusError;
+use acs_store::store::admin::Authority;
+use acs_store::store::{outbox, teams};
 
 /// A message waiting longer than this for publication is stuck: retries back
 /// off to at most 64 s and fail after 8 attempts, and a team waiting on a
@@ -188,7 +188,7 @@ fn error_text(err: &BusError) -> String {
 
 /// The embedded cluster's state (without DATABASE_URL), then the database,
 /// opened without migrating. `None` when it cannot be used.
-async fn open_database(ctx: &Context, checks: &mut Vec<Check>) -> Option<crate::db::Database> {
+async fn open_database(ctx: &Context, checks: &mut Vec<Check>) -> Option<acs_store::db::Database> {
     let embedded = ctx
         .database_url
         .as_deref()
@@ -397,13 +397,13 @@ async fn schema_check(pool: &PgPool) -> Check {
 }
 
 async fn events_check(pool: &PgPool) -> Check {
-    match crate::events::round_trip(pool, EVENTS_WITHIN).await {
+    match acs_store::events::round_trip(pool, EVENTS_WITHIN).await {
         Ok(took) => check(
             "events",
             Status::Ok,
             format!(
                 "a NOTIFY on `{}` reached a LISTEN in {} ms",
-                crate::events::CHANNEL,
+                acs_store::events::CHANNEL,
                 took.as_millis()
             ),
             NOTHING_TO_DO,
@@ -427,7 +427,7 @@ async fn clock_check(pool: &PgPool) -> Check {
     )> = None;
     for _ in 0..3 {
         let before = chrono::Utc::now();
-        let theirs = match crate::db::server_time(pool).await {
+        let theirs = match acs_store::db::server_time(pool).await {
             Ok(t) => t,
             Err(err) => {
                 return check(

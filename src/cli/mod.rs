@@ -22,8 +22,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::db::Database;
-use crate::db::embedded::EmbeddedPostgres;
+use acs_store::db::Database;
+use acs_store::db::embedded::EmbeddedPostgres;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -227,7 +227,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 async fn migrate(db: &Database, dry_run: bool) -> anyhow::Result<()> {
     let location = &db.location;
     if dry_run {
-        let state = crate::db::schema::schema_state(&db.pool).await?;
+        let state = acs_store::db::schema::schema_state(&db.pool).await?;
         if let Some(refusal) = state.refusal() {
             anyhow::bail!(refusal);
         }
@@ -247,7 +247,7 @@ async fn migrate(db: &Database, dry_run: bool) -> anyhow::Result<()> {
     }
     let applied = db.migrate().await?;
     if applied.is_empty() {
-        let newest = crate::db::migrator()
+        let newest = acs_store::db::migrator()
             .iter()
             .next_back()
             .map(|m| format!("{:04} ({})", m.version, m.description));
@@ -264,7 +264,7 @@ async fn migrate(db: &Database, dry_run: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn at_version(state: &crate::db::schema::SchemaState) -> String {
+fn at_version(state: &acs_store::db::schema::SchemaState) -> String {
     match state.version() {
         Some(v) => format!("the database schema is at version {v}"),
         None => "the database has no schema yet".to_owned(),

@@ -13,7 +13,7 @@ use std::borrow::Cow;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::store::text;
+use acs_store::store::text;
 
 /// Print `value` as pretty JSON on stdout. serde_json escapes C0 controls
 /// but writes DEL and the C1 controls (U+0080..U+009F, which some terminals

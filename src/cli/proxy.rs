@@ -1,14 +1,14 @@
 //! `mcp proxy` (a stdio MCP server per host conversation) and `proxy-config`
-//! (the block a host needs to start it). Thin: the proxy is `crate::proxy`,
-//! the blocks are `crate::proxy::host_config`.
+//! (the block a host needs to start it). Thin: the proxy is `acs_agent::proxy`,
+//! the blocks are `acs_agent::proxy::host_config`.
 
 use anyhow::{Context as _, bail};
 use clap::{Args, Subcommand, ValueEnum};
 
 use super::context::BusArgs;
-use crate::client::context::Requested;
-use crate::client::profiles::Profiles;
-use crate::proxy::{self, ProxyOptions, host_config};
+use acs_agent::client::context::Requested;
+use acs_agent::client::profiles::Profiles;
+use acs_agent::proxy::{self, ProxyOptions, host_config};
 
 #[derive(Subcommand, Debug)]
 pub enum McpCommand {

@@ -1,5 +1,5 @@
 //! `ai-crew-sync serve`: open (or start) the database, migrate, build the
-//! server ([`crate::app::App`]) and serve HTTP until SIGINT/SIGTERM, then
+//! server ([`acs_server::app::App`]) and serve HTTP until SIGINT/SIGTERM, then
 //! stop accepting, answer blocked long polls at once (`server_restarting`),
 //! let other requests in flight finish within a bound, and stop the embedded
 //! database if this process owns it.
@@ -12,11 +12,11 @@ use clap::builder::TypedValueParser;
 use tokio_util::sync::CancellationToken;
 
 use super::Context;
-use crate::app::{App, AppSettings, BrokerSettings};
-use crate::backend::routing::{BROKER_RETRY, BrokerStart};
-use crate::config::{self, DashboardCookie, HttpSettings};
-use crate::http;
-use crate::workers::presence_sweeper::SweeperSettings;
+use acs_server::app::{App, AppSettings, BrokerSettings};
+use acs_server::config::{self, DashboardCookie, HttpSettings};
+use acs_server::http;
+use acs_server::workers::presence_sweeper::SweeperSettings;
+use acs_store::backend::routing::{BROKER_RETRY, BrokerStart};
 
 /// Where `serve` listens unless told otherwise (`doctor` judges the same default).
 pub(super) const DEFAULT_BIND: &str = "127.0.0.1:8787";
@@ -132,7 +132,7 @@ pub struct ServeArgs {
     #[arg(long, env = "BUS_AUTO_MIGRATE", default_value_t = true, action = clap::ArgAction::Set)]
     auto_migrate: bool,
     /// Seconds between event-listener pings (how fast /health notices a silent listener).
-    #[arg(long, env = "BUS_EVENT_PING_SECS", default_value_t = crate::app::DEFAULT_EVENT_PING.as_secs(), value_parser = clap::value_parser!(u64).range(1..=3600))]
+    #[arg(long, env = "BUS_EVENT_PING_SECS", default_value_t = acs_server::app::DEFAULT_EVENT_PING.as_secs(), value_parser = clap::value_parser!(u64).range(1..=3600))]
     event_ping_secs: u64,
     /// NATS server with JetStream for conversation bodies (teams routed to `jetstream`); for a
     /// JetStream cluster, several of its servers comma-separated (nats://a:4222,nats://b:4222):
@@ -155,7 +155,7 @@ pub struct ServeArgs {
     /// Hours a window may stay dead (no heartbeat, live session credential, fetch or
     /// confirmation) before the inbox references owed to it are released; its receipts
     /// stay, and a window that returns gets them again from PostgreSQL. Default 7 days.
-    #[arg(long, env = "BUS_INBOX_RETENTION_HOURS", default_value_t = crate::workers::presence_sweeper::INBOX_RETENTION.as_secs() / 3600, value_parser = clap::value_parser!(u64).range(1..=87_600))]
+    #[arg(long, env = "BUS_INBOX_RETENTION_HOURS", default_value_t = acs_server::workers::presence_sweeper::INBOX_RETENTION.as_secs() / 3600, value_parser = clap::value_parser!(u64).range(1..=87_600))]
     inbox_retention_hours: u64,
     /// Seconds to let in-flight requests finish after SIGINT/SIGTERM (blocked long polls answer
     /// at once, marked server_restarting).
@@ -220,7 +220,7 @@ pub async fn run(ctx: &Context, args: ServeArgs) -> anyhow::Result<()> {
 }
 
 async fn serve_on(
-    db: &crate::db::Database,
+    db: &acs_store::db::Database,
     (listener, local): (tokio::net::TcpListener, SocketAddr),
     metrics: Option<tokio::net::TcpListener>,
     args: &ServeArgs,
@@ -233,7 +233,7 @@ async fn serve_on(
     } else {
         db.check_schema().await?;
     }
-    let teams = crate::store::teams::count(&db.pool).await?;
+    let teams = acs_store::store::teams::count(&db.pool).await?;
     if teams == 0 {
         eprintln!(
             "no teams yet. Create one and an agent with a token:\n  ai-crew-sync quickstart --team my-team --agent my-agent\n\

@@ -4,6 +4,7 @@
 mod support;
 
 mod admin;
+mod architecture;
 mod attachments;
 mod auth;
 mod binary;

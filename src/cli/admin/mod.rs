@@ -21,7 +21,7 @@ use self::remote::Remote;
 use super::Context;
 use super::args::{AgentArgs, TeamArgs};
 use super::output;
-use crate::store::{Actor, admin};
+use acs_store::store::{Actor, admin};
 
 #[derive(Subcommand, Debug)]
 pub enum AdminCommand {
@@ -396,7 +396,7 @@ async fn verify_issued_token(remote: &Remote, issued: &Value) -> anyhow::Result<
         .as_str()
         .ok_or_else(|| anyhow!("the server answered without a token"))?;
     let (team, agent) = (s(&issued["team"]), s(&issued["agent"]));
-    let answer = crate::client::whoami(&format!("{}/mcp", remote.url), token, None).await;
+    let answer = acs_agent::client::whoami(&format!("{}/mcp", remote.url), token, None).await;
     let mismatch = match &answer {
         Ok(me) if me["team"] == team.as_str() && me["agent"] == agent.as_str() => return Ok(()),
         Ok(me) => format!(

@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use super::s;
 use crate::cli::secret::read_secret;
-use crate::client::local_files::{self, write_private};
+use acs_agent::client::local_files::{self, write_private};
 
 #[derive(Serialize, Deserialize)]
 struct StoredLogin {

@@ -35,7 +35,7 @@ use serde_json::{Map, Value, json};
 
 use super::context::BusArgs;
 use super::output;
-use crate::client::Connection;
+use acs_agent::client::Connection;
 
 #[derive(Args, Debug)]
 #[command(

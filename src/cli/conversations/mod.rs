@@ -16,12 +16,12 @@ use uuid::Uuid;
 
 use super::Context;
 use super::output;
-use crate::backend::Backends;
-use crate::backend::jetstream::Broker;
-use crate::store::conversation_operator;
-use crate::store::conversations::Publication;
-use crate::store::moves::{self, Direction};
-use crate::store::{broker_conditions, lost_bodies, outbox, teams};
+use acs_store::backend::Backends;
+use acs_store::backend::jetstream::Broker;
+use acs_store::store::conversation_operator;
+use acs_store::store::conversations::Publication;
+use acs_store::store::moves::{self, Direction};
+use acs_store::store::{broker_conditions, lost_bodies, outbox, teams};
 use show_moves::{MoveView, moved_json, print_plans};
 
 #[derive(Subcommand, Debug)]
@@ -298,7 +298,7 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
             };
             let report = ctx
                 .with_database(async |pool| {
-                    let actor = crate::store::Actor::local_operator();
+                    let actor = acs_store::store::Actor::local_operator();
                     Ok(broker_conditions::retry_failed(
                         pool,
                         broker.as_ref(),
@@ -358,7 +358,7 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
             let broker = Broker::connect(&nats_url, nats_credentials.as_deref()).await?;
             let found = ctx
                 .with_database(async |pool| {
-                    let actor = crate::store::Actor::local_operator();
+                    let actor = acs_store::store::Actor::local_operator();
                     Ok(
                         lost_bodies::declare_lost(
                             pool,
@@ -399,7 +399,7 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
                     }
                     return Ok(());
                 }
-                let actor = crate::store::Actor::local_operator();
+                let actor = acs_store::store::Actor::local_operator();
                 let view = MoveView::new(direction, tombstone_lost, json);
                 let moved = moves::run_all(
                     pool,
@@ -441,7 +441,7 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
             let unpaused = ctx
                 .with_database(async |pool| {
                     let team = teams::find(pool, &team).await?;
-                    let actor = crate::store::Actor::local_operator();
+                    let actor = acs_store::store::Actor::local_operator();
                     Ok(moves::unpause(pool, team.id, conversation, &actor).await?)
                 })
                 .await?;
@@ -495,7 +495,7 @@ async fn set_publication(
     let mode = Publication::parse(mode)?;
     let switched = ctx
         .with_database(async |pool| {
-            let actor = crate::store::Actor::local_operator();
+            let actor = acs_store::store::Actor::local_operator();
             Ok(
                 conversation_operator::set_publication(pool, team, conversation, mode, &actor)
                     .await?,
@@ -529,7 +529,7 @@ async fn tombstone(
 ) -> anyhow::Result<()> {
     let done = ctx
         .with_database(async |pool| {
-            let actor = crate::store::Actor::local_operator();
+            let actor = acs_store::store::Actor::local_operator();
             Ok(conversation_operator::tombstone_message(
                 pool,
                 team,

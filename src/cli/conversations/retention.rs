@@ -6,8 +6,8 @@ use uuid::Uuid;
 
 use crate::cli::Context;
 use crate::cli::output;
-use crate::store::admin::Authority;
-use crate::store::retention;
+use acs_store::store::admin::Authority;
+use acs_store::store::retention;
 
 #[derive(Args, Debug)]
 pub struct RetentionArgs {

@@ -4,7 +4,7 @@
 
 use std::io::IsTerminal;
 
-use crate::store::moves::{self, Direction, Moved, Plan, Progress};
+use acs_store::store::moves::{self, Direction, Moved, Plan, Progress};
 
 pub(super) fn print_plans(plans: &[Plan], direction: Direction) {
     println!(

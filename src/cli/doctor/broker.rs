@@ -6,9 +6,9 @@
 use sqlx::PgPool;
 
 use super::{Check, DoctorArgs, NOTHING_TO_DO, Status, check, error_text};
-use crate::backend::jetstream::{Broker, ConditionKind, REQUIRED_MAX_PAYLOAD};
-use crate::error::BusError;
-use crate::store::broker_conditions;
+use acs_store::backend::jetstream::{Broker, ConditionKind, REQUIRED_MAX_PAYLOAD};
+use acs_store::error::BusError;
+use acs_store::store::broker_conditions;
 
 pub(super) async fn broker_checks(
     args: &DoctorArgs,

@@ -6,7 +6,7 @@
 use std::net::{IpAddr, SocketAddr};
 
 use super::{Check, NOTHING_TO_DO, Status, check};
-use crate::config;
+use acs_server::config;
 
 /// Whether a Host entry names this machine's loopback only.
 fn is_loopback_name(host: &str) -> bool {

@@ -14,8 +14,8 @@ use uuid::Uuid;
 use super::Context;
 use super::args::{AgentArgs, TeamArgs};
 use super::output::{self, opt_time, time};
-use crate::store::admin::Authority;
-use crate::store::{Actor, agents, tokens};
+use acs_store::store::admin::Authority;
+use acs_store::store::{Actor, agents, tokens};
 
 #[derive(Subcommand, Debug)]
 pub enum AgentCommand {

@@ -9,8 +9,8 @@ use uuid::Uuid;
 use crate::cli::Context;
 use crate::cli::args::TeamArgs;
 use crate::cli::output::{self, time};
-use crate::store::admin::Authority;
-use crate::store::webhooks::{self, NewWebhook, PrivateTargets, WebhookKind, WebhookSummary};
+use acs_store::store::admin::Authority;
+use acs_store::store::webhooks::{self, NewWebhook, PrivateTargets, WebhookKind, WebhookSummary};
 
 #[derive(Subcommand, Debug)]
 pub enum WebhookCommand {

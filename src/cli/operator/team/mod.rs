@@ -12,12 +12,12 @@ use serde_json::json;
 
 mod storage;
 
-use crate::backend::BackendKind;
-use crate::backend::jetstream::{Broker, StreamSizes};
 use crate::cli::Context;
 use crate::cli::output::{self, time};
-use crate::store::admin::Authority;
-use crate::store::{Actor, broker_conditions, teams, usage};
+use acs_store::backend::BackendKind;
+use acs_store::backend::jetstream::{Broker, StreamSizes};
+use acs_store::store::admin::Authority;
+use acs_store::store::{Actor, broker_conditions, teams, usage};
 
 #[derive(Subcommand, Debug)]
 pub enum TeamCommand {

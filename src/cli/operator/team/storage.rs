@@ -7,13 +7,13 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::PruneArgs;
-use crate::backend::Backends;
-use crate::backend::jetstream::Broker;
 use crate::cli::Context;
 use crate::cli::output;
-use crate::store::admin::Authority;
-use crate::store::retention::{self, Progress, PruneRequest};
-use crate::store::usage;
+use acs_store::backend::Backends;
+use acs_store::backend::jetstream::Broker;
+use acs_store::store::admin::Authority;
+use acs_store::store::retention::{self, Progress, PruneRequest};
+use acs_store::store::usage;
 
 pub(super) async fn usage(
     ctx: &Context,

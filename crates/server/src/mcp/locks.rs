@@ -1,0 +1,85 @@
+//! Lock tools: `acquire_lock`, `release_lock`, `list_locks`. All logic lives
+//! in `store::locks`.
+
+use rmcp::handler::server::tool::Extension;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::CallToolResult;
+use rmcp::{ErrorData, schemars, tool, tool_router};
+use serde::Deserialize;
+
+use super::{BusServer, caller, reply};
+use acs_store::store::locks;
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AcquireLockArgs {
+    /// Team-wide lock name, lower-cased, at most 256 bytes (e.g. `deploy:prod`, `src/schema.sql`).
+    pub name: String,
+    /// How long to hold it, 5..86400 seconds (default 300). Acquire again to extend.
+    pub ttl_seconds: Option<i64>,
+    /// One line saying why you hold it (at most 256 bytes), shown to others.
+    pub purpose: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseLockArgs {
+    /// The lock's name.
+    pub name: String,
+}
+
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListLocksArgs {}
+
+#[tool_router(router = lock_router, vis = "pub(super)")]
+impl BusServer {
+    #[tool(
+        description = "Take a team-wide advisory lock for ttl_seconds. Succeeds if the lock is \
+                       free or expired, or extends it if this window already holds it; otherwise \
+                       refused naming the holder's window and when it expires."
+    )]
+    async fn acquire_lock(
+        &self,
+        Extension(parts): Extension<http::request::Parts>,
+        Parameters(args): Parameters<AcquireLockArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let me = caller(&parts)?;
+        reply(
+            locks::acquire(
+                self.bus(),
+                me,
+                &args.name,
+                args.ttl_seconds,
+                args.purpose.as_deref(),
+            )
+            .await,
+        )
+    }
+
+    #[tool(
+        description = "Release a lock. Only the window that holds it (another window of the same \
+                       agent is refused)."
+    )]
+    async fn release_lock(
+        &self,
+        Extension(parts): Extension<http::request::Parts>,
+        Parameters(args): Parameters<ReleaseLockArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let me = caller(&parts)?;
+        reply(locks::release(self.bus(), me, &args.name).await)
+    }
+
+    #[tool(
+        description = "The team's locks that have not expired: holder window, purpose, expiry.",
+        annotations(read_only_hint = true)
+    )]
+    async fn list_locks(
+        &self,
+        Extension(parts): Extension<http::request::Parts>,
+        Parameters(_): Parameters<ListLocksArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let me = caller(&parts)?;
+        reply(locks::list(self.bus(), me).await)
+    }
+}

@@ -1,0 +1,89 @@
+//! `whoami`, `pending_for_me` and `team_digest`: who you are, what needs you
+//! now, and what the team has been doing.
+
+use rmcp::handler::server::tool::Extension;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::CallToolResult;
+use rmcp::{ErrorData, schemars, tool, tool_router};
+use serde::Deserialize;
+
+use super::sessions::NoArgs;
+use super::{BusServer, caller, reply};
+use acs_store::store::{overview, pending};
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DigestArgs {
+    /// How far back to look, 1..336 hours (default 24).
+    pub hours: Option<i32>,
+    /// Every channel's activity, not only this window's focused channel (announcements are always in).
+    #[serde(default)]
+    pub all_channels: bool,
+}
+
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PendingArgs {
+    /// When you last looked (RFC 3339, at most 7 days back): announcements after it are listed.
+    /// Omit for none.
+    pub since: Option<chrono::DateTime<chrono::Utc>>,
+    /// List your tasks whose lease lapses within this many seconds, 1..86400 (default 300).
+    pub lease_within_seconds: Option<i64>,
+}
+
+#[tool_router(router = identity_router, vis = "pub(super)")]
+impl BusServer {
+    #[tool(
+        description = "Who you are on the bus (agent, team, window, address) and your pending work: \
+                       unread direct messages (counted up to 1000; \
+                       `unread_direct_messages_at_least: true` means 1000 or more) and tasks you \
+                       hold. Identity comes from your token; \
+                       the window from the X-Crew-Session header or your session credential.",
+        annotations(read_only_hint = true)
+    )]
+    async fn whoami(
+        &self,
+        Extension(parts): Extension<http::request::Parts>,
+        Parameters(_): Parameters<NoArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let me = caller(&parts)?;
+        reply(overview::whoami(self.bus(), me).await)
+    }
+
+    #[tool(
+        description = "What needs this window now, in one call that marks nothing read: unread \
+                       direct messages (count and the oldest 5), questions asked of you \
+                       (ask_agent) not yet answered, conversations owing your acknowledgement, \
+                       your tasks whose lease lapses within lease_within_seconds, and \
+                       announcements since `since`. Each list is short; read the rest with \
+                       read_messages, read_conversation and list_tasks.",
+        annotations(read_only_hint = true)
+    )]
+    async fn pending_for_me(
+        &self,
+        Extension(parts): Extension<http::request::Parts>,
+        Parameters(args): Parameters<PendingArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let me = caller(&parts)?;
+        reply(pending::pending_for_me(self.bus(), me, args.since, args.lease_within_seconds).await)
+    }
+
+    #[tool(
+        description = "What the team did in the last `hours`: per channel a count that stops \
+                       at 10 (`messages_at_least: true` means 10 or more; read_messages or \
+                       list_channels for more) and \
+                       the latest messages (your focused channel unless all_channels; \
+                       announcements always), \
+                       tasks that moved (the 50 that moved last), notes updated, agents seen. \
+                       Never DMs.",
+        annotations(read_only_hint = true)
+    )]
+    async fn team_digest(
+        &self,
+        Extension(parts): Extension<http::request::Parts>,
+        Parameters(args): Parameters<DigestArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let me = caller(&parts)?;
+        reply(overview::team_digest(self.bus(), me, args.hours, args.all_channels).await)
+    }
+}

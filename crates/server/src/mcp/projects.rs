@@ -1,0 +1,72 @@
+//! Project tools: `create_project`, `list_projects`, `grant_project_access`.
+
+use rmcp::handler::server::tool::Extension;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::CallToolResult;
+use rmcp::{ErrorData, schemars, tool, tool_router};
+use serde::Deserialize;
+
+use super::sessions::NoArgs;
+use super::{BusServer, caller, reply, reply_list};
+use acs_store::store::projects;
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateProjectArgs {
+    /// Project name: ASCII letters, digits and `-_.`, up to 64 bytes.
+    pub project: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GrantArgs {
+    /// The project.
+    pub project: String,
+    /// The agent to grant (or revoke) access.
+    pub agent: String,
+    /// true grants (default), false revokes. Nobody revokes their own grant.
+    pub grant: Option<bool>,
+}
+
+#[tool_router(router = project_router, vis = "pub(super)")]
+impl BusServer {
+    #[tool(
+        description = "Create a project (a group of conversations). You hold its first access \
+                          grant; others need a grant from a holder."
+    )]
+    async fn create_project(
+        &self,
+        Extension(parts): Extension<http::request::Parts>,
+        Parameters(args): Parameters<CreateProjectArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let me = caller(&parts)?;
+        reply(projects::create(self.bus(), me, &args.project).await)
+    }
+
+    #[tool(
+        description = "The team's projects, each with whether you hold an access grant.",
+        annotations(read_only_hint = true)
+    )]
+    async fn list_projects(
+        &self,
+        Extension(parts): Extension<http::request::Parts>,
+        Parameters(_): Parameters<NoArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let me = caller(&parts)?;
+        reply_list("projects", projects::list(self.bus(), me).await)
+    }
+
+    #[tool(
+        description = "Grant (or with grant: false, revoke) an agent's access to a project. \
+                          Only a holder of the project's grant can; revoking is immediate."
+    )]
+    async fn grant_project_access(
+        &self,
+        Extension(parts): Extension<http::request::Parts>,
+        Parameters(args): Parameters<GrantArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let me = caller(&parts)?;
+        let grant = args.grant.unwrap_or(true);
+        reply(projects::grant(self.bus(), me, &args.project, &args.agent, grant).await)
+    }
+}

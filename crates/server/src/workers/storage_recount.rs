@@ -1,0 +1,28 @@
+//! The storage recount: every team's usage counted again every
+//! [`usage::RECOUNT_INTERVAL`], so the quota check every write makes
+//! (`store::usage::check_quota`, which reads the last count without a lock)
+//! trails what the team stores by at most one interval. Each team's count is
+//! one read-only statement and one short upsert; a failed pass is retried on
+//! the next tick. Every replica runs it; a count never overwrites a newer one.
+
+use tokio_util::sync::CancellationToken;
+
+use acs_store::Bus;
+use acs_store::store::usage;
+
+/// Recount every team each interval (first pass at start) until `shutdown`.
+pub fn spawn(bus: Bus, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(usage::RECOUNT_INTERVAL);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = ticker.tick() => {}
+            }
+            if let Err(err) = usage::recount_all(&bus.pool).await {
+                tracing::warn!(error = %err, "storage recount failed; retrying next pass");
+            }
+        }
+    })
+}

@@ -1,0 +1,105 @@
+//! The long poll under `wait_for_updates`, `ask_agent` and
+//! `wait_for_conversation_updates`, written once.
+//!
+//! The rule that makes a wait reliable: subscribe to the event hub first, then
+//! check the database, then block. What happened before the subscription is
+//! found by the check; anything after arrives as an event. Notifications can
+//! still be lost (a listener reconnecting, a failed notify, a receiver that
+//! lagged), so a blocked wait re-checks the database on a timer: a lost
+//! notification delays a wake, it never loses one. The timer is slow while
+//! the listener hears the publisher's pings (a lost notification is then
+//! rare: a failed notify) and fast otherwise, so a thousand blocked waits
+//! cost a few re-checks a second, not hundreds.
+//!
+//! The caller subscribes (before whatever it must do first, such as sending
+//! the question it waits on) with a filter the hub runs for it, so an event
+//! no filter passes wakes no wait ([`crate::events::Events::wait_for`]);
+//! then it hands the subscription over with its
+//! deadline, what each event means to it ([`OnEvent`]) and its database
+//! check; it shapes the answer from how the wait ended ([`Polled`]). The bus
+//! stopping ends every wait at once, so the caller can say
+//! `server_restarting` instead of holding the shutdown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::Bus;
+use crate::error::BusResult;
+use crate::events::{BusEvent, Lagged, ListenerState, Waiter};
+
+/// How often a blocked wait re-checks the database regardless of events,
+/// while the event listener is live, and while it is not.
+const RECHECK_LIVE: Duration = Duration::from_secs(30);
+const RECHECK_UNSURE: Duration = Duration::from_secs(5);
+
+/// What one event means to a wait.
+pub(crate) enum OnEvent<E> {
+    /// Not for this wait.
+    Ignore,
+    /// Worth a look: check the database again now.
+    Recheck,
+    /// Ends the wait with this (the caller builds its answer from it).
+    End(E),
+}
+
+/// How a long poll ended.
+pub(crate) enum Polled<T, E> {
+    /// The database check found this.
+    Found(T),
+    /// An event ended it ([`OnEvent::End`]).
+    Ended(E),
+    /// The deadline passed after a wait with nothing found; the caller may
+    /// look once more before saying so.
+    TimedOut,
+    /// The server is stopping.
+    Stopping,
+}
+
+/// Check, then block until an event asks for a look, the re-check timer or
+/// the deadline; again until something is found, an event ends the wait,
+/// the deadline has passed (after one last check), or the server stops.
+pub(crate) async fn long_poll<T, E, Fut>(
+    events: &mut Waiter,
+    bus: &Bus,
+    deadline: Instant,
+    mut on_event: impl FnMut(Arc<BusEvent>) -> OnEvent<E>,
+    mut check: impl FnMut() -> Fut,
+) -> BusResult<Polled<T, E>>
+where
+    Fut: Future<Output = BusResult<Option<T>>>,
+{
+    let _open = acs_metrics::LongPollOpen::enter();
+    loop {
+        if let Some(found) = check().await? {
+            return Ok(Polled::Found(found));
+        }
+        // Checked once more at the deadline: a change whose notification was
+        // lost is found by the end of the wait at the latest.
+        if Instant::now() >= deadline {
+            return Ok(Polled::TimedOut);
+        }
+        let every = match bus.events.state() {
+            ListenerState::Live => RECHECK_LIVE,
+            ListenerState::Silent | ListenerState::Detached => RECHECK_UNSURE,
+        };
+        let recheck_at = (Instant::now() + every).min(deadline);
+        loop {
+            let received = tokio::select! {
+                received = events.recv() => received,
+                _ = tokio::time::sleep_until(recheck_at) => break,
+                () = bus.stopping.cancelled() => return Ok(Polled::Stopping),
+            };
+            match received {
+                Ok(event) => match on_event(event) {
+                    OnEvent::Ignore => {}
+                    OnEvent::Recheck => break,
+                    OnEvent::End(ended) => return Ok(Polled::Ended(ended)),
+                },
+                // Missed some: the database check at the top finds what matters.
+                Err(Lagged) => break,
+            }
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! All domain logic and all SQL, one file per aggregate.
+//!
+//! Tools, HTTP routes and CLI commands translate arguments, call one function
+//! here and shape the answer; nothing above this module writes SQL. Every state
+//! change is one short transaction that validates first, writes second, and
+//! records its audit row inside the same transaction.
+
+pub mod admin;
+pub mod agents;
+pub mod attachments;
+pub mod audit;
+pub mod broker_conditions;
+pub mod channels;
+pub mod conversation_messages;
+pub mod conversation_operator;
+pub mod conversations;
+pub mod dashboard;
+mod fenced;
+pub mod inbox;
+pub mod limits;
+pub mod locks;
+mod long_poll;
+pub mod lost_bodies;
+pub mod messages;
+pub mod moves;
+pub mod notes;
+pub mod outbox;
+pub mod overview;
+pub mod pending;
+pub mod presence;
+pub mod projects;
+pub mod receipts;
+pub mod retention;
+pub mod scrape;
+pub mod sessions;
+pub mod tasks;
+pub mod teams;
+pub mod text;
+pub mod tokens;
+pub mod usage;
+pub mod waits;
+pub mod webhooks;
+
+use crate::error::{BusError, BusResult};
+
+/// Who made a change, for the audit log.
+#[derive(Clone, Debug)]
+pub struct Actor {
+    pub name: String,
+    pub source: Source,
+    /// The admin credential (`acsa_…`) the change rests on, when it came over
+    /// `/admin`: [`audit::record`] re-checks it under its fence, so a change
+    /// never commits after that credential's revocation.
+    pub admin_credential: Option<uuid::Uuid>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    Cli,
+    Http,
+    Mcp,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Cli => "cli",
+            Source::Http => "http",
+            Source::Mcp => "mcp",
+        }
+    }
+}
+
+impl Actor {
+    /// The operator at a local terminal: `cli:<unix user>`.
+    pub fn local_operator() -> Actor {
+        let user = std::env::var("USER")
+            .or_else(|_| std::env::var("LOGNAME"))
+            .unwrap_or_else(|_| format!("uid{}", unsafe { libc::geteuid() }));
+        Actor {
+            name: format!("cli:{user}"),
+            source: Source::Cli,
+            admin_credential: None,
+        }
+    }
+}
+
+pub use acs_wire::label::address;
+
+/// How a refusal names a window, so the reader knows exactly who holds what.
+pub(crate) fn window_phrase(agent: &str, session: &str) -> String {
+    if session.is_empty() {
+        format!("agent `{agent}` in its shared session (no X-Crew-Session)")
+    } else {
+        format!("agent `{agent}` in window `{session}` (address {agent}/{session})")
+    }
+}
+
+/// A time as refusals print it: RFC 3339, whole seconds, UTC.
+pub(crate) fn at(time: chrono::DateTime<chrono::Utc>) -> String {
+    time.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// Team slugs: trimmed, lower-cased, `[a-z0-9][a-z0-9-]*`, at most 63 bytes.
+pub fn normalize_team_slug(raw: &str) -> BusResult<String> {
+    let slug = raw.trim().to_ascii_lowercase();
+    let ok = !slug.is_empty()
+        && slug.len() <= 63
+        && slug.as_bytes()[0].is_ascii_alphanumeric()
+        && slug.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    if !ok {
+        return Err(BusError::invalid(format!(
+            "team slug {} is not valid: use 1-63 lower-case ASCII letters, digits and `-`, \
+             starting with a letter or digit (for example `acme-web`).",
+            text::quote(raw)
+        )));
+    }
+    Ok(slug)
+}
+
+/// Agent names: trimmed, lower-cased, `[a-z0-9][a-z0-9._-]*`, at most 64 bytes.
+/// No `/`: it separates agent and window in an address.
+pub fn normalize_agent_name(raw: &str) -> BusResult<String> {
+    let name = raw.trim().to_ascii_lowercase();
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if !ok {
+        return Err(BusError::invalid(format!(
+            "agent name {} is not valid: use 1-64 lower-case ASCII letters, digits and `-_.`, \
+             starting with a letter or digit (for example `alice-claude`). `/` is reserved for \
+             addresses (`agent/window`).",
+            text::quote(raw)
+        )));
+    }
+    Ok(name)
+}
+
+/// Bytes of a display name (a team's name, a conversation's title), at most.
+pub const DISPLAY_NAME_MAX_BYTES: usize = 200;
+
+/// Free-text display names: one line ([`text::one_line`]), 1 to
+/// [`DISPLAY_NAME_MAX_BYTES`] bytes.
+pub fn check_display_name(what: &str, raw: &str) -> BusResult<String> {
+    let name = text::one_line(what, raw)?;
+    if name.is_empty() || name.len() > DISPLAY_NAME_MAX_BYTES {
+        return Err(BusError::invalid(format!(
+            "{what} must be 1-{DISPLAY_NAME_MAX_BYTES} bytes of one-line text (got {} bytes); \
+             nothing was changed. Give a shorter one.",
+            name.len()
+        )));
+    }
+    Ok(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_normalised_or_refused() {
+        assert_eq!(normalize_team_slug(" Acme-Web ").unwrap(), "acme-web");
+        assert!(normalize_team_slug("-acme").is_err());
+        assert!(normalize_team_slug("acme_web").is_err());
+        assert!(normalize_team_slug("").is_err());
+        assert_eq!(
+            normalize_agent_name("Alice.Claude").unwrap(),
+            "alice.claude"
+        );
+        assert!(normalize_agent_name("alice/claude").is_err());
+        assert!(normalize_agent_name(&"a".repeat(65)).is_err());
+        assert!(check_display_name("team name", " ").is_err());
+    }
+}
