@@ -18,6 +18,7 @@ mod conversation_messages;
 mod conversations;
 mod dashboard;
 mod deploy_unit;
+mod docs;
 mod doctor;
 mod embedded;
 mod events;

@@ -57,7 +57,7 @@ async fn a_hook_without_allow_private_never_connects_to_a_private_address() {
     }
 }
 
-/// The signature covers `X-Bus-Timestamp` and the exact body, as the README
+/// The signature covers `X-Bus-Timestamp` and the exact body, as docs/dashboard-and-webhooks.md
 /// tells a receiver to check it: a captured delivery sent again with a fresh
 /// timestamp no longer verifies, so a receiver that refuses stale
 /// timestamps refuses the replay.
@@ -74,7 +74,7 @@ async fn generic_deliveries_are_signed_over_the_timestamp_and_the_exact_body() {
 
     eventually("one request", || async { receiver.requests().len() == 1 }).await;
     let request = &receiver.requests()[0];
-    // The README's recipe: HMAC-SHA256 of "<X-Bus-Timestamp>.<raw body>".
+    // The recipe in docs/dashboard-and-webhooks.md: HMAC-SHA256 of "<X-Bus-Timestamp>.<raw body>".
     let verify = |timestamp: &str, body: &[u8]| {
         let mut mac = Hmac::<Sha256>::new_from_slice(created.secret.as_bytes()).unwrap();
         mac.update(timestamp.as_bytes());
