@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ai_crew_sync::db;
-use ai_crew_sync::store::{Actor, Source, agents};
+use ai_crew_sync::store::{Actor, Source, identity::agents};
 use anyhow::{Context as _, Result, bail};
 use serde::Serialize;
 

@@ -34,8 +34,8 @@ use super::{COMMAND_CONNECTIONS, Context, output};
 use acs_store::db::embedded::{EmbeddedError, EmbeddedPostgres};
 use acs_store::db::schema::{self, MigrationInfo};
 use acs_store::error::BusError;
-use acs_store::store::admin::Authority;
-use acs_store::store::{outbox, teams};
+use acs_store::store::identity::admin::Authority;
+use acs_store::store::{delivery::outbox, identity::teams};
 
 /// A message waiting longer than this for publication is stuck: retries back
 /// off to at most 64 s and fail after 8 attempts, and a team waiting on a

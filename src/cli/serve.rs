@@ -233,7 +233,7 @@ async fn serve_on(
     } else {
         db.check_schema().await?;
     }
-    let teams = acs_store::store::teams::count(&db.pool).await?;
+    let teams = acs_store::store::identity::teams::count(&db.pool).await?;
     if teams == 0 {
         eprintln!(
             "no teams yet. Create one and an agent with a token:\n  ai-crew-sync quickstart --team my-team --agent my-agent\n\

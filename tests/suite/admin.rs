@@ -6,7 +6,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
 
 use ai_crew_sync::config::HttpSettings;
-use ai_crew_sync::store::admin;
+use ai_crew_sync::store::identity::admin;
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -251,7 +251,7 @@ async fn a_team_credential_cannot_leave_its_team_by_any_route() {
     }
 
     // A foreign token id under its own team's path: not found, and untouched.
-    let blue_token = ai_crew_sync::store::tokens::list(&app.pool, &in_team("blue"))
+    let blue_token = ai_crew_sync::store::identity::tokens::list(&app.pool, &in_team("blue"))
         .await
         .unwrap()[0]
         .id;
@@ -283,7 +283,7 @@ async fn a_team_credential_cannot_leave_its_team_by_any_route() {
     .await;
     assert_eq!(status, 400, "{body}");
     assert_eq!(
-        ai_crew_sync::store::agents::list(&app.pool, &in_team("blue"))
+        ai_crew_sync::store::identity::agents::list(&app.pool, &in_team("blue"))
             .await
             .unwrap()
             .len(),

@@ -133,9 +133,14 @@ async fn concurrent_uploads_cannot_both_take_the_last_of_the_quota() {
     let app = spawn_app().await;
     app.team("acme").await;
     let token = app.agent("acme", "alice").await;
-    ai_crew_sync::store::attachments::quota(&app.pool, "acme", Some(300 * 1024), &test_actor())
-        .await
-        .unwrap();
+    ai_crew_sync::store::messaging::attachments::quota(
+        &app.pool,
+        "acme",
+        Some(300 * 1024),
+        &test_actor(),
+    )
+    .await
+    .unwrap();
     let blob = vec![7u8; 200 * 1024];
     let mut uploads = Vec::new();
     for i in 0..2 {
@@ -156,8 +161,9 @@ async fn concurrent_uploads_cannot_both_take_the_last_of_the_quota() {
         refused["message"].as_str().unwrap().contains("team quota"),
         "{refused}"
     );
-    let quota = ai_crew_sync::store::attachments::quota(&app.pool, "acme", None, &test_actor())
-        .await
-        .unwrap();
+    let quota =
+        ai_crew_sync::store::messaging::attachments::quota(&app.pool, "acme", None, &test_actor())
+            .await
+            .unwrap();
     assert_eq!(quota.attachment_bytes_used, 200 * 1024);
 }

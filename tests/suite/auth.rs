@@ -1,7 +1,7 @@
 //! Who is calling: bearer tokens, disabled agents, the window header, and
 //! `whoami` over a real MCP client.
 
-use ai_crew_sync::store::{agents, tokens};
+use ai_crew_sync::store::{identity::agents, identity::tokens};
 use serde_json::{Value, json};
 
 use crate::support::{McpClient, globally, in_team, spawn_app};

@@ -6,7 +6,7 @@
 
 use serde_json::{Value, json};
 
-use ai_crew_sync::store::inbox::COUNTED_MAX;
+use ai_crew_sync::store::conversations::inbox::COUNTED_MAX;
 
 use crate::inbox::{delivery_ids, pair};
 use crate::support::spawn_app;

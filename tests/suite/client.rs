@@ -607,7 +607,7 @@ async fn client_an_unreachable_url_is_named() {
 /// Team `acme` with conversations turned on, and alice's console.
 async fn conversations_on(app: &TestApp) -> Console {
     let alice = team_with(app, "alice", None).await;
-    ai_crew_sync::store::teams::capability(
+    ai_crew_sync::store::identity::teams::capability(
         &app.pool,
         "acme",
         Some(true),

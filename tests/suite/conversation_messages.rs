@@ -9,7 +9,7 @@
 use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
-use ai_crew_sync::store::teams;
+use ai_crew_sync::store::identity::teams;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -1079,7 +1079,7 @@ async fn send_as(
     me: &ai_crew_sync::auth::Identity,
     conversation: Uuid,
 ) -> Result<String, ai_crew_sync::error::BusError> {
-    use ai_crew_sync::store::conversation_messages::{self, NewConversationMessage};
+    use ai_crew_sync::store::conversations::messages::{self, NewConversationMessage};
     let new = NewConversationMessage {
         conversation_id: conversation,
         body: "hello".into(),
@@ -1087,7 +1087,7 @@ async fn send_as(
         reply_to: None,
         metadata: None,
     };
-    conversation_messages::send(&app.bus, me, new)
+    messages::send(&app.bus, me, new)
         .await
         .map(|sent| sent.recipients.join(","))
 }
@@ -1097,7 +1097,7 @@ async fn send_as(
 /// tests that call the store directly while another writer holds a lock.
 async fn alice_and_bob_in_a_conversation() -> (TestApp, Uuid, ai_crew_sync::auth::Identity, Uuid) {
     use ai_crew_sync::auth::{self, AgentCredential};
-    use ai_crew_sync::store::tokens;
+    use ai_crew_sync::store::identity::tokens;
 
     let app = spawn_app().await;
     let tokens = team_with(&app, "acme", &["alice", "bob"]).await;
@@ -1119,7 +1119,7 @@ async fn alice_and_bob_in_a_conversation() -> (TestApp, Uuid, ai_crew_sync::auth
 // stores nothing, not even a claimed seq.
 #[tokio::test]
 async fn a_send_in_flight_across_an_agent_disable_is_refused_and_claims_no_seq() {
-    use ai_crew_sync::store::agents;
+    use ai_crew_sync::store::identity::agents;
 
     let (app, conv, alice, _) = alice_and_bob_in_a_conversation().await;
     let held = crate::write_fence::hold_row(
@@ -1139,7 +1139,7 @@ async fn a_send_in_flight_across_an_agent_disable_is_refused_and_claims_no_seq()
                 .unwrap()
         },
         async move {
-            use ai_crew_sync::store::conversation_messages::{self, NewConversationMessage};
+            use ai_crew_sync::store::conversations::messages::{self, NewConversationMessage};
             let new = NewConversationMessage {
                 conversation_id: conv,
                 body: "late".into(),
@@ -1147,9 +1147,7 @@ async fn a_send_in_flight_across_an_agent_disable_is_refused_and_claims_no_seq()
                 reply_to: None,
                 metadata: None,
             };
-            conversation_messages::send(&bus, &alice, new)
-                .await
-                .map(|sent| sent.seq)
+            messages::send(&bus, &alice, new).await.map(|sent| sent.seq)
         },
     )
     .await;
@@ -1166,7 +1164,7 @@ async fn a_send_in_flight_across_an_agent_disable_is_refused_and_claims_no_seq()
 #[tokio::test]
 async fn a_conversation_wait_blocked_across_its_token_revocation_answers_the_refusal() {
     use ai_crew_sync::auth::{self, AgentCredential};
-    use ai_crew_sync::store::{receipts, tokens};
+    use ai_crew_sync::store::{conversations::receipts, identity::tokens};
 
     let (app, conv, alice, _) = alice_and_bob_in_a_conversation().await;
     let bob_id: Uuid = sqlx::query_scalar("SELECT id FROM agents WHERE name = 'bob'")
@@ -1210,7 +1208,7 @@ async fn a_conversation_wait_blocked_across_its_token_revocation_answers_the_ref
 #[tokio::test]
 async fn a_send_rechecks_the_window_inside_its_transaction_with_the_guards_refusals() {
     use ai_crew_sync::auth::{self, AgentCredential};
-    use ai_crew_sync::store::{agents, sessions, tokens};
+    use ai_crew_sync::store::{identity::agents, identity::sessions, identity::tokens};
 
     let app = spawn_app().await;
     let tokens = team_with(&app, "acme", &["alice"]).await;

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use ai_crew_sync::store::{conversations, teams};
+use ai_crew_sync::store::{conversations, identity::teams};
 use serde_json::{Value, json};
 use uuid::Uuid;
 

@@ -151,7 +151,7 @@ async fn a_healthy_setup_passes_every_check_and_exits_zero() {
 
 async fn team_id(database_url: &str, slug: &str) -> Uuid {
     let pool = db::connect(database_url, 1).await.unwrap();
-    let id = ai_crew_sync::store::teams::find(&pool, slug)
+    let id = ai_crew_sync::store::identity::teams::find(&pool, slug)
         .await
         .unwrap()
         .id;

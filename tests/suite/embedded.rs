@@ -6,7 +6,7 @@ use std::os::unix::fs::PermissionsExt;
 
 use ai_crew_sync::db::embedded::{BUS_ROLE, EMBEDDED_DATABASE, EmbeddedPostgres};
 use ai_crew_sync::db::{self, Database};
-use ai_crew_sync::store::teams;
+use ai_crew_sync::store::identity::teams;
 
 use crate::support::globally;
 

@@ -5,7 +5,7 @@
 //! wait, and once it commits the call is refused with today's words and
 //! leaves everything as it was. The race itself is `write_fence::race`.
 
-use ai_crew_sync::store::{agents, teams, tokens};
+use ai_crew_sync::store::{identity::agents, identity::teams, identity::tokens};
 use serde_json::json;
 use uuid::Uuid;
 

@@ -13,7 +13,7 @@ use crate::support::proxy::Proxy;
 use crate::support::{McpClient, TestApp, free_port, spawn_app, test_actor};
 use ai_crew_sync::client::hook::CONTEXT_MAX_CHARS;
 use ai_crew_sync::client::window_state::WindowState;
-use ai_crew_sync::store::teams;
+use ai_crew_sync::store::identity::teams;
 
 /// Claude Code's hook input for `event`, as it sends it.
 pub(crate) fn payload(session: &str, event: &str, extra: Value) -> String {

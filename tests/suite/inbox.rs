@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use ai_crew_sync::store::conversations::Publication;
-use ai_crew_sync::store::{outbox, teams};
+use ai_crew_sync::store::{delivery::outbox, identity::teams};
 use ai_crew_sync::workers::publication::{self, DrainSettings};
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -236,7 +236,7 @@ async fn what_is_owed_survives_a_restart_and_a_pending_message_is_not_owed_yet()
 
 /// A fresh token for bob (tokens are shown once; the test issues another).
 async fn bob_token_of(p: &Pair) -> String {
-    ai_crew_sync::store::tokens::issue(&p.app.pool, &in_team("ib"), "bob", None)
+    ai_crew_sync::store::identity::tokens::issue(&p.app.pool, &in_team("ib"), "bob", None)
         .await
         .unwrap()
         .token
@@ -371,7 +371,7 @@ async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) ->
 // rebuilt while PostgreSQL keeps everything owed, across a restart.
 #[tokio::test]
 async fn on_a_jetstream_team_references_go_through_the_broker_and_survive_losing_its_consumer() {
-    use ai_crew_sync::store::inbox::recipient_key;
+    use ai_crew_sync::store::conversations::inbox::recipient_key;
     use ai_crew_sync::workers::inbox_publisher;
 
     let app = crate::support::spawn_app_with_broker(&crate::support::nats::nats_url()).await;
@@ -639,10 +639,11 @@ async fn references_owed_to_a_window_dead_past_the_retention_are_released_and_re
     use ai_crew_sync::workers::presence_sweeper;
 
     let p = jetstream_pair("ibr").await;
-    let bob_token = ai_crew_sync::store::tokens::issue(&p.app.pool, &in_team("ibr"), "bob", None)
-        .await
-        .unwrap()
-        .token;
+    let bob_token =
+        ai_crew_sync::store::identity::tokens::issue(&p.app.pool, &in_team("ibr"), "bob", None)
+            .await
+            .unwrap()
+            .token;
     let bob_w2 = p.app.mcp(&bob_token, Some("w2")).await;
     p.alice
         .call(

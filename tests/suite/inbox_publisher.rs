@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use ai_crew_sync::store::inbox;
+use ai_crew_sync::store::conversations::inbox;
 use uuid::Uuid;
 
 use crate::inbox::{delivery_ids, fetch, pair};

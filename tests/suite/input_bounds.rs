@@ -4,7 +4,7 @@
 //! overflow, and the NUL refusal looks at decoded text, so code that spells
 //! the escape out is stored as written.
 
-use ai_crew_sync::store::teams;
+use ai_crew_sync::store::identity::teams;
 use serde_json::{Value, json};
 use uuid::Uuid;
 

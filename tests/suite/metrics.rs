@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ai_crew_sync::config::HttpSettings;
-use ai_crew_sync::store::admin;
+use ai_crew_sync::store::identity::admin;
 use ai_crew_sync::workers::publication;
 use serde_json::{Value, json};
 use uuid::Uuid;

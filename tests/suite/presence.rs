@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use ai_crew_sync::auth::{self, AgentCredential};
-use ai_crew_sync::store::{agents, presence, tokens};
+use ai_crew_sync::store::{identity::agents, identity::tokens, messaging::presence};
 use ai_crew_sync::workers::presence_sweeper;
 use serde_json::{Value, json};
 
@@ -581,7 +581,7 @@ async fn a_revoked_window_cannot_beat() {
     let AgentCredential::Session(digest) = auth::parse_agent_credential(credential).unwrap() else {
         unreachable!()
     };
-    let me = ai_crew_sync::store::sessions::authenticate(&app.pool, &digest, None, None)
+    let me = ai_crew_sync::store::identity::sessions::authenticate(&app.pool, &digest, None, None)
         .await
         .unwrap();
     agent_client

@@ -1,6 +1,6 @@
 //! The conversations capability and projects with their access grants.
 
-use ai_crew_sync::store::teams;
+use ai_crew_sync::store::identity::teams;
 use serde_json::json;
 
 use crate::auth::heard_within_seconds;

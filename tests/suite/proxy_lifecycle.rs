@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use ai_crew_sync::client::{spool, window_state};
-use ai_crew_sync::store::teams;
+use ai_crew_sync::store::identity::teams;
 use serde_json::{Value, json};
 use uuid::Uuid;
 

@@ -1,7 +1,7 @@
 //! Authenticated windows: session credentials, epochs, the guard, cascades.
 
 use ai_crew_sync::auth::{self, AgentCredential};
-use ai_crew_sync::store::{agents, sessions, tokens};
+use ai_crew_sync::store::{identity::agents, identity::sessions, identity::tokens};
 use serde_json::{Value, json};
 
 use crate::support::{McpClient, TestApp, globally, in_team, spawn_app};
@@ -454,7 +454,7 @@ async fn an_agent_holds_at_most_its_cap_of_live_sessions() {
         .fetch_one(&app.pool)
         .await
         .unwrap();
-    let usage = ai_crew_sync::store::usage::count(&app.pool, team_id, "acme")
+    let usage = ai_crew_sync::store::operations::usage::count(&app.pool, team_id, "acme")
         .await
         .unwrap();
     let sessions = usage.kind("sessions").expect("sessions are counted");

@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use ai_crew_sync::config::HttpSettings;
-use ai_crew_sync::store::teams;
-use ai_crew_sync::store::webhooks::{self, NewWebhook, PrivateTargets, WebhookKind};
+use ai_crew_sync::store::identity::teams;
+use ai_crew_sync::store::operations::webhooks::{self, NewWebhook, PrivateTargets, WebhookKind};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

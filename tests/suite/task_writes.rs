@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 
-use ai_crew_sync::store::{agents, tokens, usage};
+use ai_crew_sync::store::{identity::agents, identity::tokens, operations::usage};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 
 use ai_crew_sync::auth::{self, AgentCredential};
-use ai_crew_sync::store::{locks, sessions, tasks};
+use ai_crew_sync::store::{identity::sessions, messaging::locks, tasks};
 use serde_json::{Value, json};
 
 use crate::support::{McpClient, TestApp, spawn_app};

@@ -3,7 +3,7 @@
 //! no key since migration 0014, and are only ever written with their message,
 //! in the one statement that inserts it.)
 
-use ai_crew_sync::store::{agents, tokens};
+use ai_crew_sync::store::{identity::agents, identity::tokens};
 use serde_json::json;
 use uuid::Uuid;
 

@@ -6,7 +6,7 @@
 //! finds emoji; `inbox` and `all` cannot become channels; refusals quote the
 //! input plainly, never in Rust syntax.
 
-use ai_crew_sync::store::teams;
+use ai_crew_sync::store::identity::teams;
 use serde_json::{Value, json};
 
 use crate::support::{McpClient, TestApp, spawn_app, test_actor};

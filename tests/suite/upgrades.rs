@@ -9,7 +9,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use ai_crew_sync::db::{self, Database, schema};
-use ai_crew_sync::store::teams;
+use ai_crew_sync::store::identity::teams;
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;

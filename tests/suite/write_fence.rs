@@ -13,7 +13,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use ai_crew_sync::store::{admin, agents, tokens};
+use ai_crew_sync::store::{identity::admin, identity::agents, identity::tokens};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;

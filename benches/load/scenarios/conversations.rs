@@ -222,7 +222,7 @@ pub(super) async fn pg_message_receipts(ctx: Arc<Ctx>, clients: usize) -> Result
 /// writes another row or index entry, shows there whatever the machine's noise.
 pub(super) async fn conversation_send_store(ctx: Arc<Ctx>, clients: usize) -> Result<Run> {
     use ai_crew_sync::auth::{self, AgentCredential};
-    use ai_crew_sync::store::{conversation_messages, tokens};
+    use ai_crew_sync::store::{conversations::messages, identity::tokens};
 
     let conversations = Arc::new(seat_conversations(&ctx.pool, clients).await?);
     let shutdown = tokio_util::sync::CancellationToken::new();
@@ -245,14 +245,14 @@ pub(super) async fn conversation_send_store(ctx: Arc<Ctx>, clients: usize) -> Re
             let mut rec = window.open().await;
             while rec.is_open() {
                 let started = Instant::now();
-                let new = conversation_messages::NewConversationMessage {
+                let new = messages::NewConversationMessage {
                     conversation_id: conversation,
                     body: "a short message about the work at hand".into(),
                     request_id: uuid::Uuid::new_v4().to_string(),
                     reply_to: None,
                     metadata: None,
                 };
-                let sent = conversation_messages::send(&bus, &me, new).await?;
+                let sent = messages::send(&bus, &me, new).await?;
                 if sent.recipients.len() != CONVERSATION_RECIPIENTS {
                     bail!("a send did not freeze {CONVERSATION_RECIPIENTS} recipients");
                 }

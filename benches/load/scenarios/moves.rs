@@ -32,7 +32,7 @@ const MIGRATE_BATCH: i64 = 1_000;
 /// client count: a move is one operator's command.
 pub(super) async fn migrate_conversation(ctx: Arc<Ctx>) -> Result<Run> {
     use ai_crew_sync::backend::Backends;
-    use ai_crew_sync::store::moves::{self, Direction, Progress};
+    use ai_crew_sync::store::delivery::moves::{self, Direction, Progress};
 
     // The raw publish baseline ran right before; its rate is on its own line.
     let _ = ctx.own_baseline_ops.lock().expect("not poisoned").take();

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use ai_crew_sync::store::{Actor, Source, agents};
+use ai_crew_sync::store::{Actor, Source, identity::agents};
 use anyhow::{Context as _, Result};
 use serde_json::json;
 use sqlx::PgPool;

@@ -11,7 +11,7 @@
 //!   this process renders the same totals.
 //! - **State of the database** (outbox slots, inbox references owed, moves,
 //!   the pool, the event listener): read at scrape time from the scraping
-//!   server's own pool and hub (`acs_store::store::scrape`), and rendered
+//!   server's own pool and hub (`acs_store::store::operations::scrape`), and rendered
 //!   by `acs_server::http::metrics` after the recorder's text under the names
 //!   declared here, so they are exact for that server and cost nothing
 //!   between scrapes.
@@ -46,7 +46,7 @@ pub const OUTBOX_PUBLISH: &str = "bus_outbox_publish_outcomes_total";
 pub const OUTBOX_RECONCILED: &str = "bus_outbox_reconciled_total";
 pub const BODIES_SWEPT: &str = "bus_outbox_bodies_swept_total";
 /// Emitted by the webhook dispatcher (`outcome` label); named here so the
-/// README's list and the description stay in one place.
+/// list in docs/operations.md and the description stay in one place.
 pub const WEBHOOK_DELIVERIES: &str = "bus_webhook_deliveries_total";
 
 // Gauges read from the database and the hub at scrape time.

@@ -21,7 +21,7 @@ use self::remote::Remote;
 use super::Context;
 use super::args::{AgentArgs, TeamArgs};
 use super::output;
-use acs_store::store::{Actor, admin};
+use acs_store::store::{Actor, identity::admin};
 
 #[derive(Subcommand, Debug)]
 pub enum AdminCommand {

@@ -13,7 +13,8 @@ use sha2::{Digest, Sha256};
 
 /// The server's per-file limit, checked here too: a bigger file would be
 /// refused anyway, after travelling (or as an opaque 413 past 8 MiB).
-const ATTACHMENT_MAX_BYTES: u64 = acs_store::store::attachments::ATTACHMENT_MAX_BYTES as u64;
+const ATTACHMENT_MAX_BYTES: u64 =
+    acs_store::store::messaging::attachments::ATTACHMENT_MAX_BYTES as u64;
 
 /// All of stdin, without the one trailing newline `echo` and heredocs add.
 pub(super) fn read_stdin() -> anyhow::Result<String> {

@@ -4,8 +4,8 @@
 //! message (`publication`, `tombstone`), declaring bodies the broker lost
 //! (`declare-lost`), and how long a conversation keeps its messages
 //! (`retention`, in `retention.rs`). Runs beside the database; the logic is in
-//! `store::outbox`, `store::moves`, `store::conversation_operator` and
-//! `store::lost_bodies`. What `migrate` shows (the plan, progress, each
+//! `store::delivery::outbox`, `store::delivery::moves`, `store::conversations::operator` and
+//! `store::delivery::lost_bodies`. What `migrate` shows (the plan, progress, each
 //! conversation's outcome) is `show_moves.rs`.
 
 mod retention;
@@ -18,10 +18,12 @@ use super::Context;
 use super::output;
 use acs_store::backend::Backends;
 use acs_store::backend::jetstream::Broker;
-use acs_store::store::conversation_operator;
 use acs_store::store::conversations::Publication;
-use acs_store::store::moves::{self, Direction};
-use acs_store::store::{broker_conditions, lost_bodies, outbox, teams};
+use acs_store::store::conversations::operator;
+use acs_store::store::delivery::moves::{self, Direction};
+use acs_store::store::{
+    delivery::broker_conditions, delivery::lost_bodies, delivery::outbox, identity::teams,
+};
 use show_moves::{MoveView, moved_json, print_plans};
 
 #[derive(Subcommand, Debug)]
@@ -496,10 +498,7 @@ async fn set_publication(
     let switched = ctx
         .with_database(async |pool| {
             let actor = acs_store::store::Actor::local_operator();
-            Ok(
-                conversation_operator::set_publication(pool, team, conversation, mode, &actor)
-                    .await?,
-            )
+            Ok(operator::set_publication(pool, team, conversation, mode, &actor).await?)
         })
         .await?;
     if json {
@@ -530,15 +529,7 @@ async fn tombstone(
     let done = ctx
         .with_database(async |pool| {
             let actor = acs_store::store::Actor::local_operator();
-            Ok(conversation_operator::tombstone_message(
-                pool,
-                team,
-                conversation,
-                seq,
-                reason,
-                &actor,
-            )
-            .await?)
+            Ok(operator::tombstone_message(pool, team, conversation, seq, reason, &actor).await?)
         })
         .await?;
     if json {

@@ -1,13 +1,13 @@
 //! `conversations retention`: set (or clear) how long one conversation keeps
-//! its messages; the logic is `store::retention::set_retention`.
+//! its messages; the logic is `store::operations::retention::set_retention`.
 
 use clap::Args;
 use uuid::Uuid;
 
 use crate::cli::Context;
 use crate::cli::output;
-use acs_store::store::admin::Authority;
-use acs_store::store::retention;
+use acs_store::store::identity::admin::Authority;
+use acs_store::store::operations::retention;
 
 #[derive(Args, Debug)]
 pub struct RetentionArgs {

@@ -1,10 +1,10 @@
 //! What `conversations migrate` shows: the plan, and with `--apply` a
 //! progress bar (or plain lines) per move and a line (or, with `--json`, an
-//! object) per conversation. The moving itself is `store::moves`.
+//! object) per conversation. The moving itself is `store::delivery::moves`.
 
 use std::io::IsTerminal;
 
-use acs_store::store::moves::{self, Direction, Moved, Plan, Progress};
+use acs_store::store::delivery::moves::{self, Direction, Moved, Plan, Progress};
 
 pub(super) fn print_plans(plans: &[Plan], direction: Direction) {
     println!(

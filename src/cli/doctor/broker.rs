@@ -1,14 +1,14 @@
 //! `doctor`'s broker checks: the broker answers with JetStream, its
 //! `max_payload` takes a full body, and each team's streams are present, not
 //! full and in the layout the bus relies on (judged by
-//! `backend::jetstream::inspect`; conditions by `store::broker_conditions`).
+//! `backend::jetstream::inspect`; conditions by `store::delivery::broker_conditions`).
 
 use sqlx::PgPool;
 
 use super::{Check, DoctorArgs, NOTHING_TO_DO, Status, check, error_text};
 use acs_store::backend::jetstream::{Broker, ConditionKind, REQUIRED_MAX_PAYLOAD};
 use acs_store::error::BusError;
-use acs_store::store::broker_conditions;
+use acs_store::store::delivery::broker_conditions;
 
 pub(super) async fn broker_checks(
     args: &DoctorArgs,

@@ -14,8 +14,8 @@ use uuid::Uuid;
 use super::Context;
 use super::args::{AgentArgs, TeamArgs};
 use super::output::{self, opt_time, time};
-use acs_store::store::admin::Authority;
-use acs_store::store::{Actor, agents, tokens};
+use acs_store::store::identity::admin::Authority;
+use acs_store::store::{Actor, identity::agents, identity::tokens};
 
 #[derive(Subcommand, Debug)]
 pub enum AgentCommand {

@@ -1,5 +1,5 @@
 //! `webhook add|list|pause|resume|remove`: a team's outgoing webhooks, beside
-//! the database. Thin: parse, call one function of `store::webhooks`, print. The
+//! the database. Thin: parse, call one function of `store::operations::webhooks`, print. The
 //! checks (URL, addresses, events, channels) and the audit row are there, so
 //! `/admin/teams/{team}/webhooks` behaves the same.
 
@@ -9,8 +9,10 @@ use uuid::Uuid;
 use crate::cli::Context;
 use crate::cli::args::TeamArgs;
 use crate::cli::output::{self, time};
-use acs_store::store::admin::Authority;
-use acs_store::store::webhooks::{self, NewWebhook, PrivateTargets, WebhookKind, WebhookSummary};
+use acs_store::store::identity::admin::Authority;
+use acs_store::store::operations::webhooks::{
+    self, NewWebhook, PrivateTargets, WebhookKind, WebhookSummary,
+};
 
 #[derive(Subcommand, Debug)]
 pub enum WebhookCommand {

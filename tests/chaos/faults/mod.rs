@@ -27,7 +27,7 @@
 //! client claims with (`model::TASK_LEASE_SECS`, the server's 30 s
 //! minimum), so every lease held when it starts lapses during it and its
 //! holder meets the refusal afterwards; the pause always outlasts the outbox
-//! drain's slot lease (`store::outbox::LEASE_SECS`), so other replicas take
+//! drain's slot lease (`store::delivery::outbox::LEASE_SECS`), so other replicas take
 //! the paused one's slots over and its late settlements meet the generation
 //! fence, while requests it had accepted wait past their task leases. Every
 //! other fault lasts at least [`SHORT_FAULT_MS`] and up to the profile's
@@ -56,7 +56,7 @@ const MIN_GAP_MS: u64 = 1_000;
 /// Room a killed replica needs after its fault ends to start again.
 const RESTART_MARGIN_MS: u64 = 15_000;
 /// How long the outbox drain holds a slot before another worker may take it.
-const DRAIN_LEASE_MS: u64 = ai_crew_sync::store::outbox::LEASE_SECS as u64 * 1000;
+const DRAIN_LEASE_MS: u64 = ai_crew_sync::store::delivery::outbox::LEASE_SECS as u64 * 1000;
 /// The task lease every client claims and renews with.
 const TASK_LEASE_MS: u64 = crate::model::TASK_LEASE_SECS * 1000;
 /// The floor of the faults not tied to a lease.

@@ -120,7 +120,7 @@ pub async fn settle(
 async fn drain_inbox(client: &mut Client, deadline: Instant) -> bool {
     while Instant::now() < deadline {
         let (_, handed_out, more) = client
-            .inbox_round(ai_crew_sync::store::inbox::FETCH_MAX)
+            .inbox_round(ai_crew_sync::store::conversations::inbox::FETCH_MAX)
             .await;
         if handed_out || more {
             continue;

@@ -15,7 +15,7 @@
 //! the page there (how docs/dashboard.png is made); without it nothing is
 //! written.
 
-use ai_crew_sync::store::teams;
+use ai_crew_sync::store::identity::teams;
 use reqwest::header;
 use serde_json::{Value, json};
 use uuid::Uuid;

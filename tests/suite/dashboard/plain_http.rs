@@ -5,7 +5,7 @@
 //! credential signs in only for a team it may see; and `/dashboard/data`
 //! never carries a direct message or a conversation the signer is not in.
 
-use ai_crew_sync::store::{admin, agents, tokens};
+use ai_crew_sync::store::{identity::admin, identity::agents, identity::tokens};
 use reqwest::header;
 use serde_json::json;
 

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ai_crew_sync::config::{DashboardCookie, HttpSettings};
-use ai_crew_sync::store::{agents, teams};
+use ai_crew_sync::store::{identity::agents, identity::teams};
 use reqwest::header;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
@@ -77,7 +77,7 @@ async fn a_principal_keeps_its_newest_sign_ins_and_the_oldest_ends() {
     let bob = app.agent("acme", "bob").await;
     let bobs = cookie_for(&app, &bob, "").await;
     let first = cookie_for(&app, &alice, "").await;
-    let max = ai_crew_sync::store::dashboard::SIGN_INS_PER_PRINCIPAL;
+    let max = ai_crew_sync::store::operations::dashboard::SIGN_INS_PER_PRINCIPAL;
     let mut newest = String::new();
     for _ in 0..max {
         newest = cookie_for(&app, &alice, "").await;

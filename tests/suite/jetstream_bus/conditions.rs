@@ -190,7 +190,7 @@ async fn a_full_stream_keeps_the_overflow_pending_until_its_quota_is_raised() {
 /// `GET /health?broker=check`, as an operator asks it: with a global admin
 /// credential, so conditions name their team, stream and fix.
 async fn health_check(app: &TestApp) -> Value {
-    let admin = ai_crew_sync::store::admin::grant(&app.pool, &globally(), None, None)
+    let admin = ai_crew_sync::store::identity::admin::grant(&app.pool, &globally(), None, None)
         .await
         .expect("a global admin credential")
         .credential;
@@ -232,7 +232,7 @@ async fn health_still_names_the_team_to_a_valid_admin_after_made_up_credentials_
         .delete_stream(body_stream_name(team_id))
         .await
         .unwrap();
-    let admin = ai_crew_sync::store::admin::grant(&app.pool, &globally(), None, None)
+    let admin = ai_crew_sync::store::identity::admin::grant(&app.pool, &globally(), None, None)
         .await
         .expect("a global admin credential")
         .credential;

@@ -21,7 +21,7 @@ use ai_crew_sync::backend::Locator;
 use ai_crew_sync::backend::jetstream::{
     Broker, StreamSizes, body_stream_name, body_subject, parse_locator,
 };
-use ai_crew_sync::store::{lost_bodies, outbox, teams};
+use ai_crew_sync::store::{delivery::lost_bodies, delivery::outbox, identity::teams};
 use ai_crew_sync::workers::publication;
 use serde_json::{Value, json};
 use uuid::Uuid;

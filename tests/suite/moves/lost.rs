@@ -363,7 +363,7 @@ async fn a_move_back_after_a_wipe_keeps_the_bodies_postgres_still_holds() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(said.contains("3 lost bod(ies) tombstoned"), "{said}");
-    let lost = Some(ai_crew_sync::store::lost_bodies::LOST_BODY_REASON.to_owned());
+    let lost = Some(ai_crew_sync::store::delivery::lost_bodies::LOST_BODY_REASON.to_owned());
     assert_eq!(
         tombstones(&t).await,
         [

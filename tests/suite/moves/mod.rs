@@ -18,8 +18,8 @@ use ai_crew_sync::backend::{
     Backends, Envelope, Faults, JetStreamBackend, MessagingBackend, PostgresBackend, Published,
 };
 use ai_crew_sync::store::conversations::Publication;
-use ai_crew_sync::store::moves::{self, Direction, MoveState, Progress};
-use ai_crew_sync::store::{outbox, teams};
+use ai_crew_sync::store::delivery::moves::{self, Direction, MoveState, Progress};
+use ai_crew_sync::store::{delivery::outbox, identity::teams};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;

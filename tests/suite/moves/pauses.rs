@@ -47,7 +47,7 @@ async fn cleanup_respects_the_rollback_window_and_unfinished_moves() {
         .unwrap();
     // A jetstream thread cannot be switched to synchronous publication: its
     // sends would never reach the broker.
-    let err = ai_crew_sync::store::outbox::set_publication(
+    let err = ai_crew_sync::store::delivery::outbox::set_publication(
         t.pool(),
         t.team_id,
         t.conversation_id,

@@ -216,10 +216,15 @@ async fn sends_racing_the_pause_commit_before_it_or_are_refused() {
     for w in 0..4 {
         let client = McpClient::connect(
             &t.app.mcp_url(),
-            &ai_crew_sync::store::tokens::issue(t.pool(), &in_team(&t.team), "alice", None)
-                .await
-                .unwrap()
-                .token,
+            &ai_crew_sync::store::identity::tokens::issue(
+                t.pool(),
+                &in_team(&t.team),
+                "alice",
+                None,
+            )
+            .await
+            .unwrap()
+            .token,
             None,
         )
         .await

@@ -17,10 +17,10 @@ use std::time::Duration;
 use ai_crew_sync::backend::{
     BackendKind, Backends, Envelope, Faults, Locator, MessagingBackend, PostgresBackend, Published,
 };
-use ai_crew_sync::store::conversation_operator;
 use ai_crew_sync::store::conversations::Publication;
-use ai_crew_sync::store::outbox::{Lease, Settled};
-use ai_crew_sync::store::{outbox, teams};
+use ai_crew_sync::store::conversations::operator as conversation_operator;
+use ai_crew_sync::store::delivery::outbox::{Lease, Settled};
+use ai_crew_sync::store::{delivery::outbox, identity::teams};
 use ai_crew_sync::workers::publication::{self, DrainPass, DrainSettings};
 use serde_json::{Value, json};
 use sqlx::PgPool;

@@ -6,7 +6,7 @@
 
 use super::*;
 use ai_crew_sync::Bus;
-use ai_crew_sync::store::broker_conditions;
+use ai_crew_sync::store::delivery::broker_conditions;
 
 fn settings() -> DrainSettings {
     DrainSettings {

@@ -8,7 +8,7 @@
 //! the quota), `prune` (what a prune removes and keeps, on PostgreSQL and on
 //! JetStream) and `surfaces` (the operator binary and the admin routes).
 
-use ai_crew_sync::store::{retention, teams, usage};
+use ai_crew_sync::store::{identity::teams, operations::retention, operations::usage};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use serde_json::{Value, json};

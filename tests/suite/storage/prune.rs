@@ -4,7 +4,7 @@
 //! conversation message's body is dropped from the broker while an
 //! unacknowledged one stays readable.
 
-use ai_crew_sync::store::retention::{self, PruneRequest};
+use ai_crew_sync::store::operations::retention::{self, PruneRequest};
 use serde_json::{Value, json};
 use uuid::Uuid;
 

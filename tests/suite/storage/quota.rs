@@ -3,7 +3,7 @@
 //! quota, the usage and `team prune`) on every write path while writing
 //! nothing.
 
-use ai_crew_sync::store::usage;
+use ai_crew_sync::store::operations::usage;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use serde_json::json;

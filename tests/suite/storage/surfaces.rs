@@ -3,7 +3,7 @@
 //! `--apply`), and the `/admin` routes show usage and prune only within the
 //! credential's scope, audited as the admin who asked.
 
-use ai_crew_sync::store::admin;
+use ai_crew_sync::store::identity::admin;
 use reqwest::Method;
 use serde_json::json;
 
@@ -218,8 +218,8 @@ async fn old_audit_rows(app: &crate::support::TestApp) -> i64 {
 #[tokio::test]
 async fn only_a_global_authority_prunes_the_audit_trail_past_the_minimum_and_revocation_stops_it() {
     use ai_crew_sync::auth;
-    use ai_crew_sync::store::admin::Authority;
-    use ai_crew_sync::store::retention::{self, PruneRequest};
+    use ai_crew_sync::store::identity::admin::Authority;
+    use ai_crew_sync::store::operations::retention::{self, PruneRequest};
 
     let app = spawn_app().await;
     prunable_history(&app).await;

@@ -9,8 +9,8 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use ai_crew_sync::store::teams;
-use ai_crew_sync::store::webhooks::{self, NewWebhook, WebhookKind, delivery};
+use ai_crew_sync::store::identity::teams;
+use ai_crew_sync::store::operations::webhooks::{self, NewWebhook, WebhookKind, delivery};
 use ai_crew_sync::workers::webhook_dispatcher::Dispatcher;
 use serde_json::json;
 use uuid::Uuid;
@@ -461,8 +461,8 @@ async fn a_claim_made_while_a_pause_commits_takes_nothing_of_the_hook() {
 /// age, while one still waiting to be sent stays.
 #[tokio::test]
 async fn settled_deliveries_are_counted_in_usage_and_pruned_with_the_messages() {
-    use ai_crew_sync::store::retention::{self, PruneRequest};
-    use ai_crew_sync::store::usage;
+    use ai_crew_sync::store::operations::retention::{self, PruneRequest};
+    use ai_crew_sync::store::operations::usage;
 
     let app = spawn_app().await;
     app.team("acme").await;

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ai_crew_sync::store::webhooks::{
+use ai_crew_sync::store::operations::webhooks::{
     self, CreatedWebhook, NewWebhook, PrivateTargets, WebhookKind,
 };
 use axum::body::Bytes;

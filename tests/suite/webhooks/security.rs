@@ -7,8 +7,8 @@
 
 use std::collections::BTreeSet;
 
-use ai_crew_sync::store::teams;
-use ai_crew_sync::store::webhooks::{self, NewWebhook};
+use ai_crew_sync::store::identity::teams;
+use ai_crew_sync::store::operations::webhooks::{self, NewWebhook};
 use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
 use sha2::Sha256;

@@ -476,7 +476,7 @@ async fn put_cursor_back(
 }
 
 async fn forget_handouts(pool: &sqlx::PgPool, team: &seed::Team, window: &str) -> Result<()> {
-    let key = ai_crew_sync::store::inbox::recipient_key(team.agent_id, window);
+    let key = ai_crew_sync::store::conversations::inbox::recipient_key(team.agent_id, window);
     // Rows a fetch in flight holds are skipped, not waited for: waiting
     // deadlocked with a fetch whose top-up insert waited on a row this
     // update had just rewritten (one run of 2026-12-05). The fetch hands

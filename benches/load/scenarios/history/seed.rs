@@ -14,7 +14,7 @@ use anyhow::{Context as _, Result};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use ai_crew_sync::store::{Actor, Source, agents};
+use ai_crew_sync::store::{Actor, Source, identity::agents};
 
 /// The rare word of messages: in message 1 and every 100 000th after it.
 pub const RARE_WORD: &str = "xylophone";

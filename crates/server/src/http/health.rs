@@ -43,8 +43,8 @@ use tokio_util::sync::CancellationToken;
 use super::AppState;
 use acs_store::auth;
 use acs_store::error::BusError;
-use acs_store::store::admin::{self, AdminIdentity};
-use acs_store::store::broker_conditions::Reported;
+use acs_store::store::delivery::broker_conditions::Reported;
+use acs_store::store::identity::admin::{self, AdminIdentity};
 
 #[derive(Debug, Default, Deserialize)]
 pub struct HealthQuery {
@@ -254,7 +254,7 @@ async fn look(state: &AppState, check_broker: bool) -> Look {
     if look.database.is_err() {
         return look;
     }
-    let status = acs_store::store::outbox::installation_status(&state.pool);
+    let status = acs_store::store::delivery::outbox::installation_status(&state.pool);
     look.publication = match tokio::time::timeout(PART_TIMEOUT, status).await {
         Ok(Ok(status)) => json!(status),
         Ok(Err(err)) => {
@@ -270,7 +270,7 @@ async fn look(state: &AppState, check_broker: bool) -> Look {
     // stream, why, the command. In the bus's own fixed words (the broker's
     // text stays in the log); with `?broker=check` every team routed to
     // jetstream is looked at, otherwise what the drain learned.
-    let conditions = acs_store::store::broker_conditions::installation(
+    let conditions = acs_store::store::delivery::broker_conditions::installation(
         &state.pool,
         &state.backends,
         check_broker,

@@ -10,7 +10,7 @@
 //!
 //! Either way the answer is the process's counters (`acs_metrics`) and
 //! then the database's state read now through this server's pool
-//! (`store::scrape`). The `Host` check of the main listener applies here too
+//! (`store::operations::scrape`). The `Host` check of the main listener applies here too
 //! (a web page must not read this through DNS rebinding).
 
 use std::fmt::Write as _;
@@ -30,8 +30,8 @@ use acs_store::Bus;
 use acs_store::auth;
 use acs_store::error::BusError;
 use acs_store::events::Events;
-use acs_store::store::admin::{self, Authority};
-use acs_store::store::scrape::{Scraped, TeamOutbox};
+use acs_store::store::identity::admin::{self, Authority};
+use acs_store::store::operations::scrape::{Scraped, TeamOutbox};
 
 /// The text format's media type.
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -141,7 +141,7 @@ pub(super) async fn count_response(request: Request, next: Next) -> Response {
 
 async fn render(pool: &PgPool, events: &Events) -> Response {
     let mut text = acs_metrics::install().render();
-    let state = acs_store::store::scrape::scrape(pool, events).await;
+    let state = acs_store::store::operations::scrape::scrape(pool, events).await;
     text.push_str(&render_state(&state));
     (
         StatusCode::OK,

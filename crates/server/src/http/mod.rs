@@ -65,7 +65,7 @@ use crate::mcp::{BusServer, RequestBody};
 use acs_store::Bus;
 use acs_store::auth::{self, AgentCredential};
 use acs_store::error::BusError;
-use acs_store::store::{sessions, tokens};
+use acs_store::store::{identity::sessions, identity::tokens};
 pub(crate) use refusals::{
     address_crowded, address_throttled, caller_busy, rate_limited, server_busy, too_many_in_flight,
 };

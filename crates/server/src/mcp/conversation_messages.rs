@@ -1,7 +1,7 @@
 //! Conversation message tools: `send_conversation_message`,
 //! `read_conversation`, `get_conversation_message`, `ack_message`,
 //! `get_message_receipts` and `wait_for_conversation_updates`. The logic is
-//! in `store::conversation_messages` and `store::receipts`.
+//! in `store::conversations::messages` and `store::conversations::receipts`.
 
 use rmcp::handler::server::tool::Extension;
 use rmcp::handler::server::wrapper::Parameters;
@@ -14,8 +14,8 @@ use uuid::Uuid;
 
 use super::waits::ProgressTicker;
 use super::{BusServer, caller, refusal, reply};
-use acs_store::store::conversation_messages::{self, NewConversationMessage, ReadRequest};
-use acs_store::store::{inbox, receipts, waits};
+use acs_store::store::conversations::messages::{self, NewConversationMessage, ReadRequest};
+use acs_store::store::{conversations::inbox, conversations::receipts, messaging::waits};
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -127,7 +127,7 @@ impl BusServer {
         Parameters(args): Parameters<SendArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(conversation_messages::send(self.bus(), me, args.into()).await)
+        reply(messages::send(self.bus(), me, args.into()).await)
     }
 
     #[tool(
@@ -143,7 +143,7 @@ impl BusServer {
         Parameters(args): Parameters<ReadArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(conversation_messages::read(self.bus(), me, args.into()).await)
+        reply(messages::read(self.bus(), me, args.into()).await)
     }
 
     #[tool(
@@ -157,7 +157,7 @@ impl BusServer {
         Parameters(args): Parameters<MessageArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(conversation_messages::get(self.bus(), me, args.message_id).await)
+        reply(messages::get(self.bus(), me, args.message_id).await)
     }
 
     #[tool(

@@ -1,5 +1,5 @@
 //! Lock tools: `acquire_lock`, `release_lock`, `list_locks`. All logic lives
-//! in `store::locks`.
+//! in `store::messaging::locks`.
 
 use rmcp::handler::server::tool::Extension;
 use rmcp::handler::server::wrapper::Parameters;
@@ -8,7 +8,7 @@ use rmcp::{ErrorData, schemars, tool, tool_router};
 use serde::Deserialize;
 
 use super::{BusServer, caller, reply};
-use acs_store::store::locks;
+use acs_store::store::messaging::locks;
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]

@@ -1,5 +1,5 @@
 //! Messaging tools: channels, direct messages, reading with per-window
-//! cursors, search. All logic lives in `store::messages` and `store::channels`.
+//! cursors, search. All logic lives in `store::messaging::messages` and `store::messaging::channels`.
 
 use rmcp::handler::server::tool::Extension;
 use rmcp::handler::server::wrapper::Parameters;
@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use super::sessions::NoArgs;
 use super::{BusServer, caller, refusal, reply, reply_list};
-use acs_store::store::{attachments, channels, messages};
+use acs_store::store::{messaging::attachments, messaging::channels, messaging::messages};
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]

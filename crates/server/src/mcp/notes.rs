@@ -1,6 +1,6 @@
 //! Note tools (the team's shared memory): `set_note`, `get_note`,
 //! `list_notes`, `search_notes`, `delete_note`. All logic lives in
-//! `store::notes`.
+//! `store::messaging::notes`.
 
 use rmcp::handler::server::tool::Extension;
 use rmcp::handler::server::wrapper::Parameters;
@@ -9,7 +9,7 @@ use rmcp::{ErrorData, schemars, tool, tool_router};
 use serde::Deserialize;
 
 use super::{BusServer, caller, reply};
-use acs_store::store::notes;
+use acs_store::store::messaging::notes;
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]

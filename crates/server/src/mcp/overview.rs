@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use super::sessions::NoArgs;
 use super::{BusServer, caller, reply};
-use acs_store::store::{overview, pending};
+use acs_store::store::{messaging::overview, messaging::pending};
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]

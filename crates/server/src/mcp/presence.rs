@@ -1,5 +1,5 @@
 //! Presence tools: `heartbeat`, `list_agents`, `list_sessions`. All logic
-//! lives in `store::presence`.
+//! lives in `store::messaging::presence`.
 
 use rmcp::handler::server::tool::Extension;
 use rmcp::handler::server::wrapper::Parameters;
@@ -8,7 +8,7 @@ use rmcp::{ErrorData, schemars, tool, tool_router};
 use serde::Deserialize;
 
 use super::{BusServer, caller, reply};
-use acs_store::store::presence::{self, Beat};
+use acs_store::store::messaging::presence::{self, Beat};
 
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]

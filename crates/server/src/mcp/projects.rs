@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use super::sessions::NoArgs;
 use super::{BusServer, caller, reply, reply_list};
-use acs_store::store::projects;
+use acs_store::store::conversations::projects;
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]

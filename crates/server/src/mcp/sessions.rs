@@ -1,5 +1,5 @@
 //! Session tools: authenticated windows (`register_session`, `resume_session`,
-//! `renew_session`, `revoke_session`). All logic lives in `store::sessions`.
+//! `renew_session`, `revoke_session`). All logic lives in `store::identity::sessions`.
 
 use rmcp::handler::server::tool::Extension;
 use rmcp::handler::server::wrapper::Parameters;
@@ -8,7 +8,7 @@ use rmcp::{ErrorData, schemars, tool, tool_router};
 use serde::Deserialize;
 
 use super::{BusServer, caller, reply};
-use acs_store::store::sessions;
+use acs_store::store::identity::sessions;
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]

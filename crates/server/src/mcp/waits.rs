@@ -1,5 +1,5 @@
 //! Waiting tools: `wait_for_updates` and `ask_agent`. The logic is in
-//! `store::waits`; this file adds MCP progress notifications while a call
+//! `store::messaging::waits`; this file adds MCP progress notifications while a call
 //! blocks, when the client asked for progress.
 
 use std::time::Duration;
@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use super::{BusServer, caller, refusal, reply};
 use acs_store::error::{BusError, BusResult};
-use acs_store::store::waits;
+use acs_store::store::messaging::waits;
 
 /// Often enough that clients which extend a call's deadline on progress keep it alive.
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);

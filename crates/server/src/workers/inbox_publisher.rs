@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use acs_store::Bus;
 use acs_store::error::BusResult;
-use acs_store::store::inbox;
+use acs_store::store::conversations::inbox;
 
 /// References published per pass, at most.
 pub const BATCH: i64 = 500;

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use acs_store::Bus;
 use acs_store::error::BusResult;
-use acs_store::store::{inbox, presence};
+use acs_store::store::{conversations::inbox, messaging::presence};
 
 /// How long a dead window stays listed before it is deleted.
 pub const RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);

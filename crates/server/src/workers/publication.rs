@@ -24,8 +24,8 @@ use acs_store::Bus;
 use acs_store::backend::{AnyBackend, BackendKind, Locator, Published};
 use acs_store::error::BusResult;
 use acs_store::events::{BusEvent, EventKind};
-use acs_store::store::lost_bodies;
-use acs_store::store::outbox::{self, Lease, Settled};
+use acs_store::store::delivery::lost_bodies;
+use acs_store::store::delivery::outbox::{self, Lease, Settled};
 
 /// How the drain runs. The defaults are what `serve` uses.
 #[derive(Clone, Debug)]

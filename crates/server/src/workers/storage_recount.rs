@@ -1,6 +1,6 @@
 //! The storage recount: every team's usage counted again every
 //! [`usage::RECOUNT_INTERVAL`], so the quota check every write makes
-//! (`store::usage::check_quota`, which reads the last count without a lock)
+//! (`store::operations::usage::check_quota`, which reads the last count without a lock)
 //! trails what the team stores by at most one interval. Each team's count is
 //! one read-only statement and one short upsert; a failed pass is retried on
 //! the next tick. Every replica runs it; a count never overwrites a newer one.
@@ -8,7 +8,7 @@
 use tokio_util::sync::CancellationToken;
 
 use acs_store::Bus;
-use acs_store::store::usage;
+use acs_store::store::operations::usage;
 
 /// Recount every team each interval (first pass at start) until `shutdown`.
 pub fn spawn(bus: Bus, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {

@@ -1,6 +1,6 @@
 //! The webhook dispatcher: sends the delivery rows the triggers of migration
 //! 0025 wrote, on every replica at once without sending one twice while its
-//! lease holds (`store::webhooks::delivery`).
+//! lease holds (`store::operations::webhooks::delivery`).
 //!
 //! A pass claims a batch (one short statement), sends each delivery with
 //! nothing held in the database (a few at a time, each bounded by the
@@ -23,9 +23,9 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use acs_store::error::{BusError, BusResult};
-use acs_store::store::webhooks::address::{self, GuardedResolver, PrivateDestination};
-use acs_store::store::webhooks::delivery::{self, Claimed, Settled};
-use acs_store::store::webhooks::payload;
+use acs_store::store::operations::webhooks::address::{self, GuardedResolver, PrivateDestination};
+use acs_store::store::operations::webhooks::delivery::{self, Claimed, Settled};
+use acs_store::store::operations::webhooks::payload;
 
 /// How the dispatcher runs. The defaults are what `serve` uses.
 #[derive(Clone, Debug)]

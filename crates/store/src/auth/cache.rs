@@ -3,7 +3,7 @@
 //!
 //! What makes that safe:
 //! - every write still re-checks its credential in its own transaction
-//!   (`store::sessions::guard`): a cached entry only ever lets a *read* run
+//!   (`store::identity::sessions::guard`): a cached entry only ever lets a *read* run
 //!   on a credential revoked an instant earlier, never a write;
 //! - an entry is good only under the generation it was looked up under
 //!   ([`crate::events::Events::credentials_generation`]), which changes the

@@ -37,7 +37,7 @@ pub struct Identity {
 }
 
 /// A session credential as it was when the request authenticated. Mutations
-/// re-check it inside their own transaction ([`crate::store::sessions::guard`]).
+/// re-check it inside their own transaction ([`crate::store::identity::sessions::guard`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SessionCredential {
     pub session_id: Uuid,

@@ -21,7 +21,7 @@ use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::QueryAs;
 use sqlx::{FromRow, Postgres, Row};
 
-use super::sessions::Refusal;
+use super::identity::sessions::Refusal;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 

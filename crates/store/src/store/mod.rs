@@ -5,41 +5,19 @@
 //! change is one short transaction that validates first, writes second, and
 //! records its audit row inside the same transaction.
 
-pub mod admin;
-pub mod agents;
-pub mod attachments;
-pub mod audit;
-pub mod broker_conditions;
-pub mod channels;
-pub mod conversation_messages;
-pub mod conversation_operator;
+// The domains.
 pub mod conversations;
-pub mod dashboard;
-mod fenced;
-pub mod inbox;
-pub mod limits;
-pub mod locks;
-mod long_poll;
-pub mod lost_bodies;
-pub mod messages;
-pub mod moves;
-pub mod notes;
-pub mod outbox;
-pub mod overview;
-pub mod pending;
-pub mod presence;
-pub mod projects;
-pub mod receipts;
-pub mod retention;
-pub mod scrape;
-pub mod sessions;
+pub mod delivery;
+pub mod identity;
+pub mod messaging;
+pub mod operations;
 pub mod tasks;
-pub mod teams;
+
+// What every domain uses.
+mod fenced;
+pub mod limits;
+mod long_poll;
 pub mod text;
-pub mod tokens;
-pub mod usage;
-pub mod waits;
-pub mod webhooks;
 
 use crate::error::{BusError, BusResult};
 

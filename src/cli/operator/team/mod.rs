@@ -2,8 +2,8 @@
 //! and choose their backend (`capability`), provision or remove its
 //! JetStream streams (`stream`), and what it stores: counted (`usage`),
 //! capped (`quota`) and trimmed (`prune`). One function per subcommand; the
-//! logic is in `store::teams`, `store::usage`, `store::retention` and
-//! `store::broker_conditions`.
+//! logic is in `store::identity::teams`, `store::operations::usage`, `store::operations::retention` and
+//! `store::delivery::broker_conditions`.
 
 use std::path::PathBuf;
 
@@ -16,8 +16,8 @@ use crate::cli::Context;
 use crate::cli::output::{self, time};
 use acs_store::backend::BackendKind;
 use acs_store::backend::jetstream::{Broker, StreamSizes};
-use acs_store::store::admin::Authority;
-use acs_store::store::{Actor, broker_conditions, teams, usage};
+use acs_store::store::identity::admin::Authority;
+use acs_store::store::{Actor, delivery::broker_conditions, identity::teams, operations::usage};
 
 #[derive(Subcommand, Debug)]
 pub enum TeamCommand {

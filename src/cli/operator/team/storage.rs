@@ -1,5 +1,5 @@
-//! `team usage` and `team prune`: print what `store::usage` counted and what
-//! `store::retention` would remove (or removed), with a progress bar on a
+//! `team usage` and `team prune`: print what `store::operations::usage` counted and what
+//! `store::operations::retention` would remove (or removed), with a progress bar on a
 //! terminal (plain lines otherwise, nothing with --json) while `--apply` runs.
 
 use std::io::IsTerminal;
@@ -11,9 +11,9 @@ use crate::cli::Context;
 use crate::cli::output;
 use acs_store::backend::Backends;
 use acs_store::backend::jetstream::Broker;
-use acs_store::store::admin::Authority;
-use acs_store::store::retention::{self, Progress, PruneRequest};
-use acs_store::store::usage;
+use acs_store::store::identity::admin::Authority;
+use acs_store::store::operations::retention::{self, Progress, PruneRequest};
+use acs_store::store::operations::usage;
 
 pub(super) async fn usage(
     ctx: &Context,

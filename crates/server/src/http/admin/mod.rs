@@ -26,8 +26,8 @@ use uuid::Uuid;
 use super::{AppState, bearer, bus_error_response, json_error, rate_limited, too_large};
 use acs_store::auth;
 use acs_store::error::{BusError, BusResult};
-use acs_store::store::admin::{self, AdminIdentity, Authority};
-use acs_store::store::{agents, teams, text, tokens};
+use acs_store::store::identity::admin::{self, AdminIdentity, Authority};
+use acs_store::store::{identity::agents, identity::teams, identity::tokens, text};
 
 mod webhooks;
 

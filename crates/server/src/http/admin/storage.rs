@@ -1,6 +1,6 @@
 //! `/admin/teams/{team}/usage` and `/admin/teams/{team}/prune`: what a team
 //! stores and trimming it, over the remote API. Thin: one call into
-//! `store::usage` or `store::retention`, the same functions `team usage` and
+//! `store::operations::usage` or `store::operations::retention`, the same functions `team usage` and
 //! `team prune` call.
 
 use std::sync::Arc;
@@ -12,9 +12,9 @@ use serde::Deserialize;
 
 use super::{Answer, ok, parse};
 use crate::http::AppState;
-use acs_store::store::admin::Authority;
-use acs_store::store::retention::{self, PruneRequest};
-use acs_store::store::usage;
+use acs_store::store::identity::admin::Authority;
+use acs_store::store::operations::retention::{self, PruneRequest};
+use acs_store::store::operations::usage;
 
 pub(super) async fn usage(
     State(state): State<Arc<AppState>>,

@@ -1,7 +1,7 @@
 //! `/admin/teams/{team}/webhooks`: list and add a team's webhooks,
 //! `POST …/webhooks/{id}/pause` and `…/resume`, and `DELETE …/webhooks/{id}`
 //! to remove one. Thin like the rest of `/admin`: the team check is
-//! [`Authority::team`], the work and the audit row are in `store::webhooks`,
+//! [`Authority::team`], the work and the audit row are in `store::operations::webhooks`,
 //! exactly as `webhook add|list|pause|resume|remove` runs them.
 
 use std::sync::Arc;
@@ -14,8 +14,8 @@ use serde::Deserialize;
 
 use super::{Answer, created, ok, parse, parse_id};
 use crate::http::AppState;
-use acs_store::store::admin::Authority;
-use acs_store::store::webhooks::{self, NewWebhook, PrivateTargets, WebhookKind};
+use acs_store::store::identity::admin::Authority;
+use acs_store::store::operations::webhooks::{self, NewWebhook, PrivateTargets, WebhookKind};
 
 pub fn routes() -> Router<Arc<AppState>> {
     Router::new()

@@ -21,7 +21,7 @@
 //! no-referrer`, `nosniff`, `X-Frame-Options: DENY` and a CSP that allows
 //! only this origin's script, style and fetches. A credential in the query
 //! string is refused (400) before anything else: URLs end up in logs and
-//! histories. The handlers hold no SQL: `store::dashboard` signs in,
+//! histories. The handlers hold no SQL: `store::operations::dashboard` signs in,
 //! re-checks the principal on every request and reads the page.
 
 mod page;
@@ -41,7 +41,7 @@ use super::{AppState, RateLimiter};
 use crate::config::DashboardCookie;
 use acs_store::auth::{self, AgentCredential};
 use acs_store::error::BusError;
-use acs_store::store::dashboard::{self as store, Viewer};
+use acs_store::store::operations::dashboard::{self as store, Viewer};
 use acs_store::store::text;
 
 pub use page::escape;

@@ -12,7 +12,7 @@ use std::fmt::Write;
 use chrono::{DateTime, Utc};
 
 use acs_store::events::ListenerState;
-use acs_store::store::dashboard::{
+use acs_store::store::operations::dashboard::{
     AgentView, ChannelMessageView, Conversations, Health, LockView, Snapshot, TaskView,
 };
 use acs_store::store::text;

@@ -6,7 +6,7 @@
 //! row), never a credential, and is checked in constant time
 //! ([`Mac::verify_slice`]). A valid signature is not enough: the handler
 //! re-reads the principal and the sign-in row on every request
-//! (`store::dashboard::recheck`), so a revocation or a sign-out ends the
+//! (`store::operations::dashboard::recheck`), so a revocation or a sign-out ends the
 //! session at the next request, on every replica. The attributes keep the
 //! cookie to this page: `HttpOnly` (no script reads it), `SameSite=Strict`
 //! (no other site sends it), `Path=/dashboard` (so `/mcp` and `/admin` never
@@ -24,7 +24,7 @@ use sha2::Sha256;
 use uuid::Uuid;
 
 use crate::config::DashboardCookie;
-use acs_store::store::dashboard::{Principal, SignIn};
+use acs_store::store::operations::dashboard::{Principal, SignIn};
 
 pub const COOKIE_NAME: &str = "crew_dashboard";
 /// How long a dashboard sign-in lasts.

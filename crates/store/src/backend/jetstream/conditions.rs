@@ -6,7 +6,7 @@
 //!
 //! None of them is the message's fault, so none may fail a message behind
 //! the operator's back: while one holds, the outbox puts the team's slots
-//! back without spending an attempt (`store::outbox::settle_waiting`), and
+//! back without spending an attempt (`store::delivery::outbox::settle_waiting`), and
 //! health, `conversations status` and `create_conversation` name it with
 //! the command that fixes it.
 //!

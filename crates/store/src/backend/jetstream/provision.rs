@@ -426,7 +426,7 @@ impl Broker {
 
     /// Delete both of the team's streams, bodies and references with them.
     /// Returns the names that existed and were removed. The caller checks
-    /// that nothing routes there first (`store::teams::jetstream_routing`).
+    /// that nothing routes there first (`store::identity::teams::jetstream_routing`).
     pub async fn remove_team_streams(&self, team_id: Uuid) -> BusResult<Vec<String>> {
         let mut removed = Vec::new();
         for name in [body_stream_name(team_id), inbox_stream_name(team_id)] {

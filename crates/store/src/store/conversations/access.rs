@@ -12,7 +12,7 @@ use super::seats::SeatRow;
 use super::{Conversation, Seat, SeatRole, SeatState, load};
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
-use crate::store::{projects, sessions};
+use crate::store::{conversations::projects, identity::sessions};
 
 /// The one "not found" every invisible conversation gets.
 pub fn not_found(id: Uuid) -> BusError {
@@ -54,7 +54,7 @@ pub(crate) async fn seat(
 /// (`team`, `agent`, `label` are SQL expressions: parameters or columns).
 /// MCP refuses the bare token wearing such a label ([`refuse_borrowed_label`],
 /// [`seat_unless_borrowed`]); the dashboard, which signs in with the bare
-/// token, leaves such a window's seats out (`store::dashboard`).
+/// token, leaves such a window's seats out (`store::operations::dashboard`).
 pub(crate) fn registered_window(team: &str, agent: &str, label: &str) -> String {
     format!(
         "EXISTS (SELECT 1 FROM agent_sessions rw_s

@@ -11,7 +11,9 @@ use crate::Bus;
 use crate::auth::Identity;
 use crate::backend::BackendKind;
 use crate::error::{BusError, BusResult};
-use crate::store::{broker_conditions, projects, sessions, text};
+use crate::store::{
+    conversations::projects, delivery::broker_conditions, identity::sessions, text,
+};
 
 pub const TITLE_MAX_BYTES: usize = 200;
 

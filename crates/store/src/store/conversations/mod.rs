@@ -55,8 +55,13 @@ use crate::backend::BackendKind;
 use crate::error::{BusError, BusResult};
 
 mod access;
+pub mod inbox;
 mod lifecycle;
 mod membership;
+pub mod messages;
+pub mod operator;
+pub mod projects;
+pub mod receipts;
 mod recovery;
 mod seats;
 mod transfer;

@@ -13,7 +13,7 @@ use super::{Conversation, audit, load};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
-use crate::store::sessions;
+use crate::store::identity::sessions;
 
 pub const RECOVER_PAGE_MAX: i64 = 200;
 pub const RECOVER_PAGE_DEFAULT: i64 = 50;

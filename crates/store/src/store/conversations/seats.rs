@@ -8,7 +8,7 @@ use uuid::Uuid;
 use super::{SeatRole, SeatState};
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
-use crate::store::{self, messages};
+use crate::store::{self, messaging::messages};
 
 /// Invited plus active seats one conversation may hold.
 pub const MEMBERS_MAX: i64 = 200;

@@ -236,7 +236,7 @@ pub(super) async fn transfer_complete(
     .await?
     .rows_affected();
     // Receipts moved onto a seat the inbox top-up may have walked already
-    // (`store::inbox`): it walks that seat again from what is owed.
+    // (`store::conversations::inbox`): it walks that seat again from what is owed.
     sqlx::query("DELETE FROM inbox_topup_marks WHERE team_id = $1 AND member_id = $2")
         .bind(me.team_id)
         .bind(new_id)

@@ -16,9 +16,9 @@ use super::row::{TaskRow, emit, no_such_task};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
-use crate::store::attachments::TEAM_QUOTA_DEFAULT_BYTES;
-use crate::store::sessions::Refusal;
-use crate::store::usage;
+use crate::store::identity::sessions::Refusal;
+use crate::store::messaging::attachments::TEAM_QUOTA_DEFAULT_BYTES;
+use crate::store::operations::usage;
 
 /// A change `task_change` makes to one task.
 #[derive(Clone, Copy)]

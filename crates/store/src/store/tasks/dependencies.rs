@@ -34,7 +34,7 @@ use super::transition::finish;
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
-use crate::store::{address, sessions, window_phrase};
+use crate::store::{address, identity::sessions, window_phrase};
 
 /// The ids of the tasks `keys` names, in the order given; refuses a missing
 /// or cancelled one. `nothing` ends the refusal ("Nothing was created.").

@@ -15,7 +15,7 @@ use super::{NewTask, Task, dependencies};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
-use crate::store::{at, sessions, usage, window_phrase};
+use crate::store::{at, identity::sessions, operations::usage, window_phrase};
 
 /// `create_task`: the task, its dependency rows and its `created` event in one
 /// transaction. A missing dependency or a taken key writes nothing.

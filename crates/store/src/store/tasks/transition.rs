@@ -19,7 +19,7 @@ use super::row::{TaskRow, emit, lock_task, read_task, record_event};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::BusResult;
-use crate::store::sessions;
+use crate::store::identity::sessions;
 
 /// One statement changing the locked task row, its values bound.
 pub(super) type Update = Query<'static, Postgres, PgArguments>;

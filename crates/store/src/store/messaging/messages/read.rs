@@ -1,0 +1,525 @@
+//! Reading messages: pages by scope, the per-window cursors `only_new`
+//! moves, and the unread direct messages `whoami` and waits report.
+//!
+//! Every read is an index range on `position` (see migration 0021): a scope
+//! is one or a few branches (the team's channel messages, one channel, the
+//! DMs to this agent, the DMs it sent), each walked in position order from
+//! the cursor (or back from the newest) and cut at the page, then merged. So
+//! a read costs its page, not the team's history. An `only_new` page also
+//! lists, in the same snapshot, the team's positions missing between the
+//! cursor and the page's newest; if there are any, the read waits for their
+//! writers (`message_positions_wait`, migration 0031: its own team's only)
+//! and reads again up to the same newest position (module overview).
+//!
+//! A read is one statement, without a transaction around it: the write
+//! fence, the cursor, the page, its gaps and the cursor's move (a compare and
+//! set on the position the statement read, so two reads of the same window
+//! and scope never hand out the same page twice). A read that finds nothing
+//! new writes nothing; the wait for a gap's writer is a statement of its own.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+use serde::Serialize;
+use sqlx::{FromRow, PgPool, Row};
+use uuid::Uuid;
+
+use super::{MessageView, check_limit};
+use crate::Bus;
+use crate::auth::Identity;
+use crate::error::{BusError, BusResult};
+use crate::store::{identity::sessions, messaging::channels};
+
+/// Counts of unread messages stop here: past it the answer is "at least".
+pub const UNREAD_COUNT_CAP: i64 = 1000;
+/// Counts made once per channel (list_channels' unread, team_digest's
+/// messages) stop here, so a call walks at most this many entries a channel.
+pub const CHANNEL_COUNT_CAP: i64 = 100;
+
+/// Branches of a scope: each selects `id, position` of what a window may read.
+/// Binds: $1 team, $2 agent, $3 channel, $5 window ($4, all_sessions, picks
+/// the branches instead).
+const TEAM_CHANNELS: &str = "SELECT id, position FROM messages
+     WHERE team_id = $1 AND channel_id IS NOT NULL";
+const ONE_CHANNEL: &str = "SELECT id, position FROM messages
+     WHERE team_id = $1 AND channel_id = $3";
+/// Its suffix orders by `recipient_session` too (constant here), so the
+/// planner walks the window index instead of filtering the agent's.
+const DMS_TO_EVERY_WINDOW: &str = "SELECT id, position FROM messages
+     WHERE team_id = $1 AND recipient_id = $2 AND recipient_session IS NULL";
+const DMS_TO_THIS_WINDOW: &str = "SELECT id, position FROM messages
+     WHERE team_id = $1 AND recipient_id = $2 AND recipient_session = $5";
+const DMS_TO_THE_AGENT: &str = "SELECT id, position FROM messages
+     WHERE team_id = $1 AND recipient_id = $2";
+const DMS_FROM_THIS_WINDOW: &str = "SELECT id, position FROM messages
+     WHERE team_id = $1 AND recipient_id IS NOT NULL AND sender_id = $2 AND sender_session = $5";
+const DMS_FROM_THE_AGENT: &str = "SELECT id, position FROM messages
+     WHERE team_id = $1 AND recipient_id IS NOT NULL AND sender_id = $2";
+
+/// `only_new`: past the cursor (read in the same statement) and at most $8,
+/// not this window's own posts, oldest first, at most the page ($7).
+const PAST_CURSOR: &str = " AND position > (SELECT after FROM cursor) AND position <= $8
+     AND NOT (sender_id = $2 AND sender_session = $5)
+     ORDER BY {key} position LIMIT $7";
+/// The latest page ($7), newest first.
+const LATEST: &str = " ORDER BY {key_desc} position DESC LIMIT $7";
+
+/// The write fence (`agent_write_refusal`, migration 0016) as the first `WITH`
+/// item of a read: its function takes the lock and reads the credential in a
+/// snapshot of its own, so a revocation committed while it waited is seen.
+/// Binds: $1 team, $2 agent, $10 token, $11 window credential, $12 epoch.
+const FENCE: &str = "fence AS MATERIALIZED (
+         SELECT refusal, session_epoch, refused_since
+         FROM agent_write_refusal($1, $2, $10, $11, $12, false))";
+
+/// This window's cursor for the scope ($6): the last position read (0 before
+/// the first read) and whether the row exists.
+const CURSOR: &str = "cursor AS MATERIALIZED (
+         SELECT coalesce(max(last_position), 0) AS after, count(*) AS found
+         FROM read_cursors WHERE team_id = $1 AND agent_id = $2 AND session = $5 AND scope = $6)";
+
+/// After the page and its gaps: the cursor moves to the page's newest
+/// position, only if the fence let the read through, nothing is missing below
+/// that position, and the cursor is still where this statement read it
+/// (`moved` says whether it did: another read of the same window and scope may
+/// have moved it meanwhile, and then this one reads again from there). A first
+/// read creates the cursor even when there is nothing to read. A read that
+/// finds nothing new writes nothing.
+const MOVE_CURSOR: &str = "settled AS (
+         SELECT max(position) AS newest FROM page
+         WHERE (SELECT refusal FROM fence) IS NULL AND (SELECT gaps FROM gaps) = '{}'),
+     moved AS (
+         UPDATE read_cursors r SET last_position = s.newest, updated_at = now()
+         FROM settled s
+         WHERE r.team_id = $1 AND r.agent_id = $2 AND r.session = $5 AND r.scope = $6
+           AND s.newest IS NOT NULL AND r.last_position = (SELECT after FROM cursor)
+         RETURNING 1),
+     created AS (
+         INSERT INTO read_cursors (team_id, agent_id, session, scope, last_position)
+         SELECT $1, $2, $5, $6, coalesce(s.newest, 0) FROM settled s
+         WHERE (SELECT found FROM cursor) = 0 AND (SELECT refusal FROM fence) IS NULL
+         ON CONFLICT DO NOTHING
+         RETURNING 1)";
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum ScopeKind {
+    All,
+    Inbox,
+    Channel,
+}
+
+/// The branches of one read, each an index range of its own (a generic plan
+/// cannot drop an OR branch that a bound flag turns off, nor walk two
+/// indexes in one order). `all_sessions` reads the DMs of every window of
+/// the agent; otherwise this window's and those to the whole agent.
+fn branches(scope: ScopeKind, only_new: bool, all_sessions: bool) -> Vec<&'static str> {
+    let mut branches = Vec::new();
+    match scope {
+        ScopeKind::Channel => return vec![ONE_CHANNEL],
+        ScopeKind::All => branches.push(TEAM_CHANNELS),
+        ScopeKind::Inbox => {}
+    }
+    if all_sessions {
+        branches.push(DMS_TO_THE_AGENT);
+    } else {
+        branches.extend([DMS_TO_EVERY_WINDOW, DMS_TO_THIS_WINDOW]);
+    }
+    if !only_new {
+        branches.push(if all_sessions {
+            DMS_FROM_THE_AGENT
+        } else {
+            DMS_FROM_THIS_WINDOW
+        });
+    }
+    branches
+}
+
+/// The page of one read: the branches' pages merged (UNION: a DM an agent
+/// sent itself is in two branches), cut to the page.
+fn page_sql(only_new: bool, scope: ScopeKind, all_sessions: bool) -> String {
+    let suffix = if only_new { PAST_CURSOR } else { LATEST };
+    let union: Vec<String> = branches(scope, only_new, all_sessions)
+        .iter()
+        .map(|branch| {
+            let (key, key_desc) = if *branch == DMS_TO_EVERY_WINDOW {
+                ("recipient_session,", "recipient_session DESC,")
+            } else {
+                ("", "")
+            };
+            let suffix = suffix.replace("{key}", key).replace("{key_desc}", key_desc);
+            format!("({branch}{suffix})")
+        })
+        .collect();
+    let direction = if only_new { "" } else { " DESC" };
+    format!(
+        "SELECT {columns}
+         WHERE m.team_id = $1 AND m.id IN (
+             SELECT id FROM ({union}) picked ORDER BY position{direction} LIMIT $7)",
+        columns = view_columns!(),
+        union = union.join(" UNION "),
+    )
+}
+
+/// The statement for one read, in one round trip: the fence, then the page
+/// in position order, each row beside the fence's answer (one row of NULL
+/// message columns when the page is empty). `only_new` also reads the cursor,
+/// lists the team's positions missing between $9 (below it every position is
+/// settled) and the page's newest, in the same snapshot as the page, and
+/// moves the cursor (`MOVE_CURSOR`).
+fn read_sql(only_new: bool, scope: ScopeKind, all_sessions: bool) -> String {
+    let page = page_sql(only_new, scope, all_sessions);
+    if !only_new {
+        return format!(
+            "WITH {FENCE}, page AS ({page})
+             SELECT f.refusal, f.session_epoch, f.refused_since, p.*
+             FROM fence f LEFT JOIN page p ON true ORDER BY p.position"
+        );
+    }
+    format!(
+        "WITH {FENCE}, {CURSOR},
+              page AS MATERIALIZED ({page}),
+              gaps AS MATERIALIZED (
+                  SELECT coalesce(array_agg(g.p ORDER BY g.p), '{{}}') AS gaps
+                  FROM generate_series(greatest((SELECT after FROM cursor), $9) + 1,
+                                       (SELECT max(position) FROM page)) AS g(p)
+                  WHERE NOT EXISTS (SELECT 1 FROM messages x
+                                    WHERE x.team_id = $1 AND x.position = g.p)),
+              {MOVE_CURSOR}
+         SELECT f.refusal, f.session_epoch, f.refused_since, p.*, g.gaps,
+                (SELECT count(*) FROM moved) + (SELECT count(*) FROM created) AS moved
+         FROM fence f LEFT JOIN (page p CROSS JOIN gaps g) ON true
+         ORDER BY p.position"
+    )
+}
+
+/// What one read statement answered.
+struct Page {
+    messages: Vec<MessageView>,
+    /// `only_new`: the team's positions missing below the page's newest.
+    gaps: Vec<i64>,
+    /// `only_new`: whether this statement moved (or created) the cursor.
+    moved: bool,
+}
+
+/// Per team, a position at or below which every position is settled
+/// (committed, or gone for good): what some read of this process saw
+/// settled. A fact that stays true, so a read starts its gap check here when
+/// its cursor is further behind (a sparse scope in a busy team), and a
+/// process that has not seen the team yet starts from the cursor.
+fn settled() -> &'static Mutex<HashMap<Uuid, i64>> {
+    static SETTLED: OnceLock<Mutex<HashMap<Uuid, i64>>> = OnceLock::new();
+    SETTLED.get_or_init(Default::default)
+}
+
+fn settled_through(team: Uuid) -> i64 {
+    let settled = settled().lock().unwrap_or_else(|e| e.into_inner());
+    settled.get(&team).copied().unwrap_or(0)
+}
+
+fn settle(team: Uuid, through: i64) {
+    let mut settled = settled().lock().unwrap_or_else(|e| e.into_inner());
+    let at = settled.entry(team).or_insert(0);
+    *at = (*at).max(through);
+}
+
+/// What `read_messages` reads.
+#[derive(Clone, Debug)]
+pub struct ReadRequest {
+    /// `all`, `inbox`, or a channel name.
+    pub scope: String,
+    pub only_new: bool,
+    pub limit: Option<i64>,
+    /// Include direct messages addressed to this agent's other windows.
+    pub all_sessions: bool,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ReadResult {
+    pub scope: String,
+    pub messages: Vec<MessageView>,
+    /// True when the page was full: more may be waiting, read again.
+    pub more: bool,
+}
+
+/// One read's statement and what it binds besides its bounds.
+struct Reader<'a> {
+    me: &'a Identity,
+    sql: String,
+    scope: &'a str,
+    channel_id: Option<Uuid>,
+    all_sessions: bool,
+    only_new: bool,
+    limit: i64,
+}
+
+impl Reader<'_> {
+    /// Run the statement once: reads at most up to `through`, with every
+    /// position up to `settled` known settled. A refused fence is the error.
+    async fn run(&self, pool: &PgPool, through: i64, settled: i64) -> BusResult<Page> {
+        let me = self.me;
+        let rows = sqlx::query(sqlx::AssertSqlSafe(self.sql.clone()))
+            .bind(me.team_id)
+            .bind(me.agent_id)
+            .bind(self.channel_id)
+            .bind(self.all_sessions)
+            .bind(&me.window)
+            .bind(self.scope)
+            .bind(self.limit)
+            .bind(through)
+            .bind(settled)
+            .bind(me.token_id)
+            .bind(me.session_credential.map(|w| w.session_id))
+            .bind(me.session_credential.map(|w| w.epoch))
+            .fetch_all(pool)
+            .await?;
+        let Some(first) = rows.first() else {
+            return Err(BusError::Db(sqlx::Error::Protocol(
+                "read_messages returned no row".into(),
+            )));
+        };
+        sessions::Refusal::from_row(first)?.check(me)?;
+        let mut page = Page {
+            messages: Vec::with_capacity(rows.len()),
+            gaps: Vec::new(),
+            moved: false,
+        };
+        for row in &rows {
+            if row.try_get::<Option<Uuid>, _>("id")?.is_none() {
+                continue;
+            }
+            page.messages.push(MessageView::from_row(row)?);
+        }
+        if self.only_new {
+            page.gaps = first
+                .try_get::<Option<Vec<i64>>, _>("gaps")?
+                .unwrap_or_default();
+            page.moved = first.try_get::<i64, _>("moved")? > 0;
+        }
+        Ok(page)
+    }
+
+    /// `only_new`: the page past the cursor, the cursor moved past it. A
+    /// position missing below the page's newest may still commit: wait for
+    /// its writer (of this team only), then read again up to the same newest
+    /// position, now all settled. If another read of the same window and
+    /// scope moved the cursor first, read again from where it left it.
+    async fn read_new(&self, pool: &PgPool) -> BusResult<Vec<MessageView>> {
+        let team = self.me.team_id;
+        let (mut through, mut settled) = (i64::MAX, settled_through(team));
+        loop {
+            let page = self.run(pool, through, settled).await?;
+            if !page.gaps.is_empty() {
+                let newest = page.messages.last().map_or(0, |m| m.position);
+                sqlx::query("SELECT message_positions_wait($1, $2)")
+                    .bind(team)
+                    .bind(&page.gaps)
+                    .execute(pool)
+                    .await?;
+                (through, settled) = (newest, newest);
+                continue;
+            }
+            let Some(last) = page.messages.last() else {
+                return Ok(page.messages);
+            };
+            if page.moved {
+                settle(team, last.position);
+                return Ok(page.messages);
+            }
+            (through, settled) = (i64::MAX, settled_through(team));
+        }
+    }
+}
+
+/// `read_messages`. With `only_new`, returns what came after this window's
+/// cursor for the scope (oldest first) and advances it; without, the latest
+/// page, leaving the cursor alone. Either is one statement, which takes the
+/// write fence first (moving a cursor is a mutation: a revoked or stale
+/// window reads and moves nothing).
+pub async fn read(bus: &Bus, me: &Identity, request: ReadRequest) -> BusResult<ReadResult> {
+    let limit = check_limit(request.limit)?;
+    let scope_raw = request.scope.trim();
+    let (scope, scope_kind, channel_name) = match scope_raw.to_ascii_lowercase().as_str() {
+        "" | "all" => ("all".to_string(), ScopeKind::All, None),
+        "inbox" => ("inbox".to_string(), ScopeKind::Inbox, None),
+        _ => {
+            let name = channels::normalize_name(scope_raw)?;
+            (format!("#{name}"), ScopeKind::Channel, Some(name))
+        }
+    };
+    let channel_id = match &channel_name {
+        Some(name) => match channels::find(bus, me, name).await? {
+            Some(channel) => Some(channel.id),
+            None => {
+                return Err(BusError::not_found(format!(
+                    "no channel `{name}` in your team. list_channels shows them."
+                )));
+            }
+        },
+        None => None,
+    };
+
+    let reader = Reader {
+        me,
+        // Built from this file's constants only, never from input.
+        sql: read_sql(request.only_new, scope_kind, request.all_sessions),
+        scope: &scope,
+        channel_id,
+        all_sessions: request.all_sessions,
+        only_new: request.only_new,
+        limit,
+    };
+    let messages = if request.only_new {
+        reader.read_new(&bus.pool).await?
+    } else {
+        reader.run(&bus.pool, i64::MAX, 0).await?.messages
+    };
+    Ok(ReadResult {
+        more: messages.len() as i64 == limit,
+        scope,
+        messages,
+    })
+}
+
+/// The direct messages to this window that it has not read yet: past both
+/// its `inbox` and its `all` cursor (either read consumes them), the oldest
+/// `$4`, from the two window indexes (to the whole agent, to this window).
+/// Binds: $1 team, $2 agent, $3 window, $4 how many.
+macro_rules! unread_dm_ids {
+    () => {
+        "SELECT id, position FROM (
+             (SELECT id, position FROM messages
+              WHERE team_id = $1 AND recipient_id = $2 AND recipient_session IS NULL
+                AND position > (SELECT since FROM cursor)
+                AND NOT (sender_id = $2 AND sender_session = $3)
+              ORDER BY recipient_session, position LIMIT $4)
+             UNION ALL
+             (SELECT id, position FROM messages
+              WHERE team_id = $1 AND recipient_id = $2 AND recipient_session = $3
+                AND position > (SELECT since FROM cursor)
+                AND NOT (sender_id = $2 AND sender_session = $3)
+              ORDER BY position LIMIT $4)) unread
+         ORDER BY position LIMIT $4"
+    };
+}
+
+/// The cursor [`unread_dm_ids`] reads past, as a `WITH` item.
+macro_rules! unread_dm_cursor {
+    () => {
+        "WITH cursor AS (
+             SELECT coalesce(max(last_position), 0) AS since FROM read_cursors
+             WHERE team_id = $1 AND agent_id = $2 AND session = $3 AND scope IN ('inbox', 'all')) "
+    };
+}
+
+/// A count that stops at a cap: `at_least` says it stopped there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct BoundedCount {
+    pub count: i64,
+    pub at_least: bool,
+}
+
+impl BoundedCount {
+    /// From a count of at most `cap + 1` rows.
+    pub fn of(counted: i64, cap: i64) -> Self {
+        BoundedCount {
+            count: counted.min(cap),
+            at_least: counted > cap,
+        }
+    }
+}
+
+/// The statement [`unread_direct`] runs, as text for a read model that puts
+/// the count beside other columns of one statement (`whoami`): a `WITH` item
+/// and a scalar subquery. Binds: $1 team, $2 agent, $3 window, $4 the cap + 1.
+pub(crate) const UNREAD_DM_CURSOR: &str = unread_dm_cursor!();
+pub(crate) const UNREAD_DM_COUNT: &str =
+    concat!("(SELECT count(*) FROM (", unread_dm_ids!(), ") counted)");
+
+/// How many direct messages this window has not read, for `whoami`; counts
+/// stop at [`UNREAD_COUNT_CAP`].
+pub async fn unread_direct(bus: &Bus, me: &Identity) -> BusResult<BoundedCount> {
+    let counted: i64 = sqlx::query_scalar(concat!(
+        unread_dm_cursor!(),
+        "SELECT count(*) FROM (",
+        unread_dm_ids!(),
+        ") counted"
+    ))
+    .bind(me.team_id)
+    .bind(me.agent_id)
+    .bind(&me.window)
+    .bind(UNREAD_COUNT_CAP + 1)
+    .fetch_one(&bus.pool)
+    .await?;
+    Ok(BoundedCount::of(counted, UNREAD_COUNT_CAP))
+}
+
+/// The oldest `limit` unread direct messages of this window; no cursor moves.
+pub async fn unread_direct_messages(
+    bus: &Bus,
+    me: &Identity,
+    limit: i64,
+) -> BusResult<Vec<MessageView>> {
+    Ok(sqlx::query_as(concat!(
+        unread_dm_cursor!(),
+        "SELECT ",
+        view_columns!(),
+        " WHERE m.team_id = $1 AND m.id IN (SELECT id FROM (",
+        unread_dm_ids!(),
+        ") unread) ORDER BY m.position"
+    ))
+    .bind(me.team_id)
+    .bind(me.agent_id)
+    .bind(&me.window)
+    .bind(limit)
+    .fetch_all(&bus.pool)
+    .await?)
+}
+
+/// The messages among `ids` this window may see (for wait summaries).
+pub async fn visible(bus: &Bus, me: &Identity, ids: &[Uuid]) -> BusResult<Vec<MessageView>> {
+    Ok(sqlx::query_as(concat!(
+        "SELECT ",
+        view_columns!(),
+        " WHERE m.team_id = $1 AND m.id = ANY($4)
+           AND (m.channel_id IS NOT NULL
+                OR (m.recipient_id = $2 AND (m.recipient_session IS NULL OR m.recipient_session = $3)))
+         ORDER BY m.position"
+    ))
+    .bind(me.team_id)
+    .bind(me.agent_id)
+    .bind(&me.window)
+    .bind(ids)
+    .fetch_all(&bus.pool)
+    .await?)
+}
+
+/// The first reply to `question_id` that answers this window's `ask_agent`
+/// question: addressed to this window (or its whole agent) and sent by the
+/// agent the question was addressed to, from any of its windows. A reply to
+/// the question id from anyone else is an ordinary direct message: it stays
+/// in the inbox and never ends the wait.
+pub async fn answer_to(
+    bus: &Bus,
+    me: &Identity,
+    question_id: Uuid,
+) -> BusResult<Option<MessageView>> {
+    // The answerer is read from the question row itself, so a fresh ask and
+    // a resumed one apply the same rule.
+    Ok(sqlx::query_as(concat!(
+        "SELECT ",
+        view_columns!(),
+        " JOIN messages q ON q.team_id = m.team_id AND q.id = m.reply_to
+          WHERE m.team_id = $1 AND m.reply_to = $2 AND m.recipient_id = $3
+            AND (m.recipient_session IS NULL OR m.recipient_session = $4)
+            AND q.is_question AND q.sender_id = $3 AND q.sender_session = $4
+            AND m.sender_id = q.recipient_id
+            AND m.sender_id <> $3
+          ORDER BY m.position LIMIT 1"
+    ))
+    .bind(me.team_id)
+    .bind(question_id)
+    .bind(me.agent_id)
+    .bind(&me.window)
+    .fetch_optional(&bus.pool)
+    .await?)
+}

@@ -1,0 +1,11 @@
+//! A team's traffic outside conversations: channels and messages, direct messages and questions, waits, presence, notes, attachments, locks, and the reads over them (`pending_for_me`, `whoami`'s overview, `team_digest`).
+
+pub mod attachments;
+pub mod channels;
+pub mod locks;
+pub mod messages;
+pub mod notes;
+pub mod overview;
+pub mod pending;
+pub mod presence;
+pub mod waits;

@@ -1,0 +1,337 @@
+//! Overviews: `whoami`'s pending work and `team_digest`.
+//!
+//! The digest is a fixed handful of queries whatever the team's size: one for
+//! channel activity (a window function keeps the last few per channel), one
+//! each for tasks, notes and agents. Its cost follows the activity in the
+//! period, never the number of channels. It never shows direct messages or
+//! private conversation bodies.
+
+use std::sync::LazyLock;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::Bus;
+use crate::auth::Identity;
+use crate::error::BusResult;
+use crate::store::{messaging::channels, messaging::messages};
+
+pub const DIGEST_HOURS_MAX: i32 = 336;
+pub const DIGEST_HOURS_DEFAULT: i32 = 24;
+const LATEST_PER_CHANNEL: i64 = 3;
+const DIGEST_LIST_MAX: i64 = 50;
+/// A channel's messages in the period are counted among its newest this
+/// many + 1, so every active channel costs the same few index entries
+/// whatever its traffic; past it the count says "at least". Lower than
+/// `list_channels`' unread cap: a digest tells where the activity is, and
+/// its cost is this cap times the team's active channels.
+pub const DIGEST_COUNT_CAP: i64 = 10;
+const PREVIEW_CHARS: i32 = 280;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct WhoAmI {
+    pub agent: String,
+    pub agent_id: Uuid,
+    pub team: String,
+    pub team_id: Uuid,
+    /// The window label; empty for the agent's shared session.
+    pub session: String,
+    /// How other agents reach exactly this caller: `agent` or `agent/session`.
+    pub address: String,
+    /// `agent_token`, or `session` for a session credential.
+    pub credential: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<i64>,
+    /// This window's discovery labels (from heartbeat).
+    pub project: Option<String>,
+    pub role: Option<String>,
+    /// Where post_message goes without `channel` or `to`.
+    pub default_channel: Option<String>,
+    /// Unread direct messages to this window, counted up to 1000.
+    pub unread_direct_messages: i64,
+    /// True when the count stopped at 1000: there are at least that many.
+    pub unread_direct_messages_at_least: bool,
+    /// Tasks this window holds with a live lease.
+    pub open_claimed_tasks: i64,
+}
+
+pub async fn whoami(bus: &Bus, me: &Identity) -> BusResult<WhoAmI> {
+    // One statement, one round trip: the window's labels (for both the
+    // answer and the default channel), its unread direct messages (counted
+    // as `unread_direct` counts them) and its live claims.
+    #[derive(sqlx::FromRow)]
+    struct Reads {
+        project: Option<String>,
+        role: Option<String>,
+        unread: i64,
+        claimed: i64,
+    }
+    static WHOAMI: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "{cursor} SELECT p.project, p.role, {unread} AS unread,
+                    (SELECT count(*) FROM tasks t
+                      WHERE t.team_id = $1 AND t.holder_agent_id = $2 AND t.holder_session = $3
+                        AND t.status = 'claimed' AND t.lease_expires_at > now()) AS claimed
+             FROM (SELECT 1) one
+             LEFT JOIN presence p ON p.team_id = $1 AND p.agent_id = $2 AND p.session = $3",
+            cursor = messages::UNREAD_DM_CURSOR,
+            unread = messages::UNREAD_DM_COUNT,
+        )
+    });
+    let reads: Reads = sqlx::query_as(WHOAMI.as_str())
+        .bind(me.team_id)
+        .bind(me.agent_id)
+        .bind(&me.window)
+        .bind(messages::UNREAD_COUNT_CAP + 1)
+        .fetch_one(&bus.pool)
+        .await?;
+    let (project, role) = (reads.project, reads.role);
+    let default_channel = messages::default_channel_of(project.clone(), me);
+    let unread = messages::BoundedCount::of(reads.unread, messages::UNREAD_COUNT_CAP);
+    let open_claimed_tasks = reads.claimed;
+    Ok(WhoAmI {
+        agent: me.agent.clone(),
+        agent_id: me.agent_id,
+        team: me.team.clone(),
+        team_id: me.team_id,
+        session: me.window.clone(),
+        address: me.address(),
+        credential: if me.session_credential.is_some() {
+            "session"
+        } else {
+            "agent_token"
+        },
+        epoch: me.session_credential.map(|w| w.epoch),
+        project,
+        role,
+        default_channel,
+        unread_direct_messages: unread.count,
+        unread_direct_messages_at_least: unread.at_least,
+        open_claimed_tasks,
+    })
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Digest {
+    pub hours: i32,
+    pub since: DateTime<Utc>,
+    /// The channel the digest focuses on (None: no focus, or all_channels).
+    pub focus: Option<String>,
+    pub all_channels: bool,
+    pub channels: Vec<ChannelActivity>,
+    pub tasks: Vec<TaskMove>,
+    pub notes: Vec<NoteChange>,
+    pub agents_seen: Vec<AgentSeen>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ChannelActivity {
+    pub channel: String,
+    /// Messages counted in the period (outside the focus: announcements
+    /// only), among the channel's newest [`DIGEST_COUNT_CAP`] + 1:
+    /// counting stops at the cap.
+    pub messages: i64,
+    /// True when counting stopped at the cap: at least that many.
+    pub messages_at_least: bool,
+    pub latest: Vec<DigestMessage>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DigestMessage {
+    pub id: Uuid,
+    pub from: String,
+    pub preview: String,
+    pub announce: bool,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct TaskMove {
+    pub key: String,
+    pub title: String,
+    /// Current status; a lapsed claim reads as `open`.
+    pub status: String,
+    /// The latest event in the period: created, claimed, renewed, released, completed, cancelled.
+    pub last_event: String,
+    pub by: String,
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct NoteChange {
+    pub scope: String,
+    pub key: String,
+    pub revision: i64,
+    pub deleted: bool,
+    pub by: String,
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct AgentSeen {
+    pub agent: String,
+    pub windows: i64,
+    pub last_seen_at: DateTime<Utc>,
+}
+
+/// `team_digest {hours, all_channels}`.
+pub async fn team_digest(
+    bus: &Bus,
+    me: &Identity,
+    hours: Option<i32>,
+    all_channels: bool,
+) -> BusResult<Digest> {
+    let hours = crate::store::limits::within(
+        "hours",
+        hours.unwrap_or(DIGEST_HOURS_DEFAULT),
+        1..=DIGEST_HOURS_MAX,
+        " (two weeks)",
+        "",
+    )?;
+    let focus = if all_channels {
+        None
+    } else {
+        messages::default_channel(bus, me).await?
+    };
+    let focus_id = match &focus {
+        Some(name) => channels::find(bus, me, name).await?.map(|c| c.id),
+        None => None,
+    };
+    let since: DateTime<Utc> = sqlx::query_scalar("SELECT now() - make_interval(hours => $1)")
+        .bind(hours)
+        .fetch_one(&bus.pool)
+        .await?;
+
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        channel: String,
+        total: i64,
+        id: Uuid,
+        from: String,
+        preview: String,
+        announce: bool,
+        created_at: DateTime<Utc>,
+    }
+    // Bounded by the page: only channels whose newest message (by the
+    // position index) is in the period, and in each only its newest
+    // DIGEST_COUNT_CAP + 1 messages, walked back on the channel's position
+    // index (which carries created_at and announce), are counted and shown.
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT c.name AS channel, latest.total, m.id, left(m.body, $5) AS preview, m.announce,
+                m.created_at,
+                CASE WHEN m.sender_session = '' THEN s.name ELSE s.name || '/' || m.sender_session END AS \"from\"
+         FROM channels c
+         CROSS JOIN LATERAL (
+             SELECT newest.position, count(*) OVER () AS total,
+                    row_number() OVER (ORDER BY newest.position DESC) AS rn
+             FROM (SELECT w.position, w.created_at, w.announce FROM messages w
+                   WHERE w.team_id = c.team_id AND w.channel_id = c.id
+                   ORDER BY w.position DESC LIMIT $7) newest
+             WHERE newest.created_at > $2 AND ($3 OR c.id = $4 OR newest.announce)) latest
+         JOIN messages m ON m.team_id = c.team_id AND m.position = latest.position
+         JOIN agents s ON s.team_id = m.team_id AND s.id = m.sender_id
+         WHERE c.team_id = $1 AND latest.rn <= $6
+           AND (SELECT n.created_at FROM messages n
+                 WHERE n.team_id = c.team_id AND n.channel_id = c.id
+                 ORDER BY n.position DESC LIMIT 1) > $2
+         ORDER BY c.name, latest.position",
+    )
+    .bind(me.team_id)
+    .bind(since)
+    .bind(all_channels)
+    .bind(focus_id)
+    .bind(PREVIEW_CHARS)
+    .bind(LATEST_PER_CHANNEL)
+    .bind(DIGEST_COUNT_CAP + 1)
+    .fetch_all(&bus.pool)
+    .await?;
+    let mut channel_activity: Vec<ChannelActivity> = Vec::new();
+    for row in rows {
+        if channel_activity
+            .last()
+            .is_none_or(|c| c.channel != row.channel)
+        {
+            channel_activity.push(ChannelActivity {
+                channel: row.channel.clone(),
+                messages: row.total.min(DIGEST_COUNT_CAP),
+                messages_at_least: row.total > DIGEST_COUNT_CAP,
+                latest: Vec::new(),
+            });
+        }
+        if let Some(current) = channel_activity.last_mut() {
+            current.latest.push(DigestMessage {
+                id: row.id,
+                from: row.from,
+                preview: row.preview,
+                announce: row.announce,
+                created_at: row.created_at,
+            });
+        }
+    }
+
+    // Bounded by the page: the team's newest $3 task moves, walked on their
+    // update-time index, then each task's latest event in the period. The
+    // page is taken before the events are joined: every write that sets
+    // updated_at records an event in the same transaction, so each of these
+    // tasks has one; joined first, the planner read the events of every
+    // task moved in the period (13.6 ms against 0.46 on the history
+    // benchmark's large team, issue 34).
+    let tasks: Vec<TaskMove> = sqlx::query_as(
+        "SELECT t.key, t.title,
+                CASE WHEN t.status = 'claimed' AND t.lease_expires_at <= now() THEN 'open' ELSE t.status END
+                    AS status,
+                e.kind AS last_event, e.at,
+                CASE WHEN e.session = '' THEN a.name ELSE a.name || '/' || e.session END AS by
+         FROM (SELECT id, team_id, key, title, status, lease_expires_at FROM tasks
+               WHERE team_id = $1 AND updated_at > $2
+               ORDER BY updated_at DESC LIMIT $3) t
+         CROSS JOIN LATERAL (
+             SELECT kind, at, session, agent_id FROM task_events
+             WHERE team_id = t.team_id AND task_id = t.id AND at > $2
+             ORDER BY at DESC, id DESC LIMIT 1) e
+         JOIN agents a ON a.team_id = t.team_id AND a.id = e.agent_id
+         ORDER BY e.at DESC",
+    )
+    .bind(me.team_id)
+    .bind(since)
+    .bind(DIGEST_LIST_MAX)
+    .fetch_all(&bus.pool)
+    .await?;
+
+    let notes: Vec<NoteChange> = sqlx::query_as(
+        "SELECT n.scope, n.key, n.revision, n.deleted_at IS NOT NULL AS deleted, n.updated_at AS at,
+                CASE WHEN n.updated_by_session = '' THEN a.name ELSE a.name || '/' || n.updated_by_session END AS by
+         FROM notes n JOIN agents a ON a.team_id = n.team_id AND a.id = n.updated_by_agent_id
+         WHERE n.team_id = $1 AND n.updated_at > $2
+         ORDER BY n.updated_at DESC LIMIT $3",
+    )
+    .bind(me.team_id)
+    .bind(since)
+    .bind(DIGEST_LIST_MAX)
+    .fetch_all(&bus.pool)
+    .await?;
+
+    let agents_seen: Vec<AgentSeen> = sqlx::query_as(
+        "SELECT a.name AS agent, count(*) AS windows, max(p.last_seen_at) AS last_seen_at
+         FROM presence p JOIN agents a ON a.team_id = p.team_id AND a.id = p.agent_id
+         WHERE p.team_id = $1 AND p.last_seen_at > $2
+         GROUP BY a.name ORDER BY max(p.last_seen_at) DESC LIMIT $3",
+    )
+    .bind(me.team_id)
+    .bind(since)
+    .bind(DIGEST_LIST_MAX)
+    .fetch_all(&bus.pool)
+    .await?;
+
+    Ok(Digest {
+        hours,
+        since,
+        focus,
+        all_channels,
+        channels: channel_activity,
+        tasks,
+        notes,
+        agents_seen,
+    })
+}

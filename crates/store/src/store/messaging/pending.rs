@@ -1,0 +1,274 @@
+//! `pending_for_me`: what needs this window now, in one bounded call. Made
+//! for the moments a host lets a client speak to the model (a session
+//! start, a prompt, a stop), where a hook has a second or two and one round
+//! trip: unread direct messages (oldest first, without moving the read
+//! cursor), questions asked of this window that it has not answered,
+//! conversations owing its acknowledgement (and the oldest such messages,
+//! previewed), its tasks whose lease is about to lapse, and announcements
+//! since a time.
+//!
+//! Every list is cut to a few entries and every read walks a bounded slice
+//! of an index (the newest direct messages to the agent, the team's newest
+//! messages), so the cost does not grow with the team's history.
+//!
+//! Nothing here writes: reading what is pending marks nothing read.
+
+use chrono::{DateTime, Duration, Utc};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::Bus;
+use crate::auth::Identity;
+use crate::error::{BusError, BusResult};
+use crate::store::conversations::receipts::{self, Pending};
+use crate::store::messaging::messages::{self, BoundedCount};
+
+/// Unread direct messages shown (the count says how many there are).
+const DIRECT_SHOWN: i64 = 5;
+/// Open questions shown, found among the newest direct messages to the agent.
+const QUESTIONS_SHOWN: i64 = 10;
+const QUESTIONS_SCANNED: i64 = 200;
+/// Announcements shown, found among the team's newest messages.
+const ANNOUNCEMENTS_SHOWN: i64 = 5;
+const ANNOUNCEMENTS_SCANNED: i64 = 1_000;
+const CONVERSATIONS_SHOWN: i64 = 20;
+/// Conversation messages awaiting this window's acknowledgement, shown with
+/// a preview (the oldest first).
+const AWAITING_SHOWN: i64 = 5;
+const TASKS_SHOWN: i64 = 20;
+/// How much of a body a preview keeps (the queries' `left(m.body, 280)` too).
+const PREVIEW_CHARS: usize = 280;
+/// `lease_within_seconds`: default and bounds.
+pub const LEASE_WITHIN_DEFAULT: i64 = 300;
+const LEASE_WITHIN_MAX: i64 = 86_400;
+/// `since` reaches back at most this far.
+const SINCE_MAX: Duration = Duration::days(7);
+
+/// A message, shortened.
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct Preview {
+    pub message_id: Uuid,
+    pub from: String,
+    /// The channel, for an announcement.
+    pub channel: Option<String>,
+    pub at: DateTime<Utc>,
+    /// The body's first 280 characters.
+    pub preview: String,
+    /// True when the body is longer than the preview.
+    pub truncated: bool,
+}
+
+/// A conversation message addressed to this window, not yet acknowledged.
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct AwaitingAck {
+    pub message_id: Uuid,
+    pub conversation_id: Uuid,
+    pub title: String,
+    pub seq: i64,
+    pub from: String,
+    pub at: DateTime<Utc>,
+    /// The body's first 280 characters; None when the body is not held here
+    /// (on the broker, or tombstoned): read it with read_conversation.
+    pub preview: Option<String>,
+}
+
+/// A task of this window whose lease is about to lapse.
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct ExpiringTask {
+    pub key: String,
+    pub title: String,
+    pub lease_expires_at: DateTime<Utc>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PendingForMe {
+    /// How many direct messages this window has not read (capped like whoami's).
+    pub unread_direct_messages: BoundedCount,
+    /// The oldest of them (read_messages still returns them as new).
+    pub direct_messages: Vec<Preview>,
+    /// Questions (ask_agent) to this window or its whole agent that the
+    /// agent has not replied to, newest first.
+    pub open_questions: Vec<Preview>,
+    /// Conversations where this window owes acknowledgements.
+    pub conversations: Vec<Pending>,
+    /// The oldest conversation messages it has not acknowledged, with previews.
+    pub awaiting_ack: Vec<AwaitingAck>,
+    /// Tasks this window holds whose lease lapses within `lease_within_seconds`.
+    pub expiring_tasks: Vec<ExpiringTask>,
+    /// Announcements after `since`, newest first (none without `since`).
+    pub announcements: Vec<Preview>,
+}
+
+/// `pending_for_me`.
+pub async fn pending_for_me(
+    bus: &Bus,
+    me: &Identity,
+    since: Option<DateTime<Utc>>,
+    lease_within_seconds: Option<i64>,
+) -> BusResult<PendingForMe> {
+    let within = lease_within_seconds.unwrap_or(LEASE_WITHIN_DEFAULT);
+    if !(1..=LEASE_WITHIN_MAX).contains(&within) {
+        return Err(BusError::invalid(format!(
+            "lease_within_seconds must be 1..{LEASE_WITHIN_MAX}; got {within}. Omit it for \
+             {LEASE_WITHIN_DEFAULT} (leases lapsing in the next five minutes)."
+        )));
+    }
+    let now = Utc::now();
+    if since.is_some_and(|s| s > now + Duration::minutes(5)) {
+        return Err(BusError::invalid(
+            "since is in the future; give the time you last looked (RFC 3339), or omit it \
+             for no announcements",
+        ));
+    }
+    let since = since.map(|s| s.max(now - SINCE_MAX));
+    // One after another, as whoami does: at once they would hold several of
+    // the pool's connections for one call.
+    let unread = messages::unread_direct(bus, me).await?;
+    let direct_messages = if unread.count > 0 {
+        previews_of(bus, me, DIRECT_SHOWN).await?
+    } else {
+        Vec::new()
+    };
+    let open_questions = open_questions(bus, me).await?;
+    let conversations = receipts::owed_acknowledgements(bus, me, CONVERSATIONS_SHOWN).await?;
+    let awaiting_ack = if conversations.is_empty() {
+        Vec::new()
+    } else {
+        awaiting_ack(bus, me).await?
+    };
+    let expiring_tasks = expiring_tasks(bus, me, within).await?;
+    let announcements = match since {
+        Some(since) => announcements_since(bus, me, since).await?,
+        None => Vec::new(),
+    };
+    Ok(PendingForMe {
+        unread_direct_messages: unread,
+        direct_messages,
+        open_questions,
+        conversations,
+        awaiting_ack,
+        expiring_tasks,
+        announcements,
+    })
+}
+
+async fn previews_of(bus: &Bus, me: &Identity, limit: i64) -> BusResult<Vec<Preview>> {
+    let views = messages::unread_direct_messages(bus, me, limit).await?;
+    Ok(views
+        .into_iter()
+        .map(|m| {
+            let preview: String = m.body.chars().take(PREVIEW_CHARS).collect();
+            Preview {
+                message_id: m.id,
+                from: m.from,
+                channel: None,
+                at: m.created_at,
+                truncated: preview.len() < m.body.len(),
+                preview,
+            }
+        })
+        .collect())
+}
+
+/// The sender's address (`agent` or `agent/window`) of message `m`, joined as `s`.
+macro_rules! preview_columns {
+    () => {
+        "m.id AS message_id,
+         CASE WHEN m.sender_session = '' THEN s.name ELSE s.name || '/' || m.sender_session END AS from,
+         c.name AS channel, m.created_at AS at,
+         left(m.body, 280) AS preview, char_length(m.body) > 280 AS truncated"
+    };
+}
+
+async fn open_questions(bus: &Bus, me: &Identity) -> BusResult<Vec<Preview>> {
+    Ok(sqlx::query_as(concat!(
+        "SELECT ",
+        preview_columns!(),
+        " FROM (SELECT * FROM messages
+                WHERE team_id = $1 AND recipient_id = $2
+                ORDER BY position DESC LIMIT $4) m
+          JOIN agents s ON s.team_id = m.team_id AND s.id = m.sender_id
+          LEFT JOIN channels c ON c.team_id = m.team_id AND c.id = m.channel_id
+          WHERE m.is_question
+            AND (m.recipient_session IS NULL OR m.recipient_session = $3)
+            AND NOT (m.sender_id = $2 AND m.sender_session = $3)
+            -- A reply from any window of this agent answers it, as
+            -- ask_agent itself counts an answer.
+            AND NOT EXISTS (SELECT 1 FROM messages a
+                            WHERE a.team_id = m.team_id AND a.reply_to = m.id
+                              AND a.sender_id = $2)
+          ORDER BY m.position DESC LIMIT $5"
+    ))
+    .bind(me.team_id)
+    .bind(me.agent_id)
+    .bind(&me.window)
+    .bind(QUESTIONS_SCANNED)
+    .bind(QUESTIONS_SHOWN)
+    .fetch_all(&bus.pool)
+    .await?)
+}
+
+async fn awaiting_ack(bus: &Bus, me: &Identity) -> BusResult<Vec<AwaitingAck>> {
+    Ok(sqlx::query_as(
+        "SELECT m.id AS message_id, m.conversation_id, c.title, m.seq,
+                CASE WHEN m.sender_session = '' THEN a.name
+                     ELSE a.name || '/' || m.sender_session END AS from,
+                m.created_at AS at,
+                CASE WHEN m.tombstoned_at IS NULL AND m.body <> '' THEN left(m.body, 280) END
+                    AS preview
+         FROM conversation_members s
+         JOIN message_receipts r ON r.team_id = s.team_id AND r.member_id = s.id
+         JOIN conversation_messages m ON m.team_id = r.team_id AND m.id = r.message_id
+         JOIN conversations c ON c.team_id = m.team_id AND c.id = m.conversation_id
+         JOIN agents a ON a.team_id = m.team_id AND a.id = m.sender_id
+         WHERE s.team_id = $1 AND s.agent_id = $2 AND s.session = $3 AND s.state = 'active'
+           AND r.acknowledged_at IS NULL AND r.stored_at IS NOT NULL
+         ORDER BY m.created_at, m.seq LIMIT $4",
+    )
+    .bind(me.team_id)
+    .bind(me.agent_id)
+    .bind(&me.window)
+    .bind(AWAITING_SHOWN)
+    .fetch_all(&bus.pool)
+    .await?)
+}
+
+async fn expiring_tasks(bus: &Bus, me: &Identity, within: i64) -> BusResult<Vec<ExpiringTask>> {
+    Ok(sqlx::query_as(
+        "SELECT key, title, lease_expires_at FROM tasks
+         WHERE team_id = $1 AND holder_agent_id = $2 AND holder_session = $3
+           AND status = 'claimed' AND lease_expires_at > now()
+           AND lease_expires_at <= now() + make_interval(secs => $4)
+         ORDER BY lease_expires_at LIMIT $5",
+    )
+    .bind(me.team_id)
+    .bind(me.agent_id)
+    .bind(&me.window)
+    .bind(within as f64)
+    .bind(TASKS_SHOWN)
+    .fetch_all(&bus.pool)
+    .await?)
+}
+
+async fn announcements_since(
+    bus: &Bus,
+    me: &Identity,
+    since: DateTime<Utc>,
+) -> BusResult<Vec<Preview>> {
+    Ok(sqlx::query_as(concat!(
+        "SELECT ",
+        preview_columns!(),
+        " FROM (SELECT * FROM messages WHERE team_id = $1
+                ORDER BY position DESC LIMIT $3) m
+          JOIN agents s ON s.team_id = m.team_id AND s.id = m.sender_id
+          LEFT JOIN channels c ON c.team_id = m.team_id AND c.id = m.channel_id
+          WHERE m.announce AND m.created_at > $2
+          ORDER BY m.position DESC LIMIT $4"
+    ))
+    .bind(me.team_id)
+    .bind(since)
+    .bind(ANNOUNCEMENTS_SCANNED)
+    .bind(ANNOUNCEMENTS_SHOWN)
+    .fetch_all(&bus.pool)
+    .await?)
+}

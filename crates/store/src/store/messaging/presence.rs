@@ -1,0 +1,437 @@
+//! Presence: which agents and windows are around, and what they are doing.
+//!
+//! One row per (agent, window), upserted by `heartbeat`. A window is *live*
+//! while its expiry (last beat + ttl, on the database clock) is in the future;
+//! an agent is *online* while any of its windows is live. Nothing here is a
+//! lock or a grant: presence is what agents say about themselves, and the
+//! labels `project` and `role` only help others find them.
+//!
+//! A heartbeat is a partial update: an omitted field keeps its value, `""`
+//! clears it. Status and ttl have defaults (`active`, 600 s) on the first beat
+//! and are kept when omitted later. Heartbeats emit no bus event: they are
+//! frequent, and nobody waits on them.
+//!
+//! Dead rows are kept (they answer "when was alice last seen?") until the
+//! presence sweeper deletes those dead for longer than its retention.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::{PgPool, postgres::types::PgInterval};
+use uuid::Uuid;
+
+use crate::Bus;
+use crate::auth::Identity;
+use crate::error::{BusError, BusResult};
+use crate::store::{fenced, limits, text};
+
+pub const TTL_MIN_SECS: i64 = 30;
+pub const TTL_MAX_SECS: i64 = 86_400;
+pub const TTL_DEFAULT_SECS: i64 = 600;
+/// Each of repo, branch, activity, project and role.
+pub const FIELD_MAX_BYTES: usize = 256;
+pub const PAGE_MAX: i64 = 200;
+pub const SESSIONS_PAGE_DEFAULT: i64 = 50;
+pub const STATUSES: [&str; 4] = ["active", "idle", "busy", "blocked"];
+
+/// What one heartbeat says. `None` keeps the stored value; `Some("")` clears it.
+#[derive(Clone, Debug, Default)]
+pub struct Beat {
+    pub status: Option<String>,
+    pub repo: Option<String>,
+    pub branch: Option<String>,
+    pub activity: Option<String>,
+    pub project: Option<String>,
+    pub role: Option<String>,
+    pub ttl_seconds: Option<i64>,
+}
+
+/// One window as others see it.
+#[derive(Clone, Debug, Serialize, serde::Deserialize, sqlx::FromRow)]
+pub struct Window {
+    /// The window label; `""` is the agent's shared window.
+    pub session: String,
+    /// How to reach it: `agent` for the shared window, `agent/window` otherwise.
+    pub address: String,
+    /// True while the last heartbeat's ttl has not run out (and the agent is
+    /// not disabled).
+    pub online: bool,
+    pub status: String,
+    pub repo: Option<String>,
+    pub branch: Option<String>,
+    pub activity: Option<String>,
+    pub project: Option<String>,
+    pub role: Option<String>,
+    pub ttl_seconds: i32,
+    pub last_seen_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// The answer to a heartbeat: the window as now stored.
+#[derive(Clone, Debug, Serialize)]
+pub struct Heartbeat {
+    pub agent: String,
+    #[serde(flatten)]
+    pub window: Window,
+}
+
+/// One agent with its windows; the summary fields come from its summary window.
+#[derive(Clone, Debug, Serialize)]
+pub struct AgentPresence {
+    pub agent: String,
+    pub agent_id: Uuid,
+    /// True while any window is live (and the agent is not disabled).
+    pub online: bool,
+    /// Only present (true) for a disabled agent: it is refused everywhere.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub disabled: bool,
+    /// Address of the window the summary comes from (absent: never seen).
+    pub summary_window: Option<String>,
+    pub status: Option<String>,
+    pub activity: Option<String>,
+    pub repo: Option<String>,
+    pub branch: Option<String>,
+    pub project: Option<String>,
+    pub role: Option<String>,
+    pub last_seen_at: Option<DateTime<Utc>>,
+    /// Summary window first, then in the same order: live, named, most recent.
+    pub windows: Vec<Window>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct AgentList {
+    /// Agents with at least one live window (not windows).
+    pub online_count: usize,
+    pub agents: Vec<AgentPresence>,
+}
+
+/// One window in a discovery listing.
+#[derive(Clone, Debug, Serialize)]
+pub struct SessionEntry {
+    pub agent: String,
+    /// True when `address` reaches exactly this one window: always for
+    /// `agent/window`; for a bare `agent` only while the agent has no other
+    /// window (a heartbeat kept or a live registered session).
+    pub exact: bool,
+    #[serde(flatten)]
+    pub window: Window,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SessionList {
+    pub sessions: Vec<SessionEntry>,
+    /// True when more windows matched than `limit` allowed.
+    pub truncated: bool,
+}
+
+fn parse_status(raw: &str) -> BusResult<String> {
+    let status = raw.trim().to_ascii_lowercase();
+    if STATUSES.contains(&status.as_str()) {
+        return Ok(status);
+    }
+    Err(BusError::invalid(format!(
+        "status {} is not one of {}. Nothing was written. Send one of those, or omit status \
+         to keep the current one (`active` on a first heartbeat).",
+        text::quote(raw),
+        STATUSES.join(", ")
+    )))
+}
+
+/// A presence field (repo, branch, activity, project, role): one line
+/// ([`text::one_line`]); `""` means clear (returned as `Some(None)`).
+fn check_label(name: &str, raw: Option<&str>) -> BusResult<Option<Option<String>>> {
+    let Some(raw) = raw else { return Ok(None) };
+    let value = check_field_size(name, text::one_line(name, raw)?)?;
+    Ok(Some((!value.is_empty()).then_some(value)))
+}
+
+fn check_field_size(name: &str, value: String) -> BusResult<String> {
+    limits::bytes_at_most_spelled(
+        value.len(),
+        FIELD_MAX_BYTES,
+        name,
+        "Nothing was written. Shorten it (a summary, not a log), or send \"\" to clear it.",
+    )?;
+    Ok(value)
+}
+
+fn check_ttl(ttl_seconds: Option<i64>) -> BusResult<Option<i32>> {
+    let Some(ttl) = ttl_seconds else {
+        return Ok(None);
+    };
+    let ttl = limits::within(
+        "ttl_seconds",
+        ttl,
+        TTL_MIN_SECS..=TTL_MAX_SECS,
+        " (24 h)",
+        &format!(
+            "Nothing was written. Omit it to keep the current ttl ({TTL_DEFAULT_SECS} s on a \
+             first heartbeat), and beat again before it runs out."
+        ),
+    )?;
+    Ok(Some(ttl as i32))
+}
+
+/// A discovery filter: a lookup ([`text::lookup`]); empty means no filter.
+fn check_filter(name: &str, raw: Option<&str>) -> BusResult<Option<String>> {
+    raw.map(|raw| check_field_size(name, text::lookup(raw)))
+        .transpose()
+        .map(|value| value.filter(|value| !value.is_empty()))
+}
+
+fn check_limit(limit: Option<i64>, default: i64) -> BusResult<i64> {
+    limits::page_limit(
+        limit,
+        limits::Page {
+            default,
+            max: PAGE_MAX,
+        },
+        "Narrow the listing with project, role or online_only instead of asking for more.",
+    )
+}
+
+/// The columns of a [`Window`] over `presence p JOIN agents a`; a macro so
+/// queries can `concat!` a literal.
+macro_rules! window_columns {
+    () => {
+        "p.session,
+         CASE WHEN p.session = '' THEN a.name ELSE a.name || '/' || p.session END AS address,
+         (p.expires_at > now() AND a.disabled_at IS NULL) AS online,
+         p.status, p.repo, p.branch, p.activity, p.project, p.role,
+         p.ttl_seconds, p.last_seen_at, p.expires_at"
+    };
+}
+
+/// The order that picks an agent's summary window: live before dead, a named
+/// window before the shared one, then the most recent.
+macro_rules! summary_order {
+    () => {
+        "(p.expires_at > now()) DESC, (p.session <> '') DESC, p.last_seen_at DESC, p.session"
+    };
+}
+
+/// `heartbeat`: upsert this window's presence. Validates everything first;
+/// one statement writes the row, so concurrent beats of one window never
+/// interleave field by field. One round trip: `store_heartbeat` (migration
+/// 0033) runs the write fence and the upsert.
+pub async fn heartbeat(bus: &Bus, me: &Identity, beat: &Beat) -> BusResult<Heartbeat> {
+    let status = beat.status.as_deref().map(parse_status).transpose()?;
+    let repo = check_label("repo label", beat.repo.as_deref())?;
+    let branch = check_label("branch label", beat.branch.as_deref())?;
+    let activity = check_label("activity", beat.activity.as_deref())?;
+    let project = check_label("project label", beat.project.as_deref())?;
+    let role = check_label("role label", beat.role.as_deref())?;
+    let ttl = check_ttl(beat.ttl_seconds)?;
+
+    // Each optional field travels as (given, value): not given keeps the
+    // stored value on update; given with NULL clears it.
+    let (_, detail) = fenced::call(
+        "SELECT refusal, session_epoch, refused_since, outcome, detail
+         FROM store_heartbeat($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
+                              $16, $17, $18, $19)",
+        me,
+    )
+    .bind(&me.window)
+    .bind(status)
+    .bind(repo.is_some())
+    .bind(repo.flatten())
+    .bind(branch.is_some())
+    .bind(branch.flatten())
+    .bind(activity.is_some())
+    .bind(activity.flatten())
+    .bind(project.is_some())
+    .bind(project.flatten())
+    .bind(role.is_some())
+    .bind(role.flatten())
+    .bind(ttl)
+    .bind(TTL_DEFAULT_SECS as i32)
+    .fetch_one(&bus.pool)
+    .await?
+    .outcome(me)?;
+    Ok(Heartbeat {
+        agent: me.agent.clone(),
+        window: fenced::detail(detail)?,
+    })
+}
+
+/// `list_agents`: every agent of the caller's team with its windows. With
+/// `online_only`, only online agents and only their live windows.
+pub async fn list_agents(bus: &Bus, me: &Identity, online_only: bool) -> BusResult<AgentList> {
+    #[derive(sqlx::FromRow)]
+    struct AgentRow {
+        id: Uuid,
+        name: String,
+        disabled: bool,
+    }
+    #[derive(sqlx::FromRow)]
+    struct WindowRow {
+        agent_id: Uuid,
+        #[sqlx(flatten)]
+        window: Window,
+    }
+    // One snapshot for both reads, so "online" means the same instant in each.
+    let mut tx = bus.pool.begin().await?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        .execute(&mut *tx)
+        .await?;
+    let agents: Vec<AgentRow> = sqlx::query_as(
+        "SELECT id, name, disabled_at IS NOT NULL AS disabled FROM agents
+         WHERE team_id = $1 ORDER BY name",
+    )
+    .bind(me.team_id)
+    .fetch_all(&mut *tx)
+    .await?;
+    let windows: Vec<WindowRow> = sqlx::query_as(concat!(
+        "SELECT p.agent_id, ",
+        window_columns!(),
+        " FROM presence p JOIN agents a ON a.team_id = p.team_id AND a.id = p.agent_id
+          WHERE p.team_id = $1 AND (NOT $2 OR (p.expires_at > now() AND a.disabled_at IS NULL))
+          ORDER BY p.agent_id, ",
+        summary_order!()
+    ))
+    .bind(me.team_id)
+    .bind(online_only)
+    .fetch_all(&mut *tx)
+    .await?;
+    tx.commit().await?;
+
+    let mut by_agent: std::collections::HashMap<Uuid, Vec<Window>> = Default::default();
+    for row in windows {
+        by_agent.entry(row.agent_id).or_default().push(row.window);
+    }
+    let mut out = Vec::with_capacity(agents.len());
+    for agent in agents {
+        let windows = by_agent.remove(&agent.id).unwrap_or_default();
+        let online = windows.iter().any(|w| w.online);
+        if online_only && !online {
+            continue;
+        }
+        let summary = windows.first();
+        out.push(AgentPresence {
+            agent: agent.name,
+            agent_id: agent.id,
+            online,
+            disabled: agent.disabled,
+            summary_window: summary.map(|w| w.address.clone()),
+            status: summary.map(|w| w.status.clone()),
+            activity: summary.and_then(|w| w.activity.clone()),
+            repo: summary.and_then(|w| w.repo.clone()),
+            branch: summary.and_then(|w| w.branch.clone()),
+            project: summary.and_then(|w| w.project.clone()),
+            role: summary.and_then(|w| w.role.clone()),
+            last_seen_at: windows.iter().map(|w| w.last_seen_at).max(),
+            windows,
+        });
+    }
+    Ok(AgentList {
+        online_count: out.iter().filter(|a| a.online).count(),
+        agents: out,
+    })
+}
+
+/// `list_sessions`: windows of the caller's team, filtered by the discovery
+/// labels (trimmed, case-insensitive; empty = no filter), live ones first.
+pub async fn list_sessions(
+    bus: &Bus,
+    me: &Identity,
+    project: Option<&str>,
+    role: Option<&str>,
+    online_only: bool,
+    limit: Option<i64>,
+) -> BusResult<SessionList> {
+    let project = check_filter("project", project)?;
+    let role = check_filter("role", role)?;
+    let limit = check_limit(limit, SESSIONS_PAGE_DEFAULT)?;
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        agent: String,
+        exact: bool,
+        #[sqlx(flatten)]
+        window: Window,
+    }
+    // A bare `agent` reaches every window of that agent, so it is exact only
+    // when no other window is known: no other presence row (live or not yet
+    // swept) and no live registered session under another label.
+    let mut rows: Vec<Row> = sqlx::query_as(concat!(
+        "SELECT a.name AS agent, ",
+        window_columns!(),
+        ", p.session <> '' OR NOT (
+                    EXISTS (SELECT 1 FROM presence o
+                            WHERE o.team_id = p.team_id AND o.agent_id = p.agent_id AND o.session <> '')
+                    OR EXISTS (SELECT 1 FROM agent_sessions s
+                               WHERE s.team_id = p.team_id AND s.agent_id = p.agent_id
+                                 AND s.revoked_at IS NULL AND s.expires_at > now())
+                ) AS exact
+         FROM presence p JOIN agents a ON a.team_id = p.team_id AND a.id = p.agent_id
+         WHERE p.team_id = $1
+           AND ($2::text IS NULL OR lower(p.project) = lower($2))
+           AND ($3::text IS NULL OR lower(p.role) = lower($3))
+           AND (NOT $4 OR (p.expires_at > now() AND a.disabled_at IS NULL))
+         ORDER BY (p.expires_at > now()) DESC, p.last_seen_at DESC, a.name, p.session
+         LIMIT $5"
+    ))
+    .bind(me.team_id)
+    .bind(project)
+    .bind(role)
+    .bind(online_only)
+    .bind(limit + 1)
+    .fetch_all(&bus.pool)
+    .await?;
+    let truncated = rows.len() as i64 > limit;
+    rows.truncate(limit as usize);
+    Ok(SessionList {
+        truncated,
+        sessions: rows
+            .into_iter()
+            .map(|r| SessionEntry {
+                agent: r.agent,
+                exact: r.exact,
+                window: r.window,
+            })
+            .collect(),
+    })
+}
+
+/// This window's discovery labels `(project, role)`, as its heartbeats last
+/// set them (whether or not the window is live now); `(None, None)` before
+/// its first heartbeat.
+pub async fn window_labels(
+    pool: &PgPool,
+    me: &Identity,
+) -> BusResult<(Option<String>, Option<String>)> {
+    let labels: Option<(Option<String>, Option<String>)> = sqlx::query_as(
+        "SELECT project, role FROM presence WHERE team_id = $1 AND agent_id = $2 AND session = $3",
+    )
+    .bind(me.team_id)
+    .bind(me.agent_id)
+    .bind(&me.window)
+    .fetch_optional(pool)
+    .await?;
+    Ok(labels.unwrap_or((None, None)))
+}
+
+/// Delete at most `batch` presence rows whose expiry lies more than
+/// `retention` in the past; returns how many went. Rows another transaction
+/// holds (a heartbeat reviving them) are skipped, and the expiry is checked
+/// again on the row deleted, so a window that just beat is never swept.
+pub async fn delete_dead_batch(
+    pool: &PgPool,
+    retention: std::time::Duration,
+    batch: i64,
+) -> BusResult<u64> {
+    let retention = PgInterval::try_from(retention).map_err(|_| {
+        BusError::invalid("the presence retention is too long to express as an interval")
+    })?;
+    let deleted = sqlx::query(
+        "DELETE FROM presence p
+         USING (SELECT team_id, agent_id, session FROM presence
+                WHERE expires_at < now() - $1
+                LIMIT $2 FOR UPDATE SKIP LOCKED) dead
+         WHERE p.team_id = dead.team_id AND p.agent_id = dead.agent_id AND p.session = dead.session
+           AND p.expires_at < now() - $1",
+    )
+    .bind(retention)
+    .bind(batch)
+    .execute(pool)
+    .await?;
+    Ok(deleted.rows_affected())
+}

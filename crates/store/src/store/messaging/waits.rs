@@ -1,0 +1,596 @@
+//! Waiting: `wait_for_updates` and `ask_agent`.
+//!
+//! The rule that makes a wait reliable: subscribe to the event hub first, then
+//! check the database, then block. Unread direct messages (from before the
+//! wait too) are found by the check; anything after arrives as an event.
+//! Notifications can still be lost (a listener reconnecting, a failed
+//! notify), so a blocked wait re-checks the database every few seconds for
+//! unread DMs and for every change since the wait began: a lost notification
+//! delays a wake, it never loses one. That loop is `long_poll.rs`, shared
+//! with `wait_for_conversation_updates`; this file says what wakes a window
+//! and what it is told.
+//!
+//! What wakes a window: direct messages to it (or to its agent as a whole),
+//! tasks, locks and notes (team-wide), announcements, and channel messages in
+//! its focused channel (all channels with `all_channels`). Never its own
+//! actions, and never a DM addressed to a sibling window.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::Bus;
+use crate::auth::Identity;
+use crate::error::{BusError, BusResult};
+use crate::events::{BusEvent, EventKind, Waiter};
+use crate::store::long_poll::{OnEvent, Polled, long_poll};
+use crate::store::{identity::sessions, messaging::channels, messaging::messages};
+
+pub const TIMEOUT_MIN_SECS: u64 = 1;
+pub const TIMEOUT_MAX_SECS: u64 = 300;
+/// Under the ~60 s at which common MCP clients cut a tool call.
+pub const TIMEOUT_DEFAULT_SECS: u64 = 50;
+/// `kinds` entries at most: one per kind there is.
+pub const KINDS_MAX: usize = 4;
+const SUMMARIES_MAX: usize = 50;
+const PREVIEW_CHARS: usize = 200;
+
+pub fn check_timeout(timeout_seconds: Option<u64>) -> BusResult<Duration> {
+    let secs = crate::store::limits::within(
+        "timeout_seconds",
+        timeout_seconds.unwrap_or(TIMEOUT_DEFAULT_SECS),
+        TIMEOUT_MIN_SECS..=TIMEOUT_MAX_SECS,
+        "",
+        &format!(
+            "Many MCP clients cut a call near 60 s, so the default {TIMEOUT_DEFAULT_SECS} is \
+             the safe choice; call again to keep waiting."
+        ),
+    )?;
+    Ok(Duration::from_secs(secs))
+}
+
+/// One thing that happened, as a waiter sees it.
+#[derive(Clone, Debug, Serialize)]
+pub struct EventSummary {
+    pub kind: EventKind,
+    /// A message id, task key, lock name or note key.
+    pub id: String,
+    /// Who did it (an address), when known.
+    pub by: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub channel: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    /// The first 200 characters of a message.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preview: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct WaitResult {
+    pub woke: bool,
+    pub timed_out: bool,
+    pub events: Vec<EventSummary>,
+    /// Present (true) only when the wait ended because the server is stopping.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub server_restarting: bool,
+    /// What to do next, when there is something to say.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub suggestion: Option<String>,
+}
+
+impl WaitResult {
+    fn woke(events: Vec<EventSummary>) -> WaitResult {
+        WaitResult {
+            woke: true,
+            timed_out: false,
+            events,
+            server_restarting: false,
+            suggestion: None,
+        }
+    }
+
+    fn timed_out() -> WaitResult {
+        WaitResult {
+            woke: false,
+            timed_out: true,
+            events: Vec::new(),
+            server_restarting: false,
+            suggestion: None,
+        }
+    }
+
+    fn restarting() -> WaitResult {
+        WaitResult {
+            woke: false,
+            timed_out: false,
+            events: Vec::new(),
+            server_restarting: true,
+            suggestion: Some(restarting_suggestion("wait_for_updates")),
+        }
+    }
+}
+
+/// What a long poll says when it ends because the server is stopping (a
+/// restart, a deploy): the same call continues the wait elsewhere.
+pub fn restarting_suggestion(tool: &str) -> String {
+    format!(
+        "The server is restarting, so this wait ended before anything woke it. Call {tool} \
+         again: it reaches another replica, or this server once it is back (retry for a few \
+         seconds if the connection is refused)."
+    )
+}
+
+#[derive(Clone, Debug)]
+pub struct WaitRequest {
+    pub timeout: Duration,
+    /// Which kinds wake this wait (None = all).
+    pub kinds: Option<Vec<EventKind>>,
+    pub all_channels: bool,
+}
+
+/// Parse `kinds`: each of message, task, lock, note.
+pub fn parse_kinds(kinds: Option<Vec<String>>) -> BusResult<Option<Vec<EventKind>>> {
+    let Some(kinds) = kinds else { return Ok(None) };
+    // The raw length, before any per-entry work: duplicates count.
+    if kinds.len() > KINDS_MAX {
+        return Err(BusError::invalid(format!(
+            "kinds holds {} entries; there are {KINDS_MAX} kinds (message, task, lock, note), so \
+             give at most {KINDS_MAX}, each once (or omit `kinds` to wake on all of them).",
+            kinds.len()
+        )));
+    }
+    let mut parsed = Vec::with_capacity(kinds.len());
+    for kind in kinds {
+        parsed.push(match kind.trim().to_ascii_lowercase().as_str() {
+            "message" | "messages" => EventKind::Message,
+            "task" | "tasks" => EventKind::Task,
+            "lock" | "locks" => EventKind::Lock,
+            "note" | "notes" => EventKind::Note,
+            other => {
+                return Err(BusError::invalid(format!(
+                    "unknown kind {}: kinds are message, task, lock and note (omit `kinds` \
+                     to wake on all of them).",
+                    crate::store::text::quote(other)
+                )));
+            }
+        });
+    }
+    Ok(Some(parsed))
+}
+
+/// Whether `event` may concern this window: all that [`concerns`] asks but
+/// the channel focus, which is read from the database only after the wait
+/// has subscribed. The hub runs this for a blocked wait, so an event it
+/// refuses (another window's DM, conversation traffic) wakes nothing.
+fn may_concern(event: &BusEvent, me: &Identity, request: &WaitRequest) -> bool {
+    if event.team_id != me.team_id {
+        return false;
+    }
+    if event.actor == Some(me.agent_id)
+        && event.actor_session.as_deref() == Some(me.window.as_str())
+    {
+        return false;
+    }
+    if let Some(kinds) = &request.kinds
+        && !kinds.contains(&event.kind)
+    {
+        return false;
+    }
+    match event.kind {
+        EventKind::Message => event.recipient.is_none_or(|recipient| {
+            recipient == me.agent_id
+                && event
+                    .recipient_session
+                    .as_deref()
+                    .is_none_or(|s| s == me.window)
+        }),
+        EventKind::Task | EventKind::Lock | EventKind::Note => true,
+        // Conversation traffic has its own wait (wait_for_conversation_updates).
+        EventKind::Conversation | EventKind::Outbox => false,
+    }
+}
+
+/// Whether `event` concerns this window.
+fn concerns(event: &BusEvent, me: &Identity, focus: Option<Uuid>, request: &WaitRequest) -> bool {
+    may_concern(event, me, request)
+        && (event.kind != EventKind::Message
+            || event.recipient.is_some()
+            || event.announce
+            || request.all_channels
+            || (focus.is_some() && event.channel_id == focus))
+}
+
+/// `wait_for_updates`. What it found is handed out only if the caller's
+/// credential still holds when it wakes: a wait blocked across a revocation
+/// or a disable answers the refusal, never what arrived after it.
+pub async fn wait_for_updates(
+    bus: &Bus,
+    me: &Identity,
+    request: WaitRequest,
+) -> BusResult<WaitResult> {
+    let result = wait_for_updates_unchecked(bus, me, request).await?;
+    sessions::still_valid(&bus.pool, me).await?;
+    Ok(result)
+}
+
+async fn wait_for_updates_unchecked(
+    bus: &Bus,
+    me: &Identity,
+    request: WaitRequest,
+) -> BusResult<WaitResult> {
+    let mut events = {
+        let (me, request) = (me.clone(), request.clone());
+        bus.events.wait_for(
+            me.team_id,
+            Box::new(move |event| may_concern(event, &me, &request)),
+        )
+    };
+    let focus = match messages::default_channel(bus, me).await? {
+        Some(name) => channels::find(bus, me, &name).await?.map(|c| c.id),
+        None => None,
+    };
+    let wants_messages = request
+        .kinds
+        .as_ref()
+        .is_none_or(|k| k.contains(&EventKind::Message));
+    // Changes committed from here on are found by the database check too, so
+    // a notification that never arrives delays a wake by one re-check at most.
+    let since: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&bus.pool)
+        .await?;
+    let deadline = Instant::now() + request.timeout;
+    let request = &request;
+    let polled = long_poll(
+        &mut events,
+        bus,
+        deadline,
+        |event| {
+            if concerns(&event, me, focus, request) {
+                OnEvent::End(event)
+            } else {
+                OnEvent::Ignore
+            }
+        },
+        || async move {
+            // Unread direct messages wake at once: they may have arrived before we subscribed.
+            if wants_messages {
+                let pending = pending_direct(bus, me).await?;
+                if !pending.is_empty() {
+                    return Ok(Some(pending));
+                }
+            }
+            let missed = changes_since(bus, me, since, focus, request).await?;
+            Ok((!missed.is_empty()).then_some(missed))
+        },
+    )
+    .await?;
+    match polled {
+        Polled::Found(found) => Ok(WaitResult::woke(found)),
+        Polled::Ended(event) => {
+            let mut woken = vec![event];
+            gather(&mut events, &mut woken, me, focus, request);
+            Ok(WaitResult::woke(summarize(bus, me, &woken).await?))
+        }
+        Polled::TimedOut => Ok(WaitResult::timed_out()),
+        Polled::Stopping => Ok(WaitResult::restarting()),
+    }
+}
+
+/// What changed since `since` that concerns this window, read from the
+/// database: the safety net under lost notifications. Tasks (their events),
+/// notes, lock acquisitions, and channel messages in the focus (or every
+/// channel) and announcements; never this window's own changes.
+async fn changes_since(
+    bus: &Bus,
+    me: &Identity,
+    since: DateTime<Utc>,
+    focus: Option<Uuid>,
+    request: &WaitRequest,
+) -> BusResult<Vec<EventSummary>> {
+    let wants = |kind| request.kinds.as_ref().is_none_or(|k| k.contains(&kind));
+    #[derive(sqlx::FromRow)]
+    struct Change {
+        kind: String,
+        id: String,
+        by: String,
+        channel: Option<String>,
+        preview: Option<String>,
+    }
+    let rows: Vec<Change> = sqlx::query_as(
+        "SELECT changes.kind, changes.id, changes.channel, changes.preview,
+                CASE WHEN changes.by_session = '' THEN a.name ELSE a.name || '/' || changes.by_session END AS by
+         FROM (
+             SELECT 'task' AS kind, t.key AS id, e.agent_id AS by_agent, e.session AS by_session,
+                    NULL::text AS channel, NULL::text AS preview, e.at
+             FROM task_events e JOIN tasks t ON t.team_id = e.team_id AND t.id = e.task_id
+             WHERE e.team_id = $1 AND e.at > $2 AND $5
+             UNION ALL
+             SELECT 'note', n.key, n.updated_by_agent_id, n.updated_by_session, NULL, NULL, n.updated_at
+             FROM notes n WHERE n.team_id = $1 AND n.updated_at > $2 AND $6
+             UNION ALL
+             SELECT 'lock', l.name, l.holder_agent_id, l.holder_session, NULL, NULL, l.acquired_at
+             FROM locks l WHERE l.team_id = $1 AND l.acquired_at > $2 AND $7
+             UNION ALL
+             SELECT 'message', m.id::text, m.sender_id, m.sender_session, c.name, left(m.body, 200), m.created_at
+             FROM messages m JOIN channels c ON c.team_id = m.team_id AND c.id = m.channel_id
+             WHERE m.team_id = $1 AND m.created_at > $2 AND $8
+               AND (m.announce OR $9 OR m.channel_id = $10)
+         ) changes
+         JOIN agents a ON a.team_id = $1 AND a.id = changes.by_agent
+         WHERE NOT (changes.by_agent = $3 AND changes.by_session = $4)
+         ORDER BY changes.at LIMIT $11",
+    )
+    .bind(me.team_id)
+    .bind(since)
+    .bind(me.agent_id)
+    .bind(&me.window)
+    .bind(wants(EventKind::Task))
+    .bind(wants(EventKind::Note))
+    .bind(wants(EventKind::Lock))
+    .bind(wants(EventKind::Message))
+    .bind(request.all_channels)
+    .bind(focus)
+    .bind(SUMMARIES_MAX as i64)
+    .fetch_all(&bus.pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|row| {
+            let kind = match row.kind.as_str() {
+                "task" => EventKind::Task,
+                "note" => EventKind::Note,
+                "lock" => EventKind::Lock,
+                "message" => EventKind::Message,
+                _ => return None,
+            };
+            Some(EventSummary {
+                kind,
+                id: row.id,
+                by: Some(row.by),
+                channel: row.channel,
+                to: None,
+                preview: row.preview,
+            })
+        })
+        .collect())
+}
+
+/// Take whatever else concerning us has already arrived, without waiting: a
+/// burst comes back in one answer, and the first event is never delayed.
+fn gather(
+    events: &mut Waiter,
+    woken: &mut Vec<Arc<BusEvent>>,
+    me: &Identity,
+    focus: Option<Uuid>,
+    request: &WaitRequest,
+) {
+    while woken.len() < SUMMARIES_MAX {
+        match events.try_recv() {
+            Some(Ok(event)) if concerns(&event, me, focus, request) => woken.push(event),
+            Some(_) => {}
+            None => return,
+        }
+    }
+}
+
+/// Unread direct messages to this window, as summaries; the cursors are not
+/// moved (read_messages does that).
+async fn pending_direct(bus: &Bus, me: &Identity) -> BusResult<Vec<EventSummary>> {
+    let unread = messages::unread_direct_messages(bus, me, SUMMARIES_MAX as i64).await?;
+    Ok(unread.into_iter().map(message_summary).collect())
+}
+
+fn message_summary(m: messages::MessageView) -> EventSummary {
+    EventSummary {
+        kind: EventKind::Message,
+        id: m.id.to_string(),
+        by: Some(m.from),
+        channel: m.channel,
+        to: m.to,
+        preview: Some(m.body.chars().take(PREVIEW_CHARS).collect()),
+    }
+}
+
+/// Events as summaries: messages re-read from the database (only what this
+/// window may see), everything else named with who did it.
+async fn summarize(
+    bus: &Bus,
+    me: &Identity,
+    woken: &[Arc<BusEvent>],
+) -> BusResult<Vec<EventSummary>> {
+    let message_ids: Vec<Uuid> = woken
+        .iter()
+        .filter(|e| e.kind == EventKind::Message)
+        .filter_map(|e| e.id.parse().ok())
+        .collect();
+    let mut by_id: HashMap<String, messages::MessageView> =
+        messages::visible(bus, me, &message_ids)
+            .await?
+            .into_iter()
+            .map(|m| (m.id.to_string(), m))
+            .collect();
+    let actors: Vec<Uuid> = woken.iter().filter_map(|e| e.actor).collect();
+    let names: HashMap<Uuid, String> = sqlx::query_as::<_, (Uuid, String)>(
+        "SELECT id, name FROM agents WHERE team_id = $1 AND id = ANY($2)",
+    )
+    .bind(me.team_id)
+    .bind(&actors)
+    .fetch_all(&bus.pool)
+    .await?
+    .into_iter()
+    .collect();
+    let mut out = Vec::new();
+    for event in woken {
+        if event.kind == EventKind::Message {
+            if let Some(message) = by_id.remove(&event.id) {
+                out.push(message_summary(message));
+            }
+            continue;
+        }
+        let by = event.actor.and_then(|id| names.get(&id)).map(|name| {
+            crate::store::address(name, event.actor_session.as_deref().unwrap_or_default())
+        });
+        out.push(EventSummary {
+            kind: event.kind,
+            id: event.id.clone(),
+            by,
+            channel: None,
+            to: None,
+            preview: None,
+        });
+    }
+    Ok(out)
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct AskResult {
+    pub answered: bool,
+    pub answer: Option<String>,
+    /// Who answered (an address).
+    pub answered_by: Option<String>,
+    pub answer_message_id: Option<Uuid>,
+    pub question_message_id: Uuid,
+    /// What to do when there is no answer yet.
+    pub suggestion: Option<String>,
+    /// Present (true) only when the wait ended because the server is stopping.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub server_restarting: bool,
+}
+
+/// `ask_agent`: a direct message flagged as a question, then a wait for the
+/// reply addressed back to this window. Only a reply (`reply_to` = the
+/// question) sent to this window, or to this agent as a whole, by the agent
+/// the question was addressed to (from any of its windows) answers it: a
+/// third agent or a sibling window of the asker cannot answer for it, and
+/// their replies stay ordinary direct messages. A DM that wakes the wait but
+/// is not the answer sends it back to waiting.
+pub async fn ask(
+    bus: &Bus,
+    me: &Identity,
+    to: &str,
+    question: &str,
+    timeout: Duration,
+    resume_message_id: Option<Uuid>,
+) -> BusResult<AskResult> {
+    let result = ask_unchecked(bus, me, to, question, timeout, resume_message_id).await?;
+    // As for wait_for_updates: no answer for a credential taken away meanwhile.
+    sessions::still_valid(&bus.pool, me).await?;
+    Ok(result)
+}
+
+async fn ask_unchecked(
+    bus: &Bus,
+    me: &Identity,
+    to: &str,
+    question: &str,
+    timeout: Duration,
+    resume_message_id: Option<Uuid>,
+) -> BusResult<AskResult> {
+    // A DM to us may be the answer: those wake the wait, to look.
+    let agent = me.agent_id;
+    let mut events = bus.events.wait_for(
+        me.team_id,
+        Box::new(move |event| event.kind == EventKind::Message && event.recipient == Some(agent)),
+    );
+    let question_id = match resume_message_id {
+        Some(id) => {
+            let mine: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM messages WHERE team_id = $1 AND id = $2 AND is_question
+                                AND sender_id = $3 AND sender_session = $4)",
+            )
+            .bind(me.team_id)
+            .bind(id)
+            .bind(me.agent_id)
+            .bind(&me.window)
+            .fetch_one(&bus.pool)
+            .await?;
+            if !mine {
+                return Err(BusError::not_found(format!(
+                    "resume_message_id {id} is not a question this window asked. Use the \
+                     question_message_id an earlier ask_agent returned, from the same window."
+                )));
+            }
+            id
+        }
+        None => {
+            let new = messages::NewMessage {
+                to: Some(to.to_string()),
+                body: question.to_string(),
+                question: true,
+                ..Default::default()
+            };
+            messages::post(bus, me, new).await?.message.id
+        }
+    };
+    let deadline = Instant::now() + timeout;
+    let polled = long_poll(
+        &mut events,
+        bus,
+        deadline,
+        |_| OnEvent::<Infallible>::Recheck,
+        || messages::answer_to(bus, me, question_id),
+    )
+    .await?;
+    let answer = match polled {
+        Polled::Found(answer) => answer,
+        Polled::Ended(never) => match never {},
+        Polled::Stopping => return Ok(not_answered_restarting(question_id)),
+        Polled::TimedOut => match messages::answer_to(bus, me, question_id).await? {
+            Some(answer) => answer,
+            None => {
+                let suggestion = format!(
+                    "No answer within {} s. Call ask_agent again with resume_message_id \
+                     \"{question_id}\" to keep waiting without asking twice, or carry on and look \
+                     for the reply later with read_messages (scope inbox).",
+                    timeout.as_secs()
+                );
+                return Ok(not_answered(question_id, suggestion, false));
+            }
+        },
+    };
+    Ok(answered(answer, question_id))
+}
+
+fn answered(answer: messages::MessageView, question_id: Uuid) -> AskResult {
+    AskResult {
+        answered: true,
+        answer: Some(answer.body),
+        answered_by: Some(answer.from),
+        answer_message_id: Some(answer.id),
+        question_message_id: question_id,
+        suggestion: None,
+        server_restarting: false,
+    }
+}
+
+/// The question stands (it was sent); only the wait for its answer ended.
+fn not_answered_restarting(question_id: Uuid) -> AskResult {
+    let suggestion = format!(
+        "The server is restarting, so this wait ended before an answer came; the question was \
+         sent, and resuming finds its answer whenever it arrives. Call ask_agent again with \
+         resume_message_id \"{question_id}\" to keep waiting without asking twice: it \
+         reaches another replica, or this server once it is back (retry for a few seconds if \
+         the connection is refused)."
+    );
+    not_answered(question_id, suggestion, true)
+}
+
+/// No answer (yet): what to do next, and whether the server is stopping.
+fn not_answered(question_id: Uuid, suggestion: String, server_restarting: bool) -> AskResult {
+    AskResult {
+        answered: false,
+        answer: None,
+        answered_by: None,
+        answer_message_id: None,
+        question_message_id: question_id,
+        suggestion: Some(suggestion),
+        server_restarting,
+    }
+}
