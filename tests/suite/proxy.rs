@@ -59,7 +59,7 @@ impl Machine {
             "args": args,
             "env": {
                 "BUS_CONFIG_DIR": self.config.path(),
-                "RUST_LOG": "ai_crew_sync=info",
+                "RUST_LOG": "acs_agent=info",
             },
             "cwd": self.cwd.path(),
             "steps": steps,
