@@ -8,10 +8,12 @@
 
 mod storage;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Request, State};
+use axum::extract::{FromRequestParts, Path, Request, State};
+use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -26,7 +28,7 @@ use uuid::Uuid;
 use super::{AppState, bearer, bus_error_response, json_error, rate_limited, too_large};
 use acs_store::auth;
 use acs_store::error::{BusError, BusResult};
-use acs_store::store::identity::admin::{self, AdminIdentity, Authority};
+use acs_store::store::identity::admin::{self, AdminIdentity, Authority, TeamScope};
 use acs_store::store::{identity::agents, identity::teams, identity::tokens, text};
 
 mod webhooks;
@@ -73,6 +75,31 @@ fn created<T: serde::Serialize>(result: BusResult<T>) -> Answer {
 
 fn answer<T: serde::Serialize>(status: StatusCode, result: BusResult<T>) -> Answer {
     Answer(result.map(|v| (status, serde_json::to_value(v).unwrap_or(Value::Null))))
+}
+
+/// The `{team}` of a route, scoped by the caller's credential
+/// ([`Authority::team`]): a credential confined to another team is refused
+/// before the handler runs, so a handler holding a `Team` may act on it.
+struct Team(TeamScope);
+
+impl FromRequestParts<Arc<AppState>> for Team {
+    type Rejection = Answer;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<AppState>,
+    ) -> Result<Self, Self::Rejection> {
+        let me = parts
+            .extensions
+            .get::<Authority>()
+            .cloned()
+            .expect("admin_gate puts the caller's authority on every request");
+        let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
+            .await
+            .expect("every route taking a Team has a {team} segment");
+        let team = params.get("team").map(String::as_str).unwrap_or_default();
+        me.team(team).map(Team).map_err(|err| Answer(Err(err)))
+    }
 }
 
 fn parse<T: DeserializeOwned>(body: &Bytes) -> BusResult<T> {
@@ -159,16 +186,8 @@ async fn create_team(
     created(result.await)
 }
 
-async fn list_agents(
-    State(state): State<Arc<AppState>>,
-    Extension(me): Extension<Authority>,
-    Path(team): Path<String>,
-) -> Answer {
-    let result = async {
-        let team = me.team(&team)?;
-        agents::list(&state.pool, &team).await
-    };
-    ok(result.await)
+async fn list_agents(State(state): State<Arc<AppState>>, Team(team): Team) -> Answer {
+    ok(agents::list(&state.pool, &team).await)
 }
 
 #[derive(Deserialize)]
@@ -177,32 +196,16 @@ struct NewAgent {
     name: String,
 }
 
-async fn add_agent(
-    State(state): State<Arc<AppState>>,
-    Extension(me): Extension<Authority>,
-    Path(team): Path<String>,
-    body: Bytes,
-) -> Answer {
+async fn add_agent(State(state): State<Arc<AppState>>, Team(team): Team, body: Bytes) -> Answer {
     let result = async {
-        let team = me.team(&team)?;
         let new: NewAgent = parse(&body)?;
         agents::add(&state.pool, &team, &new.name).await
     };
     created(result.await)
 }
 
-async fn set_disabled(
-    state: &AppState,
-    me: &Authority,
-    team: &str,
-    name: &str,
-    disabled: bool,
-) -> Answer {
-    let result = async {
-        let team = me.team(team)?;
-        agents::set_disabled(&state.pool, &team, name, disabled).await
-    };
-    let result = result.await;
+async fn set_disabled(state: &AppState, team: &TeamScope, name: &str, disabled: bool) -> Answer {
+    let result = agents::set_disabled(&state.pool, team, name, disabled).await;
     // This replica forgets at once; the others hear the commit's notification.
     state.events.credentials_changed();
     ok(result)
@@ -210,30 +213,22 @@ async fn set_disabled(
 
 async fn disable_agent(
     State(state): State<Arc<AppState>>,
-    Extension(me): Extension<Authority>,
-    Path((team, name)): Path<(String, String)>,
+    Team(team): Team,
+    Path((_, name)): Path<(String, String)>,
 ) -> Answer {
-    set_disabled(&state, &me, &team, &name, true).await
+    set_disabled(&state, &team, &name, true).await
 }
 
 async fn enable_agent(
     State(state): State<Arc<AppState>>,
-    Extension(me): Extension<Authority>,
-    Path((team, name)): Path<(String, String)>,
+    Team(team): Team,
+    Path((_, name)): Path<(String, String)>,
 ) -> Answer {
-    set_disabled(&state, &me, &team, &name, false).await
+    set_disabled(&state, &team, &name, false).await
 }
 
-async fn list_tokens(
-    State(state): State<Arc<AppState>>,
-    Extension(me): Extension<Authority>,
-    Path(team): Path<String>,
-) -> Answer {
-    let result = async {
-        let team = me.team(&team)?;
-        tokens::list(&state.pool, &team).await
-    };
-    ok(result.await)
+async fn list_tokens(State(state): State<Arc<AppState>>, Team(team): Team) -> Answer {
+    ok(tokens::list(&state.pool, &team).await)
 }
 
 #[derive(Deserialize)]
@@ -243,14 +238,8 @@ struct NewToken {
     label: Option<String>,
 }
 
-async fn issue_token(
-    State(state): State<Arc<AppState>>,
-    Extension(me): Extension<Authority>,
-    Path(team): Path<String>,
-    body: Bytes,
-) -> Answer {
+async fn issue_token(State(state): State<Arc<AppState>>, Team(team): Team, body: Bytes) -> Answer {
     let result = async {
-        let team = me.team(&team)?;
         let new: NewToken = parse(&body)?;
         tokens::issue(&state.pool, &team, &new.agent, new.label.as_deref()).await
     };
@@ -259,11 +248,10 @@ async fn issue_token(
 
 async fn revoke_token(
     State(state): State<Arc<AppState>>,
-    Extension(me): Extension<Authority>,
-    Path((team, id)): Path<(String, String)>,
+    Team(team): Team,
+    Path((_, id)): Path<(String, String)>,
 ) -> Answer {
     let result = async {
-        let team = me.team(&team)?;
         let id = parse_id(&id, "token")?;
         tokens::revoke(&state.pool, id, &team).await
     };

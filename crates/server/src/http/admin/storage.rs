@@ -5,27 +5,17 @@
 
 use std::sync::Arc;
 
-use axum::Extension;
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use serde::Deserialize;
 
-use super::{Answer, ok, parse};
+use super::{Answer, Team, ok, parse};
 use crate::http::AppState;
-use acs_store::store::identity::admin::Authority;
 use acs_store::store::operations::retention::{self, PruneRequest};
 use acs_store::store::operations::usage;
 
-pub(super) async fn usage(
-    State(state): State<Arc<AppState>>,
-    Extension(me): Extension<Authority>,
-    Path(team): Path<String>,
-) -> Answer {
-    let result = async {
-        let team = me.team(&team)?;
-        usage::usage(&state.pool, &team).await
-    };
-    ok(result.await)
+pub(super) async fn usage(State(state): State<Arc<AppState>>, Team(team): Team) -> Answer {
+    ok(usage::usage(&state.pool, &team).await)
 }
 
 /// The body of a prune: `apply` false (the default) is the dry run.
@@ -40,12 +30,10 @@ struct Prune {
 
 pub(super) async fn prune(
     State(state): State<Arc<AppState>>,
-    Extension(me): Extension<Authority>,
-    Path(team): Path<String>,
+    Team(team): Team,
     body: Bytes,
 ) -> Answer {
     let result = async {
-        let team = me.team(&team)?;
         let asked: Prune = parse(&body)?;
         let request = PruneRequest {
             older_than_days: asked.older_than_days,

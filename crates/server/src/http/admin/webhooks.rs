@@ -12,9 +12,9 @@ use axum::routing::{delete, get, post};
 use axum::{Extension, Router};
 use serde::Deserialize;
 
-use super::{Answer, created, ok, parse, parse_id};
+use super::{Answer, Team, created, ok, parse, parse_id};
 use crate::http::AppState;
-use acs_store::store::identity::admin::Authority;
+use acs_store::store::identity::admin::{Authority, TeamScope};
 use acs_store::store::operations::webhooks::{self, NewWebhook, PrivateTargets, WebhookKind};
 
 pub fn routes() -> Router<Arc<AppState>> {
@@ -40,26 +40,17 @@ struct NewHook {
     allow_private: bool,
 }
 
-async fn list(
-    State(state): State<Arc<AppState>>,
-    Extension(me): Extension<Authority>,
-    Path(team): Path<String>,
-) -> Answer {
-    let result = async {
-        let team = me.team(&team)?;
-        webhooks::list(&state.pool, &team).await
-    };
-    ok(result.await)
+async fn list(State(state): State<Arc<AppState>>, Team(team): Team) -> Answer {
+    ok(webhooks::list(&state.pool, &team).await)
 }
 
 async fn add(
     State(state): State<Arc<AppState>>,
     Extension(me): Extension<Authority>,
-    Path(team): Path<String>,
+    Team(team): Team,
     body: Bytes,
 ) -> Answer {
     let result = async {
-        let team = me.team(&team)?;
         let new: NewHook = parse(&body)?;
         let kind = match new.kind.as_deref() {
             Some(kind) => WebhookKind::parse(kind)?,
@@ -82,11 +73,10 @@ async fn add(
 
 async fn remove(
     State(state): State<Arc<AppState>>,
-    Extension(me): Extension<Authority>,
-    Path((team, id)): Path<(String, String)>,
+    Team(team): Team,
+    Path((_, id)): Path<(String, String)>,
 ) -> Answer {
     let result = async {
-        let team = me.team(&team)?;
         let id = parse_id(&id, "webhook")?;
         webhooks::remove(&state.pool, id, &team).await
     };
@@ -95,31 +85,24 @@ async fn remove(
 
 async fn pause(
     State(state): State<Arc<AppState>>,
-    Extension(me): Extension<Authority>,
-    Path((team, id)): Path<(String, String)>,
+    Team(team): Team,
+    Path((_, id)): Path<(String, String)>,
 ) -> Answer {
-    set_paused(&state, &me, &team, &id, true).await
+    set_paused(&state, &team, &id, true).await
 }
 
 async fn resume(
     State(state): State<Arc<AppState>>,
-    Extension(me): Extension<Authority>,
-    Path((team, id)): Path<(String, String)>,
+    Team(team): Team,
+    Path((_, id)): Path<(String, String)>,
 ) -> Answer {
-    set_paused(&state, &me, &team, &id, false).await
+    set_paused(&state, &team, &id, false).await
 }
 
-async fn set_paused(
-    state: &AppState,
-    me: &Authority,
-    team: &str,
-    id: &str,
-    paused: bool,
-) -> Answer {
+async fn set_paused(state: &AppState, team: &TeamScope, id: &str, paused: bool) -> Answer {
     let result = async {
-        let team = me.team(team)?;
         let id = parse_id(id, "webhook")?;
-        webhooks::set_paused(&state.pool, id, &team, paused).await
+        webhooks::set_paused(&state.pool, id, team, paused).await
     };
     ok(result.await)
 }
