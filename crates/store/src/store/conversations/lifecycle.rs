@@ -5,8 +5,8 @@
 use uuid::Uuid;
 
 use super::access::{not_found, open, refuse_borrowed_label, require_manager, visible};
-use super::seats::{MEMBERS_MAX, lock_seats, parse_window, resolve_window};
-use super::{ConversationView, Publication, Visibility, audit, view, view_select};
+use super::seats::{MEMBERS_MAX, invite_new_seat, lock_seats, parse_window, resolve_window};
+use super::{ConversationView, Publication, SeatRole, Visibility, audit, view, view_select};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::backend::BackendKind;
@@ -180,28 +180,7 @@ pub async fn create(
     )
     .await?;
     for invitee in &invitees {
-        sqlx::query(
-            "INSERT INTO conversation_members
-                 (id, team_id, conversation_id, agent_id, session, role, state, history_from_seq, invited_by)
-             VALUES ($1, $2, $3, $4, $5, 'participant', 'invited', 1, $6)",
-        )
-        .bind(Uuid::new_v4())
-        .bind(me.team_id)
-        .bind(id)
-        .bind(invitee.agent_id)
-        .bind(&invitee.session)
-        .bind(me.agent_id)
-        .execute(&mut *tx)
-        .await?;
-        audit(
-            &mut tx,
-            me,
-            Some(id),
-            "invite",
-            &invitee.address(),
-            serde_json::json!({ "role": "participant", "history_from_seq": 1 }),
-        )
-        .await?;
+        invite_new_seat(&mut tx, me, id, invitee, SeatRole::Participant, 1).await?;
     }
     let view = view(&mut tx, me, id).await?;
     tx.commit().await?;

@@ -8,8 +8,8 @@ use uuid::Uuid;
 
 use super::access::{not_found, open, require_manager, visible, visible_unlocked};
 use super::seats::{
-    MEMBERS_MAX, SeatRow, Window, cap_reached, lock_seats, parse_window, resolve_window,
-    seats_taken,
+    MEMBERS_MAX, SeatChange, SeatRow, Window, cap_reached, invite_new_seat, lock_seats,
+    parse_window, resolve_window, seats_taken,
 };
 use super::transfer::transfer_complete;
 use super::{Conversation, Membership, SeatRole, SeatState, audit};
@@ -116,164 +116,177 @@ pub async fn invite(
         .iter()
         .find(|s| s.is(target.agent_id, &target.session))
         .cloned();
-    let from_now = conversation.last_seq + 1;
-    let history = if history_from_start { 1 } else { from_now };
-    let address = target.address();
-
-    let membership = |role, state, history: i64, outcome, note| Membership {
-        conversation_id: id,
-        address: address.clone(),
+    let asked = Invitation {
+        me,
+        id,
+        address: target.address(),
         role,
-        state,
-        history_from_seq: history,
-        outcome,
-        note,
+        history_from_start,
+        from_now: conversation.last_seq + 1,
+        manager: &manager,
     };
-
     let result = match existing {
-        None => {
-            let taken = seats_taken(&mut tx, me, id).await?;
-            if taken >= MEMBERS_MAX {
-                return Err(cap_reached(id, taken));
-            }
-            sqlx::query(
-                "INSERT INTO conversation_members
-                     (id, team_id, conversation_id, agent_id, session, role, state, history_from_seq, invited_by)
-                 VALUES ($1, $2, $3, $4, $5, $6, 'invited', $7, $8)",
-            )
-            .bind(Uuid::new_v4())
-            .bind(me.team_id)
-            .bind(id)
-            .bind(target.agent_id)
-            .bind(&target.session)
-            .bind(role)
-            .bind(history)
-            .bind(me.agent_id)
-            .execute(&mut *tx)
-            .await?;
-            audit(
-                &mut tx,
-                me,
-                Some(id),
-                "invite",
-                &address,
-                serde_json::json!({ "role": role, "history_from_seq": history }),
-            )
-            .await?;
-            membership(role, SeatState::Invited, history, "invited", None)
-        }
-        Some(seat) if seat.state == SeatState::Active => {
-            if seat.id == manager.id {
-                return Err(BusError::invalid(
-                    "you cannot change your own role. Another owner or moderator can; to step \
-                     away, use leave_conversation.",
-                ));
-            }
-            if seat.role == SeatRole::Owner && manager.role != SeatRole::Owner {
-                return Err(BusError::forbidden(format!(
-                    "{address} is an owner of conversation {id}; only an owner changes an owner's \
-                     role, and you are a {}. Ask an owner.",
-                    manager.role
-                )));
-            }
-            if seat.role == role {
-                membership(
-                    role,
-                    SeatState::Active,
-                    seat.history_from_seq,
-                    "unchanged",
-                    None,
-                )
-            } else {
-                sqlx::query(
-                    "UPDATE conversation_members SET role = $2, updated_at = now() WHERE id = $1",
-                )
-                .bind(seat.id)
-                .bind(role)
-                .execute(&mut *tx)
-                .await?;
-                audit(
-                    &mut tx,
-                    me,
-                    Some(id),
-                    "role",
-                    &address,
-                    serde_json::json!({ "from": seat.role, "to": role }),
-                )
-                .await?;
-                let note = history_from_start.then(|| {
-                    "history_from_start applies to invitations only; this active seat keeps \
-                     its history boundary."
-                        .to_string()
-                });
-                membership(
-                    role,
-                    SeatState::Active,
-                    seat.history_from_seq,
-                    "role_changed",
-                    note,
-                )
-            }
-        }
-        Some(seat) => {
-            if seat.state == SeatState::Invited
-                && seat.role == SeatRole::Owner
-                && manager.role != SeatRole::Owner
-            {
-                return Err(BusError::forbidden(format!(
-                    "{address} holds an owner seat; only an owner changes it. Ask an owner."
-                )));
-            }
-            if seat.state != SeatState::Invited {
-                let taken = seats_taken(&mut tx, me, id).await?;
-                if taken >= MEMBERS_MAX {
-                    return Err(cap_reached(id, taken));
-                }
-            }
-            // A removed seat comes back only from now: whatever was said while
-            // it was out stays out of its reach.
-            let (action, outcome, history, note) = if seat.state == SeatState::Removed {
-                (
-                    "readmit",
-                    "readmitted",
-                    from_now,
-                    history_from_start.then(|| {
-                        "a removed seat is re-admitted from now; history_from_start does not \
-                         apply to it."
-                            .to_string()
-                    }),
-                )
-            } else {
-                ("invite", "reinvited", history, None)
-            };
-            sqlx::query(
-                "UPDATE conversation_members
-                 SET role = $2, state = 'invited', history_from_seq = $3, invited_by = $4,
-                     transfer_to_session = NULL, superseded_by = NULL, updated_at = now()
-                 WHERE id = $1",
-            )
-            .bind(seat.id)
-            .bind(role)
-            .bind(history)
-            .bind(me.agent_id)
-            .execute(&mut *tx)
-            .await?;
-            audit(
-                &mut tx,
-                me,
-                Some(id),
-                action,
-                &address,
-                serde_json::json!({
-                    "role": role, "history_from_seq": history, "previous_state": seat.state,
-                }),
-            )
-            .await?;
-            membership(role, SeatState::Invited, history, outcome, note)
-        }
+        None => asked.new_seat(&mut tx, &target).await?,
+        Some(seat) if seat.state == SeatState::Active => asked.change_role(&mut tx, &seat).await?,
+        Some(seat) => asked.invite_again(&mut tx, &seat).await?,
     };
     tx.commit().await?;
     Ok(result)
+}
+
+/// What `invite_to_conversation` asked, and of whom: one method per state
+/// the target's seat is in.
+struct Invitation<'a> {
+    me: &'a Identity,
+    id: Uuid,
+    address: String,
+    role: SeatRole,
+    history_from_start: bool,
+    /// The seq the next message will take: a seat invited from now reads
+    /// from it.
+    from_now: i64,
+    manager: &'a SeatRow,
+}
+
+impl Invitation<'_> {
+    fn history(&self) -> i64 {
+        if self.history_from_start {
+            1
+        } else {
+            self.from_now
+        }
+    }
+
+    fn answer(
+        &self,
+        state: SeatState,
+        history_from_seq: i64,
+        outcome: &'static str,
+        note: Option<String>,
+    ) -> Membership {
+        Membership {
+            conversation_id: self.id,
+            address: self.address.clone(),
+            role: self.role,
+            state,
+            history_from_seq,
+            outcome,
+            note,
+        }
+    }
+
+    /// No seat yet: a new invited one, within the member cap.
+    async fn new_seat(&self, tx: &mut PgConnection, target: &Window) -> BusResult<Membership> {
+        let taken = seats_taken(tx, self.me, self.id).await?;
+        if taken >= MEMBERS_MAX {
+            return Err(cap_reached(self.id, taken));
+        }
+        let history = self.history();
+        invite_new_seat(tx, self.me, self.id, target, self.role, history).await?;
+        Ok(self.answer(SeatState::Invited, history, "invited", None))
+    }
+
+    /// An active seat: its role changes (never one's own; an owner's only by
+    /// an owner); its history boundary stays.
+    async fn change_role(&self, tx: &mut PgConnection, seat: &SeatRow) -> BusResult<Membership> {
+        let (id, address) = (self.id, &self.address);
+        if seat.id == self.manager.id {
+            return Err(BusError::invalid(
+                "you cannot change your own role. Another owner or moderator can; to step \
+                 away, use leave_conversation.",
+            ));
+        }
+        if seat.role == SeatRole::Owner && self.manager.role != SeatRole::Owner {
+            return Err(BusError::forbidden(format!(
+                "{address} is an owner of conversation {id}; only an owner changes an owner's \
+                 role, and you are a {}. Ask an owner.",
+                self.manager.role
+            )));
+        }
+        if seat.role == self.role {
+            return Ok(self.answer(SeatState::Active, seat.history_from_seq, "unchanged", None));
+        }
+        sqlx::query("UPDATE conversation_members SET role = $2, updated_at = now() WHERE id = $1")
+            .bind(seat.id)
+            .bind(self.role)
+            .execute(&mut *tx)
+            .await?;
+        audit(
+            tx,
+            self.me,
+            Some(id),
+            "role",
+            address,
+            serde_json::json!({ "from": seat.role, "to": self.role }),
+        )
+        .await?;
+        let note = self.history_from_start.then(|| {
+            "history_from_start applies to invitations only; this active seat keeps its history \
+             boundary."
+                .to_string()
+        });
+        Ok(self.answer(
+            SeatState::Active,
+            seat.history_from_seq,
+            "role_changed",
+            note,
+        ))
+    }
+
+    /// An invited, left or removed seat: invited again (a removed one
+    /// re-admitted from now), within the member cap when it held none.
+    async fn invite_again(&self, tx: &mut PgConnection, seat: &SeatRow) -> BusResult<Membership> {
+        let address = &self.address;
+        if seat.state == SeatState::Invited
+            && seat.role == SeatRole::Owner
+            && self.manager.role != SeatRole::Owner
+        {
+            return Err(BusError::forbidden(format!(
+                "{address} holds an owner seat; only an owner changes it. Ask an owner."
+            )));
+        }
+        if seat.state != SeatState::Invited {
+            let taken = seats_taken(tx, self.me, self.id).await?;
+            if taken >= MEMBERS_MAX {
+                return Err(cap_reached(self.id, taken));
+            }
+        }
+        // A removed seat comes back only from now: whatever was said while
+        // it was out stays out of its reach.
+        let (action, outcome, history, note) = if seat.state == SeatState::Removed {
+            let note = self.history_from_start.then(|| {
+                "a removed seat is re-admitted from now; history_from_start does not apply to it."
+                    .to_string()
+            });
+            ("readmit", "readmitted", self.from_now, note)
+        } else {
+            ("invite", "reinvited", self.history(), None)
+        };
+        sqlx::query(
+            "UPDATE conversation_members
+             SET role = $2, state = 'invited', history_from_seq = $3, invited_by = $4,
+                 transfer_to_session = NULL, superseded_by = NULL, updated_at = now()
+             WHERE id = $1",
+        )
+        .bind(seat.id)
+        .bind(self.role)
+        .bind(history)
+        .bind(self.me.agent_id)
+        .execute(&mut *tx)
+        .await?;
+        audit(
+            tx,
+            self.me,
+            Some(self.id),
+            action,
+            address,
+            serde_json::json!({
+                "role": self.role, "history_from_seq": history, "previous_state": seat.state,
+            }),
+        )
+        .await?;
+        Ok(self.answer(SeatState::Invited, history, outcome, note))
+    }
 }
 
 /// `join_conversation`: this window's invitation becomes an active seat, or a
@@ -312,31 +325,20 @@ pub async fn join(bus: &Bus, me: &Identity, id: Uuid) -> BusResult<Membership> {
     } else {
         match mine {
             Some(seat) if seat.state == SeatState::Invited => {
-                sqlx::query(
-                    "UPDATE conversation_members
-                     SET state = 'active', joined_at = now(), updated_at = now() WHERE id = $1",
-                )
-                .bind(seat.id)
-                .execute(&mut *tx)
-                .await?;
-                audit(
-                    &mut tx,
-                    me,
-                    Some(id),
-                    "join",
-                    &address,
-                    serde_json::json!({ "role": seat.role, "history_from_seq": seat.history_from_seq }),
-                )
-                .await?;
-                Membership {
+                SeatChange {
                     conversation_id: id,
+                    seat: &seat,
                     address,
-                    role: seat.role,
-                    state: SeatState::Active,
-                    history_from_seq: seat.history_from_seq,
+                    to: SeatState::Active,
+                    superseded_by: None,
+                    action: "join",
+                    detail: serde_json::json!({
+                        "role": seat.role, "history_from_seq": seat.history_from_seq,
+                    }),
                     outcome: "joined",
-                    note: None,
                 }
+                .apply(&mut tx, me)
+                .await?
             }
             Some(seat) if seat.state == SeatState::Active => Membership {
                 conversation_id: id,
@@ -382,33 +384,20 @@ pub async fn leave(bus: &Bus, me: &Identity, id: Uuid) -> BusResult<Membership> 
         _ => return Err(not_found(id)),
     };
     let declined = seat.state == SeatState::Invited;
-    sqlx::query(
-        "UPDATE conversation_members
-         SET state = 'left', left_at = now(), transfer_to_session = NULL, updated_at = now()
-         WHERE id = $1",
-    )
-    .bind(seat.id)
-    .execute(&mut *tx)
-    .await?;
-    audit(
-        &mut tx,
-        me,
-        Some(id),
-        "leave",
-        &me.address(),
-        serde_json::json!({ "role": seat.role, "declined": declined }),
-    )
+    let left = SeatChange {
+        conversation_id: id,
+        seat: &seat,
+        address: me.address(),
+        to: SeatState::Left,
+        superseded_by: None,
+        action: "leave",
+        detail: serde_json::json!({ "role": seat.role, "declined": declined }),
+        outcome: if declined { "declined" } else { "left" },
+    }
+    .apply(&mut tx, me)
     .await?;
     tx.commit().await?;
-    Ok(Membership {
-        conversation_id: id,
-        address: me.address(),
-        role: seat.role,
-        state: SeatState::Left,
-        history_from_seq: seat.history_from_seq,
-        outcome: if declined { "declined" } else { "left" },
-        note: None,
-    })
+    Ok(left)
 }
 
 /// `remove_conversation_member`: owners and moderators remove an invited or
@@ -448,31 +437,18 @@ pub async fn remove(bus: &Bus, me: &Identity, id: Uuid, address: &str) -> BusRes
             manager.role
         )));
     }
-    sqlx::query(
-        "UPDATE conversation_members
-         SET state = 'removed', removed_at = now(), transfer_to_session = NULL, updated_at = now()
-         WHERE id = $1",
-    )
-    .bind(seat.id)
-    .execute(&mut *tx)
-    .await?;
-    audit(
-        &mut tx,
-        me,
-        Some(id),
-        "remove",
-        &address,
-        serde_json::json!({ "role": seat.role, "previous_state": seat.state }),
-    )
+    let removed = SeatChange {
+        conversation_id: id,
+        seat: &seat,
+        address,
+        to: SeatState::Removed,
+        superseded_by: None,
+        action: "remove",
+        detail: serde_json::json!({ "role": seat.role, "previous_state": seat.state }),
+        outcome: "removed",
+    }
+    .apply(&mut tx, me)
     .await?;
     tx.commit().await?;
-    Ok(Membership {
-        conversation_id: id,
-        address,
-        role: seat.role,
-        state: SeatState::Removed,
-        history_from_seq: seat.history_from_seq,
-        outcome: "removed",
-        note: None,
-    })
+    Ok(removed)
 }

@@ -5,7 +5,7 @@
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::{SeatRole, SeatState};
+use super::{Membership, SeatRole, SeatState};
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::store::{self, messaging::messages};
@@ -37,6 +37,100 @@ impl SeatRow {
     pub(super) fn manages(&self) -> bool {
         self.state == SeatState::Active && self.role.manages()
     }
+}
+
+/// The one way a seat changes state: the row (with the timestamp its new
+/// state keeps, and no transfer pending any more), then its audit row, then
+/// the membership the tool answers. `superseded_by` names the seat a
+/// transfer moved this one to (a transfer's source only). Invitations, which
+/// also set a role and a history boundary, write their own row.
+pub(super) struct SeatChange<'a> {
+    pub(super) conversation_id: Uuid,
+    pub(super) seat: &'a SeatRow,
+    pub(super) address: String,
+    pub(super) to: SeatState,
+    pub(super) superseded_by: Option<Uuid>,
+    /// The audit action and its detail.
+    pub(super) action: &'static str,
+    pub(super) detail: serde_json::Value,
+    pub(super) outcome: &'static str,
+}
+
+impl SeatChange<'_> {
+    pub(super) async fn apply(
+        self,
+        conn: &mut PgConnection,
+        me: &Identity,
+    ) -> BusResult<Membership> {
+        sqlx::query(
+            "UPDATE conversation_members
+             SET state = $2,
+                 joined_at = CASE WHEN $2 = 'active' THEN now() ELSE joined_at END,
+                 left_at = CASE WHEN $2 = 'left' THEN now() ELSE left_at END,
+                 removed_at = CASE WHEN $2 = 'removed' THEN now() ELSE removed_at END,
+                 superseded_by = $3, transfer_to_session = NULL, updated_at = now()
+             WHERE id = $1",
+        )
+        .bind(self.seat.id)
+        .bind(self.to)
+        .bind(self.superseded_by)
+        .execute(&mut *conn)
+        .await?;
+        super::audit(
+            conn,
+            me,
+            Some(self.conversation_id),
+            self.action,
+            &self.address,
+            self.detail,
+        )
+        .await?;
+        Ok(Membership {
+            conversation_id: self.conversation_id,
+            address: self.address,
+            role: self.seat.role,
+            state: self.to,
+            history_from_seq: self.seat.history_from_seq,
+            outcome: self.outcome,
+            note: None,
+        })
+    }
+}
+
+/// A new invited seat for `window`, and its `invite` audit row (a
+/// conversation's creation and `invite_to_conversation` both invite so).
+pub(super) async fn invite_new_seat(
+    conn: &mut PgConnection,
+    me: &Identity,
+    conversation_id: Uuid,
+    window: &Window,
+    role: SeatRole,
+    history_from_seq: i64,
+) -> BusResult<()> {
+    sqlx::query(
+        "INSERT INTO conversation_members
+             (id, team_id, conversation_id, agent_id, session, role, state, history_from_seq, invited_by)
+         VALUES ($1, $2, $3, $4, $5, $6, 'invited', $7, $8)",
+    )
+    .bind(Uuid::new_v4())
+    .bind(me.team_id)
+    .bind(conversation_id)
+    .bind(window.agent_id)
+    .bind(&window.session)
+    .bind(role)
+    .bind(history_from_seq)
+    .bind(me.agent_id)
+    .execute(&mut *conn)
+    .await?;
+    super::audit(
+        conn,
+        me,
+        Some(conversation_id),
+        "invite",
+        &window.address(),
+        serde_json::json!({ "role": role, "history_from_seq": history_from_seq }),
+    )
+    .await
 }
 
 /// A window named by an address, resolved in the caller's team.
