@@ -482,34 +482,10 @@ async fn mcp_gate(State(state): State<Arc<AppState>>, request: Request, next: Ne
         return too_large(limit);
     }
 
-    // The window headers are checked before the credential is looked up, so
-    // a malformed header never costs a database round trip.
-    let (label, epoch) = match window_headers(request.headers()) {
-        Ok(headers) => headers,
-        Err(err) => return bus_error_response(&err),
-    };
-    // Past the address's allowance of failures the lookup waits its turn
-    // (a few at a time), so a flood of bad credentials costs a few lookups
-    // at a time; a credential that verifies is never refused for it.
     let address = client_address(limits, &request);
-    let identity = match authenticate(&state, request.headers(), label, epoch, address).await {
+    let identity = match mcp_caller(&state, request.headers(), address).await {
         Ok(identity) => identity,
-        Err(Unverified {
-            error,
-            throttled,
-            crowded,
-        }) => {
-            if let (true, Some(wait)) = (crowded, throttled) {
-                return address_crowded(address, wait, limits.unauthenticated_per_minute());
-            }
-            if matches!(error, BusError::Unauthenticated(_)) {
-                limits.failed_authentication(address);
-                if let Some(wait) = throttled {
-                    return address_throttled(address, wait, limits.unauthenticated_per_minute());
-                }
-            }
-            return bus_error_response(&error);
-        }
+        Err(refusal) => return refusal,
     };
 
     if let Err(wait) = state.limiter.check(identity.token_id) {
@@ -531,33 +507,9 @@ async fn mcp_gate(State(state): State<Arc<AppState>>, request: Request, next: Ne
     };
 
     let (mut parts, body) = request.into_parts();
-    let (bytes, _buffered) = match limits.read_body(body, declared, limit).await {
+    let (bytes, _buffered) = match read_mcp_body(&state, body, declared).await {
         Ok(read) => read,
-        Err(limits::BodyRefusal::TooLarge) => return too_large(limit),
-        Err(limits::BodyRefusal::BudgetExhausted) => {
-            return server_busy(format!(
-                "the server is buffering its maximum of {} MiB of request bodies at once",
-                limits.max_buffered_bytes() / (1024 * 1024)
-            ));
-        }
-        Err(limits::BodyRefusal::Unreadable(err)) => {
-            return json_error(
-                StatusCode::BAD_REQUEST,
-                "invalid",
-                format!("could not read the request body: {err}"),
-            );
-        }
-        Err(limits::BodyRefusal::TimedOut) => {
-            return json_error(
-                StatusCode::REQUEST_TIMEOUT,
-                "timeout",
-                format!(
-                    "the request body did not arrive within {} s; nothing was done. Send the \
-                     whole body at once.",
-                    state.settings.body_read_timeout.as_secs()
-                ),
-            );
-        }
+        Err(refusal) => return refusal,
     };
     let checked = match malformed::check_body(&parts.headers, &bytes) {
         Ok(checked) => checked,
@@ -602,6 +554,81 @@ async fn mcp_gate(State(state): State<Arc<AppState>>, request: Request, next: Ne
             _slots: (_slot, _call),
         }),
     )
+}
+
+/// Who sends an `/mcp` request, or the refusal. The window headers are
+/// checked before the credential is looked up, so a malformed header never
+/// costs a database round trip. Past the address's allowance of failures
+/// the lookup waits its turn (a few at a time), so a flood of bad
+/// credentials costs a few lookups at a time; a credential that verifies is
+/// never refused for it.
+async fn mcp_caller(
+    state: &AppState,
+    headers: &HeaderMap,
+    address: Option<std::net::IpAddr>,
+) -> Result<acs_store::auth::Identity, Response> {
+    let limits = &state.limits;
+    let (label, epoch) = window_headers(headers).map_err(|err| bus_error_response(&err))?;
+    let Unverified {
+        error,
+        throttled,
+        crowded,
+    } = match authenticate(state, headers, label, epoch, address).await {
+        Ok(identity) => return Ok(identity),
+        Err(unverified) => unverified,
+    };
+    if let (true, Some(wait)) = (crowded, throttled) {
+        return Err(address_crowded(
+            address,
+            wait,
+            limits.unauthenticated_per_minute(),
+        ));
+    }
+    if matches!(error, BusError::Unauthenticated(_)) {
+        limits.failed_authentication(address);
+        if let Some(wait) = throttled {
+            return Err(address_throttled(
+                address,
+                wait,
+                limits.unauthenticated_per_minute(),
+            ));
+        }
+    }
+    Err(bus_error_response(&error))
+}
+
+/// An `/mcp` request's body, read within the size limit, the server's
+/// buffered-bytes budget (the permit is held until the request ends) and the
+/// body timeout; or the refusal that says which.
+async fn read_mcp_body(
+    state: &AppState,
+    body: Body,
+    declared: Option<u64>,
+) -> Result<(axum::body::Bytes, tokio::sync::OwnedSemaphorePermit), Response> {
+    let limits = &state.limits;
+    let limit = state.settings.max_request_bytes;
+    match limits.read_body(body, declared, limit).await {
+        Ok(read) => Ok(read),
+        Err(limits::BodyRefusal::TooLarge) => Err(too_large(limit)),
+        Err(limits::BodyRefusal::BudgetExhausted) => Err(server_busy(format!(
+            "the server is buffering its maximum of {} MiB of request bodies at once",
+            limits.max_buffered_bytes() / (1024 * 1024)
+        ))),
+        Err(limits::BodyRefusal::Unreadable(err)) => Err(json_error(
+            StatusCode::BAD_REQUEST,
+            "invalid",
+            format!("could not read the request body: {err}"),
+        )),
+        Err(limits::BodyRefusal::TimedOut) => Err(json_error(
+            StatusCode::REQUEST_TIMEOUT,
+            "timeout",
+            format!(
+                "the request body did not arrive within {} s; nothing was done. Send the whole \
+                 body at once.",
+                state.settings.body_read_timeout.as_secs()
+            ),
+        )),
+    }
 }
 
 /// A response body that keeps the request's slots until it has been sent in

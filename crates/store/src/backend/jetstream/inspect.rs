@@ -94,117 +94,143 @@ fn compare(
          --apply`), then `ai-crew-sync team stream --team {team} --nats-url {url} --remove` \
          and `ai-crew-sync team stream --team {team} --nats-url {url}`"
     );
-    let mut findings = Vec::new();
-    if found.subjects != wanted.subjects {
-        findings.push(LimitFinding {
-            limit: "subjects",
-            found: found.subjects.join(", "),
-            expected: wanted.subjects.join(", "),
-            consequence: if body {
-                "bodies the bus publishes to the team's subjects are not stored here"
-            } else {
-                "inbox references the bus publishes are not stored here"
-            },
-            serious: true,
-            fix: edit(&format!("the subjects to {}", wanted.subjects.join(", "))),
-        });
-    }
+    let by_kind = |for_body: &'static str, for_inbox: &'static str| {
+        if body { for_body } else { for_inbox }
+    };
     // NATS reads 0 and -1 as "no limit".
     let needed = if body {
         REQUIRED_MAX_PAYLOAD as i32
     } else {
         wanted.max_message_size
     };
-    if found.max_message_size > 0 && found.max_message_size < needed {
-        findings.push(LimitFinding {
-            limit: "max_msg_size",
-            found: found.max_message_size.to_string(),
-            expected: format!("at least {needed} bytes, or no limit"),
-            consequence: if body {
-                "a full 1 MiB body plus its headers is refused, and its message fails"
-            } else {
-                "a larger reference is refused (PostgreSQL still delivers it, later)"
+    // One row per setting: whether it differs, and what to say when it does.
+    let table = [
+        (
+            found.subjects != wanted.subjects,
+            LimitFinding {
+                limit: "subjects",
+                found: found.subjects.join(", "),
+                expected: wanted.subjects.join(", "),
+                consequence: by_kind(
+                    "bodies the bus publishes to the team's subjects are not stored here",
+                    "inbox references the bus publishes are not stored here",
+                ),
+                serious: true,
+                fix: edit(&format!("the subjects to {}", wanted.subjects.join(", "))),
             },
-            serious: body,
-            fix: format!("`{update_quotas}` (sets {})", wanted.max_message_size),
-        });
-    }
-    if found.storage != wanted.storage {
-        findings.push(LimitFinding {
-            limit: "storage",
-            found: storage_name(found.storage).into(),
-            expected: storage_name(wanted.storage).into(),
-            consequence: if body {
-                "every body is lost when the broker restarts"
-            } else {
-                "references are lost when the broker restarts (PostgreSQL rebuilds them)"
+        ),
+        (
+            found.max_message_size > 0 && found.max_message_size < needed,
+            LimitFinding {
+                limit: "max_msg_size",
+                found: found.max_message_size.to_string(),
+                expected: format!("at least {needed} bytes, or no limit"),
+                consequence: by_kind(
+                    "a full 1 MiB body plus its headers is refused, and its message fails",
+                    "a larger reference is refused (PostgreSQL still delivers it, later)",
+                ),
+                serious: body,
+                fix: format!("`{update_quotas}` (sets {})", wanted.max_message_size),
             },
-            serious: body,
-            fix: recreate.clone(),
-        });
-    }
-    if found.retention != wanted.retention {
-        findings.push(LimitFinding {
-            limit: "retention",
-            found: retention_name(found.retention).into(),
-            expected: retention_name(wanted.retention).into(),
-            consequence: if body {
-                "the broker deletes bodies that PostgreSQL still points at"
-            } else {
-                "acknowledged references are not removed, or unread ones are"
+        ),
+        (
+            found.discard != wanted.discard,
+            LimitFinding {
+                limit: "discard",
+                found: discard_name(found.discard).into(),
+                expected: discard_name(wanted.discard).into(),
+                consequence: by_kind(
+                    "a full stream drops its oldest bodies instead of refusing new ones",
+                    "a full inbox refuses new references instead of dropping old ones",
+                ),
+                serious: body,
+                fix: edit(&format!("discard to {}", discard_name(wanted.discard))),
             },
-            serious: body,
-            fix: recreate.clone(),
-        });
-    }
-    if found.discard != wanted.discard {
-        findings.push(LimitFinding {
-            limit: "discard",
-            found: discard_name(found.discard).into(),
-            expected: discard_name(wanted.discard).into(),
-            consequence: if body {
-                "a full stream drops its oldest bodies instead of refusing new ones"
-            } else {
-                "a full inbox refuses new references instead of dropping old ones"
+        ),
+        (
+            body && !found.max_age.is_zero(),
+            LimitFinding {
+                limit: "max_age",
+                found: format!("{} s", found.max_age.as_secs()),
+                expected: "none (bodies are kept whatever their age)".into(),
+                consequence: "the broker drops bodies older than that",
+                serious: true,
+                fix: edit("max_age to none (0)"),
             },
-            serious: body,
-            fix: edit(&format!("discard to {}", discard_name(wanted.discard))),
-        });
-    }
-    if body && !found.max_age.is_zero() {
-        findings.push(LimitFinding {
-            limit: "max_age",
-            found: format!("{} s", found.max_age.as_secs()),
-            expected: "none (bodies are kept whatever their age)".into(),
-            consequence: "the broker drops bodies older than that",
-            serious: true,
-            fix: edit("max_age to none (0)"),
-        });
-    }
-    if found.duplicate_window < wanted.duplicate_window {
-        findings.push(LimitFinding {
-            limit: "duplicate_window",
-            found: format!("{} s", found.duplicate_window.as_secs()),
-            expected: format!("at least {} s", wanted.duplicate_window.as_secs()),
-            consequence: "a publish presented again after an unanswered one can be stored twice",
-            serious: false,
-            fix: edit(&format!(
-                "duplicate_window to {} s",
-                wanted.duplicate_window.as_secs()
-            )),
-        });
-    }
-    if found.sealed {
-        findings.push(LimitFinding {
-            limit: "sealed",
-            found: "true".into(),
-            expected: "false".into(),
-            consequence: "a sealed stream takes nothing new",
-            serious: true,
-            fix: recreate.clone(),
-        });
-    }
-    findings
+        ),
+        (
+            found.duplicate_window < wanted.duplicate_window,
+            LimitFinding {
+                limit: "duplicate_window",
+                found: format!("{} s", found.duplicate_window.as_secs()),
+                expected: format!("at least {} s", wanted.duplicate_window.as_secs()),
+                consequence: "a publish presented again after an unanswered one can be stored \
+                              twice",
+                serious: false,
+                fix: edit(&format!(
+                    "duplicate_window to {} s",
+                    wanted.duplicate_window.as_secs()
+                )),
+            },
+        ),
+    ];
+    table
+        .into_iter()
+        .chain(fixed_at_creation(found, wanted, body, &recreate))
+        .filter_map(|(differs, finding)| differs.then_some(finding))
+        .collect()
+}
+
+/// The settings a stream keeps from its creation: the fix is to recreate
+/// it (`recreate` says how).
+fn fixed_at_creation(
+    found: &Config,
+    wanted: &Config,
+    body: bool,
+    recreate: &str,
+) -> [(bool, LimitFinding); 3] {
+    let by_kind = |for_body, for_inbox| if body { for_body } else { for_inbox };
+    [
+        (
+            found.storage != wanted.storage,
+            LimitFinding {
+                limit: "storage",
+                found: storage_name(found.storage).into(),
+                expected: storage_name(wanted.storage).into(),
+                consequence: by_kind(
+                    "every body is lost when the broker restarts",
+                    "references are lost when the broker restarts (PostgreSQL rebuilds them)",
+                ),
+                serious: body,
+                fix: recreate.to_string(),
+            },
+        ),
+        (
+            found.retention != wanted.retention,
+            LimitFinding {
+                limit: "retention",
+                found: retention_name(found.retention).into(),
+                expected: retention_name(wanted.retention).into(),
+                consequence: by_kind(
+                    "the broker deletes bodies that PostgreSQL still points at",
+                    "acknowledged references are not removed, or unread ones are",
+                ),
+                serious: body,
+                fix: recreate.to_string(),
+            },
+        ),
+        (
+            found.sealed,
+            LimitFinding {
+                limit: "sealed",
+                found: "true".into(),
+                expected: "false".into(),
+                consequence: "a sealed stream takes nothing new",
+                serious: true,
+                fix: recreate.to_string(),
+            },
+        ),
+    ]
 }
 
 fn storage_name(storage: StorageType) -> &'static str {

@@ -22,7 +22,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 use serde_json::json;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::backend::jetstream::{
@@ -295,26 +295,7 @@ pub async fn retry_failed(
     .await?;
     let (retried, not_recoverable): (Vec<_>, Vec<_>) =
         failed.into_iter().partition(|m| m.body_held);
-    if retried.iter().any(|m| m.backend == BackendKind::Jetstream) {
-        let Some(broker) = broker else {
-            return Err(BusError::invalid(format!(
-                "{} failed message(s) of team `{}` go to JetStream; name the broker with \
-                 --nats-url (or BUS_NATS_URL) so the retry can check the cause is fixed first. \
-                 Nothing was changed.",
-                retried.len(),
-                team.slug
-            )));
-        };
-        let conditions = of_team(broker, team.id, &team.slug).await?;
-        if !conditions.is_empty() {
-            let said: Vec<String> = conditions.iter().map(Reported::sentence).collect();
-            return Err(BusError::conflict(format!(
-                "the cause is still there, so retrying would only make the messages wait or \
-                 fail again; nothing was changed. {} Then run this command again.",
-                said.join(" ")
-            )));
-        }
-    }
+    refuse_while_the_cause_remains(broker, &team, &retried).await?;
     if !apply || retried.is_empty() {
         return Ok(RetryReport {
             team: team.slug,
@@ -323,68 +304,8 @@ pub async fn retry_failed(
             not_recoverable,
         });
     }
-    let ids: Vec<Uuid> = retried.iter().map(|m| m.message_id).collect();
-    let mut conversations: Vec<Uuid> = retried.iter().map(|m| m.conversation_id).collect();
-    conversations.sort();
-    conversations.dedup();
     let mut tx = pool.begin().await?;
-    // Conversation rows first, the lock order of every conversation writer
-    // (a settle takes the same key-share locks before touching messages).
-    sqlx::query(
-        "SELECT 1 FROM conversations WHERE team_id = $1 AND id = ANY($2)
-          ORDER BY id FOR KEY SHARE",
-    )
-    .bind(team.id)
-    .bind(&conversations)
-    .execute(&mut *tx)
-    .await?;
-    // Fresh attempts, due now; a new generation so no settle of an earlier
-    // lease can land on the slot again. A message given up on as uncertain
-    // stays so: its first new attempt asks the backend by key before
-    // publishing (a body that did land is settled, not stored twice).
-    let put_back: Vec<Uuid> = sqlx::query_scalar(
-        "WITH slots AS (
-             UPDATE conversation_outbox
-                SET state = 'pending', attempts = 0, generation = generation + 1,
-                    leased_by = NULL, lease_expires_at = NULL, next_attempt_at = now(),
-                    last_error = NULL, updated_at = now()
-              WHERE team_id = $1 AND message_id = ANY($2) AND state = 'failed'
-              RETURNING message_id)
-         UPDATE conversation_messages m
-            SET publication_state = 'pending_publication'
-          WHERE m.team_id = $1 AND m.id = ANY($2) AND m.publication_state = 'failed'
-            AND m.tombstoned_at IS NULL
-            AND (m.id IN (SELECT message_id FROM slots)
-                 OR NOT EXISTS (SELECT 1 FROM conversation_outbox o WHERE o.message_id = m.id))
-          RETURNING m.id",
-    )
-    .bind(team.id)
-    .bind(&ids)
-    .fetch_all(&mut *tx)
-    .await?;
-    // A failed message without a slot (its body in its row) gets one, as a
-    // send would have written it.
-    for m in retried.iter().filter(|m| !m.has_slot) {
-        if !put_back.contains(&m.message_id) {
-            continue;
-        }
-        let body: String = sqlx::query_scalar(
-            "SELECT body FROM conversation_messages WHERE team_id = $1 AND id = $2",
-        )
-        .bind(team.id)
-        .bind(m.message_id)
-        .fetch_one(&mut *tx)
-        .await?;
-        outbox::enqueue(
-            &mut tx,
-            m.message_id,
-            m.conversation_id,
-            team.id,
-            m.backend,
-            &body,
-        )
-        .await?;
-    }
+    let put_back = put_back(&mut tx, team.id, &retried).await?;
     let retried: Vec<FailedMessage> = retried
         .into_iter()
         .filter(|m| put_back.contains(&m.message_id))
@@ -406,6 +327,109 @@ pub async fn retry_failed(
         retried,
         not_recoverable,
     })
+}
+
+/// A retry of messages bound for JetStream is refused, changing nothing,
+/// while one of the team's streams is missing or full (checked on `broker`,
+/// required then): they would only wait or fail again.
+async fn refuse_while_the_cause_remains(
+    broker: Option<&Broker>,
+    team: &teams::Team,
+    retried: &[FailedMessage],
+) -> BusResult<()> {
+    if !retried.iter().any(|m| m.backend == BackendKind::Jetstream) {
+        return Ok(());
+    }
+    let Some(broker) = broker else {
+        return Err(BusError::invalid(format!(
+            "{} failed message(s) of team `{}` go to JetStream; name the broker with \
+             --nats-url (or BUS_NATS_URL) so the retry can check the cause is fixed first. \
+             Nothing was changed.",
+            retried.len(),
+            team.slug
+        )));
+    };
+    let conditions = of_team(broker, team.id, &team.slug).await?;
+    if !conditions.is_empty() {
+        let said: Vec<String> = conditions.iter().map(Reported::sentence).collect();
+        return Err(BusError::conflict(format!(
+            "the cause is still there, so retrying would only make the messages wait or \
+             fail again; nothing was changed. {} Then run this command again.",
+            said.join(" ")
+        )));
+    }
+    Ok(())
+}
+
+/// Put `retried` back to pending with fresh attempts, under their
+/// conversations' locks; the ids actually put back.
+async fn put_back(
+    conn: &mut PgConnection,
+    team_id: Uuid,
+    retried: &[FailedMessage],
+) -> BusResult<Vec<Uuid>> {
+    let ids: Vec<Uuid> = retried.iter().map(|m| m.message_id).collect();
+    let mut conversations: Vec<Uuid> = retried.iter().map(|m| m.conversation_id).collect();
+    conversations.sort();
+    conversations.dedup();
+    // Conversation rows first, the lock order of every conversation writer
+    // (a settle takes the same key-share locks before touching messages).
+    sqlx::query(
+        "SELECT 1 FROM conversations WHERE team_id = $1 AND id = ANY($2)
+          ORDER BY id FOR KEY SHARE",
+    )
+    .bind(team_id)
+    .bind(&conversations)
+    .execute(&mut *conn)
+    .await?;
+    // Fresh attempts, due now; a new generation so no settle of an earlier
+    // lease can land on the slot again. A message given up on as uncertain
+    // stays so: its first new attempt asks the backend by key before
+    // publishing (a body that did land is settled, not stored twice).
+    let put_back: Vec<Uuid> = sqlx::query_scalar(
+        "WITH slots AS (
+             UPDATE conversation_outbox
+                SET state = 'pending', attempts = 0, generation = generation + 1,
+                    leased_by = NULL, lease_expires_at = NULL, next_attempt_at = now(),
+                    last_error = NULL, updated_at = now()
+              WHERE team_id = $1 AND message_id = ANY($2) AND state = 'failed'
+              RETURNING message_id)
+         UPDATE conversation_messages m
+            SET publication_state = 'pending_publication'
+          WHERE m.team_id = $1 AND m.id = ANY($2) AND m.publication_state = 'failed'
+            AND m.tombstoned_at IS NULL
+            AND (m.id IN (SELECT message_id FROM slots)
+                 OR NOT EXISTS (SELECT 1 FROM conversation_outbox o WHERE o.message_id = m.id))
+          RETURNING m.id",
+    )
+    .bind(team_id)
+    .bind(&ids)
+    .fetch_all(&mut *conn)
+    .await?;
+    // A failed message without a slot (its body in its row) gets one, as a
+    // send would have written it.
+    for m in retried.iter().filter(|m| !m.has_slot) {
+        if !put_back.contains(&m.message_id) {
+            continue;
+        }
+        let body: String = sqlx::query_scalar(
+            "SELECT body FROM conversation_messages WHERE team_id = $1 AND id = $2",
+        )
+        .bind(team_id)
+        .bind(m.message_id)
+        .fetch_one(&mut *conn)
+        .await?;
+        outbox::enqueue(
+            &mut *conn,
+            m.message_id,
+            m.conversation_id,
+            team_id,
+            m.backend,
+            &body,
+        )
+        .await?;
+    }
+    Ok(put_back)
 }
 
 /// Messages naming the team's body stream, counted before `team stream`

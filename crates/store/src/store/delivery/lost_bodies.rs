@@ -276,31 +276,14 @@ pub async fn declare_lost(
     .await?;
     let (body_stream, _) = broker.team_streams(team.id).await?;
     let stream_present = body_stream.is_some();
-    let backend = JetStreamBackend::new(broker.clone(), team.id);
-    let mut readable = 0;
-    let mut lost: Vec<(Uuid, Uuid, i64, String)> = Vec::new();
-    for (message_id, conversation_id, seq, locator, digest) in candidates {
-        if stream_present {
-            let fetched = backend
-                .fetch_once(&Locator(locator.clone()), message_id)
-                .await;
-            match judge(fetched, &digest) {
-                Verdict::Held(_) => {
-                    readable += 1;
-                    continue;
-                }
-                Verdict::Lost => {}
-                Verdict::Unknown(e) => {
-                    return Err(BusError::unavailable(format!(
-                        "the broker did not answer for message seq {seq} of conversation \
-                         {conversation_id} ({e}); nothing was declared lost. Run the command \
-                         again when the broker answers."
-                    )));
-                }
-            }
-        }
-        lost.push((message_id, conversation_id, seq, locator));
-    }
+    let (readable, lost) = if stream_present {
+        probe(broker, team.id, candidates).await?
+    } else {
+        let lost = candidates
+            .into_iter()
+            .map(|(id, c, seq, locator, _)| (id, c, seq, locator));
+        (0, lost.collect())
+    };
     let mut conversations: Vec<LostInConversation> = Vec::new();
     let mut locators: Vec<Vec<String>> = Vec::new();
     for (message_id, conversation_id, seq, locator) in &lost {
@@ -337,51 +320,93 @@ pub async fn declare_lost(
     }
     let mut total = 0;
     for (found, locators) in declared.conversations.iter_mut().zip(locators) {
-        let mut tx = pool.begin().await?;
-        sqlx::query("SELECT 1 FROM conversations WHERE team_id = $1 AND id = $2 FOR UPDATE")
-            .bind(team.id)
-            .bind(found.conversation_id)
-            .execute(&mut *tx)
-            .await?;
-        // Only what is still as it was found: a body a move copied back or
-        // a tombstone recorded meanwhile is not declared again.
-        let done: Vec<(Uuid, i64)> = sqlx::query_as(
-            "UPDATE conversation_messages m
-                SET tombstoned_at = now(), tombstone_reason = $3
-               FROM unnest($1::uuid[], $2::text[]) AS f(id, locator)
-              WHERE m.id = f.id AND m.canonical_locator = f.locator
-                AND m.body = '' AND m.tombstoned_at IS NULL AND m.backend = 'jetstream'
-              RETURNING m.id, m.seq",
-        )
-        .bind(&found.message_ids)
-        .bind(&locators)
-        .bind(LOST_BODY_REASON)
-        .fetch_all(&mut *tx)
-        .await?;
-        let mut done = done;
-        done.sort_by_key(|(_, seq)| *seq);
-        found.message_ids = done.iter().map(|(id, _)| *id).collect();
-        found.seqs = done.iter().map(|(_, seq)| *seq).collect();
-        if done.is_empty() {
-            continue;
-        }
-        audit::record(
-            &mut tx,
-            Some(team.id),
-            actor,
-            "conversation.declare_lost",
-            &found.conversation_id.to_string(),
-            json!({ "conversation_id": found.conversation_id, "seqs": found.seqs,
-                    "message_ids": found.message_ids, "reason": LOST_BODY_REASON,
-                    "stream_present": stream_present }),
-        )
-        .await?;
-        tx.commit().await?;
-        total += done.len() as u64;
+        total += tombstone_lost(pool, team.id, found, &locators, actor, stream_present).await?;
     }
     declared.conversations.retain(|c| !c.seqs.is_empty());
     declared.lost = total;
     Ok(declared)
+}
+
+/// What the broker answers for each candidate: how many it returns with
+/// the recorded digest, and the others (id, conversation, seq, locator). A
+/// candidate it does not answer for stops everything: silence is not loss.
+async fn probe(
+    broker: &Broker,
+    team_id: Uuid,
+    candidates: Vec<LostCandidate>,
+) -> BusResult<(u64, Vec<(Uuid, Uuid, i64, String)>)> {
+    let backend = JetStreamBackend::new(broker.clone(), team_id);
+    let mut readable = 0;
+    let mut lost = Vec::new();
+    for (message_id, conversation_id, seq, locator, digest) in candidates {
+        let fetched = backend
+            .fetch_once(&Locator(locator.clone()), message_id)
+            .await;
+        match judge(fetched, &digest) {
+            Verdict::Held(_) => readable += 1,
+            Verdict::Lost => lost.push((message_id, conversation_id, seq, locator)),
+            Verdict::Unknown(e) => {
+                return Err(BusError::unavailable(format!(
+                    "the broker did not answer for message seq {seq} of conversation \
+                     {conversation_id} ({e}); nothing was declared lost. Run the command \
+                     again when the broker answers."
+                )));
+            }
+        }
+    }
+    Ok((readable, lost))
+}
+
+/// Tombstone one conversation's lost bodies in one audited transaction,
+/// its row locked first; only what is still as it was found (a body a move
+/// copied back or a tombstone recorded meanwhile is not declared again).
+/// `found` keeps what was tombstoned; answers how many.
+async fn tombstone_lost(
+    pool: &PgPool,
+    team_id: Uuid,
+    found: &mut LostInConversation,
+    locators: &[String],
+    actor: &Actor,
+    stream_present: bool,
+) -> BusResult<u64> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT 1 FROM conversations WHERE team_id = $1 AND id = $2 FOR UPDATE")
+        .bind(team_id)
+        .bind(found.conversation_id)
+        .execute(&mut *tx)
+        .await?;
+    let mut done: Vec<(Uuid, i64)> = sqlx::query_as(
+        "UPDATE conversation_messages m
+            SET tombstoned_at = now(), tombstone_reason = $3
+           FROM unnest($1::uuid[], $2::text[]) AS f(id, locator)
+          WHERE m.id = f.id AND m.canonical_locator = f.locator
+            AND m.body = '' AND m.tombstoned_at IS NULL AND m.backend = 'jetstream'
+          RETURNING m.id, m.seq",
+    )
+    .bind(&found.message_ids)
+    .bind(locators)
+    .bind(LOST_BODY_REASON)
+    .fetch_all(&mut *tx)
+    .await?;
+    done.sort_by_key(|(_, seq)| *seq);
+    found.message_ids = done.iter().map(|(id, _)| *id).collect();
+    found.seqs = done.iter().map(|(_, seq)| *seq).collect();
+    if done.is_empty() {
+        return Ok(0);
+    }
+    audit::record(
+        &mut tx,
+        Some(team_id),
+        actor,
+        "conversation.declare_lost",
+        &found.conversation_id.to_string(),
+        json!({ "conversation_id": found.conversation_id, "seqs": found.seqs,
+                "message_ids": found.message_ids, "reason": LOST_BODY_REASON,
+                "stream_present": stream_present }),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(done.len() as u64)
 }
 
 /// A body a move cannot read from where it is: released from PostgreSQL and

@@ -203,6 +203,27 @@ pub async fn team_digest(
         .fetch_one(&bus.pool)
         .await?;
 
+    Ok(Digest {
+        hours,
+        since,
+        focus,
+        all_channels,
+        channels: channel_activity(bus, me, since, all_channels, focus_id).await?,
+        tasks: task_moves(bus, me, since).await?,
+        notes: note_changes(bus, me, since).await?,
+        agents_seen: agents_seen(bus, me, since).await?,
+    })
+}
+
+/// The channels active in the period (all of them, or the focus and
+/// announcements), each with its count (capped) and its latest messages.
+async fn channel_activity(
+    bus: &Bus,
+    me: &Identity,
+    since: DateTime<Utc>,
+    all_channels: bool,
+    focus_id: Option<Uuid>,
+) -> BusResult<Vec<ChannelActivity>> {
     #[derive(sqlx::FromRow)]
     struct Row {
         channel: String,
@@ -269,7 +290,11 @@ pub async fn team_digest(
             });
         }
     }
+    Ok(channel_activity)
+}
 
+/// The team's newest task moves in the period, each with its latest event.
+async fn task_moves(bus: &Bus, me: &Identity, since: DateTime<Utc>) -> BusResult<Vec<TaskMove>> {
     // Bounded by the page: the team's newest $3 task moves, walked on their
     // update-time index, then each task's latest event in the period. The
     // page is taken before the events are joined: every write that sets
@@ -277,7 +302,7 @@ pub async fn team_digest(
     // tasks has one; joined first, the planner read the events of every
     // task moved in the period (13.6 ms against 0.46 on the history
     // benchmark's large team, issue 34).
-    let tasks: Vec<TaskMove> = sqlx::query_as(
+    Ok(sqlx::query_as(
         "SELECT t.key, t.title,
                 CASE WHEN t.status = 'claimed' AND t.lease_expires_at <= now() THEN 'open' ELSE t.status END
                     AS status,
@@ -297,9 +322,16 @@ pub async fn team_digest(
     .bind(since)
     .bind(DIGEST_LIST_MAX)
     .fetch_all(&bus.pool)
-    .await?;
+    .await?)
+}
 
-    let notes: Vec<NoteChange> = sqlx::query_as(
+/// The notes changed in the period, newest first.
+async fn note_changes(
+    bus: &Bus,
+    me: &Identity,
+    since: DateTime<Utc>,
+) -> BusResult<Vec<NoteChange>> {
+    Ok(sqlx::query_as(
         "SELECT n.scope, n.key, n.revision, n.deleted_at IS NOT NULL AS deleted, n.updated_at AS at,
                 CASE WHEN n.updated_by_session = '' THEN a.name ELSE a.name || '/' || n.updated_by_session END AS by
          FROM notes n JOIN agents a ON a.team_id = n.team_id AND a.id = n.updated_by_agent_id
@@ -310,9 +342,12 @@ pub async fn team_digest(
     .bind(since)
     .bind(DIGEST_LIST_MAX)
     .fetch_all(&bus.pool)
-    .await?;
+    .await?)
+}
 
-    let agents_seen: Vec<AgentSeen> = sqlx::query_as(
+/// The agents seen in the period, with how many windows.
+async fn agents_seen(bus: &Bus, me: &Identity, since: DateTime<Utc>) -> BusResult<Vec<AgentSeen>> {
+    Ok(sqlx::query_as(
         "SELECT a.name AS agent, count(*) AS windows, max(p.last_seen_at) AS last_seen_at
          FROM presence p JOIN agents a ON a.team_id = p.team_id AND a.id = p.agent_id
          WHERE p.team_id = $1 AND p.last_seen_at > $2
@@ -322,16 +357,5 @@ pub async fn team_digest(
     .bind(since)
     .bind(DIGEST_LIST_MAX)
     .fetch_all(&bus.pool)
-    .await?;
-
-    Ok(Digest {
-        hours,
-        since,
-        focus,
-        all_channels,
-        channels: channel_activity,
-        tasks,
-        notes,
-        agents_seen,
-    })
+    .await?)
 }

@@ -162,23 +162,7 @@ pub async fn prune(
         .map(|days| now - chrono::Duration::days(days));
 
     if request.apply {
-        // Before the first batch, under the admin write fence: a revoked
-        // credential removes nothing, and a prune that stops half-way (a
-        // revocation between batches, a crash) is still on record.
-        let mut tx = pool.begin().await?;
-        audit::record(
-            &mut tx,
-            Some(team.id),
-            &actor,
-            "team.prune_started",
-            &team.slug,
-            json!({
-                "older_than_days": request.older_than_days,
-                "audit_older_than_days": request.audit_older_than_days,
-            }),
-        )
-        .await?;
-        tx.commit().await?;
+        record_started(pool, &team, &actor, request).await?;
     }
     let mut kinds = Vec::new();
     let mut attachments_removed = (0, 0);
@@ -198,40 +182,17 @@ pub async fn prune(
             Kind::ConversationMessages => now,
             _ => cutoff,
         };
-        let (rows, bytes): (i64, i64) = sqlx::query_as(kind.count_sql())
-            .bind(team.id)
-            .bind(at)
-            .fetch_one(pool)
-            .await?;
-        let counted = if request.apply && rows > 0 {
-            let report = |done| {
-                progress(&Progress {
-                    kind: kind.name(),
-                    done,
-                    total: rows,
-                })
-            };
-            match kind {
-                Kind::ChannelMessages | Kind::DirectMessages => {
-                    let channel = kind == Kind::ChannelMessages;
-                    let gone =
-                        release::delete_messages(pool, team.id, at, channel, &actor, &report)
-                            .await?;
-                    attachments_removed.0 += gone.attachments;
-                    attachments_removed.1 += gone.attachment_bytes;
-                    (gone.rows, gone.bytes)
-                }
-                Kind::ConversationMessages => {
-                    release::release_conversation_messages(pool, team.id, now, &actor, &report)
-                        .await?
-                }
-                // Removed with their messages (above), counted as they go.
-                Kind::Attachments => (0, 0),
-                _ => kind.apply(pool, team.id, at, &actor, &report).await?,
-            }
-        } else {
-            (rows, bytes)
-        };
+        let counted = prune_kind(
+            pool,
+            team.id,
+            kind,
+            at,
+            &actor,
+            request.apply,
+            progress,
+            &mut attachments_removed,
+        )
+        .await?;
         kinds.push(KindPruned {
             kind: kind.name(),
             rows: counted.0,
@@ -261,39 +222,126 @@ pub async fn prune(
     };
     if request.apply {
         result.broker = Some(release::drop_broker_bodies(pool, backends, team.id).await?);
-        let mut tx = pool.begin().await?;
-        // Revoked after the last batch: everything asked was removed, only
-        // this closing row is refused, and the refusal says so.
-        audit::fence(
-            &mut tx,
-            &actor,
-            &format!(
-                "the prune removed all it was asked to ({total_rows} rows) but its closing \
-                 team.prune audit row was not written (the team.prune_started row records who \
-                 began it)"
-            ),
-        )
-        .await?;
-        audit::record(
-            &mut tx,
-            Some(team.id),
-            &actor,
-            "team.prune",
-            &team.slug,
-            json!({
-                "older_than_days": request.older_than_days,
-                "audit_older_than_days": request.audit_older_than_days,
-                "kinds": result.kinds,
-                "total_rows": total_rows,
-                "total_bytes": total_bytes,
-            }),
-        )
-        .await?;
-        tx.commit().await?;
+        record_finished(pool, &team, &actor, request, &result).await?;
         let after = usage::count(pool, team.id, &team.slug).await?;
         result.used_bytes_after = Some(after.used_bytes);
     }
     Ok(result)
+}
+
+/// The `team.prune_started` row, before the first batch, under the admin
+/// write fence: a revoked credential removes nothing, and a prune that stops
+/// half-way (a revocation between batches, a crash) is still on record.
+async fn record_started(
+    pool: &PgPool,
+    team: &teams::Team,
+    actor: &Actor,
+    request: &PruneRequest,
+) -> BusResult<()> {
+    let mut tx = pool.begin().await?;
+    audit::record(
+        &mut tx,
+        Some(team.id),
+        actor,
+        "team.prune_started",
+        &team.slug,
+        json!({
+            "older_than_days": request.older_than_days,
+            "audit_older_than_days": request.audit_older_than_days,
+        }),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// One kind's rows older than `at`: counted, and with `apply` removed in
+/// batches (`progress` hears each). Attachments are removed with their
+/// messages and added to `attachments_removed`.
+#[allow(clippy::too_many_arguments)]
+async fn prune_kind(
+    pool: &PgPool,
+    team_id: Uuid,
+    kind: Kind,
+    at: DateTime<Utc>,
+    actor: &Actor,
+    apply: bool,
+    progress: &(dyn Fn(&Progress) + Sync),
+    attachments_removed: &mut (i64, i64),
+) -> BusResult<(i64, i64)> {
+    let (rows, bytes): (i64, i64) = sqlx::query_as(kind.count_sql())
+        .bind(team_id)
+        .bind(at)
+        .fetch_one(pool)
+        .await?;
+    Ok(if apply && rows > 0 {
+        let report = |done| {
+            progress(&Progress {
+                kind: kind.name(),
+                done,
+                total: rows,
+            })
+        };
+        match kind {
+            Kind::ChannelMessages | Kind::DirectMessages => {
+                let channel = kind == Kind::ChannelMessages;
+                let gone =
+                    release::delete_messages(pool, team_id, at, channel, actor, &report).await?;
+                attachments_removed.0 += gone.attachments;
+                attachments_removed.1 += gone.attachment_bytes;
+                (gone.rows, gone.bytes)
+            }
+            Kind::ConversationMessages => {
+                release::release_conversation_messages(pool, team_id, at, actor, &report).await?
+            }
+            // Removed with their messages (above), counted as they go.
+            Kind::Attachments => (0, 0),
+            _ => kind.apply(pool, team_id, at, actor, &report).await?,
+        }
+    } else {
+        (rows, bytes)
+    })
+}
+
+/// The closing `team.prune` row with the counts. Revoked after the last
+/// batch: everything asked was removed, only this closing row is refused,
+/// and the refusal says so.
+async fn record_finished(
+    pool: &PgPool,
+    team: &teams::Team,
+    actor: &Actor,
+    request: &PruneRequest,
+    result: &Prune,
+) -> BusResult<()> {
+    let mut tx = pool.begin().await?;
+    audit::fence(
+        &mut tx,
+        actor,
+        &format!(
+            "the prune removed all it was asked to ({} rows) but its closing \
+             team.prune audit row was not written (the team.prune_started row records who \
+             began it)",
+            result.total_rows
+        ),
+    )
+    .await?;
+    audit::record(
+        &mut tx,
+        Some(team.id),
+        actor,
+        "team.prune",
+        &team.slug,
+        json!({
+            "older_than_days": request.older_than_days,
+            "audit_older_than_days": request.audit_older_than_days,
+            "kinds": result.kinds,
+            "total_rows": result.total_rows,
+            "total_bytes": result.total_bytes,
+        }),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(())
 }
 
 /// The kinds, in the order they are shown and removed.
