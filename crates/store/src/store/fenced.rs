@@ -50,6 +50,19 @@ pub(crate) fn call<'q>(
     sql: &'static str,
     me: &Identity,
 ) -> QueryAs<'q, Postgres, FencedWrite, PgArguments> {
+    with_credential(sql, me)
+}
+
+/// `sql` with the caller's credential bound as its first five arguments, in
+/// the order every fence function takes them: team, agent, token, session
+/// row, epoch held.
+pub(crate) fn with_credential<'q, O>(
+    sql: &'static str,
+    me: &Identity,
+) -> QueryAs<'q, Postgres, O, PgArguments>
+where
+    O: for<'r> FromRow<'r, PgRow>,
+{
     sqlx::query_as(sql)
         .bind(me.team_id)
         .bind(me.agent_id)

@@ -79,14 +79,22 @@ pub(crate) fn at(time: chrono::DateTime<chrono::Utc>) -> String {
     time.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
+/// Whether `name` (already lower-cased) has the shape of the bus's names:
+/// 1 to `max` bytes, an ASCII letter or digit first, then letters, digits
+/// and the bytes of `also`.
+pub(crate) fn is_name(name: &str, max: usize, also: &[u8]) -> bool {
+    !name.is_empty()
+        && name.len() <= max
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || also.contains(&b))
+}
+
 /// Team slugs: trimmed, lower-cased, `[a-z0-9][a-z0-9-]*`, at most 63 bytes.
 pub fn normalize_team_slug(raw: &str) -> BusResult<String> {
     let slug = raw.trim().to_ascii_lowercase();
-    let ok = !slug.is_empty()
-        && slug.len() <= 63
-        && slug.as_bytes()[0].is_ascii_alphanumeric()
-        && slug.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
-    if !ok {
+    if !is_name(&slug, 63, b"-") {
         return Err(BusError::invalid(format!(
             "team slug {} is not valid: use 1-63 lower-case ASCII letters, digits and `-`, \
              starting with a letter or digit (for example `acme-web`).",
@@ -100,13 +108,7 @@ pub fn normalize_team_slug(raw: &str) -> BusResult<String> {
 /// No `/`: it separates agent and window in an address.
 pub fn normalize_agent_name(raw: &str) -> BusResult<String> {
     let name = raw.trim().to_ascii_lowercase();
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && name.as_bytes()[0].is_ascii_alphanumeric()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-    if !ok {
+    if !is_name(&name, 64, b"-_.") {
         return Err(BusError::invalid(format!(
             "agent name {} is not valid: use 1-64 lower-case ASCII letters, digits and `-_.`, \
              starting with a letter or digit (for example `alice-claude`). `/` is reserved for \

@@ -33,7 +33,7 @@ use uuid::Uuid;
 
 use crate::auth::{self, Identity, SESSION_CREDENTIAL_PREFIX, SessionCredential};
 use crate::error::{BusError, BusResult};
-use crate::store::{Actor, Source, address, identity::audit};
+use crate::store::{Actor, Source, address, fenced, identity::audit};
 
 pub const TTL_MIN_SECS: i64 = 60;
 pub const TTL_MAX_SECS: i64 = 86_400;
@@ -105,14 +105,10 @@ async fn guard_for_update(conn: &mut PgConnection, me: &Identity) -> BusResult<(
 }
 
 async fn guard_locking(conn: &mut PgConnection, me: &Identity, exclusive: bool) -> BusResult<()> {
-    let refusal: Refusal = sqlx::query_as(
+    let refusal: Refusal = fenced::with_credential(
         "SELECT refusal, session_epoch, refused_since FROM agent_write_refusal($1, $2, $3, $4, $5, $6)",
+        me,
     )
-    .bind(me.team_id)
-    .bind(me.agent_id)
-    .bind(me.token_id)
-    .bind(me.session_credential.map(|w| w.session_id))
-    .bind(me.session_credential.map(|w| w.epoch))
     .bind(exclusive)
     .fetch_one(&mut *conn)
     .await?;
@@ -138,14 +134,10 @@ pub(crate) async fn lock_agent_credentials(
 /// a read that is about to answer (a long poll waking up), so an answer is
 /// never handed out after its credential was taken away.
 pub async fn still_valid(pool: &PgPool, me: &Identity) -> BusResult<()> {
-    let refusal: Refusal = sqlx::query_as(
+    let refusal: Refusal = fenced::with_credential(
         "SELECT refusal, session_epoch, refused_since FROM agent_credential_refusal($1, $2, $3, $4, $5)",
+        me,
     )
-    .bind(me.team_id)
-    .bind(me.agent_id)
-    .bind(me.token_id)
-    .bind(me.session_credential.map(|w| w.session_id))
-    .bind(me.session_credential.map(|w| w.epoch))
     .fetch_one(pool)
     .await?;
     refusal.check(me)

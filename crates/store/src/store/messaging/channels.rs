@@ -50,13 +50,7 @@ pub struct ChannelSummary {
 /// `#Backend ` → `backend`; refused unless `[a-z0-9][a-z0-9._-]*`, <= 64 bytes.
 pub fn normalize_name(raw: &str) -> BusResult<String> {
     let name = raw.trim().trim_start_matches('#').to_ascii_lowercase();
-    let ok = !name.is_empty()
-        && name.len() <= CHANNEL_NAME_MAX_BYTES
-        && name.as_bytes()[0].is_ascii_alphanumeric()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-    if !ok {
+    if !crate::store::is_name(&name, CHANNEL_NAME_MAX_BYTES, b"-_.") {
         return Err(BusError::invalid(format!(
             "channel name {} is not valid: use 1-{CHANNEL_NAME_MAX_BYTES} ASCII letters, digits \
              and `-_.`, starting with a letter or digit (for example `backend` or `web-app`).",
