@@ -20,6 +20,7 @@
 //! stopping ends every wait at once, so the caller can say
 //! `server_restarting` instead of holding the shutdown.
 
+use serde::Serialize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,6 +43,67 @@ pub(crate) enum OnEvent<E> {
     Recheck,
     /// Ends the wait with this (the caller builds its answer from it).
     End(E),
+}
+
+/// How a long poll answers its tool: woke with what it found, timed out,
+/// or cut short by a stopping server (with the way to continue). `T` holds
+/// what was found under the tool's own field name (`events`,
+/// `conversations`).
+#[derive(Clone, Debug, Serialize)]
+pub struct Waited<T> {
+    pub woke: bool,
+    pub timed_out: bool,
+    #[serde(flatten)]
+    pub found: T,
+    /// Present (true) only when the wait ended because the server is stopping.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub server_restarting: bool,
+    /// What to do next, when there is something to say.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub suggestion: Option<String>,
+}
+
+impl<T: Default> Waited<T> {
+    pub(crate) fn woke(found: T) -> Waited<T> {
+        Waited {
+            woke: true,
+            timed_out: false,
+            found,
+            server_restarting: false,
+            suggestion: None,
+        }
+    }
+
+    pub(crate) fn timed_out() -> Waited<T> {
+        Waited {
+            woke: false,
+            timed_out: true,
+            found: T::default(),
+            server_restarting: false,
+            suggestion: None,
+        }
+    }
+
+    /// The server is stopping: `tool` called again continues the wait.
+    pub(crate) fn restarting(tool: &str) -> Waited<T> {
+        Waited {
+            woke: false,
+            timed_out: false,
+            found: T::default(),
+            server_restarting: true,
+            suggestion: Some(restarting_suggestion(tool)),
+        }
+    }
+}
+
+/// What a long poll says when it ends because the server is stopping (a
+/// restart, a deploy): the same call continues the wait elsewhere.
+fn restarting_suggestion(tool: &str) -> String {
+    format!(
+        "The server is restarting, so this wait ended before anything woke it. Call {tool} \
+         again: it reaches another replica, or this server once it is back (retry for a few \
+         seconds if the connection is refused)."
+    )
 }
 
 /// How a long poll ended.

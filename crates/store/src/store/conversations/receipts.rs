@@ -29,7 +29,7 @@ use crate::events::EventKind;
 use crate::store::conversations::messages::{conversation_of, message_not_found};
 use crate::store::conversations::{self, ReadAccess};
 use crate::store::fenced;
-use crate::store::long_poll::{OnEvent, Polled, long_poll};
+use crate::store::long_poll::{OnEvent, Polled, Waited, long_poll};
 
 pub const NOTE_MAX_BYTES: usize = 1024;
 
@@ -309,18 +309,14 @@ pub struct Pending {
     pub first_unacknowledged_seq: i64,
 }
 
-#[derive(Clone, Debug, Serialize)]
-pub struct ConversationWait {
-    pub woke: bool,
-    pub timed_out: bool,
+/// What `wait_for_conversation_updates` found.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Conversations {
     pub conversations: Vec<Pending>,
-    /// Present (true) only when the wait ended because the server is stopping.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub server_restarting: bool,
-    /// What to do next, when there is something to say.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub suggestion: Option<String>,
 }
+
+/// `wait_for_conversation_updates`'s answer.
+pub type ConversationWait = Waited<Conversations>;
 
 /// What this window owes: per conversation where it holds an active seat,
 /// its stored, unacknowledged receipts, oldest first (the first `limit`;
@@ -402,33 +398,17 @@ async fn wait_for_conversation_updates_unchecked(
         Polled::Found(owed) => owed,
         Polled::Ended(never) => match never {},
         Polled::Stopping => {
-            return Ok(ConversationWait {
-                woke: false,
-                timed_out: false,
-                conversations: Vec::new(),
-                server_restarting: true,
-                suggestion: Some(crate::store::messaging::waits::restarting_suggestion(
-                    "wait_for_conversation_updates",
-                )),
-            });
+            return Ok(ConversationWait::restarting(
+                "wait_for_conversation_updates",
+            ));
         }
         // One last look at the deadline, then say it passed.
         Polled::TimedOut => owed_acknowledgements(bus, me, None).await?,
     };
     if owed.is_empty() {
-        return Ok(ConversationWait {
-            woke: false,
-            timed_out: true,
-            conversations: Vec::new(),
-            server_restarting: false,
-            suggestion: None,
-        });
+        return Ok(ConversationWait::timed_out());
     }
-    Ok(ConversationWait {
-        woke: true,
-        timed_out: false,
+    Ok(ConversationWait::woke(Conversations {
         conversations: owed,
-        server_restarting: false,
-        suggestion: None,
-    })
+    }))
 }

@@ -29,7 +29,7 @@ use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::events::{BusEvent, EventKind, Waiter};
-use crate::store::long_poll::{OnEvent, Polled, long_poll};
+use crate::store::long_poll::{OnEvent, Polled, Waited, long_poll};
 use crate::store::{identity::sessions, messaging::channels, messaging::messages};
 
 pub const TIMEOUT_MIN_SECS: u64 = 1;
@@ -72,60 +72,14 @@ pub struct EventSummary {
     pub preview: Option<String>,
 }
 
-#[derive(Clone, Debug, Serialize)]
-pub struct WaitResult {
-    pub woke: bool,
-    pub timed_out: bool,
+/// What `wait_for_updates` found.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Events {
     pub events: Vec<EventSummary>,
-    /// Present (true) only when the wait ended because the server is stopping.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub server_restarting: bool,
-    /// What to do next, when there is something to say.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub suggestion: Option<String>,
 }
 
-impl WaitResult {
-    fn woke(events: Vec<EventSummary>) -> WaitResult {
-        WaitResult {
-            woke: true,
-            timed_out: false,
-            events,
-            server_restarting: false,
-            suggestion: None,
-        }
-    }
-
-    fn timed_out() -> WaitResult {
-        WaitResult {
-            woke: false,
-            timed_out: true,
-            events: Vec::new(),
-            server_restarting: false,
-            suggestion: None,
-        }
-    }
-
-    fn restarting() -> WaitResult {
-        WaitResult {
-            woke: false,
-            timed_out: false,
-            events: Vec::new(),
-            server_restarting: true,
-            suggestion: Some(restarting_suggestion("wait_for_updates")),
-        }
-    }
-}
-
-/// What a long poll says when it ends because the server is stopping (a
-/// restart, a deploy): the same call continues the wait elsewhere.
-pub fn restarting_suggestion(tool: &str) -> String {
-    format!(
-        "The server is restarting, so this wait ended before anything woke it. Call {tool} \
-         again: it reaches another replica, or this server once it is back (retry for a few \
-         seconds if the connection is refused)."
-    )
-}
+/// `wait_for_updates`'s answer.
+pub type WaitResult = Waited<Events>;
 
 #[derive(Clone, Debug)]
 pub struct WaitRequest {
@@ -272,14 +226,16 @@ async fn wait_for_updates_unchecked(
     )
     .await?;
     match polled {
-        Polled::Found(found) => Ok(WaitResult::woke(found)),
+        Polled::Found(found) => Ok(WaitResult::woke(Events { events: found })),
         Polled::Ended(event) => {
             let mut woken = vec![event];
             gather(&mut events, &mut woken, me, focus, request);
-            Ok(WaitResult::woke(summarize(bus, me, &woken).await?))
+            Ok(WaitResult::woke(Events {
+                events: summarize(bus, me, &woken).await?,
+            }))
         }
         Polled::TimedOut => Ok(WaitResult::timed_out()),
-        Polled::Stopping => Ok(WaitResult::restarting()),
+        Polled::Stopping => Ok(WaitResult::restarting("wait_for_updates")),
     }
 }
 
