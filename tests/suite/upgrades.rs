@@ -14,7 +14,7 @@ use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::support::postgres::{fresh_database_url, fresh_pool};
+use crate::support::postgres::{fresh_database_url, pool_migrated_from_scratch};
 use crate::support::{free_port, http_client, spawn_app_on, test_actor};
 
 fn bus(database_url: &str, args: &[&str]) -> Command {
@@ -380,7 +380,7 @@ async fn concurrent_migrations_each_apply_a_disjoint_share() {
 // happened and what to run, and change nothing.
 #[tokio::test]
 async fn a_binary_older_than_the_schema_refuses_to_start() {
-    let (pool, url) = fresh_pool().await;
+    let (pool, url) = pool_migrated_from_scratch().await;
     sqlx::query(
         "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
          VALUES (9999, 'from the future', true, '\\x00', 0)",
@@ -436,7 +436,7 @@ async fn a_binary_older_than_the_schema_refuses_to_start() {
 // checksum differs): the binary does not start, naming the migration.
 #[tokio::test]
 async fn an_applied_migration_whose_text_differs_is_refused() {
-    let (pool, url) = fresh_pool().await;
+    let (pool, url) = pool_migrated_from_scratch().await;
     sqlx::query("UPDATE _sqlx_migrations SET checksum = '\\x00' WHERE version = 1")
         .execute(&pool)
         .await
