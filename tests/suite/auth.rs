@@ -307,7 +307,7 @@ async fn an_agent_holds_at_most_100_active_tokens_and_secrets_are_never_stored()
 #[tokio::test]
 async fn a_revocation_on_one_replica_is_refused_on_another_that_cached_the_credential() {
     let a = spawn_app().await;
-    let b = a.replica().await;
+    let b = a.replica().spawn().await;
     a.team("acme").await;
     let token = a.agent("acme", "alice").await;
     let credential = a

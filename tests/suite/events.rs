@@ -12,7 +12,7 @@ use crate::support::{http_client, spawn_app};
 #[tokio::test]
 async fn an_event_emitted_on_one_replica_reaches_subscribers_on_another() {
     let first = spawn_app().await;
-    let second = first.replica().await;
+    let second = first.replica().spawn().await;
     let mut on_second = second.bus.events.subscribe();
     let mut on_first = first.bus.events.subscribe();
 

@@ -4,7 +4,7 @@
 use ai_crew_sync::config::HttpSettings;
 use serde_json::{Value, json};
 
-use crate::support::{http_client, spawn_app, spawn_app_with};
+use crate::support::{TestApp, http_client, spawn_app};
 
 #[tokio::test]
 async fn health_answers_200_json_while_the_database_answers() {
@@ -113,7 +113,7 @@ async fn an_oversized_request_gets_413_json_whether_declared_or_streamed() {
         max_request_bytes: 64 * 1024,
         ..HttpSettings::default()
     };
-    let app = spawn_app_with(settings).await;
+    let app = TestApp::builder().http(settings).spawn().await;
     app.team("acme").await;
     let token = app.agent("acme", "alice").await;
     let big = format!(
@@ -161,7 +161,7 @@ async fn a_burst_over_the_rate_limit_gets_429_with_retry_after_per_token() {
         rate_limit_per_minute: 5,
         ..HttpSettings::default()
     };
-    let app = spawn_app_with(settings).await;
+    let app = TestApp::builder().http(settings).spawn().await;
     app.team("acme").await;
     let alice = app.agent("acme", "alice").await;
     let bob = app.agent("acme", "bob").await;
@@ -238,11 +238,13 @@ async fn a_host_outside_the_allow_list_is_refused_on_every_route() {
         .unwrap();
     assert_eq!(response.status().as_u16(), 200);
 
-    let open = spawn_app_with(HttpSettings {
-        allowed_hosts: vec!["bus.internal".into()],
-        ..HttpSettings::default()
-    })
-    .await;
+    let open = TestApp::builder()
+        .http(HttpSettings {
+            allowed_hosts: vec!["bus.internal".into()],
+            ..HttpSettings::default()
+        })
+        .spawn()
+        .await;
     let response = http_client()
         .get(open.url("/health"))
         .header("Host", "bus.internal")

@@ -13,11 +13,11 @@ use uuid::Uuid;
 
 use crate::jetstream::{ok_json, refused};
 use crate::jetstream_bus::{Routed, sequence};
+use crate::support::TestApp;
 use crate::support::nats::nats_url;
 use crate::support::nats_cluster::NatsCluster;
 use crate::support::postgres::fresh_database_url;
 use crate::support::proxy::Proxy;
-use crate::support::{TestApp, spawn_app_with_broker};
 
 const DEADLINE: Duration = Duration::from_secs(20);
 
@@ -309,7 +309,7 @@ async fn entries(cluster: &NatsCluster, up: &[usize], stream: &str) -> Vec<(u64,
 async fn a_stream_leader_killed_mid_drain_leaves_one_entry_per_publish_key() {
     let (_dir, mut cluster) = three_nodes();
     let proxy = Proxy::start(cluster.client_addr(0)).await;
-    let app = spawn_app_with_broker(&proxy.url()).await;
+    let app = TestApp::builder().broker_at(&proxy.url()).spawn().await;
     let t = Routed::with_sizes(&app, "jsc1", &r3()).await;
     let stream = body_stream_name(t.team_id);
     const N: usize = 40;
@@ -406,7 +406,10 @@ async fn a_stream_leader_killed_mid_drain_leaves_one_entry_per_publish_key() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_read_falls_back_to_another_node_when_the_connected_one_is_killed() {
     let (_dir, mut cluster) = three_nodes();
-    let app = spawn_app_with_broker(&cluster.client_urls().join(",")).await;
+    let app = TestApp::builder()
+        .broker_at(&cluster.client_urls().join(","))
+        .spawn()
+        .await;
     let t = Routed::with_sizes(&app, "jsc2", &r3()).await;
     let bodies: Vec<String> = (0..3).map(|i| format!("read me {i}")).collect();
     let mut ids = Vec::new();
@@ -472,7 +475,10 @@ async fn the_inbox_publishes_and_hands_out_through_a_new_inbox_stream_leader() {
     use ai_crew_sync::workers::inbox_publisher;
 
     let (_dir, mut cluster) = three_nodes();
-    let app = spawn_app_with_broker(&cluster.client_urls().join(",")).await;
+    let app = TestApp::builder()
+        .broker_at(&cluster.client_urls().join(","))
+        .spawn()
+        .await;
     let p = crate::inbox::jetstream_pair_on(app, "jsc3", &r3()).await;
     let app = &p.app;
     let team_id: Uuid = sqlx::query_scalar("SELECT id FROM teams WHERE slug = 'jsc3'")
@@ -545,7 +551,10 @@ async fn a_read_asks_the_stream_leader_when_a_lagging_copy_answers_not_found() {
     use async_nats::jetstream::stream::{Config, DirectGetErrorKind, Source};
 
     let (_dir, cluster) = three_nodes();
-    let app = spawn_app_with_broker(&cluster.client_urls().join(",")).await;
+    let app = TestApp::builder()
+        .broker_at(&cluster.client_urls().join(","))
+        .spawn()
+        .await;
     let t = Routed::new(&app, "jsc4").await;
     let stream = body_stream_name(t.team_id);
     let bodies: Vec<String> = (0..3).map(|i| format!("held by the leader {i}")).collect();

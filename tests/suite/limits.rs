@@ -13,7 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
-use crate::support::{TestApp, http_client, spawn_app_with};
+use crate::support::{TestApp, http_client};
 
 const MIB: usize = 1024 * 1024;
 
@@ -188,7 +188,7 @@ fn message(body: &Value) -> &str {
 }
 
 async fn app_with(settings: HttpSettings) -> (TestApp, String, String) {
-    let app = spawn_app_with(settings).await;
+    let app = TestApp::builder().http(settings).spawn().await;
     app.team("acme").await;
     let alice = app.agent("acme", "alice").await;
     let bob = app.agent("acme", "bob").await;

@@ -22,8 +22,7 @@ use uuid::Uuid;
 
 use crate::support::nats::nats_url;
 use crate::support::{
-    TestApp, drain_settings, free_port, globally, http_client, spawn_app, spawn_app_with_metrics,
-    test_actor,
+    TestApp, drain_settings, free_port, globally, http_client, spawn_app, test_actor,
 };
 
 /// One sample line: `name{label="value",…} value`.
@@ -157,7 +156,7 @@ fn assert_grew(before: &[Sample], after: &[Sample], name: &str, with: &[(&str, &
 
 #[tokio::test]
 async fn tool_calls_are_counted_by_tool_and_outcome_and_timed_and_labels_carry_no_names() {
-    let app = spawn_app_with_metrics(HttpSettings::default(), None).await;
+    let app = TestApp::builder().metrics_listener().spawn().await;
     app.team("metrics-a").await;
     let agent = "zq-metrics-agent-7";
     let token = app.agent("metrics-a", agent).await;
@@ -231,7 +230,7 @@ async fn tool_calls_are_counted_by_tool_and_outcome_and_timed_and_labels_carry_n
 
 #[tokio::test]
 async fn a_blocked_long_poll_is_an_open_long_poll_until_it_answers() {
-    let app = spawn_app_with_metrics(HttpSettings::default(), None).await;
+    let app = TestApp::builder().metrics_listener().spawn().await;
     app.team("metrics-w").await;
     let waiter = app.mcp(&app.agent("metrics-w", "waiter").await, None).await;
     let before = scrape(&app).await;
@@ -263,7 +262,11 @@ async fn rate_limit_refusals_are_counted_by_kind() {
         rate_limit_per_minute: 2,
         ..HttpSettings::default()
     };
-    let app = spawn_app_with_metrics(settings, None).await;
+    let app = TestApp::builder()
+        .http(settings)
+        .metrics_listener()
+        .spawn()
+        .await;
     app.team("metrics-r").await;
     let token = app.agent("metrics-r", "rater").await;
     let before = scrape(&app).await;
@@ -358,7 +361,11 @@ async fn the_main_listener_serves_metrics_only_to_a_global_admin_credential() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_pass_counts_publish_outcomes_and_empties_the_outbox_gauges() {
-    let app = spawn_app_with_metrics(HttpSettings::default(), Some(&nats_url())).await;
+    let app = TestApp::builder()
+        .broker_at(&nats_url())
+        .metrics_listener()
+        .spawn()
+        .await;
     let slug = "metrics-js";
     let team_id = app.jetstream_team(slug).await;
     let alice = app.mcp(&app.agent(slug, "alice").await, None).await;

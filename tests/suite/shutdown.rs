@@ -14,7 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use uuid::Uuid;
 
-use crate::support::{McpClient, TestApp, in_team, spawn_app_with, test_actor, test_authority};
+use crate::support::{McpClient, TestApp, in_team, test_actor, test_authority};
 use crate::write_fence::{hold_row, until, waiting_on};
 
 /// The status and JSON body of the one answer on `stream`.
@@ -54,11 +54,13 @@ async fn half_sent_call(app: &TestApp, token: &str) -> (TcpStream, String) {
 
 #[tokio::test]
 async fn shutdown_answers_every_blocked_long_poll_and_lets_calls_in_flight_finish() {
-    let mut app = spawn_app_with(HttpSettings {
-        shutdown_grace: Duration::from_secs(60),
-        ..HttpSettings::default()
-    })
-    .await;
+    let mut app = TestApp::builder()
+        .http(HttpSettings {
+            shutdown_grace: Duration::from_secs(60),
+            ..HttpSettings::default()
+        })
+        .spawn()
+        .await;
     app.team("acme").await;
     teams::capability(&app.pool, "acme", Some(true), &test_actor())
         .await
@@ -162,7 +164,7 @@ async fn shutdown_answers_every_blocked_long_poll_and_lets_calls_in_flight_finis
 
 #[tokio::test]
 async fn a_wait_that_ends_while_the_server_runs_carries_no_restart_fields() {
-    let app = spawn_app_with(HttpSettings::default()).await;
+    let app = TestApp::builder().spawn().await;
     app.team("acme").await;
     let alice = app.agent("acme", "alice").await;
     let client = app.mcp(&alice, Some("w1")).await;
@@ -187,12 +189,14 @@ async fn a_wait_that_ends_while_the_server_runs_carries_no_restart_fields() {
 // never sent and bob is not woken before his deadline.)
 #[tokio::test]
 async fn a_write_committed_during_the_grace_wakes_a_long_poll_on_another_replica() {
-    let mut a = spawn_app_with(HttpSettings {
-        shutdown_grace: Duration::from_secs(60),
-        ..HttpSettings::default()
-    })
-    .await;
-    let b = a.replica().await;
+    let mut a = TestApp::builder()
+        .http(HttpSettings {
+            shutdown_grace: Duration::from_secs(60),
+            ..HttpSettings::default()
+        })
+        .spawn()
+        .await;
+    let b = a.replica().spawn().await;
     a.team("acme").await;
     let alice = a.mcp(&a.agent("acme", "alice").await, None).await;
     let bob = McpClient::connect(&b.mcp_url(), &a.agent("acme", "bob").await, Some("web"))
@@ -282,11 +286,13 @@ async fn a_write_committed_during_the_grace_wakes_a_long_poll_on_another_replica
 // tasks: it returns at once, the row still `delivering`.)
 #[tokio::test]
 async fn serve_returns_after_its_workers_have_recorded_what_they_were_doing() {
-    let mut app = spawn_app_with(HttpSettings {
-        shutdown_grace: Duration::from_secs(60),
-        ..HttpSettings::default()
-    })
-    .await;
+    let mut app = TestApp::builder()
+        .http(HttpSettings {
+            shutdown_grace: Duration::from_secs(60),
+            ..HttpSettings::default()
+        })
+        .spawn()
+        .await;
     app.team("acme").await;
     let alice = app.mcp(&app.agent("acme", "alice").await, None).await;
     alice

@@ -15,7 +15,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::support::postgres::{fresh_database_url, pool_migrated_from_scratch};
-use crate::support::{free_port, http_client, spawn_app_on, test_actor};
+use crate::support::{TestApp, free_port, http_client, test_actor};
 
 fn bus(database_url: &str, args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"));
@@ -155,7 +155,10 @@ async fn a_database_at_the_previous_schema_upgrades_with_its_data() {
         "the database starts one migration behind"
     );
 
-    let app = spawn_app_on(pool.clone(), url.clone()).await;
+    let app = TestApp::builder()
+        .database(pool.clone(), url.clone())
+        .spawn()
+        .await;
     app.team("upg").await;
     teams::capability(&app.pool, "upg", Some(true), &test_actor())
         .await
@@ -253,7 +256,7 @@ async fn a_database_at_the_previous_schema_upgrades_with_its_data() {
         "{state:?}"
     );
 
-    let app = spawn_app_on(pool, url.clone()).await;
+    let app = TestApp::builder().database(pool, url.clone()).spawn().await;
     let alice = app.mcp(&alice_token, None).await;
     let bob = app.mcp(&bob_token, Some("w1")).await;
     let me = bob.call("whoami", json!({})).await.unwrap();

@@ -17,9 +17,7 @@ use tokio::net::TcpStream;
 
 use super::{Answer, FormBody, client, cookie_for, get, sign_in};
 use crate::support::postgres::fresh_database_url;
-use crate::support::{
-    TestApp, free_port, globally, http_client, in_team, spawn_app, spawn_app_with,
-};
+use crate::support::{TestApp, free_port, globally, http_client, in_team, spawn_app};
 
 async fn sign_out(app: &TestApp, cookie: &str) -> Answer {
     Answer::of(
@@ -40,8 +38,8 @@ async fn signing_out_ends_the_sign_in_on_the_server_for_every_copy_and_replica()
         dashboard_secret: Some(secret.clone()),
         ..HttpSettings::default()
     };
-    let app = spawn_app_with(settings.clone()).await;
-    let replica = app.replica_with(settings).await;
+    let app = TestApp::builder().http(settings.clone()).spawn().await;
+    let replica = app.replica().http(settings).spawn().await;
     app.team("acme").await;
     let alice = app.agent("acme", "alice").await;
 
@@ -135,11 +133,13 @@ async fn a_sign_in_form_over_4_kib_is_refused_with_413_and_no_cookie() {
 
 #[tokio::test]
 async fn signing_in_takes_one_of_the_servers_request_slots() {
-    let app = spawn_app_with(HttpSettings {
-        max_in_flight: 1,
-        ..HttpSettings::default()
-    })
-    .await;
+    let app = TestApp::builder()
+        .http(HttpSettings {
+            max_in_flight: 1,
+            ..HttpSettings::default()
+        })
+        .spawn()
+        .await;
     app.team("acme").await;
     let alice = app.agent("acme", "alice").await;
     // A sign-in whose form never arrives holds the only slot while it waits.
@@ -190,11 +190,13 @@ async fn signing_in_takes_one_of_the_servers_request_slots() {
 #[tokio::test]
 async fn the_dashboards_pages_are_rate_limited_per_principal() {
     // A tenth of 20 a minute: two pages.
-    let app = spawn_app_with(HttpSettings {
-        rate_limit_per_minute: 20,
-        ..HttpSettings::default()
-    })
-    .await;
+    let app = TestApp::builder()
+        .http(HttpSettings {
+            rate_limit_per_minute: 20,
+            ..HttpSettings::default()
+        })
+        .spawn()
+        .await;
     app.team("acme").await;
     let alice = app.agent("acme", "alice").await;
     let bob = app.agent("acme", "bob").await;
@@ -219,11 +221,13 @@ async fn the_dashboards_pages_are_rate_limited_per_principal() {
 
 #[tokio::test]
 async fn the_cookie_is_secure_unless_the_dashboard_is_served_over_plain_http() {
-    let app = spawn_app_with(HttpSettings {
-        dashboard_cookie: DashboardCookie::Secure,
-        ..HttpSettings::default()
-    })
-    .await;
+    let app = TestApp::builder()
+        .http(HttpSettings {
+            dashboard_cookie: DashboardCookie::Secure,
+            ..HttpSettings::default()
+        })
+        .spawn()
+        .await;
     app.team("acme").await;
     let alice = app.agent("acme", "alice").await;
     let signed_in = sign_in(&app, &alice, "").await;

@@ -29,8 +29,7 @@ use uuid::Uuid;
 use crate::support::nats::{OwnedNats, nats_url};
 use crate::support::proxy::Proxy;
 use crate::support::{
-    BROKER_ABSENCE_CONFIRM_DELAY, McpClient, TestApp, drain_settings, globally,
-    spawn_app_with_broker, test_actor,
+    BROKER_ABSENCE_CONFIRM_DELAY, McpClient, TestApp, drain_settings, globally, test_actor,
 };
 
 mod conditions;
