@@ -15,7 +15,7 @@ use ai_crew_sync::workers::publication::{self, DrainSettings};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::support::{McpClient, TestApp, in_team, spawn_app, test_actor};
+use crate::support::{McpClient, TestApp, eventually, in_team, spawn_app, test_actor};
 
 pub(crate) struct Pair {
     pub(crate) app: TestApp,
@@ -351,18 +351,6 @@ async fn the_bare_token_wearing_an_authenticated_windows_label_reaches_none_of_i
         (Some(1), Some(0)),
         "the refused confirmation recorded nothing: {confirmed}"
     );
-}
-
-/// Poll `probe` until it answers, failing after 20 s.
-async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(found) = probe().await {
-            return found;
-        }
-        assert!(std::time::Instant::now() < deadline, "timed out: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 // On a team routed to JetStream, references travel through the window's

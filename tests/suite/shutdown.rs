@@ -14,8 +14,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use uuid::Uuid;
 
+use crate::support::eventually;
 use crate::support::{McpClient, TestApp, in_team, test_actor, test_authority};
-use crate::write_fence::{hold_row, until, waiting_on};
+use crate::write_fence::{hold_row, waiting_on};
 
 /// The status and JSON body of the one answer on `stream`.
 async fn read_answer(stream: &mut TcpStream) -> (u16, Value) {
@@ -136,14 +137,10 @@ async fn shutdown_answers_every_blocked_long_poll_and_lets_calls_in_flight_finis
     );
 
     // No new connection is taken.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(app.addr).await.is_ok() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the server still accepts connections after shutdown began"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("the server to stop accepting connections", async || {
+        TcpStream::connect(app.addr).await.is_err()
+    })
+    .await;
 
     // The call in flight finishes: the rest of its body, then its answer.
     in_flight.write_all(rest.as_bytes()).await.unwrap();
@@ -213,7 +210,7 @@ async fn a_write_committed_during_the_grace_wakes_a_long_poll_on_another_replica
     });
     // Bob's wait has subscribed, checked the database and is blocked once
     // its first check (the changes since it began) has run.
-    until("bob's wait is blocked on replica B", async || {
+    eventually("bob's wait is blocked on replica B", async || {
         let checked: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity
               WHERE datname = current_database() AND query LIKE '%''task'' AS kind%'",
@@ -245,12 +242,12 @@ async fn a_write_committed_during_the_grace_wakes_a_long_poll_on_another_replica
             )
             .await
     });
-    until("alice's post waits on her row", async || {
+    eventually("alice's post waits on her row", async || {
         waiting_on(&a.pool, false).await >= 1
     })
     .await;
     a.begin_shutdown();
-    until("replica A stops accepting", async || {
+    eventually("replica A stops accepting", async || {
         TcpStream::connect(a.addr).await.is_err()
     })
     .await;

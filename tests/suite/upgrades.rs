@@ -6,7 +6,6 @@
 //! `serve --auto-migrate=false` refusing a schema that is behind.
 
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
 
 use ai_crew_sync::db::{self, Database, schema};
 use ai_crew_sync::store::teams;
@@ -15,7 +14,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::support::postgres::{fresh_database_url, pool_migrated_from_scratch};
-use crate::support::{TestApp, free_port, http_client, test_actor};
+use crate::support::{TestApp, eventually, free_port, http_client, test_actor};
 
 fn bus(database_url: &str, args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"));
@@ -123,21 +122,23 @@ async fn stop(child: Child) -> Output {
 /// ever answering /health. Its stderr.
 async fn refused_serve(database_url: &str, extra: &[&str]) -> String {
     let (mut child, port) = start_serve(database_url, extra);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    // Some(status) once it exits; None if it answers /health instead.
+    let exited = eventually("serve to exit (or answer /health)", async || {
         if let Some(status) = child.try_wait().unwrap() {
-            let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
-                .await
-                .unwrap();
-            assert!(!status.success(), "serve exited 0: {}", text(&out.stderr));
-            return text(&out.stderr);
+            return Some(Some(status));
         }
-        if healthy(port).await || Instant::now() > deadline {
-            let out = stop(child).await;
-            panic!("serve started instead of refusing: {}", text(&out.stderr));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        healthy(port).await.then_some(None)
+    })
+    .await;
+    let Some(status) = exited else {
+        let out = stop(child).await;
+        panic!("serve started instead of refusing: {}", text(&out.stderr));
+    };
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    assert!(!status.success(), "serve exited 0: {}", text(&out.stderr));
+    text(&out.stderr)
 }
 
 // Issue 17 item 6: a database created by the previous landed schema, with a
@@ -314,17 +315,19 @@ async fn two_replicas_starting_at_once_on_an_empty_database_both_serve_and_migra
     let url = fresh_database_url().await;
     let (a, port_a) = start_serve(&url, &[]);
     let (b, port_b) = start_serve(&url, &[]);
-    let deadline = Instant::now() + Duration::from_secs(90);
     let mut children = [Some(a), Some(b)];
     for (i, port) in [port_a, port_b].into_iter().enumerate() {
-        while !healthy(port).await {
+        eventually(&format!("replica {i} to come up"), async || {
+            if healthy(port).await {
+                return true;
+            }
             if let Some(status) = children[i].as_mut().unwrap().try_wait().unwrap() {
                 let out = children[i].take().unwrap().wait_with_output().unwrap();
                 panic!("replica {i} exited ({status}): {}", text(&out.stderr));
             }
-            assert!(Instant::now() < deadline, "replica {i} did not come up");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            false
+        })
+        .await;
     }
     let mut applied_lines = Vec::new();
     for child in children.into_iter().flatten() {

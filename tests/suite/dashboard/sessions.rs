@@ -7,7 +7,6 @@
 //! real binary decides it.
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use ai_crew_sync::config::{DashboardCookie, HttpSettings};
 use ai_crew_sync::store::{agents, teams};
@@ -17,7 +16,7 @@ use tokio::net::TcpStream;
 
 use super::{Answer, FormBody, client, cookie_for, get, sign_in};
 use crate::support::postgres::fresh_database_url;
-use crate::support::{TestApp, free_port, globally, http_client, in_team, spawn_app};
+use crate::support::{TestApp, eventually, free_port, globally, http_client, in_team, spawn_app};
 
 async fn sign_out(app: &TestApp, cookie: &str) -> Answer {
     Answer::of(
@@ -155,14 +154,11 @@ async fn signing_in_takes_one_of_the_servers_request_slots() {
         )
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let refused = loop {
+    let refused = eventually("a sign-in to find no free slot", async || {
         let answer = sign_in(&app, &alice, "").await;
-        if answer.status != 303 || Instant::now() > deadline {
-            break answer;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        (answer.status != 303).then_some(answer)
+    })
+    .await;
     assert_eq!(refused.status, 503, "{}", refused.body);
     assert!(refused.cookie().is_none());
     assert!(
@@ -172,19 +168,14 @@ async fn signing_in_takes_one_of_the_servers_request_slots() {
     );
     assert!(refused.headers.contains_key(header::RETRY_AFTER));
     drop(stalled);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let answer = sign_in(&app, &alice, "").await;
-        if answer.status == 303 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the slot never came back: {}",
-            answer.body
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        "the slot to come back (a sign-in answered 303)",
+        async || {
+            let answer = sign_in(&app, &alice, "").await;
+            (answer.status == 303).then_some(()).ok_or(answer.body)
+        },
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -277,22 +268,21 @@ fn spawn_serve(database_url: &str, bind_ip: &str, extra: &[&str]) -> (Child, u16
 /// `serve` as [`spawn_serve`] starts it, once `/health` answers.
 async fn serve(database_url: &str, bind_ip: &str, extra: &[&str]) -> (Child, u16) {
     let (mut child, port) = spawn_serve(database_url, bind_ip, extra);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let health = http_client()
-            .get(format!("http://127.0.0.1:{port}/health"))
-            .send()
-            .await;
-        if health.is_ok_and(|r| r.status().is_success()) {
-            return (child, port);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("serve on {bind_ip}:{port} did not become healthy within 60 s");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        &format!("serve on {bind_ip}:{port} to be healthy"),
+        async || {
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("serve on {bind_ip}:{port} exited ({status})");
+            }
+            http_client()
+                .get(format!("http://127.0.0.1:{port}/health"))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+        },
+    )
+    .await;
+    (child, port)
 }
 
 #[tokio::test]

@@ -25,7 +25,9 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::support::nats::nats_url;
-use crate::support::{BROKER_ABSENCE_CONFIRM_DELAY, McpClient, TestApp, in_team, test_actor};
+use crate::support::{
+    BROKER_ABSENCE_CONFIRM_DELAY, McpClient, TestApp, eventually, in_team, test_actor,
+};
 
 mod lost;
 mod moving;

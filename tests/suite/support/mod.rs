@@ -4,6 +4,7 @@
 //! throwaway PostgreSQL / NATS servers when the environment names none.
 
 pub mod browser;
+pub mod eventually;
 pub mod nats;
 pub mod nats_cluster;
 pub mod postgres;
@@ -23,6 +24,8 @@ use ai_crew_sync::workers::webhook_dispatcher::DispatchSettings;
 use serde_json::Value;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
+
+pub use eventually::{eventually, eventually_blocking};
 
 /// One server under test.
 pub struct TestApp {
