@@ -10,9 +10,7 @@ use ai_crew_sync::store::identity::admin;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::support::{
-    McpClient, TestApp, globally, http_client, in_team, spawn_app, spawn_app_with, test_actor,
-};
+use crate::support::{McpClient, TestApp, globally, http_client, in_team, spawn_app, test_actor};
 
 pub(crate) async fn api(
     app: &TestApp,
@@ -337,11 +335,13 @@ async fn credential_classes_never_cross_between_mcp_and_admin() {
 
 #[tokio::test]
 async fn the_admin_api_has_its_own_rate_and_body_limits_and_the_token_cap_holds() {
-    let app = spawn_app_with(HttpSettings {
-        rate_limit_per_minute: 20,
-        ..HttpSettings::default()
-    })
-    .await;
+    let app = TestApp::builder()
+        .http(HttpSettings {
+            rate_limit_per_minute: 20,
+            ..HttpSettings::default()
+        })
+        .spawn()
+        .await;
     let root = global_credential(&app).await;
     let statuses: Vec<u16> = {
         let mut statuses = Vec::new();
@@ -361,11 +361,13 @@ async fn the_admin_api_has_its_own_rate_and_body_limits_and_the_token_cap_holds(
     };
     assert_eq!(statuses, [200, 200, 429], "a tenth of 20 per minute is 2");
 
-    let open = spawn_app_with(HttpSettings {
-        rate_limit_per_minute: 0,
-        ..HttpSettings::default()
-    })
-    .await;
+    let open = TestApp::builder()
+        .http(HttpSettings {
+            rate_limit_per_minute: 0,
+            ..HttpSettings::default()
+        })
+        .spawn()
+        .await;
     let root = global_credential(&open).await;
     let (status, _) = api(
         &open,

@@ -4,7 +4,7 @@
 use ai_crew_sync::store::{identity::agents, identity::tokens};
 use serde_json::{Value, json};
 
-use crate::support::{McpClient, globally, in_team, spawn_app};
+use crate::support::{McpClient, eventually, globally, in_team, spawn_app};
 
 #[tokio::test]
 async fn whoami_over_mcp_returns_the_tokens_agent_team_and_window() {
@@ -307,7 +307,7 @@ async fn an_agent_holds_at_most_100_active_tokens_and_secrets_are_never_stored()
 #[tokio::test]
 async fn a_revocation_on_one_replica_is_refused_on_another_that_cached_the_credential() {
     let a = spawn_app().await;
-    let b = a.replica().await;
+    let b = a.replica().spawn().await;
     a.team("acme").await;
     let token = a.agent("acme", "alice").await;
     let credential = a
@@ -321,7 +321,11 @@ async fn a_revocation_on_one_replica_is_refused_on_another_that_cached_the_crede
         .to_string();
     // B caches only while its event listener is attached.
     let generation = || b.bus.events.credentials_generation();
-    heard_within_seconds(10, || generation().is_some()).await;
+    eventually(
+        "the event listener to attach (a credentials generation)",
+        async || generation().is_some(),
+    )
+    .await;
     let whoami_on_b = async |bearer: &str| {
         status_and_body(
             b.raw_tool_call("whoami")
@@ -348,7 +352,11 @@ async fn a_revocation_on_one_replica_is_refused_on_another_that_cached_the_crede
         .unwrap();
     // The notification reaching B is what empties its cache; without it B
     // would serve the credential for the cache's lifetime (60 s).
-    heard_within_seconds(10, || generation() != before).await;
+    eventually(
+        "the notification to reach the credentials cache",
+        async || generation() != before,
+    )
+    .await;
     let (status, body) = whoami_on_b(&credential).await;
     assert_eq!(status, 401, "{body}");
     assert!(
@@ -362,20 +370,15 @@ async fn a_revocation_on_one_replica_is_refused_on_another_that_cached_the_crede
     let before = generation();
     let id = tokens::list(&a.pool, &in_team("acme")).await.unwrap()[0].id;
     tokens::revoke(&a.pool, id, &globally()).await.unwrap();
-    heard_within_seconds(10, || generation() != before).await;
+    eventually(
+        "the notification to reach the credentials cache",
+        async || generation() != before,
+    )
+    .await;
     let (status, body) = whoami_on_b(&token).await;
     assert_eq!(status, 401, "{body}");
     assert!(
         body["message"].as_str().unwrap().contains("revoked"),
         "{body}"
     );
-}
-
-/// Wait until `heard()` holds, at most `seconds` (then carry on: the
-/// assertions after it say what went wrong).
-pub(crate) async fn heard_within_seconds(seconds: u64, heard: impl Fn() -> bool) {
-    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
-    while !heard() && std::time::Instant::now() < give_up {
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
 }

@@ -4,11 +4,11 @@
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::support::{McpClient, free_port, http_client};
+use crate::support::{McpClient, eventually, eventually_blocking, free_port, http_client};
 
 fn bus(data_dir: &Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"));
@@ -31,38 +31,22 @@ fn start_server(data_dir: &Path, port: u16) -> Child {
 }
 
 async fn wait_healthy(port: u16) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Ok(response) = http_client()
+    let response = eventually("serve to answer /health", async || {
+        http_client()
             .get(format!("http://127.0.0.1:{port}/health"))
             .send()
             .await
-            && response.status().is_success()
-        {
-            return response.json().await.unwrap();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "serve did not answer /health within 60 s"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+            .ok()
+            .filter(|response| response.status().is_success())
+    })
+    .await;
+    response.json().await.unwrap()
 }
 
 pub(crate) fn sigterm_and_wait(mut child: Child) {
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            assert!(status.success(), "serve exits cleanly on SIGTERM: {status}");
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "serve did not stop within 60 s of SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let status = eventually_blocking("serve to stop on SIGTERM", || child.try_wait().unwrap());
+    assert!(status.success(), "serve exits cleanly on SIGTERM: {status}");
 }
 
 /// Processes whose command line names `needle` (the cluster's data directory).

@@ -20,7 +20,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::{TcpSocket, TcpStream};
 
-use crate::support::{TestApp, install_crypto_provider, spawn_app_with, test_actor};
+use crate::support::{TestApp, install_crypto_provider, test_actor};
 
 const FLOODER: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
 const HEALTH_CHECKER: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
@@ -169,13 +169,15 @@ fn tool_request(app: &TestApp, token: &str, body: &str) -> String {
 
 #[tokio::test]
 async fn a_flood_of_unfinished_requests_from_one_address_leaves_health_answering() {
-    let app = spawn_app_with(HttpSettings {
-        max_connections: 32,
-        max_connections_per_address: 8,
-        header_read_timeout: Duration::from_secs(120),
-        ..HttpSettings::default()
-    })
-    .await;
+    let app = TestApp::builder()
+        .http(HttpSettings {
+            max_connections: 32,
+            max_connections_per_address: 8,
+            header_read_timeout: Duration::from_secs(120),
+            ..HttpSettings::default()
+        })
+        .spawn()
+        .await;
     let port = app.addr.port();
 
     let mut flood = Vec::new();
@@ -237,13 +239,15 @@ async fn a_flood_of_unfinished_requests_from_one_address_leaves_health_answering
 
 #[tokio::test]
 async fn at_the_connection_cap_a_newcomer_evicts_the_longest_waiting_connection() {
-    let app = spawn_app_with(HttpSettings {
-        max_connections: 6,
-        max_connections_per_address: 6,
-        header_read_timeout: Duration::from_secs(120),
-        ..HttpSettings::default()
-    })
-    .await;
+    let app = TestApp::builder()
+        .http(HttpSettings {
+            max_connections: 6,
+            max_connections_per_address: 6,
+            header_read_timeout: Duration::from_secs(120),
+            ..HttpSettings::default()
+        })
+        .spawn()
+        .await;
     app.team("acme").await;
     let alice = app.agent("acme", "alice").await;
 
@@ -293,12 +297,14 @@ async fn at_the_connection_cap_a_newcomer_evicts_the_longest_waiting_connection(
 
 #[tokio::test]
 async fn headers_that_do_not_arrive_in_time_close_the_connection() {
-    let app = spawn_app_with(HttpSettings {
-        header_read_timeout: Duration::from_secs(1),
-        idle_timeout: Duration::from_secs(120),
-        ..HttpSettings::default()
-    })
-    .await;
+    let app = TestApp::builder()
+        .http(HttpSettings {
+            header_read_timeout: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(120),
+            ..HttpSettings::default()
+        })
+        .spawn()
+        .await;
 
     // A request that stops halfway through its headers.
     let mut unfinished = TcpStream::connect(app.addr).await.unwrap();
@@ -349,12 +355,14 @@ async fn headers_that_do_not_arrive_in_time_close_the_connection() {
 
 #[tokio::test]
 async fn an_idle_kept_alive_connection_is_closed_after_the_idle_timeout() {
-    let app = spawn_app_with(HttpSettings {
-        header_read_timeout: Duration::from_secs(120),
-        idle_timeout: Duration::from_secs(1),
-        ..HttpSettings::default()
-    })
-    .await;
+    let app = TestApp::builder()
+        .http(HttpSettings {
+            header_read_timeout: Duration::from_secs(120),
+            idle_timeout: Duration::from_secs(1),
+            ..HttpSettings::default()
+        })
+        .spawn()
+        .await;
     let mut stream = TcpStream::connect(app.addr).await.unwrap();
     stream
         .write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
@@ -395,11 +403,13 @@ async fn trickle_body(app: &TestApp, path: &str, authorization: &str) -> OwnedRe
 
 #[tokio::test]
 async fn a_trickled_body_is_cut_off_with_408_on_every_route() {
-    let app = spawn_app_with(HttpSettings {
-        body_read_timeout: Duration::from_secs(1),
-        ..HttpSettings::default()
-    })
-    .await;
+    let app = TestApp::builder()
+        .http(HttpSettings {
+            body_read_timeout: Duration::from_secs(1),
+            ..HttpSettings::default()
+        })
+        .spawn()
+        .await;
     app.team("acme").await;
     let alice = app.agent("acme", "alice").await;
     let admin = admin::bootstrap(&app.pool, None, false, &test_actor())
@@ -431,12 +441,14 @@ async fn a_trickled_body_is_cut_off_with_408_on_every_route() {
 
 #[tokio::test]
 async fn a_long_poll_outliving_the_idle_and_header_timeouts_gets_its_answer() {
-    let app = spawn_app_with(HttpSettings {
-        header_read_timeout: Duration::from_secs(1),
-        idle_timeout: Duration::from_secs(1),
-        ..HttpSettings::default()
-    })
-    .await;
+    let app = TestApp::builder()
+        .http(HttpSettings {
+            header_read_timeout: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(1),
+            ..HttpSettings::default()
+        })
+        .spawn()
+        .await;
     app.team("acme").await;
     let alice_token = app.agent("acme", "alice").await;
     let bob_token = app.agent("acme", "bob").await;
@@ -476,12 +488,14 @@ async fn a_long_poll_outliving_the_idle_and_header_timeouts_gets_its_answer() {
 /// on a new connection takes the place of one of them and is served.
 #[tokio::test]
 async fn a_flood_of_complete_health_requests_leaves_room_for_mcp() {
-    let app = spawn_app_with(HttpSettings {
-        max_connections: 8,
-        max_connections_per_address: 8,
-        ..HttpSettings::default()
-    })
-    .await;
+    let app = TestApp::builder()
+        .http(HttpSettings {
+            max_connections: 8,
+            max_connections_per_address: 8,
+            ..HttpSettings::default()
+        })
+        .spawn()
+        .await;
     app.team("acme").await;
     let token = app.agent("acme", "alice").await;
     let (status, health) = health_from(&app, HEALTH_CHECKER).await;
@@ -534,12 +548,14 @@ async fn a_flood_of_complete_health_requests_leaves_room_for_mcp() {
 /// (a body included) is idle and stays open past the header timeout.
 #[tokio::test]
 async fn a_pipelined_partial_request_is_timed_by_the_header_deadline() {
-    let app = spawn_app_with(HttpSettings {
-        header_read_timeout: Duration::from_secs(1),
-        idle_timeout: Duration::from_secs(120),
-        ..HttpSettings::default()
-    })
-    .await;
+    let app = TestApp::builder()
+        .http(HttpSettings {
+            header_read_timeout: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(120),
+            ..HttpSettings::default()
+        })
+        .spawn()
+        .await;
     app.team("acme").await;
     let token = app.agent("acme", "alice").await;
     let call = tool_request(&app, &token, &call_body("whoami", json!({})));

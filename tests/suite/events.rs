@@ -7,19 +7,18 @@ use ai_crew_sync::events::{BusEvent, EventKind};
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::support::{http_client, spawn_app};
+use crate::support::{eventually, http_client, spawn_app};
 
 #[tokio::test]
 async fn an_event_emitted_on_one_replica_reaches_subscribers_on_another() {
     let first = spawn_app().await;
-    let second = first.replica().await;
+    let second = first.replica().spawn().await;
     let mut on_second = second.bus.events.subscribe();
     let mut on_first = first.bus.events.subscribe();
 
     // The listener attaches asynchronously; /health says when it is live.
     for app in [&first, &second] {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        loop {
+        eventually("the listener to be live (/health)", async || {
             let health: Value = http_client()
                 .get(app.url("/health"))
                 .send()
@@ -28,15 +27,9 @@ async fn an_event_emitted_on_one_replica_reaches_subscribers_on_another() {
                 .json()
                 .await
                 .unwrap();
-            if health["events"] == "live" {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "listener never live: {health}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            (health["events"] == "live").then_some(()).ok_or(health)
+        })
+        .await;
     }
 
     let team = Uuid::new_v4();
@@ -78,23 +71,8 @@ async fn the_listener_reconnects_by_itself_and_events_flow_again() {
             body["events"].as_str().unwrap().to_string()
         }
     };
-    let wait_for = |wanted: &'static str| {
-        let app = &app;
-        async move {
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-            loop {
-                if health(app).await == wanted {
-                    return;
-                }
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "the listener never became {wanted}"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    };
-    wait_for("live").await;
+    let live = async || health(&app).await == "live";
+    eventually("the listener to be live", live).await;
 
     // Cut the LISTEN connection from the server side, as a failover would.
     let cut: i64 = sqlx::query_scalar(
@@ -105,7 +83,7 @@ async fn the_listener_reconnects_by_itself_and_events_flow_again() {
     .await
     .unwrap();
     assert_eq!(cut, 1, "one listener per process");
-    wait_for("live").await;
+    eventually("the listener to be live again", live).await;
 
     let mut events = app.bus.events.subscribe();
     let team = Uuid::new_v4();

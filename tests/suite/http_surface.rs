@@ -4,7 +4,7 @@
 use ai_crew_sync::config::HttpSettings;
 use serde_json::{Value, json};
 
-use crate::support::{http_client, spawn_app, spawn_app_with};
+use crate::support::{TestApp, eventually, http_client, spawn_app};
 
 #[tokio::test]
 async fn health_answers_200_json_while_the_database_answers() {
@@ -18,18 +18,11 @@ async fn health_answers_200_json_while_the_database_answers() {
     // Probes are answered from a snapshot refreshed about once a second:
     // the closed pool shows within a few.
     app.pool.close().await;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
+    eventually("a closed pool to be reported, not hidden", async || {
         let response = http_client().get(app.url("/health")).send().await.unwrap();
-        if response.status().as_u16() == 503 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "a closed pool is reported, not hidden"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+        response.status().as_u16() == 503
+    })
+    .await;
 }
 
 // `/health` is unauthenticated, and each look at the installation costs
@@ -55,11 +48,10 @@ async fn a_burst_of_health_probes_holds_one_database_connection_not_the_pool() {
             tokio::spawn(async move { http_client().get(url).send().await.unwrap().status() })
         })
         .collect();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while waiting_on(&app.pool, false).await == 0 {
-        assert!(Instant::now() < deadline, "no look reached the database");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually("a look to reach the database", async || {
+        waiting_on(&app.pool, false).await > 0
+    })
+    .await;
     // A second of the burst: a look per probe would have queued several.
     let watched = Instant::now();
     while watched.elapsed() < Duration::from_secs(1) {
@@ -113,7 +105,7 @@ async fn an_oversized_request_gets_413_json_whether_declared_or_streamed() {
         max_request_bytes: 64 * 1024,
         ..HttpSettings::default()
     };
-    let app = spawn_app_with(settings).await;
+    let app = TestApp::builder().http(settings).spawn().await;
     app.team("acme").await;
     let token = app.agent("acme", "alice").await;
     let big = format!(
@@ -161,7 +153,7 @@ async fn a_burst_over_the_rate_limit_gets_429_with_retry_after_per_token() {
         rate_limit_per_minute: 5,
         ..HttpSettings::default()
     };
-    let app = spawn_app_with(settings).await;
+    let app = TestApp::builder().http(settings).spawn().await;
     app.team("acme").await;
     let alice = app.agent("acme", "alice").await;
     let bob = app.agent("acme", "bob").await;
@@ -238,11 +230,13 @@ async fn a_host_outside_the_allow_list_is_refused_on_every_route() {
         .unwrap();
     assert_eq!(response.status().as_u16(), 200);
 
-    let open = spawn_app_with(HttpSettings {
-        allowed_hosts: vec!["bus.internal".into()],
-        ..HttpSettings::default()
-    })
-    .await;
+    let open = TestApp::builder()
+        .http(HttpSettings {
+            allowed_hosts: vec!["bus.internal".into()],
+            ..HttpSettings::default()
+        })
+        .spawn()
+        .await;
     let response = http_client()
         .get(open.url("/health"))
         .header("Host", "bus.internal")

@@ -15,7 +15,7 @@ use ai_crew_sync::workers::publication::{self, DrainSettings};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::support::{McpClient, TestApp, in_team, spawn_app, test_actor};
+use crate::support::{McpClient, TestApp, eventually, in_team, spawn_app, test_actor};
 
 pub(crate) struct Pair {
     pub(crate) app: TestApp,
@@ -223,7 +223,7 @@ async fn what_is_owed_survives_a_restart_and_a_pending_message_is_not_owed_yet()
     assert_eq!(pass.stored, 1);
 
     // Another process on the same database (a restart) owes the same.
-    let restarted = p.app.replica().await;
+    let restarted = p.app.replica().spawn().await;
     let bob_again = McpClient::connect(&restarted.mcp_url(), &bob_token_of(&p).await, Some("w1"))
         .await
         .unwrap();
@@ -353,18 +353,6 @@ async fn the_bare_token_wearing_an_authenticated_windows_label_reaches_none_of_i
     );
 }
 
-/// Poll `probe` until it answers, failing after 20 s.
-async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(found) = probe().await {
-            return found;
-        }
-        assert!(std::time::Instant::now() < deadline, "timed out: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 // On a team routed to JetStream, references travel through the window's
 // durable consumer: handed out from the broker (their ack subject kept for
 // the confirmation), confirmed idempotently, and a deleted consumer is
@@ -374,7 +362,10 @@ async fn on_a_jetstream_team_references_go_through_the_broker_and_survive_losing
     use ai_crew_sync::store::conversations::inbox::recipient_key;
     use ai_crew_sync::workers::inbox_publisher;
 
-    let app = crate::support::spawn_app_with_broker(&crate::support::nats::nats_url()).await;
+    let app = crate::support::TestApp::builder()
+        .broker_at(&crate::support::nats::nats_url())
+        .spawn()
+        .await;
     app.jetstream_team("ibj").await;
     let alice = app.mcp(&app.agent("ibj", "alice").await, None).await;
     let bob_token = app.agent("ibj", "bob").await;
@@ -461,7 +452,9 @@ async fn on_a_jetstream_team_references_go_through_the_broker_and_survive_losing
             .unwrap()
     );
     let restarted = app
-        .replica_with_broker(&crate::support::nats::nats_url())
+        .replica()
+        .broker_at(&crate::support::nats::nats_url())
+        .spawn()
         .await;
     let bob_again = McpClient::connect(&restarted.mcp_url(), &bob_token, Some("w1"))
         .await
@@ -559,7 +552,10 @@ async fn a_transferred_seat_takes_its_owed_references_to_the_new_window() {
 /// A team routed to JetStream with alice and bob/w1 in one private
 /// conversation; no worker runs until the test drives one.
 async fn jetstream_pair(slug: &str) -> Pair {
-    let app = crate::support::spawn_app_with_broker(&crate::support::nats::nats_url()).await;
+    let app = crate::support::TestApp::builder()
+        .broker_at(&crate::support::nats::nats_url())
+        .spawn()
+        .await;
     jetstream_pair_on(app, slug, &Default::default()).await
 }
 

@@ -96,7 +96,10 @@ async fn a_confirmation_and_a_fetch_of_the_same_references_lock_them_in_one_orde
     use ai_crew_sync::workers::publication::{self, DrainSettings};
     use serde_json::json;
 
-    let app = crate::support::spawn_app_with_broker(&crate::support::nats::nats_url()).await;
+    let app = crate::support::TestApp::builder()
+        .broker_at(&crate::support::nats::nats_url())
+        .spawn()
+        .await;
     let p = crate::inbox::jetstream_pair_on(app, "ibd", &Default::default()).await;
     let created = crate::inbox::open_conversation(&p.alice, &p.bob, "Another").await;
     let other: Uuid = created["id"].as_str().unwrap().parse().unwrap();
@@ -170,7 +173,10 @@ async fn an_inbox_fetch_the_broker_never_answers_is_served_from_postgres() {
          publish: { allow: [\">\"], deny: [\"$JS.API.CONSUMER.MSG.NEXT.>\"] }, \
          subscribe: { allow: [\">\"] } } }\n  ]\n}",
     );
-    let app = crate::support::spawn_app_with_broker(&server.url_as("bus", "bus")).await;
+    let app = crate::support::TestApp::builder()
+        .broker_at(&server.url_as("bus", "bus"))
+        .spawn()
+        .await;
     let p = crate::inbox::jetstream_pair_on(app, "ibn", &Default::default()).await;
     let sent = p.send("through a silent broker").await;
     let pass = publication::drain_once(&p.app.bus, "silent-test", &DrainSettings::default())

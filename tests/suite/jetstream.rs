@@ -5,7 +5,7 @@
 
 use std::net::SocketAddr;
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ai_crew_sync::BusError;
 use ai_crew_sync::backend::jetstream::{
@@ -15,6 +15,7 @@ use ai_crew_sync::backend::{Envelope, JetStreamBackend, Locator, MessagingBacken
 use serde_json::Value;
 use uuid::Uuid;
 
+use crate::support::eventually;
 use crate::support::nats::{OwnedNats, nats_url};
 use crate::support::postgres::fresh_database_url;
 use crate::support::proxy::Proxy;
@@ -68,11 +69,10 @@ async fn body_messages(team: Uuid) -> u64 {
 }
 
 async fn wait_reachable(broker: &Broker) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !broker.reachable().await {
-        assert!(Instant::now() < deadline, "the broker did not come back");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually("the broker to answer again", async || {
+        broker.reachable().await
+    })
+    .await;
 }
 
 fn socket(url: &str) -> SocketAddr {
@@ -563,11 +563,10 @@ async fn inbox_references_are_deduplicated_handed_out_and_gone_once_acked() {
         .get_stream(inbox_stream_name(team))
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while stream.info().await.unwrap().state.messages != 0 {
-        assert!(Instant::now() < deadline, "the acked reference stays");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("the acked reference to leave the stream", async || {
+        stream.info().await.unwrap().state.messages == 0
+    })
+    .await;
 
     // A reference published later arrives within the wait.
     let waiter = {

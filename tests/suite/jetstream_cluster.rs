@@ -5,7 +5,7 @@
 //! answers "not found". Every wait is a poll with a deadline.
 
 use std::collections::{HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ai_crew_sync::backend::jetstream::{Broker, BrokerOptions, StreamSizes, body_stream_name};
 use serde_json::{Value, json};
@@ -17,25 +17,18 @@ use crate::support::nats::nats_url;
 use crate::support::nats_cluster::NatsCluster;
 use crate::support::postgres::fresh_database_url;
 use crate::support::proxy::Proxy;
-use crate::support::{TestApp, spawn_app_with_broker};
-
-const DEADLINE: Duration = Duration::from_secs(20);
+use crate::support::{TestApp, eventually};
 
 /// Until `stream` has a leader other than `not`; its index.
 async fn new_leader(cluster: &NatsCluster, stream: &str, not: Option<usize>) -> usize {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        if let Ok(Some(leader)) = cluster.stream_leader(stream).await
-            && Some(leader) != not
-        {
-            return leader;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{stream} elected no new leader within {DEADLINE:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        &format!("{stream} to elect a new leader"),
+        async || match cluster.stream_leader(stream).await {
+            Ok(Some(leader)) if Some(leader) != not => Some(leader),
+            _ => None,
+        },
+    )
+    .await
 }
 
 fn three_nodes() -> (tempfile::TempDir, NatsCluster) {
@@ -309,7 +302,7 @@ async fn entries(cluster: &NatsCluster, up: &[usize], stream: &str) -> Vec<(u64,
 async fn a_stream_leader_killed_mid_drain_leaves_one_entry_per_publish_key() {
     let (_dir, mut cluster) = three_nodes();
     let proxy = Proxy::start(cluster.client_addr(0)).await;
-    let app = spawn_app_with_broker(&proxy.url()).await;
+    let app = TestApp::builder().broker_at(&proxy.url()).spawn().await;
     let t = Routed::with_sizes(&app, "jsc1", &r3()).await;
     let stream = body_stream_name(t.team_id);
     const N: usize = 40;
@@ -331,15 +324,11 @@ async fn a_stream_leader_killed_mid_drain_leaves_one_entry_per_publish_key() {
 
     proxy.black_hole_replies();
     let _workers = app.start_publication_workers();
-    let deadline = Instant::now() + DEADLINE;
-    let before = loop {
+    let before = eventually("the drain to store something", async || {
         let before = entries(&cluster, &[0, 1, 2], &stream).await;
-        if !before.is_empty() {
-            break before;
-        }
-        assert!(Instant::now() < deadline, "the drain stored nothing");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        (!before.is_empty()).then_some(before)
+    })
+    .await;
     assert_eq!(
         stored_count(&app, &ids).await,
         0,
@@ -367,11 +356,14 @@ async fn a_stream_leader_killed_mid_drain_leaves_one_entry_per_publish_key() {
     new_leader(&cluster, &stream, Some(leader)).await;
     // Slots that waited out the election are due again at once (the ten
     // seconds they wait are not what this test is about).
-    while stored_count(&app, &ids).await < N as i64 {
-        assert!(Instant::now() < deadline, "not all stored");
+    eventually("every message to be stored", async || {
+        if stored_count(&app, &ids).await == N as i64 {
+            return true;
+        }
         t.make_due().await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        false
+    })
+    .await;
     let locators = t.wait_stored(&ids).await;
     let seen = watching.await.unwrap();
     assert!(!seen.contains("stream_missing"), "{seen:?}");
@@ -406,7 +398,10 @@ async fn a_stream_leader_killed_mid_drain_leaves_one_entry_per_publish_key() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_read_falls_back_to_another_node_when_the_connected_one_is_killed() {
     let (_dir, mut cluster) = three_nodes();
-    let app = spawn_app_with_broker(&cluster.client_urls().join(",")).await;
+    let app = TestApp::builder()
+        .broker_at(&cluster.client_urls().join(","))
+        .spawn()
+        .await;
     let t = Routed::with_sizes(&app, "jsc2", &r3()).await;
     let bodies: Vec<String> = (0..3).map(|i| format!("read me {i}")).collect();
     let mut ids = Vec::new();
@@ -420,24 +415,19 @@ async fn a_read_falls_back_to_another_node_when_the_connected_one_is_killed() {
 
     let node = connected_node(&app, &cluster);
     tokio::task::block_in_place(|| cluster.kill(node));
-    let deadline = Instant::now() + DEADLINE;
     for (id, body) in ids.iter().zip(&bodies) {
-        loop {
+        let what = format!("{id} to be read after node {node} was killed");
+        eventually(&what, async || {
             let one = t
                 .bob
                 .call("get_conversation_message", json!({"message_id": id}))
                 .await;
-            if let Ok(one) = &one
-                && one["body"] == body.as_str()
-            {
-                break;
+            match one {
+                Ok(one) if one["body"] == body.as_str() => Ok(()),
+                other => Err(other),
             }
-            assert!(
-                Instant::now() < deadline,
-                "{id} not read after node {node} was killed: {one:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await;
     }
     assert_ne!(
         connected_node(&app, &cluster),
@@ -451,13 +441,10 @@ async fn a_read_falls_back_to_another_node_when_the_connected_one_is_killed() {
     let mut urls = cluster.client_urls();
     urls.swap(0, node);
     let urls = urls.join(",");
-    let late = loop {
-        match Broker::connect_with(&urls, None, quick()).await {
-            Ok(late) => break late,
-            Err(e) => assert!(Instant::now() < deadline, "{e}"),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let late = eventually("a broker connection past the dead node", async || {
+        Broker::connect_with(&urls, None, quick()).await
+    })
+    .await;
     assert_eq!(late.url(), urls);
 }
 
@@ -472,7 +459,10 @@ async fn the_inbox_publishes_and_hands_out_through_a_new_inbox_stream_leader() {
     use ai_crew_sync::workers::inbox_publisher;
 
     let (_dir, mut cluster) = three_nodes();
-    let app = spawn_app_with_broker(&cluster.client_urls().join(",")).await;
+    let app = TestApp::builder()
+        .broker_at(&cluster.client_urls().join(","))
+        .spawn()
+        .await;
     let p = crate::inbox::jetstream_pair_on(app, "jsc3", &r3()).await;
     let app = &p.app;
     let team_id: Uuid = sqlx::query_scalar("SELECT id FROM teams WHERE slug = 'jsc3'")
@@ -483,28 +473,25 @@ async fn the_inbox_publishes_and_hands_out_through_a_new_inbox_stream_leader() {
     for body in ["one", "two", "three"] {
         p.send(body).await;
     }
-    let deadline = Instant::now() + DEADLINE;
-    let queued = || async {
+    eventually("three references queued", async || {
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM inbox_references")
             .fetch_one(&app.pool)
             .await
             .unwrap()
-    };
-    while queued().await < 3 {
-        assert!(Instant::now() < deadline, "three references queued");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+            >= 3
+    })
+    .await;
     workers.stop().await;
 
     let stream = inbox_stream_name(team_id);
     let leader = new_leader(&cluster, &stream, None).await;
     tokio::task::block_in_place(|| cluster.kill(leader));
     let mut published = 0;
-    while published < 3 {
-        assert!(Instant::now() < deadline, "{published} of 3 published");
+    eventually("three references published", async || {
         published += inbox_publisher::publish_once(&app.bus).await.unwrap_or(0);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        published >= 3
+    })
+    .await;
     assert_eq!(published, 3, "each reference once");
     let up: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
     assert_eq!(
@@ -545,7 +532,10 @@ async fn a_read_asks_the_stream_leader_when_a_lagging_copy_answers_not_found() {
     use async_nats::jetstream::stream::{Config, DirectGetErrorKind, Source};
 
     let (_dir, cluster) = three_nodes();
-    let app = spawn_app_with_broker(&cluster.client_urls().join(",")).await;
+    let app = TestApp::builder()
+        .broker_at(&cluster.client_urls().join(","))
+        .spawn()
+        .await;
     let t = Routed::new(&app, "jsc4").await;
     let stream = body_stream_name(t.team_id);
     let bodies: Vec<String> = (0..3).map(|i| format!("held by the leader {i}")).collect();
@@ -588,17 +578,14 @@ async fn a_read_asks_the_stream_leader_when_a_lagging_copy_answers_not_found() {
     js.update_stream(config).await.unwrap();
 
     let first = sequence(t.team_id, &locators[0]);
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        match origin.direct_get(first).await {
-            Err(e) if e.kind() == DirectGetErrorKind::NotFound => break,
-            other => assert!(
-                Instant::now() < deadline,
-                "the mirror never became the copy answering direct gets: {other:?}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        "the mirror to become the copy answering direct gets",
+        async || match origin.direct_get(first).await {
+            Err(e) if e.kind() == DirectGetErrorKind::NotFound => Ok(()),
+            other => Err(other.map(|_| "a message")),
+        },
+    )
+    .await;
     for locator in &locators {
         for _ in 0..10 {
             let answer = origin.direct_get(sequence(t.team_id, locator)).await;

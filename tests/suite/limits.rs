@@ -5,7 +5,7 @@
 //! its headers and part of its body, then stalls.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ai_crew_sync::config::HttpSettings;
 use serde_json::{Value, json};
@@ -13,7 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
-use crate::support::{TestApp, http_client, spawn_app_with};
+use crate::support::{TestApp, eventually, http_client};
 
 const MIB: usize = 1024 * 1024;
 
@@ -78,20 +78,17 @@ async fn start_upload(app: &TestApp, token: &str, length: Length, sent: &[u8]) -
 
 /// [`start_upload`], again until the server reads it instead of refusing it.
 async fn upload_being_read(app: &TestApp, token: &str, length: Length, sent: &[u8]) -> Upload {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let mut upload = start_upload(app, token, length, sent).await;
-        match answer_within(&mut upload.read, Duration::from_millis(300)).await {
-            None => return upload,
-            Some(answer) if Instant::now() > deadline => {
-                panic!(
-                    "the upload is still refused: {} {}",
-                    answer.status, answer.body
-                )
+    eventually(
+        "the server to read an upload instead of refusing it",
+        async || {
+            let mut upload = start_upload(app, token, length, sent).await;
+            match answer_within(&mut upload.read, Duration::from_millis(300)).await {
+                None => Ok(upload),
+                Some(answer) => Err(format!("{} {}", answer.status, answer.body)),
             }
-            Some(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    }
+        },
+    )
+    .await
 }
 
 /// A raw HTTP answer: status, lower-cased head, and the JSON body.
@@ -167,20 +164,20 @@ async fn post_from(
     (status, retry_after, body)
 }
 
-/// Poll with `probe` until it answers `status`, for at most 10 s.
-async fn until_status<F, Fut>(status: u16, mut probe: F) -> (u16, Option<u64>, Value)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = (u16, Option<u64>, Value)>,
-{
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+/// Poll with `probe` until it answers `status`; that answer.
+async fn until_status(
+    status: u16,
+    mut probe: impl AsyncFnMut() -> (u16, Option<u64>, Value),
+) -> (u16, Option<u64>, Value) {
+    eventually(&format!("an answer {status}"), async || {
         let answer = probe().await;
-        if answer.0 == status || Instant::now() > deadline {
-            return answer;
+        if answer.0 == status {
+            Ok(answer)
+        } else {
+            Err(answer)
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 fn message(body: &Value) -> &str {
@@ -188,7 +185,7 @@ fn message(body: &Value) -> &str {
 }
 
 async fn app_with(settings: HttpSettings) -> (TestApp, String, String) {
-    let app = spawn_app_with(settings).await;
+    let app = TestApp::builder().http(settings).spawn().await;
     app.team("acme").await;
     let alice = app.agent("acme", "alice").await;
     let bob = app.agent("acme", "bob").await;
@@ -867,7 +864,7 @@ async fn an_address_past_its_allowance_queues_few_lookups_and_the_rest_are_refus
         );
         refused += 1;
     }
-    crate::write_fence::until("two lookups wait on the locked table", async || {
+    crate::support::eventually("two lookups wait on the locked table", async || {
         crate::write_fence::waiting_on(&app.pool, false).await == 2
     })
     .await;

@@ -12,7 +12,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::support::postgres::fresh_database_url;
-use crate::support::{McpClient, spawn_app, spawn_app_on};
+use crate::support::{McpClient, TestApp, spawn_app};
 
 /// whoami's unread direct messages: `[count, at_least]`.
 async fn unread_dms(client: &McpClient) -> Value {
@@ -218,7 +218,10 @@ async fn migration_0021_numbers_history_per_team_and_converts_cursors() {
     let url = fresh_database_url().await;
     let pool = db::connect(&url, 4).await.unwrap();
     migrator_up_to(20).run(&pool).await.unwrap();
-    let app = spawn_app_on(pool.clone(), url.clone()).await;
+    let app = TestApp::builder()
+        .database(pool.clone(), url.clone())
+        .spawn()
+        .await;
     app.team("one").await;
     app.team("two").await;
     app.agent("one", "alice").await;
@@ -335,7 +338,7 @@ async fn migration_0021_numbers_history_per_team_and_converts_cursors() {
     }
 
     // And the migrated history reads on: the next post takes position 5.
-    let app = spawn_app_on(pool.clone(), url).await;
+    let app = TestApp::builder().database(pool.clone(), url).spawn().await;
     let token = app.agent("one", "carol").await;
     let carol = app.mcp(&token, None).await;
     carol

@@ -12,7 +12,6 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use ai_crew_sync::config::HttpSettings;
 use ai_crew_sync::store::identity::admin;
@@ -22,8 +21,7 @@ use uuid::Uuid;
 
 use crate::support::nats::nats_url;
 use crate::support::{
-    TestApp, drain_settings, free_port, globally, http_client, spawn_app, spawn_app_with_metrics,
-    test_actor,
+    TestApp, drain_settings, eventually, free_port, globally, http_client, spawn_app, test_actor,
 };
 
 /// One sample line: `name{label="value",…} value`.
@@ -157,7 +155,7 @@ fn assert_grew(before: &[Sample], after: &[Sample], name: &str, with: &[(&str, &
 
 #[tokio::test]
 async fn tool_calls_are_counted_by_tool_and_outcome_and_timed_and_labels_carry_no_names() {
-    let app = spawn_app_with_metrics(HttpSettings::default(), None).await;
+    let app = TestApp::builder().metrics_listener().spawn().await;
     app.team("metrics-a").await;
     let agent = "zq-metrics-agent-7";
     let token = app.agent("metrics-a", agent).await;
@@ -200,16 +198,12 @@ async fn tool_calls_are_counted_by_tool_and_outcome_and_timed_and_labels_carry_n
         &[("route", "/mcp"), ("status", "200")],
     );
     // The event listener hears the publisher's pings (every second here).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    eventually("a notification to be counted", async || {
         let now = scrape(&app).await;
         let name = "bus_event_notifications_received_total";
-        if value(&now, name, &[]) > value(&before, name, &[]) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no notification counted in 30 s");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        value(&now, name, &[]) > value(&before, name, &[])
+    })
+    .await;
     // The listener's state is one of three, exactly one set.
     let states: f64 = ["live", "silent", "detached"]
         .iter()
@@ -231,7 +225,7 @@ async fn tool_calls_are_counted_by_tool_and_outcome_and_timed_and_labels_carry_n
 
 #[tokio::test]
 async fn a_blocked_long_poll_is_an_open_long_poll_until_it_answers() {
-    let app = spawn_app_with_metrics(HttpSettings::default(), None).await;
+    let app = TestApp::builder().metrics_listener().spawn().await;
     app.team("metrics-w").await;
     let waiter = app.mcp(&app.agent("metrics-w", "waiter").await, None).await;
     let before = scrape(&app).await;
@@ -242,11 +236,10 @@ async fn a_blocked_long_poll_is_an_open_long_poll_until_it_answers() {
     });
     // Seen while it waits (other tests' waits may add to the gauge, never
     // take this one away).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while value(&scrape(&app).await, "bus_long_polls_open", &[]) < 1.0 {
-        assert!(Instant::now() < deadline, "no open long poll seen");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("an open long poll in the metrics", async || {
+        value(&scrape(&app).await, "bus_long_polls_open", &[]) >= 1.0
+    })
+    .await;
     wait.await.unwrap().expect("the wait times out normally");
     let after = scrape(&app).await;
     assert_grew(
@@ -263,7 +256,11 @@ async fn rate_limit_refusals_are_counted_by_kind() {
         rate_limit_per_minute: 2,
         ..HttpSettings::default()
     };
-    let app = spawn_app_with_metrics(settings, None).await;
+    let app = TestApp::builder()
+        .http(settings)
+        .metrics_listener()
+        .spawn()
+        .await;
     app.team("metrics-r").await;
     let token = app.agent("metrics-r", "rater").await;
     let before = scrape(&app).await;
@@ -358,7 +355,11 @@ async fn the_main_listener_serves_metrics_only_to_a_global_admin_credential() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_pass_counts_publish_outcomes_and_empties_the_outbox_gauges() {
-    let app = spawn_app_with_metrics(HttpSettings::default(), Some(&nats_url())).await;
+    let app = TestApp::builder()
+        .broker_at(&nats_url())
+        .metrics_listener()
+        .spawn()
+        .await;
     let slug = "metrics-js";
     let team_id = app.jetstream_team(slug).await;
     let alice = app.mcp(&app.agent(slug, "alice").await, None).await;
@@ -394,18 +395,15 @@ async fn a_drain_pass_counts_publish_outcomes_and_empties_the_outbox_gauges() {
     );
     assert!(value(&before, "bus_outbox_pending_bytes", &[]) > 0.0);
 
-    let deadline = Instant::now() + Duration::from_secs(30);
     let mut stored = 0;
-    while stored < 2 {
-        assert!(Instant::now() < deadline, "the drain stored {stored} of 2");
+    eventually("the drain to store both messages", async || {
         let pass = publication::drain_once(&app.bus, "metrics-test", &drain_settings())
             .await
             .expect("a drain pass");
         stored += pass.stored;
-        if pass.leased == 0 {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
+        stored >= 2
+    })
+    .await;
 
     let after = scrape(&app).await;
     assert!(
@@ -470,25 +468,20 @@ async fn serve_starts_without_the_metrics_listener_when_the_default_address_is_t
         .stderr(log.reopen().unwrap())
         .spawn()
         .expect("spawn serve");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    eventually("serve to answer /health", async || {
         if let Some(status) = child.try_wait().unwrap() {
             panic!(
                 "serve stopped ({status}) because the default metrics address was taken: {}",
                 std::fs::read_to_string(log.path()).unwrap()
             );
         }
-        if let Ok(response) = http_client()
+        http_client()
             .get(format!("http://127.0.0.1:{port}/health"))
             .send()
             .await
-            && response.status().is_success()
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no /health within 60 s");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+            .is_ok_and(|response| response.status().is_success())
+    })
+    .await;
     crate::binary::sigterm_and_wait(child);
     let stderr = std::fs::read_to_string(log.path()).unwrap();
     assert!(
@@ -506,19 +499,16 @@ async fn serve_answers_on_its_metrics_bind_and_names_the_flag_when_the_port_is_t
         .spawn()
         .expect("spawn serve");
     let addr: SocketAddr = format!("127.0.0.1:{metrics_port}").parse().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let text = loop {
-        if let Ok(response) = http_client()
+    let response = eventually("metrics on the metrics bind", async || {
+        http_client()
             .get(format!("http://{addr}/metrics"))
             .send()
             .await
-            && response.status() == 200
-        {
-            break response.text().await.unwrap();
-        }
-        assert!(Instant::now() < deadline, "no metrics within 60 s");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+            .ok()
+            .filter(|response| response.status() == 200)
+    })
+    .await;
+    let text = response.text().await.unwrap();
     let samples = parse(&text);
     assert!(value(&samples, "bus_db_pool_max_connections", &[]) >= 1.0);
     let other = http_client()

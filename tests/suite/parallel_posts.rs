@@ -17,9 +17,10 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use crate::support::eventually;
 use crate::support::postgres::fresh_database_url;
 use crate::support::{McpClient, spawn_app};
-use crate::write_fence::{until, waiting_on};
+use crate::write_fence::waiting_on;
 
 /// A hang guard for a read that must not wait (never a timing assertion: a
 /// read held back waits for minutes, a free one answers in milliseconds).
@@ -113,7 +114,7 @@ async fn a_reader_waits_for_the_writer_of_a_gap_and_reads_its_message() {
     let bob = Arc::new(bob);
     let reader = bob.clone();
     let read = tokio::spawn(async move { read_new(&reader, "ops").await });
-    until("the reader waits for the slow writer", async || {
+    eventually("the reader waits for the slow writer", async || {
         waiting_on(&app.pool, true).await > 0
     })
     .await;
@@ -152,7 +153,7 @@ async fn a_writer_between_its_position_and_its_lock_is_waited_for() {
     let bob = Arc::new(bob);
     let reader = bob.clone();
     let read = tokio::spawn(async move { read_new(&reader, "ops").await });
-    until("the reader waits for the team's writers", async || {
+    eventually("the reader waits for the team's writers", async || {
         waiting_on(&app.pool, true).await > 0
     })
     .await;
@@ -212,7 +213,7 @@ async fn two_reads_of_one_window_at_once_hand_out_each_message_once() {
             tokio::spawn(async move { read_new(&bob, "ops").await })
         })
         .collect();
-    until("both reads wait at the cursor row", async || {
+    eventually("both reads wait at the cursor row", async || {
         waiting_on(&app.pool, false).await >= 2
     })
     .await;

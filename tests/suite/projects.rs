@@ -3,8 +3,7 @@
 use ai_crew_sync::store::identity::teams;
 use serde_json::json;
 
-use crate::auth::heard_within_seconds;
-use crate::support::{spawn_app, test_actor};
+use crate::support::{eventually, spawn_app, test_actor};
 
 #[tokio::test]
 async fn conversation_tools_are_hidden_and_refused_until_the_team_turns_them_on() {
@@ -32,13 +31,21 @@ async fn conversation_tools_are_hidden_and_refused_until_the_team_turns_them_on(
     // The switch reaches the server's cache through the event channel
     // (like a revocation): wait for that notification, not for time.
     let generation = || app.bus.events.credentials_generation();
-    heard_within_seconds(10, || generation().is_some()).await;
+    eventually(
+        "the event listener to attach (a credentials generation)",
+        async || generation().is_some(),
+    )
+    .await;
     let before = generation();
     let caps = teams::capability(&app.pool, "acme", Some(true), &test_actor())
         .await
         .unwrap();
     assert!(caps.conversations);
-    heard_within_seconds(10, || generation() != before).await;
+    eventually(
+        "the notification to reach the credentials cache",
+        async || generation() != before,
+    )
+    .await;
     assert!(
         alice
             .list_tool_names()
@@ -54,7 +61,11 @@ async fn conversation_tools_are_hidden_and_refused_until_the_team_turns_them_on(
     teams::capability(&app.pool, "acme", Some(false), &test_actor())
         .await
         .unwrap();
-    heard_within_seconds(10, || generation() != before).await;
+    eventually(
+        "the notification to reach the credentials cache",
+        async || generation() != before,
+    )
+    .await;
     assert!(
         alice.call("list_projects", json!({})).await.is_err(),
         "off again: refused per call"
@@ -160,8 +171,6 @@ async fn only_a_holder_extends_a_grant_revoking_is_immediate_and_never_your_own(
 /// second waits there and then sees it no longer holds a grant.
 #[tokio::test]
 async fn two_holders_revoking_each_other_at_once_leave_one_holder() {
-    use std::time::Duration;
-
     let app = spawn_app().await;
     app.team("acme").await;
     teams::capability(&app.pool, "acme", Some(true), &test_actor())
@@ -197,8 +206,7 @@ async fn two_holders_revoking_each_other_at_once_leave_one_holder() {
     };
     let by_alice = revoke(alice, "bob");
     let by_bob = revoke(bob, "alice");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    loop {
+    eventually("the revocations to meet", async || {
         let waiting: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity
               WHERE datname = current_database() AND wait_event_type = 'Lock'",
@@ -206,15 +214,9 @@ async fn two_holders_revoking_each_other_at_once_leave_one_holder() {
         .fetch_one(&app.pool)
         .await
         .unwrap();
-        if waiting == 2 || (by_alice.is_finished() && by_bob.is_finished()) {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the revocations never met"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        waiting == 2 || (by_alice.is_finished() && by_bob.is_finished())
+    })
+    .await;
     held.commit().await.unwrap();
     let outcomes = [by_alice.await.unwrap(), by_bob.await.unwrap()];
 

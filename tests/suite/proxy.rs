@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout};
 
-use crate::support::{TestApp, globally, in_team, spawn_app};
+use crate::support::{TestApp, eventually, globally, in_team, spawn_app};
 
 /// One machine: a config directory with profiles, a working directory.
 pub(crate) struct Machine {
@@ -611,14 +611,11 @@ async fn the_window_credential_is_renewed_at_half_life_and_keeps_its_epoch() {
     let (issued_until, epoch) = row().await;
     assert_eq!(status["credential_epoch"], epoch);
     // Wait for the renewal (a bound only against hanging forever).
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
-    while row().await.0 <= issued_until {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the credential of {label} was never renewed"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    }
+    eventually(
+        &format!("the credential of {label} to be renewed"),
+        async || row().await.0 > issued_until,
+    )
+    .await;
     driver.resume().await;
     let after = driver.rest().await;
     let calls = calls(&after);

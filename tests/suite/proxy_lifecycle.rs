@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 use crate::proxy::{Driver, Machine, calls};
 use crate::support::proxy::Proxy;
-use crate::support::{McpClient, spawn_app, test_actor};
+use crate::support::{McpClient, eventually, spawn_app, test_actor};
 
 /// The spool's records, one JSON value per line.
 fn records(path: &Path) -> Vec<Value> {
@@ -27,18 +27,6 @@ fn records(path: &Path) -> Vec<Value> {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
-}
-
-/// Wait (at most 30 s) until `probe` holds.
-async fn until(what: &str, mut probe: impl AsyncFnMut() -> bool) {
-    let give_up = std::time::Instant::now() + Duration::from_secs(30);
-    while !probe().await {
-        assert!(
-            std::time::Instant::now() < give_up,
-            "gave up waiting: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 #[tokio::test]
@@ -117,7 +105,7 @@ async fn a_proxy_killed_between_spooling_and_confirming_loses_no_reference_and_c
             })
         })
     };
-    until("the reference is in the spool", async || {
+    eventually("the reference is in the spool", async || {
         spooled(&spool_path).is_some()
     })
     .await;
@@ -156,7 +144,7 @@ async fn a_proxy_killed_between_spooling_and_confirming_loses_no_reference_and_c
     relay.pass();
     let mut second = Driver::start(&machine.script(&args, json!([{"op": "pause"}])));
     second.until_pause().await;
-    until("the spooled reference is confirmed", async || {
+    eventually("the spooled reference is confirmed", async || {
         delivered().await.is_some()
     })
     .await;
@@ -212,6 +200,6 @@ async fn sigterm_ends_the_proxy_and_leaves_its_window_idle() {
         .unwrap();
     // SAFETY: a signal to the proxy process this test started.
     assert_eq!(unsafe { libc::kill(state.pid as i32, libc::SIGTERM) }, 0);
-    until("the window is idle", async || status().await == "idle").await;
+    eventually("the window is idle", async || status().await == "idle").await;
     drop(driver);
 }

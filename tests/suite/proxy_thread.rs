@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use crate::conversations::team_with_conversations;
 use crate::proxy::{Driver, Machine, calls, closed};
-use crate::support::spawn_app;
+use crate::support::{eventually, spawn_app};
 
 /// The `session_status` answer among a run's calls, the `n`th one.
 fn status(lines: &[Value], n: usize) -> Value {
@@ -78,16 +78,15 @@ async fn the_first_calls_thread_id_picks_the_window_and_a_restart_of_that_thread
     let windows = files(&config.join("windows"));
     assert_eq!(windows, [format!("{}.json", window_state::key_for("A"))]);
     let spool_a = spool::path_for(&config, &window_state::key_for("A")).unwrap();
-    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while files(&config.join("spool")) != [format!("{}.jsonl", window_state::key_for("A"))] {
-        assert!(
-            std::time::Instant::now() < give_up,
-            "only A's spool at {}: {:?}",
-            spool_a.display(),
-            files(&config.join("spool"))
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    let only_a = [format!("{}.jsonl", window_state::key_for("A"))];
+    eventually(
+        &format!("only A's spool at {}", spool_a.display()),
+        async || {
+            let spools = files(&config.join("spool"));
+            (spools == only_a).then_some(()).ok_or(spools)
+        },
+    )
+    .await;
 
     // Another thread later: one proxy, one conversation.
     a.resume().await;

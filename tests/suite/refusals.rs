@@ -8,7 +8,7 @@ use ai_crew_sync::config::HttpSettings;
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
 
-use crate::support::{McpClient, TestApp, http_client, spawn_app, spawn_app_with};
+use crate::support::{McpClient, TestApp, http_client, spawn_app};
 
 /// Text a client must never be shown: rmcp's and serde's words, Rust syntax.
 const NOT_FOR_CLIENTS: &[&str] = &[
@@ -337,11 +337,13 @@ async fn an_unknown_protocol_version_gets_400_json_naming_the_ones_spoken() {
 #[tokio::test]
 async fn a_plain_text_refusal_from_the_transport_is_rewritten_as_json() {
     // The Origin guard is rmcp's; its refusal is plain text on the way in.
-    let app = spawn_app_with(HttpSettings {
-        allowed_origins: vec!["http://allowed.example".into()],
-        ..HttpSettings::default()
-    })
-    .await;
+    let app = TestApp::builder()
+        .http(HttpSettings {
+            allowed_origins: vec!["http://allowed.example".into()],
+            ..HttpSettings::default()
+        })
+        .spawn()
+        .await;
     app.team("acme").await;
     let token = app.agent("acme", "alice").await;
     let response = post(&app, &token, call(1, "whoami", json!({})))

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 
 use crate::binary::sigterm_and_wait;
 use crate::support::postgres::fresh_database_url;
-use crate::support::{McpClient, free_port, http_client};
+use crate::support::{McpClient, eventually, free_port, http_client};
 
 const BINARY: &str = env!("CARGO_BIN_EXE_ai-crew-sync");
 
@@ -79,29 +79,23 @@ fn spawn_logged(mut command: Command, log: &Path) -> Child {
 /// Wait until `/health` answers 200, failing with the script's output if it
 /// exits first or takes over a minute.
 async fn wait_healthy(child: &mut Child, port: u16, log: &Path) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    let response = eventually("/health to answer", async || {
         if let Ok(response) = http_client()
             .get(format!("http://127.0.0.1:{port}/health"))
             .send()
             .await
             && response.status().is_success()
         {
-            return response.json().await.unwrap();
+            return Ok(response);
         }
+        let output = std::fs::read_to_string(log).unwrap_or_default();
         if let Some(status) = child.try_wait().unwrap() {
-            panic!(
-                "scripts/run exited ({status}) before /health answered:\n{}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            );
+            panic!("scripts/run exited ({status}) before /health answered:\n{output}");
         }
-        assert!(
-            Instant::now() < deadline,
-            "/health did not answer within 60 s:\n{}",
-            std::fs::read_to_string(log).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        Err(output)
+    })
+    .await;
+    response.json().await.unwrap()
 }
 
 /// The exit status of a run that must end by itself, with its stderr.

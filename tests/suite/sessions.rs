@@ -419,11 +419,13 @@ async fn two_tokens_taking_over_one_dead_label_at_once_leave_one_live_window() {
 /// to do, and has room again once it ends one.
 #[tokio::test]
 async fn an_agent_holds_at_most_its_cap_of_live_sessions() {
-    let app = crate::support::spawn_app_with(ai_crew_sync::config::HttpSettings {
-        max_sessions_per_agent: 2,
-        ..Default::default()
-    })
-    .await;
+    let app = crate::support::TestApp::builder()
+        .http(ai_crew_sync::config::HttpSettings {
+            max_sessions_per_agent: 2,
+            ..Default::default()
+        })
+        .spawn()
+        .await;
     app.team("acme").await;
     let token = app.agent("acme", "alice").await;
     let other = app.agent("acme", "bob").await;

@@ -14,8 +14,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use uuid::Uuid;
 
-use crate::support::{McpClient, TestApp, in_team, spawn_app_with, test_actor, test_authority};
-use crate::write_fence::{hold_row, until, waiting_on};
+use crate::support::eventually;
+use crate::support::{McpClient, TestApp, in_team, test_actor, test_authority};
+use crate::write_fence::{hold_row, waiting_on};
 
 /// The status and JSON body of the one answer on `stream`.
 async fn read_answer(stream: &mut TcpStream) -> (u16, Value) {
@@ -54,11 +55,13 @@ async fn half_sent_call(app: &TestApp, token: &str) -> (TcpStream, String) {
 
 #[tokio::test]
 async fn shutdown_answers_every_blocked_long_poll_and_lets_calls_in_flight_finish() {
-    let mut app = spawn_app_with(HttpSettings {
-        shutdown_grace: Duration::from_secs(60),
-        ..HttpSettings::default()
-    })
-    .await;
+    let mut app = TestApp::builder()
+        .http(HttpSettings {
+            shutdown_grace: Duration::from_secs(60),
+            ..HttpSettings::default()
+        })
+        .spawn()
+        .await;
     app.team("acme").await;
     teams::capability(&app.pool, "acme", Some(true), &test_actor())
         .await
@@ -134,14 +137,10 @@ async fn shutdown_answers_every_blocked_long_poll_and_lets_calls_in_flight_finis
     );
 
     // No new connection is taken.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(app.addr).await.is_ok() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the server still accepts connections after shutdown began"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("the server to stop accepting connections", async || {
+        TcpStream::connect(app.addr).await.is_err()
+    })
+    .await;
 
     // The call in flight finishes: the rest of its body, then its answer.
     in_flight.write_all(rest.as_bytes()).await.unwrap();
@@ -162,7 +161,7 @@ async fn shutdown_answers_every_blocked_long_poll_and_lets_calls_in_flight_finis
 
 #[tokio::test]
 async fn a_wait_that_ends_while_the_server_runs_carries_no_restart_fields() {
-    let app = spawn_app_with(HttpSettings::default()).await;
+    let app = TestApp::builder().spawn().await;
     app.team("acme").await;
     let alice = app.agent("acme", "alice").await;
     let client = app.mcp(&alice, Some("w1")).await;
@@ -187,12 +186,14 @@ async fn a_wait_that_ends_while_the_server_runs_carries_no_restart_fields() {
 // never sent and bob is not woken before his deadline.)
 #[tokio::test]
 async fn a_write_committed_during_the_grace_wakes_a_long_poll_on_another_replica() {
-    let mut a = spawn_app_with(HttpSettings {
-        shutdown_grace: Duration::from_secs(60),
-        ..HttpSettings::default()
-    })
-    .await;
-    let b = a.replica().await;
+    let mut a = TestApp::builder()
+        .http(HttpSettings {
+            shutdown_grace: Duration::from_secs(60),
+            ..HttpSettings::default()
+        })
+        .spawn()
+        .await;
+    let b = a.replica().spawn().await;
     a.team("acme").await;
     let alice = a.mcp(&a.agent("acme", "alice").await, None).await;
     let bob = McpClient::connect(&b.mcp_url(), &a.agent("acme", "bob").await, Some("web"))
@@ -209,7 +210,7 @@ async fn a_write_committed_during_the_grace_wakes_a_long_poll_on_another_replica
     });
     // Bob's wait has subscribed, checked the database and is blocked once
     // its first check (the changes since it began) has run.
-    until("bob's wait is blocked on replica B", async || {
+    eventually("bob's wait is blocked on replica B", async || {
         let checked: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity
               WHERE datname = current_database() AND query LIKE '%''task'' AS kind%'",
@@ -241,12 +242,12 @@ async fn a_write_committed_during_the_grace_wakes_a_long_poll_on_another_replica
             )
             .await
     });
-    until("alice's post waits on her row", async || {
+    eventually("alice's post waits on her row", async || {
         waiting_on(&a.pool, false).await >= 1
     })
     .await;
     a.begin_shutdown();
-    until("replica A stops accepting", async || {
+    eventually("replica A stops accepting", async || {
         TcpStream::connect(a.addr).await.is_err()
     })
     .await;
@@ -282,11 +283,13 @@ async fn a_write_committed_during_the_grace_wakes_a_long_poll_on_another_replica
 // tasks: it returns at once, the row still `delivering`.)
 #[tokio::test]
 async fn serve_returns_after_its_workers_have_recorded_what_they_were_doing() {
-    let mut app = spawn_app_with(HttpSettings {
-        shutdown_grace: Duration::from_secs(60),
-        ..HttpSettings::default()
-    })
-    .await;
+    let mut app = TestApp::builder()
+        .http(HttpSettings {
+            shutdown_grace: Duration::from_secs(60),
+            ..HttpSettings::default()
+        })
+        .spawn()
+        .await;
     app.team("acme").await;
     let alice = app.mcp(&app.agent("acme", "alice").await, None).await;
     alice

@@ -6,7 +6,6 @@
 //! `serve --auto-migrate=false` refusing a schema that is behind.
 
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
 
 use ai_crew_sync::db::{self, Database, schema};
 use ai_crew_sync::store::identity::teams;
@@ -14,8 +13,8 @@ use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::support::postgres::{fresh_database_url, fresh_pool};
-use crate::support::{free_port, http_client, spawn_app_on, test_actor};
+use crate::support::postgres::{fresh_database_url, pool_migrated_from_scratch};
+use crate::support::{TestApp, eventually, free_port, http_client, test_actor};
 
 fn bus(database_url: &str, args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"));
@@ -123,21 +122,23 @@ async fn stop(child: Child) -> Output {
 /// ever answering /health. Its stderr.
 async fn refused_serve(database_url: &str, extra: &[&str]) -> String {
     let (mut child, port) = start_serve(database_url, extra);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    // Some(status) once it exits; None if it answers /health instead.
+    let exited = eventually("serve to exit (or answer /health)", async || {
         if let Some(status) = child.try_wait().unwrap() {
-            let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
-                .await
-                .unwrap();
-            assert!(!status.success(), "serve exited 0: {}", text(&out.stderr));
-            return text(&out.stderr);
+            return Some(Some(status));
         }
-        if healthy(port).await || Instant::now() > deadline {
-            let out = stop(child).await;
-            panic!("serve started instead of refusing: {}", text(&out.stderr));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        healthy(port).await.then_some(None)
+    })
+    .await;
+    let Some(status) = exited else {
+        let out = stop(child).await;
+        panic!("serve started instead of refusing: {}", text(&out.stderr));
+    };
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    assert!(!status.success(), "serve exited 0: {}", text(&out.stderr));
+    text(&out.stderr)
 }
 
 // Issue 17 item 6: a database created by the previous landed schema, with a
@@ -155,7 +156,10 @@ async fn a_database_at_the_previous_schema_upgrades_with_its_data() {
         "the database starts one migration behind"
     );
 
-    let app = spawn_app_on(pool.clone(), url.clone()).await;
+    let app = TestApp::builder()
+        .database(pool.clone(), url.clone())
+        .spawn()
+        .await;
     app.team("upg").await;
     teams::capability(&app.pool, "upg", Some(true), &test_actor())
         .await
@@ -253,7 +257,7 @@ async fn a_database_at_the_previous_schema_upgrades_with_its_data() {
         "{state:?}"
     );
 
-    let app = spawn_app_on(pool, url.clone()).await;
+    let app = TestApp::builder().database(pool, url.clone()).spawn().await;
     let alice = app.mcp(&alice_token, None).await;
     let bob = app.mcp(&bob_token, Some("w1")).await;
     let me = bob.call("whoami", json!({})).await.unwrap();
@@ -311,17 +315,19 @@ async fn two_replicas_starting_at_once_on_an_empty_database_both_serve_and_migra
     let url = fresh_database_url().await;
     let (a, port_a) = start_serve(&url, &[]);
     let (b, port_b) = start_serve(&url, &[]);
-    let deadline = Instant::now() + Duration::from_secs(90);
     let mut children = [Some(a), Some(b)];
     for (i, port) in [port_a, port_b].into_iter().enumerate() {
-        while !healthy(port).await {
+        eventually(&format!("replica {i} to come up"), async || {
+            if healthy(port).await {
+                return true;
+            }
             if let Some(status) = children[i].as_mut().unwrap().try_wait().unwrap() {
                 let out = children[i].take().unwrap().wait_with_output().unwrap();
                 panic!("replica {i} exited ({status}): {}", text(&out.stderr));
             }
-            assert!(Instant::now() < deadline, "replica {i} did not come up");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            false
+        })
+        .await;
     }
     let mut applied_lines = Vec::new();
     for child in children.into_iter().flatten() {
@@ -380,7 +386,7 @@ async fn concurrent_migrations_each_apply_a_disjoint_share() {
 // happened and what to run, and change nothing.
 #[tokio::test]
 async fn a_binary_older_than_the_schema_refuses_to_start() {
-    let (pool, url) = fresh_pool().await;
+    let (pool, url) = pool_migrated_from_scratch().await;
     sqlx::query(
         "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
          VALUES (9999, 'from the future', true, '\\x00', 0)",
@@ -436,7 +442,7 @@ async fn a_binary_older_than_the_schema_refuses_to_start() {
 // checksum differs): the binary does not start, naming the migration.
 #[tokio::test]
 async fn an_applied_migration_whose_text_differs_is_refused() {
-    let (pool, url) = fresh_pool().await;
+    let (pool, url) = pool_migrated_from_scratch().await;
     sqlx::query("UPDATE _sqlx_migrations SET checksum = '\\x00' WHERE version = 1")
         .execute(&pool)
         .await

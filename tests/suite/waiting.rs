@@ -26,7 +26,7 @@ async fn post_until_done(
 #[tokio::test]
 async fn a_wait_on_one_replica_wakes_on_a_teammates_write_on_another() {
     let first = spawn_app().await;
-    let second = first.replica().await;
+    let second = first.replica().spawn().await;
     first.team("acme").await;
     let alice = McpClient::connect(&first.mcp_url(), &first.agent("acme", "alice").await, None)
         .await

@@ -18,7 +18,9 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::support::{McpClient, TestApp, globally, http_client, in_team, spawn_app, test_actor};
+use crate::support::{
+    McpClient, TestApp, eventually, globally, http_client, in_team, spawn_app, test_actor,
+};
 
 /// Lock one row so the revocation that updates it stops just before.
 pub(crate) async fn hold_row(
@@ -47,17 +49,6 @@ pub(crate) async fn waiting_on(pool: &PgPool, advisory_only: bool) -> i64 {
     .unwrap()
 }
 
-pub(crate) async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    while !done().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// Run `revocation` until it waits on the held row, start `write`, show the
 /// write waiting on the fence, release the row; the write's answer.
 pub(crate) async fn race<R, W, T>(
@@ -73,23 +64,22 @@ where
     T: Send + std::fmt::Debug + 'static,
 {
     let revocation = tokio::spawn(revocation);
-    until("the revocation to wait on the held row", async || {
+    eventually("the revocation to wait on the held row", async || {
         waiting_on(pool, false).await >= 1
     })
     .await;
-    let write = tokio::spawn(write);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    while waiting_on(pool, true).await == 0 {
+    let mut write = tokio::spawn(write);
+    eventually("the write to wait on the fence", async || {
+        if waiting_on(pool, true).await > 0 {
+            return true;
+        }
         if write.is_finished() {
-            let answer = write.await.unwrap();
+            let answer = (&mut write).await.unwrap();
             panic!("not fenced: the write finished while the revocation was in flight: {answer:?}");
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out: the write never waited on the fence"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        false
+    })
+    .await;
     held.commit().await.unwrap();
     revocation.await.unwrap();
     write.await.unwrap()
@@ -115,12 +105,12 @@ where
     let rows = sqlx::query(hold).execute(&mut *held).await.unwrap();
     assert_eq!(rows.rows_affected(), 1, "{hold} holds one row");
     let first = tokio::spawn(first);
-    until("the first to queue on the held row", async || {
+    eventually("the first to queue on the held row", async || {
         waiting_on(pool, false).await >= 1
     })
     .await;
     let second = tokio::spawn(second);
-    until("the second to queue on the held row", async || {
+    eventually("the second to queue on the held row", async || {
         waiting_on(pool, false).await >= 2
     })
     .await;
@@ -410,7 +400,7 @@ async fn an_ask_blocked_across_its_agents_disable_answers_the_refusal_not_the_re
             .await
     });
     let mut question = None;
-    until("bob to receive the question", async || {
+    eventually("bob to receive the question", async || {
         let read = bob
             .call("read_messages", json!({ "scope": "inbox" }))
             .await

@@ -170,7 +170,10 @@ async fn a_tampered_or_foreign_cookie_is_refused() {
     }
 
     // Another server (another per-process key) does not take it either.
-    let other = crate::support::spawn_app_on(app.pool.clone(), app.database_url.clone()).await;
+    let other = crate::support::TestApp::builder()
+        .database(app.pool.clone(), app.database_url.clone())
+        .spawn()
+        .await;
     assert_eq!(
         get(&other, "/dashboard/data", Some(&cookie)).await.status,
         401

@@ -7,7 +7,6 @@
 //! real binary decides it.
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use ai_crew_sync::config::{DashboardCookie, HttpSettings};
 use ai_crew_sync::store::{identity::agents, identity::teams};
@@ -17,9 +16,7 @@ use tokio::net::TcpStream;
 
 use super::{Answer, FormBody, client, cookie_for, get, sign_in};
 use crate::support::postgres::fresh_database_url;
-use crate::support::{
-    TestApp, free_port, globally, http_client, in_team, spawn_app, spawn_app_with,
-};
+use crate::support::{TestApp, eventually, free_port, globally, http_client, in_team, spawn_app};
 
 async fn sign_out(app: &TestApp, cookie: &str) -> Answer {
     Answer::of(
@@ -40,8 +37,8 @@ async fn signing_out_ends_the_sign_in_on_the_server_for_every_copy_and_replica()
         dashboard_secret: Some(secret.clone()),
         ..HttpSettings::default()
     };
-    let app = spawn_app_with(settings.clone()).await;
-    let replica = app.replica_with(settings).await;
+    let app = TestApp::builder().http(settings.clone()).spawn().await;
+    let replica = app.replica().http(settings).spawn().await;
     app.team("acme").await;
     let alice = app.agent("acme", "alice").await;
 
@@ -135,11 +132,13 @@ async fn a_sign_in_form_over_4_kib_is_refused_with_413_and_no_cookie() {
 
 #[tokio::test]
 async fn signing_in_takes_one_of_the_servers_request_slots() {
-    let app = spawn_app_with(HttpSettings {
-        max_in_flight: 1,
-        ..HttpSettings::default()
-    })
-    .await;
+    let app = TestApp::builder()
+        .http(HttpSettings {
+            max_in_flight: 1,
+            ..HttpSettings::default()
+        })
+        .spawn()
+        .await;
     app.team("acme").await;
     let alice = app.agent("acme", "alice").await;
     // A sign-in whose form never arrives holds the only slot while it waits.
@@ -155,14 +154,11 @@ async fn signing_in_takes_one_of_the_servers_request_slots() {
         )
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let refused = loop {
+    let refused = eventually("a sign-in to find no free slot", async || {
         let answer = sign_in(&app, &alice, "").await;
-        if answer.status != 303 || Instant::now() > deadline {
-            break answer;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        (answer.status != 303).then_some(answer)
+    })
+    .await;
     assert_eq!(refused.status, 503, "{}", refused.body);
     assert!(refused.cookie().is_none());
     assert!(
@@ -172,29 +168,26 @@ async fn signing_in_takes_one_of_the_servers_request_slots() {
     );
     assert!(refused.headers.contains_key(header::RETRY_AFTER));
     drop(stalled);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let answer = sign_in(&app, &alice, "").await;
-        if answer.status == 303 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the slot never came back: {}",
-            answer.body
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        "the slot to come back (a sign-in answered 303)",
+        async || {
+            let answer = sign_in(&app, &alice, "").await;
+            (answer.status == 303).then_some(()).ok_or(answer.body)
+        },
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn the_dashboards_pages_are_rate_limited_per_principal() {
     // A tenth of 20 a minute: two pages.
-    let app = spawn_app_with(HttpSettings {
-        rate_limit_per_minute: 20,
-        ..HttpSettings::default()
-    })
-    .await;
+    let app = TestApp::builder()
+        .http(HttpSettings {
+            rate_limit_per_minute: 20,
+            ..HttpSettings::default()
+        })
+        .spawn()
+        .await;
     app.team("acme").await;
     let alice = app.agent("acme", "alice").await;
     let bob = app.agent("acme", "bob").await;
@@ -219,11 +212,13 @@ async fn the_dashboards_pages_are_rate_limited_per_principal() {
 
 #[tokio::test]
 async fn the_cookie_is_secure_unless_the_dashboard_is_served_over_plain_http() {
-    let app = spawn_app_with(HttpSettings {
-        dashboard_cookie: DashboardCookie::Secure,
-        ..HttpSettings::default()
-    })
-    .await;
+    let app = TestApp::builder()
+        .http(HttpSettings {
+            dashboard_cookie: DashboardCookie::Secure,
+            ..HttpSettings::default()
+        })
+        .spawn()
+        .await;
     app.team("acme").await;
     let alice = app.agent("acme", "alice").await;
     let signed_in = sign_in(&app, &alice, "").await;
@@ -273,22 +268,21 @@ fn spawn_serve(database_url: &str, bind_ip: &str, extra: &[&str]) -> (Child, u16
 /// `serve` as [`spawn_serve`] starts it, once `/health` answers.
 async fn serve(database_url: &str, bind_ip: &str, extra: &[&str]) -> (Child, u16) {
     let (mut child, port) = spawn_serve(database_url, bind_ip, extra);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let health = http_client()
-            .get(format!("http://127.0.0.1:{port}/health"))
-            .send()
-            .await;
-        if health.is_ok_and(|r| r.status().is_success()) {
-            return (child, port);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("serve on {bind_ip}:{port} did not become healthy within 60 s");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        &format!("serve on {bind_ip}:{port} to be healthy"),
+        async || {
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("serve on {bind_ip}:{port} exited ({status})");
+            }
+            http_client()
+                .get(format!("http://127.0.0.1:{port}/health"))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+        },
+    )
+    .await;
+    (child, port)
 }
 
 #[tokio::test]

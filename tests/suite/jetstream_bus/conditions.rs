@@ -14,7 +14,7 @@ use super::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_stream_keeps_the_overflow_pending_until_its_quota_is_raised() {
     let url = nats_url();
-    let app = spawn_app_with_broker(&url).await;
+    let app = TestApp::builder().broker_at(&url).spawn().await;
     let t = Routed::new(&app, "jsbfull").await;
     let quota = StreamSizes {
         max_messages: 5,
@@ -225,7 +225,7 @@ async fn health_as(app: &TestApp, bearer: Option<&str>) -> Value {
 #[tokio::test]
 async fn health_still_names_the_team_to_a_valid_admin_after_made_up_credentials_spend_the_allowance()
  {
-    let app = spawn_app_with_broker(&nats_url()).await;
+    let app = TestApp::builder().broker_at(&nats_url()).spawn().await;
     let team_id = app.jetstream_team("jsbprobe").await;
     app.broker()
         .js()
@@ -285,7 +285,7 @@ fn only_condition<'v>(health: &'v Value, stream: &str) -> &'v Value {
 async fn a_wiped_broker_store_keeps_messages_pending_until_team_stream_recreates_the_streams() {
     let mut server = OwnedNats::start();
     let url = server.url();
-    let app = spawn_app_with_broker(&url).await;
+    let app = TestApp::builder().broker_at(&url).spawn().await;
     let t = Routed::new(&app, "jsbwipe").await;
     let mut sent = Vec::new();
     for i in 1..=2 {
@@ -467,7 +467,7 @@ async fn a_wiped_broker_store_keeps_messages_pending_until_team_stream_recreates
 async fn conversations_retry_recovers_failed_messages_once_the_cause_is_fixed() {
     let mut server = OwnedNats::start();
     let url = server.url();
-    let app = spawn_app_with_broker(&url).await;
+    let app = TestApp::builder().broker_at(&url).spawn().await;
     let t = Routed::new(&app, "jsbretry").await;
     // An operator's stream that takes only small bodies.
     let body_stream = body_stream_name(t.team_id);

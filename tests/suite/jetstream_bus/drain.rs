@@ -13,7 +13,7 @@ use super::*;
 #[tokio::test]
 async fn a_send_is_pending_then_stored_once_in_the_stream_and_read_through_the_bus() {
     let url = nats_url();
-    let app = spawn_app_with_broker(&url).await;
+    let app = TestApp::builder().broker_at(&url).spawn().await;
     let t = Routed::new(&app, "jsb1").await;
     let body = "hello through the broker";
     let id = t.send(body).await;
@@ -87,7 +87,7 @@ async fn a_send_is_pending_then_stored_once_in_the_stream_and_read_through_the_b
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_stopped_mid_traffic_leaves_sends_pending_and_stores_each_once_after_restart() {
     let mut server = OwnedNats::start();
-    let app = spawn_app_with_broker(&server.url()).await;
+    let app = TestApp::builder().broker_at(&server.url()).spawn().await;
     let t = Routed::new(&app, "jsb2").await;
     let workers = app.start_publication_workers();
     let mut sent: Vec<(Uuid, String)> = Vec::new();
@@ -159,7 +159,7 @@ async fn a_broker_stopped_mid_traffic_leaves_sends_pending_and_stores_each_once_
 async fn a_lost_puback_ends_stored_with_the_original_sequence_through_drain_and_reconciler() {
     let url = nats_url();
     let proxy = Proxy::start(socket(&url)).await;
-    let app = spawn_app_with_broker(&proxy.url()).await;
+    let app = TestApp::builder().broker_at(&proxy.url()).spawn().await;
     let t = Routed::new(&app, "jsb3").await;
     let body = "the answer to this one is lost";
     let id = t.send(body).await;
@@ -233,7 +233,7 @@ async fn a_lost_puback_ends_stored_with_the_original_sequence_through_drain_and_
 #[tokio::test]
 async fn a_locator_copied_from_another_conversation_or_team_reads_nothing() {
     let url = nats_url();
-    let app = spawn_app_with_broker(&url).await;
+    let app = TestApp::builder().broker_at(&url).spawn().await;
     let ours = Routed::new(&app, "jsb4a").await;
     let theirs = Routed::new(&app, "jsb4b").await;
     let elsewhere = ours.conversation("Another thread").await;
@@ -295,8 +295,8 @@ async fn a_locator_copied_from_another_conversation_or_team_reads_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_draining_one_outbox_publish_each_message_once() {
     let url = nats_url();
-    let first = spawn_app_with_broker(&url).await;
-    let second = first.replica_with_broker(&url).await;
+    let first = TestApp::builder().broker_at(&url).spawn().await;
+    let second = first.replica().broker_at(&url).spawn().await;
     let t = Routed::new(&first, "jsb6").await;
     let mut sent = Vec::new();
     for i in 0..40 {

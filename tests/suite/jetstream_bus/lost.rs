@@ -13,7 +13,7 @@ use super::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_gone_from_the_broker_is_tombstoned_and_a_silent_broker_is_unreachable() {
     let mut server = OwnedNats::start();
-    let app = spawn_app_with_broker(&server.url()).await;
+    let app = TestApp::builder().broker_at(&server.url()).spawn().await;
     let t = Routed::new(&app, "jsb7").await;
     let first = t.send("first").await;
     let gone = t.send("deleted from the stream").await;
@@ -93,7 +93,7 @@ async fn a_body_gone_from_the_broker_is_tombstoned_and_a_silent_broker_is_unreac
 #[tokio::test]
 async fn a_body_missing_after_the_stream_is_reprovisioned_is_unreachable_until_its_absence_is_confirmed()
  {
-    let app = spawn_app_with_broker(&nats_url()).await;
+    let app = TestApp::builder().broker_at(&nats_url()).spawn().await;
     let t = Routed::new(&app, "jsb13").await;
     let bodies = ["restored from a backup", "also restored", "never restored"];
     let mut ids = Vec::new();
@@ -271,7 +271,7 @@ async fn team_stream(t: &Routed<'_>, slug: &str) {
 async fn a_stream_recreated_after_a_wipe_makes_every_old_body_read_lost_at_once_and_new_ones_read()
 {
     let mut server = OwnedNats::start();
-    let app = spawn_app_with_broker(&server.url()).await;
+    let app = TestApp::builder().broker_at(&server.url()).spawn().await;
     let t = Routed::new(&app, "jsb15").await;
     let old_bodies = ["old one", "old two", "old three"];
     let mut old = Vec::new();
@@ -382,7 +382,7 @@ async fn a_stream_recreated_after_a_wipe_makes_every_old_body_read_lost_at_once_
 // lost without anyone reading them, and leaves the new stream's bodies be.
 #[tokio::test]
 async fn the_sweep_records_bodies_of_a_recreated_stream_lost_without_a_read() {
-    let app = spawn_app_with_broker(&nats_url()).await;
+    let app = TestApp::builder().broker_at(&nats_url()).spawn().await;
     let t = Routed::new(&app, "jsb15s").await;
     let old = [t.send("old one").await, t.send("old two").await];
     let workers = app.start_publication_workers();
@@ -453,7 +453,7 @@ fn declare_lost(app: &TestApp, nats: &str, args: &[&str]) -> Value {
 #[tokio::test]
 async fn declare_lost_counts_then_tombstones_and_audits_what_the_broker_cannot_return() {
     let url = nats_url();
-    let app = spawn_app_with_broker(&url).await;
+    let app = TestApp::builder().broker_at(&url).spawn().await;
     let t = Routed::new(&app, "jsb15d").await;
     let other = t.conversation("Another thread").await;
     let a = [t.send("a1").await, t.send("a2").await, t.send("a3").await];
@@ -544,7 +544,7 @@ async fn declare_lost_counts_then_tombstones_and_audits_what_the_broker_cannot_r
 // stream`). Not "read again shortly".
 #[tokio::test]
 async fn a_read_while_the_teams_stream_is_missing_names_it_and_the_operators_fix() {
-    let app = spawn_app_with_broker(&nats_url()).await;
+    let app = TestApp::builder().broker_at(&nats_url()).spawn().await;
     let t = Routed::new(&app, "jsb33missing").await;
     let id = t.send("held by the broker alone").await;
     let workers = app.start_publication_workers();

@@ -29,29 +29,14 @@ use uuid::Uuid;
 use crate::support::nats::{OwnedNats, nats_url};
 use crate::support::proxy::Proxy;
 use crate::support::{
-    BROKER_ABSENCE_CONFIRM_DELAY, McpClient, TestApp, drain_settings, globally,
-    spawn_app_with_broker, test_actor,
+    BROKER_ABSENCE_CONFIRM_DELAY, McpClient, TestApp, drain_settings, eventually, globally,
+    test_actor,
 };
 
 mod conditions;
 mod drain;
 mod lost;
 mod sweep;
-
-/// How long any wait may take before the test fails.
-const DEADLINE: Duration = Duration::from_secs(20);
-
-/// Poll `probe` until it returns `Some`, failing after [`DEADLINE`].
-async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        if let Some(value) = probe().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {DEADLINE:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 async fn wait_reachable(broker: &Broker) {
     eventually("the broker answers again", async || {

@@ -12,7 +12,7 @@ use super::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sweep_releases_only_bodies_the_broker_confirms_and_none_a_migration_holds() {
     let mut server = OwnedNats::start();
-    let app = spawn_app_with_broker(&server.url()).await;
+    let app = TestApp::builder().broker_at(&server.url()).spawn().await;
     let t = Routed::new(&app, "jsb5").await;
     let deleted = t.send("its stream entry will be deleted").await;
     let mismatch = t.send("its digest will not match").await;
@@ -120,7 +120,7 @@ async fn sweep(app: &TestApp, grace_secs: i64) -> u64 {
 // once.)
 #[tokio::test]
 async fn o18_the_sweep_keeps_a_body_younger_than_its_grace_period() {
-    let app = spawn_app_with_broker(&nats_url()).await;
+    let app = TestApp::builder().broker_at(&nats_url()).spawn().await;
     let t = Routed::new(&app, "jsgrace").await;
     let id = t.send("young").await;
     assert_eq!(drain_all(&app).await.stored, 1);
@@ -146,7 +146,7 @@ async fn o18_the_sweep_keeps_a_body_younger_than_its_grace_period() {
 // `SCAN_LIMIT = 1_000` → 2_000: the body behind 1 000 is released.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn o18_a_sweep_pass_releases_at_most_200_and_examines_at_most_1000() {
-    let app = spawn_app_with_broker(&nats_url()).await;
+    let app = TestApp::builder().broker_at(&nats_url()).spawn().await;
     let t = Routed::new(&app, "jsbounds").await;
     for i in 0..201 {
         t.send(&format!("body {i}")).await;
@@ -211,7 +211,7 @@ async fn o18_a_sweep_pass_releases_at_most_200_and_examines_at_most_1000() {
 // of marking the (backend, team) unusable: B's body is not released.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn o18_a_failing_backend_is_skipped_for_the_rest_of_the_pass_for_its_team_only() {
-    let app = spawn_app_with_broker(&nats_url()).await;
+    let app = TestApp::builder().broker_at(&nats_url()).spawn().await;
     let a = Routed::new(&app, "jsskipa").await;
     let b = Routed::new(&app, "jsskipb").await;
     let failing = a.send("A: its fetch fails").await;
@@ -265,7 +265,7 @@ async fn o18_a_failing_backend_is_skipped_for_the_rest_of_the_pass_for_its_team_
 // emptied.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn o18_the_clear_rechecks_the_predicate_and_keeps_a_body_moved_meanwhile() {
-    let app = spawn_app_with_broker(&nats_url()).await;
+    let app = TestApp::builder().broker_at(&nats_url()).spawn().await;
     let t = Routed::new(&app, "jsrecheck").await;
     let id = t.send("moved back to postgres meanwhile").await;
     assert_eq!(drain_all(&app).await.stored, 1);
@@ -327,7 +327,7 @@ async fn o18_the_clear_rechecks_the_predicate_and_keeps_a_body_moved_meanwhile()
 // conversation is emptied.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn o18_the_clear_sees_a_migration_and_a_postgres_backing_committed_during_the_pass() {
-    let app = spawn_app_with_broker(&nats_url()).await;
+    let app = TestApp::builder().broker_at(&nats_url()).spawn().await;
     let t = Routed::new(&app, "jsclearing").await;
     let migrating = t.send("a move starts holding it").await;
     let message_to_postgres = t.send("its row becomes the record").await;

@@ -146,8 +146,7 @@ async fn a_move_over_bodies_the_broker_lost_names_them_and_tombstones_them_only_
         .await
         .unwrap();
     let workers = t.app.start_publication_workers();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    eventually("the new messages to be published", async || {
         let stored: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM conversation_messages
               WHERE conversation_id = $1 AND seq > 4 AND publication_state = 'stored'",
@@ -156,15 +155,9 @@ async fn a_move_over_bodies_the_broker_lost_names_them_and_tombstones_them_only_
         .fetch_one(t.pool())
         .await
         .unwrap();
-        if stored == 2 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the new messages were not published"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        stored == 2
+    })
+    .await;
     workers.stop().await;
     let before = t.snapshot().await;
 
@@ -301,8 +294,7 @@ async fn a_move_back_after_a_wipe_keeps_the_bodies_postgres_still_holds() {
         t.send(t.conversation_id, body).await.unwrap();
     }
     let workers = t.app.start_publication_workers();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    eventually("the new messages to be published", async || {
         let stored: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM conversation_messages
               WHERE conversation_id = $1 AND seq > 3 AND publication_state = 'stored'
@@ -312,15 +304,9 @@ async fn a_move_back_after_a_wipe_keeps_the_bodies_postgres_still_holds() {
         .fetch_one(t.pool())
         .await
         .unwrap();
-        if stored == 2 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the new messages were not published"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        stored == 2
+    })
+    .await;
     workers.stop().await;
     // Published to the stream, and still held by PostgreSQL (the sweep's
     // grace has not passed).

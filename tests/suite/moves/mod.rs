@@ -26,7 +26,7 @@ use uuid::Uuid;
 
 use crate::support::nats::nats_url;
 use crate::support::{
-    BROKER_ABSENCE_CONFIRM_DELAY, McpClient, TestApp, in_team, spawn_app_routing_to, test_actor,
+    BROKER_ABSENCE_CONFIRM_DELAY, McpClient, TestApp, eventually, in_team, test_actor,
 };
 
 mod lost;
@@ -64,7 +64,11 @@ async fn thread(team: &str, messages: usize) -> Thread {
     let broker = Broker::connect_with(&nats_url(), None, options)
         .await
         .unwrap();
-    let app = spawn_app_routing_to(broker.clone()).await;
+    let app = TestApp::builder()
+        .broker(broker.clone())
+        .unlimited()
+        .spawn()
+        .await;
     app.team(team).await;
     teams::capability(&app.pool, team, Some(true), &test_actor())
         .await

@@ -3,7 +3,8 @@
 //! an abort clears, `is_paused`, and cleanup within the rollback window.
 
 use super::*;
-use crate::write_fence::{until, waiting_on};
+use crate::support::eventually;
+use crate::write_fence::waiting_on;
 
 // M14: cleanup refuses a negative window, never drops a body inside the
 // window nor one of a move that did not cut over, and drops the rest only
@@ -245,14 +246,14 @@ async fn m4_an_abort_between_the_open_run_check_and_the_pause_pauses_nothing() {
         let pool = t.pool().clone();
         async move { moves::abort(&pool, open, "another operator gave up").await }
     });
-    until("the abort queues on the conversation", async || {
+    eventually("the abort queues on the conversation", async || {
         waiting_on(t.pool(), false).await >= 1
     })
     .await;
     resume.send(()).unwrap();
     // Every body copied and verified: the mover is past its copy, so what
     // it waits on is its pause.
-    until("the mover queues at its pause", async || {
+    eventually("the mover queues at its pause", async || {
         let verified: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM conversation_migration_items
               WHERE migration_id = $1 AND state = 'verified'",
@@ -471,22 +472,21 @@ async fn m11_an_abort_that_cannot_finish_leaves_the_run_open_and_paused_until_re
         }
     });
     // The abort is waiting on the run's row: its connection is lost.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let killed: Option<bool> = sqlx::query_scalar(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+    eventually(
+        "the abort to wait on the run's row (then its connection is killed)",
+        async || {
+            let killed: Option<bool> = sqlx::query_scalar(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
               WHERE datname = current_database() AND wait_event_type = 'Lock'
                 AND query LIKE '%SET state = ''failed''%'",
-        )
-        .fetch_optional(t.pool())
-        .await
-        .unwrap();
-        if killed == Some(true) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the abort never waited");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+            )
+            .fetch_optional(t.pool())
+            .await
+            .unwrap();
+            killed == Some(true)
+        },
+    )
+    .await;
     let err = mover.await.unwrap().unwrap_err().to_string();
     assert!(
         err.contains("could not be read"),

@@ -209,7 +209,10 @@ async fn the_plan_writes_nothing_and_explains_each_conversation() {
 // threads keep working.
 #[tokio::test]
 async fn sends_racing_the_pause_commit_before_it_or_are_refused() {
-    let t = thread("mv-race", 300).await;
+    // Enough history for the senders to be well under way when the pause
+    // comes; what they send during the copy is the tail, copied paused.
+    const HISTORY: usize = 100;
+    let t = thread("mv-race", HISTORY).await;
     let elsewhere = new_conversation(&t.alice, &t.bob, "elsewhere").await;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut senders = Vec::new();
@@ -244,12 +247,21 @@ async fn sends_racing_the_pause_commit_before_it_or_are_refused() {
                     )
                     .await
                 {
-                    Ok(sent) => accepted.push(sent["message_id"].as_str().unwrap().to_string()),
+                    Ok(sent) => {
+                        accepted.push(sent["message_id"].as_str().unwrap().to_string());
+                        // Steady sends rather than a flood: what the copy
+                        // misses becomes the paused tail.
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
                     Err(e) => {
                         let text = e["message"].as_str().unwrap_or_default();
                         assert!(text.contains("paused for a backend move"), "{e}");
                         assert!(text.contains("s so far"), "{e}");
                         refused += 1;
+                        // Refused: the pause has begun. Retry as a client
+                        // told to wait does, not in a loop that takes the
+                        // CPU the paused move needs for its tail.
+                        tokio::time::sleep(Duration::from_millis(100)).await;
                     }
                 }
             }
@@ -278,7 +290,7 @@ async fn sends_racing_the_pause_commit_before_it_or_are_refused() {
     .fetch_all(t.pool())
     .await
     .unwrap();
-    assert_eq!(rows.len(), 300 + accepted.len());
+    assert_eq!(rows.len(), HISTORY + accepted.len());
     let present: std::collections::HashSet<&str> = rows.iter().map(|r| r.0.as_str()).collect();
     for id in &accepted {
         assert!(

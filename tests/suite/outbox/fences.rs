@@ -2,7 +2,8 @@
 //! removed or inverted; the mutation tried is named in its comment.
 
 use super::*;
-use crate::write_fence::{until, waiting_on};
+use crate::support::eventually;
+use crate::write_fence::waiting_on;
 
 // O4: the lease takes the oldest due slot, not whatever the table scan meets
 // first. The oldest slot is rewritten last, so in heap order it comes after
@@ -149,7 +150,7 @@ async fn o4_a_second_lease_skips_the_slot_an_open_lease_holds_without_waiting() 
         let pool = t.pool().clone();
         async move { outbox::lease(&pool, "second").await.unwrap() }
     });
-    until("the second lease answers", async || {
+    eventually("the second lease answers", async || {
         assert_eq!(
             waiting_on(t.pool(), false).await,
             0,

@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::support::{McpClient, TestApp, spawn_app, test_actor};
+use crate::support::{McpClient, TestApp, eventually, spawn_app, test_actor};
 
 mod fences;
 mod lifecycle;

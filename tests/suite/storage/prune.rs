@@ -209,7 +209,10 @@ async fn take_inbox(client: &McpClient) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_released_jetstream_message_has_its_body_dropped_from_the_broker() {
     let url = crate::support::nats::nats_url();
-    let app = crate::support::spawn_app_with_broker(&url).await;
+    let app = crate::support::TestApp::builder()
+        .broker_at(&url)
+        .spawn()
+        .await;
     let t = Routed::new(&app, "jsr").await;
     let released = t.send("acknowledged, then released").await;
     let kept = t.send("still unacknowledged").await;

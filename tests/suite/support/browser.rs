@@ -7,13 +7,12 @@
 //! (`scripts/test` installs both when it can); it never skips.
 
 use std::process::Stdio;
-use std::time::{Duration, Instant};
 
 use base64::Engine;
 use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 
-use super::{free_port, http_client};
+use super::{eventually, free_port, http_client};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
@@ -50,21 +49,16 @@ impl Browser {
             .expect("start chromedriver");
         let http = http_client();
         let driver_url = format!("http://127.0.0.1:{port}");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
+        eventually("chromedriver to be ready", async || {
             let ready = http.get(format!("{driver_url}/status")).send().await;
             if let Ok(response) = ready
                 && let Ok(status) = response.json::<Value>().await
-                && status["value"]["ready"] == true
             {
-                break;
+                return status["value"]["ready"] == true;
             }
-            assert!(
-                Instant::now() < deadline,
-                "chromedriver did not become ready within 20 s"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            false
+        })
+        .await;
         let capabilities = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
             "goog:chromeOptions": {
@@ -174,19 +168,13 @@ impl Browser {
             .to_string()
     }
 
-    /// Poll until the page's text holds `needle`, for up to `within`;
-    /// returns whether it did.
-    pub async fn wait_for_text(&self, needle: &str, within: Duration) -> bool {
-        let deadline = Instant::now() + within;
-        loop {
-            if self.text().await.contains(needle) {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+    /// Until the page's text holds `needle` (failing with the text last seen).
+    pub async fn wait_for_text(&self, needle: &str) {
+        eventually(&format!("the page to show {needle:?}"), async || {
+            let text = self.text().await;
+            text.contains(needle).then_some(()).ok_or(text)
+        })
+        .await
     }
 
     /// A PNG of the viewport.

@@ -1,9 +1,10 @@
 //! What every integration test stands on: the server `serve` builds
 //! ([`App::build`]) on a free loopback port against a fresh database
-//! ([`spawn_app`]), a real MCP client over HTTP ([`McpClient`]), and
+//! ([`TestApp::builder`], [`spawn_app`]), a real MCP client over HTTP ([`McpClient`]), and
 //! throwaway PostgreSQL / NATS servers when the environment names none.
 
 pub mod browser;
+pub mod eventually;
 pub mod nats;
 pub mod nats_cluster;
 pub mod postgres;
@@ -24,11 +25,13 @@ use serde_json::Value;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+pub use eventually::{eventually, eventually_blocking};
+
 /// One server under test.
 pub struct TestApp {
     pub addr: SocketAddr,
     /// The separate metrics listener (`serve --metrics-bind`), when the test
-    /// asked for one ([`spawn_app_with_metrics`]).
+    /// asked for one ([`AppBuilder::metrics_listener`]).
     pub metrics_addr: Option<SocketAddr>,
     pub pool: PgPool,
     pub bus: ai_crew_sync::Bus,
@@ -44,20 +47,10 @@ impl Drop for TestApp {
     }
 }
 
-/// The real router with default settings on a fresh database.
+/// The real router with default settings on a fresh database: the common
+/// case of [`TestApp::builder`].
 pub async fn spawn_app() -> TestApp {
-    spawn_app_with(HttpSettings::default()).await
-}
-
-pub async fn spawn_app_with(settings: HttpSettings) -> TestApp {
-    let (pool, database_url) = postgres::fresh_pool().await;
-    spawn_on(pool, database_url, settings, None).await
-}
-
-/// The real router with default settings on `pool` as the caller left it
-/// (no migration: for tests of a schema other than the latest).
-pub async fn spawn_app_on(pool: PgPool, database_url: String) -> TestApp {
-    spawn_on(pool, database_url, HttpSettings::default(), None).await
+    TestApp::builder().spawn().await
 }
 
 /// How long a request to a test broker may take before it counts as
@@ -84,26 +77,139 @@ pub async fn connect_broker(nats_url: &str) -> Broker {
     .expect("connect to the test NATS server")
 }
 
-/// The real router on a fresh database with a JetStream broker at
-/// `nats_url`, as `serve --nats-url` builds it ([`App::build`] with a ready
-/// broker). No publication worker
-/// runs until [`TestApp::start_publication_workers`].
-pub async fn spawn_app_with_broker(nats_url: &str) -> TestApp {
-    let (pool, database_url) = postgres::fresh_pool().await;
-    let broker = connect_broker(nats_url).await;
-    spawn_on(pool, database_url, HttpSettings::default(), Some(broker)).await
+/// How a test server is made: on which database, with which HTTP settings,
+/// broker and listeners. Each `spawn` builds the server as `serve` does
+/// ([`App::build`]) and serves it on a free loopback port.
+#[must_use = "a builder does nothing until spawn"]
+pub struct AppBuilder {
+    http: HttpSettings,
+    database: Database,
+    broker: Option<BrokerChoice>,
+    metrics_listener: bool,
 }
 
-/// A server that routes to `broker` (as `serve --nats-url` does), without
-/// rate limiting (for tests that send thousands of messages); no workers run
-/// unless the test starts them.
-pub async fn spawn_app_routing_to(broker: Broker) -> TestApp {
-    let (pool, database_url) = postgres::fresh_pool().await;
-    let settings = HttpSettings {
-        rate_limit_per_minute: 0,
-        ..HttpSettings::default()
-    };
-    spawn_on(pool, database_url, settings, Some(broker)).await
+/// Which database a test server runs on.
+enum Database {
+    /// A new database at the latest schema.
+    Fresh,
+    /// A pool and URL as the caller left them (no migration).
+    Given(PgPool, String),
+    /// A new pool on this URL: another replica of the same database.
+    Replica(String),
+}
+
+enum BrokerChoice {
+    At(String),
+    Ready(Broker),
+}
+
+impl TestApp {
+    /// Default HTTP settings, a fresh migrated database, no broker, no
+    /// metrics listener; see [`AppBuilder`]'s methods for the rest.
+    pub fn builder() -> AppBuilder {
+        AppBuilder {
+            http: HttpSettings::default(),
+            database: Database::Fresh,
+            broker: None,
+            metrics_listener: false,
+        }
+    }
+
+    /// A builder for another replica of this server: its own router, pool,
+    /// event listener and (once started) workers, on the same database.
+    pub fn replica(&self) -> AppBuilder {
+        let mut builder = TestApp::builder();
+        builder.database = Database::Replica(self.database_url.clone());
+        builder
+    }
+}
+
+impl AppBuilder {
+    /// These HTTP settings instead of the defaults.
+    pub fn http(mut self, settings: HttpSettings) -> Self {
+        self.http = settings;
+        self
+    }
+
+    /// No rate limiting (for tests that send thousands of messages).
+    pub fn unlimited(mut self) -> Self {
+        self.http.rate_limit_per_minute = 0;
+        self
+    }
+
+    /// Serve on `pool` as the caller left it (no migration: for tests of a
+    /// schema other than the latest, or of a second server on a database).
+    pub fn database(mut self, pool: PgPool, database_url: String) -> Self {
+        self.database = Database::Given(pool, database_url);
+        self
+    }
+
+    /// Route JetStream bodies to a broker connected to `nats_url` as `serve
+    /// --nats-url` connects it ([`connect_broker`]). No publication worker
+    /// runs until [`TestApp::start_publication_workers`].
+    pub fn broker_at(mut self, nats_url: &str) -> Self {
+        self.broker = Some(BrokerChoice::At(nats_url.to_owned()));
+        self
+    }
+
+    /// Route JetStream bodies to `broker`.
+    pub fn broker(mut self, broker: Broker) -> Self {
+        self.broker = Some(BrokerChoice::Ready(broker));
+        self
+    }
+
+    /// Also start the separate metrics listener `serve --metrics-bind`
+    /// starts, on a free loopback port ([`TestApp::metrics_addr`]).
+    pub fn metrics_listener(mut self) -> Self {
+        self.metrics_listener = true;
+        self
+    }
+
+    pub async fn spawn(self) -> TestApp {
+        install_crypto_provider();
+        let (pool, database_url) = match self.database {
+            Database::Fresh => postgres::fresh_pool().await,
+            Database::Given(pool, url) => (pool, url),
+            Database::Replica(url) => {
+                let pool = ai_crew_sync::db::connect(&url, 8)
+                    .await
+                    .expect("connect a replica");
+                (pool, url)
+            }
+        };
+        let broker = match self.broker {
+            None => None,
+            Some(BrokerChoice::At(url)) => Some(connect_broker(&url).await),
+            Some(BrokerChoice::Ready(broker)) => Some(broker),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port");
+        let addr = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let mut app_settings = test_settings(self.http, broker);
+        if self.metrics_listener {
+            let metrics = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind a loopback port for metrics");
+            app_settings.metrics_listener = Some(metrics);
+        }
+        let app = App::build(pool.clone(), app_settings, shutdown.clone())
+            .await
+            .expect("build the app");
+        let metrics_addr = app.metrics_addr();
+        let bus = app.bus.clone();
+        let serving = tokio::spawn(app.serve(listener));
+        TestApp {
+            addr,
+            metrics_addr,
+            pool,
+            bus,
+            database_url,
+            shutdown,
+            serving: Some(serving),
+        }
+    }
 }
 
 /// The test settings: `settings` for HTTP, a one-second event ping, the
@@ -124,18 +230,6 @@ fn test_settings(settings: HttpSettings, broker: Option<Broker>) -> AppSettings 
     }
 }
 
-/// A server as [`spawn_app_with`] makes one, plus the separate metrics
-/// listener `serve --metrics-bind` starts, on a free loopback port
-/// ([`TestApp::metrics_addr`]); with a broker at `nats_url` if given.
-pub async fn spawn_app_with_metrics(settings: HttpSettings, nats_url: Option<&str>) -> TestApp {
-    let (pool, database_url) = postgres::fresh_pool().await;
-    let broker = match nats_url {
-        Some(url) => Some(connect_broker(url).await),
-        None => None,
-    };
-    spawn_on_with(pool, database_url, settings, broker, true).await
-}
-
 /// The webhook dispatcher of the tests: a short poll and a short backoff
 /// (200 ms doubling, capped at 1 s), so retries finish in seconds.
 pub fn webhook_settings() -> DispatchSettings {
@@ -146,54 +240,6 @@ pub fn webhook_settings() -> DispatchSettings {
         backoff_base: Duration::from_millis(200),
         backoff_cap: Duration::from_secs(1),
         ..DispatchSettings::default()
-    }
-}
-
-/// Build the server as `serve` does ([`App::build`]) and serve it on a free
-/// loopback port.
-async fn spawn_on(
-    pool: PgPool,
-    database_url: String,
-    settings: HttpSettings,
-    broker: Option<Broker>,
-) -> TestApp {
-    spawn_on_with(pool, database_url, settings, broker, false).await
-}
-
-async fn spawn_on_with(
-    pool: PgPool,
-    database_url: String,
-    settings: HttpSettings,
-    broker: Option<Broker>,
-    metrics_listener: bool,
-) -> TestApp {
-    install_crypto_provider();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind a loopback port");
-    let addr = listener.local_addr().unwrap();
-    let shutdown = CancellationToken::new();
-    let mut app_settings = test_settings(settings, broker);
-    if metrics_listener {
-        let metrics = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind a loopback port for metrics");
-        app_settings.metrics_listener = Some(metrics);
-    }
-    let app = App::build(pool.clone(), app_settings, shutdown.clone())
-        .await
-        .expect("build the app");
-    let metrics_addr = app.metrics_addr();
-    let bus = app.bus.clone();
-    let serving = tokio::spawn(app.serve(listener));
-    TestApp {
-        addr,
-        metrics_addr,
-        pool,
-        bus,
-        database_url,
-        shutdown,
-        serving: Some(serving),
     }
 }
 
@@ -212,37 +258,6 @@ impl TestApp {
             .expect("served is awaited once")
             .await
             .expect("serve does not panic")
-    }
-
-    /// Another replica: its own router, pool and event listener on the same database.
-    pub async fn replica(&self) -> TestApp {
-        self.replica_with(HttpSettings::default()).await
-    }
-
-    /// [`TestApp::replica`] with `settings` (a dashboard secret shared with
-    /// this one, say).
-    pub async fn replica_with(&self, settings: HttpSettings) -> TestApp {
-        let pool = ai_crew_sync::db::connect(&self.database_url, 8)
-            .await
-            .expect("connect a replica");
-        spawn_on(pool, self.database_url.clone(), settings, None).await
-    }
-
-    /// Another replica with its own broker connection to `nats_url`: its own
-    /// router, pool, event listener and (once started) workers, on the same
-    /// database.
-    pub async fn replica_with_broker(&self, nats_url: &str) -> TestApp {
-        let pool = ai_crew_sync::db::connect(&self.database_url, 8)
-            .await
-            .expect("connect a replica");
-        let broker = connect_broker(nats_url).await;
-        spawn_on(
-            pool,
-            self.database_url.clone(),
-            HttpSettings::default(),
-            Some(broker),
-        )
-        .await
     }
 
     /// The broker this app routes jetstream bodies to.

@@ -7,6 +7,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use super::eventually_blocking;
+
 /// Streams reserve their `max_bytes` (2 GiB by default for a team's body
 /// stream) against the server's file store, which defaults to 75 % of the
 /// free disk: the suite's tests at once would reserve more than that and be
@@ -65,14 +67,9 @@ fn start() -> Server {
                  (Debian/Ubuntu: apt-get install nats-server) or set TEST_NATS_URL."
             )
         });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "nats-server did not listen on {port} within 10 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually_blocking(&format!("nats-server to listen on {port}"), || {
+        std::net::TcpStream::connect(("127.0.0.1", port))
+    });
     // SAFETY: registering a plain extern "C" fn; it runs once at process exit.
     unsafe { libc::atexit(kill_at_exit) };
     Server {
@@ -182,15 +179,11 @@ impl OwnedNats {
             .spawn()
             .unwrap_or_else(|e| panic!("`nats-server` could not be started ({e})"));
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "owned nats-server did not listen on {} within 10 s",
-                self.port
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let port = self.port;
+        eventually_blocking(
+            &format!("the owned nats-server to listen on {port}"),
+            || std::net::TcpStream::connect(("127.0.0.1", port)),
+        );
     }
 
     /// Lose everything the broker stored, as an operator whose disk was

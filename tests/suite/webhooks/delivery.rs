@@ -23,8 +23,8 @@ use crate::support::{
 #[tokio::test]
 async fn three_replicas_deliver_each_event_exactly_once() {
     let app = spawn_app().await;
-    let second = app.replica().await;
-    let third = app.replica().await;
+    let second = app.replica().spawn().await;
+    let third = app.replica().spawn().await;
     app.team("acme").await;
     let token = app.agent("acme", "alice").await;
     let receiver = Receiver::start().await;

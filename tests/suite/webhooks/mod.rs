@@ -11,7 +11,7 @@
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ai_crew_sync::store::operations::webhooks::{
     self, CreatedWebhook, NewWebhook, PrivateTargets, WebhookKind,
@@ -22,7 +22,7 @@ use axum::http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::support::{McpClient, TestApp, in_team, test_authority};
+use crate::support::{McpClient, TestApp, eventually, in_team, test_authority};
 
 mod delivery;
 mod security;
@@ -137,23 +137,6 @@ impl Receiver {
 impl Drop for Receiver {
     fn drop(&mut self) {
         self.server.abort();
-    }
-}
-
-/// Poll `check` until it holds; fail naming `what` after 30 s (a bound on a
-/// hang, not a timing assertion).
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !check().await {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "timed out waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
