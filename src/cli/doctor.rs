@@ -23,13 +23,13 @@ mod broker;
 mod hosts;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
 use serde::Serialize;
 use sqlx::PgPool;
 
+use super::args::NatsArgs;
 use super::{COMMAND_CONNECTIONS, Context, output};
 use acs_store::db::embedded::{EmbeddedError, EmbeddedPostgres};
 use acs_store::db::schema::{self, MigrationInfo};
@@ -47,6 +47,7 @@ const CLOCK_SKEW_WARN: Duration = Duration::from_secs(2);
 const EVENTS_WITHIN: Duration = Duration::from_secs(5);
 
 #[derive(Args, Debug)]
+#[command(mut_arg("nats_credentials", |a| a.requires("nats_url")))]
 pub struct DoctorArgs {
     /// The address `serve` listens on (as `serve --bind`), to check the allowed hosts against.
     #[arg(long, env = "BUS_BIND", default_value = super::serve::DEFAULT_BIND)]
@@ -54,17 +55,8 @@ pub struct DoctorArgs {
     /// The Host names `serve` allows (as `serve --allowed-hosts`; comma-separated).
     #[arg(long, env = "BUS_ALLOWED_HOSTS", value_delimiter = ',')]
     allowed_hosts: Vec<String>,
-    /// The NATS server `serve` routes bodies to (as `serve --nats-url`); checked when given.
-    #[arg(long, env = "BUS_NATS_URL", hide_env_values = true)]
-    nats_url: Option<String>,
-    /// NATS credentials file (.creds) for --nats-url.
-    #[arg(
-        long,
-        env = "BUS_NATS_CREDENTIALS",
-        hide_env_values = true,
-        requires = "nats_url"
-    )]
-    nats_credentials: Option<PathBuf>,
+    #[command(flatten)]
+    nats: NatsArgs,
     /// Exit 1 on warnings too (by default only a failure does).
     #[arg(long)]
     strict: bool,

@@ -97,7 +97,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Apply database migrations, then exit (--dry-run: list them, apply nothing).
     Migrate(MigrateArgs),
-    /// Check the database, schema, events, clock, outbox, broker, streams and allowed hosts.
+    /// Check the database, schema, events, clock, outbox, allowed hosts, and with --nats-url the
+    /// broker and streams.
     Doctor(doctor::DoctorArgs),
     /// Create a team and an agent (reusing existing ones), print a token and an MCP client config.
     Quickstart(operator::QuickstartArgs),

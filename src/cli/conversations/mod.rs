@@ -15,9 +15,9 @@ use clap::Subcommand;
 use uuid::Uuid;
 
 use super::Context;
+use super::args::NatsArgs;
 use super::output;
 use acs_store::backend::Backends;
-use acs_store::backend::jetstream::Broker;
 use acs_store::store::conversations::Publication;
 use acs_store::store::conversations::operator;
 use acs_store::store::delivery::moves::{self, Direction};
@@ -35,12 +35,8 @@ pub enum ConversationsCommand {
     Status {
         #[arg(long)]
         team: String,
-        /// The NATS server holding the team's streams, to check them.
-        #[arg(long, env = "BUS_NATS_URL", hide_env_values = true)]
-        nats_url: Option<String>,
-        /// NATS credentials file (.creds).
-        #[arg(long, env = "BUS_NATS_CREDENTIALS", hide_env_values = true)]
-        nats_credentials: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        nats: NatsArgs,
         #[arg(long)]
         json: bool,
     },
@@ -49,7 +45,7 @@ pub enum ConversationsCommand {
     /// retried, nothing written. Refused while a team stream is still missing or full (naming
     /// it and the fix). A message given up on after 8 publishes the broker never answered is
     /// asked for by its publish key first, so a body the broker kept is not stored twice.
-    /// Audited.
+    /// Messages on jetstream need --nats-url. Audited.
     Retry {
         #[arg(long)]
         team: String,
@@ -59,12 +55,8 @@ pub enum ConversationsCommand {
         /// Do it (default: show what would be retried).
         #[arg(long)]
         apply: bool,
-        /// The NATS server holding the team's streams (required for messages on jetstream).
-        #[arg(long, env = "BUS_NATS_URL", hide_env_values = true)]
-        nats_url: Option<String>,
-        /// NATS credentials file (.creds).
-        #[arg(long, env = "BUS_NATS_CREDENTIALS", hide_env_values = true)]
-        nats_credentials: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        nats: NatsArgs,
         #[arg(long)]
         json: bool,
     },
@@ -103,6 +95,7 @@ pub enum ConversationsCommand {
     /// restore failed): readers then see `tombstoned` "the broker lost this body". Bodies the
     /// broker returns intact are left alone; a broker that does not answer stops it with nothing
     /// written. Without --apply: the count and seqs only. Audited.
+    #[command(mut_arg("nats_url", |a| a.required(true)))]
     DeclareLost {
         #[arg(long)]
         team: String,
@@ -112,12 +105,8 @@ pub enum ConversationsCommand {
         /// Tombstone them (default: report only).
         #[arg(long)]
         apply: bool,
-        /// The NATS server holding the team's streams.
-        #[arg(long, env = "BUS_NATS_URL", hide_env_values = true)]
-        nats_url: String,
-        /// NATS credentials file (.creds).
-        #[arg(long, env = "BUS_NATS_CREDENTIALS", hide_env_values = true)]
-        nats_credentials: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        nats: NatsArgs,
         #[arg(long)]
         json: bool,
     },
@@ -128,6 +117,7 @@ pub enum ConversationsCommand {
     /// Exit code with --apply: 0 when every conversation asked for is on the target (moved
     /// now or already there); 1 when any was not moved, refused by its plan (a failed
     /// publication, a pause no move owns, ...) or failed.
+    #[command(mut_arg("nats_url", |a| a.required(true)))]
     Migrate {
         #[arg(long)]
         team: String,
@@ -145,12 +135,8 @@ pub enum ConversationsCommand {
         /// move over lost bodies is refused.
         #[arg(long)]
         tombstone_lost: bool,
-        /// The NATS server holding (or to hold) the team's streams.
-        #[arg(long, env = "BUS_NATS_URL", hide_env_values = true)]
-        nats_url: String,
-        /// NATS credentials file (.creds).
-        #[arg(long, env = "BUS_NATS_CREDENTIALS", hide_env_values = true)]
-        nats_credentials: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        nats: NatsArgs,
         #[arg(long)]
         json: bool,
     },
@@ -185,18 +171,10 @@ pub enum ConversationsCommand {
 pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result<()> {
     match command {
         ConversationsCommand::Retention(args) => retention::run(ctx, args).await?,
-        ConversationsCommand::Status {
-            team,
-            nats_url,
-            nats_credentials,
-            json,
-        } => {
+        ConversationsCommand::Status { team, nats, json } => {
             // A broker that cannot be reached is reported, never a reason
             // to withhold what PostgreSQL says.
-            let broker = match &nats_url {
-                Some(url) => Some(Broker::connect(url, nats_credentials.as_deref()).await),
-                None => None,
-            };
+            let broker = nats.connect().await;
             let (report, conditions) = ctx
                 .with_database(async |pool| {
                     let report = outbox::team_report(pool, &team).await?;
@@ -290,14 +268,10 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
             team,
             conversation,
             apply,
-            nats_url,
-            nats_credentials,
+            nats,
             json,
         } => {
-            let broker = match &nats_url {
-                Some(url) => Some(Broker::connect(url, nats_credentials.as_deref()).await?),
-                None => None,
-            };
+            let broker = nats.connect().await.transpose()?;
             let report = ctx
                 .with_database(async |pool| {
                     let actor = acs_store::store::Actor::local_operator();
@@ -353,11 +327,10 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
             team,
             conversation,
             apply,
-            nats_url,
-            nats_credentials,
+            nats,
             json,
         } => {
-            let broker = Broker::connect(&nats_url, nats_credentials.as_deref()).await?;
+            let broker = nats.connect_required().await?;
             let found = ctx
                 .with_database(async |pool| {
                     let actor = acs_store::store::Actor::local_operator();
@@ -382,12 +355,11 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
             conversations,
             apply,
             tombstone_lost,
-            nats_url,
-            nats_credentials,
+            nats,
             json,
         } => {
             let direction = Direction::parse(&to)?;
-            let broker = Broker::connect(&nats_url, nats_credentials.as_deref()).await?;
+            let broker = nats.connect_required().await?;
             ctx.with_database(async |pool| {
                 let team = teams::find(pool, &team).await?;
                 let backends = Backends::with_broker(pool.clone(), broker);

@@ -33,7 +33,7 @@ pub(super) async fn broker_checks(
         },
         None => None,
     };
-    let Some(url) = &args.nats_url else {
+    let Some(url) = &args.nats.nats_url else {
         let routed: Vec<&str> = teams
             .iter()
             .flatten()
@@ -61,7 +61,8 @@ pub(super) async fn broker_checks(
         }
         return;
     };
-    let broker = match Broker::connect_to_inspect(url, args.nats_credentials.as_deref()).await {
+    let broker = match Broker::connect_to_inspect(url, args.nats.nats_credentials.as_deref()).await
+    {
         Ok(broker) => broker,
         Err(err) => {
             let action = match err {

@@ -5,17 +5,16 @@
 //! logic is in `store::identity::teams`, `store::operations::usage`, `store::operations::retention` and
 //! `store::delivery::broker_conditions`.
 
-use std::path::PathBuf;
-
 use clap::{Args, Subcommand};
 use serde_json::json;
 
 mod storage;
 
 use crate::cli::Context;
+use crate::cli::args::NatsArgs;
 use crate::cli::output::{self, time};
 use acs_store::backend::BackendKind;
-use acs_store::backend::jetstream::{Broker, StreamSizes};
+use acs_store::backend::jetstream::StreamSizes;
 use acs_store::store::identity::admin::Authority;
 use acs_store::store::{Actor, delivery::broker_conditions, identity::teams, operations::usage};
 
@@ -30,7 +29,9 @@ pub enum TeamCommand {
     },
     /// Show the team's capabilities, or switch conversations on or off.
     Capability(CapabilityArgs),
-    /// Provision (or adopt) the team's JetStream streams and show them; or remove them.
+    /// Provision (or adopt) the team's JetStream streams and show them; or remove them. The
+    /// NATS server needs a max_payload of at least 2MB, the credentials the right to manage
+    /// streams (not the ones `serve` runs with).
     Stream(StreamArgs),
     /// Show the team's storage quota and usage, or set it with --bytes: it caps everything the
     /// team stores (messages, notes, tasks, attachments, conversation bodies, webhook deliveries);
@@ -49,7 +50,9 @@ pub enum TeamCommand {
     /// current one, events of finished tasks, delivered and failed webhook deliveries, audit rows
     /// older than --audit-older-than-days, and conversation messages past their conversation's
     /// retention (`conversations retention`) once acknowledged and delivered. Without --apply: what would go, nothing
-    /// removed. With --apply: removed in batches of 1000 rows, audited.
+    /// removed. With --apply: removed in batches of 1000 rows, audited; with --nats-url too,
+    /// the bodies of released JetStream messages are dropped from the team's body stream
+    /// (without it they wait for a later prune).
     Prune(PruneArgs),
 }
 
@@ -68,13 +71,8 @@ pub struct PruneArgs {
     /// Remove (default: only show what would be removed).
     #[arg(long)]
     apply: bool,
-    /// The NATS server holding the team's body stream: with --apply, the bodies of released
-    /// JetStream messages are dropped there (without it they wait for a later prune).
-    #[arg(long, env = "BUS_NATS_URL", hide_env_values = true)]
-    nats_url: Option<String>,
-    /// A NATS .creds file for that server.
-    #[arg(long, env = "BUS_NATS_CREDENTIALS", hide_env_values = true)]
-    nats_credentials: Option<PathBuf>,
+    #[command(flatten)]
+    nats: NatsArgs,
     #[arg(long)]
     json: bool,
 }
@@ -102,28 +100,19 @@ pub struct CapabilityArgs {
     /// jetstream needs --nats-url and the team's streams there (`team stream`).
     #[arg(long, value_parser = ["jetstream", "postgres"])]
     backend: Option<String>,
-    /// The NATS server holding the team's streams (checked for --backend jetstream).
-    #[arg(long, env = "BUS_NATS_URL", hide_env_values = true)]
-    nats_url: Option<String>,
-    /// A NATS .creds file for that server.
-    #[arg(long, env = "BUS_NATS_CREDENTIALS", hide_env_values = true)]
-    nats_credentials: Option<PathBuf>,
+    #[command(flatten)]
+    nats: NatsArgs,
     #[arg(long)]
     json: bool,
 }
 
 #[derive(Args, Debug)]
+#[command(mut_arg("nats_url", |a| a.required(true)))]
 pub struct StreamArgs {
     #[arg(long)]
     team: String,
-    /// The NATS server (JetStream on, max_payload of at least 2MB); for a cluster, several of
-    /// its servers comma-separated (nats://a:4222,nats://b:4222).
-    #[arg(long, env = "BUS_NATS_URL", hide_env_values = true)]
-    nats_url: String,
-    /// A NATS .creds file with rights to manage streams (provisioning
-    /// credentials, separate from the ones `serve` runs with).
-    #[arg(long, env = "BUS_NATS_CREDENTIALS", hide_env_values = true)]
-    nats_credentials: Option<PathBuf>,
+    #[command(flatten)]
+    nats: NatsArgs,
     /// Body stream size limit in bytes [default: 2 GiB].
     #[arg(long)]
     max_bytes: Option<i64>,
@@ -232,16 +221,13 @@ async fn capability(ctx: &Context, actor: &Actor, args: CapabilityArgs) -> anyho
         team,
         conversations,
         backend,
-        nats_url,
-        nats_credentials,
+        nats,
         json,
     } = args;
     let on = conversations.map(|v| v == "on");
     let backend = backend.as_deref().map(BackendKind::parse).transpose()?;
-    let broker = match (backend, &nats_url) {
-        (Some(BackendKind::Jetstream), Some(url)) => {
-            Some(Broker::connect(url, nats_credentials.as_deref()).await?)
-        }
+    let broker = match backend {
+        Some(BackendKind::Jetstream) => nats.connect().await.transpose()?,
         _ => None,
     };
     let caps = ctx
@@ -270,8 +256,7 @@ async fn capability(ctx: &Context, actor: &Actor, args: CapabilityArgs) -> anyho
 async fn stream(ctx: &Context, actor: &Actor, args: StreamArgs) -> anyhow::Result<()> {
     let StreamArgs {
         team,
-        nats_url,
-        nats_credentials,
+        nats,
         max_bytes,
         max_messages,
         inbox_max_age_hours,
@@ -282,7 +267,8 @@ async fn stream(ctx: &Context, actor: &Actor, args: StreamArgs) -> anyhow::Resul
         remove,
         json,
     } = args;
-    let broker = Broker::connect(&nats_url, nats_credentials.as_deref()).await?;
+    let broker = nats.connect_required().await?;
+    let nats_url = nats.required_url()?;
     if remove {
         let removed = ctx
             .with_database(async |pool| {
