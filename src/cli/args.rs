@@ -23,8 +23,6 @@ pub struct AgentArgs {
     pub team: String,
     #[arg(long)]
     pub name: String,
-    #[arg(long)]
-    pub json: bool,
 }
 
 // A team's agents or tokens (`agent list`, `token list`).
@@ -32,8 +30,6 @@ pub struct AgentArgs {
 pub struct TeamArgs {
     #[arg(long)]
     pub team: String,
-    #[arg(long)]
-    pub json: bool,
 }
 
 // The NATS server holding the teams' JetStream streams, and its credentials:

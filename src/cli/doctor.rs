@@ -60,9 +60,6 @@ pub struct DoctorArgs {
     /// Exit 1 on warnings too (by default only a failure does).
     #[arg(long)]
     strict: bool,
-    /// Print the checks as a JSON array of {check, status, verdict, action}.
-    #[arg(long)]
-    json: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -110,7 +107,7 @@ fn check(
 
 const NOTHING_TO_DO: &str = "nothing to do";
 
-pub async fn run(ctx: &Context, args: DoctorArgs) -> anyhow::Result<()> {
+pub async fn run(ctx: &Context, args: DoctorArgs, json: bool) -> anyhow::Result<()> {
     let mut checks = Vec::new();
     let db = open_database(ctx, &mut checks).await;
     let pool = db.as_ref().map(|db| &db.pool);
@@ -138,7 +135,7 @@ pub async fn run(ctx: &Context, args: DoctorArgs) -> anyhow::Result<()> {
         db.close().await;
     }
 
-    if args.json {
+    if json {
         output::json(&checks)?;
     } else {
         let width = checks.iter().map(|c| c.check.len()).max().unwrap_or(0);

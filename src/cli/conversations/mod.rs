@@ -37,8 +37,6 @@ pub enum ConversationsCommand {
         team: String,
         #[command(flatten)]
         nats: NatsArgs,
-        #[arg(long)]
-        json: bool,
     },
     /// Put `failed` messages whose body is still held (outbox slot or message row) back to
     /// pending with fresh attempts, once their cause is fixed. Without --apply: what would be
@@ -57,8 +55,6 @@ pub enum ConversationsCommand {
         apply: bool,
         #[command(flatten)]
         nats: NatsArgs,
-        #[arg(long)]
-        json: bool,
     },
     /// Switch one conversation between `sync` (the body commits with the send; postgres only)
     /// and `outbox` (a worker publishes it after the send). Back to sync is refused while any of
@@ -71,8 +67,6 @@ pub enum ConversationsCommand {
         /// sync or outbox.
         #[arg(long)]
         mode: String,
-        #[arg(long)]
-        json: bool,
     },
     /// Tombstone one message deliberately: readers get `unavailable: tombstoned` with the reason
     /// instead of its body; the message, its seq, recipients and receipts stay, and a move skips
@@ -88,8 +82,6 @@ pub enum ConversationsCommand {
         /// Why, in one line (at most 500 bytes); readers are shown it.
         #[arg(long)]
         reason: String,
-        #[arg(long)]
-        json: bool,
     },
     /// Declare lost the bodies the broker cannot return and PostgreSQL holds no copy of (after a
     /// restore failed): readers then see `tombstoned` "the broker lost this body". Bodies the
@@ -107,8 +99,6 @@ pub enum ConversationsCommand {
         apply: bool,
         #[command(flatten)]
         nats: NatsArgs,
-        #[arg(long)]
-        json: bool,
     },
     /// Move conversations' bodies to another backend. Without --apply: the plan only (messages,
     /// bytes, already there, blocked and why, resuming), nothing written. With --apply, per
@@ -137,8 +127,6 @@ pub enum ConversationsCommand {
         tombstone_lost: bool,
         #[command(flatten)]
         nats: NatsArgs,
-        #[arg(long)]
-        json: bool,
     },
     /// Lift a write pause that no move owns (left by a crash or an older version), audited.
     /// Refused while a move of the conversation is open: run that move's command again instead.
@@ -147,8 +135,6 @@ pub enum ConversationsCommand {
         team: String,
         #[arg(long)]
         conversation: Uuid,
-        #[arg(long)]
-        json: bool,
     },
     /// Drop the PostgreSQL copies of bodies moved to jetstream longer ago than the rollback
     /// window (report only without --apply).
@@ -160,18 +146,16 @@ pub enum ConversationsCommand {
         rollback_window_hours: i64,
         #[arg(long)]
         apply: bool,
-        #[arg(long)]
-        json: bool,
     },
     /// How many days one conversation keeps its messages: `team prune` then releases older
     /// ones (tombstoned, body dropped) once every receipt is acknowledged. Audited.
     Retention(retention::RetentionArgs),
 }
 
-pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result<()> {
+pub async fn run(ctx: &Context, command: ConversationsCommand, json: bool) -> anyhow::Result<()> {
     match command {
-        ConversationsCommand::Retention(args) => retention::run(ctx, args).await?,
-        ConversationsCommand::Status { team, nats, json } => {
+        ConversationsCommand::Retention(args) => retention::run(ctx, args, json).await?,
+        ConversationsCommand::Status { team, nats } => {
             // A broker that cannot be reached is reported, never a reason
             // to withhold what PostgreSQL says.
             let broker = nats.connect().await;
@@ -262,14 +246,12 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
             team,
             conversation,
             mode,
-            json,
         } => set_publication(ctx, &team, conversation, &mode, json).await?,
         ConversationsCommand::Retry {
             team,
             conversation,
             apply,
             nats,
-            json,
         } => {
             let broker = nats.connect().await.transpose()?;
             let report = ctx
@@ -321,14 +303,12 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
             conversation,
             seq,
             reason,
-            json,
         } => tombstone(ctx, &team, conversation, seq, &reason, json).await?,
         ConversationsCommand::DeclareLost {
             team,
             conversation,
             apply,
             nats,
-            json,
         } => {
             let broker = nats.connect_required().await?;
             let found = ctx
@@ -356,7 +336,6 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
             apply,
             tombstone_lost,
             nats,
-            json,
         } => {
             let direction = Direction::parse(&to)?;
             let broker = nats.connect_required().await?;
@@ -407,11 +386,7 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
             })
             .await?;
         }
-        ConversationsCommand::Unpause {
-            team,
-            conversation,
-            json,
-        } => {
+        ConversationsCommand::Unpause { team, conversation } => {
             let unpaused = ctx
                 .with_database(async |pool| {
                     let team = teams::find(pool, &team).await?;
@@ -434,7 +409,6 @@ pub async fn run(ctx: &Context, command: ConversationsCommand) -> anyhow::Result
             team,
             rollback_window_hours,
             apply,
-            json,
         } => {
             let report = ctx
                 .with_database(async |pool| {

@@ -40,8 +40,6 @@ pub enum TokenCommand {
         /// A note to tell tokens apart in listings (e.g. `laptop`).
         #[arg(long)]
         label: Option<String>,
-        #[arg(long)]
-        json: bool,
     },
     /// List the tokens of a team (never the secrets).
     List(TeamArgs),
@@ -49,8 +47,6 @@ pub enum TokenCommand {
     Revoke {
         #[arg(long)]
         id: Uuid,
-        #[arg(long)]
-        json: bool,
     },
 }
 
@@ -70,8 +66,6 @@ pub struct QuickstartArgs {
         default_value = "http://127.0.0.1:8787/mcp"
     )]
     url: String,
-    #[arg(long)]
-    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -93,10 +87,10 @@ pub struct McpConfigArgs {
     pub session: Option<String>,
 }
 
-pub async fn agent(ctx: &Context, command: AgentCommand) -> anyhow::Result<()> {
+pub async fn agent(ctx: &Context, command: AgentCommand, json: bool) -> anyhow::Result<()> {
     let authority = Authority::local();
     match command {
-        AgentCommand::Add(AgentArgs { team, name, json }) => {
+        AgentCommand::Add(AgentArgs { team, name }) => {
             let issued = ctx
                 .with_database(async |pool| {
                     Ok(agents::add(pool, &authority.team(&team)?, &name).await?)
@@ -108,7 +102,7 @@ pub async fn agent(ctx: &Context, command: AgentCommand) -> anyhow::Result<()> {
             println!("agent `{}` added to team `{}`", issued.agent, issued.team);
             print_token(&issued);
         }
-        AgentCommand::List(TeamArgs { team, json }) => {
+        AgentCommand::List(TeamArgs { team }) => {
             let list = ctx
                 .with_database(async |pool| Ok(agents::list(pool, &authority.team(&team)?).await?))
                 .await?;
@@ -134,10 +128,10 @@ pub async fn agent(ctx: &Context, command: AgentCommand) -> anyhow::Result<()> {
                     .collect(),
             );
         }
-        AgentCommand::Disable(AgentArgs { team, name, json }) => {
+        AgentCommand::Disable(AgentArgs { team, name }) => {
             set_disabled(ctx, &authority, &team, &name, true, json).await?
         }
-        AgentCommand::Enable(AgentArgs { team, name, json }) => {
+        AgentCommand::Enable(AgentArgs { team, name }) => {
             set_disabled(ctx, &authority, &team, &name, false, json).await?
         }
     }
@@ -175,15 +169,10 @@ async fn set_disabled(
     Ok(())
 }
 
-pub async fn token(ctx: &Context, command: TokenCommand) -> anyhow::Result<()> {
+pub async fn token(ctx: &Context, command: TokenCommand, json: bool) -> anyhow::Result<()> {
     let authority = Authority::local();
     match command {
-        TokenCommand::Issue {
-            team,
-            agent,
-            label,
-            json,
-        } => {
+        TokenCommand::Issue { team, agent, label } => {
             let issued = ctx
                 .with_database(async |pool| {
                     let team = authority.team(&team)?;
@@ -195,7 +184,7 @@ pub async fn token(ctx: &Context, command: TokenCommand) -> anyhow::Result<()> {
             }
             print_token(&issued);
         }
-        TokenCommand::List(TeamArgs { team, json }) => {
+        TokenCommand::List(TeamArgs { team }) => {
             let list = ctx
                 .with_database(async |pool| Ok(tokens::list(pool, &authority.team(&team)?).await?))
                 .await?;
@@ -227,7 +216,7 @@ pub async fn token(ctx: &Context, command: TokenCommand) -> anyhow::Result<()> {
                     .collect(),
             );
         }
-        TokenCommand::Revoke { id, json } => {
+        TokenCommand::Revoke { id } => {
             let revocation = ctx
                 .with_database(async |pool| {
                     let global = authority.global("revoke tokens by id alone")?;
@@ -255,7 +244,7 @@ pub async fn token(ctx: &Context, command: TokenCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn quickstart(ctx: &Context, args: QuickstartArgs) -> anyhow::Result<()> {
+pub async fn quickstart(ctx: &Context, args: QuickstartArgs, json: bool) -> anyhow::Result<()> {
     let actor = Actor::local_operator();
     let result = ctx
         .with_database(async |pool| {
@@ -263,7 +252,7 @@ pub async fn quickstart(ctx: &Context, args: QuickstartArgs) -> anyhow::Result<(
         })
         .await?;
     let issued = &result.issued;
-    if args.json {
+    if json {
         return output::json(&json!({
             "team": issued.team,
             "agent": issued.agent,

@@ -26,23 +26,17 @@ pub enum WebhookCommand {
     Pause {
         #[arg(long)]
         id: Uuid,
-        #[arg(long)]
-        json: bool,
     },
     /// Resume a paused webhook: the deliveries queued before the pause go out, oldest
     /// first, and new events are queued again.
     Resume {
         #[arg(long)]
         id: Uuid,
-        #[arg(long)]
-        json: bool,
     },
     /// Remove a webhook by id; its pending deliveries are dropped.
     Remove {
         #[arg(long)]
         id: Uuid,
-        #[arg(long)]
-        json: bool,
     },
 }
 
@@ -69,11 +63,9 @@ pub struct AddArgs {
     /// credential confined to a team is refused.
     #[arg(long)]
     allow_private: bool,
-    #[arg(long)]
-    json: bool,
 }
 
-pub async fn run(ctx: &Context, command: WebhookCommand) -> anyhow::Result<()> {
+pub async fn run(ctx: &Context, command: WebhookCommand, json: bool) -> anyhow::Result<()> {
     let authority = Authority::local();
     match command {
         WebhookCommand::Add(args) => {
@@ -92,7 +84,7 @@ pub async fn run(ctx: &Context, command: WebhookCommand) -> anyhow::Result<()> {
                     Ok(webhooks::add(pool, &authority.team(&args.team)?, new).await?)
                 })
                 .await?;
-            if args.json {
+            if json {
                 return output::json(&created);
             }
             let hook = &created.webhook;
@@ -110,7 +102,7 @@ pub async fn run(ctx: &Context, command: WebhookCommand) -> anyhow::Result<()> {
             );
             println!("  {}", created.secret);
         }
-        WebhookCommand::List(TeamArgs { team, json }) => {
+        WebhookCommand::List(TeamArgs { team }) => {
             let list = ctx
                 .with_database(
                     async |pool| Ok(webhooks::list(pool, &authority.team(&team)?).await?),
@@ -166,7 +158,7 @@ pub async fn run(ctx: &Context, command: WebhookCommand) -> anyhow::Result<()> {
                 }
             }
         }
-        WebhookCommand::Pause { id, json } | WebhookCommand::Resume { id, json } => {
+        WebhookCommand::Pause { id } | WebhookCommand::Resume { id } => {
             let paused = matches!(command, WebhookCommand::Pause { .. });
             let change = ctx
                 .with_database(async |pool| {
@@ -200,7 +192,7 @@ pub async fn run(ctx: &Context, command: WebhookCommand) -> anyhow::Result<()> {
                 ),
             }
         }
-        WebhookCommand::Remove { id, json } => {
+        WebhookCommand::Remove { id } => {
             let removed = ctx
                 .with_database(async |pool| {
                     let global = authority.global("remove webhooks by id alone")?;

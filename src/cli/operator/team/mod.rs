@@ -23,10 +23,7 @@ pub enum TeamCommand {
     /// Create a team.
     Create(CreateArgs),
     /// List teams.
-    List {
-        #[arg(long)]
-        json: bool,
-    },
+    List,
     /// Show the team's capabilities, or switch conversations on or off.
     Capability(CapabilityArgs),
     /// Provision (or adopt) the team's JetStream streams and show them; or remove them. The
@@ -42,8 +39,6 @@ pub enum TeamCommand {
     Usage {
         #[arg(long)]
         team: String,
-        #[arg(long)]
-        json: bool,
     },
     /// Trim old history: channel and direct messages (and their attachments) older than
     /// --older-than-days that every live reader has read, note revisions other than the
@@ -73,8 +68,6 @@ pub struct PruneArgs {
     apply: bool,
     #[command(flatten)]
     nats: NatsArgs,
-    #[arg(long)]
-    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -85,8 +78,6 @@ pub struct CreateArgs {
     /// Display name.
     #[arg(long)]
     name: String,
-    #[arg(long)]
-    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -102,8 +93,6 @@ pub struct CapabilityArgs {
     backend: Option<String>,
     #[command(flatten)]
     nats: NatsArgs,
-    #[arg(long)]
-    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -144,8 +133,6 @@ pub struct StreamArgs {
     /// Delete both streams and their contents; refused while the team routes to jetstream.
     #[arg(long, conflicts_with_all = ["max_bytes", "max_messages", "inbox_max_age_hours", "inbox_max_bytes", "inbox_max_messages", "replicas", "update_quotas"])]
     remove: bool,
-    #[arg(long)]
-    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -155,26 +142,29 @@ pub struct QuotaArgs {
     /// New limit in bytes for everything the team stores (default for a new team: 1 GiB).
     #[arg(long)]
     bytes: Option<i64>,
-    #[arg(long)]
-    json: bool,
 }
 
-pub async fn run(ctx: &Context, command: TeamCommand) -> anyhow::Result<()> {
+pub async fn run(ctx: &Context, command: TeamCommand, json: bool) -> anyhow::Result<()> {
     let authority = Authority::local();
     let actor = authority.actor();
     match command {
-        TeamCommand::Create(args) => create(ctx, &authority, args).await,
-        TeamCommand::List { json } => list(ctx, &authority, json).await,
-        TeamCommand::Capability(args) => capability(ctx, &actor, args).await,
-        TeamCommand::Stream(args) => stream(ctx, &actor, args).await,
-        TeamCommand::Quota(args) => quota(ctx, &actor, args).await,
-        TeamCommand::Usage { team, json } => storage::usage(ctx, &authority, &team, json).await,
-        TeamCommand::Prune(args) => storage::prune(ctx, &authority, args).await,
+        TeamCommand::Create(args) => create(ctx, &authority, args, json).await,
+        TeamCommand::List => list(ctx, &authority, json).await,
+        TeamCommand::Capability(args) => capability(ctx, &actor, args, json).await,
+        TeamCommand::Stream(args) => stream(ctx, &actor, args, json).await,
+        TeamCommand::Quota(args) => quota(ctx, &actor, args, json).await,
+        TeamCommand::Usage { team } => storage::usage(ctx, &authority, &team, json).await,
+        TeamCommand::Prune(args) => storage::prune(ctx, &authority, args, json).await,
     }
 }
 
-async fn create(ctx: &Context, authority: &Authority, args: CreateArgs) -> anyhow::Result<()> {
-    let CreateArgs { slug, name, json } = args;
+async fn create(
+    ctx: &Context,
+    authority: &Authority,
+    args: CreateArgs,
+    json: bool,
+) -> anyhow::Result<()> {
+    let CreateArgs { slug, name } = args;
     let team = ctx
         .with_database(async |pool| {
             let global = authority.global("create teams")?;
@@ -216,13 +206,17 @@ async fn list(ctx: &Context, authority: &Authority, json: bool) -> anyhow::Resul
     Ok(())
 }
 
-async fn capability(ctx: &Context, actor: &Actor, args: CapabilityArgs) -> anyhow::Result<()> {
+async fn capability(
+    ctx: &Context,
+    actor: &Actor,
+    args: CapabilityArgs,
+    json: bool,
+) -> anyhow::Result<()> {
     let CapabilityArgs {
         team,
         conversations,
         backend,
         nats,
-        json,
     } = args;
     let on = conversations.map(|v| v == "on");
     let backend = backend.as_deref().map(BackendKind::parse).transpose()?;
@@ -253,7 +247,7 @@ async fn capability(ctx: &Context, actor: &Actor, args: CapabilityArgs) -> anyho
     Ok(())
 }
 
-async fn stream(ctx: &Context, actor: &Actor, args: StreamArgs) -> anyhow::Result<()> {
+async fn stream(ctx: &Context, actor: &Actor, args: StreamArgs, json: bool) -> anyhow::Result<()> {
     let StreamArgs {
         team,
         nats,
@@ -265,7 +259,6 @@ async fn stream(ctx: &Context, actor: &Actor, args: StreamArgs) -> anyhow::Resul
         replicas,
         update_quotas,
         remove,
-        json,
     } = args;
     let broker = nats.connect_required().await?;
     let nats_url = nats.required_url()?;
@@ -373,8 +366,8 @@ async fn stream(ctx: &Context, actor: &Actor, args: StreamArgs) -> anyhow::Resul
     Ok(())
 }
 
-async fn quota(ctx: &Context, actor: &Actor, args: QuotaArgs) -> anyhow::Result<()> {
-    let QuotaArgs { team, bytes, json } = args;
+async fn quota(ctx: &Context, actor: &Actor, args: QuotaArgs, json: bool) -> anyhow::Result<()> {
+    let QuotaArgs { team, bytes } = args;
     let quota = ctx
         .with_database(async |pool| Ok(usage::quota(pool, &team, bytes, actor).await?))
         .await?;

@@ -70,6 +70,7 @@ pub(super) async fn prune(
     ctx: &Context,
     authority: &Authority,
     args: PruneArgs,
+    json: bool,
 ) -> anyhow::Result<()> {
     let PruneArgs {
         team,
@@ -77,7 +78,6 @@ pub(super) async fn prune(
         audit_older_than_days,
         apply,
         nats,
-        json,
     } = args;
     let scope = authority.team(&team)?;
     let broker = if apply {
