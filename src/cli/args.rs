@@ -1,9 +1,10 @@
 //! Flags declared once: those of a local operator command and its remote
-//! `admin` twin (`agent add` and `admin agent add`, `token list` and `admin
-//! token list`, …), so the two take the same flags, and the NATS server every
-//! command that reaches JetStream names ([`NatsArgs`]). Only what the users
-//! declare alike lives here: where a twin's flags or help differ (`token
-//! issue`, `token revoke`) each keeps its own.
+//! `admin` twin (`team create` and `admin team create`, `agent add` and
+//! `admin agent add`, `token issue` and `admin token issue`, …), so the two
+//! take the same flags, and the NATS server every command that reaches
+//! JetStream names ([`NatsArgs`]). Where the twins' flags differ (`token
+//! revoke`: by id alone locally, by team and id over `/admin`) each keeps its
+//! own.
 //!
 //! The structs carry no doc comment on purpose: clap would take one as the
 //! command's description where the variant has none.
@@ -15,6 +16,17 @@ use clap::Args;
 
 use acs_store::BusResult;
 use acs_store::backend::jetstream::Broker;
+
+// A new team (`team create`).
+#[derive(Args, Debug)]
+pub struct TeamCreateArgs {
+    /// Short name used everywhere: lower-case letters, digits and `-`.
+    #[arg(long)]
+    pub slug: String,
+    /// Display name.
+    #[arg(long)]
+    pub name: String,
+}
 
 // One agent of a team (`agent add|disable|enable`).
 #[derive(Args, Debug)]
@@ -30,6 +42,18 @@ pub struct AgentArgs {
 pub struct TeamArgs {
     #[arg(long)]
     pub team: String,
+}
+
+// Another token for an agent (`token issue`).
+#[derive(Args, Debug)]
+pub struct TokenIssueArgs {
+    #[arg(long)]
+    pub team: String,
+    #[arg(long)]
+    pub agent: String,
+    /// A note to tell tokens apart in listings (e.g. `laptop`).
+    #[arg(long)]
+    pub label: Option<String>,
 }
 
 // The NATS server holding the teams' JetStream streams, and its credentials:

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 
 use self::remote::Remote;
 use super::Context;
-use super::args::{AgentArgs, TeamArgs};
+use super::args::{AgentArgs, TeamArgs, TeamCreateArgs, TokenIssueArgs};
 use super::output;
 use acs_store::store::{Actor, identity::admin};
 
@@ -66,12 +66,7 @@ pub enum AdminCommand {
 
 #[derive(Subcommand, Debug)]
 pub enum RemoteTeam {
-    Create {
-        #[arg(long)]
-        slug: String,
-        #[arg(long)]
-        name: String,
-    },
+    Create(TeamCreateArgs),
     List,
 }
 
@@ -88,14 +83,7 @@ pub enum RemoteAgent {
 pub enum RemoteToken {
     /// Issue a token, verify it answers `whoami` as the requested agent and
     /// team (revoking it otherwise), and print it once.
-    Issue {
-        #[arg(long)]
-        team: String,
-        #[arg(long)]
-        agent: String,
-        #[arg(long)]
-        label: Option<String>,
-    },
+    Issue(TokenIssueArgs),
     List(TeamArgs),
     Revoke {
         #[arg(long)]
@@ -186,7 +174,7 @@ pub async fn run(ctx: &Context, command: AdminCommand, json: bool) -> anyhow::Re
 async fn team(command: RemoteTeam, json: bool) -> anyhow::Result<()> {
     let remote = Remote::load()?;
     match command {
-        RemoteTeam::Create { slug, name } => {
+        RemoteTeam::Create(TeamCreateArgs { slug, name }) => {
             let team = remote
                 .call(
                     Method::POST,
@@ -288,7 +276,7 @@ async fn set_disabled(
 async fn token(command: RemoteToken, json: bool) -> anyhow::Result<()> {
     let remote = Remote::load()?;
     match command {
-        RemoteToken::Issue { team, agent, label } => {
+        RemoteToken::Issue(TokenIssueArgs { team, agent, label }) => {
             let path = format!("/admin/teams/{}/tokens", segment(&team));
             let issued = remote
                 .call(

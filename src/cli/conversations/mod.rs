@@ -11,7 +11,7 @@
 mod retention;
 mod show_moves;
 
-use clap::Subcommand;
+use clap::{Args, Subcommand};
 use uuid::Uuid;
 
 use super::Context;
@@ -44,18 +44,7 @@ pub enum ConversationsCommand {
     /// it and the fix). A message given up on after 8 publishes the broker never answered is
     /// asked for by its publish key first, so a body the broker kept is not stored twice.
     /// Messages on jetstream need --nats-url. Audited.
-    Retry {
-        #[arg(long)]
-        team: String,
-        /// Only this conversation.
-        #[arg(long)]
-        conversation: Option<Uuid>,
-        /// Do it (default: show what would be retried).
-        #[arg(long)]
-        apply: bool,
-        #[command(flatten)]
-        nats: NatsArgs,
-    },
+    Retry(SweepArgs),
     /// Switch one conversation between `sync` (the body commits with the send; postgres only)
     /// and `outbox` (a worker publishes it after the send). Back to sync is refused while any of
     /// its messages still awaits publication; refused while a move is open on it. Audited.
@@ -88,18 +77,7 @@ pub enum ConversationsCommand {
     /// broker returns intact are left alone; a broker that does not answer stops it with nothing
     /// written. Without --apply: the count and seqs only. Audited.
     #[command(mut_arg("nats_url", |a| a.required(true)))]
-    DeclareLost {
-        #[arg(long)]
-        team: String,
-        /// Only this conversation; default: every conversation of the team.
-        #[arg(long)]
-        conversation: Option<Uuid>,
-        /// Tombstone them (default: report only).
-        #[arg(long)]
-        apply: bool,
-        #[command(flatten)]
-        nats: NatsArgs,
-    },
+    DeclareLost(SweepArgs),
     /// Move conversations' bodies to another backend. Without --apply: the plan only (messages,
     /// bytes, already there, blocked and why, resuming), nothing written. With --apply, per
     /// conversation: copy, pause writes to it, copy the tail, verify by SHA-256, cut over; a
@@ -150,6 +128,22 @@ pub enum ConversationsCommand {
     /// How many days one conversation keeps its messages: `team prune` then releases older
     /// ones (tombstoned, body dropped) once every receipt is acknowledged. Audited.
     Retention(retention::RetentionArgs),
+}
+
+// A sweep over a team's conversations (`retry`, `declare-lost`): all of
+// them or one, a report unless --apply, and the broker holding their bodies.
+#[derive(Args, Debug)]
+pub struct SweepArgs {
+    #[arg(long)]
+    team: String,
+    /// Only this conversation; default: every conversation of the team.
+    #[arg(long)]
+    conversation: Option<Uuid>,
+    /// Do it (default: report what would be done, write nothing).
+    #[arg(long)]
+    apply: bool,
+    #[command(flatten)]
+    nats: NatsArgs,
 }
 
 pub async fn run(ctx: &Context, command: ConversationsCommand, json: bool) -> anyhow::Result<()> {
@@ -247,12 +241,12 @@ pub async fn run(ctx: &Context, command: ConversationsCommand, json: bool) -> an
             conversation,
             mode,
         } => set_publication(ctx, &team, conversation, &mode, json).await?,
-        ConversationsCommand::Retry {
+        ConversationsCommand::Retry(SweepArgs {
             team,
             conversation,
             apply,
             nats,
-        } => {
+        }) => {
             let broker = nats.connect().await.transpose()?;
             let report = ctx
                 .with_database(async |pool| {
@@ -304,12 +298,12 @@ pub async fn run(ctx: &Context, command: ConversationsCommand, json: bool) -> an
             seq,
             reason,
         } => tombstone(ctx, &team, conversation, seq, &reason, json).await?,
-        ConversationsCommand::DeclareLost {
+        ConversationsCommand::DeclareLost(SweepArgs {
             team,
             conversation,
             apply,
             nats,
-        } => {
+        }) => {
             let broker = nats.connect_required().await?;
             let found = ctx
                 .with_database(async |pool| {

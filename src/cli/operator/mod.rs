@@ -12,7 +12,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::Context;
-use super::args::{AgentArgs, TeamArgs};
+use super::args::{AgentArgs, TeamArgs, TokenIssueArgs};
 use super::output::{self, opt_time, time};
 use acs_store::store::identity::admin::Authority;
 use acs_store::store::{Actor, identity::agents, identity::tokens};
@@ -32,15 +32,7 @@ pub enum AgentCommand {
 #[derive(Subcommand, Debug)]
 pub enum TokenCommand {
     /// Issue another token for an agent (shown once).
-    Issue {
-        #[arg(long)]
-        team: String,
-        #[arg(long)]
-        agent: String,
-        /// A note to tell tokens apart in listings (e.g. `laptop`).
-        #[arg(long)]
-        label: Option<String>,
-    },
+    Issue(TokenIssueArgs),
     /// List the tokens of a team (never the secrets).
     List(TeamArgs),
     /// Revoke a token by id; it is refused from the next request on.
@@ -172,7 +164,7 @@ async fn set_disabled(
 pub async fn token(ctx: &Context, command: TokenCommand, json: bool) -> anyhow::Result<()> {
     let authority = Authority::local();
     match command {
-        TokenCommand::Issue { team, agent, label } => {
+        TokenCommand::Issue(TokenIssueArgs { team, agent, label }) => {
             let issued = ctx
                 .with_database(async |pool| {
                     let team = authority.team(&team)?;

@@ -11,7 +11,7 @@ use serde_json::json;
 mod storage;
 
 use crate::cli::Context;
-use crate::cli::args::NatsArgs;
+use crate::cli::args::{NatsArgs, TeamCreateArgs};
 use crate::cli::output::{self, time};
 use acs_store::backend::BackendKind;
 use acs_store::backend::jetstream::StreamSizes;
@@ -21,7 +21,7 @@ use acs_store::store::{Actor, delivery::broker_conditions, identity::teams, oper
 #[derive(Subcommand, Debug)]
 pub enum TeamCommand {
     /// Create a team.
-    Create(CreateArgs),
+    Create(TeamCreateArgs),
     /// List teams.
     List,
     /// Show the team's capabilities, or switch conversations on or off.
@@ -68,16 +68,6 @@ pub struct PruneArgs {
     apply: bool,
     #[command(flatten)]
     nats: NatsArgs,
-}
-
-#[derive(Args, Debug)]
-pub struct CreateArgs {
-    /// Short name used everywhere: lower-case letters, digits and `-`.
-    #[arg(long)]
-    slug: String,
-    /// Display name.
-    #[arg(long)]
-    name: String,
 }
 
 #[derive(Args, Debug)]
@@ -161,10 +151,10 @@ pub async fn run(ctx: &Context, command: TeamCommand, json: bool) -> anyhow::Res
 async fn create(
     ctx: &Context,
     authority: &Authority,
-    args: CreateArgs,
+    args: TeamCreateArgs,
     json: bool,
 ) -> anyhow::Result<()> {
-    let CreateArgs { slug, name } = args;
+    let TeamCreateArgs { slug, name } = args;
     let team = ctx
         .with_database(async |pool| {
             let global = authority.global("create teams")?;
