@@ -86,26 +86,7 @@ pub enum ConversationsCommand {
     /// now or already there); 1 when any was not moved, refused by its plan (a failed
     /// publication, a pause no move owns, ...) or failed.
     #[command(mut_arg("nats_url", |a| a.required(true)))]
-    Migrate {
-        #[arg(long)]
-        team: String,
-        /// Target backend: jetstream or postgres.
-        #[arg(long)]
-        to: String,
-        /// Only these conversations (repeatable); default: every conversation of the team.
-        #[arg(long = "conversation")]
-        conversations: Vec<Uuid>,
-        /// Do it (default: plan only).
-        #[arg(long)]
-        apply: bool,
-        /// With --apply: tombstone the messages whose bodies the broker lost (the plan names
-        /// them) with "the broker lost this body", audited, and move the rest. Without it a
-        /// move over lost bodies is refused.
-        #[arg(long)]
-        tombstone_lost: bool,
-        #[command(flatten)]
-        nats: NatsArgs,
-    },
+    Migrate(MigrateArgs),
     /// Lift a write pause that no move owns (left by a crash or an older version), audited.
     /// Refused while a move of the conversation is open: run that move's command again instead.
     Unpause {
@@ -146,284 +127,333 @@ pub struct SweepArgs {
     nats: NatsArgs,
 }
 
+// `conversations migrate`.
+#[derive(Args, Debug)]
+pub struct MigrateArgs {
+    #[arg(long)]
+    team: String,
+    /// Target backend: jetstream or postgres.
+    #[arg(long)]
+    to: String,
+    /// Only these conversations (repeatable); default: every conversation of the team.
+    #[arg(long = "conversation")]
+    conversations: Vec<Uuid>,
+    /// Do it (default: plan only).
+    #[arg(long)]
+    apply: bool,
+    /// With --apply: tombstone the messages whose bodies the broker lost (the plan names
+    /// them) with "the broker lost this body", audited, and move the rest. Without it a
+    /// move over lost bodies is refused.
+    #[arg(long)]
+    tombstone_lost: bool,
+    #[command(flatten)]
+    nats: NatsArgs,
+}
+
 pub async fn run(ctx: &Context, command: ConversationsCommand, json: bool) -> anyhow::Result<()> {
     match command {
-        ConversationsCommand::Retention(args) => retention::run(ctx, args, json).await?,
-        ConversationsCommand::Status { team, nats } => {
-            // A broker that cannot be reached is reported, never a reason
-            // to withhold what PostgreSQL says.
-            let broker = nats.connect().await;
-            let (report, conditions) = ctx
-                .with_database(async |pool| {
-                    let report = outbox::team_report(pool, &team).await?;
-                    let conditions = match &broker {
-                        Some(Ok(broker)) => {
-                            let found = teams::find(pool, &team).await?;
-                            Some(
-                                broker_conditions::of_team(broker, found.id, &found.slug)
-                                    .await
-                                    .map_err(|e| e.to_string()),
-                            )
-                        }
-                        Some(Err(e)) => Some(Err(e.to_string())),
-                        None => None,
-                    };
-                    Ok((report, conditions))
-                })
-                .await?;
-            if json {
-                let mut value = serde_json::to_value(&report)?;
-                value["broker_conditions"] = match &conditions {
-                    Some(Ok(list)) => serde_json::to_value(list)?,
-                    Some(Err(e)) => serde_json::json!({ "unknown": e }),
-                    None => serde_json::Value::Null,
-                };
-                return output::json(&value);
-            }
-            let o = &report.outbox;
-            println!(
-                "team `{}`: new conversations on {}",
-                report.team, report.conversation_backend
-            );
-            println!(
-                "outbox: {} pending, {} leased, {} failed, {} uncertain, {} bytes waiting, oldest {}",
-                o.pending,
-                o.leased,
-                o.failed,
-                o.uncertain,
-                o.pending_bytes,
-                o.oldest_pending_seconds
-                    .map_or("-".to_string(), |s| format!("{s} s"))
-            );
-            match &conditions {
-                Some(Ok(list)) if list.is_empty() => {
-                    println!("broker: the team's streams are fine")
-                }
-                Some(Ok(list)) => {
-                    for c in list {
-                        println!(
-                            "broker: {} {}: {}\n  fix: {}",
-                            c.stream,
-                            c.condition.as_str(),
-                            c.why,
-                            c.fix
-                        );
-                    }
-                }
-                Some(Err(e)) => println!("broker: could not be checked ({e})"),
-                None => println!(
-                    "broker: not checked (name it with --nats-url to see whether the team's \
-                     streams are missing or full)"
-                ),
-            }
-            if report.conversations.is_empty() {
-                println!("every conversation is synchronous on postgres with nothing outstanding");
-            }
-            for c in &report.conversations {
-                let paused = c
-                    .paused_seconds
-                    .map_or(String::new(), |s| format!(", writes paused {s} s"));
-                println!(
-                    "{}  {:<9} {:<6} {} pending, {} failed, {} uncertain{}  {}",
-                    c.conversation_id,
-                    c.backend,
-                    c.publication,
-                    c.pending,
-                    c.failed,
-                    c.uncertain,
-                    paused,
-                    c.title
-                );
-            }
-        }
+        ConversationsCommand::Retention(args) => retention::run(ctx, args, json).await,
+        ConversationsCommand::Status { team, nats } => status(ctx, &team, &nats, json).await,
         ConversationsCommand::Publication {
             team,
             conversation,
             mode,
-        } => set_publication(ctx, &team, conversation, &mode, json).await?,
-        ConversationsCommand::Retry(SweepArgs {
-            team,
-            conversation,
-            apply,
-            nats,
-        }) => {
-            let broker = nats.connect().await.transpose()?;
-            let report = ctx
-                .with_database(async |pool| {
-                    let actor = acs_store::store::Actor::local_operator();
-                    Ok(broker_conditions::retry_failed(
-                        pool,
-                        broker.as_ref(),
-                        &team,
-                        conversation,
-                        apply,
-                        &actor,
-                    )
-                    .await?)
-                })
-                .await?;
-            if json {
-                return output::json(&report);
-            }
-            let verb = if report.applied {
-                "put back to pending with fresh attempts (audited)"
-            } else {
-                "would be put back to pending (run with --apply)"
-            };
-            println!(
-                "team `{}`: {} failed message(s) {verb}",
-                report.team,
-                report.retried.len()
-            );
-            for m in &report.retried {
-                println!(
-                    "  {} seq {} ({}): {}",
-                    m.conversation_id,
-                    m.seq,
-                    m.message_id,
-                    m.last_error.as_deref().unwrap_or("-")
-                );
-            }
-            if !report.not_recoverable.is_empty() {
-                println!(
-                    "{} failed message(s) have no body held anywhere and cannot be retried; \
-                     `conversations tombstone` explains the gap to readers",
-                    report.not_recoverable.len()
-                );
-            }
-        }
+        } => set_publication(ctx, &team, conversation, &mode, json).await,
+        ConversationsCommand::Retry(args) => retry(ctx, args, json).await,
         ConversationsCommand::Tombstone {
             team,
             conversation,
             seq,
             reason,
-        } => tombstone(ctx, &team, conversation, seq, &reason, json).await?,
-        ConversationsCommand::DeclareLost(SweepArgs {
-            team,
-            conversation,
-            apply,
-            nats,
-        }) => {
-            let broker = nats.connect_required().await?;
-            let found = ctx
-                .with_database(async |pool| {
-                    let actor = acs_store::store::Actor::local_operator();
-                    Ok(
-                        lost_bodies::declare_lost(
-                            pool,
-                            &broker,
-                            &team,
-                            conversation,
-                            apply,
-                            &actor,
-                        )
-                        .await?,
-                    )
-                })
-                .await?;
-            print_declared_lost(&found, json)?;
-        }
-        ConversationsCommand::Migrate {
-            team,
-            to,
-            conversations,
-            apply,
-            tombstone_lost,
-            nats,
-        } => {
-            let direction = Direction::parse(&to)?;
-            let broker = nats.connect_required().await?;
-            ctx.with_database(async |pool| {
-                let team = teams::find(pool, &team).await?;
-                let backends = Backends::with_broker(pool.clone(), broker);
-                let plans =
-                    moves::plan(pool, &backends, team.id, direction, &conversations).await?;
-                if !apply {
-                    if json {
-                        output::json(&plans)?;
-                    } else {
-                        print_plans(&plans, direction);
-                    }
-                    return Ok(());
-                }
-                let actor = acs_store::store::Actor::local_operator();
-                let view = MoveView::new(direction, tombstone_lost, json);
-                let moved = moves::run_all(
-                    pool,
-                    &backends,
-                    team.id,
-                    direction,
-                    &plans,
-                    &actor,
-                    tombstone_lost,
-                    &|event| view.show(event),
-                )
-                .await;
-                if json {
-                    let outcomes: Vec<serde_json::Value> = plans
-                        .iter()
-                        .zip(&moved)
-                        .map(|(plan, moved)| moved_json(plan, moved))
-                        .collect();
-                    output::json(&outcomes)?;
-                }
-                let left = moved.iter().filter(|m| m.left_behind()).count();
-                if left > 0 {
-                    anyhow::bail!(
-                        "{left} of the {} conversation(s) asked for were not moved to {} \
-                         (refused or failed; each is named above with why)",
-                        moved.len(),
-                        direction.target()
-                    );
-                }
-                Ok(())
-            })
-            .await?;
-        }
+        } => tombstone(ctx, &team, conversation, seq, &reason, json).await,
+        ConversationsCommand::DeclareLost(args) => declare_lost(ctx, args, json).await,
+        ConversationsCommand::Migrate(args) => migrate(ctx, args, json).await,
         ConversationsCommand::Unpause { team, conversation } => {
-            let unpaused = ctx
-                .with_database(async |pool| {
-                    let team = teams::find(pool, &team).await?;
-                    let actor = acs_store::store::Actor::local_operator();
-                    Ok(moves::unpause(pool, team.id, conversation, &actor).await?)
-                })
-                .await?;
-            if json {
-                return output::json(&unpaused);
-            }
-            match unpaused.paused_seconds {
-                Some(s) => println!(
-                    "{conversation}: writes were paused {s} s with no move owning the pause; \
-                     lifted (audited)"
-                ),
-                None => println!("{conversation}: writes were not paused; nothing changed"),
-            }
+            unpause(ctx, &team, conversation, json).await
         }
         ConversationsCommand::Cleanup {
             team,
             rollback_window_hours,
             apply,
-        } => {
-            let report = ctx
-                .with_database(async |pool| {
-                    let team = teams::find(pool, &team).await?;
-                    Ok(moves::cleanup(pool, team.id, rollback_window_hours, apply).await?)
-                })
-                .await?;
-            if json {
-                return output::json(&report);
-            }
-            let verb = if report.applied {
-                "released"
-            } else {
-                "would release (run with --apply)"
+        } => cleanup(ctx, &team, rollback_window_hours, apply, json).await,
+    }
+}
+
+/// What `conversations status` reads of the team's streams: their
+/// conditions, why they could not be read, or nothing without a broker.
+type StreamConditions = Option<Result<Vec<broker_conditions::Reported>, String>>;
+
+async fn status(ctx: &Context, team: &str, nats: &NatsArgs, json: bool) -> anyhow::Result<()> {
+    // A broker that cannot be reached is reported, never a reason
+    // to withhold what PostgreSQL says.
+    let broker = nats.connect().await;
+    let (report, conditions) = ctx
+        .with_database(async |pool| {
+            let report = outbox::team_report(pool, team).await?;
+            let conditions: StreamConditions = match &broker {
+                Some(Ok(broker)) => {
+                    let found = teams::find(pool, team).await?;
+                    Some(
+                        broker_conditions::of_team(broker, found.id, &found.slug)
+                            .await
+                            .map_err(|e| e.to_string()),
+                    )
+                }
+                Some(Err(e)) => Some(Err(e.to_string())),
+                None => None,
             };
-            println!(
-                "{verb}: {} PostgreSQL copies of bodies moved to jetstream more than {} h ago, {} bytes",
-                report.messages, report.rollback_window_hours, report.bytes
+            Ok((report, conditions))
+        })
+        .await?;
+    if json {
+        let mut value = serde_json::to_value(&report)?;
+        value["broker_conditions"] = match &conditions {
+            Some(Ok(list)) => serde_json::to_value(list)?,
+            Some(Err(e)) => serde_json::json!({ "unknown": e }),
+            None => serde_json::Value::Null,
+        };
+        return output::json(&value);
+    }
+    print_status(&report, &conditions);
+    Ok(())
+}
+
+fn print_status(report: &outbox::TeamPublication, conditions: &StreamConditions) {
+    let o = &report.outbox;
+    println!(
+        "team `{}`: new conversations on {}",
+        report.team, report.conversation_backend
+    );
+    println!(
+        "outbox: {} pending, {} leased, {} failed, {} uncertain, {} bytes waiting, oldest {}",
+        o.pending,
+        o.leased,
+        o.failed,
+        o.uncertain,
+        o.pending_bytes,
+        o.oldest_pending_seconds
+            .map_or("-".to_string(), |s| format!("{s} s"))
+    );
+    match conditions {
+        Some(Ok(list)) if list.is_empty() => {
+            println!("broker: the team's streams are fine")
+        }
+        Some(Ok(list)) => {
+            for c in list {
+                println!(
+                    "broker: {} {}: {}\n  fix: {}",
+                    c.stream,
+                    c.condition.as_str(),
+                    c.why,
+                    c.fix
+                );
+            }
+        }
+        Some(Err(e)) => println!("broker: could not be checked ({e})"),
+        None => println!(
+            "broker: not checked (name it with --nats-url to see whether the team's \
+             streams are missing or full)"
+        ),
+    }
+    if report.conversations.is_empty() {
+        println!("every conversation is synchronous on postgres with nothing outstanding");
+    }
+    for c in &report.conversations {
+        let paused = c
+            .paused_seconds
+            .map_or(String::new(), |s| format!(", writes paused {s} s"));
+        println!(
+            "{}  {:<9} {:<6} {} pending, {} failed, {} uncertain{}  {}",
+            c.conversation_id,
+            c.backend,
+            c.publication,
+            c.pending,
+            c.failed,
+            c.uncertain,
+            paused,
+            c.title
+        );
+    }
+}
+
+async fn retry(ctx: &Context, args: SweepArgs, json: bool) -> anyhow::Result<()> {
+    let SweepArgs {
+        team,
+        conversation,
+        apply,
+        nats,
+    } = args;
+    let broker = nats.connect().await.transpose()?;
+    let report = ctx
+        .with_database(async |pool| {
+            let actor = acs_store::store::Actor::local_operator();
+            Ok(broker_conditions::retry_failed(
+                pool,
+                broker.as_ref(),
+                &team,
+                conversation,
+                apply,
+                &actor,
+            )
+            .await?)
+        })
+        .await?;
+    if json {
+        return output::json(&report);
+    }
+    let verb = if report.applied {
+        "put back to pending with fresh attempts (audited)"
+    } else {
+        "would be put back to pending (run with --apply)"
+    };
+    println!(
+        "team `{}`: {} failed message(s) {verb}",
+        report.team,
+        report.retried.len()
+    );
+    for m in &report.retried {
+        println!(
+            "  {} seq {} ({}): {}",
+            m.conversation_id,
+            m.seq,
+            m.message_id,
+            m.last_error.as_deref().unwrap_or("-")
+        );
+    }
+    if !report.not_recoverable.is_empty() {
+        println!(
+            "{} failed message(s) have no body held anywhere and cannot be retried; \
+             `conversations tombstone` explains the gap to readers",
+            report.not_recoverable.len()
+        );
+    }
+    Ok(())
+}
+
+async fn declare_lost(ctx: &Context, args: SweepArgs, json: bool) -> anyhow::Result<()> {
+    let SweepArgs {
+        team,
+        conversation,
+        apply,
+        nats,
+    } = args;
+    let broker = nats.connect_required().await?;
+    let found = ctx
+        .with_database(async |pool| {
+            let actor = acs_store::store::Actor::local_operator();
+            Ok(
+                lost_bodies::declare_lost(pool, &broker, &team, conversation, apply, &actor)
+                    .await?,
+            )
+        })
+        .await?;
+    print_declared_lost(&found, json)
+}
+
+async fn migrate(ctx: &Context, args: MigrateArgs, json: bool) -> anyhow::Result<()> {
+    let MigrateArgs {
+        team,
+        to,
+        conversations,
+        apply,
+        tombstone_lost,
+        nats,
+    } = args;
+    let direction = Direction::parse(&to)?;
+    let broker = nats.connect_required().await?;
+    ctx.with_database(async |pool| {
+        let team = teams::find(pool, &team).await?;
+        let backends = Backends::with_broker(pool.clone(), broker);
+        let plans = moves::plan(pool, &backends, team.id, direction, &conversations).await?;
+        if !apply {
+            if json {
+                output::json(&plans)?;
+            } else {
+                print_plans(&plans, direction);
+            }
+            return Ok(());
+        }
+        let actor = acs_store::store::Actor::local_operator();
+        let view = MoveView::new(direction, tombstone_lost, json);
+        let moved = moves::run_all(
+            pool,
+            &backends,
+            team.id,
+            direction,
+            &plans,
+            &actor,
+            tombstone_lost,
+            &|event| view.show(event),
+        )
+        .await;
+        if json {
+            let outcomes: Vec<serde_json::Value> = plans
+                .iter()
+                .zip(&moved)
+                .map(|(plan, moved)| moved_json(plan, moved))
+                .collect();
+            output::json(&outcomes)?;
+        }
+        let left = moved.iter().filter(|m| m.left_behind()).count();
+        if left > 0 {
+            anyhow::bail!(
+                "{left} of the {} conversation(s) asked for were not moved to {} \
+                 (refused or failed; each is named above with why)",
+                moved.len(),
+                direction.target()
             );
         }
+        Ok(())
+    })
+    .await
+}
+
+async fn unpause(ctx: &Context, team: &str, conversation: Uuid, json: bool) -> anyhow::Result<()> {
+    let unpaused = ctx
+        .with_database(async |pool| {
+            let team = teams::find(pool, team).await?;
+            let actor = acs_store::store::Actor::local_operator();
+            Ok(moves::unpause(pool, team.id, conversation, &actor).await?)
+        })
+        .await?;
+    if json {
+        return output::json(&unpaused);
     }
+    match unpaused.paused_seconds {
+        Some(s) => println!(
+            "{conversation}: writes were paused {s} s with no move owning the pause; \
+             lifted (audited)"
+        ),
+        None => println!("{conversation}: writes were not paused; nothing changed"),
+    }
+    Ok(())
+}
+
+async fn cleanup(
+    ctx: &Context,
+    team: &str,
+    rollback_window_hours: i64,
+    apply: bool,
+    json: bool,
+) -> anyhow::Result<()> {
+    let report = ctx
+        .with_database(async |pool| {
+            let team = teams::find(pool, team).await?;
+            Ok(moves::cleanup(pool, team.id, rollback_window_hours, apply).await?)
+        })
+        .await?;
+    if json {
+        return output::json(&report);
+    }
+    let verb = if report.applied {
+        "released"
+    } else {
+        "would release (run with --apply)"
+    };
+    println!(
+        "{verb}: {} PostgreSQL copies of bodies moved to jetstream more than {} h ago, {} bytes",
+        report.messages, report.rollback_window_hours, report.bytes
+    );
     Ok(())
 }
 
