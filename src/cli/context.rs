@@ -56,15 +56,11 @@ pub enum ContextCommand {
     Show {
         #[command(flatten)]
         bus: BusArgs,
-        #[arg(long)]
-        json: bool,
     },
     /// Call whoami with what applies here, and check it is the team and agent expected.
     Verify {
         #[command(flatten)]
         bus: BusArgs,
-        #[arg(long)]
-        json: bool,
     },
     /// Answer a host's hook: read its JSON on stdin, print what the host takes (Claude Code's
     /// format). Speaks as the `mcp proxy` window of that host conversation; without one it
@@ -114,20 +110,29 @@ pub enum ProfileCommand {
         default: bool,
     },
     /// List the profiles (never their tokens).
-    List {
-        #[arg(long)]
-        json: bool,
-    },
+    List,
     /// Make a profile the default.
     Default { name: String },
     /// Remove a profile (its token is forgotten here, not revoked on the server).
     Remove { name: String },
 }
 
-pub async fn run(command: ContextCommand) -> anyhow::Result<()> {
+impl ContextCommand {
+    /// `show`, `verify` and `profile list` print JSON with `--json`.
+    pub(super) fn has_json_form(&self) -> bool {
+        matches!(
+            self,
+            ContextCommand::Show { .. }
+                | ContextCommand::Verify { .. }
+                | ContextCommand::Profile(ProfileCommand::List)
+        )
+    }
+}
+
+pub async fn run(command: ContextCommand, json: bool) -> anyhow::Result<()> {
     match command {
-        ContextCommand::Show { bus, json } => show(&bus.resolve()?, json),
-        ContextCommand::Verify { bus, json } => verify(&bus.resolve()?, json).await,
+        ContextCommand::Show { bus } => show(&bus.resolve()?, json),
+        ContextCommand::Verify { bus } => verify(&bus.resolve()?, json).await,
         ContextCommand::Hook { event } => {
             hook(event).await;
             // Exit here: a stdin read cut off by the deadline would hold the
@@ -136,7 +141,7 @@ pub async fn run(command: ContextCommand) -> anyhow::Result<()> {
             let _ = std::io::stdout().flush();
             std::process::exit(0)
         }
-        ContextCommand::Profile(command) => profile(command),
+        ContextCommand::Profile(command) => profile(command, json),
         ContextCommand::SetProject {
             profile,
             project,
@@ -244,7 +249,7 @@ async fn verify(resolved: &Resolved, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn profile(command: ProfileCommand) -> anyhow::Result<()> {
+fn profile(command: ProfileCommand, json: bool) -> anyhow::Result<()> {
     let mut profiles = Profiles::load()?;
     match command {
         ProfileCommand::Add {
@@ -276,7 +281,7 @@ fn profile(command: ProfileCommand) -> anyhow::Result<()> {
                 profiles.file().display()
             );
         }
-        ProfileCommand::List { json } => {
+        ProfileCommand::List => {
             let rows: Vec<_> = profiles
                 .profiles
                 .iter()

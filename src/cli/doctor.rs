@@ -23,15 +23,15 @@ mod broker;
 mod hosts;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
 use serde::Serialize;
 use sqlx::PgPool;
 
+use super::args::NatsArgs;
 use super::{COMMAND_CONNECTIONS, Context, output};
-use acs_store::db::embedded::{EmbeddedError, EmbeddedPostgres};
+use acs_store::db::embedded::{EmbeddedError, EmbeddedPostgres, EmbeddedStatus};
 use acs_store::db::schema::{self, MigrationInfo};
 use acs_store::error::BusError;
 use acs_store::store::identity::admin::Authority;
@@ -47,6 +47,7 @@ const CLOCK_SKEW_WARN: Duration = Duration::from_secs(2);
 const EVENTS_WITHIN: Duration = Duration::from_secs(5);
 
 #[derive(Args, Debug)]
+#[command(mut_arg("nats_credentials", |a| a.requires("nats_url")))]
 pub struct DoctorArgs {
     /// The address `serve` listens on (as `serve --bind`), to check the allowed hosts against.
     #[arg(long, env = "BUS_BIND", default_value = super::serve::DEFAULT_BIND)]
@@ -54,23 +55,11 @@ pub struct DoctorArgs {
     /// The Host names `serve` allows (as `serve --allowed-hosts`; comma-separated).
     #[arg(long, env = "BUS_ALLOWED_HOSTS", value_delimiter = ',')]
     allowed_hosts: Vec<String>,
-    /// The NATS server `serve` routes bodies to (as `serve --nats-url`); checked when given.
-    #[arg(long, env = "BUS_NATS_URL", hide_env_values = true)]
-    nats_url: Option<String>,
-    /// NATS credentials file (.creds) for --nats-url.
-    #[arg(
-        long,
-        env = "BUS_NATS_CREDENTIALS",
-        hide_env_values = true,
-        requires = "nats_url"
-    )]
-    nats_credentials: Option<PathBuf>,
+    #[command(flatten)]
+    nats: NatsArgs,
     /// Exit 1 on warnings too (by default only a failure does).
     #[arg(long)]
     strict: bool,
-    /// Print the checks as a JSON array of {check, status, verdict, action}.
-    #[arg(long)]
-    json: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -118,7 +107,7 @@ fn check(
 
 const NOTHING_TO_DO: &str = "nothing to do";
 
-pub async fn run(ctx: &Context, args: DoctorArgs) -> anyhow::Result<()> {
+pub async fn run(ctx: &Context, args: DoctorArgs, json: bool) -> anyhow::Result<()> {
     let mut checks = Vec::new();
     let db = open_database(ctx, &mut checks).await;
     let pool = db.as_ref().map(|db| &db.pool);
@@ -146,7 +135,7 @@ pub async fn run(ctx: &Context, args: DoctorArgs) -> anyhow::Result<()> {
         db.close().await;
     }
 
-    if args.json {
+    if json {
         output::json(&checks)?;
     } else {
         let width = checks.iter().map(|c| c.check.len()).max().unwrap_or(0);
@@ -198,86 +187,8 @@ async fn open_database(ctx: &Context, checks: &mut Vec<Check>) -> Option<acs_sto
         let inspected = tokio::task::spawn_blocking(move || EmbeddedPostgres::inspect(&dir))
             .await
             .expect("inspecting the embedded cluster does not panic");
-        let usable = match inspected {
-            Err(EmbeddedError::NoBinaries { searched }) => {
-                checks.push(check(
-                    "embedded",
-                    Status::Fail,
-                    format!(
-                        "no DATABASE_URL, and no PostgreSQL server binaries (initdb, pg_ctl) \
-                         {searched}"
-                    ),
-                    "install them (Debian/Ubuntu: `apt-get install postgresql`, or `scripts/run` \
-                     from a source checkout; Fedora: `dnf install postgresql-server`; macOS: \
-                     `brew install postgresql`), or set DATABASE_URL to a PostgreSQL you run",
-                ));
-                false
-            }
-            Err(err) => {
-                checks.push(check(
-                    "embedded",
-                    Status::Fail,
-                    format!("the embedded PostgreSQL cannot be used: {err}"),
-                    "fix that, or set DATABASE_URL to a PostgreSQL you run",
-                ));
-                false
-            }
-            Ok(state) if !state.initialized => {
-                checks.push(check(
-                    "embedded",
-                    Status::Warn,
-                    format!(
-                        "no DATABASE_URL, and no cluster in {} yet",
-                        state.data_dir.join("pgdata").display()
-                    ),
-                    "the first `ai-crew-sync serve` (or `quickstart`) creates it; if the bus's \
-                     data is elsewhere, pass --data-dir (BUS_DATA_DIR) or DATABASE_URL",
-                ));
-                false
-            }
-            Ok(state) => {
-                let pgdata = state.data_dir.join("pgdata");
-                let users = state.users.len();
-                let (status, verdict, action) = match (state.running, state.owner) {
-                    (false, _) => (
-                        Status::Ok,
-                        format!(
-                            "stopped (cluster in {}); doctor starts it for these checks and \
-                             stops it again",
-                            pgdata.display()
-                        ),
-                        "nothing to do: `serve` and every command start it when needed".to_owned(),
-                    ),
-                    (true, Some((pid, true))) => (
-                        Status::Ok,
-                        format!(
-                            "running (cluster in {}), owned by process {pid}, which stops it \
-                             when done; {users} process(es) registered as using it",
-                            pgdata.display()
-                        ),
-                        NOTHING_TO_DO.to_owned(),
-                    ),
-                    (true, owner) => (
-                        Status::Warn,
-                        format!(
-                            "running (cluster in {}), but {}",
-                            pgdata.display(),
-                            match owner {
-                                Some((pid, _)) => format!("its owner, process {pid}, is gone"),
-                                None => "no process is recorded as its owner".to_owned(),
-                            }
-                        ),
-                        format!(
-                            "nothing breaks: the next command or `serve` adopts it and stops it \
-                             when done; to stop it now, `pg_ctl stop -D {}`",
-                            pgdata.display()
-                        ),
-                    ),
-                };
-                checks.push(check("embedded", status, verdict, action));
-                true
-            }
-        };
+        let (line, usable) = embedded_check(inspected);
+        checks.push(line);
         if !usable {
             checks.push(check(
                 "database",
@@ -313,6 +224,88 @@ async fn open_database(ctx: &Context, checks: &mut Vec<Check>) -> Option<acs_sto
             None
         }
     }
+}
+
+/// The embedded cluster's line, and whether it holds a database to connect to.
+fn embedded_check(inspected: Result<EmbeddedStatus, EmbeddedError>) -> (Check, bool) {
+    let state = match inspected {
+        Err(EmbeddedError::NoBinaries { searched }) => {
+            let line = check(
+                "embedded",
+                Status::Fail,
+                format!(
+                    "no DATABASE_URL, and no PostgreSQL server binaries (initdb, pg_ctl) \
+                     {searched}"
+                ),
+                "install them (Debian/Ubuntu: `apt-get install postgresql`, or `scripts/run` \
+                 from a source checkout; Fedora: `dnf install postgresql-server`; macOS: \
+                 `brew install postgresql`), or set DATABASE_URL to a PostgreSQL you run",
+            );
+            return (line, false);
+        }
+        Err(err) => {
+            let line = check(
+                "embedded",
+                Status::Fail,
+                format!("the embedded PostgreSQL cannot be used: {err}"),
+                "fix that, or set DATABASE_URL to a PostgreSQL you run",
+            );
+            return (line, false);
+        }
+        Ok(state) => state,
+    };
+    if !state.initialized {
+        let line = check(
+            "embedded",
+            Status::Warn,
+            format!(
+                "no DATABASE_URL, and no cluster in {} yet",
+                state.data_dir.join("pgdata").display()
+            ),
+            "the first `ai-crew-sync serve` (or `quickstart`) creates it; if the bus's \
+             data is elsewhere, pass --data-dir (BUS_DATA_DIR) or DATABASE_URL",
+        );
+        return (line, false);
+    }
+    let pgdata = state.data_dir.join("pgdata");
+    let users = state.users.len();
+    let (status, verdict, action) = match (state.running, state.owner) {
+        (false, _) => (
+            Status::Ok,
+            format!(
+                "stopped (cluster in {}); doctor starts it for these checks and \
+                 stops it again",
+                pgdata.display()
+            ),
+            "nothing to do: `serve` and every command start it when needed".to_owned(),
+        ),
+        (true, Some((pid, true))) => (
+            Status::Ok,
+            format!(
+                "running (cluster in {}), owned by process {pid}, which stops it \
+                 when done; {users} process(es) registered as using it",
+                pgdata.display()
+            ),
+            NOTHING_TO_DO.to_owned(),
+        ),
+        (true, owner) => (
+            Status::Warn,
+            format!(
+                "running (cluster in {}), but {}",
+                pgdata.display(),
+                match owner {
+                    Some((pid, _)) => format!("its owner, process {pid}, is gone"),
+                    None => "no process is recorded as its owner".to_owned(),
+                }
+            ),
+            format!(
+                "nothing breaks: the next command or `serve` adopts it and stops it \
+                 when done; to stop it now, `pg_ctl stop -D {}`",
+                pgdata.display()
+            ),
+        ),
+    };
+    (check("embedded", status, verdict, action), true)
 }
 
 /// At most five names, then how many more.

@@ -20,7 +20,7 @@ mod serve;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use acs_store::db::Database;
 use acs_store::db::embedded::EmbeddedPostgres;
@@ -74,6 +74,12 @@ pub struct Cli {
     )]
     log_format: LogFormat,
 
+    /// Print JSON instead of text, for scripts (client: the tool's answer as it came; doctor:
+    /// the checks as [{check, status, verdict, action}]). Refused by a command that has no
+    /// JSON form.
+    #[arg(long, global = true)]
+    json: bool,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -97,7 +103,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Apply database migrations, then exit (--dry-run: list them, apply nothing).
     Migrate(MigrateArgs),
-    /// Check the database, schema, events, clock, outbox, broker, streams and allowed hosts.
+    /// Check the database, schema, events, clock, outbox, allowed hosts, and with --nats-url the
+    /// broker and streams.
     Doctor(doctor::DoctorArgs),
     /// Create a team and an agent (reusing existing ones), print a token and an MCP client config.
     Quickstart(operator::QuickstartArgs),
@@ -143,6 +150,59 @@ enum Command {
     Man(generate::ManArgs),
 }
 
+impl Command {
+    /// Whether the command has a JSON form for `--json`. The others refuse the
+    /// flag, as they did when each command declared it for itself.
+    fn has_json_form(&self) -> bool {
+        match self {
+            Command::Doctor(_)
+            | Command::Quickstart(_)
+            | Command::Team(_)
+            | Command::Agent(_)
+            | Command::Conversations(_)
+            | Command::Token(_)
+            | Command::Webhook(_)
+            | Command::Client(_) => true,
+            Command::Admin(command) => command.has_json_form(),
+            Command::Context(command) => command.has_json_form(),
+            Command::Serve(_)
+            | Command::Migrate(_)
+            | Command::McpConfig(_)
+            | Command::Mcp(_)
+            | Command::ProxyConfig(_)
+            | Command::Recipes { .. }
+            | Command::Completions(_)
+            | Command::Man(_) => false,
+        }
+    }
+}
+
+/// Parse the command line as clap does, and refuse `--json` where the
+/// command has no JSON form with clap's own words and exit code.
+fn parse() -> Cli {
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches)
+        .unwrap_or_else(|err| err.format(&mut Cli::command()).exit());
+    if cli.json && !cli.command.has_json_form() {
+        let mut command = Cli::command();
+        command.build();
+        let mut leaf = &mut command;
+        let mut at = &matches;
+        while let Some((name, sub)) = at.subcommand() {
+            leaf = leaf
+                .find_subcommand_mut(name)
+                .expect("a parsed subcommand is one of the command's");
+            at = sub;
+        }
+        leaf.error(
+            clap::error::ErrorKind::UnknownArgument,
+            "unexpected argument '--json' found",
+        )
+        .exit();
+    }
+    cli
+}
+
 /// A command whose reader goes away (`ai-crew-sync client call … | head`)
 /// ends as other Unix tools do, by SIGPIPE, instead of panicking on the
 /// next print: Rust ignores SIGPIPE, so `println!` would fail. Not for the
@@ -161,7 +221,7 @@ pub fn main() -> ExitCode {
         eprintln!("error: {err:#}");
         return ExitCode::FAILURE;
     }
-    let cli = Cli::parse();
+    let cli = parse();
     if !matches!(cli.command, Command::Serve(_) | Command::Mcp(_)) {
         die_quietly_on_a_closed_pipe();
     }
@@ -187,6 +247,7 @@ pub fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    let json = cli.json;
     let ctx = Context {
         database_url: cli.database_url,
         data_dir: cli
@@ -201,16 +262,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             db.close().await;
             result
         }
-        Command::Doctor(args) => doctor::run(&ctx, args).await,
-        Command::Quickstart(args) => operator::quickstart(&ctx, args).await,
-        Command::Team(cmd) => operator::team::run(&ctx, cmd).await,
-        Command::Agent(cmd) => operator::agent(&ctx, cmd).await,
-        Command::Conversations(cmd) => conversations::run(&ctx, cmd).await,
-        Command::Token(cmd) => operator::token(&ctx, cmd).await,
-        Command::Webhook(cmd) => operator::webhook::run(&ctx, cmd).await,
-        Command::Admin(cmd) => admin::run(&ctx, cmd).await,
-        Command::Client(args) => client::run(args).await,
-        Command::Context(command) => context::run(command).await,
+        Command::Doctor(args) => doctor::run(&ctx, args, json).await,
+        Command::Quickstart(args) => operator::quickstart(&ctx, args, json).await,
+        Command::Team(cmd) => operator::team::run(&ctx, cmd, json).await,
+        Command::Agent(cmd) => operator::agent(&ctx, cmd, json).await,
+        Command::Conversations(cmd) => conversations::run(&ctx, cmd, json).await,
+        Command::Token(cmd) => operator::token(&ctx, cmd, json).await,
+        Command::Webhook(cmd) => operator::webhook::run(&ctx, cmd, json).await,
+        Command::Admin(cmd) => admin::run(&ctx, cmd, json).await,
+        Command::Client(args) => client::run(args, json).await,
+        Command::Context(command) => context::run(command, json).await,
         Command::Mcp(command) => proxy::run(command).await,
         Command::ProxyConfig(args) => proxy::config(args),
         Command::Recipes { name } => recipes::run(name),

@@ -12,6 +12,7 @@ use clap::builder::TypedValueParser;
 use tokio_util::sync::CancellationToken;
 
 use super::Context;
+use super::args::NatsArgs;
 use acs_server::app::{App, AppSettings, BrokerSettings};
 use acs_server::config::{self, DashboardCookie, HttpSettings};
 use acs_server::http;
@@ -32,6 +33,7 @@ const SERVER_CONNECTIONS: u32 = 32;
 const RESERVED_DESCRIPTORS: u64 = SERVER_CONNECTIONS as u64 + 96;
 
 #[derive(Args, Debug)]
+#[command(mut_arg("nats_credentials", |a| a.requires("nats_url")))]
 pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, env = "BUS_BIND", default_value = DEFAULT_BIND)]
@@ -134,21 +136,8 @@ pub struct ServeArgs {
     /// Seconds between event-listener pings (how fast /health notices a silent listener).
     #[arg(long, env = "BUS_EVENT_PING_SECS", default_value_t = acs_server::app::DEFAULT_EVENT_PING.as_secs(), value_parser = clap::value_parser!(u64).range(1..=3600))]
     event_ping_secs: u64,
-    /// NATS server with JetStream for conversation bodies (teams routed to `jetstream`); for a
-    /// JetStream cluster, several of its servers comma-separated (nats://a:4222,nats://b:4222):
-    /// any that answers is used, and another when it goes away. Without it, nothing can be
-    /// routed to jetstream. A URL with a user, password or token goes in BUS_NATS_URL or
-    /// --nats-url-file PATH (as a flag it is refused), or use --nats-credentials.
-    #[arg(long, env = "BUS_NATS_URL", hide_env_values = true)]
-    nats_url: Option<String>,
-    /// NATS credentials file (.creds) for --nats-url.
-    #[arg(
-        long,
-        env = "BUS_NATS_CREDENTIALS",
-        hide_env_values = true,
-        requires = "nats_url"
-    )]
-    nats_credentials: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    nats: NatsArgs,
     /// Run the publication workers (outbox drain, reconciler, body sweep) in this process.
     #[arg(long, env = "BUS_PUBLICATION_WORKER", default_value_t = true, action = clap::ArgAction::Set)]
     publication_worker: bool,
@@ -275,11 +264,11 @@ async fn serve_on(
         dashboard_secret: args.dashboard_secret.clone(),
         dashboard_cookie: DashboardCookie::for_listener(local.ip(), args.dashboard_plain_http),
     };
-    let broker = match &args.nats_url {
+    let broker = match &args.nats.nats_url {
         None => BrokerSettings::Off,
         Some(url) => BrokerSettings::Connect {
             url: url.clone(),
-            credentials: args.nats_credentials.clone(),
+            credentials: args.nats.nats_credentials.clone(),
         },
     };
     let settings = AppSettings {

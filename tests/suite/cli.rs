@@ -281,6 +281,43 @@ async fn quickstart_prints_a_token_and_a_client_config_and_reuses_on_rerun() {
     );
 }
 
+/// `--json` is one flag of the whole command line: the same JSON whether it
+/// comes after the command, before it or between its words; and a command
+/// with no JSON form refuses it before running, as clap refuses an unknown
+/// flag (exit 2).
+// Breakage: without the refusal in `cli::parse`, `migrate --json` migrates
+// and exits 0, and `recipes --json` prints the recipes.
+#[tokio::test]
+async fn json_is_taken_anywhere_on_the_line_and_refused_where_there_is_no_json_form() {
+    let db = fresh_database_url().await;
+    ok_json(
+        &db,
+        &[
+            "team", "create", "--slug", "acme", "--name", "Acme", "--json",
+        ],
+    );
+    let after = ok_json(&db, &["team", "list", "--json"]);
+    assert_eq!(after[0]["slug"], "acme", "{after}");
+    assert_eq!(ok_json(&db, &["--json", "team", "list"]), after);
+    assert_eq!(ok_json(&db, &["team", "--json", "list"]), after);
+
+    for args in [
+        &["migrate", "--json"][..],
+        &["--json", "recipes"],
+        &["admin", "logout", "--json"],
+        &["completions", "bash", "--json"],
+    ] {
+        let out = bus(&db, args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("unexpected argument '--json' found"),
+            "{args:?}: {stderr}"
+        );
+        assert!(out.stdout.is_empty(), "{args:?} ran: {out:?}");
+    }
+}
+
 /// Every command path under `path` (its `--help` lists subcommands under
 /// "Commands:"), `path` included.
 fn command_paths(env: &[(&str, &str)], path: Vec<String>, out: &mut Vec<Vec<String>>) {

@@ -171,6 +171,14 @@ async fn a_profile_keeps_the_token_private_and_the_client_speaks_as_it() {
     )
     .unwrap();
     assert_eq!(me["agent"], "alice");
+    // `--json` belongs to the whole command line: before the command too.
+    let me_again: Value = serde_json::from_str(
+        &machine
+            .ok(nowhere.path(), &["--json", "client", "whoami"])
+            .await,
+    )
+    .unwrap();
+    assert_eq!(me_again["agent"], "alice");
 }
 
 #[tokio::test]

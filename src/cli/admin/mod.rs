@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 
 use self::remote::Remote;
 use super::Context;
-use super::args::{AgentArgs, TeamArgs};
+use super::args::{AgentArgs, TeamArgs, TeamCreateArgs, TokenIssueArgs};
 use super::output;
 use acs_store::store::{Actor, identity::admin};
 
@@ -32,8 +32,6 @@ pub enum AdminCommand {
         /// Mint another even though a live global credential exists.
         #[arg(long)]
         force: bool,
-        #[arg(long)]
-        json: bool,
     },
     /// Store a server URL and admin credential (read from a hidden prompt or stdin).
     Login {
@@ -44,10 +42,7 @@ pub enum AdminCommand {
     /// Forget the stored admin credential.
     Logout,
     /// Show which admin credential is in use and its scope.
-    Whoami {
-        #[arg(long)]
-        json: bool,
-    },
+    Whoami,
     /// Teams.
     #[command(subcommand)]
     Team(RemoteTeam),
@@ -63,8 +58,6 @@ pub enum AdminCommand {
         team: Option<String>,
         #[arg(long)]
         label: Option<String>,
-        #[arg(long)]
-        json: bool,
     },
     /// Admin credentials (global only).
     #[command(subcommand)]
@@ -73,18 +66,8 @@ pub enum AdminCommand {
 
 #[derive(Subcommand, Debug)]
 pub enum RemoteTeam {
-    Create {
-        #[arg(long)]
-        slug: String,
-        #[arg(long)]
-        name: String,
-        #[arg(long)]
-        json: bool,
-    },
-    List {
-        #[arg(long)]
-        json: bool,
-    },
+    Create(TeamCreateArgs),
+    List,
 }
 
 #[derive(Subcommand, Debug)]
@@ -100,44 +83,35 @@ pub enum RemoteAgent {
 pub enum RemoteToken {
     /// Issue a token, verify it answers `whoami` as the requested agent and
     /// team (revoking it otherwise), and print it once.
-    Issue {
-        #[arg(long)]
-        team: String,
-        #[arg(long)]
-        agent: String,
-        #[arg(long)]
-        label: Option<String>,
-        #[arg(long)]
-        json: bool,
-    },
+    Issue(TokenIssueArgs),
     List(TeamArgs),
     Revoke {
         #[arg(long)]
         team: String,
         #[arg(long)]
         id: String,
-        #[arg(long)]
-        json: bool,
     },
 }
 
 #[derive(Subcommand, Debug)]
 pub enum RemoteCredential {
-    List {
-        #[arg(long)]
-        json: bool,
-    },
+    List,
     Revoke {
         #[arg(long)]
         id: String,
-        #[arg(long)]
-        json: bool,
     },
 }
 
-pub async fn run(ctx: &Context, command: AdminCommand) -> anyhow::Result<()> {
+impl AdminCommand {
+    /// Every admin command but `login` and `logout` prints JSON with `--json`.
+    pub(super) fn has_json_form(&self) -> bool {
+        !matches!(self, AdminCommand::Login { .. } | AdminCommand::Logout)
+    }
+}
+
+pub async fn run(ctx: &Context, command: AdminCommand, json: bool) -> anyhow::Result<()> {
     match command {
-        AdminCommand::Bootstrap { label, force, json } => {
+        AdminCommand::Bootstrap { label, force } => {
             let actor = Actor::local_operator();
             let issued = ctx
                 .with_database(async |pool| {
@@ -159,7 +133,7 @@ pub async fn run(ctx: &Context, command: AdminCommand) -> anyhow::Result<()> {
         }
         AdminCommand::Login { url } => remote::login(&url).await,
         AdminCommand::Logout => remote::logout(),
-        AdminCommand::Whoami { json } => {
+        AdminCommand::Whoami => {
             let me = Remote::load()?
                 .call(Method::GET, "/admin/whoami", None)
                 .await?;
@@ -174,10 +148,10 @@ pub async fn run(ctx: &Context, command: AdminCommand) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        AdminCommand::Team(command) => team(command).await,
-        AdminCommand::Agent(command) => agent(command).await,
-        AdminCommand::Token(command) => token(command).await,
-        AdminCommand::Grant { team, label, json } => {
+        AdminCommand::Team(command) => team(command, json).await,
+        AdminCommand::Agent(command) => agent(command, json).await,
+        AdminCommand::Token(command) => token(command, json).await,
+        AdminCommand::Grant { team, label } => {
             let body = json!({ "team": team, "label": label });
             let issued = Remote::load()?
                 .call(Method::POST, "/admin/credentials", Some(body))
@@ -193,14 +167,14 @@ pub async fn run(ctx: &Context, command: AdminCommand) -> anyhow::Result<()> {
             println!("  {}", issued["credential"].as_str().unwrap_or_default());
             Ok(())
         }
-        AdminCommand::Credential(command) => credential(command).await,
+        AdminCommand::Credential(command) => credential(command, json).await,
     }
 }
 
-async fn team(command: RemoteTeam) -> anyhow::Result<()> {
+async fn team(command: RemoteTeam, json: bool) -> anyhow::Result<()> {
     let remote = Remote::load()?;
     match command {
-        RemoteTeam::Create { slug, name, json } => {
+        RemoteTeam::Create(TeamCreateArgs { slug, name }) => {
             let team = remote
                 .call(
                     Method::POST,
@@ -215,7 +189,7 @@ async fn team(command: RemoteTeam) -> anyhow::Result<()> {
                 )
             })
         }
-        RemoteTeam::List { json } => {
+        RemoteTeam::List => {
             let teams = remote.call(Method::GET, "/admin/teams", None).await?;
             print_or(json, &teams, || {
                 output::table(
@@ -234,17 +208,17 @@ async fn team(command: RemoteTeam) -> anyhow::Result<()> {
     }
 }
 
-async fn agent(command: RemoteAgent) -> anyhow::Result<()> {
+async fn agent(command: RemoteAgent, json: bool) -> anyhow::Result<()> {
     let remote = Remote::load()?;
     match command {
-        RemoteAgent::Add(AgentArgs { team, name, json }) => {
+        RemoteAgent::Add(AgentArgs { team, name }) => {
             let path = format!("/admin/teams/{}/agents", segment(&team));
             let issued = remote
                 .call(Method::POST, &path, Some(json!({ "name": name })))
                 .await?;
             print_or(json, &issued, || print_issued_token(&issued))
         }
-        RemoteAgent::List(TeamArgs { team, json }) => {
+        RemoteAgent::List(TeamArgs { team }) => {
             let agents = remote
                 .call(
                     Method::GET,
@@ -266,10 +240,10 @@ async fn agent(command: RemoteAgent) -> anyhow::Result<()> {
                 )
             })
         }
-        RemoteAgent::Disable(AgentArgs { team, name, json }) => {
+        RemoteAgent::Disable(AgentArgs { team, name }) => {
             set_disabled(&remote, &team, &name, true, json).await
         }
-        RemoteAgent::Enable(AgentArgs { team, name, json }) => {
+        RemoteAgent::Enable(AgentArgs { team, name }) => {
             set_disabled(&remote, &team, &name, false, json).await
         }
     }
@@ -299,15 +273,10 @@ async fn set_disabled(
     })
 }
 
-async fn token(command: RemoteToken) -> anyhow::Result<()> {
+async fn token(command: RemoteToken, json: bool) -> anyhow::Result<()> {
     let remote = Remote::load()?;
     match command {
-        RemoteToken::Issue {
-            team,
-            agent,
-            label,
-            json,
-        } => {
+        RemoteToken::Issue(TokenIssueArgs { team, agent, label }) => {
             let path = format!("/admin/teams/{}/tokens", segment(&team));
             let issued = remote
                 .call(
@@ -319,7 +288,7 @@ async fn token(command: RemoteToken) -> anyhow::Result<()> {
             verify_issued_token(&remote, &issued).await?;
             print_or(json, &issued, || print_issued_token(&issued))
         }
-        RemoteToken::List(TeamArgs { team, json }) => {
+        RemoteToken::List(TeamArgs { team }) => {
             let tokens = remote
                 .call(
                     Method::GET,
@@ -342,7 +311,7 @@ async fn token(command: RemoteToken) -> anyhow::Result<()> {
                 )
             })
         }
-        RemoteToken::Revoke { team, id, json } => {
+        RemoteToken::Revoke { team, id } => {
             let path = format!("/admin/teams/{}/tokens/{}", segment(&team), segment(&id));
             let revoked = remote.call(Method::DELETE, &path, None).await?;
             print_or(json, &revoked, || {
@@ -356,10 +325,10 @@ async fn token(command: RemoteToken) -> anyhow::Result<()> {
     }
 }
 
-async fn credential(command: RemoteCredential) -> anyhow::Result<()> {
+async fn credential(command: RemoteCredential, json: bool) -> anyhow::Result<()> {
     let remote = Remote::load()?;
     match command {
-        RemoteCredential::List { json } => {
+        RemoteCredential::List => {
             let list = remote.call(Method::GET, "/admin/credentials", None).await?;
             print_or(json, &list, || {
                 output::table(
@@ -376,7 +345,7 @@ async fn credential(command: RemoteCredential) -> anyhow::Result<()> {
                 )
             })
         }
-        RemoteCredential::Revoke { id, json } => {
+        RemoteCredential::Revoke { id } => {
             let revoked = remote
                 .call(
                     Method::DELETE,

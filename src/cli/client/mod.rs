@@ -53,9 +53,6 @@ pub struct ClientArgs {
     /// Window label, sent as X-Crew-Session (omit for the agent's shared window).
     #[arg(long, env = "BUS_SESSION", global = true)]
     session: Option<String>,
-    /// Print the tool's JSON answer instead of text.
-    #[arg(long, global = true)]
-    json: bool,
     #[command(subcommand)]
     command: ClientCommand,
 }
@@ -113,7 +110,7 @@ enum ClientCommand {
 }
 
 /// Run one client command against the bus.
-pub async fn run(args: ClientArgs) -> anyhow::Result<()> {
+pub async fn run(args: ClientArgs, json: bool) -> anyhow::Result<()> {
     let resolved = args.bus.resolve()?;
     let token = resolved.token()?;
     let mut command = args.command;
@@ -133,7 +130,7 @@ pub async fn run(args: ClientArgs) -> anyhow::Result<()> {
     }
     let request = prepare(command)?;
     let connection = Connection::open(&resolved.url.value, token, args.session.as_deref()).await?;
-    let result = execute(&connection, request, args.json).await;
+    let result = execute(&connection, request, json).await;
     connection.close().await;
     result
 }

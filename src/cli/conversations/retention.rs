@@ -21,17 +21,14 @@ pub struct RetentionArgs {
     /// Keep its messages for ever (clears the retention).
     #[arg(long)]
     forever: bool,
-    #[arg(long)]
-    json: bool,
 }
 
-pub(super) async fn run(ctx: &Context, args: RetentionArgs) -> anyhow::Result<()> {
+pub(super) async fn run(ctx: &Context, args: RetentionArgs, json: bool) -> anyhow::Result<()> {
     let RetentionArgs {
         team,
         conversation,
         days,
         forever: _,
-        json,
     } = args;
     let scope = Authority::local().team(&team)?;
     let set = ctx

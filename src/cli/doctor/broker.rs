@@ -33,35 +33,12 @@ pub(super) async fn broker_checks(
         },
         None => None,
     };
-    let Some(url) = &args.nats_url else {
-        let routed: Vec<&str> = teams
-            .iter()
-            .flatten()
-            .filter(|t| t.routed)
-            .map(|t| t.slug.as_str())
-            .collect();
-        if routed.is_empty() {
-            checks.push(check(
-                "broker",
-                Status::Ok,
-                "not configured (no --nats-url or BUS_NATS_URL): bodies stay on PostgreSQL",
-                NOTHING_TO_DO,
-            ));
-        } else {
-            checks.push(check(
-                "broker",
-                Status::Warn,
-                format!(
-                    "not configured, but team(s) {} keep conversation bodies on JetStream: \
-                     neither the broker nor their streams were checked",
-                    routed.join(", ")
-                ),
-                "pass --nats-url (or BUS_NATS_URL) and --nats-credentials as `serve` has them",
-            ));
-        }
+    let nats = &args.nats;
+    let Some(url) = &nats.nats_url else {
+        checks.push(not_configured_check(teams.as_deref()));
         return;
     };
-    let broker = match Broker::connect_to_inspect(url, args.nats_credentials.as_deref()).await {
+    let broker = match Broker::connect_to_inspect(url, nats.nats_credentials.as_deref()).await {
         Ok(broker) => broker,
         Err(err) => {
             let action = match err {
@@ -89,28 +66,7 @@ pub(super) async fn broker_checks(
         format!("{} answers, with JetStream", broker.url()),
         NOTHING_TO_DO,
     ));
-    let max_payload = broker.max_payload();
-    checks.push(if max_payload >= REQUIRED_MAX_PAYLOAD {
-        check(
-            "max_payload",
-            Status::Ok,
-            format!(
-                "{max_payload} bytes per message: a full body plus headers \
-                 ({REQUIRED_MAX_PAYLOAD} bytes) fits"
-            ),
-            NOTHING_TO_DO,
-        )
-    } else {
-        check(
-            "max_payload",
-            Status::Fail,
-            format!(
-                "the broker takes at most {max_payload} bytes per message, below \
-                 {REQUIRED_MAX_PAYLOAD} (a full 1 MiB body plus headers): `serve` refuses it"
-            ),
-            "raise it in nats-server.conf (`max_payload: 2MB`) and restart nats-server",
-        )
-    });
+    checks.push(max_payload_check(broker.max_payload()));
     let Some(teams) = teams else {
         checks.push(check(
             "streams",
@@ -131,6 +87,60 @@ pub(super) async fn broker_checks(
     for team in &teams {
         checks.push(team_streams_check(&broker, team, url).await);
     }
+}
+
+/// The broker's line without a NATS URL: fine, unless a team keeps its
+/// bodies on JetStream (`teams`: `None` when the database could not say).
+fn not_configured_check(teams: Option<&[broker_conditions::TeamWithStreams]>) -> Check {
+    let routed: Vec<&str> = teams
+        .iter()
+        .copied()
+        .flatten()
+        .filter(|t| t.routed)
+        .map(|t| t.slug.as_str())
+        .collect();
+    if routed.is_empty() {
+        return check(
+            "broker",
+            Status::Ok,
+            "not configured (no --nats-url or BUS_NATS_URL): bodies stay on PostgreSQL",
+            NOTHING_TO_DO,
+        );
+    }
+    check(
+        "broker",
+        Status::Warn,
+        format!(
+            "not configured, but team(s) {} keep conversation bodies on JetStream: \
+             neither the broker nor their streams were checked",
+            routed.join(", ")
+        ),
+        "pass --nats-url (or BUS_NATS_URL) and --nats-credentials as `serve` has them",
+    )
+}
+
+/// Whether the broker takes a full body plus headers in one message.
+fn max_payload_check(max_payload: usize) -> Check {
+    if max_payload >= REQUIRED_MAX_PAYLOAD {
+        return check(
+            "max_payload",
+            Status::Ok,
+            format!(
+                "{max_payload} bytes per message: a full body plus headers \
+                 ({REQUIRED_MAX_PAYLOAD} bytes) fits"
+            ),
+            NOTHING_TO_DO,
+        );
+    }
+    check(
+        "max_payload",
+        Status::Fail,
+        format!(
+            "the broker takes at most {max_payload} bytes per message, below \
+             {REQUIRED_MAX_PAYLOAD} (a full 1 MiB body plus headers): `serve` refuses it"
+        ),
+        "raise it in nats-server.conf (`max_payload: 2MB`) and restart nats-server",
+    )
 }
 
 async fn team_streams_check(

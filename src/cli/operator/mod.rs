@@ -12,7 +12,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::Context;
-use super::args::{AgentArgs, TeamArgs};
+use super::args::{AgentArgs, TeamArgs, TokenIssueArgs};
 use super::output::{self, opt_time, time};
 use acs_store::store::identity::admin::Authority;
 use acs_store::store::{Actor, identity::agents, identity::tokens};
@@ -32,25 +32,13 @@ pub enum AgentCommand {
 #[derive(Subcommand, Debug)]
 pub enum TokenCommand {
     /// Issue another token for an agent (shown once).
-    Issue {
-        #[arg(long)]
-        team: String,
-        #[arg(long)]
-        agent: String,
-        /// A note to tell tokens apart in listings (e.g. `laptop`).
-        #[arg(long)]
-        label: Option<String>,
-        #[arg(long)]
-        json: bool,
-    },
+    Issue(TokenIssueArgs),
     /// List the tokens of a team (never the secrets).
     List(TeamArgs),
     /// Revoke a token by id; it is refused from the next request on.
     Revoke {
         #[arg(long)]
         id: Uuid,
-        #[arg(long)]
-        json: bool,
     },
 }
 
@@ -70,8 +58,6 @@ pub struct QuickstartArgs {
         default_value = "http://127.0.0.1:8787/mcp"
     )]
     url: String,
-    #[arg(long)]
-    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -93,10 +79,10 @@ pub struct McpConfigArgs {
     pub session: Option<String>,
 }
 
-pub async fn agent(ctx: &Context, command: AgentCommand) -> anyhow::Result<()> {
+pub async fn agent(ctx: &Context, command: AgentCommand, json: bool) -> anyhow::Result<()> {
     let authority = Authority::local();
     match command {
-        AgentCommand::Add(AgentArgs { team, name, json }) => {
+        AgentCommand::Add(AgentArgs { team, name }) => {
             let issued = ctx
                 .with_database(async |pool| {
                     Ok(agents::add(pool, &authority.team(&team)?, &name).await?)
@@ -108,7 +94,7 @@ pub async fn agent(ctx: &Context, command: AgentCommand) -> anyhow::Result<()> {
             println!("agent `{}` added to team `{}`", issued.agent, issued.team);
             print_token(&issued);
         }
-        AgentCommand::List(TeamArgs { team, json }) => {
+        AgentCommand::List(TeamArgs { team }) => {
             let list = ctx
                 .with_database(async |pool| Ok(agents::list(pool, &authority.team(&team)?).await?))
                 .await?;
@@ -134,10 +120,10 @@ pub async fn agent(ctx: &Context, command: AgentCommand) -> anyhow::Result<()> {
                     .collect(),
             );
         }
-        AgentCommand::Disable(AgentArgs { team, name, json }) => {
+        AgentCommand::Disable(AgentArgs { team, name }) => {
             set_disabled(ctx, &authority, &team, &name, true, json).await?
         }
-        AgentCommand::Enable(AgentArgs { team, name, json }) => {
+        AgentCommand::Enable(AgentArgs { team, name }) => {
             set_disabled(ctx, &authority, &team, &name, false, json).await?
         }
     }
@@ -175,15 +161,10 @@ async fn set_disabled(
     Ok(())
 }
 
-pub async fn token(ctx: &Context, command: TokenCommand) -> anyhow::Result<()> {
+pub async fn token(ctx: &Context, command: TokenCommand, json: bool) -> anyhow::Result<()> {
     let authority = Authority::local();
     match command {
-        TokenCommand::Issue {
-            team,
-            agent,
-            label,
-            json,
-        } => {
+        TokenCommand::Issue(TokenIssueArgs { team, agent, label }) => {
             let issued = ctx
                 .with_database(async |pool| {
                     let team = authority.team(&team)?;
@@ -195,7 +176,7 @@ pub async fn token(ctx: &Context, command: TokenCommand) -> anyhow::Result<()> {
             }
             print_token(&issued);
         }
-        TokenCommand::List(TeamArgs { team, json }) => {
+        TokenCommand::List(TeamArgs { team }) => {
             let list = ctx
                 .with_database(async |pool| Ok(tokens::list(pool, &authority.team(&team)?).await?))
                 .await?;
@@ -227,7 +208,7 @@ pub async fn token(ctx: &Context, command: TokenCommand) -> anyhow::Result<()> {
                     .collect(),
             );
         }
-        TokenCommand::Revoke { id, json } => {
+        TokenCommand::Revoke { id } => {
             let revocation = ctx
                 .with_database(async |pool| {
                     let global = authority.global("revoke tokens by id alone")?;
@@ -255,7 +236,7 @@ pub async fn token(ctx: &Context, command: TokenCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn quickstart(ctx: &Context, args: QuickstartArgs) -> anyhow::Result<()> {
+pub async fn quickstart(ctx: &Context, args: QuickstartArgs, json: bool) -> anyhow::Result<()> {
     let actor = Actor::local_operator();
     let result = ctx
         .with_database(async |pool| {
@@ -263,7 +244,7 @@ pub async fn quickstart(ctx: &Context, args: QuickstartArgs) -> anyhow::Result<(
         })
         .await?;
     let issued = &result.issued;
-    if args.json {
+    if json {
         return output::json(&json!({
             "team": issued.team,
             "agent": issued.agent,

@@ -5,32 +5,30 @@
 //! logic is in `store::identity::teams`, `store::operations::usage`, `store::operations::retention` and
 //! `store::delivery::broker_conditions`.
 
-use std::path::PathBuf;
-
 use clap::{Args, Subcommand};
 use serde_json::json;
 
 mod storage;
 
 use crate::cli::Context;
+use crate::cli::args::{NatsArgs, TeamCreateArgs};
 use crate::cli::output::{self, time};
 use acs_store::backend::BackendKind;
-use acs_store::backend::jetstream::{Broker, StreamSizes};
+use acs_store::backend::jetstream::StreamSizes;
 use acs_store::store::identity::admin::Authority;
 use acs_store::store::{Actor, delivery::broker_conditions, identity::teams, operations::usage};
 
 #[derive(Subcommand, Debug)]
 pub enum TeamCommand {
     /// Create a team.
-    Create(CreateArgs),
+    Create(TeamCreateArgs),
     /// List teams.
-    List {
-        #[arg(long)]
-        json: bool,
-    },
+    List,
     /// Show the team's capabilities, or switch conversations on or off.
     Capability(CapabilityArgs),
-    /// Provision (or adopt) the team's JetStream streams and show them; or remove them.
+    /// Provision (or adopt) the team's JetStream streams and show them; or remove them. The
+    /// NATS server needs a max_payload of at least 2MB, the credentials the right to manage
+    /// streams (not the ones `serve` runs with).
     Stream(StreamArgs),
     /// Show the team's storage quota and usage, or set it with --bytes: it caps everything the
     /// team stores (messages, notes, tasks, attachments, conversation bodies, webhook deliveries);
@@ -41,15 +39,15 @@ pub enum TeamCommand {
     Usage {
         #[arg(long)]
         team: String,
-        #[arg(long)]
-        json: bool,
     },
     /// Trim old history: channel and direct messages (and their attachments) older than
     /// --older-than-days that every live reader has read, note revisions other than the
     /// current one, events of finished tasks, delivered and failed webhook deliveries, audit rows
     /// older than --audit-older-than-days, and conversation messages past their conversation's
     /// retention (`conversations retention`) once acknowledged and delivered. Without --apply: what would go, nothing
-    /// removed. With --apply: removed in batches of 1000 rows, audited.
+    /// removed. With --apply: removed in batches of 1000 rows, audited; with --nats-url too,
+    /// the bodies of released JetStream messages are dropped from the team's body stream
+    /// (without it they wait for a later prune).
     Prune(PruneArgs),
 }
 
@@ -68,27 +66,8 @@ pub struct PruneArgs {
     /// Remove (default: only show what would be removed).
     #[arg(long)]
     apply: bool,
-    /// The NATS server holding the team's body stream: with --apply, the bodies of released
-    /// JetStream messages are dropped there (without it they wait for a later prune).
-    #[arg(long, env = "BUS_NATS_URL", hide_env_values = true)]
-    nats_url: Option<String>,
-    /// A NATS .creds file for that server.
-    #[arg(long, env = "BUS_NATS_CREDENTIALS", hide_env_values = true)]
-    nats_credentials: Option<PathBuf>,
-    #[arg(long)]
-    json: bool,
-}
-
-#[derive(Args, Debug)]
-pub struct CreateArgs {
-    /// Short name used everywhere: lower-case letters, digits and `-`.
-    #[arg(long)]
-    slug: String,
-    /// Display name.
-    #[arg(long)]
-    name: String,
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    nats: NatsArgs,
 }
 
 #[derive(Args, Debug)]
@@ -102,28 +81,17 @@ pub struct CapabilityArgs {
     /// jetstream needs --nats-url and the team's streams there (`team stream`).
     #[arg(long, value_parser = ["jetstream", "postgres"])]
     backend: Option<String>,
-    /// The NATS server holding the team's streams (checked for --backend jetstream).
-    #[arg(long, env = "BUS_NATS_URL", hide_env_values = true)]
-    nats_url: Option<String>,
-    /// A NATS .creds file for that server.
-    #[arg(long, env = "BUS_NATS_CREDENTIALS", hide_env_values = true)]
-    nats_credentials: Option<PathBuf>,
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    nats: NatsArgs,
 }
 
 #[derive(Args, Debug)]
+#[command(mut_arg("nats_url", |a| a.required(true)))]
 pub struct StreamArgs {
     #[arg(long)]
     team: String,
-    /// The NATS server (JetStream on, max_payload of at least 2MB); for a cluster, several of
-    /// its servers comma-separated (nats://a:4222,nats://b:4222).
-    #[arg(long, env = "BUS_NATS_URL", hide_env_values = true)]
-    nats_url: String,
-    /// A NATS .creds file with rights to manage streams (provisioning
-    /// credentials, separate from the ones `serve` runs with).
-    #[arg(long, env = "BUS_NATS_CREDENTIALS", hide_env_values = true)]
-    nats_credentials: Option<PathBuf>,
+    #[command(flatten)]
+    nats: NatsArgs,
     /// Body stream size limit in bytes [default: 2 GiB].
     #[arg(long)]
     max_bytes: Option<i64>,
@@ -155,8 +123,6 @@ pub struct StreamArgs {
     /// Delete both streams and their contents; refused while the team routes to jetstream.
     #[arg(long, conflicts_with_all = ["max_bytes", "max_messages", "inbox_max_age_hours", "inbox_max_bytes", "inbox_max_messages", "replicas", "update_quotas"])]
     remove: bool,
-    #[arg(long)]
-    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -166,26 +132,29 @@ pub struct QuotaArgs {
     /// New limit in bytes for everything the team stores (default for a new team: 1 GiB).
     #[arg(long)]
     bytes: Option<i64>,
-    #[arg(long)]
-    json: bool,
 }
 
-pub async fn run(ctx: &Context, command: TeamCommand) -> anyhow::Result<()> {
+pub async fn run(ctx: &Context, command: TeamCommand, json: bool) -> anyhow::Result<()> {
     let authority = Authority::local();
     let actor = authority.actor();
     match command {
-        TeamCommand::Create(args) => create(ctx, &authority, args).await,
-        TeamCommand::List { json } => list(ctx, &authority, json).await,
-        TeamCommand::Capability(args) => capability(ctx, &actor, args).await,
-        TeamCommand::Stream(args) => stream(ctx, &actor, args).await,
-        TeamCommand::Quota(args) => quota(ctx, &actor, args).await,
-        TeamCommand::Usage { team, json } => storage::usage(ctx, &authority, &team, json).await,
-        TeamCommand::Prune(args) => storage::prune(ctx, &authority, args).await,
+        TeamCommand::Create(args) => create(ctx, &authority, args, json).await,
+        TeamCommand::List => list(ctx, &authority, json).await,
+        TeamCommand::Capability(args) => capability(ctx, &actor, args, json).await,
+        TeamCommand::Stream(args) => stream(ctx, &actor, args, json).await,
+        TeamCommand::Quota(args) => quota(ctx, &actor, args, json).await,
+        TeamCommand::Usage { team } => storage::usage(ctx, &authority, &team, json).await,
+        TeamCommand::Prune(args) => storage::prune(ctx, &authority, args, json).await,
     }
 }
 
-async fn create(ctx: &Context, authority: &Authority, args: CreateArgs) -> anyhow::Result<()> {
-    let CreateArgs { slug, name, json } = args;
+async fn create(
+    ctx: &Context,
+    authority: &Authority,
+    args: TeamCreateArgs,
+    json: bool,
+) -> anyhow::Result<()> {
+    let TeamCreateArgs { slug, name } = args;
     let team = ctx
         .with_database(async |pool| {
             let global = authority.global("create teams")?;
@@ -227,21 +196,22 @@ async fn list(ctx: &Context, authority: &Authority, json: bool) -> anyhow::Resul
     Ok(())
 }
 
-async fn capability(ctx: &Context, actor: &Actor, args: CapabilityArgs) -> anyhow::Result<()> {
+async fn capability(
+    ctx: &Context,
+    actor: &Actor,
+    args: CapabilityArgs,
+    json: bool,
+) -> anyhow::Result<()> {
     let CapabilityArgs {
         team,
         conversations,
         backend,
-        nats_url,
-        nats_credentials,
-        json,
+        nats,
     } = args;
     let on = conversations.map(|v| v == "on");
     let backend = backend.as_deref().map(BackendKind::parse).transpose()?;
-    let broker = match (backend, &nats_url) {
-        (Some(BackendKind::Jetstream), Some(url)) => {
-            Some(Broker::connect(url, nats_credentials.as_deref()).await?)
-        }
+    let broker = match backend {
+        Some(BackendKind::Jetstream) => nats.connect().await.transpose()?,
         _ => None,
     };
     let caps = ctx
@@ -267,11 +237,10 @@ async fn capability(ctx: &Context, actor: &Actor, args: CapabilityArgs) -> anyho
     Ok(())
 }
 
-async fn stream(ctx: &Context, actor: &Actor, args: StreamArgs) -> anyhow::Result<()> {
+async fn stream(ctx: &Context, actor: &Actor, args: StreamArgs, json: bool) -> anyhow::Result<()> {
     let StreamArgs {
         team,
-        nats_url,
-        nats_credentials,
+        nats,
         max_bytes,
         max_messages,
         inbox_max_age_hours,
@@ -280,9 +249,9 @@ async fn stream(ctx: &Context, actor: &Actor, args: StreamArgs) -> anyhow::Resul
         replicas,
         update_quotas,
         remove,
-        json,
     } = args;
-    let broker = Broker::connect(&nats_url, nats_credentials.as_deref()).await?;
+    let broker = nats.connect_required().await?;
+    let nats_url = nats.required_url()?;
     if remove {
         let removed = ctx
             .with_database(async |pool| {
@@ -387,8 +356,8 @@ async fn stream(ctx: &Context, actor: &Actor, args: StreamArgs) -> anyhow::Resul
     Ok(())
 }
 
-async fn quota(ctx: &Context, actor: &Actor, args: QuotaArgs) -> anyhow::Result<()> {
-    let QuotaArgs { team, bytes, json } = args;
+async fn quota(ctx: &Context, actor: &Actor, args: QuotaArgs, json: bool) -> anyhow::Result<()> {
+    let QuotaArgs { team, bytes } = args;
     let quota = ctx
         .with_database(async |pool| Ok(usage::quota(pool, &team, bytes, actor).await?))
         .await?;

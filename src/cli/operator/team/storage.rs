@@ -10,7 +10,6 @@ use super::PruneArgs;
 use crate::cli::Context;
 use crate::cli::output;
 use acs_store::backend::Backends;
-use acs_store::backend::jetstream::Broker;
 use acs_store::store::identity::admin::Authority;
 use acs_store::store::operations::retention::{self, Progress, PruneRequest};
 use acs_store::store::operations::usage;
@@ -71,20 +70,20 @@ pub(super) async fn prune(
     ctx: &Context,
     authority: &Authority,
     args: PruneArgs,
+    json: bool,
 ) -> anyhow::Result<()> {
     let PruneArgs {
         team,
         older_than_days,
         audit_older_than_days,
         apply,
-        nats_url,
-        nats_credentials,
-        json,
+        nats,
     } = args;
     let scope = authority.team(&team)?;
-    let broker = match (&nats_url, apply) {
-        (Some(url), true) => Some(Broker::connect(url, nats_credentials.as_deref()).await?),
-        _ => None,
+    let broker = if apply {
+        nats.connect().await.transpose()?
+    } else {
+        None
     };
     let request = PruneRequest {
         older_than_days,
