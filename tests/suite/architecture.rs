@@ -184,3 +184,81 @@ fn every_module_imports_only_what_architecture_md_allows() {
         }
     }
 }
+
+/// The longest a function may run, in lines, not counting the lines of raw
+/// string literals (SQL text).
+const FUNCTION_LINES_MAX: usize = 120;
+
+/// Functions of `text` longer than [`FUNCTION_LINES_MAX`]: (name, first
+/// line, lines). A function ends at the first line that closes it at its
+/// own indentation (rustfmt's layout).
+fn long_functions(text: &str) -> Vec<(String, usize, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut found = Vec::new();
+    for (at, line) in lines.iter().enumerate() {
+        let trimmed = line.trim_start();
+        let indent = &line[..line.len() - trimmed.len()];
+        let mut words = trimmed.split_whitespace().skip_while(|w| {
+            w.starts_with("pub") || ["async", "const", "unsafe", "extern"].contains(w)
+        });
+        if words.next() != Some("fn") || line.trim_end().ends_with(';') {
+            continue;
+        }
+        let name: String = words
+            .next()
+            .unwrap_or("")
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        let close = format!("{indent}}}");
+        let (mut code, mut in_raw) = (0, false);
+        for body in &lines[at + 1..] {
+            if !in_raw && body.trim_end() == close {
+                break;
+            }
+            if in_raw {
+                in_raw = !body.contains("\"#");
+            } else {
+                code += 1;
+                if let Some(open) = body.find("r#\"") {
+                    in_raw = !body[open + 3..].contains("\"#");
+                }
+            }
+        }
+        if code > FUNCTION_LINES_MAX {
+            found.push((name, at + 1, code));
+        }
+    }
+    found
+}
+
+#[test]
+fn no_function_runs_past_120_lines() {
+    let mut files = Vec::new();
+    rust_files(&root().join("src"), &mut files);
+    for entry in std::fs::read_dir(root().join("crates")).unwrap() {
+        rust_files(&entry.unwrap().path().join("src"), &mut files);
+    }
+    let mut long = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for (name, line, lines) in long_functions(&text) {
+            let path = file.strip_prefix(root()).unwrap().display().to_string();
+            long.push(format!("{path}:{line} {name} ({lines} lines)"));
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "functions over {FUNCTION_LINES_MAX} lines (SQL raw strings not counted): split each \
+         along its steps: {long:#?}"
+    );
+    // The measure itself: a long function is found, raw SQL is not counted.
+    let body = |n: usize| "    let x = 1;\n".repeat(n);
+    let long_one = format!("fn long() {{\n{}}}\n", body(FUNCTION_LINES_MAX + 1));
+    assert_eq!(long_functions(&long_one).len(), 1);
+    let sql = format!("fn sql() {{\n{}    r#\"\n{}\"#;\n}}\n", body(100), body(50));
+    assert!(
+        long_functions(&sql).is_empty(),
+        "raw SQL lines are not counted"
+    );
+}
