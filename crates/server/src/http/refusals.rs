@@ -3,6 +3,9 @@
 //! to do instead. The gates in `http/mod.rs` and the dashboard decide when;
 //! this file only says it.
 
+use std::net::IpAddr;
+use std::time::Duration;
+
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 
@@ -10,7 +13,7 @@ use super::json_error;
 use super::limits::{self, Limits};
 
 /// 429 with `Retry-After`, saying which allowance ran out.
-pub(crate) fn rate_limited(wait: std::time::Duration, per_minute: u32, what: &str) -> Response {
+pub(crate) fn rate_limited(wait: Duration, per_minute: u32, what: &str) -> Response {
     let seconds = wait.as_secs() + 1;
     too_many_requests(
         seconds,
@@ -78,23 +81,19 @@ pub(crate) fn caller_busy(at: limits::AtCap, what: &str, instead: &str) -> Respo
 /// 429 + `Retry-After` for a credential that did not verify, from an
 /// address that failed to authenticate too often.
 pub(crate) fn address_throttled(
-    address: Option<std::net::IpAddr>,
-    wait: std::time::Duration,
+    address: Option<IpAddr>,
+    wait: Duration,
     per_minute: u32,
 ) -> Response {
-    acs_metrics::record_refusal(acs_metrics::Refusal::UnauthenticatedAddress);
-    let seconds = wait.as_secs() + 1;
-    let from = address.map_or_else(|| "this address".to_string(), |a| a.to_string());
-    too_many_requests(
-        seconds,
+    unauthenticated_address(address, wait, |from, seconds| {
         format!(
             "this credential did not verify, and too many requests from {from} failed to \
              authenticate (more than {per_minute} a minute), so its credentials are looked up \
              only a few at a time for now (valid ones are still served). Wait {seconds} s, and \
              check that every client here sends a current credential (`Authorization: Bearer \
              acs_…`); an operator issues one with `ai-crew-sync token issue`."
-        ),
-    )
+        )
+    })
 }
 
 /// 429 `rate_limited` saying `message`, with `Retry-After: seconds`.
@@ -109,15 +108,11 @@ fn too_many_requests(seconds: u64, message: String) -> Response {
 /// 429 for a request from an address past its allowance that already has
 /// its most credential lookups waiting: this one was not looked up at all.
 pub(crate) fn address_crowded(
-    address: Option<std::net::IpAddr>,
-    wait: std::time::Duration,
+    address: Option<IpAddr>,
+    wait: Duration,
     per_minute: u32,
 ) -> Response {
-    acs_metrics::record_refusal(acs_metrics::Refusal::UnauthenticatedAddress);
-    let seconds = wait.as_secs() + 1;
-    let from = address.map_or_else(|| "this address".to_string(), |a| a.to_string());
-    too_many_requests(
-        seconds,
+    unauthenticated_address(address, wait, |from, seconds| {
         format!(
             "this credential was not looked up: too many requests from {from} failed to \
              authenticate (more than {per_minute} a minute), and {from} already has its most \
@@ -125,6 +120,20 @@ pub(crate) fn address_crowded(
              at once. Wait {seconds} s and try again, and check that every client here sends a \
              current credential (`Authorization: Bearer acs_…`); an operator issues one with \
              `ai-crew-sync token issue`."
-        ),
-    )
+        )
+    })
+}
+
+/// 429 + `Retry-After` to a request from `address`, which failed to
+/// authenticate too often: counted, and worded by `say` from the address
+/// (as the message names it) and the seconds to wait.
+fn unauthenticated_address(
+    address: Option<IpAddr>,
+    wait: Duration,
+    say: impl FnOnce(&str, u64) -> String,
+) -> Response {
+    acs_metrics::record_refusal(acs_metrics::Refusal::UnauthenticatedAddress);
+    let seconds = wait.as_secs() + 1;
+    let from = address.map_or_else(|| "this address".to_string(), |a| a.to_string());
+    too_many_requests(seconds, say(&from, seconds))
 }

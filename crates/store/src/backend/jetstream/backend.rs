@@ -16,7 +16,7 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::context::{GetStreamErrorKind, PublishError, PublishErrorKind};
 use async_nats::jetstream::stream::{
-    DeleteMessageErrorKind, DirectGetErrorKind, RawMessageErrorKind,
+    DeleteMessageErrorKind, DirectGetErrorKind, RawMessageErrorKind, Stream,
 };
 use uuid::Uuid;
 
@@ -337,13 +337,7 @@ impl MessagingBackend for JetStreamBackend {
             }
             let stream = match &handle {
                 Some(stream) => stream,
-                None => handle.insert(
-                    self.broker
-                        .js()
-                        .get_stream_no_info(&own)
-                        .await
-                        .map_err(|e| unreachable_broker(&e))?,
-                ),
+                None => handle.insert(self.stream_handle(&own).await?),
             };
             match stream.delete_message(sequence).await {
                 Ok(true) => dropped += 1,
@@ -439,6 +433,15 @@ impl JetStreamBackend {
             })
     }
 
+    /// A handle on `stream`, without asking the broker for its info.
+    async fn stream_handle(&self, stream: &str) -> BusResult<Stream<()>> {
+        self.broker
+            .js()
+            .get_stream_no_info(stream)
+            .await
+            .map_err(|e| unreachable_broker(&e))
+    }
+
     /// The broker answered that it holds nothing at `sequence`. One such
     /// answer does not make a body lost: a direct get may be answered by a
     /// replica that lags, and a broker lost and re-provisioned a moment ago
@@ -454,12 +457,7 @@ impl JetStreamBackend {
         sequence: u64,
     ) -> BusResult<Option<async_nats::jetstream::message::StreamMessage>> {
         let asked_at = Instant::now();
-        let handle = self
-            .broker
-            .js()
-            .get_stream_no_info(stream)
-            .await
-            .map_err(|e| unreachable_broker(&e))?;
+        let handle = self.stream_handle(stream).await?;
         if let Some(message) = self.leader_get(&handle, stream, sequence, asked_at).await? {
             return Ok(Some(message));
         }
@@ -506,12 +504,7 @@ impl JetStreamBackend {
                 info
             }
         };
-        let handle = self
-            .broker
-            .js()
-            .get_stream_no_info(stream)
-            .await
-            .map_err(|e| unreachable_broker(&e))?;
+        let handle = self.stream_handle(stream).await?;
         if direct {
             match handle.direct_get(sequence).await {
                 Ok(message) => return Ok(Some(message)),
@@ -531,7 +524,7 @@ impl JetStreamBackend {
     /// possibly older view. `None`: the leader holds no message there.
     async fn leader_get(
         &self,
-        handle: &async_nats::jetstream::stream::Stream<()>,
+        handle: &Stream<()>,
         stream: &str,
         sequence: u64,
         asked_at: Instant,

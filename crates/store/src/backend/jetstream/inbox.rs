@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
 use async_nats::jetstream::context::ConsumerInfoErrorKind;
-use async_nats::jetstream::stream::ConsumerErrorKind;
+use async_nats::jetstream::stream::{ConsumerErrorKind, Stream};
 use futures::StreamExt;
 use uuid::Uuid;
 
@@ -75,18 +75,29 @@ impl Broker {
             .map_err(|e| broker_error("publishing an inbox reference", &e))
     }
 
-    /// The window's durable consumer, created when missing.
-    async fn inbox_consumer(
+    /// The team's inbox stream (without asking the broker for its info) and
+    /// the name of the window's consumer in it.
+    async fn inbox_window(
         &self,
         team_id: Uuid,
         recipient_key: &str,
-    ) -> BusResult<async_nats::jetstream::consumer::Consumer<pull::Config>> {
+    ) -> BusResult<(Stream<()>, String)> {
         let name = inbox_consumer_name(recipient_key)?;
         let stream = self
             .js()
             .get_stream_no_info(inbox_stream_name(team_id))
             .await
             .map_err(|e| broker_error("opening the inbox stream", &e))?;
+        Ok((stream, name))
+    }
+
+    /// The window's durable consumer, created when missing.
+    async fn inbox_consumer(
+        &self,
+        team_id: Uuid,
+        recipient_key: &str,
+    ) -> BusResult<async_nats::jetstream::consumer::Consumer<pull::Config>> {
+        let (stream, name) = self.inbox_window(team_id, recipient_key).await?;
         stream
             .get_or_create_consumer(
                 &name,
@@ -220,12 +231,7 @@ impl Broker {
         team_id: Uuid,
         recipient_key: &str,
     ) -> BusResult<bool> {
-        let name = inbox_consumer_name(recipient_key)?;
-        let stream = self
-            .js()
-            .get_stream_no_info(inbox_stream_name(team_id))
-            .await
-            .map_err(|e| broker_error("opening the inbox stream", &e))?;
+        let (stream, name) = self.inbox_window(team_id, recipient_key).await?;
         match stream.consumer_info(&name).await {
             Ok(_) => Ok(true),
             Err(e) => match e.kind() {
@@ -243,12 +249,7 @@ impl Broker {
         team_id: Uuid,
         recipient_key: &str,
     ) -> BusResult<bool> {
-        let name = inbox_consumer_name(recipient_key)?;
-        let stream = self
-            .js()
-            .get_stream_no_info(inbox_stream_name(team_id))
-            .await
-            .map_err(|e| broker_error("opening the inbox stream", &e))?;
+        let (stream, name) = self.inbox_window(team_id, recipient_key).await?;
         match stream.delete_consumer(&name).await {
             Ok(_) => Ok(true),
             Err(e) => match e.kind() {

@@ -174,11 +174,23 @@ fn compare(
             },
         ),
     ];
-    table
-        .into_iter()
-        .chain(fixed_at_creation(found, wanted, body, &recreate))
-        .filter_map(|(differs, finding)| differs.then_some(finding))
-        .collect()
+    let [subjects, max_msg_size, discard, max_age, duplicate_window] = table;
+    let [storage, retention, sealed] = fixed_at_creation(found, wanted, body, &recreate);
+    // `doctor` lists them in this order: where bodies go and what fits, how
+    // the stream keeps them, and last whether it takes anything at all.
+    [
+        subjects,
+        max_msg_size,
+        storage,
+        retention,
+        discard,
+        max_age,
+        duplicate_window,
+        sealed,
+    ]
+    .into_iter()
+    .filter_map(|(differs, finding)| differs.then_some(finding))
+    .collect()
 }
 
 /// The settings a stream keeps from its creation: the fix is to recreate

@@ -1,6 +1,6 @@
 //! The embedded default: a private PostgreSQL cluster in the bus's data directory.
 //!
-//! Past 700 lines (711): one type's life cycle (start, adopt, hand over, stop)
+//! Past 700 lines (717): one type's life cycle (start, adopt, hand over, stop)
 //! plus the bus role's provisioning and the lock/registry of processes. Those
 //! last two are the seams to cut when issue 35 moves this into the storage
 //! crate; the host's users, `setpriv` and ACLs already live in `host.rs`.
@@ -174,15 +174,7 @@ impl EmbeddedPostgres {
     /// Start the cluster in `data_dir` (creating it on first use), or join the
     /// one already running there.
     pub fn start(data_dir: &Path) -> Result<Self, EmbeddedError> {
-        let bin_dir = find_bin_dir()?;
-        let run_as = if unsafe { libc::geteuid() } == 0 {
-            if which("setpriv").is_none() {
-                return Err(EmbeddedError::NoSetpriv);
-            }
-            Some(unprivileged_user()?)
-        } else {
-            None
-        };
+        let (bin_dir, run_as) = server_binaries()?;
         fs::create_dir_all(data_dir).map_err(io_err(data_dir))?;
         let data_dir = data_dir.canonicalize().map_err(io_err(data_dir))?;
         check_socket_path(&data_dir)?;
@@ -218,15 +210,7 @@ impl EmbeddedPostgres {
     /// What the cluster in `data_dir` is doing, read without creating,
     /// starting or adopting anything (`doctor`).
     pub fn inspect(data_dir: &Path) -> Result<EmbeddedStatus, EmbeddedError> {
-        let bin_dir = find_bin_dir()?;
-        let run_as = if unsafe { libc::geteuid() } == 0 {
-            if which("setpriv").is_none() {
-                return Err(EmbeddedError::NoSetpriv);
-            }
-            Some(unprivileged_user()?)
-        } else {
-            None
-        };
+        let (bin_dir, run_as) = server_binaries()?;
         let data_dir = data_dir
             .canonicalize()
             .unwrap_or_else(|_| data_dir.to_path_buf());
@@ -282,25 +266,24 @@ impl EmbeddedPostgres {
     /// for setting the cluster up and for tests, never for the bus's pool
     /// (that is [`EmbeddedPostgres::bus_url`]).
     pub fn database_url(&self, database: &str) -> String {
-        let credentials = match fs::read_to_string(self.password_file()) {
-            Ok(password) => format!("{SUPERUSER}:{}", password.trim()),
-            Err(_) => SUPERUSER.to_string(),
-        };
-        format!(
-            "postgres://{credentials}@localhost:{PORT}/{database}?host={}",
-            self.rundir().display()
-        )
+        self.url(SUPERUSER, &self.password_file(), database)
     }
 
     /// The bus's connection URL: [`BUS_ROLE`] on [`EMBEDDED_DATABASE`]. Valid
     /// once [`EmbeddedPostgres::provision_bus_role`] has run.
     pub fn bus_url(&self) -> String {
-        let credentials = match fs::read_to_string(self.bus_password_file()) {
-            Ok(password) => format!("{BUS_ROLE}:{}", password.trim()),
-            Err(_) => BUS_ROLE.to_string(),
+        self.url(BUS_ROLE, &self.bus_password_file(), EMBEDDED_DATABASE)
+    }
+
+    /// `role`'s URL for `database` over the private socket, with the
+    /// password kept in `password_file` when there is one (run as root).
+    fn url(&self, role: &str, password_file: &Path, database: &str) -> String {
+        let credentials = match fs::read_to_string(password_file) {
+            Ok(password) => format!("{role}:{}", password.trim()),
+            Err(_) => role.to_string(),
         };
         format!(
-            "postgres://{credentials}@localhost:{PORT}/{EMBEDDED_DATABASE}?host={}",
+            "postgres://{credentials}@localhost:{PORT}/{database}?host={}",
             self.rundir().display()
         )
     }
@@ -325,9 +308,7 @@ impl EmbeddedPostgres {
             Some(_) => Some(match fs::read_to_string(self.bus_password_file()) {
                 Ok(password) => password.trim().to_string(),
                 Err(_) => {
-                    let mut bytes = [0u8; 24];
-                    rand::RngCore::fill_bytes(&mut rand::rng(), &mut bytes);
-                    let password = hex::encode(bytes);
+                    let password = random_password();
                     write_private(&self.bus_password_file(), &password)?;
                     password
                 }
@@ -532,9 +513,7 @@ impl EmbeddedPostgres {
                 None
             }
             Some(user) => {
-                let mut bytes = [0u8; 24];
-                rand::RngCore::fill_bytes(&mut rand::rng(), &mut bytes);
-                let password = hex::encode(bytes);
+                let password = random_password();
                 // initdb runs as the server's user and must read the file.
                 write_private(&pwfile, &password)?;
                 chown(&pwfile, user)?;
@@ -631,6 +610,28 @@ impl EmbeddedPostgres {
             detail: e.to_string(),
         })
     }
+}
+
+/// The server binaries' directory, and the unprivileged user they run as
+/// when we are root (through `setpriv`, which must then be on PATH).
+fn server_binaries() -> Result<(PathBuf, Option<RunAs>), EmbeddedError> {
+    let bin_dir = find_bin_dir()?;
+    let run_as = if unsafe { libc::geteuid() } == 0 {
+        if which("setpriv").is_none() {
+            return Err(EmbeddedError::NoSetpriv);
+        }
+        Some(unprivileged_user()?)
+    } else {
+        None
+    };
+    Ok((bin_dir, run_as))
+}
+
+/// A fresh password: 24 random bytes, hex (safe to inline in SQL).
+fn random_password() -> String {
+    let mut bytes = [0u8; 24];
+    rand::RngCore::fill_bytes(&mut rand::rng(), &mut bytes);
+    hex::encode(bytes)
 }
 
 /// The start lock of the cluster in `data_dir`, held until the file is dropped.

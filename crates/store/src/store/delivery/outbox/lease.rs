@@ -11,19 +11,13 @@ use super::{LEASE_SECS, Lease};
 use crate::backend::BackendKind;
 use crate::error::BusResult;
 
-type LeaseRow = (Uuid, Uuid, Uuid, BackendKind, String, Uuid, i64, i32, bool);
-type DueRow = (
-    Uuid,
-    Uuid,
-    Uuid,
-    BackendKind,
-    String,
-    Uuid,
-    i64,
-    i32,
-    bool,
-    DateTime<Utc>,
-);
+/// A due slot taken, with when it was enqueued (to hand them out in order).
+#[derive(sqlx::FromRow)]
+struct Due {
+    #[sqlx(flatten)]
+    lease: Lease,
+    created_at: DateTime<Utc>,
+}
 
 /// The columns a lease returns, `uncertain` read from the slot's message by
 /// its primary key (one lookup per slot taken).
@@ -35,31 +29,6 @@ macro_rules! lease_returning {
                              WHERE m.team_id = o.team_id AND m.id = o.message_id
                                AND m.uncertain_at IS NOT NULL) AS uncertain"
     };
-}
-
-fn lease_of(row: LeaseRow) -> Lease {
-    let (
-        message_id,
-        conversation_id,
-        team_id,
-        backend,
-        payload,
-        publish_key,
-        generation,
-        attempts,
-        uncertain,
-    ) = row;
-    Lease {
-        message_id,
-        conversation_id,
-        team_id,
-        backend,
-        payload,
-        publish_key,
-        generation,
-        attempts,
-        uncertain,
-    }
 }
 
 /// Take the next due slot, oldest first (O4). `SKIP LOCKED`, so N workers
@@ -89,7 +58,7 @@ pub async fn lease_due<'e>(
     // UPDATE SKIP LOCKED)` the sub-select is also part of the update's
     // plan: with many drains leasing and settling the same rows, one such
     // lease was seen re-checking rows for minutes while holding its locks.)
-    let rows: Vec<DueRow> = sqlx::query_as(concat!(
+    let mut due: Vec<Due> = sqlx::query_as(concat!(
         "UPDATE conversation_outbox o
             SET state = 'leased', leased_by = $1,
                 lease_expires_at = now() + make_interval(secs => $2),
@@ -112,15 +81,9 @@ pub async fn lease_due<'e>(
     .bind(limit)
     .fetch_all(db)
     .await?;
-    let mut leases: Vec<(DateTime<Utc>, Lease)> = rows
-        .into_iter()
-        .map(|(m, c, t, b, p, k, g, a, u, created_at)| {
-            (created_at, lease_of((m, c, t, b, p, k, g, a, u)))
-        })
-        .collect();
     // RETURNING has no order; hand them out oldest first.
-    leases.sort_by_key(|(created_at, _)| *created_at);
-    Ok(leases.into_iter().map(|(_, lease)| lease).collect())
+    due.sort_by_key(|d| d.created_at);
+    Ok(due.into_iter().map(|d| d.lease).collect())
 }
 
 /// Take one named slot, for the reconciler (O5): only a slot still in flight,
@@ -129,7 +92,7 @@ pub async fn lease_due<'e>(
 /// out). Counts no attempt. Public for the reconciler's callers and for the
 /// tests that show the fence.
 pub async fn lease_one(pool: &PgPool, worker: &str, message_id: Uuid) -> BusResult<Option<Lease>> {
-    let row: Option<LeaseRow> = sqlx::query_as(concat!(
+    let lease: Option<Lease> = sqlx::query_as(concat!(
         "UPDATE conversation_outbox o
             SET state = 'leased', leased_by = $1,
                 lease_expires_at = now() + make_interval(secs => $3),
@@ -144,7 +107,7 @@ pub async fn lease_one(pool: &PgPool, worker: &str, message_id: Uuid) -> BusResu
     .bind(LEASE_SECS as f64)
     .fetch_optional(pool)
     .await?;
-    Ok(row.map(lease_of))
+    Ok(lease)
 }
 
 /// Put a leased slot back without counting it as an attempt (O12).

@@ -84,8 +84,8 @@ pub const PAYLOAD_MAX_BYTES: usize = crate::store::limits::BODY_MAX_BYTES;
 /// fix, seldom enough that a large backlog costs the broker little.
 pub const WAIT_RECHECK_SECS: f64 = 10.0;
 
-/// A slot a worker holds.
-#[derive(Clone, Debug)]
+/// A slot a worker holds (read from a lease's `RETURNING` columns).
+#[derive(Clone, Debug, sqlx::FromRow)]
 pub struct Lease {
     pub message_id: Uuid,
     pub conversation_id: Uuid,

@@ -23,6 +23,23 @@ macro_rules! held {
     };
 }
 
+/// `$statement` (an UPDATE or a DELETE of `conversation_outbox`) under the
+/// fence, its `$1` and `$2` bound from `$lease` (the statement's own
+/// parameters start at `$3`): returns the slot's `message_id` when the lease
+/// still held it.
+macro_rules! fenced {
+    ($statement:literal, $lease:expr) => {
+        sqlx::query_scalar(concat!(
+            $statement,
+            " WHERE ",
+            held!(),
+            " RETURNING message_id"
+        ))
+        .bind($lease.message_id)
+        .bind($lease.generation)
+    };
+}
+
 /// Record the outcome of one attempt, fenced by the generation the lease was
 /// taken at (O6-O9, O16).
 pub async fn settle(pool: &PgPool, lease: &Lease, outcome: Published) -> BusResult<Settled> {
@@ -38,15 +55,9 @@ pub async fn settle(pool: &PgPool, lease: &Lease, outcome: Published) -> BusResu
 async fn settle_stored(pool: &PgPool, lease: &Lease, locator: &str) -> BusResult<Settled> {
     let mut tx = pool.begin().await?;
     lock_conversations(&mut tx, &[(lease.team_id, lease.conversation_id)]).await?;
-    let deleted: Option<Uuid> = sqlx::query_scalar(concat!(
-        "DELETE FROM conversation_outbox WHERE ",
-        held!(),
-        " RETURNING message_id"
-    ))
-    .bind(lease.message_id)
-    .bind(lease.generation)
-    .fetch_optional(&mut *tx)
-    .await?;
+    let deleted: Option<Uuid> = fenced!("DELETE FROM conversation_outbox", lease)
+        .fetch_optional(&mut *tx)
+        .await?;
     if deleted.is_none() {
         return Ok(Settled::Fenced);
     }
@@ -188,19 +199,14 @@ async fn settle_retryable(pool: &PgPool, lease: &Lease, why: &str) -> BusResult<
     let give_up = gives_up(lease.attempts);
     let backoff = backoff_secs(lease.attempts);
     let mut tx = pool.begin().await?;
-    let updated: Option<Uuid> = sqlx::query_scalar(concat!(
+    let updated: Option<Uuid> = fenced!(
         "UPDATE conversation_outbox
             SET state = CASE WHEN $4 THEN 'failed' ELSE 'pending' END,
                 leased_by = NULL, lease_expires_at = NULL,
                 next_attempt_at = now() + make_interval(secs => $3),
-                last_error = $5, updated_at = now()
-          WHERE ",
-        held!(),
-        "
-          RETURNING message_id"
-    ))
-    .bind(lease.message_id)
-    .bind(lease.generation)
+                last_error = $5, updated_at = now()",
+        lease
+    )
     .bind(backoff)
     .bind(give_up)
     .bind(why)
@@ -224,19 +230,14 @@ async fn settle_retryable(pool: &PgPool, lease: &Lease, why: &str) -> BusResult<
 /// due again in [`WAIT_RECHECK_SECS`]; fenced like every settlement (the
 /// generation and an unexpired lease). `last_error` says what it waits for.
 pub async fn settle_waiting(pool: &PgPool, lease: &Lease, why: &str) -> BusResult<Settled> {
-    let updated: Option<Uuid> = sqlx::query_scalar(concat!(
+    let updated: Option<Uuid> = fenced!(
         "UPDATE conversation_outbox
             SET state = 'pending', leased_by = NULL, lease_expires_at = NULL,
                 attempts = GREATEST(attempts - 1, 0),
                 next_attempt_at = now() + make_interval(secs => $3),
-                last_error = $4, updated_at = now()
-          WHERE ",
-        held!(),
-        "
-          RETURNING message_id"
-    ))
-    .bind(lease.message_id)
-    .bind(lease.generation)
+                last_error = $4, updated_at = now()",
+        lease
+    )
     .bind(WAIT_RECHECK_SECS)
     .bind(why)
     .fetch_optional(pool)
@@ -249,17 +250,12 @@ pub async fn settle_waiting(pool: &PgPool, lease: &Lease, why: &str) -> BusResul
 
 async fn settle_fatal(pool: &PgPool, lease: &Lease, why: &str) -> BusResult<Settled> {
     let mut tx = pool.begin().await?;
-    let updated: Option<Uuid> = sqlx::query_scalar(concat!(
+    let updated: Option<Uuid> = fenced!(
         "UPDATE conversation_outbox
             SET state = 'failed', leased_by = NULL, lease_expires_at = NULL,
-                last_error = $3, updated_at = now()
-          WHERE ",
-        held!(),
-        "
-          RETURNING message_id"
-    ))
-    .bind(lease.message_id)
-    .bind(lease.generation)
+                last_error = $3, updated_at = now()",
+        lease
+    )
     .bind(why)
     .fetch_optional(&mut *tx)
     .await?;

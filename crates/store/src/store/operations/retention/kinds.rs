@@ -103,6 +103,20 @@ macro_rules! webhook_delivery_bytes {
     };
 }
 
+/// What a note revision weighs: its value (none for a deletion).
+macro_rules! note_revision_bytes {
+    () => {
+        "coalesce(octet_length(x.value), 0)"
+    };
+}
+
+/// What a task event or an audit row weighs: its detail.
+macro_rules! detail_bytes {
+    () => {
+        "octet_length(x.detail::text)"
+    };
+}
+
 /// An audit row (operator or conversation audit) older than the audit
 /// retention.
 macro_rules! audit_prunable {
@@ -173,36 +187,6 @@ pub(super) const DIRECT_MESSAGES_COUNT: &str = count_of!(
 );
 pub(super) const ATTACHMENTS_COUNT: &str =
     count_of!("attachments", "x", attachment_prunable!(), "x.size_bytes");
-pub(super) const NOTE_REVISIONS_COUNT: &str = count_of!(
-    "note_revisions",
-    "x",
-    note_revision_prunable!(),
-    "octet_length(x.value)"
-);
-pub(super) const TASK_EVENTS_COUNT: &str = count_of!(
-    "task_events",
-    "x",
-    task_event_prunable!(),
-    "octet_length(x.detail::text)"
-);
-pub(super) const WEBHOOK_DELIVERIES_COUNT: &str = count_of!(
-    "webhook_deliveries",
-    "x",
-    webhook_delivery_prunable!(),
-    webhook_delivery_bytes!()
-);
-pub(super) const AUDIT_COUNT: &str = count_of!(
-    "audit_log",
-    "x",
-    audit_prunable!(),
-    "octet_length(x.detail::text)"
-);
-pub(super) const CONVERSATION_AUDIT_COUNT: &str = count_of!(
-    "conversation_audit",
-    "x",
-    audit_prunable!(),
-    "octet_length(x.detail::text)"
-);
 pub(super) const CONVERSATION_MESSAGES_COUNT: &str = count_of!(
     "conversation_messages",
     "m",
@@ -246,7 +230,7 @@ pub(super) const DIRECT_MESSAGES_DELETE: &str = message_delete!(direct_message_p
 /// (`columns`, comma-separated) that `predicate` allows, skipping rows
 /// others hold: (rows, bytes).
 macro_rules! delete_batch {
-    ($table:literal, $columns:literal, $predicate:expr, $bytes:literal) => {
+    ($table:literal, $columns:literal, $predicate:expr, $bytes:expr) => {
         concat!(
             "WITH d AS (DELETE FROM ",
             $table,
@@ -265,35 +249,55 @@ macro_rules! delete_batch {
     };
 }
 
-pub(super) const NOTE_REVISIONS_BATCH: &str = delete_batch!(
+/// A kind removed by key: its dry run's count (`$count`) and its batch
+/// (`$batch`, by the key columns `$key`) read one table with one predicate
+/// and one weight, so the dry run counts what `--apply` removes.
+macro_rules! keyed_kind {
+    ($count:ident, $batch:ident, $table:literal, $key:literal, $predicate:expr, $bytes:expr) => {
+        pub(super) const $count: &str = count_of!($table, "x", $predicate, $bytes);
+        pub(super) const $batch: &str = delete_batch!($table, $key, $predicate, $bytes);
+    };
+}
+
+keyed_kind!(
+    NOTE_REVISIONS_COUNT,
+    NOTE_REVISIONS_BATCH,
     "note_revisions",
     "x.team_id, x.note_id, x.revision",
     note_revision_prunable!(),
-    "coalesce(octet_length(x.value), 0)"
+    note_revision_bytes!()
 );
-pub(super) const TASK_EVENTS_BATCH: &str = delete_batch!(
+keyed_kind!(
+    TASK_EVENTS_COUNT,
+    TASK_EVENTS_BATCH,
     "task_events",
     "x.id",
     task_event_prunable!(),
-    "octet_length(x.detail::text)"
+    detail_bytes!()
 );
-pub(super) const WEBHOOK_DELIVERIES_BATCH: &str = delete_batch!(
+keyed_kind!(
+    WEBHOOK_DELIVERIES_COUNT,
+    WEBHOOK_DELIVERIES_BATCH,
     "webhook_deliveries",
     "x.id",
     webhook_delivery_prunable!(),
-    "(octet_length(x.payload::text) + coalesce(octet_length(x.last_error), 0))"
+    webhook_delivery_bytes!()
 );
-pub(super) const AUDIT_BATCH: &str = delete_batch!(
+keyed_kind!(
+    AUDIT_COUNT,
+    AUDIT_BATCH,
     "audit_log",
     "x.id",
     audit_prunable!(),
-    "octet_length(x.detail::text)"
+    detail_bytes!()
 );
-pub(super) const CONVERSATION_AUDIT_BATCH: &str = delete_batch!(
+keyed_kind!(
+    CONVERSATION_AUDIT_COUNT,
+    CONVERSATION_AUDIT_BATCH,
     "conversation_audit",
     "x.id",
     audit_prunable!(),
-    "octet_length(x.detail::text)"
+    detail_bytes!()
 );
 
 /// A batch of one conversation's (`$4`) messages past retention, released:
