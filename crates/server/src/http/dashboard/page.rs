@@ -15,6 +15,7 @@ use acs_store::events::ListenerState;
 use acs_store::store::operations::dashboard::{
     AgentView, ChannelMessageView, Conversations, Health, LockView, Snapshot, TaskView,
 };
+use acs_store::store::tasks::TaskStatus;
 use acs_store::store::text;
 
 /// Text made safe for HTML content and quoted attribute values, with the
@@ -36,9 +37,6 @@ pub fn escape(text: &str) -> String {
     }
     out
 }
-
-/// The task board's columns, in order.
-pub const TASK_COLUMNS: [&str; 4] = ["open", "claimed", "done", "cancelled"];
 
 fn head(title: &str) -> String {
     format!(
@@ -254,19 +252,19 @@ fn agents(agents: &[AgentView]) -> String {
 
 fn tasks(tasks: &[TaskView]) -> String {
     let mut html = String::from("<div class=\"board\">");
-    for column in TASK_COLUMNS {
+    for column in TaskStatus::ALL {
         let in_column: Vec<&TaskView> = tasks.iter().filter(|t| t.status == column).collect();
         let _ = write!(
             html,
             "<div class=\"column\"><h3>{} <span class=\"count\">{}</span></h3>",
-            escape(column),
+            escape(column.as_str()),
             in_column.len()
         );
         for task in in_column {
             let _ = write!(
                 html,
                 "<div class=\"task task-{}\"><div class=\"title\">{}</div><div class=\"key\">{}</div>",
-                escape(&task.status),
+                escape(task.status.as_str()),
                 escape(&task.title),
                 escape(&task.key),
             );

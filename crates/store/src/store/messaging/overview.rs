@@ -151,7 +151,7 @@ pub struct TaskMove {
     pub key: String,
     pub title: String,
     /// Current status; a lapsed claim reads as `open`.
-    pub status: String,
+    pub status: crate::store::tasks::TaskStatus,
     /// The latest event in the period: created, claimed, renewed, released, completed, cancelled.
     pub last_event: String,
     pub by: String,

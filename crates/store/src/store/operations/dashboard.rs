@@ -29,6 +29,7 @@ use crate::backend::Backends;
 use crate::error::{BusError, BusResult};
 use crate::events::{Events, ListenerState};
 use crate::store::identity::admin::{self, Authority};
+use crate::store::tasks::TaskStatus;
 use crate::store::{conversations, delivery::outbox, identity::teams, identity::tokens};
 
 /// Newest agents (with their windows) shown.
@@ -354,7 +355,7 @@ pub struct WindowView {
 pub struct TaskView {
     pub key: String,
     pub title: String,
-    pub status: String,
+    pub status: TaskStatus,
     /// `agent` or `agent/window` holding the claim.
     pub holder: Option<String>,
     pub lease_expires_at: Option<DateTime<Utc>>,

@@ -17,10 +17,10 @@ use serde::Serialize;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::Task;
 use super::checks::check_key;
 use super::row::TaskRow;
 use super::transition::{Change, transition_and};
+use super::{Task, TaskStatus};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -61,7 +61,7 @@ fn check_reason(reason: &str) -> BusResult<()> {
 
 /// Refuse unless `me` created the task (any window) or holds its live lease.
 fn require_may_cancel(row: &TaskRow, me: &Identity) -> BusResult<()> {
-    let live_holder = row.status == "claimed" && !row.lapsed;
+    let live_holder = row.status == TaskStatus::Claimed && !row.lapsed;
     if row.creator_id == me.agent_id || (live_holder && row.held_by(me)) {
         return Ok(());
     }
@@ -101,7 +101,7 @@ pub async fn cancel(bus: &Bus, me: &Identity, key: &str, reason: &str) -> BusRes
         me,
         &key,
         |row| {
-            if matches!(row.status.as_str(), "done" | "cancelled") {
+            if row.status.is_finished() {
                 return Err(BusError::conflict(format!(
                     "task `{key}` is already {}{}; a finished task cannot be cancelled. Nothing \
                      was changed.",

@@ -6,7 +6,8 @@ use serde_json::{Value, json};
 
 use super::{
     DEPENDENCIES_MAX, DESCRIPTION_MAX_BYTES, KEY_MAX_BYTES, LEASE_DEFAULT_SECS, LEASE_MAX_SECS,
-    LEASE_MIN_SECS, PAGE_DEFAULT, PAGE_MAX, RESULT_MAX_BYTES, TITLE_MAX_BYTES,
+    LEASE_MIN_SECS, PAGE_DEFAULT, PAGE_MAX, RESULT_MAX_BYTES, StatusFilter, TITLE_MAX_BYTES,
+    TaskStatus,
 };
 use crate::error::{BusError, BusResult};
 use crate::store::limits;
@@ -128,22 +129,23 @@ pub(super) fn check_result(result: &str) -> BusResult<()> {
     )
 }
 
-/// The statuses `list_tasks` filters on.
-const LIST_STATUSES: &[&str] = &["open", "claimed", "done", "cancelled", "any"];
-
-pub(super) fn check_status_filter(raw: Option<&str>) -> BusResult<String> {
-    let status = raw.map(|s| s.trim().to_ascii_lowercase());
-    let status = status
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "any".into());
-    if !LIST_STATUSES.contains(&status.as_str()) {
-        return Err(BusError::invalid(format!(
+/// The status `list_tasks` filters on (trimmed, any case); none or empty is
+/// `any`.
+pub(super) fn check_status_filter(raw: Option<&str>) -> BusResult<StatusFilter> {
+    let status = raw
+        .map(|s| s.trim().to_ascii_lowercase())
+        .unwrap_or_default();
+    if status.is_empty() || status == StatusFilter::Any.as_str() {
+        return Ok(StatusFilter::Any);
+    }
+    match TaskStatus::ALL.into_iter().find(|s| s.as_str() == status) {
+        Some(status) => Ok(StatusFilter::Is(status)),
+        None => Err(BusError::invalid(format!(
             "status {} is not one of open, claimed, done, cancelled, any. A task whose \
              lease lapsed counts as open.",
             text::quote(&status)
-        )));
+        ))),
     }
-    Ok(status)
 }
 
 pub(super) fn check_list_limit(limit: Option<i64>) -> BusResult<i64> {
@@ -202,7 +204,11 @@ mod tests {
                 .to_string()
                 .contains("200")
         );
-        assert_eq!(check_status_filter(None).unwrap(), "any");
+        assert_eq!(check_status_filter(None).unwrap(), StatusFilter::Any);
+        assert_eq!(
+            check_status_filter(Some(" Claimed ")).unwrap(),
+            StatusFilter::Is(TaskStatus::Claimed)
+        );
         assert!(check_status_filter(Some("lapsed")).is_err());
         let deps: Vec<String> = (0..33).map(|i| format!("d{i}")).collect();
         assert!(

@@ -27,10 +27,10 @@ use serde_json::json;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::Task;
 use super::checks::{check_dependencies, check_key};
 use super::row::lock_task;
 use super::transition::finish;
+use super::{Task, TaskStatus};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -46,7 +46,7 @@ pub(super) async fn resolve(
     keys: &[String],
     nothing: &str,
 ) -> BusResult<Vec<(Uuid, String)>> {
-    let found: Vec<(Uuid, String, String)> = sqlx::query_as(
+    let found: Vec<(Uuid, String, TaskStatus)> = sqlx::query_as(
         "SELECT id, key, status FROM tasks WHERE team_id = $1 AND key = ANY($2) FOR SHARE",
     )
     .bind(me.team_id)
@@ -68,7 +68,7 @@ pub(super) async fn resolve(
     }
     let cancelled: Vec<String> = found
         .iter()
-        .filter(|(_, _, status)| status == "cancelled")
+        .filter(|(_, _, status)| *status == TaskStatus::Cancelled)
         .map(|(_, k, _)| format!("`{k}`"))
         .collect();
     if !cancelled.is_empty() {
@@ -112,8 +112,8 @@ pub async fn set_dependencies(
         .execute(&mut *tx)
         .await?;
     let row = lock_task(&mut tx, me, &key).await?;
-    match row.status.as_str() {
-        "done" | "cancelled" => {
+    match row.status {
+        TaskStatus::Done | TaskStatus::Cancelled => {
             return Err(BusError::conflict(format!(
                 "task `{key}` is already {}{}; a finished task's dependencies no longer matter \
                  and cannot change. Nothing was changed.",
@@ -121,7 +121,7 @@ pub async fn set_dependencies(
                 row.finished_phrase()
             )));
         }
-        "claimed" if !row.lapsed => {
+        TaskStatus::Claimed if !row.lapsed => {
             return Err(BusError::conflict(format!(
                 "task `{key}` is claimed by {}; {}. The dependencies of a task being worked on \
                  cannot change. Nothing was changed. Ask the holder to release it (release_task) \
@@ -130,7 +130,7 @@ pub async fn set_dependencies(
                 row.lease_phrase()
             )));
         }
-        _ => {}
+        TaskStatus::Claimed | TaskStatus::Open => {}
     }
     if row.creator_id != me.agent_id {
         return Err(BusError::forbidden(format!(

@@ -39,8 +39,10 @@
 //! the next ready one; `cancel` and `dependencies` cancelling and
 //! re-pointing; `queries` listing and reading.
 
+use std::fmt;
+
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 mod cancel;
@@ -72,13 +74,62 @@ pub const PAGE_MAX: i64 = 200;
 /// `get_task` shows at most this many of the latest events (and the total).
 pub const EVENTS_SHOWN_MAX: i64 = 200;
 
+/// A task's status, stored as text in `tasks.status`. A claim whose lease
+/// ran out is stored `claimed` and reads `open` (`lapsed`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
+pub enum TaskStatus {
+    /// Nobody holds it (or its holder's lease lapsed).
+    Open,
+    /// A window holds it under a lease.
+    Claimed,
+    /// Completed with a result: final.
+    Done,
+    /// Ended without being done: final.
+    Cancelled,
+}
+
+impl TaskStatus {
+    /// Every status, in the order a board shows them.
+    pub const ALL: [TaskStatus; 4] = [
+        TaskStatus::Open,
+        TaskStatus::Claimed,
+        TaskStatus::Done,
+        TaskStatus::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Open => "open",
+            TaskStatus::Claimed => "claimed",
+            TaskStatus::Done => "done",
+            TaskStatus::Cancelled => "cancelled",
+        }
+    }
+
+    /// Done or cancelled: nothing changes the task any more.
+    pub fn is_finished(self) -> bool {
+        match self {
+            TaskStatus::Done | TaskStatus::Cancelled => true,
+            TaskStatus::Open | TaskStatus::Claimed => false,
+        }
+    }
+}
+
+impl fmt::Display for TaskStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
 /// A task as `create_task`, `claim_task`, `get_task` and friends return it.
 #[derive(Clone, Debug, Serialize)]
 pub struct Task {
     pub key: String,
     pub title: String,
-    /// `open`, `claimed`, `done` or `cancelled`. A lapsed lease reads `open`.
-    pub status: String,
+    /// A lapsed lease reads `open`.
+    pub status: TaskStatus,
     pub description: Option<String>,
     pub metadata: Value,
     /// The window holding a live claim.
@@ -108,7 +159,7 @@ pub struct Task {
 pub struct TaskSummary {
     pub key: String,
     pub title: String,
-    pub status: String,
+    pub status: TaskStatus,
     pub holder: Option<Holder>,
     pub lapsed_holder: Option<Holder>,
     pub blocked_by: Vec<String>,
@@ -155,9 +206,32 @@ pub struct NextTask {
     pub message: String,
 }
 
+/// What `list_tasks` filters on: one status, or `any`. A lapsed lease
+/// counts as `open`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatusFilter {
+    Any,
+    Is(TaskStatus),
+}
+
+impl StatusFilter {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StatusFilter::Any => "any",
+            StatusFilter::Is(status) => status.as_str(),
+        }
+    }
+}
+
+impl Serialize for StatusFilter {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct TaskList {
-    pub status: String,
+    pub status: StatusFilter,
     pub mine_only: bool,
     pub count: usize,
     /// More tasks match than `limit` allowed.

@@ -6,7 +6,9 @@ use serde_json::Value;
 
 use super::checks::{check_key, check_list_limit, check_status_filter};
 use super::row::{TaskRow, read_task, summary_columns};
-use super::{EVENTS_SHOWN_MAX, TaskDetail, TaskEvent, TaskList, TaskSummary};
+use super::{
+    EVENTS_SHOWN_MAX, StatusFilter, TaskDetail, TaskEvent, TaskList, TaskStatus, TaskSummary,
+};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::BusResult;
@@ -40,7 +42,10 @@ pub async fn list(
 ) -> BusResult<TaskList> {
     let status = check_status_filter(status)?;
     let limit = check_list_limit(limit)?;
-    let query = if matches!(status.as_str(), "open" | "claimed") {
+    let query = if matches!(
+        status,
+        StatusFilter::Is(TaskStatus::Open | TaskStatus::Claimed)
+    ) {
         concat!(
             "SELECT ",
             summary_columns!(),
@@ -59,7 +64,7 @@ pub async fn list(
     };
     let mut rows: Vec<TaskRow> = sqlx::query_as(query)
         .bind(me.team_id)
-        .bind(&status)
+        .bind(status.as_str())
         .bind(mine_only)
         .bind(me.agent_id)
         .bind(&me.window)

@@ -7,7 +7,7 @@ use serde_json::Value;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::{Holder, Task, TaskSummary};
+use super::{Holder, Task, TaskStatus, TaskSummary};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -38,7 +38,7 @@ pub(super) struct TaskRow {
     pub(super) title: String,
     pub(super) description: Option<String>,
     pub(super) metadata: Value,
-    pub(super) status: String,
+    pub(super) status: TaskStatus,
     pub(super) lapsed: bool,
     pub(super) holder_agent_id: Option<Uuid>,
     pub(super) holder_agent: Option<String>,
@@ -87,11 +87,12 @@ impl TaskRow {
         }
     }
 
-    fn effective_status(&self) -> String {
+    /// The status as every reader sees it: a lapsed claim reads open.
+    fn effective_status(&self) -> TaskStatus {
         if self.lapsed {
-            "open".into()
+            TaskStatus::Open
         } else {
-            self.status.clone()
+            self.status
         }
     }
 
