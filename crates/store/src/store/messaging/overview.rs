@@ -153,7 +153,7 @@ pub struct TaskMove {
     /// Current status; a lapsed claim reads as `open`.
     pub status: crate::store::tasks::TaskStatus,
     /// The latest event in the period: created, claimed, renewed, released, completed, cancelled.
-    pub last_event: String,
+    pub last_event: crate::store::tasks::TaskEventKind,
     pub by: String,
     pub at: DateTime<Utc>,
 }

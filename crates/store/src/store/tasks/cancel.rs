@@ -20,7 +20,7 @@ use uuid::Uuid;
 use super::checks::check_key;
 use super::row::TaskRow;
 use super::transition::{Change, transition_and};
-use super::{Task, TaskStatus};
+use super::{Task, TaskEventKind, TaskStatus};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -128,7 +128,7 @@ pub async fn cancel(bus: &Bus, me: &Identity, key: &str, reason: &str) -> BusRes
                 "holder": holder.as_ref().map(|h| &h.address),
                 "lapsed_holder": lapsed_holder.as_ref().map(|h| &h.address),
             });
-            Ok(Change::new(update, "cancelled", detail))
+            Ok(Change::new(update, TaskEventKind::Cancelled, detail))
         },
         // The holder whose lease ends with the task, and who is left waiting.
         async |conn, row| Ok((row.holders().0, waiting_dependents(conn, me, row.id).await?)),

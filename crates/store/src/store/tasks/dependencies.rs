@@ -30,7 +30,7 @@ use uuid::Uuid;
 use super::checks::{check_dependencies, check_key};
 use super::row::lock_task;
 use super::transition::finish;
-use super::{Task, TaskStatus};
+use super::{Task, TaskEventKind, TaskStatus};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -169,7 +169,8 @@ pub async fn set_dependencies(
         .execute(&mut *tx)
         .await?;
     let detail = json!({ "from": row.depends_on, "to": depends_on });
-    finish(tx, bus, me, row.id, &key, "dependencies_changed", detail).await
+    let event = TaskEventKind::DependenciesChanged;
+    finish(tx, bus, me, row.id, &key, event, detail).await
 }
 
 /// Refuse if any of `new_dependencies` already waits on `task_id`, directly

@@ -11,7 +11,7 @@ use super::checks::{
     check_result, check_title,
 };
 use super::transition::finish;
-use super::{NewTask, Task, dependencies};
+use super::{NewTask, Task, TaskEventKind, dependencies};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -68,7 +68,7 @@ pub async fn create(bus: &Bus, me: &Identity, new: NewTask) -> BusResult<Task> {
         .await?;
     }
     let detail = json!({ "depends_on": depends_on });
-    finish(tx, bus, me, task_id, &key, "created", detail).await
+    finish(tx, bus, me, task_id, &key, TaskEventKind::Created, detail).await
 }
 
 /// Why this window may not `action` the task: the code `task_change`

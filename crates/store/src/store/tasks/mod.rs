@@ -249,12 +249,46 @@ pub struct TaskDetail {
     pub events_total: i64,
 }
 
+/// What a `task_events` row records, stored as text in `task_events.kind`.
+/// The one-round-trip writes (migration 0032) write `claimed`, `renewed`,
+/// `released` and `completed` themselves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
+pub enum TaskEventKind {
+    Created,
+    Claimed,
+    Renewed,
+    Released,
+    Completed,
+    Cancelled,
+    DependenciesChanged,
+}
+
+impl TaskEventKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskEventKind::Created => "created",
+            TaskEventKind::Claimed => "claimed",
+            TaskEventKind::Renewed => "renewed",
+            TaskEventKind::Released => "released",
+            TaskEventKind::Completed => "completed",
+            TaskEventKind::Cancelled => "cancelled",
+            TaskEventKind::DependenciesChanged => "dependencies_changed",
+        }
+    }
+}
+
+impl fmt::Display for TaskEventKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct TaskEvent {
     pub at: DateTime<Utc>,
-    /// `created`, `claimed`, `renewed`, `released`, `completed`, `cancelled`,
-    /// `dependencies_changed`.
-    pub kind: String,
+    pub kind: TaskEventKind,
     /// The address of the window that made the change.
     pub by: String,
     pub detail: Value,

@@ -7,7 +7,8 @@ use serde_json::Value;
 use super::checks::{check_key, check_list_limit, check_status_filter};
 use super::row::{TaskRow, read_task, summary_columns};
 use super::{
-    EVENTS_SHOWN_MAX, StatusFilter, TaskDetail, TaskEvent, TaskList, TaskStatus, TaskSummary,
+    EVENTS_SHOWN_MAX, StatusFilter, TaskDetail, TaskEvent, TaskEventKind, TaskList, TaskStatus,
+    TaskSummary,
 };
 use crate::Bus;
 use crate::auth::Identity;
@@ -88,7 +89,7 @@ pub async fn get(bus: &Bus, me: &Identity, key: &str) -> BusResult<TaskDetail> {
     #[derive(sqlx::FromRow)]
     struct EventRow {
         at: DateTime<Utc>,
-        kind: String,
+        kind: TaskEventKind,
         agent: String,
         session: String,
         detail: Value,

@@ -7,7 +7,7 @@ use serde_json::Value;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::{Holder, Task, TaskStatus, TaskSummary};
+use super::{Holder, Task, TaskEventKind, TaskStatus, TaskSummary};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -262,7 +262,7 @@ pub(super) async fn record_event(
     conn: &mut PgConnection,
     me: &Identity,
     task_id: Uuid,
-    kind: &str,
+    kind: TaskEventKind,
     detail: Value,
 ) -> BusResult<()> {
     sqlx::query(

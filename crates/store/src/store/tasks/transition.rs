@@ -14,8 +14,8 @@ use sqlx::query::Query;
 use sqlx::{PgConnection, Postgres, Transaction};
 use uuid::Uuid;
 
-use super::Task;
 use super::row::{TaskRow, emit, lock_task, read_task, record_event};
+use super::{Task, TaskEventKind};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::BusResult;
@@ -28,12 +28,12 @@ pub(super) type Update = Query<'static, Postgres, PgArguments>;
 /// locked row, and the event that records it.
 pub(super) struct Change {
     update: Update,
-    event: &'static str,
+    event: TaskEventKind,
     detail: Value,
 }
 
 impl Change {
-    pub(super) fn new(update: Update, event: &'static str, detail: Value) -> Self {
+    pub(super) fn new(update: Update, event: TaskEventKind, detail: Value) -> Self {
         Change {
             update,
             event,
@@ -72,7 +72,7 @@ pub(super) async fn finish(
     me: &Identity,
     task_id: Uuid,
     key: &str,
-    event: &str,
+    event: TaskEventKind,
     detail: Value,
 ) -> BusResult<Task> {
     record_event(&mut tx, me, task_id, event, detail).await?;
