@@ -8,13 +8,13 @@ use rmcp::{ErrorData, schemars, tool, tool_router};
 use serde::Deserialize;
 
 use super::{BusServer, caller, reply};
-use acs_store::store::messaging::presence::{self, Beat};
+use acs_store::store::messaging::presence::{self, Beat, PresenceStatus};
 
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HeartbeatArgs {
     /// active, idle, busy or blocked. Omit to keep the current status (`active` on a first heartbeat).
-    #[schemars(extend("enum" = ["active", "idle", "busy", "blocked"]))]
+    #[schemars(extend("enum" = PresenceStatus::ALL))]
     pub status: Option<String>,
     /// The repository you work in (<= 256 bytes). Omit to keep, "" to clear.
     pub repo: Option<String>,

@@ -14,8 +14,11 @@
 //! Dead rows are kept (they answer "when was alice last seen?") until the
 //! presence sweeper deletes those dead for longer than its retention.
 
+use std::fmt;
+use std::str::FromStr;
+
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sqlx::{PgPool, postgres::types::PgInterval};
 use uuid::Uuid;
 
@@ -31,11 +34,68 @@ pub const TTL_DEFAULT_SECS: i64 = 600;
 pub const FIELD_MAX_BYTES: usize = 256;
 pub const PAGE_MAX: i64 = 200;
 pub const SESSIONS_PAGE_DEFAULT: i64 = 50;
-pub const STATUSES: [&str; 4] = ["active", "idle", "busy", "blocked"];
+
+/// What a window says it is doing, stored as text in `presence.status`.
+/// Whether it is online is not a status: that is its expiry (`online`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
+pub enum PresenceStatus {
+    /// The default of a first heartbeat.
+    Active,
+    Idle,
+    Busy,
+    Blocked,
+}
+
+impl PresenceStatus {
+    pub const ALL: [PresenceStatus; 4] = [
+        PresenceStatus::Active,
+        PresenceStatus::Idle,
+        PresenceStatus::Busy,
+        PresenceStatus::Blocked,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PresenceStatus::Active => "active",
+            PresenceStatus::Idle => "idle",
+            PresenceStatus::Busy => "busy",
+            PresenceStatus::Blocked => "blocked",
+        }
+    }
+}
+
+impl fmt::Display for PresenceStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+/// A heartbeat's `status` (trimmed, any case), refused in words that say
+/// nothing was written.
+impl FromStr for PresenceStatus {
+    type Err = BusError;
+
+    fn from_str(raw: &str) -> BusResult<PresenceStatus> {
+        let status = raw.trim().to_ascii_lowercase();
+        if let Some(known) = Self::ALL.into_iter().find(|s| s.as_str() == status) {
+            return Ok(known);
+        }
+        let all: Vec<&str> = Self::ALL.iter().map(|s| s.as_str()).collect();
+        Err(BusError::invalid(format!(
+            "status {} is not one of {}. Nothing was written. Send one of those, or omit status \
+             to keep the current one (`active` on a first heartbeat).",
+            text::quote(raw),
+            all.join(", ")
+        )))
+    }
+}
 
 /// What one heartbeat says. `None` keeps the stored value; `Some("")` clears it.
 #[derive(Clone, Debug, Default)]
 pub struct Beat {
+    /// As the caller sent it: checked by [`PresenceStatus::from_str`].
     pub status: Option<String>,
     pub repo: Option<String>,
     pub branch: Option<String>,
@@ -46,7 +106,7 @@ pub struct Beat {
 }
 
 /// One window as others see it.
-#[derive(Clone, Debug, Serialize, serde::Deserialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow)]
 pub struct Window {
     /// The window label; `""` is the agent's shared window.
     pub session: String,
@@ -55,7 +115,7 @@ pub struct Window {
     /// True while the last heartbeat's ttl has not run out (and the agent is
     /// not disabled).
     pub online: bool,
-    pub status: String,
+    pub status: PresenceStatus,
     pub repo: Option<String>,
     pub branch: Option<String>,
     pub activity: Option<String>,
@@ -86,7 +146,7 @@ pub struct AgentPresence {
     pub disabled: bool,
     /// Address of the window the summary comes from (absent: never seen).
     pub summary_window: Option<String>,
-    pub status: Option<String>,
+    pub status: Option<PresenceStatus>,
     pub activity: Option<String>,
     pub repo: Option<String>,
     pub branch: Option<String>,
@@ -121,19 +181,6 @@ pub struct SessionList {
     pub sessions: Vec<SessionEntry>,
     /// True when more windows matched than `limit` allowed.
     pub truncated: bool,
-}
-
-fn parse_status(raw: &str) -> BusResult<String> {
-    let status = raw.trim().to_ascii_lowercase();
-    if STATUSES.contains(&status.as_str()) {
-        return Ok(status);
-    }
-    Err(BusError::invalid(format!(
-        "status {} is not one of {}. Nothing was written. Send one of those, or omit status \
-         to keep the current one (`active` on a first heartbeat).",
-        text::quote(raw),
-        STATUSES.join(", ")
-    )))
 }
 
 /// A presence field (repo, branch, activity, project, role): one line
@@ -214,7 +261,11 @@ macro_rules! summary_order {
 /// interleave field by field. One round trip: `store_heartbeat` (migration
 /// 0033) runs the write fence and the upsert.
 pub async fn heartbeat(bus: &Bus, me: &Identity, beat: &Beat) -> BusResult<Heartbeat> {
-    let status = beat.status.as_deref().map(parse_status).transpose()?;
+    let status = beat
+        .status
+        .as_deref()
+        .map(PresenceStatus::from_str)
+        .transpose()?;
     let repo = check_label("repo label", beat.repo.as_deref())?;
     let branch = check_label("branch label", beat.branch.as_deref())?;
     let activity = check_label("activity", beat.activity.as_deref())?;
@@ -312,7 +363,7 @@ pub async fn list_agents(bus: &Bus, me: &Identity, online_only: bool) -> BusResu
             online,
             disabled: agent.disabled,
             summary_window: summary.map(|w| w.address.clone()),
-            status: summary.map(|w| w.status.clone()),
+            status: summary.map(|w| w.status),
             activity: summary.and_then(|w| w.activity.clone()),
             repo: summary.and_then(|w| w.repo.clone()),
             branch: summary.and_then(|w| w.branch.clone()),

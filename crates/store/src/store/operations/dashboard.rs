@@ -29,6 +29,7 @@ use crate::backend::Backends;
 use crate::error::{BusError, BusResult};
 use crate::events::{Events, ListenerState};
 use crate::store::identity::admin::{self, Authority};
+use crate::store::messaging::presence::PresenceStatus;
 use crate::store::tasks::TaskStatus;
 use crate::store::{conversations, delivery::outbox, identity::teams, identity::tokens};
 
@@ -344,7 +345,7 @@ pub struct WindowView {
     /// The window label; empty for the agent's shared session.
     pub session: String,
     pub online: bool,
-    pub status: String,
+    pub status: PresenceStatus,
     pub activity: Option<String>,
     pub project: Option<String>,
     pub role: Option<String>,
