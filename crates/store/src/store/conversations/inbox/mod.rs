@@ -107,13 +107,39 @@ pub async fn enqueue_message_references(
     Ok(queued.rows_affected())
 }
 
+/// What an inbox reference is about, stored as text in
+/// `inbox_references.kind`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
+pub enum InboxKind {
+    /// A message for the window.
+    Message,
+    /// The window's own message was acknowledged (or resolved).
+    Receipt,
+}
+
+impl InboxKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InboxKind::Message => "message",
+            InboxKind::Receipt => "receipt",
+        }
+    }
+}
+
+impl std::fmt::Display for InboxKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
 /// One reference handed to a window.
 #[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow)]
 pub struct Delivery {
     /// Pass to `confirm_inbox_delivery` once the reference reached you.
     pub delivery_id: Uuid,
-    /// `message` (a message for you) or `receipt` (your message was acknowledged).
-    pub kind: String,
+    pub kind: InboxKind,
     pub conversation_id: Uuid,
     pub message_id: Uuid,
     pub seq: i64,
