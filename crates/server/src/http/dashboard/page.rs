@@ -363,7 +363,7 @@ fn conversations(conversations: &Conversations) -> String {
                      delivered {}/{} · acknowledged {}/{}</td></tr>",
                     m.seq,
                     escape(&m.from),
-                    pill(&m.publication_state),
+                    pill(m.publication_state.as_str()),
                     m.stored,
                     m.recipients,
                     m.delivered,

@@ -409,7 +409,7 @@ pub struct ConversationMessageView {
     /// None when not shown: see `body_note`.
     pub body: Option<String>,
     pub body_note: Option<String>,
-    pub publication_state: String,
+    pub publication_state: conversations::PublicationState,
     pub created_at: DateTime<Utc>,
     pub recipients: i64,
     pub stored: i64,
