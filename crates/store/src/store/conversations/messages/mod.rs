@@ -81,11 +81,24 @@ pub struct MyReceipt {
     pub resolved_at: Option<DateTime<Utc>>,
 }
 
+/// Why a body cannot be shown, in a word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UnavailableReason {
+    /// Not confirmed by its backend yet.
+    PendingPublication,
+    /// Its publication failed for good.
+    Failed,
+    /// An operator removed it.
+    Tombstoned,
+    /// Its backend did not answer for it now.
+    Unreachable,
+}
+
 /// Why a body cannot be shown.
 #[derive(Clone, Debug, Serialize)]
 pub struct Unavailable {
-    /// `pending_publication`, `failed`, `tombstoned` or `unreachable`.
-    pub reason: String,
+    pub reason: UnavailableReason,
     /// The tombstone's reason, or what to do.
     pub detail: String,
 }
@@ -162,13 +175,13 @@ impl From<MessageRow> for ConversationMessage {
     fn from(row: MessageRow) -> ConversationMessage {
         let unavailable = if let Some(reason) = row.tombstone_reason {
             Some(Unavailable {
-                reason: "tombstoned".into(),
+                reason: UnavailableReason::Tombstoned,
                 detail: reason,
             })
         } else {
             match row.publication_state {
                 PublicationState::PendingPublication => Some(Unavailable {
-                    reason: "pending_publication".into(),
+                    reason: UnavailableReason::PendingPublication,
                     detail: if row.uncertain {
                         "the last publish ended without an answer; the bus is asking the backend \
                          whether it holds the body. Read again shortly."
@@ -178,7 +191,7 @@ impl From<MessageRow> for ConversationMessage {
                     .into(),
                 }),
                 PublicationState::Failed => Some(Unavailable {
-                    reason: "failed".into(),
+                    reason: UnavailableReason::Failed,
                     detail: if row.uncertain {
                         // Given up after attempts nobody answered: not a
                         // refusal, and a resend could store it twice.

@@ -71,7 +71,7 @@ pub async fn read(bus: &Bus, me: &Identity, request: ReadRequest) -> BusResult<R
         let unreachable = message
             .unavailable
             .as_ref()
-            .is_some_and(|u| u.reason == "unreachable");
+            .is_some_and(|u| u.reason == UnavailableReason::Unreachable);
         if message.publication == PublicationState::PendingPublication || unreachable {
             break;
         }
@@ -199,7 +199,7 @@ async fn resolve_bodies(bus: &Bus, rows: Vec<MessageRow>) -> BusResult<Vec<Conve
         if let Some(detail) = unreachable {
             message.body = None;
             message.unavailable = Some(Unavailable {
-                reason: "unreachable".into(),
+                reason: UnavailableReason::Unreachable,
                 detail,
             });
         }
