@@ -359,7 +359,7 @@ async fn migrate(ctx: &Context, args: MigrateArgs, json: bool) -> anyhow::Result
         tombstone_lost,
         nats,
     } = args;
-    let direction = Direction::parse(&to)?;
+    let direction: Direction = to.parse()?;
     let broker = nats.connect_required().await?;
     ctx.with_database(async |pool| {
         let team = teams::find(pool, &team).await?;

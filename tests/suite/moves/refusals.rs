@@ -96,7 +96,7 @@ async fn a_move_is_refused_unpaused_while_a_message_waits_out_a_long_retry_backo
 async fn the_plan_writes_nothing_and_explains_each_conversation() {
     let t = thread("mv-plan", 5).await;
     let other = new_conversation(&t.alice, &t.bob, "empty").await;
-    let err = Direction::parse("s3").unwrap_err().to_string();
+    let err = "s3".parse::<Direction>().unwrap_err().to_string();
     assert!(
         err.contains("jetstream") && err.contains("postgres"),
         "{err}"

@@ -205,24 +205,31 @@ pub enum BackendKind {
 }
 
 impl BackendKind {
-    /// Every backend a team, conversation or message may route to.
-    pub const ALL: [BackendKind; 2] = [BackendKind::Postgres, BackendKind::Jetstream];
-
-    /// Parse a backend name from an operator or a tool, with an error naming both.
-    pub fn parse(raw: &str) -> BusResult<BackendKind> {
-        match raw.trim().to_ascii_lowercase().as_str() {
-            "postgres" => Ok(BackendKind::Postgres),
-            "jetstream" => Ok(BackendKind::Jetstream),
-            other => Err(crate::error::BusError::invalid(format!(
-                "unknown backend {other:?}: use `jetstream` or `postgres`."
-            ))),
-        }
-    }
+    /// Every backend a team, conversation or message may route to, in the
+    /// order the words name them (`jetstream` or `postgres`).
+    pub const ALL: [BackendKind; 2] = [BackendKind::Jetstream, BackendKind::Postgres];
 
     pub fn as_str(self) -> &'static str {
         match self {
             BackendKind::Postgres => "postgres",
             BackendKind::Jetstream => "jetstream",
+        }
+    }
+}
+
+/// The one parse of a backend's name (trimmed, any case), from an operator
+/// or a tool, with an error naming both; a move's direction is made from it.
+impl std::str::FromStr for BackendKind {
+    type Err = crate::error::BusError;
+
+    fn from_str(raw: &str) -> BusResult<BackendKind> {
+        let name = raw.trim().to_ascii_lowercase();
+        match BackendKind::ALL.into_iter().find(|b| b.as_str() == name) {
+            Some(backend) => Ok(backend),
+            None => Err(crate::error::BusError::invalid(format!(
+                "unknown backend {}: use `jetstream` or `postgres`.",
+                acs_wire::text::quote(raw.trim())
+            ))),
         }
     }
 }

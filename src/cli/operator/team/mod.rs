@@ -79,7 +79,7 @@ pub struct CapabilityArgs {
     conversations: Option<String>,
     /// The backend NEW conversations are created on (existing ones stay).
     /// jetstream needs --nats-url and the team's streams there (`team stream`).
-    #[arg(long, value_parser = ["jetstream", "postgres"])]
+    #[arg(long, value_parser = BackendKind::ALL.map(BackendKind::as_str))]
     backend: Option<String>,
     #[command(flatten)]
     nats: NatsArgs,
@@ -209,7 +209,7 @@ async fn capability(
         nats,
     } = args;
     let on = conversations.map(|v| v == "on");
-    let backend = backend.as_deref().map(BackendKind::parse).transpose()?;
+    let backend: Option<BackendKind> = backend.as_deref().map(str::parse).transpose()?;
     let broker = match backend {
         Some(BackendKind::Jetstream) => nats.connect().await.transpose()?,
         _ => None,

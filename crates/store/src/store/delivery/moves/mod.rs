@@ -94,16 +94,27 @@ pub enum Direction {
     ToPostgres,
 }
 
-impl Direction {
-    /// `jetstream` or `postgres` (M1).
-    pub fn parse(raw: &str) -> BusResult<Direction> {
-        match raw.trim() {
-            "jetstream" => Ok(Direction::ToJetStream),
-            "postgres" => Ok(Direction::ToPostgres),
-            other => Err(BusError::invalid(format!(
+/// `--to jetstream` or `--to postgres` (M1): a backend's name, parsed as
+/// [`BackendKind`] parses it, refused in the words of the flag.
+impl std::str::FromStr for Direction {
+    type Err = BusError;
+
+    fn from_str(raw: &str) -> BusResult<Direction> {
+        raw.parse().map(Direction::to).map_err(|_| {
+            BusError::invalid(format!(
                 "unknown backend {}: --to takes `jetstream` or `postgres`.",
-                crate::store::text::quote(other)
-            ))),
+                crate::store::text::quote(raw.trim())
+            ))
+        })
+    }
+}
+
+impl Direction {
+    /// The move to `target`.
+    pub fn to(target: BackendKind) -> Direction {
+        match target {
+            BackendKind::Jetstream => Direction::ToJetStream,
+            BackendKind::Postgres => Direction::ToPostgres,
         }
     }
 
@@ -318,5 +329,29 @@ mod tests {
             "to_jet_stream"
         );
         assert_eq!(Direction::ToPostgres.in_words(), "to postgres");
+    }
+
+    /// `--to` reads a backend's name as every other flag does (trimmed, any
+    /// case), and refuses anything else in the flag's words.
+    #[test]
+    fn a_direction_is_a_backend_name() {
+        assert_eq!(
+            " JetStream ".parse::<Direction>().unwrap(),
+            Direction::ToJetStream
+        );
+        assert_eq!(
+            "postgres".parse::<Direction>().unwrap(),
+            Direction::ToPostgres
+        );
+        assert_eq!(
+            "s3".parse::<Direction>().unwrap_err().to_string(),
+            "unknown backend \"s3\": --to takes `jetstream` or `postgres`."
+        );
+        assert_eq!(
+            "s3".parse::<crate::backend::BackendKind>()
+                .unwrap_err()
+                .to_string(),
+            "unknown backend \"s3\": use `jetstream` or `postgres`."
+        );
     }
 }
