@@ -268,10 +268,6 @@ impl Mover<'_> {
                 source.id, source.backend
             )));
         };
-        let broker = self
-            .jetstream
-            .as_ref()
-            .expect("a broker for a jetstream source");
         let named = |why: String| {
             format!(
                 "message {} (seq {}) cannot be read from the broker at {locator}: {why}. \
@@ -283,7 +279,11 @@ impl Mover<'_> {
                 source.id, source.seq, self.conversation_id
             )
         };
-        match broker.fetch(&Locator(locator.clone()), source.id).await {
+        match self
+            .jetstream
+            .fetch(&Locator(locator.clone()), source.id)
+            .await
+        {
             Ok(Some(body)) => Ok(body),
             Ok(None) => Err(BusError::not_found(named(
                 "the broker no longer holds the body".to_owned(),

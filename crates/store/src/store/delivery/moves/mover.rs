@@ -28,8 +28,10 @@ pub(super) struct Mover<'a> {
     pub(super) migration_id: Uuid,
     /// Where the copies go.
     pub(super) target: AnyBackend,
-    /// The broker, for reading bodies back from JetStream (to_postgres).
-    pub(super) jetstream: Option<AnyBackend>,
+    /// The broker, for reading bodies back from JetStream (to_postgres) and
+    /// tombstoning the bodies it lost. Both directions need it: a move is
+    /// refused before anything is written when there is none.
+    pub(super) jetstream: AnyBackend,
     progress: &'a (dyn Fn(&Progress) + Sync),
     totals: (i64, i64),
     pub(super) done: Outcome,
@@ -79,7 +81,7 @@ pub async fn run(
         direction,
         migration_id,
         target,
-        jetstream: Some(jetstream),
+        jetstream,
         progress,
         totals: (0, 0),
         done: Outcome {
@@ -110,7 +112,7 @@ pub async fn run(
             )));
         }
         if let (Some(actor), false) = (tombstone_lost, plan.lost.is_empty()) {
-            let broker = mover.jetstream.as_ref().expect("a broker for lost bodies");
+            let broker = &mover.jetstream;
             lost_bodies::tombstone_known_lost(pool, broker, team_id, conversation_id, actor)
                 .await?;
         }
