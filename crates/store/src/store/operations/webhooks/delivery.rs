@@ -41,16 +41,9 @@ pub struct Claimed {
     pub attempts: i32,
     pub created_at: DateTime<Utc>,
     pub url: String,
-    kind: String,
+    pub kind: WebhookKind,
     pub secret: String,
     pub allow_private: bool,
-}
-
-impl Claimed {
-    pub fn kind(&self) -> WebhookKind {
-        // The column's CHECK admits these three only.
-        WebhookKind::parse(&self.kind).unwrap_or(WebhookKind::Generic)
-    }
 }
 
 /// Lease up to `batch` due deliveries (oldest due first) for `lease`, none of

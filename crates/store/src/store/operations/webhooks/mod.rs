@@ -50,7 +50,9 @@ pub const FAILURES_SHOWN: i64 = 5;
 
 /// What a receiver is: a generic JSON endpoint (signed envelope), or a chat
 /// service's incoming webhook (a short text).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// Stored as text in `webhooks.kind`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
 #[serde(rename_all = "lowercase")]
 pub enum WebhookKind {
     Generic,
@@ -180,7 +182,7 @@ struct WebhookRow {
     id: Uuid,
     team: String,
     url: String,
-    kind: String,
+    kind: WebhookKind,
     events: Vec<String>,
     channels: Option<Vec<String>>,
     allow_private: bool,
@@ -299,7 +301,7 @@ pub async fn add(pool: &PgPool, team: &TeamScope, new: NewWebhook) -> BusResult<
     .bind(id)
     .bind(found.id)
     .bind(url.as_str())
-    .bind(new.kind.as_str())
+    .bind(new.kind)
     .bind(&events)
     .bind((!channels.is_empty()).then_some(&channels))
     .bind(&secret)
@@ -507,7 +509,7 @@ async fn summaries(
             id: row.id,
             team: row.team,
             url: row.url,
-            kind: WebhookKind::parse(&row.kind)?,
+            kind: row.kind,
             events: row.events,
             channels: row.channels,
             allow_private: row.allow_private,

@@ -24,7 +24,7 @@ const QUOTE_MAX_CHARS: usize = 300;
 
 /// The body to send, as bytes: the signature covers exactly these.
 pub fn body(claimed: &Claimed) -> Vec<u8> {
-    let value = match claimed.kind() {
+    let value = match claimed.kind {
         WebhookKind::Generic => json!({
             "id": claimed.id,
             "webhook_id": claimed.webhook_id,
