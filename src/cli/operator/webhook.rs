@@ -48,7 +48,7 @@ pub struct AddArgs {
     #[arg(long)]
     url: String,
     /// generic: signed JSON envelope; slack / discord: a short text for an incoming webhook.
-    #[arg(long, value_parser = ["generic", "slack", "discord"], default_value = "generic")]
+    #[arg(long, value_parser = WebhookKind::ALL.map(WebhookKind::as_str), default_value = "generic")]
     kind: String,
     /// Event families, comma-separated: message, announcement, task, lock, note,
     /// conversation [default: all]. Never direct messages or conversation bodies.

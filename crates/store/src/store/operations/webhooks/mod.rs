@@ -61,6 +61,12 @@ pub enum WebhookKind {
 }
 
 impl WebhookKind {
+    pub const ALL: [WebhookKind; 3] = [
+        WebhookKind::Generic,
+        WebhookKind::Slack,
+        WebhookKind::Discord,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             WebhookKind::Generic => "generic",
