@@ -1,8 +1,9 @@
 //! The contract the server and the agent side share, with no I/O: the
-//! character rules of text fields, the window label and address rule, and
-//! the body limit. Both sides
+//! character rules of text fields, the window label and address rule, the
+//! body limit, and the inbox reference a window is handed. Both sides
 //! depend on this crate; it depends on nothing of the bus.
 
+pub mod inbox;
 pub mod label;
 pub mod limits;
 pub mod text;

@@ -41,21 +41,9 @@ use super::local_files;
 /// and the hooks to say what arrived lately) before compaction drops it.
 pub const KEEP_CONFIRMED: Duration = Duration::hours(48);
 
-/// One inbox reference as `fetch_conversation_inbox` hands it out.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Reference {
-    pub delivery_id: Uuid,
-    /// `message` (a message for this window) or `receipt` (its own message
-    /// was acknowledged).
-    pub kind: String,
-    pub conversation_id: Uuid,
-    pub message_id: Uuid,
-    pub seq: i64,
-    pub from: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub receipt: Option<String>,
-    pub queued_at: DateTime<Utc>,
-}
+/// One inbox reference as `fetch_conversation_inbox` hands it out (the
+/// server's very shape).
+pub use acs_wire::inbox::InboxReference as Reference;
 
 /// A reference in the spool, and when it was confirmed to the bus.
 #[derive(Clone, Debug, PartialEq)]
@@ -337,7 +325,7 @@ mod tests {
     fn reference(seq: i64) -> Reference {
         Reference {
             delivery_id: Uuid::now_v7(),
-            kind: "message".into(),
+            kind: acs_wire::inbox::InboxKind::Message,
             conversation_id: Uuid::nil(),
             message_id: Uuid::now_v7(),
             seq,

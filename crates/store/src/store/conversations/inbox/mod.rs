@@ -13,7 +13,6 @@
 //! What is owed is read a page at a time in `owed.rs` (the top-up walk, the
 //! hand-out page, the bounded status counts).
 
-use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
@@ -107,48 +106,9 @@ pub async fn enqueue_message_references(
     Ok(queued.rows_affected())
 }
 
-/// What an inbox reference is about, stored as text in
-/// `inbox_references.kind`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type)]
-#[sqlx(type_name = "text", rename_all = "snake_case")]
-#[serde(rename_all = "snake_case")]
-pub enum InboxKind {
-    /// A message for the window.
-    Message,
-    /// The window's own message was acknowledged (or resolved).
-    Receipt,
-}
-
-impl InboxKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            InboxKind::Message => "message",
-            InboxKind::Receipt => "receipt",
-        }
-    }
-}
-
-impl std::fmt::Display for InboxKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.pad(self.as_str())
-    }
-}
-
-/// One reference handed to a window.
-#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow)]
-pub struct Delivery {
-    /// Pass to `confirm_inbox_delivery` once the reference reached you.
-    pub delivery_id: Uuid,
-    pub kind: InboxKind,
-    pub conversation_id: Uuid,
-    pub message_id: Uuid,
-    pub seq: i64,
-    /// message: the sender; receipt: who acknowledged.
-    pub from: String,
-    /// receipt: `acknowledged` or `resolved`.
-    pub receipt: Option<String>,
-    pub queued_at: DateTime<Utc>,
-}
+// What a window is handed is the contract both sides keep: the agent side
+// spools these very references (`acs_agent::client::spool`).
+pub use acs_wire::inbox::{InboxKind, InboxReference as Delivery};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Fetched {
@@ -492,17 +452,21 @@ pub struct Queued {
 /// References of teams routed to JetStream not yet on the broker, oldest
 /// first. Read without a lock: publishing twice is deduplicated by id.
 pub async fn unpublished(pool: &sqlx::PgPool, limit: i64) -> BusResult<Vec<Queued>> {
+    // The reference as JSON, the shape the wire crate defines (as
+    // fetch_inbox_page answers it).
     #[derive(sqlx::FromRow)]
     struct Row {
         team_id: Uuid,
         recipient_key: String,
-        #[sqlx(flatten)]
-        delivery: Delivery,
+        delivery: sqlx::types::Json<Delivery>,
     }
     let rows: Vec<Row> = sqlx::query_as(
-        "SELECT i.team_id, i.recipient_key, i.id AS delivery_id, i.kind, i.conversation_id,
-                i.message_id, i.seq, i.actor AS from, NULLIF(i.receipt, '') AS receipt,
-                i.created_at AS queued_at
+        "SELECT i.team_id, i.recipient_key,
+                json_build_object('delivery_id', i.id, 'kind', i.kind,
+                                  'conversation_id', i.conversation_id, 'message_id', i.message_id,
+                                  'seq', i.seq, 'from', i.actor,
+                                  'receipt', NULLIF(i.receipt, ''), 'queued_at', i.created_at)
+                    AS delivery
            FROM inbox_references i JOIN teams t ON t.id = i.team_id
           WHERE i.published_at IS NULL AND i.delivered_at IS NULL
             AND t.conversation_backend = 'jetstream'
@@ -518,7 +482,7 @@ pub async fn unpublished(pool: &sqlx::PgPool, limit: i64) -> BusResult<Vec<Queue
         .map(|r| Queued {
             team_id: r.team_id,
             recipient_key: r.recipient_key,
-            delivery: r.delivery,
+            delivery: r.delivery.0,
         })
         .collect())
 }
