@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 
 use serde_json::Value;
 
-use crate::support::{TestApp, free_port, spawn_app};
+use crate::support::{TestApp, eventually, free_port, spawn_app};
 
 /// One agent window at the console.
 #[derive(Clone)]
@@ -500,13 +500,11 @@ async fn client_ask_waits_for_the_answer() {
                 .await
         })
     };
-    let question = loop {
+    let question = eventually("the question in bob's inbox", async || {
         let inbox = bob.json(&["read", "--scope", "inbox"]).await;
-        if let Some(question) = inbox["messages"].as_array().unwrap().first() {
-            break question.clone();
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    };
+        inbox["messages"].as_array().unwrap().first().cloned()
+    })
+    .await;
     assert_eq!(question["question"], true);
     bob.ok(&[
         "send",
@@ -536,7 +534,7 @@ async fn client_wait_wakes_on_a_direct_message() {
         let bob = bob.clone();
         tokio::spawn(async move { bob.run(&["wait", "--timeout", "30"]).await })
     };
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    app.until_waiting(1).await;
     alice
         .ok(&["send", "--to", "bob/w1", "build is green"])
         .await;

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::support::{McpClient, TestApp, in_team, spawn_app, test_actor};
+use crate::support::{McpClient, TestApp, eventually, in_team, spawn_app, test_actor};
 
 /// A team with conversations on and the given agents; their tokens in order.
 async fn team_with(app: &TestApp, team: &str, agents: &[&str]) -> Vec<String> {
@@ -1006,7 +1006,7 @@ async fn the_conversation_wait_wakes_for_an_unacknowledged_message_and_not_for_a
             json!({"timeout_seconds": 2})
         ),
         async {
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            app.until_waiting(1).await;
             send(&alice, elsewhere, "not for bob").await.unwrap();
         }
     );
@@ -1025,7 +1025,7 @@ async fn the_conversation_wait_wakes_for_an_unacknowledged_message_and_not_for_a
             json!({"timeout_seconds": 30})
         ),
         async {
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            app.until_waiting(1).await;
             send(&alice, conv, "your turn").await.unwrap()
         }
     );
@@ -1188,7 +1188,7 @@ async fn a_conversation_wait_blocked_across_its_token_revocation_answers_the_ref
     let wait = tokio::spawn(async move {
         receipts::wait_for_conversation_updates(&bus, &waiter, Duration::from_secs(30)).await
     });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    app.until_waiting(1).await;
     tokens::revoke(&app.pool, alice.token_id, &in_team("acme"))
         .await
         .unwrap();
@@ -1329,17 +1329,19 @@ async fn a_send_declined_for_a_change_undone_before_it_is_explained_is_tried_aga
 
     let meanwhile = async {
         // The send queues for the lock; a second writer queues behind it.
-        while lock_waiters().await < 1 {
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
+        eventually("the send to queue for the lock", async || {
+            lock_waiters().await >= 1
+        })
+        .await;
         let mut returning = app.pool.begin().await.unwrap();
         let take_lock = sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
             .bind(conv)
             .execute(&mut *returning);
         let release_first = async {
-            while lock_waiters().await < 2 {
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            }
+            eventually("a second writer to queue behind the send", async || {
+                lock_waiters().await >= 2
+            })
+            .await;
             // The send sees the seat `left` and is declined; the second
             // writer gets the lock next and makes the seat active again
             // before the explanation (which locks the row too) reads it.

@@ -3,6 +3,30 @@
 
 mod support;
 
+/// How many tests run at once when neither `RUST_TEST_THREADS` nor
+/// `--test-threads` says: libtest's default is one per core, but this
+/// suite's tests mostly wait (long polls, child processes, brokers'
+/// timeouts, elections), so on a small machine three per core, at most six,
+/// finish it in about half the time. Six keeps a run's database connections
+/// (up to eight per server under test) under PostgreSQL's default 100;
+/// machines with six cores or more keep libtest's default. Set from
+/// `.init_array`, before main, where libtest reads the variable from.
+#[cfg(target_os = "linux")]
+#[used]
+#[unsafe(link_section = ".init_array")]
+static DEFAULT_TEST_THREADS: extern "C" fn() = default_test_threads;
+
+#[cfg(target_os = "linux")]
+extern "C" fn default_test_threads() {
+    if std::env::var_os("RUST_TEST_THREADS").is_some() {
+        return;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = cores.max((3 * cores).min(6));
+    // SAFETY: this runs before main, while the process has one thread.
+    unsafe { std::env::set_var("RUST_TEST_THREADS", threads.to_string()) };
+}
+
 mod admin;
 mod architecture;
 mod attachments;

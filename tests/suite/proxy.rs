@@ -349,11 +349,24 @@ async fn a_revoked_token_stops_the_next_call_with_what_to_do() {
     let before = driver.until_pause().await;
     assert_eq!(calls(&before)[0]["is_error"], false, "{before:#?}");
 
+    let generation = || app.bus.events.credentials_generation();
+    eventually(
+        "the event listener to attach (a credentials generation)",
+        async || generation().is_some(),
+    )
+    .await;
+    let heard = generation();
     for token in tokens::list(&app.pool, &in_team("acme")).await.unwrap() {
         tokens::revoke(&app.pool, token.id, &globally())
             .await
             .unwrap();
     }
+    // The server's credential cache forgets on the revocation's notification.
+    eventually(
+        "the revocation to reach the credentials cache",
+        async || generation() != heard,
+    )
+    .await;
     driver.resume().await;
     let after = driver.rest().await;
     let refused = calls(&after)[0];

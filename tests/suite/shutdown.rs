@@ -86,8 +86,7 @@ async fn shutdown_answers_every_blocked_long_poll_and_lets_calls_in_flight_finis
             ),
         )
     });
-    // Let the three calls reach the server and block.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    app.until_waiting(3).await;
     app.begin_shutdown();
 
     // Each waiter gets its tool's normal answer, at once (not after its

@@ -6,7 +6,7 @@
 
 use serde_json::{Value, json};
 
-use crate::support::{McpClient, TestApp, spawn_app};
+use crate::support::{McpClient, TestApp, eventually, spawn_app};
 
 async fn create(client: &McpClient, key: &str, depends_on: &[&str]) -> Value {
     client
@@ -84,7 +84,7 @@ async fn the_creator_cancels_an_open_task_from_another_window_and_a_waiter_wakes
             .unwrap();
         (w1, woke)
     });
-    tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
+    app.until_waiting(1).await;
 
     let cancelled = cancel(
         &w2,
@@ -558,23 +558,28 @@ async fn a_claim_waiting_behind_a_re_point_sees_the_new_dependency() {
     .await
     .unwrap();
 
-    let claim = tokio::spawn(async move { bob.call("claim_task", json!({"key": "work"})).await });
-    // Until the claim waits on a lock the re-point holds.
-    loop {
-        let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_locks WHERE NOT granted")
-            .fetch_one(&app.pool)
-            .await
-            .unwrap();
-        if waiting > 0 {
-            break;
-        }
-        assert!(
-            !claim.is_finished(),
-            "the claim did not wait: {:?}",
-            claim.await
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let mut claim =
+        tokio::spawn(async move { bob.call("claim_task", json!({"key": "work"})).await });
+    eventually(
+        "the claim to wait on a lock the re-point holds",
+        async || {
+            let waiting: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM pg_locks WHERE NOT granted")
+                    .fetch_one(&app.pool)
+                    .await
+                    .unwrap();
+            if waiting > 0 {
+                return true;
+            }
+            assert!(
+                !claim.is_finished(),
+                "the claim did not wait: {:?}",
+                (&mut claim).await
+            );
+            false
+        },
+    )
+    .await;
     repoint.commit().await.unwrap();
 
     let refused = claim

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::support::{McpClient, spawn_app};
+use crate::support::{McpClient, eventually, spawn_app};
 
 /// Keep posting `args` as `client` until `waiter` finishes (at most `tries`).
 async fn post_until_done(
@@ -81,7 +81,7 @@ async fn a_wait_does_not_wake_for_a_sibling_windows_dm_or_other_channels_or_itse
             .unwrap();
         (w1, result)
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    app.until_waiting(1).await;
     alice
         .call("post_message", json!({"to": "bob/w2", "body": "for w2"}))
         .await
@@ -171,7 +171,7 @@ async fn ask_agent_returns_the_teammates_answer_and_a_sibling_cannot_answer_for_
         (asker, result)
     });
     // The sibling window sees nothing to answer in its inbox, but tries anyway.
-    let question_id = loop {
+    let question_id = eventually("the question in bob's inbox", async || {
         let inbox = bob
             .call(
                 "read_messages",
@@ -179,13 +179,12 @@ async fn ask_agent_returns_the_teammates_answer_and_a_sibling_cannot_answer_for_
             )
             .await
             .unwrap();
-        if let Some(q) = inbox["messages"].as_array().unwrap().first() {
-            assert_eq!(q["from"], "alice/w1", "the question says where to answer");
-            assert_eq!(q["question"], true);
-            break q["id"].clone();
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        let q = inbox["messages"].as_array().unwrap().first()?;
+        assert_eq!(q["from"], "alice/w1", "the question says where to answer");
+        assert_eq!(q["question"], true);
+        Some(q["id"].clone())
+    })
+    .await;
     sibling
         .call(
             "post_message",
@@ -253,16 +252,14 @@ async fn only_the_asked_agent_answers_a_question_and_a_third_agents_reply_stays_
             .unwrap();
         (asker, result, started.elapsed())
     });
-    let question_id = loop {
+    let question_id = eventually("the question in bob's inbox", async || {
         let inbox = bob
             .call("read_messages", json!({"scope": "inbox"}))
             .await
             .unwrap();
-        if let Some(q) = inbox["messages"].as_array().unwrap().first() {
-            break q["id"].clone();
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        Some(inbox["messages"].as_array().unwrap().first()?["id"].clone())
+    })
+    .await;
     let carols = carol
         .call(
             "post_message",
@@ -544,21 +541,7 @@ async fn a_wait_gives_its_hub_registration_back_when_woken_or_abandoned() {
     let alice = app.mcp(&app.agent("acme", "alice").await, None).await;
     let bob = app.mcp(&app.agent("acme", "bob").await, None).await;
     let carol = app.mcp(&app.agent("acme", "carol").await, None).await;
-    let registered = |count: usize| {
-        let events = app.bus.events.clone();
-        async move {
-            for _ in 0..400 {
-                if events.waits_registered() == count {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(25)).await;
-            }
-            panic!(
-                "{} waits registered, expected {count}",
-                events.waits_registered()
-            );
-        }
-    };
+    let registered = |count: usize| app.until_waiting(count);
     let wait = json!({"timeout_seconds": 60, "kinds": ["message"]});
 
     let woken = tokio::spawn({

@@ -354,8 +354,7 @@ async fn a_wait_blocked_across_its_token_revocation_answers_the_refusal_not_the_
             .call("wait_for_updates", json!({ "timeout_seconds": 30 }))
             .await
     });
-    // Let the wait subscribe, find nothing and block.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    app.until_waiting(1).await;
     let token_id: Uuid = sqlx::query_scalar(
         "SELECT t.id FROM agent_tokens t JOIN agents a ON a.id = t.agent_id WHERE a.name = 'alice'",
     )

@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::{private_conversation, send, team_with_conversations};
 use crate::support::browser::Browser;
-use crate::support::{TestApp, spawn_app};
+use crate::support::{TestApp, eventually, spawn_app};
 
 const XSS_TITLE: &str =
     r#"<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>"#;
@@ -20,6 +20,18 @@ async fn open_signed_in(app: &TestApp, token: &str) -> Browser {
     browser.goto(&app.url("/dashboard")).await;
     browser.type_into("#token", token).await;
     browser.click("#sign-in").await;
+    // The click may return before the form's navigation has begun: a page
+    // read now could still be the sign-in form.
+    eventually("the dashboard after signing in", async || {
+        browser
+            .script(
+                "return document.readyState === 'complete' && !!document.body \
+                 && !document.body.classList.contains('sign-in');",
+            )
+            .await
+            == json!(true)
+    })
+    .await;
     browser
 }
 

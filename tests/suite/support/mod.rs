@@ -294,6 +294,16 @@ impl TestApp {
         }
     }
 
+    /// Until exactly `n` long polls (waits and asks) are registered with
+    /// this server's event hub: blocked, so a change now is one they await.
+    pub async fn until_waiting(&self, n: usize) {
+        eventually(
+            &format!("{n} long poll(s) registered on the server"),
+            async || self.bus.events.waits_registered() == n,
+        )
+        .await
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }

@@ -22,6 +22,7 @@
 use std::sync::{Mutex, OnceLock};
 
 use ai_crew_sync::db::{self, embedded::EmbeddedPostgres};
+use futures::StreamExt;
 use sha2::{Digest, Sha256};
 use sqlx::{Connection, PgConnection, PgPool};
 use uuid::Uuid;
@@ -46,6 +47,8 @@ const BUILD_LOCK: i32 = 0;
 const TEMPLATE_PREFIX: &str = "acs_template_";
 /// A template still being migrated: this prefix and the digest.
 const BUILDING_PREFIX: &str = "acs_building_";
+/// How many of this process's databases are dropped at once at exit.
+const DROPS_AT_ONCE: usize = 16;
 
 fn server() -> &'static Server {
     SERVER.get_or_init(|| {
@@ -85,17 +88,25 @@ extern "C" fn cleanup_at_exit() {
         std::mem::take(&mut *CREATED.lock().unwrap_or_else(|p| p.into_inner()));
     if server.embedded.is_none() && !names.is_empty() {
         // A shared server keeps running: drop what this process created
-        // (the template stays for the next run).
+        // (the template stays for the next run). PostgreSQL 15 ends each
+        // DROP DATABASE with a checkpoint; drops running side by side wait
+        // for the same one, where one after the other each waits for its own.
         if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
         {
             rt.block_on(async {
-                if let Ok(pool) = db::connect(&server.admin_url, 1).await {
-                    for name in names {
-                        let sql = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
-                        let _ = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&pool).await;
-                    }
+                if let Ok(pool) = db::connect(&server.admin_url, DROPS_AT_ONCE as u32).await {
+                    futures::stream::iter(names)
+                        .for_each_concurrent(DROPS_AT_ONCE, |name| {
+                            let pool = &pool;
+                            async move {
+                                let sql =
+                                    format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
+                                let _ = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(pool).await;
+                            }
+                        })
+                        .await;
                     pool.close().await;
                 }
             });

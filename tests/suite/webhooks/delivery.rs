@@ -407,12 +407,18 @@ async fn a_paused_hook_is_sent_nothing_and_resuming_sends_what_was_queued_before
         .map(|r| r.json()["data"]["body"].as_str().unwrap().to_owned())
         .collect();
     assert_eq!(bodies, ["before the pause", "after the resume"]);
-    let states: Vec<String> = rows_of(&app, paused)
-        .await
-        .into_iter()
-        .map(|r| r.0)
-        .collect();
-    assert_eq!(states, ["delivered", "delivered"]);
+    // The receiver has answered; the dispatcher records it just after.
+    eventually("both deliveries recorded delivered", async || {
+        let states: Vec<String> = rows_of(&app, paused)
+            .await
+            .into_iter()
+            .map(|r| r.0)
+            .collect();
+        (states == ["delivered", "delivered"])
+            .then_some(())
+            .ok_or(states)
+    })
+    .await;
 }
 
 // A claim made while a pause is being committed takes nothing of the
