@@ -27,6 +27,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::Bus;
+use crate::auth::Identity;
 use crate::error::BusResult;
 use crate::events::{BusEvent, Lagged, ListenerState, Waiter};
 
@@ -94,6 +95,19 @@ impl<T: Default> Waited<T> {
             suggestion: Some(restarting_suggestion(tool)),
         }
     }
+}
+
+/// A long poll's answer, given only while the caller's credential still
+/// holds: a wait blocked across a revocation answers the refusal, never the
+/// news.
+pub(crate) async fn answer_if_still_valid<T>(
+    bus: &Bus,
+    me: &Identity,
+    wait: impl std::future::Future<Output = BusResult<T>>,
+) -> BusResult<T> {
+    let answer = wait.await?;
+    crate::store::identity::sessions::still_valid(&bus.pool, me).await?;
+    Ok(answer)
 }
 
 /// What a long poll says when it ends because the server is stopping (a

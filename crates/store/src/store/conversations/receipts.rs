@@ -29,7 +29,7 @@ use crate::events::EventKind;
 use crate::store::conversations::messages::{conversation_of, message_not_found};
 use crate::store::conversations::{self, ReadAccess};
 use crate::store::fenced;
-use crate::store::long_poll::{OnEvent, Polled, Waited, long_poll};
+use crate::store::long_poll::{OnEvent, Polled, Waited, answer_if_still_valid, long_poll};
 
 pub const NOTE_MAX_BYTES: usize = 1024;
 
@@ -355,60 +355,54 @@ pub async fn wait_for_conversation_updates(
     me: &Identity,
     timeout: Duration,
 ) -> BusResult<ConversationWait> {
-    let result = wait_for_conversation_updates_unchecked(bus, me, timeout).await?;
-    crate::store::identity::sessions::still_valid(&bus.pool, me).await?;
-    Ok(result)
-}
-
-async fn wait_for_conversation_updates_unchecked(
-    bus: &Bus,
-    me: &Identity,
-    timeout: Duration,
-) -> BusResult<ConversationWait> {
-    // Membership decides who a send is for, and only the database knows it:
-    // any send by someone else in this team is worth a look.
-    let mut events = {
-        let (agent, window) = (me.agent_id, me.window.clone());
-        bus.events.wait_for(
-            me.team_id,
-            Box::new(move |event| {
-                event.kind == EventKind::Conversation
-                    && !(event.actor == Some(agent)
-                        && event.actor_session.as_deref() == Some(window.as_str()))
-            }),
-        )
-    };
-    {
-        let mut conn = bus.pool.acquire().await?;
-        conversations::refuse_borrowed_label(&mut conn, me).await?;
-    }
-    let deadline = Instant::now() + timeout;
-    let polled = long_poll(
-        &mut events,
-        bus,
-        deadline,
-        |_| OnEvent::<Infallible>::Recheck,
-        || async move {
-            let owed = owed_acknowledgements(bus, me, None).await?;
-            Ok((!owed.is_empty()).then_some(owed))
-        },
-    )
-    .await?;
-    let owed = match polled {
-        Polled::Found(owed) => owed,
-        Polled::Ended(never) => match never {},
-        Polled::Stopping => {
-            return Ok(ConversationWait::restarting(
-                "wait_for_conversation_updates",
-            ));
+    // No answer for a credential taken away while the call waited.
+    answer_if_still_valid(bus, me, async {
+        // Membership decides who a send is for, and only the database knows it:
+        // any send by someone else in this team is worth a look.
+        let mut events = {
+            let (agent, window) = (me.agent_id, me.window.clone());
+            bus.events.wait_for(
+                me.team_id,
+                Box::new(move |event| {
+                    event.kind == EventKind::Conversation
+                        && !(event.actor == Some(agent)
+                            && event.actor_session.as_deref() == Some(window.as_str()))
+                }),
+            )
+        };
+        {
+            let mut conn = bus.pool.acquire().await?;
+            conversations::refuse_borrowed_label(&mut conn, me).await?;
         }
-        // One last look at the deadline, then say it passed.
-        Polled::TimedOut => owed_acknowledgements(bus, me, None).await?,
-    };
-    if owed.is_empty() {
-        return Ok(ConversationWait::timed_out());
-    }
-    Ok(ConversationWait::woke(Conversations {
-        conversations: owed,
-    }))
+        let deadline = Instant::now() + timeout;
+        let polled = long_poll(
+            &mut events,
+            bus,
+            deadline,
+            |_| OnEvent::<Infallible>::Recheck,
+            || async move {
+                let owed = owed_acknowledgements(bus, me, None).await?;
+                Ok((!owed.is_empty()).then_some(owed))
+            },
+        )
+        .await?;
+        let owed = match polled {
+            Polled::Found(owed) => owed,
+            Polled::Ended(never) => match never {},
+            Polled::Stopping => {
+                return Ok(ConversationWait::restarting(
+                    "wait_for_conversation_updates",
+                ));
+            }
+            // One last look at the deadline, then say it passed.
+            Polled::TimedOut => owed_acknowledgements(bus, me, None).await?,
+        };
+        if owed.is_empty() {
+            return Ok(ConversationWait::timed_out());
+        }
+        Ok(ConversationWait::woke(Conversations {
+            conversations: owed,
+        }))
+    })
+    .await
 }

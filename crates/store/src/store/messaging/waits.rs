@@ -29,8 +29,8 @@ use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::events::{BusEvent, EventKind, Waiter};
-use crate::store::long_poll::{OnEvent, Polled, Waited, long_poll};
-use crate::store::{identity::sessions, messaging::channels, messaging::messages};
+use crate::store::long_poll::{OnEvent, Polled, Waited, answer_if_still_valid, long_poll};
+use crate::store::{messaging::channels, messaging::messages};
 
 pub const TIMEOUT_MIN_SECS: u64 = 1;
 pub const TIMEOUT_MAX_SECS: u64 = 300;
@@ -169,74 +169,68 @@ pub async fn wait_for_updates(
     me: &Identity,
     request: WaitRequest,
 ) -> BusResult<WaitResult> {
-    let result = wait_for_updates_unchecked(bus, me, request).await?;
-    sessions::still_valid(&bus.pool, me).await?;
-    Ok(result)
-}
-
-async fn wait_for_updates_unchecked(
-    bus: &Bus,
-    me: &Identity,
-    request: WaitRequest,
-) -> BusResult<WaitResult> {
-    let mut events = {
-        let (me, request) = (me.clone(), request.clone());
-        bus.events.wait_for(
-            me.team_id,
-            Box::new(move |event| may_concern(event, &me, &request)),
-        )
-    };
-    let focus = match messages::default_channel(bus, me).await? {
-        Some(name) => channels::find(bus, me, &name).await?.map(|c| c.id),
-        None => None,
-    };
-    let wants_messages = request
-        .kinds
-        .as_ref()
-        .is_none_or(|k| k.contains(&EventKind::Message));
-    // Changes committed from here on are found by the database check too, so
-    // a notification that never arrives delays a wake by one re-check at most.
-    let since: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
-        .fetch_one(&bus.pool)
-        .await?;
-    let deadline = Instant::now() + request.timeout;
-    let request = &request;
-    let polled = long_poll(
-        &mut events,
-        bus,
-        deadline,
-        |event| {
-            if concerns(&event, me, focus, request) {
-                OnEvent::End(event)
-            } else {
-                OnEvent::Ignore
-            }
-        },
-        || async move {
-            // Unread direct messages wake at once: they may have arrived before we subscribed.
-            if wants_messages {
-                let pending = pending_direct(bus, me).await?;
-                if !pending.is_empty() {
-                    return Ok(Some(pending));
+    // No answer for a credential taken away while the call waited.
+    answer_if_still_valid(bus, me, async {
+        let mut events = {
+            let (me, request) = (me.clone(), request.clone());
+            bus.events.wait_for(
+                me.team_id,
+                Box::new(move |event| may_concern(event, &me, &request)),
+            )
+        };
+        let focus = match messages::default_channel(bus, me).await? {
+            Some(name) => channels::find(bus, me, &name).await?.map(|c| c.id),
+            None => None,
+        };
+        let wants_messages = request
+            .kinds
+            .as_ref()
+            .is_none_or(|k| k.contains(&EventKind::Message));
+        // Changes committed from here on are found by the database check too, so
+        // a notification that never arrives delays a wake by one re-check at most.
+        let since: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+            .fetch_one(&bus.pool)
+            .await?;
+        let deadline = Instant::now() + request.timeout;
+        let request = &request;
+        let polled = long_poll(
+            &mut events,
+            bus,
+            deadline,
+            |event| {
+                if concerns(&event, me, focus, request) {
+                    OnEvent::End(event)
+                } else {
+                    OnEvent::Ignore
                 }
+            },
+            || async move {
+                // Unread direct messages wake at once: they may have arrived before we subscribed.
+                if wants_messages {
+                    let pending = pending_direct(bus, me).await?;
+                    if !pending.is_empty() {
+                        return Ok(Some(pending));
+                    }
+                }
+                let missed = changes_since(bus, me, since, focus, request).await?;
+                Ok((!missed.is_empty()).then_some(missed))
+            },
+        )
+        .await?;
+        match polled {
+            Polled::Found(found) => Ok(WaitResult::woke(Events { events: found })),
+            Polled::Ended(event) => {
+                let mut woken = vec![event];
+                gather(&mut events, &mut woken, me, focus, request);
+                Ok(WaitResult::woke(Events {
+                    events: summarize(bus, me, &woken).await?,
+                }))
             }
-            let missed = changes_since(bus, me, since, focus, request).await?;
-            Ok((!missed.is_empty()).then_some(missed))
-        },
-    )
-    .await?;
-    match polled {
-        Polled::Found(found) => Ok(WaitResult::woke(Events { events: found })),
-        Polled::Ended(event) => {
-            let mut woken = vec![event];
-            gather(&mut events, &mut woken, me, focus, request);
-            Ok(WaitResult::woke(Events {
-                events: summarize(bus, me, &woken).await?,
-            }))
+            Polled::TimedOut => Ok(WaitResult::timed_out()),
+            Polled::Stopping => Ok(WaitResult::restarting("wait_for_updates")),
         }
-        Polled::TimedOut => Ok(WaitResult::timed_out()),
-        Polled::Stopping => Ok(WaitResult::restarting("wait_for_updates")),
-    }
+    })
+    .await
 }
 
 /// What changed since `since` that concerns this window, read from the
@@ -435,83 +429,73 @@ pub async fn ask(
     timeout: Duration,
     resume_message_id: Option<Uuid>,
 ) -> BusResult<AskResult> {
-    let result = ask_unchecked(bus, me, to, question, timeout, resume_message_id).await?;
-    // As for wait_for_updates: no answer for a credential taken away meanwhile.
-    sessions::still_valid(&bus.pool, me).await?;
-    Ok(result)
-}
-
-async fn ask_unchecked(
-    bus: &Bus,
-    me: &Identity,
-    to: &str,
-    question: &str,
-    timeout: Duration,
-    resume_message_id: Option<Uuid>,
-) -> BusResult<AskResult> {
-    // A DM to us may be the answer: those wake the wait, to look.
-    let agent = me.agent_id;
-    let mut events = bus.events.wait_for(
-        me.team_id,
-        Box::new(move |event| event.kind == EventKind::Message && event.recipient == Some(agent)),
-    );
-    let question_id = match resume_message_id {
-        Some(id) => {
-            let mine: bool = sqlx::query_scalar(
-                "SELECT EXISTS (SELECT 1 FROM messages WHERE team_id = $1 AND id = $2 AND is_question
-                                AND sender_id = $3 AND sender_session = $4)",
-            )
-            .bind(me.team_id)
-            .bind(id)
-            .bind(me.agent_id)
-            .bind(&me.window)
-            .fetch_one(&bus.pool)
-            .await?;
-            if !mine {
-                return Err(BusError::not_found(format!(
-                    "resume_message_id {id} is not a question this window asked. Use the \
-                     question_message_id an earlier ask_agent returned, from the same window."
-                )));
+    // No answer for a credential taken away while the call waited.
+    answer_if_still_valid(bus, me, async {
+        // A DM to us may be the answer: those wake the wait, to look.
+        let agent = me.agent_id;
+        let mut events = bus.events.wait_for(
+            me.team_id,
+            Box::new(move |event| event.kind == EventKind::Message && event.recipient == Some(agent)),
+        );
+        let question_id = match resume_message_id {
+            Some(id) => {
+                let mine: bool = sqlx::query_scalar(
+                    "SELECT EXISTS (SELECT 1 FROM messages WHERE team_id = $1 AND id = $2 AND is_question
+                                    AND sender_id = $3 AND sender_session = $4)",
+                )
+                .bind(me.team_id)
+                .bind(id)
+                .bind(me.agent_id)
+                .bind(&me.window)
+                .fetch_one(&bus.pool)
+                .await?;
+                if !mine {
+                    return Err(BusError::not_found(format!(
+                        "resume_message_id {id} is not a question this window asked. Use the \
+                         question_message_id an earlier ask_agent returned, from the same window."
+                    )));
+                }
+                id
             }
-            id
-        }
-        None => {
-            let new = messages::NewMessage {
-                to: Some(to.to_string()),
-                body: question.to_string(),
-                question: true,
-                ..Default::default()
-            };
-            messages::post(bus, me, new).await?.message.id
-        }
-    };
-    let deadline = Instant::now() + timeout;
-    let polled = long_poll(
-        &mut events,
-        bus,
-        deadline,
-        |_| OnEvent::<Infallible>::Recheck,
-        || messages::answer_to(bus, me, question_id),
-    )
-    .await?;
-    let answer = match polled {
-        Polled::Found(answer) => answer,
-        Polled::Ended(never) => match never {},
-        Polled::Stopping => return Ok(not_answered_restarting(question_id)),
-        Polled::TimedOut => match messages::answer_to(bus, me, question_id).await? {
-            Some(answer) => answer,
             None => {
-                let suggestion = format!(
-                    "No answer within {} s. Call ask_agent again with resume_message_id \
-                     \"{question_id}\" to keep waiting without asking twice, or carry on and look \
-                     for the reply later with read_messages (scope inbox).",
-                    timeout.as_secs()
-                );
-                return Ok(not_answered(question_id, suggestion, false));
+                let new = messages::NewMessage {
+                    to: Some(to.to_string()),
+                    body: question.to_string(),
+                    question: true,
+                    ..Default::default()
+                };
+                messages::post(bus, me, new).await?.message.id
             }
-        },
-    };
-    Ok(answered(answer, question_id))
+        };
+        let deadline = Instant::now() + timeout;
+        let polled = long_poll(
+            &mut events,
+            bus,
+            deadline,
+            |_| OnEvent::<Infallible>::Recheck,
+            || messages::answer_to(bus, me, question_id),
+        )
+        .await?;
+        let answer = match polled {
+            Polled::Found(answer) => answer,
+            Polled::Ended(never) => match never {},
+            Polled::Stopping => return Ok(not_answered_restarting(question_id)),
+            Polled::TimedOut => match messages::answer_to(bus, me, question_id).await? {
+                Some(answer) => answer,
+                None => {
+                    let suggestion = format!(
+                        "No answer within {} s. Call ask_agent again with resume_message_id \
+                         \"{question_id}\" to keep waiting without asking twice, or carry on and look \
+                         for the reply later with read_messages (scope inbox).",
+                        timeout.as_secs()
+                    );
+                    return Ok(not_answered(question_id, suggestion, false));
+                }
+            },
+        };
+        Ok(answered(answer, question_id))
+    })
+    .await
 }
 
 fn answered(answer: messages::MessageView, question_id: Uuid) -> AskResult {
