@@ -1303,14 +1303,18 @@ async fn a_send_rechecks_the_window_inside_its_transaction_with_the_guards_refus
 #[tokio::test]
 async fn a_send_declined_for_a_change_undone_before_it_is_explained_is_tried_again() {
     let (app, conv, alice, alice_seat) = alice_and_bob_in_a_conversation().await;
-    let lock_waiters = || async {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM pg_stat_activity
-              WHERE wait_event_type = 'Lock' AND datname = current_database()",
+    // Who waits for a lock, told apart by what they run: the app's workers
+    // share this database, and a worker queued on a row would be counted as
+    // the send or the second writer if waiters were only counted.
+    let waiting_for_a_lock = |pid: Option<i32>, query: &'static str| {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                             WHERE wait_event_type = 'Lock' AND datname = current_database()
+                               AND ($1::int IS NULL OR pid = $1) AND query LIKE $2)",
         )
+        .bind(pid)
+        .bind(query)
         .fetch_one(&app.pool)
-        .await
-        .unwrap()
     };
     let set_seat_state = |state: &'static str| {
         sqlx::query("UPDATE conversation_members SET state = $2 WHERE id = $1")
@@ -1330,16 +1334,24 @@ async fn a_send_declined_for_a_change_undone_before_it_is_explained_is_tried_aga
     let meanwhile = async {
         // The send queues for the lock; a second writer queues behind it.
         eventually("the send to queue for the lock", async || {
-            lock_waiters().await >= 1
+            waiting_for_a_lock(None, "%store_conversation_message(%")
+                .await
+                .unwrap()
         })
         .await;
         let mut returning = app.pool.begin().await.unwrap();
+        let returning_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *returning)
+            .await
+            .unwrap();
         let take_lock = sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
             .bind(conv)
             .execute(&mut *returning);
         let release_first = async {
             eventually("a second writer to queue behind the send", async || {
-                lock_waiters().await >= 2
+                waiting_for_a_lock(Some(returning_pid), "%FOR UPDATE%")
+                    .await
+                    .unwrap()
             })
             .await;
             // The send sees the seat `left` and is declined; the second
