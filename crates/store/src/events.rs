@@ -54,35 +54,22 @@ const FANOUT_CAPACITY: usize = 4_096;
 /// How long the publisher lets events gather after the first one.
 const COALESCE_FOR: Duration = Duration::from_millis(2);
 
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
-#[serde(rename_all = "snake_case")]
-pub enum EventKind {
-    Message,
-    Task,
-    Lock,
-    Note,
-    /// A conversation message was sent (id = message id, `c` = conversation).
-    /// Routing is by membership, which only the database knows: a conversation
-    /// waiter re-checks its receipts on every one of these. One event may stand
-    /// for several sends of its team published together; then `c` and the
-    /// actor are absent where those differed (see `add_to_batch`).
-    Conversation,
-    /// A message was accepted into an outbox (id = message id, `c` =
-    /// conversation): work for the publication drain, which wakes on these
-    /// only, not on every send. Merged per team like `Conversation`.
-    Outbox,
-}
-
-impl EventKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EventKind::Message => "message",
-            EventKind::Task => "task",
-            EventKind::Lock => "lock",
-            EventKind::Note => "note",
-            EventKind::Conversation => "conversation",
-            EventKind::Outbox => "outbox",
-        }
+acs_wire::text_enum! {
+    pub enum EventKind {
+        Message = "message",
+        Task = "task",
+        Lock = "lock",
+        Note = "note",
+        /// A conversation message was sent (id = message id, `c` = conversation).
+        /// Routing is by membership, which only the database knows: a conversation
+        /// waiter re-checks its receipts on every one of these. One event may stand
+        /// for several sends of its team published together; then `c` and the
+        /// actor are absent where those differed (see `add_to_batch`).
+        Conversation = "conversation",
+        /// A message was accepted into an outbox (id = message id, `c` =
+        /// conversation): work for the publication drain, which wakes on these
+        /// only, not on every send. Merged per team like `Conversation`.
+        Outbox = "outbox",
     }
 }
 

@@ -5,29 +5,14 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-/// What an inbox reference is about (stored as text in
-/// `inbox_references.kind`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum InboxKind {
-    /// A message for the window.
-    Message,
-    /// The window's own message was acknowledged (or resolved).
-    Receipt,
-}
-
-impl InboxKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            InboxKind::Message => "message",
-            InboxKind::Receipt => "receipt",
-        }
-    }
-}
-
-impl std::fmt::Display for InboxKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.pad(self.as_str())
+crate::text_enum! {
+    /// What an inbox reference is about (stored as text in
+    /// `inbox_references.kind`).
+    pub enum InboxKind {
+        /// A message for the window.
+        Message = "message",
+        /// The window's own message was acknowledged (or resolved).
+        Receipt = "receipt",
     }
 }
 

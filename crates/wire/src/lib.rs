@@ -7,3 +7,8 @@ pub mod inbox;
 pub mod label;
 pub mod limits;
 pub mod text;
+pub mod text_enum;
+
+/// serde, for [`text_enum!`]'s expansion in crates that name it otherwise.
+#[doc(hidden)]
+pub use serde as __serde;

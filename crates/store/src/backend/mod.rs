@@ -26,10 +26,7 @@ pub mod jetstream;
 pub mod postgres;
 pub mod routing;
 
-use std::fmt;
 use std::future::Future;
-
-use serde::{Deserialize, Serialize};
 
 use uuid::Uuid;
 
@@ -190,32 +187,19 @@ impl MessagingBackend for AnyBackend {
     }
 }
 
-/// Which backend holds a body: stored as text on a team
-/// (`teams.conversation_backend`, where new conversations go), a conversation,
-/// a message and an outbox slot (the `backend_name` domain), in its
-/// `snake_case` spelling.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type)]
-#[sqlx(type_name = "text", rename_all = "snake_case")]
-#[serde(rename_all = "snake_case")]
-pub enum BackendKind {
-    /// The body stays in `conversation_messages`.
-    Postgres,
-    /// The body lives in the team's JetStream stream.
-    Jetstream,
-}
-
-impl BackendKind {
-    /// Every backend a team, conversation or message may route to, in the
-    /// order the words name them (`jetstream` or `postgres`).
-    pub const ALL: [BackendKind; 2] = [BackendKind::Jetstream, BackendKind::Postgres];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BackendKind::Postgres => "postgres",
-            BackendKind::Jetstream => "jetstream",
-        }
+acs_wire::text_enum! {
+    /// Which backend holds a body: stored as text on a team
+    /// (`teams.conversation_backend`, where new conversations go), a conversation,
+    /// a message and an outbox slot (the `backend_name` domain), in its
+    /// `snake_case` spelling.
+    pub enum BackendKind {
+        /// The body stays in `conversation_messages`.
+        Postgres = "postgres",
+        /// The body lives in the team's JetStream stream.
+        Jetstream = "jetstream",
     }
 }
+crate::text_column!(BackendKind);
 
 /// The one parse of a backend's name (trimmed, any case), from an operator
 /// or a tool, with an error naming both; a move's direction is made from it.
@@ -224,19 +208,12 @@ impl std::str::FromStr for BackendKind {
 
     fn from_str(raw: &str) -> BusResult<BackendKind> {
         let name = raw.trim().to_ascii_lowercase();
-        match BackendKind::ALL.into_iter().find(|b| b.as_str() == name) {
+        match BackendKind::from_text(&name) {
             Some(backend) => Ok(backend),
             None => Err(crate::error::BusError::invalid(format!(
                 "unknown backend {}: use `jetstream` or `postgres`.",
                 acs_wire::text::quote(raw.trim())
             ))),
         }
-    }
-}
-
-impl fmt::Display for BackendKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // `pad`, so a caller's width (`{:<9}`) applies.
-        f.pad(self.as_str())
     }
 }

@@ -33,20 +33,11 @@ pub struct Actor {
     pub admin_credential: Option<uuid::Uuid>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Source {
-    Cli,
-    Http,
-    Mcp,
-}
-
-impl Source {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Source::Cli => "cli",
-            Source::Http => "http",
-            Source::Mcp => "mcp",
-        }
+acs_wire::text_enum! {
+    pub enum Source {
+        Cli = "cli",
+        Http = "http",
+        Mcp = "mcp",
     }
 }
 

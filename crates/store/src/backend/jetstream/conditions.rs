@@ -33,33 +33,24 @@ use crate::error::BusResult;
 /// `/health?broker=check` may run often, the streams change rarely.
 pub const CHECK_CACHE: Duration = Duration::from_secs(2);
 
-/// What is wrong with one stream.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ConditionKind {
-    /// The broker answers that no such stream exists (or that nothing takes
-    /// its subjects).
-    StreamMissing,
-    /// Nothing took a publish to the stream's subjects, yet the broker does
-    /// not say the stream is gone: it has no leader (its replicas are
-    /// electing one, or too few of the servers holding them are up).
-    StreamLeaderless,
-    /// The body stream is at its message or byte quota and refuses new bodies.
-    StreamFull,
-    /// The broker or the account has no JetStream storage left.
-    BrokerOutOfStorage,
+acs_wire::text_enum! {
+    /// What is wrong with one stream.
+    pub enum ConditionKind {
+        /// The broker answers that no such stream exists (or that nothing takes
+        /// its subjects).
+        StreamMissing = "stream_missing",
+        /// Nothing took a publish to the stream's subjects, yet the broker does
+        /// not say the stream is gone: it has no leader (its replicas are
+        /// electing one, or too few of the servers holding them are up).
+        StreamLeaderless = "stream_leaderless",
+        /// The body stream is at its message or byte quota and refuses new bodies.
+        StreamFull = "stream_full",
+        /// The broker or the account has no JetStream storage left.
+        BrokerOutOfStorage = "broker_out_of_storage",
+    }
 }
 
 impl ConditionKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ConditionKind::StreamMissing => "stream_missing",
-            ConditionKind::StreamLeaderless => "stream_leaderless",
-            ConditionKind::StreamFull => "stream_full",
-            ConditionKind::BrokerOutOfStorage => "broker_out_of_storage",
-        }
-    }
-
     /// Why messages wait, in fixed words (health is unauthenticated).
     pub fn why(self, stream: &str) -> String {
         match self {

@@ -42,10 +42,8 @@
 //! - `transfer.rs`: moving a seat to another window of the same agent.
 //! - `recovery.rs`: read-only history for an agent whose windows are all gone.
 
-use std::fmt;
-
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::Value;
 use sqlx::PgConnection;
 use uuid::Uuid;
@@ -135,29 +133,20 @@ pub enum Visibility {
     Project,
 }
 
-/// A seat's role, stored as text in `conversation_members.role`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, sqlx::Type)]
-#[sqlx(type_name = "text", rename_all = "snake_case")]
-#[serde(rename_all = "snake_case")]
-pub enum SeatRole {
-    /// The creator's seat (or a seat transferred from one); never handed out.
-    Owner,
-    Moderator,
-    Participant,
-    /// Reads, never sends.
-    Observer,
+acs_wire::text_enum! {
+    /// A seat's role, stored as text in `conversation_members.role`.
+    pub enum SeatRole {
+        /// The creator's seat (or a seat transferred from one); never handed out.
+        Owner = "owner",
+        Moderator = "moderator",
+        Participant = "participant",
+        /// Reads, never sends.
+        Observer = "observer",
+    }
 }
+crate::text_column!(SeatRole);
 
 impl SeatRole {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SeatRole::Owner => "owner",
-            SeatRole::Moderator => "moderator",
-            SeatRole::Participant => "participant",
-            SeatRole::Observer => "observer",
-        }
-    }
-
     /// Owners and moderators invite, remove, change roles and archive (with
     /// an active seat).
     pub fn manages(self) -> bool {
@@ -176,37 +165,22 @@ impl SeatRole {
     }
 }
 
-impl fmt::Display for SeatRole {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+acs_wire::text_enum! {
+    /// A seat's state, stored as text in `conversation_members.state`.
+    pub enum SeatState {
+        /// Invited, not joined: sees the conversation, reads and sends nothing.
+        Invited = "invited",
+        /// A member: reads from its history boundary and (unless observer) sends.
+        Active = "active",
+        /// Left, declined, or superseded by a transfer.
+        Left = "left",
+        /// Removed by an owner or moderator; comes back only when re-admitted.
+        Removed = "removed",
     }
 }
-
-/// A seat's state, stored as text in `conversation_members.state`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, sqlx::Type)]
-#[sqlx(type_name = "text", rename_all = "snake_case")]
-#[serde(rename_all = "snake_case")]
-pub enum SeatState {
-    /// Invited, not joined: sees the conversation, reads and sends nothing.
-    Invited,
-    /// A member: reads from its history boundary and (unless observer) sends.
-    Active,
-    /// Left, declined, or superseded by a transfer.
-    Left,
-    /// Removed by an owner or moderator; comes back only when re-admitted.
-    Removed,
-}
+crate::text_column!(SeatState);
 
 impl SeatState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SeatState::Invited => "invited",
-            SeatState::Active => "active",
-            SeatState::Left => "left",
-            SeatState::Removed => "removed",
-        }
-    }
-
     /// Invited or active: the seat makes the conversation visible and counts
     /// toward the member cap.
     pub fn holds(self) -> bool {
@@ -217,23 +191,17 @@ impl SeatState {
     }
 }
 
-impl fmt::Display for SeatState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+acs_wire::text_enum! {
+    /// How a conversation's bodies reach their backend, stored as
+    /// `conversations.publication` (a text domain).
+    pub enum Publication {
+        /// Body, recipients and receipts commit in the send's transaction.
+        Sync = "sync",
+        /// The send enqueues an outbox slot; a worker publishes it later.
+        Outbox = "outbox",
     }
 }
-
-/// How a conversation's bodies reach their backend, stored as
-/// `conversations.publication` (a text domain).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type)]
-#[sqlx(type_name = "text", rename_all = "snake_case")]
-#[serde(rename_all = "snake_case")]
-pub enum Publication {
-    /// Body, recipients and receipts commit in the send's transaction.
-    Sync,
-    /// The send enqueues an outbox slot; a worker publishes it later.
-    Outbox,
-}
+crate::text_column!(Publication);
 
 impl Publication {
     /// An operator's `sync` or `outbox` (any case, trimmed).
@@ -258,51 +226,21 @@ impl Publication {
             BackendKind::Jetstream => Publication::Outbox,
         }
     }
+}
 
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Publication::Sync => "sync",
-            Publication::Outbox => "outbox",
-        }
+acs_wire::text_enum! {
+    /// Where a message's body stands, stored as
+    /// `conversation_messages.publication_state` (a text domain).
+    pub enum PublicationState {
+        /// Accepted, and its outbox slot not yet confirmed by the backend.
+        PendingPublication = "pending_publication",
+        /// The authoritative backend holds the body.
+        Stored = "stored",
+        /// The backend refused the body for good.
+        Failed = "failed",
     }
 }
-
-impl fmt::Display for Publication {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // `pad`, so a caller's width (`{:<6}`) applies.
-        f.pad(self.as_str())
-    }
-}
-
-/// Where a message's body stands, stored as
-/// `conversation_messages.publication_state` (a text domain).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type)]
-#[sqlx(type_name = "text", rename_all = "snake_case")]
-#[serde(rename_all = "snake_case")]
-pub enum PublicationState {
-    /// Accepted, and its outbox slot not yet confirmed by the backend.
-    PendingPublication,
-    /// The authoritative backend holds the body.
-    Stored,
-    /// The backend refused the body for good.
-    Failed,
-}
-
-impl PublicationState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PublicationState::PendingPublication => "pending_publication",
-            PublicationState::Stored => "stored",
-            PublicationState::Failed => "failed",
-        }
-    }
-}
-
-impl fmt::Display for PublicationState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(self.as_str())
-    }
-}
+crate::text_column!(PublicationState);
 
 /// A conversation row as the access rules need it.
 #[derive(Clone, Debug, Serialize, sqlx::FromRow)]

@@ -14,7 +14,6 @@
 //! Dead rows are kept (they answer "when was alice last seen?") until the
 //! presence sweeper deletes those dead for longer than its retention.
 
-use std::fmt;
 use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
@@ -35,42 +34,18 @@ pub const FIELD_MAX_BYTES: usize = 256;
 pub const PAGE_MAX: i64 = 200;
 pub const SESSIONS_PAGE_DEFAULT: i64 = 50;
 
-/// What a window says it is doing, stored as text in `presence.status`.
-/// Whether it is online is not a status: that is its expiry (`online`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type)]
-#[sqlx(type_name = "text", rename_all = "snake_case")]
-#[serde(rename_all = "snake_case")]
-pub enum PresenceStatus {
-    /// The default of a first heartbeat.
-    Active,
-    Idle,
-    Busy,
-    Blocked,
-}
-
-impl PresenceStatus {
-    pub const ALL: [PresenceStatus; 4] = [
-        PresenceStatus::Active,
-        PresenceStatus::Idle,
-        PresenceStatus::Busy,
-        PresenceStatus::Blocked,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PresenceStatus::Active => "active",
-            PresenceStatus::Idle => "idle",
-            PresenceStatus::Busy => "busy",
-            PresenceStatus::Blocked => "blocked",
-        }
+acs_wire::text_enum! {
+    /// What a window says it is doing, stored as text in `presence.status`.
+    /// Whether it is online is not a status: that is its expiry (`online`).
+    pub enum PresenceStatus {
+        /// The default of a first heartbeat.
+        Active = "active",
+        Idle = "idle",
+        Busy = "busy",
+        Blocked = "blocked",
     }
 }
-
-impl fmt::Display for PresenceStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(self.as_str())
-    }
-}
+crate::text_column!(PresenceStatus);
 
 /// A heartbeat's `status` (trimmed, any case), refused in words that say
 /// nothing was written.
@@ -79,7 +54,7 @@ impl FromStr for PresenceStatus {
 
     fn from_str(raw: &str) -> BusResult<PresenceStatus> {
         let status = raw.trim().to_ascii_lowercase();
-        if let Some(known) = Self::ALL.into_iter().find(|s| s.as_str() == status) {
+        if let Some(known) = Self::from_text(&status) {
             return Ok(known);
         }
         let all: Vec<&str> = Self::ALL.iter().map(|s| s.as_str()).collect();

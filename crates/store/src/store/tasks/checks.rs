@@ -138,7 +138,7 @@ pub(super) fn check_status_filter(raw: Option<&str>) -> BusResult<StatusFilter> 
     if status.is_empty() || status == StatusFilter::Any.as_str() {
         return Ok(StatusFilter::Any);
     }
-    match TaskStatus::ALL.into_iter().find(|s| s.as_str() == status) {
+    match TaskStatus::from_text(&status) {
         Some(status) => Ok(StatusFilter::Is(status)),
         None => Err(BusError::invalid(format!(
             "status {} is not one of open, claimed, done, cancelled, any. A task whose \

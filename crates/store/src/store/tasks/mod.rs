@@ -39,10 +39,8 @@
 //! the next ready one; `cancel` and `dependencies` cancelling and
 //! re-pointing; `queries` listing and reading.
 
-use std::fmt;
-
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::Value;
 
 mod cancel;
@@ -74,52 +72,29 @@ pub const PAGE_MAX: i64 = 200;
 /// `get_task` shows at most this many of the latest events (and the total).
 pub const EVENTS_SHOWN_MAX: i64 = 200;
 
-/// A task's status, stored as text in `tasks.status`. A claim whose lease
-/// ran out is stored `claimed` and reads `open` (`lapsed`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type)]
-#[sqlx(type_name = "text", rename_all = "snake_case")]
-#[serde(rename_all = "snake_case")]
-pub enum TaskStatus {
-    /// Nobody holds it (or its holder's lease lapsed).
-    Open,
-    /// A window holds it under a lease.
-    Claimed,
-    /// Completed with a result: final.
-    Done,
-    /// Ended without being done: final.
-    Cancelled,
+acs_wire::text_enum! {
+    /// A task's status, stored as text in `tasks.status`. A claim whose lease
+    /// ran out is stored `claimed` and reads `open` (`lapsed`).
+    pub enum TaskStatus {
+        /// Nobody holds it (or its holder's lease lapsed).
+        Open = "open",
+        /// A window holds it under a lease.
+        Claimed = "claimed",
+        /// Completed with a result: final.
+        Done = "done",
+        /// Ended without being done: final.
+        Cancelled = "cancelled",
+    }
 }
+crate::text_column!(TaskStatus);
 
 impl TaskStatus {
-    /// Every status, in the order a board shows them.
-    pub const ALL: [TaskStatus; 4] = [
-        TaskStatus::Open,
-        TaskStatus::Claimed,
-        TaskStatus::Done,
-        TaskStatus::Cancelled,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TaskStatus::Open => "open",
-            TaskStatus::Claimed => "claimed",
-            TaskStatus::Done => "done",
-            TaskStatus::Cancelled => "cancelled",
-        }
-    }
-
     /// Done or cancelled: nothing changes the task any more.
     pub fn is_finished(self) -> bool {
         match self {
             TaskStatus::Done | TaskStatus::Cancelled => true,
             TaskStatus::Open | TaskStatus::Claimed => false,
         }
-    }
-}
-
-impl fmt::Display for TaskStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(self.as_str())
     }
 }
 
@@ -249,41 +224,21 @@ pub struct TaskDetail {
     pub events_total: i64,
 }
 
-/// What a `task_events` row records, stored as text in `task_events.kind`.
-/// The one-round-trip writes (migration 0032) write `claimed`, `renewed`,
-/// `released` and `completed` themselves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type)]
-#[sqlx(type_name = "text", rename_all = "snake_case")]
-#[serde(rename_all = "snake_case")]
-pub enum TaskEventKind {
-    Created,
-    Claimed,
-    Renewed,
-    Released,
-    Completed,
-    Cancelled,
-    DependenciesChanged,
-}
-
-impl TaskEventKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TaskEventKind::Created => "created",
-            TaskEventKind::Claimed => "claimed",
-            TaskEventKind::Renewed => "renewed",
-            TaskEventKind::Released => "released",
-            TaskEventKind::Completed => "completed",
-            TaskEventKind::Cancelled => "cancelled",
-            TaskEventKind::DependenciesChanged => "dependencies_changed",
-        }
+acs_wire::text_enum! {
+    /// What a `task_events` row records, stored as text in `task_events.kind`.
+    /// The one-round-trip writes (migration 0032) write `claimed`, `renewed`,
+    /// `released` and `completed` themselves.
+    pub enum TaskEventKind {
+        Created = "created",
+        Claimed = "claimed",
+        Renewed = "renewed",
+        Released = "released",
+        Completed = "completed",
+        Cancelled = "cancelled",
+        DependenciesChanged = "dependencies_changed",
     }
 }
-
-impl fmt::Display for TaskEventKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(self.as_str())
-    }
-}
+crate::text_column!(TaskEventKind);
 
 #[derive(Clone, Debug, Serialize)]
 pub struct TaskEvent {

@@ -23,7 +23,7 @@ pub mod payload;
 
 use chrono::{DateTime, Utc};
 use rand::RngCore;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -48,33 +48,19 @@ pub const WEBHOOKS_PER_TEAM_MAX: i64 = 20;
 /// Failed deliveries a listing shows per hook (newest first).
 pub const FAILURES_SHOWN: i64 = 5;
 
-/// What a receiver is: a generic JSON endpoint (signed envelope), or a chat
-/// service's incoming webhook (a short text).
-/// Stored as text in `webhooks.kind`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
-#[sqlx(type_name = "text", rename_all = "lowercase")]
-#[serde(rename_all = "lowercase")]
-pub enum WebhookKind {
-    Generic,
-    Slack,
-    Discord,
+acs_wire::text_enum! {
+    /// What a receiver is: a generic JSON endpoint (signed envelope), or a chat
+    /// service's incoming webhook (a short text).
+    /// Stored as text in `webhooks.kind`.
+    pub enum WebhookKind {
+        Generic = "generic",
+        Slack = "slack",
+        Discord = "discord",
+    }
 }
+crate::text_column!(WebhookKind);
 
 impl WebhookKind {
-    pub const ALL: [WebhookKind; 3] = [
-        WebhookKind::Generic,
-        WebhookKind::Slack,
-        WebhookKind::Discord,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WebhookKind::Generic => "generic",
-            WebhookKind::Slack => "slack",
-            WebhookKind::Discord => "discord",
-        }
-    }
-
     pub fn parse(raw: &str) -> BusResult<WebhookKind> {
         match raw.trim().to_ascii_lowercase().as_str() {
             "generic" => Ok(WebhookKind::Generic),
