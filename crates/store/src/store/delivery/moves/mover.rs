@@ -475,8 +475,10 @@ impl Mover<'_> {
         .bind(self.done.bytes_copied)
         .fetch_one(&mut *tx)
         .await?;
-        let bytes: i64 = sqlx::query_scalar(concat!(
-            "SELECT ",
+        // Counted under the pause, as the plan counts them: what the plan
+        // counted plus what was sent while the move copied.
+        let (messages, bytes): (i64, i64) = sqlx::query_as(concat!(
+            "SELECT count(*), ",
             bytes_of_messages!(),
             " FROM conversation_messages m WHERE m.team_id = $1 AND m.conversation_id = $2"
         ))
@@ -487,7 +489,7 @@ impl Mover<'_> {
         tx.commit().await?;
         self.done.bytes = bytes;
         self.done.paused_ms = paused_ms.unwrap_or(0);
-        self.done.skipped = self.totals.0 - self.done.copied - self.done.resumed;
+        self.done.skipped = messages - self.done.copied - self.done.resumed;
         self.done.state = MoveState::CutOver;
         self.report("cut_over");
         Ok(())
