@@ -14,6 +14,7 @@ pub mod db;
 pub mod error;
 pub mod events;
 pub mod store;
+pub mod text_column;
 
 pub use error::{BusError, BusResult};
 

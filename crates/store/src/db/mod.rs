@@ -7,7 +7,6 @@
 
 pub mod embedded;
 pub mod schema;
-pub mod text_column;
 
 use std::path::Path;
 use std::time::Duration;
