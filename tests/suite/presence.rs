@@ -820,6 +820,11 @@ async fn a_revoked_window_is_not_listed_until_it_is_registered_and_beats_again()
         );
         assert_eq!(windows[0]["session"], "kept", "{windows}");
     }
+    // The digest counts the windows seen, not the revoked one.
+    let digest = bob.call("team_digest", json!({})).await.unwrap();
+    let seen = digest["agents_seen"].as_array().unwrap();
+    let alice_seen = seen.iter().find(|a| a["agent"] == "alice").unwrap();
+    assert_eq!(alice_seen["windows"], 1, "{digest}");
     // Offline too, for whatever reads presence directly.
     let online: bool =
         sqlx::query_scalar("SELECT expires_at > now() FROM presence WHERE session = 'temp'")
