@@ -1,6 +1,7 @@
 //! The proxy process ending: `kill -9` after it wrote a conversation inbox
 //! reference to its spool and before the bus heard the confirmation, and
-//! SIGTERM or SIGINT from a host that closes a conversation.
+//! SIGTERM or SIGINT from a host that closes a conversation, and a bus that
+//! stops answering just then.
 //!
 //! For the crash, the proxy reaches the bus through a relay that holds every
 //! chunk a while, so the confirmation is still on its way when the test cuts
@@ -16,7 +17,7 @@ use ai_crew_sync::store::identity::teams;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::proxy::{Driver, Machine, calls, listed_window, paused_proxy};
+use crate::proxy::{Driver, Machine, calls, closed, listed_window, paused_proxy};
 use crate::support::proxy::Proxy;
 use crate::support::{McpClient, eventually, spawn_app, test_actor};
 
@@ -194,4 +195,33 @@ async fn sigterm_or_sigint_ends_the_proxy_and_takes_its_window_offline() {
         .await;
         drop(driver);
     }
+}
+
+/// A bus that stops answering never holds up the host at the end of a
+/// conversation: the proxy gives the leaving heartbeat its bound, says it
+/// did not get through, and exits on its own.
+#[tokio::test]
+async fn a_bus_that_stops_answering_does_not_keep_the_proxy_from_exiting() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.agent("acme", "alice").await;
+    let relay = Proxy::start(app.addr).await;
+    let machine = Machine::with_team_profiles(
+        &format!("http://{}/mcp", relay.addr()),
+        &[("work", "acme", "alice", &alice)],
+    );
+    let (mut driver, label) = paused_proxy(&machine, "conv-dead-bus").await;
+    let bus = app.mcp(&alice, None).await;
+    assert_eq!(listed_window(&bus, &label).await["state"], "online");
+
+    relay.black_hole();
+    driver.resume().await;
+    let lines = driver.rest().await;
+    let stderr = closed(&lines)["stderr"].as_str().unwrap().to_string();
+    assert!(
+        stderr.contains("the bus did not take the leaving heartbeat in time; exiting anyway"),
+        "{stderr}"
+    );
+    // The bus never heard it: the window is left to its ttl.
+    assert_eq!(listed_window(&bus, &label).await["state"], "online");
 }
