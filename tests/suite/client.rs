@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::support::{TestApp, eventually, free_port, spawn_app};
 
@@ -219,12 +219,16 @@ async fn client_beat_then_agents_shows_the_window() {
 
     let table = bob.ok(&["agents"]).await;
     assert!(table.starts_with("1 of 2 agents online"), "{table}");
-    let alice_row = table
-        .lines()
-        .find(|l| l.starts_with("alice"))
-        .unwrap_or_else(|| panic!("no row for alice: {table}"));
+    let alice_row = |table: &str| {
+        table
+            .lines()
+            .find(|l| l.starts_with("alice"))
+            .unwrap_or_else(|| panic!("no row for alice: {table}"))
+            .to_string()
+    };
+    let row = alice_row(&table);
     for cell in ["yes", "busy", "fixing CI", "alice/frontend"] {
-        assert!(alice_row.contains(cell), "{cell:?} missing: {alice_row}");
+        assert!(row.contains(cell), "{cell:?} missing: {row}");
     }
 
     let online = bob.json(&["agents", "--online"]).await;
@@ -233,8 +237,33 @@ async fn client_beat_then_agents_shows_the_window() {
     assert_eq!(agents[0]["windows"][0]["session"], "frontend");
     assert_eq!(agents[0]["windows"][0]["project"], "web");
 
+    // Two more windows of alice: one idle, one whose conversation ended.
+    // Live windows by address, the others folded into a count.
+    let token = alice.token.clone().unwrap();
+    for (window, beat) in [
+        ("reader", json!({"status": "idle"})),
+        ("gone", json!({"status": "idle", "offline": true})),
+    ] {
+        app.mcp(&token, Some(window))
+            .await
+            .call("heartbeat", beat)
+            .await
+            .unwrap();
+    }
+    let row = alice_row(&bob.ok(&["agents"]).await);
+    for cell in ["alice/frontend", "alice/reader (idle)", "+1 offline"] {
+        assert!(row.contains(cell), "{cell:?} missing: {row}");
+    }
+    assert!(!row.contains("gone"), "{row}");
+
     let sessions = bob.ok(&["sessions", "--project", "web"]).await;
     assert!(sessions.contains("alice/frontend"), "{sessions}");
+    let all = bob.ok(&["sessions"]).await;
+    let gone = all
+        .lines()
+        .find(|l| l.starts_with("alice/gone"))
+        .unwrap_or_else(|| panic!("{all}"));
+    assert!(gone.contains("offline"), "its state: {gone}");
 }
 
 #[tokio::test]

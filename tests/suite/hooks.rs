@@ -284,7 +284,7 @@ async fn session_start_and_prompt_hooks_tell_the_window_what_is_new_and_read_not
 }
 
 #[tokio::test]
-async fn stop_blocks_once_for_an_unanswered_question_and_session_end_leaves_the_window_idle() {
+async fn stop_blocks_once_for_an_unanswered_question_and_session_end_takes_the_window_offline() {
     let app = spawn_app().await;
     app.team("acme").await;
     let alice = app.agent("acme", "alice").await;
@@ -359,6 +359,11 @@ async fn stop_blocks_once_for_an_unanswered_question_and_session_end_leaves_the_
         .unwrap_or_else(|| panic!("{sessions}"))
         .clone();
     assert_eq!(mine["status"], "idle", "{mine}");
+    assert_eq!(
+        mine["state"], "offline",
+        "offline at once, not when its ttl runs out: {mine}"
+    );
+    assert_eq!(mine["online"], false, "{mine}");
 }
 
 #[tokio::test]

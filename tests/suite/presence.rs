@@ -633,11 +633,12 @@ async fn the_sweeper_deletes_only_windows_dead_longer_than_the_retention() {
         0
     );
 
-    // What a user sees: the recently dead window is still listed, the old ones are gone.
+    // What a user sees: the recently dead window is still listed (with
+    // `all`: it is offline for more than a day), the old ones are gone.
     let agents = app
         .mcp(&alice, None)
         .await
-        .call("list_agents", json!({}))
+        .call("list_agents", json!({"all": true}))
         .await
         .unwrap();
     assert_eq!(
@@ -655,4 +656,190 @@ async fn the_sweeper_deletes_only_windows_dead_longer_than_the_retention() {
         .await
         .unwrap();
     assert_eq!(left, ["live"]);
+}
+
+fn window<'a>(list: &'a Value, address: &str) -> Option<&'a Value> {
+    list["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["address"] == address)
+}
+
+/// A window that says it leaves is offline at once, whatever its ttl; its
+/// next heartbeat brings it back. Each window has its state in one word.
+#[tokio::test]
+async fn a_leaving_heartbeat_takes_the_window_offline_at_once_and_the_next_beat_brings_it_back() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.agent("acme", "alice").await;
+    let bob = app.mcp(&app.agent("acme", "bob").await, None).await;
+    let here = beat(&app, &alice, Some("w1"), json!({"ttl_seconds": 3600})).await;
+    assert_eq!(
+        (here["online"].clone(), here["state"].clone()),
+        (json!(true), json!("online"))
+    );
+    let idle = beat(&app, &alice, Some("w1"), json!({"status": "idle"})).await;
+    assert_eq!(idle["state"], "idle", "{idle}");
+
+    let left = beat(
+        &app,
+        &alice,
+        Some("w1"),
+        json!({"status": "idle", "offline": true, "activity": "done for today"}),
+    )
+    .await;
+    assert_eq!(left["online"], false, "{left}");
+    assert_eq!(left["state"], "offline", "{left}");
+    assert_eq!(
+        left["activity"], "done for today",
+        "the beat itself was stored: {left}"
+    );
+    let listed = bob.call("list_sessions", json!({})).await.unwrap();
+    let w1 = window(&listed, "alice/w1").unwrap_or_else(|| panic!("{listed}"));
+    assert_eq!(
+        (w1["online"].clone(), w1["state"].clone()),
+        (json!(false), json!("offline"))
+    );
+    let agents = bob.call("list_agents", json!({})).await.unwrap();
+    assert_eq!(agent(&agents, "alice")["online"], false, "{agents}");
+    assert_eq!(agents["online_count"], 0, "{agents}");
+
+    let back = beat(&app, &alice, Some("w1"), json!({"status": "active"})).await;
+    assert_eq!(back["state"], "online", "{back}");
+    assert_eq!(back["ttl_seconds"], 3600, "the ttl was kept: {back}");
+}
+
+/// With one window per conversation, windows pile up: those offline for more
+/// than a day are left out of `list_sessions` and only counted by
+/// `list_agents`, unless `all` asks for them.
+#[tokio::test]
+async fn windows_offline_for_more_than_a_day_are_listed_only_with_all() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.agent("acme", "alice").await;
+    let bob = app.mcp(&app.agent("acme", "bob").await, None).await;
+    for window in ["today", "yesterday", "last-week", "live"] {
+        beat(&app, &alice, Some(window), json!({})).await;
+    }
+    for (window, dead_for) in [
+        ("today", "2 hours"),
+        ("yesterday", "25 hours"),
+        ("last-week", "6 days"),
+    ] {
+        sqlx::query(
+            "UPDATE presence SET expires_at = now() - $2::interval, last_seen_at = now() - $2::interval - interval '10 minutes'
+              WHERE session = $1",
+        )
+        .bind(window)
+        .bind(dead_for)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    }
+
+    let recent = bob.call("list_sessions", json!({})).await.unwrap();
+    assert_eq!(
+        addresses(&recent),
+        ["alice/live", "alice/today"],
+        "{recent}"
+    );
+    let all = bob
+        .call("list_sessions", json!({"all": true}))
+        .await
+        .unwrap();
+    assert_eq!(
+        addresses(&all),
+        [
+            "alice/live",
+            "alice/today",
+            "alice/yesterday",
+            "alice/last-week"
+        ],
+        "{all}"
+    );
+
+    let agents = bob.call("list_agents", json!({})).await.unwrap();
+    let a = agent(&agents, "alice");
+    let shown: Vec<&str> = a["windows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["session"].as_str().unwrap())
+        .collect();
+    assert_eq!(shown, ["live", "today"], "{a}");
+    assert_eq!(a["older_windows"], 2, "{a}");
+    let agents = bob.call("list_agents", json!({"all": true})).await.unwrap();
+    let a = agent(&agents, "alice");
+    assert_eq!(a["windows"].as_array().unwrap().len(), 4, "{a}");
+    assert_eq!(a["older_windows"], 0, "{a}");
+}
+
+/// A revoked window (the provisional one a proxy retires, one its agent
+/// ended) is in no listing, not even with `all`; registered again and
+/// beating, it is back.
+#[tokio::test]
+async fn a_revoked_window_is_not_listed_until_it_is_registered_and_beats_again() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice_token = app.agent("acme", "alice").await;
+    let alice = app.mcp(&alice_token, None).await;
+    let bob = app.mcp(&app.agent("acme", "bob").await, None).await;
+    let issued = alice
+        .call("register_session", json!({"session": "temp"}))
+        .await
+        .unwrap();
+    let temp = app.mcp(issued["credential"].as_str().unwrap(), None).await;
+    temp.call("heartbeat", json!({"ttl_seconds": 3600}))
+        .await
+        .unwrap();
+    beat(&app, &alice_token, Some("kept"), json!({})).await;
+    let before = bob.call("list_sessions", json!({})).await.unwrap();
+    assert!(window(&before, "alice/temp").is_some(), "{before}");
+
+    alice
+        .call("revoke_session", json!({"session": "temp"}))
+        .await
+        .unwrap();
+    for all in [false, true] {
+        let sessions = bob
+            .call("list_sessions", json!({"all": all}))
+            .await
+            .unwrap();
+        assert_eq!(
+            addresses(&sessions),
+            ["alice/kept"],
+            "all: {all}: {sessions}"
+        );
+        let agents = bob.call("list_agents", json!({"all": all})).await.unwrap();
+        let windows = agent(&agents, "alice")["windows"].clone();
+        assert_eq!(
+            windows.as_array().unwrap().len(),
+            1,
+            "all: {all}: {windows}"
+        );
+        assert_eq!(windows[0]["session"], "kept", "{windows}");
+    }
+    // The digest counts the windows seen, not the revoked one.
+    let digest = bob.call("team_digest", json!({})).await.unwrap();
+    let seen = digest["agents_seen"].as_array().unwrap();
+    let alice_seen = seen.iter().find(|a| a["agent"] == "alice").unwrap();
+    assert_eq!(alice_seen["windows"], 1, "{digest}");
+    // Offline too, for whatever reads presence directly.
+    let online: bool =
+        sqlx::query_scalar("SELECT expires_at > now() FROM presence WHERE session = 'temp'")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert!(!online);
+
+    let again = alice
+        .call("register_session", json!({"session": "temp"}))
+        .await
+        .unwrap();
+    let temp = app.mcp(again["credential"].as_str().unwrap(), None).await;
+    temp.call("heartbeat", json!({})).await.unwrap();
+    let after = bob.call("list_sessions", json!({})).await.unwrap();
+    let back = window(&after, "alice/temp").unwrap_or_else(|| panic!("{after}"));
+    assert_eq!(back["state"], "online", "{back}");
 }

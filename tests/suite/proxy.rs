@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout};
 
-use crate::support::{TestApp, eventually, globally, in_team, spawn_app};
+use crate::support::{McpClient, TestApp, eventually, globally, in_team, spawn_app};
 
 /// One machine: a config directory with profiles, a working directory.
 pub(crate) struct Machine {
@@ -162,6 +162,33 @@ pub(crate) fn closed(lines: &[Value]) -> &Value {
     let last = lines.last().expect("the driver printed something");
     assert_eq!(last["step"], "closed", "{lines:#?}");
     last
+}
+
+/// A proxy for host conversation `host` that has made one call and waits
+/// (resume the driver to end it), and the label of its window.
+pub(crate) async fn paused_proxy(machine: &Machine, host: &str) -> (Driver, String) {
+    let mut driver = Driver::start(&machine.script(
+        &["--host-session", host],
+        json!([{"op": "call", "tool": "session_status"}, {"op": "pause"}]),
+    ));
+    let lines = driver.until_pause().await;
+    let label = calls(&lines)[0]["structured"]["label"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    (driver, label)
+}
+
+/// Window `label` as `list_sessions` shows it to `bus` (null: not listed).
+pub(crate) async fn listed_window(bus: &McpClient, label: &str) -> Value {
+    let sessions = bus.call("list_sessions", json!({})).await.unwrap();
+    sessions["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["session"] == label)
+        .cloned()
+        .unwrap_or(Value::Null)
 }
 
 async fn acme_with_alice(app: &TestApp) -> String {
@@ -381,7 +408,7 @@ async fn a_revoked_token_stops_the_next_call_with_what_to_do() {
 }
 
 #[tokio::test]
-async fn stdout_is_only_json_rpc_and_closing_stdin_ends_the_proxy_leaving_the_window_idle() {
+async fn stdout_is_only_json_rpc_and_closing_stdin_ends_the_proxy_leaving_the_window_offline() {
     let app = spawn_app().await;
     let alice = acme_with_alice(&app).await;
     let machine = Machine::with_profiles(&app, &[("work", "alice", &alice)]);
@@ -421,15 +448,17 @@ async fn stdout_is_only_json_rpc_and_closing_stdin_ends_the_proxy_leaving_the_wi
         .unwrap()
         .to_string();
 
+    // The conversation ended: the window is offline now, not when its
+    // presence ttl (300 s) runs out.
     let bus = app.mcp(&alice, None).await;
-    let sessions = bus.call("list_sessions", json!({})).await.unwrap();
-    let window = sessions["sessions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["session"] == label.as_str())
-        .unwrap_or_else(|| panic!("{label} in {sessions}"))
-        .clone();
+    let find = async || listed_window(&bus, &label).await;
+    eventually("the window is offline", async || {
+        let window = find().await;
+        (window["state"] == "offline").then_some(()).ok_or(window)
+    })
+    .await;
+    let window = find().await;
+    assert_eq!(window["online"], false, "{window}");
     assert_eq!(window["status"], "idle", "{window}");
     assert_eq!(window["repo"], "shop", "{window}");
     assert_eq!(window["branch"], "feature-x", "{window}");
@@ -686,4 +715,33 @@ async fn a_hook_of_the_same_host_conversation_speaks_as_the_proxys_window() {
         other.stdout, "",
         "another conversation has no window here: {other:?}"
     );
+}
+
+/// Claude Code runs the `session_end` hook when a conversation ends, before
+/// it stops the conversation's MCP servers: the hook takes the proxy's window
+/// offline at once.
+#[tokio::test]
+async fn the_session_end_hook_takes_the_proxys_window_offline() {
+    let app = spawn_app().await;
+    let alice = acme_with_alice(&app).await;
+    let bob = app.mcp(&app.agent("acme", "bob").await, None).await;
+    let machine = Machine::with_profiles(&app, &[("work", "alice", &alice)]);
+    let (mut driver, label) = paused_proxy(&machine, "conv-end").await;
+    let state = async || listed_window(&bob, &label).await["state"].clone();
+    assert_eq!(state().await, "online");
+
+    let end = crate::hooks::hook(
+        machine.config.path(),
+        "session_end",
+        crate::hooks::payload("conv-end", "SessionEnd", json!({"reason": "logout"})),
+    )
+    .await;
+    assert_eq!((end.code, end.stdout.as_str()), (Some(0), ""), "{end:?}");
+    eventually("the window is offline", async || {
+        let now = state().await;
+        (now == "offline").then_some(()).ok_or(now)
+    })
+    .await;
+    driver.resume().await;
+    closed(&driver.rest().await);
 }

@@ -1,6 +1,7 @@
 //! The proxy process ending: `kill -9` after it wrote a conversation inbox
 //! reference to its spool and before the bus heard the confirmation, and
-//! SIGTERM from a host that closes a conversation.
+//! SIGTERM or SIGINT from a host that closes a conversation, and a bus that
+//! stops answering just then.
 //!
 //! For the crash, the proxy reaches the bus through a relay that holds every
 //! chunk a while, so the confirmation is still on its way when the test cuts
@@ -16,7 +17,7 @@ use ai_crew_sync::store::identity::teams;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::proxy::{Driver, Machine, calls};
+use crate::proxy::{Driver, Machine, calls, closed, listed_window, paused_proxy};
 use crate::support::proxy::Proxy;
 use crate::support::{McpClient, eventually, spawn_app, test_actor};
 
@@ -164,42 +165,63 @@ async fn a_proxy_killed_between_spooling_and_confirming_loses_no_reference_and_c
     );
 }
 
-/// A host ending a conversation sends SIGTERM: the proxy marks its window
-/// idle before it exits, so teammates do not see a window that is gone as
-/// active.
+/// A host ending a conversation sends SIGTERM (or SIGINT, from a terminal):
+/// the proxy marks its window offline before it exits, so teammates do not
+/// see a window that is gone as online for the rest of its presence ttl.
 #[tokio::test]
-async fn sigterm_ends_the_proxy_and_leaves_its_window_idle() {
+async fn sigterm_or_sigint_ends_the_proxy_and_takes_its_window_offline() {
     let app = spawn_app().await;
     app.team("acme").await;
     let alice = app.agent("acme", "alice").await;
     let machine = Machine::with_team_profiles(&app.mcp_url(), &[("work", "acme", "alice", &alice)]);
-    let host = "conv-term";
-    let mut driver = Driver::start(&machine.script(
-        &["--host-session", host],
-        json!([{"op": "call", "tool": "session_status"}, {"op": "pause"}]),
-    ));
-    let lines = driver.until_pause().await;
-    let label = calls(&lines)[0]["structured"]["label"]
-        .as_str()
-        .unwrap()
-        .to_string();
     let bus = app.mcp(&alice, None).await;
-    let status = async || -> Value {
-        let sessions = bus.call("list_sessions", json!({})).await.unwrap();
-        sessions["sessions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["session"] == label.as_str())
-            .map_or(Value::Null, |s| s["status"].clone())
-    };
-    assert_eq!(status().await, "active");
+    for (host, signal) in [("conv-term", libc::SIGTERM), ("conv-int", libc::SIGINT)] {
+        let (driver, label) = paused_proxy(&machine, host).await;
+        let state = async || {
+            let window = listed_window(&bus, &label).await;
+            json!([window["state"], window["status"]])
+        };
+        assert_eq!(state().await, json!(["online", "active"]), "{host}");
 
-    let state = window_state::WindowState::load(machine.config.path(), host)
-        .unwrap()
-        .unwrap();
-    // SAFETY: a signal to the proxy process this test started.
-    assert_eq!(unsafe { libc::kill(state.pid as i32, libc::SIGTERM) }, 0);
-    eventually("the window is idle", async || status().await == "idle").await;
-    drop(driver);
+        let record = window_state::WindowState::load(machine.config.path(), host)
+            .unwrap()
+            .unwrap();
+        // SAFETY: a signal to the proxy process this test started.
+        assert_eq!(unsafe { libc::kill(record.pid as i32, signal) }, 0);
+        eventually(&format!("{host}'s window is offline"), async || {
+            let now = state().await;
+            (now == json!(["offline", "idle"])).then_some(()).ok_or(now)
+        })
+        .await;
+        drop(driver);
+    }
+}
+
+/// A bus that stops answering never holds up the host at the end of a
+/// conversation: the proxy gives the leaving heartbeat its bound, says it
+/// did not get through, and exits on its own.
+#[tokio::test]
+async fn a_bus_that_stops_answering_does_not_keep_the_proxy_from_exiting() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.agent("acme", "alice").await;
+    let relay = Proxy::start(app.addr).await;
+    let machine = Machine::with_team_profiles(
+        &format!("http://{}/mcp", relay.addr()),
+        &[("work", "acme", "alice", &alice)],
+    );
+    let (mut driver, label) = paused_proxy(&machine, "conv-dead-bus").await;
+    let bus = app.mcp(&alice, None).await;
+    assert_eq!(listed_window(&bus, &label).await["state"], "online");
+
+    relay.black_hole();
+    driver.resume().await;
+    let lines = driver.rest().await;
+    let stderr = closed(&lines)["stderr"].as_str().unwrap().to_string();
+    assert!(
+        stderr.contains("the bus did not take the leaving heartbeat in time; exiting anyway"),
+        "{stderr}"
+    );
+    // The bus never heard it: the window is left to its ttl.
+    assert_eq!(listed_window(&bus, &label).await["state"], "online");
 }

@@ -71,6 +71,34 @@ async fn the_first_calls_thread_id_picks_the_window_and_a_restart_of_that_thread
     let task = bus.call("get_task", json!({"key": "T-1"})).await.unwrap();
     assert_eq!(task["holder"]["session"], label_a.as_str(), "{task}");
 
+    // The provisional window was revoked: no listing shows it, not even
+    // with `all`; the dashboard neither (its data).
+    let listed_a = vec![format!("alice/{label_a}")];
+    eventually("only A's window is listed", async || {
+        let sessions = bus
+            .call("list_sessions", json!({"all": true}))
+            .await
+            .unwrap();
+        let listed: Vec<String> = sessions["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["address"].as_str().unwrap().to_string())
+            .collect();
+        (listed == listed_a).then_some(()).ok_or(listed)
+    })
+    .await;
+    let agents = bus.call("list_agents", json!({"all": true})).await.unwrap();
+    let alice_windows: Vec<&Value> = agents["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["agent"] == "alice")
+        .flat_map(|a| a["windows"].as_array().unwrap())
+        .collect();
+    assert_eq!(alice_windows.len(), 1, "{agents}");
+    assert_eq!(alice_windows[0]["session"], label_a.as_str(), "{agents}");
+
     // The record for the hooks and the inbox spool follow the thread; the
     // provisional window's are gone.
     let record = window_state::WindowState::load(&config, "A").unwrap();

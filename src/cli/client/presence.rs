@@ -11,6 +11,9 @@ pub(super) struct AgentsArgs {
     /// Only agents with a live window.
     #[arg(long)]
     online: bool,
+    /// Also list windows offline for more than a day (else only counted).
+    #[arg(long)]
+    all: bool,
 }
 
 #[derive(Args, Debug)]
@@ -24,6 +27,9 @@ pub(super) struct SessionsArgs {
     online: bool,
     #[arg(long)]
     limit: Option<i64>,
+    /// Also windows offline for more than a day.
+    #[arg(long)]
+    all: bool,
 }
 
 #[derive(Args, Debug)]
@@ -62,7 +68,7 @@ fn shown(tool: &str, arguments: Value, show: Show) -> Request {
 pub(super) fn agents(args: AgentsArgs) -> Request {
     shown(
         "list_agents",
-        json!({"online_only": args.online.then_some(true)}),
+        json!({"online_only": args.online.then_some(true), "all": args.all.then_some(true)}),
         Show::Agents,
     )
 }
@@ -73,12 +79,14 @@ pub(super) fn sessions(args: SessionsArgs) -> Request {
         role,
         online,
         limit,
+        all,
     } = args;
     shown(
         "list_sessions",
         json!({
             "project": project, "role": role,
             "online_only": online.then_some(true), "limit": limit,
+            "all": all.then_some(true),
         }),
         Show::Sessions,
     )

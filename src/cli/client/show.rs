@@ -171,17 +171,7 @@ pub fn agents(answer: &Value) {
     let rows = list
         .iter()
         .map(|a| {
-            let windows: Vec<String> = items(&a["windows"])
-                .iter()
-                .map(|w| {
-                    let address = text(&w["address"]);
-                    if w["online"] == true {
-                        address
-                    } else {
-                        format!("{address} (offline)")
-                    }
-                })
-                .collect();
+            let windows = folded_windows(a);
             let online = if a["disabled"] == true {
                 "disabled".into()
             } else {
@@ -192,11 +182,7 @@ pub fn agents(answer: &Value) {
                 online,
                 text(&a["status"]),
                 text(&a["activity"]),
-                if windows.is_empty() {
-                    "-".into()
-                } else {
-                    windows.join(", ")
-                },
+                windows,
                 when(&a["last_seen_at"]),
             ]
         })
@@ -214,6 +200,37 @@ pub fn agents(answer: &Value) {
     );
 }
 
+/// An agent's windows on one line: the live ones by address (idle ones
+/// marked), the others counted.
+fn folded_windows(agent: &Value) -> String {
+    let windows = items(&agent["windows"]);
+    let mut shown: Vec<String> = windows
+        .iter()
+        .filter(|w| w["online"] == true)
+        .map(|w| {
+            let address = text(&w["address"]);
+            if w["state"] == "idle" {
+                format!("{address} (idle)")
+            } else {
+                address
+            }
+        })
+        .collect();
+    let offline = windows.iter().filter(|w| w["online"] != true).count();
+    if offline > 0 {
+        shown.push(format!("+{offline} offline"));
+    }
+    let older = agent["older_windows"].as_u64().unwrap_or(0);
+    if older > 0 {
+        shown.push(format!("+{older} offline for over a day"));
+    }
+    if shown.is_empty() {
+        "-".into()
+    } else {
+        shown.join(", ")
+    }
+}
+
 pub fn sessions(answer: &Value) {
     let rows = items(&answer["sessions"])
         .iter()
@@ -221,7 +238,7 @@ pub fn sessions(answer: &Value) {
             vec![
                 text(&s["address"]),
                 yes_no(&s["exact"]),
-                yes_no(&s["online"]),
+                text(&s["state"]),
                 text(&s["status"]),
                 text(&s["project"]),
                 text(&s["role"]),
@@ -234,7 +251,7 @@ pub fn sessions(answer: &Value) {
         &[
             "address",
             "exact",
-            "online",
+            "state",
             "status",
             "project",
             "role",

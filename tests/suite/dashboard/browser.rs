@@ -2,11 +2,13 @@
 //! shows the team's agents and a new task appears without a reload, a task
 //! title holding markup and script shows as text and never runs, and a
 //! populated page shows every section (agents, tasks, locks, messages,
-//! conversations with their receipts) and keeps redrawing without error.
+//! conversations with their receipts) and keeps redrawing without error;
+//! each window shows its state, and revoked or long-gone windows do not
+//! crowd the agents table.
 
 use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::{private_conversation, send, team_with_conversations};
 use crate::support::browser::Browser;
@@ -306,4 +308,97 @@ async fn bidirectional_formatting_characters_in_bodies_are_shown_spelled_out() {
         .map(|m| m["body"].as_str().unwrap().to_string())
         .collect();
     assert!(bodies.contains(&later.to_string()), "{bodies:?}");
+}
+
+/// Issue 36 item 4: each window shows its state (online, idle, offline);
+/// a revoked window is not shown, and windows offline for more than a day are
+/// one line; the server's first render and app.js's redraw agree.
+#[tokio::test]
+async fn each_window_shows_its_state_and_old_or_revoked_windows_do_not_crowd_the_table() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.agent("acme", "alice").await;
+    app.agent("acme", "bob").await;
+    let beat = async |window: &str, args: Value| {
+        app.mcp(&alice, Some(window))
+            .await
+            .call("heartbeat", args)
+            .await
+            .unwrap();
+    };
+    beat("editor", json!({"status": "busy"})).await;
+    beat("reader", json!({"status": "idle"})).await;
+    beat("gone", json!({"status": "idle", "offline": true})).await;
+    for old in ["ancient-1", "ancient-2"] {
+        beat(old, json!({})).await;
+    }
+    sqlx::query(
+        "UPDATE presence SET expires_at = now() - interval '3 days' WHERE session LIKE 'ancient-%'",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let agent = app.mcp(&alice, None).await;
+    let issued = agent
+        .call("register_session", json!({"session": "provisional"}))
+        .await
+        .unwrap();
+    app.mcp(issued["credential"].as_str().unwrap(), None)
+        .await
+        .call("heartbeat", json!({}))
+        .await
+        .unwrap();
+    agent
+        .call("revoke_session", json!({"session": "provisional"}))
+        .await
+        .unwrap();
+
+    let browser = open_signed_in(&app, &alice).await;
+    let rows = async || -> Value {
+        browser
+            .script(
+                "return Array.from(document.querySelectorAll('#agents tbody tr')).map(\
+                   r => Array.from(r.cells).map(c => c.textContent.trim()).slice(0, 4));",
+            )
+            .await
+    };
+    let expected = |rows: &Value| {
+        let rows = rows.as_array().unwrap();
+        let has = |cells: &[&str]| {
+            rows.iter()
+                .any(|r| cells.iter().enumerate().all(|(i, c)| r[i] == *c))
+        };
+        assert!(has(&["alice", "editor", "online", "busy"]), "{rows:?}");
+        assert!(has(&["alice", "reader", "idle", "idle"]), "{rows:?}");
+        assert!(has(&["alice", "gone", "offline", "idle"]), "{rows:?}");
+        assert!(has(&["bob", "—", "offline"]), "{rows:?}");
+        assert!(
+            has(&[
+                "alice",
+                "+ 2 window(s) offline for more than a day (list_sessions {all: true} lists them)"
+            ]),
+            "{rows:?}"
+        );
+        let text = Value::Array(rows.clone()).to_string();
+        assert!(
+            !text.contains("ancient") && !text.contains("provisional"),
+            "{text}"
+        );
+        assert_eq!(rows.len(), 5, "{rows:?}");
+    };
+    let first = rows().await;
+    expected(&first);
+    // The script's redraw: the table is replaced by the next poll.
+    browser
+        .script("document.querySelector('#agents table').dataset.first = 'yes'; return null;")
+        .await;
+    eventually("the agents table redrawn by app.js", async || {
+        browser
+            .script("return document.querySelector('#agents table').dataset.first || 'redrawn';")
+            .await
+            == json!("redrawn")
+    })
+    .await;
+    expected(&rows().await);
+    browser.quit().await;
 }

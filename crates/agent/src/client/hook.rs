@@ -11,7 +11,7 @@
 //!   when a teammate asked this window something it has not answered. Each
 //!   question blocks one stop only, and never a stop the host already
 //!   continued because of a stop hook (`stop_hook_active`), so it cannot loop;
-//! - session end: the window goes idle;
+//! - session end: the window leaves (idle, and offline at once);
 //! - status: one line for a status bar.
 //!
 //! A hook never fails the host: no window for the conversation, bad input,
@@ -115,8 +115,7 @@ async fn speak(
     let mut marks = HookMarks::load(dir, &window.host_session)?;
     match event {
         HookEvent::SessionEnd => {
-            bus.call("heartbeat", object(json!({"status": "idle"})))
-                .await?;
+            bus.call("heartbeat", super::leaving()).await?;
             Ok(None)
         }
         HookEvent::Status => {

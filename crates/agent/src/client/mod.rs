@@ -238,6 +238,13 @@ pub async fn whoami(mcp_url: &str, bearer: &str, session: Option<&str>) -> anyho
     call_tool(mcp_url, bearer, session, "whoami", Map::new()).await
 }
 
+/// The heartbeat of a window whose host conversation ended (the proxy at
+/// exit, the `session_end` hook): idle, and offline at once instead of when
+/// its presence ttl runs out.
+pub fn leaving() -> Map<String, Value> {
+    object(serde_json::json!({"status": "idle", "offline": true}))
+}
+
 /// A JSON object literal as tool arguments.
 pub fn object(value: Value) -> Map<String, Value> {
     match value {

@@ -226,7 +226,7 @@ impl Proxy {
             self.held_here().await
         };
         if !same_agent {
-            self.mark_idle().await;
+            self.mark_offline().await;
         }
         let agent = theirs["agent"].as_str().unwrap_or_default().to_string();
         let _one = self.rebinding.lock().await;

@@ -13,8 +13,10 @@
 //! tools, heartbeat, then keep presence and the credential alive
 //! ([`Proxy::maintain`]), and keep the window's conversation inbox in a
 //! durable spool, confirming each reference only once it is on disk
-//! (`inbox.rs`). On stdin EOF or SIGTERM the window is marked idle,
-//! within a bound, and the process exits.
+//! (`inbox.rs`). When the host conversation ends (stdin EOF, SIGTERM,
+//! SIGINT) the window says it leaves (`heartbeat {offline: true}`: it is
+//! offline at once, not at the end of its ttl), within a bound so a dead bus
+//! never holds the host up, and the process exits.
 //!
 //! Stdout carries only MCP framing: logs go to stderr, `git` runs with its
 //! output captured.
@@ -60,7 +62,7 @@ pub const PRESENCE_TTL_SECS: i64 = 300;
 const BUS_WAIT: Duration = Duration::from_secs(4);
 /// The bound on one attempt to register the window and fetch the tools.
 const ESTABLISH_BOUND: Duration = Duration::from_secs(15);
-/// The bound on marking the window idle at exit: the host kills a server
+/// The bound on marking the window offline at exit: the host kills a server
 /// that has not exited a few seconds after closing its stdin.
 const EXIT_BOUND: Duration = Duration::from_millis(1500);
 
@@ -128,7 +130,7 @@ pub(crate) struct Proxy {
     listed_without_bus: AtomicBool,
 }
 
-/// Run the proxy until the host closes stdin or sends SIGTERM.
+/// Run the proxy until the host closes stdin or sends SIGTERM or SIGINT.
 pub async fn run(options: ProxyOptions) -> anyhow::Result<()> {
     let host = window::host_session(options.host_session.clone());
     let (bound, labels, trouble) = match context::resolve(options.bus.clone(), &options.dir) {
@@ -202,6 +204,7 @@ pub async fn run(options: ProxyOptions) -> anyhow::Result<()> {
     let served = tokio::select! {
         served = server.serve(rmcp::transport::io::stdio_pipes()) => served,
         _ = sigterm.recv() => return proxy.stop(maintainer, "SIGTERM before the handshake").await,
+        _ = tokio::signal::ctrl_c() => return proxy.stop(maintainer, "SIGINT before the handshake").await,
     };
     let service = match served {
         Ok(service) => service,
@@ -221,19 +224,19 @@ pub async fn run(options: ProxyOptions) -> anyhow::Result<()> {
 
 impl Proxy {
     /// The end of a run, whatever ended it: no more background work, and the
-    /// window marked idle within [`EXIT_BOUND`].
+    /// window marked offline within [`EXIT_BOUND`].
     async fn stop(
         &self,
         maintainer: tokio::task::JoinHandle<()>,
         reason: &str,
     ) -> anyhow::Result<()> {
-        tracing::info!("mcp proxy stopping: {reason}; marking the window idle");
+        tracing::info!("mcp proxy stopping: {reason}; marking the window offline");
         maintainer.abort();
-        if tokio::time::timeout(EXIT_BOUND, self.mark_idle())
+        if tokio::time::timeout(EXIT_BOUND, self.mark_offline())
             .await
             .is_err()
         {
-            tracing::warn!("the bus did not take the idle heartbeat in time; exiting anyway");
+            tracing::warn!("the bus did not take the leaving heartbeat in time; exiting anyway");
         }
         Ok(())
     }
@@ -416,14 +419,15 @@ impl Proxy {
         Ok(())
     }
 
-    /// Best effort at exit: the window says it is idle.
-    async fn mark_idle(&self) {
+    /// Best effort, at exit or when a profile switch leaves the window: it
+    /// says it leaves (idle, and offline now rather than when its presence
+    /// ttl runs out).
+    async fn mark_offline(&self) {
         let connection = self.bound.read().await.connection.clone();
-        if let Some(connection) = connection {
-            let beat = window::object(json!({"status": "idle"}));
-            if let Err(err) = connection.call("heartbeat", beat).await {
-                tracing::warn!("could not mark the window idle: {err:#}");
-            }
+        if let Some(connection) = connection
+            && let Err(err) = connection.call("heartbeat", window::leaving()).await
+        {
+            tracing::warn!("could not mark the window offline: {err:#}");
         }
     }
 

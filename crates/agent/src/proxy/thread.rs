@@ -10,8 +10,8 @@
 //! instructions). When the first call names a thread, the proxy moves to that
 //! thread's window *before* the call is carried out, so the call and all
 //! after it run there, and a restart for the same thread finds the same
-//! window. The provisional window is marked idle and revoked (nothing can
-//! find it again), its record for the hooks removed; the inbox spool follows
+//! window. The provisional window leaves and is revoked (offline, and no
+//! listing shows it any more), its record for the hooks removed; the inbox spool follows
 //! the new host id at its next pass (`inbox.rs`).
 //!
 //! One proxy serves one host conversation: once decided, a call naming
@@ -131,8 +131,7 @@ impl Proxy {
         );
         let retire = async {
             if let Some(connection) = old_connection {
-                let idle = window::object(json!({"status": "idle"}));
-                let _ = connection.call("heartbeat", idle).await;
+                let _ = connection.call("heartbeat", window::leaving()).await;
             }
             let revoke = window::object(json!({"session": old.label}));
             if let Err(err) = client::call_tool(&url, &token, None, "revoke_session", revoke).await

@@ -284,7 +284,7 @@ pub async fn git_place(dir: &Path) -> (Option<String>, Option<String>) {
     .unwrap_or((None, None))
 }
 
-pub use crate::client::object;
+pub use crate::client::{leaving, object};
 
 /// What the proxy keeps about its window on this machine, so the hooks of
 /// the same host conversation act as the same window

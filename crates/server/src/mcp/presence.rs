@@ -8,7 +8,7 @@ use rmcp::{ErrorData, schemars, tool, tool_router};
 use serde::Deserialize;
 
 use super::{BusServer, caller, reply};
-use acs_store::store::messaging::presence::{self, Beat, PresenceStatus};
+use acs_store::store::messaging::presence::{self, Beat, PresenceStatus, SessionFilter};
 
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -28,6 +28,8 @@ pub struct HeartbeatArgs {
     pub role: Option<String>,
     /// Seconds this heartbeat keeps the window online, 30..86400 (600 on a first heartbeat; omit later to keep the current ttl).
     pub ttl_seconds: Option<i64>,
+    /// true: this window is leaving (its conversation ended): it is offline at once instead of when its ttl runs out; send `status: "idle"` with it. A later heartbeat brings it back. Default false.
+    pub offline: Option<bool>,
 }
 
 impl From<HeartbeatArgs> for Beat {
@@ -40,6 +42,7 @@ impl From<HeartbeatArgs> for Beat {
             project: args.project,
             role: args.role,
             ttl_seconds: args.ttl_seconds,
+            offline: args.offline.unwrap_or(false),
         }
     }
 }
@@ -49,6 +52,8 @@ impl From<HeartbeatArgs> for Beat {
 pub struct ListAgentsArgs {
     /// Only agents with a live window, and only their live windows (default false: every agent of the team, including those never seen).
     pub online_only: Option<bool>,
+    /// Also list windows offline for more than a day (default false: they are only counted, in `older_windows`).
+    pub all: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
@@ -60,6 +65,8 @@ pub struct ListSessionsArgs {
     pub role: Option<String>,
     /// Only live windows (default false).
     pub online_only: Option<bool>,
+    /// Also windows offline for more than a day (default false: hidden).
+    pub all: Option<bool>,
     /// At most this many windows, 1..200 (default 50); live ones and the most recently seen first.
     pub limit: Option<i64>,
 }
@@ -69,7 +76,9 @@ impl BusServer {
     #[tool(
         description = "Say you are here and what you are doing. Keeps this window (agent + \
                        X-Crew-Session) online for ttl_seconds (default 600): beat again before \
-                       it runs out. Omitted fields keep their value, \"\" clears one."
+                       it runs out. Omitted fields keep their value, \"\" clears one. When \
+                       the window's conversation ends, beat once with `offline: true` and \
+                       `status: \"idle\"`: it shows as offline at once."
     )]
     async fn heartbeat(
         &self,
@@ -81,10 +90,13 @@ impl BusServer {
     }
 
     #[tool(
-        description = "The agents of your team, each with its windows. `online_count` counts \
-                       agents with a live window. An agent's status and activity come from its \
-                       summary window: a live one before a dead one, a named window before the \
-                       shared one, then the most recent.",
+        description = "The agents of your team, each with its windows and their `state` \
+                       (online, idle or offline). `online_count` counts agents with a live \
+                       window. Windows offline for more than a day are only counted \
+                       (`older_windows`; `all: true` lists them); revoked windows are not \
+                       listed. An agent's status and activity come from its summary window: a \
+                       live one before a dead one, a named window before the shared one, then \
+                       the most recent.",
         annotations(read_only_hint = true)
     )]
     async fn list_agents(
@@ -93,13 +105,16 @@ impl BusServer {
         Parameters(args): Parameters<ListAgentsArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(presence::list_agents(self.bus(), me, args.online_only.unwrap_or(false)).await)
+        let (online_only, all) = (args.online_only.unwrap_or(false), args.all.unwrap_or(false));
+        reply(presence::list_agents(self.bus(), me, online_only, all).await)
     }
 
     #[tool(
         description = "Find windows to talk to, by project and role labels. Each entry has an \
                        `address` (`agent` for an agent's shared window, `agent/window` \
-                       otherwise) and `exact`: true when that address reaches only that window.",
+                       otherwise), `exact`: true when that address reaches only that window, and \
+                       `state`: online, idle or offline. Windows offline for more than a day are \
+                       left out unless `all: true`; revoked windows are never listed.",
         annotations(read_only_hint = true)
     )]
     async fn list_sessions(
@@ -112,9 +127,12 @@ impl BusServer {
             presence::list_sessions(
                 self.bus(),
                 me,
-                args.project.as_deref(),
-                args.role.as_deref(),
-                args.online_only.unwrap_or(false),
+                &SessionFilter {
+                    project: args.project.as_deref(),
+                    role: args.role.as_deref(),
+                    online_only: args.online_only.unwrap_or(false),
+                    all: args.all.unwrap_or(false),
+                },
                 args.limit,
             )
             .await,

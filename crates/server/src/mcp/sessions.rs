@@ -91,6 +91,7 @@ impl BusServer {
     #[tool(
         description = "Revoke a window's session credential: this window (omit `session`, with \
                           a session credential) or another window of the same agent by label. The \
+                          window goes offline and is no longer listed; the \
                           label can then be registered again."
     )]
     async fn revoke_session(

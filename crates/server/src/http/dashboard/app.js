@@ -88,19 +88,27 @@
       }
       if (a.windows.length === 0) {
         rows.push(el("tr", null, [name(), cell("—"), el("td", null, [pill("offline")]),
-          cell("—"), cell("—"), cell("—"), cell("never")]));
+          cell("—"), cell("—"), cell("—"), cell("—"),
+          cell(a.older_windows > 0 ? "over a day ago" : "never")]));
       }
       a.windows.forEach(function (w) {
         rows.push(el("tr", null, [
           name(),
           cell(w.session === "" ? "(shared)" : w.session),
-          el("td", null, [pill(w.online ? w.status : "offline")]),
+          el("td", null, [pill(w.state)]),
+          cell(w.status),
           cell(dash(w.activity)), cell(dash(w.project)), cell(dash(w.role)),
           cell(time(w.last_seen_at)),
         ]));
       });
+      if (a.older_windows > 0) {
+        var older = el("td", "muted", ["+ " + a.older_windows +
+          " window(s) offline for more than a day (list_sessions {all: true} lists them)"]);
+        older.colSpan = 7;
+        rows.push(el("tr", "older", [name(), older]));
+      }
     });
-    return [table(["Agent", "Window", "Status", "Activity", "Project", "Role", "Last seen"],
+    return [table(["Agent", "Window", "State", "Status", "Activity", "Project", "Role", "Last seen"],
       rows, "No agents yet.")];
   }
 

@@ -210,28 +210,31 @@ fn agents(agents: &[AgentView]) -> String {
         };
         if agent.windows.is_empty() {
             rows.push(format!(
-                "<tr><td>{name}</td><td>—</td><td>{}</td><td>—</td><td>—</td><td>—</td><td>never</td></tr>",
-                pill("offline")
+                "<tr><td>{name}</td><td>—</td><td>{}</td><td>—</td><td>—</td><td>—</td><td>—</td><td>{}</td></tr>",
+                pill("offline"),
+                if agent.older_windows > 0 { "over a day ago" } else { "never" },
             ));
         }
         for w in &agent.windows {
-            let state = if w.online {
-                w.status.as_str()
-            } else {
-                "offline"
-            };
             let window = if w.session.is_empty() {
                 "(shared)".to_string()
             } else {
                 escape(&w.session)
             };
             rows.push(format!(
-                "<tr><td>{name}</td><td>{window}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                pill(state),
+                "<tr><td>{name}</td><td>{window}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                pill(w.state.as_str()),
+                escape(w.status.as_str()),
                 or_dash(w.activity.as_deref()),
                 or_dash(w.project.as_deref()),
                 or_dash(w.role.as_deref()),
                 time(&w.last_seen_at),
+            ));
+        }
+        if agent.older_windows > 0 {
+            rows.push(format!(
+                "<tr class=\"older\"><td>{name}</td><td colspan=\"7\" class=\"muted\">{}</td></tr>",
+                escape(&older_windows(agent.older_windows))
             ));
         }
     }
@@ -239,6 +242,7 @@ fn agents(agents: &[AgentView]) -> String {
         &[
             "Agent",
             "Window",
+            "State",
             "Status",
             "Activity",
             "Project",
@@ -247,6 +251,14 @@ fn agents(agents: &[AgentView]) -> String {
         ],
         &rows,
         "No agents yet.",
+    )
+}
+
+/// The line that stands for an agent's windows offline for over a day (the
+/// script writes the same words).
+fn older_windows(count: i64) -> String {
+    format!(
+        "+ {count} window(s) offline for more than a day (list_sessions {{all: true}} lists them)"
     )
 }
 

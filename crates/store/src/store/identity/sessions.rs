@@ -22,8 +22,8 @@
 //! (`store/fenced.rs`); each calls the same `agent_write_refusal` first: the
 //! rule lives once, in SQL, and only its words ([`Refusal::check`]) live here.
 //!
-//! Not here: presence of windows (heartbeats) and the shared session `""`,
-//! which needs no credential.
+//! Not here: presence of windows (heartbeats; a revoke only ends the
+//! window's presence) and the shared session `""`, which needs no credential.
 
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
@@ -550,7 +550,8 @@ pub async fn renew(
 }
 
 /// `revoke_session`: end this window's session, or (by `label`) another
-/// window of the same agent. Revoking a dead session changes nothing.
+/// window of the same agent; its presence goes offline with it. Revoking a
+/// dead session changes nothing else.
 pub async fn revoke(pool: &PgPool, me: &Identity, label: Option<&str>) -> BusResult<SessionState> {
     let label = match label.map(auth::normalize_session_label).transpose()? {
         Some(label) if !label.is_empty() => label,
@@ -601,6 +602,17 @@ pub async fn revoke(pool: &PgPool, me: &Identity, label: Option<&str>) -> BusRes
             me.agent
         )));
     };
+    // The window is gone: offline now, not at the end of its last beat's ttl
+    // (and no longer listed: `presence::listed!`).
+    sqlx::query(
+        "UPDATE presence SET expires_at = least(expires_at, now())
+         WHERE team_id = $1 AND agent_id = $2 AND session = $3",
+    )
+    .bind(me.team_id)
+    .bind(me.agent_id)
+    .bind(&label)
+    .execute(&mut *tx)
+    .await?;
     if was_live {
         audit::record(
             &mut tx,

@@ -15,6 +15,7 @@ use uuid::Uuid;
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::BusResult;
+use crate::store::messaging::presence::listed;
 use crate::store::{messaging::channels, messaging::messages};
 
 pub const DIGEST_HOURS_MAX: i32 = 336;
@@ -345,14 +346,16 @@ async fn note_changes(
     .await?)
 }
 
-/// The agents seen in the period, with how many windows.
+/// The agents seen in the period, with how many windows (a revoked one, such
+/// as a provisional window the proxy retired, does not count).
 async fn agents_seen(bus: &Bus, me: &Identity, since: DateTime<Utc>) -> BusResult<Vec<AgentSeen>> {
-    Ok(sqlx::query_as(
+    Ok(sqlx::query_as(concat!(
         "SELECT a.name AS agent, count(*) AS windows, max(p.last_seen_at) AS last_seen_at
          FROM presence p JOIN agents a ON a.team_id = p.team_id AND a.id = p.agent_id
-         WHERE p.team_id = $1 AND p.last_seen_at > $2
-         GROUP BY a.name ORDER BY max(p.last_seen_at) DESC LIMIT $3",
-    )
+         WHERE p.team_id = $1 AND p.last_seen_at > $2 AND ",
+        listed!("true"),
+        " GROUP BY a.name ORDER BY max(p.last_seen_at) DESC LIMIT $3"
+    ))
     .bind(me.team_id)
     .bind(since)
     .bind(DIGEST_LIST_MAX)

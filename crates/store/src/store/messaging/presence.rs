@@ -11,8 +11,19 @@
 //! and are kept when omitted later. Heartbeats emit no bus event: they are
 //! frequent, and nobody waits on them.
 //!
-//! Dead rows are kept (they answer "when was alice last seen?") until the
-//! presence sweeper deletes those dead for longer than its retention.
+//! A window that leaves says so (`heartbeat {offline: true}`: the proxy when
+//! its host conversation ends, the `session_end` hook): it is offline at
+//! once instead of at the end of its ttl; a later heartbeat brings it back.
+//! Each window has a `state`: `online` (live, any status but idle), `idle`
+//! (live, status idle) or `offline`.
+//!
+//! Listings stay readable with one window per host conversation: a window
+//! whose session credential was revoked after it last beat is not listed
+//! (`revoke_session` also ends its presence), and a window offline for more
+//! than [`OFFLINE_LISTED_HOURS`] is only listed when asked (`all`; list_agents
+//! counts them in `older_windows`). Dead rows are kept (they answer "when was
+//! alice last seen?") until the presence sweeper deletes those dead for
+//! longer than its retention.
 
 use std::str::FromStr;
 
@@ -33,6 +44,8 @@ pub const TTL_DEFAULT_SECS: i64 = 600;
 pub const FIELD_MAX_BYTES: usize = 256;
 pub const PAGE_MAX: i64 = 200;
 pub const SESSIONS_PAGE_DEFAULT: i64 = 50;
+/// A window offline for longer than this is listed only with `all`.
+pub const OFFLINE_LISTED_HOURS: i64 = 24;
 
 acs_wire::text_enum! {
     /// What a window says it is doing, stored as text in `presence.status`.
@@ -46,6 +59,30 @@ acs_wire::text_enum! {
     }
 }
 crate::text_column!(PresenceStatus);
+
+acs_wire::text_enum! {
+    /// Whether a window is here, in one word: `online` while live with any
+    /// status but idle, `idle` while live with status idle, `offline` once
+    /// its ttl ran out, it said it left, or its agent is disabled.
+    #[derive(Default)]
+    pub enum Liveness {
+        Online = "online",
+        Idle = "idle",
+        #[default]
+        Offline = "offline",
+    }
+}
+
+impl Liveness {
+    /// The state of a window that is `online` (live) with `status`.
+    pub fn of(online: bool, status: PresenceStatus) -> Liveness {
+        match (online, status) {
+            (false, _) => Liveness::Offline,
+            (true, PresenceStatus::Idle) => Liveness::Idle,
+            (true, _) => Liveness::Online,
+        }
+    }
+}
 
 /// A heartbeat's `status` (trimmed, any case), refused in words that say
 /// nothing was written.
@@ -78,6 +115,8 @@ pub struct Beat {
     pub project: Option<String>,
     pub role: Option<String>,
     pub ttl_seconds: Option<i64>,
+    /// The window is leaving: offline now, whatever its ttl.
+    pub offline: bool,
 }
 
 /// One window as others see it.
@@ -90,6 +129,10 @@ pub struct Window {
     /// True while the last heartbeat's ttl has not run out (and the agent is
     /// not disabled).
     pub online: bool,
+    /// `online`, `idle` or `offline` ([`Liveness::of`] `online` and `status`).
+    #[sqlx(skip)]
+    #[serde(default)]
+    pub state: Liveness,
     pub status: PresenceStatus,
     pub repo: Option<String>,
     pub branch: Option<String>,
@@ -99,6 +142,14 @@ pub struct Window {
     pub ttl_seconds: i32,
     pub last_seen_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
+}
+
+impl Window {
+    /// The window with its `state` filled in from `online` and `status`.
+    fn settled(mut self) -> Window {
+        self.state = Liveness::of(self.online, self.status);
+        self
+    }
 }
 
 /// The answer to a heartbeat: the window as now stored.
@@ -129,7 +180,10 @@ pub struct AgentPresence {
     pub role: Option<String>,
     pub last_seen_at: Option<DateTime<Utc>>,
     /// Summary window first, then in the same order: live, named, most recent.
+    /// Without `all`, not those offline for more than a day.
     pub windows: Vec<Window>,
+    /// Windows offline for more than a day, not in `windows` (0 with `all`).
+    pub older_windows: usize,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -137,6 +191,19 @@ pub struct AgentList {
     /// Agents with at least one live window (not windows).
     pub online_count: usize,
     pub agents: Vec<AgentPresence>,
+}
+
+/// Which windows `list_sessions` lists.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SessionFilter<'a> {
+    /// Only windows with this `project` label.
+    pub project: Option<&'a str>,
+    /// Only windows with this `role` label.
+    pub role: Option<&'a str>,
+    /// Only live windows.
+    pub online_only: bool,
+    /// Windows offline for more than a day too.
+    pub all: bool,
 }
 
 /// One window in a discovery listing.
@@ -223,6 +290,24 @@ macro_rules! window_columns {
     };
 }
 
+/// Whether the window of presence row `p` is listed: not when its session
+/// credential was revoked after its last heartbeat (a provisional window a
+/// proxy retired, a window its agent ended), and, unless `$all` is true, not
+/// when it has been offline for more than [`OFFLINE_LISTED_HOURS`].
+macro_rules! listed {
+    ($all:literal) => {
+        concat!(
+            "NOT EXISTS (SELECT 1 FROM agent_sessions rs
+                         WHERE rs.team_id = p.team_id AND rs.agent_id = p.agent_id
+                           AND rs.label = p.session AND rs.revoked_at >= p.last_seen_at)
+             AND (",
+            $all,
+            " OR p.expires_at > now() - make_interval(hours => 24))"
+        )
+    };
+}
+pub(crate) use listed;
+
 /// The order that picks an agent's summary window: live before dead, a named
 /// window before the shared one, then the most recent.
 macro_rules! summary_order {
@@ -250,7 +335,7 @@ pub async fn heartbeat(bus: &Bus, me: &Identity, beat: &Beat) -> BusResult<Heart
 
     // Each optional field travels as (given, value): not given keeps the
     // stored value on update; given with NULL clears it.
-    let (_, detail) = fenced::call(
+    let write = fenced::call(
         "SELECT refusal, session_epoch, refused_since, outcome, detail
          FROM store_heartbeat($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
                               $16, $17, $18, $19)",
@@ -269,19 +354,49 @@ pub async fn heartbeat(bus: &Bus, me: &Identity, beat: &Beat) -> BusResult<Heart
     .bind(role.is_some())
     .bind(role.flatten())
     .bind(ttl)
-    .bind(TTL_DEFAULT_SECS as i32)
-    .fetch_one(&bus.pool)
-    .await?
-    .outcome(me)?;
+    .bind(TTL_DEFAULT_SECS as i32);
+    if !beat.offline {
+        let (_, detail) = write.fetch_one(&bus.pool).await?.outcome(me)?;
+        let window: Window = fenced::detail(detail)?;
+        return Ok(Heartbeat {
+            agent: me.agent.clone(),
+            window: window.settled(),
+        });
+    }
+    // Leaving: the beat as given, then its expiry brought to now, in one
+    // transaction (the fence ran in the first statement).
+    let mut tx = bus.pool.begin().await?;
+    write.fetch_one(&mut *tx).await?.outcome(me)?;
+    let window: Window = sqlx::query_as(concat!(
+        "UPDATE presence p SET expires_at = least(p.expires_at, now())
+         FROM agents a
+         WHERE a.team_id = p.team_id AND a.id = p.agent_id
+           AND p.team_id = $1 AND p.agent_id = $2 AND p.session = $3
+         RETURNING ",
+        window_columns!()
+    ))
+    .bind(me.team_id)
+    .bind(me.agent_id)
+    .bind(&me.window)
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
     Ok(Heartbeat {
         agent: me.agent.clone(),
-        window: fenced::detail(detail)?,
+        window: window.settled(),
     })
 }
 
-/// `list_agents`: every agent of the caller's team with its windows. With
-/// `online_only`, only online agents and only their live windows.
-pub async fn list_agents(bus: &Bus, me: &Identity, online_only: bool) -> BusResult<AgentList> {
+/// `list_agents`: every agent of the caller's team with its listed windows
+/// ([`listed!`]; with `all`, those offline for more than a day too, else
+/// only counted). With `online_only`, only online agents and only their live
+/// windows.
+pub async fn list_agents(
+    bus: &Bus,
+    me: &Identity,
+    online_only: bool,
+    all: bool,
+) -> BusResult<AgentList> {
     #[derive(sqlx::FromRow)]
     struct AgentRow {
         id: Uuid,
@@ -291,6 +406,8 @@ pub async fn list_agents(bus: &Bus, me: &Identity, online_only: bool) -> BusResu
     #[derive(sqlx::FromRow)]
     struct WindowRow {
         agent_id: Uuid,
+        /// Offline for at most a day.
+        recent: bool,
         #[sqlx(flatten)]
         window: Window,
     }
@@ -307,11 +424,15 @@ pub async fn list_agents(bus: &Bus, me: &Identity, online_only: bool) -> BusResu
     .fetch_all(&mut *tx)
     .await?;
     let windows: Vec<WindowRow> = sqlx::query_as(concat!(
-        "SELECT p.agent_id, ",
+        "SELECT p.agent_id, (",
+        listed!("false"),
+        ") AS recent, ",
         window_columns!(),
         " FROM presence p JOIN agents a ON a.team_id = p.team_id AND a.id = p.agent_id
           WHERE p.team_id = $1 AND (NOT $2 OR (p.expires_at > now() AND a.disabled_at IS NULL))
-          ORDER BY p.agent_id, ",
+            AND ",
+        listed!("true"),
+        " ORDER BY p.agent_id, ",
         summary_order!()
     ))
     .bind(me.team_id)
@@ -320,18 +441,26 @@ pub async fn list_agents(bus: &Bus, me: &Identity, online_only: bool) -> BusResu
     .await?;
     tx.commit().await?;
 
-    let mut by_agent: std::collections::HashMap<Uuid, Vec<Window>> = Default::default();
+    let mut by_agent: std::collections::HashMap<Uuid, Vec<(bool, Window)>> = Default::default();
     for row in windows {
-        by_agent.entry(row.agent_id).or_default().push(row.window);
+        let listed = (all || row.recent, row.window.settled());
+        by_agent.entry(row.agent_id).or_default().push(listed);
     }
     let mut out = Vec::with_capacity(agents.len());
     for agent in agents {
-        let windows = by_agent.remove(&agent.id).unwrap_or_default();
+        let (listed, older): (Vec<_>, Vec<_>) = by_agent
+            .remove(&agent.id)
+            .unwrap_or_default()
+            .into_iter()
+            .partition(|(listed, _)| *listed);
+        let windows: Vec<Window> = listed.into_iter().map(|(_, w)| w).collect();
         let online = windows.iter().any(|w| w.online);
         if online_only && !online {
             continue;
         }
-        let summary = windows.first();
+        let older_seen = older.iter().map(|(_, w)| w.last_seen_at).max();
+        // An agent seen only long ago still says what it last did.
+        let summary = windows.first().or(older.first().map(|(_, w)| w));
         out.push(AgentPresence {
             agent: agent.name,
             agent_id: agent.id,
@@ -344,7 +473,12 @@ pub async fn list_agents(bus: &Bus, me: &Identity, online_only: bool) -> BusResu
             branch: summary.and_then(|w| w.branch.clone()),
             project: summary.and_then(|w| w.project.clone()),
             role: summary.and_then(|w| w.role.clone()),
-            last_seen_at: windows.iter().map(|w| w.last_seen_at).max(),
+            last_seen_at: windows
+                .iter()
+                .map(|w| w.last_seen_at)
+                .chain(older_seen)
+                .max(),
+            older_windows: older.len(),
             windows,
         });
     }
@@ -355,15 +489,21 @@ pub async fn list_agents(bus: &Bus, me: &Identity, online_only: bool) -> BusResu
 }
 
 /// `list_sessions`: windows of the caller's team, filtered by the discovery
-/// labels (trimmed, case-insensitive; empty = no filter), live ones first.
+/// labels (trimmed, case-insensitive; empty = no filter), live ones first;
+/// only the listed ones ([`listed!`]: with `all`, those offline for more than
+/// a day too).
 pub async fn list_sessions(
     bus: &Bus,
     me: &Identity,
-    project: Option<&str>,
-    role: Option<&str>,
-    online_only: bool,
+    filter: &SessionFilter<'_>,
     limit: Option<i64>,
 ) -> BusResult<SessionList> {
+    let SessionFilter {
+        project,
+        role,
+        online_only,
+        all,
+    } = *filter;
     let project = check_filter("project", project)?;
     let role = check_filter("role", role)?;
     let limit = check_limit(limit, SESSIONS_PAGE_DEFAULT)?;
@@ -392,7 +532,9 @@ pub async fn list_sessions(
            AND ($2::text IS NULL OR lower(p.project) = lower($2))
            AND ($3::text IS NULL OR lower(p.role) = lower($3))
            AND (NOT $4 OR (p.expires_at > now() AND a.disabled_at IS NULL))
-         ORDER BY (p.expires_at > now()) DESC, p.last_seen_at DESC, a.name, p.session
+           AND ",
+        listed!("$6"),
+        " ORDER BY (p.expires_at > now()) DESC, p.last_seen_at DESC, a.name, p.session
          LIMIT $5"
     ))
     .bind(me.team_id)
@@ -400,6 +542,7 @@ pub async fn list_sessions(
     .bind(role)
     .bind(online_only)
     .bind(limit + 1)
+    .bind(all)
     .fetch_all(&bus.pool)
     .await?;
     let truncated = rows.len() as i64 > limit;
@@ -411,7 +554,7 @@ pub async fn list_sessions(
             .map(|r| SessionEntry {
                 agent: r.agent,
                 exact: r.exact,
-                window: r.window,
+                window: r.window.settled(),
             })
             .collect(),
     })
@@ -460,4 +603,28 @@ pub async fn delete_dead_batch(
     .execute(pool)
     .await?;
     Ok(deleted.rows_affected())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_is_online_idle_or_offline() {
+        assert_eq!(Liveness::of(true, PresenceStatus::Busy), Liveness::Online);
+        assert_eq!(Liveness::of(true, PresenceStatus::Idle), Liveness::Idle);
+        assert_eq!(
+            Liveness::of(false, PresenceStatus::Active),
+            Liveness::Offline
+        );
+    }
+
+    #[test]
+    fn the_listing_rule_keeps_offline_windows_for_the_documented_hours() {
+        let rule = listed!("false");
+        assert!(
+            rule.contains(&format!("make_interval(hours => {OFFLINE_LISTED_HOURS})")),
+            "{rule}"
+        );
+    }
 }

@@ -29,7 +29,7 @@ use crate::backend::Backends;
 use crate::error::{BusError, BusResult};
 use crate::events::{Events, ListenerState};
 use crate::store::identity::admin::{self, Authority};
-use crate::store::messaging::presence::PresenceStatus;
+use crate::store::messaging::presence::{Liveness, PresenceStatus, listed};
 use crate::store::tasks::TaskStatus;
 use crate::store::{conversations, delivery::outbox, identity::teams, identity::tokens};
 
@@ -337,7 +337,11 @@ pub struct Limits {
 pub struct AgentView {
     pub name: String,
     pub disabled: bool,
+    /// Live ones first, then the most recently seen; not those revoked, nor
+    /// those offline for more than a day (`presence::listed!`).
     pub windows: Vec<WindowView>,
+    /// Windows offline for more than a day, left out of `windows`.
+    pub older_windows: i64,
 }
 
 #[derive(Clone, Debug, Serialize, sqlx::FromRow)]
@@ -345,6 +349,9 @@ pub struct WindowView {
     /// The window label; empty for the agent's shared session.
     pub session: String,
     pub online: bool,
+    /// online, idle or offline ([`Liveness::of`] `online` and `status`).
+    #[sqlx(skip)]
+    pub state: Liveness,
     pub status: PresenceStatus,
     pub activity: Option<String>,
     pub project: Option<String>,
@@ -504,7 +511,7 @@ pub async fn snapshot(
     })
 }
 
-/// The team's agents (enabled first, by name) with every window they have.
+/// The team's agents (enabled first, by name) with their listed windows.
 async fn agents(pool: &PgPool, team_id: Uuid) -> BusResult<Vec<AgentView>> {
     let rows: Vec<(Uuid, String, bool)> = sqlx::query_as(
         "SELECT id, name, disabled_at IS NOT NULL FROM agents WHERE team_id = $1
@@ -515,20 +522,31 @@ async fn agents(pool: &PgPool, team_id: Uuid) -> BusResult<Vec<AgentView>> {
     .fetch_all(pool)
     .await?;
     let ids: Vec<Uuid> = rows.iter().map(|r| r.0).collect();
-    let windows: Vec<(Uuid, WindowView)> = sqlx::query_as::<_, WindowRow>(
-        "SELECT agent_id, session, expires_at > now() AS online, status, activity, project,
-                role, last_seen_at
-           FROM presence WHERE team_id = $1 AND agent_id = ANY($2)
-          ORDER BY agent_id, session LIMIT $3",
-    )
+    let windows: Vec<WindowRow> = sqlx::query_as(concat!(
+        "SELECT p.agent_id, p.session, p.expires_at > now() AS online, p.status, p.activity,
+                p.project, p.role, p.last_seen_at
+           FROM presence p WHERE p.team_id = $1 AND p.agent_id = ANY($2) AND ",
+        listed!("false"),
+        " ORDER BY p.agent_id, p.expires_at > now() DESC, p.last_seen_at DESC, p.session
+          LIMIT $3"
+    ))
     .bind(team_id)
     .bind(&ids)
     .bind(WINDOWS_MAX)
     .fetch_all(pool)
-    .await?
-    .into_iter()
-    .map(|w| (w.agent_id, w.window))
-    .collect();
+    .await?;
+    let older: Vec<(Uuid, i64)> = sqlx::query_as(concat!(
+        "SELECT p.agent_id, count(*) FROM presence p
+          WHERE p.team_id = $1 AND p.agent_id = ANY($2) AND NOT (",
+        listed!("false"),
+        ") AND ",
+        listed!("true"),
+        " GROUP BY p.agent_id"
+    ))
+    .bind(team_id)
+    .bind(&ids)
+    .fetch_all(pool)
+    .await?;
     Ok(rows
         .into_iter()
         .map(|(id, name, disabled)| AgentView {
@@ -536,9 +554,13 @@ async fn agents(pool: &PgPool, team_id: Uuid) -> BusResult<Vec<AgentView>> {
             disabled,
             windows: windows
                 .iter()
-                .filter(|(agent, _)| *agent == id)
-                .map(|(_, w)| w.clone())
+                .filter(|w| w.agent_id == id)
+                .map(|w| WindowView {
+                    state: Liveness::of(w.window.online, w.window.status),
+                    ..w.window.clone()
+                })
                 .collect(),
+            older_windows: older.iter().find(|o| o.0 == id).map_or(0, |o| o.1),
         })
         .collect())
 }
