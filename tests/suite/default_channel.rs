@@ -280,6 +280,18 @@ async fn every_surface_names_the_one_default_channel_whichever_source_sets_it() 
     let digest = desk.call("team_digest", json!({})).await.unwrap();
     surfaces.push(("team_digest focus", as_name(&digest["focus"])));
     all_say(&surfaces, "billing-dev", "console .acs.toml channel");
+    // A wait focuses on the default channel too: told first.
+    console(
+        &app,
+        &alice,
+        "bench",
+        billing.path(),
+        &["wait", "--timeout", "1"],
+    )
+    .await;
+    let bench = app.mcp(&alice, Some("bench")).await;
+    let whoami = bench.call("whoami", json!({})).await.unwrap();
+    assert_eq!(whoami["default_channel"], "billing-dev", "{whoami}");
 
     // Each post landed in the channel every surface named; nothing went to
     // a channel no surface named.

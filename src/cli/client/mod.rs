@@ -128,6 +128,7 @@ pub async fn run(args: ClientArgs, json: bool) -> anyhow::Result<()> {
     let uses_default_channel = match &command {
         ClientCommand::Send(send) => send.to_default_channel(),
         ClientCommand::Digest(digest) => digest.focused(),
+        ClientCommand::Wait(wait) => wait.focused(),
         ClientCommand::Whoami => true,
         _ => false,
     };
