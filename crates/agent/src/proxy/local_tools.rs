@@ -17,10 +17,10 @@ use serde_json::{Map, Value, json};
 
 use super::window;
 use super::{Proxy, refusal};
+use crate::client::{self, profiles::Profiles};
 
 /// How long session_status waits for the bus to say the default channel.
 const STATUS_WHOAMI_BOUND: std::time::Duration = std::time::Duration::from_secs(3);
-use crate::client::{self, profiles::Profiles};
 
 pub(super) fn definitions() -> Vec<Tool> {
     let tools = json!([
