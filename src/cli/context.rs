@@ -82,7 +82,9 @@ pub enum ContextCommand {
         /// The project this tree is (heartbeats and session listings show it).
         #[arg(long)]
         project: Option<String>,
-        /// The channel posts go to when none is named.
+        /// The channel set for windows working here: their default channel (posts naming none
+        /// go there), before the project's and the window label's. The proxy and the console
+        /// tell the bus.
         #[arg(long)]
         channel: Option<String>,
         /// The role windows working here say they have (e.g. reviewer).

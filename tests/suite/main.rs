@@ -41,6 +41,7 @@ mod context;
 mod conversation_messages;
 mod conversations;
 mod dashboard;
+mod default_channel;
 mod deploy_unit;
 mod docs;
 mod doctor;

@@ -343,10 +343,7 @@ async fn instructions_say_who_and_what_is_held_and_configure_session_sets_the_pr
     );
     assert_eq!(calls[4]["is_error"], true);
     assert!(
-        calls[4]["text"]
-            .as_str()
-            .unwrap()
-            .contains("not a channel name"),
+        calls[4]["text"].as_str().unwrap().contains("is not valid"),
         "{:#?}",
         calls[4]
     );

@@ -16,6 +16,13 @@ pub(super) struct DigestArgs {
     all_channels: bool,
 }
 
+impl DigestArgs {
+    /// The digest focuses on the window's default channel.
+    pub(super) fn focused(&self) -> bool {
+        !self.all_channels
+    }
+}
+
 /// How to show an identity tool's answer.
 pub(super) enum Show {
     Whoami,

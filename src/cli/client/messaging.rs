@@ -10,7 +10,8 @@ use super::{Print, Request, parse_json_object, request, show};
 
 #[derive(Args, Debug)]
 pub(super) struct SendArgs {
-    /// Channel to post in (default: the channel .acs.toml names, else the window's default).
+    /// Channel to post in (default: the window's default channel, as `whoami` names it; the
+    /// channel .acs.toml names is told to the bus first).
     #[arg(long, conflicts_with = "to")]
     channel: Option<String>,
     /// Direct message to an address: `agent` (every window) or `agent/window`.
@@ -66,11 +67,9 @@ fn shown(tool: &str, arguments: Value, show: Show) -> Request {
 }
 
 impl SendArgs {
-    /// Post to `channel` when neither --channel nor --to was given.
-    pub(super) fn default_channel(&mut self, channel: &str) {
-        if self.channel.is_none() && self.to.is_none() {
-            self.channel = Some(channel.to_string());
-        }
+    /// Neither --channel nor --to: the post goes to the window's default channel.
+    pub(super) fn to_default_channel(&self) -> bool {
+        self.channel.is_none() && self.to.is_none()
     }
 }
 

@@ -115,24 +115,64 @@ pub async fn run(args: ClientArgs, json: bool) -> anyhow::Result<()> {
     let token = resolved.token()?;
     let mut command = args.command;
     // What .acs.toml says for this directory tree fills in what was not given.
-    match &mut command {
-        ClientCommand::Send(send) => {
-            if let Some(channel) = &resolved.channel {
-                send.default_channel(&channel.value);
-            }
+    if let ClientCommand::Beat(beat) = &mut command {
+        if let Some(project) = &resolved.project {
+            beat.default_project(&project.value);
         }
-        ClientCommand::Beat(beat) => {
-            if let Some(project) = &resolved.project {
-                beat.default_project(&project.value);
-            }
+        if let Some(channel) = &resolved.channel {
+            beat.default_channel(&channel.value);
         }
-        _ => {}
     }
+    // The bus decides the default channel; the channel .acs.toml names is
+    // told to it first when the answer depends on it.
+    let uses_default_channel = match &command {
+        ClientCommand::Send(send) => send.to_default_channel(),
+        ClientCommand::Digest(digest) => digest.focused(),
+        ClientCommand::Wait(wait) => wait.focused(),
+        ClientCommand::Whoami => true,
+        _ => false,
+    };
+    let tell = resolved
+        .channel
+        .as_ref()
+        .filter(|_| uses_default_channel)
+        .map(|c| c.value.clone());
     let request = prepare(command)?;
     let connection = Connection::open(&resolved.url.value, token, args.session.as_deref()).await?;
+    if let Some(channel) = tell {
+        tell_channel(&connection, &channel).await;
+    }
     let result = execute(&connection, request, json).await;
     connection.close().await;
     result
+}
+
+/// Tell the bus the channel `.acs.toml` names for this window (heartbeat
+/// `channel`) when it does not know it yet: it then decides the default
+/// channel as for every window. A name it refuses is said on stderr, and the
+/// command goes on with what the bus knows.
+async fn tell_channel(connection: &Connection, channel: &str) {
+    let wanted = channel.trim().trim_start_matches('#');
+    let known = match connection.call("whoami", Map::new()).await {
+        Ok(me) => me["channel"]
+            .as_str()
+            .is_some_and(|c| c.eq_ignore_ascii_case(wanted)),
+        Err(_) => false,
+    };
+    if known {
+        return;
+    }
+    let beat = json!({"channel": channel});
+    let Value::Object(beat) = beat else {
+        unreachable!("built as an object")
+    };
+    if let Err(err) = connection.call("heartbeat", beat).await {
+        eprintln!(
+            "ai-crew-sync: the bus refused the channel {channel:?} that .acs.toml names for this \
+             window ({err:#}); the window's default channel stays as whoami says. Fix it with \
+             `context set-project --channel NAME`."
+        );
+    }
 }
 
 /// A command with its local input already read.

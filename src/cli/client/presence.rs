@@ -43,10 +43,17 @@ pub(super) struct BeatArgs {
     /// The project this window works on (default: the one .acs.toml names, else unchanged).
     #[arg(long)]
     project: Option<String>,
+    /// The role this window has, e.g. reviewer ("" clears).
     #[arg(long)]
     role: Option<String>,
+    /// This window's default channel, before the project's and the window's (default: the one
+    /// .acs.toml names, else unchanged; "" clears).
+    #[arg(long)]
+    channel: Option<String>,
+    /// The repository this window works in ("" clears).
     #[arg(long)]
     repo: Option<String>,
+    /// The branch this window works on ("" clears).
     #[arg(long)]
     branch: Option<String>,
     /// Seconds this keeps the window online, 30..86400.
@@ -99,6 +106,13 @@ impl BeatArgs {
             self.project = Some(project.to_string());
         }
     }
+
+    /// Say `channel` when --channel was not given.
+    pub(super) fn default_channel(&mut self, channel: &str) {
+        if self.channel.is_none() {
+            self.channel = Some(channel.to_string());
+        }
+    }
 }
 
 pub(super) fn beat(args: BeatArgs) -> Request {
@@ -107,6 +121,7 @@ pub(super) fn beat(args: BeatArgs) -> Request {
         activity,
         project,
         role,
+        channel,
         repo,
         branch,
         ttl,
@@ -115,7 +130,7 @@ pub(super) fn beat(args: BeatArgs) -> Request {
         "heartbeat",
         json!({
             "status": status, "activity": activity, "project": project, "role": role,
-            "repo": repo, "branch": branch, "ttl_seconds": ttl,
+            "channel": channel, "repo": repo, "branch": branch, "ttl_seconds": ttl,
         }),
         Show::Beat,
     )

@@ -77,8 +77,14 @@ pub fn whoami(me: &Value) {
     if !labels.is_empty() {
         println!("{}", labels.join(", "));
     }
+    let from = match me["default_channel_from"].as_str() {
+        Some("set") => " (set for this window)",
+        Some("project") => " (from the project)",
+        Some("window") => " (from the window label)",
+        _ => "",
+    };
     println!(
-        "default channel: {}; unread direct messages: {}; claimed tasks: {}",
+        "default channel: {}{from}; unread direct messages: {}; claimed tasks: {}",
         text(&me["default_channel"]),
         text(&me["unread_direct_messages"]),
         text(&me["open_claimed_tasks"])

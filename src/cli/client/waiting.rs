@@ -21,6 +21,13 @@ pub(super) struct WaitArgs {
     all_channels: bool,
 }
 
+impl WaitArgs {
+    /// The wait wakes for the window's default channel.
+    pub(super) fn focused(&self) -> bool {
+        !self.all_channels
+    }
+}
+
 #[derive(Args, Debug)]
 pub(super) struct AskArgs {
     /// `agent` or `agent/window`.

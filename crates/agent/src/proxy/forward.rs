@@ -16,7 +16,6 @@ use rmcp::model::{
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
-use serde_json::Value;
 
 use super::{Proxy, instructions, local_tools, refusal};
 
@@ -98,9 +97,10 @@ impl ServerHandler for ProxyServer {
             )
             .into());
         }
-        let mut arguments = request.arguments.clone();
-        self.0.fill_default_channel(name, &mut arguments).await;
-        Ok(self.0.forward(name, arguments).await.into())
+        // Forwarded as it came: a post naming neither channel nor recipient
+        // goes where the bus decides (the window's default channel, which
+        // the proxy told it in a heartbeat).
+        Ok(self.0.forward(name, request.arguments.clone()).await.into())
     }
 
     fn get_info(&self) -> ServerConfig {
@@ -114,26 +114,5 @@ impl ServerHandler for ProxyServer {
             "ai-crew-sync-proxy",
             env!("CARGO_PKG_VERSION"),
         ))
-    }
-}
-
-impl Proxy {
-    /// `post_message` naming neither `channel` nor `to` goes to the channel
-    /// set for this window (`.acs.toml` or configure_session), when there is one.
-    async fn fill_default_channel(
-        &self,
-        tool: &str,
-        arguments: &mut Option<serde_json::Map<String, Value>>,
-    ) {
-        if tool != "post_message" {
-            return;
-        }
-        let Some(channel) = self.labels.lock().await.channel.clone() else {
-            return;
-        };
-        let arguments = arguments.get_or_insert_with(Default::default);
-        if !arguments.contains_key("channel") && !arguments.contains_key("to") {
-            arguments.insert("channel".into(), Value::String(channel));
-        }
     }
 }

@@ -71,8 +71,24 @@ pub(super) async fn build(proxy: &Proxy) -> String {
             if let Some(project) = me["project"].as_str() {
                 let _ = write!(text, " Project: {project}.");
             }
+            // The bus's decision (whoami), never the proxy's own.
             if let Some(channel) = me["default_channel"].as_str() {
-                let _ = write!(text, " Default channel: #{channel}.");
+                let why = match me["default_channel_from"].as_str() {
+                    Some("set") => "set for this window",
+                    Some("project") => "named after your project",
+                    Some("window") => "named after your window",
+                    _ => "",
+                };
+                let why = if why.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {why}")
+                };
+                let _ = write!(
+                    text,
+                    " Default channel: #{channel}{why} (post_message without channel or to goes \
+                     there)."
+                );
             }
             let unread = me["unread_direct_messages"].as_i64().unwrap_or(0);
             let more = if me["unread_direct_messages_at_least"] == true {

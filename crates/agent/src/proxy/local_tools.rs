@@ -1,12 +1,14 @@
 //! The proxy's own tools, answered without forwarding:
 //!
 //! - `session_status`: which window this conversation is, as which agent, with
-//!   which labels, until when its credential holds, which bus. Never a secret.
-//! - `configure_session {project, role, channel, profile}`: project and role
-//!   go to the bus in a heartbeat (it validates them; a refusal changes
-//!   nothing here either); channel is where `post_message` goes when it names
-//!   none; a profile switch is verified with `whoami`, stays in the team, and
-//!   reports the claims and locks that stay with the window it leaves.
+//!   which labels, until when its credential holds, which bus, and the
+//!   default channel as the bus decides it (`whoami`). Never a secret.
+//! - `configure_session {project, role, channel, profile}`: project, role and
+//!   channel go to the bus in a heartbeat (it validates them; a refusal
+//!   changes nothing here either), and the bus decides the default channel
+//!   from them; a profile switch is verified with `whoami`, stays in the
+//!   team, and reports the claims and locks that stay with the window it
+//!   leaves.
 
 use std::sync::Arc;
 
@@ -17,30 +19,37 @@ use super::window;
 use super::{Proxy, refusal};
 use crate::client::{self, profiles::Profiles};
 
+/// How long session_status waits for the bus to say the default channel.
+const STATUS_WHOAMI_BOUND: std::time::Duration = std::time::Duration::from_secs(3);
+
 pub(super) fn definitions() -> Vec<Tool> {
     let tools = json!([
         {
             "name": "session_status",
             "description": "This conversation's window on the ai-crew-sync bus: label and address, \
-                agent, team, profile, project, role, default channel, when the window's credential \
-                expires (the proxy renews it), the bus URL, and whether the bus is reachable. \
-                Never shows a secret.",
+                agent, team, profile, project, role, the channel set for the window, the default \
+                channel as the bus decides it (the one whoami names: the channel set, else the \
+                project's, else the window label's), when the window's credential expires (the \
+                proxy renews it), the bus URL, and whether the bus is reachable. Never shows a \
+                secret.",
             "inputSchema": {"type": "object", "properties": {}, "additionalProperties": false},
             "annotations": {"readOnlyHint": true}
         },
         {
             "name": "configure_session",
-            "description": "Set this window's project and role labels (sent in a heartbeat; \
-                teammates find you by them; \"\" clears), its default channel (where post_message \
-                goes when it names no channel or recipient), or switch to another local profile \
-                of the same team (verified with whoami; claims and locks held by this window \
-                stay with the agent you leave, and are listed).",
+            "description": "Set this window's project and role labels (teammates find you by \
+                them), its channel (its default channel: where post_message goes when it names \
+                no channel or recipient, and team_digest's focus; without one the bus uses the \
+                project's, else the window label's), all sent to the bus in a heartbeat, \"\" \
+                clears; or switch to another local profile of the same team (verified with \
+                whoami; claims and locks held by this window stay with the agent you leave, and \
+                are listed).",
             "inputSchema": {
                 "type": "object",
                 "properties": {
                     "project": {"type": "string", "description": "Project label (<= 256 bytes); \"\" clears."},
                     "role": {"type": "string", "description": "Role label, e.g. reviewer (<= 256 bytes); \"\" clears."},
-                    "channel": {"type": "string", "description": "Default channel for post_message; \"\" clears."},
+                    "channel": {"type": "string", "description": "This window's default channel, before the project's and the window label's (a channel name, not `inbox` or `all`); \"\" clears."},
                     "profile": {"type": "string", "description": "A local profile name (see `ai-crew-sync context profile list`)."}
                 },
                 "additionalProperties": false
@@ -86,11 +95,21 @@ fn only(arguments: &Map<String, Value>, known: &[&str]) -> Result<(), String> {
 impl Proxy {
     async fn status(&self) -> Value {
         let host = self.host();
+        // The default channel is the bus's decision: asked, never guessed.
+        let me = if self.bound.read().await.window.is_some() {
+            tokio::time::timeout(STATUS_WHOAMI_BOUND, self.call_json("whoami", Map::new()))
+                .await
+                .ok()
+                .and_then(Result::ok)
+        } else {
+            None
+        };
         let bound = self.bound.read().await;
         let labels = self.labels.lock().await.clone();
         let trouble = self.trouble.lock().await.clone();
         let tools = self.tools.read().await.as_ref().map(Vec::len);
-        json!({
+        let asked = |key: &str| me.as_ref().map(|me| me[key].clone());
+        let mut status = json!({
             "label": host.label,
             "label_from": host.source,
             "window": bound.window.as_ref().map(|w| w.address.clone()),
@@ -99,14 +118,23 @@ impl Proxy {
             "profile": bound.profile,
             "project": labels.project,
             "role": labels.role,
-            "channel": labels.channel,
+            "channel": asked("channel").unwrap_or_else(|| json!(labels.channel)),
+            "default_channel": asked("default_channel"),
+            "default_channel_from": asked("default_channel_from"),
             "credential_epoch": bound.window.as_ref().map(|w| w.epoch),
             "credential_expires_at": bound.window.as_ref().map(|w| w.expires_at),
             "bus_url": bound.url,
             "connected": bound.window.is_some() && trouble.is_none(),
             "problem": trouble,
             "bus_tools": tools,
-        })
+        });
+        if let Some(refused) = labels.channel_refused {
+            status["channel_refused"] = json!(format!(
+                "the bus refused the channel {refused}; fix it in .acs.toml or set one with \
+                 configure_session"
+            ));
+        }
+        status
     }
 
     async fn configure(self: &Arc<Self>, arguments: &Map<String, Value>) -> CallToolResult {
@@ -138,24 +166,6 @@ impl Proxy {
                  Nothing was changed.",
             );
         }
-        // A channel name follows the same rule as a window label on the bus.
-        let channel = match channel {
-            Some(c) if !c.is_empty() => match acs_wire::label::normalize(&c) {
-                Ok(c) => Some(Some(c)),
-                Err(_) => {
-                    return refusal(
-                        "invalid",
-                        &format!(
-                            "channel {c:?} is not a channel name: use ASCII letters, digits and \
-                             `-_.:`, at most 64 bytes (e.g. `billing-dev`), or \"\" to clear it. \
-                             Nothing was changed."
-                        ),
-                    );
-                }
-            },
-            Some(_) => Some(None),
-            None => None,
-        };
         let mut answer = Map::new();
         if let Some(profile) = profile {
             match self.switch_profile(&profile).await {
@@ -165,16 +175,22 @@ impl Proxy {
                 Err(message) => return refusal("invalid", &message),
             }
         }
-        if project.is_some() || role.is_some() {
+        if project.is_some() || role.is_some() || channel.is_some() {
+            // The bus checks every label (the one channel-name rule is
+            // its own) and decides the default channel from them.
             let mut beat = Map::new();
-            for (key, value) in [("project", &project), ("role", &role)] {
+            for (key, value) in [
+                ("project", &project),
+                ("role", &role),
+                ("channel", &channel),
+            ] {
                 if let Some(value) = value {
                     beat.insert(key.into(), Value::String(value.clone()));
                 }
             }
             if let Err(err) = self.call_json("heartbeat", beat).await {
                 let done = if answer.contains_key("profile_switch") {
-                    "The profile switch was made; project and role were not set: "
+                    "The profile switch was made; project, role and channel were not set: "
                 } else {
                     "Nothing was changed: "
                 };
@@ -187,9 +203,10 @@ impl Proxy {
             if let Some(r) = role {
                 labels.role = (!r.is_empty()).then_some(r);
             }
-        }
-        if let Some(channel) = channel {
-            self.labels.lock().await.channel = channel;
+            if let Some(c) = channel {
+                labels.channel = (!c.is_empty()).then_some(c);
+                labels.channel_refused = None;
+            }
         }
         answer.insert("session".into(), self.status().await);
         CallToolResult::structured(Value::Object(answer))

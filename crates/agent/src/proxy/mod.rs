@@ -94,12 +94,18 @@ struct Bound {
     connection: Option<Arc<Connection>>,
 }
 
-/// Discovery labels and the default channel of the window.
+/// The labels this window tells the bus in its first heartbeat (again after
+/// every registration): discovery labels, and the channel set for it
+/// (`.acs.toml` or configure_session). The bus decides the default channel
+/// from them; the proxy never picks one itself.
 #[derive(Clone, Debug, Default)]
 struct Labels {
     project: Option<String>,
     role: Option<String>,
     channel: Option<String>,
+    /// Why the bus refused `channel` in the first heartbeat, which then went
+    /// without it (shown by session_status).
+    channel_refused: Option<String>,
 }
 
 /// Everything one proxy process shares between the host's requests and its
@@ -154,6 +160,7 @@ pub async fn run(options: ProxyOptions) -> anyhow::Result<()> {
                         .clone()
                         .or_else(|| resolved.role.as_ref().map(|r| r.value.clone())),
                     channel: resolved.channel.as_ref().map(|c| c.value.clone()),
+                    channel_refused: None,
                 },
                 trouble,
             )
@@ -368,7 +375,10 @@ impl Proxy {
         };
     }
 
-    /// The first heartbeat of a window: active, where it works, its labels.
+    /// The first heartbeat of a window: active, where it works, its labels
+    /// and the channel set for it. A channel the bus refuses (a name
+    /// `.acs.toml` got wrong) does not keep the window off the bus: the beat
+    /// goes again without it, and session_status says why.
     async fn hello(&self) -> anyhow::Result<()> {
         let (repo, branch) = window::git_place(&self.options.dir).await;
         let labels = self.labels.lock().await.clone();
@@ -381,6 +391,27 @@ impl Proxy {
         ] {
             if let Some(value) = value {
                 beat[key] = Value::String(value);
+            }
+        }
+        if let Some(channel) = &labels.channel {
+            let mut with_channel = beat.clone();
+            with_channel["channel"] = Value::String(channel.clone());
+            match self
+                .call_json("heartbeat", window::object(with_channel))
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(err)
+                    if err
+                        .downcast_ref::<crate::client::Refused>()
+                        .is_some_and(|r| r.kind == "invalid") =>
+                {
+                    tracing::warn!("the bus refused the channel {channel:?}: {err:#}");
+                    let mut labels = self.labels.lock().await;
+                    labels.channel_refused = Some(format!("{channel:?}: {err:#}"));
+                    labels.channel = None;
+                }
+                Err(err) => return Err(err),
             }
         }
         self.call_json("heartbeat", window::object(beat)).await?;

@@ -17,7 +17,7 @@ use acs_store::store::{messaging::attachments, messaging::channels, messaging::m
 #[serde(deny_unknown_fields)]
 pub struct PostArgs {
     /// Channel to post in (e.g. `backend`; created on first post, but never as `inbox` or `all`).
-    /// Give `channel` or `to`, not both; with neither, the window's default channel is used.
+    /// Give `channel` or `to`, not both; with neither, the window's default channel (whoami's `default_channel`) is used.
     pub channel: Option<String>,
     /// Address for a direct message: `agent` (every window) or `agent/window` (exactly one).
     pub to: Option<String>,

@@ -37,7 +37,10 @@ impl BusServer {
         description = "Who you are on the bus (agent, team, window, address) and your pending work: \
                        unread direct messages (counted up to 1000; \
                        `unread_direct_messages_at_least: true` means 1000 or more) and tasks you \
-                       hold. Identity comes from your token; \
+                       hold, and your default channel (where post_message naming neither channel \
+                       nor to goes, and team_digest's focus): the channel set for this window \
+                       (heartbeat `channel`), else your `project` label's, else your window \
+                       label's; `default_channel_from` says which. Identity comes from your token; \
                        the window from the X-Crew-Session header or your session credential.",
         annotations(read_only_hint = true)
     )]
@@ -72,7 +75,8 @@ impl BusServer {
         description = "What the team did in the last `hours`: per channel a count that stops \
                        at 10 (`messages_at_least: true` means 10 or more; read_messages or \
                        list_channels for more) and \
-                       the latest messages (your focused channel unless all_channels; \
+                       the latest messages (your focused channel, the default channel whoami \
+                       names, unless all_channels; \
                        announcements always), \
                        tasks that moved (the 50 that moved last), notes updated, agents seen. \
                        Never DMs.",

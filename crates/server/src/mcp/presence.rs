@@ -22,10 +22,12 @@ pub struct HeartbeatArgs {
     pub branch: Option<String>,
     /// What you are doing now, one short line (<= 256 bytes). Omit to keep, "" to clear.
     pub activity: Option<String>,
-    /// Discovery label: the project this window works on (<= 256 bytes); your default channel is named after it. Omit to keep, "" to clear.
+    /// Discovery label: the project this window works on (<= 256 bytes); your default channel is named after it unless `channel` is set. Omit to keep, "" to clear.
     pub project: Option<String>,
     /// Discovery label: this window's role, e.g. `reviewer` (<= 256 bytes). Omit to keep, "" to clear.
     pub role: Option<String>,
+    /// This window's default channel (post_message naming neither channel nor to, team_digest's focus), before the `project` label's and the window label's: a channel name, not `inbox` or `all`. Omit to keep, "" to clear.
+    pub channel: Option<String>,
     /// Seconds this heartbeat keeps the window online, 30..86400 (600 on a first heartbeat; omit later to keep the current ttl).
     pub ttl_seconds: Option<i64>,
     /// true: this window is leaving (its conversation ended): it is offline at once instead of when its ttl runs out; send `status: "idle"` with it. A later heartbeat brings it back. Default false.
@@ -41,6 +43,7 @@ impl From<HeartbeatArgs> for Beat {
             activity: args.activity,
             project: args.project,
             role: args.role,
+            channel: args.channel,
             ttl_seconds: args.ttl_seconds,
             offline: args.offline.unwrap_or(false),
         }

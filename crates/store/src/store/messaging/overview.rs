@@ -47,8 +47,16 @@ pub struct WhoAmI {
     /// This window's discovery labels (from heartbeat).
     pub project: Option<String>,
     pub role: Option<String>,
-    /// Where post_message goes without `channel` or `to`.
+    /// The channel set for this window (heartbeat `channel`), if any.
+    pub channel: Option<String>,
+    /// Where post_message goes without `channel` or `to`, and what
+    /// team_digest focuses on: the channel set for this window, else its
+    /// project's, else its window label's (`messages::default_channel_of`).
     pub default_channel: Option<String>,
+    /// What named the default channel: `set` (the channel set for this
+    /// window), `project` or `window`; absent when there is none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_channel_from: Option<messages::ChannelSource>,
     /// Unread direct messages to this window, counted up to 1000.
     pub unread_direct_messages: i64,
     /// True when the count stopped at 1000: there are at least that many.
@@ -65,12 +73,13 @@ pub async fn whoami(bus: &Bus, me: &Identity) -> BusResult<WhoAmI> {
     struct Reads {
         project: Option<String>,
         role: Option<String>,
+        channel: Option<String>,
         unread: i64,
         claimed: i64,
     }
     static WHOAMI: LazyLock<String> = LazyLock::new(|| {
         format!(
-            "{cursor} SELECT p.project, p.role, {unread} AS unread,
+            "{cursor} SELECT p.project, p.role, p.channel, {unread} AS unread,
                     (SELECT count(*) FROM tasks t
                       WHERE t.team_id = $1 AND t.holder_agent_id = $2 AND t.holder_session = $3
                         AND t.status = 'claimed' AND t.lease_expires_at > now()) AS claimed
@@ -87,8 +96,14 @@ pub async fn whoami(bus: &Bus, me: &Identity) -> BusResult<WhoAmI> {
         .bind(messages::UNREAD_COUNT_CAP + 1)
         .fetch_one(&bus.pool)
         .await?;
-    let (project, role) = (reads.project, reads.role);
-    let default_channel = messages::default_channel_of(project.clone(), me);
+    let (project, role, channel) = (reads.project, reads.role, reads.channel);
+    let default_channel = messages::default_channel_of(
+        &messages::ChannelLabels {
+            channel: channel.clone(),
+            project: project.clone(),
+        },
+        me,
+    );
     let unread = messages::BoundedCount::of(reads.unread, messages::UNREAD_COUNT_CAP);
     let open_claimed_tasks = reads.claimed;
     Ok(WhoAmI {
@@ -106,7 +121,9 @@ pub async fn whoami(bus: &Bus, me: &Identity) -> BusResult<WhoAmI> {
         epoch: me.session_credential.map(|w| w.epoch),
         project,
         role,
-        default_channel,
+        channel,
+        default_channel_from: default_channel.as_ref().map(|d| d.from),
+        default_channel: default_channel.map(|d| d.name),
         unread_direct_messages: unread.count,
         unread_direct_messages_at_least: unread.at_least,
         open_claimed_tasks,
@@ -117,7 +134,8 @@ pub async fn whoami(bus: &Bus, me: &Identity) -> BusResult<WhoAmI> {
 pub struct Digest {
     pub hours: i32,
     pub since: DateTime<Utc>,
-    /// The channel the digest focuses on (None: no focus, or all_channels).
+    /// The channel the digest focuses on: the window's default channel
+    /// (None: it has none, or all_channels).
     pub focus: Option<String>,
     pub all_channels: bool,
     pub channels: Vec<ChannelActivity>,
@@ -193,7 +211,7 @@ pub async fn team_digest(
     let focus = if all_channels {
         None
     } else {
-        messages::default_channel(bus, me).await?
+        messages::default_channel(bus, me).await?.map(|d| d.name)
     };
     let focus_id = match &focus {
         Some(name) => channels::find(bus, me, name).await?.map(|c| c.id),

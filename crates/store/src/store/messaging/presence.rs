@@ -4,7 +4,9 @@
 //! while its expiry (last beat + ttl, on the database clock) is in the future;
 //! an agent is *online* while any of its windows is live. Nothing here is a
 //! lock or a grant: presence is what agents say about themselves, and the
-//! labels `project` and `role` only help others find them.
+//! labels `project` and `role` only help others find them. `channel` is the
+//! channel set for the window, kept here with its labels: the first thing
+//! its default channel is decided from (`messages::default_channel_of`).
 //!
 //! A heartbeat is a partial update: an omitted field keeps its value, `""`
 //! clears it. Status and ttl have defaults (`active`, 600 s) on the first beat
@@ -35,7 +37,7 @@ use uuid::Uuid;
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
-use crate::store::{fenced, limits, text};
+use crate::store::{fenced, limits, messaging::channels, text};
 
 pub const TTL_MIN_SECS: i64 = 30;
 pub const TTL_MAX_SECS: i64 = 86_400;
@@ -114,6 +116,9 @@ pub struct Beat {
     pub activity: Option<String>,
     pub project: Option<String>,
     pub role: Option<String>,
+    /// The channel set for this window: its default channel before the
+    /// project's and the window's (`messages::default_channel_of`).
+    pub channel: Option<String>,
     pub ttl_seconds: Option<i64>,
     /// The window is leaving: offline now, whatever its ttl.
     pub offline: bool,
@@ -139,6 +144,9 @@ pub struct Window {
     pub activity: Option<String>,
     pub project: Option<String>,
     pub role: Option<String>,
+    /// The channel set for this window (heartbeat `channel`), if any.
+    #[serde(default)]
+    pub channel: Option<String>,
     pub ttl_seconds: i32,
     pub last_seen_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
@@ -243,6 +251,30 @@ fn check_field_size(name: &str, value: String) -> BusResult<String> {
     Ok(value)
 }
 
+/// The channel set for a window: a channel name (the one rule,
+/// `channels::normalize_name`) that is not a `read_messages` scope; `""`
+/// clears it (`Some(None)`).
+fn check_channel(raw: Option<&str>) -> BusResult<Option<Option<String>>> {
+    let Some(raw) = raw else { return Ok(None) };
+    if raw.trim().is_empty() {
+        return Ok(Some(None));
+    }
+    let name = channels::normalize_name(raw).map_err(|e| {
+        BusError::invalid(format!(
+            "{e} Nothing was written. Send a channel name for this window's default channel, \
+             or \"\" to clear it."
+        ))
+    })?;
+    if channels::RESERVED_NAMES.contains(&name.as_str()) {
+        return Err(BusError::invalid(format!(
+            "`{name}` cannot be a default channel: `inbox` and `all` are read_messages scopes, \
+             not channels. Nothing was written. Pick another name (for example `{name}-team`), \
+             or send \"\" to clear it."
+        )));
+    }
+    Ok(Some(Some(name)))
+}
+
 fn check_ttl(ttl_seconds: Option<i64>) -> BusResult<Option<i32>> {
     let Some(ttl) = ttl_seconds else {
         return Ok(None);
@@ -285,7 +317,7 @@ macro_rules! window_columns {
         "p.session,
          CASE WHEN p.session = '' THEN a.name ELSE a.name || '/' || p.session END AS address,
          (p.expires_at > now() AND a.disabled_at IS NULL) AS online,
-         p.status, p.repo, p.branch, p.activity, p.project, p.role,
+         p.status, p.repo, p.branch, p.activity, p.project, p.role, p.channel,
          p.ttl_seconds, p.last_seen_at, p.expires_at"
     };
 }
@@ -331,6 +363,7 @@ pub async fn heartbeat(bus: &Bus, me: &Identity, beat: &Beat) -> BusResult<Heart
     let activity = check_label("activity", beat.activity.as_deref())?;
     let project = check_label("project label", beat.project.as_deref())?;
     let role = check_label("role label", beat.role.as_deref())?;
+    let channel = check_channel(beat.channel.as_deref())?;
     let ttl = check_ttl(beat.ttl_seconds)?;
 
     // Each optional field travels as (given, value): not given keeps the
@@ -338,7 +371,7 @@ pub async fn heartbeat(bus: &Bus, me: &Identity, beat: &Beat) -> BusResult<Heart
     let write = fenced::call(
         "SELECT refusal, session_epoch, refused_since, outcome, detail
          FROM store_heartbeat($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
-                              $16, $17, $18, $19)",
+                              $16, $17, $18, $19, $20, $21)",
         me,
     )
     .bind(&me.window)
@@ -353,6 +386,8 @@ pub async fn heartbeat(bus: &Bus, me: &Identity, beat: &Beat) -> BusResult<Heart
     .bind(project.flatten())
     .bind(role.is_some())
     .bind(role.flatten())
+    .bind(channel.is_some())
+    .bind(channel.flatten())
     .bind(ttl)
     .bind(TTL_DEFAULT_SECS as i32);
     if !beat.offline {

@@ -179,7 +179,7 @@ pub async fn wait_for_updates(
             )
         };
         let focus = match messages::default_channel(bus, me).await? {
-            Some(name) => channels::find(bus, me, &name).await?.map(|c| c.id),
+            Some(default) => channels::find(bus, me, &default.name).await?.map(|c| c.id),
             None => None,
         };
         let wants_messages = request

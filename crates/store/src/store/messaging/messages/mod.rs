@@ -177,24 +177,82 @@ pub(crate) fn check_body(body: &str) -> BusResult<()> {
     )
 }
 
-/// The window's default channel: named after its `project` label, else after
-/// its window label, else none. A label that is a reserved scope (`inbox`,
-/// `all`) names no channel: the caller named none, so it is not refused for one.
-pub async fn default_channel(bus: &Bus, me: &Identity) -> BusResult<Option<String>> {
-    let project: Option<String> = crate::store::messaging::presence::window_labels(&bus.pool, me)
-        .await?
-        .0;
-    Ok(default_channel_of(project, me))
+acs_wire::text_enum! {
+    /// What named a window's default channel ([`default_channel_of`]).
+    pub enum ChannelSource {
+        /// The channel set for the window (heartbeat `channel`).
+        Set = "set",
+        /// The window's heartbeat `project` label.
+        Project = "project",
+        /// The window label.
+        Window = "window",
+    }
 }
 
-/// [`default_channel`] from the window's `project` label, already read.
-pub fn default_channel_of(project: Option<String>, me: &Identity) -> Option<String> {
-    let candidate = project
-        .filter(|p| !p.is_empty())
-        .or_else(|| Some(me.window.clone()).filter(|s| !s.is_empty()));
-    candidate
-        .and_then(|name| channels::normalize_name(&name).ok())
+/// A window's default channel and what named it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DefaultChannel {
+    pub name: String,
+    pub from: ChannelSource,
+}
+
+/// What a window's default channel is decided from besides its label: the
+/// `channel` and `project` its heartbeats last set (kept whether or not the
+/// window is live now; none before its first heartbeat).
+#[derive(Clone, Debug, Default, sqlx::FromRow)]
+pub struct ChannelLabels {
+    pub channel: Option<String>,
+    pub project: Option<String>,
+}
+
+/// The window's default channel: where `post_message` naming neither
+/// `channel` nor `to` goes, what `whoami` and the proxy's instructions name,
+/// and `team_digest`'s and `wait_for_updates`' focus. Read from its labels,
+/// decided by [`default_channel_of`].
+pub async fn default_channel(bus: &Bus, me: &Identity) -> BusResult<Option<DefaultChannel>> {
+    let labels = channel_labels(&bus.pool, me).await?;
+    Ok(default_channel_of(&labels, me))
+}
+
+/// This window's [`ChannelLabels`].
+pub async fn channel_labels<'c>(
+    db: impl sqlx::PgExecutor<'c>,
+    me: &Identity,
+) -> BusResult<ChannelLabels> {
+    let labels: Option<ChannelLabels> = sqlx::query_as(
+        "SELECT channel, project FROM presence
+         WHERE team_id = $1 AND agent_id = $2 AND session = $3",
+    )
+    .bind(me.team_id)
+    .bind(me.agent_id)
+    .bind(&me.window)
+    .fetch_optional(db)
+    .await?;
+    Ok(labels.unwrap_or_default())
+}
+
+/// The one decision of a window's default channel, in this order: the
+/// channel set for the window (heartbeat `channel`, which the proxy sends
+/// from `configure_session` or `.acs.toml`), else the channel named after
+/// its `project` label, else the one named after its window label. The first
+/// of these that is set decides: when it is not a channel name, or is a
+/// reserved scope (`inbox`, `all`), the window has no default channel (the
+/// caller named none, so it is not refused for one).
+pub fn default_channel_of(labels: &ChannelLabels, me: &Identity) -> Option<DefaultChannel> {
+    let set = |value: &Option<String>| value.clone().filter(|v| !v.trim().is_empty());
+    let (candidate, from) = if let Some(channel) = set(&labels.channel) {
+        (channel, ChannelSource::Set)
+    } else if let Some(project) = set(&labels.project) {
+        (project, ChannelSource::Project)
+    } else if !me.window.is_empty() {
+        (me.window.clone(), ChannelSource::Window)
+    } else {
+        return None;
+    };
+    channels::normalize_name(&candidate)
+        .ok()
         .filter(|name| !channels::RESERVED_NAMES.contains(&name.as_str()))
+        .map(|name| DefaultChannel { name, from })
 }
 
 mod post;

@@ -1,6 +1,7 @@
-//! Posting a message: the argument checks here, then one call of the SQL
-//! function `post_message` (migration 0031), which runs the write fence, the
-//! quota, the default channel, the channel, the recipient and reply_to checks
+//! Posting a message: the argument checks here (and, naming neither channel
+//! nor recipient, the window's default channel: `default_channel_of`), then
+//! one call of the SQL function `post_message` (migration 0031), which runs
+//! the write fence, the quota, the channel, the recipient and reply_to checks
 //! and the insert at a new position (see the module overview). A refusal
 //! comes back as a code; the words are here. With attachments the same call
 //! opens a transaction that then stores the files.
@@ -11,8 +12,8 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::{
-    MessageView, NewMessage, Posted, check_body, default_channel_of, normalize_metadata,
-    parse_address,
+    MessageView, NewMessage, Posted, channel_labels, check_body, default_channel_of,
+    normalize_metadata, parse_address,
 };
 use crate::Bus;
 use crate::auth::Identity;
@@ -45,9 +46,9 @@ struct Outcome {
 /// The post, as the function is asked for it.
 struct Call<'a> {
     id: Uuid,
-    /// The channel named, or the project label's (after a `project_label`).
+    /// The channel named, or the window's default channel when neither a
+    /// channel nor a recipient was named.
     channel: Option<String>,
-    window_channel: Option<String>,
     recipient: Option<(String, Option<String>)>,
     metadata: &'a Option<Value>,
     incoming: i64,
@@ -55,9 +56,10 @@ struct Call<'a> {
 
 fn no_default_channel() -> BusError {
     BusError::invalid(
-        "no `channel` or `to`, and this window has no default channel (it comes from the \
-         heartbeat `project` label, or the window name; `inbox` and `all` name none, they \
-         are read_messages scopes). Name a channel or an address.",
+        "no `channel` or `to`, and this window has no default channel (it is the channel set \
+         for the window with heartbeat `channel`, else its `project` label's, else its window \
+         name's; `inbox` and `all` name none, they are read_messages scopes). Name a channel \
+         or an address, or set one with heartbeat `channel`.",
     )
 }
 
@@ -88,7 +90,6 @@ pub async fn post(bus: &Bus, me: &Identity, new: NewMessage) -> BusResult<Posted
     let mut call = Call {
         id: Uuid::new_v4(),
         channel,
-        window_channel: default_channel_of(None, me),
         recipient,
         metadata: &metadata,
         incoming: incoming as i64,
@@ -99,12 +100,12 @@ pub async fn post(bus: &Bus, me: &Identity, new: NewMessage) -> BusResult<Posted
     // (its position stays held until the commit, so a reader waits for them).
     let (outcome, message) = if new.attachments.is_empty() {
         let mut conn = bus.pool.acquire().await?;
-        let outcome = call_until_placed(&mut conn, me, &new, &mut call).await?;
+        let outcome = place(&mut conn, me, &new, &mut call).await?;
         let message = view_of(&outcome, &new, me, call.id)?;
         (outcome, message)
     } else {
         let mut tx = bus.pool.begin().await?;
-        let outcome = call_until_placed(&mut tx, me, &new, &mut call).await?;
+        let outcome = place(&mut tx, me, &new, &mut call).await?;
         attachments::insert_all(
             &mut tx,
             me,
@@ -145,27 +146,27 @@ pub async fn post(bus: &Bus, me: &Identity, new: NewMessage) -> BusResult<Posted
     })
 }
 
-/// Call `post_message` until it has placed the message or refused it: a
-/// window with a `project` label and no channel named gets the label back,
-/// which the one channel-name rule (Rust's) turns into the channel to name.
-async fn call_until_placed(
+/// Call `post_message` once it knows where the message goes: naming
+/// neither a channel nor a recipient, the window's default channel, read on
+/// the same connection and decided by [`default_channel_of`] (the one
+/// decision), so the function's own default (its `project_label` and
+/// `no_default_channel` codes, migration 0031) is never reached.
+async fn place(
     db: &mut PgConnection,
     me: &Identity,
     new: &NewMessage,
     call: &mut Call<'_>,
 ) -> BusResult<Outcome> {
-    loop {
-        let outcome = call_once(&mut *db, me, new, call).await?;
-        outcome.fence.check(me)?;
-        match outcome.declined.as_deref() {
-            None => return Ok(outcome),
-            Some("project_label") if call.channel.is_none() => {
-                let channel = default_channel_of(outcome.detail.clone(), me)
-                    .ok_or_else(no_default_channel)?;
-                call.channel = Some(channel);
-            }
-            Some(code) => return Err(refused(code, &outcome, me, new, call)),
-        }
+    if call.channel.is_none() && call.recipient.is_none() {
+        let labels = channel_labels(&mut *db, me).await?;
+        let default = default_channel_of(&labels, me).ok_or_else(no_default_channel)?;
+        call.channel = Some(default.name);
+    }
+    let outcome = call_once(&mut *db, me, new, call).await?;
+    outcome.fence.check(me)?;
+    match outcome.declined.as_deref() {
+        None => Ok(outcome),
+        Some(code) => Err(refused(code, &outcome, me, new, call)),
     }
 }
 
@@ -192,7 +193,7 @@ async fn call_once(
     .bind(call.id)
     .bind(&call.channel)
     .bind(reserved)
-    .bind(&call.window_channel)
+    .bind(None::<String>)
     .bind(call.recipient.as_ref().map(|(agent, _)| agent))
     .bind(
         call.recipient
