@@ -23,7 +23,8 @@ pub(super) fn definitions() -> Vec<Tool> {
             "name": "session_status",
             "description": "This conversation's window on the ai-crew-sync bus: label and address, \
                 agent, team, profile, project, role, default channel, when the window's credential \
-                expires (the proxy renews it), the bus URL, and whether the bus is reachable. \
+                expires (the proxy renews it), the bus URL, whether the bus is reachable, and \
+                bus_tools: how many of the bus's tools are listed here (besides these two). \
                 Never shows a secret.",
             "inputSchema": {"type": "object", "properties": {}, "additionalProperties": false},
             "annotations": {"readOnlyHint": true}
@@ -89,7 +90,7 @@ impl Proxy {
         let bound = self.bound.read().await;
         let labels = self.labels.lock().await.clone();
         let trouble = self.trouble.lock().await.clone();
-        let tools = self.tools.read().await.as_ref().map(Vec::len);
+        let tools = self.offered_bus_tools().await.as_ref().map(Vec::len);
         json!({
             "label": host.label,
             "label_from": host.source,
