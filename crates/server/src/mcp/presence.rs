@@ -26,7 +26,8 @@ pub struct HeartbeatArgs {
     pub project: Option<String>,
     /// Discovery label: this window's role, e.g. `reviewer` (<= 256 bytes). Omit to keep, "" to clear.
     pub role: Option<String>,
-    /// Seconds this heartbeat keeps the window online, 30..86400 (600 on a first heartbeat; omit later to keep the current ttl).
+    /// Seconds this heartbeat keeps the window online, 30..86400 (600 on a window's first heartbeat; omit later to keep its current ttl: an `mcp proxy` window beats with 300).
+    #[schemars(range(min = 30, max = 86400))]
     pub ttl_seconds: Option<i64>,
 }
 
@@ -61,6 +62,7 @@ pub struct ListSessionsArgs {
     /// Only live windows (default false).
     pub online_only: Option<bool>,
     /// At most this many windows, 1..200 (default 50); live ones and the most recently seen first.
+    #[schemars(range(min = 1, max = 200), extend("default" = 50))]
     pub limit: Option<i64>,
 }
 
@@ -68,8 +70,10 @@ pub struct ListSessionsArgs {
 impl BusServer {
     #[tool(
         description = "Say you are here and what you are doing. Keeps this window (agent + \
-                       X-Crew-Session) online for ttl_seconds (default 600): beat again before \
-                       it runs out. Omitted fields keep their value, \"\" clears one."
+                       X-Crew-Session) online for ttl_seconds: beat again before it runs out. \
+                       Omitted fields keep their value (ttl_seconds too: 600 on a window's first \
+                       heartbeat; an `mcp proxy` window beats with 300), \"\" clears one. The \
+                       answer shows the window's ttl_seconds and expiry."
     )]
     async fn heartbeat(
         &self,
