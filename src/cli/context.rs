@@ -67,6 +67,7 @@ pub enum ContextCommand {
     /// prints nothing. Never fails the host: any problem prints nothing and exits 0 within
     /// a few seconds.
     Hook {
+        /// Which hook of the host this is (what to answer: see docs/agents.md).
         #[arg(long, value_enum)]
         event: HookEvent,
     },
@@ -96,13 +97,16 @@ pub enum ProfileCommand {
     /// Add (or replace) a profile. The token is read from a prompt that does not echo, or
     /// from stdin when it is not a terminal; it is kept in profiles.toml (mode 0600).
     Add {
+        /// The profile's name (`--profile NAME`, .acs.toml and `proxy-config` refer to it).
         #[arg(long)]
         name: String,
         /// The server's MCP endpoint, e.g. http://127.0.0.1:8787/mcp.
         #[arg(long)]
         url: String,
+        /// The team (slug) the token belongs to; `context verify` checks it.
         #[arg(long)]
         team: String,
+        /// The agent the token speaks for; `context verify` checks it.
         #[arg(long)]
         agent: String,
         /// Make it the default profile (the first profile always is).
@@ -112,9 +116,15 @@ pub enum ProfileCommand {
     /// List the profiles (never their tokens).
     List,
     /// Make a profile the default.
-    Default { name: String },
+    Default {
+        /// The profile's name.
+        name: String,
+    },
     /// Remove a profile (its token is forgotten here, not revoked on the server).
-    Remove { name: String },
+    Remove {
+        /// The profile's name.
+        name: String,
+    },
 }
 
 impl ContextCommand {

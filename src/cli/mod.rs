@@ -9,6 +9,7 @@ mod client;
 mod context;
 mod conversations;
 mod doctor;
+mod flags;
 mod generate;
 mod operator;
 mod output;
@@ -20,7 +21,7 @@ mod serve;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
+use clap::{FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use acs_store::db::Database;
 use acs_store::db::embedded::EmbeddedPostgres;
@@ -177,14 +178,16 @@ impl Command {
     }
 }
 
-/// Parse the command line as clap does, and refuse `--json` where the
+/// Parse the command line as clap does ([`flags::command`]: each of the root's
+/// flags under the commands that use it), and refuse `--json` where the
 /// command has no JSON form with clap's own words and exit code.
 fn parse() -> Cli {
-    let matches = Cli::command().get_matches();
+    let matches = flags::command().get_matches();
+    flags::refuse_unused(&matches);
     let cli = Cli::from_arg_matches(&matches)
-        .unwrap_or_else(|err| err.format(&mut Cli::command()).exit());
+        .unwrap_or_else(|err| err.format(&mut flags::command()).exit());
     if cli.json && !cli.command.has_json_form() {
-        let mut command = Cli::command();
+        let mut command = flags::command();
         command.build();
         let mut leaf = &mut command;
         let mut at = &matches;

@@ -15,13 +15,16 @@ pub(super) struct AgentsArgs {
 
 #[derive(Args, Debug)]
 pub(super) struct SessionsArgs {
+    /// Only windows working on this project.
     #[arg(long)]
     project: Option<String>,
+    /// Only windows with this role (e.g. reviewer).
     #[arg(long)]
     role: Option<String>,
     /// Only live windows.
     #[arg(long)]
     online: bool,
+    /// At most this many windows, 1..200 (default 50).
     #[arg(long)]
     limit: Option<i64>,
 }
@@ -37,10 +40,13 @@ pub(super) struct BeatArgs {
     /// The project this window works on (default: the one .acs.toml names, else unchanged).
     #[arg(long)]
     project: Option<String>,
+    /// This window's role label, e.g. reviewer ("" clears).
     #[arg(long)]
     role: Option<String>,
+    /// The repository you work in ("" clears).
     #[arg(long)]
     repo: Option<String>,
+    /// The branch you work on ("" clears).
     #[arg(long)]
     branch: Option<String>,
     /// Seconds this keeps the window online, 30..86400.
