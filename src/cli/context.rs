@@ -135,18 +135,6 @@ pub enum ProfileCommand {
     },
 }
 
-impl ContextCommand {
-    /// `show`, `verify` and `profile list` print JSON with `--json`.
-    pub(super) fn has_json_form(&self) -> bool {
-        matches!(
-            self,
-            ContextCommand::Show { .. }
-                | ContextCommand::Verify { .. }
-                | ContextCommand::Profile(ProfileCommand::List)
-        )
-    }
-}
-
 pub async fn run(command: ContextCommand, json: bool) -> anyhow::Result<()> {
     match command {
         ContextCommand::Show { bus } => show(&bus.resolve()?, json),

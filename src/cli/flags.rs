@@ -9,6 +9,7 @@
 //!   open the database ([`DATABASE_COMMANDS`]);
 //! - `--log-format`: those, and `mcp proxy` (a long-running process whose
 //!   stderr a host keeps);
+//! - `--json`: the commands that print JSON ([`JSON_COMMANDS`]);
 //! - a secret's file flag (`--token-file`, `--nats-url-file`,
 //!   `--dashboard-secret-file`): the commands that take that secret's flag.
 //!
@@ -35,29 +36,56 @@ const DATABASE_COMMANDS: &[&[&str]] = &[
 /// Commands besides [`DATABASE_COMMANDS`] whose logs `--log-format` shapes.
 const LOGGING_COMMANDS: &[&[&str]] = &[&["mcp", "proxy"]];
 
+/// Commands that print JSON with `--json`.
+const JSON_COMMANDS: &[&[&str]] = &[
+    &["doctor"],
+    &["quickstart"],
+    &["team"],
+    &["agent"],
+    &["conversations"],
+    &["token"],
+    &["webhook"],
+    &["client"],
+    &["admin", "bootstrap"],
+    &["admin", "whoami"],
+    &["admin", "team"],
+    &["admin", "agent"],
+    &["admin", "token"],
+    &["admin", "grant"],
+    &["admin", "credential"],
+    &["context", "show"],
+    &["context", "verify"],
+    &["context", "profile", "list"],
+];
+
 /// A root flag and what decides which commands take it.
 enum Takes {
-    /// The commands under these paths.
-    Paths(&'static [&'static [&'static str]]),
+    /// The commands under any of these paths.
+    Under(&'static [&'static [&'static [&'static str]]]),
     /// The commands that declare this argument (a file flag follows its secret's flag).
     Beside(&'static str),
 }
 
 /// The root's flags given only to some commands (by clap id).
 const PLACED: &[(&str, Takes)] = &[
-    ("database_url", Takes::Paths(DATABASE_COMMANDS)),
-    ("database_url_file", Takes::Paths(DATABASE_COMMANDS)),
-    ("data_dir", Takes::Paths(DATABASE_COMMANDS)),
-    ("log_format", Takes::Paths(DATABASE_COMMANDS)),
+    ("database_url", Takes::Under(&[DATABASE_COMMANDS])),
+    ("database_url_file", Takes::Under(&[DATABASE_COMMANDS])),
+    ("data_dir", Takes::Under(&[DATABASE_COMMANDS])),
+    (
+        "log_format",
+        Takes::Under(&[DATABASE_COMMANDS, LOGGING_COMMANDS]),
+    ),
+    ("json", Takes::Under(&[JSON_COMMANDS])),
     ("token_file", Takes::Beside("token")),
     ("nats_url_file", Takes::Beside("nats_url")),
     ("dashboard_secret_file", Takes::Beside("dashboard_secret")),
 ];
 
-fn takes(flag: &str, how: &Takes, path: &[&str], command: &Command) -> bool {
-    let under = |paths: &[&[&str]]| paths.iter().any(|p| path.starts_with(p));
+fn takes(how: &Takes, path: &[&str], command: &Command) -> bool {
     match how {
-        Takes::Paths(paths) => under(paths) || (flag == "log_format" && under(LOGGING_COMMANDS)),
+        Takes::Under(lists) => lists
+            .iter()
+            .any(|paths| paths.iter().any(|p| path.starts_with(p))),
         Takes::Beside(id) => command.get_arguments().any(|a| a.get_id() == *id),
     }
 }
@@ -96,7 +124,7 @@ fn place(
             let here: Vec<&str> = path.iter().map(String::as_str).collect();
             let mut placed: Vec<&str> = placed_above.to_vec();
             for (id, how, arg) in flags {
-                if !placed.contains(id) && takes(id, how, &here, &sub) {
+                if !placed.contains(id) && takes(how, &here, &sub) {
                     sub = sub.arg(arg.clone());
                     placed.push(id);
                 }

@@ -580,6 +580,24 @@ async fn a_command_refuses_a_flag_it_does_not_use_and_does_not_list_it() {
             );
         }
     }
+    // --json is listed only where there is a JSON form.
+    for (path, listed) in [
+        (&["context", "hook"][..], false),
+        (&["mcp", "proxy"], false),
+        (&["serve"], false),
+        (&["context", "show"], true),
+        (&["team", "list"], true),
+    ] {
+        let mut args = path.to_vec();
+        args.push("--help");
+        let help = String::from_utf8_lossy(&run(&args).stdout).into_owned();
+        assert_eq!(
+            help.contains("--json"),
+            listed,
+            "`{}`:\n{help}",
+            path.join(" ")
+        );
+    }
     // Where the database is used the flags stay, before and after the command.
     let db = fresh_database_url().await;
     let file = config.path().join("db-url");

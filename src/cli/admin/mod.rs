@@ -117,13 +117,6 @@ pub enum RemoteCredential {
     },
 }
 
-impl AdminCommand {
-    /// Every admin command but `login` and `logout` prints JSON with `--json`.
-    pub(super) fn has_json_form(&self) -> bool {
-        !matches!(self, AdminCommand::Login { .. } | AdminCommand::Logout)
-    }
-}
-
 pub async fn run(ctx: &Context, command: AdminCommand, json: bool) -> anyhow::Result<()> {
     match command {
         AdminCommand::Bootstrap { label, force } => {
