@@ -104,6 +104,10 @@ pub fn command() -> Command {
         root = root.mut_arg(*id, |a| a.global(false));
         flags.push((*id, how, arg.global(true)));
     }
+    let root = root.after_help(
+        "Each option above is taken only by the commands that use it (the database ones by \
+         those that open the database): a command's --help lists its own.",
+    );
     place(root, &mut Vec::new(), &flags, &[])
 }
 
