@@ -31,8 +31,10 @@ pub struct TeamCreateArgs {
 // One agent of a team (`agent add|disable|enable`).
 #[derive(Args, Debug)]
 pub struct AgentArgs {
+    /// The team's slug.
     #[arg(long)]
     pub team: String,
+    /// The agent's name (lower-case letters, digits and `-`).
     #[arg(long)]
     pub name: String,
 }
@@ -40,6 +42,7 @@ pub struct AgentArgs {
 // A team's agents or tokens (`agent list`, `token list`).
 #[derive(Args, Debug)]
 pub struct TeamArgs {
+    /// The team's slug.
     #[arg(long)]
     pub team: String,
 }
@@ -47,8 +50,10 @@ pub struct TeamArgs {
 // Another token for an agent (`token issue`).
 #[derive(Args, Debug)]
 pub struct TokenIssueArgs {
+    /// The team's slug.
     #[arg(long)]
     pub team: String,
+    /// The agent the token speaks for.
     #[arg(long)]
     pub agent: String,
     /// A note to tell tokens apart in listings (e.g. `laptop`).

@@ -63,12 +63,21 @@ pub enum ContextCommand {
         bus: BusArgs,
     },
     /// Answer a host's hook: read its JSON on stdin, print what the host takes (Claude Code's
-    /// format). Speaks as the `mcp proxy` window of that host conversation; without one it
-    /// prints nothing. Never fails the host: any problem prints nothing and exits 0 within
-    /// a few seconds.
+    /// format). Speaks as the `mcp proxy` window of that host conversation (stdin's
+    /// session_id, else CLAUDE_CODE_SESSION_ID, must be the proxy's host conversation);
+    /// without one it prints nothing. Never fails the host: any problem prints nothing and
+    /// exits 0 within a few seconds. --explain says on stderr which window it found and why,
+    /// or why none.
     Hook {
+        /// Which hook of the host this is (what to answer: see docs/agents.md).
         #[arg(long, value_enum)]
         event: HookEvent,
+        /// Also say on stderr which stdin fields were read, which window was found and why,
+        /// or which windows this machine has and why none matched. Stdout stays the same.
+        /// ACS_HOOK_DEBUG: any value but empty, 0, false, no or off turns it on (a value
+        /// never fails the hook).
+        #[arg(long, env = "ACS_HOOK_DEBUG", value_parser = clap::builder::FalseyValueParser::new())]
+        explain: bool,
     },
     /// Local profiles: add, list, default, remove.
     #[command(subcommand)]
@@ -98,13 +107,16 @@ pub enum ProfileCommand {
     /// Add (or replace) a profile. The token is read from a prompt that does not echo, or
     /// from stdin when it is not a terminal; it is kept in profiles.toml (mode 0600).
     Add {
+        /// The profile's name (`--profile NAME`, .acs.toml and `proxy-config` refer to it).
         #[arg(long)]
         name: String,
         /// The server's MCP endpoint, e.g. http://127.0.0.1:8787/mcp.
         #[arg(long)]
         url: String,
+        /// The team (slug) the token belongs to; `context verify` checks it.
         #[arg(long)]
         team: String,
+        /// The agent the token speaks for; `context verify` checks it.
         #[arg(long)]
         agent: String,
         /// Make it the default profile (the first profile always is).
@@ -114,29 +126,23 @@ pub enum ProfileCommand {
     /// List the profiles (never their tokens).
     List,
     /// Make a profile the default.
-    Default { name: String },
+    Default {
+        /// The profile's name.
+        name: String,
+    },
     /// Remove a profile (its token is forgotten here, not revoked on the server).
-    Remove { name: String },
-}
-
-impl ContextCommand {
-    /// `show`, `verify` and `profile list` print JSON with `--json`.
-    pub(super) fn has_json_form(&self) -> bool {
-        matches!(
-            self,
-            ContextCommand::Show { .. }
-                | ContextCommand::Verify { .. }
-                | ContextCommand::Profile(ProfileCommand::List)
-        )
-    }
+    Remove {
+        /// The profile's name.
+        name: String,
+    },
 }
 
 pub async fn run(command: ContextCommand, json: bool) -> anyhow::Result<()> {
     match command {
         ContextCommand::Show { bus } => show(&bus.resolve()?, json),
         ContextCommand::Verify { bus } => verify(&bus.resolve()?, json).await,
-        ContextCommand::Hook { event } => {
-            hook(event).await;
+        ContextCommand::Hook { event, explain } => {
+            hook(event, explain).await;
             // Exit here: a stdin read cut off by the deadline would hold the
             // runtime's shutdown until the host closed the pipe.
             use std::io::Write as _;
@@ -157,9 +163,11 @@ pub async fn run(command: ContextCommand, json: bool) -> anyhow::Result<()> {
 const HOOK_INPUT_MAX: u64 = 1024 * 1024;
 
 /// Run one hook within [`HOOK_DEADLINE`]; whatever goes wrong is one line
-/// on stderr, and the host carries on.
-async fn hook(event: HookEvent) {
+/// on stderr, and the host carries on. With `explain`, how the window was
+/// found (or why none was) follows on stderr.
+async fn hook(event: HookEvent, explain: bool) {
     use tokio::io::AsyncReadExt as _;
+    let mut trail = Vec::new();
     let work = async {
         let mut input = Vec::new();
         tokio::io::stdin()
@@ -169,9 +177,10 @@ async fn hook(event: HookEvent) {
             .context("reading the hook input")?;
         let dir = local_files::config_dir()?;
         let session = std::env::var("CLAUDE_CODE_SESSION_ID").ok();
-        host_hook::answer(event, &input, &dir, session).await
+        host_hook::answer(event, &input, &dir, session, &mut trail).await
     };
-    match tokio::time::timeout(HOOK_DEADLINE, work).await {
+    let outcome = tokio::time::timeout(HOOK_DEADLINE, work).await;
+    match outcome {
         Ok(Ok(Some(out))) => println!("{out}"),
         Ok(Ok(None)) => {}
         Ok(Err(err)) => eprintln!("ai-crew-sync hook: {}", output::clean(&format!("{err:#}"))),
@@ -179,6 +188,11 @@ async fn hook(event: HookEvent) {
             "ai-crew-sync hook: no answer within {} s; carrying on without it",
             HOOK_DEADLINE.as_secs()
         ),
+    }
+    if explain {
+        for line in trail {
+            eprintln!("ai-crew-sync hook --explain: {}", output::clean(&line));
+        }
     }
 }
 

@@ -12,10 +12,8 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use clap::{Args, CommandFactory};
+use clap::Args;
 use clap_complete::Shell;
-
-use super::Cli;
 
 /// The name completions are registered under: what the user types.
 const BIN: &str = "ai-crew-sync";
@@ -37,7 +35,7 @@ pub struct ManArgs {
 
 /// Print the completion script for `args.shell`.
 pub fn completions(args: CompletionsArgs) -> anyhow::Result<()> {
-    let mut command = Cli::command();
+    let mut command = super::flags::command();
     let mut script = Vec::new();
     clap_complete::generate(args.shell, &mut command, BIN, &mut script);
     write_stdout(&script)
@@ -48,7 +46,7 @@ pub fn man(args: ManArgs) -> anyhow::Result<()> {
     match args.out_dir {
         None => {
             let mut page = Vec::new();
-            clap_mangen::Man::new(Cli::command().disable_help_subcommand(true))
+            clap_mangen::Man::new(super::flags::command().disable_help_subcommand(true))
                 .render(&mut page)?;
             write_stdout(&page)
         }
@@ -75,7 +73,7 @@ fn write_pages(dir: &Path) -> std::io::Result<()> {
         Ok(())
     }
     std::fs::create_dir_all(dir)?;
-    let mut command = Cli::command().disable_help_subcommand(true);
+    let mut command = super::flags::command().disable_help_subcommand(true);
     command.build();
     let mut written = Vec::new();
     walk(command, dir, &mut written)?;

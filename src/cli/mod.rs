@@ -9,6 +9,7 @@ mod client;
 mod context;
 mod conversations;
 mod doctor;
+mod flags;
 mod generate;
 mod operator;
 mod output;
@@ -20,7 +21,7 @@ mod serve;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
+use clap::{FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use acs_store::db::Database;
 use acs_store::db::embedded::EmbeddedPostgres;
@@ -75,8 +76,8 @@ pub struct Cli {
     log_format: LogFormat,
 
     /// Print JSON instead of text, for scripts (client: the tool's answer as it came; doctor:
-    /// the checks as [{check, status, verdict, action}]). Refused by a command that has no
-    /// JSON form.
+    /// the checks as [{check, status, verdict, action}]). Only commands with a JSON form
+    /// take it.
     #[arg(long, global = true)]
     json: bool,
 
@@ -150,57 +151,13 @@ enum Command {
     Man(generate::ManArgs),
 }
 
-impl Command {
-    /// Whether the command has a JSON form for `--json`. The others refuse the
-    /// flag, as they did when each command declared it for itself.
-    fn has_json_form(&self) -> bool {
-        match self {
-            Command::Doctor(_)
-            | Command::Quickstart(_)
-            | Command::Team(_)
-            | Command::Agent(_)
-            | Command::Conversations(_)
-            | Command::Token(_)
-            | Command::Webhook(_)
-            | Command::Client(_) => true,
-            Command::Admin(command) => command.has_json_form(),
-            Command::Context(command) => command.has_json_form(),
-            Command::Serve(_)
-            | Command::Migrate(_)
-            | Command::McpConfig(_)
-            | Command::Mcp(_)
-            | Command::ProxyConfig(_)
-            | Command::Recipes { .. }
-            | Command::Completions(_)
-            | Command::Man(_) => false,
-        }
-    }
-}
-
-/// Parse the command line as clap does, and refuse `--json` where the
-/// command has no JSON form with clap's own words and exit code.
+/// Parse the command line as clap does ([`flags::command`]: each of the root's
+/// flags, `--json` included, under the commands that use it; given before a
+/// command that does not, refused with clap's own words and exit code).
 fn parse() -> Cli {
-    let matches = Cli::command().get_matches();
-    let cli = Cli::from_arg_matches(&matches)
-        .unwrap_or_else(|err| err.format(&mut Cli::command()).exit());
-    if cli.json && !cli.command.has_json_form() {
-        let mut command = Cli::command();
-        command.build();
-        let mut leaf = &mut command;
-        let mut at = &matches;
-        while let Some((name, sub)) = at.subcommand() {
-            leaf = leaf
-                .find_subcommand_mut(name)
-                .expect("a parsed subcommand is one of the command's");
-            at = sub;
-        }
-        leaf.error(
-            clap::error::ErrorKind::UnknownArgument,
-            "unexpected argument '--json' found",
-        )
-        .exit();
-    }
-    cli
+    let matches = flags::command().get_matches();
+    flags::refuse_unused(&matches);
+    Cli::from_arg_matches(&matches).unwrap_or_else(|err| err.format(&mut flags::command()).exit())
 }
 
 /// A command whose reader goes away (`ai-crew-sync client call … | head`)

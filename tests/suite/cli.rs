@@ -516,3 +516,110 @@ fn a_secret_on_the_command_line_is_refused_and_read_from_a_file_instead() {
         "{stderr}"
     );
 }
+
+/// Issue 36: `context` subcommands listed `--database-url`, `--data-dir` and
+/// `--log-format`, and took them to do nothing. A client-side command now
+/// neither lists nor takes a flag it does not use, before or after its name;
+/// the commands that open the database still take them anywhere on the line.
+// Breakage: with the flags `global` again, `context show --data-dir X` runs
+// and exits 0.
+#[tokio::test]
+async fn a_command_refuses_a_flag_it_does_not_use_and_does_not_list_it() {
+    let config = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"))
+            .args(args)
+            .env("BUS_CONFIG_DIR", config.path())
+            .env_remove("DATABASE_URL")
+            .env_remove("BUS_TOKEN")
+            .output()
+            .expect("run ai-crew-sync")
+    };
+    let secret = config.path().join("secret");
+    std::fs::write(&secret, "s3cret-of-sixteen-chars-or-more").unwrap();
+    let secret = secret.to_str().unwrap();
+    for args in [
+        &["context", "show", "--data-dir", "/nowhere"][..],
+        &["--data-dir", "/nowhere", "context", "show"],
+        &["context", "show", "--database-url", "postgres://u@h/db"],
+        &["--log-format", "json", "client", "whoami"],
+        &["proxy-config", "--data-dir", "/nowhere"],
+        &["mcp", "proxy", "--database-url", "postgres://u@h/db"],
+        &[
+            "context",
+            "hook",
+            "--event",
+            "status",
+            "--dashboard-secret-file",
+            secret,
+        ],
+    ] {
+        let out = run(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("unexpected argument '--"),
+            "{args:?}: {stderr}"
+        );
+        assert!(out.stdout.is_empty(), "{args:?} ran: {out:?}");
+    }
+    for path in [
+        &["context", "show"][..],
+        &["context", "hook"],
+        &["mcp", "proxy"],
+        &["client", "whoami"],
+    ] {
+        let mut args = path.to_vec();
+        args.push("--help");
+        let help = String::from_utf8_lossy(&run(&args).stdout).into_owned();
+        for flag in ["--database-url", "--data-dir", "--dashboard-secret-file"] {
+            assert!(
+                !help.contains(flag),
+                "`{}` lists {flag}:\n{help}",
+                path.join(" ")
+            );
+        }
+    }
+    // --json is listed only where there is a JSON form.
+    for (path, listed) in [
+        (&["context", "hook"][..], false),
+        (&["mcp", "proxy"], false),
+        (&["serve"], false),
+        (&["context", "show"], true),
+        (&["team", "list"], true),
+    ] {
+        let mut args = path.to_vec();
+        args.push("--help");
+        let help = String::from_utf8_lossy(&run(&args).stdout).into_owned();
+        assert_eq!(
+            help.contains("--json"),
+            listed,
+            "`{}`:\n{help}",
+            path.join(" ")
+        );
+    }
+    // Where the database is used the flags stay, before and after the command.
+    let db = fresh_database_url().await;
+    let file = config.path().join("db-url");
+    std::fs::write(&file, &db).unwrap();
+    let file = file.to_str().unwrap();
+    for args in [
+        &["team", "list", "--database-url-file", file, "--json"][..],
+        &[
+            "--database-url-file",
+            file,
+            "--log-format",
+            "json",
+            "team",
+            "list",
+            "--json",
+        ],
+    ] {
+        let out = run(args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -41,15 +41,27 @@ pub(crate) struct HookRun {
 /// Run `context hook --event EVENT` with `stdin`; a hook still running
 /// after 30 s fails the test (the host would have been held).
 pub(crate) async fn hook(config: &Path, event: &str, stdin: String) -> HookRun {
+    hook_with(config, &["--event", event], &[], stdin).await
+}
+
+/// [`hook`] with these arguments after `context hook` and these variables.
+async fn hook_with(config: &Path, args: &[&str], env: &[(&str, &str)], stdin: String) -> HookRun {
     let config = config.to_path_buf();
-    let event = event.to_string();
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let env: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     tokio::task::spawn_blocking(move || {
         use std::io::Write;
         let mut child = Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"))
-            .args(["context", "hook", "--event", &event])
+            .args(["context", "hook"])
+            .args(&args)
             .env("BUS_CONFIG_DIR", &config)
             .env_remove("CLAUDE_CODE_SESSION_ID")
             .env_remove("RUST_LOG")
+            .env_remove("ACS_HOOK_DEBUG")
+            .envs(env)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -402,4 +414,102 @@ async fn a_hook_without_a_proxy_window_or_with_the_bus_down_prints_nothing_and_e
     let hung = hook(config.path(), "stop", payload("cc-3", "Stop", json!({}))).await;
     assert_eq!((hung.code, hung.stdout.as_str()), (Some(0), ""), "{hung:?}");
     assert!(hung.stderr.contains("no answer within"), "{hung:?}");
+}
+
+/// Issue 36 item 6: a hook that finds no window was silent, with no way to
+/// learn why. `--explain` (or `ACS_HOOK_DEBUG=1`) says on stderr which stdin
+/// fields it read, which window it found and why, or which windows this
+/// machine has and why none matched; stdout, which the host parses, stays
+/// the same.
+// Breakage: without the trail, the mismatched run's stderr is empty.
+#[tokio::test]
+async fn explain_names_the_window_found_or_why_none_matched() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.agent("acme", "alice").await;
+    let config = tempfile::tempdir().unwrap();
+    let status = |session: &str| payload(session, "Status", json!({}));
+
+    let empty = hook_with(
+        config.path(),
+        &["--event", "status", "--explain"],
+        &[],
+        status("cc-9"),
+    )
+    .await;
+    assert_eq!(
+        (empty.code, empty.stdout.as_str()),
+        (Some(0), ""),
+        "{empty:?}"
+    );
+    assert!(
+        empty.stderr.contains("no proxy has recorded any window"),
+        "{empty:?}"
+    );
+
+    let (state, _) = proxy_window(&app, &alice, "cc-9", "cc-nine", config.path()).await;
+    let plain = hook(config.path(), "status", status("cc-9")).await;
+    assert!(plain.stdout.contains("acs alice/cc-nine"), "{plain:?}");
+    assert_eq!(plain.stderr, "", "{plain:?}");
+    let found = hook_with(
+        config.path(),
+        &["--event", "status", "--explain"],
+        &[],
+        status("cc-9"),
+    )
+    .await;
+    assert_eq!(
+        (found.code, &found.stdout),
+        (Some(0), &plain.stdout),
+        "{found:?}"
+    );
+    for said in [
+        "session_id = \"cc-9\"",
+        "host conversation: \"cc-9\", from stdin's session_id",
+        "found: window alice/cc-nine of team acme",
+        "transcript_path",
+    ] {
+        assert!(
+            found.stderr.contains(said),
+            "{said:?} not in {}",
+            found.stderr
+        );
+    }
+    assert!(
+        !found.stderr.contains(&state.credential),
+        "{}",
+        found.stderr
+    );
+
+    // Another host conversation's id: nothing on stdout, and why on stderr.
+    let other = hook_with(
+        config.path(),
+        &["--event", "status"],
+        &[("ACS_HOOK_DEBUG", "1")],
+        status("cc-other"),
+    )
+    .await;
+    assert_eq!(
+        (other.code, other.stdout.as_str()),
+        (Some(0), ""),
+        "{other:?}"
+    );
+    for said in [
+        "no window: no `mcp proxy` recorded one for host conversation \"cc-other\"",
+        "seen: host conversation \"cc-9\" -> window alice/cc-nine of team acme",
+        "--host-session",
+    ] {
+        assert!(
+            other.stderr.contains(said),
+            "{said:?} not in {}",
+            other.stderr
+        );
+    }
+    // Without either, a miss stays silent.
+    let quiet = hook(config.path(), "status", status("cc-other")).await;
+    assert_eq!(
+        (quiet.stdout.as_str(), quiet.stderr.as_str()),
+        ("", ""),
+        "{quiet:?}"
+    );
 }

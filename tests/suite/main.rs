@@ -77,6 +77,7 @@ mod refusals;
 mod run_script;
 mod sessions;
 mod shutdown;
+mod stated_limits;
 mod storage;
 mod support_servers;
 mod task_cancel;

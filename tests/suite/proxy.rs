@@ -321,6 +321,8 @@ async fn instructions_say_who_and_what_is_held_and_configure_session_sets_the_pr
     assert_eq!(status["agent"], "alice");
     assert_eq!(status["profile"], "work");
     assert_eq!(status["window"], format!("alice/{label}").as_str());
+    // The count is of the bus tools the host was listed (the local two aside).
+    assert_eq!(status["bus_tools"], tools.len() - 2, "{status} {tools:?}");
     let shown = calls[0]["text"].as_str().unwrap().to_string() + &status.to_string();
     assert!(
         !shown.contains(&alice) && !shown.contains("acss_"),
@@ -598,10 +600,16 @@ async fn a_bus_down_at_start_gives_the_local_tools_then_the_bus_tools_when_it_an
     assert_eq!(tools, &json!(["session_status", "configure_session"]));
     let whoami = calls(&before)[0];
     assert_eq!(whoami["is_error"], true);
+    let text = whoami["text"].as_str().unwrap();
+    assert!(text.contains("not connected"), "{whoami}");
+    // Not a transport's words: which bus, what to check, that nothing is lost.
+    assert!(text.contains(&format!("the bus at {url}")), "{whoami}");
     assert!(
-        whoami["text"].as_str().unwrap().contains("not connected"),
+        text.contains("did not answer") || text.contains("has not answered"),
         "{whoami}"
     );
+    assert!(text.contains("context show"), "{whoami}");
+    assert!(text.contains("Nothing is lost"), "{whoami}");
 
     gate.pass();
     gate.cut();

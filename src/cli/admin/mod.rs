@@ -27,6 +27,7 @@ use acs_store::store::{Actor, identity::admin};
 pub enum AdminCommand {
     /// Mint the first global admin credential (local: needs the database). Shown once.
     Bootstrap {
+        /// A note to tell admin credentials apart in listings (e.g. `ops-laptop`).
         #[arg(long)]
         label: Option<String>,
         /// Mint another even though a live global credential exists.
@@ -54,8 +55,10 @@ pub enum AdminCommand {
     Token(RemoteToken),
     /// Grant a new admin credential: confined to --team, or global without it (global only).
     Grant {
+        /// Confine the new credential to this team (its slug); without it, the credential is global.
         #[arg(long)]
         team: Option<String>,
+        /// A note to tell admin credentials apart in listings (e.g. `ci`).
         #[arg(long)]
         label: Option<String>,
     },
@@ -66,7 +69,9 @@ pub enum AdminCommand {
 
 #[derive(Subcommand, Debug)]
 pub enum RemoteTeam {
+    /// Create a team.
     Create(TeamCreateArgs),
+    /// List the teams this credential may see.
     List,
 }
 
@@ -74,8 +79,11 @@ pub enum RemoteTeam {
 pub enum RemoteAgent {
     /// Add an agent; prints its first token once.
     Add(AgentArgs),
+    /// List a team's agents.
     List(TeamArgs),
+    /// Disable an agent: every token it holds is refused at once.
     Disable(AgentArgs),
+    /// Enable a disabled agent again.
     Enable(AgentArgs),
 }
 
@@ -84,10 +92,14 @@ pub enum RemoteToken {
     /// Issue a token, verify it answers `whoami` as the requested agent and
     /// team (revoking it otherwise), and print it once.
     Issue(TokenIssueArgs),
+    /// List a team's agent tokens (never the secrets).
     List(TeamArgs),
+    /// Revoke an agent token.
     Revoke {
+        /// The team's slug.
         #[arg(long)]
         team: String,
+        /// The token's id (see `admin token list`).
         #[arg(long)]
         id: String,
     },
@@ -95,18 +107,14 @@ pub enum RemoteToken {
 
 #[derive(Subcommand, Debug)]
 pub enum RemoteCredential {
+    /// List the admin credentials.
     List,
+    /// Revoke an admin credential.
     Revoke {
+        /// The credential's id (see `admin credential list`).
         #[arg(long)]
         id: String,
     },
-}
-
-impl AdminCommand {
-    /// Every admin command but `login` and `logout` prints JSON with `--json`.
-    pub(super) fn has_json_form(&self) -> bool {
-        !matches!(self, AdminCommand::Login { .. } | AdminCommand::Logout)
-    }
 }
 
 pub async fn run(ctx: &Context, command: AdminCommand, json: bool) -> anyhow::Result<()> {

@@ -16,6 +16,7 @@ use crate::cli::output;
 pub(super) struct AttachArgs {
     /// The task's key.
     task: String,
+    /// The file to attach.
     file: PathBuf,
     /// Media type [default: guessed from the extension].
     #[arg(long)]

@@ -10,6 +10,7 @@ use super::{Print, Request, request, show};
 pub(super) enum LockCommand {
     /// Take (or extend) a lock (acquire_lock).
     Acquire {
+        /// The lock's name, team-wide (e.g. `deploy:prod`).
         name: String,
         /// Seconds to hold it, 5..86400 (default 300).
         #[arg(long, value_name = "SECONDS")]
@@ -19,7 +20,10 @@ pub(super) enum LockCommand {
         purpose: Option<String>,
     },
     /// Release a lock this window holds (release_lock).
-    Release { name: String },
+    Release {
+        /// The lock's name.
+        name: String,
+    },
     /// Locks that have not expired (list_locks).
     List,
 }

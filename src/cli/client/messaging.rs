@@ -51,6 +51,7 @@ pub(super) struct ReadArgs {
 pub(super) struct SearchArgs {
     /// Words to look for ("a phrase", OR, -word).
     query: String,
+    /// At most this many results, 1..200 (default 50).
     #[arg(long)]
     limit: Option<i64>,
 }

@@ -102,6 +102,7 @@ enum ClientCommand {
     Download(attachments::DownloadArgs),
     /// Call any tool with JSON arguments; prints its JSON answer.
     Call {
+        /// The bus tool to call (e.g. `whoami`).
         tool: String,
         /// The arguments, a JSON object.
         #[arg(long, value_name = "JSON", default_value = "{}")]

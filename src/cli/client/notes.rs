@@ -12,6 +12,7 @@ use super::{Print, Request, request, show};
 pub(super) enum NoteCommand {
     /// Print a note's value (get_note). A missing note exits 1.
     Get {
+        /// The note's key (case-sensitive, e.g. `build/commands`).
         key: String,
         /// The note's scope (default `global`).
         #[arg(long)]
@@ -19,9 +20,11 @@ pub(super) enum NoteCommand {
     },
     /// Write a note (set_note).
     Set {
+        /// The note's key (case-sensitive, e.g. `build/commands`).
         key: String,
         /// The value; `-` reads it from stdin.
         value: String,
+        /// The note's namespace (default `global`).
         #[arg(long)]
         scope: Option<String>,
         /// A tag (repeat for several); without any, the current tags stay.
@@ -30,13 +33,17 @@ pub(super) enum NoteCommand {
     },
     /// Delete a note (delete_note).
     Rm {
+        /// The note's key (case-sensitive, e.g. `build/commands`).
         key: String,
+        /// The note's namespace (default `global`).
         #[arg(long)]
         scope: Option<String>,
     },
     /// Full-text search of the notes (search_notes).
     Search {
+        /// Words to look for ("a phrase", or, -word).
         query: String,
+        /// Only notes of this namespace (default: every namespace).
         #[arg(long)]
         scope: Option<String>,
     },

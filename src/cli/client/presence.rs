@@ -18,13 +18,16 @@ pub(super) struct AgentsArgs {
 
 #[derive(Args, Debug)]
 pub(super) struct SessionsArgs {
+    /// Only windows working on this project.
     #[arg(long)]
     project: Option<String>,
+    /// Only windows with this role (e.g. reviewer).
     #[arg(long)]
     role: Option<String>,
     /// Only live windows.
     #[arg(long)]
     online: bool,
+    /// At most this many windows, 1..200 (default 50).
     #[arg(long)]
     limit: Option<i64>,
     /// Also windows offline for more than a day.
@@ -43,17 +46,17 @@ pub(super) struct BeatArgs {
     /// The project this window works on (default: the one .acs.toml names, else unchanged).
     #[arg(long)]
     project: Option<String>,
-    /// The role this window has, e.g. reviewer ("" clears).
+    /// This window's role label, e.g. reviewer ("" clears).
     #[arg(long)]
     role: Option<String>,
     /// This window's default channel, before the project's and the window's (default: the one
     /// .acs.toml names, else unchanged; "" clears).
     #[arg(long)]
     channel: Option<String>,
-    /// The repository this window works in ("" clears).
+    /// The repository you work in ("" clears).
     #[arg(long)]
     repo: Option<String>,
-    /// The branch this window works on ("" clears).
+    /// The branch you work on ("" clears).
     #[arg(long)]
     branch: Option<String>,
     /// Seconds this keeps the window online, 30..86400.

@@ -18,6 +18,7 @@ pub(super) struct TasksArgs {
     /// Only tasks this window holds or completed.
     #[arg(long)]
     mine: bool,
+    /// At most this many tasks, 1..200 (default 50).
     #[arg(long)]
     limit: Option<i64>,
 }
@@ -30,6 +31,7 @@ pub(super) enum TaskCommand {
         key: String,
         /// One line saying what is to be done.
         title: String,
+        /// The details, kept exactly as given.
         #[arg(long)]
         description: Option<String>,
         /// A JSON object of small facts.
@@ -40,9 +42,13 @@ pub(super) enum TaskCommand {
         depends_on: Vec<String>,
     },
     /// A task with its history (get_task).
-    Show { key: String },
+    Show {
+        /// The task's key.
+        key: String,
+    },
     /// Claim a task by key (claim_task).
     Claim {
+        /// The task's key.
         key: String,
         /// Lease in seconds, 30..86400 (default 900).
         #[arg(long, value_name = "SECONDS")]
@@ -50,31 +56,40 @@ pub(super) enum TaskCommand {
     },
     /// Claim the oldest ready task (claim_next_task). Nothing ready exits 1.
     Next {
+        /// Lease in seconds, 30..86400 (default 900).
         #[arg(long, value_name = "SECONDS")]
         lease: Option<i64>,
     },
     /// Extend this window's lease (renew_task_lease).
     Renew {
+        /// The task's key.
         key: String,
+        /// New lease in seconds from now, 30..86400 (default 900).
         #[arg(long, value_name = "SECONDS")]
         lease: Option<i64>,
     },
     /// Hand a task back (release_task).
-    Release { key: String },
+    Release {
+        /// The task's key.
+        key: String,
+    },
     /// Mark a task done (complete_task).
     Done {
+        /// The task's key.
         key: String,
         /// What was done; `-` reads it from stdin.
         result: String,
     },
     /// Cancel a task: by its creator or the window holding it (cancel_task).
     Cancel {
+        /// The task's key.
         key: String,
         /// Why, kept on the task; `-` reads it from stdin.
         reason: String,
     },
     /// Replace what a task waits for (set_task_dependencies); its creator only.
     Depends {
+        /// The task's key.
         key: String,
         /// Key of a task that must be done first (repeat for several).
         #[arg(long = "on", value_name = "KEY", required_unless_present = "none")]

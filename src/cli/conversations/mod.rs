@@ -33,6 +33,7 @@ pub enum ConversationsCommand {
     /// broker named (--nats-url or BUS_NATS_URL): whether the team's streams are missing or full,
     /// why, and the command that fixes it.
     Status {
+        /// The team's slug.
         #[arg(long)]
         team: String,
         #[command(flatten)]
@@ -49,8 +50,10 @@ pub enum ConversationsCommand {
     /// and `outbox` (a worker publishes it after the send). Back to sync is refused while any of
     /// its messages still awaits publication; refused while a move is open on it. Audited.
     Publication {
+        /// The team's slug.
         #[arg(long)]
         team: String,
+        /// The conversation's id.
         #[arg(long)]
         conversation: Uuid,
         /// sync or outbox.
@@ -61,8 +64,10 @@ pub enum ConversationsCommand {
     /// instead of its body; the message, its seq, recipients and receipts stay, and a move skips
     /// it. Recorded once: a message already tombstoned is refused. Audited.
     Tombstone {
+        /// The team's slug.
         #[arg(long)]
         team: String,
+        /// The conversation's id.
         #[arg(long)]
         conversation: Uuid,
         /// The message's seq in the conversation.
@@ -90,19 +95,23 @@ pub enum ConversationsCommand {
     /// Lift a write pause that no move owns (left by a crash or an older version), audited.
     /// Refused while a move of the conversation is open: run that move's command again instead.
     Unpause {
+        /// The team's slug.
         #[arg(long)]
         team: String,
+        /// The conversation's id.
         #[arg(long)]
         conversation: Uuid,
     },
     /// Drop the PostgreSQL copies of bodies moved to jetstream longer ago than the rollback
     /// window (report only without --apply).
     Cleanup {
+        /// The team's slug.
         #[arg(long)]
         team: String,
         /// Hours a move must have been cut over before its source bodies may go.
         #[arg(long, default_value_t = 168, allow_negative_numbers = true)]
         rollback_window_hours: i64,
+        /// Do it (default: report what would be dropped, write nothing).
         #[arg(long)]
         apply: bool,
     },
@@ -115,6 +124,7 @@ pub enum ConversationsCommand {
 // them or one, a report unless --apply, and the broker holding their bodies.
 #[derive(Args, Debug)]
 pub struct SweepArgs {
+    /// The team's slug.
     #[arg(long)]
     team: String,
     /// Only this conversation; default: every conversation of the team.
@@ -130,6 +140,7 @@ pub struct SweepArgs {
 // `conversations migrate`.
 #[derive(Args, Debug)]
 pub struct MigrateArgs {
+    /// The team's slug.
     #[arg(long)]
     team: String,
     /// Target backend: jetstream or postgres.

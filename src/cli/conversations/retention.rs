@@ -11,8 +11,10 @@ use acs_store::store::operations::retention;
 
 #[derive(Args, Debug)]
 pub struct RetentionArgs {
+    /// The team's slug.
     #[arg(long)]
     team: String,
+    /// The conversation's id.
     #[arg(long)]
     conversation: Uuid,
     /// Keep messages this many days (1 to 36500).

@@ -37,6 +37,7 @@ pub enum TokenCommand {
     List(TeamArgs),
     /// Revoke a token by id; it is refused from the next request on.
     Revoke {
+        /// The token's id (see `token list`).
         #[arg(long)]
         id: Uuid,
     },

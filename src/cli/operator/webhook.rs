@@ -24,17 +24,20 @@ pub enum WebhookCommand {
     /// Pause a webhook by id: events are not queued for it while it is paused, and the
     /// deliveries queued before wait for `webhook resume`.
     Pause {
+        /// The webhook's id (see `webhook list`).
         #[arg(long)]
         id: Uuid,
     },
     /// Resume a paused webhook: the deliveries queued before the pause go out, oldest
     /// first, and new events are queued again.
     Resume {
+        /// The webhook's id (see `webhook list`).
         #[arg(long)]
         id: Uuid,
     },
     /// Remove a webhook by id; its pending deliveries are dropped.
     Remove {
+        /// The webhook's id (see `webhook list`).
         #[arg(long)]
         id: Uuid,
     },
@@ -42,6 +45,7 @@ pub enum WebhookCommand {
 
 #[derive(Args, Debug)]
 pub struct AddArgs {
+    /// The team's slug.
     #[arg(long)]
     team: String,
     /// Where to POST: an http or https URL (no user:password in it).

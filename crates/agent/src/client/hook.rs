@@ -67,31 +67,33 @@ impl HookEvent {
 /// Answer one hook: the text to print on stdout, or `None` for nothing.
 /// `input` is the host's hook JSON; `env_session` the host conversation id
 /// from the environment (`CLAUDE_CODE_SESSION_ID`) when the JSON has none.
+/// `trail` gets, line by line, how the window was found or why none was
+/// (`context hook --explain`); it never holds a credential or the prompt.
 pub async fn answer(
     event: HookEvent,
     input: &[u8],
     dir: &Path,
     env_session: Option<String>,
+    trail: &mut Vec<String>,
 ) -> anyhow::Result<Option<String>> {
     let input: Value = if input.iter().all(u8::is_ascii_whitespace) {
+        trail.push("stdin: empty (the host sent no hook JSON)".into());
         Value::Null
     } else {
-        serde_json::from_slice(input).context("the hook input is not JSON")?
+        let input: Value = serde_json::from_slice(input).context("the hook input is not JSON")?;
+        trail.push(stdin_fields(&input));
+        input
     };
-    let Some(host_session) = input["session_id"]
-        .as_str()
-        .map(str::to_string)
-        .or(env_session)
-        .filter(|s| !s.is_empty())
-    else {
+    let Some(host_session) = host_session_of(&input, env_session, trail) else {
         return Ok(None);
     };
-    let Some(window) = WindowState::load(dir, &host_session)? else {
+    let Some(window) = find_window(dir, &host_session, trail)? else {
         return Ok(None);
     };
     if event == HookEvent::Stop && input["stop_hook_active"].as_bool() == Some(true) {
         // The host is already continuing because of a stop hook: saying
         // more here is how hooks loop.
+        trail.push("stop_hook_active is true: nothing said, so stop hooks cannot loop".into());
         return Ok(None);
     }
     let epoch = window.epoch.to_string();
@@ -103,7 +105,141 @@ pub async fn answer(
     .await?;
     let result = speak(event, &bus, &window, dir).await;
     bus.close().await;
+    if let Ok(answer) = &result {
+        trail.push(match answer {
+            Some(out) => format!("answer: {} bytes on stdout", out.len() + 1),
+            None => format!(
+                "answer: none ({} has nothing to print now)",
+                event.host_name()
+            ),
+        });
+    }
     result
+}
+
+/// The stdin fields a hook reads, and which of them the host sent.
+fn stdin_fields(input: &Value) -> String {
+    let keys: Vec<&str> = input
+        .as_object()
+        .map(|o| o.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    let shown = |key: &str| match &input[key] {
+        Value::Null => "absent".to_string(),
+        Value::String(s) => format!("{s:?}"),
+        other => other.to_string(),
+    };
+    format!(
+        "stdin: JSON with {} field(s) [{}]; read: session_id = {}, hook_event_name = {}, \
+         stop_hook_active = {}",
+        keys.len(),
+        keys.join(", "),
+        shown("session_id"),
+        shown("hook_event_name"),
+        shown("stop_hook_active"),
+    )
+}
+
+/// The host conversation's id: stdin's `session_id`, else the environment's.
+fn host_session_of(
+    input: &Value,
+    env_session: Option<String>,
+    trail: &mut Vec<String>,
+) -> Option<String> {
+    if let Some(id) = input["session_id"].as_str().filter(|s| !s.is_empty()) {
+        trail.push(format!(
+            "host conversation: {id:?}, from stdin's session_id"
+        ));
+        return Some(id.to_string());
+    }
+    match env_session.filter(|s| !s.is_empty()) {
+        Some(id) => {
+            trail.push(format!(
+                "host conversation: {id:?}, from CLAUDE_CODE_SESSION_ID (stdin has no session_id)"
+            ));
+            Some(id)
+        }
+        None => {
+            trail.push(
+                "no window: stdin has no session_id and CLAUDE_CODE_SESSION_ID is unset, so \
+                 there is no host conversation to look for; nothing printed"
+                    .into(),
+            );
+            None
+        }
+    }
+}
+
+/// The proxy's window of `host_session`, and what was looked at.
+fn find_window(
+    dir: &Path,
+    host_session: &str,
+    trail: &mut Vec<String>,
+) -> anyhow::Result<Option<WindowState>> {
+    let path = WindowState::path(dir, host_session);
+    if let Some(window) = WindowState::load(dir, host_session)? {
+        trail.push(format!(
+            "found: window {}/{} of team {} at {}, recorded in {} by `mcp proxy` pid {} ({}) \
+             at {}; its credential expires at {}",
+            window.agent,
+            window.label,
+            window.team,
+            window.url,
+            path.display(),
+            window.pid,
+            if window.proxy_running() {
+                "running"
+            } else {
+                "no longer running"
+            },
+            window.updated_at.to_rfc3339(),
+            window.expires_at.to_rfc3339(),
+        ));
+        return Ok(Some(window));
+    }
+    trail.push(format!(
+        "no window: no `mcp proxy` recorded one for host conversation {host_session:?} (looked \
+         for {})",
+        path.display()
+    ));
+    let all = WindowState::all(dir);
+    if all.is_empty() {
+        trail.push(format!(
+            "no proxy has recorded any window under {}: is `mcp proxy` in this host's MCP \
+             config (`ai-crew-sync proxy-config`), started, and using this config directory \
+             (BUS_CONFIG_DIR)?",
+            dir.join("windows").display()
+        ));
+    }
+    for (path, state) in &all {
+        trail.push(match state {
+            Ok(w) => format!(
+                "  seen: host conversation {:?} -> window {}/{} of team {} (proxy pid {}, {}, \
+                 recorded {})",
+                w.host_session,
+                w.agent,
+                w.label,
+                w.team,
+                w.pid,
+                if w.proxy_running() {
+                    "running"
+                } else {
+                    "no longer running"
+                },
+                w.updated_at.to_rfc3339()
+            ),
+            Err(err) => format!("  unreadable: {}: {err:#}", path.display()),
+        });
+    }
+    if !all.is_empty() {
+        trail.push(
+            "a hook finds the window whose proxy has the same host conversation id: the proxy \
+             takes it from --host-session, else CLAUDE_CODE_SESSION_ID, else the first tool \
+             call's _meta; the hook from stdin's session_id, else CLAUDE_CODE_SESSION_ID. \
+             Nothing printed"
+                .into(),
+        );
+    }
+    Ok(None)
 }
 
 async fn speak(

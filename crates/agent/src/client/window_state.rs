@@ -86,6 +86,47 @@ impl WindowState {
         local_files::write_private(&path, &serde_json::to_vec_pretty(self)?)
     }
 
+    /// Where `host_session`'s window record is (or would be).
+    pub fn path(dir: &Path, host_session: &str) -> PathBuf {
+        path_for(dir, host_session, ".json")
+    }
+
+    /// Every window record on this machine, newest first, with what could
+    /// not be read as such (for `context hook --explain`).
+    pub fn all(dir: &Path) -> Vec<(PathBuf, anyhow::Result<WindowState>)> {
+        let Ok(entries) = std::fs::read_dir(dir.join("windows")) else {
+            return Vec::new();
+        };
+        let mut found: Vec<(PathBuf, anyhow::Result<WindowState>)> = entries
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| {
+                p.extension().is_some_and(|x| x == "json")
+                    && !p.to_string_lossy().ends_with(".hook.json")
+            })
+            .map(|path| {
+                let state = local_files::read_private(&path).and_then(|text| {
+                    let text = text.context("gone meanwhile")?;
+                    Ok(serde_json::from_str::<WindowState>(&text)?)
+                });
+                (path, state)
+            })
+            .collect();
+        found.sort_by_key(|(_, s)| std::cmp::Reverse(s.as_ref().ok().map(|s| s.updated_at)));
+        found
+    }
+
+    /// Whether the proxy that wrote the record still runs (a signal-0 probe).
+    pub fn proxy_running(&self) -> bool {
+        let Ok(pid) = libc::pid_t::try_from(self.pid) else {
+            return false;
+        };
+        // SAFETY: kill with signal 0 sends nothing; it only checks the pid.
+        pid > 0
+            && (unsafe { libc::kill(pid, 0) } == 0
+                || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
+    }
+
     /// Forget the window (the proxy ended it).
     pub fn remove(dir: &Path, host_session: &str) -> anyhow::Result<()> {
         for suffix in [".json", ".hook.json"] {

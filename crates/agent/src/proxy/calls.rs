@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use rmcp::model::CallToolResult;
-use rmcp::service::ServiceError;
+use rmcp::service::{ClientInitializeError, ServiceError};
 use serde_json::{Map, Value};
 
 use super::{Proxy, refusal, window};
@@ -29,20 +29,32 @@ impl Proxy {
         }
         let Some(window) = bound.window.clone() else {
             let trouble = self.trouble.lock().await.clone();
+            let why = trouble.unwrap_or_else(|| {
+                format!(
+                    "the bus at {} has not answered yet. {}",
+                    bound.url,
+                    what_to_check()
+                )
+            });
             return Err(format!(
-                "not connected to the bus at {} yet: {}. Nothing was done. Call session_status \
-                 to see the state, and try again in a moment.",
-                bound.url,
-                trouble.unwrap_or_else(|| "the first attempt has not finished".into())
+                "not connected to the bus yet: {why} Nothing was done. Call session_status to \
+                 see the state, and try again in a moment."
             ));
         };
         let connection = Arc::new(window::open(&bound.url, &window).await.map_err(|e| {
-            format!(
-                "the bus at {} could not be reached: {}. Nothing was done; try again in a \
-                 moment.",
-                bound.url,
-                brief(&e)
-            )
+            if unreachable(&e) {
+                format!(
+                    "{} Nothing was done; try again in a moment.",
+                    bus_down(&bound.url, &e)
+                )
+            } else {
+                format!(
+                    "the bus at {} could not be reached: {}. Nothing was done; try again in a \
+                     moment.",
+                    bound.url,
+                    brief(&e)
+                )
+            }
         })?);
         bound.connection = Some(connection.clone());
         Ok(connection)
@@ -205,17 +217,66 @@ impl Proxy {
 /// An error in a line a model reads: what failed and the root cause, without
 /// the transport's layers in between.
 pub(super) fn brief(err: &anyhow::Error) -> String {
-    let root = err.root_cause().to_string();
-    // rmcp prints its transport's type names before the cause.
-    let root = match root.rfind("] error: ") {
-        Some(at) => root[at + "] error: ".len()..].to_string(),
-        None => root,
-    };
+    let root = root_of(err);
     let top = err.to_string();
     if top == root {
         top
     } else {
         format!("{top}: {root}")
+    }
+}
+
+/// Nothing reached the bus: the connection was refused or timed out, or the
+/// transport failed before an answer (as opposed to a refusal the bus gave).
+pub(super) fn unreachable(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<ClientInitializeError>(),
+            Some(
+                ClientInitializeError::TransportError { .. }
+                    | ClientInitializeError::ConnectionClosed(_)
+            )
+        ) || matches!(
+            cause.downcast_ref::<ServiceError>(),
+            Some(
+                ServiceError::TransportSend(_)
+                    | ServiceError::TransportClosed
+                    | ServiceError::Timeout { .. }
+            )
+        ) || cause.downcast_ref::<BusSilent>().is_some()
+    })
+}
+
+/// The bus took longer than the proxy waits for it.
+#[derive(Debug, thiserror::Error)]
+#[error("the bus did not answer within {0} s")]
+pub(super) struct BusSilent(pub(super) u64);
+
+/// A bus that did not answer, in words a model and a person can act on: which
+/// URL, what to check, and that nothing was lost.
+pub(super) fn bus_down(url: &str, err: &anyhow::Error) -> String {
+    format!(
+        "the bus at {url} did not answer ({}). {}",
+        root_of(err),
+        what_to_check()
+    )
+}
+
+/// What to do about a bus that does not answer, and that nothing is lost.
+fn what_to_check() -> &'static str {
+    "Check that the server runs there (`ai-crew-sync serve`) and that this is its address: \
+     `ai-crew-sync context show` names the URL and the profile it comes from (BUS_URL or --url \
+     override it). Nothing is lost: messages and tasks stay on the bus, and this proxy keeps \
+     trying."
+}
+
+/// The innermost cause, without the transport's type names.
+fn root_of(err: &anyhow::Error) -> String {
+    let root = err.root_cause().to_string();
+    // rmcp prints its transport's type names before the cause.
+    match root.rfind("] error: ") {
+        Some(at) => root[at + "] error: ".len()..].to_string(),
+        None => root,
     }
 }
 

@@ -45,12 +45,8 @@ impl ServerHandler for ProxyServer {
     ) -> Result<ListToolsResult, ErrorData> {
         self.0.wait_settled().await;
         let mut tools = local_tools::definitions();
-        match self.0.tools.read().await.as_ref() {
-            Some(bus) => tools.extend(
-                bus.iter()
-                    .filter(|t| !MANAGED.contains(&t.name.as_ref()))
-                    .cloned(),
-            ),
+        match self.0.offered_bus_tools().await {
+            Some(bus) => tools.extend(bus),
             None => {
                 self.0.listed_without_bus.store(true, Ordering::SeqCst);
                 // The one place a tools/list can say why the list is short.
@@ -114,5 +110,18 @@ impl ServerHandler for ProxyServer {
             "ai-crew-sync-proxy",
             env!("CARGO_PKG_VERSION"),
         ))
+    }
+}
+
+impl Proxy {
+    /// The bus's tools the host is offered (all but [`MANAGED`]), once fetched:
+    /// what `tools/list` shows and `session_status` counts.
+    pub(super) async fn offered_bus_tools(&self) -> Option<Vec<rmcp::model::Tool>> {
+        self.tools.read().await.as_ref().map(|bus| {
+            bus.iter()
+                .filter(|t| !MANAGED.contains(&t.name.as_ref()))
+                .cloned()
+                .collect()
+        })
     }
 }

@@ -30,7 +30,8 @@ pub(super) fn definitions() -> Vec<Tool> {
                 agent, team, profile, project, role, the channel set for the window, the default \
                 channel as the bus decides it (the one whoami names: the channel set, else the \
                 project's, else the window label's), when the window's credential expires (the \
-                proxy renews it), the bus URL, and whether the bus is reachable. Never shows a \
+                proxy renews it), the bus URL, whether the bus is reachable, and bus_tools: how \
+                many of the bus's tools are listed here (besides these two). Never shows a \
                 secret.",
             "inputSchema": {"type": "object", "properties": {}, "additionalProperties": false},
             "annotations": {"readOnlyHint": true}
@@ -107,7 +108,7 @@ impl Proxy {
         let bound = self.bound.read().await;
         let labels = self.labels.lock().await.clone();
         let trouble = self.trouble.lock().await.clone();
-        let tools = self.tools.read().await.as_ref().map(Vec::len);
+        let tools = self.offered_bus_tools().await.as_ref().map(Vec::len);
         let asked = |key: &str| me.as_ref().map(|me| me[key].clone());
         let mut status = json!({
             "label": host.label,

@@ -255,21 +255,22 @@ impl Proxy {
         loop {
             // A bus that accepts and never answers must not stall the retries.
             let attempt = tokio::time::timeout(ESTABLISH_BOUND, self.establish()).await;
-            let attempt = attempt.unwrap_or_else(|_| {
-                Err(anyhow::anyhow!(
-                    "the bus did not answer within {} s",
-                    ESTABLISH_BOUND.as_secs()
-                ))
-            });
+            let attempt =
+                attempt.unwrap_or_else(|_| Err(calls::BusSilent(ESTABLISH_BOUND.as_secs()).into()));
             match attempt {
                 Ok(()) => break,
                 Err(err) => {
                     let permanent = self.bound.read().await.token.is_none();
                     tracing::warn!("could not reach the bus: {err:#}");
                     if !permanent {
+                        let url = self.bound.read().await.url.clone();
+                        let why = if calls::unreachable(&err) {
+                            calls::bus_down(&url, &err)
+                        } else {
+                            brief(&err)
+                        };
                         *self.trouble.lock().await = Some(format!(
-                            "{} (retrying every {} s or less)",
-                            brief(&err),
+                            "{why} (Retrying every {} s or less.)",
                             backoff.as_secs().max(1)
                         ));
                     }

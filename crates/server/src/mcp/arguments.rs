@@ -693,6 +693,9 @@ mod every_tool {
         "type",
         "format",
         "minimum",
+        // Ranges a description states (the store refuses outside them, in
+        // its own words); the check keeps to the format's bounds.
+        "maximum",
         "properties",
         "required",
         "additionalProperties",

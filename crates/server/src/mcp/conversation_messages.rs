@@ -54,6 +54,7 @@ pub struct ReadArgs {
     /// read from the start of your history.
     pub after_seq: Option<i64>,
     /// 1..200, default 50.
+    #[schemars(range(min = 1, max = 200), extend("default" = 50))]
     pub limit: Option<i64>,
 }
 
@@ -96,6 +97,7 @@ pub struct PresentedArgs {
 #[serde(deny_unknown_fields)]
 pub struct ConversationWaitArgs {
     /// How long to wait, 1..300 s (default 50: under the ~60 s many clients allow a call).
+    #[schemars(range(min = 1, max = 300), extend("default" = 50))]
     pub timeout_seconds: Option<u64>,
 }
 
@@ -103,6 +105,7 @@ pub struct ConversationWaitArgs {
 #[serde(deny_unknown_fields)]
 pub struct InboxFetchArgs {
     /// 1..50, default 20.
+    #[schemars(range(min = 1, max = 50), extend("default" = 20))]
     pub limit: Option<i64>,
 }
 

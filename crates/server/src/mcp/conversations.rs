@@ -83,8 +83,10 @@ pub struct TransferArgs {
 pub struct RecoverArgs {
     pub conversation_id: Uuid,
     /// Return messages after this seq (default 0).
+    #[schemars(extend("default" = 0))]
     pub after_seq: Option<i64>,
     /// 1..=200, default 50.
+    #[schemars(range(min = 1, max = 200), extend("default" = 50))]
     pub limit: Option<i64>,
 }
 

@@ -16,6 +16,7 @@ pub struct AcquireLockArgs {
     /// Team-wide lock name, lower-cased, at most 256 bytes (e.g. `deploy:prod`, `src/schema.sql`).
     pub name: String,
     /// How long to hold it, 5..86400 seconds (default 300). Acquire again to extend.
+    #[schemars(range(min = 5, max = 86400), extend("default" = 300))]
     pub ttl_seconds: Option<i64>,
     /// One line saying why you hold it (at most 256 bytes), shown to others.
     pub purpose: Option<String>,

@@ -56,6 +56,7 @@ pub struct ReadArgs {
     /// latest page without moving the cursor.
     pub only_new: Option<bool>,
     /// Page size, 1..200 (default 50).
+    #[schemars(range(min = 1, max = 200), extend("default" = 50))]
     pub limit: Option<i64>,
     /// Also include DMs addressed to your agent's other windows.
     #[serde(default)]
@@ -69,6 +70,7 @@ pub struct SearchArgs {
     /// match as written (a leading `-` excludes).
     pub query: String,
     /// At most this many results, 1..200 (default 50).
+    #[schemars(range(min = 1, max = 200), extend("default" = 50))]
     pub limit: Option<i64>,
 }
 

@@ -15,6 +15,7 @@ use acs_store::store::{messaging::overview, messaging::pending};
 #[serde(deny_unknown_fields)]
 pub struct DigestArgs {
     /// How far back to look, 1..336 hours (default 24).
+    #[schemars(range(min = 1, max = 336), extend("default" = 24))]
     pub hours: Option<i32>,
     /// Every channel's activity, not only this window's focused channel (announcements are always in).
     #[serde(default)]
@@ -28,6 +29,7 @@ pub struct PendingArgs {
     /// Omit for none.
     pub since: Option<chrono::DateTime<chrono::Utc>>,
     /// List your tasks whose lease lapses within this many seconds, 1..86400 (default 300).
+    #[schemars(range(min = 1, max = 86400), extend("default" = 300))]
     pub lease_within_seconds: Option<i64>,
 }
 

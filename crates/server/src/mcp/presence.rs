@@ -28,7 +28,8 @@ pub struct HeartbeatArgs {
     pub role: Option<String>,
     /// This window's default channel (post_message naming neither channel nor to, team_digest's focus), before the `project` label's and the window label's: a channel name, not `inbox` or `all`. Omit to keep, "" to clear.
     pub channel: Option<String>,
-    /// Seconds this heartbeat keeps the window online, 30..86400 (600 on a first heartbeat; omit later to keep the current ttl).
+    /// Seconds this heartbeat keeps the window online, 30..86400 (600 on a window's first heartbeat; omit later to keep its current ttl: an `mcp proxy` window beats with 300).
+    #[schemars(range(min = 30, max = 86400))]
     pub ttl_seconds: Option<i64>,
     /// true: this window is leaving (its conversation ended): it is offline at once instead of when its ttl runs out; send `status: "idle"` with it. A later heartbeat brings it back. Default false.
     pub offline: Option<bool>,
@@ -71,6 +72,7 @@ pub struct ListSessionsArgs {
     /// Also windows offline for more than a day (default false: hidden).
     pub all: Option<bool>,
     /// At most this many windows, 1..200 (default 50); live ones and the most recently seen first.
+    #[schemars(range(min = 1, max = 200), extend("default" = 50))]
     pub limit: Option<i64>,
 }
 
@@ -78,10 +80,12 @@ pub struct ListSessionsArgs {
 impl BusServer {
     #[tool(
         description = "Say you are here and what you are doing. Keeps this window (agent + \
-                       X-Crew-Session) online for ttl_seconds (default 600): beat again before \
-                       it runs out. Omitted fields keep their value, \"\" clears one. When \
-                       the window's conversation ends, beat once with `offline: true` and \
-                       `status: \"idle\"`: it shows as offline at once."
+                       X-Crew-Session) online for ttl_seconds: beat again before it runs out. \
+                       Omitted fields keep their value (ttl_seconds too: 600 on a window's first \
+                       heartbeat; an `mcp proxy` window beats with 300), \"\" clears one. The \
+                       answer shows the window's ttl_seconds and expiry. When the window's \
+                       conversation ends, beat once with `offline: true` and `status: \"idle\"`: \
+                       it shows as offline at once."
     )]
     async fn heartbeat(
         &self,

@@ -16,6 +16,7 @@ pub struct RegisterArgs {
     /// The window label: ASCII letters, digits and `-_.:`, at most 64 bytes (e.g. `frontend`).
     pub session: String,
     /// Lifetime in seconds, 60..86400 (default 86400 = 24 h).
+    #[schemars(range(min = 60, max = 86400), extend("default" = 86400))]
     pub ttl_seconds: Option<i64>,
 }
 
@@ -23,6 +24,7 @@ pub struct RegisterArgs {
 #[serde(deny_unknown_fields)]
 pub struct RenewArgs {
     /// New lifetime from now, in seconds, 60..86400 (default 86400 = 24 h).
+    #[schemars(range(min = 60, max = 86400), extend("default" = 86400))]
     pub ttl_seconds: Option<i64>,
 }
 

@@ -48,6 +48,7 @@ pub struct ClaimTaskArgs {
     /// The task's key.
     pub key: String,
     /// Lease length in seconds, 30..86400 (default 900). Renew before it lapses.
+    #[schemars(range(min = 30, max = 86400), extend("default" = 900))]
     pub lease_seconds: Option<i64>,
 }
 
@@ -55,6 +56,7 @@ pub struct ClaimTaskArgs {
 #[serde(deny_unknown_fields)]
 pub struct ClaimNextArgs {
     /// Lease length in seconds, 30..86400 (default 900). Renew before it lapses.
+    #[schemars(range(min = 30, max = 86400), extend("default" = 900))]
     pub lease_seconds: Option<i64>,
 }
 
@@ -64,6 +66,7 @@ pub struct RenewLeaseArgs {
     /// The task's key.
     pub key: String,
     /// New lease length from now, in seconds, 30..86400 (default 900).
+    #[schemars(range(min = 30, max = 86400), extend("default" = 900))]
     pub lease_seconds: Option<i64>,
 }
 
@@ -110,6 +113,7 @@ pub struct ListTasksArgs {
     /// Only tasks this window holds (or held, lapsed) or completed. Default false.
     pub mine_only: Option<bool>,
     /// At most this many tasks, 1..200 (default 50).
+    #[schemars(range(min = 1, max = 200), extend("default" = 50))]
     pub limit: Option<i64>,
 }
 

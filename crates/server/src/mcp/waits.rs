@@ -23,6 +23,7 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 #[serde(deny_unknown_fields)]
 pub struct WaitArgs {
     /// How long to wait, 1..300 s (default 50: under the ~60 s many clients allow a call).
+    #[schemars(range(min = 1, max = 300), extend("default" = 50))]
     pub timeout_seconds: Option<u64>,
     /// Wake only for these: message, task, lock, note (default all).
     pub kinds: Option<Vec<String>>,
@@ -39,6 +40,7 @@ pub struct AskArgs {
     /// The question (a direct message flagged as a question).
     pub question: String,
     /// How long to wait for the answer, 1..300 s (default 50).
+    #[schemars(range(min = 1, max = 300), extend("default" = 50))]
     pub timeout_seconds: Option<u64>,
     /// Keep waiting for an earlier question (its question_message_id) instead of asking again.
     pub resume_message_id: Option<Uuid>,

@@ -37,6 +37,7 @@ pub enum TeamCommand {
     /// Rows and bytes the team stores per kind (counts, never content), its quota, the outbox
     /// backlog, and warnings (quota above 80 %, outbox pending over 5 minutes).
     Usage {
+        /// The team's slug.
         #[arg(long)]
         team: String,
     },
@@ -53,6 +54,7 @@ pub enum TeamCommand {
 
 #[derive(Args, Debug)]
 pub struct PruneArgs {
+    /// The team's slug.
     #[arg(long)]
     team: String,
     /// Messages, note revisions, task events and settled webhook deliveries older than this many
@@ -72,6 +74,7 @@ pub struct PruneArgs {
 
 #[derive(Args, Debug)]
 pub struct CapabilityArgs {
+    /// The team's slug.
     #[arg(long)]
     team: String,
     /// Turn the conversation tools on or off for the team.
@@ -88,6 +91,7 @@ pub struct CapabilityArgs {
 #[derive(Args, Debug)]
 #[command(mut_arg("nats_url", |a| a.required(true)))]
 pub struct StreamArgs {
+    /// The team's slug.
     #[arg(long)]
     team: String,
     #[command(flatten)]
@@ -127,6 +131,7 @@ pub struct StreamArgs {
 
 #[derive(Args, Debug)]
 pub struct QuotaArgs {
+    /// The team's slug.
     #[arg(long)]
     team: String,
     /// New limit in bytes for everything the team stores (default for a new team: 1 GiB).
