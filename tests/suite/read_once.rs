@@ -1,0 +1,271 @@
+//! A message read once (issue 36, item 5): a direct message to the bare
+//! agent name is read once per agent, whichever window reads it (a window
+//! opened later is not told about it again); one to a window stays that
+//! window's; an `ask_agent` answer the call returned is read.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::messaging::bodies;
+use crate::support::{McpClient, eventually, spawn_app};
+
+/// bob answers the first question in his inbox, to `to`, once it is there.
+async fn answer(bob: &McpClient, to: &str, body: &str) {
+    let question = eventually("the question in bob's inbox", async || {
+        let inbox = bob
+            .call("read_messages", json!({"scope": "inbox"}))
+            .await
+            .unwrap();
+        inbox["messages"]
+            .as_array()
+            .unwrap()
+            .first()
+            .map(|q| q["id"].clone())
+    })
+    .await;
+    bob.call(
+        "post_message",
+        json!({"to": to, "reply_to": question, "body": body}),
+    )
+    .await
+    .unwrap();
+}
+
+/// `asker` asks bob, who answers `body` to `to`: what ask_agent returned.
+async fn ask_and_answer(asker: &McpClient, bob: &McpClient, to: &str, body: &str) -> Value {
+    let asking = async {
+        asker
+            .call(
+                "ask_agent",
+                json!({"to": "bob", "question": "which?", "timeout_seconds": 30}),
+            )
+            .await
+            .unwrap()
+    };
+    let (asked, ()) = tokio::join!(asking, answer(bob, to, body));
+    asked
+}
+
+async fn inbox(client: &McpClient) -> Vec<String> {
+    bodies(
+        &client
+            .call("read_messages", json!({"scope": "inbox"}))
+            .await
+            .unwrap(),
+    )
+}
+
+/// What a window is told is unread: whoami's count, pending_for_me's count
+/// and the bodies it previews.
+async fn unread(client: &McpClient) -> (i64, i64, Vec<String>) {
+    let me = client.call("whoami", json!({})).await.unwrap();
+    let pending = client.call("pending_for_me", json!({})).await.unwrap();
+    let previews = pending["direct_messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["preview"].as_str().unwrap().to_string())
+        .collect();
+    (
+        me["unread_direct_messages"].as_i64().unwrap(),
+        pending["unread_direct_messages"]["count"].as_i64().unwrap(),
+        previews,
+    )
+}
+
+async fn send(from: &McpClient, to: &str, body: &str) -> Value {
+    from.call("post_message", json!({"to": to, "body": body}))
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_dm_to_the_agent_read_by_one_window_is_read_for_every_window_of_it() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.mcp(&app.agent("acme", "alice").await, None).await;
+    let bob_token = app.agent("acme", "bob").await;
+    send(&alice, "bob", "to every bob window").await;
+    send(&alice, "bob/w1", "to w1 only").await;
+    alice
+        .call(
+            "post_message",
+            json!({"channel": "general", "body": "hello all"}),
+        )
+        .await
+        .unwrap();
+
+    let w1 = app.mcp(&bob_token, Some("w1")).await;
+    assert_eq!(
+        unread(&w1).await,
+        (
+            2,
+            2,
+            vec!["to every bob window".into(), "to w1 only".into()]
+        )
+    );
+    assert_eq!(inbox(&w1).await, ["to every bob window", "to w1 only"]);
+    assert_eq!(unread(&w1).await, (0, 0, vec![]));
+
+    // A window opened later: the DM to bob was read (by w1), and w1's own is
+    // not w2's. Channel messages stay per window.
+    let w2 = app.mcp(&bob_token, Some("w2")).await;
+    assert_eq!(unread(&w2).await, (0, 0, vec![]));
+    let all = w2.call("read_messages", json!({})).await.unwrap();
+    assert_eq!(bodies(&all), ["hello all"], "{all}");
+    // The latest page (not only_new) still shows it: read is not gone.
+    let latest = w2
+        .call(
+            "read_messages",
+            json!({"scope": "inbox", "only_new": false}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(bodies(&latest), ["to every bob window"]);
+
+    // Read by the later window this time: not unread for the first.
+    send(&alice, "bob", "second to bob").await;
+    send(&alice, "bob/w1", "second to w1").await;
+    assert_eq!(unread(&w1).await.0, 2);
+    assert_eq!(unread(&w2).await, (1, 1, vec!["second to bob".into()]));
+    assert_eq!(inbox(&w2).await, ["second to bob"]);
+    assert_eq!(unread(&w1).await, (1, 1, vec!["second to w1".into()]));
+    // Reading every window's DMs does not read w1's own for it.
+    let everyone = w2
+        .call(
+            "read_messages",
+            json!({"scope": "inbox", "all_sessions": true}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(bodies(&everyone), ["second to w1"], "{everyone}");
+    assert_eq!(unread(&w1).await.0, 1, "a DM to w1 stays w1's to read");
+    // Read through scope `all`, the same.
+    send(&alice, "bob", "third to bob").await;
+    let all = bodies(&w1.call("read_messages", json!({})).await.unwrap());
+    assert!(all.contains(&"third to bob".to_string()), "{all:?}");
+    assert!(
+        !all.iter()
+            .any(|b| b.starts_with("to every") || b.starts_with("second to bob")),
+        "read by other windows already: {all:?}"
+    );
+    let w3 = app.mcp(&bob_token, Some("w3")).await;
+    assert_eq!(unread(&w3).await, (0, 0, vec![]));
+    assert!(inbox(&w2).await.is_empty());
+    assert!(inbox(&w3).await.is_empty());
+}
+
+/// Many windows (and two reads of one window) reading the agent's DMs at
+/// once, while they arrive: every message is handed out as new exactly
+/// once, and none is left unread or passed over.
+#[tokio::test]
+async fn windows_reading_the_agents_dms_at_once_get_each_exactly_once() {
+    const SENT: usize = 60;
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.mcp(&app.agent("acme", "alice").await, None).await;
+    let bob_token = app.agent("acme", "bob").await;
+    let w1 = Arc::new(app.mcp(&bob_token, Some("w1")).await);
+    // Two reads of one window and scope at once too, between channel posts:
+    // the agent's cursor and the window's move together or not at all.
+    let readers = [
+        (w1.clone(), "all"),
+        (w1.clone(), "all"),
+        (w1.clone(), "inbox"),
+        (Arc::new(app.mcp(&bob_token, Some("w2")).await), "all"),
+        (Arc::new(app.mcp(&bob_token, Some("w3")).await), "inbox"),
+    ];
+    let sent = Arc::new(AtomicBool::new(false));
+    let mut reading = Vec::new();
+    for (reader, scope) in readers {
+        let sent = sent.clone();
+        reading.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            loop {
+                // Whether every DM was sent before this read began.
+                let all_sent = sent.load(Ordering::SeqCst);
+                let page = reader
+                    .call("read_messages", json!({"scope": scope, "limit": 3}))
+                    .await
+                    .unwrap();
+                let page = bodies(&page);
+                if page.is_empty() && all_sent {
+                    return got;
+                }
+                if page.is_empty() {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                // Channel posts are every window's: only DMs count here.
+                got.extend(page.into_iter().filter(|b| b.starts_with("dm ")));
+            }
+        }));
+    }
+    for i in 0..SENT {
+        send(&alice, "bob", &format!("dm {i}")).await;
+        alice
+            .call(
+                "post_message",
+                json!({"channel": "general", "body": format!("post {i}")}),
+            )
+            .await
+            .unwrap();
+    }
+    sent.store(true, Ordering::SeqCst);
+    let mut all = Vec::new();
+    for r in reading {
+        all.extend(r.await.unwrap());
+    }
+    let unique: HashSet<&String> = all.iter().collect();
+    assert_eq!(unique.len(), all.len(), "handed out twice: {all:?}");
+    assert_eq!(all.len(), SENT, "{all:?}");
+    // And nothing is left unread for any window, a new one included.
+    let w4 = app.mcp(&bob_token, Some("w4")).await;
+    assert_eq!(unread(&w4).await, (0, 0, vec![]));
+    assert_eq!(unread(&w1).await, (0, 0, vec![]));
+}
+
+#[tokio::test]
+async fn an_ask_agent_answer_the_call_returned_is_read_for_the_asker() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice_token = app.agent("acme", "alice").await;
+    let asker = app.mcp(&alice_token, Some("a1")).await;
+    let sibling = app.mcp(&alice_token, Some("a2")).await;
+    let bob = app.mcp(&app.agent("acme", "bob").await, None).await;
+
+    for (to, body) in [("alice", "port 8787"), ("alice/a1", "branch fix-login")] {
+        let asked = ask_and_answer(&asker, &bob, to, body).await;
+        assert_eq!(asked["answer"], body, "{asked}");
+        assert_eq!(unread(&asker).await, (0, 0, vec![]), "{to}");
+        assert!(inbox(&asker).await.is_empty(), "{to}");
+        assert_eq!(unread(&sibling).await, (0, 0, vec![]), "{to}");
+    }
+
+    // An answer that came after the call gave up was not returned: unread,
+    // until a resumed call returns it.
+    let asked = asker
+        .call(
+            "ask_agent",
+            json!({"to": "bob", "question": "late?", "timeout_seconds": 1}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(asked["answered"], false, "{asked}");
+    answer(&bob, "alice/a1", "late answer").await;
+    assert_eq!(unread(&asker).await, (1, 1, vec!["late answer".into()]));
+    let resumed = asker
+        .call(
+            "ask_agent",
+            json!({"to": "bob", "question": "late?", "timeout_seconds": 5,
+                   "resume_message_id": asked["question_message_id"]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resumed["answer"], "late answer", "{resumed}");
+    assert_eq!(unread(&asker).await, (0, 0, vec![]));
+    assert!(inbox(&asker).await.is_empty());
+}
