@@ -82,7 +82,7 @@ pub(crate) async fn hook(config: &Path, event: &str, stdin: String) -> HookRun {
 
 /// What a proxy for host conversation `host` holds: a registered window,
 /// its state file in `config`, and a client speaking as that window.
-async fn proxy_window(
+pub(crate) async fn proxy_window(
     app: &TestApp,
     token: &str,
     host: &str,

@@ -1,7 +1,8 @@
 //! A message read once (issue 36, item 5): a direct message to the bare
 //! agent name is read once per agent, whichever window reads it (a window
 //! opened later is not told about it again); one to a window stays that
-//! window's; an `ask_agent` answer the call returned is read.
+//! window's; an `ask_agent` answer the call returned is read; hooks never
+//! repeat what the window's model was already shown.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -10,8 +11,14 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::hooks::{HookRun, context_of, hook, payload, proxy_window};
 use crate::messaging::bodies;
 use crate::support::{McpClient, eventually, spawn_app};
+
+/// A hook that had nothing to say: exit 0, nothing printed.
+fn silent(run: &HookRun) {
+    assert_eq!((run.code, run.stdout.as_str()), (Some(0), ""), "{run:?}");
+}
 
 /// bob answers the first question in his inbox, to `to`, once it is there.
 async fn answer(bob: &McpClient, to: &str, body: &str) {
@@ -268,4 +275,58 @@ async fn an_ask_agent_answer_the_call_returned_is_read_for_the_asker() {
     assert_eq!(resumed["answer"], "late answer", "{resumed}");
     assert_eq!(unread(&asker).await, (0, 0, vec![]));
     assert!(inbox(&asker).await.is_empty());
+}
+
+#[tokio::test]
+async fn hooks_do_not_repeat_what_the_window_was_shown_or_another_window_read() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.agent("acme", "alice").await;
+    let bob = app.mcp(&app.agent("acme", "bob").await, None).await;
+    let config = tempfile::tempdir().unwrap();
+    let (_, one) = proxy_window(&app, &alice, "cc-a", "cc-a", config.path()).await;
+    let start = |host: &str| payload(host, "SessionStart", json!({"source": "startup"}));
+    let prompt = |host: &str| payload(host, "UserPromptSubmit", json!({"prompt": "go on"}));
+
+    send(&bob, "alice", "the build is green").await;
+    send(&bob, "alice/cc-a", "only for cc-a").await;
+    let first = context_of(
+        &hook(config.path(), "session_start", start("cc-a")).await,
+        "SessionStart",
+    );
+    assert!(
+        first.contains("the build is green") && first.contains("only for cc-a"),
+        "{first}"
+    );
+    // The same window starts again (resume, compact): nothing repeated.
+    let again = hook(config.path(), "session_start", start("cc-a")).await;
+    silent(&again);
+
+    // cc-a reads its inbox; a new conversation's window is not told about
+    // the DM to alice again.
+    assert_eq!(inbox(&one).await, ["the build is green", "only for cc-a"]);
+    let (_, two) = proxy_window(&app, &alice, "cc-b", "cc-b", config.path()).await;
+    let quiet = hook(config.path(), "session_start", start("cc-b")).await;
+    silent(&quiet);
+
+    // An ask_agent answer the call returned is no news for the next hook.
+    let asked = ask_and_answer(&two, &bob, "alice", "ship it").await;
+    assert_eq!(asked["answer"], "ship it");
+    for host in ["cc-a", "cc-b"] {
+        let after = hook(config.path(), "user_prompt", prompt(host)).await;
+        silent(&after);
+    }
+
+    // Something new is still news, once, with the count the bus gives.
+    send(&bob, "alice", "new after all that").await;
+    let news = context_of(
+        &hook(config.path(), "user_prompt", prompt("cc-b")).await,
+        "UserPromptSubmit",
+    );
+    assert!(
+        news.contains("new after all that") && news.contains("(1 unread direct message(s))"),
+        "{news}"
+    );
+    let again = hook(config.path(), "session_start", start("cc-b")).await;
+    silent(&again);
 }
