@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 
 use crate::hooks::{HookRun, context_of, hook, payload, proxy_window};
 use crate::messaging::bodies;
+use crate::proxy::{Driver, Machine, calls};
 use crate::support::{McpClient, eventually, spawn_app};
 
 /// A hook that had nothing to say: exit 0, nothing printed.
@@ -329,4 +330,60 @@ async fn hooks_do_not_repeat_what_the_window_was_shown_or_another_window_read() 
     );
     let again = hook(config.path(), "session_start", start("cc-b")).await;
     silent(&again);
+}
+
+/// Through the real `mcp proxy` (one window per host conversation): a new
+/// conversation is not told about a DM another conversation read, nor about
+/// the answer its own ask_agent returned.
+#[tokio::test]
+async fn a_new_host_conversation_is_not_told_about_what_another_read() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.agent("acme", "alice").await;
+    let bob = app.mcp(&app.agent("acme", "bob").await, None).await;
+    let machine = Machine::with_profiles(&app, &[("work", "alice", &alice)]);
+    let instructions = |lines: &[Value]| {
+        let init = lines.iter().find(|l| l["step"] == "initialize").unwrap();
+        init["instructions"].as_str().unwrap().to_string()
+    };
+    let read_inbox =
+        json!({"op": "call", "tool": "read_messages", "arguments": {"scope": "inbox"}});
+    send(&bob, "alice", "the release is tagged").await;
+
+    let a = machine
+        .drive(&["--host-session", "a"], json!([read_inbox]))
+        .await;
+    assert!(
+        instructions(&a).contains("Unread direct messages: 1"),
+        "{a:#?}"
+    );
+    let got = &calls(&a)[0]["structured"];
+    assert_eq!(bodies(got), ["the release is tagged"], "{got}");
+
+    // Another conversation, opened after: nothing unread, nothing new; it
+    // asks bob, and gets the answer from the call.
+    let script = machine.script(
+        &["--host-session", "b"],
+        json!([read_inbox, {"op": "call", "tool": "ask_agent",
+               "arguments": {"to": "bob", "question": "ready?", "timeout_seconds": 30}}]),
+    );
+    let b = Driver::start(&script);
+    answer(&bob, "alice", "ready").await;
+    let b = b.rest().await;
+    assert!(
+        instructions(&b).contains("Unread direct messages: 0"),
+        "{b:#?}"
+    );
+    let b_calls = calls(&b);
+    assert!(bodies(&b_calls[0]["structured"]).is_empty(), "{b:#?}");
+    assert_eq!(b_calls[1]["structured"]["answer"], "ready", "{b:#?}");
+
+    let c = machine
+        .drive(&["--host-session", "c"], json!([read_inbox]))
+        .await;
+    assert!(
+        instructions(&c).contains("Unread direct messages: 0"),
+        "{c:#?}"
+    );
+    assert!(bodies(&calls(&c)[0]["structured"]).is_empty(), "{c:#?}");
 }
