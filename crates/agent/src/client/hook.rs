@@ -259,8 +259,8 @@ fn unseen(entry: &Value, key: &str, marks: &HookMarks, conversation: bool) -> Op
 /// pending_for_me lists that this window's model was not shown before (by
 /// id, remembered in `marks`; a conversation message also by its
 /// `presented` receipt). With `since`, only what arrived after it (a first
-/// look shows conversations owing acknowledgement too); a lease about to
-/// lapse is news once per lease.
+/// look shows conversations owing acknowledgement too, each debt once); a
+/// lease about to lapse is news once per lease.
 /// Also returns the messages whose text it shows.
 fn news(
     window: &WindowState,
@@ -299,19 +299,7 @@ fn news(
         ));
     }
     if since.is_none() {
-        for c in list(pending, "conversations") {
-            lines.push((
-                format!(
-                    "- conversation \"{}\" ({}): {} message(s) await your acknowledgement \
-                     from seq {} (read_conversation, then ack_message)",
-                    one_line(&c["title"]),
-                    text(&c["conversation_id"]),
-                    c["unacknowledged"],
-                    c["first_unacknowledged_seq"]
-                ),
-                None,
-            ));
-        }
+        lines.extend(owed(pending, marks));
     }
     for m in list(pending, "awaiting_ack") {
         let Some(preview) = m["preview"].as_str() else {
@@ -369,6 +357,38 @@ fn news(
         ));
     }
     compose(window, pending, lines)
+}
+
+/// Conversations owing this window's acknowledgement, each debt (where it
+/// starts and how much) called out once.
+fn owed(pending: &Value, marks: &mut HookMarks) -> Vec<(String, Option<Shown>)> {
+    let mut lines = Vec::new();
+    for c in list(pending, "conversations") {
+        let owed = format!(
+            "{}@{}@{}",
+            text(&c["conversation_id"]),
+            c["first_unacknowledged_seq"],
+            c["unacknowledged"]
+        );
+        if marks.owed_called_out.contains(&owed) {
+            continue;
+        }
+        marks.owed_called_out.push(owed);
+        let keep = marks.owed_called_out.len().saturating_sub(50);
+        marks.owed_called_out.drain(..keep);
+        lines.push((
+            format!(
+                "- conversation \"{}\" ({}): {} message(s) await your acknowledgement \
+                 from seq {} (read_conversation, then ack_message)",
+                one_line(&c["title"]),
+                text(&c["conversation_id"]),
+                c["unacknowledged"],
+                c["first_unacknowledged_seq"]
+            ),
+            None,
+        ));
+    }
+    lines
 }
 
 /// The context from its lines, cut to fit; and the messages whose text made

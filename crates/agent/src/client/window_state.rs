@@ -62,6 +62,10 @@ pub struct HookMarks {
     /// last: no later hook of the window shows them again.
     #[serde(default)]
     pub shown: Vec<Uuid>,
+    /// Conversations already called out as owing acknowledgements
+    /// (`id@first seq owed@how many`): the same debt is not news again.
+    #[serde(default)]
+    pub owed_called_out: Vec<String>,
 }
 
 /// The file name stem for a host conversation: 32 hex digits of SHA-256.
