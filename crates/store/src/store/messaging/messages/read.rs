@@ -290,6 +290,9 @@ struct Page {
     gaps: Vec<i64>,
     /// `only_new`: whether this statement moved (or created) the cursor.
     moved: bool,
+    /// `only_new`: the statement was undone whole (`read_cursor_raced`):
+    /// nothing was handed out or moved, read again.
+    raced: bool,
 }
 
 /// Per team, a position at or below which every position is settled
@@ -362,7 +365,20 @@ impl Reader<'_> {
             .bind(me.session_credential.map(|w| w.session_id))
             .bind(me.session_credential.map(|w| w.epoch))
             .fetch_all(pool)
-            .await?;
+            .await;
+        let rows = match rows {
+            Ok(rows) => rows,
+            // Not an error: the read runs again (an error would be logged).
+            Err(err) if raced(&err) => {
+                return Ok(Page {
+                    messages: Vec::new(),
+                    gaps: Vec::new(),
+                    moved: false,
+                    raced: true,
+                });
+            }
+            Err(err) => return Err(err.into()),
+        };
         let Some(first) = rows.first() else {
             return Err(BusError::Db(sqlx::Error::Protocol(
                 "read_messages returned no row".into(),
@@ -373,6 +389,7 @@ impl Reader<'_> {
             messages: Vec::with_capacity(rows.len()),
             gaps: Vec::new(),
             moved: false,
+            raced: false,
         };
         for row in &rows {
             if row.try_get::<Option<Uuid>, _>("id")?.is_none() {
@@ -398,14 +415,11 @@ impl Reader<'_> {
         let team = self.me.team_id;
         let (mut through, mut settled) = (i64::MAX, settled_through(team));
         loop {
-            let page = match self.run(pool, through, settled).await {
-                // Undone whole (`MOVED`): nothing was handed out or moved.
-                Err(BusError::Db(err)) if raced(&err) => {
-                    (through, settled) = (i64::MAX, settled_through(team));
-                    continue;
-                }
-                page => page?,
-            };
+            let page = self.run(pool, through, settled).await?;
+            if page.raced {
+                (through, settled) = (i64::MAX, settled_through(team));
+                continue;
+            }
             if !page.gaps.is_empty() {
                 let newest = page.messages.last().map_or(0, |m| m.position);
                 sqlx::query("SELECT message_positions_wait($1, $2)")
