@@ -12,9 +12,13 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::hooks::{HookRun, context_of, hook, payload, proxy_window};
+use ai_crew_sync::db;
+
+use crate::message_positions::migrator_up_to;
 use crate::messaging::bodies;
 use crate::proxy::{Driver, Machine, calls};
-use crate::support::{McpClient, eventually, spawn_app};
+use crate::support::postgres::fresh_database_url;
+use crate::support::{McpClient, TestApp, eventually, spawn_app};
 
 /// A hook that had nothing to say: exit 0, nothing printed.
 fn silent(run: &HookRun) {
@@ -386,4 +390,62 @@ async fn a_new_host_conversation_is_not_told_about_what_another_read() {
         "{c:#?}"
     );
     assert!(bodies(&calls(&c)[0]["structured"]).is_empty(), "{c:#?}");
+}
+
+/// Migration 0041 on a database from before it: what any window of an agent
+/// had read of the DMs to the agent is read for all its windows.
+#[tokio::test]
+async fn migration_0041_counts_what_a_window_read_for_the_agent() {
+    let url = fresh_database_url().await;
+    let pool = db::connect(&url, 4).await.unwrap();
+    migrator_up_to(40).run(&pool).await.unwrap();
+    let before = TestApp::builder()
+        .database(pool.clone(), url.clone())
+        .spawn()
+        .await;
+    before.team("acme").await;
+    before.agent("acme", "alice").await;
+    let bob_token = before.agent("acme", "bob").await;
+    drop(before);
+    // Three DMs to bob, then one to bob/w1; window w1 had read the first two.
+    for (body, window) in [
+        ("dm 1", None),
+        ("dm 2", None),
+        ("dm 3", None),
+        ("to w1", Some("w1")),
+    ] {
+        sqlx::query(
+            "INSERT INTO messages (id, team_id, position, recipient_id, recipient_session,
+                                   sender_id, sender_session, body)
+             SELECT gen_random_uuid(), t.id, nextval(message_position_sequence(t.id)::regclass),
+                    b.id, $2, a.id, '', $1
+             FROM teams t JOIN agents a ON a.team_id = t.id AND a.name = 'alice'
+                          JOIN agents b ON b.team_id = t.id AND b.name = 'bob'",
+        )
+        .bind(body)
+        .bind(window)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    sqlx::query(
+        "INSERT INTO read_cursors (team_id, agent_id, session, scope, last_position)
+         SELECT b.team_id, b.id, 'w1', 'inbox', m.position
+         FROM agents b JOIN messages m ON m.team_id = b.team_id AND m.body = 'dm 2'
+         WHERE b.name = 'bob'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    db::migrator().run(&pool).await.unwrap();
+    let app = TestApp::builder()
+        .database(pool.clone(), url.clone())
+        .spawn()
+        .await;
+    let w2 = app.mcp(&bob_token, Some("w2")).await;
+    assert_eq!(unread(&w2).await, (1, 1, vec!["dm 3".into()]));
+    assert_eq!(inbox(&w2).await, ["dm 3"]);
+    let w1 = app.mcp(&bob_token, Some("w1")).await;
+    assert_eq!(unread(&w1).await, (1, 1, vec!["to w1".into()]));
 }
