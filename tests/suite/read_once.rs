@@ -13,12 +13,13 @@ use serde_json::{Value, json};
 
 use crate::hooks::{HookRun, context_of, hook, payload, proxy_window};
 use ai_crew_sync::db;
+use ai_crew_sync::store::operations::retention::{self, PruneRequest};
 
 use crate::message_positions::migrator_up_to;
 use crate::messaging::bodies;
 use crate::proxy::{Driver, Machine, calls};
 use crate::support::postgres::fresh_database_url;
-use crate::support::{McpClient, TestApp, eventually, spawn_app};
+use crate::support::{McpClient, TestApp, eventually, in_team, spawn_app};
 
 /// A hook that had nothing to say: exit 0, nothing printed.
 fn silent(run: &HookRun) {
@@ -49,11 +50,21 @@ async fn answer(bob: &McpClient, to: &str, body: &str) {
 
 /// `asker` asks bob, who answers `body` to `to`: what ask_agent returned.
 async fn ask_and_answer(asker: &McpClient, bob: &McpClient, to: &str, body: &str) -> Value {
+    ask_and_answer_by(asker, (bob, "bob"), to, body).await
+}
+
+/// `asker` asks `answerer` (its client and name), who answers `body` to `to`.
+async fn ask_and_answer_by(
+    asker: &McpClient,
+    (bob, name): (&McpClient, &str),
+    to: &str,
+    body: &str,
+) -> Value {
     let asking = async {
         asker
             .call(
                 "ask_agent",
-                json!({"to": "bob", "question": "which?", "timeout_seconds": 30}),
+                json!({"to": name, "question": "which?", "timeout_seconds": 30}),
             )
             .await
             .unwrap()
@@ -448,4 +459,52 @@ async fn migration_0041_counts_what_a_window_read_for_the_agent() {
     assert_eq!(inbox(&w2).await, ["dm 3"]);
     let w1 = app.mcp(&bob_token, Some("w1")).await;
     assert_eq!(unread(&w1).await, (1, 1, vec!["to w1".into()]));
+}
+
+/// `team prune`: a DM to the agent that one window read is read, whatever a
+/// window that did not read it has as a cursor; one to a window waits for
+/// that window, and an ask_agent answer the call returned is read.
+#[tokio::test]
+async fn a_prune_takes_a_dm_to_the_agent_that_any_window_read() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.mcp(&app.agent("acme", "alice").await, None).await;
+    let bob_token = app.agent("acme", "bob").await;
+    // w2 read its inbox once, before anything came: its cursor is behind.
+    let w2 = app.mcp(&bob_token, Some("w2")).await;
+    assert!(inbox(&w2).await.is_empty());
+    send(&alice, "bob", "read by w1").await;
+    send(&alice, "bob/w2", "for w2, unread").await;
+    let w1 = app.mcp(&bob_token, Some("w1")).await;
+    assert_eq!(inbox(&w1).await, ["read by w1"]);
+    send(&alice, "bob", "nobody read this").await;
+    let asker = app.mcp(&bob_token, Some("w3")).await;
+    let asked = ask_and_answer_by(&asker, (&alice, "alice"), "bob", "an answer received").await;
+    assert_eq!(asked["answer"], "an answer received");
+    sqlx::query("UPDATE messages SET created_at = now() - interval '40 days'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+
+    let request = PruneRequest {
+        older_than_days: 30,
+        audit_older_than_days: None,
+        apply: true,
+    };
+    retention::prune(
+        &app.pool,
+        &app.bus.backends,
+        &in_team("acme"),
+        &request,
+        &|_| {},
+    )
+    .await
+    .unwrap();
+    let left: Vec<String> = sqlx::query_scalar(
+        "SELECT body FROM messages WHERE recipient_id IS NOT NULL ORDER BY position",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(left, ["for w2, unread", "nobody read this"]);
 }
