@@ -94,7 +94,7 @@ async fn hook_with(config: &Path, args: &[&str], env: &[(&str, &str)], stdin: St
 
 /// What a proxy for host conversation `host` holds: a registered window,
 /// its state file in `config`, and a client speaking as that window.
-async fn proxy_window(
+pub(crate) async fn proxy_window(
     app: &TestApp,
     token: &str,
     host: &str,
@@ -244,6 +244,19 @@ async fn session_start_and_prompt_hooks_tell_the_window_what_is_new_and_read_not
     }
     assert!(context.chars().count() <= CONTEXT_MAX_CHARS);
     assert_eq!(presented().await, 1, "the hook recorded what it showed");
+    // The same conversation starting again (resume, compact): nothing the
+    // model was shown is repeated, not even the conversation's debt.
+    let resumed = hook(
+        config.path(),
+        "session_start",
+        payload("cc-1", "SessionStart", json!({"source": "resume"})),
+    )
+    .await;
+    assert_eq!(
+        (resumed.code, resumed.stdout.as_str()),
+        (Some(0), ""),
+        "{resumed:?}"
+    );
 
     // Nothing new since: the prompt hook says nothing at all.
     let quiet = hook(

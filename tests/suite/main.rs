@@ -73,6 +73,7 @@ mod projects;
 mod proxy;
 mod proxy_lifecycle;
 mod proxy_thread;
+mod read_once;
 mod refusals;
 mod run_script;
 mod sessions;

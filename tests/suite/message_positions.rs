@@ -200,7 +200,7 @@ async fn positions(pool: &PgPool) -> std::collections::HashMap<Uuid, i64> {
 }
 
 /// The embedded migrations up to `version`: a schema of the past.
-fn migrator_up_to(version: i64) -> sqlx::migrate::Migrator {
+pub(crate) fn migrator_up_to(version: i64) -> sqlx::migrate::Migrator {
     let mut migrator = db::migrator();
     migrator
         .migrations

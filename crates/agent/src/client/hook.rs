@@ -6,7 +6,11 @@
 //!   with what is new for the window since it last looked (unread direct
 //!   messages, questions asked of it, conversations owing its
 //!   acknowledgement, leases about to lapse, announcements), short and cut at
-//!   [`CONTEXT_MAX_CHARS`];
+//!   [`CONTEXT_MAX_CHARS`]. Never what this window's model was already
+//!   shown: a message whose text a hook showed (remembered in [`HookMarks`];
+//!   for a conversation message also its `presented` receipt), a lease
+//!   already called out, and a direct message read (by any window of the
+//!   agent, for one to the agent as a whole) is not unread any more;
 //! - stop: a heartbeat, and a block (`decision: "block"`) with the question
 //!   when a teammate asked this window something it has not answered. Each
 //!   question blocks one stop only, and never a stop the host already
@@ -36,6 +40,9 @@ pub const HOOK_DEADLINE: Duration = Duration::from_secs(4);
 pub const CONTEXT_MAX_CHARS: usize = 2_000;
 /// A first look reaches back this far for announcements.
 const FIRST_LOOK_HOURS: i64 = 24;
+/// How many shown messages a window's marks remember (the lists a hook
+/// shows from are a few entries each, the newest or the oldest pending).
+const SHOWN_REMEMBERED: usize = 200;
 
 /// The events, named as `--event` takes them (`session_start`; the
 /// kebab-case spelling clap would give is accepted too).
@@ -307,11 +314,19 @@ async fn speak(
             let (context, shown) =
                 news(window, &pending, (!first_look).then_some(since), &mut marks);
             marks.last_looked_at = Some(looked_at);
+            marks.shown.extend(shown.iter().map(|s| s.id));
+            let keep = marks.shown.len().saturating_sub(SHOWN_REMEMBERED);
+            marks.shown.drain(..keep);
             marks.save(dir, &window.host_session)?;
-            if !shown.is_empty() {
+            let conversation: Vec<String> = shown
+                .iter()
+                .filter(|s| s.conversation)
+                .map(|s| s.id.to_string())
+                .collect();
+            if !conversation.is_empty() {
                 // The `presented` receipt: only we know these bodies reach
                 // the model now.
-                let presented = object(json!({"message_ids": shown}));
+                let presented = object(json!({"message_ids": conversation}));
                 if let Err(err) = bus.call("mark_presented", presented).await {
                     tracing::warn!("could not record presented: {err:#}");
                 }
@@ -361,30 +376,52 @@ fn list<'a>(pending: &'a Value, key: &str) -> impl Iterator<Item = &'a Value> {
     pending[key].as_array().into_iter().flatten()
 }
 
-/// The window's news for the model, or `None` when there is none. With
-/// `since`, only what arrived after it; a lease about to lapse is news once
-/// per lease (remembered in `marks`).
-/// Also returns the conversation messages whose body it shows (for the
-/// `presented` receipt).
+/// A message whose text a line shows.
+struct Shown {
+    id: uuid::Uuid,
+    /// A conversation message (its `presented` receipt is recorded).
+    conversation: bool,
+}
+
+/// The message `entry[key]` names, unless this window's model was already
+/// shown it.
+fn unseen(entry: &Value, key: &str, marks: &HookMarks, conversation: bool) -> Option<Shown> {
+    let id: uuid::Uuid = entry[key].as_str()?.parse().ok()?;
+    (!marks.shown.contains(&id)).then_some(Shown { id, conversation })
+}
+
+/// The window's news for the model, or `None` when there is none: what
+/// pending_for_me lists that this window's model was not shown before (by
+/// id, remembered in `marks`; a conversation message also by its
+/// `presented` receipt). With `since`, only what arrived after it (a first
+/// look shows conversations owing acknowledgement too, each debt once); a
+/// lease about to lapse is news once per lease.
+/// Also returns the messages whose text it shows.
 fn news(
     window: &WindowState,
     pending: &Value,
     since: Option<DateTime<Utc>>,
     marks: &mut HookMarks,
-) -> (Option<String>, Vec<String>) {
-    // Each line, with the conversation message whose body it shows.
-    let mut lines: Vec<(String, Option<String>)> = Vec::new();
-    for m in list(pending, "direct_messages").filter(|m| after(&m["at"], since)) {
+) -> (Option<String>, Vec<Shown>) {
+    // Each line, with the message whose text it shows.
+    let mut lines: Vec<(String, Option<Shown>)> = Vec::new();
+    for m in list(pending, "direct_messages") {
+        let Some(shown) = unseen(m, "message_id", marks, false) else {
+            continue;
+        };
         lines.push((
             format!(
                 "- direct message from {}: \"{}\" (read_messages scope inbox)",
                 text(&m["from"]),
                 one_line(&m["preview"])
             ),
-            None,
+            Some(shown),
         ));
     }
-    for q in list(pending, "open_questions").filter(|q| after(&q["at"], since)) {
+    for q in list(pending, "open_questions") {
+        let Some(shown) = unseen(q, "message_id", marks, false) else {
+            continue;
+        };
         lines.push((
             format!(
                 "- {} asked you: \"{}\" — answer with post_message {{to: \"{}\", reply_to: \"{}\"}}",
@@ -393,26 +430,20 @@ fn news(
                 text(&q["from"]),
                 text(&q["message_id"])
             ),
-            None,
+            Some(shown),
         ));
     }
     if since.is_none() {
-        for c in list(pending, "conversations") {
-            lines.push((
-                format!(
-                    "- conversation \"{}\" ({}): {} message(s) await your acknowledgement \
-                     from seq {} (read_conversation, then ack_message)",
-                    one_line(&c["title"]),
-                    text(&c["conversation_id"]),
-                    c["unacknowledged"],
-                    c["first_unacknowledged_seq"]
-                ),
-                None,
-            ));
-        }
+        lines.extend(owed(pending, marks));
     }
-    for m in list(pending, "awaiting_ack").filter(|m| after(&m["at"], since)) {
+    for m in list(pending, "awaiting_ack") {
         let Some(preview) = m["preview"].as_str() else {
+            continue;
+        };
+        if m["presented"] == Value::Bool(true) {
+            continue;
+        }
+        let Some(shown) = unseen(m, "message_id", marks, true) else {
             continue;
         };
         lines.push((
@@ -425,12 +456,12 @@ fn news(
                 one_line(&json!(preview)),
                 text(&m["message_id"])
             ),
-            m["message_id"].as_str().map(str::to_string),
+            Some(shown),
         ));
     }
     for t in list(pending, "expiring_tasks") {
         let lease = format!("{}@{}", text(&t["key"]), text(&t["lease_expires_at"]));
-        if since.is_some() && marks.leases_called_out.contains(&lease) {
+        if marks.leases_called_out.contains(&lease) {
             continue;
         }
         marks.leases_called_out.push(lease);
@@ -446,7 +477,10 @@ fn news(
             None,
         ));
     }
-    for a in list(pending, "announcements") {
+    for a in list(pending, "announcements").filter(|a| after(&a["at"], since)) {
+        let Some(shown) = unseen(a, "message_id", marks, false) else {
+            continue;
+        };
         lines.push((
             format!(
                 "- announcement in #{} from {}: \"{}\"",
@@ -454,9 +488,51 @@ fn news(
                 text(&a["from"]),
                 one_line(&a["preview"])
             ),
+            Some(shown),
+        ));
+    }
+    compose(window, pending, lines)
+}
+
+/// Conversations owing this window's acknowledgement, each debt (where it
+/// starts and how much) called out once.
+fn owed(pending: &Value, marks: &mut HookMarks) -> Vec<(String, Option<Shown>)> {
+    let mut lines = Vec::new();
+    for c in list(pending, "conversations") {
+        let owed = format!(
+            "{}@{}@{}",
+            text(&c["conversation_id"]),
+            c["first_unacknowledged_seq"],
+            c["unacknowledged"]
+        );
+        if marks.owed_called_out.contains(&owed) {
+            continue;
+        }
+        marks.owed_called_out.push(owed);
+        let keep = marks.owed_called_out.len().saturating_sub(50);
+        marks.owed_called_out.drain(..keep);
+        lines.push((
+            format!(
+                "- conversation \"{}\" ({}): {} message(s) await your acknowledgement \
+                 from seq {} (read_conversation, then ack_message)",
+                one_line(&c["title"]),
+                text(&c["conversation_id"]),
+                c["unacknowledged"],
+                c["first_unacknowledged_seq"]
+            ),
             None,
         ));
     }
+    lines
+}
+
+/// The context from its lines, cut to fit; and the messages whose text made
+/// it in.
+fn compose(
+    window: &WindowState,
+    pending: &Value,
+    lines: Vec<(String, Option<Shown>)>,
+) -> (Option<String>, Vec<Shown>) {
     if lines.is_empty() {
         return (None, Vec::new());
     }

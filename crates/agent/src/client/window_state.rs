@@ -7,7 +7,8 @@
 //! else. No file: no proxy for that conversation, and a hook does nothing.
 //!
 //! Beside each state file, the hooks keep their own marks (when the window
-//! last looked, which questions already stopped a stop), in a file of their
+//! last looked, which questions already stopped a stop, which messages the
+//! model was shown), in a file of their
 //! own so a hook never rewrites what the proxy wrote.
 //!
 //! Files live in `windows/` under the config directory, named by a digest
@@ -56,6 +57,15 @@ pub struct HookMarks {
     /// renewed lease is news again, the same one is not.
     #[serde(default)]
     pub leases_called_out: Vec<String>,
+    /// Messages whose text a hook already put in front of the model (direct
+    /// messages, questions, announcements, conversation messages), newest
+    /// last: no later hook of the window shows them again.
+    #[serde(default)]
+    pub shown: Vec<Uuid>,
+    /// Conversations already called out as owing acknowledgements
+    /// (`id@first seq owed@how many`): the same debt is not news again.
+    #[serde(default)]
+    pub owed_called_out: Vec<String>,
 }
 
 /// The file name stem for a host conversation: 32 hex digits of SHA-256.

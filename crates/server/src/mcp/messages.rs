@@ -52,8 +52,9 @@ pub struct ReadArgs {
     /// `all` (channels + your DMs), `inbox` (your DMs), or a channel name. Default `all`. A
     /// channel named `inbox` or `all` (made before those names were reserved) is read as `#inbox`.
     pub scope: Option<String>,
-    /// Only what this window has not read yet (and mark it read). Default true; false returns the
-    /// latest page without moving the cursor.
+    /// Only what this window has not read yet (and mark it read; a DM to your whole agent is then
+    /// read for all its windows). Default true; false returns the latest page without moving the
+    /// cursor.
     pub only_new: Option<bool>,
     /// Page size, 1..200 (default 50).
     #[schemars(range(min = 1, max = 200), extend("default" = 50))]
@@ -147,7 +148,9 @@ impl BusServer {
     #[tool(
         description = "Read messages. By default returns what this window has not read yet in \
                           `scope` (oldest first) and marks it read; `more: true` means read again. \
-                          Cursors are per window and per scope. A message committed late by \
+                          Cursors are per window and per scope, but a DM to your agent as a \
+                          whole is read once: after any window of your agent read it, no window \
+                          gets it as new or unread again. A message committed late by \
                           another writer is returned by a later read, never skipped."
     )]
     async fn read_messages(

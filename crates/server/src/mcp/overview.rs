@@ -37,7 +37,8 @@ pub struct PendingArgs {
 impl BusServer {
     #[tool(
         description = "Who you are on the bus (agent, team, window, address) and your pending work: \
-                       unread direct messages (counted up to 1000; \
+                       unread direct messages (to this window, and to your agent as a whole \
+                       that none of its windows has read; counted up to 1000; \
                        `unread_direct_messages_at_least: true` means 1000 or more) and tasks you \
                        hold, and your default channel (where post_message naming neither channel \
                        nor to goes, and team_digest's focus): the channel set for this window \
@@ -57,7 +58,8 @@ impl BusServer {
 
     #[tool(
         description = "What needs this window now, in one call that marks nothing read: unread \
-                       direct messages (count and the oldest 5), questions asked of you \
+                       direct messages (count and the oldest 5; as whoami counts them), \
+                       questions asked of you \
                        (ask_agent) not yet answered, conversations owing your acknowledgement, \
                        your tasks whose lease lapses within lease_within_seconds, and \
                        announcements since `since`. Each list is short; read the rest with \

@@ -139,6 +139,7 @@ impl BusServer {
                           the reply addressed back to this window. Only a reply from the agent \
                           you asked (any of its windows) answers it; replies to the question \
                           from anyone else stay ordinary messages in your inbox (read_messages). \
+                          The answer it returns is read: it is not an unread DM afterwards. \
                           On timeout returns answered: false and the question_message_id to \
                           resume waiting with."
     )]

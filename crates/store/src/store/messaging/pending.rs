@@ -11,7 +11,9 @@
 //! of an index (the newest direct messages to the agent, the team's newest
 //! messages), so the cost does not grow with the team's history.
 //!
-//! Nothing here writes: reading what is pending marks nothing read.
+//! Nothing here writes: reading what is pending marks nothing read. Unread
+//! direct messages are counted as `whoami` counts them: a DM to the agent as
+//! a whole that any window of the agent read is not unread here.
 
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
@@ -70,6 +72,9 @@ pub struct AwaitingAck {
     /// The body's first 280 characters; None when the body is not held here
     /// (on the broker, or tombstoned): read it with read_conversation.
     pub preview: Option<String>,
+    /// True when a client already put it in front of this window's model
+    /// (`mark_presented`): a hook does not show it again.
+    pub presented: bool,
 }
 
 /// A task of this window whose lease is about to lapse.
@@ -215,7 +220,8 @@ async fn awaiting_ack(bus: &Bus, me: &Identity) -> BusResult<Vec<AwaitingAck>> {
                      ELSE a.name || '/' || m.sender_session END AS from,
                 m.created_at AS at,
                 CASE WHEN m.tombstoned_at IS NULL AND m.body <> '' THEN left(m.body, 280) END
-                    AS preview
+                    AS preview,
+                r.presented_at IS NOT NULL AS presented
          FROM conversation_members s
          JOIN message_receipts r ON r.team_id = s.team_id AND r.member_id = s.id
          JOIN conversation_messages m ON m.team_id = r.team_id AND m.id = r.message_id

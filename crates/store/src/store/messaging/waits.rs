@@ -430,7 +430,7 @@ pub async fn ask(
     resume_message_id: Option<Uuid>,
 ) -> BusResult<AskResult> {
     // No answer for a credential taken away while the call waited.
-    answer_if_still_valid(bus, me, async {
+    let result = answer_if_still_valid(bus, me, async {
         // A DM to us may be the answer: those wake the wait, to look.
         let agent = me.agent_id;
         let mut events = bus.events.wait_for(
@@ -495,7 +495,16 @@ pub async fn ask(
         };
         Ok(answered(answer, question_id))
     })
-    .await
+    .await?;
+    // The asker has the answer now: it is read, not an unread DM for the
+    // next hook or `only_new` read. Were the mark lost, the answer still
+    // goes out (it is what the call is for); it would only count as unread.
+    if let Some(id) = result.answer_message_id
+        && let Err(err) = messages::mark_read(bus, me, id).await
+    {
+        tracing::warn!("could not mark ask_agent's answer {id} read: {err}");
+    }
+    Ok(result)
 }
 
 fn answered(answer: messages::MessageView, question_id: Uuid) -> AskResult {

@@ -3,8 +3,9 @@
 //!
 //! Visibility: a channel message is seen by the whole team; a direct message
 //! only by its sender and its recipient. A DM to `agent` reaches every window
-//! of that agent; a DM to `agent/window` reaches exactly that window (even if
-//! the window has never connected: it waits there).
+//! of that agent and is read once for all of them (whichever reads it); a DM
+//! to `agent/window` reaches exactly that window (even if the window has
+//! never connected: it waits there).
 //!
 //! Order: every message has a per-team `position` from the team's own
 //! sequence, taken in the statement that inserts it (migration 0031), so a
@@ -261,8 +262,8 @@ mod search;
 
 pub use post::post;
 pub use read::{
-    BoundedCount, CHANNEL_COUNT_CAP, ReadRequest, ReadResult, UNREAD_COUNT_CAP, answer_to, read,
-    unread_direct, unread_direct_messages, visible,
+    BoundedCount, CHANNEL_COUNT_CAP, ReadRequest, ReadResult, UNREAD_COUNT_CAP, answer_to,
+    mark_read, read, unread_direct, unread_direct_messages, visible,
 };
 pub(crate) use read::{UNREAD_DM_COUNT, UNREAD_DM_CURSOR};
 pub use search::search;

@@ -1,6 +1,13 @@
 //! Reading messages: pages by scope, the per-window cursors `only_new`
 //! moves, and the unread direct messages `whoami` and waits report.
 //!
+//! A direct message to the agent as a whole is read once per agent
+//! (migration 0041): beside its windows' cursors the agent has one, and such
+//! a DM is new or unread for a window only past both. A read whose page
+//! holds one moves the agent's cursor in its own statement; a direct message
+//! read on its own (`message_reads`: an `ask_agent` answer its call
+//! returned) is neither new nor unread.
+//!
 //! Every read is an index range on `position` (see migration 0021): a scope
 //! is one or a few branches (the team's channel messages, one channel, the
 //! DMs to this agent, the DMs it sent), each walked in position order from
@@ -51,16 +58,32 @@ const DMS_TO_THIS_WINDOW: &str = "SELECT id, position FROM messages
      WHERE team_id = $1 AND recipient_id = $2 AND recipient_session = $5";
 const DMS_TO_THE_AGENT: &str = "SELECT id, position FROM messages
      WHERE team_id = $1 AND recipient_id = $2";
+/// `only_new` with `all_sessions`: the DMs to each window of the agent (those
+/// to the agent as a whole are [`DMS_TO_EVERY_WINDOW`], past the agent's
+/// cursor too).
+const DMS_TO_SOME_WINDOW: &str = "SELECT id, position FROM messages
+     WHERE team_id = $1 AND recipient_id = $2 AND recipient_session IS NOT NULL";
 const DMS_FROM_THIS_WINDOW: &str = "SELECT id, position FROM messages
      WHERE team_id = $1 AND recipient_id IS NOT NULL AND sender_id = $2 AND sender_session = $5";
 const DMS_FROM_THE_AGENT: &str = "SELECT id, position FROM messages
      WHERE team_id = $1 AND recipient_id IS NOT NULL AND sender_id = $2";
 
-/// `only_new`: past the cursor (read in the same statement) and at most $8,
-/// not this window's own posts, oldest first, at most the page ($7).
-const PAST_CURSOR: &str = " AND position > (SELECT after FROM cursor) AND position <= $8
-     AND NOT (sender_id = $2 AND sender_session = $5)
+/// `only_new`: past the cursor (read in the same statement; for DMs to the
+/// agent as a whole, past the agent's cursor too) and at most $8, not this
+/// window's own posts, oldest first, at most the page ($7). `{after}` is the
+/// cursor, `{not_read}` what a DM branch adds (a DM read on its own is not new).
+const PAST_CURSOR: &str = " AND position > {after} AND position <= $8
+     AND NOT (sender_id = $2 AND sender_session = $5){not_read}
      ORDER BY {key} position LIMIT $7";
+const WINDOW_AFTER: &str = "(SELECT after FROM cursor)";
+const AGENT_AFTER: &str = "greatest((SELECT after FROM cursor), (SELECT after FROM agent_cursor))";
+/// A direct message read on its own (`message_reads`: an `ask_agent` answer
+/// its call returned) is neither new nor unread. A probe of that small
+/// table's key per DM of the page (not keyed on `reply_to`: a prune clears
+/// the `reply_to` of a reply whose question it removed).
+const NOT_READ_ALONE: &str = "
+     AND NOT EXISTS (
+         SELECT 1 FROM message_reads x WHERE x.team_id = $1 AND x.message_id = messages.id)";
 /// The latest page ($7), newest first.
 const LATEST: &str = " ORDER BY {key_desc} position DESC LIMIT $7";
 
@@ -73,33 +96,72 @@ const FENCE: &str = "fence AS MATERIALIZED (
          FROM agent_write_refusal($1, $2, $10, $11, $12, false))";
 
 /// This window's cursor for the scope ($6): the last position read (0 before
-/// the first read) and whether the row exists.
+/// the first read) and whether the row exists; and the agent's cursor for
+/// the DMs to it as a whole (migration 0041).
 const CURSOR: &str = "cursor AS MATERIALIZED (
          SELECT coalesce(max(last_position), 0) AS after, count(*) AS found
-         FROM read_cursors WHERE team_id = $1 AND agent_id = $2 AND session = $5 AND scope = $6)";
+         FROM read_cursors WHERE team_id = $1 AND agent_id = $2 AND session = $5 AND scope = $6),
+     agent_cursor AS MATERIALIZED (
+         SELECT coalesce(max(last_position), 0) AS after, count(*) AS found
+         FROM agent_read_cursors WHERE team_id = $1 AND agent_id = $2)";
 
-/// After the page and its gaps: the cursor moves to the page's newest
-/// position, only if the fence let the read through, nothing is missing below
-/// that position, and the cursor is still where this statement read it
-/// (`moved` says whether it did: another read of the same window and scope may
-/// have moved it meanwhile, and then this one reads again from there). A first
-/// read creates the cursor even when there is nothing to read. A read that
-/// finds nothing new writes nothing.
+/// After the page and its gaps: the cursors move, only if the fence let the
+/// read through and nothing is missing below the page's newest position.
+/// The agent's cursor moves first, to the newest DM to the agent as a whole
+/// in the page (if there is one), and only if it is still where this
+/// statement read it: another window may have handed out the same DMs
+/// meanwhile, and then this read does not count and runs again. Then the
+/// window's cursor moves to the page's newest, only if the agent's moved (or
+/// had nothing to move) and it is still where this statement read it
+/// (`moved` says whether it did: another read of the same window and scope
+/// may have moved it meanwhile, and then this one reads again from there).
+/// A first read creates the window's cursor even when there is nothing to
+/// read. A read that finds nothing new writes nothing.
 const MOVE_CURSOR: &str = "settled AS (
-         SELECT max(position) AS newest FROM page
+         SELECT max(position) AS newest,
+                max(position) FILTER (WHERE to_agent) AS newest_to_agent FROM page
          WHERE (SELECT refusal FROM fence) IS NULL AND (SELECT gaps FROM gaps) = '{}'),
+     agent_moved AS (
+         UPDATE agent_read_cursors a SET last_position = s.newest_to_agent, updated_at = now()
+         FROM settled s
+         WHERE a.team_id = $1 AND a.agent_id = $2 AND s.newest_to_agent IS NOT NULL
+           AND a.last_position = (SELECT after FROM agent_cursor)
+         RETURNING 1),
+     agent_created AS (
+         INSERT INTO agent_read_cursors (team_id, agent_id, last_position)
+         SELECT $1, $2, s.newest_to_agent FROM settled s
+         WHERE s.newest_to_agent IS NOT NULL AND (SELECT found FROM agent_cursor) = 0
+         ON CONFLICT DO NOTHING
+         RETURNING 1),
+     agent_ok AS (
+         SELECT (SELECT newest_to_agent FROM settled) IS NULL
+                OR EXISTS (SELECT FROM agent_moved) OR EXISTS (SELECT FROM agent_created) AS ok),
      moved AS (
          UPDATE read_cursors r SET last_position = s.newest, updated_at = now()
          FROM settled s
          WHERE r.team_id = $1 AND r.agent_id = $2 AND r.session = $5 AND r.scope = $6
            AND s.newest IS NOT NULL AND r.last_position = (SELECT after FROM cursor)
+           AND (SELECT ok FROM agent_ok)
          RETURNING 1),
      created AS (
          INSERT INTO read_cursors (team_id, agent_id, session, scope, last_position)
          SELECT $1, $2, $5, $6, coalesce(s.newest, 0) FROM settled s
          WHERE (SELECT found FROM cursor) = 0 AND (SELECT refusal FROM fence) IS NULL
+           AND (SELECT ok FROM agent_ok)
          ON CONFLICT DO NOTHING
-         RETURNING 1)";
+         RETURNING 1),
+     window_moved AS (
+         SELECT EXISTS (SELECT FROM moved) OR EXISTS (SELECT FROM created) AS moved)";
+
+/// The statement's last column: whether the window's cursor moved. When the
+/// agent's moved but the window's did not (a read of the same window and
+/// scope moved it meanwhile), the DMs to the agent in this page would be
+/// marked read without being handed out: `read_cursor_raced` (migration
+/// 0041) undoes the statement whole, and the read runs again.
+const MOVED: &str = "CASE WHEN (SELECT newest_to_agent FROM settled) IS NOT NULL
+                   AND (SELECT ok FROM agent_ok) AND NOT (SELECT moved FROM window_moved)
+              THEN read_cursor_raced()
+              ELSE (SELECT moved FROM window_moved)::int::bigint END AS moved";
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 enum ScopeKind {
@@ -119,8 +181,10 @@ fn branches(scope: ScopeKind, only_new: bool, all_sessions: bool) -> Vec<&'stati
         ScopeKind::All => branches.push(TEAM_CHANNELS),
         ScopeKind::Inbox => {}
     }
-    if all_sessions {
+    if all_sessions && !only_new {
         branches.push(DMS_TO_THE_AGENT);
+    } else if all_sessions {
+        branches.extend([DMS_TO_EVERY_WINDOW, DMS_TO_SOME_WINDOW]);
     } else {
         branches.extend([DMS_TO_EVERY_WINDOW, DMS_TO_THIS_WINDOW]);
     }
@@ -135,7 +199,8 @@ fn branches(scope: ScopeKind, only_new: bool, all_sessions: bool) -> Vec<&'stati
 }
 
 /// The page of one read: the branches' pages merged (UNION: a DM an agent
-/// sent itself is in two branches), cut to the page.
+/// sent itself is in two branches), cut to the page. Each row says whether
+/// it is a DM to the agent as a whole (`to_agent`: the agent's cursor).
 fn page_sql(only_new: bool, scope: ScopeKind, all_sessions: bool) -> String {
     let suffix = if only_new { PAST_CURSOR } else { LATEST };
     let union: Vec<String> = branches(scope, only_new, all_sessions)
@@ -146,16 +211,34 @@ fn page_sql(only_new: bool, scope: ScopeKind, all_sessions: bool) -> String {
             } else {
                 ("", "")
             };
-            let suffix = suffix.replace("{key}", key).replace("{key_desc}", key_desc);
+            let after = if *branch == DMS_TO_EVERY_WINDOW {
+                AGENT_AFTER
+            } else {
+                WINDOW_AFTER
+            };
+            let not_read = if [TEAM_CHANNELS, ONE_CHANNEL].contains(branch) {
+                ""
+            } else {
+                NOT_READ_ALONE
+            };
+            let suffix = suffix
+                .replace("{key}", key)
+                .replace("{key_desc}", key_desc)
+                .replace("{after}", after)
+                .replace("{not_read}", not_read);
             format!("({branch}{suffix})")
         })
         .collect();
     let direction = if only_new { "" } else { " DESC" };
     format!(
-        "SELECT {columns}
+        "SELECT {columns},
+                m.recipient_id IS NOT NULL AND m.recipient_id = $2
+                    AND m.recipient_session IS NULL AS to_agent
+         FROM messages m {joins}
          WHERE m.team_id = $1 AND m.id IN (
              SELECT id FROM ({union}) picked ORDER BY position{direction} LIMIT $7)",
-        columns = view_columns!(),
+        columns = view_columns_from!(),
+        joins = view_joins!(),
         union = union.join(" UNION "),
     )
 }
@@ -185,11 +268,19 @@ fn read_sql(only_new: bool, scope: ScopeKind, all_sessions: bool) -> String {
                   WHERE NOT EXISTS (SELECT 1 FROM messages x
                                     WHERE x.team_id = $1 AND x.position = g.p)),
               {MOVE_CURSOR}
-         SELECT f.refusal, f.session_epoch, f.refused_since, p.*, g.gaps,
-                (SELECT count(*) FROM moved) + (SELECT count(*) FROM created) AS moved
+         SELECT f.refusal, f.session_epoch, f.refused_since, p.*, g.gaps, {MOVED}
          FROM fence f LEFT JOIN (page p CROSS JOIN gaps g) ON true
          ORDER BY p.position"
     )
+}
+
+/// The SQLSTATE `read_cursor_raced` raises (migration 0041).
+const RACED: &str = "AC041";
+
+fn raced(err: &sqlx::Error) -> bool {
+    err.as_database_error()
+        .and_then(|db| db.code())
+        .is_some_and(|code| code == RACED)
 }
 
 /// What one read statement answered.
@@ -199,6 +290,9 @@ struct Page {
     gaps: Vec<i64>,
     /// `only_new`: whether this statement moved (or created) the cursor.
     moved: bool,
+    /// `only_new`: the statement was undone whole (`read_cursor_raced`):
+    /// nothing was handed out or moved, read again.
+    raced: bool,
 }
 
 /// Per team, a position at or below which every position is settled
@@ -271,7 +365,20 @@ impl Reader<'_> {
             .bind(me.session_credential.map(|w| w.session_id))
             .bind(me.session_credential.map(|w| w.epoch))
             .fetch_all(pool)
-            .await?;
+            .await;
+        let rows = match rows {
+            Ok(rows) => rows,
+            // Not an error: the read runs again (an error would be logged).
+            Err(err) if raced(&err) => {
+                return Ok(Page {
+                    messages: Vec::new(),
+                    gaps: Vec::new(),
+                    moved: false,
+                    raced: true,
+                });
+            }
+            Err(err) => return Err(err.into()),
+        };
         let Some(first) = rows.first() else {
             return Err(BusError::Db(sqlx::Error::Protocol(
                 "read_messages returned no row".into(),
@@ -282,6 +389,7 @@ impl Reader<'_> {
             messages: Vec::with_capacity(rows.len()),
             gaps: Vec::new(),
             moved: false,
+            raced: false,
         };
         for row in &rows {
             if row.try_get::<Option<Uuid>, _>("id")?.is_none() {
@@ -308,6 +416,10 @@ impl Reader<'_> {
         let (mut through, mut settled) = (i64::MAX, settled_through(team));
         loop {
             let page = self.run(pool, through, settled).await?;
+            if page.raced {
+                (through, settled) = (i64::MAX, settled_through(team));
+                continue;
+            }
             if !page.gaps.is_empty() {
                 let newest = page.messages.last().map_or(0, |m| m.position);
                 sqlx::query("SELECT message_positions_wait($1, $2)")
@@ -380,34 +492,47 @@ pub async fn read(bus: &Bus, me: &Identity, request: ReadRequest) -> BusResult<R
     })
 }
 
-/// The direct messages to this window that it has not read yet: past both
-/// its `inbox` and its `all` cursor (either read consumes them), the oldest
-/// `$4`, from the two window indexes (to the whole agent, to this window).
+/// The direct messages to this window that it has not read yet: those to
+/// this window past both its `inbox` and its `all` cursor (either read
+/// consumes them), those to the whole agent past the agent's cursor too (a
+/// DM to the agent is read once, by any window of it), none read on its own
+/// (`message_reads`), the oldest `$4`, from the two window indexes.
 /// Binds: $1 team, $2 agent, $3 window, $4 how many.
 macro_rules! unread_dm_ids {
     () => {
         "SELECT id, position FROM (
              (SELECT id, position FROM messages
               WHERE team_id = $1 AND recipient_id = $2 AND recipient_session IS NULL
-                AND position > (SELECT since FROM cursor)
+                AND position > (SELECT since FROM agent_cursor)
                 AND NOT (sender_id = $2 AND sender_session = $3)
+                AND NOT EXISTS (
+                    SELECT 1 FROM message_reads x
+                    WHERE x.team_id = $1 AND x.message_id = messages.id)
               ORDER BY recipient_session, position LIMIT $4)
              UNION ALL
              (SELECT id, position FROM messages
               WHERE team_id = $1 AND recipient_id = $2 AND recipient_session = $3
                 AND position > (SELECT since FROM cursor)
                 AND NOT (sender_id = $2 AND sender_session = $3)
+                AND NOT EXISTS (
+                    SELECT 1 FROM message_reads x
+                    WHERE x.team_id = $1 AND x.message_id = messages.id)
               ORDER BY position LIMIT $4)) unread
          ORDER BY position LIMIT $4"
     };
 }
 
-/// The cursor [`unread_dm_ids`] reads past, as a `WITH` item.
+/// The cursors [`unread_dm_ids`] reads past, as `WITH` items: the window's,
+/// and for DMs to the whole agent the higher of it and the agent's.
 macro_rules! unread_dm_cursor {
     () => {
         "WITH cursor AS (
              SELECT coalesce(max(last_position), 0) AS since FROM read_cursors
-             WHERE team_id = $1 AND agent_id = $2 AND session = $3 AND scope IN ('inbox', 'all')) "
+             WHERE team_id = $1 AND agent_id = $2 AND session = $3 AND scope IN ('inbox', 'all')),
+         agent_cursor AS (
+             SELECT greatest((SELECT since FROM cursor), coalesce((
+                 SELECT last_position FROM agent_read_cursors
+                 WHERE team_id = $1 AND agent_id = $2), 0)) AS since) "
     };
 }
 
@@ -522,4 +647,24 @@ pub async fn answer_to(
     .bind(&me.window)
     .fetch_optional(&bus.pool)
     .await?)
+}
+
+/// Mark one direct message to this window (or its whole agent) read on its
+/// own, outside the cursors: `ask_agent`'s answer, returned by the call.
+/// Another agent's message, or one to a sibling window, is left alone.
+pub async fn mark_read(bus: &Bus, me: &Identity, message_id: Uuid) -> BusResult<()> {
+    sqlx::query(
+        "INSERT INTO message_reads (team_id, message_id)
+         SELECT m.team_id, m.id FROM messages m
+         WHERE m.team_id = $1 AND m.id = $2 AND m.recipient_id = $3
+           AND (m.recipient_session IS NULL OR m.recipient_session = $4)
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(me.team_id)
+    .bind(message_id)
+    .bind(me.agent_id)
+    .bind(&me.window)
+    .execute(&bus.pool)
+    .await?;
+    Ok(())
 }

@@ -26,13 +26,21 @@ macro_rules! channel_message_prunable {
     };
 }
 
-/// A direct message older than the cut-off that its recipient has read: every
-/// window of the recipient with an `inbox` or `all` cursor (only the named
-/// window, for a message to one window) is at or past it.
+/// A direct message older than the cut-off that its recipient has read: one
+/// to the agent as a whole that the agent's cursor passed (any window of it
+/// read it, migration 0041), one read on its own (`message_reads`), or one
+/// that every window of the recipient with an `inbox` or `all` cursor (only
+/// the named window, for a message to one window) is at or past.
 macro_rules! direct_message_prunable {
     () => {
         "m.team_id = $1 AND m.recipient_id IS NOT NULL AND m.created_at < $2
-         AND NOT EXISTS (
+         AND ((m.recipient_session IS NULL AND EXISTS (
+                  SELECT 1 FROM agent_read_cursors g
+                   WHERE g.team_id = m.team_id AND g.agent_id = m.recipient_id
+                     AND g.last_position >= m.position))
+              OR EXISTS (SELECT 1 FROM message_reads x
+                          WHERE x.team_id = m.team_id AND x.message_id = m.id)
+              OR NOT EXISTS (
              SELECT 1 FROM read_cursors r
                JOIN agents a ON a.team_id = r.team_id AND a.id = r.agent_id
               WHERE r.team_id = m.team_id AND r.agent_id = m.recipient_id
@@ -40,7 +48,7 @@ macro_rules! direct_message_prunable {
                 AND (m.recipient_session IS NULL OR r.session = m.recipient_session)
                 AND NOT (r.agent_id = m.sender_id AND r.session = m.sender_session)
               GROUP BY r.session
-             HAVING max(r.last_position) < m.position)"
+             HAVING max(r.last_position) < m.position))"
     };
 }
 
