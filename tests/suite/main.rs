@@ -62,6 +62,7 @@ mod messaging;
 mod metrics;
 mod migrations_landed;
 mod moves;
+mod newcomer;
 mod notes;
 mod outbox;
 mod overview;
