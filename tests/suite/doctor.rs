@@ -30,7 +30,10 @@ fn bus(database_url: &str, args: &[&str]) -> Output {
         command.env_remove(var);
     }
     // No profile of this machine's: the `profile` check is newcomer.rs's.
-    command.env("BUS_CONFIG_DIR", std::env::temp_dir().join("acs-doctor-no-profiles"));
+    command.env(
+        "BUS_CONFIG_DIR",
+        std::env::temp_dir().join("acs-doctor-no-profiles"),
+    );
     command
         .args(args)
         .env("DATABASE_URL", database_url)
@@ -96,7 +99,8 @@ fn team_on_jetstream(database_url: &str, url: &str) -> String {
     slug
 }
 
-#[tokio::test]
+// Several threads: doctor, run blocking, asks the in-process server's /health.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_healthy_setup_passes_every_check_and_exits_zero() {
     let (pool, db) = fresh_pool().await;
     let url = nats_url();

@@ -380,23 +380,28 @@ async fn a_profile_is_added_only_with_a_token_its_server_knows() {
     let bob = app.agent("acme", "bob").await;
     let config = tempfile::tempdir().unwrap();
     let url = app.mcp_url();
+    // Off the test's runtime thread, which also serves the app being asked.
     let add = |token: String| {
-        let mut child = Command::new(BINARY)
-            .env("BUS_CONFIG_DIR", config.path())
-            .args([
-                "context", "profile", "add", "--name", "work", "--url", &url, "--team", "acme",
-                "--agent", "alice",
-            ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        use std::io::Write as _;
-        writeln!(child.stdin.take().unwrap(), "{token}").unwrap();
-        child.wait_with_output().unwrap()
+        let config = config.path().to_path_buf();
+        let url = url.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut child = Command::new(BINARY)
+                .env("BUS_CONFIG_DIR", &config)
+                .args([
+                    "context", "profile", "add", "--name", "work", "--url", &url, "--team", "acme",
+                    "--agent", "alice",
+                ])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            use std::io::Write as _;
+            writeln!(child.stdin.take().unwrap(), "{token}").unwrap();
+            child.wait_with_output().unwrap()
+        })
     };
-    let unknown = add(format!("acs_{}", "0".repeat(64)));
+    let unknown = add(format!("acs_{}", "0".repeat(64))).await.unwrap();
     let stderr = String::from_utf8_lossy(&unknown.stderr);
     assert_eq!(unknown.status.code(), Some(1), "{stderr}");
     assert!(
@@ -407,7 +412,7 @@ async fn a_profile_is_added_only_with_a_token_its_server_knows() {
     );
     assert!(!config.path().join("profiles.toml").exists());
 
-    let someone_else = add(bob);
+    let someone_else = add(bob).await.unwrap();
     let stderr = String::from_utf8_lossy(&someone_else.stderr);
     assert_eq!(someone_else.status.code(), Some(1), "{stderr}");
     assert!(
