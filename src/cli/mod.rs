@@ -400,10 +400,10 @@ impl Context {
         }
     }
 
-    /// The flags a command needs to use the same database as this one
-    /// (` --data-dir PATH` for an embedded cluster outside the default
-    /// place), and a note when that takes DATABASE_URL, which is not
-    /// repeated on a screen.
+    /// The flags a command needs to use the same database as this one:
+    /// ` --data-dir PATH` for an embedded cluster outside the default place,
+    /// else none (a DATABASE_URL is never repeated on a screen: see
+    /// [`Context::same_database_note`]).
     pub(crate) fn same_database_flags(&self) -> String {
         if self.uses_database_url() || self.data_dir == EmbeddedPostgres::default_data_dir() {
             return String::new();

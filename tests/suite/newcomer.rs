@@ -313,6 +313,31 @@ async fn from_an_empty_home_to_two_agents_talking_through_their_proxies() {
         .unwrap_or_else(|| panic!("bob read the channel: {read}"));
     assert_eq!(posted["channel"], "general", "{posted}");
 
+    // quickstart beside another database, pointed at this server: the
+    // second installation is named at once, not at the first 401.
+    let other = fresh_database_url().await;
+    let stray = home
+        .command(&[
+            "quickstart",
+            "--team",
+            "acme",
+            "--agent",
+            "carol",
+            "--profile",
+            "stray",
+            "--url",
+            &url,
+        ])
+        .env("DATABASE_URL", &other)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&stray.stdout);
+    assert!(stray.status.success(), "{said}");
+    assert!(
+        said.contains("it answers, but does not know this token (401)"),
+        "{said}"
+    );
+
     // No token in any file but the profile store.
     let mut written = Vec::new();
     files(home.root.path(), &mut written);

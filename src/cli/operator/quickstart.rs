@@ -117,7 +117,10 @@ pub async fn run(ctx: &Context, args: QuickstartArgs, json: bool) -> anyhow::Res
         },
     };
     let change = keep_profile(&mut profiles, &name, &url, &outcome, existing.as_ref())?;
-    let answer = reach::answers(&url).await;
+    let mut answer = reach::answers(&url).await;
+    if answer.is_ok() {
+        answer = knows_the_token(&profiles, &name, &url).await;
+    }
     if json {
         let issued = outcome.ensured.issued.as_ref();
         let mut value = json!({
@@ -184,6 +187,23 @@ fn keep_profile(
     profiles.put(name, profile, false)?;
     profiles.save()?;
     Ok(change)
+}
+
+/// A server that answers but does not know the profile's token runs on
+/// another database: the second installation the issue is about, said now
+/// rather than at the first 401.
+async fn knows_the_token(profiles: &Profiles, name: &str, url: &str) -> Result<(), String> {
+    let Some(profile) = profiles.profiles.get(name) else {
+        return Ok(());
+    };
+    match acs_agent::client::whoami(url, &profile.token, None).await {
+        Err(err) if err.is::<acs_agent::client::Unauthenticated>() => Err(format!(
+            "it answers, but does not know this token (401): that server runs on another \
+             database than this command used (its log's first `database:` line names it); run \
+             quickstart with that server's --data-dir or DATABASE_URL"
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn report(
