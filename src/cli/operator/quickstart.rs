@@ -197,11 +197,12 @@ async fn knows_the_token(profiles: &Profiles, name: &str, url: &str) -> Result<(
         return Ok(());
     };
     match acs_agent::client::whoami(url, &profile.token, None).await {
-        Err(err) if err.is::<acs_agent::client::Unauthenticated>() => Err(format!(
+        Err(err) if err.is::<acs_agent::client::Unauthenticated>() => Err(
             "it answers, but does not know this token (401): that server runs on another \
              database than this command used (its log's first `database:` line names it); run \
              quickstart with that server's --data-dir or DATABASE_URL"
-        )),
+                .to_owned(),
+        ),
         _ => Ok(()),
     }
 }
