@@ -105,7 +105,9 @@ pub enum ContextCommand {
 #[derive(Subcommand, Debug)]
 pub enum ProfileCommand {
     /// Add (or replace) a profile. The token is read from a prompt that does not echo, or
-    /// from stdin when it is not a terminal; it is kept in profiles.toml (mode 0600).
+    /// from stdin when it is not a terminal; it is checked with the server (whoami: refused
+    /// when the server does not know it or it is another agent's) and kept in profiles.toml
+    /// (mode 0600).
     Add {
         /// The profile's name (`--profile NAME`, .acs.toml and `proxy-config` refer to it).
         #[arg(long)]
@@ -149,7 +151,7 @@ pub async fn run(command: ContextCommand, json: bool) -> anyhow::Result<()> {
             let _ = std::io::stdout().flush();
             std::process::exit(0)
         }
-        ContextCommand::Profile(command) => profile(command, json),
+        ContextCommand::Profile(command) => profile(command, json).await,
         ContextCommand::SetProject {
             profile,
             project,
@@ -265,7 +267,52 @@ async fn verify(resolved: &Resolved, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn profile(command: ProfileCommand, json: bool) -> anyhow::Result<()> {
+/// Ask the profile's server who its token is (`whoami`) before keeping it:
+/// a token that server does not know, or that is another agent's, is refused
+/// with what to do; nothing is written.
+async fn check_with_server(profile: &Profile) -> anyhow::Result<()> {
+    let me = match acs_agent::client::whoami(&profile.url, &profile.token, None).await {
+        Ok(me) => me,
+        Err(err) if err.is::<acs_agent::client::Unauthenticated>() => bail!(
+            "{} does not know that token (401), so the profile was not added: the token may be \
+             revoked or of another installation (a server on another data directory or \
+             DATABASE_URL). Check --url names the server the token was minted for (its log says \
+             `listening on …`), or mint one for this server with `ai-crew-sync quickstart` beside \
+             its database.",
+            profile.url
+        ),
+        Err(err) => {
+            return Err(err.context(format!(
+                "could not check the token with {}, so the profile was not added; start the \
+                 server (or fix --url) and add it again",
+                profile.url
+            )));
+        }
+    };
+    for (what, expected, got) in [
+        (
+            "team",
+            &profile.team,
+            me["team"].as_str().unwrap_or_default(),
+        ),
+        (
+            "agent",
+            &profile.agent,
+            me["agent"].as_str().unwrap_or_default(),
+        ),
+    ] {
+        if expected != got {
+            bail!(
+                "{} says the token is {what} {got:?}, not {expected:?}; the profile was not \
+                 added. Add it with --{what} {got}, or use that {what}'s token.",
+                profile.url
+            );
+        }
+    }
+    Ok(())
+}
+
+async fn profile(command: ProfileCommand, json: bool) -> anyhow::Result<()> {
     let mut profiles = Profiles::load()?;
     match command {
         ProfileCommand::Add {
@@ -277,16 +324,15 @@ fn profile(command: ProfileCommand, json: bool) -> anyhow::Result<()> {
         } => {
             let token = read_secret(&format!("token for {agent} of {team} (acs_…): "))?;
             let replaced = profiles.profiles.contains_key(&name);
-            profiles.put(
-                &name,
-                Profile {
-                    url,
-                    team,
-                    agent,
-                    token,
-                },
-                default,
-            )?;
+            let profile = Profile {
+                url,
+                team,
+                agent,
+                token,
+            };
+            Profiles::check(&name, &profile)?;
+            check_with_server(&profile).await?;
+            profiles.put(&name, profile, default)?;
             profiles.save()?;
             let verb = if replaced { "replaced" } else { "added" };
             let is_default = profiles.default.as_deref() == Some(name.as_str());

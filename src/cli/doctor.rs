@@ -6,8 +6,10 @@
 //! listener (a LISTEN/NOTIFY round trip), the clock against PostgreSQL's,
 //! the outbox, the broker and its `max_payload` (when a NATS URL is
 //! configured, by the same flags and environment as `serve`), each team's
-//! JetStream streams, and the allowed Host names for the bind address
-//! (the last two in `doctor/broker.rs` and `doctor/hosts.rs`).
+//! JetStream streams, the allowed Host names for the bind address, and the
+//! server the settings name (the profile's URL, the address the last `serve`
+//! on this database recorded) and whether it answers `GET /health` (the last
+//! three in `doctor/broker.rs`, `doctor/hosts.rs` and `doctor/server.rs`).
 //!
 //! Statuses: `fail` (the bus cannot do its job as configured: exit 1),
 //! `warn` (it works, something deserves a look: exit 0, or 1 with
@@ -21,6 +23,7 @@
 
 mod broker;
 mod hosts;
+mod server;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -57,6 +60,10 @@ pub struct DoctorArgs {
     allowed_hosts: Vec<String>,
     #[command(flatten)]
     nats: NatsArgs,
+    /// The local profile whose server to check [default: the one .acs.toml names, else the
+    /// default profile].
+    #[arg(long, env = "BUS_PROFILE")]
+    profile: Option<String>,
     /// Exit 1 on warnings too (by default only a failure does).
     #[arg(long)]
     strict: bool,
@@ -131,6 +138,7 @@ pub async fn run(ctx: &Context, args: DoctorArgs, json: bool) -> anyhow::Result<
     }
     broker::broker_checks(&args, pool, &mut checks).await;
     checks.push(hosts::allowed_hosts_check(args.bind, &args.allowed_hosts));
+    checks.extend(server::server_checks(args.profile.clone(), pool).await);
     if let Some(db) = db {
         db.close().await;
     }

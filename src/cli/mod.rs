@@ -14,6 +14,7 @@ mod generate;
 mod operator;
 mod output;
 mod proxy;
+mod reach;
 pub mod recipes;
 mod secret;
 mod serve;
@@ -104,11 +105,13 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Apply database migrations, then exit (--dry-run: list them, apply nothing).
     Migrate(MigrateArgs),
-    /// Check the database, schema, events, clock, outbox, allowed hosts, and with --nats-url the
-    /// broker and streams.
+    /// Check the database, schema, events, clock, outbox, allowed hosts, the server the profile
+    /// or this database names (does it answer?), and with --nats-url the broker and streams.
     Doctor(doctor::DoctorArgs),
-    /// Create a team and an agent (reusing existing ones), print a token and an MCP client config.
-    Quickstart(operator::QuickstartArgs),
+    /// Create a team and an agent (reusing existing ones) and keep a token for it in a local
+    /// profile pointing at the server running on this database; re-run, it changes nothing
+    /// unless --new-token.
+    Quickstart(operator::quickstart::QuickstartArgs),
     /// Manage teams.
     #[command(subcommand)]
     Team(operator::team::TeamCommand),
@@ -220,7 +223,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             result
         }
         Command::Doctor(args) => doctor::run(&ctx, args, json).await,
-        Command::Quickstart(args) => operator::quickstart(&ctx, args, json).await,
+        Command::Quickstart(args) => operator::quickstart::run(&ctx, args, json).await,
         Command::Team(cmd) => operator::team::run(&ctx, cmd, json).await,
         Command::Agent(cmd) => operator::agent(&ctx, cmd, json).await,
         Command::Conversations(cmd) => conversations::run(&ctx, cmd, json).await,
@@ -300,12 +303,76 @@ pub(crate) struct Context {
 
 impl Context {
     pub(crate) async fn open_database(&self, max_connections: u32) -> anyhow::Result<Database> {
+        self.say_if_new_cluster(false);
+        self.open(max_connections).await
+    }
+
+    /// [`Context::open_database`] for `serve`, whose new cluster is its own.
+    pub(crate) async fn open_database_to_serve(
+        &self,
+        max_connections: u32,
+    ) -> anyhow::Result<Database> {
+        self.say_if_new_cluster(true);
+        self.open(max_connections).await
+    }
+
+    async fn open(&self, max_connections: u32) -> anyhow::Result<Database> {
         Ok(Database::open(
             self.database_url.as_deref(),
             &self.data_dir,
             max_connections,
         )
         .await?)
+    }
+
+    fn uses_database_url(&self) -> bool {
+        self.database_url
+            .as_deref()
+            .is_some_and(|u| !u.trim().is_empty())
+    }
+
+    /// Before an embedded cluster is created where there is none: say where,
+    /// and that no server uses it, so a command run without the server's
+    /// --data-dir or DATABASE_URL does not silently make a second installation.
+    fn say_if_new_cluster(&self, serving: bool) {
+        if self.uses_database_url() || EmbeddedPostgres::exists_in(&self.data_dir) {
+            return;
+        }
+        let pgdata = self.data_dir.join("pgdata");
+        if serving {
+            eprintln!(
+                "creating a new embedded PostgreSQL cluster in {} for this server (no \
+                 DATABASE_URL; --data-dir {})",
+                pgdata.display(),
+                self.data_dir.display()
+            );
+        } else {
+            eprintln!(
+                "creating a new embedded PostgreSQL cluster in {}: no server uses it. If an \
+                 `ai-crew-sync serve` is running, it keeps its data elsewhere: run this command \
+                 with that server's --data-dir (BUS_DATA_DIR) or DATABASE_URL instead (its \
+                 first log line `database: …` names it).",
+                pgdata.display()
+            );
+        }
+    }
+
+    /// The flags a command needs to use the same database as this one:
+    /// ` --data-dir PATH` for an embedded cluster outside the default place,
+    /// else none (a DATABASE_URL is never repeated on a screen: see
+    /// [`Context::same_database_note`]).
+    pub(crate) fn same_database_flags(&self) -> String {
+        if self.uses_database_url() || self.data_dir == EmbeddedPostgres::default_data_dir() {
+            return String::new();
+        }
+        format!(" --data-dir {}", self.data_dir.display())
+    }
+
+    /// What a command needs besides [`Context::same_database_flags`]: a
+    /// DATABASE_URL is named, never shown.
+    pub(crate) fn same_database_note(&self) -> Option<&'static str> {
+        self.uses_database_url()
+            .then_some("run it with the same DATABASE_URL as this server")
     }
 
     /// Open, migrate (so a fresh embedded database works for any command), run, close.

@@ -200,9 +200,14 @@ pub async fn run(ctx: &Context, args: ServeArgs) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     spawn_signal_handler(shutdown.clone());
 
-    let db = ctx.open_database(SERVER_CONNECTIONS).await?;
+    let db = ctx.open_database_to_serve(SERVER_CONNECTIONS).await?;
     eprintln!("database: {}", db.location);
-    let result = serve_on(&db, (listener, local), metrics, &args, shutdown).await;
+    let here = Here {
+        location: db.location.clone(),
+        same_database: ctx.same_database_flags(),
+        note: ctx.same_database_note(),
+    };
+    let result = serve_on(&db, (listener, local), metrics, &args, shutdown, here).await;
     db.close().await;
     eprintln!("stopped");
     result
@@ -214,6 +219,7 @@ async fn serve_on(
     metrics: Option<tokio::net::TcpListener>,
     args: &ServeArgs,
     shutdown: CancellationToken,
+    here: Here,
 ) -> anyhow::Result<()> {
     if args.auto_migrate {
         for m in db.migrate().await? {
@@ -224,10 +230,25 @@ async fn serve_on(
     }
     let teams = acs_store::store::identity::teams::count(&db.pool).await?;
     if teams == 0 {
+        let flags = &here.same_database;
         eprintln!(
-            "no teams yet. Create one and an agent with a token:\n  ai-crew-sync quickstart --team my-team --agent my-agent\n\
-             or step by step:\n  ai-crew-sync team create --slug my-team --name 'My team'\n  ai-crew-sync agent add --team my-team --name my-agent"
+            "no teams yet in this server's database ({}). Create a team, an agent and this \
+             machine's profile for it{}:\n  \
+             ai-crew-sync{flags} quickstart --team my-team --agent my-agent --profile my-agent",
+            here.location,
+            match here.note {
+                Some(note) => format!(" ({note})"),
+                None => String::new(),
+            }
         );
+    }
+    let url = local_url(local);
+    let host = host_name();
+    if let Err(err) =
+        acs_store::store::operations::listeners::record(&db.pool, &url, &host, std::process::id())
+            .await
+    {
+        tracing::warn!(error = %err, "could not record where this server listens; `quickstart` and `doctor` will not find it");
     }
     let mut allowed_hosts = args.allowed_hosts.clone();
     allowed_hosts.retain(|h| !h.trim().is_empty());
@@ -300,6 +321,39 @@ async fn serve_on(
     }
     app.serve(listener).await?;
     Ok(())
+}
+
+/// Where this server's data is, for its hints.
+struct Here {
+    /// [`acs_store::db::Database::location`].
+    location: String,
+    /// The flags a local command needs to use the same database (empty: none).
+    same_database: String,
+    /// And what else it needs (the same DATABASE_URL).
+    note: Option<&'static str>,
+}
+
+/// The base URL a client on this machine uses for `local`: a wildcard bind
+/// is reached over loopback.
+fn local_url(local: SocketAddr) -> String {
+    let ip = match local.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
+        ip => ip,
+    };
+    format!("http://{}", SocketAddr::new(ip, local.port()))
+}
+
+/// This machine's host name (empty when it cannot be read).
+fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname writes at most that.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return String::new();
+    }
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
 /// `wanted` connections, or fewer when the open-file limit (raised to its

@@ -77,7 +77,17 @@ async fn serve_without_database_url_runs_embedded_postgres_keeps_data_and_cleans
 
     // A command with no server running starts the cluster for itself and stops it.
     let out = bus(&data_dir)
-        .args(["quickstart", "--team", "acme", "--agent", "alice", "--json"])
+        .args([
+            "quickstart",
+            "--team",
+            "acme",
+            "--agent",
+            "alice",
+            "--show-token",
+            "--json",
+        ])
+        // Its profile goes in the test's directory, not this machine's.
+        .env("BUS_CONFIG_DIR", dir.path().join("config"))
         .output()
         .unwrap();
     assert!(

@@ -234,41 +234,10 @@ async fn every_error_line_ends_with_a_newline() {
     }
 }
 
-#[tokio::test]
-async fn quickstart_prints_a_token_and_a_client_config_and_reuses_on_rerun() {
-    let db = fresh_database_url().await;
-    let first = ok_json(
-        &db,
-        &[
-            "quickstart",
-            "--team",
-            "demo",
-            "--agent",
-            "bot",
-            "--url",
-            "http://bus:8787/mcp",
-            "--json",
-        ],
-    );
-    assert_eq!(first["team_created"], true);
-    let server = &first["mcp_config"]["mcpServers"]["ai-crew-sync"];
-    assert_eq!(server["url"], "http://bus:8787/mcp");
-    assert_eq!(
-        server["headers"]["Authorization"],
-        format!("Bearer {}", first["token"].as_str().unwrap())
-    );
-
-    let second = ok_json(
-        &db,
-        &["quickstart", "--team", "demo", "--agent", "bot", "--json"],
-    );
-    assert_eq!(second["team_created"], false);
-    assert_eq!(second["agent_created"], false);
-    assert_ne!(
-        second["token"], first["token"],
-        "a rerun issues a new token for the same agent"
-    );
-
+/// `mcp-config` prints the direct-HTTP block (for scripts) with the token
+/// given and the window label. `quickstart` is tested in `newcomer.rs`.
+#[test]
+fn mcp_config_prints_the_direct_http_block_for_scripts() {
     let out = Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"))
         .args(["mcp-config", "--url", "http://h/mcp", "--session", "win-2"])
         .env("BUS_TOKEN", "acs_x")
@@ -278,6 +247,10 @@ async fn quickstart_prints_a_token_and_a_client_config_and_reuses_on_rerun() {
     assert_eq!(
         block["mcpServers"]["ai-crew-sync"]["headers"]["X-Crew-Session"],
         "win-2"
+    );
+    assert_eq!(
+        block["mcpServers"]["ai-crew-sync"]["headers"]["Authorization"],
+        "Bearer acs_x"
     );
 }
 

@@ -610,6 +610,15 @@ async fn client_a_wrong_token_says_the_server_refused_it() {
         "{}",
         run.stderr
     );
+    // Issue 36 item 2: which installation it asked, and how to ask another.
+    assert!(
+        run.stderr.contains(&stranger.url)
+            && run.stderr.contains("another installation")
+            && run.stderr.contains("--url URL")
+            && run.stderr.contains("--profile NAME"),
+        "{}",
+        run.stderr
+    );
 }
 
 #[tokio::test]

@@ -287,7 +287,22 @@ async fn verify_names_a_profile_whose_token_speaks_for_another_agent() {
     app.team("acme").await;
     let bob = app.agent("acme", "bob").await;
     let machine = Machine::new();
-    machine.add_profile(&app, "mixed", "alice", &bob).await;
+    // `profile add` refuses such a profile (newcomer.rs); one edited by hand
+    // is still caught by `verify`.
+    std::fs::write(
+        machine.profiles_file(),
+        format!(
+            "default = \"mixed\"\n[profiles.mixed]\nurl = \"{}\"\nteam = \"acme\"\n\
+             agent = \"alice\"\ntoken = \"{bob}\"\n",
+            app.url("/mcp")
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        machine.profiles_file(),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
     let here = tempfile::tempdir().unwrap();
     let run = machine.run(here.path(), &["context", "verify"], "").await;
     assert_eq!(run.code, Some(1), "{run:?}");

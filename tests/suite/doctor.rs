@@ -25,9 +25,15 @@ fn bus(database_url: &str, args: &[&str]) -> Output {
         "BUS_ALLOWED_HOSTS",
         "BUS_NATS_URL",
         "BUS_NATS_CREDENTIALS",
+        "BUS_PROFILE",
     ] {
         command.env_remove(var);
     }
+    // No profile of this machine's: the `profile` check is newcomer.rs's.
+    command.env(
+        "BUS_CONFIG_DIR",
+        std::env::temp_dir().join("acs-doctor-no-profiles"),
+    );
     command
         .args(args)
         .env("DATABASE_URL", database_url)
@@ -93,11 +99,20 @@ fn team_on_jetstream(database_url: &str, url: &str) -> String {
     slug
 }
 
-#[tokio::test]
+// Several threads: doctor, run blocking, asks the in-process server's /health.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_healthy_setup_passes_every_check_and_exits_zero() {
-    let (_pool, db) = fresh_pool().await;
+    let (pool, db) = fresh_pool().await;
     let url = nats_url();
     let slug = team_on_jetstream(&db, &url);
+    // A server on the database, recorded where it listens as `serve` records it.
+    let app = crate::support::TestApp::builder()
+        .database(pool.clone(), db.clone())
+        .spawn()
+        .await;
+    ai_crew_sync::store::operations::listeners::record(&pool, &app.url(""), "here", 1)
+        .await
+        .unwrap();
 
     let (success, checks) = doctor(&db, &["--nats-url", &url]);
     for c in &checks {
@@ -122,7 +137,8 @@ async fn a_healthy_setup_passes_every_check_and_exits_zero() {
             "broker",
             "max_payload",
             team_streams.as_str(),
-            "allowed_hosts"
+            "allowed_hosts",
+            "server"
         ],
         "DATABASE_URL is set, so there is no embedded line"
     );

@@ -63,6 +63,7 @@ mod messaging;
 mod metrics;
 mod migrations_landed;
 mod moves;
+mod newcomer;
 mod notes;
 mod outbox;
 mod overview;

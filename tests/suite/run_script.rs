@@ -172,7 +172,15 @@ async fn the_readme_run_command_serves_without_pg_binaries_on_path_and_keeps_its
     let out = Command::new(BINARY)
         .env_clear()
         .envs(env)
-        .args(["quickstart", "--team", "acme", "--agent", "alice", "--json"])
+        .args([
+            "quickstart",
+            "--team",
+            "acme",
+            "--agent",
+            "alice",
+            "--show-token",
+            "--json",
+        ])
         .output()
         .unwrap();
     assert!(

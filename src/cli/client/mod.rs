@@ -139,7 +139,19 @@ pub async fn run(args: ClientArgs, json: bool) -> anyhow::Result<()> {
         .filter(|_| uses_default_channel)
         .map(|c| c.value.clone());
     let request = prepare(command)?;
-    let connection = Connection::open(&resolved.url.value, token, args.session.as_deref()).await?;
+    let connection = Connection::open(&resolved.url.value, token, args.session.as_deref())
+        .await
+        .map_err(|err| {
+            // A 401 names the server asked; say where that URL came from.
+            if err.is::<acs_agent::client::Unauthenticated>() {
+                err.context(format!(
+                    "the server asked ({}) comes from {}",
+                    resolved.url.value, resolved.url.from
+                ))
+            } else {
+                err
+            }
+        })?;
     if let Some(channel) = tell {
         tell_channel(&connection, &channel).await;
     }

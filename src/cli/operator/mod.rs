@@ -1,9 +1,10 @@
 //! Local operator commands: teams, agents, tokens, quickstart, mcp-config.
 //! They run beside the database (DATABASE_URL or the embedded cluster).
 //!
-//! `team …` is in [`team`], `webhook …` in [`webhook`]; agents, tokens, quickstart and
-//! mcp-config are here.
+//! `team …` is in [`team`], `webhook …` in [`webhook`], `quickstart` in [`quickstart`];
+//! agents, tokens and mcp-config are here.
 
+pub mod quickstart;
 pub mod team;
 pub mod webhook;
 
@@ -15,7 +16,7 @@ use super::Context;
 use super::args::{AgentArgs, TeamArgs, TokenIssueArgs};
 use super::output::{self, opt_time, time};
 use acs_store::store::identity::admin::Authority;
-use acs_store::store::{Actor, identity::agents, identity::tokens};
+use acs_store::store::{identity::agents, identity::tokens};
 
 #[derive(Subcommand, Debug)]
 pub enum AgentCommand {
@@ -41,24 +42,6 @@ pub enum TokenCommand {
         #[arg(long)]
         id: Uuid,
     },
-}
-
-#[derive(Args, Debug)]
-pub struct QuickstartArgs {
-    /// Team slug to create or reuse.
-    #[arg(long, default_value = "my-team")]
-    team: String,
-    /// Agent name to create or reuse.
-    #[arg(long, default_value = "my-agent")]
-    agent: String,
-    /// The MCP URL clients will use, for the printed config.
-    #[arg(
-        long,
-        env = "BUS_URL",
-        hide_env_values = true,
-        default_value = "http://127.0.0.1:8787/mcp"
-    )]
-    url: String,
 }
 
 #[derive(Args, Debug)]
@@ -237,44 +220,7 @@ pub async fn token(ctx: &Context, command: TokenCommand, json: bool) -> anyhow::
     Ok(())
 }
 
-pub async fn quickstart(ctx: &Context, args: QuickstartArgs, json: bool) -> anyhow::Result<()> {
-    let actor = Actor::local_operator();
-    let result = ctx
-        .with_database(async |pool| {
-            Ok(agents::quickstart(pool, &args.team, &args.agent, &actor).await?)
-        })
-        .await?;
-    let issued = &result.issued;
-    if json {
-        return output::json(&json!({
-            "team": issued.team,
-            "agent": issued.agent,
-            "team_created": result.team_created,
-            "agent_created": result.agent_created,
-            "token": issued.token,
-            "token_id": issued.id,
-            "url": args.url,
-            "mcp_config": mcp_config(&args.url, &issued.token, None),
-        }));
-    }
-    let verb = |created: bool| if created { "created" } else { "reused" };
-    println!(
-        "team `{}` {}; agent `{}` {}.",
-        issued.team,
-        verb(result.team_created),
-        issued.agent,
-        verb(result.agent_created)
-    );
-    print_token(issued);
-    println!();
-    println!("Start the server (if it is not running):  ai-crew-sync serve");
-    println!("Then add this to your MCP client config (e.g. .mcp.json for Claude Code):");
-    println!();
-    print_mcp_config(&args.url, &issued.token, None);
-    Ok(())
-}
-
-fn print_token(issued: &tokens::IssuedToken) {
+pub(super) fn print_token(issued: &tokens::IssuedToken) {
     println!(
         "token for `{}` in team `{}` (id {}), shown once; store it now:",
         issued.agent, issued.team, issued.id

@@ -26,7 +26,7 @@ pub mod window_state;
 
 use std::collections::HashMap;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use rmcp::model::{CallToolRequestParams, CallToolResult, Implementation};
 use rmcp::service::{ClientInitializeError, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
@@ -44,6 +44,24 @@ pub struct Refused {
     /// not_found, invalid, conflict, unauthenticated, forbidden (empty when absent).
     pub kind: String,
     pub message: String,
+}
+
+/// The server answered 401 to the credential: it does not know it (or no
+/// longer: revoked). Often the token is of another installation (another
+/// server, or a database other than this server's), so the message names the
+/// server asked and how to ask another.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{url} refused the credential (401): that server does not know it as a live agent token \
+     (acs_…) or session credential (acss_…). It may be revoked, or belong to another \
+     installation (another server, or a data directory or DATABASE_URL other than this \
+     server's). The credential came from BUS_TOKEN or the profile in use; to ask another server, give --url URL (BUS_URL) or --profile NAME \
+     (`ai-crew-sync context show` says which applies here); for a new token of this one, an \
+     operator runs `ai-crew-sync quickstart --new-token` or `token issue` beside its database."
+)]
+pub struct Unauthenticated {
+    /// The MCP endpoint asked.
+    pub url: String,
 }
 
 /// One MCP session to a bus server.
@@ -102,12 +120,12 @@ impl Connection {
             .custom_headers(headers);
         let service = match ().serve(StreamableHttpClientTransport::from_config(config)).await {
             Ok(service) => service,
-            Err(err) if is_unauthorized(&err) => bail!(
-                "{mcp_url} refused the credential (401): it is not a live agent token (acs_…) or \
-                 session credential (acss_…) of that server. Check BUS_TOKEN or the profile in use \
-                 (`ai-crew-sync context show`), or ask an operator for a new token \
-                 (`ai-crew-sync token issue`)."
-            ),
+            Err(err) if is_unauthorized(&err) => {
+                return Err(Unauthenticated {
+                    url: mcp_url.to_string(),
+                }
+                .into());
+            }
             Err(err) => {
                 return Err(err)
                     .with_context(|| format!("could not open an MCP connection to {mcp_url}"));

@@ -95,10 +95,21 @@ impl Profiles {
         })
     }
 
+    /// Refuse what [`Profiles::put`] would refuse, changing nothing: a
+    /// command checks before it asks a server about the token.
+    pub fn check(name: &str, profile: &Profile) -> anyhow::Result<()> {
+        check_name(name)?;
+        check_token(&profile.token)
+    }
+
+    /// Refuse a profile name [`Profiles::put`] would refuse.
+    pub fn check_name(name: &str) -> anyhow::Result<()> {
+        check_name(name)
+    }
+
     /// Add or replace `name`; the first profile becomes the default.
     pub fn put(&mut self, name: &str, profile: Profile, make_default: bool) -> anyhow::Result<()> {
-        check_name(name)?;
-        check_token(&profile.token)?;
+        Self::check(name, &profile)?;
         self.profiles.insert(name.to_string(), profile);
         if make_default || self.default.is_none() {
             self.default = Some(name.to_string());

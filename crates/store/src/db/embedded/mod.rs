@@ -168,6 +168,12 @@ impl EmbeddedPostgres {
         home.join(".local/share/ai-crew-sync")
     }
 
+    /// Whether a cluster exists in `data_dir` (`initdb` has run there), read
+    /// without touching anything: a command says so before it creates one.
+    pub fn exists_in(data_dir: &Path) -> bool {
+        data_dir.join("pgdata").join("PG_VERSION").exists()
+    }
+
     /// Start the cluster in `data_dir` (creating it on first use), or join the
     /// one already running there.
     pub fn start(data_dir: &Path) -> Result<Self, EmbeddedError> {

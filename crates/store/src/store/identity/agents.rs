@@ -176,6 +176,35 @@ pub async fn quickstart(
     agent: &str,
     actor: &Actor,
 ) -> BusResult<Quickstart> {
+    let made = ensure(pool, team, agent, actor, true).await?;
+    Ok(Quickstart {
+        team_created: made.team_created,
+        agent_created: made.agent_created,
+        issued: made.issued.expect("asked to mint a token"),
+    })
+}
+
+/// What [`ensure`] found or made.
+#[derive(Clone, Debug, Serialize)]
+pub struct Ensured {
+    pub team: String,
+    pub agent: String,
+    pub team_created: bool,
+    pub agent_created: bool,
+    /// The token minted, when one was asked for.
+    pub issued: Option<IssuedToken>,
+}
+
+/// Make sure `team` and `agent` exist (reusing existing ones), and issue a
+/// token for the agent only when `mint` says so: the CLI's `quickstart`,
+/// which mints again only when asked (`--new-token`).
+pub async fn ensure(
+    pool: &PgPool,
+    team: &str,
+    agent: &str,
+    actor: &Actor,
+    mint: bool,
+) -> BusResult<Ensured> {
     let slug = normalize_team_slug(team)?;
     let name = normalize_agent_name(agent)?;
     let team_name = check_display_name("team name", &slug)?;
@@ -236,18 +265,26 @@ pub async fn quickstart(
                 .await?
         }
     };
-    let issued = tokens::issue_locked(
-        &mut tx,
-        team_id,
-        &slug,
-        agent_id,
-        &name,
-        Some("quickstart".into()),
-        actor,
-    )
-    .await?;
+    let issued = if mint {
+        Some(
+            tokens::issue_locked(
+                &mut tx,
+                team_id,
+                &slug,
+                agent_id,
+                &name,
+                Some("quickstart".into()),
+                actor,
+            )
+            .await?,
+        )
+    } else {
+        None
+    };
     tx.commit().await?;
-    Ok(Quickstart {
+    Ok(Ensured {
+        team: slug,
+        agent: name,
         team_created,
         agent_created,
         issued,

@@ -261,6 +261,24 @@ pub async fn revoke<'a>(
     })
 }
 
+/// Whether `token` is a live (not revoked) token of `agent` in team `team`
+/// in this database: `quickstart` asks before it reuses a profile's token.
+pub async fn is_live_for(pool: &PgPool, token: &str, team: &str, agent: &str) -> BusResult<bool> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (
+             SELECT 1 FROM agent_tokens t
+             JOIN agents a ON a.team_id = t.team_id AND a.id = t.agent_id
+             JOIN teams tm ON tm.id = t.team_id
+             WHERE t.token_sha256 = $1 AND t.revoked_at IS NULL
+               AND tm.slug = $2 AND a.name = $3)",
+    )
+    .bind(&auth::digest(token)[..])
+    .bind(team)
+    .bind(agent)
+    .fetch_one(pool)
+    .await?)
+}
+
 /// Resolve a token digest to the agent it is, refusing revoked tokens (401)
 /// and disabled agents (403). `session` is the already-validated window label.
 pub async fn authenticate(
