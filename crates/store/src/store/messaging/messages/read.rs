@@ -80,10 +80,12 @@ const AGENT_AFTER: &str = "greatest((SELECT after FROM cursor), (SELECT after FR
 /// A direct message read on its own (`message_reads`: an `ask_agent` answer
 /// its call returned) is neither new nor unread. A probe of that small
 /// table's key per DM of the page (not keyed on `reply_to`: a prune clears
-/// the `reply_to` of a reply whose question it removed).
+/// the `reply_to` of a reply whose question it removed), made only when the
+/// team has such a row (`read_alone`, once per statement): an anti-join in
+/// every DM branch cost `post_read` about 15 % (docs/benchmarks.md).
 const NOT_READ_ALONE: &str = "
-     AND NOT EXISTS (
-         SELECT 1 FROM message_reads x WHERE x.team_id = $1 AND x.message_id = messages.id)";
+     AND (NOT (SELECT present FROM read_alone) OR NOT EXISTS (
+         SELECT 1 FROM message_reads x WHERE x.team_id = $1 AND x.message_id = messages.id))";
 /// The latest page ($7), newest first.
 const LATEST: &str = " ORDER BY {key_desc} position DESC LIMIT $7";
 
@@ -96,14 +98,17 @@ const FENCE: &str = "fence AS MATERIALIZED (
          FROM agent_write_refusal($1, $2, $10, $11, $12, false))";
 
 /// This window's cursor for the scope ($6): the last position read (0 before
-/// the first read) and whether the row exists; and the agent's cursor for
-/// the DMs to it as a whole (migration 0041).
+/// the first read) and whether the row exists; the agent's cursor for the
+/// DMs to it as a whole (migration 0041); and whether the team has any
+/// message read on its own ([`NOT_READ_ALONE`] probes only then).
 const CURSOR: &str = "cursor AS MATERIALIZED (
          SELECT coalesce(max(last_position), 0) AS after, count(*) AS found
          FROM read_cursors WHERE team_id = $1 AND agent_id = $2 AND session = $5 AND scope = $6),
      agent_cursor AS MATERIALIZED (
          SELECT coalesce(max(last_position), 0) AS after, count(*) AS found
-         FROM agent_read_cursors WHERE team_id = $1 AND agent_id = $2)";
+         FROM agent_read_cursors WHERE team_id = $1 AND agent_id = $2),
+     read_alone AS MATERIALIZED (
+         SELECT EXISTS (SELECT 1 FROM message_reads WHERE team_id = $1) AS present)";
 
 /// After the page and its gaps: the cursors move, only if the fence let the
 /// read through and nothing is missing below the page's newest position.
@@ -505,25 +510,27 @@ macro_rules! unread_dm_ids {
               WHERE team_id = $1 AND recipient_id = $2 AND recipient_session IS NULL
                 AND position > (SELECT since FROM agent_cursor)
                 AND NOT (sender_id = $2 AND sender_session = $3)
-                AND NOT EXISTS (
+                AND (NOT (SELECT present FROM read_alone) OR NOT EXISTS (
                     SELECT 1 FROM message_reads x
-                    WHERE x.team_id = $1 AND x.message_id = messages.id)
+                    WHERE x.team_id = $1 AND x.message_id = messages.id))
               ORDER BY recipient_session, position LIMIT $4)
              UNION ALL
              (SELECT id, position FROM messages
               WHERE team_id = $1 AND recipient_id = $2 AND recipient_session = $3
                 AND position > (SELECT since FROM cursor)
                 AND NOT (sender_id = $2 AND sender_session = $3)
-                AND NOT EXISTS (
+                AND (NOT (SELECT present FROM read_alone) OR NOT EXISTS (
                     SELECT 1 FROM message_reads x
-                    WHERE x.team_id = $1 AND x.message_id = messages.id)
+                    WHERE x.team_id = $1 AND x.message_id = messages.id))
               ORDER BY position LIMIT $4)) unread
          ORDER BY position LIMIT $4"
     };
 }
 
 /// The cursors [`unread_dm_ids`] reads past, as `WITH` items: the window's,
-/// and for DMs to the whole agent the higher of it and the agent's.
+/// and for DMs to the whole agent the higher of it and the agent's; and
+/// whether the team has a message read on its own (probed only then, as in
+/// [`NOT_READ_ALONE`]).
 macro_rules! unread_dm_cursor {
     () => {
         "WITH cursor AS (
@@ -532,7 +539,9 @@ macro_rules! unread_dm_cursor {
          agent_cursor AS (
              SELECT greatest((SELECT since FROM cursor), coalesce((
                  SELECT last_position FROM agent_read_cursors
-                 WHERE team_id = $1 AND agent_id = $2), 0)) AS since) "
+                 WHERE team_id = $1 AND agent_id = $2), 0)) AS since),
+         read_alone AS MATERIALIZED (
+             SELECT EXISTS (SELECT 1 FROM message_reads WHERE team_id = $1) AS present) "
     };
 }
 
