@@ -27,6 +27,24 @@ extern "C" fn default_test_threads() {
     unsafe { std::env::set_var("RUST_TEST_THREADS", threads.to_string()) };
 }
 
+/// A failing test's panic message, said again below its backtrace: CI keeps
+/// the end of a long log, where the backtrace alone would stand and the
+/// message (what went wrong) would be cut. Set from `.init_array` too, so it
+/// is in place before libtest starts the first test.
+#[cfg(target_os = "linux")]
+#[used]
+#[unsafe(link_section = ".init_array")]
+static REPEAT_PANIC_MESSAGE: extern "C" fn() = repeat_panic_message;
+
+#[cfg(target_os = "linux")]
+extern "C" fn repeat_panic_message() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default(info);
+        eprintln!("(the panic above, again below its backtrace) {info}");
+    }));
+}
+
 mod admin;
 mod architecture;
 mod attachments;
