@@ -4,6 +4,7 @@
 
 use serde_json::{Value, json};
 
+use crate::client::Console;
 use crate::support::eventually::eventually;
 use crate::support::{McpClient, TestApp, spawn_app};
 
@@ -595,4 +596,56 @@ async fn windows_racing_for_overlapping_patterns_leave_exactly_one_holder() {
     }
     assert_eq!(won, 1, "overlapping exclusive reservations: one winner");
     assert_eq!(rows(&app).await.len(), 1);
+}
+
+#[tokio::test]
+async fn the_console_client_reserves_checks_and_releases_paths() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = Console::new(&app, "alice", Some("w1")).await;
+    let bob = Console::new(&app, "bob", None).await;
+
+    let reserved = alice
+        .ok(&["paths", "reserve", "src/api/**", "--reason", "api v2"])
+        .await;
+    assert!(
+        reserved.starts_with("reserved src/api/** (exclusive) until"),
+        "{reserved}"
+    );
+    let refused = bob.run(&["paths", "reserve", "src/api/users.rs"]).await;
+    assert_eq!(refused.code, Some(1), "{refused:?}");
+    assert!(
+        refused.stderr.contains("alice/w1") && refused.stderr.contains("api v2"),
+        "the refusal names the holder and its reason: {}",
+        refused.stderr
+    );
+    let partial = bob
+        .json(&[
+            "paths",
+            "reserve",
+            "src/api/users.rs",
+            "docs/**",
+            "--shared",
+            "--partial",
+        ])
+        .await;
+    assert_eq!(patterns(&partial["granted"]), vec!["docs/**"]);
+
+    let check = bob
+        .run(&["paths", "check", "src/api/users.rs", "README.md"])
+        .await;
+    assert_eq!(check.code, Some(1), "held exclusively elsewhere: {check:?}");
+    assert!(check.stdout.contains("README.md: free"), "{check:?}");
+    assert!(check.stderr.contains("src/api/users.rs"), "{check:?}");
+    let free = bob.run(&["paths", "check", "docs/a.md"]).await;
+    assert_eq!(free.code, Some(0), "its own shared reservation: {free:?}");
+
+    let listed = bob.ok(&["paths", "list", "--agent", "alice"]).await;
+    assert!(
+        listed.contains("src/api/**") && listed.contains("alice/w1"),
+        "{listed}"
+    );
+    let released = alice.ok(&["paths", "release"]).await;
+    assert_eq!(released.trim(), "released src/api/**");
+    bob.ok(&["paths", "check", "src/api/users.rs"]).await;
 }
