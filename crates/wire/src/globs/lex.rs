@@ -322,21 +322,48 @@ fn compile(segments: Vec<Option<Vec<Tok>>>, classes: Vec<Class>) -> PathGlob {
             }
         }
     }
-    let prefix = chars
+    let prefix: String = chars
         .iter()
         .map_while(|t| match t {
             CTok::Lit(c) => Some(*c),
             _ => None,
         })
         .collect();
+    let required = required(&chars, prefix_len(&prefix));
     PathGlob {
         text,
         prefix,
+        required,
         toks,
         classes,
         segs,
         chars,
     }
+}
+
+fn prefix_len(prefix: &str) -> usize {
+    prefix.chars().count()
+}
+
+/// The longest run of literal characters in `chars[from..]`.
+fn required(chars: &[CTok], from: usize) -> String {
+    let mut best = String::new();
+    let mut run = String::new();
+    for t in chars.iter().skip(from) {
+        match t {
+            CTok::Lit(c) => run.push(*c),
+            _ => {
+                if run.len() > best.len() {
+                    best = std::mem::take(&mut run);
+                }
+                run.clear();
+            }
+        }
+    }
+    if run.len() > best.len() {
+        best = run;
+    }
+    best
 }
 
 fn render(text: &mut String, t: Tok, classes: &[Class], at_start: bool, at_end: bool) {

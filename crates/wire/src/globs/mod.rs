@@ -151,6 +151,9 @@ enum CTok {
 pub struct PathGlob {
     text: String,
     prefix: String,
+    /// The longest run of literal characters after the prefix: a path the
+    /// pattern matches holds it (a cheap test before matching).
+    required: String,
     toks: Vec<Tok>,
     classes: Vec<Class>,
     segs: Vec<Seg>,
@@ -177,7 +180,12 @@ impl PathGlob {
     /// Whether the pattern matches the path itself or one of its ancestor
     /// directories.
     pub fn matches(&self, path: &RepoPath) -> bool {
-        matching::matches(self, &path.0)
+        path.0.starts_with(&self.prefix)
+            && matching::holds(
+                &path.0.as_bytes()[self.prefix.len()..],
+                self.required.as_bytes(),
+            )
+            && matching::matches(self, &path.0)
     }
 
     /// Whether some path could be matched by both (exact; see the module).
