@@ -2,7 +2,7 @@
 //! the two compiled forms (by segment for matching, by character for
 //! overlaps).
 
-use super::{CTok, Class, GlobError, PATTERN_MAX_BYTES, PathGlob, Seg, Tok};
+use super::{CTok, Class, GlobError, PATTERN_MAX_BYTES, PATTERN_MAX_STARS, PathGlob, Seg, Tok};
 use crate::text::quote;
 
 /// What the lexer reads: a token, or a `/`.
@@ -128,6 +128,21 @@ pub(super) fn parse(raw: &str, stored: bool) -> Result<PathGlob, GlobError> {
     }
     if !anchored && segments[0].is_some() {
         segments.insert(0, None);
+    }
+    let stars = segments
+        .iter()
+        .map(|s| {
+            s.as_ref()
+                .map_or(1, |t| t.iter().filter(|t| **t == Tok::Star).count())
+        })
+        .sum::<usize>();
+    if stars > PATTERN_MAX_STARS {
+        return err(format!(
+            "pattern {} holds {stars} `*` and `**`; the limit is {PATTERN_MAX_STARS} (each one \
+             makes deciding overlaps dearer). Reserve a directory (e.g. `src/api/`) or split the \
+             pattern into a few simpler ones.",
+            quote(raw)
+        ));
     }
     let glob = compile(segments, classes);
     if glob.text.len() > PATTERN_MAX_BYTES {

@@ -202,6 +202,8 @@ fn refusals_say_what_to_do() {
     assert!(refused("a\\/b").contains("escapes a `/`"));
     assert!(refused("./").contains("names nothing"));
     assert!(refused(&"a".repeat(PATTERN_MAX_BYTES + 1)).contains("limit is 1024"));
+    assert!(refused(&"*a".repeat(PATTERN_MAX_STARS)).contains("limit is 16"));
+    g(&format!("/{}", "*a".repeat(PATTERN_MAX_STARS)));
     assert!(refused(&"a".repeat(PATTERN_MAX_BYTES)).contains("once normalised"));
     g(&format!("/{}", "a".repeat(PATTERN_MAX_BYTES - 1)));
 }
@@ -444,4 +446,35 @@ fn speed() {
         }
     }
     eprintln!("100 x 1000 overlaps: {:?}, {meet} meet", start.elapsed());
+}
+
+#[test]
+#[ignore = "a timing, meaningful in release only"]
+fn worst_case() {
+    let n = PATTERN_MAX_STARS;
+    let a = g(&format!("/{}", "*[ab]".repeat(n)));
+    let b = g(&format!("/{}", "*[!a]?".repeat(n)));
+    let c = g(&format!("/{}", "**/a*".repeat(n / 2)));
+    let d = g(&format!("/{}c{}", "*a".repeat(n), "a".repeat(900)));
+    let e = g(&format!("/{}d{}", "*a".repeat(n), "a".repeat(900)));
+    let f = g(&format!("/{}d", "*[!b]".repeat(n)));
+    let h = g(&format!("/{}/d", "**/*[!b]".repeat(n / 2)));
+    for (x, y) in [
+        (&a, &b),
+        (&a, &c),
+        (&b, &c),
+        (&d, &e),
+        (&d, &f),
+        (&f, &h),
+        (&d, &h),
+    ] {
+        let start = std::time::Instant::now();
+        let meet = x.overlaps(y);
+        eprintln!(
+            "{} x {} bytes: {meet} in {:?}",
+            x.as_str().len(),
+            y.as_str().len(),
+            start.elapsed()
+        );
+    }
 }
