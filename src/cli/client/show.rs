@@ -635,7 +635,7 @@ pub fn digest(digest: &Value) {
     let rows = items(&digest["reservations"])
         .iter()
         .flat_map(|w| {
-            items(&w["items"]).into_iter().map(move |r| {
+            items(&w["items"]).iter().map(move |r| {
                 vec![
                     text(&w["holder"]),
                     text(&r["pattern"]),
