@@ -1,8 +1,9 @@
 //! `ai-crew-sync recipes [NAME]`: the team's common procedures (who is
-//! online, inbox, next task, hand off, ask, announce, stand-up) as short
-//! texts a model follows with the bus's tools. They are the Claude Code
-//! plugin's slash commands (`plugin/commands/*.md`), compiled in, so every
-//! other host (Codex, Cursor, a script) gets the same words.
+//! online, inbox, next task, reserve paths, hand off, ask, announce,
+//! stand-up) as short texts a model follows with the bus's tools. They are
+//! the Claude Code plugin's slash commands (`plugin/commands/*.md`),
+//! compiled in, so every other host (Codex, Cursor, a script) gets the same
+//! words.
 
 use anyhow::bail;
 
@@ -17,6 +18,7 @@ const RECIPES: &[(&str, &str)] = &[
         "next-task",
         include_str!("../../plugin/commands/next-task.md"),
     ),
+    ("reserve", include_str!("../../plugin/commands/reserve.md")),
     (
         "hand-off",
         include_str!("../../plugin/commands/hand-off.md"),

@@ -94,6 +94,7 @@ mod proxy_lifecycle;
 mod proxy_thread;
 mod read_once;
 mod refusals;
+mod reservation_views;
 mod reservations;
 mod run_script;
 mod sessions;

@@ -631,6 +631,26 @@ pub fn digest(digest: &Value) {
         })
         .collect();
     output::table(&["agent", "windows", "last seen"], rows);
+    println!("reserved paths (now):");
+    let rows = items(&digest["reservations"])
+        .iter()
+        .flat_map(|w| {
+            items(&w["items"]).iter().map(move |r| {
+                vec![
+                    text(&w["holder"]),
+                    text(&r["pattern"]),
+                    if r["exclusive"] == true {
+                        "exclusive"
+                    } else {
+                        "shared"
+                    }
+                    .into(),
+                    when(&r["expires_at"]),
+                ]
+            })
+        })
+        .collect();
+    output::table(&["holder", "paths", "mode", "until"], rows);
 }
 
 pub fn attached(info: &Value, path: &std::path::Path) {

@@ -1,8 +1,9 @@
 //! The dashboard in a real headless browser: signing in through the form
 //! shows the team's agents and a new task appears without a reload, a task
 //! title holding markup and script shows as text and never runs, and a
-//! populated page shows every section (agents, tasks, locks, messages,
-//! conversations with their receipts) and keeps redrawing without error;
+//! populated page shows every section (agents, tasks, locks, path
+//! reservations, messages, conversations with their receipts) and keeps
+//! redrawing without error;
 //! each window shows its state, and revoked or long-gone windows do not
 //! crowd the agents table.
 
@@ -188,6 +189,13 @@ async fn a_populated_dashboard_shows_every_section_in_the_browser() {
         )
         .await
         .unwrap();
+    bob_mcp
+        .call(
+            "reserve_paths",
+            json!({"paths": ["web/src/checkout/**"], "reason": "PR 42 review fixes"}),
+        )
+        .await
+        .unwrap();
     alice_mcp
         .call(
             "post_message",
@@ -216,6 +224,8 @@ async fn a_populated_dashboard_shows_every_section_in_the_browser() {
         "Rewrite the quickstart",
         "db/migrations",
         "schema change",
+        "web/src/checkout/**",
+        "PR 42 review fixes",
         "Deploy freeze starts at 18:00 UTC.",
         "announcement",
         "PR 42 is ready for a second look.",
@@ -228,7 +238,12 @@ async fn a_populated_dashboard_shows_every_section_in_the_browser() {
     }
     // The poll redraws the same content, and says when.
     tokio::time::sleep(Duration::from_secs(4)).await;
-    assert!(browser.text().await.contains("Cut-over plan"));
+    let redrawn = browser.text().await;
+    assert!(redrawn.contains("Cut-over plan"));
+    assert!(
+        redrawn.contains("web/src/checkout/**"),
+        "app.js draws the reservations"
+    );
     assert_eq!(
         browser
             .script("return document.body.classList.contains('stale');")

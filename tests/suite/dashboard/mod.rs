@@ -7,7 +7,8 @@
 //! and what `/dashboard/data` never carries), and the sign-ins the server
 //! keeps (`sessions`: sign-out ends every copy of a cookie on every replica,
 //! the form's slot and 4 KiB cap, the per-principal rate limit, and when the
-//! cookie is `Secure`, down to `serve`'s own flags). This file holds the helpers:
+//! cookie is `Secure`, down to `serve`'s own flags), and the path
+//! reservations panel (`reservations`). This file holds the helpers:
 //! an HTTP client that shows redirects and signs in (for the plain-HTTP
 //! tests) and a team with private conversations (for both).
 //!
@@ -24,6 +25,7 @@ use crate::support::{McpClient, TestApp, test_actor};
 
 mod browser;
 mod plain_http;
+mod reservations;
 mod sessions;
 
 /// A client that shows redirects instead of following them.

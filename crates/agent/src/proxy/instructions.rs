@@ -21,6 +21,16 @@ const HOW: &str = "Use this server's tools to coordinate with your team: read_me
                    wait_for_updates. session_status says which window you are; configure_session \
                    sets your project, role and default channel.";
 
+/// The reserve -> edit -> release flow, in a few lines.
+const RESERVE: &str = "Before editing files: reserve_paths {\"paths\": [\"src/api/**\"], \
+                       \"reason\": \"...\"} (repository-relative, gitignore-style globs; \
+                       exclusive unless \"exclusive\": false), then edit, then release_paths when \
+                       the change is committed or handed off. A refused path names its holder: \
+                       ask them (ask_agent) or work elsewhere; check_paths says who holds a path.";
+
+/// Reservations listed in the instructions (the digest holds more).
+const RESERVATIONS_SHOWN: usize = 5;
+
 pub(super) async fn build(proxy: &Proxy) -> String {
     proxy.wait_settled().await;
     let connected = proxy.bound.read().await.window.is_some();
@@ -46,7 +56,8 @@ pub(super) async fn build(proxy: &Proxy) -> String {
     let Ok((me, tasks, digest)) = tokio::time::timeout(READS_BOUND, reads).await else {
         return cut(&format!(
             "ai-crew-sync: you are window {} on the team's bus; it was slow to say what is new, \
-             so call whoami, list_tasks {{\"mine_only\": true}} and team_digest yourself. {HOW}",
+             so call whoami, list_tasks {{\"mine_only\": true}} and team_digest yourself. {HOW} \
+             {RESERVE}",
             proxy.host().label
         ));
     };
@@ -133,7 +144,7 @@ pub(super) async fn build(proxy: &Proxy) -> String {
     if let Ok(digest) = &digest {
         news(&mut text, digest);
     }
-    let _ = write!(text, "\n{HOW}");
+    let _ = write!(text, "\n{HOW}\n{RESERVE}");
     cut(&text)
 }
 
@@ -180,6 +191,7 @@ fn news(text: &mut String, digest: &Value) {
     if !tasks.is_empty() {
         let _ = write!(text, "\nTasks that moved: {}.", tasks.join("; "));
     }
+    reserved(text, &list("reservations"));
     let agents: Vec<String> = list("agents_seen")
         .iter()
         .filter_map(|a| a["agent"].as_str().map(str::to_string))
@@ -187,6 +199,48 @@ fn news(text: &mut String, digest: &Value) {
     if !agents.is_empty() {
         let _ = write!(text, "\nTeammates seen: {}.", agents.join(", "));
     }
+}
+
+/// The team's live path reservations (`team_digest`'s `reservations`, one
+/// entry per window), the first [`RESERVATIONS_SHOWN`] of them.
+fn reserved(text: &mut String, windows: &[Value]) {
+    let mut shown = Vec::new();
+    let mut total = 0;
+    for window in windows {
+        total += window["count"].as_u64().unwrap_or(0) as usize;
+        for r in window["items"].as_array().into_iter().flatten() {
+            if shown.len() < RESERVATIONS_SHOWN {
+                shown.push(format!(
+                    "{} by {} ({}, until {})",
+                    r["pattern"].as_str().unwrap_or("?"),
+                    window["holder"].as_str().unwrap_or("?"),
+                    if r["exclusive"] == true {
+                        "exclusive"
+                    } else {
+                        "shared"
+                    },
+                    r["expires_at"]
+                        .as_str()
+                        .and_then(|at| at.get(11..16))
+                        .map_or_else(|| "?".to_string(), |hm| format!("{hm} UTC")),
+                ));
+            }
+        }
+    }
+    if shown.is_empty() {
+        return;
+    }
+    let more = total.saturating_sub(shown.len());
+    let _ = write!(
+        text,
+        "\nPaths reserved: {}{}.",
+        shown.join("; "),
+        if more > 0 {
+            format!("; and {more} more (list_reservations)")
+        } else {
+            String::new()
+        }
+    );
 }
 
 /// At most [`INSTRUCTIONS_MAX_CHARS`] characters, cut at a character

@@ -82,8 +82,9 @@ impl BusServer {
                        the latest messages (your focused channel, the default channel whoami \
                        names, unless all_channels; \
                        announcements always), \
-                       tasks that moved (the 50 that moved last), notes updated, agents seen. \
-                       Never DMs.",
+                       tasks that moved (the 50 that moved last), notes updated, agents seen, \
+                       and the windows holding path reservations now (`reservations`: holder, \
+                       count, the first 10). Never DMs.",
         annotations(read_only_hint = true)
     )]
     async fn team_digest(

@@ -103,7 +103,9 @@ impl BusServer {
                        (`older_windows`; `all: true` lists them); revoked windows are not \
                        listed. An agent's status and activity come from its summary window: a \
                        live one before a dead one, a named window before the shared one, then \
-                       the most recent.",
+                       the most recent. A window holding path reservations shows them \
+                       (`reservations`: count and the first 10, each pattern, exclusive, \
+                       project, reason, expires_at).",
         annotations(read_only_hint = true)
     )]
     async fn list_agents(

@@ -2,7 +2,7 @@
 //! the two compiled forms (by segment for matching, by character for
 //! overlaps).
 
-use super::{CTok, Class, GlobError, PATTERN_MAX_BYTES, PathGlob, Seg, Tok};
+use super::{CTok, Class, GlobError, PATTERN_MAX_BYTES, PATTERN_MAX_STARS, PathGlob, Seg, Tok};
 use crate::text::quote;
 
 /// What the lexer reads: a token, or a `/`.
@@ -128,6 +128,21 @@ pub(super) fn parse(raw: &str, stored: bool) -> Result<PathGlob, GlobError> {
     }
     if !anchored && segments[0].is_some() {
         segments.insert(0, None);
+    }
+    let stars = segments
+        .iter()
+        .map(|s| {
+            s.as_ref()
+                .map_or(1, |t| t.iter().filter(|t| **t == Tok::Star).count())
+        })
+        .sum::<usize>();
+    if stars > PATTERN_MAX_STARS {
+        return err(format!(
+            "pattern {} holds {stars} `*` and `**`; the limit is {PATTERN_MAX_STARS} (each one \
+             makes deciding overlaps dearer). Reserve a directory (e.g. `src/api/`) or split the \
+             pattern into a few simpler ones.",
+            quote(raw)
+        ));
     }
     let glob = compile(segments, classes);
     if glob.text.len() > PATTERN_MAX_BYTES {
@@ -322,21 +337,48 @@ fn compile(segments: Vec<Option<Vec<Tok>>>, classes: Vec<Class>) -> PathGlob {
             }
         }
     }
-    let prefix = chars
+    let prefix: String = chars
         .iter()
         .map_while(|t| match t {
             CTok::Lit(c) => Some(*c),
             _ => None,
         })
         .collect();
+    let required = required(&chars, prefix_len(&prefix));
     PathGlob {
         text,
         prefix,
+        required,
         toks,
         classes,
         segs,
         chars,
     }
+}
+
+fn prefix_len(prefix: &str) -> usize {
+    prefix.chars().count()
+}
+
+/// The longest run of literal characters in `chars[from..]`.
+fn required(chars: &[CTok], from: usize) -> String {
+    let mut best = String::new();
+    let mut run = String::new();
+    for t in chars.iter().skip(from) {
+        match t {
+            CTok::Lit(c) => run.push(*c),
+            _ => {
+                if run.len() > best.len() {
+                    best = std::mem::take(&mut run);
+                }
+                run.clear();
+            }
+        }
+    }
+    if run.len() > best.len() {
+        best = run;
+    }
+    best
 }
 
 fn render(text: &mut String, t: Tok, classes: &[Class], at_start: bool, at_end: bool) {

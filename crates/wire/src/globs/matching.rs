@@ -50,6 +50,21 @@ pub(super) fn matches(glob: &PathGlob, path: &str) -> bool {
     }
 }
 
+/// Whether `needle` occurs in `hay` (short needles, short hays: a plain
+/// loop beats building a searcher).
+pub(super) fn holds(hay: &[u8], needle: &[u8]) -> bool {
+    let Some((&first, rest)) = needle.split_first() else {
+        return true;
+    };
+    if needle.len() > hay.len() {
+        return false;
+    }
+    hay[..=hay.len() - needle.len()]
+        .iter()
+        .enumerate()
+        .any(|(k, &b)| b == first && &hay[k + 1..k + needle.len()] == rest)
+}
+
 fn segment_end(path: &str, from: usize) -> usize {
     path[from..].find('/').map_or(path.len(), |k| from + k)
 }

@@ -202,6 +202,8 @@ fn refusals_say_what_to_do() {
     assert!(refused("a\\/b").contains("escapes a `/`"));
     assert!(refused("./").contains("names nothing"));
     assert!(refused(&"a".repeat(PATTERN_MAX_BYTES + 1)).contains("limit is 1024"));
+    assert!(refused(&"*a".repeat(PATTERN_MAX_STARS)).contains("limit is 16"));
+    g(&format!("/{}", "*a".repeat(PATTERN_MAX_STARS)));
     assert!(refused(&"a".repeat(PATTERN_MAX_BYTES)).contains("once normalised"));
     g(&format!("/{}", "a".repeat(PATTERN_MAX_BYTES - 1)));
 }
@@ -385,4 +387,94 @@ fn overlaps_and_matches_agree_with_brute_force() {
         both > 1000,
         "the patterns meet often enough to test both answers: {both}"
     );
+}
+
+/// The cost the store and the hook pay: 1 000 patterns against 50 paths,
+/// with the caller's literal-prefix pre-filter. Run it in release:
+/// `cargo test -p acs-wire --release --lib globs::tests::speed -- --ignored`.
+#[test]
+#[ignore = "a timing, meaningful in release only"]
+fn speed() {
+    let mut globs = Vec::new();
+    for k in 0..1000 {
+        globs.push(g(&match k % 5 {
+            0 => format!("crates/c{k}/src/**"),
+            1 => format!("crates/c{k}/src/*.rs"),
+            2 => format!("docs/d{k}/[a-m]*.md"),
+            3 => format!("/src/m{k}/lib.rs"),
+            _ => format!("**/gen{k}/*"),
+        }));
+    }
+    let paths: Vec<RepoPath> = (0..50)
+        .map(|k| p(&format!("crates/c{}/src/deep/f{k}.rs", k * 20)))
+        .collect();
+    let mut best = std::time::Duration::MAX;
+    let mut hits = 0;
+    for _ in 0..20 {
+        let start = std::time::Instant::now();
+        hits = 0;
+        for path in &paths {
+            for glob in &globs {
+                if path.as_str().starts_with(glob.literal_prefix()) && glob.matches(path) {
+                    hits += 1;
+                }
+            }
+        }
+        best = best.min(start.elapsed());
+    }
+    eprintln!("1000 patterns x 50 paths: {best:?}, {hits} hits");
+    let mut floor = std::time::Duration::MAX;
+    for _ in 0..20 {
+        let start = std::time::Instant::now();
+        let mut n = 0;
+        for path in &paths {
+            for glob in &globs {
+                n += path.as_str().starts_with(glob.literal_prefix()) as usize;
+            }
+        }
+        std::hint::black_box(n);
+        floor = floor.min(start.elapsed());
+    }
+    eprintln!("the pre-filter alone: {floor:?}");
+    assert_eq!(hits, 50);
+    assert!(best < std::time::Duration::from_millis(1), "{best:?}");
+    let start = std::time::Instant::now();
+    let mut meet = 0;
+    for x in &globs[..100] {
+        for y in &globs {
+            meet += x.overlaps(y) as usize;
+        }
+    }
+    eprintln!("100 x 1000 overlaps: {:?}, {meet} meet", start.elapsed());
+}
+
+#[test]
+#[ignore = "a timing, meaningful in release only"]
+fn worst_case() {
+    let n = PATTERN_MAX_STARS;
+    let a = g(&format!("/{}", "*[ab]".repeat(n)));
+    let b = g(&format!("/{}", "*[!a]?".repeat(n)));
+    let c = g(&format!("/{}", "**/a*".repeat(n / 2)));
+    let d = g(&format!("/{}c{}", "*a".repeat(n), "a".repeat(900)));
+    let e = g(&format!("/{}d{}", "*a".repeat(n), "a".repeat(900)));
+    let f = g(&format!("/{}d", "*[!b]".repeat(n)));
+    let h = g(&format!("/{}/d", "**/*[!b]".repeat(n / 2)));
+    for (x, y) in [
+        (&a, &b),
+        (&a, &c),
+        (&b, &c),
+        (&d, &e),
+        (&d, &f),
+        (&f, &h),
+        (&d, &h),
+    ] {
+        let start = std::time::Instant::now();
+        let meet = x.overlaps(y);
+        eprintln!(
+            "{} x {} bytes: {meet} in {:?}",
+            x.as_str().len(),
+            y.as_str().len(),
+            start.elapsed()
+        );
+    }
 }

@@ -143,6 +143,16 @@
     return [table(["Lock", "Holder", "Purpose", "Expires"], rows, "No locks held.")];
   }
 
+  function reservations(list) {
+    var rows = list.map(function (r) {
+      return el("tr", null, [el("td", "pattern", [r.pattern]), cell(r.holder),
+        el("td", null, [pill(r.exclusive ? "exclusive" : "shared")]), cell(dash(r.project)),
+        cell(dash(r.reason)), cell(time(r.expires_at))]);
+    });
+    return [table(["Paths", "Holder", "Mode", "Project", "Reason", "Expires"], rows,
+      "No paths reserved.")];
+  }
+
   function messages(list) {
     if (list.length === 0) return [el("p", "muted", ["No channel messages yet."])];
     var ul = el("ul", "messages");
@@ -195,6 +205,7 @@
     replace("agents", agents(data.agents));
     replace("tasks", tasks(data.tasks));
     replace("locks", locks(data.locks));
+    replace("reservations", reservations(data.reservations));
     replace("messages", messages(data.messages));
     replace("conversations", conversations(data.conversations));
     replace("updated", ["updated " + time(data.generated_at)]);

@@ -13,7 +13,8 @@ use chrono::{DateTime, Utc};
 
 use acs_store::events::ListenerState;
 use acs_store::store::operations::dashboard::{
-    AgentView, ChannelMessageView, Conversations, Health, LockView, Snapshot, TaskView,
+    AgentView, ChannelMessageView, Conversations, Health, LockView, ReservationView, Snapshot,
+    TaskView,
 };
 use acs_store::store::tasks::TaskStatus;
 use acs_store::store::text;
@@ -63,8 +64,8 @@ pub fn sign_in(error: Option<&str>, dropped_over_http: bool) -> String {
     let mut html = head("ai-crew-sync · sign in");
     html.push_str("<body class=\"sign-in\"><main class=\"card narrow\"><h1>ai-crew-sync</h1>");
     html.push_str(
-        "<p class=\"muted\">A read-only view of your team: agents, tasks, locks, channels, \
-         conversations and the outbox.</p>",
+        "<p class=\"muted\">A read-only view of your team: agents, tasks, locks, path \
+         reservations, channels, conversations and the outbox.</p>",
     );
     if let Some(error) = error {
         let _ = write!(
@@ -128,6 +129,12 @@ pub fn dashboard(snapshot: &Snapshot) -> String {
             conversations(&snapshot.conversations),
         ),
         ("locks", "Locks", "", locks(&snapshot.locks)),
+        (
+            "reservations",
+            "Path reservations",
+            "",
+            reservations(&snapshot.reservations),
+        ),
         ("health", "Outbox and broker", "", health(&snapshot.health)),
     ];
     for (id, title, class, body) in sections {
@@ -312,6 +319,29 @@ fn locks(locks: &[LockView]) -> String {
         &["Lock", "Holder", "Purpose", "Expires"],
         &rows,
         "No locks held.",
+    )
+}
+
+fn reservations(reservations: &[ReservationView]) -> String {
+    let rows: Vec<String> = reservations
+        .iter()
+        .map(|r| {
+            format!(
+                "<tr><td class=\"pattern\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
+                 <td>{}</td></tr>",
+                escape(&r.pattern),
+                escape(&r.holder),
+                pill(if r.exclusive { "exclusive" } else { "shared" }),
+                or_dash(Some(r.project.as_str()).filter(|p| !p.is_empty())),
+                or_dash(r.reason.as_deref()),
+                time(&r.expires_at)
+            )
+        })
+        .collect();
+    table(
+        &["Paths", "Holder", "Mode", "Project", "Reason", "Expires"],
+        &rows,
+        "No paths reserved.",
     )
 }
 

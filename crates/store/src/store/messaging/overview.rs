@@ -2,7 +2,7 @@
 //!
 //! The digest is a fixed handful of queries whatever the team's size: one for
 //! channel activity (a window function keeps the last few per channel), one
-//! each for tasks, notes and agents. Its cost follows the activity in the
+//! each for tasks, notes, agents and the live path reservations. Its cost follows the activity in the
 //! period, never the number of channels. It never shows direct messages or
 //! private conversation bodies.
 
@@ -16,7 +16,7 @@ use crate::Bus;
 use crate::auth::Identity;
 use crate::error::BusResult;
 use crate::store::messaging::presence::listed;
-use crate::store::{messaging::channels, messaging::messages};
+use crate::store::messaging::{channels, messages, reservations};
 
 pub const DIGEST_HOURS_MAX: i32 = 336;
 pub const DIGEST_HOURS_DEFAULT: i32 = 24;
@@ -142,6 +142,9 @@ pub struct Digest {
     pub tasks: Vec<TaskMove>,
     pub notes: Vec<NoteChange>,
     pub agents_seen: Vec<AgentSeen>,
+    /// The windows holding live path reservations now (whatever `hours`),
+    /// each with its count and first few; at most 50 windows.
+    pub reservations: Vec<reservations::WindowPaths>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -231,6 +234,7 @@ pub async fn team_digest(
         tasks: task_moves(bus, me, since).await?,
         notes: note_changes(bus, me, since).await?,
         agents_seen: agents_seen(bus, me, since).await?,
+        reservations: reservations::held_by_window(&bus.pool, me.team_id, DIGEST_LIST_MAX).await?,
     })
 }
 

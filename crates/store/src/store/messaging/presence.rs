@@ -37,7 +37,8 @@ use uuid::Uuid;
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
-use crate::store::{fenced, limits, messaging::channels, text};
+use crate::store::messaging::{channels, reservations};
+use crate::store::{fenced, limits, text};
 
 pub const TTL_MIN_SECS: i64 = 30;
 pub const TTL_MAX_SECS: i64 = 86_400;
@@ -48,6 +49,9 @@ pub const PAGE_MAX: i64 = 200;
 pub const SESSIONS_PAGE_DEFAULT: i64 = 50;
 /// A window offline for longer than this is listed only with `all`.
 pub const OFFLINE_LISTED_HOURS: i64 = 24;
+/// `list_agents` shows the live reservations of at most this many windows
+/// (each with at most `reservations::HELD_SHOWN` and its count).
+const WINDOWS_HOLDING_MAX: i64 = 200;
 
 acs_wire::text_enum! {
     /// What a window says it is doing, stored as text in `presence.status`.
@@ -150,6 +154,10 @@ pub struct Window {
     pub ttl_seconds: i32,
     pub last_seen_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
+    /// Its live path reservations (`list_agents` only; absent when none).
+    #[sqlx(skip)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservations: Option<reservations::HeldPaths>,
 }
 
 impl Window {
@@ -425,7 +433,8 @@ pub async fn heartbeat(bus: &Bus, me: &Identity, beat: &Beat) -> BusResult<Heart
 /// `list_agents`: every agent of the caller's team with its listed windows
 /// ([`listed!`]; with `all`, those offline for more than a day too, else
 /// only counted). With `online_only`, only online agents and only their live
-/// windows.
+/// windows. Each window holding live path reservations shows them
+/// (`reservations`: its count and the first few), read in the same snapshot.
 pub async fn list_agents(
     bus: &Bus,
     me: &Identity,
@@ -474,10 +483,15 @@ pub async fn list_agents(
     .bind(online_only)
     .fetch_all(&mut *tx)
     .await?;
+    let mut held = reservations::held_by_window(&mut *tx, me.team_id, WINDOWS_HOLDING_MAX).await?;
     tx.commit().await?;
 
     let mut by_agent: std::collections::HashMap<Uuid, Vec<(bool, Window)>> = Default::default();
-    for row in windows {
+    for mut row in windows {
+        row.window.reservations = held
+            .iter()
+            .position(|h| h.agent_id == row.agent_id && h.session == row.window.session)
+            .map(|k| held.swap_remove(k).held);
         let listed = (all || row.recent, row.window.settled());
         by_agent.entry(row.agent_id).or_default().push(listed);
     }

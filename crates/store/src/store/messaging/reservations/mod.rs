@@ -42,10 +42,12 @@ use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::store::{address, at, limits, text, window_phrase};
 
+mod held;
 mod reads;
 mod reserve;
 mod window;
 
+pub use held::{HELD_SHOWN, HeldPath, HeldPaths, WindowPaths, held_by_window};
 pub use reads::{CheckedPath, Covering, PathCheck, ReservationList, check_paths, list};
 pub use reserve::{Granted, RefusedPattern, ReserveRequest, Reserved, reserve};
 pub use window::{Released, Renewed, release, renew};

@@ -10,7 +10,8 @@
 //! every replica, for every copy of the cookie.
 //!
 //! [`snapshot`] is a fixed handful of bounded queries (the newest N of each
-//! kind), so the page costs the same on a team with a long history. What it
+//! kind; live locks and path reservations), so the page costs the same on a
+//! team with a long history. What it
 //! deliberately never returns: a direct message (channel messages only), a
 //! conversation the signed-in agent holds no active seat in (a registered
 //! window's seat does not count: its private data is for its session
@@ -30,7 +31,7 @@ pub use sign_in::{
 };
 pub use snapshot::{
     AgentView, ChannelMessageView, ConversationMessageView, ConversationView, Conversations,
-    Health, Limits, LockView, Snapshot, TaskView, WindowView, snapshot,
+    Health, Limits, LockView, ReservationView, Snapshot, TaskView, WindowView, snapshot,
 };
 
 /// Newest agents (with their windows) shown.
@@ -41,6 +42,8 @@ pub const WINDOWS_MAX: i64 = 1_000;
 pub const TASKS_MAX: i64 = 200;
 /// Held locks shown, soonest to expire first.
 pub const LOCKS_MAX: i64 = 100;
+/// Live path reservations shown, soonest to expire first.
+pub const RESERVATIONS_MAX: i64 = 100;
 /// Newest channel messages (announcements included) shown.
 pub const MESSAGES_MAX: i64 = 50;
 /// Conversations shown, most recently written first.

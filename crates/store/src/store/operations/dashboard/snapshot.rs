@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use super::{
     AGENTS_MAX, BODY_CHARS_MAX, CONVERSATION_MESSAGES_MAX, CONVERSATIONS_MAX, LOCKS_MAX,
-    MESSAGES_MAX, TASKS_MAX, Viewer, WINDOWS_MAX,
+    MESSAGES_MAX, RESERVATIONS_MAX, TASKS_MAX, Viewer, WINDOWS_MAX,
 };
 use crate::backend::Backends;
 use crate::error::BusResult;
@@ -27,6 +27,7 @@ pub struct Snapshot {
     pub agents: Vec<AgentView>,
     pub tasks: Vec<TaskView>,
     pub locks: Vec<LockView>,
+    pub reservations: Vec<ReservationView>,
     pub messages: Vec<ChannelMessageView>,
     pub conversations: Conversations,
     pub health: Health,
@@ -39,6 +40,7 @@ pub struct Limits {
     pub agents: i64,
     pub tasks: i64,
     pub locks: i64,
+    pub reservations: i64,
     pub messages: i64,
     pub conversations: i64,
     pub conversation_messages: i64,
@@ -86,6 +88,20 @@ pub struct LockView {
     pub name: String,
     pub holder: String,
     pub purpose: Option<String>,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// A live path reservation (issue 37).
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct ReservationView {
+    /// The glob as normalised (`acs_wire::globs`).
+    pub pattern: String,
+    /// `agent` or `agent/window`.
+    pub holder: String,
+    pub exclusive: bool,
+    /// The project it was taken in (`""`: the window named none).
+    pub project: String,
+    pub reason: Option<String>,
     pub expires_at: DateTime<Utc>,
 }
 
@@ -184,6 +200,20 @@ pub async fn snapshot(
     .bind(LOCKS_MAX)
     .fetch_all(pool)
     .await?;
+    let reservations = sqlx::query_as(
+        "SELECT r.pattern,
+                CASE WHEN r.holder_session = '' THEN a.name
+                     ELSE a.name || '/' || r.holder_session END AS holder,
+                r.exclusive, r.project, r.reason, r.expires_at
+           FROM path_reservations r
+           JOIN agents a ON a.team_id = r.team_id AND a.id = r.holder_agent_id
+          WHERE r.team_id = $1 AND r.expires_at > now()
+          ORDER BY r.expires_at, r.project, r.pattern LIMIT $2",
+    )
+    .bind(team_id)
+    .bind(RESERVATIONS_MAX)
+    .fetch_all(pool)
+    .await?;
     // Channel messages only: a direct message never reaches the dashboard.
     let messages = sqlx::query_as(
         "SELECT c.name AS channel, a.name AS from, left(m.body, $3) AS body,
@@ -208,6 +238,7 @@ pub async fn snapshot(
         agents,
         tasks,
         locks,
+        reservations,
         messages,
         conversations,
         health,
@@ -215,6 +246,7 @@ pub async fn snapshot(
             agents: AGENTS_MAX,
             tasks: TASKS_MAX,
             locks: LOCKS_MAX,
+            reservations: RESERVATIONS_MAX,
             messages: MESSAGES_MAX,
             conversations: CONVERSATIONS_MAX,
             conversation_messages: CONVERSATION_MESSAGES_MAX,
