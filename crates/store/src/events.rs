@@ -60,6 +60,9 @@ acs_wire::text_enum! {
         Task = "task",
         Lock = "lock",
         Note = "note",
+        /// Path reservations taken, extended or released (id = a pattern,
+        /// and how many more the call changed).
+        Reservation = "reservation",
         /// A conversation message was sent (id = message id, `c` = conversation).
         /// Routing is by membership, which only the database knows: a conversation
         /// waiter re-checks its receipts on every one of these. One event may stand
@@ -81,7 +84,8 @@ pub struct BusEvent {
     pub team_id: Uuid,
     #[serde(rename = "k")]
     pub kind: EventKind,
-    /// The changed object: a message id, task key, lock name or note key.
+    /// The changed object: a message id, task key, lock name, note key or
+    /// reservation pattern.
     #[serde(rename = "i")]
     pub id: String,
     /// The agent that made the change, so a window is not woken by itself.
@@ -275,6 +279,28 @@ pub async fn notify_access_changed(
         .bind(payload)
         .execute(conn)
         .await?;
+    Ok(())
+}
+
+/// Queue `events` inside the caller's transaction: delivered at its commit
+/// to every replica, whichever process committed (an operator's CLI has no
+/// publisher). For rare writes only, such as a window's end
+/// (`store/messaging/holdings.rs`): a notification inside a hot transaction
+/// serialises commits (see the module docs).
+pub async fn notify_in(
+    conn: &mut sqlx::PgConnection,
+    events: &[BusEvent],
+) -> Result<(), sqlx::Error> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    for payload in payloads(events) {
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(CHANNEL)
+            .bind(payload)
+            .execute(&mut *conn)
+            .await?;
+    }
     Ok(())
 }
 

@@ -33,6 +33,7 @@ use uuid::Uuid;
 
 use crate::auth::{self, Identity, SESSION_CREDENTIAL_PREFIX, SessionCredential};
 use crate::error::{BusError, BusResult};
+use crate::store::messaging::holdings::{self, Ending};
 use crate::store::{Actor, Source, address, fenced, identity::audit};
 
 pub const TTL_MIN_SECS: i64 = 60;
@@ -550,8 +551,10 @@ pub async fn renew(
 }
 
 /// `revoke_session`: end this window's session, or (by `label`) another
-/// window of the same agent; its presence goes offline with it. Revoking a
-/// dead session changes nothing else.
+/// window of the same agent; its presence goes offline with it, and the
+/// claimed tasks, locks and path reservations its window still holds are
+/// released (`holdings::release_ended`). Revoking a dead session changes
+/// nothing else.
 pub async fn revoke(pool: &PgPool, me: &Identity, label: Option<&str>) -> BusResult<SessionState> {
     let label = match label.map(auth::normalize_session_label).transpose()? {
         Some(label) if !label.is_empty() => label,
@@ -612,6 +615,15 @@ pub async fn revoke(pool: &PgPool, me: &Identity, label: Option<&str>) -> BusRes
     .bind(me.agent_id)
     .bind(&label)
     .execute(&mut *tx)
+    .await?;
+    // And nothing it held stays held: it can no longer release anything.
+    holdings::release_ended(
+        &mut tx,
+        me.team_id,
+        me.agent_id,
+        Some(std::slice::from_ref(&label)),
+        Ending::SessionRevoked,
+    )
     .await?;
     if was_live {
         audit::record(

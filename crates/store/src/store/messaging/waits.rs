@@ -145,7 +145,7 @@ fn may_concern(event: &BusEvent, me: &Identity, request: &WaitRequest) -> bool {
                     .as_deref()
                     .is_none_or(|s| s == me.window)
         }),
-        EventKind::Task | EventKind::Lock | EventKind::Note => true,
+        EventKind::Task | EventKind::Lock | EventKind::Note | EventKind::Reservation => true,
         // Conversation traffic has its own wait (wait_for_conversation_updates).
         EventKind::Conversation | EventKind::Outbox => false,
     }
