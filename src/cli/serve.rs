@@ -149,8 +149,8 @@ pub struct ServeArgs {
     inbox_retention_hours: u64,
     /// Seconds a window that ended its host conversation (the session_end hook, its proxy
     /// exiting) may take to come back (a heartbeat, or a write on the task) before its claimed
-    /// tasks are released back to the queue, each with a note naming the window. Its locks
-    /// and path reservations are released at once; a revoked window's tasks at once too.
+    /// tasks are released back to the queue, each with a note naming the window (its locks
+    /// and path reservations are released when it leaves). Default 10 minutes.
     #[arg(long, env = "BUS_TASK_RELEASE_GRACE_SECS", default_value_t = acs_server::workers::departures::GRACE.as_secs(), value_parser = clap::value_parser!(u64).range(1..=604_800))]
     task_release_grace_secs: u64,
     /// Seconds to let in-flight requests finish after SIGINT/SIGTERM (blocked long polls answer

@@ -1,7 +1,9 @@
 //! A window that ends releases what it holds (issue 37): the `session_end`
 //! hook (a leaving heartbeat) releases its locks and path reservations at
 //! once and its claimed tasks after a grace unless it comes back;
-//! revocation releases everything at once; the presence sweeper releases
+//! revocation releases everything (a token revoked or an agent disabled at
+//! once, `revoke_session` unless the label is registered again at once, as a
+//! restarted proxy does); the presence sweeper releases
 //! the reservations of a window whose presence expired. And the Stop hook
 //! blocks a stop once, naming what the window still holds.
 //!
@@ -203,13 +205,26 @@ async fn a_claimed_task_is_released_after_the_grace_with_a_note_unless_the_windo
 }
 
 #[tokio::test]
-async fn revoking_a_window_releases_its_tasks_locks_and_reservations_at_once() {
-    let app = spawn_app().await;
+async fn a_revoked_window_releases_what_it_holds_unless_its_label_is_registered_again_at_once() {
+    let app = TestApp::builder()
+        .departures(DepartureSettings {
+            interval: Duration::from_millis(200),
+            revoked_settle: Duration::from_secs(1),
+            ..DepartureSettings::default()
+        })
+        .spawn()
+        .await;
     app.team("acme").await;
     let alice = app.agent("acme", "alice").await;
     let bob = app.mcp(&app.agent("acme", "bob").await, None).await;
     let config = tempfile::tempdir().unwrap();
+    let (_, taken) = proxy_window(&app, &alice, "cc-t", "cc-taken", config.path()).await;
     let (_, window) = proxy_window(&app, &alice, "cc-r", "cc-rev", config.path()).await;
+    create_and_claim(&bob, &taken, "T-taken").await;
+    taken
+        .call("acquire_lock", json!({"name": "docs"}))
+        .await
+        .unwrap();
     window
         .call("acquire_lock", json!({"name": "schema"}))
         .await
@@ -217,14 +232,27 @@ async fn revoking_a_window_releases_its_tasks_locks_and_reservations_at_once() {
     reserve(&app, "alice", "cc-rev", "migrations/**").await;
     create_and_claim(&bob, &window, "T-rev").await;
 
+    // A restarted proxy takes its window over: revoke, then register the
+    // same label at once. It keeps what the window holds.
     let owner = app.mcp(&alice, None).await;
+    owner
+        .call("revoke_session", json!({"session": "cc-taken"}))
+        .await
+        .unwrap();
+    owner
+        .call("register_session", json!({"session": "cc-taken"}))
+        .await
+        .unwrap();
     owner
         .call("revoke_session", json!({"session": "cc-rev"}))
         .await
         .unwrap();
 
-    let (task, last) = last_event(&bob, "T-rev").await;
-    assert_eq!(task["status"], "open", "{task}");
+    let (task, last) = eventually("T-rev released after the revocation", async || {
+        let (task, last) = last_event(&bob, "T-rev").await;
+        (task["status"] == "open").then_some((task, last))
+    })
+    .await;
     assert_eq!(last["kind"], "released", "{task}");
     assert_eq!(last["by"], "alice/cc-rev", "{task}");
     assert_eq!(last["detail"]["why"], "session_revoked", "{task}");
@@ -236,8 +264,12 @@ async fn revoking_a_window_releases_its_tasks_locks_and_reservations_at_once() {
         "{task}"
     );
     let locks = bob.call("list_locks", json!({})).await.unwrap();
-    assert!(lock_names(&locks).is_empty(), "{locks}");
+    assert_eq!(lock_names(&locks), ["docs"], "{locks}");
     assert!(reservations_of(&app, "cc-rev").await.is_empty());
+    // cc-taken was revoked first and its settle ran out before cc-rev's: the
+    // pass that released cc-rev saw it registered again.
+    let (kept, _) = last_event(&bob, "T-taken").await;
+    assert_eq!(kept["holder"]["address"], "alice/cc-taken", "{kept}");
 }
 
 #[tokio::test]

@@ -5,7 +5,14 @@
 //! and why (`holdings::release_tasks_of_departed`). A window back within the
 //! grace (a heartbeat, which its proxy sends at start, or a write on the
 //! task) keeps them. Its locks and path reservations were released when it
-//! left; a revoked window's tasks were released when it was revoked.
+//! left.
+//!
+//! The same pass releases what a window revoked by `revoke_session` holds
+//! (tasks, locks, reservations) once it has stayed revoked for
+//! [`REVOKED_SETTLE`]: a proxy that restarts revokes its window and
+//! registers the same label again at once, and keeps its work
+//! (`holdings::release_revoked_windows`). A revoked token or a disabled
+//! agent releases its windows' holdings in its own transaction.
 //!
 //! Bounded batches, rows being changed skipped rather than waited on, so
 //! every replica can run it at once.
@@ -22,6 +29,10 @@ use acs_store::store::messaging::holdings;
 /// How long a window that left may take to come back before its claimed
 /// tasks are released.
 pub const GRACE: Duration = Duration::from_secs(600);
+/// How long a window revoked by `revoke_session` stays so before what it
+/// holds is released (a take-over registers the label again within
+/// milliseconds).
+pub const REVOKED_SETTLE: Duration = Duration::from_secs(10);
 /// Time between passes.
 pub const INTERVAL: Duration = Duration::from_secs(30);
 /// Tasks released per statement.
@@ -37,6 +48,8 @@ pub struct DepartureSettings {
     pub interval: Duration,
     /// How long a window that left may take to come back.
     pub grace: Duration,
+    /// How long a revoked window stays so before its holdings are released.
+    pub revoked_settle: Duration,
     /// Tasks released per statement.
     pub batch: i64,
 }
@@ -46,21 +59,33 @@ impl Default for DepartureSettings {
         DepartureSettings {
             interval: INTERVAL,
             grace: GRACE,
+            revoked_settle: REVOKED_SETTLE,
             batch: BATCH,
         }
     }
 }
 
 /// One pass: release the claimed tasks of windows away for longer than
-/// `grace`, `batch` at a time, within the per-pass bound. Returns the keys
-/// released.
-pub async fn run_once(pool: &PgPool, grace: Duration, batch: i64) -> BusResult<Vec<String>> {
+/// the grace, then what windows revoked for longer than the settle hold,
+/// `batch` at a time, within the per-pass bound. Returns the keys of the
+/// tasks released.
+pub async fn run_once(pool: &PgPool, settings: &DepartureSettings) -> BusResult<Vec<String>> {
     let mut released = Vec::new();
     for _ in 0..BATCHES_PER_PASS_MAX {
-        let keys = holdings::release_tasks_of_departed(pool, grace, batch).await?;
-        let done = (keys.len() as i64) < batch;
+        let keys =
+            holdings::release_tasks_of_departed(pool, settings.grace, settings.batch).await?;
+        let done = (keys.len() as i64) < settings.batch;
         released.extend(keys);
         if done {
+            break;
+        }
+    }
+    for _ in 0..BATCHES_PER_PASS_MAX {
+        let (windows, freed) =
+            holdings::release_revoked_windows(pool, settings.revoked_settle, settings.batch)
+                .await?;
+        released.extend(freed.tasks);
+        if (windows as i64) < settings.batch {
             break;
         }
     }
@@ -82,11 +107,11 @@ pub fn spawn(
                 _ = shutdown.cancelled() => return,
                 _ = ticker.tick() => {}
             }
-            match run_once(&bus.pool, settings.grace, settings.batch).await {
+            match run_once(&bus.pool, &settings).await {
                 Ok(keys) if keys.is_empty() => {}
                 Ok(keys) => tracing::info!(
                     released = keys.len(),
-                    "released the claimed tasks of windows that left and did not come back"
+                    "released the claimed tasks of windows that left and did not come back, or were revoked"
                 ),
                 // The next pass retries; the tasks stay claimed meanwhile.
                 Err(err) => {

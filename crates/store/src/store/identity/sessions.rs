@@ -33,7 +33,6 @@ use uuid::Uuid;
 
 use crate::auth::{self, Identity, SESSION_CREDENTIAL_PREFIX, SessionCredential};
 use crate::error::{BusError, BusResult};
-use crate::store::messaging::holdings::{self, Ending};
 use crate::store::{Actor, Source, address, fenced, identity::audit};
 
 pub const TTL_MIN_SECS: i64 = 60;
@@ -551,10 +550,12 @@ pub async fn renew(
 }
 
 /// `revoke_session`: end this window's session, or (by `label`) another
-/// window of the same agent; its presence goes offline with it, and the
-/// claimed tasks, locks and path reservations its window still holds are
-/// released (`holdings::release_ended`). Revoking a dead session changes
-/// nothing else.
+/// window of the same agent; its presence goes offline with it. What the
+/// window still holds (claimed tasks, locks, path reservations) is released
+/// by the departures pass once it has stayed revoked for a few seconds
+/// (`holdings::release_revoked_windows`): a proxy taking its window over
+/// revokes it and registers the same label again at once, and keeps it.
+/// Revoking a dead session changes nothing else.
 pub async fn revoke(pool: &PgPool, me: &Identity, label: Option<&str>) -> BusResult<SessionState> {
     let label = match label.map(auth::normalize_session_label).transpose()? {
         Some(label) if !label.is_empty() => label,
@@ -615,15 +616,6 @@ pub async fn revoke(pool: &PgPool, me: &Identity, label: Option<&str>) -> BusRes
     .bind(me.agent_id)
     .bind(&label)
     .execute(&mut *tx)
-    .await?;
-    // And nothing it held stays held: it can no longer release anything.
-    holdings::release_ended(
-        &mut tx,
-        me.team_id,
-        me.agent_id,
-        Some(std::slice::from_ref(&label)),
-        Ending::SessionRevoked,
-    )
     .await?;
     if was_live {
         audit::record(

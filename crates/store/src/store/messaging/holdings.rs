@@ -8,9 +8,13 @@
 //!   for a grace ([`release_tasks_of_departed`], `workers/departures.rs`), so
 //!   a conversation resumed in time (a heartbeat again, or a write on the
 //!   task) keeps its work;
-//! - it is revoked (`revoke_session`, its token revoked, its agent
-//!   disabled): all of it at once ([`release_ended`]), since nothing it
-//!   holds can be released by it any more;
+//! - it is revoked: its token revoked or its agent disabled, all of it at
+//!   once, in that transaction ([`release_ended`]), since nothing it holds
+//!   can be released by it any more; `revoke_session`, all of it once the
+//!   window has stayed revoked for a few seconds
+//!   ([`release_revoked_windows`], the departures pass): a proxy that
+//!   restarts takes its window over by revoking it and registering the same
+//!   label again at once, and keeps what the window holds;
 //! - its presence expired without a word (the presence sweeper): its
 //!   reservations ([`release_reservations_of_gone`]); its locks and leases
 //!   run out on their own clocks.
@@ -347,8 +351,9 @@ pub(crate) async fn release_on_leave(
 
 /// Windows `labels` of `agent` (every window with `None`) ended for good
 /// (revoked, their token revoked, their agent disabled): inside the caller's
-/// transaction, which took the agent's credential lock first, release their
-/// tasks, locks and reservations and queue the events.
+/// transaction, which locked the agent's credentials or the window's
+/// session row first, release their tasks, locks and reservations and queue
+/// the events.
 pub(crate) async fn release_ended(
     conn: &mut PgConnection,
     team: Uuid,
@@ -426,6 +431,68 @@ pub async fn release_tasks_of_departed(
     events::notify_in(&mut tx, &wake).await?;
     tx.commit().await?;
     Ok(rows.into_iter().map(|(_, key, _, _)| key).collect())
+}
+
+/// One batch: release what up to `batch` windows hold whose session was
+/// revoked (`revoke_session`) at least `settle` ago and not registered again
+/// since. Each window in a transaction of its own that locks its session
+/// row first and reads it again, so a registration of the label (which
+/// takes that row) either committed before, and the window keeps what it
+/// holds, or waits until the release committed. Candidates are found from
+/// the holdings (claimed tasks, the live locks, reservations), not from the
+/// history of sessions. Returns how many windows were looked at (`batch`
+/// means there may be more) and what was released.
+pub async fn release_revoked_windows(
+    pool: &PgPool,
+    settle: Duration,
+    batch: i64,
+) -> BusResult<(usize, Released)> {
+    let windows: Vec<(Uuid, Uuid, String)> = sqlx::query_as(
+        "WITH held AS (
+             SELECT team_id, holder_agent_id AS agent_id, holder_session AS label FROM tasks
+             WHERE holder_agent_id IS NOT NULL
+             UNION
+             SELECT team_id, holder_agent_id, holder_session FROM locks
+             WHERE expires_at > now()
+             UNION
+             SELECT team_id, holder_agent_id, holder_session FROM path_reservations)
+         SELECT h.team_id, h.agent_id, h.label FROM held h
+         JOIN agent_sessions s ON s.team_id = h.team_id AND s.agent_id = h.agent_id
+                              AND s.label = h.label
+         WHERE s.revoked_at <= now() - make_interval(secs => $1)
+         LIMIT $2",
+    )
+    .bind(settle.as_secs_f64())
+    .bind(batch)
+    .fetch_all(pool)
+    .await?;
+    let looked_at = windows.len();
+    let mut released = Released::default();
+    for (team, agent, label) in windows {
+        let mut tx = pool.begin().await?;
+        let still_revoked: Option<bool> = sqlx::query_scalar(
+            "SELECT revoked_at <= now() - make_interval(secs => $4) FROM agent_sessions
+             WHERE team_id = $1 AND agent_id = $2 AND label = $3
+             FOR UPDATE",
+        )
+        .bind(team)
+        .bind(agent)
+        .bind(&label)
+        .bind(settle.as_secs_f64())
+        .fetch_optional(&mut *tx)
+        .await?;
+        if still_revoked != Some(true) {
+            continue;
+        }
+        let labels = [label];
+        let one =
+            release_ended(&mut tx, team, agent, Some(&labels), Ending::SessionRevoked).await?;
+        tx.commit().await?;
+        released.tasks.extend(one.tasks);
+        released.locks.extend(one.locks);
+        released.reservations += one.reservations;
+    }
+    Ok((looked_at, released))
 }
 
 /// One batch: delete up to `batch` reservations whose window's presence
