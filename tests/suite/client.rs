@@ -12,7 +12,7 @@ use crate::support::{TestApp, eventually, free_port, spawn_app};
 
 /// One agent window at the console.
 #[derive(Clone)]
-struct Console {
+pub(crate) struct Console {
     url: String,
     token: Option<String>,
     session: Option<String>,
@@ -21,14 +21,14 @@ struct Console {
 
 /// What one run printed and how it ended.
 #[derive(Debug)]
-struct Run {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
+pub(crate) struct Run {
+    pub(crate) code: Option<i32>,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
 }
 
 impl Console {
-    async fn new(app: &TestApp, agent: &str, session: Option<&str>) -> Console {
+    pub(crate) async fn new(app: &TestApp, agent: &str, session: Option<&str>) -> Console {
         Console {
             url: app.url("/mcp"),
             token: Some(app.agent("acme", agent).await),
@@ -101,19 +101,19 @@ impl Console {
         }
     }
 
-    async fn run(&self, args: &[&str]) -> Run {
+    pub(crate) async fn run(&self, args: &[&str]) -> Run {
         self.run_with_stdin(args, None).await
     }
 
     /// Run and expect success; its stdout.
-    async fn ok(&self, args: &[&str]) -> String {
+    pub(crate) async fn ok(&self, args: &[&str]) -> String {
         let run = self.run(args).await;
         assert_eq!(run.code, Some(0), "client {args:?} failed: {run:?}");
         run.stdout
     }
 
     /// Run with `--json` and expect success; its parsed stdout.
-    async fn json(&self, args: &[&str]) -> Value {
+    pub(crate) async fn json(&self, args: &[&str]) -> Value {
         let mut args = args.to_vec();
         args.push("--json");
         let stdout = self.ok(&args).await;

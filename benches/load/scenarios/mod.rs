@@ -9,6 +9,7 @@
 //! or 10 000 blocked waits beside a measured pair), `teams` (one team's
 //! posts against 16 teams'), `capacity` (a folder: agents as hosts run them,
 //! raised in steps), `peer` (mcp_agent_mail_rust's workloads), `tasks`,
+//! `reservations` (`check_paths` against 1 000 live reservations),
 //! `history` (a folder: read tools against a seeded small and large
 //! history, run by name only),
 //! `conversations`, `outbox` (the drain to JetStream), `moves` (a
@@ -27,6 +28,7 @@ mod messaging;
 mod moves;
 mod outbox;
 mod peer;
+mod reservations;
 mod tasks;
 mod teams;
 
@@ -216,6 +218,15 @@ pub const SCENARIOS: &[Scenario] = &[
         about: "claim_next_task + complete_task, each client its own window",
         run: |ctx, clients| Box::pin(tasks::claim_complete(ctx, clients)),
         baseline: Some(PG_CLAIM_COMPLETE),
+        needs_nats: false,
+        once: false,
+        by_name_only: false,
+    },
+    Scenario {
+        name: "check_paths",
+        about: "check_paths of 50 paths against 1 000 live reservations of one project",
+        run: |ctx, clients| Box::pin(reservations::check_paths(ctx, clients)),
+        baseline: None,
         needs_nats: false,
         once: false,
         by_name_only: false,
