@@ -8,7 +8,8 @@
 //! blocks a stop once, naming what the window still holds.
 //!
 //! Hooks run as the real binary with Claude Code's JSON on stdin
-//! (`hooks.rs`'s helpers), against a real server.
+//! (`hooks.rs`'s helpers), against a real server; reservations are taken
+//! with `reserve_paths` and seen with `list_reservations`.
 
 use std::time::Duration;
 
@@ -20,34 +21,28 @@ use ai_crew_sync::store::identity::agents;
 use ai_crew_sync::workers::departures::DepartureSettings;
 use ai_crew_sync::workers::presence_sweeper;
 
-/// A path reservation of window `agent/session`, written as `reserve_paths`
-/// writes it (its tools land on another branch; until then the row is put
-/// in directly).
-async fn reserve(app: &TestApp, agent: &str, session: &str, pattern: &str) {
-    let inserted = sqlx::query(
-        "INSERT INTO path_reservations
-             (team_id, holder_agent_id, holder_session, pattern, exclusive, reason, expires_at)
-         SELECT a.team_id, a.id, $2, $3, true, 'editing', now() + interval '1 hour'
-         FROM agents a WHERE a.name = $1",
-    )
-    .bind(agent)
-    .bind(session)
-    .bind(pattern)
-    .execute(&app.pool)
-    .await
-    .unwrap();
-    assert_eq!(inserted.rows_affected(), 1);
+/// `reserve_paths` of `pattern` (exclusive) by `window`.
+async fn reserve(window: &McpClient, pattern: &str) {
+    window
+        .call(
+            "reserve_paths",
+            json!({"paths": [pattern], "ttl_seconds": 3600, "reason": "editing"}),
+        )
+        .await
+        .unwrap();
 }
 
-/// The patterns window `session` holds.
-async fn reservations_of(app: &TestApp, session: &str) -> Vec<String> {
-    sqlx::query_scalar(
-        "SELECT pattern FROM path_reservations WHERE holder_session = $1 ORDER BY pattern",
-    )
-    .bind(session)
-    .fetch_all(&app.pool)
-    .await
-    .unwrap()
+/// The patterns window `holder` (`agent/window`) holds, as
+/// `list_reservations` shows them to `reader`.
+async fn reservations_of(reader: &McpClient, holder: &str) -> Vec<String> {
+    let listed = reader.call("list_reservations", json!({})).await.unwrap();
+    listed["reservations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["holder"] == holder)
+        .map(|r| r["pattern"].as_str().unwrap().to_string())
+        .collect()
 }
 
 async fn create_and_claim(planner: &McpClient, window: &McpClient, key: &str) {
@@ -96,7 +91,7 @@ async fn session_end_releases_the_windows_locks_and_reservations_at_once_and_mar
         .call("acquire_lock", json!({"name": "deploy:prod"}))
         .await
         .unwrap();
-    reserve(&app, "alice", "cc-one", "src/api/**").await;
+    reserve(&window, "src/api/**").await;
     create_and_claim(&bob, &window, "T-1").await;
     // Another window of alice keeps what it holds.
     let (_, other) = proxy_window(&app, &alice, "cc-9", "cc-nine", config.path()).await;
@@ -104,7 +99,7 @@ async fn session_end_releases_the_windows_locks_and_reservations_at_once_and_mar
         .call("acquire_lock", json!({"name": "docs"}))
         .await
         .unwrap();
-    reserve(&app, "alice", "cc-nine", "docs/**").await;
+    reserve(&other, "docs/**").await;
 
     let waiter = tokio::spawn(async move {
         let woke = bob
@@ -131,8 +126,8 @@ async fn session_end_releases_the_windows_locks_and_reservations_at_once_and_mar
     assert_eq!(woke["events"][0]["by"], "alice/cc-one", "{woke}");
     let locks = bob.call("list_locks", json!({})).await.unwrap();
     assert_eq!(lock_names(&locks), ["docs"], "{locks}");
-    assert!(reservations_of(&app, "cc-one").await.is_empty());
-    assert_eq!(reservations_of(&app, "cc-nine").await, ["docs/**"]);
+    assert!(reservations_of(&bob, "alice/cc-one").await.is_empty());
+    assert_eq!(reservations_of(&bob, "alice/cc-nine").await, ["docs/**"]);
     // Its claimed task waits for the grace: a resumed conversation keeps it.
     let (task, _) = last_event(&bob, "T-1").await;
     assert_eq!(task["status"], "claimed", "{task}");
@@ -229,7 +224,7 @@ async fn a_revoked_window_releases_what_it_holds_unless_its_label_is_registered_
         .call("acquire_lock", json!({"name": "schema"}))
         .await
         .unwrap();
-    reserve(&app, "alice", "cc-rev", "migrations/**").await;
+    reserve(&window, "migrations/**").await;
     create_and_claim(&bob, &window, "T-rev").await;
 
     // A restarted proxy takes its window over: revoke, then register the
@@ -265,7 +260,7 @@ async fn a_revoked_window_releases_what_it_holds_unless_its_label_is_registered_
     );
     let locks = bob.call("list_locks", json!({})).await.unwrap();
     assert_eq!(lock_names(&locks), ["docs"], "{locks}");
-    assert!(reservations_of(&app, "cc-rev").await.is_empty());
+    assert!(reservations_of(&bob, "alice/cc-rev").await.is_empty());
     // cc-taken was revoked first and its settle ran out before cc-rev's: the
     // pass that released cc-rev saw it registered again.
     let (kept, _) = last_event(&bob, "T-taken").await;
@@ -285,7 +280,7 @@ async fn disabling_an_agent_releases_what_every_window_of_it_held() {
     two.call("acquire_lock", json!({"name": "release"}))
         .await
         .unwrap();
-    reserve(&app, "alice", "two", "Cargo.lock").await;
+    reserve(&two, "Cargo.lock").await;
 
     agents::set_disabled(&app.pool, &in_team("acme"), "alice", true)
         .await
@@ -296,7 +291,7 @@ async fn disabling_an_agent_releases_what_every_window_of_it_held() {
     assert_eq!(last["detail"]["why"], "agent_disabled", "{task}");
     let locks = bob.call("list_locks", json!({})).await.unwrap();
     assert!(lock_names(&locks).is_empty(), "{locks}");
-    assert!(reservations_of(&app, "two").await.is_empty());
+    assert!(reservations_of(&bob, "alice/two").await.is_empty());
 }
 
 #[tokio::test]
@@ -312,8 +307,8 @@ async fn the_presence_sweeper_releases_the_reservations_of_a_window_whose_presen
     busy.call("heartbeat", json!({"ttl_seconds": 600}))
         .await
         .unwrap();
-    reserve(&app, "alice", "idle", "src/**").await;
-    reserve(&app, "alice", "busy", "tests/**").await;
+    reserve(&idle, "src/**").await;
+    reserve(&busy, "tests/**").await;
     // The idle window stopped beating a while ago: its ttl ran out.
     sqlx::query(
         "UPDATE presence SET last_seen_at = now() - interval '40 seconds',
@@ -328,8 +323,8 @@ async fn the_presence_sweeper_releases_the_reservations_of_a_window_whose_presen
         .await
         .unwrap();
     assert_eq!(deleted, 1);
-    assert!(reservations_of(&app, "idle").await.is_empty());
-    assert_eq!(reservations_of(&app, "busy").await, ["tests/**"]);
+    assert!(reservations_of(&busy, "alice/idle").await.is_empty());
+    assert_eq!(reservations_of(&busy, "alice/busy").await, ["tests/**"]);
 }
 
 #[tokio::test]
@@ -354,7 +349,7 @@ async fn the_stop_hook_blocks_once_naming_what_the_window_holds_and_never_twice_
         .call("acquire_lock", json!({"name": "deploy:prod"}))
         .await
         .unwrap();
-    reserve(&app, "alice", "cc-stop", "src/api/**").await;
+    reserve(&window, "src/api/**").await;
 
     let blocked = hook(config.path(), "stop", stop(false)).await;
     let reason = block_reason(&blocked);
@@ -406,10 +401,7 @@ async fn the_stop_hook_blocks_once_naming_what_the_window_holds_and_never_twice_
         .call("release_task", json!({"key": "T-7"}))
         .await
         .unwrap();
-    sqlx::query("DELETE FROM path_reservations WHERE holder_session = 'cc-stop'")
-        .execute(&app.pool)
-        .await
-        .unwrap();
+    window.call("release_paths", json!({})).await.unwrap();
     let calm = hook(config.path(), "stop", stop(false)).await;
     assert_eq!((calm.code, calm.stdout.as_str()), (Some(0), ""), "{calm:?}");
 }
