@@ -199,3 +199,52 @@ fn reason(window: &WindowState, owed: &[Owed]) -> String {
     }
     reason.trim_end().to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use chrono::Utc;
+
+    use super::*;
+
+    fn window() -> WindowState {
+        WindowState {
+            host_session: "cc".into(),
+            label: "cc-one".into(),
+            url: "http://127.0.0.1:1/mcp".into(),
+            team: "acme".into(),
+            agent: "alice".into(),
+            credential: "acss_x".into(),
+            epoch: 1,
+            expires_at: Utc::now(),
+            pid: 1,
+            updated_at: Utc::now(),
+        }
+    }
+
+    fn holding(tasks: &[&str]) -> Value {
+        let items: Vec<Value> = tasks
+            .iter()
+            .map(|k| json!({"key": k, "title": "t", "lease_expires_at": "x", "lapsed": false}))
+            .collect();
+        let none = json!({"count": 0, "at_least": false, "items": []});
+        json!({"holdings": {
+            "claimed_tasks": {"count": items.len(), "at_least": false, "items": items},
+            "locks": none.clone(),
+            "reservations": none,
+        }})
+    }
+
+    // Breakage: dropping the `keys == marks.stop_blocked_for` check blocks
+    // every stop while a task is held.
+    #[test]
+    fn the_same_holdings_block_one_stop_in_a_row_and_new_ones_block_again() {
+        let mut marks = HookMarks::default();
+        let first = decide(&window(), &holding(&["T-1"]), &mut marks).expect("blocks");
+        assert!(first.contains("\"decision\":\"block\"") && first.contains("T-1"));
+        assert_eq!(decide(&window(), &holding(&["T-1"]), &mut marks), None);
+        assert!(decide(&window(), &holding(&["T-1", "T-2"]), &mut marks).is_some());
+        // A stop with nothing held forgets the last block.
+        assert_eq!(decide(&window(), &holding(&[]), &mut marks), None);
+        assert!(decide(&window(), &holding(&["T-1"]), &mut marks).is_some());
+    }
+}
