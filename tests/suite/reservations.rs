@@ -434,6 +434,13 @@ async fn every_refusal_names_its_limit_and_changes_nothing() {
             "between 5 and 86400",
         ),
         ("check_paths", json!({"paths": too_many_paths}), "200"),
+        (
+            "check_paths",
+            json!({"paths": ["src/../../etc"]}),
+            "paths[0]",
+        ),
+        ("list_reservations", json!({"path": "../etc"}), "`..`"),
+        ("reserve_paths", json!({"paths": ["!src/a.rs"]}), "paths[0]"),
     ];
     for (tool, args, limit) in cases {
         let refused = alice.call(tool, args).await.expect_err("must refuse");

@@ -159,7 +159,9 @@ impl Row {
             "shared"
         };
         let reason = match &self.reason {
-            Some(reason) => format!(", reason {}", text::quote(reason)),
+            // One line without control or bidirectional characters (the
+            // rule it was stored under), so it is shown whole.
+            Some(reason) => format!(", reason \"{reason}\""),
             None => String::new(),
         };
         format!(
@@ -307,6 +309,17 @@ fn parse_patterns(paths: &[String], empty: &str) -> BusResult<Vec<PathGlob>> {
         }
     }
     Ok(globs)
+}
+
+/// One repository path (`list_reservations`' `path`).
+fn parse_path(raw: &str) -> BusResult<RepoPath> {
+    RepoPath::parse(raw).map_err(|err| {
+        BusError::invalid(format!(
+            "path {} is not a repository path: {err} Give a path relative to the repository \
+             root, e.g. `src/api/users.rs`, or omit it to list every reservation.",
+            text::quote(raw)
+        ))
+    })
 }
 
 /// Paths to check: each parsed by the one rule (`RepoPath`), in order.

@@ -8,7 +8,9 @@
 
 use serde::Serialize;
 
-use super::{LISTED_MAX, Live, Reservation, covers, live_rows, parse_paths, parsed, project_of};
+use super::{
+    LISTED_MAX, Live, Reservation, covers, live_rows, parse_path, parse_paths, parsed, project_of,
+};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::BusResult;
@@ -59,10 +61,7 @@ pub async fn list(
     path: Option<&str>,
     agent: Option<&str>,
 ) -> BusResult<ReservationList> {
-    let path = path
-        .map(|p| parse_paths(&[p.to_string()]))
-        .transpose()?
-        .and_then(|mut paths| paths.pop());
+    let path = path.map(parse_path).transpose()?;
     let agent = agent.map(text::lookup_lower).filter(|a| !a.is_empty());
     let project = project_of(&bus.pool, me).await?;
     let mut rows = live_rows(&bus.pool, me, &project).await?;
