@@ -16,6 +16,7 @@ use super::args::NatsArgs;
 use acs_server::app::{App, AppSettings, BrokerSettings};
 use acs_server::config::{self, DashboardCookie, HttpSettings};
 use acs_server::http;
+use acs_server::workers::departures::DepartureSettings;
 use acs_server::workers::presence_sweeper::SweeperSettings;
 use acs_store::backend::routing::{BROKER_RETRY, BrokerStart};
 
@@ -146,6 +147,12 @@ pub struct ServeArgs {
     /// stay, and a window that returns gets them again from PostgreSQL. Default 7 days.
     #[arg(long, env = "BUS_INBOX_RETENTION_HOURS", default_value_t = acs_server::workers::presence_sweeper::INBOX_RETENTION.as_secs() / 3600, value_parser = clap::value_parser!(u64).range(1..=87_600))]
     inbox_retention_hours: u64,
+    /// Seconds a window that ended its host conversation (the session_end hook, its proxy
+    /// exiting) may take to come back (a heartbeat, or a write on the task) before its claimed
+    /// tasks are released back to the queue, each with a note naming the window (its locks
+    /// and path reservations are released when it leaves). Default 10 minutes.
+    #[arg(long, env = "BUS_TASK_RELEASE_GRACE_SECS", default_value_t = acs_server::workers::departures::GRACE.as_secs(), value_parser = clap::value_parser!(u64).range(1..=604_800))]
+    task_release_grace_secs: u64,
     /// Seconds to let in-flight requests finish after SIGINT/SIGTERM (blocked long polls answer
     /// at once, marked server_restarting).
     #[arg(long, env = "BUS_SHUTDOWN_GRACE_SECS", default_value_t = 10)]
@@ -299,6 +306,10 @@ async fn serve_on(
         publication_workers: args.publication_worker,
         sweeper: SweeperSettings {
             inbox_retention: Duration::from_secs(args.inbox_retention_hours * 3600),
+            ..Default::default()
+        },
+        departures: DepartureSettings {
+            grace: Duration::from_secs(args.task_release_grace_secs),
             ..Default::default()
         },
         metrics_listener: metrics,

@@ -110,4 +110,5 @@ mod text_rules;
 mod upgrades;
 mod waiting;
 mod webhooks;
+mod window_end;
 mod write_fence;

@@ -6,7 +6,8 @@
 //! Shown here over MCP: each of the five, started while an agent disable, a
 //! token revocation or a `revoke_session` is in flight, waits on the fence
 //! inside its one call and is then refused with the fence's words, changing
-//! nothing; `complete_task` past the quota is refused with the quota's words
+//! nothing (an agent disable or a token revocation itself releases the
+//! window's claim: issue 37); `complete_task` past the quota is refused with the quota's words
 //! at exactly the old boundary; many windows claiming next at once never
 //! share a task, and each claim leaves exactly one event.
 
@@ -198,11 +199,43 @@ async fn each_task_write_in_flight_across_a_revocation_waits_on_the_fence_is_ref
                 words.contains("nothing was written") || words.contains("is disabled"),
                 "{tool} after {kind:?}: {refusal}"
             );
+            if let Revocation::WindowRevoked = kind {
+                // revoke_session leaves the release to the departures pass.
+                assert_eq!(
+                    team_tasks(&app.pool, &team).await,
+                    before,
+                    "{tool} after {kind:?} changed nothing"
+                );
+                continue;
+            }
+            // The revocation itself released the window's claim on `held`
+            // (issue 37: one `released` event by the bus); the refused write
+            // changed nothing.
+            let (rows, events) = team_tasks(&app.pool, &team).await;
+            assert_eq!(events, before.1 + 1, "{tool} after {kind:?}: {rows:?}");
             assert_eq!(
-                team_tasks(&app.pool, &team).await,
-                before,
-                "{tool} after {kind:?} changed nothing"
+                rows[1], before.0[1],
+                "{tool} after {kind:?}: `free` untouched"
             );
+            assert_eq!(
+                (rows[0]["key"].as_str(), rows[0]["status"].as_str()),
+                (Some("held"), Some("open")),
+                "{tool} after {kind:?}: {rows:?}"
+            );
+            assert_eq!(rows[0]["holder_agent_id"], Value::Null, "{rows:?}");
+            let why: String = sqlx::query_scalar(
+                "SELECT e.detail->>'why' FROM task_events e JOIN teams tm ON tm.id = e.team_id
+                  WHERE tm.slug = $1 ORDER BY e.id DESC LIMIT 1",
+            )
+            .bind(&team)
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+            let expected_why = match kind {
+                Revocation::AgentDisabled => "agent_disabled",
+                Revocation::TokenRevoked | Revocation::WindowRevoked => "token_revoked",
+            };
+            assert_eq!(why, expected_why, "{tool} after {kind:?}");
         }
     }
 }

@@ -819,7 +819,7 @@ async fn a_revoked_window_can_no_longer_change_tasks_or_locks() {
         .unwrap();
     assert_eq!(
         t1["status"], "claimed",
-        "still the (now dead) window's until it lapses"
+        "still the (now dead) window's until the departures pass releases it"
     );
     assert_eq!(t1["holder"]["address"], "alice/w1");
 }

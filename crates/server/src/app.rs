@@ -19,6 +19,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::config::HttpSettings;
+use crate::workers::departures::{self, DepartureSettings};
 use crate::workers::presence_sweeper::{self, SweeperSettings};
 use crate::workers::publication;
 use crate::workers::webhook_dispatcher::{self, DispatchSettings};
@@ -59,6 +60,9 @@ pub struct AppSettings {
     pub publication_workers: bool,
     /// The presence sweeper, which always runs.
     pub sweeper: SweeperSettings,
+    /// The departures pass (claimed tasks of windows that left and did not
+    /// come back within the grace), which always runs.
+    pub departures: DepartureSettings,
     /// A listener of its own for `GET /metrics` (`serve --metrics-bind`),
     /// bound by the caller so a taken address fails before anything starts.
     /// `None`: no such listener (`/metrics` is then on the main listener
@@ -78,6 +82,7 @@ impl Default for AppSettings {
             broker: BrokerSettings::Off,
             publication_workers: true,
             sweeper: SweeperSettings::default(),
+            departures: DepartureSettings::default(),
             metrics_listener: None,
             webhooks: DispatchSettings::default(),
         }
@@ -136,6 +141,11 @@ impl App {
         tasks.push(presence_sweeper::spawn(
             bus.clone(),
             settings.sweeper,
+            shutdown.clone(),
+        ));
+        tasks.push(departures::spawn(
+            bus.clone(),
+            settings.departures,
             shutdown.clone(),
         ));
         tasks.push(webhook_dispatcher::spawn(

@@ -282,6 +282,28 @@ pub async fn notify_access_changed(
     Ok(())
 }
 
+/// Queue `events` inside the caller's transaction: delivered at its commit
+/// to every replica, whichever process committed (an operator's CLI has no
+/// publisher). For rare writes only, such as a window's end
+/// (`store/messaging/holdings.rs`): a notification inside a hot transaction
+/// serialises commits (see the module docs).
+pub async fn notify_in(
+    conn: &mut sqlx::PgConnection,
+    events: &[BusEvent],
+) -> Result<(), sqlx::Error> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    for payload in payloads(events) {
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(CHANNEL)
+            .bind(payload)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
 fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }

@@ -19,6 +19,7 @@ use ai_crew_sync::client::Connection;
 use ai_crew_sync::config::HttpSettings;
 use ai_crew_sync::store::identity::admin::{Authority, GlobalScope, TeamScope};
 use ai_crew_sync::store::{Actor, Source, identity::agents, identity::teams};
+use ai_crew_sync::workers::departures::DepartureSettings;
 use ai_crew_sync::workers::publication::{self, DrainSettings};
 use ai_crew_sync::workers::webhook_dispatcher::DispatchSettings;
 use serde_json::Value;
@@ -86,6 +87,7 @@ pub struct AppBuilder {
     database: Database,
     broker: Option<BrokerChoice>,
     metrics_listener: bool,
+    departures: Option<DepartureSettings>,
 }
 
 /// Which database a test server runs on.
@@ -112,6 +114,7 @@ impl TestApp {
             database: Database::Fresh,
             broker: None,
             metrics_listener: false,
+            departures: None,
         }
     }
 
@@ -165,6 +168,13 @@ impl AppBuilder {
         self
     }
 
+    /// Run the departures pass with these settings (a test-sized grace)
+    /// instead of `serve`'s ten minutes.
+    pub fn departures(mut self, settings: DepartureSettings) -> Self {
+        self.departures = Some(settings);
+        self
+    }
+
     pub async fn spawn(self) -> TestApp {
         install_crypto_provider();
         let (pool, database_url) = match self.database {
@@ -188,6 +198,9 @@ impl AppBuilder {
         let addr = listener.local_addr().unwrap();
         let shutdown = CancellationToken::new();
         let mut app_settings = test_settings(self.http, broker);
+        if let Some(departures) = self.departures {
+            app_settings.departures = departures;
+        }
         if self.metrics_listener {
             let metrics = tokio::net::TcpListener::bind("127.0.0.1:0")
                 .await

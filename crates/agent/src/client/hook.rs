@@ -11,11 +11,15 @@
 //!   for a conversation message also its `presented` receipt), a lease
 //!   already called out, and a direct message read (by any window of the
 //!   agent, for one to the agent as a whole) is not unread any more;
-//! - stop: a heartbeat, and a block (`decision: "block"`) with the question
-//!   when a teammate asked this window something it has not answered. Each
-//!   question blocks one stop only, and never a stop the host already
-//!   continued because of a stop hook (`stop_hook_active`), so it cannot loop;
-//! - session end: the window leaves (idle, and offline at once);
+//! - stop: a heartbeat, and a block (`decision: "block"`) naming what to
+//!   finish, hand back or release when the window holds claimed tasks,
+//!   locks or path reservations, owes an answer to a question or
+//!   acknowledgements (`stop_hook.rs`): once per stop, never twice in a row
+//!   for the same things, never a stop the host already continued because
+//!   of a stop hook (`stop_hook_active`), so it cannot loop;
+//! - session end: the window leaves (idle, and offline at once); the bus
+//!   releases its locks and path reservations, and its claimed tasks unless
+//!   it comes back within a grace (`serve --task-release-grace-secs`);
 //! - status: one line for a status bar.
 //!
 //! A hook never fails the host: no window for the conversation, bad input,
@@ -268,40 +272,9 @@ async fn speak(
         HookEvent::Stop => {
             bus.call("heartbeat", Map::new()).await?;
             let pending = pending(bus, None).await?;
-            let question = pending["open_questions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|q| {
-                    !marks
-                        .blocked_for
-                        .iter()
-                        .any(|id| q["message_id"] == id.to_string())
-                });
-            let Some(question) = question else {
-                return Ok(None);
-            };
-            if let Some(id) = question["message_id"].as_str().and_then(|s| s.parse().ok()) {
-                marks.blocked_for.push(id);
-                // Only the newest few are worth remembering: questions
-                // are found among the newest direct messages anyway.
-                let keep = marks.blocked_for.len().saturating_sub(50);
-                marks.blocked_for.drain(..keep);
-            }
+            let answer = super::stop_hook::decide(window, &pending, &mut marks);
             marks.save(dir, &window.host_session)?;
-            let reason = format!(
-                "{} asked you a question that is still unanswered: \"{}\" (message {}). Answer \
-                 it with post_message {{to: \"{}\", reply_to: \"{}\", body: …}} (or say you \
-                 cannot) before you stop.",
-                text(&question["from"]),
-                one_line(&question["preview"]),
-                text(&question["message_id"]),
-                text(&question["from"]),
-                text(&question["message_id"]),
-            );
-            Ok(Some(
-                json!({"decision": "block", "reason": reason}).to_string(),
-            ))
+            Ok(answer)
         }
         HookEvent::SessionStart | HookEvent::UserPrompt => {
             let first_look = event == HookEvent::SessionStart || marks.last_looked_at.is_none();
@@ -350,12 +323,12 @@ async fn pending(bus: &Connection, since: Option<DateTime<Utc>>) -> anyhow::Resu
     bus.call("pending_for_me", arguments).await
 }
 
-fn text(value: &Value) -> String {
+pub(super) fn text(value: &Value) -> String {
     value.as_str().unwrap_or_default().to_string()
 }
 
 /// A preview on one line, without control characters another agent put there.
-fn one_line(value: &Value) -> String {
+pub(super) fn one_line(value: &Value) -> String {
     value
         .as_str()
         .unwrap_or_default()

@@ -22,6 +22,7 @@ pub mod local_files;
 pub mod profiles;
 pub mod project;
 pub mod spool;
+mod stop_hook;
 pub mod window_state;
 
 use std::collections::HashMap;

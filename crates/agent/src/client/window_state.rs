@@ -7,8 +7,8 @@
 //! else. No file: no proxy for that conversation, and a hook does nothing.
 //!
 //! Beside each state file, the hooks keep their own marks (when the window
-//! last looked, which questions already stopped a stop, which messages the
-//! model was shown), in a file of their
+//! last looked, which questions already stopped a stop and what the last
+//! blocked stop was for, which messages the model was shown), in a file of their
 //! own so a hook never rewrites what the proxy wrote.
 //!
 //! Files live in `windows/` under the config directory, named by a digest
@@ -66,6 +66,12 @@ pub struct HookMarks {
     /// (`id@first seq owed@how many`): the same debt is not news again.
     #[serde(default)]
     pub owed_called_out: Vec<String>,
+    /// What the last stop was blocked for (its sorted keys: `task:K`,
+    /// `lock:N`, `reservation:project:pattern`, `question:id`, `ack:…`);
+    /// empty when the last stop blocked for nothing. A stop that finds
+    /// exactly this again is not blocked: never twice in a row.
+    #[serde(default)]
+    pub stop_blocked_for: Vec<String>,
 }
 
 /// The file name stem for a host conversation: 32 hex digits of SHA-256.

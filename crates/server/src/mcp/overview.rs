@@ -61,9 +61,11 @@ impl BusServer {
                        direct messages (count and the oldest 5; as whoami counts them), \
                        questions asked of you \
                        (ask_agent) not yet answered, conversations owing your acknowledgement, \
-                       your tasks whose lease lapses within lease_within_seconds, and \
-                       announcements since `since`. Each list is short; read the rest with \
-                       read_messages, read_conversation and list_tasks.",
+                       your tasks whose lease lapses within lease_within_seconds, \
+                       announcements since `since`, and what this window holds (claimed \
+                       tasks, locks, path reservations: each counted, the first 10 listed). \
+                       Each list is short; read the rest with read_messages, \
+                       read_conversation, list_tasks, list_locks and list_reservations.",
         annotations(read_only_hint = true)
     )]
     async fn pending_for_me(

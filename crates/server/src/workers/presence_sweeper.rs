@@ -2,7 +2,10 @@
 //! retention, so the table holds recent windows rather than every label ever
 //! used; and releases inbox references owed to windows dead for longer than
 //! the inbox retention (`serve --inbox-retention-hours`), so references owed
-//! to windows that never come back do not grow without bound.
+//! to windows that never come back do not grow without bound; and deletes
+//! the path reservations of windows whose presence expired (the idle
+//! timeout: they stopped beating or left) and those whose own time ran out
+//! ([`release_reservations`]).
 //!
 //! A dead row is kept for a while on purpose: `list_agents` and
 //! `list_sessions` answer "when was this window last seen?" from it. Deleting
@@ -16,7 +19,8 @@ use tokio_util::sync::CancellationToken;
 
 use acs_store::Bus;
 use acs_store::error::BusResult;
-use acs_store::store::{conversations::inbox, messaging::presence};
+use acs_store::store::conversations::inbox;
+use acs_store::store::messaging::{holdings, presence};
 
 /// How long a dead window stays listed before it is deleted.
 pub const RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -61,6 +65,21 @@ pub async fn release_inbox(pool: &PgPool, retention: Duration, batch: i64) -> Bu
     Ok(total)
 }
 
+/// One pass: delete the reservations of windows whose presence expired and
+/// those expired themselves, `batch` at a time, within the same per-pass
+/// bound. Returns how many were deleted.
+pub async fn release_reservations(pool: &PgPool, batch: i64) -> BusResult<u64> {
+    let mut total = 0;
+    for _ in 0..BATCHES_PER_PASS_MAX {
+        let deleted = holdings::release_reservations_of_gone(pool, batch).await?;
+        total += deleted;
+        if deleted < batch as u64 {
+            break;
+        }
+    }
+    Ok(total)
+}
+
 /// How the sweeper runs. The defaults are what `serve` uses (its
 /// `--inbox-retention-hours` sets `inbox_retention`).
 #[derive(Clone, Debug)]
@@ -86,7 +105,7 @@ impl Default for SweeperSettings {
     }
 }
 
-/// Run [`sweep`] and [`release_inbox`] every `settings.interval` (first
+/// Run [`sweep`], [`release_inbox`] and [`release_reservations`] every `settings.interval` (first
 /// pass at start) until `shutdown`.
 pub fn spawn(
     bus: Bus,
@@ -109,6 +128,16 @@ pub fn spawn(
                 // The next pass retries; nothing is lost by waiting.
                 Err(err) => {
                     tracing::warn!(error = %err, "presence sweep failed; retrying next pass")
+                }
+            }
+            match release_reservations(&bus.pool, settings.batch).await {
+                Ok(0) => {}
+                Ok(deleted) => tracing::info!(
+                    deleted,
+                    "deleted the path reservations of windows gone idle, and expired ones"
+                ),
+                Err(err) => {
+                    tracing::warn!(error = %err, "reservation sweep failed; retrying next pass")
                 }
             }
             match release_inbox(&bus.pool, settings.inbox_retention, settings.batch).await {

@@ -1,7 +1,9 @@
 //! Agents: identities inside a team. One per coding tool per person.
 //!
 //! Disabling an agent refuses every token (and later every window) it holds at
-//! once: authentication reads `disabled_at` on every request, nothing is cached.
+//! once: authentication reads `disabled_at` on every request, nothing is cached;
+//! and what its windows held (claimed tasks, locks, path reservations) is
+//! released in the same transaction.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -12,6 +14,7 @@ use uuid::Uuid;
 use crate::error::{BusError, BusResult};
 use crate::store::identity::admin::TeamScope;
 use crate::store::identity::tokens::{self, IssuedToken};
+use crate::store::messaging::holdings::{self, Ending};
 use crate::store::{
     Actor, check_display_name, identity::audit, identity::sessions, identity::teams,
     normalize_agent_name, normalize_team_slug,
@@ -120,6 +123,10 @@ pub async fn set_disabled(
     .bind(disabled)
     .fetch_optional(&mut *tx)
     .await?;
+    if let Some(id) = changed.filter(|_| disabled) {
+        // None of its windows can write any more: what they held is released.
+        holdings::release_ended(&mut tx, team.id, id, None, Ending::AgentDisabled).await?;
+    }
     if let Some(id) = changed {
         let action = if disabled {
             "agent.disable"

@@ -550,8 +550,12 @@ pub async fn renew(
 }
 
 /// `revoke_session`: end this window's session, or (by `label`) another
-/// window of the same agent; its presence goes offline with it. Revoking a
-/// dead session changes nothing else.
+/// window of the same agent; its presence goes offline with it. What the
+/// window still holds (claimed tasks, locks, path reservations) is released
+/// by the departures pass once it has stayed revoked for a few seconds
+/// (`holdings::release_revoked_windows`): a proxy taking its window over
+/// revokes it and registers the same label again at once, and keeps it.
+/// Revoking a dead session changes nothing else.
 pub async fn revoke(pool: &PgPool, me: &Identity, label: Option<&str>) -> BusResult<SessionState> {
     let label = match label.map(auth::normalize_session_label).transpose()? {
         Some(label) if !label.is_empty() => label,

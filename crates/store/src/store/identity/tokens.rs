@@ -14,6 +14,7 @@ use uuid::Uuid;
 use crate::auth::{self, Identity};
 use crate::error::{BusError, BusResult};
 use crate::store::identity::admin::{Reach, TeamScope};
+use crate::store::messaging::holdings::{self, Ending};
 use crate::store::{
     Actor, identity::audit, identity::sessions, identity::teams, normalize_agent_name,
 };
@@ -183,7 +184,9 @@ pub async fn list(pool: &PgPool, team: &TeamScope) -> BusResult<Vec<TokenSummary
     .await?)
 }
 
-/// Revoke one token, and every session derived from it. Within one team, a
+/// Revoke one token, and every session derived from it, releasing what
+/// those windows held (every window's, when the agent has no live token
+/// left: `holdings::release_ended`). Within one team, a
 /// token of another team is "not found" (and untouched). Concurrent
 /// revocations make one transition and one audit row: the conditional UPDATE
 /// lets exactly one of them change the row.
@@ -223,14 +226,36 @@ pub async fn revoke<'a>(
     .await?;
     if let Some((team_id, prefix)) = &changed {
         // Every window derived from the token dies with it, in this transaction.
-        let sessions = sqlx::query(
+        let labels: Vec<String> = sqlx::query_scalar(
             "UPDATE agent_sessions SET revoked_at = now(), updated_at = now()
-             WHERE token_id = $1 AND revoked_at IS NULL",
+             WHERE token_id = $1 AND revoked_at IS NULL
+             RETURNING label",
         )
         .bind(id)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
+        .fetch_all(&mut *tx)
+        .await?;
+        let sessions = labels.len();
+        if let Some(agent_id) = agent_id {
+            // What those windows held is released; and when the agent has no
+            // live token left, what any window of it held (one speaking with
+            // the bare token too), since none of them can write any more.
+            let token_left: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM agent_tokens
+                                WHERE team_id = $1 AND agent_id = $2 AND revoked_at IS NULL)",
+            )
+            .bind(team_id)
+            .bind(agent_id)
+            .fetch_one(&mut *tx)
+            .await?;
+            holdings::release_ended(
+                &mut tx,
+                *team_id,
+                agent_id,
+                token_left.then_some(labels.as_slice()),
+                Ending::TokenRevoked,
+            )
+            .await?;
+        }
         audit::record(
             &mut tx,
             Some(*team_id),

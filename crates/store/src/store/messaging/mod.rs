@@ -2,6 +2,7 @@
 
 pub mod attachments;
 pub mod channels;
+pub mod holdings;
 pub mod locks;
 pub mod messages;
 pub mod notes;

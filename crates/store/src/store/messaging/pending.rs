@@ -4,8 +4,9 @@
 //! trip: unread direct messages (oldest first, without moving the read
 //! cursor), questions asked of this window that it has not answered,
 //! conversations owing its acknowledgement (and the oldest such messages,
-//! previewed), its tasks whose lease is about to lapse, and announcements
-//! since a time.
+//! previewed), its tasks whose lease is about to lapse, announcements
+//! since a time, and what it holds (claimed tasks, locks, path reservations:
+//! `holdings.rs`), which the host's Stop hook asks it to finish or release.
 //!
 //! Every list is cut to a few entries and every read walks a bounded slice
 //! of an index (the newest direct messages to the agent, the team's newest
@@ -23,6 +24,7 @@ use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::store::conversations::receipts::{self, Pending};
+use crate::store::messaging::holdings::{self, Holdings};
 use crate::store::messaging::messages::{self, BoundedCount};
 
 /// Unread direct messages shown (the count says how many there are).
@@ -102,6 +104,8 @@ pub struct PendingForMe {
     pub expiring_tasks: Vec<ExpiringTask>,
     /// Announcements after `since`, newest first (none without `since`).
     pub announcements: Vec<Preview>,
+    /// What this window holds: each kind counted and its first few listed.
+    pub holdings: Holdings,
 }
 
 /// `pending_for_me`.
@@ -146,6 +150,7 @@ pub async fn pending_for_me(
         Some(since) => announcements_since(bus, me, since).await?,
         None => Vec::new(),
     };
+    let holdings = holdings::of_window(&bus.pool, me).await?;
     Ok(PendingForMe {
         unread_direct_messages: unread,
         direct_messages,
@@ -154,6 +159,7 @@ pub async fn pending_for_me(
         awaiting_ack,
         expiring_tasks,
         announcements,
+        holdings,
     })
 }
 

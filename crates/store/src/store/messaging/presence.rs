@@ -16,6 +16,8 @@
 //! A window that leaves says so (`heartbeat {offline: true}`: the proxy when
 //! its host conversation ends, the `session_end` hook): it is offline at
 //! once instead of at the end of its ttl; a later heartbeat brings it back.
+//! Its locks and path reservations go with it, and its claimed tasks too
+//! unless it is back within a grace (`holdings.rs`).
 //! Each window has a `state`: `online` (live, any status but idle), `idle`
 //! (live, status idle) or `offline`.
 //!
@@ -37,7 +39,7 @@ use uuid::Uuid;
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
-use crate::store::messaging::{channels, reservations};
+use crate::store::messaging::{channels, holdings, reservations};
 use crate::store::{fenced, limits, text};
 
 pub const TTL_MIN_SECS: i64 = 30;
@@ -406,8 +408,9 @@ pub async fn heartbeat(bus: &Bus, me: &Identity, beat: &Beat) -> BusResult<Heart
             window: window.settled(),
         });
     }
-    // Leaving: the beat as given, then its expiry brought to now, in one
-    // transaction (the fence ran in the first statement).
+    // Leaving: the beat as given, then its expiry brought to now and its
+    // locks and reservations released, in one transaction (the fence ran in
+    // the first statement).
     let mut tx = bus.pool.begin().await?;
     write.fetch_one(&mut *tx).await?.outcome(me)?;
     let window: Window = sqlx::query_as(concat!(
@@ -423,6 +426,7 @@ pub async fn heartbeat(bus: &Bus, me: &Identity, beat: &Beat) -> BusResult<Heart
     .bind(&me.window)
     .fetch_one(&mut *tx)
     .await?;
+    holdings::release_on_leave(&mut tx, me).await?;
     tx.commit().await?;
     Ok(Heartbeat {
         agent: me.agent.clone(),

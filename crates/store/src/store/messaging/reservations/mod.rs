@@ -15,8 +15,8 @@
 //! shared ones coexist with each other. Two patterns overlap when some path
 //! could match both (`PathGlob::overlaps`). Every reservation expires on the
 //! database's clock (`ttl_seconds`); a window's end deletes its rows (not
-//! here: the window's end is `identity/sessions.rs` and the presence
-//! sweeper's), and an expired row is deleted by the next reserve in its
+//! here: `messaging/holdings.rs`, called when it leaves, is revoked, or its
+//! presence expires), and an expired row is deleted by the next reserve in its
 //! project, so every read is bounded by what is live.
 //!
 //! The overlap rule is Rust's, so a reserve cannot be one SQL statement: it is
