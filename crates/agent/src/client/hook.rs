@@ -36,7 +36,7 @@ use serde_json::{Map, Value, json};
 use super::window_state::{HookMarks, WindowState};
 use super::{Connection, object};
 
-mod pre_tool_use;
+pub mod pre_tool_use;
 
 /// Everything a hook does, reading its input included, ends within this.
 pub const HOOK_DEADLINE: Duration = Duration::from_secs(4);

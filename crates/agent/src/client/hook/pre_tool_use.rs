@@ -43,8 +43,9 @@ pub const DEADLINE: Duration = Duration::from_millis(1_500);
 /// How long closing the connection may take once the answer is known.
 const CLOSE_WITHIN: Duration = Duration::from_millis(200);
 
-/// Claude Code's file-editing tools and the `tool_input` field naming the file.
-const CLAUDE_CODE_EDITS: &[(&str, &str)] = &[
+/// Claude Code's file-editing tools and the `tool_input` field naming the
+/// file (the plugin's `PreToolUse` matcher names exactly these).
+pub const CLAUDE_CODE_EDITS: &[(&str, &str)] = &[
     ("Edit", "file_path"),
     ("Write", "file_path"),
     ("MultiEdit", "file_path"),
