@@ -13,7 +13,7 @@ use serde_json::json;
 use super::output;
 use super::secret::read_secret;
 use acs_agent::client::context::{self, Requested, Resolved};
-use acs_agent::client::hook::{self as host_hook, HOOK_DEADLINE, HookEvent};
+use acs_agent::client::hook::{self as host_hook, HookEvent};
 use acs_agent::client::local_files;
 use acs_agent::client::profiles::{Profile, Profiles};
 use acs_agent::client::project::{self, ProjectFile};
@@ -164,8 +164,9 @@ pub async fn run(command: ContextCommand, json: bool) -> anyhow::Result<()> {
 /// The most hook input read (a host's payload is a few KiB).
 const HOOK_INPUT_MAX: u64 = 1024 * 1024;
 
-/// Run one hook within [`HOOK_DEADLINE`]; whatever goes wrong is one line
-/// on stderr, and the host carries on. With `explain`, how the window was
+/// Run one hook within its deadline ([`HookEvent::deadline`]); whatever goes
+/// wrong is one line on stderr, and the host carries on (an edit a
+/// `pre_tool_use` could not check is allowed). With `explain`, how the window was
 /// found (or why none was) follows on stderr.
 async fn hook(event: HookEvent, explain: bool) {
     use tokio::io::AsyncReadExt as _;
@@ -181,14 +182,20 @@ async fn hook(event: HookEvent, explain: bool) {
         let session = std::env::var("CLAUDE_CODE_SESSION_ID").ok();
         host_hook::answer(event, &input, &dir, session, &mut trail).await
     };
-    let outcome = tokio::time::timeout(HOOK_DEADLINE, work).await;
+    let outcome = tokio::time::timeout(event.deadline(), work).await;
     match outcome {
         Ok(Ok(Some(out))) => println!("{out}"),
         Ok(Ok(None)) => {}
+        Ok(Err(err)) if event == HookEvent::PreToolUse => eprintln!(
+            "ai-crew-sync hook: {}; {}",
+            output::clean(&format!("{err:#}")).replace('\n', " "),
+            event.without_an_answer()
+        ),
         Ok(Err(err)) => eprintln!("ai-crew-sync hook: {}", output::clean(&format!("{err:#}"))),
         Err(_) => eprintln!(
-            "ai-crew-sync hook: no answer within {} s; carrying on without it",
-            HOOK_DEADLINE.as_secs()
+            "ai-crew-sync hook: no answer within {} s; {}",
+            event.deadline().as_secs_f32(),
+            event.without_an_answer()
         ),
     }
     if explain {

@@ -87,6 +87,7 @@ mod outbox;
 mod overview;
 mod parallel_posts;
 mod plugin;
+mod pre_tool_use;
 mod presence;
 mod projects;
 mod proxy;

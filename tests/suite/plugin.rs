@@ -117,7 +117,13 @@ const HOOK_EVENTS: &[&str] = &[
 fn every_hook_is_a_command_this_binary_runs_and_answers_quietly_without_a_window() {
     let hooks = json_file("hooks/hooks.json");
     let events = hooks["hooks"].as_object().expect("a `hooks` object");
-    for wanted in ["SessionStart", "UserPromptSubmit", "Stop", "SessionEnd"] {
+    for wanted in [
+        "SessionStart",
+        "UserPromptSubmit",
+        "Stop",
+        "SessionEnd",
+        "PreToolUse",
+    ] {
         assert!(events.contains_key(wanted), "{wanted} is wired");
     }
     let config = tempfile::tempdir().unwrap();
@@ -135,7 +141,8 @@ fn every_hook_is_a_command_this_binary_runs_and_answers_quietly_without_a_window
                 assert_eq!(words[0], "ai-crew-sync", "{command}");
                 // What Claude Code sends, for a conversation no proxy holds.
                 let input = format!(
-                    r#"{{"session_id":"no-proxy-here","hook_event_name":"{event}","cwd":"/tmp"}}"#
+                    r#"{{"session_id":"no-proxy-here","hook_event_name":"{event}","cwd":"/tmp",
+                        "tool_name":"Edit","tool_input":{{"file_path":"/tmp/x.rs"}}}}"#
                 );
                 let (code, stdout, stderr) = run(&words[1..], &input, config.path());
                 assert_eq!(code, Some(0), "{command}: {stderr}");
@@ -143,6 +150,38 @@ fn every_hook_is_a_command_this_binary_runs_and_answers_quietly_without_a_window
             }
         }
     }
+}
+
+/// Issue 37: the edit guard runs before exactly the tools that edit a file
+/// (Claude Code's matcher: names separated by `|`, each matched whole,
+/// https://code.claude.com/docs/en/hooks, its matchers), and nothing
+/// else pays for it.
+// Breakage: a matcher without NotebookEdit, or `.*`, fails here.
+#[test]
+fn the_pre_tool_use_hook_runs_before_each_file_edit_and_nothing_else() {
+    let hooks = json_file("hooks/hooks.json");
+    let groups = hooks["hooks"]["PreToolUse"].as_array().unwrap();
+    assert_eq!(groups.len(), 1, "{groups:?}");
+    let matcher = groups[0]["matcher"].as_str().expect("a matcher");
+    let mut matched: Vec<&str> = matcher.split('|').collect();
+    matched.sort();
+    let mut edits: Vec<&str> = ai_crew_sync::client::hook::pre_tool_use::CLAUDE_CODE_EDITS
+        .iter()
+        .map(|(tool, _)| *tool)
+        .collect();
+    edits.sort();
+    assert_eq!(matched, edits, "{matcher}");
+    assert!(
+        matched
+            .iter()
+            .all(|name| name.chars().all(|c| c.is_ascii_alphanumeric())),
+        "exact names, no pattern: {matcher}"
+    );
+    let hook = &groups[0]["hooks"][0];
+    assert_eq!(
+        hook["command"],
+        "ai-crew-sync context hook --event pre_tool_use"
+    );
 }
 
 #[test]

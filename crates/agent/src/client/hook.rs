@@ -20,7 +20,9 @@
 //! - session end: the window leaves (idle, and offline at once); the bus
 //!   releases its locks and path reservations, and its claimed tasks unless
 //!   it comes back within a grace (`serve --task-release-grace-secs`);
-//! - status: one line for a status bar.
+//! - status: one line for a status bar;
+//! - pre tool use: deny an edit of a path another window reserved
+//!   exclusively ([`pre_tool_use`]), within its own shorter deadline.
 //!
 //! A hook never fails the host: no window for the conversation, bad input,
 //! a bus that is down or slow, each ends with nothing printed and exit 0,
@@ -37,6 +39,8 @@ use serde_json::{Map, Value, json};
 
 use super::window_state::{HookMarks, WindowState};
 use super::{Connection, object};
+
+pub mod pre_tool_use;
 
 /// Everything a hook does, reading its input included, ends within this.
 pub const HOOK_DEADLINE: Duration = Duration::from_secs(4);
@@ -60,6 +64,8 @@ pub enum HookEvent {
     #[value(name = "session_end", alias = "session-end")]
     SessionEnd,
     Status,
+    #[value(name = "pre_tool_use", alias = "pre-tool-use")]
+    PreToolUse,
 }
 
 impl HookEvent {
@@ -71,6 +77,26 @@ impl HookEvent {
             HookEvent::Stop => "Stop",
             HookEvent::SessionEnd => "SessionEnd",
             HookEvent::Status => "Status",
+            HookEvent::PreToolUse => "PreToolUse",
+        }
+    }
+
+    /// Everything the hook does ends within this: the host waits on a
+    /// `pre_tool_use` before every edit, so it has less time.
+    pub fn deadline(self) -> Duration {
+        match self {
+            HookEvent::PreToolUse => pre_tool_use::DEADLINE,
+            _ => HOOK_DEADLINE,
+        }
+    }
+
+    /// What the host does when this hook does not answer (said on stderr).
+    pub fn without_an_answer(self) -> &'static str {
+        match self {
+            HookEvent::PreToolUse => {
+                "the edit goes ahead without a reservation check (the bus is down or slow)"
+            }
+            _ => "carrying on without it",
         }
     }
 }
@@ -95,6 +121,9 @@ pub async fn answer(
         trail.push(stdin_fields(&input));
         input
     };
+    if event == HookEvent::PreToolUse {
+        return pre_tool_use::answer(&input, dir, env_session, trail).await;
+    }
     let Some(host_session) = host_session_of(&input, env_session, trail) else {
         return Ok(None);
     };
@@ -261,6 +290,8 @@ async fn speak(
 ) -> anyhow::Result<Option<String>> {
     let mut marks = HookMarks::load(dir, &window.host_session)?;
     match event {
+        // Answered by `pre_tool_use::answer` before any connection.
+        HookEvent::PreToolUse => Ok(None),
         HookEvent::SessionEnd => {
             bus.call("heartbeat", super::leaving()).await?;
             Ok(None)
