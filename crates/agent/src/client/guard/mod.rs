@@ -15,7 +15,10 @@
 //!
 //! The paths are those the commit stages ([`git::staged_paths`]), relative
 //! to the repository's root, sent to `check_paths` at most
-//! [`PATHS_PER_CALL`] a call; the bus answers within the window's project.
+//! [`PATHS_PER_CALL`] a call; the bus answers within the project of the
+//! window asking: a proxy's window says its own (from `.acs.toml`), and the
+//! shared window is told the one `.acs.toml` names when the bus does not
+//! know it yet ([`ask`]).
 //!
 //! Never block work on an outage: no credential, a bus that is down, slow
 //! (past [`GUARD_DEADLINE`]) or that refuses the check, git failing: the
@@ -83,6 +86,8 @@ enum Speaker {
         url: String,
         token: String,
         who: String,
+        /// The project `.acs.toml` names.
+        project: Option<String>,
     },
 }
 
@@ -95,6 +100,21 @@ impl Speaker {
             ),
             Speaker::Shared { who, .. } => who.clone(),
         }
+    }
+
+    /// The project to tell the bus before checking: the shared window's
+    /// `.acs.toml` project, when `answer` (a `check_paths` answer) was for
+    /// another. A window's project is its proxy's to tell.
+    fn untold_project(&self, answer: &Value) -> Option<String> {
+        let Speaker::Shared {
+            project: Some(wanted),
+            ..
+        } = self
+        else {
+            return None;
+        };
+        let answered = answer["project"].as_str().unwrap_or_default();
+        (!answered.eq_ignore_ascii_case(wanted.trim())).then(|| wanted.trim().to_string())
     }
 
     async fn connect(&self) -> anyhow::Result<Connection> {
@@ -157,32 +177,43 @@ async fn check_within(
         ));
     };
     let bus = speaker.connect().await?;
-    let mut held = Vec::new();
-    let mut project = String::new();
-    let mut result = Ok(());
-    for batch in staged.chunks(PATHS_PER_CALL) {
-        match bus
-            .call("check_paths", object(json!({"paths": batch})))
-            .await
-        {
-            Ok(answer) => {
-                if let Some(p) = answer["project"].as_str() {
-                    project = p.to_string();
-                }
-                held.extend(held_elsewhere(&answer));
-            }
-            Err(err) => {
-                result = Err(err);
-                break;
-            }
-        }
-    }
+    let answers = ask(&bus, &speaker, &staged).await;
     bus.close().await;
-    result?;
+    let (project, held) = answers?;
     if held.is_empty() {
         return Ok(Outcome::Clear);
     }
     Ok(Outcome::Refused(refusal(&held, &project, &speaker)))
+}
+
+/// `check_paths` for every staged path, [`PATHS_PER_CALL`] a call: the
+/// project the bus answered for, and what another window holds
+/// exclusively. The shared window's project is the one `.acs.toml` names;
+/// when the bus does not know it yet, it is told first (a heartbeat naming
+/// it, as the console tells a channel).
+async fn ask(
+    bus: &Connection,
+    speaker: &Speaker,
+    staged: &[String],
+) -> anyhow::Result<(String, Vec<Held>)> {
+    let mut held = Vec::new();
+    let mut project = String::new();
+    for (i, batch) in staged.chunks(PATHS_PER_CALL).enumerate() {
+        let arguments = object(json!({"paths": batch}));
+        let mut answer = bus.call("check_paths", arguments.clone()).await?;
+        if i == 0
+            && let Some(wanted) = speaker.untold_project(&answer)
+        {
+            bus.call("heartbeat", object(json!({"project": wanted})))
+                .await?;
+            answer = bus.call("check_paths", arguments).await?;
+        }
+        if let Some(p) = answer["project"].as_str() {
+            project = p.to_string();
+        }
+        held.extend(held_elsewhere(&answer));
+    }
+    Ok((project, held))
 }
 
 /// The window of this host conversation, else the shared window of what
@@ -217,6 +248,7 @@ fn speaker(
         url: resolved.url.value.clone(),
         token: token.to_string(),
         who,
+        project: resolved.project.as_ref().map(|p| p.value.clone()),
     }))
 }
 
