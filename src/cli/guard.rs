@@ -74,8 +74,13 @@ pub async fn run(command: GuardCommand) -> anyhow::Result<()> {
 
 /// Run the check; the exit status git reads (1 refuses the commit).
 async fn check(args: CheckArgs) -> i32 {
-    if guard::bypassed(std::env::var("ACS_GUARD").ok().as_deref()) {
-        eprintln!("ai-crew-sync guard: ACS_GUARD=off, this commit was not checked");
+    let switch = std::env::var("ACS_GUARD").ok();
+    if guard::bypassed(switch.as_deref()) {
+        eprintln!(
+            "ai-crew-sync guard: ACS_GUARD={}, this commit was not checked against path \
+             reservations",
+            output::clean(switch.as_deref().unwrap_or_default().trim())
+        );
         return 0;
     }
     let outcome = match (repo_dir(&args.repo), local_files::config_dir()) {

@@ -226,6 +226,16 @@ async fn install_twice_is_one_block_and_uninstall_puts_the_hook_that_was_there_b
     assert!(machine.hook().exists());
     machine.acs(&["guard", "uninstall"]).ok();
     assert!(!machine.hook().exists());
+
+    // Lines someone added after the guard's part stay.
+    machine.acs(&["guard", "install"]).ok();
+    let mut hook = std::fs::read_to_string(machine.hook()).unwrap();
+    hook.push_str("echo added by hand\n");
+    std::fs::write(machine.hook(), hook).unwrap();
+    machine.acs(&["guard", "uninstall"]).ok();
+    let left = std::fs::read_to_string(machine.hook()).unwrap();
+    assert!(!left.contains("ai-crew-sync guard"), "{left}");
+    assert!(left.ends_with("echo added by hand\n"), "{left}");
 }
 
 /// The hook goes where git runs hooks: `core.hooksPath` when set, and a

@@ -43,8 +43,12 @@ pub enum Uninstalled {
     Removed { hook: PathBuf },
     /// The guard's hook is gone and the one kept at install is back.
     Restored { hook: PathBuf },
-    /// Lines someone added around the guard's part stay in the hook.
-    PartRemoved { hook: PathBuf },
+    /// Lines someone added around the guard's part stay in the hook (and
+    /// the hook kept at install, if any, stays where it is).
+    PartRemoved {
+        hook: PathBuf,
+        kept: Option<PathBuf>,
+    },
     /// No guard in the hook: nothing changed.
     NotInstalled { hook: PathBuf },
 }
@@ -85,11 +89,22 @@ impl fmt::Display for Uninstalled {
                 "removed the guard; the pre-commit hook it had kept is back as {}",
                 hook.display()
             ),
-            Uninstalled::PartRemoved { hook } => write!(
-                f,
-                "removed the guard's part of {}; the lines added around it stay",
-                hook.display()
-            ),
+            Uninstalled::PartRemoved { hook, kept } => {
+                write!(
+                    f,
+                    "removed the guard's part of {}; the lines added around it stay",
+                    hook.display()
+                )?;
+                match kept {
+                    Some(kept) => write!(
+                        f,
+                        ", and so does the hook kept at install ({}): move it back by hand if \
+                         it should run",
+                        kept.display()
+                    ),
+                    None => Ok(()),
+                }
+            }
             Uninstalled::NotInstalled { hook } => write!(
                 f,
                 "the guard is not installed in {} (no `{BEGIN}` line); nothing changed",
@@ -209,7 +224,8 @@ pub fn uninstall(repo: &Path) -> anyhow::Result<Uninstalled> {
         .all(|l| l.trim().is_empty() || (l.starts_with("#!") && l.contains("sh")));
     if !only_shebang {
         std::fs::write(&hook, rest).with_context(|| format!("writing {}", hook.display()))?;
-        return Ok(Uninstalled::PartRemoved { hook });
+        let kept = kept.symlink_metadata().is_ok().then_some(kept);
+        return Ok(Uninstalled::PartRemoved { hook, kept });
     }
     if kept.symlink_metadata().is_ok() {
         std::fs::rename(&kept, &hook)
