@@ -95,6 +95,7 @@ mod proxy_lifecycle;
 mod proxy_thread;
 mod read_once;
 mod refusals;
+mod reservations;
 mod run_script;
 mod sessions;
 mod shutdown;

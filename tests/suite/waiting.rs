@@ -146,7 +146,7 @@ async fn a_wait_does_not_wake_for_a_sibling_windows_dm_or_other_channels_or_itse
         refused["message"]
             .as_str()
             .unwrap()
-            .contains("message, task, lock and note"),
+            .contains("message, task, lock, note and reservation"),
         "{refused}"
     );
 }

@@ -60,6 +60,9 @@ acs_wire::text_enum! {
         Task = "task",
         Lock = "lock",
         Note = "note",
+        /// Path reservations taken, extended or released (id = a pattern,
+        /// and how many more the call changed).
+        Reservation = "reservation",
         /// A conversation message was sent (id = message id, `c` = conversation).
         /// Routing is by membership, which only the database knows: a conversation
         /// waiter re-checks its receipts on every one of these. One event may stand
@@ -81,7 +84,8 @@ pub struct BusEvent {
     pub team_id: Uuid,
     #[serde(rename = "k")]
     pub kind: EventKind,
-    /// The changed object: a message id, task key, lock name or note key.
+    /// The changed object: a message id, task key, lock name, note key or
+    /// reservation pattern.
     #[serde(rename = "i")]
     pub id: String,
     /// The agent that made the change, so a window is not woken by itself.

@@ -3,6 +3,7 @@
 //! body limit, and the inbox reference a window is handed. Both sides
 //! depend on this crate; it depends on nothing of the bus.
 
+pub mod globs;
 pub mod inbox;
 pub mod label;
 pub mod limits;

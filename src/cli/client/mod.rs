@@ -12,7 +12,7 @@
 //!
 //! This file holds the arguments and the dispatch. Each command group has a
 //! file of its own, grouped as the tools are in `src/mcp/` (`identity`,
-//! `messaging`, `presence`, `tasks`, `locks`, `notes`, `waiting`,
+//! `messaging`, `presence`, `tasks`, `locks`, `reservations`, `notes`, `waiting`,
 //! `attachments`, `conversation`): its flags, the request each command
 //! builds, and how its answer is shown. `files` reads and writes local files
 //! and stdin; `show` turns answers into text.
@@ -25,6 +25,7 @@ mod locks;
 mod messaging;
 mod notes;
 mod presence;
+mod reservations;
 mod show;
 mod tasks;
 mod waiting;
@@ -83,6 +84,9 @@ enum ClientCommand {
     /// Team-wide advisory locks: acquire, release, list.
     #[command(subcommand)]
     Lock(locks::LockCommand),
+    /// Path reservations in this window's project: reserve, release, renew, list, check.
+    #[command(subcommand)]
+    Paths(reservations::PathsCommand),
     /// The team's shared notes: get, set, rm, search.
     #[command(subcommand)]
     Note(notes::NoteCommand),
@@ -203,6 +207,7 @@ enum Print {
     Presence(presence::Show),
     Tasks(tasks::Show),
     Locks(locks::Show),
+    Paths(reservations::Show),
     Notes(notes::Show),
     Waiting(waiting::Show),
     Attachments(attachments::Show),
@@ -238,6 +243,7 @@ fn prepare(command: ClientCommand) -> anyhow::Result<Request> {
         C::Tasks(args) => tasks::list(args),
         C::Task(command) => tasks::prepare(command)?,
         C::Lock(command) => locks::prepare(command),
+        C::Paths(command) => reservations::prepare(command),
         C::Note(command) => notes::prepare(command)?,
         C::Conversation(command) => conversation::prepare(command)?,
         C::Wait(args) => waiting::wait(args),
@@ -275,6 +281,7 @@ async fn execute(connection: &Connection, request: Request, json: bool) -> anyho
         Print::Presence(show) => presence::print(show, &answer),
         Print::Tasks(show) => tasks::print(show, &answer),
         Print::Locks(show) => locks::print(show, &answer),
+        Print::Paths(show) => reservations::print(show, &answer),
         Print::Notes(show) => notes::print(show, &answer),
         Print::Waiting(show) => waiting::print(show, &answer),
     }

@@ -13,7 +13,7 @@ pub(super) struct WaitArgs {
     /// Seconds to wait, 1..300 (default 50).
     #[arg(long, value_name = "SECONDS")]
     timeout: Option<u64>,
-    /// Wake only for these: message, task, lock, note (comma-separated).
+    /// Wake only for these: message, task, lock, note, reservation (comma-separated).
     #[arg(long, value_delimiter = ',')]
     kinds: Vec<String>,
     /// Wake for chatter in every channel, not only the focused one.

@@ -16,6 +16,7 @@ mod notes;
 mod overview;
 mod presence;
 mod projects;
+mod reservations;
 mod sessions;
 mod tasks;
 mod waits;
@@ -86,6 +87,7 @@ impl BusServer {
             + Self::note_router()
             + Self::task_router()
             + Self::lock_router()
+            + Self::reservation_router()
             + Self::project_router()
             + Self::conversation_router()
             + Self::conversation_message_router()

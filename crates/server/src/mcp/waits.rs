@@ -25,7 +25,7 @@ pub struct WaitArgs {
     /// How long to wait, 1..300 s (default 50: under the ~60 s many clients allow a call).
     #[schemars(range(min = 1, max = 300), extend("default" = 50))]
     pub timeout_seconds: Option<u64>,
-    /// Wake only for these: message, task, lock, note (default all).
+    /// Wake only for these: message, task, lock, note, reservation (default all).
     pub kinds: Option<Vec<String>>,
     /// Wake for chatter in every channel, not only this window's focused channel.
     #[serde(default)]

@@ -1,4 +1,4 @@
-//! A team's traffic outside conversations: channels and messages, direct messages and questions, waits, presence, notes, attachments, locks, and the reads over them (`pending_for_me`, `whoami`'s overview, `team_digest`).
+//! A team's traffic outside conversations: channels and messages, direct messages and questions, waits, presence, notes, attachments, locks, path reservations, and the reads over them (`pending_for_me`, `whoami`'s overview, `team_digest`).
 
 pub mod attachments;
 pub mod channels;
@@ -8,4 +8,5 @@ pub mod notes;
 pub mod overview;
 pub mod pending;
 pub mod presence;
+pub mod reservations;
 pub mod waits;

@@ -11,7 +11,7 @@
 //! and what it is told.
 //!
 //! What wakes a window: direct messages to it (or to its agent as a whole),
-//! tasks, locks and notes (team-wide), announcements, and channel messages in
+//! tasks, locks, notes and path reservations (team-wide), announcements, and channel messages in
 //! its focused channel (all channels with `all_channels`). Never its own
 //! actions, and never a DM addressed to a sibling window.
 
@@ -37,7 +37,7 @@ pub const TIMEOUT_MAX_SECS: u64 = 300;
 /// Under the ~60 s at which common MCP clients cut a tool call.
 pub const TIMEOUT_DEFAULT_SECS: u64 = 50;
 /// `kinds` entries at most: one per kind there is.
-pub const KINDS_MAX: usize = 4;
+pub const KINDS_MAX: usize = 5;
 const SUMMARIES_MAX: usize = 50;
 const PREVIEW_CHARS: usize = 200;
 
@@ -89,13 +89,13 @@ pub struct WaitRequest {
     pub all_channels: bool,
 }
 
-/// Parse `kinds`: each of message, task, lock, note.
+/// Parse `kinds`: each of message, task, lock, note, reservation.
 pub fn parse_kinds(kinds: Option<Vec<String>>) -> BusResult<Option<Vec<EventKind>>> {
     let Some(kinds) = kinds else { return Ok(None) };
     // The raw length, before any per-entry work: duplicates count.
     if kinds.len() > KINDS_MAX {
         return Err(BusError::invalid(format!(
-            "kinds holds {} entries; there are {KINDS_MAX} kinds (message, task, lock, note), so \
+            "kinds holds {} entries; there are {KINDS_MAX} kinds (message, task, lock, note, reservation), so \
              give at most {KINDS_MAX}, each once (or omit `kinds` to wake on all of them).",
             kinds.len()
         )));
@@ -107,10 +107,11 @@ pub fn parse_kinds(kinds: Option<Vec<String>>) -> BusResult<Option<Vec<EventKind
             "task" | "tasks" => EventKind::Task,
             "lock" | "locks" => EventKind::Lock,
             "note" | "notes" => EventKind::Note,
+            "reservation" | "reservations" => EventKind::Reservation,
             other => {
                 return Err(BusError::invalid(format!(
-                    "unknown kind {}: kinds are message, task, lock and note (omit `kinds` \
-                     to wake on all of them).",
+                    "unknown kind {}: kinds are message, task, lock, note and reservation \
+                     (omit `kinds` to wake on all of them).",
                     crate::store::text::quote(other)
                 )));
             }
@@ -145,7 +146,7 @@ fn may_concern(event: &BusEvent, me: &Identity, request: &WaitRequest) -> bool {
                     .as_deref()
                     .is_none_or(|s| s == me.window)
         }),
-        EventKind::Task | EventKind::Lock | EventKind::Note => true,
+        EventKind::Task | EventKind::Lock | EventKind::Note | EventKind::Reservation => true,
         // Conversation traffic has its own wait (wait_for_conversation_updates).
         EventKind::Conversation | EventKind::Outbox => false,
     }
@@ -235,7 +236,7 @@ pub async fn wait_for_updates(
 
 /// What changed since `since` that concerns this window, read from the
 /// database: the safety net under lost notifications. Tasks (their events),
-/// notes, lock acquisitions, and channel messages in the focus (or every
+/// notes, lock acquisitions, new reservations, and channel messages in the focus (or every
 /// channel) and announcements; never this window's own changes.
 async fn changes_since(
     bus: &Bus,
@@ -268,6 +269,9 @@ async fn changes_since(
              SELECT 'lock', l.name, l.holder_agent_id, l.holder_session, NULL, NULL, l.acquired_at
              FROM locks l WHERE l.team_id = $1 AND l.acquired_at > $2 AND $7
              UNION ALL
+             SELECT 'reservation', r.pattern, r.holder_agent_id, r.holder_session, NULL, NULL, r.created_at
+             FROM path_reservations r WHERE r.team_id = $1 AND r.created_at > $2 AND $12
+             UNION ALL
              SELECT 'message', m.id::text, m.sender_id, m.sender_session, c.name, left(m.body, 200), m.created_at
              FROM messages m JOIN channels c ON c.team_id = m.team_id AND c.id = m.channel_id
              WHERE m.team_id = $1 AND m.created_at > $2 AND $8
@@ -288,6 +292,7 @@ async fn changes_since(
     .bind(request.all_channels)
     .bind(focus)
     .bind(SUMMARIES_MAX as i64)
+    .bind(wants(EventKind::Reservation))
     .fetch_all(&bus.pool)
     .await?;
     Ok(rows
@@ -297,6 +302,7 @@ async fn changes_since(
                 "task" => EventKind::Task,
                 "note" => EventKind::Note,
                 "lock" => EventKind::Lock,
+                "reservation" => EventKind::Reservation,
                 "message" => EventKind::Message,
                 _ => return None,
             };

@@ -1,0 +1,371 @@
+//! Path reservations: the repository paths a window is about to edit,
+//! reserved exclusively or shared for a while, so two windows do not edit
+//! `src/api/**` at once without knowing it.
+//!
+//! A reservation is a gitignore-style glob relative to the repository root
+//! (`acs_wire::globs`: the one rule for what a pattern means, what a path is,
+//! and when two patterns overlap). It belongs to the window that took it,
+//! the (agent, session label) pair, like a lock: that window extends it by
+//! reserving the same pattern again, and only it releases it; another window
+//! of the same agent is another holder. It is scoped to the window's project
+//! (its presence `project`, lower-cased; `''` when it names none), and
+//! reservations of different projects never meet.
+//!
+//! Exclusive reservations exclude every other window's overlapping one;
+//! shared ones coexist with each other. Two patterns overlap when some path
+//! could match both (`PathGlob::overlaps`). Every reservation expires on the
+//! database's clock (`ttl_seconds`); a window's end deletes its rows (not
+//! here: the window's end is `identity/sessions.rs` and the presence
+//! sweeper's), and an expired row is deleted by the next reserve in its
+//! project, so every read is bounded by what is live.
+//!
+//! The overlap rule is Rust's, so a reserve cannot be one SQL statement: it is
+//! one transaction that takes the write fence, then a per-(team, project)
+//! advisory lock (every reserver of a project waits for the one before it, so
+//! two cannot both find a pattern free), reads the project's live rows,
+//! decides, writes and commits ([`reserve`]). Release and renew touch only
+//! the window's own rows and need no lock beyond the fence ([`window`]); the
+//! reads ([`reads`]) take none.
+//!
+//! Deliberately not here: anything that enforces a reservation (the host
+//! hooks and the git guard ask `check_paths`), and the release at a window's
+//! end.
+
+use chrono::{DateTime, Duration, Utc};
+use serde::Serialize;
+use sqlx::PgExecutor;
+use uuid::Uuid;
+
+use acs_wire::globs::{PathGlob, RepoPath};
+
+use crate::auth::Identity;
+use crate::error::{BusError, BusResult};
+use crate::store::{address, at, limits, text, window_phrase};
+
+mod reads;
+mod reserve;
+mod window;
+
+pub use reads::{CheckedPath, Covering, PathCheck, ReservationList, check_paths, list};
+pub use reserve::{Granted, RefusedPattern, ReserveRequest, Reserved, reserve};
+pub use window::{Released, Renewed, release, renew};
+
+pub const TTL_MIN_SECS: i64 = 5;
+pub const TTL_MAX_SECS: i64 = 86_400;
+/// An editing session outlives a lock's 5 minutes: 30 minutes by default, so
+/// an agent that forgets to renew does not lose its reservation mid-edit,
+/// and a window that crashed without ending blocks others for at most that.
+pub const TTL_DEFAULT_SECS: i64 = 1_800;
+pub const REASON_MAX_BYTES: usize = 256;
+/// Patterns in one `reserve_paths` or `release_paths` call.
+pub const PATTERNS_PER_CALL_MAX: usize = 100;
+/// Paths in one `check_paths` call.
+pub const PATHS_PER_CHECK_MAX: usize = 200;
+/// Live reservations one window may hold (every project together).
+pub const PER_WINDOW_MAX: i64 = 500;
+/// Live reservations of one project (every window together).
+pub const PER_PROJECT_MAX: i64 = 10_000;
+/// `list_reservations` shows at most this many and says `more`.
+pub const LISTED_MAX: usize = 200;
+
+/// First key of the advisory lock that serialises a project's reservers
+/// (ASCII 'ACSr'; the second is a hash of the team and the project).
+const PROJECT_LOCK: i32 = 1_094_931_314;
+
+/// One reservation, as every tool answers it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Reservation {
+    /// The glob as normalised (no leading `/`, no `./`, no empty segment).
+    pub pattern: String,
+    /// The project it was taken in (`""`: the window named none).
+    pub project: String,
+    pub exclusive: bool,
+    pub reason: Option<String>,
+    pub agent: String,
+    /// The holding window's label; `""` is the agent's shared session.
+    pub session: String,
+    /// `agent` or `agent/session`.
+    pub holder: String,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    /// Whole seconds until it expires.
+    pub seconds_left: i64,
+}
+
+/// A row as the reads select it ([`columns!`]).
+#[derive(Clone, Debug, sqlx::FromRow)]
+struct Row {
+    pattern: String,
+    project: String,
+    exclusive: bool,
+    reason: Option<String>,
+    holder_agent_id: Uuid,
+    agent: String,
+    holder_session: String,
+    created_at: DateTime<Utc>,
+    expires_at: DateTime<Utc>,
+    seconds_left: i64,
+}
+
+/// The columns of [`Row`], over reservation rows `r` (the table or what an
+/// update returns) joined to `agents a` (the holder's name): [`joined!`].
+macro_rules! columns {
+    () => {
+        "r.pattern, r.project, r.exclusive, r.reason, r.holder_agent_id, a.name AS agent,
+         r.holder_session, r.created_at, r.expires_at,
+         greatest(0, ceil(extract(epoch FROM r.expires_at - now())))::bigint AS seconds_left"
+    };
+}
+use columns;
+
+/// `FROM rows r JOIN agents a …` for [`columns!`].
+macro_rules! joined {
+    ($rows:literal) => {
+        concat!(
+            " FROM ",
+            $rows,
+            " r JOIN agents a ON a.team_id = r.team_id AND a.id = r.holder_agent_id"
+        )
+    };
+}
+use joined;
+
+impl Row {
+    fn is_mine(&self, me: &Identity) -> bool {
+        self.holder_agent_id == me.agent_id && self.holder_session == me.window
+    }
+
+    fn into_reservation(self) -> Reservation {
+        Reservation {
+            holder: address(&self.agent, &self.holder_session),
+            pattern: self.pattern,
+            project: self.project,
+            exclusive: self.exclusive,
+            reason: self.reason,
+            agent: self.agent,
+            session: self.holder_session,
+            created_at: self.created_at,
+            expires_at: self.expires_at,
+            seconds_left: self.seconds_left,
+        }
+    }
+
+    /// How a refusal names it: "`src/api/**` held exclusively by agent `bob`
+    /// in window `w1` (address bob/w1) until … (N s left), reason: …".
+    fn phrase(&self) -> String {
+        let how = if self.exclusive {
+            "exclusively"
+        } else {
+            "shared"
+        };
+        let reason = match &self.reason {
+            Some(reason) => format!(", reason {}", text::quote(reason)),
+            None => String::new(),
+        };
+        format!(
+            "`{}` held {how} by {} until {} ({} s left){reason}",
+            self.pattern,
+            window_phrase(&self.agent, &self.holder_session),
+            at(self.expires_at),
+            self.seconds_left
+        )
+    }
+}
+
+/// A live row with its pattern parsed once for the overlap and match checks.
+struct Live {
+    row: Row,
+    glob: PathGlob,
+}
+
+/// The project's live rows, each with its glob. A stored pattern always
+/// parses (it was stored as parsed); one that would not under a later rule
+/// is left out and logged: it can only be released or expire.
+fn parsed(rows: Vec<Row>) -> Vec<Live> {
+    rows.into_iter()
+        .filter_map(|row| match PathGlob::from_stored(&row.pattern) {
+            Ok(glob) => Some(Live { row, glob }),
+            Err(err) => {
+                tracing::warn!(pattern = %row.pattern, %err, "a stored reservation pattern no longer parses");
+                None
+            }
+        })
+        .collect()
+}
+
+/// Whether `glob` covers `path`: the literal prefix first, then the rule.
+fn covers(glob: &PathGlob, path: &RepoPath) -> bool {
+    path.as_str().starts_with(glob.literal_prefix()) && glob.matches(path)
+}
+
+/// The window's project: its presence `project` as its heartbeats last set
+/// it, lower-cased (`list_sessions` compares projects ignoring case, so
+/// `Web` and `web` are one project); `""` when it names none.
+async fn project_of<'e>(executor: impl PgExecutor<'e>, me: &Identity) -> BusResult<String> {
+    let project: Option<String> = sqlx::query_scalar(
+        "SELECT coalesce(lower(project), '') FROM presence
+         WHERE team_id = $1 AND agent_id = $2 AND session = $3",
+    )
+    .bind(me.team_id)
+    .bind(me.agent_id)
+    .bind(&me.window)
+    .fetch_optional(executor)
+    .await?;
+    Ok(project.unwrap_or_default())
+}
+
+/// The project's live rows, oldest first: one indexed read
+/// (`path_reservations_live`).
+async fn live_rows<'e>(
+    executor: impl PgExecutor<'e>,
+    me: &Identity,
+    project: &str,
+) -> BusResult<Vec<Row>> {
+    Ok(sqlx::query_as(concat!(
+        "SELECT ",
+        columns!(),
+        joined!("path_reservations"),
+        " WHERE r.team_id = $1 AND r.project = $2 AND r.expires_at > now()
+         ORDER BY r.created_at, r.pattern"
+    ))
+    .bind(me.team_id)
+    .bind(project)
+    .fetch_all(executor)
+    .await?)
+}
+
+/// How a refusal names the project.
+fn project_phrase(project: &str) -> String {
+    if project.is_empty() {
+        "no project (the windows whose heartbeat names none)".to_string()
+    } else {
+        format!("project `{project}`")
+    }
+}
+
+fn check_ttl(ttl_seconds: Option<i64>) -> BusResult<Duration> {
+    let ttl = limits::within(
+        "ttl_seconds",
+        ttl_seconds.unwrap_or(TTL_DEFAULT_SECS),
+        TTL_MIN_SECS..=TTL_MAX_SECS,
+        " (24 h)",
+        &format!(
+            "Omit it for {TTL_DEFAULT_SECS} s (30 min); renew_reservations moves every \
+             reservation of this window before it runs out."
+        ),
+    )?;
+    Ok(Duration::seconds(ttl))
+}
+
+fn check_reason(raw: Option<&str>) -> BusResult<Option<String>> {
+    let Some(reason) = raw
+        .map(|r| text::one_line("reservation reason", r))
+        .transpose()?
+        .filter(|r| !r.is_empty())
+    else {
+        return Ok(None);
+    };
+    limits::bytes_at_most(
+        reason.len(),
+        REASON_MAX_BYTES,
+        "reason",
+        "One short line saying what you are editing is enough; nothing was reserved.",
+    )?;
+    Ok(Some(reason))
+}
+
+/// A list argument's length, refused past `max` (duplicates count) and when
+/// empty (`empty` says what to do instead).
+fn check_count(what: &str, len: usize, max: usize, empty: &str) -> BusResult<()> {
+    if len == 0 {
+        return Err(BusError::invalid(format!("{what} is empty. {empty}")));
+    }
+    if len > max {
+        return Err(BusError::invalid(format!(
+            "{what} holds {len} entries; the limit is {max} per call. Nothing was changed. Split \
+             the call, or cover a directory with one glob (`src/api/**`) instead of its files."
+        )));
+    }
+    Ok(())
+}
+
+/// Patterns to reserve or release: each parsed by the one rule, in the
+/// order given, duplicates (after normalising) dropped.
+fn parse_patterns(paths: &[String], empty: &str) -> BusResult<Vec<PathGlob>> {
+    check_count("paths", paths.len(), PATTERNS_PER_CALL_MAX, empty)?;
+    let mut globs: Vec<PathGlob> = Vec::with_capacity(paths.len());
+    for (i, raw) in paths.iter().enumerate() {
+        let glob = PathGlob::parse(raw).map_err(|err| {
+            BusError::invalid(format!(
+                "paths[{i}] {} is not a pattern a reservation can hold: {err} Nothing was \
+                 changed.",
+                text::quote(raw)
+            ))
+        })?;
+        if !globs.iter().any(|g| g.as_str() == glob.as_str()) {
+            globs.push(glob);
+        }
+    }
+    Ok(globs)
+}
+
+/// Paths to check: each parsed by the one rule (`RepoPath`), in order.
+fn parse_paths(paths: &[String]) -> BusResult<Vec<RepoPath>> {
+    check_count(
+        "paths",
+        paths.len(),
+        PATHS_PER_CHECK_MAX,
+        "Give the repository-relative paths you are about to edit, e.g. [\"src/api/users.rs\"].",
+    )?;
+    paths
+        .iter()
+        .enumerate()
+        .map(|(i, raw)| {
+            RepoPath::parse(raw).map_err(|err| {
+                BusError::invalid(format!(
+                    "paths[{i}] {} is not a repository path: {err} Give paths relative to the \
+                     repository root, e.g. `src/api/users.rs`.",
+                    text::quote(raw)
+                ))
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_reason_and_counts_are_bounded() {
+        assert_eq!(check_ttl(None).unwrap(), Duration::seconds(1_800));
+        assert!(check_ttl(Some(4)).unwrap_err().to_string().contains("5"));
+        assert!(check_ttl(Some(86_401)).is_err());
+        assert_eq!(check_reason(Some("  ")).unwrap(), None);
+        assert!(check_reason(Some("a\nb")).is_err());
+        let long = check_reason(Some(&"x".repeat(257)))
+            .unwrap_err()
+            .to_string();
+        assert!(long.contains("256"), "{long}");
+        assert!(check_reason(Some(&"x".repeat(256))).is_ok());
+        let many: Vec<String> = (0..101).map(|i| format!("f{i}")).collect();
+        let refused = parse_patterns(&many, "").unwrap_err().to_string();
+        assert!(
+            refused.contains("101") && refused.contains("100"),
+            "{refused}"
+        );
+        assert!(
+            parse_patterns(&[], "Omit it.")
+                .unwrap_err()
+                .to_string()
+                .contains("Omit")
+        );
+    }
+
+    #[test]
+    fn duplicate_patterns_count_once() {
+        let globs = parse_patterns(&["src/a.rs".into(), "/src/a.rs".into()], "").unwrap();
+        assert_eq!(globs.len(), 1);
+        assert_eq!(globs[0].as_str(), "src/a.rs");
+    }
+}
