@@ -39,20 +39,27 @@ impl Run {
 
 impl Machine {
     /// A repository with one commit, its git configuration its own.
-    fn new() -> Machine {
+    async fn new() -> Machine {
         let machine = Machine {
             config: tempfile::tempdir().unwrap(),
             dir: tempfile::tempdir().unwrap(),
         };
         std::fs::create_dir(machine.repo()).unwrap();
-        machine.git(&["init", "-q", "-b", "main"], &[]).ok();
-        machine.git(&["config", "user.name", "Alice"], &[]).ok();
+        machine.git(&["init", "-q", "-b", "main"], &[]).await.ok();
+        machine
+            .git(&["config", "user.name", "Alice"], &[])
+            .await
+            .ok();
         machine
             .git(&["config", "user.email", "alice@example.com"], &[])
+            .await
             .ok();
         machine.write("README.md", "hello\n");
-        machine.git(&["add", "README.md"], &[]).ok();
-        machine.git(&["commit", "-q", "-m", "first"], &[]).ok();
+        machine.git(&["add", "README.md"], &[]).await.ok();
+        machine
+            .git(&["commit", "-q", "-m", "first"], &[])
+            .await
+            .ok();
         machine
     }
 
@@ -67,10 +74,12 @@ impl Machine {
     }
 
     /// Run `program ARGS` in `dir` as this machine: its config directory,
-    /// no one else's git configuration, none of the bus's variables but `env`.
-    fn run_in(&self, dir: &Path, program: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
-        let started = Instant::now();
-        let out: Output = Command::new(program)
+    /// no one else's git configuration, none of the bus's variables but
+    /// `env`. On a blocking thread: the server under test shares this
+    /// runtime, and the hook git runs talks to it.
+    async fn run_in(&self, dir: &Path, program: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
+        let mut command = Command::new(program);
+        command
             .args(args)
             .current_dir(dir)
             .env("BUS_CONFIG_DIR", self.config.path())
@@ -84,35 +93,44 @@ impl Machine {
             .env_remove("ACS_GUARD")
             .env_remove("RUST_LOG")
             .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .output()
-            .unwrap_or_else(|e| panic!("run {program} {args:?}: {e}"));
-        Run {
-            code: out.status.code(),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-            took: started.elapsed(),
-        }
+            .stdin(Stdio::null());
+        let what = format!("{program} {args:?}");
+        tokio::task::spawn_blocking(move || {
+            let started = Instant::now();
+            let out: Output = command
+                .output()
+                .unwrap_or_else(|e| panic!("run {what}: {e}"));
+            Run {
+                code: out.status.code(),
+                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+                took: started.elapsed(),
+            }
+        })
+        .await
+        .unwrap()
     }
 
-    fn git(&self, args: &[&str], env: &[(&str, &str)]) -> Run {
-        self.run_in(&self.repo(), "git", args, env)
+    async fn git(&self, args: &[&str], env: &[(&str, &str)]) -> Run {
+        self.run_in(&self.repo(), "git", args, env).await
     }
 
     /// The built binary, in the repository.
-    fn acs(&self, args: &[&str]) -> Run {
-        self.run_in(&self.repo(), BIN, args, &[])
+    async fn acs(&self, args: &[&str]) -> Run {
+        self.run_in(&self.repo(), BIN, args, &[]).await
     }
 
     /// Stage `path` with new text and commit it, the hook running.
-    fn commit(&self, path: &str, env: &[(&str, &str)]) -> Run {
+    async fn commit(&self, path: &str, env: &[(&str, &str)]) -> Run {
         self.write(path, &format!("changed at {:?}\n", Instant::now()));
-        self.git(&["add", path], &[]).ok();
+        self.git(&["add", path], &[]).await.ok();
         self.git(&["commit", "-q", "-m", &format!("change {path}")], env)
+            .await
     }
 
-    fn commits(&self) -> usize {
+    async fn commits(&self) -> usize {
         self.git(&["rev-list", "--count", "HEAD"], &[])
+            .await
             .ok()
             .stdout
             .trim()
@@ -167,16 +185,16 @@ impl Machine {
 // own hook to pre-commit.before-acs-guard and the count of blocks is off.
 #[tokio::test]
 async fn install_twice_is_one_block_and_uninstall_puts_the_hook_that_was_there_back() {
-    let machine = Machine::new();
+    let machine = Machine::new().await;
     let lint = "#!/bin/sh\n# the team's lint\necho lint ran >> \"$(git rev-parse --git-dir)/lint.log\"\n\
                 if [ -e NO_COMMIT ]; then echo 'lint: NO_COMMIT is here' >&2; exit 3; fi\n";
     std::fs::write(machine.hook(), lint).unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(machine.hook(), std::fs::Permissions::from_mode(0o755)).unwrap();
 
-    let first = machine.acs(&["guard", "install"]).ok();
+    let first = machine.acs(&["guard", "install"]).await.ok();
     assert!(first.stdout.contains("kept as"), "{first:?}");
-    let again = machine.acs(&["guard", "install"]).ok();
+    let again = machine.acs(&["guard", "install"]).await.ok();
     assert!(again.stdout.contains("already installed"), "{again:?}");
     let hook = std::fs::read_to_string(machine.hook()).unwrap();
     assert_eq!(
@@ -191,7 +209,7 @@ async fn install_twice_is_one_block_and_uninstall_puts_the_hook_that_was_there_b
 
     // The kept hook runs first (no profile here: the guard lets it through,
     // saying so), and its refusal refuses the commit.
-    let through = machine.commit("src/a.rs", &[]).ok();
+    let through = machine.commit("src/a.rs", &[]).await.ok();
     assert!(
         through
             .stderr
@@ -201,14 +219,14 @@ async fn install_twice_is_one_block_and_uninstall_puts_the_hook_that_was_there_b
     let log = machine.repo().join(".git/lint.log");
     assert_eq!(std::fs::read_to_string(&log).unwrap(), "lint ran\n");
     machine.write("NO_COMMIT", "");
-    let before = machine.commits();
-    let refused = machine.commit("src/a.rs", &[]);
+    let before = machine.commits().await;
+    let refused = machine.commit("src/a.rs", &[]).await;
     assert_eq!(refused.code, Some(1), "{refused:?}");
     assert!(refused.stderr.contains("NO_COMMIT is here"), "{refused:?}");
-    assert_eq!(machine.commits(), before);
+    assert_eq!(machine.commits().await, before);
     std::fs::remove_file(machine.repo().join("NO_COMMIT")).unwrap();
 
-    let removed = machine.acs(&["guard", "uninstall"]).ok();
+    let removed = machine.acs(&["guard", "uninstall"]).await.ok();
     assert!(removed.stdout.contains("is back"), "{removed:?}");
     assert_eq!(std::fs::read_to_string(machine.hook()).unwrap(), lint);
     assert!(!kept.exists());
@@ -217,22 +235,22 @@ async fn install_twice_is_one_block_and_uninstall_puts_the_hook_that_was_there_b
         .permissions()
         .mode();
     assert_eq!(mode & 0o111, 0o111, "the hook stays executable");
-    let none = machine.acs(&["guard", "uninstall"]).ok();
+    let none = machine.acs(&["guard", "uninstall"]).await.ok();
     assert!(none.stdout.contains("not installed"), "{none:?}");
 
     // Without a hook before, uninstall leaves none.
     std::fs::remove_file(machine.hook()).unwrap();
-    machine.acs(&["guard", "install"]).ok();
+    machine.acs(&["guard", "install"]).await.ok();
     assert!(machine.hook().exists());
-    machine.acs(&["guard", "uninstall"]).ok();
+    machine.acs(&["guard", "uninstall"]).await.ok();
     assert!(!machine.hook().exists());
 
     // Lines someone added after the guard's part stay.
-    machine.acs(&["guard", "install"]).ok();
+    machine.acs(&["guard", "install"]).await.ok();
     let mut hook = std::fs::read_to_string(machine.hook()).unwrap();
     hook.push_str("echo added by hand\n");
     std::fs::write(machine.hook(), hook).unwrap();
-    machine.acs(&["guard", "uninstall"]).ok();
+    machine.acs(&["guard", "uninstall"]).await.ok();
     let left = std::fs::read_to_string(machine.hook()).unwrap();
     assert!(!left.contains("ai-crew-sync guard"), "{left}");
     assert!(left.ends_with("echo added by hand\n"), "{left}");
@@ -242,13 +260,15 @@ async fn install_twice_is_one_block_and_uninstall_puts_the_hook_that_was_there_b
 /// linked worktree's repository's hooks.
 #[tokio::test]
 async fn install_follows_core_hooks_path_and_linked_worktrees() {
-    let machine = Machine::new();
+    let machine = Machine::new().await;
     let linked = machine.dir.path().join("linked");
     machine
         .git(&["worktree", "add", "-q", linked.to_str().unwrap()], &[])
+        .await
         .ok();
     let installed = machine
         .run_in(&linked, BIN, &["guard", "install"], &[])
+        .await
         .ok();
     assert!(
         installed
@@ -258,15 +278,17 @@ async fn install_follows_core_hooks_path_and_linked_worktrees() {
         "{installed:?}"
     );
     assert!(machine.hook().exists(), "{installed:?}");
-    machine.acs(&["guard", "uninstall"]).ok();
+    machine.acs(&["guard", "uninstall"]).await.ok();
 
     machine
         .git(&["config", "core.hooksPath", "team-hooks"], &[])
+        .await
         .ok();
     let subdir = machine.repo().join("src");
     std::fs::create_dir_all(&subdir).unwrap();
     machine
         .acs(&["guard", "install", "--repo", subdir.to_str().unwrap()])
+        .await
         .ok();
     let hook = machine.repo().join("team-hooks/pre-commit");
     assert!(
@@ -277,7 +299,9 @@ async fn install_follows_core_hooks_path_and_linked_worktrees() {
     assert!(!machine.hook().exists());
     // A directory outside any work tree is refused with what to give.
     let outside = tempfile::tempdir().unwrap();
-    let refused = machine.run_in(outside.path(), BIN, &["guard", "install"], &[]);
+    let refused = machine
+        .run_in(outside.path(), BIN, &["guard", "install"], &[])
+        .await;
     assert_eq!(refused.code, Some(1), "{refused:?}");
     assert!(refused.stderr.contains("--repo"), "{refused:?}");
 }
@@ -299,15 +323,15 @@ async fn a_commit_touching_another_windows_reservation_is_refused_until_released
     bob.call("heartbeat", json!({"project": "billing"}))
         .await
         .unwrap();
-    let machine = Machine::new();
+    let machine = Machine::new().await;
     machine.profile(&app, "alice", &alice).await;
-    machine.acs(&["guard", "install"]).ok();
+    machine.acs(&["guard", "install"]).await.ok();
     let reserve = json!({"paths": ["src/api/**"], "exclusive": true, "ttl_seconds": 600,
                          "reason": "reworking the API"});
     bob.call("reserve_paths", reserve.clone()).await.unwrap();
 
-    let before = machine.commits();
-    let refused = machine.commit("src/api/x.rs", &[]);
+    let before = machine.commits().await;
+    let refused = machine.commit("src/api/x.rs", &[]).await;
     assert_eq!(refused.code, Some(1), "{refused:?}");
     for said in [
         "src/api/x.rs",
@@ -319,39 +343,50 @@ async fn a_commit_touching_another_windows_reservation_is_refused_until_released
     ] {
         assert!(refused.stderr.contains(said), "no {said:?}: {refused:?}");
     }
-    assert_eq!(machine.commits(), before, "nothing was committed");
+    assert_eq!(machine.commits().await, before, "nothing was committed");
 
     // An unreserved path goes through; so does `git commit PATH`, whose
     // temporary index leaves out the reserved path still staged.
     machine.write("src/lib.rs", "pub fn f() {}\n");
-    machine.git(&["add", "src/lib.rs"], &[]).ok();
+    machine.git(&["add", "src/lib.rs"], &[]).await.ok();
     machine
         .git(&["commit", "-q", "-m", "lib only", "src/lib.rs"], &[])
+        .await
         .ok();
-    assert_eq!(machine.commits(), before + 1);
+    assert_eq!(machine.commits().await, before + 1);
 
     // A rename out of the reserved tree touches it too.
     machine
         .git(&["commit", "-q", "-m", "x"], &[("ACS_GUARD", "off")])
+        .await
         .ok();
-    machine.git(&["mv", "src/api/x.rs", "src/x.rs"], &[]).ok();
-    let renamed = machine.git(&["commit", "-q", "-m", "move x"], &[]);
+    machine
+        .git(&["mv", "src/api/x.rs", "src/x.rs"], &[])
+        .await
+        .ok();
+    let renamed = machine.git(&["commit", "-q", "-m", "move x"], &[]).await;
     assert_eq!(renamed.code, Some(1), "{renamed:?}");
     assert!(renamed.stderr.contains("src/api/x.rs"), "{renamed:?}");
 
     // Released: the same commit goes through.
     bob.call("release_paths", json!({})).await.unwrap();
-    machine.git(&["commit", "-q", "-m", "move x"], &[]).ok();
+    machine
+        .git(&["commit", "-q", "-m", "move x"], &[])
+        .await
+        .ok();
 
     // ACS_GUARD=off: through, whatever is held.
     bob.call("reserve_paths", reserve).await.unwrap();
-    let bypassed = machine.commit("src/api/y.rs", &[("ACS_GUARD", "off")]).ok();
+    let bypassed = machine
+        .commit("src/api/y.rs", &[("ACS_GUARD", "off")])
+        .await
+        .ok();
     assert!(bypassed.stderr.contains("ACS_GUARD=off"), "{bypassed:?}");
 
     // The bus down: through, with one line on stderr, within seconds.
     app.begin_shutdown();
     app.served().await.unwrap();
-    let down = machine.commit("src/api/y.rs", &[]).ok();
+    let down = machine.commit("src/api/y.rs", &[]).await.ok();
     assert_eq!(down.stderr.trim().lines().count(), 1, "{down:?}");
     assert!(
         down.stderr
@@ -371,9 +406,9 @@ async fn the_conversations_own_reservation_never_refuses_its_commit() {
     let app = spawn_app().await;
     app.team("acme").await;
     let alice = app.agent("acme", "alice").await;
-    let machine = Machine::new();
+    let machine = Machine::new().await;
     machine.profile(&app, "alice", &alice).await;
-    machine.acs(&["guard", "install"]).ok();
+    machine.acs(&["guard", "install"]).await.ok();
     let (mut state, window) =
         proxy_window(&app, &alice, "cc-alice", "cc-one", machine.config.path()).await;
     window
@@ -390,21 +425,27 @@ async fn the_conversations_own_reservation_never_refuses_its_commit() {
         .unwrap();
 
     let from_the_conversation = [("CLAUDE_CODE_SESSION_ID", "cc-alice")];
-    machine.commit("docs/guide.md", &from_the_conversation).ok();
+    machine
+        .commit("docs/guide.md", &from_the_conversation)
+        .await
+        .ok();
 
-    let from_a_terminal = machine.commit("docs/guide.md", &[]);
+    let from_a_terminal = machine.commit("docs/guide.md", &[]).await;
     assert_eq!(from_a_terminal.code, Some(1), "{from_a_terminal:?}");
     assert!(
         from_a_terminal.stderr.contains("alice/cc-one"),
         "{from_a_terminal:?}"
     );
-    machine.git(&["reset", "-q"], &[]).ok();
+    machine.git(&["reset", "-q"], &[]).await.ok();
 
     let silent = Proxy::start(app.addr).await;
     silent.black_hole();
     state.url = format!("http://{}/mcp", silent.addr());
     state.save(machine.config.path()).unwrap();
-    let hung = machine.commit("docs/guide.md", &from_the_conversation).ok();
+    let hung = machine
+        .commit("docs/guide.md", &from_the_conversation)
+        .await
+        .ok();
     assert!(hung.stderr.contains("did not answer"), "{hung:?}");
     assert!(hung.took < Duration::from_secs(15), "{hung:?}");
 }

@@ -31,6 +31,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
+use acs_wire::globs::RepoPath;
 use serde_json::{Value, json};
 
 use super::context::{self, Requested};
@@ -164,7 +165,13 @@ async fn check_within(
     config_dir: &Path,
     host_session: Option<String>,
 ) -> anyhow::Result<Outcome> {
-    let staged = git::staged_paths(repo)?;
+    // A path the bus would refuse to check (a control character in its
+    // name, past the length limit) would refuse its whole batch; no
+    // reservation can name it literally, so it is left out.
+    let staged: Vec<String> = git::staged_paths(repo)?
+        .into_iter()
+        .filter(|p| RepoPath::parse(p).is_ok())
+        .collect();
     if staged.is_empty() {
         return Ok(Outcome::Clear);
     }
@@ -350,8 +357,8 @@ fn refusal(held: &[Held], project: &str, speaker: &Speaker) -> String {
         text,
         "To proceed: ask the holder to release it (post_message {{to: \"{}\", body: …}}; they \
          call release_paths), or wait until it expires and commit again, or leave those paths \
-         out of this commit (git restore --staged PATH), or commit anyway with ACS_GUARD=off \
-         (the holder's work and yours may then collide).\nChecked as {}; its own reservations \
+         out of this commit (git restore --staged PATH), or commit anyway with `ACS_GUARD=off git \
+         commit …` (the holder's work and yours may then collide).\nChecked as {}; its own reservations \
          never refuse its commits.",
         holders.first().copied().unwrap_or("the holder"),
         speaker.describe()
