@@ -383,6 +383,17 @@ async fn a_commit_touching_another_windows_reservation_is_refused_until_released
         .ok();
     assert!(bypassed.stderr.contains("ACS_GUARD=off"), "{bypassed:?}");
 
+    // Past one call's 200 paths: the reserved path, staged last, is in
+    // the second batch and still found.
+    for i in 0..250 {
+        machine.write(&format!("gen/{i:03}.rs"), "// generated\n");
+    }
+    machine.git(&["add", "gen"], &[]).await.ok();
+    let many = machine.commit("src/api/z.rs", &[]).await;
+    assert_eq!(many.code, Some(1), "{many:?}");
+    assert!(many.stderr.contains("src/api/z.rs"), "{many:?}");
+    assert!(!many.stderr.contains("gen/"), "{many:?}");
+
     // The bus down: through, with one line on stderr, within seconds.
     app.begin_shutdown();
     app.served().await.unwrap();
