@@ -1,5 +1,6 @@
 //! The command line: `serve`, `migrate`, `doctor`, `quickstart`, the local
-//! operator commands, `mcp-config`, and `completions` / `man` generated from
+//! operator commands, `mcp-config`, the client side (`client`, `context`,
+//! `mcp proxy`, `guard`), and `completions` / `man` generated from
 //! it. Thin like the tools: parse, call one library function, print. Listings
 //! print a table, or JSON with `--json`.
 
@@ -11,6 +12,7 @@ mod conversations;
 mod doctor;
 mod flags;
 mod generate;
+mod guard;
 mod operator;
 mod output;
 mod proxy;
@@ -148,6 +150,10 @@ enum Command {
     /// This machine's side of identity: profiles, .acs.toml, and what applies here (show, verify).
     #[command(subcommand)]
     Context(context::ContextCommand),
+    /// A git pre-commit hook refusing a commit that touches paths another window reserved
+    /// exclusively (install, uninstall, and the check it runs); ACS_GUARD=off skips it.
+    #[command(subcommand)]
+    Guard(guard::GuardCommand),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout.
     Completions(generate::CompletionsArgs),
     /// Print the manual page (roff) on stdout, or write one page per command with --out-dir.
@@ -232,6 +238,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Admin(cmd) => admin::run(&ctx, cmd, json).await,
         Command::Client(args) => client::run(args, json).await,
         Command::Context(command) => context::run(command, json).await,
+        Command::Guard(command) => guard::run(command).await,
         Command::Mcp(command) => proxy::run(command).await,
         Command::ProxyConfig(args) => proxy::config(args),
         Command::Recipes { name } => recipes::run(name),

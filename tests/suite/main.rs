@@ -66,6 +66,7 @@ mod doctor;
 mod embedded;
 mod events;
 mod fenced_writes;
+mod guard;
 mod hooks;
 mod http_surface;
 mod inbox;

@@ -13,10 +13,13 @@
 //! and agent, with the token), [`project`] (`.acs.toml`), [`context`]
 //! (which of them applies here, and why), [`spool`] (a window's inbox
 //! references, kept durably before their delivery is confirmed),
-//! [`window_state`] (the window a proxy holds per host conversation) and
-//! [`hook`] (what a host's hook hears, speaking as that window).
+//! [`window_state`] (the window a proxy holds per host conversation),
+//! [`hook`] (what a host's hook hears, speaking as that window) and
+//! [`guard`] (the git pre-commit hook refusing a commit that touches paths
+//! another window reserved).
 
 pub mod context;
+pub mod guard;
 pub mod hook;
 pub mod local_files;
 pub mod profiles;

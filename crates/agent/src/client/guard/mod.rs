@@ -1,0 +1,367 @@
+//! The git guard: a `pre-commit` hook ([`install`]) that refuses a commit
+//! touching paths another window holds exclusively on the bus (issue 37's
+//! path reservations), and the check it runs ([`check`]).
+//!
+//! Who is "this window", whose own reservations never refuse its commits:
+//! - a commit made from an agent's host conversation, whose `mcp proxy`
+//!   recorded a window for it ([`WindowState`], found by the conversation's
+//!   id in `CLAUDE_CODE_SESSION_ID`, which Claude Code sets for the commands
+//!   its Bash tool runs), is checked as that window;
+//! - otherwise the check speaks with what applies in the repository
+//!   ([`context::resolve`]: `BUS_TOKEN`, else the profile `--profile` /
+//!   `BUS_PROFILE`, `.acs.toml` or the default names) as the agent's shared
+//!   window, and every other window's exclusive reservation (the same
+//!   agent's other windows included) refuses.
+//!
+//! The paths are those the commit stages ([`git::staged_paths`]), relative
+//! to the repository's root, sent to `check_paths` at most
+//! [`PATHS_PER_CALL`] a call; the bus answers within the project of the
+//! window asking: a proxy's window says its own (from `.acs.toml`), and the
+//! shared window is told the one `.acs.toml` names when the bus does not
+//! know it yet ([`ask`]).
+//!
+//! Never block work on an outage: no credential, a bus that is down, slow
+//! (past [`GUARD_DEADLINE`]) or that refuses the check, git failing: the
+//! commit goes ahead and the check says why on one line.
+
+pub mod git;
+pub mod install;
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use acs_wire::globs::RepoPath;
+use serde_json::{Value, json};
+
+use super::context::{self, Requested};
+use super::window_state::WindowState;
+use super::{Connection, object};
+
+/// Everything a check does ends within this.
+pub const GUARD_DEADLINE: Duration = Duration::from_secs(4);
+/// The most paths one `check_paths` call carries (the tool's own limit).
+pub const PATHS_PER_CALL: usize = 200;
+/// The most refused paths a refusal lists one by one.
+const LISTED: usize = 20;
+
+/// Whether `ACS_GUARD`'s value turns the check off (`off`, `0`, `false`,
+/// `no`, in any case).
+pub fn bypassed(value: Option<&str>) -> bool {
+    value.is_some_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "off" | "0" | "false" | "no"
+        )
+    })
+}
+
+/// What a check found.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Nothing staged is held exclusively by another window (or nothing is
+    /// staged): the commit goes ahead, nothing said.
+    Clear,
+    /// Refuse the commit: the text says which paths, who holds them and
+    /// how to proceed.
+    Refused(String),
+    /// Not checked (no credential, the bus down or slow, git failing): the
+    /// commit goes ahead; the line says why.
+    Unchecked(String),
+}
+
+/// One staged path another window holds exclusively, and how.
+struct Held {
+    path: String,
+    holder: String,
+    pattern: String,
+    reason: Option<String>,
+    expires_at: String,
+    seconds_left: Option<i64>,
+}
+
+/// Who the check speaks as.
+enum Speaker {
+    Window(WindowState),
+    Shared {
+        url: String,
+        token: String,
+        who: String,
+        /// The project `.acs.toml` names.
+        project: Option<String>,
+    },
+}
+
+impl Speaker {
+    fn describe(&self) -> String {
+        match self {
+            Speaker::Window(w) => format!(
+                "window {}/{} (this Claude Code conversation's, team {})",
+                w.agent, w.label, w.team
+            ),
+            Speaker::Shared { who, .. } => who.clone(),
+        }
+    }
+
+    /// The project to tell the bus before checking: the shared window's
+    /// `.acs.toml` project, when `answer` (a `check_paths` answer) was for
+    /// another. A window's project is its proxy's to tell.
+    fn untold_project(&self, answer: &Value) -> Option<String> {
+        let Speaker::Shared {
+            project: Some(wanted),
+            ..
+        } = self
+        else {
+            return None;
+        };
+        let answered = answer["project"].as_str().unwrap_or_default();
+        (!answered.eq_ignore_ascii_case(wanted.trim())).then(|| wanted.trim().to_string())
+    }
+
+    async fn connect(&self) -> anyhow::Result<Connection> {
+        match self {
+            Speaker::Window(w) => {
+                let epoch = w.epoch.to_string();
+                Connection::open_with_headers(
+                    &w.url,
+                    &w.credential,
+                    &[("x-crew-session", &w.label), ("x-crew-epoch", &epoch)],
+                )
+                .await
+            }
+            Speaker::Shared { url, token, .. } => Connection::open(url, token, None).await,
+        }
+    }
+}
+
+/// Check the commit being made in `repo`. `requested` is what the command
+/// line and environment named (as for every client command); `config_dir`
+/// where windows are recorded; `host_session` the host conversation's id
+/// (`CLAUDE_CODE_SESSION_ID`), when set.
+pub async fn check(
+    repo: &Path,
+    requested: Requested,
+    config_dir: &Path,
+    host_session: Option<String>,
+) -> Outcome {
+    match tokio::time::timeout(
+        GUARD_DEADLINE,
+        check_within(repo, requested, config_dir, host_session),
+    )
+    .await
+    {
+        Ok(Ok(outcome)) => outcome,
+        Ok(Err(err)) => Outcome::Unchecked(format!("{err:#}")),
+        Err(_) => Outcome::Unchecked(format!(
+            "the bus did not answer within {} s",
+            GUARD_DEADLINE.as_secs()
+        )),
+    }
+}
+
+async fn check_within(
+    repo: &Path,
+    requested: Requested,
+    config_dir: &Path,
+    host_session: Option<String>,
+) -> anyhow::Result<Outcome> {
+    // A path the bus would refuse to check (a control character in its
+    // name, past the length limit) would refuse its whole batch; no
+    // reservation can name it literally, so it is left out.
+    let staged: Vec<String> = git::staged_paths(repo)?
+        .into_iter()
+        .filter(|p| RepoPath::parse(p).is_ok())
+        .collect();
+    if staged.is_empty() {
+        return Ok(Outcome::Clear);
+    }
+    let Some(speaker) = speaker(repo, requested, config_dir, host_session)? else {
+        return Ok(Outcome::Unchecked(
+            "no credential applies here (no window recorded for this conversation, no \
+             BUS_TOKEN, no profile): add one with `ai-crew-sync context profile add`, or name \
+             one in .acs.toml with `context set-project`"
+                .into(),
+        ));
+    };
+    let bus = speaker.connect().await?;
+    let answers = ask(&bus, &speaker, &staged).await;
+    bus.close().await;
+    let (project, held) = answers?;
+    if held.is_empty() {
+        return Ok(Outcome::Clear);
+    }
+    Ok(Outcome::Refused(refusal(&held, &project, &speaker)))
+}
+
+/// `check_paths` for every staged path, [`PATHS_PER_CALL`] a call: the
+/// project the bus answered for, and what another window holds
+/// exclusively. The shared window's project is the one `.acs.toml` names;
+/// when the bus does not know it yet, it is told first (a heartbeat naming
+/// it, as the console tells a channel).
+async fn ask(
+    bus: &Connection,
+    speaker: &Speaker,
+    staged: &[String],
+) -> anyhow::Result<(String, Vec<Held>)> {
+    let mut held = Vec::new();
+    let mut project = String::new();
+    for (i, batch) in staged.chunks(PATHS_PER_CALL).enumerate() {
+        let arguments = object(json!({"paths": batch}));
+        let mut answer = bus.call("check_paths", arguments.clone()).await?;
+        if i == 0
+            && let Some(wanted) = speaker.untold_project(&answer)
+        {
+            bus.call("heartbeat", object(json!({"project": wanted})))
+                .await?;
+            answer = bus.call("check_paths", arguments).await?;
+        }
+        if let Some(p) = answer["project"].as_str() {
+            project = p.to_string();
+        }
+        held.extend(held_elsewhere(&answer));
+    }
+    Ok((project, held))
+}
+
+/// The window of this host conversation, else the shared window of what
+/// applies in the repository; `None` when nothing gives a credential.
+fn speaker(
+    repo: &Path,
+    requested: Requested,
+    config_dir: &Path,
+    host_session: Option<String>,
+) -> anyhow::Result<Option<Speaker>> {
+    if let Some(host) = host_session.filter(|s| !s.trim().is_empty())
+        && let Some(window) = WindowState::load(config_dir, &host)?
+    {
+        return Ok(Some(Speaker::Window(window)));
+    }
+    let top = git::top_level(repo).unwrap_or_else(|_| repo.to_path_buf());
+    let resolved = context::resolve(requested, &top)?;
+    let Ok(token) = resolved.token() else {
+        return Ok(None);
+    };
+    let who = match (&resolved.agent, &resolved.profile) {
+        (Some(agent), Some(profile)) => format!(
+            "agent {}'s shared window (profile {}, from {})",
+            agent.value, profile.value, profile.from
+        ),
+        _ => format!(
+            "the shared window of {}",
+            resolved.credential.as_deref().unwrap_or("the token given")
+        ),
+    };
+    Ok(Some(Speaker::Shared {
+        url: resolved.url.value.clone(),
+        token: token.to_string(),
+        who,
+        project: resolved.project.as_ref().map(|p| p.value.clone()),
+    }))
+}
+
+/// The paths of a `check_paths` answer another window holds exclusively:
+/// each exclusive reservation not `mine`, and any path the answer's
+/// `exclusive_elsewhere` names without one.
+fn held_elsewhere(answer: &Value) -> Vec<Held> {
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    let mut held = Vec::new();
+    for entry in answer["paths"].as_array().into_iter().flatten() {
+        for r in entry["reservations"].as_array().into_iter().flatten() {
+            if r["exclusive"] != Value::Bool(true) || r["mine"] == Value::Bool(true) {
+                continue;
+            }
+            let holder = match r["holder"].as_str() {
+                Some(h) if !h.is_empty() => h.to_string(),
+                _ => format!("{}/{}", text(&r["agent"]), text(&r["session"])),
+            };
+            held.push(Held {
+                path: text(&entry["path"]),
+                holder,
+                pattern: text(&r["pattern"]),
+                reason: r["reason"].as_str().map(str::to_string),
+                expires_at: text(&r["expires_at"]),
+                seconds_left: r["seconds_left"].as_i64(),
+            });
+        }
+    }
+    for path in answer["exclusive_elsewhere"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let path = text(path);
+        if !held.iter().any(|h| h.path == path) {
+            held.push(Held {
+                path,
+                holder: "another window".into(),
+                pattern: String::new(),
+                reason: None,
+                expires_at: String::new(),
+                seconds_left: None,
+            });
+        }
+    }
+    held
+}
+
+fn left(seconds: i64) -> String {
+    match seconds {
+        s if s < 60 => format!("{s} s left"),
+        s if s < 3600 => format!("{} min left", s / 60),
+        s => format!("{} h {} min left", s / 3600, (s % 3600) / 60),
+    }
+}
+
+/// The refusal: each path, who holds it, the reservation, its reason and
+/// expiry; then how to proceed.
+fn refusal(held: &[Held], project: &str, speaker: &Speaker) -> String {
+    let mut paths: Vec<&str> = held.iter().map(|h| h.path.as_str()).collect();
+    paths.dedup();
+    let mut text = format!(
+        "ai-crew-sync guard: commit refused: {} staged path(s) held exclusively by another \
+         window{}:\n",
+        paths.len(),
+        if project.is_empty() {
+            String::new()
+        } else {
+            format!(" in project {project:?}")
+        }
+    );
+    for h in held.iter().take(LISTED) {
+        let _ = write!(text, "  {}: held by {}", h.path, h.holder);
+        if !h.pattern.is_empty() {
+            let _ = write!(text, " (reservation {:?}", h.pattern);
+            if let Some(reason) = &h.reason {
+                let _ = write!(text, ", reason {reason:?}");
+            }
+            if !h.expires_at.is_empty() {
+                let _ = write!(text, ", expires {}", h.expires_at);
+                if let Some(s) = h.seconds_left {
+                    let _ = write!(text, ", {}", left(s));
+                }
+            }
+            text.push(')');
+        }
+        text.push('\n');
+    }
+    if held.len() > LISTED {
+        let _ = writeln!(text, "  … and {} more", held.len() - LISTED);
+    }
+    let holders: Vec<&str> = {
+        let mut h: Vec<&str> = held.iter().map(|h| h.holder.as_str()).collect();
+        h.sort_unstable();
+        h.dedup();
+        h
+    };
+    let _ = write!(
+        text,
+        "To proceed: ask the holder to release it (post_message {{to: \"{}\", body: …}}; they \
+         call release_paths), or wait until it expires and commit again, or leave those paths \
+         out of this commit (git restore --staged PATH), or commit anyway with `ACS_GUARD=off git \
+         commit …` (the holder's work and yours may then collide).\nChecked as {}; its own reservations \
+         never refuse its commits.",
+        holders.first().copied().unwrap_or("the holder"),
+        speaker.describe()
+    );
+    text
+}
