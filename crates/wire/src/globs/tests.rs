@@ -389,12 +389,12 @@ fn overlaps_and_matches_agree_with_brute_force() {
     );
 }
 
-/// The cost the store and the hook pay: 1 000 patterns against 50 paths,
-/// with the caller's literal-prefix pre-filter. Run it in release:
-/// `cargo test -p acs-wire --release --lib globs::tests::speed -- --ignored`.
+/// What the store and the hook do with many patterns: the literal-prefix
+/// pre-filter, then `matches`, finds each path's one holder among 1 000
+/// patterns and no other. (What it costs is the benchmark's `check_paths`
+/// line, never a timing here.)
 #[test]
-#[ignore = "a timing, meaningful in release only"]
-fn speed() {
+fn the_literal_prefix_pre_filter_loses_no_match() {
     let mut globs = Vec::new();
     for k in 0..1000 {
         globs.push(g(&match k % 5 {
@@ -408,49 +408,28 @@ fn speed() {
     let paths: Vec<RepoPath> = (0..50)
         .map(|k| p(&format!("crates/c{}/src/deep/f{k}.rs", k * 20)))
         .collect();
-    let mut best = std::time::Duration::MAX;
-    let mut hits = 0;
-    for _ in 0..20 {
-        let start = std::time::Instant::now();
-        hits = 0;
-        for path in &paths {
-            for glob in &globs {
-                if path.as_str().starts_with(glob.literal_prefix()) && glob.matches(path) {
-                    hits += 1;
-                }
-            }
-        }
-        best = best.min(start.elapsed());
+    for path in &paths {
+        let filtered: Vec<&str> = globs
+            .iter()
+            .filter(|g| path.as_str().starts_with(g.literal_prefix()) && g.matches(path))
+            .map(PathGlob::as_str)
+            .collect();
+        let all: Vec<&str> = globs
+            .iter()
+            .filter(|g| g.matches(path))
+            .map(PathGlob::as_str)
+            .collect();
+        assert_eq!(filtered, all, "{}", path.as_str());
+        assert_eq!(all.len(), 1, "{}: {all:?}", path.as_str());
     }
-    eprintln!("1000 patterns x 50 paths: {best:?}, {hits} hits");
-    let mut floor = std::time::Duration::MAX;
-    for _ in 0..20 {
-        let start = std::time::Instant::now();
-        let mut n = 0;
-        for path in &paths {
-            for glob in &globs {
-                n += path.as_str().starts_with(glob.literal_prefix()) as usize;
-            }
-        }
-        std::hint::black_box(n);
-        floor = floor.min(start.elapsed());
-    }
-    eprintln!("the pre-filter alone: {floor:?}");
-    assert_eq!(hits, 50);
-    assert!(best < std::time::Duration::from_millis(1), "{best:?}");
-    let start = std::time::Instant::now();
-    let mut meet = 0;
-    for x in &globs[..100] {
-        for y in &globs {
-            meet += x.overlaps(y) as usize;
-        }
-    }
-    eprintln!("100 x 1000 overlaps: {:?}, {meet} meet", start.elapsed());
 }
 
+/// Patterns at the limits (1 KiB, [`PATTERN_MAX_STARS`] stars) are decided,
+/// and rightly: the last 901 characters of `d` and `e` differ, `d` and `f`
+/// end in different letters, and a directory `f` matches covers the deep
+/// paths `h` asks for.
 #[test]
-#[ignore = "a timing, meaningful in release only"]
-fn worst_case() {
+fn patterns_at_the_limits_are_decided() {
     let n = PATTERN_MAX_STARS;
     let a = g(&format!("/{}", "*[ab]".repeat(n)));
     let b = g(&format!("/{}", "*[!a]?".repeat(n)));
@@ -459,22 +438,16 @@ fn worst_case() {
     let e = g(&format!("/{}d{}", "*a".repeat(n), "a".repeat(900)));
     let f = g(&format!("/{}d", "*[!b]".repeat(n)));
     let h = g(&format!("/{}/d", "**/*[!b]".repeat(n / 2)));
-    for (x, y) in [
-        (&a, &b),
-        (&a, &c),
-        (&b, &c),
-        (&d, &e),
-        (&d, &f),
-        (&f, &h),
-        (&d, &h),
+    for (x, y, meet) in [
+        (&a, &b, true),
+        (&a, &c, true),
+        (&b, &c, true),
+        (&d, &e, false),
+        (&d, &f, false),
+        (&f, &h, true),
+        (&d, &h, true),
     ] {
-        let start = std::time::Instant::now();
-        let meet = x.overlaps(y);
-        eprintln!(
-            "{} x {} bytes: {meet} in {:?}",
-            x.as_str().len(),
-            y.as_str().len(),
-            start.elapsed()
-        );
+        assert_eq!(x.overlaps(y), meet, "{} x {}", x.as_str(), y.as_str());
+        assert_eq!(y.overlaps(x), meet, "{} x {}", y.as_str(), x.as_str());
     }
 }
