@@ -83,8 +83,8 @@ async fn a_list_over_its_limit_is_refused_even_when_it_repeats_one_value() {
         ),
         (
             "wait_for_updates",
-            json!({"timeout_seconds": 1, "kinds": copies("message", 5)}),
-            "kinds holds 5 entries; there are 4 kinds",
+            json!({"timeout_seconds": 1, "kinds": copies("message", 6)}),
+            "kinds holds 6 entries; there are 5 kinds",
         ),
         (
             "confirm_inbox_delivery",

@@ -308,6 +308,37 @@ async fn reservations_of_different_projects_never_meet() {
     let listed = bob.call("list_reservations", json!({})).await.unwrap();
     assert_eq!(listed["count"], 1);
     assert_eq!(listed["reservations"][0]["project"], "api");
+
+    // Another project is read by naming it (the git guard's shared window
+    // does), and only read: bob's own project is unchanged.
+    let there = bob
+        .call(
+            "check_paths",
+            json!({"paths": ["src/main.rs"], "project": " WEB "}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(there["project"], "web");
+    assert_eq!(there["exclusive_elsewhere"], json!(["src/main.rs"]));
+    assert_eq!(there["paths"][0]["reservations"][0]["holder"], "alice/w1");
+    let listed = bob
+        .call("list_reservations", json!({"project": "web"}))
+        .await
+        .unwrap();
+    assert_eq!(listed["reservations"][0]["holder"], "alice/w1");
+    let long = bob
+        .call(
+            "check_paths",
+            json!({"paths": ["a"], "project": "p".repeat(257)}),
+        )
+        .await
+        .unwrap_err();
+    assert!(message(&long).contains("256"), "{long}");
+    let home = bob
+        .call("check_paths", json!({"paths": ["src/main.rs"]}))
+        .await
+        .unwrap();
+    assert_eq!(home["project"], "api");
 }
 
 #[tokio::test]

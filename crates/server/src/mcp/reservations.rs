@@ -56,6 +56,9 @@ pub struct ListReservationsArgs {
     pub path: Option<String>,
     /// Only reservations this agent holds (any of its windows).
     pub agent: Option<String>,
+    /// The project to list (as `.acs.toml` or heartbeat `project` names
+    /// it). Omit for this window's project.
+    pub project: Option<String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -63,6 +66,9 @@ pub struct ListReservationsArgs {
 pub struct CheckPathsArgs {
     /// Repository-relative file paths (not globs), at most 200.
     pub paths: Vec<String>,
+    /// The project to check in (as `.acs.toml` or heartbeat `project` names
+    /// it). Omit for this window's project.
+    pub project: Option<String>,
 }
 
 #[tool_router(router = reservation_router, vis = "pub(super)")]
@@ -128,7 +134,7 @@ impl BusServer {
     }
 
     #[tool(
-        description = "The live path reservations of this window's project (holder window, \
+        description = "The live path reservations of this window's project (or `project`'s) (holder window, \
                        pattern, exclusive or shared, reason, expiry), optionally only those \
                        covering `path` or held by `agent`; at most 200, `more` when cut short. \
                        Empty means nobody in the project has reserved anything matching.",
@@ -140,12 +146,21 @@ impl BusServer {
         Parameters(args): Parameters<ListReservationsArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(reservations::list(self.bus(), me, args.path.as_deref(), args.agent.as_deref()).await)
+        reply(
+            reservations::list(
+                self.bus(),
+                me,
+                args.path.as_deref(),
+                args.agent.as_deref(),
+                args.project.as_deref(),
+            )
+            .await,
+        )
     }
 
     #[tool(
         description = "Before editing files: which of these repository paths are reserved in \
-                       this window's project, by whom and how (`mine` marks this window's). \
+                       this window's project (or `project`'s), by whom and how (`mine` marks this window's). \
                        `exclusive_elsewhere` lists the paths another window holds exclusively: \
                        do not edit those without asking the holder. Empty means you are free \
                        to edit.",
@@ -157,6 +172,6 @@ impl BusServer {
         Parameters(args): Parameters<CheckPathsArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(reservations::check_paths(self.bus(), me, &args.paths).await)
+        reply(reservations::check_paths(self.bus(), me, &args.paths, args.project.as_deref()).await)
     }
 }

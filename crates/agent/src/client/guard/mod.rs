@@ -103,19 +103,15 @@ impl Speaker {
         }
     }
 
-    /// The project to tell the bus before checking: the shared window's
-    /// `.acs.toml` project, when `answer` (a `check_paths` answer) was for
-    /// another. A window's project is its proxy's to tell.
-    fn untold_project(&self, answer: &Value) -> Option<String> {
-        let Speaker::Shared {
-            project: Some(wanted),
-            ..
-        } = self
-        else {
-            return None;
-        };
-        let answered = answer["project"].as_str().unwrap_or_default();
-        (!answered.eq_ignore_ascii_case(wanted.trim())).then(|| wanted.trim().to_string())
+    /// The project to check in: the shared window's `.acs.toml` project
+    /// (a proxy's window checks in the project its proxy told the bus).
+    fn project(&self) -> Option<&str> {
+        match self {
+            Speaker::Shared {
+                project: Some(p), ..
+            } => Some(p.trim()).filter(|p| !p.is_empty()),
+            _ => None,
+        }
     }
 
     async fn connect(&self) -> anyhow::Result<Connection> {
@@ -195,9 +191,8 @@ async fn check_within(
 
 /// `check_paths` for every staged path, [`PATHS_PER_CALL`] a call: the
 /// project the bus answered for, and what another window holds
-/// exclusively. The shared window's project is the one `.acs.toml` names;
-/// when the bus does not know it yet, it is told first (a heartbeat naming
-/// it, as the console tells a channel).
+/// exclusively. The shared window checks in the project `.acs.toml` names
+/// (`check_paths`' `project`), a proxy's window in its own.
 async fn ask(
     bus: &Connection,
     speaker: &Speaker,
@@ -205,16 +200,12 @@ async fn ask(
 ) -> anyhow::Result<(String, Vec<Held>)> {
     let mut held = Vec::new();
     let mut project = String::new();
-    for (i, batch) in staged.chunks(PATHS_PER_CALL).enumerate() {
-        let arguments = object(json!({"paths": batch}));
-        let mut answer = bus.call("check_paths", arguments.clone()).await?;
-        if i == 0
-            && let Some(wanted) = speaker.untold_project(&answer)
-        {
-            bus.call("heartbeat", object(json!({"project": wanted})))
-                .await?;
-            answer = bus.call("check_paths", arguments).await?;
+    for batch in staged.chunks(PATHS_PER_CALL) {
+        let mut arguments = json!({"paths": batch});
+        if let Some(p) = speaker.project() {
+            arguments["project"] = json!(p);
         }
+        let answer = bus.call("check_paths", object(arguments)).await?;
         if let Some(p) = answer["project"].as_str() {
             project = p.to_string();
         }

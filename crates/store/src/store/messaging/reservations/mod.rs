@@ -38,6 +38,7 @@ use uuid::Uuid;
 
 use acs_wire::globs::{PathGlob, RepoPath};
 
+use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::store::{address, at, limits, text, window_phrase};
@@ -69,6 +70,8 @@ pub const PER_WINDOW_MAX: i64 = 500;
 pub const PER_PROJECT_MAX: i64 = 10_000;
 /// `list_reservations` shows at most this many and says `more`.
 pub const LISTED_MAX: usize = 200;
+/// A project's name, as presence keeps it.
+pub const PROJECT_MAX_BYTES: usize = 256;
 
 /// First key of the advisory lock that serialises a project's reservers
 /// (ASCII 'ACSr'; the second is a hash of the team and the project).
@@ -216,6 +219,27 @@ async fn project_of<'e>(executor: impl PgExecutor<'e>, me: &Identity) -> BusResu
     .fetch_optional(executor)
     .await?;
     Ok(project.unwrap_or_default())
+}
+
+/// The project a read looks in: `asked` (lower-cased, as presence keeps
+/// projects) when given, else the window's own ([`project_of`]). Any project
+/// of the team may be read: `list_agents` shows every window's reservations
+/// already.
+async fn project_to_read(bus: &Bus, me: &Identity, asked: Option<&str>) -> BusResult<String> {
+    let asked = asked.map(text::lookup_lower).filter(|p| !p.is_empty());
+    match asked {
+        Some(project) => {
+            limits::bytes_at_most(
+                project.len(),
+                PROJECT_MAX_BYTES,
+                "project",
+                "Give the project's name as `.acs.toml` or heartbeat `project` names it, or omit \
+                 it for this window's project.",
+            )?;
+            Ok(project)
+        }
+        None => project_of(&bus.pool, me).await,
+    }
 }
 
 /// The project's live rows, oldest first: one indexed read

@@ -1,5 +1,5 @@
-//! `list_reservations` and `check_paths`: the window's project's live
-//! reservations, read without a lock.
+//! `list_reservations` and `check_paths`: a project's live reservations
+//! (the window's own project unless one is named), read without a lock.
 //!
 //! Both cost one indexed read of the project's live rows
 //! (`path_reservations_live`: bounded by what is live, never by history)
@@ -9,7 +9,8 @@
 use serde::Serialize;
 
 use super::{
-    LISTED_MAX, Live, Reservation, covers, live_rows, parse_path, parse_paths, parsed, project_of,
+    LISTED_MAX, Live, Reservation, covers, live_rows, parse_path, parse_paths, parsed,
+    project_to_read,
 };
 use crate::Bus;
 use crate::auth::Identity;
@@ -60,10 +61,11 @@ pub async fn list(
     me: &Identity,
     path: Option<&str>,
     agent: Option<&str>,
+    project: Option<&str>,
 ) -> BusResult<ReservationList> {
     let path = path.map(parse_path).transpose()?;
     let agent = agent.map(text::lookup_lower).filter(|a| !a.is_empty());
-    let project = project_of(&bus.pool, me).await?;
+    let project = project_to_read(bus, me, project).await?;
     let mut rows = live_rows(&bus.pool, me, &project).await?;
     if let Some(agent) = &agent {
         rows.retain(|row| &row.agent == agent);
@@ -87,12 +89,17 @@ pub async fn list(
     })
 }
 
-/// `check_paths`: for each path, the live reservations of the window's
-/// project that cover it, and which paths another window holds
-/// exclusively.
-pub async fn check_paths(bus: &Bus, me: &Identity, paths: &[String]) -> BusResult<PathCheck> {
+/// `check_paths`: for each path, the live reservations of the project
+/// (`project`, else the window's) that cover it, and which paths another
+/// window holds exclusively.
+pub async fn check_paths(
+    bus: &Bus,
+    me: &Identity,
+    paths: &[String],
+    project: Option<&str>,
+) -> BusResult<PathCheck> {
     let paths = parse_paths(paths)?;
-    let project = project_of(&bus.pool, me).await?;
+    let project = project_to_read(bus, me, project).await?;
     let live: Vec<Live> = parsed(live_rows(&bus.pool, me, &project).await?);
     let mut checked = Vec::with_capacity(paths.len());
     let mut exclusive_elsewhere = Vec::new();
