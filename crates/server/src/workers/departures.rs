@@ -99,25 +99,19 @@ pub fn spawn(
     settings: DepartureSettings,
     shutdown: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut ticker = tokio::time::interval(settings.interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = ticker.tick() => {}
-            }
-            match run_once(&bus.pool, &settings).await {
-                Ok(keys) if keys.is_empty() => {}
-                Ok(keys) => tracing::info!(
-                    released = keys.len(),
-                    "released the claimed tasks of windows that left and did not come back, or were revoked"
-                ),
-                // The next pass retries; the tasks stay claimed meanwhile.
-                Err(err) => {
-                    tracing::warn!(error = %err, "departures pass failed; retrying next pass")
-                }
-            }
+    let interval = settings.interval;
+    super::every(interval, shutdown, move || {
+        let (pool, settings) = (bus.pool.clone(), settings.clone());
+        async move {
+            // A failed pass leaves the tasks claimed until the next one.
+            super::report(
+                "departures",
+                "released the claimed tasks of windows that left and did not come back, or \
+                 were revoked",
+                run_once(&pool, &settings)
+                    .await
+                    .map(|keys| keys.len() as u64),
+            );
         }
     })
 }

@@ -10,3 +10,49 @@ pub mod presence_sweeper;
 pub mod publication;
 pub mod storage_recount;
 pub mod webhook_dispatcher;
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use acs_store::error::BusResult;
+
+/// Run `pass` every `interval` (the first at start) until `shutdown`: the
+/// one loop of every periodic worker. A late tick is delayed, never
+/// bunched; a pass in progress finishes before shutdown is seen.
+pub(crate) fn every<F, Fut>(
+    interval: Duration,
+    shutdown: CancellationToken,
+    mut pass: F,
+) -> JoinHandle<()>
+where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = ticker.tick() => {}
+            }
+            pass().await;
+        }
+    })
+}
+
+/// Log one pass of `worker`: nothing when it changed nothing, `done` with
+/// its count, or the failure (the next pass retries; nothing is lost by
+/// waiting).
+pub(crate) fn report(worker: &'static str, done: &'static str, outcome: BusResult<u64>) {
+    match outcome {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(worker, n, "{done}"),
+        Err(error) => {
+            tracing::warn!(worker, %error, "pass failed; retrying next pass")
+        }
+    }
+}

@@ -112,45 +112,24 @@ pub fn spawn(
     settings: SweeperSettings,
     shutdown: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut ticker = tokio::time::interval(settings.interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = ticker.tick() => {}
-            }
-            match sweep(&bus.pool, settings.retention, settings.batch).await {
-                Ok(0) => {}
-                Ok(deleted) => {
-                    tracing::info!(deleted, "presence sweeper deleted long-dead windows")
-                }
-                // The next pass retries; nothing is lost by waiting.
-                Err(err) => {
-                    tracing::warn!(error = %err, "presence sweep failed; retrying next pass")
-                }
-            }
-            match release_reservations(&bus.pool, settings.batch).await {
-                Ok(0) => {}
-                Ok(deleted) => tracing::info!(
-                    deleted,
-                    "deleted the path reservations of windows gone idle, and expired ones"
-                ),
-                Err(err) => {
-                    tracing::warn!(error = %err, "reservation sweep failed; retrying next pass")
-                }
-            }
-            match release_inbox(&bus.pool, settings.inbox_retention, settings.batch).await {
-                Ok(0) => {}
-                Ok(released) => tracing::info!(
-                    released,
-                    "released inbox references owed to long-dead windows (their receipts stay)"
-                ),
-                // What is not released now is released next pass.
-                Err(err) => {
-                    tracing::warn!(error = %err, "inbox release failed; retrying next pass")
-                }
-            }
+    let interval = settings.interval;
+    super::every(interval, shutdown, move || {
+        let (pool, settings) = (bus.pool.clone(), settings.clone());
+        async move {
+            let deleted = sweep(&pool, settings.retention, settings.batch).await;
+            super::report("presence sweeper", "deleted long-dead windows", deleted);
+            let freed = release_reservations(&pool, settings.batch).await;
+            super::report(
+                "presence sweeper",
+                "deleted the path reservations of windows gone idle, and expired ones",
+                freed,
+            );
+            let released = release_inbox(&pool, settings.inbox_retention, settings.batch).await;
+            super::report(
+                "presence sweeper",
+                "released inbox references owed to long-dead windows (their receipts stay)",
+                released,
+            );
         }
     })
 }

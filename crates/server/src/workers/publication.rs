@@ -319,7 +319,7 @@ pub async fn reconcile_once(bus: &Bus) -> BusResult<usize> {
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 pub const SWEEP_GRACE_SECS: i64 = 300;
 
-/// Run `pass` every `interval` until `shutdown`, logging failures.
+/// Run `pass` every `interval` until `shutdown`, logging what it did.
 fn spawn_periodic<F, Fut>(
     name: &'static str,
     interval: Duration,
@@ -330,22 +330,9 @@ where
     F: FnMut() -> Fut + Send + 'static,
     Fut: std::future::Future<Output = BusResult<u64>> + Send,
 {
-    tokio::spawn(async move {
-        let mut ticker = tokio::time::interval(interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = ticker.tick() => {}
-            }
-            match pass().await {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(worker = name, n, "pass done"),
-                Err(e) => {
-                    tracing::warn!(worker = name, error = %e, "pass failed; retrying next time")
-                }
-            }
-        }
+    super::every(interval, shutdown, move || {
+        let pass = pass();
+        async move { super::report(name, "pass done", pass.await) }
     })
 }
 

@@ -12,15 +12,10 @@ use acs_store::store::operations::usage;
 
 /// Recount every team each interval (first pass at start) until `shutdown`.
 pub fn spawn(bus: Bus, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut ticker = tokio::time::interval(usage::RECOUNT_INTERVAL);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = ticker.tick() => {}
-            }
-            if let Err(err) = usage::recount_all(&bus.pool).await {
+    super::every(usage::RECOUNT_INTERVAL, shutdown, move || {
+        let pool = bus.pool.clone();
+        async move {
+            if let Err(err) = usage::recount_all(&pool).await {
                 tracing::warn!(error = %err, "storage recount failed; retrying next pass");
             }
         }

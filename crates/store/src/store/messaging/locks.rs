@@ -119,20 +119,12 @@ fn check_ttl(ttl_seconds: Option<i64>) -> BusResult<Duration> {
 }
 
 fn check_purpose(raw: Option<&str>) -> BusResult<Option<String>> {
-    let Some(purpose) = raw
-        .map(|p| text::one_line("lock purpose", p))
-        .transpose()?
-        .filter(|p| !p.is_empty())
-    else {
-        return Ok(None);
-    };
-    limits::bytes_at_most(
-        purpose.len(),
+    text::optional_label(
+        "lock purpose",
+        raw,
         PURPOSE_MAX_BYTES,
-        "purpose",
         "One short line saying why you hold the lock is enough.",
-    )?;
-    Ok(Some(purpose))
+    )
 }
 
 /// A lock row as `list_locks` selects it and as `team_lock_state`

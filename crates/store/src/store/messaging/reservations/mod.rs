@@ -286,20 +286,12 @@ fn check_ttl(ttl_seconds: Option<i64>) -> BusResult<Duration> {
 }
 
 fn check_reason(raw: Option<&str>) -> BusResult<Option<String>> {
-    let Some(reason) = raw
-        .map(|r| text::one_line("reservation reason", r))
-        .transpose()?
-        .filter(|r| !r.is_empty())
-    else {
-        return Ok(None);
-    };
-    limits::bytes_at_most(
-        reason.len(),
+    text::optional_label(
+        "reservation reason",
+        raw,
         REASON_MAX_BYTES,
-        "reason",
         "One short line saying what you are editing is enough; nothing was reserved.",
-    )?;
-    Ok(Some(reason))
+    )
 }
 
 /// A list argument's length, refused past `max` (duplicates count) and when
