@@ -161,23 +161,27 @@ pub async fn run(command: ContextCommand, json: bool) -> anyhow::Result<()> {
     }
 }
 
-/// The most hook input read (a host's payload is a few KiB).
-const HOOK_INPUT_MAX: u64 = 1024 * 1024;
-
 /// Run one hook within its deadline ([`HookEvent::deadline`]); whatever goes
 /// wrong is one line on stderr, and the host carries on (an edit a
-/// `pre_tool_use` could not check is allowed). With `explain`, how the window was
-/// found (or why none was) follows on stderr.
+/// `pre_tool_use` could not check because the bus is down, silent or
+/// refused the credential is allowed, the line saying which). With
+/// `explain`, how the window was found (or why none was) follows on stderr.
 async fn hook(event: HookEvent, explain: bool) {
     use tokio::io::AsyncReadExt as _;
     let mut trail = Vec::new();
+    let max = event.input_max();
+    let read = std::cell::Cell::new(false);
     let work = async {
         let mut input = Vec::new();
         tokio::io::stdin()
-            .take(HOOK_INPUT_MAX)
+            .take(max + 1)
             .read_to_end(&mut input)
             .await
             .context("reading the hook input")?;
+        read.set(true);
+        if input.len() as u64 > max {
+            return Ok(host_hook::input_too_large(event));
+        }
         let dir = local_files::config_dir()?;
         let session = std::env::var("CLAUDE_CODE_SESSION_ID").ok();
         host_hook::answer(event, &input, &dir, session, &mut trail).await
@@ -192,8 +196,14 @@ async fn hook(event: HookEvent, explain: bool) {
             event.without_an_answer()
         ),
         Ok(Err(err)) => eprintln!("ai-crew-sync hook: {}", output::clean(&format!("{err:#}"))),
+        Err(_) if read.get() => eprintln!(
+            "ai-crew-sync hook: the bus did not answer within {} s; {}",
+            event.deadline().as_secs_f32(),
+            event.without_an_answer()
+        ),
         Err(_) => eprintln!(
-            "ai-crew-sync hook: no answer within {} s; {}",
+            "ai-crew-sync hook: the host's input was not all read within {} s (stdin not \
+             closed); {}",
             event.deadline().as_secs_f32(),
             event.without_an_answer()
         ),
