@@ -180,7 +180,7 @@ async fn hook(event: HookEvent, explain: bool) {
             .context("reading the hook input")?;
         read.set(true);
         if input.len() as u64 > max {
-            return Ok(host_hook::input_too_large(event));
+            return host_hook::input_too_large(event);
         }
         let dir = local_files::config_dir()?;
         let session = std::env::var("CLAUDE_CODE_SESSION_ID").ok();
