@@ -280,9 +280,9 @@ async fn a_shell_script_hook_keeps_its_name_and_uninstall_gives_it_back_byte_for
         .unwrap();
     let machine = Machine::new().await;
     machine.profile(&app, "alice", &alice).await;
-    // Runs its work only under its own name, as husky 4's hooks do; CRLF
-    // and no newline at the end, to be given back as they are.
-    let script = "#!/usr/bin/env bash\r\n[ \"$(basename \"$0\")\" = pre-commit ] || exit 0\n\
+    // Runs its work only under its own name, as husky 4's hooks do; a CRLF
+    // line and no newline at the end, to be given back as they are.
+    let script = "#!/usr/bin/env bash\n# the team's lint\r\n[ \"$(basename \"$0\")\" = pre-commit ] || exit 0\n\
                   echo \"lint ran as $(basename \"$0\")\" >> \"$(git rev-parse --git-dir)/lint.log\"\n\
                   if [ -e NO_COMMIT ]; then echo 'lint: NO_COMMIT is here' >&2; exit 3; fi";
     std::fs::write(machine.hook(), script).unwrap();
@@ -292,7 +292,7 @@ async fn a_shell_script_hook_keeps_its_name_and_uninstall_gives_it_back_byte_for
     assert!(installed.stdout.contains("keeps its name"), "{installed:?}");
     let hook = std::fs::read_to_string(machine.hook()).unwrap();
     assert!(
-        hook.starts_with("#!/usr/bin/env bash\r\n# >>> ai-crew-sync guard >>>\n"),
+        hook.starts_with("#!/usr/bin/env bash\n# >>> ai-crew-sync guard >>>\n"),
         "{hook}"
     );
     assert!(
