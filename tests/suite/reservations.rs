@@ -687,3 +687,100 @@ async fn the_console_client_reserves_checks_and_releases_paths() {
     assert_eq!(released.trim(), "released src/api/**");
     bob.ok(&["paths", "check", "src/api/users.rs"]).await;
 }
+
+/// A project named in a call is the project a heartbeat named the same way,
+/// whatever its letters: one rule lower-cases both (`text::lookup_lower`).
+/// With PostgreSQL's `lower` for the one and Rust's for the other, a final
+/// `Σ` and `İ` (and, on a database whose ctype is C, every non-ASCII
+/// capital) made two projects, and the git guard's shared window, which
+/// names `.acs.toml`'s project, checked the wrong one.
+#[tokio::test]
+async fn a_project_named_in_a_call_is_the_project_a_heartbeat_named() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = window(&app, "alice", Some("w1")).await;
+    let bob = window(&app, "bob", Some("w1")).await;
+    let mut failures = Vec::new();
+    for project in ["ΟΔΟΣ", "İzmir"] {
+        alice
+            .call("heartbeat", json!({"project": project}))
+            .await
+            .unwrap();
+        let taken = reserve(&alice, json!({"paths": ["src/**"]})).await.unwrap();
+        let checked = bob
+            .call(
+                "check_paths",
+                json!({"paths": ["src/main.rs"], "project": project}),
+            )
+            .await
+            .unwrap();
+        if checked["exclusive_elsewhere"] != json!(["src/main.rs"]) {
+            failures.push(format!(
+                "{project}: reserved in {:?}, checked in {:?}",
+                taken["project"], checked["project"]
+            ));
+        }
+        alice.call("release_paths", json!({})).await.unwrap();
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// A window that left holds nothing: a reserve that lands after its
+/// `heartbeat {offline: true}` (a tool call in flight as the proxy leaves,
+/// or a client that keeps calling) is refused until a heartbeat brings it
+/// back, so it cannot block others for its TTL (up to 24 h).
+#[tokio::test]
+async fn a_window_that_left_cannot_reserve_until_it_beats_again() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = window(&app, "alice", Some("w1")).await;
+    let bob = window(&app, "bob", Some("w1")).await;
+    alice.call("heartbeat", json!({})).await.unwrap();
+    alice
+        .call("heartbeat", json!({"offline": true}))
+        .await
+        .unwrap();
+    let late = reserve(&alice, json!({"paths": ["src/**"], "ttl_seconds": 86_400}))
+        .await
+        .unwrap_err();
+    assert!(message(&late).contains("left"), "{late}");
+    assert!(message(&late).contains("heartbeat"), "{late}");
+    assert!(rows(&app).await.is_empty(), "nothing was written");
+    reserve(&bob, json!({"paths": ["src/main.rs"]}))
+        .await
+        .unwrap();
+    bob.call("release_paths", json!({})).await.unwrap();
+
+    alice.call("heartbeat", json!({})).await.unwrap();
+    reserve(&alice, json!({"paths": ["src/**"]})).await.unwrap();
+}
+
+/// A window whose presence lapsed (it stopped beating: a crashed host)
+/// blocks nobody, even before the departures worker deletes its rows.
+#[tokio::test]
+async fn a_window_whose_presence_lapsed_blocks_nobody() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = window(&app, "alice", Some("w1")).await;
+    let bob = window(&app, "bob", Some("w1")).await;
+    alice.call("heartbeat", json!({})).await.unwrap();
+    reserve(&alice, json!({"paths": ["src/**"]})).await.unwrap();
+    let held = bob
+        .call("check_paths", json!({"paths": ["src/main.rs"]}))
+        .await
+        .unwrap();
+    assert_eq!(held["exclusive_elsewhere"], json!(["src/main.rs"]));
+    // Its presence lapses (as a crash leaves it: no offline heartbeat).
+    sqlx::query("UPDATE presence SET expires_at = now() - interval '1 second'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let free = bob
+        .call("check_paths", json!({"paths": ["src/main.rs"]}))
+        .await
+        .unwrap();
+    assert_eq!(free["exclusive_elsewhere"], json!([]), "{free}");
+    reserve(&bob, json!({"paths": ["src/main.rs"]}))
+        .await
+        .unwrap();
+}

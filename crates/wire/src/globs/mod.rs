@@ -58,8 +58,9 @@
 //! product of their tokens, with a representative of every class of
 //! characters the two patterns tell apart.
 //!
-//! [`RepoPath`] is a path taken literally (it may hold `*` or `[`), with the
-//! same normalisation.
+//! [`RepoPath`] is a path taken literally (it may hold `*`, `[`, a tab or a
+//! line break: any character a file name may hold but NUL), with the same
+//! normalisation.
 
 mod lex;
 mod matching;
@@ -229,7 +230,16 @@ impl RepoPath {
                 raw.len()
             )));
         }
-        lex::refuse_control(raw, "path")?;
+        // A file name may hold any character but NUL and `/` (git stores
+        // tabs and line breaks too), and a pattern like `src/**` covers it:
+        // a path is refused only for a NUL.
+        if raw.contains('\0') {
+            return Err(GlobError::new(
+                "path holds a NUL character, which no file name holds. Give the path as it is \
+                 in the repository."
+                    .to_string(),
+            ));
+        }
         lex::refuse_os_absolute(raw, "path")?;
         let mut out = String::with_capacity(raw.len());
         for segment in raw.split('/') {

@@ -214,9 +214,14 @@ fn repo_paths_are_literal_and_normalised() {
     assert_eq!(p("/src/a.rs/").as_str(), "src/a.rs");
     assert_eq!(p("src/[x]*.rs").as_str(), "src/[x]*.rs");
     assert!(m("/src/\\[x\\]\\*.rs", "src/[x]*.rs"));
-    for bad in ["", ".", "/", "../a", "a/../b", "C:\\x", "a\nb"] {
+    for bad in ["", ".", "/", "../a", "a/../b", "C:\\x", "a\0b"] {
         assert!(RepoPath::parse(bad).is_err(), "{bad:?}");
     }
+    // A file name may hold a tab or a line break (git stores them), and a
+    // pattern over its directory covers it.
+    assert_eq!(p("src/api/a\tb.rs").as_str(), "src/api/a\tb.rs");
+    assert!(m("src/api/**", "src/api/a\tb.rs"));
+    assert!(m("src/api/*.rs", "src/api/line\nbreak.rs"));
     assert!(RepoPath::parse(&"a".repeat(PATH_MAX_BYTES + 1)).is_err());
     assert!(RepoPath::parse(&"a".repeat(PATH_MAX_BYTES)).is_ok());
     assert!(m("SRC", "SRC") && !m("SRC", "src"), "case-sensitive");

@@ -31,6 +31,9 @@
 //! hooks and the git guard ask `check_paths`), and the release at a window's
 //! end.
 
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
+
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 use sqlx::PgExecutor;
@@ -100,6 +103,7 @@ pub struct Reservation {
 /// A row as the reads select it ([`columns!`]).
 #[derive(Clone, Debug, sqlx::FromRow)]
 struct Row {
+    id: Uuid,
     pattern: String,
     project: String,
     exclusive: bool,
@@ -116,7 +120,7 @@ struct Row {
 /// update returns) joined to `agents a` (the holder's name): [`joined!`].
 macro_rules! columns {
     () => {
-        "r.pattern, r.project, r.exclusive, r.reason, r.holder_agent_id, a.name AS agent,
+        "r.id, r.pattern, r.project, r.exclusive, r.reason, r.holder_agent_id, a.name AS agent,
          r.holder_session, r.created_at, r.expires_at,
          greatest(0, ceil(extract(epoch FROM r.expires_at - now())))::bigint AS seconds_left"
     };
@@ -134,6 +138,20 @@ macro_rules! joined {
     };
 }
 use joined;
+
+/// A reservation `r` whose holder window is still present: not one whose
+/// presence has expired (it left, or stopped beating and was not revived).
+/// Such a window's rows are deleted by the departures worker within half a
+/// minute; until then no read counts them. A window that never sent a
+/// heartbeat has no presence row and holds its reservations to their expiry.
+macro_rules! holder_present {
+    () => {
+        " AND NOT EXISTS (SELECT 1 FROM presence p
+                          WHERE p.team_id = r.team_id AND p.agent_id = r.holder_agent_id
+                            AND p.session = r.holder_session AND p.expires_at <= now())"
+    };
+}
+use holder_present;
 
 impl Row {
     fn is_mine(&self, me: &Identity) -> bool {
@@ -182,19 +200,51 @@ impl Row {
 /// A live row with its pattern parsed once for the overlap and match checks.
 struct Live {
     row: Row,
-    glob: PathGlob,
+    glob: Arc<PathGlob>,
 }
+
+/// Stored patterns parsed, by their text, for every read of this process: a
+/// project's live patterns are read again at every check, and parsing a
+/// thousand of them costs more than the read. A pattern's parse depends on
+/// its text alone, so an entry never goes stale; past
+/// [`PARSED_REMEMBERED`] the map starts again.
+static PARSED: LazyLock<Mutex<HashMap<String, Arc<PathGlob>>>> = LazyLock::new(Default::default);
+const PARSED_REMEMBERED: usize = 50_000;
 
 /// The project's live rows, each with its glob. A stored pattern always
 /// parses (it was stored as parsed); one that would not under a later rule
 /// is left out and logged: it can only be released or expire.
 fn parsed(rows: Vec<Row>) -> Vec<Live> {
+    let globs = globs_of(rows.iter().map(|row| row.pattern.as_str()));
     rows.into_iter()
-        .filter_map(|row| match PathGlob::from_stored(&row.pattern) {
-            Ok(glob) => Some(Live { row, glob }),
-            Err(err) => {
-                tracing::warn!(pattern = %row.pattern, %err, "a stored reservation pattern no longer parses");
-                None
+        .zip(globs)
+        .filter_map(|(row, glob)| Some(Live { glob: glob?, row }))
+        .collect()
+}
+
+/// Each stored pattern's glob, through [`PARSED`] (one lock for the lot).
+fn globs_of<'p>(patterns: impl Iterator<Item = &'p str>) -> Vec<Option<Arc<PathGlob>>> {
+    let mut known = PARSED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if known.len() > PARSED_REMEMBERED {
+        known.clear();
+    }
+    patterns
+        .map(|pattern| {
+            if let Some(glob) = known.get(pattern) {
+                return Some(glob.clone());
+            }
+            match PathGlob::from_stored(pattern) {
+                Ok(glob) => {
+                    let glob = Arc::new(glob);
+                    known.insert(pattern.to_string(), glob.clone());
+                    Some(glob)
+                }
+                Err(err) => {
+                    tracing::warn!(%pattern, %err, "a stored reservation pattern no longer parses");
+                    None
+                }
             }
         })
         .collect()
@@ -206,11 +256,27 @@ fn covers(glob: &PathGlob, path: &RepoPath) -> bool {
 }
 
 /// The window's project: its presence `project` as its heartbeats last set
-/// it, lower-cased (`list_sessions` compares projects ignoring case, so
-/// `Web` and `web` are one project); `""` when it names none.
+/// it, lower-cased by [`text::lookup_lower`] (the one rule, also for a
+/// project a call names: `Web` and `web` are one project, and so are `ΟΔΟΣ`
+/// and `οδος`); `""` when it names none.
 async fn project_of<'e>(executor: impl PgExecutor<'e>, me: &Identity) -> BusResult<String> {
-    let project: Option<String> = sqlx::query_scalar(
-        "SELECT coalesce(lower(project), '') FROM presence
+    Ok(window_presence(executor, me).await?.project)
+}
+
+/// What a reservation needs of the window's presence row.
+struct WindowPresence {
+    project: String,
+    /// The row exists and has expired: the window left (`session_end`) or
+    /// stopped beating. It holds nothing until a heartbeat brings it back.
+    gone: bool,
+}
+
+async fn window_presence<'e>(
+    executor: impl PgExecutor<'e>,
+    me: &Identity,
+) -> BusResult<WindowPresence> {
+    let row: Option<(Option<String>, bool)> = sqlx::query_as(
+        "SELECT project, expires_at <= now() FROM presence
          WHERE team_id = $1 AND agent_id = $2 AND session = $3",
     )
     .bind(me.team_id)
@@ -218,7 +284,14 @@ async fn project_of<'e>(executor: impl PgExecutor<'e>, me: &Identity) -> BusResu
     .bind(&me.window)
     .fetch_optional(executor)
     .await?;
-    Ok(project.unwrap_or_default())
+    let (project, gone) = row.unwrap_or((None, false));
+    Ok(WindowPresence {
+        project: project
+            .as_deref()
+            .map(text::lookup_lower)
+            .unwrap_or_default(),
+        gone,
+    })
 }
 
 /// The project a read looks in: `asked` (lower-cased, as presence keeps
@@ -253,8 +326,9 @@ async fn live_rows<'e>(
         "SELECT ",
         columns!(),
         joined!("path_reservations"),
-        " WHERE r.team_id = $1 AND r.project = $2 AND r.expires_at > now()
-         ORDER BY r.created_at, r.pattern"
+        " WHERE r.team_id = $1 AND r.project = $2 AND r.expires_at > now()",
+        holder_present!(),
+        " ORDER BY r.created_at, r.pattern"
     ))
     .bind(me.team_id)
     .bind(project)

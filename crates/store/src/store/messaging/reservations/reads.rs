@@ -1,16 +1,22 @@
 //! `list_reservations` and `check_paths`: a project's live reservations
 //! (the window's own project unless one is named), read without a lock.
 //!
-//! Both cost one indexed read of the project's live rows
+//! Both read the project's live rows through one index
 //! (`path_reservations_live`: bounded by what is live, never by history)
-//! and a match in Rust, each pattern's literal prefix first so a path is
-//! matched only against the patterns that could cover it.
+//! and match in Rust, each pattern's literal prefix first so a path is
+//! matched only against the patterns that could cover it; patterns are
+//! parsed once per process ([`super::PARSED`]). A reservation whose holder's
+//! presence has expired counts nowhere.
 
+use std::sync::Arc;
+
+use acs_wire::globs::PathGlob;
 use serde::Serialize;
+use uuid::Uuid;
 
 use super::{
-    LISTED_MAX, Live, Reservation, covers, live_rows, parse_path, parse_paths, parsed,
-    project_to_read,
+    LISTED_MAX, Reservation, Row, columns, covers, globs_of, holder_present, joined, live_rows,
+    parse_path, parse_paths, parsed, project_to_read,
 };
 use crate::Bus;
 use crate::auth::Identity;
@@ -89,9 +95,66 @@ pub async fn list(
     })
 }
 
+/// A live reservation as a check first reads it: enough to match and to
+/// tell whose it is. The rest (holder's name, reason, times) is read for
+/// the few that cover a path asked about.
+struct Key {
+    id: Uuid,
+    glob: Arc<PathGlob>,
+    exclusive: bool,
+    mine: bool,
+}
+
+/// The project's live reservations as [`Key`]s: one indexed read of five
+/// narrow columns, unsorted, without the join the full rows need.
+async fn live_keys(bus: &Bus, me: &Identity, project: &str) -> BusResult<Vec<Key>> {
+    let rows: Vec<(Uuid, String, bool, Uuid, String)> = sqlx::query_as(concat!(
+        "SELECT r.id, r.pattern, r.exclusive, r.holder_agent_id, r.holder_session
+         FROM path_reservations r
+         WHERE r.team_id = $1 AND r.project = $2 AND r.expires_at > now()",
+        holder_present!()
+    ))
+    .bind(me.team_id)
+    .bind(project)
+    .fetch_all(&bus.pool)
+    .await?;
+    let globs = globs_of(rows.iter().map(|row| row.1.as_str()));
+    Ok(rows
+        .into_iter()
+        .zip(globs)
+        .filter_map(|((id, _, exclusive, agent, session), glob)| {
+            Some(Key {
+                id,
+                glob: glob?,
+                exclusive,
+                mine: agent == me.agent_id && session == me.window,
+            })
+        })
+        .collect())
+}
+
+/// The full rows of `ids` (those still live), oldest first.
+async fn rows_by_id(bus: &Bus, me: &Identity, ids: &[Uuid]) -> BusResult<Vec<Row>> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(sqlx::query_as(concat!(
+        "SELECT ",
+        columns!(),
+        joined!("path_reservations"),
+        " WHERE r.team_id = $1 AND r.id = ANY($2) AND r.expires_at > now()
+         ORDER BY r.created_at, r.pattern"
+    ))
+    .bind(me.team_id)
+    .bind(ids)
+    .fetch_all(&bus.pool)
+    .await?)
+}
+
 /// `check_paths`: for each path, the live reservations of the project
 /// (`project`, else the window's) that cover it, and which paths another
-/// window holds exclusively.
+/// window holds exclusively. Two reads: the project's live reservations,
+/// narrow, to match; then the full rows of those that cover a path.
 pub async fn check_paths(
     bus: &Bus,
     me: &Identity,
@@ -100,24 +163,34 @@ pub async fn check_paths(
 ) -> BusResult<PathCheck> {
     let paths = parse_paths(paths)?;
     let project = project_to_read(bus, me, project).await?;
-    let live: Vec<Live> = parsed(live_rows(&bus.pool, me, &project).await?);
+    let keys = live_keys(bus, me, &project).await?;
+    let covering: Vec<Vec<&Key>> = paths
+        .iter()
+        .map(|path| keys.iter().filter(|k| covers(&k.glob, path)).collect())
+        .collect();
+    let mut ids: Vec<Uuid> = covering.iter().flatten().map(|k| k.id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let rows = rows_by_id(bus, me, &ids).await?;
     let mut checked = Vec::with_capacity(paths.len());
     let mut exclusive_elsewhere = Vec::new();
-    for path in &paths {
-        let covering: Vec<Covering> = live
+    for (path, keys) in paths.iter().zip(covering) {
+        // In the rows' order (oldest first); a row released between the two
+        // reads is left out.
+        let reservations: Vec<Covering> = rows
             .iter()
-            .filter(|live| covers(&live.glob, path))
-            .map(|live| Covering {
-                mine: live.row.is_mine(me),
-                reservation: live.row.clone().into_reservation(),
+            .filter(|row| keys.iter().any(|k| k.id == row.id))
+            .map(|row| Covering {
+                mine: row.is_mine(me),
+                reservation: row.clone().into_reservation(),
             })
             .collect();
-        if covering.iter().any(|c| c.reservation.exclusive && !c.mine) {
+        if keys.iter().any(|k| k.exclusive && !k.mine) {
             exclusive_elsewhere.push(path.as_str().to_string());
         }
         checked.push(CheckedPath {
             path: path.as_str().to_string(),
-            reservations: covering,
+            reservations,
         });
     }
     Ok(PathCheck {

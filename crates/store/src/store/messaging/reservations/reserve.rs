@@ -15,8 +15,8 @@ use sqlx::PgConnection;
 use acs_wire::globs::PathGlob;
 
 use super::{
-    Live, PER_PROJECT_MAX, PER_WINDOW_MAX, PROJECT_LOCK, Reservation, Row, check_reason, check_ttl,
-    live_rows, parse_patterns, parsed, project_of, project_phrase,
+    Live, PER_PROJECT_MAX, PER_WINDOW_MAX, PROJECT_LOCK, Reservation, Row, WindowPresence,
+    check_reason, check_ttl, live_rows, parse_patterns, parsed, project_phrase, window_presence,
 };
 use crate::Bus;
 use crate::auth::Identity;
@@ -122,7 +122,14 @@ pub async fn reserve(bus: &Bus, me: &Identity, request: ReserveRequest<'_>) -> B
 
     let mut tx = bus.pool.begin().await?;
     sessions::guard(&mut tx, me).await?;
-    let project = project_of(&mut *tx, me).await?;
+    let WindowPresence { project, gone } = window_presence(&mut *tx, me).await?;
+    if gone {
+        return Err(BusError::conflict(
+            "this window has left (its presence ended: `heartbeat {offline: true}`, or no \
+             heartbeat within its ttl), and a window that left holds nothing. Nothing was \
+             reserved. Send a heartbeat to come back, then reserve again.",
+        ));
+    }
     sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2))")
         .bind(PROJECT_LOCK)
         .bind(format!("{}/{project}", me.team_id))
@@ -351,8 +358,9 @@ mod tests {
     fn live(pattern: &str, agent: Uuid, session: &str, exclusive: bool) -> Live {
         let now = Utc::now();
         Live {
-            glob: PathGlob::from_stored(pattern).unwrap(),
+            glob: std::sync::Arc::new(PathGlob::from_stored(pattern).unwrap()),
             row: Row {
+                id: Uuid::new_v4(),
                 pattern: pattern.to_string(),
                 project: String::new(),
                 exclusive,
