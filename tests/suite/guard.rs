@@ -296,7 +296,7 @@ async fn a_shell_script_hook_keeps_its_name_and_uninstall_gives_it_back_byte_for
         "{hook}"
     );
     assert!(
-        hook.ends_with(&script["#!/usr/bin/env bash\r\n".len()..]),
+        hook.ends_with(&script["#!/usr/bin/env bash\n".len()..]),
         "{hook}"
     );
     let again = machine.acs(&["guard", "install"]).await.ok();
@@ -313,7 +313,8 @@ async fn a_shell_script_hook_keeps_its_name_and_uninstall_gives_it_back_byte_for
     );
     machine.write("NO_COMMIT", "");
     let refused = machine.commit("src/a.rs", &[]).await;
-    assert_eq!(refused.code, Some(3), "{refused:?}");
+    assert_eq!(refused.code, Some(1), "{refused:?}");
+    assert!(refused.stderr.contains("NO_COMMIT is here"), "{refused:?}");
     std::fs::remove_file(machine.repo().join("NO_COMMIT")).unwrap();
     machine.git(&["reset", "-q"], &[]).await.ok();
     bob.call(
