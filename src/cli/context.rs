@@ -66,7 +66,8 @@ pub enum ContextCommand {
     /// format). Speaks as the `mcp proxy` window of that host conversation (stdin's
     /// session_id, else CLAUDE_CODE_SESSION_ID, must be the proxy's host conversation);
     /// without one it prints nothing. Never fails the host: any problem prints nothing and
-    /// exits 0 within a few seconds. --explain says on stderr which window it found and why,
+    /// exits 0 within a few seconds (pre_tool_use: within 1.5 s, and it denies an edit whose
+    /// input it cannot read or whose check the bus refused; see docs/agents.md). --explain says on stderr which window it found and why,
     /// or why none.
     Hook {
         /// Which hook of the host this is (what to answer: see docs/agents.md).

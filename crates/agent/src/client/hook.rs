@@ -26,7 +26,8 @@
 //!
 //! A hook never fails the host: no window for the conversation, bad input,
 //! a bus that is down or slow, each ends with nothing printed and exit 0,
-//! within [`HOOK_DEADLINE`]. The caller enforces that; this module returns
+//! within [`HOOK_DEADLINE`] (`pre_tool_use` denies on input it cannot read:
+//! see [`pre_tool_use`]). The caller enforces that; this module returns
 //! errors so they can be logged.
 
 use std::fmt::Write as _;

@@ -27,8 +27,10 @@
 //!   the `session_id` a proxy window is found by.
 //!
 //! Never block work on an outage: the caller bounds the whole hook by
-//! [`super::HookEvent::deadline`] and, on an error or the deadline, allows
-//! the edit and says so in one line on stderr.
+//! [`super::HookEvent::deadline`] and, when the bus is down, silent or
+//! refuses the window's credential, allows the edit and says which in one
+//! line on stderr. Nothing else lets an edit through unchecked: an input
+//! past [`INPUT_MAX`] or not JSON, and a check the bus refused, deny.
 
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
