@@ -198,7 +198,7 @@ async fn hook(event: HookEvent, explain: bool) {
         ),
         Ok(Err(err)) => eprintln!("ai-crew-sync hook: {}", output::clean(&format!("{err:#}"))),
         Err(_) if read.get() => eprintln!(
-            "ai-crew-sync hook: the bus did not answer within {} s; {}",
+            "ai-crew-sync hook: no answer within {} s (the bus is silent); {}",
             event.deadline().as_secs_f32(),
             event.without_an_answer()
         ),
