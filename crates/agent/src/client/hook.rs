@@ -124,7 +124,9 @@ pub fn input_too_large(event: HookEvent) -> anyhow::Result<Option<String>> {
         );
     }
     Ok(Some(pre_tool_use::deny(&format!(
-        "ai-crew-sync: this edit was not made: its PreToolUse input is over {} MiB, past what          the reservation check reads, so the file it edits was not checked. Write the file in          smaller parts (a Write, then Edits).",
+        "ai-crew-sync: this edit was not made: its PreToolUse input is over {} MiB, past what \
+         the reservation check reads, so the file it edits was not checked. Write the file in \
+         smaller parts (a Write, then Edits).",
         pre_tool_use::INPUT_MAX / (1024 * 1024)
     ))))
 }
@@ -152,7 +154,9 @@ pub async fn answer(
             Err(err) if event == HookEvent::PreToolUse => {
                 trail.push(format!("stdin: not JSON ({err})"));
                 return Ok(Some(pre_tool_use::deny(&format!(
-                    "ai-crew-sync: this edit was not made: the PreToolUse input is not JSON                      ({err}), so which file it edits is unknown and its path reservations                      were not checked. Try the edit again."
+                    "ai-crew-sync: this edit was not made: the PreToolUse input is not JSON \
+                     ({err}), so which file it edits is unknown and its path reservations \
+                     were not checked. Try the edit again."
                 ))));
             }
             Err(err) => return Err(err).context("the hook input is not JSON"),

@@ -130,12 +130,13 @@ pub(super) async fn answer(
     let _ = tokio::time::timeout(CLOSE_WITHIN, bus.close()).await;
     let checked = match checked {
         Ok(checked) => checked,
-        Err(err) if err.is::<Refused>() => {
+        Err(err) if !credential_refused(&err) && err.is::<Refused>() => {
             // The bus answered and would not check: not an outage, so the
             // edit is not waved through unchecked.
             trail.push(format!("answer: denied (check_paths refused: {err:#})"));
             return Ok(Some(deny(&format!(
-                "ai-crew-sync: this edit was not made: the bus would not check its path                  reservations ({}). Check them with check_paths, then edit again.",
+                "ai-crew-sync: this edit was not made: the bus would not check its path \
+                 reservations ({}). Check them with check_paths, then edit again.",
                 super::one_line(&Value::String(format!("{err:#}")))
             ))));
         }
@@ -199,12 +200,23 @@ async fn check_all(
     Ok(json!({"exclusive_elsewhere": held, "paths": paths}))
 }
 
+/// Whether the bus refused the window's credential: 401 at connection, or
+/// a tool refusal of kind `unauthenticated` or `forbidden` (a window
+/// revoked or replaced).
+fn credential_refused(err: &anyhow::Error) -> bool {
+    err.is::<Unauthenticated>()
+        || err
+            .downcast_ref::<Refused>()
+            .is_some_and(|r| matches!(r.kind.as_str(), "unauthenticated" | "forbidden"))
+}
+
 /// Why the bus could not be asked, said as what it is: the credential
 /// refused, or the bus down (not reached).
 fn outage(err: anyhow::Error, url: &str) -> anyhow::Error {
-    if err.is::<Unauthenticated>() {
+    if credential_refused(&err) {
         return anyhow::anyhow!(
-            "the bus at {url} refused this window's credential (401): restart the host's              `mcp proxy` for a new one"
+            "the bus at {url} refused this window's credential (401, or the window was revoked \
+             or replaced): restart the host's `mcp proxy` for a new one"
         );
     }
     err.context(format!("the bus at {url} is down or unreachable"))
