@@ -30,6 +30,9 @@
 //!   directory covers everything under it: a pattern matches a path when it
 //!   matches the path itself or one of its ancestor directories (`src/api`
 //!   covers `src/api` and `src/api/x.rs`, not `src/apix`).
+//! - Patterns and paths are compared in Unicode's composed form (NFC): a
+//!   name macOS hands over decomposed (`e` + U+0301) is the same name as
+//!   the composed one (`é`) a person types.
 //! - Surrounding spaces are dropped (`\ ` keeps a trailing one). `./` and
 //!   repeated `/` are normalised away.
 //! - Refused, with a reason worded for a language model: an empty pattern, a
@@ -170,7 +173,7 @@ pub struct PathGlob {
 impl PathGlob {
     /// A pattern as an agent writes it (gitignore-style; see the module).
     pub fn parse(raw: &str) -> Result<PathGlob, GlobError> {
-        lex::parse(raw, false)
+        lex::parse(&crate::text::nfc(raw), false)
     }
 
     /// A pattern as [`PathGlob::as_str`] wrote it (what the store keeps):
@@ -223,6 +226,7 @@ pub struct RepoPath(String);
 
 impl RepoPath {
     pub fn parse(raw: &str) -> Result<RepoPath, GlobError> {
+        let raw = &crate::text::nfc(raw);
         if raw.len() > PATH_MAX_BYTES {
             return Err(GlobError::new(format!(
                 "path is {} bytes; the limit is {PATH_MAX_BYTES}. Give the path of one file or \

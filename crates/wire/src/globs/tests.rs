@@ -225,6 +225,10 @@ fn repo_paths_are_literal_and_normalised() {
     assert!(RepoPath::parse(&"a".repeat(PATH_MAX_BYTES + 1)).is_err());
     assert!(RepoPath::parse(&"a".repeat(PATH_MAX_BYTES)).is_ok());
     assert!(m("SRC", "SRC") && !m("SRC", "src"), "case-sensitive");
+    // A decomposed name (as macOS gives it) is the composed one.
+    assert!(m("docs/caf\u{e9}/**", "docs/cafe\u{301}/menu.md"));
+    assert!(m("docs/cafe\u{301}.md", "docs/caf\u{e9}.md"));
+    assert_eq!(p("cafe\u{301}").as_str(), "caf\u{e9}");
 }
 
 /// A deterministic generator (xorshift), no dependency.
