@@ -66,7 +66,8 @@ pub enum ContextCommand {
     /// format). Speaks as the `mcp proxy` window of that host conversation (stdin's
     /// session_id, else CLAUDE_CODE_SESSION_ID, must be the proxy's host conversation);
     /// without one it prints nothing. Never fails the host: any problem prints nothing and
-    /// exits 0 within a few seconds. --explain says on stderr which window it found and why,
+    /// exits 0 within a few seconds (pre_tool_use: within 1.5 s, and it denies an edit whose
+    /// input it cannot read or whose check the bus refused; see docs/agents.md). --explain says on stderr which window it found and why,
     /// or why none.
     Hook {
         /// Which hook of the host this is (what to answer: see docs/agents.md).
@@ -161,23 +162,27 @@ pub async fn run(command: ContextCommand, json: bool) -> anyhow::Result<()> {
     }
 }
 
-/// The most hook input read (a host's payload is a few KiB).
-const HOOK_INPUT_MAX: u64 = 1024 * 1024;
-
 /// Run one hook within its deadline ([`HookEvent::deadline`]); whatever goes
 /// wrong is one line on stderr, and the host carries on (an edit a
-/// `pre_tool_use` could not check is allowed). With `explain`, how the window was
-/// found (or why none was) follows on stderr.
+/// `pre_tool_use` could not check because the bus is down, silent or
+/// refused the credential is allowed, the line saying which). With
+/// `explain`, how the window was found (or why none was) follows on stderr.
 async fn hook(event: HookEvent, explain: bool) {
     use tokio::io::AsyncReadExt as _;
     let mut trail = Vec::new();
+    let max = event.input_max();
+    let read = std::cell::Cell::new(false);
     let work = async {
         let mut input = Vec::new();
         tokio::io::stdin()
-            .take(HOOK_INPUT_MAX)
+            .take(max + 1)
             .read_to_end(&mut input)
             .await
             .context("reading the hook input")?;
+        read.set(true);
+        if input.len() as u64 > max {
+            return host_hook::input_too_large(event);
+        }
         let dir = local_files::config_dir()?;
         let session = std::env::var("CLAUDE_CODE_SESSION_ID").ok();
         host_hook::answer(event, &input, &dir, session, &mut trail).await
@@ -192,8 +197,14 @@ async fn hook(event: HookEvent, explain: bool) {
             event.without_an_answer()
         ),
         Ok(Err(err)) => eprintln!("ai-crew-sync hook: {}", output::clean(&format!("{err:#}"))),
+        Err(_) if read.get() => eprintln!(
+            "ai-crew-sync hook: no answer within {} s (the bus is silent); {}",
+            event.deadline().as_secs_f32(),
+            event.without_an_answer()
+        ),
         Err(_) => eprintln!(
-            "ai-crew-sync hook: no answer within {} s; {}",
+            "ai-crew-sync hook: the host's input was not all read within {} s (stdin not \
+             closed); {}",
             event.deadline().as_secs_f32(),
             event.without_an_answer()
         ),

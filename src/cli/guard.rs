@@ -17,10 +17,13 @@ use acs_agent::client::local_files;
 #[derive(Subcommand, Debug)]
 pub enum GuardCommand {
     /// Write the repository's pre-commit hook (where git runs it: `core.hooksPath` and linked
-    /// worktrees respected) so each commit runs `guard check`. A pre-commit hook already
-    /// there is kept beside it and runs first; installing twice changes nothing.
+    /// worktrees respected) so each commit runs `guard check`. A shell-script pre-commit
+    /// already there gets the guard's lines after its `#!` line and keeps its name; any other
+    /// hook is kept beside it and runs first; installing twice changes nothing. Refused under
+    /// husky 9 (`.husky/_`): add `ai-crew-sync guard check` to .husky/pre-commit instead.
     Install(RepoArgs),
-    /// Take the guard out of the pre-commit hook and put back the hook it kept.
+    /// Take the guard out of the pre-commit hook: its lines out of a shell script (the file
+    /// is back byte for byte), or the hook it kept put back.
     Uninstall(RepoArgs),
     /// What the hook runs: send the staged paths to the bus's check_paths and exit 1, naming
     /// each path, its holder, the reservation, its reason and expiry, when another window

@@ -178,9 +178,10 @@ impl Machine {
     }
 }
 
-/// Install twice is one marker block; a pre-commit hook already there is
-/// kept, runs first, and its refusal still refuses; uninstall puts it back
-/// byte for byte.
+/// Install twice is one marker block; a pre-commit hook already there that
+/// is not a shell script of its own (here a symlink to the team's script)
+/// is kept, runs first, and its refusal still refuses; uninstall puts it
+/// back.
 // Breakage: without the marker check, a second install moves the guard's
 // own hook to pre-commit.before-acs-guard and the count of blocks is off.
 #[tokio::test]
@@ -188,9 +189,11 @@ async fn install_twice_is_one_block_and_uninstall_puts_the_hook_that_was_there_b
     let machine = Machine::new().await;
     let lint = "#!/bin/sh\n# the team's lint\necho lint ran >> \"$(git rev-parse --git-dir)/lint.log\"\n\
                 if [ -e NO_COMMIT ]; then echo 'lint: NO_COMMIT is here' >&2; exit 3; fi\n";
-    std::fs::write(machine.hook(), lint).unwrap();
+    let script = machine.repo().join(".git/team-lint.sh");
+    std::fs::write(&script, lint).unwrap();
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(machine.hook(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::symlink(&script, machine.hook()).unwrap();
 
     let first = machine.acs(&["guard", "install"]).await.ok();
     assert!(first.stdout.contains("kept as"), "{first:?}");
@@ -254,6 +257,84 @@ async fn install_twice_is_one_block_and_uninstall_puts_the_hook_that_was_there_b
     let left = std::fs::read_to_string(machine.hook()).unwrap();
     assert!(!left.contains("ai-crew-sync guard"), "{left}");
     assert!(left.ends_with("echo added by hand\n"), "{left}");
+}
+
+/// A pre-commit hook that is a shell script (husky 4's dispatch on
+/// `basename "$0"`, or any `#!/bin/bash` script) keeps its name: the guard's
+/// lines go in right after its `#!` line, both run (the guard's refusal and
+/// the script's), and uninstall gives back the file byte for byte, mode
+/// included.
+// Breakage: chaining renames the script, and one that picks its work by
+// the name it runs as finds none.
+#[tokio::test]
+async fn a_shell_script_hook_keeps_its_name_and_uninstall_gives_it_back_byte_for_byte() {
+    use std::os::unix::fs::PermissionsExt;
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.agent("acme", "alice").await;
+    let bob = app
+        .mcp(&app.agent("acme", "bob").await, Some("bob-1"))
+        .await;
+    bob.call("heartbeat", json!({"project": "billing"}))
+        .await
+        .unwrap();
+    let machine = Machine::new().await;
+    machine.profile(&app, "alice", &alice).await;
+    // Runs its work only under its own name, as husky 4's hooks do; a CRLF
+    // line and no newline at the end, to be given back as they are.
+    let script = "#!/usr/bin/env bash\n# the team's lint\r\n[ \"$(basename \"$0\")\" = pre-commit ] || exit 0\n\
+                  echo \"lint ran as $(basename \"$0\")\" >> \"$(git rev-parse --git-dir)/lint.log\"\n\
+                  if [ -e NO_COMMIT ]; then echo 'lint: NO_COMMIT is here' >&2; exit 3; fi";
+    std::fs::write(machine.hook(), script).unwrap();
+    std::fs::set_permissions(machine.hook(), std::fs::Permissions::from_mode(0o750)).unwrap();
+
+    let installed = machine.acs(&["guard", "install"]).await.ok();
+    assert!(installed.stdout.contains("keeps its name"), "{installed:?}");
+    let hook = std::fs::read_to_string(machine.hook()).unwrap();
+    assert!(
+        hook.starts_with("#!/usr/bin/env bash\n# >>> ai-crew-sync guard >>>\n"),
+        "{hook}"
+    );
+    assert!(
+        hook.ends_with(&script["#!/usr/bin/env bash\n".len()..]),
+        "{hook}"
+    );
+    let again = machine.acs(&["guard", "install"]).await.ok();
+    assert!(again.stdout.contains("already installed"), "{again:?}");
+    let hooks = machine.repo().join(".git/hooks");
+    assert!(!hooks.join("pre-commit.before-acs-guard").exists());
+
+    // Both run: the script under its own name, and the guard.
+    machine.commit("src/a.rs", &[]).await.ok();
+    let log = machine.repo().join(".git/lint.log");
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        "lint ran as pre-commit\n"
+    );
+    machine.write("NO_COMMIT", "");
+    let refused = machine.commit("src/a.rs", &[]).await;
+    assert_eq!(refused.code, Some(1), "{refused:?}");
+    assert!(refused.stderr.contains("NO_COMMIT is here"), "{refused:?}");
+    std::fs::remove_file(machine.repo().join("NO_COMMIT")).unwrap();
+    machine.git(&["reset", "-q"], &[]).await.ok();
+    bob.call(
+        "reserve_paths",
+        json!({"paths": ["src/api/**"], "exclusive": true, "ttl_seconds": 600}),
+    )
+    .await
+    .unwrap();
+    let guarded = machine.commit("src/api/x.rs", &[]).await;
+    assert_eq!(guarded.code, Some(1), "{guarded:?}");
+    assert!(guarded.stderr.contains("bob/bob-1"), "{guarded:?}");
+
+    let removed = machine.acs(&["guard", "uninstall"]).await.ok();
+    assert!(removed.stdout.contains("as it was"), "{removed:?}");
+    assert_eq!(std::fs::read_to_string(machine.hook()).unwrap(), script);
+    let mode = std::fs::metadata(machine.hook())
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o750);
 }
 
 /// The hook goes where git runs hooks: `core.hooksPath` when set, and a
@@ -459,4 +540,96 @@ async fn the_conversations_own_reservation_never_refuses_its_commit() {
         .ok();
     assert!(hung.stderr.contains("did not answer"), "{hung:?}");
     assert!(hung.took < Duration::from_secs(15), "{hung:?}");
+}
+
+/// Husky 9 runs the team's hook by the name it is run as (`basename
+/// "$0"`) from `.husky/_`, a directory it writes again on each install:
+/// `guard install` there is refused, naming `.husky/pre-commit` as the place
+/// for the check, and husky's pre-commit still refuses as before.
+// Breakage: chaining there renames husky's hook to
+// pre-commit.before-acs-guard, husky finds no `.husky/pre-commit.before-acs-guard`
+// and exits 0: the team's checks silently stop running.
+#[tokio::test]
+async fn guard_install_under_husky_is_refused_and_husky_still_runs() {
+    use std::os::unix::fs::PermissionsExt;
+    let machine = Machine::new().await;
+    // husky 9's layout (its `h`, cut down as husky 9.1 writes it).
+    machine.write(
+        ".husky/_/h",
+        "#!/usr/bin/env sh\nn=$(basename \"$0\")\ns=$(dirname \"$(dirname \"$0\")\")/$n\n\
+         [ ! -f \"$s\" ] && exit 0\n[ \"${HUSKY-}\" = \"0\" ] && exit 0\nsh -e \"$s\" \"$@\"\n\
+         c=$?\n[ $c != 0 ] && echo \"husky - $n script failed (code $c)\"\nexit $c\n",
+    );
+    machine.write(
+        ".husky/_/pre-commit",
+        "#!/usr/bin/env sh\n. \"$(dirname \"$0\")/h\"\n",
+    );
+    machine.write(".husky/pre-commit", "echo 'lint: refused' >&2\nexit 1\n");
+    for f in [".husky/_/h", ".husky/_/pre-commit"] {
+        std::fs::set_permissions(
+            machine.repo().join(f),
+            std::fs::Permissions::from_mode(0o755),
+        )
+        .unwrap();
+    }
+    machine
+        .git(&["config", "core.hooksPath", ".husky/_"], &[])
+        .await
+        .ok();
+    let before = machine.commit("src/a.rs", &[]).await;
+    assert_eq!(
+        before.code,
+        Some(1),
+        "husky refuses before install: {before:?}"
+    );
+    let husky_hook = std::fs::read(machine.repo().join(".husky/_/pre-commit")).unwrap();
+    let refused = machine.acs(&["guard", "install"]).await;
+    assert_eq!(refused.code, Some(1), "{refused:?}");
+    assert!(
+        refused.stderr.contains(".husky/pre-commit")
+            && refused.stderr.contains("ai-crew-sync guard check"),
+        "{refused:?}"
+    );
+    assert_eq!(
+        std::fs::read(machine.repo().join(".husky/_/pre-commit")).unwrap(),
+        husky_hook
+    );
+    let after = machine.commit("src/a.rs", &[]).await;
+    assert_eq!(
+        after.code,
+        Some(1),
+        "husky's pre-commit no longer runs: {after:?}"
+    );
+    assert!(after.stderr.contains("lint: refused"), "{after:?}");
+}
+
+/// A staged file whose name holds a control character (a tab) inside a
+/// directory another window holds exclusively is checked like any other:
+/// `src/api/**` covers it, and the commit is refused.
+// Breakage: leaving such names out of the check commits into src/api/**.
+#[tokio::test]
+async fn a_reserved_directorys_file_with_a_tab_in_its_name_is_refused() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.agent("acme", "alice").await;
+    let bob = app
+        .mcp(&app.agent("acme", "bob").await, Some("bob-1"))
+        .await;
+    bob.call("heartbeat", json!({"project": "billing"}))
+        .await
+        .unwrap();
+    let machine = Machine::new().await;
+    machine.profile(&app, "alice", &alice).await;
+    machine.acs(&["guard", "install"]).await.ok();
+    bob.call(
+        "reserve_paths",
+        json!({"paths": ["src/api/**"], "exclusive": true, "ttl_seconds": 600}),
+    )
+    .await
+    .unwrap();
+    let refused = machine.commit("src/api/x.rs", &[]).await;
+    assert_eq!(refused.code, Some(1), "baseline: {refused:?}");
+    machine.git(&["reset", "-q"], &[]).await.ok();
+    let odd = machine.commit("src/api/a\tb.rs", &[]).await;
+    assert_eq!(odd.code, Some(1), "committed into src/api/**: {odd:?}");
 }

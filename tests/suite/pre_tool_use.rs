@@ -274,3 +274,183 @@ async fn with_the_bus_down_or_silent_an_edit_is_allowed_within_2_s_and_said_on_s
         "{down:?}"
     );
 }
+
+/// Run the hook with `stdin` without panicking should the hook stop
+/// reading early.
+async fn hook_lenient(config: &Path, stdin: String) -> crate::hooks::HookRun {
+    let config = config.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        use std::process::Stdio;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ai-crew-sync"))
+            .args(["context", "hook", "--event", "pre_tool_use"])
+            .env("BUS_CONFIG_DIR", &config)
+            .env_remove("CLAUDE_CODE_SESSION_ID")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut input = child.stdin.take().unwrap();
+        let _ = input.write_all(stdin.as_bytes());
+        drop(input);
+        let out = child.wait_with_output().unwrap();
+        crate::hooks::HookRun {
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    })
+    .await
+    .unwrap()
+}
+
+/// Bob holds `src/api/**` exclusively; alice's window `cc-1` edits through
+/// the hook. Whatever the input's shape (a Write over 1 MiB, a Codex patch
+/// of 201 files, another file with a tab in its name), an edit touching
+/// `src/api/x.rs` is denied.
+// Breakage: reading 1 MiB of stdin, one check_paths call of 201 paths, or
+// a batch the bus refuses each let the edit through as an "outage".
+#[tokio::test]
+async fn an_edit_of_a_reserved_file_is_denied_whatever_the_inputs_size_or_names() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.agent("acme", "alice").await;
+    let bob = app
+        .mcp(&app.agent("acme", "bob").await, Some("cc-bob"))
+        .await;
+    let config = tempfile::tempdir().unwrap();
+    let repo = repository();
+    let _window = proxy_window(&app, &alice, "cc-1", "cc-one", config.path()).await;
+    bob.call(
+        "reserve_paths",
+        json!({"paths": ["src/api/**"], "exclusive": true, "ttl_seconds": 600}),
+    )
+    .await
+    .unwrap();
+    // The baseline: a plain Edit is denied.
+    denied(
+        &hook(
+            config.path(),
+            "pre_tool_use",
+            edit("cc-1", repo.path(), "src/api/x.rs"),
+        )
+        .await,
+    );
+
+    let mut failures = Vec::new();
+    // 1. Claude Code's Write of a file over 1 MiB (the hook reads up to
+    //    64 MiB).
+    let big = pre_tool_use(
+        "cc-1",
+        repo.path(),
+        "Write",
+        json!({"file_path": repo.path().join("src/api/x.rs").to_str().unwrap(),
+               "content": "x".repeat(1_100_000)}),
+    );
+    let run = hook_lenient(config.path(), big).await;
+    if !run.stdout.contains("\"deny\"") {
+        failures.push(format!("Write of 1.1 MB: {:?}", run.stderr));
+    }
+    // 2. A Codex patch touching 201 files, one of them reserved (two
+    //    check_paths calls of at most 200).
+    let mut patch = String::from("*** Begin Patch\n*** Update File: src/api/x.rs\n@@\n-a\n+b\n");
+    for i in 0..200 {
+        patch.push_str(&format!("*** Add File: gen/{i}.rs\n+x\n"));
+    }
+    patch.push_str("*** End Patch\n");
+    let run = hook(
+        config.path(),
+        "pre_tool_use",
+        pre_tool_use(
+            "cc-1",
+            repo.path(),
+            "apply_patch",
+            json!({"command": patch}),
+        ),
+    )
+    .await;
+    if !run.stdout.contains("\"deny\"") {
+        failures.push(format!("patch of 201 files: {:?}", run.stderr));
+    }
+    // 3. A Codex patch whose other file has a tab in its name, and one
+    //    whose other file's path is over 4096 bytes (left out).
+    let patch = "*** Begin Patch\n*** Update File: src/api/x.rs\n@@\n-a\n+b\n*** Add File: \
+                 notes/a\tb.md\n+x\n*** End Patch\n";
+    let run = hook(
+        config.path(),
+        "pre_tool_use",
+        pre_tool_use(
+            "cc-1",
+            repo.path(),
+            "apply_patch",
+            json!({"command": patch}),
+        ),
+    )
+    .await;
+    if !run.stdout.contains("\"deny\"") {
+        failures.push(format!(
+            "patch with a tab in another name: {:?}",
+            run.stderr
+        ));
+    }
+    assert!(failures.is_empty(), "allowed: {failures:#?}");
+}
+
+/// The check is in the project of the repository holding the file: alice's
+/// window works in project alpha, but the repository's `.acs.toml` names
+/// beta, where bob's window holds `src/api/**` exclusively: denied. The
+/// same edit in a repository naming no project is checked in alpha, where
+/// nothing is held: allowed.
+// Breakage: checking in the window's project (alpha) allows the first edit.
+#[tokio::test]
+async fn an_edit_is_checked_in_the_project_its_repository_names() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.agent("acme", "alice").await;
+    let bob = app
+        .mcp(&app.agent("acme", "bob").await, Some("cc-bob"))
+        .await;
+    bob.call("heartbeat", json!({"project": "beta"}))
+        .await
+        .unwrap();
+    bob.call(
+        "reserve_paths",
+        json!({"paths": ["src/api/**"], "exclusive": true, "ttl_seconds": 600,
+               "reason": "beta's API"}),
+    )
+    .await
+    .unwrap();
+    let config = tempfile::tempdir().unwrap();
+    let (_, window) = proxy_window(&app, &alice, "cc-1", "cc-one", config.path()).await;
+    window
+        .call("heartbeat", json!({"project": "alpha"}))
+        .await
+        .unwrap();
+
+    let plain = repository();
+    allowed_silently(
+        &hook(
+            config.path(),
+            "pre_tool_use",
+            edit("cc-1", plain.path(), "src/api/x.rs"),
+        )
+        .await,
+    );
+
+    let beta = repository();
+    std::fs::write(beta.path().join(".acs.toml"), "project = \"beta\"\n").unwrap();
+    let reason = denied(
+        &hook(
+            config.path(),
+            "pre_tool_use",
+            edit("cc-1", beta.path(), "src/api/x.rs"),
+        )
+        .await,
+    );
+    assert!(
+        reason.contains("bob/cc-bob") && reason.contains("beta's API"),
+        "{reason}"
+    );
+}

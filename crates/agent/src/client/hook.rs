@@ -26,7 +26,8 @@
 //!
 //! A hook never fails the host: no window for the conversation, bad input,
 //! a bus that is down or slow, each ends with nothing printed and exit 0,
-//! within [`HOOK_DEADLINE`]. The caller enforces that; this module returns
+//! within [`HOOK_DEADLINE`] (`pre_tool_use` denies on input it cannot read:
+//! see [`pre_tool_use`]). The caller enforces that; this module returns
 //! errors so they can be logged.
 
 use std::fmt::Write as _;
@@ -44,6 +45,9 @@ pub mod pre_tool_use;
 
 /// Everything a hook does, reading its input included, ends within this.
 pub const HOOK_DEADLINE: Duration = Duration::from_secs(4);
+/// The most input a hook other than `pre_tool_use` reads (a host's
+/// payload is a few KiB).
+const HOOK_INPUT_MAX: u64 = 1024 * 1024;
 /// The most a hook's context adds to the model's input.
 pub const CONTEXT_MAX_CHARS: usize = 2_000;
 /// A first look reaches back this far for announcements.
@@ -90,15 +94,41 @@ impl HookEvent {
         }
     }
 
-    /// What the host does when this hook does not answer (said on stderr).
+    /// What the host does when this hook does not answer (said on stderr,
+    /// after the cause).
     pub fn without_an_answer(self) -> &'static str {
         match self {
-            HookEvent::PreToolUse => {
-                "the edit goes ahead without a reservation check (the bus is down or slow)"
-            }
+            HookEvent::PreToolUse => "the edit goes ahead without a reservation check",
             _ => "carrying on without it",
         }
     }
+
+    /// The most hook input read: a `pre_tool_use` carries the whole text a
+    /// `Write` writes, so it reads far more than a host's other payloads.
+    pub fn input_max(self) -> u64 {
+        match self {
+            HookEvent::PreToolUse => pre_tool_use::INPUT_MAX,
+            _ => HOOK_INPUT_MAX,
+        }
+    }
+}
+
+/// The answer to an input past [`HookEvent::input_max`]: a `pre_tool_use`
+/// denies (the file it edits cannot be read, so may be reserved); any other
+/// hook prints nothing.
+pub fn input_too_large(event: HookEvent) -> anyhow::Result<Option<String>> {
+    if event != HookEvent::PreToolUse {
+        anyhow::bail!(
+            "the hook input is over {} bytes, past what this hook reads; nothing printed",
+            event.input_max()
+        );
+    }
+    Ok(Some(pre_tool_use::deny(&format!(
+        "ai-crew-sync: this edit was not made: its PreToolUse input is over {} MiB, past what \
+         the reservation check reads, so the file it edits was not checked. Write the file in \
+         smaller parts (a Write, then Edits).",
+        pre_tool_use::INPUT_MAX / (1024 * 1024)
+    ))))
 }
 
 /// Answer one hook: the text to print on stdout, or `None` for nothing.
@@ -117,7 +147,20 @@ pub async fn answer(
         trail.push("stdin: empty (the host sent no hook JSON)".into());
         Value::Null
     } else {
-        let input: Value = serde_json::from_slice(input).context("the hook input is not JSON")?;
+        let input: Value = match serde_json::from_slice(input) {
+            Ok(input) => input,
+            // The edit's file is unknown: it may be reserved, and the bus
+            // is not down, so it is not waved through.
+            Err(err) if event == HookEvent::PreToolUse => {
+                trail.push(format!("stdin: not JSON ({err})"));
+                return Ok(Some(pre_tool_use::deny(&format!(
+                    "ai-crew-sync: this edit was not made: the PreToolUse input is not JSON \
+                     ({err}), so which file it edits is unknown and its path reservations \
+                     were not checked. Try the edit again."
+                ))));
+            }
+            Err(err) => return Err(err).context("the hook input is not JSON"),
+        };
         trail.push(stdin_fields(&input));
         input
     };

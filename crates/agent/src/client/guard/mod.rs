@@ -15,10 +15,10 @@
 //!
 //! The paths are those the commit stages ([`git::staged_paths`]), relative
 //! to the repository's root, sent to `check_paths` at most
-//! [`PATHS_PER_CALL`] a call; the bus answers within the project of the
-//! window asking: a proxy's window says its own (from `.acs.toml`), and the
-//! shared window is told the one `.acs.toml` names when the bus does not
-//! know it yet ([`ask`]).
+//! [`PATHS_PER_CALL`] a call (only a path over 4096 bytes, which no
+//! repository holds, is left out); the bus answers within the project the
+//! repository's `.acs.toml` names (`check_paths`' `project`), whichever
+//! window asks, else within the asking window's own ([`ask`]).
 //!
 //! Never block work on an outage: no credential, a bus that is down, slow
 //! (past [`GUARD_DEADLINE`]) or that refuses the check, git failing: the
@@ -31,10 +31,10 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
-use acs_wire::globs::RepoPath;
 use serde_json::{Value, json};
 
 use super::context::{self, Requested};
+use super::project;
 use super::window_state::WindowState;
 use super::{Connection, object};
 
@@ -42,6 +42,8 @@ use super::{Connection, object};
 pub const GUARD_DEADLINE: Duration = Duration::from_secs(4);
 /// The most paths one `check_paths` call carries (the tool's own limit).
 pub const PATHS_PER_CALL: usize = 200;
+/// The longest staged path sent: no repository holds a longer one.
+const MAX_PATH_BYTES: usize = 4096;
 /// The most refused paths a refusal lists one by one.
 const LISTED: usize = 20;
 
@@ -87,8 +89,6 @@ enum Speaker {
         url: String,
         token: String,
         who: String,
-        /// The project `.acs.toml` names.
-        project: Option<String>,
     },
 }
 
@@ -100,17 +100,6 @@ impl Speaker {
                 w.agent, w.label, w.team
             ),
             Speaker::Shared { who, .. } => who.clone(),
-        }
-    }
-
-    /// The project to check in: the shared window's `.acs.toml` project
-    /// (a proxy's window checks in the project its proxy told the bus).
-    fn project(&self) -> Option<&str> {
-        match self {
-            Speaker::Shared {
-                project: Some(p), ..
-            } => Some(p.trim()).filter(|p| !p.is_empty()),
-            _ => None,
         }
     }
 
@@ -161,12 +150,12 @@ async fn check_within(
     config_dir: &Path,
     host_session: Option<String>,
 ) -> anyhow::Result<Outcome> {
-    // A path the bus would refuse to check (a control character in its
-    // name, past the length limit) would refuse its whole batch; no
-    // reservation can name it literally, so it is left out.
+    // A path past the bus's length limit would refuse its whole batch; no
+    // repository holds one, so it is left out. Every other path is sent,
+    // control characters included (`src/api/**` covers `src/api/a\tb.rs`).
     let staged: Vec<String> = git::staged_paths(repo)?
         .into_iter()
-        .filter(|p| RepoPath::parse(p).is_ok())
+        .filter(|p| p.len() <= MAX_PATH_BYTES)
         .collect();
     if staged.is_empty() {
         return Ok(Outcome::Clear);
@@ -179,8 +168,17 @@ async fn check_within(
                 .into(),
         ));
     };
+    // The repository's project, whoever asks: a proxy's window may be of
+    // another project than the repository it commits in.
+    let top = git::top_level(repo).unwrap_or_else(|_| repo.to_path_buf());
+    let project = project::find(&top)
+        .ok()
+        .flatten()
+        .and_then(|(_, file)| file.project)
+        .map(|p| p.trim().to_string())
+        .filter(|p| !p.is_empty());
     let bus = speaker.connect().await?;
-    let answers = ask(&bus, &speaker, &staged).await;
+    let answers = ask(&bus, project.as_deref(), &staged).await;
     bus.close().await;
     let (project, held) = answers?;
     if held.is_empty() {
@@ -191,18 +189,18 @@ async fn check_within(
 
 /// `check_paths` for every staged path, [`PATHS_PER_CALL`] a call: the
 /// project the bus answered for, and what another window holds
-/// exclusively. The shared window checks in the project `.acs.toml` names
-/// (`check_paths`' `project`), a proxy's window in its own.
+/// exclusively. In `project` (`check_paths`' `project`: the one the
+/// repository's `.acs.toml` names) when given, else the window's.
 async fn ask(
     bus: &Connection,
-    speaker: &Speaker,
+    project_named: Option<&str>,
     staged: &[String],
 ) -> anyhow::Result<(String, Vec<Held>)> {
     let mut held = Vec::new();
     let mut project = String::new();
     for batch in staged.chunks(PATHS_PER_CALL) {
         let mut arguments = json!({"paths": batch});
-        if let Some(p) = speaker.project() {
+        if let Some(p) = project_named {
             arguments["project"] = json!(p);
         }
         let answer = bus.call("check_paths", object(arguments)).await?;
@@ -246,7 +244,6 @@ fn speaker(
         url: resolved.url.value.clone(),
         token: token.to_string(),
         who,
-        project: resolved.project.as_ref().map(|p| p.value.clone()),
     }))
 }
 

@@ -27,8 +27,10 @@
 //!   the `session_id` a proxy window is found by.
 //!
 //! Never block work on an outage: the caller bounds the whole hook by
-//! [`super::HookEvent::deadline`] and, on an error or the deadline, allows
-//! the edit and says so in one line on stderr.
+//! [`super::HookEvent::deadline`] and, when the bus is down, silent or
+//! refuses the window's credential, allows the edit and says which in one
+//! line on stderr. Nothing else lets an edit through unchecked: an input
+//! past [`INPUT_MAX`] or not JSON, and a check the bus refused, deny.
 
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
@@ -36,10 +38,16 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::{Connection, object};
+use crate::client::guard::PATHS_PER_CALL;
+use crate::client::project;
+use crate::client::{Refused, Unauthenticated};
 
 /// Everything this hook does ends within this (the host waits on it before
 /// every edit; the issue allows 2 s, the process's start and exit included).
 pub const DEADLINE: Duration = Duration::from_millis(1_500);
+/// The most input read: a `Write`'s input holds the whole file it writes.
+/// Past it the edit is denied (its file cannot be read from a cut input).
+pub const INPUT_MAX: u64 = 64 * 1024 * 1024;
 /// How long closing the connection may take once the answer is known.
 const CLOSE_WITHIN: Duration = Duration::from_millis(200);
 
@@ -69,25 +77,38 @@ pub(super) async fn answer(
         return Ok(None);
     };
     let cwd = input["cwd"].as_str().map(PathBuf::from);
-    let mut paths: Vec<String> = Vec::new();
+    // The paths to check, by the project of the repository holding them.
+    let mut groups: Vec<(Option<String>, Vec<String>)> = Vec::new();
     for file in &files {
-        match repository_path(file, cwd.as_deref()) {
-            Some(path) => {
-                trail.push(format!(
-                    "{tool} edits {}: {path} in its repository",
-                    file.display()
-                ));
-                if !paths.contains(&path) {
-                    paths.push(path);
-                }
-            }
-            None => trail.push(format!(
+        let Some((root, path)) = repository_path(file, cwd.as_deref()) else {
+            trail.push(format!(
                 "{tool} edits {}: outside any git repository, allowed",
                 file.display()
-            )),
+            ));
+            continue;
+        };
+        if path.len() > MAX_PATH_BYTES {
+            // No repository holds such a path; the others are still checked.
+            trail.push(format!(
+                "{tool} edits a path of {} bytes, past {MAX_PATH_BYTES}: left out of the check",
+                path.len()
+            ));
+            continue;
+        }
+        let project = project_of(&root);
+        trail.push(format!(
+            "{tool} edits {}: {path} in its repository {} (project {})",
+            file.display(),
+            root.display(),
+            project.as_deref().unwrap_or("of the window")
+        ));
+        match groups.iter_mut().find(|(p, _)| *p == project) {
+            Some((_, paths)) if paths.contains(&path) => {}
+            Some((_, paths)) => paths.push(path),
+            None => groups.push((project, vec![path])),
         }
     }
-    if paths.is_empty() {
+    if groups.is_empty() {
         return Ok(None);
     }
     let Some(host_session) = super::host_session_of(input, env_session, trail) else {
@@ -102,25 +123,103 @@ pub(super) async fn answer(
         &window.credential,
         &[("x-crew-session", &window.label), ("x-crew-epoch", &epoch)],
     )
-    .await?;
-    let checked = bus
-        .call("check_paths", object(json!({ "paths": paths })))
-        .await;
+    .await
+    .map_err(|err| outage(err, &window.url))?;
+    let checked = check_all(&bus, &groups).await;
     // The answer is known: a slow goodbye must not cost the denial.
     let _ = tokio::time::timeout(CLOSE_WITHIN, bus.close()).await;
-    let denial = denial(&checked?);
+    let checked = match checked {
+        Ok(checked) => checked,
+        Err(err) if !credential_refused(&err) && err.is::<Refused>() => {
+            // The bus answered and would not check: not an outage, so the
+            // edit is not waved through unchecked.
+            trail.push(format!("answer: denied (check_paths refused: {err:#})"));
+            return Ok(Some(deny(&format!(
+                "ai-crew-sync: this edit was not made: the bus would not check its path \
+                 reservations ({}). Check them with check_paths, then edit again.",
+                super::one_line(&Value::String(format!("{err:#}")))
+            ))));
+        }
+        Err(err) => return Err(outage(err, &window.url)),
+    };
+    let denial = denial(&checked);
     trail.push(match &denial {
         Some(_) => "answer: denied (another window holds it exclusively)".into(),
-        None => format!("answer: allowed (no other window holds {paths:?} exclusively)"),
+        None => format!("answer: allowed (no other window holds {groups:?} exclusively)"),
     });
-    Ok(denial.map(|reason| {
-        json!({"hookSpecificOutput": {
-            "hookEventName": "PreToolUse",
-            "permissionDecision": "deny",
-            "permissionDecisionReason": reason,
-        }})
-        .to_string()
-    }))
+    Ok(denial.map(|reason| deny(&reason)))
+}
+
+/// The longest repository path checked: no repository holds a longer one
+/// (and the bus refuses it).
+const MAX_PATH_BYTES: usize = 4096;
+
+/// Claude Code's (and Codex's) denial, with `reason` shown to the model.
+pub fn deny(reason: &str) -> String {
+    json!({"hookSpecificOutput": {
+        "hookEventName": "PreToolUse",
+        "permissionDecision": "deny",
+        "permissionDecisionReason": reason,
+    }})
+    .to_string()
+}
+
+/// The project `.acs.toml` at the root of the repository names, if any.
+fn project_of(root: &Path) -> Option<String> {
+    let (_, file) = project::find(root).ok().flatten()?;
+    file.project
+        .map(|p| p.trim().to_string())
+        .filter(|p| !p.is_empty())
+}
+
+/// `check_paths` for every group, [`PATHS_PER_CALL`] paths a call, each in
+/// its repository's project (the window's when `.acs.toml` names none):
+/// one answer holding every call's paths and `exclusive_elsewhere`.
+async fn check_all(
+    bus: &Connection,
+    groups: &[(Option<String>, Vec<String>)],
+) -> anyhow::Result<Value> {
+    let mut held = Vec::new();
+    let mut paths = Vec::new();
+    for (project, all) in groups {
+        for chunk in all.chunks(PATHS_PER_CALL) {
+            let mut arguments = json!({ "paths": chunk });
+            if let Some(project) = project {
+                arguments["project"] = json!(project);
+            }
+            let answer = bus.call("check_paths", object(arguments)).await?;
+            held.extend(
+                answer["exclusive_elsewhere"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default(),
+            );
+            paths.extend(answer["paths"].as_array().cloned().unwrap_or_default());
+        }
+    }
+    Ok(json!({"exclusive_elsewhere": held, "paths": paths}))
+}
+
+/// Whether the bus refused the window's credential: 401 at connection, or
+/// a tool refusal of kind `unauthenticated` or `forbidden` (a window
+/// revoked or replaced).
+fn credential_refused(err: &anyhow::Error) -> bool {
+    err.is::<Unauthenticated>()
+        || err
+            .downcast_ref::<Refused>()
+            .is_some_and(|r| matches!(r.kind.as_str(), "unauthenticated" | "forbidden"))
+}
+
+/// Why the bus could not be asked, said as what it is: the credential
+/// refused, or the bus down (not reached).
+fn outage(err: anyhow::Error, url: &str) -> anyhow::Error {
+    if credential_refused(&err) {
+        return anyhow::anyhow!(
+            "the bus at {url} refused this window's credential (401, or the window was revoked \
+             or replaced): restart the host's `mcp proxy` for a new one"
+        );
+    }
+    err.context(format!("the bus at {url} is down or unreachable"))
 }
 
 /// The files an edit tool names, as the host gave them (absolute, or
@@ -163,10 +262,10 @@ fn patch_files(patch: &str) -> Vec<PathBuf> {
         .collect()
 }
 
-/// `file` relative to the root of the git repository holding it (the one
-/// above the file's directory, else above `cwd`), with `/` separators;
-/// `None` when it is in no repository (or is not UTF-8).
-fn repository_path(file: &Path, cwd: Option<&Path>) -> Option<String> {
+/// The root of the git repository holding `file` (the one above the
+/// file's directory, else above `cwd`), and `file` relative to it with `/`
+/// separators; `None` when it is in no repository (or is not UTF-8).
+fn repository_path(file: &Path, cwd: Option<&Path>) -> Option<(PathBuf, String)> {
     let file = if file.is_absolute() {
         file.to_path_buf()
     } else {
@@ -186,7 +285,8 @@ fn repository_path(file: &Path, cwd: Option<&Path>) -> Option<String> {
         })
         .collect();
     let parts = parts.filter(|p| !p.is_empty())?;
-    Some(parts.join("/"))
+    let path = parts.join("/");
+    Some((root, path))
 }
 
 /// `path` without `.` and with each `..` taking its parent away, without
@@ -335,12 +435,14 @@ mod tests {
         std::fs::create_dir_all(repo.join("src")).unwrap();
         let nested = repo.join("src/api/new/x.rs");
         assert_eq!(
-            repository_path(&nested, None).as_deref(),
+            repository_path(&nested, None).map(|(_, p)| p).as_deref(),
             Some("src/api/new/x.rs"),
             "a file not created yet, in a directory not created yet"
         );
         assert_eq!(
-            repository_path(Path::new("src/../src/./a.rs"), Some(&repo)).as_deref(),
+            repository_path(Path::new("src/../src/./a.rs"), Some(&repo))
+                .map(|(_, p)| p)
+                .as_deref(),
             Some("src/a.rs")
         );
         let outside = dir.path().join("elsewhere/x.rs");
