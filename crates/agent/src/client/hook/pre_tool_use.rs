@@ -29,8 +29,10 @@
 //! Never block work on an outage: the caller bounds the whole hook by
 //! [`super::HookEvent::deadline`] and, when the bus is down, silent or
 //! refuses the window's credential, allows the edit and says which in one
-//! line on stderr. Nothing else lets an edit through unchecked: an input
-//! past [`INPUT_MAX`] or not JSON, and a check the bus refused, deny.
+//! line on stderr, as it does when the bus is busy (rate limited,
+//! unavailable). Nothing else lets an edit through unchecked: an input past
+//! [`INPUT_MAX`] or not JSON, and a check whose arguments the bus refused
+//! (kind `invalid`), deny.
 
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
@@ -130,9 +132,11 @@ pub(super) async fn answer(
     let _ = tokio::time::timeout(CLOSE_WITHIN, bus.close()).await;
     let checked = match checked {
         Ok(checked) => checked,
-        Err(err) if !credential_refused(&err) && err.is::<Refused>() => {
-            // The bus answered and would not check: not an outage, so the
-            // edit is not waved through unchecked.
+        Err(err) if refused_as_invalid(&err) => {
+            // The bus answered and refused what was asked (a path it would
+            // not take): not an outage, so the edit is not waved through
+            // unchecked. A busy or unavailable bus (rate limited, 503) is
+            // an outage: the edit goes ahead.
             trail.push(format!("answer: denied (check_paths refused: {err:#})"));
             return Ok(Some(deny(&format!(
                 "ai-crew-sync: this edit was not made: the bus would not check its path \
@@ -198,6 +202,13 @@ async fn check_all(
         }
     }
     Ok(json!({"exclusive_elsewhere": held, "paths": paths}))
+}
+
+/// Whether the bus refused the check's arguments (kind `invalid`): the one
+/// refusal that denies, since the file may be reserved and the bus is up.
+fn refused_as_invalid(err: &anyhow::Error) -> bool {
+    err.downcast_ref::<Refused>()
+        .is_some_and(|r| r.kind == "invalid")
 }
 
 /// Whether the bus refused the window's credential: 401 at connection, or
