@@ -245,13 +245,7 @@ async fn with_the_bus_down_or_silent_an_edit_is_allowed_within_2_s_and_said_on_s
         edit("cc-2", repo.path(), "src/api/x.rs"),
     )
     .await;
-    let took = started.elapsed();
-    assert_eq!((hung.code, hung.stdout.as_str()), (Some(0), ""), "{hung:?}");
-    assert!(took < Duration::from_secs(2), "{took:?}");
-    assert!(
-        hung.stderr.contains("the edit goes ahead") && hung.stderr.lines().count() == 1,
-        "{hung:?}"
-    );
+    allowed_on_outage(&hung, started.elapsed());
 
     // The server stopped: the connection is refused.
     drop(silent);
@@ -266,12 +260,18 @@ async fn with_the_bus_down_or_silent_an_edit_is_allowed_within_2_s_and_said_on_s
         edit("cc-2", repo.path(), "src/api/x.rs"),
     )
     .await;
-    let took = started.elapsed();
-    assert_eq!((down.code, down.stdout.as_str()), (Some(0), ""), "{down:?}");
+    allowed_on_outage(&down, started.elapsed());
+}
+
+/// An edit let through because the bus could not be asked: exit 0, nothing
+/// on stdout, one line on stderr saying so, within the 2 s the hook
+/// promises a host (a deadline of the hook's, not a speed measured).
+fn allowed_on_outage(run: &crate::hooks::HookRun, took: Duration) {
+    assert_eq!((run.code, run.stdout.as_str()), (Some(0), ""), "{run:?}");
     assert!(took < Duration::from_secs(2), "{took:?}");
     assert!(
-        down.stderr.contains("the edit goes ahead") && down.stderr.lines().count() == 1,
-        "{down:?}"
+        run.stderr.contains("the edit goes ahead") && run.stderr.lines().count() == 1,
+        "{run:?}"
     );
 }
 
