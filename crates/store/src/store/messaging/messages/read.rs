@@ -485,11 +485,12 @@ pub async fn read(bus: &Bus, me: &Identity, request: ReadRequest) -> BusResult<R
         only_new: request.only_new,
         limit,
     };
-    let messages = if request.only_new {
+    let mut messages = if request.only_new {
         reader.read_new(&bus.pool).await?
     } else {
         reader.run(&bus.pool, i64::MAX, 0).await?.messages
     };
+    crate::store::messaging::acks::mark_acked(bus, me, &mut messages).await?;
     Ok(ReadResult {
         more: messages.len() as i64 == limit,
         scope,
