@@ -270,7 +270,8 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
-    IF NOT (v_msg.recipient_id = p_agent
+    -- coalesce: a channel message's recipient_id is NULL, and NOT NULL is no refusal.
+    IF NOT (coalesce(v_msg.recipient_id = p_agent, false)
             OR (v_msg.channel_id IS NOT NULL AND v_msg.sender_id <> p_agent
                 AND EXISTS (SELECT 1 FROM agents a
                              WHERE a.team_id = p_team AND a.id = p_agent

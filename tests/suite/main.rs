@@ -86,6 +86,7 @@ mod newcomer;
 mod notes;
 mod outbox;
 mod overview;
+mod owed_acks;
 mod parallel_posts;
 mod plugin;
 mod pre_tool_use;

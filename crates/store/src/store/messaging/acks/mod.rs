@@ -31,6 +31,7 @@ use uuid::Uuid;
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
+use crate::store::conversations;
 use crate::store::conversations::receipts::{self, Acked, NOTE_MAX_BYTES};
 use crate::store::{fenced, limits, text};
 
@@ -136,6 +137,12 @@ pub async fn ack(
     .await?
     .outcome(me)?;
     if outcome == "no_message" {
+        if !conversations::enabled(&bus.pool, me).await? {
+            return Err(BusError::not_found(format!(
+                "no message {message_id} in your team. Use the id read_messages or list_owed \
+                 returned."
+            )));
+        }
         return Ok(AnyAck::Conversation(
             receipts::ack(bus, me, message_id, resolved, note).await?,
         ));
