@@ -97,7 +97,7 @@ async fn a_direct_message_asking_for_an_ack_is_owed_on_both_sides_until_any_wind
     // The debt is the agent's: every window of bob lists it.
     for window in [&bob_w1, &bob_w2] {
         let list = owed(window, json!({})).await;
-        assert_eq!(ids(&list["i_owe"]), [id.clone()], "{list}");
+        assert_eq!(ids(&list["i_owe"]), vec![id.clone()], "{list}");
         let entry = &list["i_owe"][0];
         assert_eq!(entry["kind"], "dm");
         assert_eq!(entry["from"], "alice/w1");
@@ -107,7 +107,7 @@ async fn a_direct_message_asking_for_an_ack_is_owed_on_both_sides_until_any_wind
         assert!(list["note"].is_null(), "{list}");
     }
     let mine = owed(&alice, json!({})).await;
-    assert_eq!(ids(&mine["owed_to_me"]), [id.clone()], "{mine}");
+    assert_eq!(ids(&mine["owed_to_me"]), vec![id.clone()], "{mine}");
     assert_eq!(mine["owed_to_me"][0]["owed_by"], json!(["bob"]));
     assert!(ids(&mine["i_owe"]).is_empty(), "{mine}");
 
@@ -124,7 +124,7 @@ async fn a_direct_message_asking_for_an_ack_is_owed_on_both_sides_until_any_wind
     );
     let pending = bob_w1.call("pending_for_me", json!({})).await.unwrap();
     assert_eq!(pending["owed_acks"]["count"], 1, "{pending}");
-    assert_eq!(ids(&pending["owed_acks"]["items"]), [id.clone()]);
+    assert_eq!(ids(&pending["owed_acks"]["items"]), vec![id.clone()]);
 
     // Acked from the other window, with a note; a repeat answers the first.
     let acked = bob_w2
@@ -195,13 +195,13 @@ async fn a_channel_message_is_owed_once_by_every_other_agent_and_one_ack_clears_
     let dave = app.mcp(&app.agent("acme", "dave").await, None).await;
 
     let mine = owed(&alice, json!({})).await;
-    assert_eq!(ids(&mine["owed_to_me"]), [id.clone()], "{mine}");
+    assert_eq!(ids(&mine["owed_to_me"]), vec![id.clone()], "{mine}");
     assert_eq!(mine["owed_to_me"][0]["owed_by"], json!(["bob", "carol"]));
     assert_eq!(mine["owed_to_me"][0]["owed_by_count"], 2);
     assert_eq!(mine["owed_to_me"][0]["channel"], "ops");
     for client in [&bob, &carol] {
         let list = owed(client, json!({})).await;
-        assert_eq!(ids(&list["i_owe"]), [id.clone()], "{list}");
+        assert_eq!(ids(&list["i_owe"]), vec![id.clone()], "{list}");
         assert_eq!(list["i_owe"][0]["kind"], "channel");
     }
     assert!(ids(&owed(&dave, json!({})).await["i_owe"]).is_empty());
@@ -212,7 +212,7 @@ async fn a_channel_message_is_owed_once_by_every_other_agent_and_one_ack_clears_
     assert!(ids(&owed(&bob, json!({})).await["i_owe"]).is_empty());
     assert_eq!(
         ids(&owed(&carol, json!({})).await["i_owe"]),
-        [id.clone()],
+        vec![id.clone()],
         "bob's ack does not clear carol's"
     );
     let mine = owed(&alice, json!({})).await;
@@ -273,12 +273,12 @@ async fn conversation_messages_are_owed_by_their_recipients_and_listed_with_the_
         (!ids(&list["i_owe"]).is_empty()).then_some(list)
     })
     .await;
-    assert_eq!(ids(&list["i_owe"]), [id.clone()], "{list}");
+    assert_eq!(ids(&list["i_owe"]), vec![id.clone()], "{list}");
     assert_eq!(list["i_owe"][0]["kind"], "conversation");
     assert_eq!(list["i_owe"][0]["conversation_id"], conversation.as_str());
     assert_eq!(list["i_owe"][0]["overdue"], false);
     let mine = owed(&alice, json!({})).await;
-    assert_eq!(ids(&mine["owed_to_me"]), [id.clone()], "{mine}");
+    assert_eq!(ids(&mine["owed_to_me"]), vec![id.clone()], "{mine}");
     assert_eq!(mine["owed_to_me"][0]["owed_by"], json!(["bob/w1"]));
     // Never overdue: it has no due time.
     assert!(ids(&owed(&bob, json!({"overdue_only": true})).await["i_owe"]).is_empty());
@@ -328,10 +328,10 @@ async fn overdue_only_lists_what_passed_its_due_time_and_pending_for_me_marks_it
     make_overdue(&app.pool, &late).await;
 
     let list = owed(&bob, json!({"overdue_only": true})).await;
-    assert_eq!(ids(&list["i_owe"]), [late.clone()], "{list}");
+    assert_eq!(ids(&list["i_owe"]), vec![late.clone()], "{list}");
     assert_eq!(list["i_owe"][0]["overdue"], true);
     let mine = owed(&alice, json!({"overdue_only": true})).await;
-    assert_eq!(ids(&mine["owed_to_me"]), [late.clone()], "{mine}");
+    assert_eq!(ids(&mine["owed_to_me"]), vec![late.clone()], "{mine}");
     let all = owed(&bob, json!({})).await;
     assert_eq!(
         ids(&all["i_owe"]),
