@@ -39,6 +39,7 @@ pub struct PostArgs {
     pub ack_required: bool,
     /// With ack_required: due within this many seconds, 10..604800 (7 days); past it the ack is
     /// overdue (pending_for_me, the dashboard, the `ack.overdue` webhook). Omit for no due time.
+    #[schemars(range(min = 10, max = 604800))]
     pub ack_within_seconds: Option<i64>,
 }
 
