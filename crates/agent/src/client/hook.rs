@@ -646,7 +646,7 @@ fn status_line(window: &WindowState, pending: &Value) -> String {
         window.label,
         unread_count(pending),
         count("open_questions"),
-        count("conversations"),
+        count("conversations") as i64 + pending["owed_acks"]["count"].as_i64().unwrap_or(0),
         count("expiring_tasks")
     )
 }

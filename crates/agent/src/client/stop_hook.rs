@@ -281,4 +281,30 @@ mod tests {
         assert_eq!(decide(&window(), &holding(&[]), &mut marks), None);
         assert!(decide(&window(), &holding(&["T-1"]), &mut marks).is_some());
     }
+
+    fn owing(overdue: bool) -> Value {
+        let mut pending = holding(&[]);
+        pending["owed_acks"] = json!({"count": 3, "at_least": false, "overdue": 1, "items": [
+            {"message_id": "m-1", "kind": "channel", "from": "bob", "channel": "ops",
+             "due_at": "2026-01-01T00:00:00Z", "overdue": overdue},
+        ]});
+        pending
+    }
+
+    // An owed ack blocks a stop, says who asked where, and says OVERDUE once
+    // it is; the same debt does not block twice in a row, but its turning
+    // overdue does.
+    #[test]
+    fn an_owed_acknowledgement_blocks_once_and_again_when_it_becomes_overdue() {
+        let mut marks = HookMarks::default();
+        let first = decide(&window(), &owing(false), &mut marks).expect("blocks");
+        assert!(
+            first.contains("bob asked you in #ops to acknowledge message m-1, due")
+                && first.contains("and 2 more acknowledgement(s)"),
+            "{first}"
+        );
+        assert_eq!(decide(&window(), &owing(false), &mut marks), None);
+        let overdue = decide(&window(), &owing(true), &mut marks).expect("blocks again");
+        assert!(overdue.contains("OVERDUE since 2026-01-01"), "{overdue}");
+    }
 }
