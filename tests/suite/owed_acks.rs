@@ -3,7 +3,8 @@
 //! listed as owed on both sides until acked, one agent's ack clears only its
 //! own debt, conversation messages are listed too, `overdue_only` shows what
 //! passed its due time, the `ack.overdue` webhook reaches a real receiver
-//! once per (message, debtor), `pending_for_me` and the Stop hook name what
+//! once per (message, debtor) however many passes run at once,
+//! `pending_for_me` and the Stop hook name what
 //! is owed, and bad requests are refused with nothing changed.
 //!
 //! A due time passes by moving `ack_due_at` into the past in the database
@@ -611,4 +612,77 @@ async fn the_stop_hook_and_session_start_name_the_acks_a_window_owes() {
         reason.contains(&id) && reason.contains("OVERDUE") && reason.contains("bob"),
         "{reason}"
     );
+}
+
+// Breakage: without the claim's `FOR UPDATE SKIP LOCKED` (or its mark), two
+// passes at once each fire the same messages.
+#[tokio::test]
+async fn passes_on_several_replicas_at_once_fire_each_overdue_debt_once() {
+    let app = spawn_app().await;
+    let second = app.replica().spawn().await;
+    app.team("acme").await;
+    let alice = app.mcp(&app.agent("acme", "alice").await, None).await;
+    app.agent("acme", "bob").await;
+    app.agent("acme", "carol").await;
+    let receiver = Receiver::start().await;
+    ack_hook(&app, &receiver).await;
+    const N: usize = 20;
+    for i in 0..N {
+        alice
+            .call(
+                "post_message",
+                json!({"channel": "ops", "body": format!("ack {i}"), "ack_required": true,
+                       "ack_within_seconds": 60}),
+            )
+            .await
+            .unwrap();
+    }
+    // All due at once, while both replicas' workers and four more passes run.
+    sqlx::query("UPDATE messages SET ack_due_at = now() - interval '1 second'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let pass = || ai_crew_sync::workers::ack_overdue::pass(&app.pool);
+    let (a, b, c, d) = tokio::join!(pass(), pass(), pass(), pass());
+    let by_passes = a.unwrap() + b.unwrap() + c.unwrap() + d.unwrap();
+    assert!(by_passes <= 2 * N as u64, "{by_passes}");
+    let queued = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM webhook_deliveries WHERE event = 'ack.overdue'",
+        )
+        .fetch_one(&app.pool)
+        .await
+        .unwrap()
+    };
+    eventually("every debt queued", || async {
+        queued().await == 2 * N as i64
+    })
+    .await;
+    let unfired: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM messages WHERE ack_required AND ack_overdue_fired_at IS NULL",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(unfired, 0);
+    assert_eq!(pass().await.unwrap(), 0);
+    assert_eq!(queued().await, 2 * N as i64, "one per (message, debtor)");
+    let delivered = eventually("all delivered", || async {
+        let bodies = receiver.bodies();
+        (bodies.len() >= 2 * N).then_some(bodies)
+    })
+    .await;
+    let mut pairs: Vec<(String, String)> = delivered
+        .iter()
+        .map(|b| {
+            (
+                b["data"]["message_id"].as_str().unwrap().to_string(),
+                b["data"]["debtor"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    pairs.sort();
+    pairs.dedup();
+    assert_eq!(pairs.len(), 2 * N, "each (message, debtor) once");
+    drop(second);
 }
