@@ -244,7 +244,7 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_msg     messages%ROWTYPE;
+    v_msg     record;
     v_kind    text;
     v_first   boolean;
     v_ack     message_acks%ROWTYPE;
@@ -257,7 +257,10 @@ BEGIN
         RETURN;
     END IF;
 
-    SELECT * INTO v_msg FROM messages m WHERE m.team_id = p_team AND m.id = p_message;
+    -- Not the body: it may be a MiB.
+    SELECT m.channel_id, m.sender_id, m.recipient_id, m.created_at, m.ack_required, m.ack_due_at
+      INTO v_msg
+      FROM messages m WHERE m.team_id = p_team AND m.id = p_message;
     IF NOT FOUND THEN
         outcome := 'no_message';
         RETURN NEXT;
