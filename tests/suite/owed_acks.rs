@@ -686,3 +686,38 @@ async fn passes_on_several_replicas_at_once_fire_each_overdue_debt_once() {
     assert_eq!(pairs.len(), 2 * N, "each (message, debtor) once");
     drop(second);
 }
+
+#[tokio::test]
+async fn an_ask_agent_answer_shows_that_it_asks_for_an_acknowledgement() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.mcp(&app.agent("acme", "alice").await, None).await;
+    let bob = app.mcp(&app.agent("acme", "bob").await, None).await;
+    let asked = alice
+        .call(
+            "ask_agent",
+            json!({"to": "bob", "question": "may I deploy?", "timeout_seconds": 1}),
+        )
+        .await
+        .unwrap();
+    let question = asked["question_message_id"].as_str().unwrap().to_string();
+    bob.call(
+        "post_message",
+        json!({"to": "alice", "reply_to": question, "body": "yes, after the freeze",
+               "ack_required": true, "ack_within_seconds": 300}),
+    )
+    .await
+    .unwrap();
+    let answered = alice
+        .call(
+            "ask_agent",
+            json!({"to": "bob", "question": "may I deploy?", "resume_message_id": question,
+                   "timeout_seconds": 5}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(answered["answered"], true, "{answered}");
+    assert_eq!(answered["answer_ack_required"], true, "{answered}");
+    assert!(answered["answer_ack_due_at"].is_string(), "{answered}");
+    assert_eq!(answered["answer_acked"], false, "{answered}");
+}

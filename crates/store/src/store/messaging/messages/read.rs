@@ -640,7 +640,7 @@ pub async fn answer_to(
 ) -> BusResult<Option<MessageView>> {
     // The answerer is read from the question row itself, so a fresh ask and
     // a resumed one apply the same rule.
-    Ok(sqlx::query_as(concat!(
+    let mut answer: Option<MessageView> = sqlx::query_as(concat!(
         "SELECT ",
         view_columns!(),
         " JOIN messages q ON q.team_id = m.team_id AND q.id = m.reply_to
@@ -656,7 +656,11 @@ pub async fn answer_to(
     .bind(me.agent_id)
     .bind(&me.window)
     .fetch_optional(&bus.pool)
-    .await?)
+    .await?;
+    if let Some(answer) = answer.as_mut() {
+        crate::store::messaging::acks::mark_acked(bus, me, std::slice::from_mut(answer)).await?;
+    }
+    Ok(answer)
 }
 
 /// Mark one direct message to this window (or its whole agent) read on its
