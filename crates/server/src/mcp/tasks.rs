@@ -10,6 +10,7 @@ use rmcp::{ErrorData, schemars, tool, tool_router};
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::answers::Read;
 use super::{BusServer, caller, reply};
 use acs_store::store::tasks::{self, NewTask};
 
@@ -236,7 +237,7 @@ impl BusServer {
     #[tool(
         description = "List the team's tasks, filtered by status (open, claimed, done, \
                        cancelled, any). open and claimed come oldest first (queue order); the \
-                       others most recently changed first. `more` says when limit cut it short.",
+                       others most recently changed first. `more` says when limit cut it short. Empty (with a `note`) means no task matches the filter.",
         annotations(read_only_hint = true)
     )]
     async fn list_tasks(
@@ -245,7 +246,11 @@ impl BusServer {
         Parameters(args): Parameters<ListTasksArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(
+        Read::now(
+            "tasks",
+            "no task has this status (or, with mine_only, is yours)",
+        )
+        .reply(
             tasks::list(
                 self.bus(),
                 me,
@@ -259,7 +264,7 @@ impl BusServer {
 
     #[tool(
         description = "One task with its description, metadata, dependencies, holder (or \
-                       lapsed_holder), result and event history.",
+                       lapsed_holder), result and event history. An unknown key is refused, never answered empty.",
         annotations(read_only_hint = true)
     )]
     async fn get_task(
@@ -268,6 +273,6 @@ impl BusServer {
         Parameters(args): Parameters<TaskKeyArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(tasks::get(self.bus(), me, &args.key).await)
+        Read::snapshot().reply(tasks::get(self.bus(), me, &args.key).await)
     }
 }

@@ -71,6 +71,22 @@ pub async fn list(
 ) -> BusResult<ReservationList> {
     let path = path.map(parse_path).transpose()?;
     let agent = agent.map(text::lookup_lower).filter(|a| !a.is_empty());
+    if let Some(agent) = &agent {
+        // A name nobody has would list nothing, as if nothing were reserved.
+        let known: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM agents WHERE team_id = $1 AND name = $2)",
+        )
+        .bind(me.team_id)
+        .bind(agent)
+        .fetch_one(&bus.pool)
+        .await?;
+        if !known {
+            return Err(crate::error::BusError::not_found(format!(
+                "no agent `{agent}` in your team, so no reservation of theirs to list. \
+                 list_agents shows the team's agents; omit `agent` to list every holder."
+            )));
+        }
+    }
     let project = project_to_read(bus, me, project).await?;
     let mut rows = live_rows(&bus.pool, me, &project).await?;
     if let Some(agent) = &agent {
