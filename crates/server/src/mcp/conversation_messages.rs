@@ -206,7 +206,7 @@ impl BusServer {
     #[tool(
         description = "Receipts of a conversation message (for its sender or a member): total = \
                           the recipients frozen at send, counts of stored, delivered, presented, \
-                          acknowledged and resolved, and one row per recipient.",
+                          acknowledged and resolved, and one row per recipient. A message you may not see is refused, never answered empty.",
         annotations(read_only_hint = true)
     )]
     async fn get_message_receipts(
@@ -256,7 +256,7 @@ impl BusServer {
         description = "How many references are owed to this window and handed out, and the state \
                           of its broker consumer (on a team whose conversations use JetStream). \
                           Counting stops at 50 (one full fetch page): `owed_at_least: true` means at least \
-                          `owed`; fetch and confirm to bring it down.",
+                          `owed`; fetch and confirm to bring it down. `owed: 0` means nothing is owed now (`as_of`).",
         annotations(read_only_hint = true)
     )]
     async fn conversation_inbox_status(
@@ -271,7 +271,7 @@ impl BusServer {
         description = "Block until a conversation where this window is an active member has \
                           messages addressed to it that it has not acknowledged (returns at once \
                           if some are waiting). Returns woke, timed_out and per conversation the \
-                          unacknowledged count and latest seq. Call again to keep waiting."
+                          unacknowledged count and latest seq. Call again to keep waiting. `timed_out` with nothing listed means nothing arrived; empty never hides an error."
     )]
     async fn wait_for_conversation_updates(
         &self,

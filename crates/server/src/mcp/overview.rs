@@ -45,7 +45,7 @@ impl BusServer {
                        nor to goes, and team_digest's focus): the channel set for this window \
                        (heartbeat `channel`), else your `project` label's, else your window \
                        label's; `default_channel_from` says which. Identity comes from your token; \
-                       the window from the X-Crew-Session header or your session credential.",
+                       the window from the X-Crew-Session header or your session credential. Zero counts and empty lists mean nothing is pending as of `as_of`.",
         annotations(read_only_hint = true)
     )]
     async fn whoami(
