@@ -66,7 +66,6 @@ pub struct ReadArgs {
     /// Read what comes after this position (a `read_up_to` of an earlier read) instead of
     /// from your cursor, oldest first, moving no cursor. Refused when it is ahead of the
     /// newest position or behind what retention pruned (the refusal says where to start).
-    #[schemars(range(min = 0))]
     pub after: Option<i64>,
 }
 
