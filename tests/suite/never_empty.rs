@@ -203,7 +203,15 @@ async fn a_position_behind_what_a_prune_deleted_is_refused_and_the_oldest_kept_r
         .unwrap();
     read(&bob, json!({"scope": "elsewhere"})).await.unwrap();
     post(&alice, "elsewhere", "kept: bob has not read it").await;
-    // Bob reads #dev: what he read may go.
+    alice
+        .call(
+            "post_message",
+            json!({"to": "bob", "body": "an old direct message"}),
+        )
+        .await
+        .unwrap();
+    // Bob reads his inbox and #dev: what he read may go.
+    read(&bob, json!({"scope": "inbox"})).await.unwrap();
     let read_before = read(&bob, json!({"scope": "dev"})).await.unwrap();
     let pruned_through = read_before["read_up_to"].as_i64().unwrap();
     sqlx::query("UPDATE messages SET created_at = now() - interval '40 days'")
@@ -211,7 +219,7 @@ async fn a_position_behind_what_a_prune_deleted_is_refused_and_the_oldest_kept_r
         .await
         .unwrap();
     let pruned = prune(&app, "ne5").await;
-    assert!(pruned["total_rows"].as_i64().unwrap() >= 2, "{pruned}");
+    assert!(pruned["total_rows"].as_i64().unwrap() >= 3, "{pruned}");
     post(&alice, "dev", "new").await;
 
     let refused = read(&bob, json!({"scope": "dev", "after": 0}))
@@ -235,6 +243,14 @@ async fn a_position_behind_what_a_prune_deleted_is_refused_and_the_oldest_kept_r
         "{refused}"
     );
 
+    // Direct messages keep a mark per recipient.
+    let refused = read(&bob, json!({"scope": "inbox", "after": 0}))
+        .await
+        .unwrap_err();
+    assert!(
+        message(&refused).contains("behind what retention pruned in inbox"),
+        "{refused}"
+    );
     // From the oldest kept, the page is whole.
     let kept = read(&bob, json!({"scope": "dev", "after": pruned_through}))
         .await
