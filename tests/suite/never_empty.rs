@@ -392,6 +392,43 @@ async fn reservations_of_an_agent_not_in_the_team_are_refused_and_none_held_says
 }
 
 #[tokio::test]
+async fn a_reservation_whose_pattern_cannot_be_read_is_reported_not_left_out() {
+    let app = spawn_app().await;
+    let (alice, bob) = team(&app, "ne10").await;
+    for client in [&alice, &bob] {
+        client
+            .call("heartbeat", json!({"project": "web"}))
+            .await
+            .unwrap();
+    }
+    alice
+        .call(
+            "reserve_paths",
+            json!({"paths": ["src/**"], "exclusive": true, "reason": "refactor"}),
+        )
+        .await
+        .unwrap();
+    // A pattern stored under other glob rules: this server cannot parse it.
+    sqlx::query("UPDATE path_reservations SET pattern = 'src/[' WHERE pattern = 'src/**'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+
+    let checked = bob
+        .call("check_paths", json!({"paths": ["src/a.rs"]}))
+        .await
+        .unwrap();
+    let unreadable = checked["unreadable"].as_array().expect("unreadable listed");
+    assert_eq!(unreadable.len(), 1, "{checked}");
+    assert_eq!(unreadable[0]["pattern"], "src/[", "{checked}");
+    let listed = bob
+        .call("list_reservations", json!({"path": "src/a.rs"}))
+        .await
+        .unwrap();
+    assert_eq!(count(&listed, "reservations"), 1, "{listed}");
+}
+
+#[tokio::test]
 async fn every_list_read_answers_as_of_more_and_a_note_when_it_is_empty() {
     let app = spawn_app().await;
     let (alice, _bob) = team(&app, "ne9").await;

@@ -168,7 +168,8 @@ impl BusServer {
                        this window's project (or `project`'s), by whom and how (`mine` marks this window's). \
                        `exclusive_elsewhere` lists the paths another window holds exclusively: \
                        do not edit those without asking the holder. Empty means you are free \
-                       to edit.",
+                       to edit, unless `unreadable` lists reservations whose stored pattern \
+                       cannot be read (their reach is unknown: ask the holder).",
         annotations(read_only_hint = true)
     )]
     async fn check_paths(
