@@ -299,7 +299,7 @@ struct Page {
     /// `only_new`: the statement was undone whole (`read_cursor_raced`):
     /// nothing was handed out or moved, read again.
     raced: bool,
-    /// `only_new`: the window's cursor for the scope as the statement read it.
+    /// `only_new`: the window's cursor for the scope, as the statement read it.
     cursor: i64,
 }
 
@@ -343,10 +343,9 @@ pub struct ReadResult {
     pub messages: Vec<MessageView>,
     /// True when the page was full: more may be waiting, read again.
     pub more: bool,
-    /// The position this read reached (`after.rs`): the newest on the page,
-    /// else the cursor (or the `after`) it read past.
+    /// The position reached: the page's newest, else the cursor or `after`.
     pub read_up_to: i64,
-    /// On an empty page: what was read, up to where, as of when.
+    /// On an empty page: what was read, past where, as of when (`after.rs`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
 }
