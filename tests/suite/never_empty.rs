@@ -429,6 +429,44 @@ async fn a_reservation_whose_pattern_cannot_be_read_is_reported_not_left_out() {
 }
 
 #[tokio::test]
+async fn a_name_or_id_that_does_not_exist_is_refused_by_every_read_that_takes_one() {
+    let app = spawn_app().await;
+    let (alice, _bob) = team(&app, "ne11").await;
+    let missing = Uuid::new_v4();
+    let calls = [
+        ("get_task", json!({"key": "no-such-task"}), "not_found"),
+        ("list_tasks", json!({"status": "opne"}), "invalid"),
+        ("get_attachment", json!({"id": missing}), "not_found"),
+        (
+            "get_conversation_message",
+            json!({"message_id": missing}),
+            "not_found",
+        ),
+        (
+            "get_message_receipts",
+            json!({"message_id": missing}),
+            "not_found",
+        ),
+        (
+            "read_conversation",
+            json!({"conversation_id": missing}),
+            "not_found",
+        ),
+        (
+            "read_messages",
+            json!({"scope": "no-such-channel"}),
+            "not_found",
+        ),
+        ("list_reservations", json!({"agent": "nobody"}), "not_found"),
+    ];
+    for (tool, args, kind) in calls {
+        let refused = alice.call(tool, args).await.unwrap_err();
+        assert_eq!(refused["error"], kind, "{tool}: {refused}");
+        assert!(message(&refused).len() > 20, "{tool} explains: {refused}");
+    }
+}
+
+#[tokio::test]
 async fn every_list_read_answers_as_of_more_and_a_note_when_it_is_empty() {
     let app = spawn_app().await;
     let (alice, _bob) = team(&app, "ne9").await;
