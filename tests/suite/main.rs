@@ -82,6 +82,7 @@ mod messaging;
 mod metrics;
 mod migrations_landed;
 mod moves;
+mod never_empty;
 mod newcomer;
 mod notes;
 mod outbox;

@@ -10,6 +10,7 @@ use rmcp::{ErrorData, schemars, tool, tool_router};
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::answers::Read;
 use super::{BusServer, caller, reply};
 use acs_store::store::tasks::{self, NewTask};
 
@@ -268,7 +269,7 @@ impl BusServer {
     #[tool(
         description = "List the team's tasks, filtered by status (open, claimed, done, \
                        cancelled, any). open and claimed come in queue order (highest priority \
-                       first, then oldest first); the others most recently changed first. `more` says when limit cut it short.",
+                       first, then oldest first); the others most recently changed first. `more` says when limit cut it short. Empty (with a `note`) means no task matches the filter.",
         annotations(read_only_hint = true)
     )]
     async fn list_tasks(
@@ -277,7 +278,11 @@ impl BusServer {
         Parameters(args): Parameters<ListTasksArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(
+        Read::now(
+            "tasks",
+            "no task has this status (or, with mine_only, is yours)",
+        )
+        .reply(
             tasks::list(
                 self.bus(),
                 me,
@@ -291,7 +296,7 @@ impl BusServer {
 
     #[tool(
         description = "One task with its description, metadata, dependencies, holder (or \
-                       lapsed_holder), result and event history.",
+                       lapsed_holder), result and event history. An unknown key is refused, never answered empty.",
         annotations(read_only_hint = true)
     )]
     async fn get_task(
@@ -300,6 +305,6 @@ impl BusServer {
         Parameters(args): Parameters<TaskKeyArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(tasks::get(self.bus(), me, &args.key).await)
+        Read::snapshot().reply(tasks::get(self.bus(), me, &args.key).await)
     }
 }
