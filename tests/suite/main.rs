@@ -87,6 +87,7 @@ mod newcomer;
 mod notes;
 mod outbox;
 mod overview;
+mod owed_acks;
 mod parallel_posts;
 mod plugin;
 mod pre_tool_use;

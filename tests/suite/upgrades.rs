@@ -168,10 +168,11 @@ async fn a_database_at_the_previous_schema_upgrades_with_its_data() {
     let bob_token = app.agent("upg", "bob").await;
     let alice = app.mcp(&alice_token, None).await;
     let bob = app.mcp(&bob_token, Some("w1")).await;
-    // Before migration 0031 (post_message in SQL) this build cannot post; the
-    // message is then written as the earlier schema has it.
+    // Before migration 0047 (post_message asking for acknowledgements) this
+    // build cannot post; the message is then written as the earlier schema
+    // has it.
     let positions_landed: bool =
-        sqlx::query_scalar("SELECT to_regprocedure('post_message(uuid, uuid, text, uuid, uuid, bigint, uuid, text, boolean, text, text, text, text, boolean, boolean, uuid, jsonb, bigint, bigint)') IS NOT NULL")
+        sqlx::query_scalar("SELECT to_regprocedure('post_message(uuid, uuid, text, uuid, uuid, bigint, uuid, text, boolean, text, text, text, text, boolean, boolean, uuid, jsonb, bigint, bigint, boolean, integer)') IS NOT NULL")
             .fetch_one(&app.pool)
             .await
             .unwrap();

@@ -153,6 +153,10 @@ impl App {
             settings.webhooks,
             shutdown.clone(),
         )?);
+        tasks.push(crate::workers::ack_overdue::spawn(
+            bus.pool.clone(),
+            shutdown.clone(),
+        ));
         tasks.push(crate::workers::storage_recount::spawn(
             bus.clone(),
             shutdown.clone(),

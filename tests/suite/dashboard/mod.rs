@@ -24,6 +24,7 @@ use uuid::Uuid;
 use crate::support::{McpClient, TestApp, test_actor};
 
 mod browser;
+mod overdue_acks;
 mod plain_http;
 mod reservations;
 mod sessions;

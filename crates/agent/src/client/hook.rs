@@ -542,7 +542,8 @@ fn news(
 }
 
 /// Conversations owing this window's acknowledgement, each debt (where it
-/// starts and how much) called out once.
+/// starts and how much) called out once; and the direct and channel
+/// messages its agent owes an acknowledgement (`owed_acks`).
 fn owed(pending: &Value, marks: &mut HookMarks) -> Vec<(String, Option<Shown>)> {
     let mut lines = Vec::new();
     for c in list(pending, "conversations") {
@@ -566,6 +567,29 @@ fn owed(pending: &Value, marks: &mut HookMarks) -> Vec<(String, Option<Shown>)> 
                 text(&c["conversation_id"]),
                 c["unacknowledged"],
                 c["first_unacknowledged_seq"]
+            ),
+            None,
+        ));
+    }
+    // Direct and channel messages owed an ack: each called out once, and
+    // again once it is overdue.
+    for a in pending["owed_acks"]["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let owed = format!("msg:{}:{}", text(&a["message_id"]), a["overdue"]);
+        if marks.owed_called_out.contains(&owed) {
+            continue;
+        }
+        marks.owed_called_out.push(owed);
+        let keep = marks.owed_called_out.len().saturating_sub(50);
+        marks.owed_called_out.drain(..keep);
+        lines.push((
+            format!(
+                "- {} (ack_message {{message_id: \"{}\"}}; list_owed lists them)",
+                super::stop_hook::owed_ack(a),
+                text(&a["message_id"])
             ),
             None,
         ));
@@ -622,7 +646,7 @@ fn status_line(window: &WindowState, pending: &Value) -> String {
         window.label,
         unread_count(pending),
         count("open_questions"),
-        count("conversations"),
+        count("conversations") as i64 + pending["owed_acks"]["count"].as_i64().unwrap_or(0),
         count("expiring_tasks")
     )
 }

@@ -2,7 +2,9 @@
 //! leave work stranded, and say by name what to finish, hand back or
 //! release. Stranded means: tasks it claimed, locks or path reservations it
 //! holds, a question (`ask_agent`) to it still unanswered, conversation
-//! messages awaiting its acknowledgement. All of it comes from one
+//! messages awaiting its acknowledgement, direct and channel messages that
+//! asked its agent for an acknowledgement it has not given (`owed_acks`,
+//! overdue ones said so). All of it comes from one
 //! `pending_for_me` call (its `holdings`).
 //!
 //! The host's format is Claude Code's Stop hook output,
@@ -179,7 +181,39 @@ fn owed(pending: &Value, marks: &HookMarks) -> Vec<Owed> {
             question: None,
         });
     }
+    let acks = &pending["owed_acks"];
+    for a in list(acks, "items") {
+        let id = text(&a["message_id"]);
+        owed.push(Owed {
+            key: format!("owed-ack:{id}:{}", a["overdue"]),
+            line: format!(
+                "- {}: ack_message {{message_id: \"{id}\"}} once dealt with",
+                owed_ack(a)
+            ),
+            question: None,
+        });
+    }
+    owed.extend(more(acks, "acknowledgement"));
     owed
+}
+
+/// A direct or channel message owed an acknowledgement, in words: who asked,
+/// where, and whether it is overdue (pending_for_me's `owed_acks`).
+pub(super) fn owed_ack(a: &Value) -> String {
+    let id = text(&a["message_id"]);
+    let place = match a["channel"].as_str() {
+        Some(channel) => format!("in #{channel}"),
+        None => "in a direct message".to_string(),
+    };
+    let due = match a["due_at"].as_str() {
+        Some(due) if a["overdue"] == Value::Bool(true) => format!(", OVERDUE since {due}"),
+        Some(due) => format!(", due {due}"),
+        None => String::new(),
+    };
+    format!(
+        "{} asked you {place} to acknowledge message {id}{due}",
+        text(&a["from"])
+    )
 }
 
 /// The reason the model reads, cut to fit.
@@ -246,5 +280,31 @@ mod tests {
         // A stop with nothing held forgets the last block.
         assert_eq!(decide(&window(), &holding(&[]), &mut marks), None);
         assert!(decide(&window(), &holding(&["T-1"]), &mut marks).is_some());
+    }
+
+    fn owing(overdue: bool) -> Value {
+        let mut pending = holding(&[]);
+        pending["owed_acks"] = json!({"count": 3, "at_least": false, "overdue": 1, "items": [
+            {"message_id": "m-1", "kind": "channel", "from": "bob", "channel": "ops",
+             "due_at": "2026-01-01T00:00:00Z", "overdue": overdue},
+        ]});
+        pending
+    }
+
+    // An owed ack blocks a stop, says who asked where, and says OVERDUE once
+    // it is; the same debt does not block twice in a row, but its turning
+    // overdue does.
+    #[test]
+    fn an_owed_acknowledgement_blocks_once_and_again_when_it_becomes_overdue() {
+        let mut marks = HookMarks::default();
+        let first = decide(&window(), &owing(false), &mut marks).expect("blocks");
+        assert!(
+            first.contains("bob asked you in #ops to acknowledge message m-1, due")
+                && first.contains("and 2 more acknowledgement(s)"),
+            "{first}"
+        );
+        assert_eq!(decide(&window(), &owing(false), &mut marks), None);
+        let overdue = decide(&window(), &owing(true), &mut marks).expect("blocks again");
+        assert!(overdue.contains("OVERDUE since 2026-01-01"), "{overdue}");
     }
 }

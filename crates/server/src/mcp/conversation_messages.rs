@@ -1,6 +1,8 @@
 //! Conversation message tools: `send_conversation_message`,
 //! `read_conversation`, `get_conversation_message`, `ack_message`,
-//! `get_message_receipts` and `wait_for_conversation_updates`. The logic is
+//! `get_message_receipts` and `wait_for_conversation_updates`; and
+//! `list_owed` (`ack_message` also takes direct and channel messages:
+//! `store::messaging::acks`). The logic is
 //! in `store::conversations::messages` and `store::conversations::receipts`.
 
 use rmcp::handler::server::tool::Extension;
@@ -16,7 +18,8 @@ use super::answers::Read;
 use super::waits::ProgressTicker;
 use super::{BusServer, caller, refusal, reply};
 use acs_store::store::conversations::messages::{self, NewConversationMessage, ReadRequest};
-use acs_store::store::{conversations::inbox, conversations::receipts, messaging::waits};
+use acs_store::store::{conversations::inbox, conversations::receipts};
+use acs_store::store::{messaging::acks, messaging::waits};
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -79,12 +82,24 @@ pub struct MessageArgs {
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AckArgs {
-    /// The message to acknowledge.
+    /// The message to acknowledge: a conversation message, or a direct or channel message
+    /// posted with ack_required.
     pub message_id: Uuid,
-    /// Also mark it resolved (resolved implies acknowledged).
+    /// Conversation messages only: also mark it resolved (resolved implies acknowledged).
     pub resolved: Option<bool>,
     /// A short note for the sender, at most 1024 bytes; kept only if the receipt has none yet.
     pub note: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListOwedArgs {
+    /// Only acknowledgements past their due time. Default false.
+    #[serde(default)]
+    pub overdue_only: bool,
+    /// Per list, 1..100 (default 20).
+    #[schemars(range(min = 1, max = 100), extend("default" = 20))]
+    pub limit: Option<i64>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -167,8 +182,10 @@ impl BusServer {
 
     #[tool(
         description = "Acknowledge a conversation message addressed to this window (resolved: \
-                          true also resolves it), with an optional short note. Each is recorded \
-                          once; repeating keeps the first time and the first note."
+                          true also resolves it), or a direct or channel message that asked you \
+                          for an acknowledgement (post_message ack_required), with an optional \
+                          short note. Each is recorded once; repeating keeps the first time and \
+                          the first note. A message not asking, or not owed by you, is refused."
     )]
     async fn ack_message(
         &self,
@@ -177,7 +194,7 @@ impl BusServer {
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
         reply(
-            receipts::ack(
+            acks::ack(
                 self.bus(),
                 me,
                 args.message_id,
@@ -186,6 +203,24 @@ impl BusServer {
             )
             .await,
         )
+    }
+
+    #[tool(
+        description = "Acknowledgements owed, oldest first: `i_owe` (direct and channel \
+                          messages asking your agent for an ack, conversation messages to this \
+                          window) and `owed_to_me` (messages this window sent, with who still \
+                          owes). Each entry has sent_at, due_at and overdue. `*_more: true`: more \
+                          owed than listed. Both empty: nothing owed as of `as_of` (`note` says \
+                          so).",
+        annotations(read_only_hint = true)
+    )]
+    async fn list_owed(
+        &self,
+        Extension(parts): Extension<http::request::Parts>,
+        Parameters(args): Parameters<ListOwedArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let me = caller(&parts)?;
+        reply(acks::owed::list_owed(self.bus(), me, args.overdue_only, args.limit).await)
     }
 
     #[tool(

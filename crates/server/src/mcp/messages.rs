@@ -12,7 +12,7 @@ use uuid::Uuid;
 use super::answers::Read;
 use super::sessions::NoArgs;
 use super::{BusServer, caller, refusal, reply};
-use acs_store::store::{messaging::attachments, messaging::channels, messaging::messages};
+use acs_store::store::messaging::{acks, attachments, channels, messages};
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -34,6 +34,14 @@ pub struct PostArgs {
     /// Files to attach: up to 8, each up to 256 KiB.
     #[serde(default)]
     pub attachments: Vec<FileArg>,
+    /// Ask for an acknowledgement (ack_message): a DM's agent owes it once, a channel message
+    /// every other agent of the team. list_owed shows who still owes it.
+    #[serde(default)]
+    pub ack_required: bool,
+    /// With ack_required: due within this many seconds, 10..604800 (7 days); past it the ack is
+    /// overdue (pending_for_me, the dashboard, the `ack.overdue` webhook). Omit for no due time.
+    #[schemars(range(min = 10, max = 604800))]
+    pub ack_within_seconds: Option<i64>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -116,7 +124,8 @@ impl BusServer {
     #[tool(
         description = "Post a message to a channel or a direct message to an address \
                           (`agent` = every window, `agent/window` = exactly one; a window not open \
-                          yet still receives it). Returns the message and delivered_to."
+                          yet still receives it). Returns the message and delivered_to. \
+                          ack_required asks the recipient(s) to acknowledge it (ack_message)."
     )]
     async fn post_message(
         &self,
@@ -137,6 +146,10 @@ impl BusServer {
             Ok(uploads) => uploads,
             Err(err) => return Ok(refusal(&err)),
         };
+        let ack = match acks::check_request(args.ack_required, args.ack_within_seconds) {
+            Ok(ack) => ack,
+            Err(err) => return Ok(refusal(&err)),
+        };
         let new = messages::NewMessage {
             channel: args.channel,
             to: args.to,
@@ -146,6 +159,7 @@ impl BusServer {
             metadata: args.metadata,
             question: false,
             attachments: uploads,
+            ack,
         };
         reply(messages::post(self.bus(), me, new).await)
     }

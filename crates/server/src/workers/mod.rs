@@ -4,6 +4,7 @@
 //! written so that concurrent replicas skip each other's rows instead of
 //! waiting on them.
 
+pub mod ack_overdue;
 pub mod departures;
 pub mod inbox_publisher;
 pub mod presence_sweeper;

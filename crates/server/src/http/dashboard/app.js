@@ -153,6 +153,16 @@
       "No paths reserved.")];
   }
 
+  function overdueAcks(list) {
+    var rows = list.map(function (o) {
+      var place = o.channel !== null ? "#" + o.channel : (o.to !== null ? "direct to " + o.to : "-");
+      return el("tr", null, [cell(o.debtor), cell(o.from), cell(place), cell(time(o.sent_at)),
+        cell(time(o.due_at))]);
+    });
+    return [table(["Owed by", "Asked by", "Where", "Sent", "Due"], rows,
+      "No acknowledgement is overdue.")];
+  }
+
   function messages(list) {
     if (list.length === 0) return [el("p", "muted", ["No channel messages yet."])];
     var ul = el("ul", "messages");
@@ -208,6 +218,7 @@
     replace("reservations", reservations(data.reservations));
     replace("messages", messages(data.messages));
     replace("conversations", conversations(data.conversations));
+    replace("overdue-acks", overdueAcks(data.overdue_acks));
     replace("updated", ["updated " + time(data.generated_at)]);
   }
 

@@ -12,6 +12,7 @@ use std::fmt::Write;
 use chrono::{DateTime, Utc};
 
 use acs_store::events::ListenerState;
+use acs_store::store::messaging::acks::overdue::OverdueAck;
 use acs_store::store::operations::dashboard::{
     AgentView, ChannelMessageView, Conversations, Health, LockView, ReservationView, Snapshot,
     TaskView,
@@ -134,6 +135,12 @@ pub fn dashboard(snapshot: &Snapshot) -> String {
             "Path reservations",
             "",
             reservations(&snapshot.reservations),
+        ),
+        (
+            "overdue-acks",
+            "Overdue acknowledgements",
+            "",
+            overdue_acks(&snapshot.overdue_acks),
         ),
         ("health", "Outbox and broker", "", health(&snapshot.health)),
     ];
@@ -342,6 +349,33 @@ fn reservations(reservations: &[ReservationView]) -> String {
         &["Paths", "Holder", "Mode", "Project", "Reason", "Expires"],
         &rows,
         "No paths reserved.",
+    )
+}
+
+/// Who owes which acknowledgement past its due time (never a body).
+fn overdue_acks(overdue: &[OverdueAck]) -> String {
+    let rows: Vec<String> = overdue
+        .iter()
+        .map(|o| {
+            let place = match (&o.channel, &o.to) {
+                (Some(channel), _) => format!("#{channel}"),
+                (None, Some(to)) => format!("direct to {to}"),
+                (None, None) => "-".to_string(),
+            };
+            format!(
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                escape(&o.debtor),
+                escape(&o.from),
+                escape(&place),
+                time(&o.sent_at),
+                time(&o.due_at)
+            )
+        })
+        .collect();
+    table(
+        &["Owed by", "Asked by", "Where", "Sent", "Due"],
+        &rows,
+        "No acknowledgement is overdue.",
     )
 }
 

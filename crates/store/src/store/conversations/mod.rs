@@ -77,7 +77,9 @@ pub use seats::MEMBERS_MAX;
 pub use transfer::transfer;
 
 /// The conversation tools: hidden from `tools/list` and refused per call while
-/// the team's `conversations` capability is off.
+/// the team's `conversations` capability is off. Not `ack_message`, which also
+/// acknowledges direct and channel messages (`messaging::acks`; it refuses a
+/// conversation message itself while the capability is off).
 pub const TOOLS: &[&str] = &[
     "create_project",
     "list_projects",
@@ -93,7 +95,6 @@ pub const TOOLS: &[&str] = &[
     "send_conversation_message",
     "read_conversation",
     "get_conversation_message",
-    "ack_message",
     "get_message_receipts",
     "fetch_conversation_inbox",
     "confirm_inbox_delivery",

@@ -6,7 +6,9 @@
 //! conversations owing its acknowledgement (and the oldest such messages,
 //! previewed), its tasks whose lease is about to lapse, announcements
 //! since a time, and what it holds (claimed tasks, locks, path reservations:
-//! `holdings.rs`), which the host's Stop hook asks it to finish or release.
+//! `holdings.rs`), which the host's Stop hook asks it to finish or release,
+//! and the direct and channel messages asking its agent for an
+//! acknowledgement (`acks/owed.rs`), which the Stop hook names too.
 //!
 //! Every list is cut to a few entries and every read walks a bounded slice
 //! of an index (the newest direct messages to the agent, the team's newest
@@ -24,6 +26,7 @@ use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::store::conversations::receipts::{self, Pending};
+use crate::store::messaging::acks::owed::{self as owed, PendingAcks};
 use crate::store::messaging::holdings::{self, Holdings};
 use crate::store::messaging::messages::{self, BoundedCount};
 
@@ -106,6 +109,10 @@ pub struct PendingForMe {
     pub announcements: Vec<Preview>,
     /// What this window holds: each kind counted and its first few listed.
     pub holdings: Holdings,
+    /// Direct and channel messages asking this window's agent for an
+    /// acknowledgement it has not given: counted, the oldest ten listed,
+    /// overdue ones marked (conversation messages are `conversations`).
+    pub owed_acks: PendingAcks,
 }
 
 /// `pending_for_me`.
@@ -151,6 +158,7 @@ pub async fn pending_for_me(
         None => Vec::new(),
     };
     let holdings = holdings::of_window(&bus.pool, me).await?;
+    let owed_acks = owed::pending(bus, me).await?;
     Ok(PendingForMe {
         unread_direct_messages: unread,
         direct_messages,
@@ -160,6 +168,7 @@ pub async fn pending_for_me(
         expiring_tasks,
         announcements,
         holdings,
+        owed_acks,
     })
 }
 

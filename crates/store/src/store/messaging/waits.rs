@@ -418,6 +418,14 @@ pub struct AskResult {
     /// Present (true) only when the wait ended because the server is stopping.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub server_restarting: bool,
+    /// The answer asks for an acknowledgement (ack_message), due at
+    /// `answer_ack_due_at`; `answer_acked`: whether your agent gave it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub answer_ack_required: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answer_ack_due_at: Option<DateTime<Utc>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answer_acked: Option<bool>,
 }
 
 /// `ask_agent`: a direct message flagged as a question, then a wait for the
@@ -522,6 +530,9 @@ fn answered(answer: messages::MessageView, question_id: Uuid) -> AskResult {
         question_message_id: question_id,
         suggestion: None,
         server_restarting: false,
+        answer_ack_required: answer.ack_required,
+        answer_ack_due_at: answer.ack_due_at,
+        answer_acked: answer.acked,
     }
 }
 
@@ -547,5 +558,8 @@ fn not_answered(question_id: Uuid, suggestion: String, server_restarting: bool) 
         question_message_id: question_id,
         suggestion: Some(suggestion),
         server_restarting,
+        answer_ack_required: false,
+        answer_ack_due_at: None,
+        answer_acked: None,
     }
 }

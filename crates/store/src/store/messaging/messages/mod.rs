@@ -64,6 +64,17 @@ pub struct MessageView {
     /// `[{id, filename, content_type, size_bytes}]`; get_attachment fetches one.
     pub attachments: Value,
     pub created_at: DateTime<Utc>,
+    /// The sender asked for an acknowledgement (ack_message; list_owed).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub ack_required: bool,
+    /// When that acknowledgement is due (absent: no due time).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ack_due_at: Option<DateTime<Utc>>,
+    /// On a message asking this reader's agent for an acknowledgement:
+    /// whether it acknowledged it (`acks::mark_acked`, after the page).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[sqlx(default)]
+    pub acked: Option<bool>,
     /// The team-wide position (cursors compare it; see the overview).
     #[serde(skip)]
     pub position: i64,
@@ -81,7 +92,7 @@ macro_rules! view_columns {
 macro_rules! view_columns_from {
     () => {
         "m.id, m.body, m.announce, m.is_question AS question, m.reply_to, m.metadata,
-         m.created_at, m.position, c.name AS channel,
+         m.created_at, m.position, c.name AS channel, m.ack_required, m.ack_due_at,
          (SELECT coalesce(jsonb_agg(jsonb_build_object('id', a.id, 'filename', a.filename,
                  'content_type', a.content_type, 'size_bytes', a.size_bytes) ORDER BY a.created_at), '[]')
           FROM attachments a WHERE a.team_id = m.team_id AND a.message_id = m.id) AS attachments,
@@ -114,6 +125,10 @@ pub struct NewMessage {
     pub question: bool,
     /// Files to store with the message (already decoded and checked).
     pub attachments: Vec<attachments::Upload>,
+    /// Ask for an acknowledgement, due within this many seconds (`None`:
+    /// ask none; `Some(None)`: ask one without a due time). Checked by
+    /// [`crate::store::messaging::acks::check_request`].
+    pub ack: Option<Option<i32>>,
 }
 
 #[derive(Clone, Debug, Serialize)]

@@ -1,6 +1,7 @@
 //! Posting a message: the argument checks here (and, naming neither channel
 //! nor recipient, the window's default channel: `default_channel_of`), then
-//! one call of the SQL function `post_message` (migration 0031), which runs
+//! one call of the SQL function `post_message` (migration 0031; 0047 adds
+//! the acknowledgement request), which runs
 //! the write fence, the quota, the channel, the recipient and reply_to checks
 //! and the insert at a new position (see the module overview). A refusal
 //! comes back as a code; the words are here. With attachments the same call
@@ -182,7 +183,7 @@ async fn call_once(
         .is_some_and(|name| channels::RESERVED_NAMES.contains(&name));
     Ok(sqlx::query_as(
         "SELECT * FROM post_message($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
-                                    $15, $16, $17, $18, $19)",
+                                    $15, $16, $17, $18, $19, $20, $21)",
     )
     .bind(me.team_id)
     .bind(me.agent_id)
@@ -207,6 +208,8 @@ async fn call_once(
     .bind(call.metadata)
     .bind(call.incoming)
     .bind(TEAM_QUOTA_DEFAULT_BYTES)
+    .bind(new.ack.is_some())
+    .bind(new.ack.flatten())
     .fetch_one(db)
     .await?)
 }
@@ -230,6 +233,12 @@ fn view_of(outcome: &Outcome, new: &NewMessage, me: &Identity, id: Uuid) -> BusR
         attachments: json!([]),
         created_at,
         position,
+        ack_required: new.ack.is_some(),
+        ack_due_at: new
+            .ack
+            .flatten()
+            .map(|seconds| created_at + chrono::Duration::seconds(seconds.into())),
+        acked: None,
     })
 }
 

@@ -500,7 +500,7 @@ pub async fn read(bus: &Bus, me: &Identity, request: ReadRequest) -> BusResult<R
         only_new: request.only_new,
         limit,
     };
-    let (messages, read_up_to) = if let Some(after) = request.after {
+    let (mut messages, read_up_to) = if let Some(after) = request.after {
         super::after::read_after(bus, me, &reader, scope_kind, after).await?
     } else if request.only_new {
         reader.read_new(&bus.pool).await?
@@ -509,6 +509,7 @@ pub async fn read(bus: &Bus, me: &Identity, request: ReadRequest) -> BusResult<R
         let newest = messages.iter().map(|m| m.position).max().unwrap_or(0);
         (messages, newest)
     };
+    crate::store::messaging::acks::mark_acked(bus, me, &mut messages).await?;
     Ok(super::after::answer(
         scope,
         messages,
@@ -660,7 +661,7 @@ pub async fn answer_to(
 ) -> BusResult<Option<MessageView>> {
     // The answerer is read from the question row itself, so a fresh ask and
     // a resumed one apply the same rule.
-    Ok(sqlx::query_as(concat!(
+    let mut answer: Option<MessageView> = sqlx::query_as(concat!(
         "SELECT ",
         view_columns!(),
         " JOIN messages q ON q.team_id = m.team_id AND q.id = m.reply_to
@@ -676,7 +677,11 @@ pub async fn answer_to(
     .bind(me.agent_id)
     .bind(&me.window)
     .fetch_optional(&bus.pool)
-    .await?)
+    .await?;
+    if let Some(answer) = answer.as_mut() {
+        crate::store::messaging::acks::mark_acked(bus, me, std::slice::from_mut(answer)).await?;
+    }
+    Ok(answer)
 }
 
 /// Mark one direct message to this window (or its whole agent) read on its

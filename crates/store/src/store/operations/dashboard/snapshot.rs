@@ -15,6 +15,7 @@ use super::{
 use crate::backend::Backends;
 use crate::error::BusResult;
 use crate::events::{Events, ListenerState};
+use crate::store::messaging::acks::overdue::{self, OverdueAck};
 use crate::store::messaging::presence::{Liveness, PresenceStatus, listed};
 use crate::store::tasks::TaskStatus;
 use crate::store::{conversations, delivery::outbox};
@@ -30,10 +31,16 @@ pub struct Snapshot {
     pub reservations: Vec<ReservationView>,
     pub messages: Vec<ChannelMessageView>,
     pub conversations: Conversations,
+    /// Acknowledgements past their due time, one per (message, debtor),
+    /// the longest overdue first: never a body.
+    pub overdue_acks: Vec<OverdueAck>,
     pub health: Health,
     /// The caps each list was read under.
     pub limits: Limits,
 }
+
+/// Overdue acknowledgements shown.
+pub const OVERDUE_ACKS_MAX: i64 = 50;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Limits {
@@ -44,6 +51,7 @@ pub struct Limits {
     pub messages: i64,
     pub conversations: i64,
     pub conversation_messages: i64,
+    pub overdue_acks: i64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -231,6 +239,7 @@ pub async fn snapshot(
     .fetch_all(pool)
     .await?;
     let conversations = conversations(pool, team_id, viewer.agent_id).await?;
+    let overdue_acks = overdue::overdue_in_team(pool, team_id, OVERDUE_ACKS_MAX).await?;
     let health = health(pool, backends, events, team_id, &viewer.team).await?;
     Ok(Snapshot {
         viewer,
@@ -241,6 +250,7 @@ pub async fn snapshot(
         reservations,
         messages,
         conversations,
+        overdue_acks,
         health,
         limits: Limits {
             agents: AGENTS_MAX,
@@ -250,6 +260,7 @@ pub async fn snapshot(
             messages: MESSAGES_MAX,
             conversations: CONVERSATIONS_MAX,
             conversation_messages: CONVERSATION_MESSAGES_MAX,
+            overdue_acks: OVERDUE_ACKS_MAX,
         },
     })
 }

@@ -40,6 +40,7 @@ pub const EVENT_FAMILIES: &[&str] = &[
     "lock",
     "note",
     "conversation",
+    "ack",
 ];
 /// At most this many channels narrow one hook.
 pub const CHANNELS_MAX: usize = 32;
