@@ -75,7 +75,7 @@ pub async fn list(pool: &PgPool, team: &TeamScope) -> BusResult<Vec<AgentSummary
                 (SELECT count(*) FROM agent_tokens t
                  WHERE t.team_id = a.team_id AND t.agent_id = a.id AND t.revoked_at IS NULL)
                 AS active_tokens
-         FROM agents a WHERE a.team_id = $1 ORDER BY a.name",
+         FROM agents a WHERE a.team_id = $1 AND a.kind = 'agent' ORDER BY a.name",
     )
     .bind(team.id)
     .bind(&team.slug)
