@@ -11,7 +11,7 @@ use super::checks::{
     check_result, check_title,
 };
 use super::transition::finish;
-use super::{NewTask, Task, TaskEventKind, dependencies};
+use super::{NewTask, Task, TaskEventKind, dependencies, priority};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -25,6 +25,7 @@ pub async fn create(bus: &Bus, me: &Identity, new: NewTask) -> BusResult<Task> {
     let description = check_description(new.description)?;
     let metadata = check_metadata(new.metadata)?;
     let depends_on = check_dependencies(&key, &new.depends_on)?;
+    let priority = priority::check_new_priority(new.priority.as_deref())?;
 
     let mut tx = bus.pool.begin().await?;
     sessions::guard(&mut tx, me).await?;
@@ -34,8 +35,9 @@ pub async fn create(bus: &Bus, me: &Identity, new: NewTask) -> BusResult<Task> {
     let found = dependencies::resolve(&mut tx, me, &depends_on, "Nothing was created.").await?;
     let task_id = Uuid::new_v4();
     let inserted = sqlx::query(
-        "INSERT INTO tasks (id, team_id, key, title, description, metadata, created_by, created_session)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+        "INSERT INTO tasks (id, team_id, key, title, description, metadata, created_by,
+                            created_session, priority)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
          ON CONFLICT (team_id, key) DO NOTHING",
     )
     .bind(task_id)
@@ -46,6 +48,7 @@ pub async fn create(bus: &Bus, me: &Identity, new: NewTask) -> BusResult<Task> {
     .bind(&metadata)
     .bind(me.agent_id)
     .bind(&me.window)
+    .bind(priority.rank())
     .execute(&mut *tx)
     .await?;
     if inserted.rows_affected() == 0 {
@@ -67,7 +70,7 @@ pub async fn create(bus: &Bus, me: &Identity, new: NewTask) -> BusResult<Task> {
         .execute(&mut *tx)
         .await?;
     }
-    let detail = json!({ "depends_on": depends_on });
+    let detail = json!({ "depends_on": depends_on, "priority": priority });
     finish(tx, bus, me, task_id, &key, TaskEventKind::Created, detail).await
 }
 
