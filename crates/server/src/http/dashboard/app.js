@@ -162,6 +162,7 @@
         el("strong", null, [m.from]), " ",
         el("span", "muted", [time(m.created_at)]),
       ]);
+      if (m.from_person) meta.insertBefore(el("span", null, [el("span", "pill pill-person", ["person"]), " "]), meta.childNodes[3]);
       if (m.announce) meta.appendChild(el("span", null, [" ", el("span", "pill pill-announce", ["announcement"])]));
       ul.appendChild(el("li", m.announce ? "announce" : null, [
         meta, el("div", "text", [m.body + (m.truncated ? " …" : "")]),
@@ -178,7 +179,7 @@
         var body = m.body !== null ? cell(m.body) : el("td", null, [el("span", "muted", [dash(m.body_note)])]);
         var n = m.recipients;
         return el("tr", null, [
-          cell(String(m.seq)), cell(m.from), body, el("td", null, [pill(m.publication_state)]),
+          el("td", null, [String(m.seq), el("div", "key", [m.id])]), cell(m.from), body, el("td", null, [pill(m.publication_state)]),
           cell("stored " + m.stored + "/" + n + " · delivered " + m.delivered + "/" + n +
             " · acknowledged " + m.acknowledged + "/" + n),
         ]);

@@ -92,7 +92,9 @@ pub async fn add(pool: &PgPool, team: &TeamScope, name: &str) -> BusResult<Issue
 }
 
 /// The columns of a [`PersonSummary`] over `agents a` (`$2` is the slug).
-const SUMMARY: &str = "SELECT a.id, $2::text AS team, a.name, a.disabled_at, a.created_at,
+macro_rules! summary {
+    () => {
+        "SELECT a.id, $2::text AS team, a.name, a.disabled_at, a.created_at,
         (SELECT count(*) FROM agent_tokens t
           WHERE t.team_id = a.team_id AND t.agent_id = a.id AND t.revoked_at IS NULL)
         AS active_credentials,
@@ -100,12 +102,14 @@ const SUMMARY: &str = "SELECT a.id, $2::text AS team, a.name, a.disabled_at, a.c
           JOIN agent_tokens t ON t.id = d.principal_id
           WHERE d.principal = 'person' AND t.team_id = a.team_id AND t.agent_id = a.id)
         AS last_signed_in_at
-   FROM agents a WHERE a.team_id = $1 AND a.kind = 'person'";
+   FROM agents a WHERE a.team_id = $1 AND a.kind = 'person'"
+    };
+}
 
 /// Every person of the team, by name.
 pub async fn list(pool: &PgPool, team: &TeamScope) -> BusResult<Vec<PersonSummary>> {
     let team = teams::find(pool, team.slug()).await?;
-    Ok(sqlx::query_as(&format!("{SUMMARY} ORDER BY a.name"))
+    Ok(sqlx::query_as(concat!(summary!(), " ORDER BY a.name"))
         .bind(team.id)
         .bind(&team.slug)
         .fetch_all(pool)
@@ -147,13 +151,12 @@ pub async fn revoke(pool: &PgPool, team: &TeamScope, name: &str) -> BusResult<Pe
     .execute(&mut *tx)
     .await?
     .rows_affected();
-    let disabled = sqlx::query(
-        "UPDATE agents SET disabled_at = now() WHERE id = $1 AND disabled_at IS NULL",
-    )
-    .bind(person_id)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
+    let disabled =
+        sqlx::query("UPDATE agents SET disabled_at = now() WHERE id = $1 AND disabled_at IS NULL")
+            .bind(person_id)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
     if revoked > 0 || disabled > 0 {
         audit::record(
             &mut tx,
@@ -165,7 +168,7 @@ pub async fn revoke(pool: &PgPool, team: &TeamScope, name: &str) -> BusResult<Pe
         )
         .await?;
     }
-    let person: PersonSummary = sqlx::query_as(&format!("{SUMMARY} AND a.id = $3"))
+    let person: PersonSummary = sqlx::query_as(concat!(summary!(), " AND a.id = $3"))
         .bind(team.id)
         .bind(&team.slug)
         .bind(person_id)
