@@ -105,6 +105,7 @@ mod stated_limits;
 mod storage;
 mod support_servers;
 mod task_cancel;
+mod task_priority;
 mod task_writes;
 mod tasks;
 mod tenancy;

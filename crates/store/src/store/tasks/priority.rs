@@ -29,20 +29,16 @@ use crate::store::{address, identity::sessions, window_phrase};
 
 acs_wire::text_enum! {
     /// How urgent a task is. Stored as its rank ([`TaskPriority::rank`]).
+    #[derive(Default)]
     pub enum TaskPriority {
         /// Taken after every other ready task.
         Low = "low",
         /// The default.
+        #[default]
         Normal = "normal",
         High = "high",
         /// Taken before every other ready task.
         Urgent = "urgent",
-    }
-}
-
-impl Default for TaskPriority {
-    fn default() -> Self {
-        TaskPriority::Normal
     }
 }
 
