@@ -348,3 +348,75 @@ async fn writes_without_the_token_from_another_origin_or_by_an_agent_change_noth
     assert_eq!(write(&app, &cookie, "post", &with).await.status, 303);
     assert_eq!(messages_count(&app).await, 1);
 }
+
+#[tokio::test]
+async fn a_person_joins_a_conversation_from_the_page_and_acknowledges_a_message_to_them() {
+    let app = spawn_app().await;
+    super::team_with_conversations(&app, "acme").await;
+    let alice = app.agent("acme", "alice").await;
+    let dana = person(&app, "acme", "dana").await;
+    let cookie = cookie_for(&app, &dana, "").await;
+    let token = write_token(&app, &cookie).await;
+    let alice_mcp = app.mcp(&alice, None).await;
+    let created = alice_mcp
+        .call(
+            "create_conversation",
+            json!({"title": "Release v2", "private": true, "invite": ["dana"]}),
+        )
+        .await
+        .unwrap();
+    let conversation = created["id"].as_str().unwrap().to_string();
+    // The invitation shows on the person's page, with its join form.
+    let page = get(&app, "/dashboard", Some(&cookie)).await;
+    assert!(page.body.contains("Release v2"), "{}", page.body);
+    let joined = write(
+        &app,
+        &cookie,
+        "conversation-join",
+        &[("conversation_id", &conversation), ("csrf", &token)],
+    )
+    .await;
+    assert_eq!(joined.status, 303, "{}", joined.body);
+
+    let sent = alice_mcp
+        .call(
+            "send_conversation_message",
+            json!({"conversation_id": conversation, "body": "Please confirm the freeze",
+                   "request_id": uuid::Uuid::new_v4().to_string()}),
+        )
+        .await
+        .unwrap();
+    let message_id = sent["message_id"]
+        .as_str()
+        .or(sent["id"].as_str())
+        .unwrap_or_else(|| panic!("{sent}"))
+        .to_string();
+    // The page shows it with its id, which the acknowledgement form takes.
+    let data = get(&app, "/dashboard/data", Some(&cookie)).await.json();
+    assert_eq!(
+        data["conversations"]["items"][0]["messages"][0]["id"], message_id,
+        "{data}"
+    );
+    let acked = write(
+        &app,
+        &cookie,
+        "ack",
+        &[("message_id", &message_id), ("csrf", &token)],
+    )
+    .await;
+    assert_eq!(acked.status, 303, "{}", acked.body);
+    let receipts = alice_mcp
+        .call("get_message_receipts", json!({"message_id": message_id}))
+        .await
+        .unwrap();
+    assert!(
+        receipts.to_string().contains("acknowledged_at\":\"2"),
+        "{receipts}"
+    );
+    let actions: Vec<String> = audit_actions(&app, "dana")
+        .await
+        .into_iter()
+        .map(|(action, _)| action)
+        .collect();
+    assert_eq!(actions, ["dashboard.join", "dashboard.ack"]);
+}

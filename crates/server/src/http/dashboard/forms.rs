@@ -9,7 +9,8 @@
 
 use std::fmt::Write;
 
-use acs_store::store::operations::dashboard::{Snapshot, person::QuestionView};
+use acs_store::store::operations::dashboard::Snapshot;
+use acs_store::store::operations::dashboard::person::{InvitationView, QuestionView};
 use acs_store::store::tasks::TaskPriority;
 
 use super::page::escape;
@@ -86,6 +87,28 @@ pub fn questions(questions: &[QuestionView], token: &str) -> String {
             id = escape(&q.id.to_string()),
             from = escape(&q.from),
             body = escape(&q.body),
+            csrf = csrf(token),
+        );
+    }
+    html.push_str("</ul>");
+    html
+}
+
+/// The conversations inviting the person, each with its join form.
+pub fn invitations(invitations: &[InvitationView], token: &str) -> String {
+    if invitations.is_empty() {
+        return String::new();
+    }
+    let mut html = String::from("<h3>Conversations inviting you</h3><ul class=\"questions\">");
+    for i in invitations {
+        let _ = write!(
+            html,
+            "<li class=\"invitation\">{title} \
+             <form method=\"post\" action=\"/dashboard/write/conversation-join\" class=\"write join\">{csrf}\
+             <input type=\"hidden\" name=\"conversation_id\" value=\"{id}\">\
+             <button type=\"submit\">Join</button></form></li>",
+            title = escape(&i.title),
+            id = escape(&i.conversation_id.to_string()),
             csrf = csrf(token),
         );
     }

@@ -133,7 +133,11 @@ pub fn dashboard(snapshot: &Snapshot, write_token: Option<&str>) -> String {
              <div class=\"body\" id=\"questions\">{}</div></section>\
              <section class=\"card wide\"><h2>Write as {}</h2>\
              <div class=\"body\" id=\"person-writes\">{}</div></section>",
-            super::forms::questions(questions, token),
+            super::forms::questions(questions, token)
+                + &super::forms::invitations(
+                    snapshot.invitations.as_deref().unwrap_or_default(),
+                    token
+                ),
             escape(&viewer.name),
             super::forms::writes(token),
         );

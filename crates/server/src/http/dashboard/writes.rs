@@ -34,7 +34,14 @@ use acs_store::store::tasks::NewTask;
 pub const WRITE_FORM_MAX_BYTES: usize = 3 * acs_wire::limits::BODY_MAX_BYTES + 64 * 1024;
 
 /// The actions a person's forms post to.
-pub const ACTIONS: &[&str] = &["post", "task-create", "task-priority", "task-cancel", "ack"];
+pub const ACTIONS: &[&str] = &[
+    "post",
+    "task-create",
+    "task-priority",
+    "task-cancel",
+    "conversation-join",
+    "ack",
+];
 
 /// A refusal, as a page that says why (as text) and links back.
 fn refused(status: StatusCode, message: &str) -> Response {
@@ -184,6 +191,16 @@ async fn act(
             let key = required(form, "key", "the task's key")?;
             let reason = required(form, "reason", "why it is cancelled")?;
             person::cancel_task(bus, me, key, reason).await.map(drop)
+        }
+        "conversation-join" => {
+            let id = required(form, "conversation_id", "the conversation's id")?;
+            let id = id.parse::<Uuid>().map_err(|_| {
+                BusError::invalid(
+                    "conversation_id is not a conversation id (a UUID); join from the \
+                     invitation's own form. Nothing was changed.",
+                )
+            })?;
+            person::join(bus, me, id).await
         }
         "ack" => {
             let id = required(form, "message_id", "the conversation message's id")?;

@@ -58,6 +58,32 @@ pub async fn questions(pool: &PgPool, me: &Identity) -> BusResult<Vec<QuestionVi
     .await?)
 }
 
+/// A conversation the person is invited to and has not joined.
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct InvitationView {
+    pub conversation_id: Uuid,
+    pub title: String,
+}
+
+/// The conversations inviting `me` (a person), newest first: joining one
+/// makes the person a member, to read it here and acknowledge what is sent
+/// to them.
+pub async fn invitations(pool: &PgPool, me: &Identity) -> BusResult<Vec<InvitationView>> {
+    Ok(sqlx::query_as(
+        "SELECT c.id AS conversation_id, c.title
+           FROM conversation_members s
+           JOIN conversations c ON c.team_id = s.team_id AND c.id = s.conversation_id
+          WHERE s.team_id = $1 AND s.agent_id = $2 AND s.session = '' AND s.state = 'invited'
+            AND c.archived_at IS NULL
+          ORDER BY c.created_at DESC LIMIT $3",
+    )
+    .bind(me.team_id)
+    .bind(me.agent_id)
+    .bind(QUESTIONS_MAX)
+    .fetch_all(pool)
+    .await?)
+}
+
 /// The audit trail's actor for a person's write: their name, over HTTP.
 fn actor(me: &Identity) -> Actor {
     Actor {
@@ -172,6 +198,22 @@ pub async fn cancel_task(
     )
     .await;
     Ok(cancelled)
+}
+
+/// Join a conversation the person was invited to (`join_conversation`'s
+/// rule), as the person's one window.
+pub async fn join(bus: &Bus, me: &Identity, conversation_id: Uuid) -> BusResult<()> {
+    crate::store::conversations::join(bus, me, conversation_id).await?;
+    let detail = json!({ "conversation_id": conversation_id });
+    audited(
+        bus,
+        me,
+        "dashboard.join",
+        &conversation_id.to_string(),
+        detail,
+    )
+    .await;
+    Ok(())
 }
 
 /// Acknowledge a conversation message sent to the person (their seat is a
