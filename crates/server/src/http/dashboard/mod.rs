@@ -1,5 +1,7 @@
-//! `/dashboard`: a read-only page for the people on a team, served by the
-//! bus itself with no build step and nothing fetched from elsewhere.
+//! `/dashboard`: a page for the people on a team, served by the bus itself
+//! with no build step and nothing fetched from elsewhere. Agents and admin
+//! credentials look; a person of the team (their credential, `person add`)
+//! also writes (`writes.rs`, the forms in `forms.rs`).
 //!
 //! - `GET /dashboard`: the team's page for a signed-in browser, else the
 //!   sign-in form.
@@ -15,6 +17,8 @@
 //!   It and `GET /dashboard` take a request slot and count against the
 //!   principal's allowance: a tenth of `--rate-limit-per-minute` (60 a
 //!   minute by default, three open pages), 429 past it.
+//! - `POST /dashboard/write/{action}`: a person's write ([`writes`]: its
+//!   origin, write-token and principal checks, then one store call).
 //! - `GET /dashboard/app.js`, `/dashboard/app.css`: compiled into the binary.
 //!
 //! Every response carries `Cache-Control: no-store`, `Referrer-Policy:
@@ -373,7 +377,8 @@ async fn exchange(state: &Dashboard, form: &SignInForm) -> Result<Viewer, BusErr
     let pool = &state.app.pool;
     if token.is_empty() {
         return Err(BusError::invalid(
-            "paste an agent token (acs_…) or an admin credential (acsa_…) into the token field.",
+            "paste an agent token or a person's credential (acs_…), or an admin credential \
+             (acsa_…), into the token field.",
         ));
     }
     if !token.starts_with(auth::AGENT_TOKEN_PREFIX)

@@ -64,8 +64,9 @@ pub fn sign_in(error: Option<&str>, dropped_over_http: bool) -> String {
     let mut html = head("ai-crew-sync · sign in");
     html.push_str("<body class=\"sign-in\"><main class=\"card narrow\"><h1>ai-crew-sync</h1>");
     html.push_str(
-        "<p class=\"muted\">A read-only view of your team: agents, tasks, locks, path \
-         reservations, channels, conversations and the outbox.</p>",
+        "<p class=\"muted\">Your team at a glance: agents, tasks, locks, path reservations, \
+         channels, conversations and the outbox. Signed in as a person of the team, you also \
+         post, answer questions and manage tasks here.</p>",
     );
     if let Some(error) = error {
         let _ = write!(
@@ -76,7 +77,8 @@ pub fn sign_in(error: Option<&str>, dropped_over_http: bool) -> String {
     }
     html.push_str(
         "<form method=\"post\" action=\"/dashboard/sign-in\" autocomplete=\"off\">\
-         <label for=\"token\">Agent token (acs_…) or admin credential (acsa_…)</label>\
+         <label for=\"token\">Agent token or person's credential (acs_…), or admin credential \
+         (acsa_…)</label>\
          <input id=\"token\" name=\"token\" type=\"password\" required spellcheck=\"false\">\
          <label for=\"team\">Team <span class=\"muted\">(admin credentials only)</span></label>\
          <input id=\"team\" name=\"team\" type=\"text\" spellcheck=\"false\">\
