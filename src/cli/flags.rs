@@ -52,6 +52,7 @@ const JSON_COMMANDS: &[&[&str]] = &[
     &["admin", "whoami"],
     &["admin", "team"],
     &["admin", "agent"],
+    &["admin", "person"],
     &["admin", "token"],
     &["admin", "grant"],
     &["admin", "credential"],

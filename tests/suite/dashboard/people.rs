@@ -420,3 +420,73 @@ async fn a_person_joins_a_conversation_from_the_page_and_acknowledges_a_message_
         .collect();
     assert_eq!(actions, ["dashboard.join", "dashboard.ack"]);
 }
+
+#[tokio::test]
+async fn admin_person_over_http_adds_lists_and_revokes_within_the_credentials_team() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    app.team("other").await;
+    let (_, confined) = crate::admin::global_and_confined(&app, "acme").await;
+    let api = |method: reqwest::Method, path: &str, body: Option<Value>| {
+        let mut request = crate::support::http_client()
+            .request(method, app.url(path))
+            .bearer_auth(&confined);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            (
+                status,
+                response.json::<Value>().await.unwrap_or(Value::Null),
+            )
+        }
+    };
+    let (status, added) = api(
+        reqwest::Method::POST,
+        "/admin/teams/acme/people",
+        Some(json!({"name": "dana"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{added}");
+    let credential = added["token"].as_str().unwrap().to_string();
+    let cookie = cookie_for(&app, &credential, "").await;
+    let (status, _) = api(
+        reqwest::Method::POST,
+        "/admin/teams/other/people",
+        Some(json!({"name": "eve"})),
+    )
+    .await;
+    assert_eq!(
+        status, 403,
+        "another team is out of this credential's reach"
+    );
+    let (status, listed) = api(reqwest::Method::GET, "/admin/teams/acme/people", None).await;
+    assert_eq!(status, 200);
+    assert_eq!(listed[0]["name"], "dana", "{listed}");
+    let (status, revoked) = api(
+        reqwest::Method::POST,
+        "/admin/teams/acme/people/dana/revoke",
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{revoked}");
+    assert_eq!(revoked["credentials_revoked"], 1);
+    assert_eq!(
+        get(&app, "/dashboard/data", Some(&cookie)).await.status,
+        401,
+        "the open sign-in ended"
+    );
+    let actors: Vec<(String, String)> =
+        sqlx::query_as("SELECT action, actor FROM audit_log WHERE subject = 'dana' ORDER BY id")
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(actors.len(), 3, "{actors:?}");
+    assert!(
+        actors
+            .iter()
+            .all(|(_, actor)| actor.starts_with("admin:acsa_"))
+    );
+}
