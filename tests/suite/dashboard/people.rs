@@ -203,6 +203,18 @@ async fn list_agents_shows_people_apart_and_never_online() {
     assert_eq!(listed["online_count"], 1);
     assert_eq!(listed["people"][0]["name"], "dana", "{listed}");
     assert!(listed["people"][0]["last_signed_in_at"].is_string());
+
+    // quickstart never turns a person into an agent (nor mints them a token).
+    let refused = ai_crew_sync::store::identity::agents::quickstart(
+        &app.pool,
+        "acme",
+        "dana",
+        &crate::support::test_actor(),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(refused.contains("is a person"), "{refused}");
 }
 
 #[tokio::test]
@@ -265,8 +277,21 @@ async fn every_write_of_a_person_is_audited_with_their_name_and_agents_see_from_
         .unwrap();
     assert_eq!(task["status"], "cancelled", "{task}");
 
+    // A direct message to the person shows on their page, as text.
+    alice_mcp
+        .call(
+            "post_message",
+            json!({"to": "dana", "body": "thanks <i>dana</i>"}),
+        )
+        .await
+        .unwrap();
     // What the person typed shows as text on the page.
     let page = get(&app, "/dashboard", Some(&cookie)).await;
+    assert!(
+        page.body.contains("thanks &lt;i&gt;dana&lt;/i&gt;"),
+        "{}",
+        page.body
+    );
     assert!(
         page.body
             .contains("&lt;script&gt;window.__pwned=1&lt;/script&gt; ship it"),

@@ -1,7 +1,8 @@
 //! A person on the dashboard in a real headless browser (issue 38 item 1):
 //! signed in, they post to a channel and an agent reads it over MCP with
-//! `from_person: true`; an agent's blocked `ask_agent` to the person is
-//! answered from the page and the agent's call returns that answer; a form
+//! `from_person: true`; an agent's blocked `ask_agent` to the person shows
+//! on the open page as waiting, is answered from the page, and the agent's
+//! call returns that answer; a form
 //! on another origin posting to the write endpoint changes nothing.
 
 use serde_json::json;
@@ -77,6 +78,9 @@ async fn an_agents_ask_agent_to_a_person_is_answered_from_the_page() {
     app.team("acme").await;
     let alice = app.agent("acme", "alice").await;
     let dana = person(&app, "acme", "dana").await;
+    // The page is open before the question comes.
+    let browser = signed_in(&app, &dana).await;
+    browser.wait_for_text("No questions waiting for you.").await;
     let mcp = app.mcp(&alice, Some("release")).await;
     let asking = tokio::spawn(async move {
         mcp.call(
@@ -91,7 +95,11 @@ async fn an_agents_ask_agent_to_a_person_is_answered_from_the_page() {
     })
     .await;
 
-    let browser = signed_in(&app, &dana).await;
+    // The open page says a question is waiting; a reload shows it.
+    browser
+        .wait_for_text("1 question(s) waiting now: reload the page")
+        .await;
+    browser.goto(&app.url("/dashboard")).await;
     browser.wait_for_text("May I tag v2.0 now?").await;
     browser.wait_for_text("alice/release").await;
     browser

@@ -210,6 +210,16 @@
     replace("messages", messages(data.messages));
     replace("conversations", conversations(data.conversations));
     replace("updated", ["updated " + time(data.generated_at)]);
+    // A person's questions carry answer forms this script does not draw:
+    // say when the waiting ones are no longer those on the page.
+    if (data.questions) {
+      var shownIds = Array.prototype.map.call(
+        document.querySelectorAll("#questions li.question"),
+        function (li) { return li.getAttribute("data-question"); }).sort().join(",");
+      var waitingIds = data.questions.map(function (q) { return q.id; }).sort().join(",");
+      replace("questions-note", shownIds === waitingIds ? [] :
+        [data.questions.length + " question(s) waiting now: reload the page to answer the new ones."]);
+    }
   }
 
   function poll() {

@@ -10,7 +10,7 @@
 use std::fmt::Write;
 
 use acs_store::store::operations::dashboard::Snapshot;
-use acs_store::store::operations::dashboard::person::{InvitationView, QuestionView};
+use acs_store::store::operations::dashboard::person::{DirectView, InvitationView, QuestionView};
 use acs_store::store::tasks::TaskPriority;
 
 use super::page::escape;
@@ -69,11 +69,14 @@ pub fn people(snapshot: &Snapshot) -> String {
 /// direct message to the asker with `reply_to` the question: what the
 /// asker's `ask_agent` waits for).
 pub fn questions(questions: &[QuestionView], token: &str) -> String {
+    // app.js says here when the waiting questions are no longer those shown.
+    let note = "<p class=\"muted\" id=\"questions-note\"></p>";
     if questions.is_empty() {
-        return "<p class=\"muted\" id=\"no-questions\">No questions waiting for you.</p>"
-            .to_string();
+        return format!(
+            "<p class=\"muted\" id=\"no-questions\">No questions waiting for you.</p>{note}"
+        );
     }
-    let mut html = String::from("<ul class=\"questions\">");
+    let mut html = format!("{note}<ul class=\"questions\">");
     for q in questions {
         let _ = write!(
             html,
@@ -88,6 +91,33 @@ pub fn questions(questions: &[QuestionView], token: &str) -> String {
             from = escape(&q.from),
             body = escape(&q.body),
             csrf = csrf(token),
+        );
+    }
+    html.push_str("</ul>");
+    html
+}
+
+/// The newest direct messages to the person (reply with the direct message
+/// form, to the address shown).
+pub fn direct_messages(messages: &[DirectView]) -> String {
+    if messages.is_empty() {
+        return "<p class=\"muted\">No direct messages to you yet.</p>".to_string();
+    }
+    let mut html = String::from("<ul class=\"messages\" id=\"direct-list\">");
+    for m in messages {
+        let _ = write!(
+            html,
+            "<li><div class=\"meta\"><strong>{}</strong> <span class=\"muted\">{}</span>{}</div>\
+             <div class=\"text\">{}{}</div></li>",
+            escape(&m.from),
+            escape(&m.created_at.format("%Y-%m-%d %H:%M:%S UTC").to_string()),
+            if m.question {
+                " <span class=\"pill pill-announce\">question</span>"
+            } else {
+                ""
+            },
+            escape(&m.body),
+            if m.truncated { " …" } else { "" },
         );
     }
     html.push_str("</ul>");

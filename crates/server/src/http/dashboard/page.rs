@@ -133,6 +133,8 @@ pub fn dashboard(snapshot: &Snapshot, write_token: Option<&str>) -> String {
             html,
             "<section class=\"card wide\"><h2>Questions for you</h2>\
              <div class=\"body\" id=\"questions\">{}</div></section>\
+             <section class=\"card wide\"><h2>Direct messages to you</h2>\
+             <div class=\"body\" id=\"direct\">{}</div></section>\
              <section class=\"card wide\"><h2>Write as {}</h2>\
              <div class=\"body\" id=\"person-writes\">{}</div></section>",
             super::forms::questions(questions, token)
@@ -140,6 +142,7 @@ pub fn dashboard(snapshot: &Snapshot, write_token: Option<&str>) -> String {
                     snapshot.invitations.as_deref().unwrap_or_default(),
                     token
                 ),
+            super::forms::direct_messages(snapshot.direct_messages.as_deref().unwrap_or_default()),
             escape(&viewer.name),
             super::forms::writes(token),
         );

@@ -265,11 +265,21 @@ pub async fn ensure(
             id
         }
         None => {
-            sqlx::query_scalar("SELECT id FROM agents WHERE team_id = $1 AND name = $2 FOR UPDATE")
-                .bind(team_id)
-                .bind(&name)
-                .fetch_one(&mut *tx)
-                .await?
+            let (id, kind): (Uuid, String) = sqlx::query_as(
+                "SELECT id, kind FROM agents WHERE team_id = $1 AND name = $2 FOR UPDATE",
+            )
+            .bind(team_id)
+            .bind(&name)
+            .fetch_one(&mut *tx)
+            .await?;
+            if kind == "person" {
+                return Err(BusError::conflict(format!(
+                    "`{name}` is a person of team `{slug}`, not an agent: a person signs in to \
+                     the dashboard and their credential is refused on /mcp. Nothing was \
+                     changed. Choose another name for the agent."
+                )));
+            }
+            id
         }
     };
     let issued = if mint {

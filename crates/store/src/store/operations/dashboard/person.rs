@@ -58,6 +58,40 @@ pub async fn questions(pool: &PgPool, me: &Identity) -> BusResult<Vec<QuestionVi
     .await?)
 }
 
+/// A direct message to the person (the dashboard's one view of direct
+/// messages: only the signed-in person's own).
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct DirectView {
+    pub id: Uuid,
+    /// The sender's address: a reply goes there.
+    pub from: String,
+    pub body: String,
+    /// True when the body was cut at 2,000 characters.
+    pub truncated: bool,
+    /// An `ask_agent` question (answered in "Questions for you").
+    pub question: bool,
+    pub created_at: DateTime<Utc>,
+}
+
+/// The newest direct messages to `me` (a person), newest first.
+pub async fn direct_messages(pool: &PgPool, me: &Identity) -> BusResult<Vec<DirectView>> {
+    Ok(sqlx::query_as(
+        "SELECT m.id, left(m.body, 2000) AS body, char_length(m.body) > 2000 AS truncated,
+                m.is_question AS question, m.created_at,
+                CASE WHEN m.sender_session = '' THEN s.name
+                     ELSE s.name || '/' || m.sender_session END AS from
+           FROM (SELECT * FROM messages WHERE team_id = $1 AND recipient_id = $2
+                  ORDER BY position DESC LIMIT $3) m
+           JOIN agents s ON s.team_id = m.team_id AND s.id = m.sender_id
+          ORDER BY m.position DESC",
+    )
+    .bind(me.team_id)
+    .bind(me.agent_id)
+    .bind(QUESTIONS_MAX)
+    .fetch_all(pool)
+    .await?)
+}
+
 /// A conversation the person is invited to and has not joined.
 #[derive(Clone, Debug, Serialize, sqlx::FromRow)]
 pub struct InvitationView {

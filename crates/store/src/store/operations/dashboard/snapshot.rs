@@ -31,6 +31,9 @@ pub struct Snapshot {
     /// oldest first (absent for an agent or an admin).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub questions: Option<Vec<super::person::QuestionView>>,
+    /// For a person signed in: the newest direct messages to them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub direct_messages: Option<Vec<super::person::DirectView>>,
     /// For a person signed in: the conversations inviting them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub invitations: Option<Vec<super::person::InvitationView>>,
@@ -260,12 +263,13 @@ pub async fn snapshot(
     .fetch_all(pool)
     .await?;
     let conversations = conversations(pool, team_id, viewer.agent_id).await?;
-    let (questions, invitations) = match viewer.person() {
+    let (questions, direct_messages, invitations) = match viewer.person() {
         Some(me) => (
             Some(super::person::questions(pool, &me).await?),
+            Some(super::person::direct_messages(pool, &me).await?),
             Some(super::person::invitations(pool, &me).await?),
         ),
-        None => (None, None),
+        None => (None, None, None),
     };
     let health = health(pool, backends, events, team_id, &viewer.team).await?;
     Ok(Snapshot {
@@ -274,6 +278,7 @@ pub async fn snapshot(
         agents,
         people,
         questions,
+        direct_messages,
         invitations,
         tasks,
         locks,
