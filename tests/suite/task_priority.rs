@@ -354,6 +354,18 @@ async fn an_overseer_re_prioritises_and_cancels_any_unfinished_task_of_the_team(
     assert_eq!(event["detail"]["as"], "overseer");
     assert_eq!(event["detail"]["from"], "low");
 
+    // The holder, waiting, is woken by the cancel as by cancel_task's.
+    let waiting = app.mcp(&carol_token, Some("w1")).await;
+    let waiter = tokio::spawn(async move {
+        waiting
+            .call(
+                "wait_for_updates",
+                json!({"timeout_seconds": 60, "kinds": ["task"]}),
+            )
+            .await
+            .unwrap()
+    });
+    app.until_waiting(1).await;
     let cancelled = tasks::cancel_with(
         &app.bus,
         &olga,
@@ -363,6 +375,11 @@ async fn an_overseer_re_prioritises_and_cancels_any_unfinished_task_of_the_team(
     )
     .await
     .unwrap();
+    let woke = waiter.await.unwrap();
+    assert_eq!(woke["woke"], true, "{woke}");
+    assert_eq!(woke["events"][0]["kind"], "task");
+    assert_eq!(woke["events"][0]["id"], "held");
+    assert_eq!(woke["events"][0]["by"], "olga");
     assert_eq!(cancelled.task.status.as_str(), "cancelled");
     assert!(cancelled.task.holder.is_none(), "the lease ended");
     assert!(
