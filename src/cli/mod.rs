@@ -120,6 +120,9 @@ enum Command {
     /// Manage agents of a team.
     #[command(subcommand)]
     Agent(operator::AgentCommand),
+    /// Manage people of a team: they sign in to the dashboard (not /mcp) and write from it.
+    #[command(subcommand)]
+    Person(operator::person::PersonCommand),
     /// Conversation publication: where bodies live, what is in flight.
     #[command(subcommand)]
     Conversations(conversations::ConversationsCommand),
@@ -232,6 +235,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Quickstart(args) => operator::quickstart::run(&ctx, args, json).await,
         Command::Team(cmd) => operator::team::run(&ctx, cmd, json).await,
         Command::Agent(cmd) => operator::agent(&ctx, cmd, json).await,
+        Command::Person(cmd) => operator::person::run(&ctx, cmd, json).await,
         Command::Conversations(cmd) => conversations::run(&ctx, cmd, json).await,
         Command::Token(cmd) => operator::token(&ctx, cmd, json).await,
         Command::Webhook(cmd) => operator::webhook::run(&ctx, cmd, json).await,

@@ -50,6 +50,9 @@ pub enum AdminCommand {
     /// Agents of a team.
     #[command(subcommand)]
     Agent(RemoteAgent),
+    /// People of a team: they sign in to the dashboard (not /mcp) and write from it.
+    #[command(subcommand)]
+    Person(RemotePerson),
     /// Agent tokens.
     #[command(subcommand)]
     Token(RemoteToken),
@@ -85,6 +88,17 @@ pub enum RemoteAgent {
     Disable(AgentArgs),
     /// Enable a disabled agent again.
     Enable(AgentArgs),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum RemotePerson {
+    /// Make someone a person of a team; prints their dashboard sign-in credential once.
+    Add(AgentArgs),
+    /// List a team's people (never a credential).
+    List(TeamArgs),
+    /// Revoke a person: every credential of theirs; their dashboard sign-ins end at their next
+    /// request.
+    Revoke(AgentArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -158,6 +172,7 @@ pub async fn run(ctx: &Context, command: AdminCommand, json: bool) -> anyhow::Re
         }
         AdminCommand::Team(command) => team(command, json).await,
         AdminCommand::Agent(command) => agent(command, json).await,
+        AdminCommand::Person(command) => person(command, json).await,
         AdminCommand::Token(command) => token(command, json).await,
         AdminCommand::Grant { team, label } => {
             let body = json!({ "team": team, "label": label });
@@ -253,6 +268,60 @@ async fn agent(command: RemoteAgent, json: bool) -> anyhow::Result<()> {
         }
         RemoteAgent::Enable(AgentArgs { team, name }) => {
             set_disabled(&remote, &team, &name, false, json).await
+        }
+    }
+}
+
+async fn person(command: RemotePerson, json: bool) -> anyhow::Result<()> {
+    let remote = Remote::load()?;
+    match command {
+        RemotePerson::Add(AgentArgs { team, name }) => {
+            let path = format!("/admin/teams/{}/people", segment(&team));
+            let issued = remote
+                .call(Method::POST, &path, Some(json!({ "name": name })))
+                .await?;
+            print_or(json, &issued, || {
+                println!(
+                    "person `{}` added to team `{}`; they sign in at /dashboard with this \
+                     credential (refused on /mcp)",
+                    s(&issued["agent"]),
+                    s(&issued["team"])
+                );
+                print_issued_token(&issued)
+            })
+        }
+        RemotePerson::List(TeamArgs { team }) => {
+            let path = format!("/admin/teams/{}/people", segment(&team));
+            let people = remote.call(Method::GET, &path, None).await?;
+            print_or(json, &people, || {
+                output::table(
+                    &["name", "revoked", "credentials", "last sign-in"],
+                    rows(&people, |p| {
+                        vec![
+                            s(&p["name"]),
+                            s(&p["disabled_at"]),
+                            p["active_credentials"].to_string(),
+                            s(&p["last_signed_in_at"]),
+                        ]
+                    }),
+                )
+            })
+        }
+        RemotePerson::Revoke(AgentArgs { team, name }) => {
+            let path = format!(
+                "/admin/teams/{}/people/{}/revoke",
+                segment(&team),
+                segment(&name)
+            );
+            let revoked = remote.call(Method::POST, &path, None).await?;
+            print_or(json, &revoked, || {
+                println!(
+                    "person `{}` of team `{}` is revoked ({} credential(s) revoked now)",
+                    s(&revoked["person"]["name"]),
+                    s(&revoked["person"]["team"]),
+                    revoked["credentials_revoked"]
+                )
+            })
         }
     }
 }

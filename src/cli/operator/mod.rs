@@ -1,9 +1,11 @@
 //! Local operator commands: teams, agents, tokens, quickstart, mcp-config.
 //! They run beside the database (DATABASE_URL or the embedded cluster).
 //!
-//! `team …` is in [`team`], `webhook …` in [`webhook`], `quickstart` in [`quickstart`];
+//! `team …` is in [`team`], `webhook …` in [`webhook`], `quickstart` in [`quickstart`],
+//! `person …` in [`person`];
 //! agents, tokens and mcp-config are here.
 
+pub mod person;
 pub mod quickstart;
 pub mod team;
 pub mod webhook;

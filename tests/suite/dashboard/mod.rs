@@ -8,7 +8,9 @@
 //! keeps (`sessions`: sign-out ends every copy of a cookie on every replica,
 //! the form's slot and 4 KiB cap, the per-principal rate limit, and when the
 //! cookie is `Secure`, down to `serve`'s own flags), and the path
-//! reservations panel (`reservations`). This file holds the helpers:
+//! reservations panel (`reservations`), and a person writing from the page
+//! (`people` over plain HTTP, `people_browser` in the browser). This file
+//! holds the helpers:
 //! an HTTP client that shows redirects and signs in (for the plain-HTTP
 //! tests) and a team with private conversations (for both).
 //!
@@ -25,6 +27,8 @@ use crate::support::{McpClient, TestApp, test_actor};
 
 mod browser;
 mod overdue_acks;
+mod people;
+mod people_browser;
 mod plain_http;
 mod reservations;
 mod sessions;

@@ -138,6 +138,7 @@ pub fn router(bus: Bus, settings: HttpSettings) -> Router {
         .disable_allowed_hosts()
         .with_allowed_origins(settings.allowed_origins.clone())
         .with_max_request_body_bytes(settings.max_request_bytes);
+    let dashboard_bus = bus.clone();
     let server = BusServer::new(bus);
     let mcp = StreamableHttpService::new(
         move || Ok(server.clone()),
@@ -166,7 +167,7 @@ pub fn router(bus: Bus, settings: HttpSettings) -> Router {
                 admin_admission,
             )),
         )
-        .merge(dashboard::routes(state.clone()))
+        .merge(dashboard::routes(state.clone(), dashboard_bus))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), host_check))
         .layer(middleware::from_fn(metrics::count_response))

@@ -29,7 +29,9 @@ use super::{AppState, bearer, bus_error_response, json_error, rate_limited, too_
 use acs_store::auth;
 use acs_store::error::{BusError, BusResult};
 use acs_store::store::identity::admin::{self, AdminIdentity, Authority, TeamScope};
-use acs_store::store::{identity::agents, identity::teams, identity::tokens, text};
+use acs_store::store::{
+    identity::agents, identity::people, identity::teams, identity::tokens, text,
+};
 
 mod webhooks;
 
@@ -42,6 +44,8 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/teams/{team}/agents", get(list_agents).post(add_agent))
         .route("/teams/{team}/agents/{name}/disable", post(disable_agent))
         .route("/teams/{team}/agents/{name}/enable", post(enable_agent))
+        .route("/teams/{team}/people", get(list_people).post(add_person))
+        .route("/teams/{team}/people/{name}/revoke", post(revoke_person))
         .route("/teams/{team}/tokens", get(list_tokens).post(issue_token))
         .route("/teams/{team}/tokens/{id}", delete(revoke_token))
         .route("/credentials", get(list_credentials).post(grant_credential))
@@ -225,6 +229,29 @@ async fn enable_agent(
     Path((_, name)): Path<(String, String)>,
 ) -> Answer {
     set_disabled(&state, &team, &name, false).await
+}
+
+async fn list_people(State(state): State<Arc<AppState>>, Team(team): Team) -> Answer {
+    ok(people::list(&state.pool, &team).await)
+}
+
+async fn add_person(State(state): State<Arc<AppState>>, Team(team): Team, body: Bytes) -> Answer {
+    let result = async {
+        let new: NewAgent = parse(&body)?;
+        people::add(&state.pool, &team, &new.name).await
+    };
+    created(result.await)
+}
+
+async fn revoke_person(
+    State(state): State<Arc<AppState>>,
+    Team(team): Team,
+    Path((_, name)): Path<(String, String)>,
+) -> Answer {
+    let result = people::revoke(&state.pool, &team, &name).await;
+    // This replica forgets at once; the others hear the commit's notification.
+    state.events.credentials_changed();
+    ok(result)
 }
 
 async fn list_tokens(State(state): State<Arc<AppState>>, Team(team): Team) -> Answer {

@@ -172,6 +172,7 @@
         el("strong", null, [m.from]), " ",
         el("span", "muted", [time(m.created_at)]),
       ]);
+      if (m.from_person) meta.insertBefore(el("span", null, [el("span", "pill pill-person", ["person"]), " "]), meta.childNodes[3]);
       if (m.announce) meta.appendChild(el("span", null, [" ", el("span", "pill pill-announce", ["announcement"])]));
       ul.appendChild(el("li", m.announce ? "announce" : null, [
         meta, el("div", "text", [m.body + (m.truncated ? " …" : "")]),
@@ -188,7 +189,7 @@
         var body = m.body !== null ? cell(m.body) : el("td", null, [el("span", "muted", [dash(m.body_note)])]);
         var n = m.recipients;
         return el("tr", null, [
-          cell(String(m.seq)), cell(m.from), body, el("td", null, [pill(m.publication_state)]),
+          el("td", null, [String(m.seq), el("div", "key", [m.id])]), cell(m.from), body, el("td", null, [pill(m.publication_state)]),
           cell("stored " + m.stored + "/" + n + " · delivered " + m.delivered + "/" + n +
             " · acknowledged " + m.acknowledged + "/" + n),
         ]);
@@ -220,6 +221,16 @@
     replace("conversations", conversations(data.conversations));
     replace("overdue-acks", overdueAcks(data.overdue_acks));
     replace("updated", ["updated " + time(data.generated_at)]);
+    // A person's questions carry answer forms this script does not draw:
+    // say when the waiting ones are no longer those on the page.
+    if (data.questions) {
+      var shownIds = Array.prototype.map.call(
+        document.querySelectorAll("#questions li.question"),
+        function (li) { return li.getAttribute("data-question"); }).sort().join(",");
+      var waitingIds = data.questions.map(function (q) { return q.id; }).sort().join(",");
+      replace("questions-note", shownIds === waitingIds ? [] :
+        [data.questions.length + " question(s) waiting now: reload the page to answer the new ones."]);
+    }
   }
 
   function poll() {

@@ -1,5 +1,7 @@
-//! `/dashboard`: a read-only page for the people on a team, served by the
-//! bus itself with no build step and nothing fetched from elsewhere.
+//! `/dashboard`: a page for the people on a team, served by the bus itself
+//! with no build step and nothing fetched from elsewhere. Agents and admin
+//! credentials look; a person of the team (their credential, `person add`)
+//! also writes (`writes.rs`, the forms in `forms.rs`).
 //!
 //! - `GET /dashboard`: the team's page for a signed-in browser, else the
 //!   sign-in form.
@@ -15,6 +17,8 @@
 //!   It and `GET /dashboard` take a request slot and count against the
 //!   principal's allowance: a tenth of `--rate-limit-per-minute` (60 a
 //!   minute by default, three open pages), 429 past it.
+//! - `POST /dashboard/write/{action}`: a person's write ([`writes`]: its
+//!   origin, write-token and principal checks, then one store call).
 //! - `GET /dashboard/app.js`, `/dashboard/app.css`: compiled into the binary.
 //!
 //! Every response carries `Cache-Control: no-store`, `Referrer-Policy:
@@ -24,8 +28,10 @@
 //! histories. The handlers hold no SQL: `store::operations::dashboard` signs in,
 //! re-checks the principal on every request and reads the page.
 
+mod forms;
 mod page;
 mod session;
+mod writes;
 
 use std::sync::{Arc, LazyLock};
 
@@ -39,6 +45,7 @@ use axum::{Json, Router};
 use super::limits::BodyRefusal;
 use super::{AppState, RateLimiter};
 use crate::config::DashboardCookie;
+use acs_store::Bus;
 use acs_store::auth::{self, AgentCredential};
 use acs_store::error::BusError;
 use acs_store::store::operations::dashboard::{self as store, Viewer};
@@ -87,6 +94,8 @@ pub const FORM_MAX_BYTES: usize = 4 * 1024;
 
 struct Dashboard {
     app: Arc<AppState>,
+    /// What a person's writes call the store with.
+    bus: Bus,
     key: session::CookieKey,
     /// Pages and data per principal: a tenth of the MCP allowance.
     limiter: RateLimiter,
@@ -96,12 +105,13 @@ struct Dashboard {
 type Shared = Arc<Dashboard>;
 
 /// The dashboard's routes, with its own state (the app's and the cookie key).
-pub fn routes<S: Clone + Send + Sync + 'static>(app: Arc<AppState>) -> Router<S> {
+pub fn routes<S: Clone + Send + Sync + 'static>(app: Arc<AppState>, bus: Bus) -> Router<S> {
     let key = session::CookieKey::new(app.settings.dashboard_secret.as_deref());
     let limiter = RateLimiter::new(app.settings.rate_limit_per_minute.div_ceil(10));
     let cookie = app.settings.dashboard_cookie;
     let state = Arc::new(Dashboard {
         app,
+        bus,
         key,
         limiter,
         cookie,
@@ -112,6 +122,7 @@ pub fn routes<S: Clone + Send + Sync + 'static>(app: Arc<AppState>) -> Router<S>
         .route("/dashboard/data", get(data))
         .route("/dashboard/sign-in", post(sign_in))
         .route("/dashboard/sign-out", post(sign_out))
+        .route("/dashboard/write/{action}", post(writes::write))
         .route("/dashboard/app.js", get(script))
         .route("/dashboard/app.css", get(style))
         .layer(middleware::from_fn(refuse_query_credentials))
@@ -208,9 +219,17 @@ async fn show(State(state): State<Shared>, headers: HeaderMap) -> Response {
             if let Some(refusal) = rate_limited(&state, &viewer) {
                 return refusal;
             }
+            // A person's forms carry their sign-in's write token.
+            let write_token = viewer
+                .person()
+                .and(session::cookie_value(&headers))
+                .and_then(|v| state.key.open(v))
+                .map(|sign_in| state.key.write_token(sign_in.session_id));
             let app = &state.app;
             match store::snapshot(&app.pool, &app.backends, &app.events, viewer).await {
-                Ok(snapshot) => Html(page::dashboard(&snapshot)).into_response(),
+                Ok(snapshot) => {
+                    Html(page::dashboard(&snapshot, write_token.as_deref())).into_response()
+                }
                 Err(err) => super::bus_error_response(&err),
             }
         }
@@ -358,7 +377,8 @@ async fn exchange(state: &Dashboard, form: &SignInForm) -> Result<Viewer, BusErr
     let pool = &state.app.pool;
     if token.is_empty() {
         return Err(BusError::invalid(
-            "paste an agent token (acs_…) or an admin credential (acsa_…) into the token field.",
+            "paste an agent token or a person's credential (acs_…), or an admin credential \
+             (acsa_…), into the token field.",
         ));
     }
     if !token.starts_with(auth::AGENT_TOKEN_PREFIX)

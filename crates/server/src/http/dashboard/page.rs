@@ -65,8 +65,9 @@ pub fn sign_in(error: Option<&str>, dropped_over_http: bool) -> String {
     let mut html = head("ai-crew-sync · sign in");
     html.push_str("<body class=\"sign-in\"><main class=\"card narrow\"><h1>ai-crew-sync</h1>");
     html.push_str(
-        "<p class=\"muted\">A read-only view of your team: agents, tasks, locks, path \
-         reservations, channels, conversations and the outbox.</p>",
+        "<p class=\"muted\">Your team at a glance: agents, tasks, locks, path reservations, \
+         channels, conversations and the outbox. Signed in as a person of the team, you also \
+         post, answer questions and manage tasks here.</p>",
     );
     if let Some(error) = error {
         let _ = write!(
@@ -77,7 +78,8 @@ pub fn sign_in(error: Option<&str>, dropped_over_http: bool) -> String {
     }
     html.push_str(
         "<form method=\"post\" action=\"/dashboard/sign-in\" autocomplete=\"off\">\
-         <label for=\"token\">Agent token (acs_…) or admin credential (acsa_…)</label>\
+         <label for=\"token\">Agent token or person's credential (acs_…), or admin credential \
+         (acsa_…)</label>\
          <input id=\"token\" name=\"token\" type=\"password\" required spellcheck=\"false\">\
          <label for=\"team\">Team <span class=\"muted\">(admin credentials only)</span></label>\
          <input id=\"team\" name=\"team\" type=\"text\" spellcheck=\"false\">\
@@ -97,8 +99,22 @@ pub fn sign_in(error: Option<&str>, dropped_over_http: bool) -> String {
     html
 }
 
-/// The whole page for a signed-in viewer.
-pub fn dashboard(snapshot: &Snapshot) -> String {
+/// A person's write that was refused: why (as text), and the way back.
+pub fn write_refused(message: &str) -> String {
+    let mut html = head("ai-crew-sync · not done");
+    let _ = write!(
+        html,
+        "<body class=\"sign-in\"><main class=\"card narrow\"><h1>Not done</h1>\
+         <p class=\"error\" id=\"write-error\">{}</p>\
+         <p><a href=\"/dashboard\">Back to the dashboard</a></p></main></body></html>",
+        escape(message)
+    );
+    html
+}
+
+/// The whole page for a signed-in viewer; `write_token` (a person's
+/// sign-in only) adds the person's questions and write forms.
+pub fn dashboard(snapshot: &Snapshot, write_token: Option<&str>) -> String {
     let viewer = &snapshot.viewer;
     let mut html = head(&format!("ai-crew-sync · {}", viewer.team));
     let _ = write!(
@@ -113,6 +129,25 @@ pub fn dashboard(snapshot: &Snapshot) -> String {
         escape(viewer.kind),
         time(&snapshot.generated_at),
     );
+    if let (Some(token), Some(questions)) = (write_token, &snapshot.questions) {
+        let _ = write!(
+            html,
+            "<section class=\"card wide\"><h2>Questions for you</h2>\
+             <div class=\"body\" id=\"questions\">{}</div></section>\
+             <section class=\"card wide\"><h2>Direct messages to you</h2>\
+             <div class=\"body\" id=\"direct\">{}</div></section>\
+             <section class=\"card wide\"><h2>Write as {}</h2>\
+             <div class=\"body\" id=\"person-writes\">{}</div></section>",
+            super::forms::questions(questions, token)
+                + &super::forms::invitations(
+                    snapshot.invitations.as_deref().unwrap_or_default(),
+                    token
+                ),
+            super::forms::direct_messages(snapshot.direct_messages.as_deref().unwrap_or_default()),
+            escape(&viewer.name),
+            super::forms::writes(token),
+        );
+    }
     // Two columns; a wide card takes a whole row.
     let sections = [
         ("agents", "Agents", " wide", agents(&snapshot.agents)),
@@ -143,6 +178,7 @@ pub fn dashboard(snapshot: &Snapshot) -> String {
             overdue_acks(&snapshot.overdue_acks),
         ),
         ("health", "Outbox and broker", "", health(&snapshot.health)),
+        ("people", "People", "", super::forms::people(snapshot)),
     ];
     for (id, title, class, body) in sections {
         let _ = write!(
@@ -387,7 +423,7 @@ fn messages(messages: &[ChannelMessageView]) -> String {
     for m in messages {
         let _ = write!(
             html,
-            "<li{}><div class=\"meta\"><span class=\"channel\">#{}</span> <strong>{}</strong> \
+            "<li{}><div class=\"meta\"><span class=\"channel\">#{}</span> <strong>{}</strong>{} \
              <span class=\"muted\">{}</span>{}</div><div class=\"text\">{}{}</div></li>",
             if m.announce {
                 " class=\"announce\""
@@ -396,6 +432,11 @@ fn messages(messages: &[ChannelMessageView]) -> String {
             },
             escape(&m.channel),
             escape(&m.from),
+            if m.from_person {
+                " <span class=\"pill pill-person\">person</span>"
+            } else {
+                ""
+            },
             time(&m.created_at),
             if m.announce {
                 " <span class=\"pill pill-announce\">announcement</span>"
@@ -435,9 +476,10 @@ fn conversations(conversations: &Conversations) -> String {
                     ),
                 };
                 format!(
-                    "<tr><td>{}</td><td>{}</td><td>{body}</td><td>{}</td><td>stored {}/{} · \
-                     delivered {}/{} · acknowledged {}/{}</td></tr>",
+                    "<tr><td>{}<div class=\"key\">{}</div></td><td>{}</td><td>{body}</td><td>{}</td>\
+                     <td>stored {}/{} · delivered {}/{} · acknowledged {}/{}</td></tr>",
                     m.seq,
+                    escape(&m.id.to_string()),
                     escape(&m.from),
                     pill(m.publication_state.as_str()),
                     m.stored,

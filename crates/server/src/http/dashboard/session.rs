@@ -55,14 +55,39 @@ impl CookieKey {
         HmacSha256::new_from_slice(&self.0).expect("HMAC takes a key of any length")
     }
 
+    /// The write token of one sign-in (`csrf` in a person's forms): the
+    /// HMAC of the sign-in's id under this key, so it is known only to a
+    /// page this server rendered for that sign-in, and ends with it.
+    pub fn write_token(&self, session_id: Uuid) -> String {
+        let mut mac = self.mac();
+        mac.update(b"dashboard-write|");
+        mac.update(session_id.as_bytes());
+        URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes())
+    }
+
+    /// Whether `token` is the write token of `session_id`, compared in
+    /// constant time ([`Mac::verify_slice`]).
+    pub fn write_token_matches(&self, session_id: Uuid, token: &str) -> bool {
+        let Ok(given) = URL_SAFE_NO_PAD.decode(token.trim()) else {
+            return false;
+        };
+        let mut mac = self.mac();
+        mac.update(b"dashboard-write|");
+        mac.update(session_id.as_bytes());
+        mac.verify_slice(&given).is_ok()
+    }
+
     /// The cookie value for `sign_in`, good until `expires`.
     pub fn seal(&self, sign_in: SignIn, expires: chrono::DateTime<chrono::Utc>) -> String {
-        let (kind, team, id) = match sign_in.principal {
-            Principal::Agent { team_id, token_id } => ("agent", team_id, token_id),
+        let kind = sign_in.principal.kind();
+        let (team, id) = match sign_in.principal {
+            Principal::Agent { team_id, token_id } | Principal::Person { team_id, token_id } => {
+                (team_id, token_id)
+            }
             Principal::Admin {
                 team_id,
                 credential_id,
-            } => ("admin", team_id, credential_id),
+            } => (team_id, credential_id),
         };
         let payload = format!(
             "{kind}|{team}|{id}|{}|{}",
@@ -112,6 +137,10 @@ impl CookieKey {
             "admin" => Principal::Admin {
                 team_id,
                 credential_id: id,
+            },
+            "person" => Principal::Person {
+                team_id,
+                token_id: id,
             },
             _ => return None,
         };
@@ -206,5 +235,35 @@ mod tests {
         };
         let fixed = CookieKey::new(Some("a shared secret for every replica!!"));
         assert_eq!(fixed.open(&fixed.seal(admin, later)), Some(admin));
+
+        let person = SignIn {
+            principal: Principal::Person {
+                team_id: Uuid::new_v4(),
+                token_id: Uuid::new_v4(),
+            },
+            session_id: Uuid::new_v4(),
+        };
+        let sealed = key.seal(person, later);
+        assert_eq!(key.open(&sealed), Some(person));
+        // A person's cookie turned into an agent's no longer opens.
+        let (payload, signature) = sealed.split_once('.').unwrap();
+        let text = String::from_utf8(URL_SAFE_NO_PAD.decode(payload).unwrap()).unwrap();
+        let forged = URL_SAFE_NO_PAD.encode(text.replacen("person", "agent", 1));
+        assert_eq!(key.open(&format!("{forged}.{signature}")), None);
+    }
+
+    #[test]
+    fn a_write_token_belongs_to_one_sign_in_under_one_key() {
+        let key = CookieKey::new(None);
+        let (one, other) = (Uuid::new_v4(), Uuid::new_v4());
+        let token = key.write_token(one);
+        assert!(key.write_token_matches(one, &token));
+        assert!(!key.write_token_matches(other, &token), "another sign-in");
+        assert!(
+            !CookieKey::new(None).write_token_matches(one, &token),
+            "another key"
+        );
+        assert!(!key.write_token_matches(one, ""));
+        assert!(!key.write_token_matches(one, "not base64 !"));
     }
 }

@@ -75,7 +75,7 @@ pub async fn list(pool: &PgPool, team: &TeamScope) -> BusResult<Vec<AgentSummary
                 (SELECT count(*) FROM agent_tokens t
                  WHERE t.team_id = a.team_id AND t.agent_id = a.id AND t.revoked_at IS NULL)
                 AS active_tokens
-         FROM agents a WHERE a.team_id = $1 ORDER BY a.name",
+         FROM agents a WHERE a.team_id = $1 AND a.kind = 'agent' ORDER BY a.name",
     )
     .bind(team.id)
     .bind(&team.slug)
@@ -265,11 +265,21 @@ pub async fn ensure(
             id
         }
         None => {
-            sqlx::query_scalar("SELECT id FROM agents WHERE team_id = $1 AND name = $2 FOR UPDATE")
-                .bind(team_id)
-                .bind(&name)
-                .fetch_one(&mut *tx)
-                .await?
+            let (id, kind): (Uuid, String) = sqlx::query_as(
+                "SELECT id, kind FROM agents WHERE team_id = $1 AND name = $2 FOR UPDATE",
+            )
+            .bind(team_id)
+            .bind(&name)
+            .fetch_one(&mut *tx)
+            .await?;
+            if kind == "person" {
+                return Err(BusError::conflict(format!(
+                    "`{name}` is a person of team `{slug}`, not an agent: a person signs in to \
+                     the dashboard and their credential is refused on /mcp. Nothing was \
+                     changed. Choose another name for the agent."
+                )));
+            }
+            id
         }
     };
     let issued = if mint {

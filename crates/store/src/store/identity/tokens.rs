@@ -306,14 +306,41 @@ pub async fn is_live_for(pool: &PgPool, token: &str, team: &str, agent: &str) ->
 
 /// Resolve a token digest to the agent it is, refusing revoked tokens (401)
 /// and disabled agents (403). `session` is the already-validated window label.
+/// A person's credential is refused (403): people work from the dashboard
+/// ([`authenticate_member`]), never over `/mcp`.
 pub async fn authenticate(
     pool: &PgPool,
     sha256: &[u8; 32],
     session: String,
 ) -> BusResult<Identity> {
+    let (identity, person) = authenticate_member(pool, sha256, session).await?;
+    if person {
+        return Err(person_on_mcp(&identity.agent));
+    }
+    Ok(identity)
+}
+
+/// The refusal a person's credential meets on `/mcp`.
+pub fn person_on_mcp(name: &str) -> BusError {
+    BusError::forbidden(format!(
+        "this credential belongs to `{name}`, a person of the team, not an agent: people sign in \
+         to the dashboard (/dashboard on this server) and post, answer and manage tasks there; \
+         they never call /mcp, so they hold no claims, leases, locks or reservations. Open \
+         /dashboard and paste it there, or ask the operator for an agent token (`ai-crew-sync \
+         agent add --team T --name N`) for a coding tool."
+    ))
+}
+
+/// [`authenticate`] for an agent or a person, saying which (`true`: a person).
+pub async fn authenticate_member(
+    pool: &PgPool,
+    sha256: &[u8; 32],
+    session: String,
+) -> BusResult<(Identity, bool)> {
     #[derive(sqlx::FromRow)]
     struct Row {
         token_id: Uuid,
+        person: bool,
         last_used_stale: bool,
         agent_id: Uuid,
         agent: String,
@@ -323,7 +350,7 @@ pub async fn authenticate(
         refusal: sessions::Refusal,
     }
     let row: Option<Row> = sqlx::query_as(
-        "SELECT t.id AS token_id,
+        "SELECT t.id AS token_id, a.kind = 'person' AS person,
                 (t.last_used_at IS NULL OR t.last_used_at < now() - interval '60 seconds') AS last_used_stale,
                 a.id AS agent_id, a.name AS agent, tm.id AS team_id, tm.slug AS team,
                 r.refusal, r.session_epoch, r.refused_since
@@ -360,5 +387,5 @@ pub async fn authenticate(
             .execute(pool)
             .await?;
     }
-    Ok(identity)
+    Ok((identity, row.person))
 }

@@ -163,6 +163,9 @@ pub struct ChannelActivity {
 pub struct DigestMessage {
     pub id: Uuid,
     pub from: String,
+    /// Present (true) when the sender is a person of the team.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub from_person: bool,
     pub preview: String,
     pub announce: bool,
     pub created_at: DateTime<Utc>,
@@ -253,6 +256,7 @@ async fn channel_activity(
         total: i64,
         id: Uuid,
         from: String,
+        from_person: bool,
         preview: String,
         announce: bool,
         created_at: DateTime<Utc>,
@@ -263,7 +267,7 @@ async fn channel_activity(
     // index (which carries created_at and announce), are counted and shown.
     let rows: Vec<Row> = sqlx::query_as(
         "SELECT c.name AS channel, latest.total, m.id, left(m.body, $5) AS preview, m.announce,
-                m.created_at,
+                m.created_at, s.kind = 'person' AS from_person,
                 CASE WHEN m.sender_session = '' THEN s.name ELSE s.name || '/' || m.sender_session END AS \"from\"
          FROM channels c
          CROSS JOIN LATERAL (
@@ -307,6 +311,7 @@ async fn channel_activity(
             current.latest.push(DigestMessage {
                 id: row.id,
                 from: row.from,
+                from_person: row.from_person,
                 preview: row.preview,
                 announce: row.announce,
                 created_at: row.created_at,

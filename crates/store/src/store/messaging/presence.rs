@@ -209,6 +209,21 @@ pub struct AgentList {
     /// Agents with at least one live window (not windows).
     pub online_count: usize,
     pub agents: Vec<AgentPresence>,
+    /// The team's people (they sign in to the dashboard, not /mcp): reached
+    /// by name like an agent (post_message `to`, ask_agent), never counted
+    /// online, never holding claims, locks or reservations.
+    pub people: Vec<PersonEntry>,
+}
+
+/// A person of the team, as `list_agents` shows them.
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct PersonEntry {
+    pub name: String,
+    /// Only present (true) for a revoked person.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub disabled: bool,
+    /// Their newest dashboard sign-in still kept (sign-ins last 8 hours).
+    pub last_signed_in_at: Option<DateTime<Utc>>,
 }
 
 /// Which windows `list_sessions` lists.
@@ -450,6 +465,8 @@ pub async fn list_agents(
         id: Uuid,
         name: String,
         disabled: bool,
+        person: bool,
+        last_signed_in_at: Option<DateTime<Utc>>,
     }
     #[derive(sqlx::FromRow)]
     struct WindowRow {
@@ -465,8 +482,13 @@ pub async fn list_agents(
         .execute(&mut *tx)
         .await?;
     let agents: Vec<AgentRow> = sqlx::query_as(
-        "SELECT id, name, disabled_at IS NOT NULL AS disabled FROM agents
-         WHERE team_id = $1 ORDER BY name",
+        "SELECT a.id, a.name, a.disabled_at IS NOT NULL AS disabled, a.kind = 'person' AS person,
+                CASE WHEN a.kind = 'person' THEN
+                    (SELECT max(d.created_at) FROM dashboard_sessions d
+                       JOIN agent_tokens t ON t.id = d.principal_id
+                      WHERE d.principal = 'person' AND t.team_id = a.team_id AND t.agent_id = a.id)
+                END AS last_signed_in_at
+         FROM agents a WHERE a.team_id = $1 ORDER BY a.name",
     )
     .bind(me.team_id)
     .fetch_all(&mut *tx)
@@ -500,7 +522,16 @@ pub async fn list_agents(
         by_agent.entry(row.agent_id).or_default().push(listed);
     }
     let mut out = Vec::with_capacity(agents.len());
+    let mut people = Vec::new();
     for agent in agents {
+        if agent.person {
+            people.push(PersonEntry {
+                name: agent.name,
+                disabled: agent.disabled,
+                last_signed_in_at: agent.last_signed_in_at,
+            });
+            continue;
+        }
         let (listed, older): (Vec<_>, Vec<_>) = by_agent
             .remove(&agent.id)
             .unwrap_or_default()
@@ -538,6 +569,7 @@ pub async fn list_agents(
     Ok(AgentList {
         online_count: out.iter().filter(|a| a.online).count(),
         agents: out,
+        people,
     })
 }
 

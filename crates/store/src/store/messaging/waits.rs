@@ -63,6 +63,9 @@ pub struct EventSummary {
     pub id: String,
     /// Who did it (an address), when known.
     pub by: Option<String>,
+    /// Present (true) when `by` is a person of the team, not an agent.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub by_person: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub channel: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -251,11 +254,13 @@ async fn changes_since(
         kind: String,
         id: String,
         by: String,
+        by_person: bool,
         channel: Option<String>,
         preview: Option<String>,
     }
     let rows: Vec<Change> = sqlx::query_as(
         "SELECT changes.kind, changes.id, changes.channel, changes.preview,
+                a.kind = 'person' AS by_person,
                 CASE WHEN changes.by_session = '' THEN a.name ELSE a.name || '/' || changes.by_session END AS by
          FROM (
              SELECT 'task' AS kind, t.key AS id, e.agent_id AS by_agent, e.session AS by_session,
@@ -310,6 +315,7 @@ async fn changes_since(
                 kind,
                 id: row.id,
                 by: Some(row.by),
+                by_person: row.by_person,
                 channel: row.channel,
                 to: None,
                 preview: row.preview,
@@ -348,6 +354,7 @@ fn message_summary(m: messages::MessageView) -> EventSummary {
         kind: EventKind::Message,
         id: m.id.to_string(),
         by: Some(m.from),
+        by_person: m.from_person,
         channel: m.channel,
         to: m.to,
         preview: Some(m.body.chars().take(PREVIEW_CHARS).collect()),
@@ -373,14 +380,15 @@ async fn summarize(
             .map(|m| (m.id.to_string(), m))
             .collect();
     let actors: Vec<Uuid> = woken.iter().filter_map(|e| e.actor).collect();
-    let names: HashMap<Uuid, String> = sqlx::query_as::<_, (Uuid, String)>(
-        "SELECT id, name FROM agents WHERE team_id = $1 AND id = ANY($2)",
+    let names: HashMap<Uuid, (String, bool)> = sqlx::query_as::<_, (Uuid, String, bool)>(
+        "SELECT id, name, kind = 'person' FROM agents WHERE team_id = $1 AND id = ANY($2)",
     )
     .bind(me.team_id)
     .bind(&actors)
     .fetch_all(&bus.pool)
     .await?
     .into_iter()
+    .map(|(id, name, person)| (id, (name, person)))
     .collect();
     let mut out = Vec::new();
     for event in woken {
@@ -390,13 +398,15 @@ async fn summarize(
             }
             continue;
         }
-        let by = event.actor.and_then(|id| names.get(&id)).map(|name| {
+        let actor = event.actor.and_then(|id| names.get(&id));
+        let by = actor.map(|(name, _)| {
             crate::store::address(name, event.actor_session.as_deref().unwrap_or_default())
         });
         out.push(EventSummary {
             kind: event.kind,
             id: event.id.clone(),
             by,
+            by_person: actor.is_some_and(|(_, person)| *person),
             channel: None,
             to: None,
             preview: None,
@@ -411,6 +421,9 @@ pub struct AskResult {
     pub answer: Option<String>,
     /// Who answered (an address).
     pub answered_by: Option<String>,
+    /// Present (true) when the answer came from a person (the dashboard).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub from_person: bool,
     pub answer_message_id: Option<Uuid>,
     pub question_message_id: Uuid,
     /// What to do when there is no answer yet.
@@ -526,6 +539,7 @@ fn answered(answer: messages::MessageView, question_id: Uuid) -> AskResult {
         answered: true,
         answer: Some(answer.body),
         answered_by: Some(answer.from),
+        from_person: answer.from_person,
         answer_message_id: Some(answer.id),
         question_message_id: question_id,
         suggestion: None,
@@ -554,6 +568,7 @@ fn not_answered(question_id: Uuid, suggestion: String, server_restarting: bool) 
         answered: false,
         answer: None,
         answered_by: None,
+        from_person: false,
         answer_message_id: None,
         question_message_id: question_id,
         suggestion: Some(suggestion),

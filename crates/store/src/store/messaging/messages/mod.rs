@@ -52,6 +52,10 @@ pub struct MessageView {
     pub id: Uuid,
     /// The sender's address: `agent`, or `agent/window`.
     pub from: String,
+    /// Present (true) when the sender is a person of the team (signed in to
+    /// the dashboard), not an agent.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub from_person: bool,
     /// The channel, for channel messages.
     pub channel: Option<String>,
     /// The recipient's address, for direct messages.
@@ -97,6 +101,7 @@ macro_rules! view_columns_from {
                  'content_type', a.content_type, 'size_bytes', a.size_bytes) ORDER BY a.created_at), '[]')
           FROM attachments a WHERE a.team_id = m.team_id AND a.message_id = m.id) AS attachments,
          CASE WHEN m.sender_session = '' THEN s.name ELSE s.name || '/' || m.sender_session END AS from,
+         s.kind = 'person' AS from_person,
          CASE WHEN m.recipient_id IS NULL THEN NULL
               WHEN m.recipient_session IS NULL THEN r.name
               ELSE r.name || '/' || m.recipient_session END AS to"

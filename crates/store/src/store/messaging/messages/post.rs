@@ -223,6 +223,8 @@ fn view_of(outcome: &Outcome, new: &NewMessage, me: &Identity, id: Uuid) -> BusR
     Ok(MessageView {
         id,
         from: outcome.sender.clone().unwrap_or_else(|| me.address()),
+        // Over /mcp the sender is an agent; the dashboard sets it for a person.
+        from_person: false,
         channel: outcome.channel.clone(),
         to: outcome.recipient.clone(),
         body: new.body.clone(),

@@ -1,6 +1,7 @@
-//! What the read-only dashboard (`/dashboard`) shows, and who may see it.
+//! What the dashboard (`/dashboard`) shows, who may see it, and what a
+//! person may write from it.
 //!
-//! Two principals sign in: an agent (with its agent token) or an admin
+//! Two principals sign in to look: an agent (with its agent token) or an admin
 //! credential confined to, or global over, the team it names. The cookie the
 //! dashboard hands out only names the principal by id ([`Principal`]) and
 //! the sign-in's row in `dashboard_sessions` ([`SignIn`], written by
@@ -19,9 +20,16 @@
 //! `history_from_seq`, and for an admin principal any conversation body at
 //! all (metadata and receipt counts only).
 //!
+//! A third principal, a person of the team (`identity::people`), signs in
+//! with their credential and is the only one who writes: `person.rs` holds
+//! those writes (each the store function an agent's tool calls, with the
+//! person's identity, then an audit row naming them) and the questions
+//! waiting for the person. Agents and admins only look.
+//!
 //! `sign_in.rs`: the principals, their sign-ins and the recheck on every request;
-//! `snapshot.rs`: what one render shows.
+//! `snapshot.rs`: what one render shows; `person.rs`: a person's writes.
 
+pub mod person;
 mod sign_in;
 mod snapshot;
 

@@ -8,6 +8,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::store::identity::admin::{self, Authority};
 use crate::store::{identity::teams, identity::tokens};
@@ -19,6 +20,9 @@ pub enum Principal {
     Agent { team_id: Uuid, token_id: Uuid },
     /// An admin credential, looking at one team.
     Admin { team_id: Uuid, credential_id: Uuid },
+    /// A person of the team, by their sign-in credential (an agent token of
+    /// a `person` row, migration 0045): the one principal that may write.
+    Person { team_id: Uuid, token_id: Uuid },
 }
 
 /// A principal as it is now: the team it looks at and the name to show.
@@ -29,24 +33,53 @@ pub struct Viewer {
     #[serde(skip)]
     pub agent_id: Option<Uuid>,
     pub team: String,
-    /// `agent` or `admin`.
+    /// `agent`, `admin` or `person`.
     pub kind: &'static str,
-    /// The agent's name, or `admin:<credential prefix>`.
+    /// The agent's or person's name, or `admin:<credential prefix>`.
     pub name: String,
 }
 
-/// Sign in with an agent token (its digest): the token must be live and its
-/// agent enabled, the same refusal `/mcp` gives otherwise.
+impl Viewer {
+    /// The person signed in, as the caller of the store's writes: their own
+    /// row and credential, in the shared window `""` (a person has no
+    /// windows). `None` for an agent or an admin: they only look.
+    pub fn person(&self) -> Option<Identity> {
+        match (self.principal, self.agent_id) {
+            (Principal::Person { team_id, token_id }, Some(agent_id)) => Some(Identity {
+                team_id,
+                team: self.team.clone(),
+                agent_id,
+                agent: self.name.clone(),
+                token_id,
+                window: String::new(),
+                session_credential: None,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// Sign in with an agent token (its digest), an agent's or a person's: the
+/// token must be live and its row enabled, the same refusal `/mcp` gives
+/// otherwise.
 pub async fn sign_in_agent(pool: &PgPool, digest: &[u8; 32]) -> BusResult<Viewer> {
-    let me = tokens::authenticate(pool, digest, String::new()).await?;
-    Ok(Viewer {
-        principal: Principal::Agent {
+    let (me, person) = tokens::authenticate_member(pool, digest, String::new()).await?;
+    let principal = if person {
+        Principal::Person {
             team_id: me.team_id,
             token_id: me.token_id,
-        },
+        }
+    } else {
+        Principal::Agent {
+            team_id: me.team_id,
+            token_id: me.token_id,
+        }
+    };
+    Ok(Viewer {
+        principal,
         agent_id: Some(me.agent_id),
         team: me.team,
-        kind: "agent",
+        kind: principal.kind(),
         name: me.agent,
     })
 }
@@ -83,22 +116,26 @@ pub async fn sign_in_admin(pool: &PgPool, digest: &[u8; 32], slug: &str) -> BusR
 impl Principal {
     pub(super) fn team_id(&self) -> Uuid {
         match *self {
-            Principal::Agent { team_id, .. } | Principal::Admin { team_id, .. } => team_id,
+            Principal::Agent { team_id, .. }
+            | Principal::Admin { team_id, .. }
+            | Principal::Person { team_id, .. } => team_id,
         }
     }
 
     /// The agent token's or the admin credential's id.
     fn id(&self) -> Uuid {
         match *self {
-            Principal::Agent { token_id, .. } => token_id,
+            Principal::Agent { token_id, .. } | Principal::Person { token_id, .. } => token_id,
             Principal::Admin { credential_id, .. } => credential_id,
         }
     }
 
-    fn kind(&self) -> &'static str {
+    /// `agent`, `admin` or `person`: what the sign-in row and the cookie say.
+    pub fn kind(&self) -> &'static str {
         match self {
             Principal::Agent { .. } => "agent",
             Principal::Admin { .. } => "admin",
+            Principal::Person { .. } => "person",
         }
     }
 
@@ -201,10 +238,12 @@ pub async fn recheck(pool: &PgPool, sign_in: SignIn) -> BusResult<Viewer> {
                                  WHERE d.id = $3 AND d.team_id = $1 AND d.principal_id = $2
                                    AND d.expires_at > now())";
     let viewer = match principal {
-        Principal::Agent { team_id, token_id } => {
+        Principal::Agent { team_id, token_id } | Principal::Person { team_id, token_id } => {
+            // The row's kind must still be the principal's: a cookie never
+            // turns an agent's sign-in into a person's.
             static SQL: LazyLock<String> = LazyLock::new(|| {
                 format!(
-                    "SELECT a.id, a.name, tm.slug, r.refusal, {LIVE}
+                    "SELECT a.id, a.name, tm.slug, r.refusal, {LIVE}, a.kind
                        FROM agent_tokens t
                        JOIN agents a ON a.team_id = t.team_id AND a.id = t.agent_id
                        JOIN teams tm ON tm.id = t.team_id
@@ -212,7 +251,7 @@ pub async fn recheck(pool: &PgPool, sign_in: SignIn) -> BusResult<Viewer> {
                       WHERE t.team_id = $1 AND t.id = $2"
                 )
             });
-            let row: Option<(Uuid, String, String, Option<String>, bool)> =
+            let row: Option<(Uuid, String, String, Option<String>, bool, String)> =
                 sqlx::query_as(SQL.as_str())
                     .bind(team_id)
                     .bind(token_id)
@@ -220,12 +259,12 @@ pub async fn recheck(pool: &PgPool, sign_in: SignIn) -> BusResult<Viewer> {
                     .fetch_optional(pool)
                     .await?;
             match row {
-                Some((agent_id, name, team, None, live)) => (
+                Some((agent_id, name, team, None, live, kind)) if kind == principal.kind() => (
                     Viewer {
                         principal,
                         agent_id: Some(agent_id),
                         team,
-                        kind: "agent",
+                        kind: principal.kind(),
                         name,
                     },
                     live,

@@ -26,6 +26,18 @@ pub struct Snapshot {
     pub viewer: Viewer,
     pub generated_at: DateTime<Utc>,
     pub agents: Vec<AgentView>,
+    /// The team's people (they sign in here; never on /mcp).
+    pub people: Vec<PersonView>,
+    /// For a person signed in: the `ask_agent` questions waiting for them,
+    /// oldest first (absent for an agent or an admin).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub questions: Option<Vec<super::person::QuestionView>>,
+    /// For a person signed in: the newest direct messages to them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub direct_messages: Option<Vec<super::person::DirectView>>,
+    /// For a person signed in: the conversations inviting them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub invitations: Option<Vec<super::person::InvitationView>>,
     pub tasks: Vec<TaskView>,
     pub locks: Vec<LockView>,
     pub reservations: Vec<ReservationView>,
@@ -63,6 +75,13 @@ pub struct AgentView {
     pub windows: Vec<WindowView>,
     /// Windows offline for more than a day, left out of `windows`.
     pub older_windows: i64,
+}
+
+/// A person of the team.
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct PersonView {
+    pub name: String,
+    pub disabled: bool,
 }
 
 #[derive(Clone, Debug, Serialize, sqlx::FromRow)]
@@ -117,6 +136,8 @@ pub struct ReservationView {
 pub struct ChannelMessageView {
     pub channel: String,
     pub from: String,
+    /// True when a person of the team wrote it (from this page).
+    pub from_person: bool,
     pub body: String,
     /// True when the body was cut at [`BODY_CHARS_MAX`] characters.
     pub truncated: bool,
@@ -146,6 +167,8 @@ pub struct ConversationView {
 pub struct ConversationMessageView {
     #[serde(skip)]
     pub conversation_id: Uuid,
+    /// The message's id (a person acknowledges it by this id).
+    pub id: Uuid,
     pub seq: i64,
     pub from: String,
     /// None when not shown: see `body_note`.
@@ -181,6 +204,14 @@ pub async fn snapshot(
 ) -> BusResult<Snapshot> {
     let team_id = viewer.principal.team_id();
     let agents = agents(pool, team_id).await?;
+    let people = sqlx::query_as(
+        "SELECT name, disabled_at IS NOT NULL AS disabled FROM agents
+          WHERE team_id = $1 AND kind = 'person' ORDER BY name LIMIT $2",
+    )
+    .bind(team_id)
+    .bind(AGENTS_MAX)
+    .fetch_all(pool)
+    .await?;
     let tasks = sqlx::query_as(
         "SELECT t.key, t.title, t.status,
                 CASE WHEN h.id IS NULL THEN NULL
@@ -224,7 +255,8 @@ pub async fn snapshot(
     .await?;
     // Channel messages only: a direct message never reaches the dashboard.
     let messages = sqlx::query_as(
-        "SELECT c.name AS channel, a.name AS from, left(m.body, $3) AS body,
+        "SELECT c.name AS channel, a.name AS from, a.kind = 'person' AS from_person,
+                left(m.body, $3) AS body,
                 char_length(m.body) > $3 AS truncated, m.announce, m.created_at
            FROM (SELECT * FROM messages
                   WHERE team_id = $1 AND channel_id IS NOT NULL
@@ -240,11 +272,23 @@ pub async fn snapshot(
     .await?;
     let conversations = conversations(pool, team_id, viewer.agent_id).await?;
     let overdue_acks = overdue::overdue_in_team(pool, team_id, OVERDUE_ACKS_MAX).await?;
+    let (questions, direct_messages, invitations) = match viewer.person() {
+        Some(me) => (
+            Some(super::person::questions(pool, &me).await?),
+            Some(super::person::direct_messages(pool, &me).await?),
+            Some(super::person::invitations(pool, &me).await?),
+        ),
+        None => (None, None, None),
+    };
     let health = health(pool, backends, events, team_id, &viewer.team).await?;
     Ok(Snapshot {
         viewer,
         generated_at: Utc::now(),
         agents,
+        people,
+        questions,
+        direct_messages,
+        invitations,
         tasks,
         locks,
         reservations,
@@ -268,8 +312,8 @@ pub async fn snapshot(
 /// The team's agents (enabled first, by name) with their listed windows.
 async fn agents(pool: &PgPool, team_id: Uuid) -> BusResult<Vec<AgentView>> {
     let rows: Vec<(Uuid, String, bool)> = sqlx::query_as(
-        "SELECT id, name, disabled_at IS NOT NULL FROM agents WHERE team_id = $1
-          ORDER BY disabled_at IS NOT NULL, name LIMIT $2",
+        "SELECT id, name, disabled_at IS NOT NULL FROM agents
+          WHERE team_id = $1 AND kind = 'agent' ORDER BY disabled_at IS NOT NULL, name LIMIT $2",
     )
     .bind(team_id)
     .bind(AGENTS_MAX)
@@ -369,7 +413,7 @@ async fn conversations(
     // i64::MAX is past every seq, so the query itself shows it no body.
     let readable: Vec<i64> = listed.iter().map(|c| c.4.unwrap_or(i64::MAX)).collect();
     let messages: Vec<ConversationMessageView> = sqlx::query_as(
-        "SELECT m.conversation_id, m.seq, CASE WHEN m.sender_session = '' THEN a.name
+        "SELECT m.conversation_id, m.id, m.seq, CASE WHEN m.sender_session = '' THEN a.name
                      ELSE a.name || '/' || m.sender_session END AS from,
                 CASE WHEN m.seq >= v.readable_from AND m.tombstoned_at IS NULL AND m.body <> ''
                      THEN left(m.body, $3) END AS body,
