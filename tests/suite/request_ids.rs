@@ -353,3 +353,56 @@ async fn retried_reservations_and_their_release_happen_once() {
     let retry = alice.call("release_paths", release).await.unwrap();
     assert_replayed(&first, &retry);
 }
+
+/// The stdio proxy gives a post a request_id before its first attempt; the
+/// reply is lost after the bus committed (a TCP proxy drops it, then cuts
+/// the connection); the proxy repeats the call with the same id and the
+/// agent gets the first answer, the message posted once.
+#[tokio::test]
+async fn the_proxy_repeats_a_post_whose_answer_was_lost_and_it_is_posted_once() {
+    use crate::proxy::{Driver, Machine};
+    use crate::support::eventually;
+    use crate::support::proxy::Proxy;
+
+    let app = spawn_app().await;
+    let (_, bob) = alice_and_bob(&app).await;
+    bob.call("create_channel", json!({"name": "general"}))
+        .await
+        .unwrap();
+    let token = app.agent("acme", "dora").await;
+    let tcp = Proxy::start(app.addr).await;
+    let url = format!("http://{}/mcp", tcp.addr());
+    let machine = Machine::with_team_profiles(&url, &[("work", "acme", "dora", &token)]);
+    let body = "posted exactly once";
+    let mut driver = Driver::start(&machine.script(
+        &["--host-session", "retrying"],
+        json!([
+            {"op": "wait_tools", "name": "post_message", "timeout": 60},
+            {"op": "pause"},
+            {"op": "call", "tool": "post_message",
+             "arguments": {"channel": "general", "body": body}},
+        ]),
+    ));
+    driver.until_pause().await;
+    tcp.black_hole_replies();
+    driver.resume().await;
+    eventually("the bus to commit the post", async || {
+        bodies(&bob).await == [body]
+    })
+    .await;
+    tcp.pass();
+    tcp.cut();
+    let lines = driver.rest().await;
+    let call = lines
+        .iter()
+        .find(|l| l["step"] == "call")
+        .expect("the call's line");
+    assert_eq!(call["is_error"], false, "{call}");
+    let answer = &call["structured"];
+    assert_eq!(
+        answer["replayed"], true,
+        "the repeat got the first answer: {answer}"
+    );
+    assert_eq!(answer["message"]["body"], body);
+    assert_eq!(bodies(&bob).await, [body], "posted once");
+}
