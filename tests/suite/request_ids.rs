@@ -406,3 +406,25 @@ async fn the_proxy_repeats_a_post_whose_answer_was_lost_and_it_is_posted_once() 
     assert_eq!(answer["message"]["body"], body);
     assert_eq!(bodies(&bob).await, [body], "posted once");
 }
+
+#[tokio::test]
+async fn a_retried_ask_asks_once_and_waits_for_the_first_question() {
+    let app = spawn_app().await;
+    let (alice, bob) = alice_and_bob(&app).await;
+    let ask = json!({"to": "bob", "question": "which port?", "timeout_seconds": 1,
+                     "request_id": ID});
+    let first = alice.call("ask_agent", ask.clone()).await.unwrap();
+    assert_eq!(first["answered"], false, "{first}");
+    let retry = alice.call("ask_agent", ask).await.unwrap();
+    assert_eq!(retry["question_message_id"], first["question_message_id"]);
+    let inbox = bob
+        .call(
+            "read_messages",
+            json!({"scope": "inbox", "only_new": false}),
+        )
+        .await
+        .unwrap();
+    let questions: Vec<&Value> = inbox["messages"].as_array().unwrap().iter().collect();
+    assert_eq!(questions.len(), 1, "asked once: {inbox}");
+    assert_eq!(questions[0]["id"], first["question_message_id"]);
+}

@@ -327,7 +327,7 @@ pub(crate) fn caller(parts: &http::request::Parts) -> Result<&Identity, ErrorDat
 /// The request a write tool was given as `request_id`, parsed, with the
 /// digest of the call's arguments as the body carried them; `None` without
 /// one. A `request_id` that is not a UUID is refused.
-fn request_of(
+pub(crate) fn request_of(
     parts: &http::request::Parts,
     tool: &str,
     raw: Option<&str>,
