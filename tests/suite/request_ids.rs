@@ -428,3 +428,30 @@ async fn a_retried_ask_asks_once_and_waits_for_the_first_question() {
     assert_eq!(questions.len(), 1, "asked once: {inbox}");
     assert_eq!(questions[0]["id"], first["question_message_id"]);
 }
+
+#[tokio::test]
+async fn a_retried_conversation_is_created_once() {
+    let app = spawn_app().await;
+    crate::conversations::team_with_conversations(&app, "acme").await;
+    let token = app.agent("acme", "alice").await;
+    let alice = app.mcp(&token, Some("w1")).await;
+    let project = json!({"project": "web", "request_id": ID});
+    let first = alice.call("create_project", project.clone()).await.unwrap();
+    let retry = alice.call("create_project", project).await.unwrap();
+    assert_replayed(&first, &retry);
+
+    let create_id = "4d5e6f7a-6666-4b8c-9d0e-f1a2b3c4d5e6";
+    let create = json!({"title": "Plan", "project": "web", "request_id": create_id});
+    let first = alice
+        .call("create_conversation", create.clone())
+        .await
+        .unwrap();
+    let retry = alice.call("create_conversation", create).await.unwrap();
+    assert_replayed(&first, &retry);
+    let listed = alice.call("list_conversations", json!({})).await.unwrap();
+    assert_eq!(
+        listed["conversations"].as_array().unwrap().len(),
+        1,
+        "{listed}"
+    );
+}

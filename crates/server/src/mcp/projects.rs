@@ -7,7 +7,7 @@ use rmcp::{ErrorData, schemars, tool, tool_router};
 use serde::Deserialize;
 
 use super::sessions::NoArgs;
-use super::{BusServer, caller, reply, reply_list};
+use super::{BusServer, caller, reply_list};
 use acs_store::store::conversations::projects;
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -15,6 +15,10 @@ use acs_store::store::conversations::projects;
 pub struct CreateProjectArgs {
     /// Project name: ASCII letters, digits and `-_.`, up to 64 bytes.
     pub project: String,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -26,6 +30,10 @@ pub struct GrantArgs {
     pub agent: String,
     /// true grants (default), false revokes. Nobody revokes their own grant.
     pub grant: Option<bool>,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[tool_router(router = project_router, vis = "pub(super)")]
@@ -40,7 +48,16 @@ impl BusServer {
         Parameters(args): Parameters<CreateProjectArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(projects::create(self.bus(), me, &args.project).await)
+        self.once(
+            &parts,
+            "create_project",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let done = projects::create(&mut w, me, &args.project).await;
+                (w, done)
+            },
+        )
+        .await
     }
 
     #[tool(
@@ -67,6 +84,15 @@ impl BusServer {
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
         let grant = args.grant.unwrap_or(true);
-        reply(projects::grant(self.bus(), me, &args.project, &args.agent, grant).await)
+        self.once(
+            &parts,
+            "grant_project_access",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let done = projects::grant(&mut w, me, &args.project, &args.agent, grant).await;
+                (w, done)
+            },
+        )
+        .await
     }
 }
