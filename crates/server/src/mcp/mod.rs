@@ -488,6 +488,62 @@ mod tests {
         }
     }
 
+    /// The writes that take no `request_id`, and why (docs/tools.md,
+    /// "Retries and request_id", says the same).
+    const WITHOUT_REQUEST_ID: &[&str] = &[
+        // The answer holds a new credential, kept only as a digest.
+        "register_session",
+        "resume_session",
+        "renew_session",
+        // Repeating changes nothing: a revoked window stays revoked.
+        "revoke_session",
+        // Repeats answer the same; its broker acks must follow its commit.
+        "confirm_inbox_delivery",
+        // Each receipt is written once; a repeat keeps the first.
+        "ack_message",
+        // Its own required request_id (`store_conversation_message`).
+        "send_conversation_message",
+        // Reads that move a cursor or hand out references: a repeat reads
+        // again (what it missed stays owed).
+        "read_messages",
+        "fetch_conversation_inbox",
+        "wait_for_updates",
+        "wait_for_conversation_updates",
+    ];
+
+    #[test]
+    fn every_write_tool_takes_a_request_id_described_alike() {
+        let mut described = std::collections::BTreeSet::new();
+        let mut missing = Vec::new();
+        for tool in BusServer::tool_list() {
+            let read_only = tool
+                .annotations
+                .as_ref()
+                .and_then(|a| a.read_only_hint)
+                .unwrap_or(false);
+            let property = tool
+                .input_schema
+                .get("properties")
+                .and_then(|p| p.get("request_id"));
+            let name = tool.name.as_ref();
+            if read_only || WITHOUT_REQUEST_ID.contains(&name) {
+                if name != "send_conversation_message" {
+                    assert!(property.is_none(), "{name} takes a request_id it ignores");
+                }
+                continue;
+            }
+            let Some(property) = property else {
+                missing.push(name.to_string());
+                continue;
+            };
+            if name != "ask_agent" {
+                described.insert(property["description"].to_string());
+            }
+        }
+        assert!(missing.is_empty(), "writes without request_id: {missing:?}");
+        assert_eq!(described.len(), 1, "described alike: {described:?}");
+    }
+
     #[test]
     fn refusal_kinds_are_a_fixed_list() {
         use rmcp::model::CallToolResult;
