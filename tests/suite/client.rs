@@ -371,6 +371,35 @@ async fn client_task_cancel_and_depends_re_point_what_waited_on_the_cancelled_ta
 }
 
 #[tokio::test]
+async fn client_task_priority_orders_task_next_and_is_the_creators_to_change() {
+    let app = spawn_app().await;
+    let alice = team_with(&app, "alice", None).await;
+    let bob = Console::new(&app, "bob", Some("w2")).await;
+    alice.ok(&["task", "create", "chore", "Tidy up"]).await;
+    let hot = alice
+        .ok(&["task", "create", "hotfix", "Fix prod", "--priority", "high"])
+        .await;
+    assert_eq!(hot.trim(), "task hotfix: open (Fix prod), priority high");
+
+    let refused = bob.run(&["task", "priority", "chore", "urgent"]).await;
+    assert_eq!(refused.code, Some(1), "{refused:?}");
+    assert!(refused.stderr.contains("only its creator"), "{refused:?}");
+    let raised = alice.ok(&["task", "priority", "chore", "urgent"]).await;
+    assert_eq!(raised.trim(), "task chore: open (Tidy up), priority urgent");
+    let listed = alice.ok(&["tasks", "--status", "open"]).await;
+    let chore = listed.find("chore").unwrap();
+    let hotfix = listed.find("hotfix").unwrap();
+    assert!(chore < hotfix, "the urgent task is listed first: {listed}");
+    assert!(
+        listed.contains("urgent") && listed.contains("high"),
+        "{listed}"
+    );
+
+    let next = bob.ok(&["task", "next"]).await;
+    assert!(next.starts_with("task chore: claimed"), "{next}");
+}
+
+#[tokio::test]
 async fn client_lock_acquire_is_refused_for_another_window_naming_the_holder() {
     let app = spawn_app().await;
     let w1 = team_with(&app, "alice", Some("w1")).await;

@@ -185,14 +185,22 @@ async fn a_cursor_at_i64_max_is_an_empty_page() {
         .await
         .unwrap();
 
-    let page = answered(bob.call(
-        "read_conversation",
-        json!({"conversation_id": id, "after_seq": i64::MAX}),
-    ))
-    .await
-    .expect("an empty page, not an overflow");
-    assert_eq!(page["messages"], json!([]));
-    assert_eq!(page["next_after_seq"], i64::MAX);
+    // Not an overflow, and not an empty page either: a cursor ahead of the
+    // newest seq is refused, saying where to start (issue 38 item 4).
+    let refused = bob
+        .call(
+            "read_conversation",
+            json!({"conversation_id": id, "after_seq": i64::MAX}),
+        )
+        .await
+        .expect_err("a cursor ahead of the newest seq");
+    assert!(
+        refused["message"]
+            .as_str()
+            .unwrap()
+            .contains("is ahead of the newest seq 1"),
+        "{refused}"
+    );
     // The start of the history is still there for a sane cursor.
     let page = bob
         .call("read_conversation", json!({"conversation_id": id}))

@@ -321,13 +321,17 @@ pub fn tasks(answer: &Value) {
             vec![
                 text(&t["key"]),
                 text(&t["status"]),
+                text(&t["priority"]),
                 holder(t),
                 blockers(t),
                 one_line(t["title"].as_str().unwrap_or_default(), 60),
             ]
         })
         .collect();
-    output::table(&["key", "status", "holder", "blocked by", "title"], rows);
+    output::table(
+        &["key", "status", "priority", "holder", "blocked by", "title"],
+        rows,
+    );
     if answer["more"] == true {
         println!("(more tasks match: raise --limit or filter by --status)");
     }
@@ -341,6 +345,9 @@ pub fn task_line(task: &Value) {
         text(&task["status"]),
         one_line(task["title"].as_str().unwrap_or_default(), 60)
     );
+    if task["priority"].is_string() && task["priority"] != "normal" {
+        line.push_str(&format!(", priority {}", text(&task["priority"])));
+    }
     if !task["holder"].is_null() {
         line.push_str(&format!(
             ", held by {} until {}",

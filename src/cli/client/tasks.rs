@@ -1,7 +1,7 @@
 //! `client tasks` and `client task …`: the team's queue (`list_tasks`, and
 //! `create_task`, `get_task`, `claim_task`, `claim_next_task`,
 //! `renew_task_lease`, `release_task`, `complete_task`, `cancel_task`,
-//! `set_task_dependencies`).
+//! `set_task_dependencies`, `set_task_priority`).
 
 use anyhow::bail;
 use clap::{Args, Subcommand};
@@ -40,6 +40,9 @@ pub(super) enum TaskCommand {
         /// Key of a task that must be done first (repeat for several).
         #[arg(long = "depends-on", value_name = "KEY")]
         depends_on: Vec<String>,
+        /// low, normal (default), high or urgent: `task next` takes the highest first.
+        #[arg(long, value_name = "WORD")]
+        priority: Option<String>,
     },
     /// A task with its history (get_task).
     Show {
@@ -54,7 +57,8 @@ pub(super) enum TaskCommand {
         #[arg(long, value_name = "SECONDS")]
         lease: Option<i64>,
     },
-    /// Claim the oldest ready task (claim_next_task). Nothing ready exits 1.
+    /// Claim the ready task of the highest priority, oldest first within one
+    /// (claim_next_task). Nothing ready exits 1.
     Next {
         /// Lease in seconds, 30..86400 (default 900).
         #[arg(long, value_name = "SECONDS")]
@@ -98,6 +102,13 @@ pub(super) enum TaskCommand {
         #[arg(long, conflicts_with = "on")]
         none: bool,
     },
+    /// Set a task's priority (set_task_priority); its creator only.
+    Priority {
+        /// The task's key.
+        key: String,
+        /// low, normal, high or urgent.
+        priority: String,
+    },
 }
 
 /// How to show a task tool's answer.
@@ -135,12 +146,14 @@ pub(super) fn prepare(command: TaskCommand) -> anyhow::Result<Request> {
             description,
             metadata,
             depends_on,
+            priority,
         } => shown(
             "create_task",
             json!({
                 "key": key, "title": title, "description": description,
                 "metadata": parse_json_object("--metadata", metadata.as_deref())?,
                 "depends_on": (!depends_on.is_empty()).then_some(depends_on),
+                "priority": priority,
             }),
             Show::Task,
         ),
@@ -180,6 +193,11 @@ pub(super) fn prepare(command: TaskCommand) -> anyhow::Result<Request> {
         T::Depends { key, on, none: _ } => shown(
             "set_task_dependencies",
             json!({"key": key, "depends_on": on}),
+            Show::Task,
+        ),
+        T::Priority { key, priority } => shown(
+            "set_task_priority",
+            json!({"key": key, "priority": priority}),
             Show::Task,
         ),
     })

@@ -52,11 +52,13 @@ async fn check_paths_and_list_reservations_answer_who_holds_what() {
         .await
         .unwrap();
     assert_eq!(patterns(&by_agent["reservations"]), vec!["src/api/**"]);
+    // An agent not in the team is refused, not listed as holding nothing
+    // (issue 38 item 4: never silently empty).
     let nobody = bob
         .call("list_reservations", json!({"agent": "dave"}))
         .await
-        .unwrap();
-    assert_eq!(nobody["count"], 0);
+        .unwrap_err();
+    assert_eq!(nobody["error"], "not_found", "{nobody}");
 }
 
 #[tokio::test]

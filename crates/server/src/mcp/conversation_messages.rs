@@ -12,6 +12,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use uuid::Uuid;
 
+use super::answers::Read;
 use super::waits::ProgressTicker;
 use super::{BusServer, caller, refusal, reply};
 use acs_store::store::conversations::messages::{self, NewConversationMessage, ReadRequest};
@@ -141,7 +142,7 @@ impl BusServer {
         description = "Read a conversation in seq order from after_seq (your history boundary at \
                           the earliest). Each message has your receipt and, when its body cannot \
                           be shown, why. Pass next_after_seq back to read on. Writes no receipt: \
-                          acknowledge with ack_message.",
+                          acknowledge with ack_message. Empty `messages` has a `note`: nothing after next_after_seq; an after_seq ahead of the newest seq is refused.",
         annotations(read_only_hint = true)
     )]
     async fn read_conversation(
@@ -150,12 +151,13 @@ impl BusServer {
         Parameters(args): Parameters<ReadArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(messages::read(self.bus(), me, args.into()).await)
+        Read::now("messages", "nothing to read")
+            .reply(messages::read(self.bus(), me, args.into()).await)
     }
 
     #[tool(
         description = "One conversation message by id, under the same access rules as \
-                          read_conversation.",
+                          read_conversation. A message you may not see is refused as not found, never answered empty; a body that cannot be shown says why.",
         annotations(read_only_hint = true)
     )]
     async fn get_conversation_message(
@@ -164,7 +166,7 @@ impl BusServer {
         Parameters(args): Parameters<MessageArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(messages::get(self.bus(), me, args.message_id).await)
+        Read::snapshot().reply(messages::get(self.bus(), me, args.message_id).await)
     }
 
     #[tool(
@@ -217,7 +219,7 @@ impl BusServer {
     #[tool(
         description = "Receipts of a conversation message (for its sender or a member): total = \
                           the recipients frozen at send, counts of stored, delivered, presented, \
-                          acknowledged and resolved, and one row per recipient.",
+                          acknowledged and resolved, and one row per recipient. A message you may not see is refused, never answered empty.",
         annotations(read_only_hint = true)
     )]
     async fn get_message_receipts(
@@ -226,7 +228,7 @@ impl BusServer {
         Parameters(args): Parameters<MessageArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(receipts::receipts(self.bus(), me, args.message_id).await)
+        Read::snapshot().reply(receipts::receipts(self.bus(), me, args.message_id).await)
     }
 
     #[tool(
@@ -234,7 +236,7 @@ impl BusServer {
                           to it (conversation, seq, sender; read the body with \
                           get_conversation_message) and receipts of its own messages. Confirm \
                           each with confirm_inbox_delivery; unconfirmed ones come back after 60 s. \
-                          `more: true` means more are owed: fetch again."
+                          `more: true` means more are owed: fetch again. Empty `deliveries` (with a `note`) means nothing is owed now."
     )]
     async fn fetch_conversation_inbox(
         &self,
@@ -246,7 +248,8 @@ impl BusServer {
             Ok(limit) => limit,
             Err(err) => return Ok(refusal(&err)),
         };
-        reply(inbox::fetch_inbox(self.bus(), me, limit).await)
+        Read::now("deliveries", "nothing is owed to this window now")
+            .reply(inbox::fetch_inbox(self.bus(), me, limit).await)
     }
 
     #[tool(
@@ -266,7 +269,7 @@ impl BusServer {
         description = "How many references are owed to this window and handed out, and the state \
                           of its broker consumer (on a team whose conversations use JetStream). \
                           Counting stops at 50 (one full fetch page): `owed_at_least: true` means at least \
-                          `owed`; fetch and confirm to bring it down.",
+                          `owed`; fetch and confirm to bring it down. `owed: 0` means nothing is owed now (`as_of`).",
         annotations(read_only_hint = true)
     )]
     async fn conversation_inbox_status(
@@ -274,14 +277,14 @@ impl BusServer {
         Extension(parts): Extension<http::request::Parts>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(inbox::status(self.bus(), me).await)
+        Read::snapshot().reply(inbox::status(self.bus(), me).await)
     }
 
     #[tool(
         description = "Block until a conversation where this window is an active member has \
                           messages addressed to it that it has not acknowledged (returns at once \
                           if some are waiting). Returns woke, timed_out and per conversation the \
-                          unacknowledged count and latest seq. Call again to keep waiting."
+                          unacknowledged count and latest seq. Call again to keep waiting. `timed_out` with nothing listed means nothing arrived; empty never hides an error."
     )]
     async fn wait_for_conversation_updates(
         &self,

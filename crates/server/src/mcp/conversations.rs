@@ -13,7 +13,8 @@ use rmcp::{ErrorData, schemars, tool, tool_router};
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::{BusServer, caller, reply, reply_list};
+use super::answers::Read;
+use super::{BusServer, caller, reply};
 use acs_store::store::conversations::{self, Placement};
 
 // The capability gate in `mod.rs` reaches these through this module.
@@ -144,7 +145,7 @@ impl BusServer {
 
     #[tool(
         description = "Conversations this window holds a seat in (with its role and state) and \
-                          project conversations you read through a project grant.",
+                          project conversations you read through a project grant. Empty (with a `note`) means no seat and no project conversation you may read.",
         annotations(read_only_hint = true)
     )]
     async fn list_conversations(
@@ -154,10 +155,11 @@ impl BusServer {
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
         let archived = args.include_archived.unwrap_or(false);
-        reply_list(
+        Read::now(
             "conversations",
-            conversations::list(self.bus(), me, archived).await,
+            "this window has no seat in a conversation and no project grant shows one",
         )
+        .list(conversations::list(self.bus(), me, archived).await, None)
     }
 
     #[tool(

@@ -7,7 +7,8 @@ use rmcp::model::CallToolResult;
 use rmcp::{ErrorData, schemars, tool, tool_router};
 use serde::Deserialize;
 
-use super::{BusServer, caller, reply};
+use super::answers::Read;
+use super::{BusServer, caller};
 use acs_store::store::messaging::locks;
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -96,7 +97,7 @@ impl BusServer {
     }
 
     #[tool(
-        description = "The team's locks that have not expired: holder window, purpose, expiry.",
+        description = "The team's locks that have not expired: holder window, purpose, expiry. Empty means no lock is held.",
         annotations(read_only_hint = true)
     )]
     async fn list_locks(
@@ -105,6 +106,6 @@ impl BusServer {
         Parameters(_): Parameters<ListLocksArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(locks::list(self.bus(), me).await)
+        Read::now("locks", "no lock is held in your team").reply(locks::list(self.bus(), me).await)
     }
 }

@@ -9,8 +9,9 @@ use serde::Deserialize;
 use serde_json::Value;
 use uuid::Uuid;
 
+use super::answers::Read;
 use super::sessions::NoArgs;
-use super::{BusServer, caller, refusal, reply, reply_list};
+use super::{BusServer, caller, refusal, reply};
 use acs_store::store::{messaging::attachments, messaging::channels, messaging::messages};
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -66,6 +67,10 @@ pub struct ReadArgs {
     /// Also include DMs addressed to your agent's other windows.
     #[serde(default)]
     pub all_sessions: bool,
+    /// Read what comes after this position (a `read_up_to` of an earlier read) instead of
+    /// from your cursor, oldest first, moving no cursor. Refused when it is ahead of the
+    /// newest position or behind what retention pruned (the refusal says where to start).
+    pub after: Option<i64>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -172,7 +177,10 @@ impl BusServer {
                           Cursors are per window and per scope, but a DM to your agent as a \
                           whole is read once: after any window of your agent read it, no window \
                           gets it as new or unread again. A message committed late by \
-                          another writer is returned by a later read, never skipped."
+                          another writer is returned by a later read, never skipped. Every \
+                          answer has `read_up_to` (the position reached; pass it as `after` \
+                          to resume there); an empty one has a `note`: nothing new after that \
+                          position. A channel that does not exist is refused."
     )]
     async fn read_messages(
         &self,
@@ -185,6 +193,7 @@ impl BusServer {
             only_new: args.only_new.unwrap_or(true),
             limit: args.limit,
             all_sessions: args.all_sessions,
+            after: args.after,
         };
         reply(messages::read(self.bus(), me, request).await)
     }
@@ -193,7 +202,7 @@ impl BusServer {
         description = "Full-text search over channel messages and your direct messages, best \
                           match first among the newest 1000 matches (a rare word finds old \
                           messages; for a common one, add words to narrow it). Emoji and other symbols (which full text ignores) match \
-                          as written; a query of symbols alone lists the newest messages holding them.",
+                          as written; a query of symbols alone lists the newest messages holding them. Empty `messages` (with a `note`) means nothing you may read matches.",
         annotations(read_only_hint = true)
     )]
     async fn search_messages(
@@ -202,16 +211,16 @@ impl BusServer {
         Parameters(args): Parameters<SearchArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply_list(
-            "messages",
+        Read::now("messages", "no message you may read matches this query").list(
             messages::search(self.bus(), me, &args.query, args.limit).await,
+            Some(args.limit.unwrap_or(messages::PAGE_DEFAULT)),
         )
     }
 
     #[tool(
         description = "The team's channels with their topics, message counts, last message \
                           time, and what this window has not read in each: `unread`, counted up \
-                          to 100 (`unread_at_least: true` means 100 or more).",
+                          to 100 (`unread_at_least: true` means 100 or more). Empty means your team has no channel yet.",
         annotations(read_only_hint = true)
     )]
     async fn list_channels(
@@ -220,7 +229,8 @@ impl BusServer {
         Parameters(_): Parameters<NoArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply_list("channels", channels::list(self.bus(), me).await)
+        Read::now("channels", "your team has no channel yet")
+            .list(channels::list(self.bus(), me).await, None)
     }
 
     #[tool(
@@ -274,7 +284,7 @@ impl BusServer {
 
     #[tool(
         description = "Download an attachment of a message or task you may read: its bytes as \
-                       data_base64, with filename, content_type, sha256 and uploaded_by.",
+                       data_base64, with filename, content_type, sha256 and uploaded_by. An unknown id is refused, never answered empty.",
         annotations(read_only_hint = true)
     )]
     async fn get_attachment(
@@ -283,6 +293,6 @@ impl BusServer {
         Parameters(args): Parameters<GetAttachmentArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(attachments::get(self.bus(), me, args.id).await)
+        Read::snapshot().reply(attachments::get(self.bus(), me, args.id).await)
     }
 }

@@ -7,6 +7,7 @@
 //! structured `{error, message}` body, so the model reads the explanation
 //! instead of a bare protocol error.
 
+mod answers;
 mod arguments;
 mod conversation_messages;
 mod conversations;
@@ -380,15 +381,6 @@ pub(crate) fn reply<T: Serialize>(result: BusResult<T>) -> Result<CallToolResult
         }
         Err(err) => Ok(refusal(&err)),
     }
-}
-
-/// Like [`reply`], for a list: MCP structured content is an object, so the
-/// list goes under `key` (`{"channels": [...]}`).
-pub(crate) fn reply_list<T: Serialize>(
-    key: &str,
-    result: BusResult<Vec<T>>,
-) -> Result<CallToolResult, ErrorData> {
-    reply(result.map(|items| json!({ key: items })))
 }
 
 pub(crate) fn refusal(err: &BusError) -> CallToolResult {

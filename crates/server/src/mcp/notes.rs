@@ -8,7 +8,8 @@ use rmcp::model::CallToolResult;
 use rmcp::{ErrorData, schemars, tool, tool_router};
 use serde::Deserialize;
 
-use super::{BusServer, caller, reply};
+use super::answers::Read;
+use super::{BusServer, caller};
 use acs_store::store::messaging::notes;
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -114,12 +115,12 @@ impl BusServer {
         Parameters(args): Parameters<NoteKeyArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(notes::get(self.bus(), me, args.scope.as_deref(), &args.key).await)
+        Read::snapshot().reply(notes::get(self.bus(), me, args.scope.as_deref(), &args.key).await)
     }
 
     #[tool(
         description = "List notes, most recently updated first (at most 200): key, scope, tags, \
-                       size and a 160-character preview, never whole values (use get_note).",
+                       size and a 160-character preview, never whole values (use get_note). Empty (with a `note`) means no note matches the scope and tag.",
         annotations(read_only_hint = true)
     )]
     async fn list_notes(
@@ -128,7 +129,11 @@ impl BusServer {
         Parameters(args): Parameters<ListNotesArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(notes::list(self.bus(), me, args.scope.as_deref(), args.tag.as_deref()).await)
+        Read::now(
+            "notes",
+            "no note matches this scope and tag (compared whole; omit them to list every note)",
+        )
+        .reply(notes::list(self.bus(), me, args.scope.as_deref(), args.tag.as_deref()).await)
     }
 
     #[tool(
@@ -136,7 +141,7 @@ impl BusServer {
                        first, at most 50, each with the passages that matched. The best \
                        matches are ranked among the 500 most recently updated notes that \
                        match: add words or a scope to reach older ones. Emoji and other \
-                       symbols (which full text ignores) match as written.",
+                       symbols (which full text ignores) match as written. Empty `results` (with a `note`) means no note matches.",
         annotations(read_only_hint = true)
     )]
     async fn search_notes(
@@ -145,7 +150,8 @@ impl BusServer {
         Parameters(args): Parameters<SearchNotesArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(notes::search(self.bus(), me, &args.query, args.scope.as_deref()).await)
+        Read::now("results", "no note matches this query")
+            .reply(notes::search(self.bus(), me, &args.query, args.scope.as_deref()).await)
     }
 
     #[tool(

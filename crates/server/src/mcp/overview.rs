@@ -7,8 +7,9 @@ use rmcp::model::CallToolResult;
 use rmcp::{ErrorData, schemars, tool, tool_router};
 use serde::Deserialize;
 
+use super::answers::Read;
 use super::sessions::NoArgs;
-use super::{BusServer, caller, reply};
+use super::{BusServer, caller};
 use acs_store::store::{messaging::overview, messaging::pending};
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -44,7 +45,7 @@ impl BusServer {
                        nor to goes, and team_digest's focus): the channel set for this window \
                        (heartbeat `channel`), else your `project` label's, else your window \
                        label's; `default_channel_from` says which. Identity comes from your token; \
-                       the window from the X-Crew-Session header or your session credential.",
+                       the window from the X-Crew-Session header or your session credential. Zero counts and empty lists mean nothing is pending as of `as_of`.",
         annotations(read_only_hint = true)
     )]
     async fn whoami(
@@ -53,7 +54,7 @@ impl BusServer {
         Parameters(_): Parameters<NoArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(overview::whoami(self.bus(), me).await)
+        Read::snapshot().reply(overview::whoami(self.bus(), me).await)
     }
 
     #[tool(
@@ -65,7 +66,7 @@ impl BusServer {
                        announcements since `since`, and what this window holds (claimed \
                        tasks, locks, path reservations: each counted, the first 10 listed). \
                        Each list is short; read the rest with read_messages, \
-                       read_conversation, list_tasks, list_locks and list_reservations.",
+                       read_conversation, list_tasks, list_locks and list_reservations. Empty lists mean nothing of that kind needs you as of `as_of`.",
         annotations(read_only_hint = true)
     )]
     async fn pending_for_me(
@@ -74,7 +75,9 @@ impl BusServer {
         Parameters(args): Parameters<PendingArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(pending::pending_for_me(self.bus(), me, args.since, args.lease_within_seconds).await)
+        Read::snapshot().reply(
+            pending::pending_for_me(self.bus(), me, args.since, args.lease_within_seconds).await,
+        )
     }
 
     #[tool(
@@ -86,7 +89,7 @@ impl BusServer {
                        announcements always), \
                        tasks that moved (the 50 that moved last), notes updated, agents seen, \
                        and the windows holding path reservations now (`reservations`: holder, \
-                       count, the first 10). Never DMs.",
+                       count, the first 10). Never DMs. Empty lists mean nothing of that kind happened in the period (`as_of` says when it was read).",
         annotations(read_only_hint = true)
     )]
     async fn team_digest(
@@ -95,6 +98,7 @@ impl BusServer {
         Parameters(args): Parameters<DigestArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(overview::team_digest(self.bus(), me, args.hours, args.all_channels).await)
+        Read::snapshot()
+            .reply(overview::team_digest(self.bus(), me, args.hours, args.all_channels).await)
     }
 }

@@ -7,7 +7,8 @@ use rmcp::model::CallToolResult;
 use rmcp::{ErrorData, schemars, tool, tool_router};
 use serde::Deserialize;
 
-use super::{BusServer, caller, reply};
+use super::answers::Read;
+use super::{BusServer, caller};
 use acs_store::store::messaging::presence::{self, Beat, PresenceStatus, SessionFilter};
 
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
@@ -119,7 +120,7 @@ impl BusServer {
                        live one before a dead one, a named window before the shared one, then \
                        the most recent. A window holding path reservations shows them \
                        (`reservations`: count and the first 10, each pattern, exclusive, \
-                       project, reason, expires_at).",
+                       project, reason, expires_at). Empty (with a `note`) means no agent matches.",
         annotations(read_only_hint = true)
     )]
     async fn list_agents(
@@ -129,7 +130,11 @@ impl BusServer {
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
         let (online_only, all) = (args.online_only.unwrap_or(false), args.all.unwrap_or(false));
-        reply(presence::list_agents(self.bus(), me, online_only, all).await)
+        Read::now(
+            "agents",
+            "no agent matches (with online_only: none has a live window)",
+        )
+        .reply(presence::list_agents(self.bus(), me, online_only, all).await)
     }
 
     #[tool(
@@ -137,7 +142,7 @@ impl BusServer {
                        `address` (`agent` for an agent's shared window, `agent/window` \
                        otherwise), `exact`: true when that address reaches only that window, and \
                        `state`: online, idle or offline. Windows offline for more than a day are \
-                       left out unless `all: true`; revoked windows are never listed.",
+                       left out unless `all: true`; revoked windows are never listed. Empty (with a `note`) means no window matches the filters.",
         annotations(read_only_hint = true)
     )]
     async fn list_sessions(
@@ -146,7 +151,11 @@ impl BusServer {
         Parameters(args): Parameters<ListSessionsArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(
+        Read::now(
+            "sessions",
+            "no window matches these filters (labels are compared whole, ignoring case)",
+        )
+        .reply(
             presence::list_sessions(
                 self.bus(),
                 me,

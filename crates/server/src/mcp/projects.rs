@@ -6,8 +6,9 @@ use rmcp::model::CallToolResult;
 use rmcp::{ErrorData, schemars, tool, tool_router};
 use serde::Deserialize;
 
+use super::answers::Read;
 use super::sessions::NoArgs;
-use super::{BusServer, caller, reply_list};
+use super::{BusServer, caller};
 use acs_store::store::conversations::projects;
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -61,7 +62,7 @@ impl BusServer {
     }
 
     #[tool(
-        description = "The team's projects, each with whether you hold an access grant.",
+        description = "The team's projects, each with whether you hold an access grant. Empty means your team has no project yet.",
         annotations(read_only_hint = true)
     )]
     async fn list_projects(
@@ -70,7 +71,8 @@ impl BusServer {
         Parameters(_): Parameters<NoArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply_list("projects", projects::list(self.bus(), me).await)
+        Read::now("projects", "your team has no project yet")
+            .list(projects::list(self.bus(), me).await, None)
     }
 
     #[tool(

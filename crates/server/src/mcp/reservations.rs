@@ -8,7 +8,8 @@ use rmcp::model::CallToolResult;
 use rmcp::{ErrorData, schemars, tool, tool_router};
 use serde::Deserialize;
 
-use super::{BusServer, caller, reply};
+use super::answers::Read;
+use super::{BusServer, caller};
 use acs_store::store::messaging::reservations;
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -170,7 +171,7 @@ impl BusServer {
         description = "The live path reservations of this window's project (or `project`'s) (holder window, \
                        pattern, exclusive or shared, reason, expiry), optionally only those \
                        covering `path` or held by `agent`; at most 200, `more` when cut short. \
-                       Empty means nobody in the project has reserved anything matching.",
+                       Empty means nobody in the project has reserved anything matching; an `agent` not in your team is refused.",
         annotations(read_only_hint = true)
     )]
     async fn list_reservations(
@@ -179,7 +180,11 @@ impl BusServer {
         Parameters(args): Parameters<ListReservationsArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(
+        Read::now(
+            "reservations",
+            "no live reservation in this project matches",
+        )
+        .reply(
             reservations::list(
                 self.bus(),
                 me,
@@ -196,7 +201,8 @@ impl BusServer {
                        this window's project (or `project`'s), by whom and how (`mine` marks this window's). \
                        `exclusive_elsewhere` lists the paths another window holds exclusively: \
                        do not edit those without asking the holder. Empty means you are free \
-                       to edit.",
+                       to edit, unless `unreadable` lists reservations whose stored pattern \
+                       cannot be read (their reach is unknown: ask the holder).",
         annotations(read_only_hint = true)
     )]
     async fn check_paths(
@@ -205,6 +211,8 @@ impl BusServer {
         Parameters(args): Parameters<CheckPathsArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(reservations::check_paths(self.bus(), me, &args.paths, args.project.as_deref()).await)
+        Read::snapshot().reply(
+            reservations::check_paths(self.bus(), me, &args.paths, args.project.as_deref()).await,
+        )
     }
 }

@@ -1,6 +1,6 @@
 //! Task tools: `create_task`, `claim_task`, `claim_next_task`,
 //! `renew_task_lease`, `release_task`, `complete_task`, `cancel_task`,
-//! `set_task_dependencies`, `list_tasks`, `get_task`. All logic lives in
+//! `set_task_dependencies`, `set_task_priority`, `list_tasks`, `get_task`. All logic lives in
 //! `store::tasks`.
 
 use rmcp::handler::server::tool::Extension;
@@ -10,7 +10,8 @@ use rmcp::{ErrorData, schemars, tool, tool_router};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{BusServer, caller, reply};
+use super::answers::Read;
+use super::{BusServer, caller};
 use acs_store::store::tasks::{self, NewTask};
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -28,6 +29,9 @@ pub struct CreateTaskArgs {
     pub metadata: Option<Value>,
     /// Keys of existing tasks that must be done before this one can be claimed (at most 32).
     pub depends_on: Option<Vec<String>>,
+    /// `low`, `normal` (default), `high` or `urgent`: claim_next_task takes the highest first,
+    /// the oldest first within one priority.
+    pub priority: Option<String>,
     /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
     /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
     /// and changes nothing; the same id with other arguments is refused.
@@ -42,6 +46,7 @@ impl From<CreateTaskArgs> for NewTask {
             description: args.description,
             metadata: args.metadata,
             depends_on: args.depends_on.unwrap_or_default(),
+            priority: args.priority,
         }
     }
 }
@@ -144,6 +149,19 @@ pub struct SetDependenciesArgs {
     pub request_id: Option<String>,
 }
 
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetPriorityArgs {
+    /// The task's key.
+    pub key: String,
+    /// `low`, `normal`, `high` or `urgent`.
+    pub priority: String,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
+}
+
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ListTasksArgs {
@@ -161,7 +179,8 @@ impl BusServer {
     #[tool(
         description = "Create a task in the team's shared queue. `key` is unique in the team; \
                        `depends_on` names existing tasks (not cancelled ones) that must be done \
-                       first (the task cannot be claimed until then). The task starts open."
+                       first (the task cannot be claimed until then). `priority`: low, \
+                       normal (default), high or urgent. The task starts open."
     )]
     async fn create_task(
         &self,
@@ -207,8 +226,9 @@ impl BusServer {
     }
 
     #[tool(
-        description = "Claim the oldest open task whose dependencies are all done (a lapsed \
-                       lease counts as open). Safe with many agents at once: no two get the \
+        description = "Claim the open task of the highest priority (urgent, high, normal, \
+                       low), the oldest first within one, whose dependencies are all done (a \
+                       lapsed lease counts as open). Safe with many agents at once: no two get the \
                        same task. Answers `claimed: false` with the reason when nothing is ready."
     )]
     async fn claim_next_task(
@@ -346,9 +366,36 @@ impl BusServer {
     }
 
     #[tool(
+        description = "Set a task's priority: low, normal, high or urgent (claim_next_task takes \
+                       the highest first, the oldest first within one). Only the agent that \
+                       created the task (any window), for a task open or claimed; refused for \
+                       a task done or cancelled. Records a priority_changed event; the same \
+                       priority again changes nothing."
+    )]
+    async fn set_task_priority(
+        &self,
+        Extension(parts): Extension<http::request::Parts>,
+        Parameters(args): Parameters<SetPriorityArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let me = caller(&parts)?;
+        let rights = tasks::Rights::Creator;
+        self.once(
+            &parts,
+            "set_task_priority",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let task =
+                    tasks::set_priority_in(&mut w, me, &args.key, &args.priority, rights).await;
+                (w, task)
+            },
+        )
+        .await
+    }
+
+    #[tool(
         description = "List the team's tasks, filtered by status (open, claimed, done, \
-                       cancelled, any). open and claimed come oldest first (queue order); the \
-                       others most recently changed first. `more` says when limit cut it short.",
+                       cancelled, any). open and claimed come in queue order (highest priority \
+                       first, then oldest first); the others most recently changed first. `more` says when limit cut it short. Empty (with a `note`) means no task matches the filter.",
         annotations(read_only_hint = true)
     )]
     async fn list_tasks(
@@ -357,7 +404,11 @@ impl BusServer {
         Parameters(args): Parameters<ListTasksArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(
+        Read::now(
+            "tasks",
+            "no task has this status (or, with mine_only, is yours)",
+        )
+        .reply(
             tasks::list(
                 self.bus(),
                 me,
@@ -371,7 +422,7 @@ impl BusServer {
 
     #[tool(
         description = "One task with its description, metadata, dependencies, holder (or \
-                       lapsed_holder), result and event history.",
+                       lapsed_holder), result and event history. An unknown key is refused, never answered empty.",
         annotations(read_only_hint = true)
     )]
     async fn get_task(
@@ -380,6 +431,6 @@ impl BusServer {
         Parameters(args): Parameters<TaskKeyArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(tasks::get(self.bus(), me, &args.key).await)
+        Read::snapshot().reply(tasks::get(self.bus(), me, &args.key).await)
     }
 }

@@ -114,7 +114,7 @@ impl BusServer {
         description = "Block until something this window should see happens: a DM to it, a \
                           task, lock or note change, an announcement, or a message in its focused \
                           channel (all channels with all_channels). Returns woke, timed_out and \
-                          event summaries; unread DMs wake it at once. Call again to keep waiting."
+                          event summaries; unread DMs wake it at once. Call again to keep waiting. `woke: false` with no events means nothing happened before the timeout."
     )]
     async fn wait_for_updates(
         &self,

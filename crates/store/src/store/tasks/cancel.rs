@@ -1,10 +1,11 @@
 //! `cancel_task`: end a task without doing it.
 //!
-//! Who may: the agent that created the task (from any of its windows: the
-//! work was its to ask for) or the window holding the task's live lease (the
-//! work is its to give up). Nobody else, and nobody for a task already done
-//! or cancelled: both are final, so a second cancel is refused rather than
-//! rewriting who cancelled and why.
+//! Who may, with [`Rights::Creator`] (the MCP tool): the agent that created
+//! the task (from any of its windows: the work was its to ask for) or the
+//! window holding the task's live lease (the work is its to give up); with
+//! [`Rights::Overseer`] (a person overseeing the team, on the dashboard):
+//! anyone. Nobody for a task already done or cancelled: both are final, so a
+//! second cancel is refused rather than rewriting who cancelled and why.
 //!
 //! One transaction: the session guard, the task row locked, the row set to
 //! `cancelled` with who, when and why (any lease ends with it), a `cancelled`
@@ -20,9 +21,11 @@ use uuid::Uuid;
 use super::checks::check_key;
 use super::row::TaskRow;
 use super::transition::{Change, transition_and};
-use super::{Task, TaskEventKind, TaskStatus};
+use super::{Rights, Task, TaskEventKind, TaskStatus};
+use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
+use crate::store::requests;
 use crate::store::requests::Writer;
 use crate::store::{address, window_phrase};
 
@@ -92,12 +95,42 @@ fn require_may_cancel(row: &TaskRow, me: &Identity) -> BusResult<()> {
     )))
 }
 
-/// `cancel_task`: set the task `cancelled` with `reason`, ending any lease.
+/// `cancel_task`: set the task `cancelled` with `reason`, ending any lease,
+/// with an agent's own rights ([`Rights::Creator`]).
 pub async fn cancel(
     w: &mut Writer,
     me: &Identity,
     key: &str,
     reason: &str,
+) -> BusResult<CancelledTask> {
+    cancel_with_in(w, me, key, reason, Rights::Creator).await
+}
+
+/// Cancel the task `key` with `reason` and the given `rights`:
+/// [`Rights::Overseer`] (a person on the dashboard) may cancel any task of
+/// the team that is not finished. The same row change, `cancelled` event
+/// (its detail says `"as": "overseer"`) and wake-up as `cancel_task`.
+pub async fn cancel_with(
+    bus: &Bus,
+    me: &Identity,
+    key: &str,
+    reason: &str,
+    rights: Rights,
+) -> BusResult<CancelledTask> {
+    requests::plain(bus, |mut w| async move {
+        let cancelled = cancel_with_in(&mut w, me, key, reason, rights).await;
+        (w, cancelled)
+    })
+    .await
+}
+
+/// [`cancel_with`] on `w`.
+pub async fn cancel_with_in(
+    w: &mut Writer,
+    me: &Identity,
+    key: &str,
+    reason: &str,
+    rights: Rights,
 ) -> BusResult<CancelledTask> {
     let key = check_key(key)?;
     check_reason(reason)?;
@@ -114,7 +147,9 @@ pub async fn cancel(
                     row.finished_phrase()
                 )));
             }
-            require_may_cancel(row, me)?;
+            if rights == Rights::Creator {
+                require_may_cancel(row, me)?;
+            }
             let (holder, lapsed_holder) = row.holders();
             let update = sqlx::query(
                 "UPDATE tasks
@@ -128,11 +163,14 @@ pub async fn cancel(
             .bind(me.agent_id)
             .bind(&me.window)
             .bind(reason);
-            let detail = json!({
+            let mut detail = json!({
                 "reason": reason,
                 "holder": holder.as_ref().map(|h| &h.address),
                 "lapsed_holder": lapsed_holder.as_ref().map(|h| &h.address),
             });
+            if rights == Rights::Overseer {
+                detail["as"] = json!("overseer");
+            }
             Ok(Change::new(update, TaskEventKind::Cancelled, detail))
         },
         // The holder whose lease ends with the task, and who is left waiting.

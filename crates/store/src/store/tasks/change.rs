@@ -104,7 +104,8 @@ pub(super) struct NothingClaimable {
     pub(super) stuck: i64,
 }
 
-/// Claim the oldest ready task for this window in one round trip: the task
+/// Claim the ready task of the highest priority, the oldest first within one
+/// (migration 0049), for this window in one round trip: the task
 /// claimed (the wake-up emitted), or why there was none.
 pub(super) async fn claim_next(
     w: &mut Writer,

@@ -1,6 +1,7 @@
-//! Claiming: `claim_task` for a named task, `claim_next_task` for the oldest
-//! ready one (each one round trip, [`change`](super::change)), and the words
-//! of their refusals and of why nothing was claimable.
+//! Claiming: `claim_task` for a named task, `claim_next_task` for the most
+//! urgent ready one, the oldest first within a priority (each one round trip,
+//! [`change`](super::change)), and the words of their refusals and of why
+//! nothing was claimable.
 
 use super::change::{self, Declined, NothingClaimable, Op, unknown_code};
 use super::checks::{check_key, check_lease};
@@ -75,8 +76,9 @@ fn blocked(row: &TaskRow) -> BusError {
     ))
 }
 
-/// `claim_next_task`: the oldest open (or lapsed) task whose dependencies are
-/// all done, claimed for this window. Nothing claimable is an answer, not a
+/// `claim_next_task`: the open (or lapsed) task of the highest priority, the
+/// oldest first within one, whose dependencies are all done, claimed for
+/// this window. Nothing claimable is an answer, not a
 /// refusal: it says why, in numbers.
 pub async fn claim_next(
     bus: &Bus,

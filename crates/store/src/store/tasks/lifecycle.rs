@@ -12,7 +12,7 @@ use super::checks::{
 };
 use super::row::emit;
 use super::transition::finish;
-use super::{NewTask, Task, TaskEventKind, dependencies};
+use super::{NewTask, Task, TaskEventKind, dependencies, priority};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -36,6 +36,7 @@ pub async fn create_in(w: &mut Writer, me: &Identity, new: NewTask) -> BusResult
     let description = check_description(new.description)?;
     let metadata = check_metadata(new.metadata)?;
     let depends_on = check_dependencies(&key, &new.depends_on)?;
+    let priority = priority::check_new_priority(new.priority.as_deref())?;
 
     let mut tx = w.begin().await?;
     sessions::guard(&mut tx, me).await?;
@@ -45,8 +46,9 @@ pub async fn create_in(w: &mut Writer, me: &Identity, new: NewTask) -> BusResult
     let found = dependencies::resolve(&mut tx, me, &depends_on, "Nothing was created.").await?;
     let task_id = Uuid::new_v4();
     let inserted = sqlx::query(
-        "INSERT INTO tasks (id, team_id, key, title, description, metadata, created_by, created_session)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+        "INSERT INTO tasks (id, team_id, key, title, description, metadata, created_by,
+                            created_session, priority)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
          ON CONFLICT (team_id, key) DO NOTHING",
     )
     .bind(task_id)
@@ -57,6 +59,7 @@ pub async fn create_in(w: &mut Writer, me: &Identity, new: NewTask) -> BusResult
     .bind(&metadata)
     .bind(me.agent_id)
     .bind(&me.window)
+    .bind(priority.rank())
     .execute(&mut *tx)
     .await?;
     if inserted.rows_affected() == 0 {
@@ -78,7 +81,7 @@ pub async fn create_in(w: &mut Writer, me: &Identity, new: NewTask) -> BusResult
         .execute(&mut *tx)
         .await?;
     }
-    let detail = json!({ "depends_on": depends_on });
+    let detail = json!({ "depends_on": depends_on, "priority": priority });
     let task = finish(tx, me, task_id, &key, TaskEventKind::Created, detail).await?;
     emit(w, me, &key);
     Ok(task)

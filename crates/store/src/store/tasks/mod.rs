@@ -15,7 +15,8 @@
 //! overwrites the holder. So a crashed agent's work comes back by itself, and
 //! the lapsed holder can neither renew nor complete what it no longer holds.
 //!
-//! `claim_next_task` takes the oldest ready task with `FOR NO KEY UPDATE SKIP
+//! `claim_next_task` takes the ready task of the highest priority, the oldest
+//! first within a priority (migration 0049), with `FOR NO KEY UPDATE SKIP
 //! LOCKED`: concurrent claimers each lock a different row, and a row another
 //! claimer just took fails the re-check and is passed over, so no task is ever
 //! handed to two windows.
@@ -37,7 +38,9 @@
 //! check, update, event, commit, wake-up) that `cancel` takes; `lifecycle`
 //! creating, renewing, releasing and completing; `claim` claiming one task or
 //! the next ready one; `cancel` and `dependencies` cancelling and
-//! re-pointing; `queries` listing and reading.
+//! re-pointing; `priority` the priority words, re-prioritising and the
+//! rights (creator or overseer) a caller acts with; `queries` listing and
+//! reading.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -49,14 +52,16 @@ mod checks;
 mod claim;
 mod dependencies;
 mod lifecycle;
+mod priority;
 mod queries;
 mod row;
 mod transition;
-pub use cancel::{CANCEL_REASON_MAX_BYTES, CancelledTask, cancel};
+pub use cancel::{CANCEL_REASON_MAX_BYTES, CancelledTask, cancel, cancel_with, cancel_with_in};
 pub use checks::check_metadata;
 pub use claim::{claim, claim_next, claim_next_in};
 pub use dependencies::set_dependencies;
 pub use lifecycle::{complete, complete_in, create, create_in, release, renew};
+pub use priority::{Rights, TaskPriority, check_priority, set_priority, set_priority_in};
 pub use queries::{get, list};
 
 pub const KEY_MAX_BYTES: usize = 128;
@@ -105,6 +110,8 @@ pub struct Task {
     pub title: String,
     /// A lapsed lease reads `open`.
     pub status: TaskStatus,
+    /// `low`, `normal`, `high` or `urgent`: claim_next_task takes the highest first.
+    pub priority: TaskPriority,
     pub description: Option<String>,
     pub metadata: Value,
     /// The window holding a live claim.
@@ -135,6 +142,7 @@ pub struct TaskSummary {
     pub key: String,
     pub title: String,
     pub status: TaskStatus,
+    pub priority: TaskPriority,
     pub holder: Option<Holder>,
     pub lapsed_holder: Option<Holder>,
     pub blocked_by: Vec<String>,
@@ -171,6 +179,8 @@ pub struct NewTask {
     /// A JSON object, or a string holding one.
     pub metadata: Option<Value>,
     pub depends_on: Vec<String>,
+    /// `low`, `normal`, `high` or `urgent`; `None` is `normal`.
+    pub priority: Option<String>,
 }
 
 /// `claim_next_task`'s answer: a task, or why there is none.
@@ -236,6 +246,7 @@ acs_wire::text_enum! {
         Completed = "completed",
         Cancelled = "cancelled",
         DependenciesChanged = "dependencies_changed",
+        PriorityChanged = "priority_changed",
     }
 }
 crate::text_column!(TaskEventKind);

@@ -31,7 +31,8 @@ macro_rules! list_where {
     };
 }
 
-/// `list_tasks`: open and claimed tasks in queue order (oldest first); done,
+/// `list_tasks`: open and claimed tasks in queue order (highest priority
+/// first, then oldest first); done,
 /// cancelled and `any` most recently changed first. `mine_only`: tasks this
 /// window holds (or held, lapsed) or completed.
 pub async fn list(
@@ -52,7 +53,7 @@ pub async fn list(
             summary_columns!(),
             " FROM task_rows t ",
             list_where!(),
-            " ORDER BY t.created_at, t.seq LIMIT $6"
+            " ORDER BY t.priority DESC, t.created_at, t.seq LIMIT $6"
         )
     } else {
         concat!(

@@ -7,7 +7,7 @@ use serde_json::Value;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::{Holder, Task, TaskEventKind, TaskStatus, TaskSummary};
+use super::{Holder, Task, TaskEventKind, TaskPriority, TaskStatus, TaskSummary};
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::events::{BusEvent, EventKind};
@@ -26,7 +26,7 @@ macro_rules! summary_columns {
          t.created_session, t.created_at, t.updated_at, t.completed_by, t.completed_session,
          t.completed_at, NULL::text AS result, t.cancelled_by, t.cancelled_session,
          t.cancelled_at, NULL::text AS cancel_reason, '{}'::text[] AS depends_on, t.blocked_by,
-         t.blocked_by_cancelled"
+         t.blocked_by_cancelled, t.priority"
     };
 }
 pub(super) use summary_columns;
@@ -62,6 +62,8 @@ pub(super) struct TaskRow {
     pub(super) depends_on: Vec<String>,
     pub(super) blocked_by: Vec<String>,
     pub(super) blocked_by_cancelled: Vec<String>,
+    /// The rank, 0 (low) ..= 3 (urgent) ([`TaskPriority`]).
+    pub(super) priority: i16,
 }
 
 impl TaskRow {
@@ -165,6 +167,7 @@ impl TaskRow {
         let cancelled_by = self.cancelled_by_address();
         Task {
             status,
+            priority: TaskPriority::from_rank(self.priority),
             holder,
             lapsed_holder,
             created_by: address(&self.created_by, &self.created_session),
@@ -191,6 +194,7 @@ impl TaskRow {
         let cancelled_by = self.cancelled_by_address();
         TaskSummary {
             status: self.effective_status(),
+            priority: TaskPriority::from_rank(self.priority),
             holder,
             lapsed_holder,
             created_by: address(&self.created_by, &self.created_session),

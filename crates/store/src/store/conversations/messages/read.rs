@@ -22,6 +22,13 @@ pub struct ReadPage {
     /// The first seq this reader may read.
     pub history_from_seq: i64,
     pub messages: Vec<ConversationMessage>,
+    /// The conversation's newest seq when it was read.
+    pub last_seq: i64,
+    /// More past `next_after_seq` (read again with it).
+    pub more: bool,
+    /// On an empty page: read past which seq, as of when.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// How far back a reader may read, and its seat (for its receipts).
@@ -47,7 +54,15 @@ pub async fn read(bus: &Bus, me: &Identity, request: ReadRequest) -> BusResult<R
     let conversation = conversations::load(&mut conn, me, request.conversation_id, false).await?;
     let access = conversations::read_access(&mut conn, me, &conversation).await?;
     let (history_from_seq, seat) = reader_bounds(&access);
-    // Saturating: `after_seq` is the caller's, and i64::MAX is an empty page.
+    if after_seq > conversation.last_seq {
+        return Err(BusError::invalid(format!(
+            "after_seq {after_seq} is ahead of the newest seq {} of this conversation: nothing \
+             is there yet. Start from the newest: pass after_seq: {} to read only what comes \
+             next, or omit it to read your history from the start. Nothing was read.",
+            conversation.last_seq, conversation.last_seq
+        )));
+    }
+    // Saturating: `after_seq` is the caller's (at most the newest seq here).
     let from_seq = after_seq.saturating_add(1).max(history_from_seq);
     let rows: Vec<MessageRow> = sqlx::query_as(concat!(
         message_select!(),
@@ -77,10 +92,21 @@ pub async fn read(bus: &Bus, me: &Identity, request: ReadRequest) -> BusResult<R
         }
         next_after_seq = message.seq;
     }
+    let next_after_seq = next_after_seq.max(after_seq);
+    let note = messages.is_empty().then(|| {
+        format!(
+            "nothing after seq {next_after_seq} (the newest is {}; as of {})",
+            conversation.last_seq,
+            chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+        )
+    });
     Ok(ReadPage {
         conversation_id: conversation.id,
-        next_after_seq: next_after_seq.max(after_seq),
+        next_after_seq,
         history_from_seq,
+        more: next_after_seq < conversation.last_seq,
+        last_seq: conversation.last_seq,
+        note,
         messages,
     })
 }

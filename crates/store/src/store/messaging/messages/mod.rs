@@ -256,6 +256,7 @@ pub fn default_channel_of(labels: &ChannelLabels, me: &Identity) -> Option<Defau
         .map(|name| DefaultChannel { name, from })
 }
 
+mod after;
 mod post;
 mod read;
 mod search;

@@ -93,7 +93,7 @@ const LATEST: &str = " ORDER BY {key_desc} position DESC LIMIT $7";
 /// item of a read: its function takes the lock and reads the credential in a
 /// snapshot of its own, so a revocation committed while it waited is seen.
 /// Binds: $1 team, $2 agent, $10 token, $11 window credential, $12 epoch.
-const FENCE: &str = "fence AS MATERIALIZED (
+pub(super) const FENCE: &str = "fence AS MATERIALIZED (
          SELECT refusal, session_epoch, refused_since
          FROM agent_write_refusal($1, $2, $10, $11, $12, false))";
 
@@ -169,7 +169,7 @@ const MOVED: &str = "CASE WHEN (SELECT newest_to_agent FROM settled) IS NOT NULL
               ELSE (SELECT moved FROM window_moved)::int::bigint END AS moved";
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
-enum ScopeKind {
+pub(super) enum ScopeKind {
     All,
     Inbox,
     Channel,
@@ -179,7 +179,7 @@ enum ScopeKind {
 /// cannot drop an OR branch that a bound flag turns off, nor walk two
 /// indexes in one order). `all_sessions` reads the DMs of every window of
 /// the agent; otherwise this window's and those to the whole agent.
-fn branches(scope: ScopeKind, only_new: bool, all_sessions: bool) -> Vec<&'static str> {
+pub(super) fn branches(scope: ScopeKind, only_new: bool, all_sessions: bool) -> Vec<&'static str> {
     let mut branches = Vec::new();
     match scope {
         ScopeKind::Channel => return vec![ONE_CHANNEL],
@@ -273,7 +273,8 @@ fn read_sql(only_new: bool, scope: ScopeKind, all_sessions: bool) -> String {
                   WHERE NOT EXISTS (SELECT 1 FROM messages x
                                     WHERE x.team_id = $1 AND x.position = g.p)),
               {MOVE_CURSOR}
-         SELECT f.refusal, f.session_epoch, f.refused_since, p.*, g.gaps, {MOVED}
+         SELECT f.refusal, f.session_epoch, f.refused_since, p.*, g.gaps, {MOVED},
+                (SELECT after FROM cursor) AS cursor_after
          FROM fence f LEFT JOIN (page p CROSS JOIN gaps g) ON true
          ORDER BY p.position"
     )
@@ -298,6 +299,8 @@ struct Page {
     /// `only_new`: the statement was undone whole (`read_cursor_raced`):
     /// nothing was handed out or moved, read again.
     raced: bool,
+    /// `only_new`: the window's cursor for the scope, as the statement read it.
+    cursor: i64,
 }
 
 /// Per team, a position at or below which every position is settled
@@ -330,6 +333,8 @@ pub struct ReadRequest {
     pub limit: Option<i64>,
     /// Include direct messages addressed to this agent's other windows.
     pub all_sessions: bool,
+    /// Read from this position instead of the cursor (`after.rs`).
+    pub after: Option<i64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -338,17 +343,22 @@ pub struct ReadResult {
     pub messages: Vec<MessageView>,
     /// True when the page was full: more may be waiting, read again.
     pub more: bool,
+    /// The position reached: the page's newest, else the cursor or `after`.
+    pub read_up_to: i64,
+    /// On an empty page: what was read, past where, as of when (`after.rs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// One read's statement and what it binds besides its bounds.
-struct Reader<'a> {
+pub(super) struct Reader<'a> {
     me: &'a Identity,
     sql: String,
-    scope: &'a str,
-    channel_id: Option<Uuid>,
-    all_sessions: bool,
+    pub(super) scope: &'a str,
+    pub(super) channel_id: Option<Uuid>,
+    pub(super) all_sessions: bool,
     only_new: bool,
-    limit: i64,
+    pub(super) limit: i64,
 }
 
 impl Reader<'_> {
@@ -380,6 +390,7 @@ impl Reader<'_> {
                     gaps: Vec::new(),
                     moved: false,
                     raced: true,
+                    cursor: 0,
                 });
             }
             Err(err) => return Err(err.into()),
@@ -395,6 +406,7 @@ impl Reader<'_> {
             gaps: Vec::new(),
             moved: false,
             raced: false,
+            cursor: 0,
         };
         for row in &rows {
             if row.try_get::<Option<Uuid>, _>("id")?.is_none() {
@@ -407,6 +419,7 @@ impl Reader<'_> {
                 .try_get::<Option<Vec<i64>>, _>("gaps")?
                 .unwrap_or_default();
             page.moved = first.try_get::<i64, _>("moved")? > 0;
+            page.cursor = first.try_get::<i64, _>("cursor_after")?;
         }
         Ok(page)
     }
@@ -416,7 +429,8 @@ impl Reader<'_> {
     /// its writer (of this team only), then read again up to the same newest
     /// position, now all settled. If another read of the same window and
     /// scope moved the cursor first, read again from where it left it.
-    async fn read_new(&self, pool: &PgPool) -> BusResult<Vec<MessageView>> {
+    /// Also the position read up to: the page's newest, or the cursor.
+    async fn read_new(&self, pool: &PgPool) -> BusResult<(Vec<MessageView>, i64)> {
         let team = self.me.team_id;
         let (mut through, mut settled) = (i64::MAX, settled_through(team));
         loop {
@@ -436,11 +450,12 @@ impl Reader<'_> {
                 continue;
             }
             let Some(last) = page.messages.last() else {
-                return Ok(page.messages);
+                return Ok((page.messages, page.cursor));
             };
             if page.moved {
-                settle(team, last.position);
-                return Ok(page.messages);
+                let up_to = last.position;
+                settle(team, up_to);
+                return Ok((page.messages, up_to));
             }
             (through, settled) = (i64::MAX, settled_through(team));
         }
@@ -485,16 +500,22 @@ pub async fn read(bus: &Bus, me: &Identity, request: ReadRequest) -> BusResult<R
         only_new: request.only_new,
         limit,
     };
-    let messages = if request.only_new {
+    let (messages, read_up_to) = if let Some(after) = request.after {
+        super::after::read_after(bus, me, &reader, scope_kind, after).await?
+    } else if request.only_new {
         reader.read_new(&bus.pool).await?
     } else {
-        reader.run(&bus.pool, i64::MAX, 0).await?.messages
+        let messages = reader.run(&bus.pool, i64::MAX, 0).await?.messages;
+        let newest = messages.iter().map(|m| m.position).max().unwrap_or(0);
+        (messages, newest)
     };
-    Ok(ReadResult {
-        more: messages.len() as i64 == limit,
+    Ok(super::after::answer(
         scope,
         messages,
-    })
+        limit,
+        read_up_to,
+        request.only_new || request.after.is_some(),
+    ))
 }
 
 /// The direct messages to this window that it has not read yet: those to

@@ -16,7 +16,7 @@ use uuid::Uuid;
 
 use super::{
     LISTED_MAX, Reservation, Row, columns, covers, globs_of, holder_present, joined, live_rows,
-    parse_path, parse_paths, parsed, project_to_read,
+    parse_path, parse_paths, project_to_read,
 };
 use crate::Bus;
 use crate::auth::Identity;
@@ -42,6 +42,11 @@ pub struct PathCheck {
     pub paths: Vec<CheckedPath>,
     /// The paths another window holds exclusively: do not edit these.
     pub exclusive_elsewhere: Vec<String>,
+    /// Live reservations whose stored pattern this server cannot read (a
+    /// pattern stored under other glob rules): what they cover is unknown,
+    /// so no path is known free of them. Absent when there are none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unreadable: Vec<Reservation>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -71,17 +76,38 @@ pub async fn list(
 ) -> BusResult<ReservationList> {
     let path = path.map(parse_path).transpose()?;
     let agent = agent.map(text::lookup_lower).filter(|a| !a.is_empty());
+    if let Some(agent) = &agent {
+        // A name nobody has would list nothing, as if nothing were reserved.
+        let known: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM agents WHERE team_id = $1 AND name = $2)",
+        )
+        .bind(me.team_id)
+        .bind(agent)
+        .fetch_one(&bus.pool)
+        .await?;
+        if !known {
+            return Err(crate::error::BusError::not_found(format!(
+                "no agent `{agent}` in your team, so no reservation of theirs to list. \
+                 list_agents shows the team's agents; omit `agent` to list every holder."
+            )));
+        }
+    }
     let project = project_to_read(bus, me, project).await?;
     let mut rows = live_rows(&bus.pool, me, &project).await?;
     if let Some(agent) = &agent {
         rows.retain(|row| &row.agent == agent);
     }
     let mut rows = match &path {
-        Some(path) => parsed(rows)
-            .into_iter()
-            .filter(|live| covers(&live.glob, path))
-            .map(|live| live.row)
-            .collect(),
+        // A pattern that does not parse may cover the path: kept, not
+        // left out as if it did not exist.
+        Some(path) => {
+            let globs = globs_of(rows.iter().map(|row| row.pattern.as_str()));
+            rows.into_iter()
+                .zip(globs)
+                .filter(|(_, glob)| glob.as_ref().is_none_or(|glob| covers(glob, path)))
+                .map(|(row, _)| row)
+                .collect()
+        }
         None => rows,
     };
     let more = rows.len() > LISTED_MAX;
@@ -107,7 +133,9 @@ struct Key {
 
 /// The project's live reservations as [`Key`]s: one indexed read of five
 /// narrow columns, unsorted, without the join the full rows need.
-async fn live_keys(bus: &Bus, me: &Identity, project: &str) -> BusResult<Vec<Key>> {
+/// Also the ids of live reservations whose stored pattern does not parse
+/// (their reach is unknown: reported, never left out as if absent).
+async fn live_keys(bus: &Bus, me: &Identity, project: &str) -> BusResult<(Vec<Key>, Vec<Uuid>)> {
     let rows: Vec<(Uuid, String, bool, Uuid, String)> = sqlx::query_as(concat!(
         "SELECT r.id, r.pattern, r.exclusive, r.holder_agent_id, r.holder_session
          FROM path_reservations r
@@ -119,18 +147,20 @@ async fn live_keys(bus: &Bus, me: &Identity, project: &str) -> BusResult<Vec<Key
     .fetch_all(&bus.pool)
     .await?;
     let globs = globs_of(rows.iter().map(|row| row.1.as_str()));
-    Ok(rows
-        .into_iter()
-        .zip(globs)
-        .filter_map(|((id, _, exclusive, agent, session), glob)| {
-            Some(Key {
+    let mut keys = Vec::with_capacity(rows.len());
+    let mut unreadable = Vec::new();
+    for ((id, _, exclusive, agent, session), glob) in rows.into_iter().zip(globs) {
+        match glob {
+            Some(glob) => keys.push(Key {
                 id,
-                glob: glob?,
+                glob,
                 exclusive,
                 mine: agent == me.agent_id && session == me.window,
-            })
-        })
-        .collect())
+            }),
+            None => unreadable.push(id),
+        }
+    }
+    Ok((keys, unreadable))
 }
 
 /// The full rows of `ids` (those still live), oldest first.
@@ -163,12 +193,13 @@ pub async fn check_paths(
 ) -> BusResult<PathCheck> {
     let paths = parse_paths(paths)?;
     let project = project_to_read(bus, me, project).await?;
-    let keys = live_keys(bus, me, &project).await?;
+    let (keys, unreadable) = live_keys(bus, me, &project).await?;
     let covering: Vec<Vec<&Key>> = paths
         .iter()
         .map(|path| keys.iter().filter(|k| covers(&k.glob, path)).collect())
         .collect();
     let mut ids: Vec<Uuid> = covering.iter().flatten().map(|k| k.id).collect();
+    ids.extend(&unreadable);
     ids.sort_unstable();
     ids.dedup();
     let rows = rows_by_id(bus, me, &ids).await?;
@@ -193,9 +224,15 @@ pub async fn check_paths(
             reservations,
         });
     }
+    let unreadable = rows
+        .iter()
+        .filter(|row| unreadable.contains(&row.id))
+        .map(|row| row.clone().into_reservation())
+        .collect();
     Ok(PathCheck {
         project,
         paths: checked,
         exclusive_elsewhere,
+        unreadable,
     })
 }

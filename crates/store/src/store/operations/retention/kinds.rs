@@ -216,7 +216,8 @@ macro_rules! message_batch {
 }
 
 /// Delete the batch's messages (`$3` their ids) that the predicate still
-/// allows: ids, channels and weights of what went.
+/// allows: ids, channels, weights, positions and recipients of what went
+/// (the last two for the prune marks, migration 0048).
 macro_rules! message_delete {
     ($predicate:expr) => {
         concat!(
@@ -224,7 +225,7 @@ macro_rules! message_delete {
             $predicate,
             " RETURNING m.id, m.channel_id, ",
             message_bytes!(),
-            "::bigint"
+            "::bigint, m.position, m.recipient_id"
         )
     };
 }

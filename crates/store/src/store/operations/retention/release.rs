@@ -101,13 +101,14 @@ pub(super) async fn delete_messages(
         sqlx::query("SET CONSTRAINTS attachments_team_id_message_id_fkey DEFERRED")
             .execute(&mut *tx)
             .await?;
-        let deleted: Vec<(Uuid, Option<Uuid>, i64)> = sqlx::query_as(delete_sql)
+        let deleted: Vec<Deleted> = sqlx::query_as(delete_sql)
             .bind(team_id)
             .bind(cutoff)
             .bind(&ids)
             .fetch_all(&mut *tx)
             .await?;
-        let deleted_ids: Vec<Uuid> = deleted.iter().map(|(id, _, _)| *id).collect();
+        let deleted_ids: Vec<Uuid> = deleted.iter().map(|d| d.0).collect();
+        record_marks(&mut tx, team_id, &deleted).await?;
         let (attachments, attachment_bytes): (i64, i64) = sqlx::query_as(
             "WITH d AS (DELETE FROM attachments WHERE team_id = $1 AND message_id = ANY($2)
                         RETURNING size_bytes)
@@ -128,7 +129,7 @@ pub(super) async fn delete_messages(
             .execute(&mut *tx)
             .await?;
         }
-        let lost: Vec<Uuid> = deleted.iter().filter_map(|(_, c, _)| *c).collect();
+        let lost: Vec<Uuid> = deleted.iter().filter_map(|d| d.1).collect();
         if !lost.is_empty() {
             sqlx::query(
                 "UPDATE channels c SET message_count = c.message_count - g.n
@@ -147,11 +148,59 @@ pub(super) async fn delete_messages(
             return Ok(gone);
         }
         gone.rows += deleted.len() as i64;
-        gone.bytes += deleted.iter().map(|(_, _, b)| *b).sum::<i64>();
+        gone.bytes += deleted.iter().map(|d| d.2).sum::<i64>();
         gone.attachments += attachments;
         gone.attachment_bytes += attachment_bytes;
         report(gone.rows);
     }
+}
+
+/// A deleted message: id, channel, weight, position, recipient.
+type Deleted = (Uuid, Option<Uuid>, i64, i64, Option<Uuid>);
+
+/// Raise the prune marks (migration 0048) to the highest position this
+/// batch deleted, per channel and per recipient of direct messages, in the
+/// batch's transaction: a read from a position below a mark is refused
+/// (`read_messages {after}`), never answered with what is left as if it
+/// were all.
+async fn record_marks(
+    tx: &mut sqlx::PgConnection,
+    team_id: Uuid,
+    deleted: &[Deleted],
+) -> BusResult<()> {
+    let mut kinds = Vec::with_capacity(deleted.len());
+    let mut keys = Vec::with_capacity(deleted.len());
+    let mut positions = Vec::with_capacity(deleted.len());
+    for (_, channel, _, position, recipient) in deleted {
+        let (kind, key) = match (channel, recipient) {
+            (Some(channel), _) => ("channel", *channel),
+            (None, Some(agent)) => ("direct", *agent),
+            (None, None) => continue,
+        };
+        kinds.push(kind);
+        keys.push(key);
+        positions.push(*position);
+    }
+    if kinds.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "INSERT INTO message_prune_marks (team_id, kind, key, pruned_through)
+         SELECT $1, kind, key, max(position)
+           FROM unnest($2::text[], $3::uuid[], $4::bigint[]) AS d(kind, key, position)
+          GROUP BY kind, key
+         ON CONFLICT (team_id, kind, key) DO UPDATE
+            SET pruned_through = greatest(message_prune_marks.pruned_through,
+                                          EXCLUDED.pruned_through),
+                updated_at = now()",
+    )
+    .bind(team_id)
+    .bind(&kinds)
+    .bind(&keys)
+    .bind(&positions)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
 }
 
 /// Release the team's conversation messages past their conversation's
