@@ -71,6 +71,9 @@ pub struct TaskEvent {
     pub kind: String,
     pub window: String,
     pub lease_seconds: Option<i64>,
+    /// The request_id the change was made under, when the server notes it
+    /// in the event's detail.
+    pub request_id: Option<String>,
 }
 
 /// A channel message.
@@ -81,6 +84,9 @@ pub struct ChannelMessage {
     pub position: i64,
     pub sender: String,
     pub sha256: String,
+    /// The post's request_id as the workload put it in the metadata
+    /// (`chaos_request_id`).
+    pub request_id: Option<String>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -154,11 +160,12 @@ pub async fn load_db(database_url: &str, team_id: Uuid) -> anyhow::Result<Db> {
     .fetch_all(&pool)
     .await
     .context("reading receipts")?;
-    let events: Vec<(String, i64, String, String, Option<i64>)> = sqlx::query_as(concat!(
+    type EventRow = (String, i64, String, String, Option<i64>, Option<String>);
+    let events: Vec<EventRow> = sqlx::query_as(concat!(
         "SELECT t.key, (extract(epoch FROM e.at) * 1000000)::bigint, e.kind, ",
         address!("e.session"),
         ",
-                (e.detail->>'lease_seconds')::bigint
+                (e.detail->>'lease_seconds')::bigint, e.detail->>'request_id'
          FROM task_events e JOIN tasks t ON t.id = e.task_id JOIN agents a ON a.id = e.agent_id
          WHERE e.team_id = $1 ORDER BY e.id"
     ))
@@ -166,10 +173,12 @@ pub async fn load_db(database_url: &str, team_id: Uuid) -> anyhow::Result<Db> {
     .fetch_all(&pool)
     .await
     .context("reading task events")?;
-    let channel_rows: Vec<(Uuid, String, i64, String, String)> = sqlx::query_as(concat!(
+    type ChannelRow = (Uuid, String, i64, String, String, Option<String>);
+    let channel_rows: Vec<ChannelRow> = sqlx::query_as(concat!(
         "SELECT m.id, c.name, m.position, ",
         address!("m.sender_session"),
-        ", encode(sha256(convert_to(m.body, 'UTF8')), 'hex')
+        ", encode(sha256(convert_to(m.body, 'UTF8')), 'hex'),
+                m.metadata->>'chaos_request_id'
          FROM messages m JOIN channels c ON c.id = m.channel_id JOIN agents a ON a.id = m.sender_id
          WHERE m.team_id = $1"
     ))
@@ -192,23 +201,29 @@ pub async fn load_db(database_url: &str, team_id: Uuid) -> anyhow::Result<Db> {
             .collect(),
         task_events: events
             .into_iter()
-            .map(|(key, at_us, kind, window, lease_seconds)| TaskEvent {
-                key,
-                at_us,
-                kind,
-                window,
-                lease_seconds,
-            })
+            .map(
+                |(key, at_us, kind, window, lease_seconds, request_id)| TaskEvent {
+                    key,
+                    at_us,
+                    kind,
+                    window,
+                    lease_seconds,
+                    request_id,
+                },
+            )
             .collect(),
         channel_messages: channel_rows
             .into_iter()
-            .map(|(id, channel, position, sender, sha256)| ChannelMessage {
-                id,
-                channel,
-                position,
-                sender,
-                sha256,
-            })
+            .map(
+                |(id, channel, position, sender, sha256, request_id)| ChannelMessage {
+                    id,
+                    channel,
+                    position,
+                    sender,
+                    sha256,
+                    request_id,
+                },
+            )
             .collect(),
     })
 }

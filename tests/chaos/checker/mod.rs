@@ -9,8 +9,10 @@
 mod channels;
 mod conversations;
 mod data;
+mod holders;
 mod http;
 mod inbox;
+mod retries;
 mod self_test;
 mod tasks;
 
@@ -62,7 +64,7 @@ pub struct Report {
 type Check = fn(&data::Input) -> (usize, Vec<Violation>);
 
 /// Every check, in the order the table lists them.
-const CHECKS: [(&str, Check); 12] = [
+const CHECKS: [(&str, Check); 18] = [
     ("sends stored exactly once", conversations::stored_once),
     ("seqs 1..N without gap", conversations::gap_free),
     ("outbox settled", conversations::outbox_settled),
@@ -78,6 +80,12 @@ const CHECKS: [(&str, Check); 12] = [
     ("acknowledgements recorded", inbox::acks),
     ("channel posts stored once", channels::posts),
     ("channel reads skip nothing", channels::reads),
+    ("retries answered with the original", retries::replays),
+    ("posts once per request_id", retries::posts),
+    ("claims once per request_id", retries::claims),
+    ("completions once per request_id", retries::completions),
+    ("locks held by one window", holders::locks),
+    ("reservations held by one window", holders::reservations),
 ];
 
 /// The checks, plus the HTTP one, over one input.
