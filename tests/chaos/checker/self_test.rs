@@ -303,7 +303,7 @@ type Breakage = fn(&mut Input);
 
 /// Per check, one breakage it must report.
 fn breakages() -> Vec<(&'static str, Breakage)> {
-    vec![
+    let mut all: Vec<(&'static str, Breakage)> = vec![
         ("sends stored exactly once", |i| {
             let mut twin = i.db.messages[0].clone();
             twin.id = id(99);
@@ -372,6 +372,26 @@ fn breakages() -> Vec<(&'static str, Breakage)> {
         ("channel reads skip nothing", |i| {
             i.ops[11].outcome = ok(json!({"ids": [id(10)]}));
         }),
+        ("no 5xx but 503 in a PostgreSQL outage", |i| {
+            i.ops.push(op(
+                OpKind::Read,
+                W1,
+                json!({}),
+                20_000,
+                Outcome::Failed {
+                    status: Some(503),
+                    message: "database unavailable".into(),
+                },
+            ));
+        }),
+    ];
+    all.extend(retry_breakages());
+    all
+}
+
+/// Per check of writes retried with their request_id, what it must report.
+fn retry_breakages() -> Vec<(&'static str, Breakage)> {
+    vec![
         ("retries answered with the original", |i| {
             // The repeated acquire took the lock afresh instead of
             // answering the original.
@@ -439,18 +459,6 @@ fn breakages() -> Vec<(&'static str, Breakage)> {
         ("reservations held by one window", |i| {
             let k = find(i, OpKind::ReleasePaths, id(51), false);
             i.ops[k].outcome = ok(json!({"released": [], "not_held": ["p/**"]}));
-        }),
-        ("no 5xx but 503 in a PostgreSQL outage", |i| {
-            i.ops.push(op(
-                OpKind::Read,
-                W1,
-                json!({}),
-                20_000,
-                Outcome::Failed {
-                    status: Some(503),
-                    message: "database unavailable".into(),
-                },
-            ));
         }),
     ]
 }

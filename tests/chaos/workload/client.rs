@@ -549,35 +549,9 @@ fn compact(kind: OpKind, outcome: Outcome) -> Outcome {
             t["claimed"] = json!(true);
             t
         }
-        OpKind::AcquireLock => json!({
-            "name": r["name"], "holder": r["holder"], "extended": r["extended"],
-            "acquired_ms": epoch_ms(&r["acquired_at"]), "expires_ms": epoch_ms(&r["expires_at"]),
-        }),
-        OpKind::ReleaseLock => json!({
-            "name": r["name"], "released": r["released"], "had_expired": r["had_expired"],
-        }),
-        OpKind::ReservePaths => {
-            let granted: Vec<Value> = r["granted"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|g| {
-                    json!({
-                        "pattern": g["pattern"], "holder": g["holder"], "extended": g["extended"],
-                        "created_ms": epoch_ms(&g["created_at"]),
-                        "expires_ms": epoch_ms(&g["expires_at"]),
-                    })
-                })
-                .collect();
-            let refused: Vec<Value> = r["refused"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|p| p["pattern"].clone())
-                .collect();
-            json!({"granted": granted, "refused": refused})
+        OpKind::AcquireLock | OpKind::ReleaseLock | OpKind::ReservePaths | OpKind::ReleasePaths => {
+            retried::compact_holding(kind, &r)
         }
-        OpKind::ReleasePaths => json!({"released": r["released"], "not_held": r["not_held"]}),
         OpKind::Renew | OpKind::Complete | OpKind::CreateTask => task(if r["task"].is_object() {
             &r["task"]
         } else {

@@ -161,3 +161,40 @@ impl Client {
         calls
     }
 }
+
+/// The fields of a lock or reservation answer the checks need (times as
+/// epoch ms).
+pub fn compact_holding(kind: OpKind, r: &Value) -> Value {
+    match kind {
+        OpKind::AcquireLock => json!({
+            "name": r["name"], "holder": r["holder"], "extended": r["extended"],
+            "acquired_ms": super::epoch_ms(&r["acquired_at"]), "expires_ms": super::epoch_ms(&r["expires_at"]),
+        }),
+        OpKind::ReleaseLock => json!({
+            "name": r["name"], "released": r["released"], "had_expired": r["had_expired"],
+        }),
+        OpKind::ReservePaths => {
+            let granted: Vec<Value> = r["granted"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|g| {
+                    json!({
+                        "pattern": g["pattern"], "holder": g["holder"], "extended": g["extended"],
+                        "created_ms": super::epoch_ms(&g["created_at"]),
+                        "expires_ms": super::epoch_ms(&g["expires_at"]),
+                    })
+                })
+                .collect();
+            let refused: Vec<Value> = r["refused"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|p| p["pattern"].clone())
+                .collect();
+            json!({"granted": granted, "refused": refused})
+        }
+        OpKind::ReleasePaths => json!({"released": r["released"], "not_held": r["not_held"]}),
+        _ => r.clone(),
+    }
+}
