@@ -58,6 +58,31 @@ pub enum OpKind {
 }
 
 impl OpKind {
+    /// Every kind, to find one by its tool.
+    const ALL: [OpKind; 16] = [
+        OpKind::Send,
+        OpKind::Read,
+        OpKind::Ack,
+        OpKind::Fetch,
+        OpKind::Confirm,
+        OpKind::Post,
+        OpKind::ReadChannel,
+        OpKind::CreateTask,
+        OpKind::ClaimNext,
+        OpKind::Renew,
+        OpKind::Complete,
+        OpKind::Claim,
+        OpKind::AcquireLock,
+        OpKind::ReleaseLock,
+        OpKind::ReservePaths,
+        OpKind::ReleasePaths,
+    ];
+
+    /// The kind of a call of `tool`.
+    pub fn of_tool(tool: &str) -> Option<OpKind> {
+        OpKind::ALL.into_iter().find(|k| k.tool() == tool)
+    }
+
     pub fn tool(self) -> &'static str {
         match self {
             OpKind::Send => "send_conversation_message",

@@ -89,6 +89,17 @@ pub struct ChannelMessage {
     pub request_id: Option<String>,
 }
 
+/// A `request_ids` row: a write made under a request_id, committed.
+#[derive(Clone, Debug)]
+pub struct RequestRow {
+    pub window: String,
+    pub request_id: String,
+    pub tool: String,
+    /// The answer stored, reduced as the history keeps answers
+    /// ([`crate::workload::compact`]).
+    pub answer: Option<serde_json::Value>,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct Db {
     pub messages: Vec<StoredMessage>,
@@ -98,6 +109,9 @@ pub struct Db {
     /// In the order they were written.
     pub task_events: Vec<TaskEvent>,
     pub channel_messages: Vec<ChannelMessage>,
+    /// Every request_id the server recorded (None: a server without the
+    /// `request_ids` table).
+    pub requests: Option<Vec<RequestRow>>,
 }
 
 /// One entry of the body stream.
@@ -186,8 +200,10 @@ pub async fn load_db(database_url: &str, team_id: Uuid) -> anyhow::Result<Db> {
     .fetch_all(&pool)
     .await
     .context("reading channel messages")?;
+    let requests = load_requests(&pool, team_id).await?;
     pool.close().await;
     Ok(Db {
+        requests,
         messages,
         last_seq: last_seq.into_iter().collect(),
         receipts: receipts
@@ -226,6 +242,50 @@ pub async fn load_db(database_url: &str, team_id: Uuid) -> anyhow::Result<Db> {
             )
             .collect(),
     })
+}
+
+/// The team's `request_ids` rows, if the server keeps them.
+async fn load_requests(
+    pool: &sqlx::PgPool,
+    team_id: Uuid,
+) -> anyhow::Result<Option<Vec<RequestRow>>> {
+    let kept: bool = sqlx::query_scalar("SELECT to_regclass('request_ids') IS NOT NULL")
+        .fetch_one(pool)
+        .await?;
+    if !kept {
+        return Ok(None);
+    }
+    let rows: Vec<(String, Uuid, String, Option<serde_json::Value>)> = sqlx::query_as(concat!(
+        "SELECT ",
+        address!("r.window_label"),
+        ", r.request_id, r.tool, r.answer
+         FROM request_ids r JOIN agents a ON a.id = r.agent_id
+         WHERE r.team_id = $1"
+    ))
+    .bind(team_id)
+    .fetch_all(pool)
+    .await
+    .context("reading request ids")?;
+    Ok(Some(
+        rows.into_iter()
+            .map(|(window, request_id, tool, answer)| {
+                let answer = match (answer, crate::history::OpKind::of_tool(&tool)) {
+                    (Some(raw), Some(kind)) => {
+                        crate::workload::compact(kind, crate::history::Outcome::Ok { result: raw })
+                            .ok()
+                            .cloned()
+                    }
+                    (raw, _) => raw,
+                };
+                RequestRow {
+                    window,
+                    request_id: request_id.to_string(),
+                    tool,
+                    answer,
+                }
+            })
+            .collect(),
+    ))
 }
 
 /// Every entry of `stream`, read from the first NATS node that answers.

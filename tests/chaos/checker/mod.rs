@@ -64,7 +64,7 @@ pub struct Report {
 type Check = fn(&data::Input) -> (usize, Vec<Violation>);
 
 /// Every check, in the order the table lists them.
-const CHECKS: [(&str, Check); 18] = [
+const CHECKS: [(&str, Check); 19] = [
     ("sends stored exactly once", conversations::stored_once),
     ("seqs 1..N without gap", conversations::gap_free),
     ("outbox settled", conversations::outbox_settled),
@@ -84,6 +84,7 @@ const CHECKS: [(&str, Check); 18] = [
     ("posts once per request_id", retries::posts),
     ("claims once per request_id", retries::claims),
     ("completions once per request_id", retries::completions),
+    ("acknowledged writes recorded once", retries::recorded),
     ("locks held by one window", holders::locks),
     ("reservations held by one window", holders::reservations),
 ];

@@ -13,6 +13,9 @@
 //!   the events, and a completion that happened under a request_id is not
 //!   answered with a refusal at its retry.
 //!
+//! - every write acknowledged under a request_id is the one row the server
+//!   keeps for it (`request_ids`), holding the answer the client saw.
+//!
 //! Locks and reservations: see [`super::holders`].
 
 use std::collections::{BTreeMap, HashMap};
@@ -20,7 +23,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde_json::Value;
 
 use super::Violation;
-use super::data::Input;
+use super::data::{Input, RequestRow};
 use crate::history::{Op, OpKind};
 
 /// The attempts of each request_id, per window, in the order they ended
@@ -297,6 +300,62 @@ pub fn completions(input: &Input) -> (usize, Vec<Violation>) {
                     last.describe()
                 ),
             ));
+        }
+    }
+    (checked, violations)
+}
+
+/// Every write acknowledged under a request_id is one `request_ids` row
+/// (the window's, of that tool) holding the answer the client saw first;
+/// no id is recorded whose every attempt was refused with nothing changed.
+/// Judged only against a server that keeps the table.
+pub fn recorded(input: &Input) -> (usize, Vec<Violation>) {
+    const CHECK: &str = "acknowledged writes recorded once";
+    let Some(rows) = &input.db.requests else {
+        return (0, Vec::new());
+    };
+    let rows: HashMap<(&str, &str), &RequestRow> = rows
+        .iter()
+        .map(|r| ((r.window.as_str(), r.request_id.as_str()), r))
+        .collect();
+    let mut violations = Vec::new();
+    let mut checked = 0;
+    for ((window, request), attempts) in by_request(input) {
+        // Conversation sends keep their request_id on the message.
+        if attempts[0].kind == OpKind::Send {
+            continue;
+        }
+        checked += 1;
+        let row = rows.get(&(window, request));
+        let Some(op) = attempts.iter().find(|op| op.outcome.ok().is_some()) else {
+            if row.is_some() && attempts.iter().all(|op| op.outcome.changed_nothing()) {
+                violations.push(Violation::new(
+                    CHECK,
+                    format!(
+                        "request_id {request} is recorded although every attempt was refused \
+                         with nothing changed: {}",
+                        attempts[0].describe()
+                    ),
+                ));
+            }
+            continue;
+        };
+        let seen = essence(op, op.outcome.ok().expect("an ok outcome"));
+        let stored = row.and_then(|r| r.answer.as_ref().map(|a| (r, essence(op, a))));
+        match stored {
+            Some((row, answer)) if row.tool == op.kind.tool() && answer == seen => {}
+            _ => violations.push(Violation::new(
+                CHECK,
+                format!(
+                    "acknowledged {seen} but the server recorded {}: {}",
+                    row.map_or("nothing".to_string(), |r| format!(
+                        "{} answering {}",
+                        r.tool,
+                        r.answer.clone().unwrap_or_default()
+                    )),
+                    op.describe()
+                ),
+            )),
         }
     }
     (checked, violations)

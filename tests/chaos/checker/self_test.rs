@@ -9,7 +9,9 @@ use std::collections::HashMap;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use super::data::{ChannelMessage, Db, Input, Receipt, StoredMessage, StreamEntry, TaskEvent};
+use super::data::{
+    ChannelMessage, Db, Input, Receipt, RequestRow, StoredMessage, StreamEntry, TaskEvent,
+};
 use super::run_checks;
 use crate::history::{Op, OpKind, Outcome};
 use crate::model::{AppliedFault, FaultKind};
@@ -151,7 +153,7 @@ fn base() -> Input {
         sha256: sha.into(),
         request_id: Some(request.to_string()),
     };
-    Input {
+    let mut input = Input {
         ops,
         db: Db {
             messages: vec![StoredMessage {
@@ -195,6 +197,7 @@ fn base() -> Input {
                 channel(post1, 1, "e1", id(20)),
                 channel(post2, 2, "e2", id(21)),
             ],
+            requests: None,
         },
         stream: vec![StreamEntry {
             sequence: 1,
@@ -211,7 +214,35 @@ fn base() -> Input {
             ended_ms: Some(55_000),
         }],
         epoch_at_zero: 0,
+    };
+    input.db.requests = Some(recorded(&input.ops));
+    input
+}
+
+/// The `request_ids` rows a server keeps for `ops`: each write answered
+/// under a request_id (other than a send), with its first answer.
+fn recorded(ops: &[Op]) -> Vec<RequestRow> {
+    let mut rows: Vec<RequestRow> = Vec::new();
+    for op in ops {
+        let (Some(result), Some(request)) = (op.outcome.ok(), op.args["request_id"].as_str())
+        else {
+            continue;
+        };
+        if op.kind == OpKind::Send
+            || rows
+                .iter()
+                .any(|r| r.window == op.window && r.request_id == request)
+        {
+            continue;
+        }
+        rows.push(RequestRow {
+            window: op.window.clone(),
+            request_id: request.to_string(),
+            tool: op.kind.tool().to_string(),
+            answer: Some(result.clone()),
+        });
     }
+    rows
 }
 
 /// Writes with request_ids: the first post sent again and answered with
@@ -451,6 +482,22 @@ fn retry_breakages() -> Vec<(&'static str, Breakage)> {
                 message: "task t is done".into(),
             };
             i.ops.insert(k + 1, retry);
+        }),
+        ("acknowledged writes recorded once", |i| {
+            // An acknowledged post the server kept no request_id for.
+            let rows = i.db.requests.as_mut().expect("rows");
+            rows.retain(|r| r.request_id != id(20).to_string());
+        }),
+        ("acknowledged writes recorded once", |i| {
+            // The lock's request_id recorded with another answer than the
+            // one the client saw.
+            let rows = i.db.requests.as_mut().expect("rows");
+            for r in rows
+                .iter_mut()
+                .filter(|r| r.request_id == id(40).to_string())
+            {
+                r.answer = Some(json!({"name": "l", "holder": W0, "acquired_ms": 9_999}));
+            }
         }),
         ("locks held by one window", |i| {
             let k = find(i, OpKind::ReleaseLock, id(41), false);

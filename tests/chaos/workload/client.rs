@@ -473,7 +473,7 @@ fn sha256_hex(text: &str) -> String {
 }
 
 /// The fields of an answer the checks need (bodies become digests).
-fn compact(kind: OpKind, outcome: Outcome) -> Outcome {
+pub fn compact(kind: OpKind, outcome: Outcome) -> Outcome {
     let Outcome::Ok { result: r } = outcome else {
         return outcome;
     };
