@@ -148,7 +148,11 @@ pub fn posts(input: &Input) -> (usize, Vec<Violation>) {
     (checked, violations)
 }
 
-/// How far apart a lease's `claimed_at` and its event's time may be.
+/// How far apart a claim's `claimed_at` and its event's time may be: both
+/// are the claiming transaction's `now()`, each cut to milliseconds.
+const CLAIM_SLACK_MS: i64 = 2;
+/// How long before its first attempt and after its last a completion's
+/// event may be (the database's clock beside the client's, one machine).
 const EVENT_SLACK_MS: i64 = 1_000;
 
 /// Every `claimed` event is the claim an answer reported (task, window,
@@ -158,13 +162,13 @@ pub fn claims(input: &Input) -> (usize, Vec<Violation>) {
     const CHECK: &str = "claims once per request_id";
     let mut violations = Vec::new();
     let mut noted: HashMap<&str, usize> = HashMap::new();
-    // window → its claimed events (key, ms), not yet matched to an answer.
-    let mut events: HashMap<&str, Vec<(&str, i64)>> = HashMap::new();
+    // window → its claimed events (key, ms, whether an answer reported it).
+    let mut events: HashMap<&str, Vec<(&str, i64, bool)>> = HashMap::new();
     for e in input.db.task_events.iter().filter(|e| e.kind == "claimed") {
         events
             .entry(e.window.as_str())
             .or_default()
-            .push((e.key.as_str(), e.at_us / 1000));
+            .push((e.key.as_str(), e.at_us / 1000, false));
         if let Some(request) = e.request_id.as_deref() {
             *noted.entry(request).or_default() += 1;
         }
@@ -196,15 +200,15 @@ pub fn claims(input: &Input) -> (usize, Vec<Violation>) {
             r["key"].as_str().unwrap_or_default(),
             r["claimed_ms"].as_i64(),
         );
+        // (Claiming a task the window holds extends it: that answer
+        // reports the claim that took it, as the first did.)
         let mine = events.entry(window).or_default();
         let found = at.and_then(|at| {
             mine.iter()
-                .position(|(k, ms)| *k == key && (ms - at).abs() <= EVENT_SLACK_MS)
+                .position(|(k, ms, _)| *k == key && (ms - at).abs() <= CLAIM_SLACK_MS)
         });
         match found {
-            Some(i) => {
-                mine.swap_remove(i);
-            }
+            Some(i) => mine[i].2 = true,
             None => violations.push(Violation::new(
                 CHECK,
                 format!(
@@ -214,7 +218,12 @@ pub fn claims(input: &Input) -> (usize, Vec<Violation>) {
             )),
         }
     }
-    for (window, left) in &events {
+    for (window, list) in &events {
+        let left: Vec<(&str, i64)> = list
+            .iter()
+            .filter(|(_, _, reported)| !reported)
+            .map(|(key, ms, _)| (*key, *ms))
+            .collect();
         let most = unanswered.get(window).copied().unwrap_or(0);
         if left.len() > most {
             violations.push(Violation::new(

@@ -416,6 +416,9 @@ impl Client {
         let request_id = self.uuid();
         // Now and then a task of its own by key (it may be taken already:
         // then refused), else the next one ready.
+        // (Not one it holds: claiming it again would only extend it.)
+        self.created
+            .retain(|k| !self.held.iter().any(|h| h.key == *k));
         let (calls, op) = if !self.created.is_empty() && self.rng.random_bool(0.3) {
             let key = self
                 .created
