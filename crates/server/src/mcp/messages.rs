@@ -33,6 +33,10 @@ pub struct PostArgs {
     /// Files to attach: up to 8, each up to 256 KiB.
     #[serde(default)]
     pub attachments: Vec<FileArg>,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -142,7 +146,16 @@ impl BusServer {
             question: false,
             attachments: uploads,
         };
-        reply(messages::post(self.bus(), me, new).await)
+        self.once(
+            &parts,
+            "post_message",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let posted = messages::post_in(&mut w, me, new).await;
+                (w, posted)
+            },
+        )
+        .await
     }
 
     #[tool(

@@ -38,6 +38,7 @@ use sqlx::PgPool;
 use acs_store::Bus;
 use acs_store::auth::Identity;
 use acs_store::error::{BusError, BusResult};
+use acs_store::store::requests;
 
 pub const SERVER_NAME: &str = "ai-crew-sync";
 
@@ -321,6 +322,50 @@ pub(crate) fn caller(parts: &http::request::Parts) -> Result<&Identity, ErrorDat
     parts.extensions.get::<Identity>().ok_or_else(|| {
         ErrorData::internal_error("request reached a tool without an identity", None)
     })
+}
+
+/// The request a write tool was given as `request_id`, parsed, with the
+/// digest of the call's arguments as the body carried them; `None` without
+/// one. A `request_id` that is not a UUID is refused.
+fn request_of(
+    parts: &http::request::Parts,
+    tool: &str,
+    raw: Option<&str>,
+) -> Result<BusResult<Option<requests::Request>>, ErrorData> {
+    let Some(raw) = raw else {
+        return Ok(Ok(None));
+    };
+    let arguments = parts
+        .extensions
+        .get::<RequestBody>()
+        .and_then(RequestBody::arguments)
+        .ok_or_else(|| ErrorData::internal_error("a tool call came without its body", None))?;
+    Ok(requests::Request::parse(raw, tool, &arguments).map(Some))
+}
+
+impl BusServer {
+    /// A write tool's call: `write` on a [`requests::Writer`], once per
+    /// `request_id` when the call carries one (`store::requests`), its
+    /// answer (or the first call's, replayed) as the tool's result.
+    pub(crate) async fn once<T, F, Fut>(
+        &self,
+        parts: &http::request::Parts,
+        tool: &str,
+        request_id: Option<&str>,
+        write: F,
+    ) -> Result<CallToolResult, ErrorData>
+    where
+        T: Serialize,
+        F: FnOnce(requests::Writer) -> Fut,
+        Fut: std::future::Future<Output = (requests::Writer, BusResult<T>)>,
+    {
+        let me = caller(parts)?;
+        let request = match request_of(parts, tool, request_id)? {
+            Ok(request) => request,
+            Err(err) => return Ok(refusal(&err)),
+        };
+        reply(requests::once(self.bus(), me, request.as_ref(), write).await)
+    }
 }
 
 /// Shape a store answer as a tool result: the value as structured JSON, or a

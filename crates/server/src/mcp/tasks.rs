@@ -28,6 +28,10 @@ pub struct CreateTaskArgs {
     pub metadata: Option<Value>,
     /// Keys of existing tasks that must be done before this one can be claimed (at most 32).
     pub depends_on: Option<Vec<String>>,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 impl From<CreateTaskArgs> for NewTask {
@@ -50,6 +54,10 @@ pub struct ClaimTaskArgs {
     /// Lease length in seconds, 30..86400 (default 900). Renew before it lapses.
     #[schemars(range(min = 30, max = 86400), extend("default" = 900))]
     pub lease_seconds: Option<i64>,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
@@ -58,6 +66,10 @@ pub struct ClaimNextArgs {
     /// Lease length in seconds, 30..86400 (default 900). Renew before it lapses.
     #[schemars(range(min = 30, max = 86400), extend("default" = 900))]
     pub lease_seconds: Option<i64>,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -68,6 +80,10 @@ pub struct RenewLeaseArgs {
     /// New lease length from now, in seconds, 30..86400 (default 900).
     #[schemars(range(min = 30, max = 86400), extend("default" = 900))]
     pub lease_seconds: Option<i64>,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -79,11 +95,26 @@ pub struct TaskKeyArgs {
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+pub struct ReleaseTaskArgs {
+    /// The task's key.
+    pub key: String,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct CompleteTaskArgs {
     /// The task's key.
     pub key: String,
     /// What was done: the outcome another agent needs, at most 64 KiB.
     pub result: String,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -93,6 +124,10 @@ pub struct CancelTaskArgs {
     pub key: String,
     /// Why it is cancelled, at most 4 KiB; kept on the task and in its history.
     pub reason: String,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -103,6 +138,10 @@ pub struct SetDependenciesArgs {
     /// The complete new list: keys of existing, not cancelled tasks that must be done first (at
     /// most 32). `[]` removes every dependency.
     pub depends_on: Vec<String>,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
@@ -130,7 +169,17 @@ impl BusServer {
         Parameters(args): Parameters<CreateTaskArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(tasks::create(self.bus(), me, args.into()).await)
+        let request_id = args.request_id.clone();
+        self.once(
+            &parts,
+            "create_task",
+            request_id.as_deref(),
+            |mut w| async move {
+                let task = tasks::create_in(&mut w, me, args.into()).await;
+                (w, task)
+            },
+        )
+        .await
     }
 
     #[tool(
@@ -145,7 +194,16 @@ impl BusServer {
         Parameters(args): Parameters<ClaimTaskArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(tasks::claim(self.bus(), me, &args.key, args.lease_seconds).await)
+        self.once(
+            &parts,
+            "claim_task",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let task = tasks::claim(&mut w, me, &args.key, args.lease_seconds).await;
+                (w, task)
+            },
+        )
+        .await
     }
 
     #[tool(
@@ -159,7 +217,16 @@ impl BusServer {
         Parameters(args): Parameters<ClaimNextArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(tasks::claim_next(self.bus(), me, args.lease_seconds).await)
+        self.once(
+            &parts,
+            "claim_next_task",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let next = tasks::claim_next_in(&mut w, me, args.lease_seconds).await;
+                (w, next)
+            },
+        )
+        .await
     }
 
     #[tool(
@@ -172,7 +239,16 @@ impl BusServer {
         Parameters(args): Parameters<RenewLeaseArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(tasks::renew(self.bus(), me, &args.key, args.lease_seconds).await)
+        self.once(
+            &parts,
+            "renew_task_lease",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let task = tasks::renew(&mut w, me, &args.key, args.lease_seconds).await;
+                (w, task)
+            },
+        )
+        .await
     }
 
     #[tool(
@@ -181,10 +257,19 @@ impl BusServer {
     async fn release_task(
         &self,
         Extension(parts): Extension<http::request::Parts>,
-        Parameters(args): Parameters<TaskKeyArgs>,
+        Parameters(args): Parameters<ReleaseTaskArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(tasks::release(self.bus(), me, &args.key).await)
+        self.once(
+            &parts,
+            "release_task",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let task = tasks::release(&mut w, me, &args.key).await;
+                (w, task)
+            },
+        )
+        .await
     }
 
     #[tool(
@@ -197,7 +282,16 @@ impl BusServer {
         Parameters(args): Parameters<CompleteTaskArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(tasks::complete(self.bus(), me, &args.key, &args.result).await)
+        self.once(
+            &parts,
+            "complete_task",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let task = tasks::complete_in(&mut w, me, &args.key, &args.result).await;
+                (w, task)
+            },
+        )
+        .await
     }
 
     #[tool(
@@ -214,7 +308,16 @@ impl BusServer {
         Parameters(args): Parameters<CancelTaskArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(tasks::cancel(self.bus(), me, &args.key, &args.reason).await)
+        self.once(
+            &parts,
+            "cancel_task",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let task = tasks::cancel(&mut w, me, &args.key, &args.reason).await;
+                (w, task)
+            },
+        )
+        .await
     }
 
     #[tool(
@@ -230,7 +333,16 @@ impl BusServer {
         Parameters(args): Parameters<SetDependenciesArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(tasks::set_dependencies(self.bus(), me, &args.key, &args.depends_on).await)
+        self.once(
+            &parts,
+            "set_task_dependencies",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let task = tasks::set_dependencies(&mut w, me, &args.key, &args.depends_on).await;
+                (w, task)
+            },
+        )
+        .await
     }
 
     #[tool(

@@ -21,9 +21,9 @@ use super::checks::check_key;
 use super::row::TaskRow;
 use super::transition::{Change, transition_and};
 use super::{Task, TaskEventKind, TaskStatus};
-use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
+use crate::store::requests::Writer;
 use crate::store::{address, window_phrase};
 
 pub const CANCEL_REASON_MAX_BYTES: usize = 4096;
@@ -93,11 +93,16 @@ fn require_may_cancel(row: &TaskRow, me: &Identity) -> BusResult<()> {
 }
 
 /// `cancel_task`: set the task `cancelled` with `reason`, ending any lease.
-pub async fn cancel(bus: &Bus, me: &Identity, key: &str, reason: &str) -> BusResult<CancelledTask> {
+pub async fn cancel(
+    w: &mut Writer,
+    me: &Identity,
+    key: &str,
+    reason: &str,
+) -> BusResult<CancelledTask> {
     let key = check_key(key)?;
     check_reason(reason)?;
     let (task, (holder, (dependents, dependents_total))) = transition_and(
-        bus,
+        w,
         me,
         &key,
         |row| {

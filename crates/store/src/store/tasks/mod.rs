@@ -54,9 +54,9 @@ mod row;
 mod transition;
 pub use cancel::{CANCEL_REASON_MAX_BYTES, CancelledTask, cancel};
 pub use checks::check_metadata;
-pub use claim::{claim, claim_next};
+pub use claim::{claim, claim_next, claim_next_in};
 pub use dependencies::set_dependencies;
-pub use lifecycle::{complete, create, release, renew};
+pub use lifecycle::{complete, complete_in, create, create_in, release, renew};
 pub use queries::{get, list};
 
 pub const KEY_MAX_BYTES: usize = 128;
