@@ -330,3 +330,26 @@ async fn ids_older_than_a_day_are_pruned_and_a_retry_after_runs_anew() {
     let retry = alice.call("post_message", args).await.unwrap();
     assert_eq!(retry["replayed"], true, "the recent id still answers");
 }
+
+#[tokio::test]
+async fn retried_reservations_and_their_release_happen_once() {
+    let app = spawn_app().await;
+    let (alice, bob) = alice_and_bob(&app).await;
+    let reserve = json!({"paths": ["src/api/**"], "request_id": ID});
+    let first = alice.call("reserve_paths", reserve.clone()).await.unwrap();
+    let retry = alice.call("reserve_paths", reserve).await.unwrap();
+    assert_replayed(&first, &retry);
+    let listed = bob.call("list_reservations", json!({})).await.unwrap();
+    assert_eq!(
+        listed["reservations"].as_array().unwrap().len(),
+        1,
+        "{listed}"
+    );
+
+    let release_id = "3c4d5e6f-5555-4a7b-8c9d-e0f1a2b3c4d5";
+    let release = json!({"request_id": release_id});
+    let first = alice.call("release_paths", release.clone()).await.unwrap();
+    assert_eq!(first["released"], json!(["src/api/**"]), "{first}");
+    let retry = alice.call("release_paths", release).await.unwrap();
+    assert_replayed(&first, &retry);
+}
