@@ -59,6 +59,9 @@ pub struct Report {
     /// Refusals per `tool: kind` (an `unavailable` with no fault running
     /// is worth a look: the server could not complete a call).
     pub refusals: BTreeMap<String, usize>,
+    /// Answers marked `replayed: true` per tool: retries and repeats the
+    /// server answered with the original.
+    pub replayed: BTreeMap<&'static str, usize>,
 }
 
 type Check = fn(&data::Input) -> (usize, Vec<Violation>);
@@ -138,7 +141,11 @@ pub async fn check(
     let (checks, violations) = run_checks(&input);
     let mut outcomes: BTreeMap<&'static str, [usize; 3]> = BTreeMap::new();
     let mut refusals: BTreeMap<String, usize> = BTreeMap::new();
+    let mut replayed: BTreeMap<&'static str, usize> = BTreeMap::new();
     for op in &input.ops {
+        if op.outcome.ok().is_some_and(|r| r["replayed"] == true) {
+            *replayed.entry(op.kind.tool()).or_default() += 1;
+        }
         let slot = match &op.outcome {
             Outcome::Ok { .. } => 0,
             Outcome::Refused { kind, .. } => {
@@ -157,6 +164,7 @@ pub async fn check(
         operations: input.ops.len(),
         outcomes,
         refusals,
+        replayed,
     })
 }
 
@@ -210,6 +218,7 @@ impl Report {
             "checks": checks,
             "outcomes": outcomes,
             "refusals": self.refusals,
+            "replayed": self.replayed,
         })
     }
 
@@ -237,6 +246,14 @@ impl Report {
                 .map(|(k, n)| format!("{k} {n}"))
                 .collect();
             eprintln!("  refusals: {}", list.join(", "));
+        }
+        if !self.replayed.is_empty() {
+            let list: Vec<String> = self
+                .replayed
+                .iter()
+                .map(|(k, n)| format!("{k} {n}"))
+                .collect();
+            eprintln!("  answered as replayed: {}", list.join(", "));
         }
         eprintln!("\n  {:<40} {:>8} {:>10}", "check", "checked", "violations");
         for row in &self.checks {
