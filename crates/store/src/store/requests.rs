@@ -187,6 +187,30 @@ where
     result
 }
 
+/// Run `write` in one transaction of its own, without a request id: what it
+/// writes (an audit row beside the write, say) commits together or not at
+/// all, and its events are emitted after the commit.
+pub async fn atomic<T, F, Fut>(bus: &Bus, write: F) -> BusResult<T>
+where
+    F: FnOnce(Writer) -> Fut,
+    Fut: Future<Output = (Writer, BusResult<T>)>,
+{
+    let writer = Writer {
+        conn: Conn::Tx(bus.pool.begin().await?),
+        after: Vec::new(),
+    };
+    let (writer, result) = write(writer).await;
+    let Writer { conn, after } = writer;
+    let Conn::Tx(tx) = conn else {
+        unreachable!("an atomic writer holds its transaction")
+    };
+    // Refused or failed: the transaction rolls back when dropped.
+    let value = result?;
+    tx.commit().await?;
+    emit_all(bus, after);
+    Ok(value)
+}
+
 /// Run `write`, once per `request` when there is one (see the module
 /// overview), and answer its result as JSON: what it answered, or on a
 /// retry what the first call answered with `"replayed": true`.

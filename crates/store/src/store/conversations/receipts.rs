@@ -71,6 +71,19 @@ pub async fn ack(
     resolved: bool,
     note: Option<String>,
 ) -> BusResult<Acked> {
+    let mut conn = bus.pool.acquire().await?;
+    ack_on(&mut conn, me, message_id, resolved, note).await
+}
+
+/// [`ack`] on `conn`: inside a caller's transaction, the acknowledgement
+/// commits with what else it writes (the dashboard's audit row).
+pub async fn ack_on(
+    conn: &mut sqlx::PgConnection,
+    me: &Identity,
+    message_id: Uuid,
+    resolved: bool,
+    note: Option<String>,
+) -> BusResult<Acked> {
     let note = note
         .map(|n| crate::store::text::one_line("acknowledgement note", &n))
         .transpose()?
@@ -100,7 +113,7 @@ pub async fn ack(
     .bind(resolved)
     .bind(&note)
     .bind(me.address())
-    .fetch_one(&bus.pool)
+    .fetch_one(conn)
     .await?
     .outcome(me)?;
     let stored: Stored = fenced::detail(detail)?;

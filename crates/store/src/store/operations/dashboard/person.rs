@@ -19,6 +19,7 @@ use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::store::conversations::receipts::{self, Acked};
 use crate::store::messaging::messages::{self, NewMessage, Posted};
+use crate::store::requests::{self, Writer};
 use crate::store::tasks::{self, CancelledTask, NewTask, Rights, Task};
 use crate::store::{Actor, Source, identity::audit};
 
@@ -128,23 +129,34 @@ fn actor(me: &Identity) -> Actor {
 }
 
 /// One audit row for a person's write that went through.
-async fn audited(bus: &Bus, me: &Identity, action: &str, subject: &str, detail: Value) {
-    let written = async {
-        let mut conn = bus.pool.acquire().await?;
-        audit::record(
-            &mut conn,
-            Some(me.team_id),
-            &actor(me),
-            action,
-            subject,
-            detail,
-        )
-        .await
-    };
-    // The write committed; a lost audit row is logged, never a second write.
-    if let Err(err) = written.await {
-        tracing::error!("could not audit {action} by person `{}`: {err}", me.agent);
-    }
+/// Run a person's `write` and its audit row (`action` on the subject and
+/// detail `describe` gives) in one transaction: both commit, or neither.
+async fn audited<T>(
+    bus: &Bus,
+    me: &Identity,
+    action: &str,
+    write: impl AsyncFnOnce(&mut Writer) -> BusResult<T>,
+    describe: impl FnOnce(&T) -> (String, Value),
+) -> BusResult<T> {
+    requests::atomic(bus, |mut w: Writer| async move {
+        let result = async {
+            let done = write(&mut w).await?;
+            let (subject, detail) = describe(&done);
+            audit::record(
+                w.conn(),
+                Some(me.team_id),
+                &actor(me),
+                action,
+                &subject,
+                detail,
+            )
+            .await?;
+            Ok(done)
+        }
+        .await;
+        (w, result)
+    })
+    .await
 }
 
 /// A channel post or a direct message, as the page's forms send it.
@@ -167,6 +179,11 @@ pub async fn post(bus: &Bus, me: &Identity, post: PersonPost) -> BusResult<Poste
              has no default channel. Nothing was sent.",
         ));
     }
+    let action = if post.reply_to.is_some() && post.to.is_some() {
+        "dashboard.answer"
+    } else {
+        "dashboard.post"
+    };
     let new = NewMessage {
         channel: post.channel,
         to: post.to,
@@ -175,30 +192,41 @@ pub async fn post(bus: &Bus, me: &Identity, post: PersonPost) -> BusResult<Poste
         reply_to: post.reply_to,
         ..Default::default()
     };
-    let mut posted = messages::post(bus, me, new).await?;
+    let mut posted = audited(
+        bus,
+        me,
+        action,
+        async |w| messages::post_in(w, me, new).await,
+        |posted: &Posted| {
+            let m = &posted.message;
+            let subject = match (&m.channel, &m.to) {
+                (Some(channel), _) => format!("#{channel}"),
+                (None, Some(to)) => to.clone(),
+                (None, None) => String::new(),
+            };
+            let detail =
+                json!({ "message_id": m.id, "announce": m.announce, "reply_to": m.reply_to });
+            (subject, detail)
+        },
+    )
+    .await?;
     posted.message.from_person = true;
-    let m = &posted.message;
-    let subject = match (&m.channel, &m.to) {
-        (Some(channel), _) => format!("#{channel}"),
-        (None, Some(to)) => to.clone(),
-        (None, None) => String::new(),
-    };
-    let action = if m.reply_to.is_some() && m.to.is_some() {
-        "dashboard.answer"
-    } else {
-        "dashboard.post"
-    };
-    let detail = json!({ "message_id": m.id, "announce": m.announce, "reply_to": m.reply_to });
-    audited(bus, me, action, &subject, detail).await;
     Ok(posted)
 }
 
 /// Create a task (the person is its creator).
 pub async fn create_task(bus: &Bus, me: &Identity, new: NewTask) -> BusResult<Task> {
-    let task = tasks::create(bus, me, new).await?;
-    let detail = json!({ "title": task.title, "priority": task.priority });
-    audited(bus, me, "dashboard.task_create", &task.key, detail).await;
-    Ok(task)
+    audited(
+        bus,
+        me,
+        "dashboard.task_create",
+        async |w| tasks::create_in(w, me, new).await,
+        |task: &Task| {
+            let detail = json!({ "title": task.title, "priority": task.priority });
+            (task.key.clone(), detail)
+        },
+    )
+    .await
 }
 
 /// Set a task's priority, with an overseer's rights (any task of the team).
@@ -208,10 +236,14 @@ pub async fn set_task_priority(
     key: &str,
     priority: &str,
 ) -> BusResult<Task> {
-    let task = tasks::set_priority(bus, me, key, priority, Rights::Overseer).await?;
-    let detail = json!({ "priority": task.priority });
-    audited(bus, me, "dashboard.task_priority", &task.key, detail).await;
-    Ok(task)
+    audited(
+        bus,
+        me,
+        "dashboard.task_priority",
+        async |w| tasks::set_priority_in(w, me, key, priority, Rights::Overseer).await,
+        |task: &Task| (task.key.clone(), json!({ "priority": task.priority })),
+    )
+    .await
 }
 
 /// Cancel a task, with an overseer's rights (any unfinished task of the team).
@@ -221,44 +253,45 @@ pub async fn cancel_task(
     key: &str,
     reason: &str,
 ) -> BusResult<CancelledTask> {
-    let cancelled = tasks::cancel_with(bus, me, key, reason, Rights::Overseer).await?;
-    let detail = json!({ "reason": reason });
     audited(
         bus,
         me,
         "dashboard.task_cancel",
-        &cancelled.task.key,
-        detail,
+        async |w| tasks::cancel_with_in(w, me, key, reason, Rights::Overseer).await,
+        |cancelled: &CancelledTask| (cancelled.task.key.clone(), json!({ "reason": reason })),
     )
-    .await;
-    Ok(cancelled)
+    .await
 }
 
 /// Join a conversation the person was invited to (`join_conversation`'s
 /// rule), as the person's one window.
 pub async fn join(bus: &Bus, me: &Identity, conversation_id: Uuid) -> BusResult<()> {
-    crate::store::requests::plain(bus, |mut w| async move {
-        let joined = crate::store::conversations::join(&mut w, me, conversation_id).await;
-        (w, joined)
-    })
-    .await?;
-    let detail = json!({ "conversation_id": conversation_id });
     audited(
         bus,
         me,
         "dashboard.join",
-        &conversation_id.to_string(),
-        detail,
+        async |w| crate::store::conversations::join(w, me, conversation_id).await,
+        |_| {
+            let detail = json!({ "conversation_id": conversation_id });
+            (conversation_id.to_string(), detail)
+        },
     )
-    .await;
+    .await?;
     Ok(())
 }
 
 /// Acknowledge a conversation message sent to the person (their seat is a
 /// recipient; `ack_message`'s rule, which audits it too).
 pub async fn ack(bus: &Bus, me: &Identity, message_id: Uuid) -> BusResult<Acked> {
-    let acked = receipts::ack(bus, me, message_id, false, None).await?;
-    let detail = json!({ "conversation_id": acked.conversation_id, "seq": acked.seq });
-    audited(bus, me, "dashboard.ack", &message_id.to_string(), detail).await;
-    Ok(acked)
+    audited(
+        bus,
+        me,
+        "dashboard.ack",
+        async |w| receipts::ack_on(w.conn(), me, message_id, false, None).await,
+        |acked: &Acked| {
+            let detail = json!({ "conversation_id": acked.conversation_id, "seq": acked.seq });
+            (message_id.to_string(), detail)
+        },
+    )
+    .await
 }
