@@ -633,30 +633,41 @@ async fn a_note_change_wakes_subscribers_and_an_unchanged_set_does_not() {
         .await
         .unwrap();
     let mut events = app.bus.events.subscribe();
-
-    set(&client, json!({ "key": "wake", "value": "one" })).await;
-    set(&client, json!({ "key": "wake", "value": "one" })).await;
-    client
-        .call("delete_note", json!({ "key": "wake" }))
-        .await
-        .unwrap();
-    client
-        .call("delete_note", json!({ "key": "wake" }))
-        .await
-        .unwrap();
-    set(&client, json!({ "key": "marker", "value": "end" })).await;
-
-    // Events arrive in order; the unchanged set and the second delete sent none.
-    let mut seen = Vec::new();
-    while seen.last().map(String::as_str) != Some("marker") {
-        let event = tokio::time::timeout(Duration::from_secs(10), events.recv())
-            .await
-            .expect("note events arrive")
-            .unwrap();
-        if event.team_id == team_id && event.kind == EventKind::Note {
-            assert_eq!(event.actor_session.as_deref(), Some("w1"));
-            seen.push(event.id.clone());
+    // The note events this window's calls sent, up to and including the
+    // one for `marker`. Each step ends with a marker note of its own, so two
+    // identical events (which one notification batch carries once, by
+    // design) never meet in one batch and each step's events are counted.
+    let mut until = async |marker: &str| {
+        let mut seen = Vec::new();
+        while seen.last().map(String::as_str) != Some(marker) {
+            let event = tokio::time::timeout(Duration::from_secs(10), events.recv())
+                .await
+                .expect("note events arrive")
+                .unwrap();
+            if event.team_id == team_id && event.kind == EventKind::Note {
+                assert_eq!(event.actor_session.as_deref(), Some("w1"));
+                seen.push(event.id.clone());
+            }
         }
-    }
-    assert_eq!(seen, ["wake", "wake", "marker"]);
+        seen
+    };
+
+    set(&client, json!({ "key": "wake", "value": "one" })).await;
+    assert_eq!(until("wake").await, ["wake"], "a new note wakes");
+    // The same value and tags again is no change: no event before `m1`.
+    set(&client, json!({ "key": "wake", "value": "one" })).await;
+    set(&client, json!({ "key": "m1", "value": "x" })).await;
+    assert_eq!(until("m1").await, ["m1"], "an unchanged set sends nothing");
+    client
+        .call("delete_note", json!({ "key": "wake" }))
+        .await
+        .unwrap();
+    assert_eq!(until("wake").await, ["wake"], "a deletion wakes");
+    // Deleting what is already gone sends nothing.
+    client
+        .call("delete_note", json!({ "key": "wake" }))
+        .await
+        .unwrap();
+    set(&client, json!({ "key": "m2", "value": "x" })).await;
+    assert_eq!(until("m2").await, ["m2"], "a second deletion sends nothing");
 }
