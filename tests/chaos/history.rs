@@ -41,13 +41,48 @@ pub enum OpKind {
     CreateTask,
     /// `claim_next_task`.
     ClaimNext,
+    /// `claim_task` by key.
+    Claim,
     /// `renew_task_lease`.
     Renew,
     /// `complete_task`.
     Complete,
+    /// `acquire_lock`.
+    AcquireLock,
+    /// `release_lock`.
+    ReleaseLock,
+    /// `reserve_paths`.
+    ReservePaths,
+    /// `release_paths`.
+    ReleasePaths,
 }
 
 impl OpKind {
+    /// Every kind, to find one by its tool.
+    const ALL: [OpKind; 16] = [
+        OpKind::Send,
+        OpKind::Read,
+        OpKind::Ack,
+        OpKind::Fetch,
+        OpKind::Confirm,
+        OpKind::Post,
+        OpKind::ReadChannel,
+        OpKind::CreateTask,
+        OpKind::ClaimNext,
+        OpKind::Renew,
+        OpKind::Complete,
+        OpKind::Claim,
+        OpKind::AcquireLock,
+        OpKind::ReleaseLock,
+        OpKind::ReservePaths,
+        OpKind::ReleasePaths,
+    ];
+
+    /// The kind of a call of `tool`.
+    pub fn of_tool(tool: &str) -> Option<OpKind> {
+        OpKind::ALL.into_iter().find(|k| k.tool() == tool)
+    }
+
     pub fn tool(self) -> &'static str {
         match self {
             OpKind::Send => "send_conversation_message",
@@ -61,7 +96,30 @@ impl OpKind {
             OpKind::ClaimNext => "claim_next_task",
             OpKind::Renew => "renew_task_lease",
             OpKind::Complete => "complete_task",
+            OpKind::Claim => "claim_task",
+            OpKind::AcquireLock => "acquire_lock",
+            OpKind::ReleaseLock => "release_lock",
+            OpKind::ReservePaths => "reserve_paths",
+            OpKind::ReleasePaths => "release_paths",
         }
+    }
+
+    /// Writes a client retries with their request_id after an unknown
+    /// outcome (conversation sends have their own loop, and are listed
+    /// too: every attempt of these carries `request_id` in its args).
+    pub fn carries_request_id(self) -> bool {
+        matches!(
+            self,
+            OpKind::Send
+                | OpKind::Post
+                | OpKind::ClaimNext
+                | OpKind::Claim
+                | OpKind::Complete
+                | OpKind::AcquireLock
+                | OpKind::ReleaseLock
+                | OpKind::ReservePaths
+                | OpKind::ReleasePaths
+        )
     }
 }
 

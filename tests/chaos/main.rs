@@ -10,7 +10,9 @@
 //! ([`checker`]) and prints a table and a JSON summary. Any violation exits
 //! non-zero, naming the operation and the seed that reproduces the schedule.
 //!
-//! `--print-schedule` prints the seed's fault schedule without running.
+//! `--print-schedule` prints the seed's fault schedule without running;
+//! `--self-test` runs only the checker's self-test (a made-up history with
+//! every kind of breakage, no servers) and exits.
 //!
 //! It is a test target without libtest (`harness = false`), so plain
 //! `cargo test` runs the quick profile with a fixed seed, and a name filter
@@ -77,6 +79,8 @@ struct Args {
     seed: u64,
     /// `--print-schedule`: print the seed's fault schedule and exit.
     schedule_only: bool,
+    /// `--self-test`: run the checker's self-test and exit.
+    self_test_only: bool,
 }
 
 enum Parsed {
@@ -108,6 +112,7 @@ fn parse(args: impl Iterator<Item = String>) -> anyhow::Result<Parsed> {
     let mut skip_all = false;
     let mut list = false;
     let mut schedule_only = false;
+    let mut self_test_only = false;
     let mut args = args.peekable();
     while let Some(arg) = args.next() {
         let (flag, inline) = match arg.split_once('=') {
@@ -132,6 +137,7 @@ fn parse(args: impl Iterator<Item = String>) -> anyhow::Result<Parsed> {
                 }
             }
             "--print-schedule" => schedule_only = true,
+            "--self-test" => self_test_only = true,
             "--list" => list = true,
             "--exact" => exact = true,
             // Only ignored tests, or only benchmarks: this is neither.
@@ -148,7 +154,10 @@ fn parse(args: impl Iterator<Item = String>) -> anyhow::Result<Parsed> {
             | "--shuffle"
             | "--force-run-in-process" => {}
             flag if flag.starts_with('-') => {
-                bail!("unknown flag {flag}: use --quick, --long, --seed N or --print-schedule")
+                bail!(
+                    "unknown flag {flag}: use --quick, --long, --seed N, --print-schedule or \
+                     --self-test"
+                )
             }
             filter => filters.push(filter.to_string()),
         }
@@ -173,6 +182,7 @@ fn parse(args: impl Iterator<Item = String>) -> anyhow::Result<Parsed> {
         profile,
         seed,
         schedule_only,
+        self_test_only,
     }))
 }
 
@@ -192,6 +202,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if args.self_test_only {
+        return match checker::self_test() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("chaos: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if args.schedule_only {
         let schedule = faults::Schedule::draw(args.seed, &args.profile);
         println!(

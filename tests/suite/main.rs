@@ -98,6 +98,7 @@ mod proxy_lifecycle;
 mod proxy_thread;
 mod read_once;
 mod refusals;
+mod request_ids;
 mod reservation_views;
 mod reservations;
 mod run_script;

@@ -161,6 +161,10 @@ impl App {
             bus.clone(),
             shutdown.clone(),
         ));
+        tasks.push(crate::workers::request_ids::spawn(
+            bus.clone(),
+            shutdown.clone(),
+        ));
         if settings.publication_workers {
             tasks.extend(publication::spawn_all(bus.clone(), shutdown.clone()));
         }

@@ -113,8 +113,9 @@ fn db_message(err: &sqlx::Error) -> &'static str {
         }
         _ => {
             "the database connection broke during this request: if it was a change, it may \
-             or may not have been made. Retry a send with the same request_id (it is stored \
-             once); for anything else, read the state back before repeating it"
+             or may not have been made. Retry it with the same request_id (a call that \
+             carried one is done once); for a call without one, read the state back before \
+             repeating it"
         }
     }
 }

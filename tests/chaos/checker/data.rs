@@ -71,6 +71,9 @@ pub struct TaskEvent {
     pub kind: String,
     pub window: String,
     pub lease_seconds: Option<i64>,
+    /// The request_id the change was made under, when the server notes it
+    /// in the event's detail.
+    pub request_id: Option<String>,
 }
 
 /// A channel message.
@@ -81,6 +84,20 @@ pub struct ChannelMessage {
     pub position: i64,
     pub sender: String,
     pub sha256: String,
+    /// The post's request_id as the workload put it in the metadata
+    /// (`chaos_request_id`).
+    pub request_id: Option<String>,
+}
+
+/// A `request_ids` row: a write made under a request_id, committed.
+#[derive(Clone, Debug)]
+pub struct RequestRow {
+    pub window: String,
+    pub request_id: String,
+    pub tool: String,
+    /// The answer stored, reduced as the history keeps answers
+    /// ([`crate::workload::compact`]).
+    pub answer: Option<serde_json::Value>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -92,6 +109,9 @@ pub struct Db {
     /// In the order they were written.
     pub task_events: Vec<TaskEvent>,
     pub channel_messages: Vec<ChannelMessage>,
+    /// Every request_id the server recorded (None: a server without the
+    /// `request_ids` table).
+    pub requests: Option<Vec<RequestRow>>,
 }
 
 /// One entry of the body stream.
@@ -154,11 +174,12 @@ pub async fn load_db(database_url: &str, team_id: Uuid) -> anyhow::Result<Db> {
     .fetch_all(&pool)
     .await
     .context("reading receipts")?;
-    let events: Vec<(String, i64, String, String, Option<i64>)> = sqlx::query_as(concat!(
+    type EventRow = (String, i64, String, String, Option<i64>, Option<String>);
+    let events: Vec<EventRow> = sqlx::query_as(concat!(
         "SELECT t.key, (extract(epoch FROM e.at) * 1000000)::bigint, e.kind, ",
         address!("e.session"),
         ",
-                (e.detail->>'lease_seconds')::bigint
+                (e.detail->>'lease_seconds')::bigint, e.detail->>'request_id'
          FROM task_events e JOIN tasks t ON t.id = e.task_id JOIN agents a ON a.id = e.agent_id
          WHERE e.team_id = $1 ORDER BY e.id"
     ))
@@ -166,10 +187,12 @@ pub async fn load_db(database_url: &str, team_id: Uuid) -> anyhow::Result<Db> {
     .fetch_all(&pool)
     .await
     .context("reading task events")?;
-    let channel_rows: Vec<(Uuid, String, i64, String, String)> = sqlx::query_as(concat!(
+    type ChannelRow = (Uuid, String, i64, String, String, Option<String>);
+    let channel_rows: Vec<ChannelRow> = sqlx::query_as(concat!(
         "SELECT m.id, c.name, m.position, ",
         address!("m.sender_session"),
-        ", encode(sha256(convert_to(m.body, 'UTF8')), 'hex')
+        ", encode(sha256(convert_to(m.body, 'UTF8')), 'hex'),
+                m.metadata->>'chaos_request_id'
          FROM messages m JOIN channels c ON c.id = m.channel_id JOIN agents a ON a.id = m.sender_id
          WHERE m.team_id = $1"
     ))
@@ -177,8 +200,10 @@ pub async fn load_db(database_url: &str, team_id: Uuid) -> anyhow::Result<Db> {
     .fetch_all(&pool)
     .await
     .context("reading channel messages")?;
+    let requests = load_requests(&pool, team_id).await?;
     pool.close().await;
     Ok(Db {
+        requests,
         messages,
         last_seq: last_seq.into_iter().collect(),
         receipts: receipts
@@ -192,25 +217,75 @@ pub async fn load_db(database_url: &str, team_id: Uuid) -> anyhow::Result<Db> {
             .collect(),
         task_events: events
             .into_iter()
-            .map(|(key, at_us, kind, window, lease_seconds)| TaskEvent {
-                key,
-                at_us,
-                kind,
-                window,
-                lease_seconds,
-            })
+            .map(
+                |(key, at_us, kind, window, lease_seconds, request_id)| TaskEvent {
+                    key,
+                    at_us,
+                    kind,
+                    window,
+                    lease_seconds,
+                    request_id,
+                },
+            )
             .collect(),
         channel_messages: channel_rows
             .into_iter()
-            .map(|(id, channel, position, sender, sha256)| ChannelMessage {
-                id,
-                channel,
-                position,
-                sender,
-                sha256,
-            })
+            .map(
+                |(id, channel, position, sender, sha256, request_id)| ChannelMessage {
+                    id,
+                    channel,
+                    position,
+                    sender,
+                    sha256,
+                    request_id,
+                },
+            )
             .collect(),
     })
+}
+
+/// The team's `request_ids` rows, if the server keeps them.
+async fn load_requests(
+    pool: &sqlx::PgPool,
+    team_id: Uuid,
+) -> anyhow::Result<Option<Vec<RequestRow>>> {
+    let kept: bool = sqlx::query_scalar("SELECT to_regclass('request_ids') IS NOT NULL")
+        .fetch_one(pool)
+        .await?;
+    if !kept {
+        return Ok(None);
+    }
+    let rows: Vec<(String, Uuid, String, Option<serde_json::Value>)> = sqlx::query_as(concat!(
+        "SELECT ",
+        address!("r.window_label"),
+        ", r.request_id, r.tool, r.answer
+         FROM request_ids r JOIN agents a ON a.id = r.agent_id
+         WHERE r.team_id = $1"
+    ))
+    .bind(team_id)
+    .fetch_all(pool)
+    .await
+    .context("reading request ids")?;
+    Ok(Some(
+        rows.into_iter()
+            .map(|(window, request_id, tool, answer)| {
+                let answer = match (answer, crate::history::OpKind::of_tool(&tool)) {
+                    (Some(raw), Some(kind)) => {
+                        crate::workload::compact(kind, crate::history::Outcome::Ok { result: raw })
+                            .ok()
+                            .cloned()
+                    }
+                    (raw, _) => raw,
+                };
+                RequestRow {
+                    window,
+                    request_id: request_id.to_string(),
+                    tool,
+                    answer,
+                }
+            })
+            .collect(),
+    ))
 }
 
 /// Every entry of `stream`, read from the first NATS node that answers.

@@ -9,8 +9,10 @@
 mod channels;
 mod conversations;
 mod data;
+mod holders;
 mod http;
 mod inbox;
+mod retries;
 mod self_test;
 mod tasks;
 
@@ -57,12 +59,15 @@ pub struct Report {
     /// Refusals per `tool: kind` (an `unavailable` with no fault running
     /// is worth a look: the server could not complete a call).
     pub refusals: BTreeMap<String, usize>,
+    /// Answers marked `replayed: true` per tool: retries and repeats the
+    /// server answered with the original.
+    pub replayed: BTreeMap<&'static str, usize>,
 }
 
 type Check = fn(&data::Input) -> (usize, Vec<Violation>);
 
 /// Every check, in the order the table lists them.
-const CHECKS: [(&str, Check); 12] = [
+const CHECKS: [(&str, Check); 19] = [
     ("sends stored exactly once", conversations::stored_once),
     ("seqs 1..N without gap", conversations::gap_free),
     ("outbox settled", conversations::outbox_settled),
@@ -78,6 +83,13 @@ const CHECKS: [(&str, Check); 12] = [
     ("acknowledgements recorded", inbox::acks),
     ("channel posts stored once", channels::posts),
     ("channel reads skip nothing", channels::reads),
+    ("retries answered with the original", retries::replays),
+    ("posts once per request_id", retries::posts),
+    ("claims once per request_id", retries::claims),
+    ("completions once per request_id", retries::completions),
+    ("acknowledged writes recorded once", retries::recorded),
+    ("locks held by one window", holders::locks),
+    ("reservations held by one window", holders::reservations),
 ];
 
 /// The checks, plus the HTTP one, over one input.
@@ -129,7 +141,11 @@ pub async fn check(
     let (checks, violations) = run_checks(&input);
     let mut outcomes: BTreeMap<&'static str, [usize; 3]> = BTreeMap::new();
     let mut refusals: BTreeMap<String, usize> = BTreeMap::new();
+    let mut replayed: BTreeMap<&'static str, usize> = BTreeMap::new();
     for op in &input.ops {
+        if op.outcome.ok().is_some_and(|r| r["replayed"] == true) {
+            *replayed.entry(op.kind.tool()).or_default() += 1;
+        }
         let slot = match &op.outcome {
             Outcome::Ok { .. } => 0,
             Outcome::Refused { kind, .. } => {
@@ -148,6 +164,7 @@ pub async fn check(
         operations: input.ops.len(),
         outcomes,
         refusals,
+        replayed,
     })
 }
 
@@ -201,6 +218,7 @@ impl Report {
             "checks": checks,
             "outcomes": outcomes,
             "refusals": self.refusals,
+            "replayed": self.replayed,
         })
     }
 
@@ -228,6 +246,14 @@ impl Report {
                 .map(|(k, n)| format!("{k} {n}"))
                 .collect();
             eprintln!("  refusals: {}", list.join(", "));
+        }
+        if !self.replayed.is_empty() {
+            let list: Vec<String> = self
+                .replayed
+                .iter()
+                .map(|(k, n)| format!("{k} {n}"))
+                .collect();
+            eprintln!("  answered as replayed: {}", list.join(", "));
         }
         eprintln!("\n  {:<40} {:>8} {:>10}", "check", "checked", "violations");
         for row in &self.checks {

@@ -9,7 +9,9 @@ use std::collections::HashMap;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use super::data::{ChannelMessage, Db, Input, Receipt, StoredMessage, StreamEntry, TaskEvent};
+use super::data::{
+    ChannelMessage, Db, Input, Receipt, RequestRow, StoredMessage, StreamEntry, TaskEvent,
+};
 use super::run_checks;
 use crate::history::{Op, OpKind, Outcome};
 use crate::model::{AppliedFault, FaultKind};
@@ -48,7 +50,7 @@ fn ok(result: Value) -> Outcome {
 fn base() -> Input {
     let (conversation, message, request) = (id(1), id(2), id(3));
     let (post1, post2) = (id(10), id(11));
-    let ops = vec![
+    let ops: Vec<Op> = vec![
         op(
             OpKind::Send,
             W0,
@@ -98,28 +100,30 @@ fn base() -> Input {
         op(
             OpKind::ClaimNext,
             W0,
-            json!({"lease_seconds": 30}),
+            json!({"lease_seconds": 30, "request_id": id(30), "attempt": 0}),
             1_000,
-            ok(json!({"claimed": true, "key": "t", "holder": W0, "lease_expires_ms": 31_000})),
+            ok(
+                json!({"claimed": true, "key": "t", "holder": W0, "claimed_ms": 1_000, "lease_expires_ms": 31_000}),
+            ),
         ),
         op(
             OpKind::Complete,
             W0,
-            json!({"key": "t"}),
+            json!({"key": "t", "request_id": id(31), "attempt": 0}),
             10_000,
             ok(json!({"key": "t"})),
         ),
         op(
             OpKind::Post,
             W0,
-            json!({"channel": "ch", "sha256": "e1"}),
+            json!({"channel": "ch", "sha256": "e1", "request_id": id(20)}),
             400,
             ok(json!({"id": post1})),
         ),
         op(
             OpKind::Post,
             W0,
-            json!({"channel": "ch", "sha256": "e2"}),
+            json!({"channel": "ch", "sha256": "e2", "request_id": id(21)}),
             410,
             ok(json!({"id": post2})),
         ),
@@ -137,15 +141,19 @@ fn base() -> Input {
             510,
             ok(json!({"ids": [post2]})),
         ),
-    ];
-    let channel = |id, position, sha: &str| ChannelMessage {
+    ]
+    .into_iter()
+    .chain(retried_ops(post1))
+    .collect();
+    let channel = |id, position, sha: &str, request: Uuid| ChannelMessage {
         id,
         channel: "ch".into(),
         position,
         sender: W0.into(),
         sha256: sha.into(),
+        request_id: Some(request.to_string()),
     };
-    Input {
+    let mut input = Input {
         ops,
         db: Db {
             messages: vec![StoredMessage {
@@ -174,6 +182,7 @@ fn base() -> Input {
                     kind: "claimed".into(),
                     window: W0.into(),
                     lease_seconds: Some(30),
+                    request_id: None,
                 },
                 TaskEvent {
                     key: "t".into(),
@@ -181,9 +190,14 @@ fn base() -> Input {
                     kind: "completed".into(),
                     window: W0.into(),
                     lease_seconds: None,
+                    request_id: None,
                 },
             ],
-            channel_messages: vec![channel(post1, 1, "e1"), channel(post2, 2, "e2")],
+            channel_messages: vec![
+                channel(post1, 1, "e1", id(20)),
+                channel(post2, 2, "e2", id(21)),
+            ],
+            requests: None,
         },
         stream: vec![StreamEntry {
             sequence: 1,
@@ -200,14 +214,127 @@ fn base() -> Input {
             ended_ms: Some(55_000),
         }],
         epoch_at_zero: 0,
+    };
+    input.db.requests = Some(recorded(&input.ops));
+    input
+}
+
+/// The `request_ids` rows a server keeps for `ops`: each write answered
+/// under a request_id (other than a send), with its first answer.
+fn recorded(ops: &[Op]) -> Vec<RequestRow> {
+    let mut rows: Vec<RequestRow> = Vec::new();
+    for op in ops {
+        let (Some(result), Some(request)) = (op.outcome.ok(), op.args["request_id"].as_str())
+        else {
+            continue;
+        };
+        if op.kind == OpKind::Send
+            || rows
+                .iter()
+                .any(|r| r.window == op.window && r.request_id == request)
+        {
+            continue;
+        }
+        rows.push(RequestRow {
+            window: op.window.clone(),
+            request_id: request.to_string(),
+            tool: op.kind.tool().to_string(),
+            answer: Some(result.clone()),
+        });
     }
+    rows
+}
+
+/// Writes with request_ids: the first post sent again and answered with
+/// the original; a lock taken, released, taken by another window, and the
+/// first acquire repeated (answered with the original, not taken back); a
+/// pattern reserved, released and reserved by another window.
+fn retried_ops(post1: Uuid) -> Vec<Op> {
+    let lock = |window: &str, from: u64, replayed: bool| {
+        json!({"name": "l", "holder": window, "extended": false, "acquired_ms": from,
+               "expires_ms": from + 10_000, "replayed": replayed.then_some(true)})
+    };
+    let reserved = |window: &str, from: u64| {
+        json!({"granted": [{"pattern": "p/**", "holder": window, "extended": false,
+               "created_ms": from, "expires_ms": from + 10_000}], "refused": []})
+    };
+    vec![
+        op(
+            OpKind::Post,
+            W0,
+            json!({"channel": "ch", "sha256": "e1", "request_id": id(20), "repeat": true}),
+            600,
+            ok(json!({"id": post1, "replayed": true})),
+        ),
+        op(
+            OpKind::AcquireLock,
+            W0,
+            json!({"name": "l", "request_id": id(40)}),
+            2_000,
+            ok(lock(W0, 2_000, false)),
+        ),
+        op(
+            OpKind::ReleaseLock,
+            W0,
+            json!({"name": "l", "request_id": id(41)}),
+            3_000,
+            ok(json!({"name": "l", "released": true, "had_expired": false})),
+        ),
+        op(
+            OpKind::AcquireLock,
+            W1,
+            json!({"name": "l", "request_id": id(42)}),
+            4_000,
+            ok(lock(W1, 4_000, false)),
+        ),
+        op(
+            OpKind::AcquireLock,
+            W0,
+            json!({"name": "l", "request_id": id(40), "repeat": true}),
+            5_000,
+            ok(lock(W0, 2_000, true)),
+        ),
+        op(
+            OpKind::ReservePaths,
+            W0,
+            json!({"paths": ["p/**"], "request_id": id(50)}),
+            2_000,
+            ok(reserved(W0, 2_000)),
+        ),
+        op(
+            OpKind::ReleasePaths,
+            W0,
+            json!({"paths": ["p/**"], "request_id": id(51)}),
+            3_000,
+            ok(json!({"released": ["p/**"], "not_held": []})),
+        ),
+        op(
+            OpKind::ReservePaths,
+            W1,
+            json!({"paths": ["p/**"], "request_id": id(52)}),
+            4_000,
+            ok(reserved(W1, 4_000)),
+        ),
+    ]
+}
+
+/// The index of the first op of `kind` with `request_id` (and `repeat`).
+fn find(i: &Input, kind: OpKind, request: Uuid, repeat: bool) -> usize {
+    i.ops
+        .iter()
+        .position(|o| {
+            o.kind == kind
+                && o.args["request_id"] == json!(request)
+                && (o.args["repeat"] == true) == repeat
+        })
+        .expect("the self-test's op")
 }
 
 type Breakage = fn(&mut Input);
 
 /// Per check, one breakage it must report.
 fn breakages() -> Vec<(&'static str, Breakage)> {
-    vec![
+    let mut all: Vec<(&'static str, Breakage)> = vec![
         ("sends stored exactly once", |i| {
             let mut twin = i.db.messages[0].clone();
             twin.id = id(99);
@@ -248,6 +375,7 @@ fn breakages() -> Vec<(&'static str, Breakage)> {
                     kind: "claimed".into(),
                     window: W1.into(),
                     lease_seconds: Some(30),
+                    request_id: None,
                 },
             );
         }),
@@ -286,6 +414,98 @@ fn breakages() -> Vec<(&'static str, Breakage)> {
                     message: "database unavailable".into(),
                 },
             ));
+        }),
+    ];
+    all.extend(retry_breakages());
+    all
+}
+
+/// Per check of writes retried with their request_id, what it must report.
+fn retry_breakages() -> Vec<(&'static str, Breakage)> {
+    vec![
+        ("retries answered with the original", |i| {
+            // The repeated acquire took the lock afresh instead of
+            // answering the original.
+            let k = find(i, OpKind::AcquireLock, id(40), true);
+            i.ops[k].outcome = ok(
+                json!({"name": "l", "holder": W0, "extended": false, "acquired_ms": 5_000,
+                       "expires_ms": 15_000, "replayed": null}),
+            );
+        }),
+        ("retries answered with the original", |i| {
+            // The repeated post refused instead of answered.
+            let k = find(i, OpKind::Post, id(20), true);
+            i.ops[k].outcome = Outcome::Refused {
+                kind: "conflict".into(),
+                message: "already posted".into(),
+            };
+        }),
+        ("posts once per request_id", |i| {
+            // A retried post stored twice.
+            let mut twin = i.db.channel_messages[0].clone();
+            twin.id = id(12);
+            twin.position = 3;
+            i.db.channel_messages.push(twin);
+        }),
+        ("claims once per request_id", |i| {
+            // The claim's lost first attempt claimed task u, its retry
+            // claimed t afresh.
+            i.db.task_events.insert(
+                0,
+                TaskEvent {
+                    key: "u".into(),
+                    at_us: 900_000,
+                    kind: "claimed".into(),
+                    window: W0.into(),
+                    lease_seconds: Some(30),
+                    request_id: None,
+                },
+            );
+        }),
+        ("completions once per request_id", |i| {
+            let mut twin = i.db.task_events[1].clone();
+            twin.at_us += 500_000;
+            i.db.task_events.push(twin);
+        }),
+        ("completions once per request_id", |i| {
+            // The completion's answer was lost, and its retry refused.
+            let k = find(i, OpKind::Complete, id(31), false);
+            let mut retry = i.ops[k].clone();
+            i.ops[k].outcome = Outcome::Failed {
+                status: None,
+                message: "connection reset".into(),
+            };
+            retry.invoked_ms += 100;
+            retry.completed_ms += 100;
+            retry.outcome = Outcome::Refused {
+                kind: "not_held".into(),
+                message: "task t is done".into(),
+            };
+            i.ops.insert(k + 1, retry);
+        }),
+        ("acknowledged writes recorded once", |i| {
+            // An acknowledged post the server kept no request_id for.
+            let rows = i.db.requests.as_mut().expect("rows");
+            rows.retain(|r| r.request_id != id(20).to_string());
+        }),
+        ("acknowledged writes recorded once", |i| {
+            // The lock's request_id recorded with another answer than the
+            // one the client saw.
+            let rows = i.db.requests.as_mut().expect("rows");
+            for r in rows
+                .iter_mut()
+                .filter(|r| r.request_id == id(40).to_string())
+            {
+                r.answer = Some(json!({"name": "l", "holder": W0, "acquired_ms": 9_999}));
+            }
+        }),
+        ("locks held by one window", |i| {
+            let k = find(i, OpKind::ReleaseLock, id(41), false);
+            i.ops[k].outcome = ok(json!({"name": "l", "released": false, "had_expired": false}));
+        }),
+        ("reservations held by one window", |i| {
+            let k = find(i, OpKind::ReleasePaths, id(51), false);
+            i.ops[k].outcome = ok(json!({"released": [], "not_held": ["p/**"]}));
         }),
     ]
 }

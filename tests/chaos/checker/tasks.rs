@@ -90,11 +90,11 @@ pub fn reported(input: &Input) -> (usize, Vec<Violation>) {
     let lease_ms = |op: &Op| op.args["lease_seconds"].as_i64().unwrap_or(0) * 1000;
     let mut checked = 0;
     for op in &input.ops {
-        if !matches!(op.kind, OpKind::ClaimNext | OpKind::Renew) {
+        if !matches!(op.kind, OpKind::ClaimNext | OpKind::Claim | OpKind::Renew) {
             continue;
         }
         let Some(r) = op.outcome.ok() else { continue };
-        if op.kind == OpKind::ClaimNext && r["claimed"] != true {
+        if matches!(op.kind, OpKind::ClaimNext | OpKind::Claim) && r["claimed"] != true {
             continue;
         }
         let (Some(key), Some(end)) = (r["key"].as_str(), r["lease_expires_ms"].as_i64()) else {
@@ -142,8 +142,16 @@ pub fn reported(input: &Input) -> (usize, Vec<Violation>) {
     // Each window's claims and renewals, so a completion looks at its own.
     let mut by_window: HashMap<&str, Vec<&Op>> = HashMap::new();
     for o in &input.ops {
-        if matches!(o.kind, OpKind::ClaimNext | OpKind::Renew) {
+        if matches!(o.kind, OpKind::ClaimNext | OpKind::Claim | OpKind::Renew) {
             by_window.entry(o.window.as_str()).or_default().push(o);
+        }
+    }
+    // A completion retried with its request_id took effect at one of its
+    // attempts, a replay answering later: judge it from its first attempt.
+    let mut first_invoked: HashMap<&str, u64> = HashMap::new();
+    for o in input.ops.iter().filter(|o| o.kind == OpKind::Complete) {
+        if let Some(request) = o.args["request_id"].as_str() {
+            first_invoked.entry(request).or_insert(o.invoked_ms);
         }
     }
     for op in input.ops.iter().filter(|op| op.kind == OpKind::Complete) {
@@ -151,13 +159,17 @@ pub fn reported(input: &Input) -> (usize, Vec<Violation>) {
             continue;
         }
         checked += 1;
+        let invoked_ms = op.args["request_id"]
+            .as_str()
+            .and_then(|r| first_invoked.get(r).copied())
+            .unwrap_or(op.invoked_ms);
         let key = op.args["key"].as_str().unwrap_or_default();
         let mine = || {
             by_window
                 .get(op.window.as_str())
                 .into_iter()
                 .flatten()
-                .filter(|o| o.completed_ms <= op.invoked_ms)
+                .filter(move |o| o.completed_ms <= invoked_ms)
         };
         let unknown = mine().any(|o| {
             !o.outcome.answered() && (o.kind == OpKind::ClaimNext || o.args["key"] == key)
@@ -169,12 +181,12 @@ pub fn reported(input: &Input) -> (usize, Vec<Violation>) {
             .get(key)
             .into_iter()
             .flatten()
-            .filter(|(_, _, o)| o.window == op.window && o.completed_ms <= op.invoked_ms)
+            .filter(|(_, _, o)| o.window == op.window && o.completed_ms <= invoked_ms)
             .map(|(_, end, _)| *end)
             .max();
         // The invocation time on the wall clock, with slack for the two
         // clocks' offset (the same machine).
-        let invoked = input.epoch_ms(op.invoked_ms);
+        let invoked = input.epoch_ms(invoked_ms);
         match last_end {
             Some(end) if invoked <= end + CLOCK_SLACK_MS => {}
             _ => violations.push(Violation::new(

@@ -12,6 +12,10 @@ use serde_json::{Value, json};
 use sha2::Digest as _;
 use uuid::Uuid;
 
+mod retried;
+
+pub use retried::arguments_of;
+
 use super::mcp::Window;
 use super::{Fixture, Mode, pause};
 use crate::history::{History, Op, OpKind, Outcome};
@@ -52,6 +56,11 @@ pub struct Client {
     to_ack: Vec<Uuid>,
     held: Vec<Held>,
     counter: u64,
+    /// Locks and path reservations this window took, to release.
+    locks: Vec<retried::Taken>,
+    paths: Vec<retried::Taken>,
+    /// Keys of tasks this window created, to claim by key (`claim_task`).
+    created: Vec<String>,
 }
 
 impl Client {
@@ -81,6 +90,9 @@ impl Client {
             to_ack: Vec::new(),
             held: Vec::new(),
             counter: 0,
+            locks: Vec::new(),
+            paths: Vec::new(),
+            created: Vec::new(),
         })
     }
 
@@ -110,14 +122,16 @@ impl Client {
         }
         let roll = self.rng.random_range(0..100);
         match roll {
-            0..18 => self.send_into(Mode::Sync).await,
-            18..36 => self.send_into(Mode::Outbox).await,
-            36..50 => self.read().await,
-            50..62 => self.inbox().await,
-            62..68 => self.ack().await,
-            68..76 => self.post().await,
-            76..84 => self.read_channel().await,
-            _ => self.task().await,
+            0..17 => self.send_into(Mode::Sync).await,
+            17..34 => self.send_into(Mode::Outbox).await,
+            34..47 => self.read().await,
+            47..59 => self.inbox().await,
+            59..65 => self.ack().await,
+            65..73 => self.post().await,
+            73..80 => self.read_channel().await,
+            80..92 => self.task().await,
+            92..96 => self.lock().await,
+            _ => self.reservation().await,
         }
     }
 
@@ -319,18 +333,22 @@ impl Client {
         1
     }
 
+    /// A post with a fresh request_id, also in its metadata
+    /// (`chaos_request_id`) so the checker finds its rows; retried with the
+    /// same id while the outcome is unknown.
     async fn post(&mut self) -> usize {
         let channel =
             self.fixture.channels[self.rng.random_range(0..self.fixture.channels.len())].clone();
         let body = self.body("post");
         let digest = hex::encode(sha2::Sha256::digest(body.as_bytes()));
-        self.call(
+        let request_id = self.uuid();
+        self.write(
             OpKind::Post,
-            json!({"channel": channel, "body": body}),
+            json!({"channel": channel, "body": body,
+                   "metadata": {"chaos_request_id": request_id}, "request_id": request_id}),
             json!({"sha256": digest}),
         )
-        .await;
-        1
+        .await
     }
 
     pub async fn read_channel_named(&mut self, channel: &str) -> Option<usize> {
@@ -383,21 +401,43 @@ impl Client {
         if self.rng.random_bool(0.4) {
             let key = format!("t{}-{}", self.index, self.counter);
             self.counter += 1;
-            self.call(
-                OpKind::CreateTask,
-                json!({"key": key, "title": format!("chaos task {key}")}),
-                json!({}),
-            )
-            .await;
+            let op = self
+                .call(
+                    OpKind::CreateTask,
+                    json!({"key": key, "title": format!("chaos task {key}")}),
+                    json!({}),
+                )
+                .await;
+            if op.outcome.ok().is_some() && self.created.len() < 50 {
+                self.created.push(key);
+            }
             return 1;
         }
-        let op = self
-            .call(
-                OpKind::ClaimNext,
-                json!({"lease_seconds": self.fixture.lease_secs}),
+        let request_id = self.uuid();
+        // Now and then a task of its own by key (it may be taken already:
+        // then refused), else the next one ready.
+        // (Not one it holds: claiming it again would only extend it.)
+        self.created
+            .retain(|k| !self.held.iter().any(|h| h.key == *k));
+        let (calls, op) = if !self.created.is_empty() && self.rng.random_bool(0.3) {
+            let key = self
+                .created
+                .swap_remove(self.rng.random_range(0..self.created.len()));
+            self.retried(
+                OpKind::Claim,
+                json!({"key": key, "lease_seconds": self.fixture.lease_secs,
+                       "request_id": request_id}),
                 json!({}),
             )
-            .await;
+            .await
+        } else {
+            self.retried(
+                OpKind::ClaimNext,
+                json!({"lease_seconds": self.fixture.lease_secs, "request_id": request_id}),
+                json!({}),
+            )
+            .await
+        };
         if let Some(result) = op.outcome.ok()
             && result["claimed"] == true
             && let (Some(key), Some(expires_ms)) =
@@ -410,13 +450,14 @@ impl Client {
                 abandoned,
             });
         }
-        1
+        calls
     }
 
     async fn complete(&mut self, key: &str, late: bool) {
-        self.call(
+        let request_id = self.uuid();
+        self.write(
             OpKind::Complete,
-            json!({"key": key, "result": "done by chaos"}),
+            json!({"key": key, "result": "done by chaos", "request_id": request_id}),
             json!({"late": late}),
         )
         .await;
@@ -435,7 +476,7 @@ fn sha256_hex(text: &str) -> String {
 }
 
 /// The fields of an answer the checks need (bodies become digests).
-fn compact(kind: OpKind, outcome: Outcome) -> Outcome {
+pub fn compact(kind: OpKind, outcome: Outcome) -> Outcome {
     let Outcome::Ok { result: r } = outcome else {
         return outcome;
     };
@@ -502,12 +543,32 @@ fn compact(kind: OpKind, outcome: Outcome) -> Outcome {
             t["claimed"] = r["claimed"].clone();
             t
         }
+        OpKind::Claim => {
+            let mut t = task(if r["task"].is_object() {
+                &r["task"]
+            } else {
+                &r
+            });
+            t["claimed"] = json!(true);
+            t
+        }
+        OpKind::AcquireLock | OpKind::ReleaseLock | OpKind::ReservePaths | OpKind::ReleasePaths => {
+            retried::compact_holding(kind, &r)
+        }
         OpKind::Renew | OpKind::Complete | OpKind::CreateTask => task(if r["task"].is_object() {
             &r["task"]
         } else {
             &r
         }),
-        OpKind::Ack => r,
+        OpKind::Ack => r.clone(),
     };
+    let mut result = result;
+    // The mark of an answer given again for a request_id (kept on every
+    // kind that carries one; `null` on a first answer).
+    if kind.carries_request_id()
+        && let Some(map) = result.as_object_mut()
+    {
+        map.insert("replayed".into(), r["replayed"].clone());
+    }
     Outcome::Ok { result }
 }

@@ -20,6 +20,7 @@ use crate::Profile;
 use crate::history::History;
 use crate::model::Target;
 
+pub use client::compact;
 pub use settle::settle;
 pub use setup::prepare;
 

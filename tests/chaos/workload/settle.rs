@@ -11,9 +11,9 @@ use anyhow::Context as _;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::client::Client;
+use super::client::{Client, arguments_of};
 use super::{Fixture, pause};
-use crate::history::{History, OpKind};
+use crate::history::{History, Op, OpKind};
 use crate::model::Target;
 
 /// Beyond the profile's quiet period: a reference handed out whose
@@ -46,6 +46,12 @@ pub async fn settle(
     }
     if still > 0 {
         remains.push(format!("{still} sends still without an answer"));
+    }
+    let still = finish_writes(&mut clients, history, deadline).await;
+    if still > 0 {
+        remains.push(format!(
+            "{still} posts, claims, completions, locks or reservations still without an answer"
+        ));
     }
 
     let pool = sqlx::PgPool::connect(&target.database_url)
@@ -164,4 +170,54 @@ fn unknown_sends(history: &History) -> BTreeMap<Uuid, (usize, Uuid, String)> {
         }
     }
     unknown
+}
+
+/// Every write other than a send (those are finished above) no attempt of
+/// which was answered for good, sent again with its request_id until
+/// answered: how many are still unknown at the deadline.
+async fn finish_writes(clients: &mut [Client], history: &History, deadline: Instant) -> usize {
+    let ops = history.ops();
+    let answered: HashSet<&str> = ops
+        .iter()
+        .filter(|op| op.kind.carries_request_id() && !op.outcome.retryable())
+        .filter_map(|op| op.args["request_id"].as_str())
+        .collect();
+    // request_id → its last attempt, in the order first sent.
+    let mut unknown: Vec<&Op> = Vec::new();
+    let mut seen = HashSet::new();
+    for op in ops.iter().rev() {
+        if op.kind == OpKind::Send || !op.kind.carries_request_id() {
+            continue;
+        }
+        let Some(request) = op.args["request_id"].as_str() else {
+            continue;
+        };
+        if !answered.contains(request) && seen.insert(request) {
+            unknown.push(op);
+        }
+    }
+    unknown.reverse();
+    let mut still = 0;
+    for last in unknown {
+        let client = &mut clients[last.client];
+        let arguments = arguments_of(last);
+        let mut attempt = last.args["attempt"].as_u64().unwrap_or(0) + 1;
+        let mut known = false;
+        while !known && Instant::now() < deadline {
+            let mut noted = json!({"attempt": attempt});
+            for key in ["sha256", "late"] {
+                if !last.args[key].is_null() {
+                    noted[key] = last.args[key].clone();
+                }
+            }
+            let op = client.call(last.kind, arguments.clone(), noted).await;
+            known = !op.outcome.retryable();
+            attempt += 1;
+            if !known {
+                pause(500).await;
+            }
+        }
+        still += usize::from(!known);
+    }
+    still
 }

@@ -2,10 +2,14 @@
 //! lost it, and when the bus refuses the window's credential (401/403), one
 //! recovery: a session that died is registered again and the call repeated
 //! (the bus did nothing), a token the bus no longer accepts is explained with
-//! what to do. A call that got no answer is never repeated: it may have been
-//! carried out.
+//! what to do. A call that got no answer may have been carried out: it is
+//! repeated only when the tool takes a `request_id` (the bus answers a
+//! repeat with the first call's answer), with the id the proxy gave it
+//! before the first attempt ([`RETRIES`] times, with a growing pause); any
+//! other call is not repeated.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use rmcp::model::CallToolResult;
 use rmcp::service::{ClientInitializeError, ServiceError};
@@ -62,26 +66,76 @@ impl Proxy {
 
     /// A bus tool's result as the bus gave it, or a refusal the model can act
     /// on when the call did not get through. A credential the bus refused
-    /// (401) is recovered once and the call repeated: the bus did nothing.
+    /// (401) is recovered once and the call repeated: the bus did nothing. A
+    /// call that got no answer is repeated when it carries a `request_id`
+    /// (the proxy gives one to every tool that takes it), else told as
+    /// perhaps carried out.
     pub(super) async fn forward(
         &self,
         tool: &str,
         arguments: Option<Map<String, Value>>,
     ) -> CallToolResult {
-        for attempt in 0..2 {
+        let arguments = self.with_request_id(tool, arguments).await;
+        let request_id = arguments
+            .as_ref()
+            .and_then(|a| a.get("request_id"))
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let mut recovered = false;
+        let mut unanswered = 0;
+        loop {
             let connection = match self.connection().await {
                 Ok(connection) => connection,
-                Err(message) => return refusal("unavailable", &message),
-            };
-            match connection.call_result(tool, arguments.clone()).await {
-                Ok(result) => return result,
-                Err(err) if attempt == 0 && credential_refused(&err) => {
-                    if let Err(message) = self.recover(&connection).await {
-                        return refusal("unauthenticated", &message);
+                Err(message) if unanswered == 0 => return refusal("unavailable", &message),
+                // Not reconnected after a call that got no answer: its
+                // outcome is still unknown.
+                Err(message) => match &request_id {
+                    Some(_) if unanswered <= RETRIES => {
+                        unanswered += 1;
+                        pause(unanswered).await;
+                        continue;
                     }
+                    Some(id) => return self.unknown_outcome(tool, id, unanswered, &message).await,
+                    None => return refusal("unavailable", &message),
+                },
+            };
+            let err = match connection.call_result(tool, arguments.clone()).await {
+                Ok(result) => return result,
+                Err(err) => err,
+            };
+            if credential_refused(&err) && !recovered {
+                recovered = true;
+                if let Err(message) = self.recover(&connection).await {
+                    return refusal("unauthenticated", &message);
                 }
-                Err(err) => {
-                    self.drop_connection(&connection).await;
+                continue;
+            }
+            self.drop_connection(&connection).await;
+            match &request_id {
+                Some(_) if unanswered < RETRIES && !answered(&err) => {
+                    unanswered += 1;
+                    tracing::warn!(
+                        tool,
+                        error = %brief(&err),
+                        unanswered,
+                        "no answer; repeating with the same request_id"
+                    );
+                    pause(unanswered).await;
+                }
+                Some(id) if !answered(&err) => {
+                    return self
+                        .unknown_outcome(tool, id, unanswered + 1, &brief(&err))
+                        .await;
+                }
+                _ if credential_refused(&err) => {
+                    return refusal(
+                        "unauthenticated",
+                        "the bus refused this window's credential again right after it was \
+                         renewed; nothing was done. Call session_status, and ask an operator \
+                         to check the agent.",
+                    );
+                }
+                _ => {
                     let url = self.bound.read().await.url.clone();
                     return refusal(
                         "unavailable",
@@ -95,11 +149,63 @@ impl Proxy {
                 }
             }
         }
+    }
+
+    /// The refusal of a call with `request_id` that got no answer in
+    /// `attempts` tries: the outcome is unknown, and repeating it is safe.
+    async fn unknown_outcome(
+        &self,
+        tool: &str,
+        request_id: &str,
+        attempts: u32,
+        why: &str,
+    ) -> CallToolResult {
+        let url = self.bound.read().await.url.clone();
         refusal(
-            "unauthenticated",
-            "the bus refused this window's credential again right after it was renewed; nothing \
-             was done. Call session_status, and ask an operator to check the agent.",
+            "unavailable",
+            &format!(
+                "{tool} did not get an answer from the bus at {url} in {attempts} attempts \
+                 ({why}): whether it was carried out is unknown. Calling {tool} again with the \
+                 same arguments and \"request_id\": \"{request_id}\" is safe: a call the bus \
+                 carried out answers its first answer (with replayed: true) and changes nothing \
+                 again; one it did not runs."
+            ),
         )
+    }
+
+    /// `arguments` with a fresh `request_id` when `tool` takes one (its
+    /// input schema, from the bus's tools/list, has the property) and the
+    /// caller gave none: chosen before the first attempt, so every repeat
+    /// carries the same.
+    async fn with_request_id(
+        &self,
+        tool: &str,
+        arguments: Option<Map<String, Value>>,
+    ) -> Option<Map<String, Value>> {
+        if arguments
+            .as_ref()
+            .is_some_and(|a| a.contains_key("request_id"))
+        {
+            return arguments;
+        }
+        let takes_one = self.tools.read().await.as_ref().is_some_and(|tools| {
+            tools.iter().any(|t| {
+                t.name == tool
+                    && t.input_schema
+                        .get("properties")
+                        .and_then(Value::as_object)
+                        .is_some_and(|p| p.contains_key("request_id"))
+            })
+        });
+        if !takes_one {
+            return arguments;
+        }
+        let mut arguments = arguments.unwrap_or_default();
+        arguments.insert(
+            "request_id".into(),
+            Value::String(uuid::Uuid::new_v4().to_string()),
+        );
+        Some(arguments)
     }
 
     /// [`Self::forward`] for the proxy's own use: the structured answer, or
@@ -244,6 +350,28 @@ pub(super) fn unreachable(err: &anyhow::Error) -> bool {
                     | ServiceError::Timeout { .. }
             )
         ) || cause.downcast_ref::<BusSilent>().is_some()
+    })
+}
+
+/// How many times a call that takes a `request_id` is repeated after it got
+/// no answer.
+pub(super) const RETRIES: u32 = 3;
+
+/// The pause before the first repeat; doubled before each next one.
+const RETRY_PAUSE: Duration = Duration::from_millis(250);
+
+/// Wait before the `n`th repeat (1-based): [`RETRY_PAUSE`], doubled each time.
+async fn pause(n: u32) {
+    tokio::time::sleep(RETRY_PAUSE * 2u32.pow(n.saturating_sub(1))).await;
+}
+
+/// The bus answered the call with a JSON-RPC error: it got it, and refused.
+fn answered(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<ServiceError>(),
+            Some(ServiceError::McpError(_))
+        )
     })
 }
 

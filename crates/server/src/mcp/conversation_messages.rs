@@ -107,6 +107,10 @@ pub struct ListOwedArgs {
 pub struct PresentedArgs {
     /// The conversation messages just shown to the model, 1 to 100.
     pub message_ids: Vec<Uuid>,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -235,7 +239,16 @@ impl BusServer {
         Parameters(args): Parameters<PresentedArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(receipts::present(self.bus(), me, &args.message_ids).await)
+        self.once(
+            &parts,
+            "mark_presented",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let presented = receipts::present(&mut w, me, &args.message_ids).await;
+                (w, presented)
+            },
+        )
+        .await
     }
 
     #[tool(

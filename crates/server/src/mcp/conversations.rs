@@ -34,6 +34,10 @@ pub struct CreateConversationArgs {
     /// Addresses to invite as participants: `agent` (its shared window) or
     /// `agent/window`. They join with join_conversation.
     pub invite: Option<Vec<String>>,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -47,6 +51,10 @@ pub struct ListConversationsArgs {
 #[serde(deny_unknown_fields)]
 pub struct ConversationIdArgs {
     pub conversation_id: Uuid,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -60,6 +68,10 @@ pub struct InviteArgs {
     /// New invitations only: let the invitee read from the first message
     /// (default: from now). A removed seat always comes back from now.
     pub history_from_start: Option<bool>,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -68,6 +80,10 @@ pub struct RemoveArgs {
     pub conversation_id: Uuid,
     /// `agent` (its shared window) or `agent/window`.
     pub address: String,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -77,6 +93,10 @@ pub struct TransferArgs {
     /// Another window of your own agent: a label such as `w2`, `""` for your
     /// shared window, or the address `agent/w2`.
     pub to: String,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -109,7 +129,18 @@ impl BusServer {
             Err(err) => return reply::<()>(Err(err)),
         };
         let invite = args.invite.unwrap_or_default();
-        reply(conversations::create(self.bus(), me, &args.title, placement, &invite).await)
+        let bus = self.bus();
+        self.once(
+            &parts,
+            "create_conversation",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let created =
+                    conversations::create(bus, &mut w, me, &args.title, placement, &invite).await;
+                (w, created)
+            },
+        )
+        .await
     }
 
     #[tool(
@@ -144,17 +175,24 @@ impl BusServer {
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
         let from_start = args.history_from_start.unwrap_or(false);
-        reply(
-            conversations::invite(
-                self.bus(),
-                me,
-                args.conversation_id,
-                &args.address,
-                &args.role,
-                from_start,
-            )
-            .await,
+        self.once(
+            &parts,
+            "invite_to_conversation",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let invited = conversations::invite(
+                    &mut w,
+                    me,
+                    args.conversation_id,
+                    &args.address,
+                    &args.role,
+                    from_start,
+                )
+                .await;
+                (w, invited)
+            },
         )
+        .await
     }
 
     #[tool(
@@ -167,7 +205,16 @@ impl BusServer {
         Parameters(args): Parameters<ConversationIdArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(conversations::join(self.bus(), me, args.conversation_id).await)
+        self.once(
+            &parts,
+            "join_conversation",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let done = conversations::join(&mut w, me, args.conversation_id).await;
+                (w, done)
+            },
+        )
+        .await
     }
 
     #[tool(
@@ -180,7 +227,16 @@ impl BusServer {
         Parameters(args): Parameters<ConversationIdArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(conversations::leave(self.bus(), me, args.conversation_id).await)
+        self.once(
+            &parts,
+            "leave_conversation",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let done = conversations::leave(&mut w, me, args.conversation_id).await;
+                (w, done)
+            },
+        )
+        .await
     }
 
     #[tool(
@@ -194,7 +250,17 @@ impl BusServer {
         Parameters(args): Parameters<RemoveArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(conversations::remove(self.bus(), me, args.conversation_id, &args.address).await)
+        self.once(
+            &parts,
+            "remove_conversation_member",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let done =
+                    conversations::remove(&mut w, me, args.conversation_id, &args.address).await;
+                (w, done)
+            },
+        )
+        .await
     }
 
     #[tool(
@@ -207,7 +273,16 @@ impl BusServer {
         Parameters(args): Parameters<ConversationIdArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(conversations::archive(self.bus(), me, args.conversation_id).await)
+        self.once(
+            &parts,
+            "archive_conversation",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let done = conversations::archive(&mut w, me, args.conversation_id).await;
+                (w, done)
+            },
+        )
+        .await
     }
 
     #[tool(
@@ -221,7 +296,17 @@ impl BusServer {
         Parameters(args): Parameters<TransferArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(conversations::transfer(self.bus(), me, args.conversation_id, &args.to).await)
+        self.once(
+            &parts,
+            "transfer_membership",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let done =
+                    conversations::transfer(&mut w, me, args.conversation_id, &args.to).await;
+                (w, done)
+            },
+        )
+        .await
     }
 
     #[tool(

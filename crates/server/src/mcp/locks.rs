@@ -8,7 +8,7 @@ use rmcp::{ErrorData, schemars, tool, tool_router};
 use serde::Deserialize;
 
 use super::answers::Read;
-use super::{BusServer, caller, reply};
+use super::{BusServer, caller};
 use acs_store::store::messaging::locks;
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -21,6 +21,10 @@ pub struct AcquireLockArgs {
     pub ttl_seconds: Option<i64>,
     /// One line saying why you hold it (at most 256 bytes), shown to others.
     pub purpose: Option<String>,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -28,6 +32,10 @@ pub struct AcquireLockArgs {
 pub struct ReleaseLockArgs {
     /// The lock's name.
     pub name: String,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
@@ -47,16 +55,23 @@ impl BusServer {
         Parameters(args): Parameters<AcquireLockArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(
-            locks::acquire(
-                self.bus(),
-                me,
-                &args.name,
-                args.ttl_seconds,
-                args.purpose.as_deref(),
-            )
-            .await,
+        self.once(
+            &parts,
+            "acquire_lock",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let acquired = locks::acquire_in(
+                    &mut w,
+                    me,
+                    &args.name,
+                    args.ttl_seconds,
+                    args.purpose.as_deref(),
+                )
+                .await;
+                (w, acquired)
+            },
         )
+        .await
     }
 
     #[tool(
@@ -69,7 +84,16 @@ impl BusServer {
         Parameters(args): Parameters<ReleaseLockArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(locks::release(self.bus(), me, &args.name).await)
+        self.once(
+            &parts,
+            "release_lock",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let done = locks::release(&mut w, me, &args.name).await;
+                (w, done)
+            },
+        )
+        .await
     }
 
     #[tool(

@@ -42,6 +42,10 @@ pub struct PostArgs {
     /// overdue (pending_for_me, the dashboard, the `ack.overdue` webhook). Omit for no due time.
     #[schemars(range(min = 10, max = 604800))]
     pub ack_within_seconds: Option<i64>,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -97,6 +101,10 @@ pub struct CreateChannelArgs {
     /// One line about the channel, up to 256 bytes (one-line text rule). Replaces the current
     /// topic when given.
     pub topic: Option<String>,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -110,6 +118,10 @@ pub struct AttachArgs {
     pub content_type: String,
     /// Its bytes in standard base64 (at most 256 KiB decoded).
     pub data_base64: String,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -161,7 +173,16 @@ impl BusServer {
             attachments: uploads,
             ack,
         };
-        reply(messages::post(self.bus(), me, new).await)
+        self.once(
+            &parts,
+            "post_message",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let posted = messages::post_in(&mut w, me, new).await;
+                (w, posted)
+            },
+        )
+        .await
     }
 
     #[tool(
@@ -236,7 +257,16 @@ impl BusServer {
         Parameters(args): Parameters<CreateChannelArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(channels::create(self.bus(), me, &args.name, args.topic.as_deref()).await)
+        self.once(
+            &parts,
+            "create_channel",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let created = channels::create(&mut w, me, &args.name, args.topic.as_deref()).await;
+                (w, created)
+            },
+        )
+        .await
     }
 
     #[tool(
@@ -254,7 +284,16 @@ impl BusServer {
                 Ok(upload) => upload,
                 Err(err) => return Ok(refusal(&err)),
             };
-        reply(attachments::attach_to_task(self.bus(), me, &args.task, upload).await)
+        self.once(
+            &parts,
+            "attach_file",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let attached = attachments::attach_to_task(&mut w, me, &args.task, upload).await;
+                (w, attached)
+            },
+        )
+        .await
     }
 
     #[tool(

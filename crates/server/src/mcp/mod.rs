@@ -39,6 +39,7 @@ use sqlx::PgPool;
 use acs_store::Bus;
 use acs_store::auth::Identity;
 use acs_store::error::{BusError, BusResult};
+use acs_store::store::requests;
 
 pub const SERVER_NAME: &str = "ai-crew-sync";
 
@@ -324,6 +325,50 @@ pub(crate) fn caller(parts: &http::request::Parts) -> Result<&Identity, ErrorDat
     })
 }
 
+/// The request a write tool was given as `request_id`, parsed, with the
+/// digest of the call's arguments as the body carried them; `None` without
+/// one. A `request_id` that is not a UUID is refused.
+pub(crate) fn request_of(
+    parts: &http::request::Parts,
+    tool: &str,
+    raw: Option<&str>,
+) -> Result<BusResult<Option<requests::Request>>, ErrorData> {
+    let Some(raw) = raw else {
+        return Ok(Ok(None));
+    };
+    let arguments = parts
+        .extensions
+        .get::<RequestBody>()
+        .and_then(RequestBody::arguments)
+        .ok_or_else(|| ErrorData::internal_error("a tool call came without its body", None))?;
+    Ok(requests::Request::parse(raw, tool, &arguments).map(Some))
+}
+
+impl BusServer {
+    /// A write tool's call: `write` on a [`requests::Writer`], once per
+    /// `request_id` when the call carries one (`store::requests`), its
+    /// answer (or the first call's, replayed) as the tool's result.
+    pub(crate) async fn once<T, F, Fut>(
+        &self,
+        parts: &http::request::Parts,
+        tool: &str,
+        request_id: Option<&str>,
+        write: F,
+    ) -> Result<CallToolResult, ErrorData>
+    where
+        T: Serialize,
+        F: FnOnce(requests::Writer) -> Fut,
+        Fut: std::future::Future<Output = (requests::Writer, BusResult<T>)>,
+    {
+        let me = caller(parts)?;
+        let request = match request_of(parts, tool, request_id)? {
+            Ok(request) => request,
+            Err(err) => return Ok(refusal(&err)),
+        };
+        reply(requests::once(self.bus(), me, request.as_ref(), write).await)
+    }
+}
+
 /// Shape a store answer as a tool result: the value as structured JSON, or a
 /// refusal the model can read and act on.
 pub(crate) fn reply<T: Serialize>(result: BusResult<T>) -> Result<CallToolResult, ErrorData> {
@@ -433,6 +478,62 @@ mod tests {
                 "{message}"
             );
         }
+    }
+
+    /// The writes that take no `request_id`, and why (docs/tools.md,
+    /// "Retries and request_id", says the same).
+    const WITHOUT_REQUEST_ID: &[&str] = &[
+        // The answer holds a new credential, kept only as a digest.
+        "register_session",
+        "resume_session",
+        "renew_session",
+        // Repeating changes nothing: a revoked window stays revoked.
+        "revoke_session",
+        // Repeats answer the same; its broker acks must follow its commit.
+        "confirm_inbox_delivery",
+        // Each receipt is written once; a repeat keeps the first.
+        "ack_message",
+        // Its own required request_id (`store_conversation_message`).
+        "send_conversation_message",
+        // Reads that move a cursor or hand out references: a repeat reads
+        // again (what it missed stays owed).
+        "read_messages",
+        "fetch_conversation_inbox",
+        "wait_for_updates",
+        "wait_for_conversation_updates",
+    ];
+
+    #[test]
+    fn every_write_tool_takes_a_request_id_described_alike() {
+        let mut described = std::collections::BTreeSet::new();
+        let mut missing = Vec::new();
+        for tool in BusServer::tool_list() {
+            let read_only = tool
+                .annotations
+                .as_ref()
+                .and_then(|a| a.read_only_hint)
+                .unwrap_or(false);
+            let property = tool
+                .input_schema
+                .get("properties")
+                .and_then(|p| p.get("request_id"));
+            let name = tool.name.as_ref();
+            if read_only || WITHOUT_REQUEST_ID.contains(&name) {
+                if name != "send_conversation_message" {
+                    assert!(property.is_none(), "{name} takes a request_id it ignores");
+                }
+                continue;
+            }
+            let Some(property) = property else {
+                missing.push(name.to_string());
+                continue;
+            };
+            if name != "ask_agent" {
+                described.insert(property["description"].to_string());
+            }
+        }
+        assert!(missing.is_empty(), "writes without request_id: {missing:?}");
+        assert_eq!(described.len(), 1, "described alike: {described:?}");
     }
 
     #[test]

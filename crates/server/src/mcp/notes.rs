@@ -9,7 +9,7 @@ use rmcp::{ErrorData, schemars, tool, tool_router};
 use serde::Deserialize;
 
 use super::answers::Read;
-use super::{BusServer, caller, reply};
+use super::{BusServer, caller};
 use acs_store::store::messaging::notes;
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -25,6 +25,10 @@ pub struct SetNoteArgs {
     pub value: String,
     /// Up to 16 tags of <= 64 bytes each, lower-cased. Omit to keep the current tags, [] to clear them.
     pub tags: Option<Vec<String>>,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -34,6 +38,19 @@ pub struct NoteKeyArgs {
     pub scope: Option<String>,
     /// The note's key (case-sensitive; trimmed and NFC-normalised like set_note's).
     pub key: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteNoteArgs {
+    /// The note's scope (default `global`).
+    pub scope: Option<String>,
+    /// The note's key (case-sensitive; trimmed and NFC-normalised like set_note's).
+    pub key: String,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
@@ -67,17 +84,24 @@ impl BusServer {
         Parameters(args): Parameters<SetNoteArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(
-            notes::set(
-                self.bus(),
-                me,
-                args.scope.as_deref(),
-                &args.key,
-                &args.value,
-                args.tags.as_deref(),
-            )
-            .await,
+        self.once(
+            &parts,
+            "set_note",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let set = notes::set(
+                    &mut w,
+                    me,
+                    args.scope.as_deref(),
+                    &args.key,
+                    &args.value,
+                    args.tags.as_deref(),
+                )
+                .await;
+                (w, set)
+            },
         )
+        .await
     }
 
     #[tool(
@@ -138,9 +162,18 @@ impl BusServer {
     async fn delete_note(
         &self,
         Extension(parts): Extension<http::request::Parts>,
-        Parameters(args): Parameters<NoteKeyArgs>,
+        Parameters(args): Parameters<DeleteNoteArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(notes::delete(self.bus(), me, args.scope.as_deref(), &args.key).await)
+        self.once(
+            &parts,
+            "delete_note",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let done = notes::delete(&mut w, me, args.scope.as_deref(), &args.key).await;
+                (w, done)
+            },
+        )
+        .await
     }
 }

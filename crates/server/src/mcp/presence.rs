@@ -8,7 +8,7 @@ use rmcp::{ErrorData, schemars, tool, tool_router};
 use serde::Deserialize;
 
 use super::answers::Read;
-use super::{BusServer, caller, reply};
+use super::{BusServer, caller};
 use acs_store::store::messaging::presence::{self, Beat, PresenceStatus, SessionFilter};
 
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
@@ -34,6 +34,10 @@ pub struct HeartbeatArgs {
     pub ttl_seconds: Option<i64>,
     /// true: this window is leaving (its conversation ended): it is offline at once instead of when its ttl runs out; send `status: "idle"` with it. A later heartbeat brings it back. Default false.
     pub offline: Option<bool>,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 impl From<HeartbeatArgs> for Beat {
@@ -94,7 +98,17 @@ impl BusServer {
         Parameters(args): Parameters<HeartbeatArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(presence::heartbeat(self.bus(), me, &args.into()).await)
+        let request_id = args.request_id.clone();
+        self.once(
+            &parts,
+            "heartbeat",
+            request_id.as_deref(),
+            |mut w| async move {
+                let beat = presence::heartbeat_in(&mut w, me, &args.into()).await;
+                (w, beat)
+            },
+        )
+        .await
     }
 
     #[tool(

@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use super::answers::Read;
 use super::sessions::NoArgs;
-use super::{BusServer, caller, reply};
+use super::{BusServer, caller};
 use acs_store::store::conversations::projects;
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -16,6 +16,10 @@ use acs_store::store::conversations::projects;
 pub struct CreateProjectArgs {
     /// Project name: ASCII letters, digits and `-_.`, up to 64 bytes.
     pub project: String,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -27,6 +31,10 @@ pub struct GrantArgs {
     pub agent: String,
     /// true grants (default), false revokes. Nobody revokes their own grant.
     pub grant: Option<bool>,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[tool_router(router = project_router, vis = "pub(super)")]
@@ -41,7 +49,16 @@ impl BusServer {
         Parameters(args): Parameters<CreateProjectArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(projects::create(self.bus(), me, &args.project).await)
+        self.once(
+            &parts,
+            "create_project",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let done = projects::create(&mut w, me, &args.project).await;
+                (w, done)
+            },
+        )
+        .await
     }
 
     #[tool(
@@ -69,6 +86,15 @@ impl BusServer {
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
         let grant = args.grant.unwrap_or(true);
-        reply(projects::grant(self.bus(), me, &args.project, &args.agent, grant).await)
+        self.once(
+            &parts,
+            "grant_project_access",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let done = projects::grant(&mut w, me, &args.project, &args.agent, grant).await;
+                (w, done)
+            },
+        )
+        .await
     }
 }

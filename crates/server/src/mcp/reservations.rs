@@ -9,7 +9,7 @@ use rmcp::{ErrorData, schemars, tool, tool_router};
 use serde::Deserialize;
 
 use super::answers::Read;
-use super::{BusServer, caller, reply};
+use super::{BusServer, caller};
 use acs_store::store::messaging::reservations;
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -32,6 +32,10 @@ pub struct ReservePathsArgs {
     /// `refused`. False (default): all or nothing.
     #[serde(default)]
     pub partial: bool,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
@@ -40,6 +44,10 @@ pub struct ReleasePathsArgs {
     /// The patterns to release, as reserved. Omit to release every
     /// reservation of this window.
     pub paths: Option<Vec<String>>,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
@@ -48,6 +56,10 @@ pub struct RenewReservationsArgs {
     /// The new time to live from now, 5..86400 seconds (default 1800).
     #[schemars(range(min = 5, max = 86400), extend("default" = 1800))]
     pub ttl_seconds: Option<i64>,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
@@ -90,20 +102,23 @@ impl BusServer {
         Parameters(args): Parameters<ReservePathsArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(
-            reservations::reserve(
-                self.bus(),
-                me,
-                reservations::ReserveRequest {
+        self.once(
+            &parts,
+            "reserve_paths",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let request = reservations::ReserveRequest {
                     paths: &args.paths,
                     exclusive: args.exclusive,
                     ttl_seconds: args.ttl_seconds,
                     reason: args.reason.as_deref(),
                     partial: args.partial,
-                },
-            )
-            .await,
+                };
+                let reserved = reservations::reserve(&mut w, me, request).await;
+                (w, reserved)
+            },
         )
+        .await
     }
 
     #[tool(
@@ -117,7 +132,16 @@ impl BusServer {
         Parameters(args): Parameters<ReleasePathsArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(reservations::release(self.bus(), me, args.paths.as_deref()).await)
+        self.once(
+            &parts,
+            "release_paths",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let released = reservations::release(&mut w, me, args.paths.as_deref()).await;
+                (w, released)
+            },
+        )
+        .await
     }
 
     #[tool(
@@ -131,7 +155,16 @@ impl BusServer {
         Parameters(args): Parameters<RenewReservationsArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(reservations::renew(self.bus(), me, args.ttl_seconds).await)
+        self.once(
+            &parts,
+            "renew_reservations",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let renewed = reservations::renew(&mut w, me, args.ttl_seconds).await;
+                (w, renewed)
+            },
+        )
+        .await
     }
 
     #[tool(

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::answers::Read;
-use super::{BusServer, caller, reply};
+use super::{BusServer, caller};
 use acs_store::store::tasks::{self, NewTask};
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -32,6 +32,10 @@ pub struct CreateTaskArgs {
     /// `low`, `normal` (default), `high` or `urgent`: claim_next_task takes the highest first,
     /// the oldest first within one priority.
     pub priority: Option<String>,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 impl From<CreateTaskArgs> for NewTask {
@@ -55,6 +59,10 @@ pub struct ClaimTaskArgs {
     /// Lease length in seconds, 30..86400 (default 900). Renew before it lapses.
     #[schemars(range(min = 30, max = 86400), extend("default" = 900))]
     pub lease_seconds: Option<i64>,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
@@ -63,6 +71,10 @@ pub struct ClaimNextArgs {
     /// Lease length in seconds, 30..86400 (default 900). Renew before it lapses.
     #[schemars(range(min = 30, max = 86400), extend("default" = 900))]
     pub lease_seconds: Option<i64>,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -73,6 +85,10 @@ pub struct RenewLeaseArgs {
     /// New lease length from now, in seconds, 30..86400 (default 900).
     #[schemars(range(min = 30, max = 86400), extend("default" = 900))]
     pub lease_seconds: Option<i64>,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -84,11 +100,26 @@ pub struct TaskKeyArgs {
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+pub struct ReleaseTaskArgs {
+    /// The task's key.
+    pub key: String,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct CompleteTaskArgs {
     /// The task's key.
     pub key: String,
     /// What was done: the outcome another agent needs, at most 64 KiB.
     pub result: String,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -98,6 +129,10 @@ pub struct CancelTaskArgs {
     pub key: String,
     /// Why it is cancelled, at most 4 KiB; kept on the task and in its history.
     pub reason: String,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -108,6 +143,10 @@ pub struct SetDependenciesArgs {
     /// The complete new list: keys of existing, not cancelled tasks that must be done first (at
     /// most 32). `[]` removes every dependency.
     pub depends_on: Vec<String>,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -117,6 +156,10 @@ pub struct SetPriorityArgs {
     pub key: String,
     /// `low`, `normal`, `high` or `urgent`.
     pub priority: String,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
@@ -145,7 +188,17 @@ impl BusServer {
         Parameters(args): Parameters<CreateTaskArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(tasks::create(self.bus(), me, args.into()).await)
+        let request_id = args.request_id.clone();
+        self.once(
+            &parts,
+            "create_task",
+            request_id.as_deref(),
+            |mut w| async move {
+                let task = tasks::create_in(&mut w, me, args.into()).await;
+                (w, task)
+            },
+        )
+        .await
     }
 
     #[tool(
@@ -160,7 +213,16 @@ impl BusServer {
         Parameters(args): Parameters<ClaimTaskArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(tasks::claim(self.bus(), me, &args.key, args.lease_seconds).await)
+        self.once(
+            &parts,
+            "claim_task",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let task = tasks::claim(&mut w, me, &args.key, args.lease_seconds).await;
+                (w, task)
+            },
+        )
+        .await
     }
 
     #[tool(
@@ -175,7 +237,16 @@ impl BusServer {
         Parameters(args): Parameters<ClaimNextArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(tasks::claim_next(self.bus(), me, args.lease_seconds).await)
+        self.once(
+            &parts,
+            "claim_next_task",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let next = tasks::claim_next_in(&mut w, me, args.lease_seconds).await;
+                (w, next)
+            },
+        )
+        .await
     }
 
     #[tool(
@@ -188,7 +259,16 @@ impl BusServer {
         Parameters(args): Parameters<RenewLeaseArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(tasks::renew(self.bus(), me, &args.key, args.lease_seconds).await)
+        self.once(
+            &parts,
+            "renew_task_lease",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let task = tasks::renew(&mut w, me, &args.key, args.lease_seconds).await;
+                (w, task)
+            },
+        )
+        .await
     }
 
     #[tool(
@@ -197,10 +277,19 @@ impl BusServer {
     async fn release_task(
         &self,
         Extension(parts): Extension<http::request::Parts>,
-        Parameters(args): Parameters<TaskKeyArgs>,
+        Parameters(args): Parameters<ReleaseTaskArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(tasks::release(self.bus(), me, &args.key).await)
+        self.once(
+            &parts,
+            "release_task",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let task = tasks::release(&mut w, me, &args.key).await;
+                (w, task)
+            },
+        )
+        .await
     }
 
     #[tool(
@@ -213,7 +302,16 @@ impl BusServer {
         Parameters(args): Parameters<CompleteTaskArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(tasks::complete(self.bus(), me, &args.key, &args.result).await)
+        self.once(
+            &parts,
+            "complete_task",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let task = tasks::complete_in(&mut w, me, &args.key, &args.result).await;
+                (w, task)
+            },
+        )
+        .await
     }
 
     #[tool(
@@ -230,7 +328,16 @@ impl BusServer {
         Parameters(args): Parameters<CancelTaskArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(tasks::cancel(self.bus(), me, &args.key, &args.reason).await)
+        self.once(
+            &parts,
+            "cancel_task",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let task = tasks::cancel(&mut w, me, &args.key, &args.reason).await;
+                (w, task)
+            },
+        )
+        .await
     }
 
     #[tool(
@@ -246,7 +353,16 @@ impl BusServer {
         Parameters(args): Parameters<SetDependenciesArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(tasks::set_dependencies(self.bus(), me, &args.key, &args.depends_on).await)
+        self.once(
+            &parts,
+            "set_task_dependencies",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let task = tasks::set_dependencies(&mut w, me, &args.key, &args.depends_on).await;
+                (w, task)
+            },
+        )
+        .await
     }
 
     #[tool(
@@ -263,7 +379,17 @@ impl BusServer {
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
         let rights = tasks::Rights::Creator;
-        reply(tasks::set_priority(self.bus(), me, &args.key, &args.priority, rights).await)
+        self.once(
+            &parts,
+            "set_task_priority",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let task =
+                    tasks::set_priority_in(&mut w, me, &args.key, &args.priority, rights).await;
+                (w, task)
+            },
+        )
+        .await
     }
 
     #[tool(

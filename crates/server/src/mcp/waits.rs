@@ -44,6 +44,10 @@ pub struct AskArgs {
     pub timeout_seconds: Option<u64>,
     /// Keep waiting for an earlier question (its question_message_id) instead of asking again.
     pub resume_message_id: Option<Uuid>,
+    /// Optional: a UUID you choose, new for each new question. Repeating the call with the same
+    /// request_id from this window within 24 h asks nothing again: it waits for the answer to
+    /// the first question (like resume_message_id); the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 /// Sends a progress notification every few seconds while alive, if the
@@ -154,6 +158,10 @@ impl BusServer {
             Ok(timeout) => timeout,
             Err(err) => return Ok(refusal(&err)),
         };
+        let request = match super::request_of(&parts, "ask_agent", args.request_id.as_deref())? {
+            Ok(request) => request,
+            Err(err) => return Ok(refusal(&err)),
+        };
         let _progress = ProgressTicker::start(&ctx, timeout, "waiting for an answer");
         let ask = waits::ask(
             self.bus(),
@@ -162,6 +170,7 @@ impl BusServer {
             &args.question,
             timeout,
             args.resume_message_id,
+            request.as_ref(),
         );
         reply(unless_abandoned(&ctx, ask).await)
     }

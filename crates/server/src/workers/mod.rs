@@ -9,6 +9,7 @@ pub mod departures;
 pub mod inbox_publisher;
 pub mod presence_sweeper;
 pub mod publication;
+pub mod request_ids;
 pub mod storage_recount;
 pub mod webhook_dispatcher;
 

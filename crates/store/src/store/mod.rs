@@ -17,6 +17,7 @@ pub mod tasks;
 mod fenced;
 pub mod limits;
 mod long_poll;
+pub mod requests;
 pub use long_poll::Waited;
 pub mod text;
 

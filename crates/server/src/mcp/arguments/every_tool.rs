@@ -63,7 +63,7 @@ fn wrong_value(types: &[&str]) -> Value {
 #[test]
 fn every_tool_schema_uses_only_what_the_check_understands() {
     let tools = crate::mcp::BusServer::tools().list_all();
-    assert_eq!(tools.len(), 65);
+    assert_eq!(tools.len(), 66);
     for tool in &tools {
         let mut found = Vec::new();
         keywords_of(&Value::Object((*tool.input_schema).clone()), &mut found);

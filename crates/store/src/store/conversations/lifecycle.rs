@@ -11,6 +11,7 @@ use crate::Bus;
 use crate::auth::Identity;
 use crate::backend::BackendKind;
 use crate::error::{BusError, BusResult};
+use crate::store::requests::Writer;
 use crate::store::{
     conversations::projects, delivery::broker_conditions, identity::sessions, text,
 };
@@ -72,6 +73,7 @@ impl Placement {
 /// history from 1); each invitee an invited `participant` seat.
 pub async fn create(
     bus: &Bus,
+    w: &mut Writer,
     me: &Identity,
     title: &str,
     placement: Placement,
@@ -104,7 +106,7 @@ pub async fn create(
 
     // Before the transaction: it asks the broker (no network I/O inside one).
     broker_conditions::refuse_if_streams_missing(bus, me.team_id, &me.team).await?;
-    let mut tx = bus.pool.begin().await?;
+    let mut tx = w.begin().await?;
     sessions::guard(&mut tx, me).await?;
     refuse_borrowed_label(&mut tx, me).await?;
     let visibility = placement.visibility();
@@ -210,8 +212,8 @@ pub async fn list(
 
 /// `archive_conversation`: owners and moderators close it to new messages;
 /// its history stays readable. Archiving twice changes nothing.
-pub async fn archive(bus: &Bus, me: &Identity, id: Uuid) -> BusResult<ConversationView> {
-    let mut tx = bus.pool.begin().await?;
+pub async fn archive(w: &mut Writer, me: &Identity, id: Uuid) -> BusResult<ConversationView> {
+    let mut tx = w.begin().await?;
     let (conversation, grant) = open(&mut tx, me, id).await?;
     let seats = lock_seats(&mut tx, me, id, &[(me.agent_id, &me.window)]).await?;
     let mine = seats.first();

@@ -13,9 +13,9 @@ use super::seats::{
 };
 use super::transfer::transfer_complete;
 use super::{Conversation, Membership, SeatRole, SeatState, audit};
-use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
+use crate::store::requests::Writer;
 use crate::store::text;
 
 /// The roles `invite_to_conversation` hands out. `owner` is only ever the
@@ -96,7 +96,7 @@ async fn manage(
 /// `readmit`), or change the role of an active seat (audited as `role`; only
 /// an owner changes an owner).
 pub async fn invite(
-    bus: &Bus,
+    w: &mut Writer,
     me: &Identity,
     id: Uuid,
     address: &str,
@@ -105,7 +105,7 @@ pub async fn invite(
 ) -> BusResult<Membership> {
     let target = parse_window(address)?;
     let role = check_invite_role(role)?;
-    let mut tx = bus.pool.begin().await?;
+    let mut tx = w.begin().await?;
     let Managed {
         conversation,
         target,
@@ -291,8 +291,8 @@ impl Invitation<'_> {
 
 /// `join_conversation`: this window's invitation becomes an active seat, or a
 /// transfer proposed to this window completes.
-pub async fn join(bus: &Bus, me: &Identity, id: Uuid) -> BusResult<Membership> {
-    let mut tx = bus.pool.begin().await?;
+pub async fn join(w: &mut Writer, me: &Identity, id: Uuid) -> BusResult<Membership> {
+    let mut tx = w.begin().await?;
     let (conversation, grant) = open(&mut tx, me, id).await?;
     // A seat of another window of this agent that proposes moving here.
     let source: Option<String> = sqlx::query_scalar(
@@ -368,8 +368,8 @@ pub async fn join(bus: &Bus, me: &Identity, id: Uuid) -> BusResult<Membership> {
 }
 
 /// `leave_conversation`: an active seat leaves; an invited one declines.
-pub async fn leave(bus: &Bus, me: &Identity, id: Uuid) -> BusResult<Membership> {
-    let mut tx = bus.pool.begin().await?;
+pub async fn leave(w: &mut Writer, me: &Identity, id: Uuid) -> BusResult<Membership> {
+    let mut tx = w.begin().await?;
     let (_, grant) = open(&mut tx, me, id).await?;
     let seats = lock_seats(&mut tx, me, id, &[(me.agent_id, &me.window)]).await?;
     let mine = seats.into_iter().next();
@@ -402,9 +402,14 @@ pub async fn leave(bus: &Bus, me: &Identity, id: Uuid) -> BusResult<Membership> 
 
 /// `remove_conversation_member`: owners and moderators remove an invited or
 /// active seat; only an owner removes an owner.
-pub async fn remove(bus: &Bus, me: &Identity, id: Uuid, address: &str) -> BusResult<Membership> {
+pub async fn remove(
+    w: &mut Writer,
+    me: &Identity,
+    id: Uuid,
+    address: &str,
+) -> BusResult<Membership> {
     let target = parse_window(address)?;
-    let mut tx = bus.pool.begin().await?;
+    let mut tx = w.begin().await?;
     let Managed {
         conversation: _,
         target,

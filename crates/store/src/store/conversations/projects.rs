@@ -11,6 +11,7 @@ use uuid::Uuid;
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
+use crate::store::requests::Writer;
 use crate::store::{conversations, identity::sessions, messaging::channels, normalize_agent_name};
 
 #[derive(Clone, Debug, Serialize, sqlx::FromRow)]
@@ -84,9 +85,9 @@ pub(crate) async fn holds_grant(
 }
 
 /// `create_project`: the creator holds the first grant.
-pub async fn create(bus: &Bus, me: &Identity, name: &str) -> BusResult<Project> {
+pub async fn create(w: &mut Writer, me: &Identity, name: &str) -> BusResult<Project> {
     let name = normalize_name(name)?;
-    let mut tx = bus.pool.begin().await?;
+    let mut tx = w.begin().await?;
     sessions::guard(&mut tx, me).await?;
     let id = Uuid::new_v4();
     let inserted = sqlx::query(
@@ -163,14 +164,14 @@ pub struct GrantChange {
 /// `grant_project_access {project, agent, grant}`: only a holder grants or
 /// revokes; nobody revokes their own grant.
 pub async fn grant(
-    bus: &Bus,
+    w: &mut Writer,
     me: &Identity,
     project: &str,
     agent: &str,
     grant: bool,
 ) -> BusResult<GrantChange> {
     let agent = normalize_agent_name(agent)?;
-    let mut tx = bus.pool.begin().await?;
+    let mut tx = w.begin().await?;
     sessions::guard(&mut tx, me).await?;
     let project_id = find(&mut tx, me, project).await?;
     let project = normalize_name(project)?;

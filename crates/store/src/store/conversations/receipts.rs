@@ -30,6 +30,7 @@ use crate::store::conversations::messages::{conversation_of, message_not_found};
 use crate::store::conversations::{self, ReadAccess};
 use crate::store::fenced;
 use crate::store::long_poll::{OnEvent, Polled, Waited, answer_if_still_valid, long_poll};
+use crate::store::requests::Writer;
 
 pub const NOTE_MAX_BYTES: usize = 1024;
 
@@ -177,7 +178,7 @@ pub struct Presented {
 /// (never a read, a fetch or a delivery). All or nothing: one id this window
 /// is not a recipient of refuses the call and records none. One round trip:
 /// `store_presented` (migration 0033).
-pub async fn present(bus: &Bus, me: &Identity, message_ids: &[Uuid]) -> BusResult<Presented> {
+pub async fn present(w: &mut Writer, me: &Identity, message_ids: &[Uuid]) -> BusResult<Presented> {
     if message_ids.is_empty() || message_ids.len() > PRESENTED_MAX_IDS {
         return Err(BusError::invalid(format!(
             "message_ids must name 1 to {PRESENTED_MAX_IDS} messages; it names {}. Record the \
@@ -197,7 +198,7 @@ pub async fn present(bus: &Bus, me: &Identity, message_ids: &[Uuid]) -> BusResul
     .bind(&me.window)
     .bind(bare_label(me))
     .bind(&ids)
-    .fetch_one(&bus.pool)
+    .fetch_one(w.conn())
     .await?
     .outcome(me)?;
     if outcome == "presented" {

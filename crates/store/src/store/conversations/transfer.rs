@@ -9,10 +9,10 @@ use uuid::Uuid;
 use super::access::{not_found, open, standing, visible};
 use super::seats::{SeatRow, lock_seats, parse_window};
 use super::{Conversation, Membership, SeatState, audit};
-use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::store;
+use crate::store::requests::Writer;
 
 /// Where `transfer_membership` may send a seat: a window label of the
 /// caller's own agent (`""` = its shared window), or an address of it.
@@ -45,7 +45,7 @@ fn lands_on(state: SeatState) -> bool {
 /// it to another window of the same agent; that window's
 /// `join_conversation` completes the move. A later proposal replaces an
 /// earlier one; leaving or being removed cancels it.
-pub async fn transfer(bus: &Bus, me: &Identity, id: Uuid, to: &str) -> BusResult<Membership> {
+pub async fn transfer(w: &mut Writer, me: &Identity, id: Uuid, to: &str) -> BusResult<Membership> {
     let to = parse_transfer_target(me, to)?;
     if to == me.window {
         return Err(BusError::invalid(
@@ -53,7 +53,7 @@ pub async fn transfer(bus: &Bus, me: &Identity, id: Uuid, to: &str) -> BusResult
              `\"\"` for your shared window).",
         ));
     }
-    let mut tx = bus.pool.begin().await?;
+    let mut tx = w.begin().await?;
     let (_, grant) = open(&mut tx, me, id).await?;
     let seats = lock_seats(
         &mut tx,

@@ -19,6 +19,7 @@ use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::events::{BusEvent, EventKind};
+use crate::store::requests::Writer;
 use crate::store::{identity::sessions, operations::usage, text};
 
 pub const ATTACHMENT_MAX_BYTES: usize = 256 * 1024;
@@ -235,13 +236,13 @@ pub(crate) async fn lock_quota(conn: &mut PgConnection, team_id: Uuid) -> BusRes
 
 /// `attach_file`: one file on a task (by key).
 pub async fn attach_to_task(
-    bus: &Bus,
+    w: &mut Writer,
     me: &Identity,
     task_key: &str,
     upload: Upload,
 ) -> BusResult<AttachmentInfo> {
     let task_key = text::lookup(task_key);
-    let mut tx = bus.pool.begin().await?;
+    let mut tx = w.begin().await?;
     sessions::guard(&mut tx, me).await?;
     usage::check_quota(&mut *tx, me.team_id, &me.team, upload.data.len()).await?;
     // The task row's lock orders concurrent attaches to one task for the count.
@@ -265,8 +266,7 @@ pub async fn attach_to_task(
     .await?
     .remove(0);
     tx.commit().await?;
-    bus.events
-        .emit(BusEvent::new(me.team_id, EventKind::Task, &task_key).by(me));
+    w.emit(BusEvent::new(me.team_id, EventKind::Task, &task_key).by(me));
     Ok(info)
 }
 

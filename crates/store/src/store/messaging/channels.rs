@@ -16,6 +16,7 @@ use uuid::Uuid;
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
+use crate::store::requests::Writer;
 use crate::store::{identity::sessions, messaging::messages, text};
 
 pub const CHANNEL_NAME_MAX_BYTES: usize = 64;
@@ -84,14 +85,14 @@ pub struct Created {
 
 /// `create_channel`: idempotent. A topic given replaces the stored one.
 pub async fn create(
-    bus: &Bus,
+    w: &mut Writer,
     me: &Identity,
     name: &str,
     topic: Option<&str>,
 ) -> BusResult<Created> {
     let name = normalize_name(name)?;
     let topic = check_topic(topic)?;
-    let mut tx = bus.pool.begin().await?;
+    let mut tx = w.begin().await?;
     sessions::guard(&mut tx, me).await?;
     let (channel, created) = find_or_create(&mut tx, me, &name).await?;
     let channel = match topic {

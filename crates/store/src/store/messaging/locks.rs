@@ -25,6 +25,7 @@ use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::events::{BusEvent, EventKind};
+use crate::store::requests::{self, Writer};
 use crate::store::{address, at, fenced, limits, text, window_phrase};
 
 pub const NAME_MAX_BYTES: usize = 256;
@@ -201,6 +202,21 @@ pub async fn acquire(
     ttl_seconds: Option<i64>,
     purpose: Option<&str>,
 ) -> BusResult<Acquired> {
+    requests::plain(bus, |mut w| async move {
+        let acquired = acquire_in(&mut w, me, name, ttl_seconds, purpose).await;
+        (w, acquired)
+    })
+    .await
+}
+
+/// [`acquire`] on `w`.
+pub async fn acquire_in(
+    w: &mut Writer,
+    me: &Identity,
+    name: &str,
+    ttl_seconds: Option<i64>,
+    purpose: Option<&str>,
+) -> BusResult<Acquired> {
     let name = normalize_name(name)?;
     let ttl = check_ttl(ttl_seconds)?;
     let purpose = check_purpose(purpose)?;
@@ -213,7 +229,7 @@ pub async fn acquire(
     .bind(&name)
     .bind(ttl)
     .bind(&purpose)
-    .fetch_one(&bus.pool)
+    .fetch_one(w.conn())
     .await?
     .outcome(me)?;
     let extended = match outcome.as_str() {
@@ -234,8 +250,7 @@ pub async fn acquire(
         }
     };
     let row: LockRow = fenced::detail(detail)?;
-    bus.events
-        .emit(BusEvent::new(me.team_id, EventKind::Lock, name.as_str()).by(me));
+    w.emit(BusEvent::new(me.team_id, EventKind::Lock, name.as_str()).by(me));
     Ok(Acquired {
         lock: row.into_lock(),
         extended,
@@ -247,7 +262,7 @@ pub async fn acquire(
 /// trip: `release_team_lock` (migration 0033) runs the fence, locks the row
 /// (a takeover it waits out is read as it is after), and deletes it when
 /// this window holds it.
-pub async fn release(bus: &Bus, me: &Identity, name: &str) -> BusResult<Released> {
+pub async fn release(w: &mut Writer, me: &Identity, name: &str) -> BusResult<Released> {
     let name = lookup_name(name)?;
     let (outcome, detail) = fenced::call(
         "SELECT refusal, session_epoch, refused_since, outcome, detail
@@ -256,14 +271,13 @@ pub async fn release(bus: &Bus, me: &Identity, name: &str) -> BusResult<Released
     )
     .bind(&me.window)
     .bind(&name)
-    .fetch_one(&bus.pool)
+    .fetch_one(w.conn())
     .await?
     .outcome(me)?;
     match outcome.as_str() {
         "released" => {
             let row: LockRow = fenced::detail(detail)?;
-            bus.events
-                .emit(BusEvent::new(me.team_id, EventKind::Lock, name.as_str()).by(me));
+            w.emit(BusEvent::new(me.team_id, EventKind::Lock, name.as_str()).by(me));
             Ok(Released {
                 name,
                 released: true,

@@ -29,6 +29,7 @@ use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::events::{BusEvent, EventKind};
 use crate::store::messaging::attachments::TEAM_QUOTA_DEFAULT_BYTES;
+use crate::store::requests::Writer;
 use crate::store::{fenced, identity::sessions, limits, operations::usage, text};
 
 pub const DEFAULT_SCOPE: &str = "global";
@@ -297,7 +298,7 @@ macro_rules! notes_with_author {
 /// is stored twice: on the note and in its revision), the upsert and the
 /// revision.
 pub async fn set(
-    bus: &Bus,
+    w: &mut Writer,
     me: &Identity,
     scope: Option<&str>,
     key: &str,
@@ -330,7 +331,7 @@ pub async fn set(
     .bind(value)
     .bind(&tags)
     .bind(TEAM_QUOTA_DEFAULT_BYTES)
-    .fetch_one(&bus.pool)
+    .fetch_one(w.conn())
     .await?
     .outcome(me)?;
     if outcome == "quota" {
@@ -339,8 +340,7 @@ pub async fn set(
     let changed = outcome == "set";
     let stored: Stored = fenced::detail(detail)?;
     if changed {
-        bus.events
-            .emit(BusEvent::new(me.team_id, EventKind::Note, key.clone()).by(me));
+        w.emit(BusEvent::new(me.team_id, EventKind::Note, key.clone()).by(me));
     }
     Ok(NoteSet {
         scope,
@@ -534,14 +534,14 @@ pub async fn search(
 /// `delete_note`: delete a note, recording the deletion as a revision.
 /// Deleting a missing (or already deleted) note answers `deleted: false`.
 pub async fn delete(
-    bus: &Bus,
+    w: &mut Writer,
     me: &Identity,
     scope: Option<&str>,
     key: &str,
 ) -> BusResult<NoteDeleted> {
     let scope = normalize_scope(scope)?;
     let key = lookup_key(key)?;
-    let mut tx = bus.pool.begin().await?;
+    let mut tx = w.begin().await?;
     sessions::guard(&mut tx, me).await?;
     let deleted: Option<(Uuid, i64)> = sqlx::query_as(
         "UPDATE notes SET value = '', tags = '{}', revision = revision + 1, deleted_at = now(),
@@ -577,8 +577,7 @@ pub async fn delete(
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
-    bus.events
-        .emit(BusEvent::new(me.team_id, EventKind::Note, key.clone()).by(me));
+    w.emit(BusEvent::new(me.team_id, EventKind::Note, key.clone()).by(me));
     Ok(NoteDeleted {
         scope,
         key,

@@ -40,6 +40,7 @@ use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::store::messaging::{channels, holdings, reservations};
+use crate::store::requests::{self, Writer};
 use crate::store::{fenced, limits, text};
 
 pub const TTL_MIN_SECS: i64 = 30;
@@ -378,6 +379,15 @@ macro_rules! summary_order {
 /// interleave field by field. One round trip: `store_heartbeat` (migration
 /// 0033) runs the write fence and the upsert.
 pub async fn heartbeat(bus: &Bus, me: &Identity, beat: &Beat) -> BusResult<Heartbeat> {
+    requests::plain(bus, |mut w| async move {
+        let done = heartbeat_in(&mut w, me, beat).await;
+        (w, done)
+    })
+    .await
+}
+
+/// [`heartbeat`] on `w`.
+pub async fn heartbeat_in(w: &mut Writer, me: &Identity, beat: &Beat) -> BusResult<Heartbeat> {
     let status = beat
         .status
         .as_deref()
@@ -416,7 +426,7 @@ pub async fn heartbeat(bus: &Bus, me: &Identity, beat: &Beat) -> BusResult<Heart
     .bind(ttl)
     .bind(TTL_DEFAULT_SECS as i32);
     if !beat.offline {
-        let (_, detail) = write.fetch_one(&bus.pool).await?.outcome(me)?;
+        let (_, detail) = write.fetch_one(w.conn()).await?.outcome(me)?;
         let window: Window = fenced::detail(detail)?;
         return Ok(Heartbeat {
             agent: me.agent.clone(),
@@ -426,7 +436,7 @@ pub async fn heartbeat(bus: &Bus, me: &Identity, beat: &Beat) -> BusResult<Heart
     // Leaving: the beat as given, then its expiry brought to now and its
     // locks and reservations released, in one transaction (the fence ran in
     // the first statement).
-    let mut tx = bus.pool.begin().await?;
+    let mut tx = w.begin().await?;
     write.fetch_one(&mut *tx).await?.outcome(me)?;
     let window: Window = sqlx::query_as(concat!(
         "UPDATE presence p SET expires_at = least(p.expires_at, now())

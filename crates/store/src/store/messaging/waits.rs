@@ -15,6 +15,7 @@
 //! its focused channel (all channels with `all_channels`). Never its own
 //! actions, and never a DM addressed to a sibling window.
 
+use crate::store::requests;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -455,6 +456,7 @@ pub async fn ask(
     question: &str,
     timeout: Duration,
     resume_message_id: Option<Uuid>,
+    request: Option<&requests::Request>,
 ) -> BusResult<AskResult> {
     // No answer for a credential taken away while the call waited.
     let result = answer_if_still_valid(bus, me, async {
@@ -491,7 +493,21 @@ pub async fn ask(
                     question: true,
                     ..Default::default()
                 };
-                messages::post(bus, me, new).await?.message.id
+                // Posted once per request_id: a retry waits for the answer
+                // to the first question (as resume_message_id would).
+                let posted = requests::once(bus, me, request, |mut w| async move {
+                    let posted = messages::post_in(&mut w, me, new).await;
+                    (w, posted)
+                })
+                .await?;
+                posted["message"]["id"]
+                    .as_str()
+                    .and_then(|id| Uuid::parse_str(id).ok())
+                    .ok_or_else(|| {
+                        BusError::Db(sqlx::Error::Protocol(
+                            "ask_agent's question was stored without its id".into(),
+                        ))
+                    })?
             }
         };
         let deadline = Instant::now() + timeout;

@@ -25,6 +25,8 @@ use super::{Rights, Task, TaskEventKind, TaskStatus};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
+use crate::store::requests;
+use crate::store::requests::Writer;
 use crate::store::{address, window_phrase};
 
 pub const CANCEL_REASON_MAX_BYTES: usize = 4096;
@@ -95,8 +97,13 @@ fn require_may_cancel(row: &TaskRow, me: &Identity) -> BusResult<()> {
 
 /// `cancel_task`: set the task `cancelled` with `reason`, ending any lease,
 /// with an agent's own rights ([`Rights::Creator`]).
-pub async fn cancel(bus: &Bus, me: &Identity, key: &str, reason: &str) -> BusResult<CancelledTask> {
-    cancel_with(bus, me, key, reason, Rights::Creator).await
+pub async fn cancel(
+    w: &mut Writer,
+    me: &Identity,
+    key: &str,
+    reason: &str,
+) -> BusResult<CancelledTask> {
+    cancel_with_in(w, me, key, reason, Rights::Creator).await
 }
 
 /// Cancel the task `key` with `reason` and the given `rights`:
@@ -110,10 +117,25 @@ pub async fn cancel_with(
     reason: &str,
     rights: Rights,
 ) -> BusResult<CancelledTask> {
+    requests::plain(bus, |mut w| async move {
+        let cancelled = cancel_with_in(&mut w, me, key, reason, rights).await;
+        (w, cancelled)
+    })
+    .await
+}
+
+/// [`cancel_with`] on `w`.
+pub async fn cancel_with_in(
+    w: &mut Writer,
+    me: &Identity,
+    key: &str,
+    reason: &str,
+    rights: Rights,
+) -> BusResult<CancelledTask> {
     let key = check_key(key)?;
     check_reason(reason)?;
     let (task, (holder, (dependents, dependents_total))) = transition_and(
-        bus,
+        w,
         me,
         &key,
         |row| {

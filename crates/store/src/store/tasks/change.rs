@@ -13,12 +13,12 @@ use sqlx::postgres::PgRow;
 use sqlx::{FromRow, Row};
 
 use super::row::{TaskRow, emit, no_such_task};
-use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::store::identity::sessions::Refusal;
 use crate::store::messaging::attachments::TEAM_QUOTA_DEFAULT_BYTES;
 use crate::store::operations::usage;
+use crate::store::requests::Writer;
 
 /// A change `task_change` makes to one task.
 #[derive(Clone, Copy)]
@@ -43,7 +43,7 @@ pub(super) struct Declined {
 /// come back as [`Declined`] for the tool to word. Accepted: the task after
 /// the change, with the wake-up emitted.
 pub(super) async fn change(
-    bus: &Bus,
+    w: &mut Writer,
     me: &Identity,
     key: &str,
     op: Op<'_>,
@@ -70,14 +70,14 @@ pub(super) async fn change(
     .bind(lease.map(|l| l.num_seconds()))
     .bind(result)
     .bind(TEAM_QUOTA_DEFAULT_BYTES)
-    .fetch_one(&bus.pool)
+    .fetch_one(w.conn())
     .await?;
     Refusal::from_row(&row)?.check(me)?;
     let declined: Option<String> = row.try_get("declined")?;
     match declined.as_deref() {
         None => {
             let task = TaskRow::from_row(&row)?;
-            emit(bus, me, key);
+            emit(w, me, key);
             Ok(Ok(task))
         }
         Some("no_task") => Err(no_such_task(me, key)),
@@ -108,7 +108,7 @@ pub(super) struct NothingClaimable {
 /// (migration 0049), for this window in one round trip: the task
 /// claimed (the wake-up emitted), or why there was none.
 pub(super) async fn claim_next(
-    bus: &Bus,
+    w: &mut Writer,
     me: &Identity,
     lease: Duration,
 ) -> BusResult<Result<TaskRow, NothingClaimable>> {
@@ -124,14 +124,14 @@ pub(super) async fn claim_next(
     .bind(me.session_credential.map(|w| w.session_id))
     .bind(me.session_credential.map(|w| w.epoch))
     .bind(lease.num_seconds())
-    .fetch_one(&bus.pool)
+    .fetch_one(w.conn())
     .await?;
     Refusal::from_row(&row)?.check(me)?;
     let declined: Option<String> = row.try_get("declined")?;
     match declined.as_deref() {
         None => {
             let task = TaskRow::from_row(&row)?;
-            emit(bus, me, &task.key);
+            emit(w, me, &task.key);
             Ok(Ok(task))
         }
         Some("nothing") => Ok(Err(NothingClaimable {

@@ -10,19 +10,20 @@ use super::{NextTask, Task};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
+use crate::store::requests::{self, Writer};
 use crate::store::{address, at};
 
 /// `claim_task`: claim `key` for this window. Re-claiming a task this window
 /// holds extends its lease; a lapsed lease, anyone's, may be taken over.
 pub async fn claim(
-    bus: &Bus,
+    w: &mut Writer,
     me: &Identity,
     key: &str,
     lease_seconds: Option<i64>,
 ) -> BusResult<Task> {
     let key = check_key(key)?;
     let lease = check_lease(lease_seconds)?;
-    let Declined { code, row } = match change::change(bus, me, &key, Op::Claim(lease)).await? {
+    let Declined { code, row } = match change::change(w, me, &key, Op::Claim(lease)).await? {
         Ok(row) => return Ok(row.into_task()),
         Err(declined) => declined,
     };
@@ -84,8 +85,21 @@ pub async fn claim_next(
     me: &Identity,
     lease_seconds: Option<i64>,
 ) -> BusResult<NextTask> {
+    requests::plain(bus, |mut w| async move {
+        let next = claim_next_in(&mut w, me, lease_seconds).await;
+        (w, next)
+    })
+    .await
+}
+
+/// [`claim_next`] on `w`.
+pub async fn claim_next_in(
+    w: &mut Writer,
+    me: &Identity,
+    lease_seconds: Option<i64>,
+) -> BusResult<NextTask> {
     let lease = check_lease(lease_seconds)?;
-    let task = match change::claim_next(bus, me, lease).await? {
+    let task = match change::claim_next(w, me, lease).await? {
         Ok(row) => row.into_task(),
         Err(nothing) => {
             return Ok(NextTask {

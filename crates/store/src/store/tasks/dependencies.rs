@@ -28,12 +28,13 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::checks::{check_dependencies, check_key};
+use super::row::emit;
 use super::row::lock_task;
 use super::transition::finish;
 use super::{Task, TaskEventKind, TaskStatus};
-use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
+use crate::store::requests::Writer;
 use crate::store::{address, identity::sessions, window_phrase};
 
 /// The ids of the tasks `keys` names, in the order given; refuses a missing
@@ -94,14 +95,14 @@ pub(super) async fn resolve(
 /// `depends_on` (empty: none). The creator only; not for a finished task or
 /// one held by a live lease. The same set again changes nothing.
 pub async fn set_dependencies(
-    bus: &Bus,
+    w: &mut Writer,
     me: &Identity,
     key: &str,
     depends_on: &[String],
 ) -> BusResult<Task> {
     let key = check_key(key)?;
     let depends_on = check_dependencies(&key, depends_on)?;
-    let mut tx = bus.pool.begin().await?;
+    let mut tx = w.begin().await?;
     sessions::guard(&mut tx, me).await?;
     // Before anything is read: the cycle check below must see every change
     // that committed before this one took the lock.
@@ -170,7 +171,9 @@ pub async fn set_dependencies(
         .await?;
     let detail = json!({ "from": row.depends_on, "to": depends_on });
     let event = TaskEventKind::DependenciesChanged;
-    finish(tx, bus, me, row.id, &key, event, detail).await
+    let task = finish(tx, me, row.id, &key, event, detail).await?;
+    emit(w, me, &key);
+    Ok(task)
 }
 
 /// Refuse if any of `new_dependencies` already waits on `task_id`, directly

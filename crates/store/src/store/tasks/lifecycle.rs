@@ -10,16 +10,27 @@ use super::checks::{
     check_dependencies, check_description, check_key, check_lease, check_metadata, check_new_key,
     check_result, check_title,
 };
+use super::row::emit;
 use super::transition::finish;
 use super::{NewTask, Task, TaskEventKind, dependencies, priority};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
+use crate::store::requests::{self, Writer};
 use crate::store::{at, identity::sessions, operations::usage, window_phrase};
 
 /// `create_task`: the task, its dependency rows and its `created` event in one
 /// transaction. A missing dependency or a taken key writes nothing.
 pub async fn create(bus: &Bus, me: &Identity, new: NewTask) -> BusResult<Task> {
+    requests::plain(bus, |mut w| async move {
+        let task = create_in(&mut w, me, new).await;
+        (w, task)
+    })
+    .await
+}
+
+/// [`create`] on `w`.
+pub async fn create_in(w: &mut Writer, me: &Identity, new: NewTask) -> BusResult<Task> {
     let key = check_new_key(&new.key)?;
     let title = check_title(&new.title)?;
     let description = check_description(new.description)?;
@@ -27,7 +38,7 @@ pub async fn create(bus: &Bus, me: &Identity, new: NewTask) -> BusResult<Task> {
     let depends_on = check_dependencies(&key, &new.depends_on)?;
     let priority = priority::check_new_priority(new.priority.as_deref())?;
 
-    let mut tx = bus.pool.begin().await?;
+    let mut tx = w.begin().await?;
     sessions::guard(&mut tx, me).await?;
     let incoming =
         title.len() + description.as_ref().map_or(0, |d| d.len()) + metadata.to_string().len();
@@ -71,7 +82,9 @@ pub async fn create(bus: &Bus, me: &Identity, new: NewTask) -> BusResult<Task> {
         .await?;
     }
     let detail = json!({ "depends_on": depends_on, "priority": priority });
-    finish(tx, bus, me, task_id, &key, TaskEventKind::Created, detail).await
+    let task = finish(tx, me, task_id, &key, TaskEventKind::Created, detail).await?;
+    emit(w, me, &key);
+    Ok(task)
 }
 
 /// Why this window may not `action` the task: the code `task_change`
@@ -124,13 +137,13 @@ fn live_claim_refusal(declined: Declined, me: &Identity, action: &str) -> BusErr
 /// The holder's tools: `op` on the task `key` in one round trip, or the
 /// refusal in words.
 async fn holder_change(
-    bus: &Bus,
+    w: &mut Writer,
     me: &Identity,
     key: &str,
     op: Op<'_>,
     action: &str,
 ) -> BusResult<Task> {
-    match change::change(bus, me, key, op).await? {
+    match change::change(w, me, key, op).await? {
         Ok(row) => Ok(row.into_task()),
         Err(declined) => Err(live_claim_refusal(declined, me, action)),
     }
@@ -139,29 +152,43 @@ async fn holder_change(
 /// `renew_task_lease`: push this window's live lease to now + lease_seconds.
 /// A lapsed lease is not renewed: someone else may already have the task.
 pub async fn renew(
-    bus: &Bus,
+    w: &mut Writer,
     me: &Identity,
     key: &str,
     lease_seconds: Option<i64>,
 ) -> BusResult<Task> {
     let key = check_key(key)?;
     let lease = check_lease(lease_seconds)?;
-    holder_change(bus, me, &key, Op::Renew(lease), "renew_task_lease").await
+    holder_change(w, me, &key, Op::Renew(lease), "renew_task_lease").await
 }
 
 /// `release_task`: hand the task back, open. The holding window only; its
 /// own lapsed claim may be released too (it was open already, and this
 /// clears the lapsed holder).
-pub async fn release(bus: &Bus, me: &Identity, key: &str) -> BusResult<Task> {
+pub async fn release(w: &mut Writer, me: &Identity, key: &str) -> BusResult<Task> {
     let key = check_key(key)?;
-    holder_change(bus, me, &key, Op::Release, "release_task").await
+    holder_change(w, me, &key, Op::Release, "release_task").await
 }
 
 /// `complete_task`: mark the task done with `result`. The window holding a
 /// live claim only; a lapsed claim must be claimed again first. The quota is
 /// checked in the same call, before anything else (a refusal writes nothing).
 pub async fn complete(bus: &Bus, me: &Identity, key: &str, result: &str) -> BusResult<Task> {
+    requests::plain(bus, |mut w| async move {
+        let task = complete_in(&mut w, me, key, result).await;
+        (w, task)
+    })
+    .await
+}
+
+/// [`complete`] on `w`.
+pub async fn complete_in(
+    w: &mut Writer,
+    me: &Identity,
+    key: &str,
+    result: &str,
+) -> BusResult<Task> {
     let key = check_key(key)?;
     check_result(result)?;
-    holder_change(bus, me, &key, Op::Complete(result), "complete_task").await
+    holder_change(w, me, &key, Op::Complete(result), "complete_task").await
 }

@@ -56,12 +56,12 @@ mod priority;
 mod queries;
 mod row;
 mod transition;
-pub use cancel::{CANCEL_REASON_MAX_BYTES, CancelledTask, cancel, cancel_with};
+pub use cancel::{CANCEL_REASON_MAX_BYTES, CancelledTask, cancel, cancel_with, cancel_with_in};
 pub use checks::check_metadata;
-pub use claim::{claim, claim_next};
+pub use claim::{claim, claim_next, claim_next_in};
 pub use dependencies::set_dependencies;
-pub use lifecycle::{complete, create, release, renew};
-pub use priority::{Rights, TaskPriority, check_priority, set_priority};
+pub use lifecycle::{complete, complete_in, create, create_in, release, renew};
+pub use priority::{Rights, TaskPriority, check_priority, set_priority, set_priority_in};
 pub use queries::{get, list};
 
 pub const KEY_MAX_BYTES: usize = 128;

@@ -16,6 +16,8 @@
 //! decided in one place for agents and people alike. Setting the priority a
 //! task already has changes nothing and records nothing.
 
+use super::row::emit;
+use crate::store::requests::{self, Writer};
 use serde_json::json;
 
 use super::checks::check_key;
@@ -115,9 +117,24 @@ pub async fn set_priority(
     priority: &str,
     rights: Rights,
 ) -> BusResult<Task> {
+    requests::plain(bus, |mut w| async move {
+        let task = set_priority_in(&mut w, me, key, priority, rights).await;
+        (w, task)
+    })
+    .await
+}
+
+/// [`set_priority`] on `w`.
+pub async fn set_priority_in(
+    w: &mut Writer,
+    me: &Identity,
+    key: &str,
+    priority: &str,
+    rights: Rights,
+) -> BusResult<Task> {
     let key = check_key(key)?;
     let priority = check_priority(priority)?;
-    let mut tx = bus.pool.begin().await?;
+    let mut tx = w.begin().await?;
     sessions::guard(&mut tx, me).await?;
     let row = lock_task(&mut tx, me, &key).await?;
     if row.status.is_finished() {
@@ -153,7 +170,9 @@ pub async fn set_priority(
         detail["as"] = json!("overseer");
     }
     let event = TaskEventKind::PriorityChanged;
-    finish(tx, bus, me, row.id, &key, event, detail).await
+    let task = finish(tx, me, row.id, &key, event, detail).await?;
+    emit(w, me, &key);
+    Ok(task)
 }
 
 #[cfg(test)]

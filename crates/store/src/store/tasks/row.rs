@@ -8,10 +8,10 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::{Holder, Task, TaskEventKind, TaskPriority, TaskStatus, TaskSummary};
-use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::events::{BusEvent, EventKind};
+use crate::store::requests::Writer;
 use crate::store::{address, at, window_phrase};
 
 /// The columns of a task as a listing reads them from the view `task_rows`
@@ -284,7 +284,6 @@ pub(super) async fn record_event(
     Ok(())
 }
 
-pub(super) fn emit(bus: &Bus, me: &Identity, key: &str) {
-    bus.events
-        .emit(BusEvent::new(me.team_id, EventKind::Task, key).by(me));
+pub(super) fn emit(w: &mut Writer, me: &Identity, key: &str) {
+    w.emit(BusEvent::new(me.team_id, EventKind::Task, key).by(me));
 }

@@ -16,10 +16,10 @@ use uuid::Uuid;
 
 use super::row::{TaskRow, emit, lock_task, read_task, record_event};
 use super::{Task, TaskEventKind};
-use crate::Bus;
 use crate::auth::Identity;
 use crate::error::BusResult;
 use crate::store::identity::sessions;
+use crate::store::requests::Writer;
 
 /// One statement changing the locked task row, its values bound.
 pub(super) type Update = Query<'static, Postgres, PgArguments>;
@@ -48,27 +48,28 @@ impl Change {
 /// change): what a caller reads besides the task for its answer. Answers the
 /// task as it is after the change.
 pub(super) async fn transition_and<X>(
-    bus: &Bus,
+    w: &mut Writer,
     me: &Identity,
     key: &str,
     plan: impl FnOnce(&TaskRow) -> BusResult<Change>,
     also: impl AsyncFnOnce(&mut PgConnection, &TaskRow) -> BusResult<X>,
 ) -> BusResult<(Task, X)> {
-    let mut tx = bus.pool.begin().await?;
+    let mut tx = w.begin().await?;
     sessions::guard(&mut tx, me).await?;
     let row = lock_task(&mut tx, me, key).await?;
     let change = plan(&row)?;
     change.update.execute(&mut *tx).await?;
     let extra = also(&mut tx, &row).await?;
-    let task = finish(tx, bus, me, row.id, key, change.event, change.detail).await?;
+    let task = finish(tx, me, row.id, key, change.event, change.detail).await?;
+    emit(w, me, key);
     Ok((task, extra))
 }
 
 /// How every change ends: its `task_events` row, the task read back in the
-/// same transaction, commit, then the wake-up event.
+/// same transaction, commit; the caller then emits the wake-up event on its
+/// [`Writer`] (`row::emit`), sent once the request's transaction commits.
 pub(super) async fn finish(
     mut tx: Transaction<'_, Postgres>,
-    bus: &Bus,
     me: &Identity,
     task_id: Uuid,
     key: &str,
@@ -78,6 +79,5 @@ pub(super) async fn finish(
     record_event(&mut tx, me, task_id, event, detail).await?;
     let task = read_task(&mut tx, me, key).await?.into_task();
     tx.commit().await?;
-    emit(bus, me, key);
     Ok(task)
 }

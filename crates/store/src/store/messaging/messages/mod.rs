@@ -281,7 +281,7 @@ mod post;
 mod read;
 mod search;
 
-pub use post::post;
+pub use post::{post, post_in};
 pub use read::{
     BoundedCount, CHANNEL_COUNT_CAP, ReadRequest, ReadResult, UNREAD_COUNT_CAP, answer_to,
     mark_read, read, unread_direct, unread_direct_messages, visible,

@@ -21,6 +21,7 @@ use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::events::{BusEvent, EventKind};
 use crate::store::messaging::attachments::{self, TEAM_QUOTA_DEFAULT_BYTES};
+use crate::store::requests::{self, Writer};
 use crate::store::{identity::sessions, messaging::channels, operations::usage};
 
 /// What `post_message` answered: a refusal (`fence` or `declined`) or the
@@ -66,6 +67,15 @@ fn no_default_channel() -> BusError {
 
 /// `post_message`.
 pub async fn post(bus: &Bus, me: &Identity, new: NewMessage) -> BusResult<Posted> {
+    requests::plain(bus, |mut w| async move {
+        let posted = post_in(&mut w, me, new).await;
+        (w, posted)
+    })
+    .await
+}
+
+/// [`post`] on `w`: its event is emitted when `w`'s writes commit.
+pub async fn post_in(w: &mut Writer, me: &Identity, new: NewMessage) -> BusResult<Posted> {
     check_body(&new.body)?;
     attachments::check_count(new.attachments.len())?;
     let metadata = normalize_metadata(new.metadata.clone())?;
@@ -100,12 +110,11 @@ pub async fn post(bus: &Bus, me: &Identity, new: NewMessage) -> BusResult<Posted
     // the same call opens the transaction and the files follow the message
     // (its position stays held until the commit, so a reader waits for them).
     let (outcome, message) = if new.attachments.is_empty() {
-        let mut conn = bus.pool.acquire().await?;
-        let outcome = place(&mut conn, me, &new, &mut call).await?;
+        let outcome = place(w.conn(), me, &new, &mut call).await?;
         let message = view_of(&outcome, &new, me, call.id)?;
         (outcome, message)
     } else {
-        let mut tx = bus.pool.begin().await?;
+        let mut tx = w.begin().await?;
         let outcome = place(&mut tx, me, &new, &mut call).await?;
         attachments::insert_all(
             &mut tx,
@@ -133,7 +142,7 @@ pub async fn post(bus: &Bus, me: &Identity, new: NewMessage) -> BusResult<Posted
     event.recipient = outcome.recipient_id;
     event.recipient_session = recipient_session;
     event.announce = new.announce;
-    bus.events.emit(event);
+    w.emit(event);
 
     let delivered_to = match (&message.channel, &message.to) {
         (Some(channel), _) => vec![format!("#{channel}")],

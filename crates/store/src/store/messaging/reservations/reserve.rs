@@ -18,10 +18,10 @@ use super::{
     Live, PER_PROJECT_MAX, PER_WINDOW_MAX, PROJECT_LOCK, Reservation, Row, WindowPresence,
     check_reason, check_ttl, live_rows, parse_patterns, parsed, project_phrase, window_presence,
 };
-use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::events::{BusEvent, EventKind};
+use crate::store::requests::Writer;
 use crate::store::{address, identity::sessions};
 
 /// Refused patterns a conflict's text names (the rest are counted).
@@ -111,7 +111,11 @@ fn decide<'l>(
 }
 
 /// `reserve_paths`.
-pub async fn reserve(bus: &Bus, me: &Identity, request: ReserveRequest<'_>) -> BusResult<Reserved> {
+pub async fn reserve(
+    w: &mut Writer,
+    me: &Identity,
+    request: ReserveRequest<'_>,
+) -> BusResult<Reserved> {
     let globs = parse_patterns(
         request.paths,
         "Give the patterns you are about to edit, e.g. [\"src/api/**\", \"README.md\"].",
@@ -120,7 +124,7 @@ pub async fn reserve(bus: &Bus, me: &Identity, request: ReserveRequest<'_>) -> B
     let ttl = check_ttl(request.ttl_seconds)?;
     let reason = check_reason(request.reason)?;
 
-    let mut tx = bus.pool.begin().await?;
+    let mut tx = w.begin().await?;
     sessions::guard(&mut tx, me).await?;
     let WindowPresence { project, gone } = window_presence(&mut *tx, me).await?;
     if gone {
@@ -194,7 +198,7 @@ pub async fn reserve(bus: &Bus, me: &Identity, request: ReserveRequest<'_>) -> B
     .fetch_all(&mut *tx)
     .await?;
     tx.commit().await?;
-    emit(bus, me, &patterns);
+    emit(w, me, &patterns);
 
     let granted = decision
         .granted
@@ -243,14 +247,13 @@ impl Written {
 
 /// One event per call, named by its first pattern (and how many more), so a
 /// `wait_for_updates` on kind `reservation` wakes.
-fn emit(bus: &Bus, me: &Identity, patterns: &[&str]) {
+fn emit(w: &mut Writer, me: &Identity, patterns: &[&str]) {
     let id = match patterns {
         [one] => (*one).to_string(),
         [first, rest @ ..] => format!("{first} (+{} more)", rest.len()),
         [] => return,
     };
-    bus.events
-        .emit(BusEvent::new(me.team_id, EventKind::Reservation, id).by(me));
+    w.emit(BusEvent::new(me.team_id, EventKind::Reservation, id).by(me));
 }
 
 /// Refuse when the new rows would take this window past [`PER_WINDOW_MAX`]

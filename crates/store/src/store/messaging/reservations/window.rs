@@ -11,11 +11,11 @@ use serde::Serialize;
 use acs_wire::globs::PathGlob;
 
 use super::{Reservation, Row, check_ttl, columns, joined, parse_patterns};
-use crate::Bus;
 use crate::auth::Identity;
 use crate::error::BusResult;
 use crate::events::{BusEvent, EventKind};
 use crate::store::identity::sessions;
+use crate::store::requests::Writer;
 
 /// `release_paths`' answer.
 #[derive(Clone, Debug, Serialize)]
@@ -41,7 +41,11 @@ pub struct Renewed {
 /// written when reserved (`Cargo.toml` there meant `**/Cargo.toml`), the
 /// stored form first. Its expired rows go too (nobody sees them), but only
 /// live ones are answered as released.
-pub async fn release(bus: &Bus, me: &Identity, paths: Option<&[String]>) -> BusResult<Released> {
+pub async fn release(
+    w: &mut Writer,
+    me: &Identity,
+    paths: Option<&[String]>,
+) -> BusResult<Released> {
     let asked: Option<Vec<(Option<String>, String)>> = paths
         .map(|paths| {
             let written = parse_patterns(
@@ -63,7 +67,7 @@ pub async fn release(bus: &Bus, me: &Identity, paths: Option<&[String]>) -> BusR
             )
         })
         .transpose()?;
-    let mut tx = bus.pool.begin().await?;
+    let mut tx = w.begin().await?;
     sessions::guard(&mut tx, me).await?;
     let (chosen, mut not_held) = match &asked {
         None => (None, Vec::new()),
@@ -115,8 +119,7 @@ pub async fn release(bus: &Bus, me: &Identity, paths: Option<&[String]>) -> BusR
             1 => first.clone(),
             n => format!("{first} (+{} more)", n - 1),
         };
-        bus.events
-            .emit(BusEvent::new(me.team_id, EventKind::Reservation, id).by(me));
+        w.emit(BusEvent::new(me.team_id, EventKind::Reservation, id).by(me));
     }
     Ok(Released { released, not_held })
 }
@@ -124,9 +127,9 @@ pub async fn release(bus: &Bus, me: &Identity, paths: Option<&[String]>) -> BusR
 /// `renew_reservations`: every live reservation of this window now expires
 /// `ttl_seconds` from now. Expired ones are not revived: another window may
 /// have reserved their paths since; reserve them again.
-pub async fn renew(bus: &Bus, me: &Identity, ttl_seconds: Option<i64>) -> BusResult<Renewed> {
+pub async fn renew(w: &mut Writer, me: &Identity, ttl_seconds: Option<i64>) -> BusResult<Renewed> {
     let ttl = check_ttl(ttl_seconds)?;
-    let mut tx = bus.pool.begin().await?;
+    let mut tx = w.begin().await?;
     sessions::guard(&mut tx, me).await?;
     let rows: Vec<Row> = sqlx::query_as(concat!(
         "WITH renewed AS (

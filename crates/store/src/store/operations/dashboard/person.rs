@@ -243,7 +243,11 @@ pub async fn cancel_task(
 /// Join a conversation the person was invited to (`join_conversation`'s
 /// rule), as the person's one window.
 pub async fn join(bus: &Bus, me: &Identity, conversation_id: Uuid) -> BusResult<()> {
-    crate::store::conversations::join(bus, me, conversation_id).await?;
+    crate::store::requests::plain(bus, |mut w| async move {
+        let joined = crate::store::conversations::join(&mut w, me, conversation_id).await;
+        (w, joined)
+    })
+    .await?;
     let detail = json!({ "conversation_id": conversation_id });
     audited(
         bus,
