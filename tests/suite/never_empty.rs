@@ -323,6 +323,74 @@ async fn a_conversation_cursor_ahead_of_the_newest_seq_is_refused_and_an_empty_p
     assert_eq!(refused["error"], "not_found", "{refused}");
 }
 
+#[tokio::test]
+async fn a_recovery_cursor_ahead_of_the_newest_seq_is_refused_and_an_empty_page_says_so() {
+    // recover_conversation_history pages with after_seq like read_conversation:
+    // a cursor past the conversation's newest seq must be refused, not
+    // answered with an empty page that looks like "nothing more".
+    let app = spawn_app().await;
+    let (alice, _bob) = team(&app, "ne6r").await;
+    let carl_token = app.agent("ne6r", "carl").await;
+    let carl = app.mcp(&carl_token, None).await;
+    let w1 = carl
+        .call("register_session", json!({"session": "w1"}))
+        .await
+        .unwrap();
+    let carl_w1 = app.mcp(w1["credential"].as_str().unwrap(), None).await;
+    let created = carl_w1
+        .call(
+            "create_conversation",
+            json!({"title": "Lost", "private": true, "invite": ["alice"]}),
+        )
+        .await
+        .unwrap();
+    let id = created["id"].as_str().unwrap().to_string();
+    alice
+        .call("join_conversation", json!({"conversation_id": id}))
+        .await
+        .unwrap();
+    alice
+        .call(
+            "send_conversation_message",
+            json!({"conversation_id": id, "body": "hello", "request_id": Uuid::new_v4()}),
+        )
+        .await
+        .unwrap();
+    carl.call("revoke_session", json!({"session": "w1"}))
+        .await
+        .unwrap();
+
+    let refused = carl
+        .call(
+            "recover_conversation_history",
+            json!({"conversation_id": id, "after_seq": 5}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(refused["error"], "invalid", "{refused}");
+    assert!(
+        message(&refused).contains("after_seq 5 is ahead of the newest seq 1"),
+        "{refused}"
+    );
+    let page = carl
+        .call(
+            "recover_conversation_history",
+            json!({"conversation_id": id}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(count(&page, "messages"), 1, "{page}");
+    let empty = carl
+        .call(
+            "recover_conversation_history",
+            json!({"conversation_id": id, "after_seq": 1}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(count(&empty, "messages"), 0);
+    assert!(note(&empty).starts_with("nothing after seq 1"), "{empty}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conversation_body_its_backend_lost_is_reported_on_the_page_not_dropped() {
     let server = OwnedNats::start();

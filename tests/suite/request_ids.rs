@@ -455,3 +455,35 @@ async fn a_retried_conversation_is_created_once() {
         "{listed}"
     );
 }
+
+#[tokio::test]
+async fn a_registered_windows_conversation_answer_is_not_replayed_to_the_agent_token() {
+    // A registered window's conversations are its session credential's: the
+    // agent token naming its label (X-Crew-Session) is refused, and so must
+    // be a replay of the window's request id, which would hand it the answer.
+    let app = spawn_app().await;
+    crate::conversations::team_with_conversations(&app, "acme").await;
+    let token = app.agent("acme", "alice").await;
+    let plain = app.mcp(&token, None).await;
+    let w1 = plain
+        .call("register_session", json!({"session": "w1"}))
+        .await
+        .unwrap();
+    let window = app.mcp(w1["credential"].as_str().unwrap(), None).await;
+    let create = json!({"title": "Secret plan", "private": true, "request_id": ID});
+    let first = window
+        .call("create_conversation", create.clone())
+        .await
+        .unwrap();
+    assert_eq!(first["title"], "Secret plan");
+    let borrowed = app.mcp(&token, Some("w1")).await;
+    let refused = borrowed
+        .call("create_conversation", create.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(refused["error"], "forbidden", "{refused}");
+    assert!(refused.get("id").is_none(), "{refused}");
+    // The window itself still gets its answer on a retry.
+    let retry = window.call("create_conversation", create).await.unwrap();
+    assert_replayed(&first, &retry);
+}

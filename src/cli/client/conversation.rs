@@ -334,7 +334,10 @@ fn sent(answer: &Value, request_id: &str) {
 fn read(answer: &Value) {
     let list = items(&answer["messages"]);
     if list.is_empty() {
-        println!("(no messages)");
+        match answer["note"].as_str() {
+            Some(note) => println!("{note}"),
+            None => println!("(no messages)"),
+        }
     }
     for message in list {
         let reply = if message["reply_to"].is_null() {

@@ -110,7 +110,11 @@ pub fn sent(posted: &Value) {
 pub fn messages(answer: &Value) {
     let list = items(&answer["messages"]);
     if list.is_empty() {
-        println!("(no messages)");
+        // The bus says what an empty page read past (issue 38: never a bare nothing).
+        match answer["note"].as_str() {
+            Some(note) => println!("{note}"),
+            None => println!("(no messages)"),
+        }
     }
     for message in list {
         let to = match message["channel"].as_str() {

@@ -81,7 +81,9 @@ async fn an_acknowledgement_that_falls_overdue_appears_on_the_open_page() {
     browser.goto(&app.url("/dashboard")).await;
     browser.type_into("#token", &alice_token).await;
     browser.click("#sign-in").await;
-    browser.wait_for_text("No acknowledgement is overdue.").await;
+    browser
+        .wait_for_text("No acknowledgement is overdue.")
+        .await;
 
     sqlx::query("UPDATE messages SET ack_due_at = now() - interval '1 second' WHERE id = $1")
         .bind(id)
@@ -98,7 +100,10 @@ async fn an_acknowledgement_that_falls_overdue_appears_on_the_open_page() {
     let panel = browser
         .script("return document.getElementById('overdue-acks').textContent;")
         .await;
-    assert!(!panel.as_str().unwrap().contains("rotate the keys"), "{panel}");
+    assert!(
+        !panel.as_str().unwrap().contains("rotate the keys"),
+        "{panel}"
+    );
     assert_eq!(
         browser
             .script("return document.getElementById('leak') === null;")

@@ -515,3 +515,59 @@ async fn admin_person_over_http_adds_lists_and_revokes_within_the_credentials_te
             .all(|(_, actor)| actor.starts_with("admin:acsa_"))
     );
 }
+
+#[tokio::test]
+async fn a_person_acknowledges_a_direct_and_a_channel_message_that_ask_them_to() {
+    // A person owes the acknowledgements agents ask of them (a DM to them; a
+    // channel post, as every other member of the team): the page's ack form
+    // must clear them, or they stay owed and turn overdue for ever.
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.agent("acme", "alice").await;
+    let dana = person(&app, "acme", "dana").await;
+    let cookie = cookie_for(&app, &dana, "").await;
+    let token = write_token(&app, &cookie).await;
+    let alice_mcp = app.mcp(&alice, None).await;
+    let dm = alice_mcp
+        .call(
+            "post_message",
+            json!({"to": "dana", "body": "Approve the freeze?", "ack_required": true}),
+        )
+        .await
+        .unwrap();
+    let post = alice_mcp
+        .call(
+            "post_message",
+            json!({"channel": "ops", "body": "Freeze at 5", "ack_required": true}),
+        )
+        .await
+        .unwrap();
+    let owed = alice_mcp.call("list_owed", json!({})).await.unwrap();
+    assert_eq!(owed["owed_to_me"].as_array().unwrap().len(), 2, "{owed}");
+    // The direct message shows on the page with its acknowledge form.
+    let dm_id = dm["message"]["id"].as_str().unwrap();
+    let field = format!("name=\"message_id\" value=\"{dm_id}\"");
+    let page = get(&app, "/dashboard", Some(&cookie)).await;
+    assert!(page.body.contains(&field), "{}", page.body);
+    for posted in [&dm, &post] {
+        let id = posted["message"]["id"].as_str().unwrap();
+        let acked = write(
+            &app,
+            &cookie,
+            "ack",
+            &[("message_id", id), ("csrf", &token)],
+        )
+        .await;
+        assert_eq!(acked.status, 303, "{}", acked.body);
+    }
+    let owed = alice_mcp.call("list_owed", json!({})).await.unwrap();
+    assert_eq!(owed["owed_to_me"], json!([]), "{owed}");
+    let page = get(&app, "/dashboard", Some(&cookie)).await;
+    assert!(!page.body.contains(&field), "acknowledged: {}", page.body);
+    let actions: Vec<String> = audit_actions(&app, "dana")
+        .await
+        .into_iter()
+        .map(|(action, _)| action)
+        .collect();
+    assert_eq!(actions, ["dashboard.ack", "dashboard.ack"]);
+}

@@ -40,6 +40,20 @@ use crate::store::at;
 /// How long a request id is kept and answers retries.
 pub const KEPT: chrono::Duration = chrono::Duration::hours(24);
 
+/// Tools whose write refuses the agent token borrowing a registered
+/// window's label (`conversations::refuse_borrowed_label`): a replay of one
+/// is refused to that caller the same way.
+const WINDOW_PRIVATE: &[&str] = &[
+    "create_conversation",
+    "invite_to_conversation",
+    "join_conversation",
+    "leave_conversation",
+    "remove_conversation_member",
+    "archive_conversation",
+    "transfer_membership",
+    "mark_presented",
+];
+
 /// Rows the pruner deletes per statement.
 const PRUNE_BATCH: i64 = 1000;
 
@@ -251,6 +265,11 @@ where
     .fetch_optional(&mut *tx)
     .await?;
     if fresh.is_none() {
+        // A registered window's seats are its session credential's: the
+        // agent token borrowing its label is refused their answers too.
+        if WINDOW_PRIVATE.contains(&request.tool.as_str()) {
+            crate::store::conversations::refuse_borrowed_label(&mut tx, me).await?;
+        }
         let first = first_call(&mut tx, me, request).await;
         tx.rollback().await?;
         return first?.replay(request);

@@ -1,7 +1,7 @@
 //! A person's part of the page: the people of the team, the questions
 //! waiting for the person (each with its answer form), and the write forms
 //! (post to a channel, a direct message, create / re-prioritise / cancel a
-//! task, acknowledge a conversation message). Plain HTML forms that post to
+//! task, acknowledge a message). Plain HTML forms that post to
 //! `/dashboard/write/{action}` (`writes.rs`), each carrying the sign-in's
 //! write token in a hidden `csrf` field; no script is needed to write. Every
 //! value goes through [`escape`] once. `app.js` does not redraw these
@@ -98,8 +98,9 @@ pub fn questions(questions: &[QuestionView], token: &str) -> String {
 }
 
 /// The newest direct messages to the person (reply with the direct message
-/// form, to the address shown).
-pub fn direct_messages(messages: &[DirectView]) -> String {
+/// form, to the address shown); one asking for an acknowledgement they owe
+/// carries its acknowledge form.
+pub fn direct_messages(messages: &[DirectView], token: &str) -> String {
     if messages.is_empty() {
         return "<p class=\"muted\">No direct messages to you yet.</p>".to_string();
     }
@@ -108,7 +109,7 @@ pub fn direct_messages(messages: &[DirectView]) -> String {
         let _ = write!(
             html,
             "<li><div class=\"meta\"><strong>{}</strong> <span class=\"muted\">{}</span>{}</div>\
-             <div class=\"text\">{}{}</div></li>",
+             <div class=\"text\">{}{}</div>{}</li>",
             escape(&m.from),
             escape(&m.created_at.format("%Y-%m-%d %H:%M:%S UTC").to_string()),
             if m.question {
@@ -118,6 +119,17 @@ pub fn direct_messages(messages: &[DirectView]) -> String {
             },
             escape(&m.body),
             if m.truncated { " …" } else { "" },
+            if m.ack_owed {
+                format!(
+                    "<form method=\"post\" action=\"/dashboard/write/ack\" class=\"write ack\">{}\
+                     <input type=\"hidden\" name=\"message_id\" value=\"{}\">\
+                     <button type=\"submit\">Acknowledge</button></form>",
+                    csrf(token),
+                    escape(&m.id.to_string())
+                )
+            } else {
+                String::new()
+            },
         );
     }
     html.push_str("</ul>");
@@ -182,7 +194,7 @@ pub fn writes(token: &str) -> String {
          <label>Reason <input name=\"reason\" required></label>\
          <button type=\"submit\">Cancel task</button></form>\
          <form method=\"post\" action=\"/dashboard/write/ack\" class=\"write\" id=\"ack-form\">{csrf}\
-         <h3>Acknowledge a conversation message</h3>\
+         <h3>Acknowledge a message</h3>\
          <label>Message id <input name=\"message_id\" required spellcheck=\"false\"></label>\
          <button type=\"submit\">Acknowledge</button></form>\
          </div>"

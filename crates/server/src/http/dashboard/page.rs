@@ -143,7 +143,10 @@ pub fn dashboard(snapshot: &Snapshot, write_token: Option<&str>) -> String {
                     snapshot.invitations.as_deref().unwrap_or_default(),
                     token
                 ),
-            super::forms::direct_messages(snapshot.direct_messages.as_deref().unwrap_or_default()),
+            super::forms::direct_messages(
+                snapshot.direct_messages.as_deref().unwrap_or_default(),
+                token
+            ),
             escape(&viewer.name),
             super::forms::writes(token),
         );

@@ -203,11 +203,10 @@ async fn act(
             person::join(bus, me, id).await
         }
         "ack" => {
-            let id = required(form, "message_id", "the conversation message's id")?;
+            let id = required(form, "message_id", "the message's id")?;
             let id = id.parse::<Uuid>().map_err(|_| {
                 BusError::invalid(
-                    "message_id is not a conversation message id (a UUID). Nothing was \
-                     acknowledged.",
+                    "message_id is not a message id (a UUID). Nothing was acknowledged.",
                 )
             })?;
             person::ack(bus, me, id).await.map(drop)

@@ -104,11 +104,11 @@ pub const TOOLS: &[&str] = &[
 ];
 
 /// Whether the caller's team has conversations on.
-pub async fn enabled(pool: &sqlx::PgPool, me: &Identity) -> BusResult<bool> {
+pub async fn enabled(db: impl sqlx::PgExecutor<'_>, me: &Identity) -> BusResult<bool> {
     Ok(
         sqlx::query_scalar("SELECT conversations_enabled FROM teams WHERE id = $1")
             .bind(me.team_id)
-            .fetch_one(pool)
+            .fetch_one(db)
             .await?,
     )
 }

@@ -48,6 +48,9 @@ pub struct Recovery {
     pub messages: Vec<RecoveredMessage>,
     /// Always true: recovery reads, it never posts or acknowledges.
     pub read_only: bool,
+    /// On an empty page: read past which seq, as of when.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// `recover_conversation_history`: with the agent token, once every session
@@ -151,6 +154,14 @@ async fn recover_entitled(
     first_boundary: Option<i64>,
 ) -> BusResult<Recovery> {
     let id = conversation.id;
+    if after_seq > conversation.last_seq {
+        return Err(BusError::invalid(format!(
+            "after_seq {after_seq} is ahead of the newest seq {} of this conversation: nothing \
+             is there. Pass the next_after_seq of your last page, or omit after_seq to recover \
+             from the start. Nothing was read.",
+            conversation.last_seq
+        )));
+    }
     // Overlapping activations (a seat that left and was invited back with
     // history from the start, or a transferred seat beside its successor)
     // merge into disjoint ranges, so a message is returned once.
@@ -203,6 +214,14 @@ async fn recover_entitled(
     .fetch_all(&mut *tx)
     .await?;
     let next_after_seq = messages.last().map_or(after_seq, |m| m.seq);
+    let note = messages.is_empty().then(|| {
+        format!(
+            "nothing after seq {next_after_seq} that this agent may recover (the newest is {}; \
+             as of {})",
+            conversation.last_seq,
+            chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+        )
+    });
     audit(
         &mut tx,
         me,
@@ -222,5 +241,6 @@ async fn recover_entitled(
         next_after_seq,
         messages,
         read_only: true,
+        note,
     })
 }

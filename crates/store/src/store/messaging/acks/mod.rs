@@ -124,6 +124,19 @@ pub async fn ack(
     resolved: bool,
     note: Option<String>,
 ) -> BusResult<AnyAck> {
+    let mut conn = bus.pool.acquire().await?;
+    ack_on(&mut conn, me, message_id, resolved, note).await
+}
+
+/// [`ack`] on `conn`: inside a caller's transaction, the acknowledgement
+/// commits with what else it writes (the dashboard's audit row).
+pub async fn ack_on(
+    conn: &mut sqlx::PgConnection,
+    me: &Identity,
+    message_id: Uuid,
+    resolved: bool,
+    note: Option<String>,
+) -> BusResult<AnyAck> {
     let note = check_note(note)?;
     let (outcome, detail) = fenced::call(
         "SELECT refusal, session_epoch, refused_since, outcome, detail
@@ -133,18 +146,18 @@ pub async fn ack(
     .bind(&me.window)
     .bind(message_id)
     .bind(&note)
-    .fetch_one(&bus.pool)
+    .fetch_one(&mut *conn)
     .await?
     .outcome(me)?;
     if outcome == "no_message" {
-        if !conversations::enabled(&bus.pool, me).await? {
+        if !conversations::enabled(&mut *conn, me).await? {
             return Err(BusError::not_found(format!(
                 "no message {message_id} in your team. Use the id read_messages or list_owed \
                  returned."
             )));
         }
         return Ok(AnyAck::Conversation(
-            receipts::ack(bus, me, message_id, resolved, note).await?,
+            receipts::ack_on(conn, me, message_id, resolved, note).await?,
         ));
     }
     #[derive(serde::Deserialize)]

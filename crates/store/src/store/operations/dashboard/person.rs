@@ -17,7 +17,7 @@ use uuid::Uuid;
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
-use crate::store::conversations::receipts::{self, Acked};
+use crate::store::messaging::acks::{self, AnyAck};
 use crate::store::messaging::messages::{self, NewMessage, Posted};
 use crate::store::requests::{self, Writer};
 use crate::store::tasks::{self, CancelledTask, NewTask, Rights, Task};
@@ -71,6 +71,8 @@ pub struct DirectView {
     pub truncated: bool,
     /// An `ask_agent` question (answered in "Questions for you").
     pub question: bool,
+    /// It asks the person for an acknowledgement they have not given yet.
+    pub ack_owed: bool,
     pub created_at: DateTime<Utc>,
 }
 
@@ -79,6 +81,10 @@ pub async fn direct_messages(pool: &PgPool, me: &Identity) -> BusResult<Vec<Dire
     Ok(sqlx::query_as(
         "SELECT m.id, left(m.body, 2000) AS body, char_length(m.body) > 2000 AS truncated,
                 m.is_question AS question, m.created_at,
+                m.ack_required AND NOT EXISTS (
+                    SELECT 1 FROM message_acks k
+                     WHERE k.team_id = m.team_id AND k.message_id = m.id
+                       AND k.agent_id = $2) AS ack_owed,
                 CASE WHEN m.sender_session = '' THEN s.name
                      ELSE s.name || '/' || m.sender_session END AS from
            FROM (SELECT * FROM messages WHERE team_id = $1 AND recipient_id = $2
@@ -280,16 +286,22 @@ pub async fn join(bus: &Bus, me: &Identity, conversation_id: Uuid) -> BusResult<
     Ok(())
 }
 
-/// Acknowledge a conversation message sent to the person (their seat is a
-/// recipient; `ack_message`'s rule, which audits it too).
-pub async fn ack(bus: &Bus, me: &Identity, message_id: Uuid) -> BusResult<Acked> {
+/// Acknowledge a message that asks the person for it: a direct or channel
+/// message they owe, or a conversation message sent to them (their seat is a
+/// recipient); `ack_message`'s rule, which audits a conversation ack too.
+pub async fn ack(bus: &Bus, me: &Identity, message_id: Uuid) -> BusResult<AnyAck> {
     audited(
         bus,
         me,
         "dashboard.ack",
-        async |w| receipts::ack_on(w.conn(), me, message_id, false, None).await,
-        |acked: &Acked| {
-            let detail = json!({ "conversation_id": acked.conversation_id, "seq": acked.seq });
+        async |w| acks::ack_on(w.conn(), me, message_id, false, None).await,
+        |acked: &AnyAck| {
+            let detail = match acked {
+                AnyAck::Message(m) => json!({ "kind": m.kind }),
+                AnyAck::Conversation(c) => {
+                    json!({ "conversation_id": c.conversation_id, "seq": c.seq })
+                }
+            };
             (message_id.to_string(), detail)
         },
     )
