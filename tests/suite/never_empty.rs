@@ -263,6 +263,50 @@ async fn a_position_behind_what_a_prune_deleted_is_refused_and_the_oldest_kept_r
     assert_eq!(count(&elsewhere, "messages"), 1, "{elsewhere}");
 }
 
+// A read from a position passes the prune check, then waits for a slower
+// writer's gap; meanwhile a prune deletes the page's first messages and
+// raises the mark. The page it reads next would look whole while it is not:
+// it is refused. Without the look after the page (in after.rs, the second
+// `check_position` removed) the read answers ["slow", "fast"] as if the scope
+// began there: this test fails.
+#[tokio::test]
+async fn a_prune_committed_while_a_read_waits_is_refused_not_answered_with_holes() {
+    let app = spawn_app().await;
+    let (alice, bob) = team(&app, "ne9").await;
+    post(&alice, "dev", "old one").await;
+    post(&alice, "dev", "old two").await;
+    // Bob read them: a prune may delete them.
+    assert_eq!(
+        bodies(&read(&bob, json!({"scope": "dev"})).await.unwrap()),
+        ["old one", "old two"]
+    );
+    sqlx::query("UPDATE messages SET created_at = now() - interval '40 days'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let (slow, _) =
+        crate::parallel_posts::open_post(&app.pool, "ne9", "dev", "alice", "slow").await;
+    post(&alice, "dev", "fast").await;
+
+    let bob = std::sync::Arc::new(bob);
+    let reader = bob.clone();
+    let waiting =
+        tokio::spawn(async move { read(&reader, json!({"scope": "dev", "after": 0})).await });
+    eventually("the read waits for the slow writer", async || {
+        crate::write_fence::waiting_on(&app.pool, true).await > 0
+    })
+    .await;
+    let pruned = prune(&app, "ne9").await;
+    assert!(pruned["total_rows"].as_i64().unwrap() >= 2, "{pruned}");
+    slow.commit().await.unwrap();
+
+    let refused = waiting.await.unwrap().unwrap_err();
+    assert!(
+        message(&refused).contains("behind what retention pruned in #dev"),
+        "{refused}"
+    );
+}
+
 #[tokio::test]
 async fn a_conversation_cursor_ahead_of_the_newest_seq_is_refused_and_an_empty_page_says_so() {
     let app = spawn_app().await;

@@ -45,7 +45,7 @@ async fn read_new(client: &McpClient, scope: &str) -> Value {
 /// A writer of `team`'s channel `channel` as `sender`, caught in its
 /// transaction: the position taken (and its lock held) and the message
 /// inserted, not committed.
-async fn open_post(
+pub(crate) async fn open_post(
     pool: &PgPool,
     team: &str,
     channel: &str,

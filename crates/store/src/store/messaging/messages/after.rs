@@ -175,6 +175,11 @@ pub(super) async fn read_after(
             .unwrap_or_default();
         let newest = messages.last().map_or(after, |m| m.position);
         if gaps.is_empty() {
+            // A prune that committed after the first check (while this read
+            // waited for a gap's writer, say) deleted part of the page and
+            // raised its mark in one transaction: looking again after the
+            // page refuses what would look whole while it is not.
+            check_position(pool, me, reader, scope, scope_name, after).await?;
             return Ok((messages, newest));
         }
         sqlx::query("SELECT message_positions_wait($1, $2)")
