@@ -66,6 +66,55 @@ async fn signing_out_ends_the_sign_in_on_the_server_for_every_copy_and_replica()
     assert_eq!(get(&app, "/dashboard/data", Some(&other)).await.status, 200);
 }
 
+/// A page on another site posting to sign-out (a browser names it in
+/// `Sec-Fetch-Site` or `Origin`) is refused and the sign-in goes on; from
+/// this dashboard's own page it ends. Without the origin check in
+/// `sign_out` the foreign post answers 303 and ends it: this test fails.
+#[tokio::test]
+async fn another_sites_page_cannot_sign_a_browser_out() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.agent("acme", "alice").await;
+    let cookie = cookie_for(&app, &alice, "").await;
+    for (name, value) in [
+        ("sec-fetch-site", "cross-site"),
+        ("origin", "https://evil.example"),
+    ] {
+        let out = Answer::of(
+            client()
+                .post(app.url("/dashboard/sign-out"))
+                .header(header::COOKIE, &cookie)
+                .header(name, value)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(out.status, 403, "{name}: {}", out.body);
+        assert!(out.body.contains("another site"), "{}", out.body);
+        assert_eq!(out.cookie(), None, "the browser keeps its cookie");
+        assert_eq!(
+            get(&app, "/dashboard/data", Some(&cookie)).await.status,
+            200
+        );
+    }
+    let own = Answer::of(
+        client()
+            .post(app.url("/dashboard/sign-out"))
+            .header(header::COOKIE, &cookie)
+            .header("sec-fetch-site", "same-origin")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(own.status, 303);
+    assert_eq!(
+        get(&app, "/dashboard/data", Some(&cookie)).await.status,
+        401
+    );
+}
+
 #[tokio::test]
 async fn a_principal_keeps_its_newest_sign_ins_and_the_oldest_ends() {
     let app = spawn_app().await;

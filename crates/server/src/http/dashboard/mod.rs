@@ -404,11 +404,19 @@ async fn exchange(state: &Dashboard, form: &SignInForm) -> Result<Viewer, BusErr
 }
 
 /// End the sign-in on the server (its row goes, so a copy of the cookie
-/// stops working too), then have the browser forget the cookie.
+/// stops working too), then have the browser forget the cookie; posted
+/// from this dashboard's page only ([`same_origin`]).
 async fn sign_out(State(state): State<Shared>, headers: HeaderMap) -> Response {
     let Some(_slot) = state.app.limits.enter() else {
         return super::too_many_in_flight(&state.app.limits);
     };
+    // Another site's page cannot sign a browser out either.
+    if !same_origin(&headers) {
+        return refused(
+            StatusCode::FORBIDDEN,
+            "this sign-out came from another site's page (its Origin or Sec-Fetch-Site is not              this dashboard's), so it was refused and the sign-in goes on. Sign out from              /dashboard on this server.",
+        );
+    }
     // A cookie that no longer opens (expired, altered) names nothing to end.
     if let Some(signed_in) = session::cookie_value(&headers).and_then(|v| state.key.open(v))
         && let Err(err) = store::end(&state.app.pool, signed_in.session_id).await
