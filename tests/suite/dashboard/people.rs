@@ -549,6 +549,22 @@ async fn a_person_acknowledges_a_direct_and_a_channel_message_that_ask_them_to()
     let field = format!("name=\"message_id\" value=\"{dm_id}\"");
     let page = get(&app, "/dashboard", Some(&cookie)).await;
     assert!(page.body.contains(&field), "{}", page.body);
+    // Both are listed among the acknowledgements asked of the person, the
+    // channel post too (its body is read in the channel list), each with its
+    // acknowledge form.
+    let post_id = post["message"]["id"].as_str().unwrap();
+    let post_field = format!("name=\"message_id\" value=\"{post_id}\"");
+    let owed_list = page
+        .body
+        .split("id=\"owed-list\"")
+        .nth(1)
+        .unwrap_or_default();
+    let owed_list = owed_list.split("</ul>").next().unwrap();
+    assert!(
+        owed_list.contains(&field) && owed_list.contains(&post_field) && owed_list.contains("#ops"),
+        "{}",
+        page.body
+    );
     for posted in [&dm, &post] {
         let id = posted["message"]["id"].as_str().unwrap();
         let acked = write(
@@ -564,6 +580,12 @@ async fn a_person_acknowledges_a_direct_and_a_channel_message_that_ask_them_to()
     assert_eq!(owed["owed_to_me"], json!([]), "{owed}");
     let page = get(&app, "/dashboard", Some(&cookie)).await;
     assert!(!page.body.contains(&field), "acknowledged: {}", page.body);
+    assert!(
+        !page.body.contains(&post_field),
+        "acknowledged: {}",
+        page.body
+    );
+    assert!(page.body.contains("No acknowledgement asked of you."));
     let actions: Vec<String> = audit_actions(&app, "dana")
         .await
         .into_iter()

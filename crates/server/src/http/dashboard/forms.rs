@@ -9,6 +9,7 @@
 
 use std::fmt::Write;
 
+use acs_store::store::messaging::acks::owed::PendingAcks;
 use acs_store::store::operations::dashboard::Snapshot;
 use acs_store::store::operations::dashboard::person::{DirectView, InvitationView, QuestionView};
 use acs_store::store::tasks::TaskPriority;
@@ -130,6 +131,50 @@ pub fn direct_messages(messages: &[DirectView], token: &str) -> String {
             } else {
                 String::new()
             },
+        );
+    }
+    html.push_str("</ul>");
+    html
+}
+
+/// The direct and channel messages asking the person for an
+/// acknowledgement they have not given (`list_owed`'s `i_owe`), oldest first,
+/// each with its acknowledge form; never a body (read the message in the
+/// lists above).
+pub fn owed(owed: &PendingAcks, token: &str) -> String {
+    if owed.items.is_empty() {
+        return "<p class=\"muted\" id=\"no-owed\">No acknowledgement asked of you.</p>"
+            .to_string();
+    }
+    let mut html = String::from(
+        "<h3>Acknowledgements asked of you</h3><ul class=\"questions\" id=\"owed-list\">",
+    );
+    for o in &owed.items {
+        let place = match (&o.channel, &o.to) {
+            (Some(channel), _) => format!("#{channel}"),
+            (None, Some(to)) => format!("direct to {to}"),
+            (None, None) => String::new(),
+        };
+        let _ = write!(
+            html,
+            "<li><div class=\"meta\"><strong>{}</strong> <span class=\"muted\">{} · {}{}</span></div>\
+             <form method=\"post\" action=\"/dashboard/write/ack\" class=\"write ack\">{}\
+             <input type=\"hidden\" name=\"message_id\" value=\"{}\">\
+             <button type=\"submit\">Acknowledge</button></form></li>",
+            escape(&o.from),
+            escape(&place),
+            escape(&o.sent_at.format("%Y-%m-%d %H:%M:%S UTC").to_string()),
+            if o.overdue { " · overdue" } else { "" },
+            csrf(token),
+            escape(&o.message_id.to_string()),
+        );
+    }
+    if owed.count > owed.items.len() as i64 {
+        let _ = write!(
+            html,
+            "<li class=\"muted\">{}{} in all; the oldest are shown.</li>",
+            owed.count,
+            if owed.at_least { " or more" } else { "" }
         );
     }
     html.push_str("</ul>");

@@ -142,7 +142,12 @@ pub fn dashboard(snapshot: &Snapshot, write_token: Option<&str>) -> String {
                 + &super::forms::invitations(
                     snapshot.invitations.as_deref().unwrap_or_default(),
                     token
-                ),
+                )
+                + &snapshot
+                    .owed
+                    .as_ref()
+                    .map(|owed| super::forms::owed(owed, token))
+                    .unwrap_or_default(),
             super::forms::direct_messages(
                 snapshot.direct_messages.as_deref().unwrap_or_default(),
                 token

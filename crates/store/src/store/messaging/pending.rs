@@ -158,7 +158,7 @@ pub async fn pending_for_me(
         None => Vec::new(),
     };
     let holdings = holdings::of_window(&bus.pool, me).await?;
-    let owed_acks = owed::pending(bus, me).await?;
+    let owed_acks = owed::pending(&bus.pool, me).await?;
     Ok(PendingForMe {
         unread_direct_messages: unread,
         direct_messages,

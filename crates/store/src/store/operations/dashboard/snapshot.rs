@@ -38,6 +38,10 @@ pub struct Snapshot {
     /// For a person signed in: the conversations inviting them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub invitations: Option<Vec<super::person::InvitationView>>,
+    /// For a person signed in: the direct and channel messages that ask
+    /// them for an acknowledgement they have not given, oldest first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owed: Option<crate::store::messaging::acks::owed::PendingAcks>,
     pub tasks: Vec<TaskView>,
     pub locks: Vec<LockView>,
     pub reservations: Vec<ReservationView>,
@@ -272,13 +276,14 @@ pub async fn snapshot(
     .await?;
     let conversations = conversations(pool, team_id, viewer.agent_id).await?;
     let overdue_acks = overdue::overdue_in_team(pool, team_id, OVERDUE_ACKS_MAX).await?;
-    let (questions, direct_messages, invitations) = match viewer.person() {
+    let (questions, direct_messages, invitations, owed) = match viewer.person() {
         Some(me) => (
             Some(super::person::questions(pool, &me).await?),
             Some(super::person::direct_messages(pool, &me).await?),
             Some(super::person::invitations(pool, &me).await?),
+            Some(crate::store::messaging::acks::owed::pending(pool, &me).await?),
         ),
-        None => (None, None, None),
+        None => (None, None, None, None),
     };
     let health = health(pool, backends, events, team_id, &viewer.team).await?;
     Ok(Snapshot {
@@ -289,6 +294,7 @@ pub async fn snapshot(
         questions,
         direct_messages,
         invitations,
+        owed,
         tasks,
         locks,
         reservations,
