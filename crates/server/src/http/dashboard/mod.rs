@@ -443,10 +443,49 @@ async fn style() -> Response {
     ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], APP_CSS).into_response()
 }
 
-/// The sign-in form, read within [`FORM_MAX_BYTES`] and the server's
-/// buffered-bytes budget, or the refusal to answer with.
-async fn read_form(state: &Dashboard, request: Request) -> Result<SignInForm, Response> {
-    let how = "Send it as application/x-www-form-urlencoded with the fields token and team.";
+/// The words a form's refusals use: what it is ("the write"), what the
+/// refusal left (`"; nothing was changed"`, or nothing), how to send it, and
+/// what to say when it is too large or arrives too late.
+pub(super) struct FormWords<'a> {
+    pub what: &'a str,
+    pub unchanged: &'a str,
+    pub how: &'a str,
+    pub too_large: String,
+    pub late: &'a str,
+}
+
+/// Why a form could not be read: a status and its words, for the caller's
+/// page to say, or the answer of a server buffering all it may.
+pub(super) enum FormRefusal {
+    Said(StatusCode, String),
+    Busy(Response),
+}
+
+impl FormRefusal {
+    /// The refusal as `page` shows a status and its words.
+    pub(super) fn answer(self, page: fn(StatusCode, &str) -> Response) -> Response {
+        match self {
+            FormRefusal::Said(status, words) => page(status, &words),
+            FormRefusal::Busy(response) => response,
+        }
+    }
+}
+
+/// A form's bytes (`application/x-www-form-urlencoded`), read within `max`
+/// bytes and the server's buffered-bytes budget.
+pub(super) async fn form_bytes(
+    limits: &super::Limits,
+    request: Request,
+    max: usize,
+    words: FormWords<'_>,
+) -> Result<axum::body::Bytes, FormRefusal> {
+    let FormWords {
+        what,
+        unchanged,
+        how,
+        too_large,
+        late,
+    } = words;
     let is_form = request
         .headers()
         .get(header::CONTENT_TYPE)
@@ -457,9 +496,9 @@ async fn read_form(state: &Dashboard, request: Request) -> Result<SignInForm, Re
                 .eq_ignore_ascii_case("application/x-www-form-urlencoded")
         });
     if !is_form {
-        return Err(refused(
+        return Err(FormRefusal::Said(
             StatusCode::BAD_REQUEST,
-            &format!("the sign-in form could not be read (it is not a form). {how}"),
+            format!("{what} could not be read (it is not a form){unchanged}. {how}"),
         ));
     }
     let declared = request
@@ -467,41 +506,43 @@ async fn read_form(state: &Dashboard, request: Request) -> Result<SignInForm, Re
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    let limits = &state.app.limits;
-    let bytes = match limits
-        .read_body(request.into_body(), declared, FORM_MAX_BYTES)
-        .await
-    {
-        Ok((bytes, _buffered)) => bytes,
+    match limits.read_body(request.into_body(), declared, max).await {
+        Ok((bytes, _buffered)) => Ok(bytes),
         Err(BodyRefusal::TooLarge) => {
-            return Err(refused(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                &format!(
-                    "the sign-in form is larger than {FORM_MAX_BYTES} bytes (4 KiB); it holds \
-                     only a credential and a team slug. Nothing was done. Paste just the \
-                     credential (acs_… or acsa_…) into the token field and sign in again."
-                ),
-            ));
+            Err(FormRefusal::Said(StatusCode::PAYLOAD_TOO_LARGE, too_large))
         }
-        Err(BodyRefusal::BudgetExhausted) => {
-            return Err(super::server_busy(format!(
-                "the server is buffering its maximum of {} MiB of request bodies at once",
-                limits.max_buffered_bytes() / (1024 * 1024)
-            )));
-        }
-        Err(BodyRefusal::Unreadable(err)) => {
-            return Err(refused(
-                StatusCode::BAD_REQUEST,
-                &format!("the sign-in form could not be read ({err}). {how}"),
-            ));
-        }
-        Err(BodyRefusal::TimedOut) => {
-            return Err(refused(
-                StatusCode::REQUEST_TIMEOUT,
-                "the sign-in form did not arrive in time; nothing was done. Sign in again.",
-            ));
-        }
+        Err(BodyRefusal::BudgetExhausted) => Err(FormRefusal::Busy(super::server_busy(format!(
+            "the server is buffering its maximum of {} MiB of request bodies at once",
+            limits.max_buffered_bytes() / (1024 * 1024)
+        )))),
+        Err(BodyRefusal::Unreadable(err)) => Err(FormRefusal::Said(
+            StatusCode::BAD_REQUEST,
+            format!("{what} could not be read ({err}){unchanged}. {how}"),
+        )),
+        Err(BodyRefusal::TimedOut) => Err(FormRefusal::Said(
+            StatusCode::REQUEST_TIMEOUT,
+            late.to_string(),
+        )),
+    }
+}
+
+/// The sign-in form, read within [`FORM_MAX_BYTES`] and the server's
+/// buffered-bytes budget, or the refusal to answer with.
+async fn read_form(state: &Dashboard, request: Request) -> Result<SignInForm, Response> {
+    let words = FormWords {
+        what: "the sign-in form",
+        unchanged: "",
+        how: "Send it as application/x-www-form-urlencoded with the fields token and team.",
+        too_large: format!(
+            "the sign-in form is larger than {FORM_MAX_BYTES} bytes (4 KiB); it holds only a \
+             credential and a team slug. Nothing was done. Paste just the credential (acs_… or \
+             acsa_…) into the token field and sign in again."
+        ),
+        late: "the sign-in form did not arrive in time; nothing was done. Sign in again.",
     };
+    let bytes = form_bytes(&state.app.limits, request, FORM_MAX_BYTES, words)
+        .await
+        .map_err(|refusal| refusal.answer(refused))?;
     let mut form = SignInForm::default();
     for (name, value) in url::form_urlencoded::parse(&bytes) {
         match name.as_ref() {

@@ -23,7 +23,6 @@ use axum::response::{Html, IntoResponse, Response};
 use uuid::Uuid;
 
 use super::{Shared, page, session};
-use crate::http::limits::BodyRefusal;
 use acs_store::auth::Identity;
 use acs_store::error::BusError;
 use acs_store::store::operations::dashboard::{self as store, person};
@@ -218,63 +217,20 @@ async fn act(
 /// The write form, read within [`WRITE_FORM_MAX_BYTES`] and the server's
 /// buffered-bytes budget; each field once (a repeated one keeps its first).
 async fn read_form(state: &Shared, request: Request) -> Result<HashMap<String, String>, Response> {
-    let how = "Write from the forms of /dashboard.";
-    let is_form = request
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|v| {
-            v.trim()
-                .eq_ignore_ascii_case("application/x-www-form-urlencoded")
-        });
-    if !is_form {
-        return Err(refused(
-            StatusCode::BAD_REQUEST,
-            &format!("the write could not be read (it is not a form); nothing was changed. {how}"),
-        ));
-    }
-    let declared = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    let limits = &state.app.limits;
-    let bytes = match limits
-        .read_body(request.into_body(), declared, WRITE_FORM_MAX_BYTES)
-        .await
-    {
-        Ok((bytes, _buffered)) => bytes,
-        Err(BodyRefusal::TooLarge) => {
-            return Err(refused(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                &format!(
-                    "the write is larger than {WRITE_FORM_MAX_BYTES} bytes (a message body is at \
-                     most {} bytes); nothing was changed. Shorten it, or split it into several \
-                     messages.",
-                    acs_wire::limits::BODY_MAX_BYTES
-                ),
-            ));
-        }
-        Err(BodyRefusal::BudgetExhausted) => {
-            return Err(crate::http::server_busy(format!(
-                "the server is buffering its maximum of {} MiB of request bodies at once",
-                limits.max_buffered_bytes() / (1024 * 1024)
-            )));
-        }
-        Err(BodyRefusal::Unreadable(err)) => {
-            return Err(refused(
-                StatusCode::BAD_REQUEST,
-                &format!("the write could not be read ({err}); nothing was changed. {how}"),
-            ));
-        }
-        Err(BodyRefusal::TimedOut) => {
-            return Err(refused(
-                StatusCode::REQUEST_TIMEOUT,
-                "the write did not arrive in time; nothing was changed. Write again.",
-            ));
-        }
+    let words = super::FormWords {
+        what: "the write",
+        unchanged: "; nothing was changed",
+        how: "Write from the forms of /dashboard.",
+        too_large: format!(
+            "the write is larger than {WRITE_FORM_MAX_BYTES} bytes (a message body is at most {} \
+             bytes); nothing was changed. Shorten it, or split it into several messages.",
+            acs_wire::limits::BODY_MAX_BYTES
+        ),
+        late: "the write did not arrive in time; nothing was changed. Write again.",
     };
+    let bytes = super::form_bytes(&state.app.limits, request, WRITE_FORM_MAX_BYTES, words)
+        .await
+        .map_err(|refusal| refusal.answer(refused))?;
     let mut form = HashMap::new();
     for (name, value) in url::form_urlencoded::parse(&bytes) {
         form.entry(name.into_owned())
