@@ -487,3 +487,47 @@ async fn a_registered_windows_conversation_answer_is_not_replayed_to_the_agent_t
     let retry = window.call("create_conversation", create).await.unwrap();
     assert_replayed(&first, &retry);
 }
+
+/// `ack_message` under a request id: the retry answers exactly the first
+/// answer (the same acked_at), marked replayed, and another note under the
+/// same id is refused naming the first call; the sender sees one ack.
+#[tokio::test]
+async fn a_retried_acknowledgement_answers_the_first_and_another_note_is_refused() {
+    let app = spawn_app().await;
+    let (alice, bob) = alice_and_bob(&app).await;
+    let posted = alice
+        .call(
+            "post_message",
+            json!({"to": "bob", "body": "ship it?", "ack_required": true}),
+        )
+        .await
+        .unwrap();
+    let id = posted["message"]["id"].clone();
+    let args = json!({"message_id": id, "note": "seen", "request_id": ID});
+    let first = bob.call("ack_message", args.clone()).await.unwrap();
+    let retry = bob.call("ack_message", args).await.unwrap();
+    assert_replayed(&first, &retry);
+
+    let other = bob
+        .call(
+            "ack_message",
+            json!({"message_id": id, "note": "other", "request_id": ID}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(other["error"], "conflict", "{other}");
+    assert!(
+        other["message"]
+            .as_str()
+            .unwrap()
+            .contains("for ack_message"),
+        "{other}"
+    );
+    let owed = alice.call("list_owed", json!({})).await.unwrap();
+    assert_eq!(owed["owed_to_me"], json!([]), "acked once: {owed}");
+    let acks: i64 = sqlx::query_scalar("SELECT count(*) FROM message_acks")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(acks, 1);
+}

@@ -89,6 +89,10 @@ pub struct AckArgs {
     pub resolved: Option<bool>,
     /// A short note for the sender, at most 1024 bytes; kept only if the receipt has none yet.
     pub note: Option<String>,
+    /// Optional: a UUID you choose, new for each new call. Repeating the call with the same
+    /// request_id from this window within 24 h returns the first answer (with `replayed: true`)
+    /// and changes nothing; the same id with other arguments is refused.
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -197,16 +201,23 @@ impl BusServer {
         Parameters(args): Parameters<AckArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let me = caller(&parts)?;
-        reply(
-            acks::ack(
-                self.bus(),
-                me,
-                args.message_id,
-                args.resolved.unwrap_or(false),
-                args.note,
-            )
-            .await,
+        self.once(
+            &parts,
+            "ack_message",
+            args.request_id.as_deref(),
+            |mut w| async move {
+                let acked = acks::ack_on(
+                    w.conn(),
+                    me,
+                    args.message_id,
+                    args.resolved.unwrap_or(false),
+                    args.note,
+                )
+                .await;
+                (w, acked)
+            },
         )
+        .await
     }
 
     #[tool(

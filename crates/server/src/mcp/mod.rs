@@ -491,8 +491,6 @@ mod tests {
         "revoke_session",
         // Repeats answer the same; its broker acks must follow its commit.
         "confirm_inbox_delivery",
-        // Each receipt is written once; a repeat keeps the first.
-        "ack_message",
         // Its own required request_id (`store_conversation_message`).
         "send_conversation_message",
         // Reads that move a cursor or hand out references: a repeat reads
