@@ -163,7 +163,7 @@ async fn answered<T>(call: impl std::future::Future<Output = T>) -> T {
 }
 
 #[tokio::test]
-async fn a_cursor_at_i64_max_is_an_empty_page() {
+async fn a_cursor_at_i64_max_is_refused_not_an_overflow_nor_an_empty_page() {
     let app = spawn_app().await;
     let (alice, bob) = team(&app).await;
     let created = alice
@@ -208,15 +208,21 @@ async fn a_cursor_at_i64_max_is_an_empty_page() {
         .unwrap();
     assert_eq!(page["messages"][0]["body"], "one");
 
-    // Recovery (bob's agent has no session at all) pages the same way.
-    let recovered = answered(bob.call(
+    // Recovery (bob's agent has no session at all) answers the same way:
+    // no overflow, and a refusal rather than an empty page.
+    let refused = answered(bob.call(
         "recover_conversation_history",
         json!({"conversation_id": id, "after_seq": i64::MAX}),
     ))
     .await
-    .expect("an empty page, not an overflow");
-    assert_eq!(recovered["messages"], json!([]));
-    assert_eq!(recovered["next_after_seq"], i64::MAX);
+    .expect_err("a cursor ahead of the newest seq");
+    assert!(
+        refused["message"]
+            .as_str()
+            .unwrap()
+            .contains("is ahead of the newest seq 1"),
+        "{refused}"
+    );
 }
 
 #[tokio::test]
