@@ -28,13 +28,13 @@ pub struct TeamCreateArgs {
     pub name: String,
 }
 
-// One agent of a team (`agent add|disable|enable`).
+// One agent or person of a team (`agent add|disable|enable`, `person add|revoke`).
 #[derive(Args, Debug)]
 pub struct AgentArgs {
     /// The team's slug.
     #[arg(long)]
     pub team: String,
-    /// The agent's name (lower-case letters, digits and `-`).
+    /// The name: lower-case letters and digits, then also `.`, `_` and `-`; at most 64.
     #[arg(long)]
     pub name: String,
 }
