@@ -264,8 +264,20 @@ pub fn completions(input: &Input) -> (usize, Vec<Violation>) {
             format!("task {key} completed {} times: {list:?}", list.len()),
         ));
     }
+    let requests = by_request(input);
+    // Completions answered ok, by task and window: a completed event they
+    // explain is theirs, not an unknown attempt's under another id.
+    let acknowledged: HashMap<(&str, &str), Vec<&str>> = requests
+        .iter()
+        .filter(|(_, attempts)| attempts[0].kind == OpKind::Complete)
+        .filter(|(_, attempts)| attempts.iter().any(|op| op.outcome.ok().is_some()))
+        .fold(HashMap::new(), |mut map, ((window, request), attempts)| {
+            let key = attempts[0].args["key"].as_str().unwrap_or_default();
+            map.entry((key, *window)).or_default().push(*request);
+            map
+        });
     let mut checked = 0;
-    for ((window, request), attempts) in by_request(input) {
+    for ((window, request), attempts) in requests.iter().map(|(k, v)| (*k, v)) {
         if attempts[0].kind != OpKind::Complete {
             continue;
         }
@@ -289,8 +301,18 @@ pub fn completions(input: &Input) -> (usize, Vec<Violation>) {
             continue;
         }
         // Refused at last after an unknown attempt, while the task was
-        // completed by this window during the attempts: the retry should
-        // have been answered with the completion.
+        // completed by this window during the attempts, and no other
+        // acknowledged completion of this window explains that event (a
+        // task is completed once, checked above): the retry should have
+        // been answered with the completion. Where the server keeps the
+        // request ids, its row says whether this id's write took effect.
+        let other_acknowledged = acknowledged
+            .get(&(key, window))
+            .is_some_and(|ids| ids.iter().any(|id| *id != request));
+        let recorded = input.db.requests.as_ref().map(|rows| {
+            rows.iter()
+                .any(|r| r.window == window && r.request_id == request)
+        });
         let from = input.epoch_ms(attempts[0].invoked_ms) - EVENT_SLACK_MS;
         let to = input.epoch_ms(attempts[attempts.len() - 1].completed_ms) + EVENT_SLACK_MS;
         let during = done
@@ -300,7 +322,8 @@ pub fn completions(input: &Input) -> (usize, Vec<Violation>) {
             .any(|(w, ms)| *w == window && (from..=to).contains(ms));
         let last = attempts[attempts.len() - 1];
         let refused = last.outcome.answered() && !last.outcome.retryable();
-        if during && refused && attempts.iter().any(|op| !op.outcome.answered()) {
+        let took_effect = recorded.unwrap_or(during && !other_acknowledged);
+        if took_effect && refused && attempts.iter().any(|op| !op.outcome.answered()) {
             violations.push(Violation::new(
                 CHECK,
                 format!(
