@@ -315,6 +315,8 @@ async fn an_overseer_re_prioritises_and_cancels_any_unfinished_task_of_the_team(
     let carol = app.mcp(&carol_token, Some("w1")).await;
     let overseer_token = app.agent("acme", "olga").await;
     let olga = identity(&app, &overseer_token, "").await;
+    // Every event of this team as the listener hears it, in order.
+    let mut heard = app.bus.events.subscribe();
     create(&alice, "held", None).await;
     create(&alice, "waiting", Some("low")).await;
     carol
@@ -354,6 +356,18 @@ async fn an_overseer_re_prioritises_and_cancels_any_unfinished_task_of_the_team(
     assert_eq!(event["detail"]["as"], "overseer");
     assert_eq!(event["detail"]["from"], "low");
 
+    // Notifications arrive in order: once olga's priority change is heard,
+    // no earlier event (alice's creations, carol's claim) can still reach
+    // the wait below and wake it before the cancel.
+    loop {
+        let event = tokio::time::timeout(std::time::Duration::from_secs(30), heard.recv())
+            .await
+            .expect("the priority change is heard")
+            .unwrap();
+        if event.id == "waiting" && event.actor == Some(olga.agent_id) {
+            break;
+        }
+    }
     // The holder, waiting, is woken by the cancel as by cancel_task's.
     let waiting = app.mcp(&carol_token, Some("w1")).await;
     let waiter = tokio::spawn(async move {

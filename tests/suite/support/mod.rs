@@ -525,6 +525,24 @@ impl McpClient {
         self.connection.tool_names().await.expect("tools/list")
     }
 
+    /// Call a `tool` that must be refused; the refusal's words, whether the
+    /// tool refused (an `isError` result's message) or the HTTP layer did
+    /// before it (the transport error, which carries the body's message).
+    pub async fn refusal_text(&self, tool: &str, args: Value) -> String {
+        let arguments = match args {
+            Value::Object(map) => Some(map),
+            _ => None,
+        };
+        match self.connection.call_result(tool, arguments).await {
+            Ok(result) => {
+                assert_eq!(result.is_error, Some(true), "{tool} was not refused");
+                let value = result.structured_content.expect("structured JSON");
+                value["message"].as_str().unwrap_or_default().to_string()
+            }
+            Err(err) => format!("{err:#}"),
+        }
+    }
+
     /// Call `tool`; `Ok` with its structured result, `Err` with its refusal
     /// (the `{error, message}` body of an `isError` result).
     pub async fn call(&self, tool: &str, args: Value) -> Result<Value, Value> {
