@@ -153,9 +153,18 @@ impl Outcome {
         }
     }
 
-    /// Answered (done or refused): its effect is known.
+    /// Answered (done or refused): the server said something. Not the same
+    /// as a known effect: see [`Outcome::unknown`].
     pub fn answered(&self) -> bool {
         !matches!(self, Outcome::Failed { .. })
+    }
+
+    /// Whether it took effect is unknown: no answer, or a refusal saying the
+    /// database connection broke after the statement was sent (its commit
+    /// may have happened: a partition between a replica and PostgreSQL
+    /// drops the answer of a committed statement).
+    pub fn unknown(&self) -> bool {
+        self.ok().is_none() && !self.changed_nothing()
     }
 
     /// A refusal that promises nothing was done. A database connection that

@@ -82,8 +82,9 @@ pub fn posts(input: &Input) -> (usize, Vec<Violation>) {
 
 /// Per window and channel, consecutive answered `only_new` reads: each
 /// returns, in position order, the next messages not from this window,
-/// without repeating or skipping one. A read with an unknown outcome may
-/// have moved the cursor, so the chain restarts after it.
+/// without repeating or skipping one. A read with an unknown outcome (no
+/// answer, or refused because the connection broke after the statement was
+/// sent) may have moved the cursor, so the chain restarts after it.
 pub fn reads(input: &Input) -> (usize, Vec<Violation>) {
     const CHECK: &str = "channel reads skip nothing";
     let rows = by_id(input);
@@ -102,7 +103,7 @@ pub fn reads(input: &Input) -> (usize, Vec<Violation>) {
         let channel = op.args["scope"].as_str().unwrap_or_default();
         let key = (op.window.as_str(), channel);
         let Some(r) = op.outcome.ok() else {
-            if !op.outcome.answered() {
+            if op.outcome.unknown() {
                 last.insert(key, None);
             }
             continue;

@@ -171,9 +171,8 @@ pub fn reported(input: &Input) -> (usize, Vec<Violation>) {
                 .flatten()
                 .filter(move |o| o.completed_ms <= invoked_ms)
         };
-        let unknown = mine().any(|o| {
-            !o.outcome.answered() && (o.kind == OpKind::ClaimNext || o.args["key"] == key)
-        });
+        let unknown = mine()
+            .any(|o| o.outcome.unknown() && (o.kind == OpKind::ClaimNext || o.args["key"] == key));
         if unknown {
             continue;
         }
