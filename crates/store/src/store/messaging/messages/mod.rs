@@ -280,11 +280,12 @@ mod after;
 mod post;
 mod read;
 mod search;
+mod unread;
 
 pub use post::{post, post_in};
-pub use read::{
-    BoundedCount, CHANNEL_COUNT_CAP, ReadRequest, ReadResult, UNREAD_COUNT_CAP, answer_to,
-    mark_read, read, unread_direct, unread_direct_messages, visible,
-};
-pub(crate) use read::{UNREAD_DM_COUNT, UNREAD_DM_CURSOR};
+pub use read::{CHANNEL_COUNT_CAP, ReadRequest, ReadResult, UNREAD_COUNT_CAP, read};
 pub use search::search;
+pub use unread::{
+    BoundedCount, answer_to, mark_read, unread_direct, unread_direct_messages, visible,
+};
+pub(crate) use unread::{UNREAD_DM_COUNT, UNREAD_DM_CURSOR};
