@@ -142,19 +142,8 @@ pub(super) async fn read_after(
     let sql = after_sql(scope, reader.all_sessions);
     let (mut through, mut settled) = (i64::MAX, 0);
     loop {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
-            .bind(me.team_id)
-            .bind(me.agent_id)
-            .bind(reader.channel_id)
-            .bind(reader.all_sessions)
-            .bind(&me.window)
-            .bind(scope_name)
-            .bind(reader.limit)
-            .bind(through)
-            .bind(settled)
-            .bind(me.token_id)
-            .bind(me.session_credential.map(|w| w.session_id))
-            .bind(me.session_credential.map(|w| w.epoch))
+        let rows = reader
+            .query(sql.clone(), through, settled)
             .bind(after)
             .fetch_all(pool)
             .await?;

@@ -28,7 +28,9 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 use serde::Serialize;
-use sqlx::{FromRow, PgPool, Row};
+use sqlx::postgres::PgArguments;
+use sqlx::query::Query;
+use sqlx::{FromRow, PgPool, Postgres, Row};
 use uuid::Uuid;
 
 use super::{MessageView, check_limit};
@@ -361,12 +363,20 @@ pub(super) struct Reader<'a> {
     pub(super) limit: i64,
 }
 
-impl Reader<'_> {
-    /// Run the statement once: reads at most up to `through`, with every
-    /// position up to `settled` known settled. A refused fence is the error.
-    async fn run(&self, pool: &PgPool, through: i64, settled: i64) -> BusResult<Page> {
-        let me = self.me;
-        let rows = sqlx::query(sqlx::AssertSqlSafe(self.sql.clone()))
+impl<'a> Reader<'a> {
+    /// `sql` (built from constants only) with what every read binds: $1
+    /// team, $2 agent, $3 channel, $4 all_sessions, $5 window, $6 scope, $7
+    /// page, $8 `through` (the newest position read), $9 `settled` (every
+    /// position up to it is settled), $10..$12 the fence's credential. A
+    /// statement of `after.rs` binds its own after these.
+    pub(super) fn query(
+        &self,
+        sql: String,
+        through: i64,
+        settled: i64,
+    ) -> Query<'a, Postgres, PgArguments> {
+        let me: &'a Identity = self.me;
+        sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(me.team_id)
             .bind(me.agent_id)
             .bind(self.channel_id)
@@ -379,6 +389,14 @@ impl Reader<'_> {
             .bind(me.token_id)
             .bind(me.session_credential.map(|w| w.session_id))
             .bind(me.session_credential.map(|w| w.epoch))
+    }
+
+    /// Run the statement once: reads at most up to `through`, with every
+    /// position up to `settled` known settled. A refused fence is the error.
+    async fn run(&self, pool: &PgPool, through: i64, settled: i64) -> BusResult<Page> {
+        let me = self.me;
+        let rows = self
+            .query(self.sql.clone(), through, settled)
             .fetch_all(pool)
             .await;
         let rows = match rows {
