@@ -15,6 +15,7 @@ use sqlx::{FromRow, Row};
 use super::row::{TaskRow, emit, no_such_task};
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
+use crate::store::fenced::BindCaller;
 use crate::store::identity::sessions::Refusal;
 use crate::store::messaging::attachments::TEAM_QUOTA_DEFAULT_BYTES;
 use crate::store::operations::usage;
@@ -60,12 +61,7 @@ pub(super) async fn change(
          FROM task_change($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) r",
     )
     .bind(name)
-    .bind(me.team_id)
-    .bind(me.agent_id)
-    .bind(&me.window)
-    .bind(me.token_id)
-    .bind(me.session_credential.map(|w| w.session_id))
-    .bind(me.session_credential.map(|w| w.epoch))
+    .bind_caller(me)
     .bind(key)
     .bind(lease.map(|l| l.num_seconds()))
     .bind(result)
@@ -117,12 +113,7 @@ pub(super) async fn claim_next(
                 r.next_expiry, r.stuck, (r.task).*
          FROM task_claim_next($1, $2, $3, $4, $5, $6, $7) r",
     )
-    .bind(me.team_id)
-    .bind(me.agent_id)
-    .bind(&me.window)
-    .bind(me.token_id)
-    .bind(me.session_credential.map(|w| w.session_id))
-    .bind(me.session_credential.map(|w| w.epoch))
+    .bind_caller(me)
     .bind(lease.num_seconds())
     .fetch_one(w.conn())
     .await?;
