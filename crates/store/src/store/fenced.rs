@@ -18,8 +18,8 @@
 
 use serde::de::DeserializeOwned;
 use sqlx::postgres::{PgArguments, PgRow};
-use sqlx::query::QueryAs;
-use sqlx::{FromRow, Postgres, Row};
+use sqlx::query::{Query, QueryAs};
+use sqlx::{Encode, FromRow, Postgres, Row, Type};
 
 use super::identity::sessions::Refusal;
 use crate::auth::Identity;
@@ -66,9 +66,45 @@ where
     sqlx::query_as(sql)
         .bind(me.team_id)
         .bind(me.agent_id)
-        .bind(me.token_id)
-        .bind(me.session_credential.map(|w| w.session_id))
-        .bind(me.session_credential.map(|w| w.epoch))
+        .bind_credential(me)
+}
+
+/// Binding the caller into a query, in the order the SQL write functions
+/// take it (`agent_write_refusal`, migration 0016, and every function that
+/// calls it first).
+pub(crate) trait BindCaller<'q>: Sized {
+    /// [`Query::bind`] / [`QueryAs::bind`].
+    fn bind_value<T: 'q + Encode<'q, Postgres> + Type<Postgres>>(self, value: T) -> Self;
+
+    /// The credential the call rests on, as three arguments: the agent
+    /// token, the session row and the epoch held (both `NULL` for a bare
+    /// agent token).
+    fn bind_credential(self, me: &Identity) -> Self {
+        self.bind_value(me.token_id)
+            .bind_value(me.session_credential.map(|w| w.session_id))
+            .bind_value(me.session_credential.map(|w| w.epoch))
+    }
+
+    /// The calling window and its credential, as six arguments: team,
+    /// agent, window label, then [`bind_credential`](Self::bind_credential).
+    fn bind_caller(self, me: &'q Identity) -> Self {
+        self.bind_value(me.team_id)
+            .bind_value(me.agent_id)
+            .bind_value(&me.window)
+            .bind_credential(me)
+    }
+}
+
+impl<'q> BindCaller<'q> for Query<'q, Postgres, PgArguments> {
+    fn bind_value<T: 'q + Encode<'q, Postgres> + Type<Postgres>>(self, value: T) -> Self {
+        self.bind(value)
+    }
+}
+
+impl<'q, O> BindCaller<'q> for QueryAs<'q, Postgres, O, PgArguments> {
+    fn bind_value<T: 'q + Encode<'q, Postgres> + Type<Postgres>>(self, value: T) -> Self {
+        self.bind(value)
+    }
 }
 
 impl FencedWrite {

@@ -30,40 +30,78 @@ pub struct AgentSummary {
     pub active_tokens: i64,
 }
 
+/// What adding a row of `agents` of one kind writes and says: an agent
+/// here, a person in `people`.
+pub(crate) struct NewMember {
+    /// `agents.kind`.
+    pub(crate) kind: &'static str,
+    /// The audit action, and the key of its detail that names the new id.
+    pub(crate) action: &'static str,
+    pub(crate) id_key: &'static str,
+    /// The label of the first token.
+    pub(crate) label: Option<&'static str>,
+    /// The refusal when the name is taken, from the name and the team slug.
+    pub(crate) taken: fn(&str, &str) -> String,
+}
+
+const AGENT: NewMember = NewMember {
+    kind: "agent",
+    action: "agent.add",
+    id_key: "agent_id",
+    label: None,
+    taken: |name, team| {
+        format!(
+            "agent `{name}` already exists in team `{team}`. Issue it another token with \
+             `ai-crew-sync token issue --team {team} --agent {name}`."
+        )
+    },
+};
+
 /// Create an agent and its first token in one transaction.
 pub async fn add(pool: &PgPool, team: &TeamScope, name: &str) -> BusResult<IssuedToken> {
+    add_member(pool, team, name, &AGENT).await
+}
+
+/// Create a row of `agents` of `new.kind` named `name` and its first token in
+/// one transaction (audited). The name must be free among the team's agents
+/// and people.
+pub(crate) async fn add_member(
+    pool: &PgPool,
+    team: &TeamScope,
+    name: &str,
+    new: &NewMember,
+) -> BusResult<IssuedToken> {
     let actor = team.actor();
     let name = normalize_agent_name(name)?;
     let mut tx = pool.begin().await?;
     let team = teams::find(&mut *tx, team.slug()).await?;
     let id = Uuid::new_v4();
     let inserted = sqlx::query(
-        "INSERT INTO agents (id, team_id, name) VALUES ($1, $2, $3)
+        "INSERT INTO agents (id, team_id, name, kind) VALUES ($1, $2, $3, $4)
          ON CONFLICT (team_id, name) DO NOTHING",
     )
     .bind(id)
     .bind(team.id)
     .bind(&name)
+    .bind(new.kind)
     .execute(&mut *tx)
     .await?;
     if inserted.rows_affected() == 0 {
-        return Err(BusError::conflict(format!(
-            "agent `{name}` already exists in team `{}`. Issue it another token with \
-             `ai-crew-sync token issue --team {} --agent {name}`.",
-            team.slug, team.slug
-        )));
+        return Err(BusError::conflict((new.taken)(&name, &team.slug)));
     }
     audit::record(
         &mut tx,
         Some(team.id),
         actor,
-        "agent.add",
+        new.action,
         &name,
-        json!({ "agent_id": id }),
+        json!({ new.id_key: id }),
     )
     .await?;
     // The new row is ours until commit: no other transaction can count its tokens.
-    let issued = tokens::issue_locked(&mut tx, team.id, &team.slug, id, &name, None, actor).await?;
+    let label = new.label.map(String::from);
+    let issued =
+        tokens::issue_locked(&mut tx, team.id, &team.slug, id, &name, label, actor).await?;
     tx.commit().await?;
     Ok(issued)
 }

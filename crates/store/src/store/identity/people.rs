@@ -17,7 +17,8 @@ use uuid::Uuid;
 
 use crate::error::{BusError, BusResult};
 use crate::store::identity::admin::TeamScope;
-use crate::store::identity::tokens::{self, IssuedToken};
+use crate::store::identity::agents::{self, NewMember};
+use crate::store::identity::tokens::IssuedToken;
 use crate::store::{identity::audit, identity::sessions, identity::teams, normalize_agent_name};
 
 /// A person as `person list` shows them. Never a secret.
@@ -43,52 +44,25 @@ pub struct PersonRevocation {
     pub credentials_revoked: u64,
 }
 
+const PERSON: NewMember = NewMember {
+    kind: "person",
+    action: "person.add",
+    id_key: "person_id",
+    label: Some("dashboard sign-in"),
+    taken: |name, team| {
+        format!(
+            "the name `{name}` is taken in team `{team}` (agents and people share one namespace, \
+             so messages reach either by name). Nothing was added. Choose another name; \
+             `ai-crew-sync person list --team {team}` and `agent list --team {team}` show the \
+             names in use."
+        )
+    },
+};
+
 /// Make `name` a person of `team` and issue their sign-in credential, in one
 /// transaction. The name must be free among the team's agents and people.
 pub async fn add(pool: &PgPool, team: &TeamScope, name: &str) -> BusResult<IssuedToken> {
-    let actor = team.actor();
-    let name = normalize_agent_name(name)?;
-    let mut tx = pool.begin().await?;
-    let team = teams::find(&mut *tx, team.slug()).await?;
-    let id = Uuid::new_v4();
-    let inserted = sqlx::query(
-        "INSERT INTO agents (id, team_id, name, kind) VALUES ($1, $2, $3, 'person')
-         ON CONFLICT (team_id, name) DO NOTHING",
-    )
-    .bind(id)
-    .bind(team.id)
-    .bind(&name)
-    .execute(&mut *tx)
-    .await?;
-    if inserted.rows_affected() == 0 {
-        return Err(BusError::conflict(format!(
-            "the name `{name}` is taken in team `{}` (agents and people share one namespace, so \
-             messages reach either by name). Nothing was added. Choose another name; `ai-crew-sync \
-             person list --team {}` and `agent list --team {}` show the names in use.",
-            team.slug, team.slug, team.slug
-        )));
-    }
-    audit::record(
-        &mut tx,
-        Some(team.id),
-        actor,
-        "person.add",
-        &name,
-        json!({ "person_id": id }),
-    )
-    .await?;
-    let issued = tokens::issue_locked(
-        &mut tx,
-        team.id,
-        &team.slug,
-        id,
-        &name,
-        Some("dashboard sign-in".into()),
-        actor,
-    )
-    .await?;
-    tx.commit().await?;
-    Ok(issued)
+    agents::add_member(pool, team, name, &PERSON).await
 }
 
 /// The columns of a [`PersonSummary`] over `agents a` (`$2` is the slug).

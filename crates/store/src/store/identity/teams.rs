@@ -2,8 +2,8 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use serde_json::json;
-use sqlx::{PgExecutor, PgPool};
+use serde_json::{Value, json};
+use sqlx::{Encode, PgConnection, PgExecutor, PgPool, Postgres, Transaction, Type};
 use uuid::Uuid;
 
 use crate::backend::BackendKind;
@@ -115,15 +115,55 @@ pub struct Capabilities {
     pub conversation_backend: BackendKind,
 }
 
-/// A team's switches as they are in this transaction.
-async fn capabilities_of(conn: &mut sqlx::PgConnection, team_id: Uuid) -> BusResult<Capabilities> {
-    Ok(sqlx::query_as(
+/// Commit `tx`, answering the team's switches as it leaves them.
+async fn commit_capabilities(
+    mut tx: Transaction<'_, Postgres>,
+    team_id: Uuid,
+) -> BusResult<Capabilities> {
+    let caps = sqlx::query_as(
         "SELECT slug AS team, conversations_enabled AS conversations, conversation_backend
          FROM teams WHERE id = $1",
     )
     .bind(team_id)
-    .fetch_one(conn)
-    .await?)
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(caps)
+}
+
+/// Set one of `team`'s switches: `update` ($1 the team, $2 the value)
+/// changes the row only where it differs, and a change is audited as
+/// `team.capability` with `detail`. Whether it changed.
+async fn set_switch<T>(
+    conn: &mut PgConnection,
+    team: &Team,
+    actor: &Actor,
+    update: &'static str,
+    value: T,
+    detail: Value,
+) -> BusResult<bool>
+where
+    T: for<'e> Encode<'e, Postgres> + Type<Postgres> + Send,
+{
+    let changed = sqlx::query(update)
+        .bind(team.id)
+        .bind(value)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected()
+        > 0;
+    if changed {
+        audit::record(
+            conn,
+            Some(team.id),
+            actor,
+            "team.capability",
+            &team.slug,
+            detail,
+        )
+        .await?;
+    }
+    Ok(changed)
 }
 
 /// `team capability --team T [--conversations on|off]`: show, or switch the
@@ -137,31 +177,14 @@ pub async fn capability(
     let mut tx = pool.begin().await?;
     let team = find(&mut *tx, slug).await?;
     if let Some(on) = conversations {
-        let changed = sqlx::query(
-            "UPDATE teams SET conversations_enabled = $2 WHERE id = $1 AND conversations_enabled <> $2",
-        )
-        .bind(team.id)
-        .bind(on)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if changed > 0 {
+        let update = "UPDATE teams SET conversations_enabled = $2 WHERE id = $1 AND conversations_enabled <> $2";
+        let detail = json!({ "conversations": on });
+        if set_switch(&mut tx, &team, actor, update, on, detail).await? {
             // Servers cache the capability: they drop it at this commit.
             crate::events::notify_access_changed(&mut tx, team.id).await?;
-            audit::record(
-                &mut tx,
-                Some(team.id),
-                actor,
-                "team.capability",
-                &team.slug,
-                json!({ "conversations": on }),
-            )
-            .await?;
         }
     }
-    let caps = capabilities_of(&mut tx, team.id).await?;
-    tx.commit().await?;
-    Ok(caps)
+    commit_capabilities(tx, team.id).await
 }
 
 /// What still sends bodies to, or reads bodies from, the team's JetStream
@@ -237,28 +260,11 @@ pub async fn set_conversation_backend(
         }
     }
     let mut tx = pool.begin().await?;
-    let changed = sqlx::query(
-        "UPDATE teams SET conversation_backend = $2 WHERE id = $1 AND conversation_backend <> $2",
-    )
-    .bind(team.id)
-    .bind(backend)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    if changed > 0 {
-        audit::record(
-            &mut tx,
-            Some(team.id),
-            actor,
-            "team.capability",
-            &team.slug,
-            json!({ "conversation_backend": backend }),
-        )
-        .await?;
-    }
-    let caps = capabilities_of(&mut tx, team.id).await?;
-    tx.commit().await?;
-    Ok(caps)
+    let update =
+        "UPDATE teams SET conversation_backend = $2 WHERE id = $1 AND conversation_backend <> $2";
+    let detail = json!({ "conversation_backend": backend });
+    set_switch(&mut tx, &team, actor, update, backend, detail).await?;
+    commit_capabilities(tx, team.id).await
 }
 
 /// `team stream --team T --nats-url …`: create or adopt the team's body and

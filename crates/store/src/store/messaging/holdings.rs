@@ -33,8 +33,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use sqlx::postgres::PgArguments;
+use sqlx::query::QueryAs;
 use sqlx::types::Json;
-use sqlx::{PgConnection, PgPool};
+use sqlx::{PgConnection, PgPool, Postgres};
 use uuid::Uuid;
 
 use crate::auth::Identity;
@@ -217,22 +219,18 @@ async fn release_locks(
     labels: Labels<'_>,
     wake: &mut Vec<BusEvent>,
 ) -> BusResult<Vec<String>> {
-    let rows: Vec<(String, String)> = sqlx::query_as(
+    let rows = of_windows(
         "DELETE FROM locks
          WHERE team_id = $1 AND expires_at > now()
            AND holder_agent_id = $2 AND ($3::text[] IS NULL OR holder_session = ANY($3))
          RETURNING name, holder_session",
+        team,
+        agent,
+        labels,
     )
-    .bind(team)
-    .bind(agent)
-    .bind(labels)
     .fetch_all(&mut *conn)
     .await?;
-    wake.extend(
-        rows.iter()
-            .map(|(name, session)| event(team, EventKind::Lock, name, agent, session)),
-    );
-    Ok(rows.into_iter().map(|(name, _)| name).collect())
+    Ok(queued(rows, team, agent, EventKind::Lock, wake))
 }
 
 /// Delete the reservations (live or not) of `agent`'s windows `labels`.
@@ -243,22 +241,46 @@ async fn release_reservations(
     labels: Labels<'_>,
     wake: &mut Vec<BusEvent>,
 ) -> BusResult<u64> {
-    let rows: Vec<(String, String)> = sqlx::query_as(
+    let rows = of_windows(
         "DELETE FROM path_reservations
          WHERE team_id = $1 AND holder_agent_id = $2
            AND ($3::text[] IS NULL OR holder_session = ANY($3))
          RETURNING pattern, holder_session",
+        team,
+        agent,
+        labels,
     )
-    .bind(team)
-    .bind(agent)
-    .bind(labels)
     .fetch_all(&mut *conn)
     .await?;
+    Ok(queued(rows, team, agent, EventKind::Reservation, wake).len() as u64)
+}
+
+/// A release of `agent`'s windows `labels`: `sql` with the team ($1), the
+/// agent ($2) and the labels ($3, `NULL` for every window) bound, answering
+/// the name and the window of each row it let go.
+fn of_windows<'q>(
+    sql: &'static str,
+    team: Uuid,
+    agent: Uuid,
+    labels: Labels<'q>,
+) -> QueryAs<'q, Postgres, (String, String), PgArguments> {
+    sqlx::query_as(sql).bind(team).bind(agent).bind(labels)
+}
+
+/// Queue a `kind` event for each (name, window) row a release let go; the
+/// names.
+fn queued(
+    rows: Vec<(String, String)>,
+    team: Uuid,
+    agent: Uuid,
+    kind: EventKind,
+    wake: &mut Vec<BusEvent>,
+) -> Vec<String> {
     wake.extend(
         rows.iter()
-            .map(|(pattern, session)| reservation_event(team, pattern, agent, session)),
+            .map(|(name, session)| event(team, kind, name, agent, session)),
     );
-    Ok(rows.len() as u64)
+    rows.into_iter().map(|(name, _)| name).collect()
 }
 
 /// The task event columns of a release by the bus, for the `released` CTE's
@@ -285,6 +307,20 @@ macro_rules! released_by_bus {
     };
 }
 
+/// The `released` CTE: the tasks of `held` (id, agent_id, session, lapsed)
+/// open again, answering the rows `released_by_bus!` reads.
+macro_rules! reopen_held {
+    () => {
+        "released AS (
+             UPDATE tasks t
+                SET status = 'open', holder_agent_id = NULL, holder_session = NULL,
+                    lease_expires_at = NULL, claimed_at = NULL, updated_at = now()
+               FROM held
+              WHERE t.id = held.id
+             RETURNING t.team_id, t.id, t.key, held.agent_id, held.session, held.lapsed),"
+    };
+}
+
 /// Release every task `agent`'s windows `labels` hold, each with its event.
 async fn release_tasks(
     conn: &mut PgConnection,
@@ -294,38 +330,32 @@ async fn release_tasks(
     ending: Ending,
     wake: &mut Vec<BusEvent>,
 ) -> BusResult<Vec<String>> {
-    let rows: Vec<(String, String)> = sqlx::query_as(concat!(
-        "WITH held AS (
-             SELECT id, holder_agent_id AS agent_id, holder_session AS session,
-                    lease_expires_at <= now() AS lapsed
-             FROM tasks
-             WHERE team_id = $1 AND holder_agent_id = $2
-               AND ($3::text[] IS NULL OR holder_session = ANY($3)) AND status = 'claimed'
-             FOR NO KEY UPDATE),
-         released AS (
-             UPDATE tasks t
-                SET status = 'open', holder_agent_id = NULL, holder_session = NULL,
-                    lease_expires_at = NULL, claimed_at = NULL, updated_at = now()
-               FROM held
-              WHERE t.id = held.id
-             RETURNING t.team_id, t.id, t.key, held.agent_id, held.session, held.lapsed),
-         noted AS (",
-        released_by_bus!("$4", "$5"),
-        ")
-         SELECT key, session FROM released"
-    ))
-    .bind(team)
-    .bind(agent)
-    .bind(labels)
+    let rows = of_windows(
+        concat!(
+            "WITH held AS (
+                 SELECT id, holder_agent_id AS agent_id, holder_session AS session,
+                        lease_expires_at <= now() AS lapsed
+                 FROM tasks
+                 WHERE team_id = $1 AND holder_agent_id = $2
+                   AND ($3::text[] IS NULL OR holder_session = ANY($3)) AND status = 'claimed'
+                 FOR NO KEY UPDATE),
+             ",
+            reopen_held!(),
+            "
+             noted AS (",
+            released_by_bus!("$4", "$5"),
+            ")
+             SELECT key, session FROM released"
+        ),
+        team,
+        agent,
+        labels,
+    )
     .bind(ending.word())
     .bind(ending.phrase())
     .fetch_all(&mut *conn)
     .await?;
-    wake.extend(
-        rows.iter()
-            .map(|(key, session)| event(team, EventKind::Task, key, agent, session)),
-    );
-    Ok(rows.into_iter().map(|(key, _)| key).collect())
+    Ok(queued(rows, team, agent, EventKind::Task, wake))
 }
 
 /// The window `me` leaves (`heartbeat {offline: true}`): inside the
@@ -391,7 +421,7 @@ pub async fn release_tasks_of_departed(
 ) -> BusResult<Vec<String>> {
     let mut tx = pool.begin().await?;
     let rows: Vec<(Uuid, String, Uuid, String)> = sqlx::query_as(concat!(
-        "WITH due AS (
+        "WITH held AS (
              SELECT t.id, t.holder_agent_id AS agent_id, p.session,
                     t.lease_expires_at <= now() AS lapsed
              FROM tasks t
@@ -406,13 +436,9 @@ pub async fn release_tasks_of_departed(
                                  AND e.session = t.holder_session AND e.at > p.expires_at)
              ORDER BY p.expires_at LIMIT $2
              FOR NO KEY UPDATE OF t SKIP LOCKED),
-         released AS (
-             UPDATE tasks t
-                SET status = 'open', holder_agent_id = NULL, holder_session = NULL,
-                    lease_expires_at = NULL, claimed_at = NULL, updated_at = now()
-               FROM due
-              WHERE t.id = due.id
-             RETURNING t.team_id, t.id, t.key, due.agent_id, due.session, due.lapsed),
+         ",
+        reopen_held!(),
+        "
          noted AS (",
         released_by_bus!("$3", "$4"),
         ")

@@ -9,12 +9,14 @@
 //! files. The wake-up event is emitted here, after the call has committed.
 
 use chrono::{DateTime, Duration, Utc};
-use sqlx::postgres::PgRow;
-use sqlx::{FromRow, Row};
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::query::Query;
+use sqlx::{FromRow, Postgres, Row};
 
 use super::row::{TaskRow, emit, no_such_task};
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
+use crate::store::fenced::BindCaller;
 use crate::store::identity::sessions::Refusal;
 use crate::store::messaging::attachments::TEAM_QUOTA_DEFAULT_BYTES;
 use crate::store::operations::usage;
@@ -54,42 +56,32 @@ pub(super) async fn change(
         Op::Release => ("release", None, None),
         Op::Complete(result) => ("complete", None, Some(result)),
     };
-    let row: PgRow = sqlx::query(
+    let call = sqlx::query(
         "SELECT r.refusal, r.session_epoch, r.refused_since, r.declined, r.quota_limit,
                 r.quota_used, (r.task).*
          FROM task_change($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) r",
     )
     .bind(name)
-    .bind(me.team_id)
-    .bind(me.agent_id)
-    .bind(&me.window)
-    .bind(me.token_id)
-    .bind(me.session_credential.map(|w| w.session_id))
-    .bind(me.session_credential.map(|w| w.epoch))
+    .bind_caller(me)
     .bind(key)
     .bind(lease.map(|l| l.num_seconds()))
     .bind(result)
-    .bind(TEAM_QUOTA_DEFAULT_BYTES)
-    .fetch_one(w.conn())
-    .await?;
-    Refusal::from_row(&row)?.check(me)?;
-    let declined: Option<String> = row.try_get("declined")?;
-    match declined.as_deref() {
-        None => {
-            let task = TaskRow::from_row(&row)?;
-            emit(w, me, key);
-            Ok(Ok(task))
-        }
-        Some("no_task") => Err(no_such_task(me, key)),
-        Some("quota") => Err(usage::quota_refusal(
+    .bind(TEAM_QUOTA_DEFAULT_BYTES);
+    let (code, row) = match answer(w, me, call).await? {
+        Ok(task) => return Ok(Ok(task)),
+        Err(declined) => declined,
+    };
+    match code.as_str() {
+        "no_task" => Err(no_such_task(me, key)),
+        "quota" => Err(usage::quota_refusal(
             row.try_get("quota_limit")?,
             row.try_get("quota_used")?,
             result.map_or(0, |r| r.len() as i64),
             &me.team,
         )),
-        Some(code) => Ok(Err(Declined {
-            code: code.to_string(),
+        _ => Ok(Err(Declined {
             row: TaskRow::from_row(&row)?,
+            code,
         })),
     }
 }
@@ -112,35 +104,47 @@ pub(super) async fn claim_next(
     me: &Identity,
     lease: Duration,
 ) -> BusResult<Result<TaskRow, NothingClaimable>> {
-    let row: PgRow = sqlx::query(
+    let call = sqlx::query(
         "SELECT r.refusal, r.session_epoch, r.refused_since, r.declined, r.waiting, r.held,
                 r.next_expiry, r.stuck, (r.task).*
          FROM task_claim_next($1, $2, $3, $4, $5, $6, $7) r",
     )
-    .bind(me.team_id)
-    .bind(me.agent_id)
-    .bind(&me.window)
-    .bind(me.token_id)
-    .bind(me.session_credential.map(|w| w.session_id))
-    .bind(me.session_credential.map(|w| w.epoch))
-    .bind(lease.num_seconds())
-    .fetch_one(w.conn())
-    .await?;
-    Refusal::from_row(&row)?.check(me)?;
-    let declined: Option<String> = row.try_get("declined")?;
-    match declined.as_deref() {
-        None => {
-            let task = TaskRow::from_row(&row)?;
-            emit(w, me, &task.key);
-            Ok(Ok(task))
-        }
-        Some("nothing") => Ok(Err(NothingClaimable {
+    .bind_caller(me)
+    .bind(lease.num_seconds());
+    let (code, row) = match answer(w, me, call).await? {
+        Ok(task) => return Ok(Ok(task)),
+        Err(declined) => declined,
+    };
+    match code.as_str() {
+        "nothing" => Ok(Err(NothingClaimable {
             waiting: row.try_get("waiting")?,
             held: row.try_get("held")?,
             next_expiry: row.try_get("next_expiry")?,
             stuck: row.try_get("stuck")?,
         })),
-        Some(other) => Err(unknown_code(other)),
+        other => Err(unknown_code(other)),
+    }
+}
+
+/// Run `call`, a one-round-trip task function (`task_change`,
+/// `task_claim_next`), and word the fence's refusal. Accepted: the task
+/// after the change, with the wake-up emitted. Declined: the code and the
+/// row, for the caller to word.
+async fn answer(
+    w: &mut Writer,
+    me: &Identity,
+    call: Query<'_, Postgres, PgArguments>,
+) -> BusResult<Result<TaskRow, (String, PgRow)>> {
+    let row = call.fetch_one(w.conn()).await?;
+    Refusal::from_row(&row)?.check(me)?;
+    let declined: Option<String> = row.try_get("declined")?;
+    match declined {
+        None => {
+            let task = TaskRow::from_row(&row)?;
+            emit(w, me, &task.key);
+            Ok(Ok(task))
+        }
+        Some(code) => Ok(Err((code, row))),
     }
 }
 

@@ -3,6 +3,7 @@
 //! refusal.
 
 use super::*;
+use crate::store::fenced::BindCaller;
 use crate::store::operations::usage;
 
 fn parse_request_id(raw: &str) -> BusResult<Uuid> {
@@ -136,9 +137,7 @@ async fn store_if_clear(bus: &Bus, me: &Identity, send: &Validated<'_>) -> BusRe
     .bind(send.new.conversation_id)
     .bind(me.agent_id)
     .bind(&me.window)
-    .bind(me.token_id)
-    .bind(me.session_credential.map(|w| w.session_id))
-    .bind(me.session_credential.map(|w| w.epoch))
+    .bind_credential(me)
     .bind(send.id)
     .bind(send.request_id)
     .bind(&send.new.body)

@@ -20,6 +20,7 @@ use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::events::{BusEvent, EventKind};
+use crate::store::fenced::BindCaller;
 use crate::store::messaging::attachments::{self, TEAM_QUOTA_DEFAULT_BYTES};
 use crate::store::requests::{self, Writer};
 use crate::store::{identity::sessions, messaging::channels, operations::usage};
@@ -194,12 +195,7 @@ async fn call_once(
         "SELECT * FROM post_message($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
                                     $15, $16, $17, $18, $19, $20, $21)",
     )
-    .bind(me.team_id)
-    .bind(me.agent_id)
-    .bind(&me.window)
-    .bind(me.token_id)
-    .bind(me.session_credential.map(|w| w.session_id))
-    .bind(me.session_credential.map(|w| w.epoch))
+    .bind_caller(me)
     .bind(call.id)
     .bind(&call.channel)
     .bind(reserved)
