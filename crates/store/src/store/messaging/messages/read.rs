@@ -37,6 +37,7 @@ use super::{MessageView, check_limit};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
+use crate::store::fenced::BindCaller;
 use crate::store::{identity::sessions, messaging::channels};
 
 /// Counts of unread messages stop here: past it the answer is "at least".
@@ -386,9 +387,7 @@ impl<'a> Reader<'a> {
             .bind(self.limit)
             .bind(through)
             .bind(settled)
-            .bind(me.token_id)
-            .bind(me.session_credential.map(|w| w.session_id))
-            .bind(me.session_credential.map(|w| w.epoch))
+            .bind_credential(me)
     }
 
     /// Run the statement once: reads at most up to `through`, with every
