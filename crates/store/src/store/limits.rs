@@ -38,6 +38,14 @@ pub fn page_limit(requested: Option<i64>, page: Page, hint: &str) -> BusResult<i
 /// A number that must lie in `range`: refused as `{name} must be between MIN
 /// and MAX{shown}; got V. {hint}`. `shown` says the maximum in words where a
 /// reader would not see it in the number (" (24 h)"); either may be empty.
+/// A page read as `limit + 1` rows: cut to `limit`, and whether there were
+/// more (the answer's `more` / `truncated`).
+pub fn cut_page<T>(rows: &mut Vec<T>, limit: i64) -> bool {
+    let more = rows.len() as i64 > limit;
+    rows.truncate(usize::try_from(limit).unwrap_or(0));
+    more
+}
+
 pub fn within<T: PartialOrd + Display + Copy>(
     name: &str,
     value: T,

@@ -312,8 +312,7 @@ pub async fn list(bus: &Bus, me: &Identity) -> BusResult<LockList> {
     .bind(LISTED_MAX + 1)
     .fetch_all(&bus.pool)
     .await?;
-    let more = rows.len() as i64 > LISTED_MAX;
-    rows.truncate(LISTED_MAX as usize);
+    let more = limits::cut_page(&mut rows, LISTED_MAX);
     let locks: Vec<Lock> = rows.into_iter().map(LockRow::into_lock).collect();
     Ok(LockList {
         count: locks.len(),

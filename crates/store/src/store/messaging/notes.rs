@@ -436,8 +436,7 @@ pub async fn list(
     .bind(LISTED_MAX + 1)
     .fetch_all(&bus.pool)
     .await?;
-    let truncated = notes.len() as i64 > LISTED_MAX;
-    notes.truncate(LISTED_MAX as usize);
+    let truncated = limits::cut_page(&mut notes, LISTED_MAX);
     Ok(NoteList { notes, truncated })
 }
 
@@ -522,8 +521,7 @@ pub async fn search(
         .bind(RANKED_AMONG)
         .fetch_all(&bus.pool)
         .await?;
-    let truncated = results.len() as i64 > FOUND_MAX;
-    results.truncate(FOUND_MAX as usize);
+    let truncated = limits::cut_page(&mut results, FOUND_MAX);
     Ok(SearchResult {
         query,
         results,

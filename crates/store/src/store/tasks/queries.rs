@@ -13,7 +13,7 @@ use super::{
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::BusResult;
-use crate::store::address;
+use crate::store::{address, limits};
 
 macro_rules! list_where {
     () => {
@@ -73,8 +73,7 @@ pub async fn list(
         .bind(limit + 1)
         .fetch_all(&bus.pool)
         .await?;
-    let more = rows.len() as i64 > limit;
-    rows.truncate(limit as usize);
+    let more = limits::cut_page(&mut rows, limit);
     let tasks: Vec<TaskSummary> = rows.into_iter().map(TaskRow::into_summary).collect();
     Ok(TaskList {
         status,

@@ -305,8 +305,7 @@ pub async fn list_sessions(
     .bind(all)
     .fetch_all(&bus.pool)
     .await?;
-    let truncated = rows.len() as i64 > limit;
-    rows.truncate(limit as usize);
+    let truncated = limits::cut_page(&mut rows, limit);
     Ok(SessionList {
         truncated,
         sessions: rows
