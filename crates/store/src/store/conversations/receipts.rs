@@ -59,6 +59,20 @@ pub struct Acked {
     pub note_not_kept: Option<String>,
 }
 
+/// The note an acknowledgement carries (of a conversation message here, of
+/// a direct or channel message in `messaging::acks`): one line, at most
+/// 1 KiB; empty is none. `hint` ends the refusal of a longer one.
+pub(crate) fn check_note(note: Option<String>, hint: &str) -> BusResult<Option<String>> {
+    let note = note
+        .map(|n| crate::store::text::one_line("acknowledgement note", &n))
+        .transpose()?
+        .filter(|n| !n.is_empty());
+    if let Some(note) = &note {
+        crate::store::limits::bytes_at_most(note.len(), NOTE_MAX_BYTES, "the note", hint)?;
+    }
+    Ok(note)
+}
+
 /// `ack_message`: the recipient seat acknowledges (and with `resolved`,
 /// resolves) a message. Each timestamp is written once; a repeat keeps the
 /// first time. Audited. One round trip: `store_ack` (migration 0033) runs
@@ -84,18 +98,10 @@ pub async fn ack_on(
     resolved: bool,
     note: Option<String>,
 ) -> BusResult<Acked> {
-    let note = note
-        .map(|n| crate::store::text::one_line("acknowledgement note", &n))
-        .transpose()?
-        .filter(|n| !n.is_empty());
-    if let Some(note) = &note {
-        crate::store::limits::bytes_at_most(
-            note.len(),
-            NOTE_MAX_BYTES,
-            "the note",
-            "Keep the note to a line; reply with send_conversation_message for anything longer.",
-        )?;
-    }
+    let note = check_note(
+        note,
+        "Keep the note to a line; reply with send_conversation_message for anything longer.",
+    )?;
     #[derive(serde::Deserialize)]
     struct Stored {
         conversation_id: Option<Uuid>,
