@@ -288,19 +288,7 @@ pub async fn receipts(bus: &Bus, me: &Identity, message_id: Uuid) -> BusResult<R
             }
         }
     }
-    let recipients: Vec<Receipt> = sqlx::query_as(
-        "SELECT CASE WHEN r.recipient_session = '' THEN a.name
-                     ELSE a.name || '/' || r.recipient_session END AS recipient,
-                r.stored_at, r.delivered_at, r.presented_at, r.acknowledged_at, r.resolved_at,
-                r.ack_note AS note
-         FROM message_receipts r JOIN agents a ON a.team_id = r.team_id AND a.id = r.recipient_id
-         WHERE r.team_id = $1 AND r.message_id = $2
-         ORDER BY 1",
-    )
-    .bind(me.team_id)
-    .bind(message_id)
-    .fetch_all(&mut *conn)
-    .await?;
+    let recipients = receipts_of(&mut conn, me, message_id).await?;
     let count = |fact: fn(&Receipt) -> bool| recipients.iter().filter(|r| fact(r)).count() as i64;
     Ok(Receipts {
         message_id,
@@ -314,6 +302,27 @@ pub async fn receipts(bus: &Bus, me: &Identity, message_id: Uuid) -> BusResult<R
         resolved: count(|r| r.resolved_at.is_some()),
         recipients,
     })
+}
+
+/// The receipts of a message, one per frozen recipient seat, by address.
+pub(crate) async fn receipts_of(
+    conn: &mut sqlx::PgConnection,
+    me: &Identity,
+    message_id: Uuid,
+) -> BusResult<Vec<Receipt>> {
+    Ok(sqlx::query_as(
+        "SELECT CASE WHEN r.recipient_session = '' THEN a.name
+                     ELSE a.name || '/' || r.recipient_session END AS recipient,
+                r.stored_at, r.delivered_at, r.presented_at, r.acknowledged_at, r.resolved_at,
+                r.ack_note AS note
+         FROM message_receipts r JOIN agents a ON a.team_id = r.team_id AND a.id = r.recipient_id
+         WHERE r.team_id = $1 AND r.message_id = $2
+         ORDER BY 1",
+    )
+    .bind(me.team_id)
+    .bind(message_id)
+    .fetch_all(conn)
+    .await?)
 }
 
 /// A conversation with messages owed an acknowledgement by this window.
