@@ -78,19 +78,9 @@ pub(crate) fn check_note(note: Option<String>, hint: &str) -> BusResult<Option<S
 /// first time. Audited. One round trip: `store_ack` (migration 0033) runs
 /// the write fence, finds the recipient seat, writes the receipt, queues the
 /// sender's receipt reference on a broker conversation and the audit row.
-pub async fn ack(
-    bus: &Bus,
-    me: &Identity,
-    message_id: Uuid,
-    resolved: bool,
-    note: Option<String>,
-) -> BusResult<Acked> {
-    let mut conn = bus.pool.acquire().await?;
-    ack_on(&mut conn, me, message_id, resolved, note).await
-}
-
-/// [`ack`] on `conn`: inside a caller's transaction, the acknowledgement
-/// commits with what else it writes (the dashboard's audit row).
+/// Reached through `messaging::acks::ack_on`, on its `conn`: inside a
+/// caller's transaction, the acknowledgement commits with what else it
+/// writes (the dashboard's audit row).
 pub async fn ack_on(
     conn: &mut sqlx::PgConnection,
     me: &Identity,

@@ -96,7 +96,7 @@ pub enum AnyAck {
 
 /// `ack_message`: a direct or channel message asking this agent for an
 /// acknowledgement, else a conversation message addressed to this window
-/// (`receipts::ack`). One round trip for the first (`store_message_ack`,
+/// (`receipts::ack_on`). One round trip for the first (`store_message_ack`,
 /// migration 0047); a conversation message costs one more. `resolved`
 /// applies to conversation messages only (a direct or channel message has
 /// no resolved state; it is not looked at there).
