@@ -59,24 +59,28 @@ pub struct Acked {
     pub note_not_kept: Option<String>,
 }
 
+/// The note an acknowledgement carries (of a conversation message here, of
+/// a direct or channel message in `messaging::acks`): one line, at most
+/// 1 KiB; empty is none. `hint` ends the refusal of a longer one.
+pub(crate) fn check_note(note: Option<String>, hint: &str) -> BusResult<Option<String>> {
+    let note = note
+        .map(|n| crate::store::text::one_line("acknowledgement note", &n))
+        .transpose()?
+        .filter(|n| !n.is_empty());
+    if let Some(note) = &note {
+        crate::store::limits::bytes_at_most(note.len(), NOTE_MAX_BYTES, "the note", hint)?;
+    }
+    Ok(note)
+}
+
 /// `ack_message`: the recipient seat acknowledges (and with `resolved`,
 /// resolves) a message. Each timestamp is written once; a repeat keeps the
 /// first time. Audited. One round trip: `store_ack` (migration 0033) runs
 /// the write fence, finds the recipient seat, writes the receipt, queues the
 /// sender's receipt reference on a broker conversation and the audit row.
-pub async fn ack(
-    bus: &Bus,
-    me: &Identity,
-    message_id: Uuid,
-    resolved: bool,
-    note: Option<String>,
-) -> BusResult<Acked> {
-    let mut conn = bus.pool.acquire().await?;
-    ack_on(&mut conn, me, message_id, resolved, note).await
-}
-
-/// [`ack`] on `conn`: inside a caller's transaction, the acknowledgement
-/// commits with what else it writes (the dashboard's audit row).
+/// Reached through `messaging::acks::ack_on`, on its `conn`: inside a
+/// caller's transaction, the acknowledgement commits with what else it
+/// writes (the dashboard's audit row).
 pub async fn ack_on(
     conn: &mut sqlx::PgConnection,
     me: &Identity,
@@ -84,18 +88,10 @@ pub async fn ack_on(
     resolved: bool,
     note: Option<String>,
 ) -> BusResult<Acked> {
-    let note = note
-        .map(|n| crate::store::text::one_line("acknowledgement note", &n))
-        .transpose()?
-        .filter(|n| !n.is_empty());
-    if let Some(note) = &note {
-        crate::store::limits::bytes_at_most(
-            note.len(),
-            NOTE_MAX_BYTES,
-            "the note",
-            "Keep the note to a line; reply with send_conversation_message for anything longer.",
-        )?;
-    }
+    let note = check_note(
+        note,
+        "Keep the note to a line; reply with send_conversation_message for anything longer.",
+    )?;
     #[derive(serde::Deserialize)]
     struct Stored {
         conversation_id: Option<Uuid>,
@@ -282,19 +278,7 @@ pub async fn receipts(bus: &Bus, me: &Identity, message_id: Uuid) -> BusResult<R
             }
         }
     }
-    let recipients: Vec<Receipt> = sqlx::query_as(
-        "SELECT CASE WHEN r.recipient_session = '' THEN a.name
-                     ELSE a.name || '/' || r.recipient_session END AS recipient,
-                r.stored_at, r.delivered_at, r.presented_at, r.acknowledged_at, r.resolved_at,
-                r.ack_note AS note
-         FROM message_receipts r JOIN agents a ON a.team_id = r.team_id AND a.id = r.recipient_id
-         WHERE r.team_id = $1 AND r.message_id = $2
-         ORDER BY 1",
-    )
-    .bind(me.team_id)
-    .bind(message_id)
-    .fetch_all(&mut *conn)
-    .await?;
+    let recipients = receipts_of(&mut conn, me, message_id).await?;
     let count = |fact: fn(&Receipt) -> bool| recipients.iter().filter(|r| fact(r)).count() as i64;
     Ok(Receipts {
         message_id,
@@ -308,6 +292,27 @@ pub async fn receipts(bus: &Bus, me: &Identity, message_id: Uuid) -> BusResult<R
         resolved: count(|r| r.resolved_at.is_some()),
         recipients,
     })
+}
+
+/// The receipts of a message, one per frozen recipient seat, by address.
+pub(crate) async fn receipts_of(
+    conn: &mut sqlx::PgConnection,
+    me: &Identity,
+    message_id: Uuid,
+) -> BusResult<Vec<Receipt>> {
+    Ok(sqlx::query_as(
+        "SELECT CASE WHEN r.recipient_session = '' THEN a.name
+                     ELSE a.name || '/' || r.recipient_session END AS recipient,
+                r.stored_at, r.delivered_at, r.presented_at, r.acknowledged_at, r.resolved_at,
+                r.ack_note AS note
+         FROM message_receipts r JOIN agents a ON a.team_id = r.team_id AND a.id = r.recipient_id
+         WHERE r.team_id = $1 AND r.message_id = $2
+         ORDER BY 1",
+    )
+    .bind(me.team_id)
+    .bind(message_id)
+    .fetch_all(conn)
+    .await?)
 }
 
 /// A conversation with messages owed an acknowledgement by this window.

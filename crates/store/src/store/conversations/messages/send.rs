@@ -338,7 +338,12 @@ async fn replay(
             earlier.id, earlier.seq
         )));
     }
-    let recipients = recipients_of(conn, me, earlier.id).await?;
+    // The frozen recipients, as addresses.
+    let recipients = conversations::receipts::receipts_of(conn, me, earlier.id)
+        .await?
+        .into_iter()
+        .map(|r| r.recipient)
+        .collect();
     Ok(Some(Sent {
         message_id: earlier.id,
         conversation_id: conversation.id,
@@ -349,23 +354,4 @@ async fn replay(
         created_at: earlier.created_at,
         replayed: true,
     }))
-}
-
-/// The frozen recipients of a message, as addresses.
-async fn recipients_of(
-    conn: &mut sqlx::PgConnection,
-    me: &Identity,
-    message_id: Uuid,
-) -> BusResult<Vec<String>> {
-    Ok(sqlx::query_scalar(
-        "SELECT CASE WHEN r.recipient_session = '' THEN a.name
-                     ELSE a.name || '/' || r.recipient_session END
-         FROM message_receipts r JOIN agents a ON a.team_id = r.team_id AND a.id = r.recipient_id
-         WHERE r.team_id = $1 AND r.message_id = $2
-         ORDER BY 1",
-    )
-    .bind(me.team_id)
-    .bind(message_id)
-    .fetch_all(&mut *conn)
-    .await?)
 }

@@ -32,8 +32,8 @@ use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::store::conversations;
-use crate::store::conversations::receipts::{self, Acked, NOTE_MAX_BYTES};
-use crate::store::{fenced, limits, text};
+use crate::store::conversations::receipts::{self, Acked};
+use crate::store::{fenced, limits};
 
 /// `ack_within_seconds`: ten seconds to seven days.
 pub const ACK_WITHIN_MIN: i64 = 10;
@@ -94,26 +94,9 @@ pub enum AnyAck {
     Conversation(Acked),
 }
 
-/// The note an ack carries: one line, at most 1 KiB; empty is none.
-fn check_note(note: Option<String>) -> BusResult<Option<String>> {
-    let note = note
-        .map(|n| text::one_line("acknowledgement note", &n))
-        .transpose()?
-        .filter(|n| !n.is_empty());
-    if let Some(note) = &note {
-        limits::bytes_at_most(
-            note.len(),
-            NOTE_MAX_BYTES,
-            "the note",
-            "Keep the note to a line; reply with a message for anything longer.",
-        )?;
-    }
-    Ok(note)
-}
-
 /// `ack_message`: a direct or channel message asking this agent for an
 /// acknowledgement, else a conversation message addressed to this window
-/// (`receipts::ack`). One round trip for the first (`store_message_ack`,
+/// (`receipts::ack_on`). One round trip for the first (`store_message_ack`,
 /// migration 0047); a conversation message costs one more. `resolved`
 /// applies to conversation messages only (a direct or channel message has
 /// no resolved state; it is not looked at there).
@@ -137,7 +120,10 @@ pub async fn ack_on(
     resolved: bool,
     note: Option<String>,
 ) -> BusResult<AnyAck> {
-    let note = check_note(note)?;
+    let note = receipts::check_note(
+        note,
+        "Keep the note to a line; reply with a message for anything longer.",
+    )?;
     let (outcome, detail) = fenced::call(
         "SELECT refusal, session_epoch, refused_since, outcome, detail
          FROM store_message_ack($1, $2, $3, $4, $5, $6, $7, $8)",

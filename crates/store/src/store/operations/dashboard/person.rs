@@ -26,6 +26,20 @@ use crate::store::{Actor, Source, identity::audit};
 /// Questions to the person shown at most, oldest first.
 pub const QUESTIONS_MAX: i64 = 50;
 
+/// One of the person's lists: `sql` reads the team (`$1`), the person
+/// (`$2`) and how many rows at most (`$3`, [`QUESTIONS_MAX`]).
+async fn persons_list<T>(pool: &PgPool, me: &Identity, sql: &'static str) -> BusResult<Vec<T>>
+where
+    T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
+{
+    Ok(sqlx::query_as(sql)
+        .bind(me.team_id)
+        .bind(me.agent_id)
+        .bind(QUESTIONS_MAX)
+        .fetch_all(pool)
+        .await?)
+}
+
 /// An `ask_agent` question addressed to the person and not answered yet.
 #[derive(Clone, Debug, Serialize, sqlx::FromRow)]
 pub struct QuestionView {
@@ -40,7 +54,9 @@ pub struct QuestionView {
 /// oldest first: a question is answered once the person sent a message with
 /// `reply_to` its id (what the asker's `ask_agent` waits for).
 pub async fn questions(pool: &PgPool, me: &Identity) -> BusResult<Vec<QuestionView>> {
-    Ok(sqlx::query_as(
+    persons_list(
+        pool,
+        me,
         "SELECT q.id, left(q.body, 2000) AS body, q.created_at,
                 CASE WHEN q.sender_session = '' THEN s.name
                      ELSE s.name || '/' || q.sender_session END AS from
@@ -52,11 +68,7 @@ pub async fn questions(pool: &PgPool, me: &Identity) -> BusResult<Vec<QuestionVi
                                AND a.sender_id = $2)
           ORDER BY q.position LIMIT $3",
     )
-    .bind(me.team_id)
-    .bind(me.agent_id)
-    .bind(QUESTIONS_MAX)
-    .fetch_all(pool)
-    .await?)
+    .await
 }
 
 /// A direct message to the person (the dashboard's one view of direct
@@ -78,7 +90,9 @@ pub struct DirectView {
 
 /// The newest direct messages to `me` (a person), newest first.
 pub async fn direct_messages(pool: &PgPool, me: &Identity) -> BusResult<Vec<DirectView>> {
-    Ok(sqlx::query_as(
+    persons_list(
+        pool,
+        me,
         "SELECT m.id, left(m.body, 2000) AS body, char_length(m.body) > 2000 AS truncated,
                 m.is_question AS question, m.created_at,
                 m.ack_required AND NOT EXISTS (
@@ -92,11 +106,7 @@ pub async fn direct_messages(pool: &PgPool, me: &Identity) -> BusResult<Vec<Dire
            JOIN agents s ON s.team_id = m.team_id AND s.id = m.sender_id
           ORDER BY m.position DESC",
     )
-    .bind(me.team_id)
-    .bind(me.agent_id)
-    .bind(QUESTIONS_MAX)
-    .fetch_all(pool)
-    .await?)
+    .await
 }
 
 /// A conversation the person is invited to and has not joined.
@@ -110,7 +120,9 @@ pub struct InvitationView {
 /// makes the person a member, to read it here and acknowledge what is sent
 /// to them.
 pub async fn invitations(pool: &PgPool, me: &Identity) -> BusResult<Vec<InvitationView>> {
-    Ok(sqlx::query_as(
+    persons_list(
+        pool,
+        me,
         "SELECT c.id AS conversation_id, c.title
            FROM conversation_members s
            JOIN conversations c ON c.team_id = s.team_id AND c.id = s.conversation_id
@@ -118,11 +130,7 @@ pub async fn invitations(pool: &PgPool, me: &Identity) -> BusResult<Vec<Invitati
             AND c.archived_at IS NULL
           ORDER BY c.created_at DESC LIMIT $3",
     )
-    .bind(me.team_id)
-    .bind(me.agent_id)
-    .bind(QUESTIONS_MAX)
-    .fetch_all(pool)
-    .await?)
+    .await
 }
 
 /// The audit trail's actor for a person's write: their name, over HTTP.
