@@ -219,8 +219,7 @@ async fn list(
         .bind(limit + 1)
         .fetch_all(&bus.pool)
         .await?;
-    let more = rows.len() as i64 > limit;
-    rows.truncate(limit as usize);
+    let more = limits::cut_page(&mut rows, limit);
     Ok((rows, more))
 }
 
