@@ -179,13 +179,7 @@ pub async fn answer(
         trail.push("stop_hook_active is true: nothing said, so stop hooks cannot loop".into());
         return Ok(None);
     }
-    let epoch = window.epoch.to_string();
-    let bus = Connection::open_with_headers(
-        &window.url,
-        &window.credential,
-        &[("x-crew-session", &window.label), ("x-crew-epoch", &epoch)],
-    )
-    .await?;
+    let bus = window.connect().await?;
     let result = speak(event, &bus, &window, dir).await;
     bus.close().await;
     if let Ok(answer) = &result {
