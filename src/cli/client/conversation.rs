@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::files::read_stdin;
-use super::show::{items, text, when};
+use super::show::{indented, items, listed, no_messages, table_of, text, when, woke_empty};
 use super::{Print, Request, parse_json_object, request};
 use crate::cli::output;
 
@@ -284,9 +284,12 @@ fn place(conversation: &Value) -> String {
 }
 
 fn list(answer: &Value) {
-    let rows = items(&answer["conversations"])
-        .iter()
-        .map(|c| {
+    table_of(
+        &answer["conversations"],
+        &[
+            "id", "title", "where", "role", "access", "last seq", "members",
+        ],
+        |c| {
             let mut state = text(&c["access"]);
             if !c["archived_at"].is_null() {
                 state.push_str(", archived");
@@ -300,23 +303,15 @@ fn list(answer: &Value) {
                 text(&c["last_seq"]),
                 text(&c["members"]),
             ]
-        })
-        .collect();
-    output::table(
-        &[
-            "id", "title", "where", "role", "access", "last seq", "members",
-        ],
-        rows,
+        },
     );
 }
 
 fn sent(answer: &Value, request_id: &str) {
-    let recipients: Vec<String> = items(&answer["recipients"]).iter().map(text).collect();
-    let recipients = if recipients.is_empty() {
-        "no one yet".to_string()
-    } else {
-        recipients.join(", ")
-    };
+    let recipients = listed(
+        items(&answer["recipients"]).iter().map(text).collect(),
+        "no one yet",
+    );
     println!(
         "sent seq {} ({}) to {recipients}",
         text(&answer["seq"]),
@@ -334,10 +329,7 @@ fn sent(answer: &Value, request_id: &str) {
 fn read(answer: &Value) {
     let list = items(&answer["messages"]);
     if list.is_empty() {
-        match answer["note"].as_str() {
-            Some(note) => println!("{note}"),
-            None => println!("(no messages)"),
-        }
+        no_messages(answer);
     }
     for message in list {
         let reply = if message["reply_to"].is_null() {
@@ -354,9 +346,7 @@ fn read(answer: &Value) {
         );
         let unavailable = &message["unavailable"];
         if unavailable.is_null() {
-            for line in message["body"].as_str().unwrap_or_default().lines() {
-                println!("    {line}");
-            }
+            indented(message["body"].as_str().unwrap_or_default());
         } else {
             println!(
                 "    [unavailable: {}: {}]",
@@ -381,21 +371,8 @@ fn receipts(answer: &Value) {
         text(&answer["acknowledged"]),
         text(&answer["resolved"]),
     );
-    let rows = items(&answer["recipients"])
-        .iter()
-        .map(|r| {
-            vec![
-                text(&r["recipient"]),
-                when(&r["stored_at"]),
-                when(&r["delivered_at"]),
-                when(&r["presented_at"]),
-                when(&r["acknowledged_at"]),
-                when(&r["resolved_at"]),
-                text(&r["note"]),
-            ]
-        })
-        .collect();
-    output::table(
+    table_of(
+        &answer["recipients"],
         &[
             "recipient",
             "stored",
@@ -405,35 +382,28 @@ fn receipts(answer: &Value) {
             "resolved",
             "note",
         ],
-        rows,
+        |r| {
+            vec![
+                text(&r["recipient"]),
+                when(&r["stored_at"]),
+                when(&r["delivered_at"]),
+                when(&r["presented_at"]),
+                when(&r["acknowledged_at"]),
+                when(&r["resolved_at"]),
+                text(&r["note"]),
+            ]
+        },
     );
 }
 
 fn wait(answer: &Value) {
     let pending = items(&answer["conversations"]);
     if pending.is_empty() {
-        if answer["server_restarting"] == true {
-            println!("the server is restarting: wait again");
-        } else if answer["timed_out"] == true {
-            println!("timed out: nothing to acknowledge");
-        } else {
-            println!("woke with nothing to show: read or wait again");
-        }
+        woke_empty(answer, "nothing to acknowledge");
         return;
     }
-    let rows = pending
-        .iter()
-        .map(|p| {
-            vec![
-                text(&p["conversation_id"]),
-                text(&p["title"]),
-                text(&p["unacknowledged"]),
-                text(&p["first_unacknowledged_seq"]),
-                text(&p["latest_seq"]),
-            ]
-        })
-        .collect();
-    output::table(
+    table_of(
+        &answer["conversations"],
         &[
             "conversation",
             "title",
@@ -441,6 +411,14 @@ fn wait(answer: &Value) {
             "first unacked seq",
             "latest seq",
         ],
-        rows,
+        |p| {
+            vec![
+                text(&p["conversation_id"]),
+                text(&p["title"]),
+                text(&p["unacknowledged"]),
+                text(&p["first_unacknowledged_seq"]),
+                text(&p["latest_seq"]),
+            ]
+        },
     );
 }

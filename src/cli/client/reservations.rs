@@ -5,9 +5,8 @@
 use clap::Subcommand;
 use serde_json::{Value, json};
 
-use super::show::{items, text, when};
+use super::show::{items, table_of, text, when};
 use super::{Print, Request, request};
-use crate::cli::output;
 
 #[derive(Subcommand, Debug)]
 pub(super) enum PathsCommand {
@@ -137,20 +136,8 @@ fn how(reservation: &Value) -> &'static str {
 }
 
 fn table(reservations: &Value) {
-    let rows = items(reservations)
-        .iter()
-        .map(|r| {
-            vec![
-                text(&r["pattern"]),
-                how(r).to_string(),
-                text(&r["holder"]),
-                when(&r["expires_at"]),
-                text(&r["seconds_left"]),
-                text(&r["reason"]),
-            ]
-        })
-        .collect();
-    output::table(
+    table_of(
+        reservations,
         &[
             "pattern",
             "how",
@@ -159,7 +146,16 @@ fn table(reservations: &Value) {
             "seconds left",
             "reason",
         ],
-        rows,
+        |r| {
+            vec![
+                text(&r["pattern"]),
+                how(r).to_string(),
+                text(&r["holder"]),
+                when(&r["expires_at"]),
+                text(&r["seconds_left"]),
+                text(&r["reason"]),
+            ]
+        },
     );
 }
 

@@ -32,10 +32,19 @@ pub fn items(value: &Value) -> &[Value] {
     value.as_array().map(Vec::as_slice).unwrap_or_default()
 }
 
+/// A table with a row, made by `row`, per item of the JSON array `list`.
+pub fn table_of(list: &Value, headers: &[&str], row: impl Fn(&Value) -> Vec<String>) {
+    output::table(headers, items(list).iter().map(row).collect());
+}
+
 fn joined(value: &Value) -> String {
-    let parts: Vec<String> = items(value).iter().map(text).collect();
+    listed(items(value).iter().map(text).collect(), "-")
+}
+
+/// `parts` joined by commas, or `none` when there are none.
+pub fn listed(parts: Vec<String>, none: &str) -> String {
     if parts.is_empty() {
-        "-".into()
+        none.into()
     } else {
         parts.join(", ")
     }
@@ -49,6 +58,34 @@ fn one_line(s: &str, max: usize) -> String {
         format!("{cut}…")
     } else {
         cut
+    }
+}
+
+/// An empty page of messages: the bus says what it read past (issue 38:
+/// never a bare nothing), else `(no messages)`.
+pub fn no_messages(answer: &Value) {
+    match answer["note"].as_str() {
+        Some(note) => println!("{note}"),
+        None => println!("(no messages)"),
+    }
+}
+
+/// `body` line by line, indented under the line it belongs to.
+pub fn indented(body: &str) {
+    for line in body.lines() {
+        println!("    {line}");
+    }
+}
+
+/// A wait that woke with nothing: the server restarting, a timeout (after
+/// which `timed_out` says what did not come), or an empty wake-up.
+pub fn woke_empty(answer: &Value, timed_out: &str) {
+    if answer["server_restarting"] == true {
+        println!("the server is restarting: wait again");
+    } else if answer["timed_out"] == true {
+        println!("timed out: {timed_out}");
+    } else {
+        println!("woke with nothing to show: read or wait again");
     }
 }
 
@@ -110,11 +147,7 @@ pub fn sent(posted: &Value) {
 pub fn messages(answer: &Value) {
     let list = items(&answer["messages"]);
     if list.is_empty() {
-        // The bus says what an empty page read past (issue 38: never a bare nothing).
-        match answer["note"].as_str() {
-            Some(note) => println!("{note}"),
-            None => println!("(no messages)"),
-        }
+        no_messages(answer);
     }
     for message in list {
         let to = match message["channel"].as_str() {
@@ -138,9 +171,7 @@ pub fn messages(answer: &Value) {
             to,
             text(&message["id"])
         );
-        for line in message["body"].as_str().unwrap_or_default().lines() {
-            println!("    {line}");
-        }
+        indented(message["body"].as_str().unwrap_or_default());
         for file in items(&message["attachments"]) {
             println!(
                 "    attachment {} {} ({} bytes, {})",
@@ -157,18 +188,18 @@ pub fn messages(answer: &Value) {
 }
 
 pub fn channels(answer: &Value) {
-    let rows = items(&answer["channels"])
-        .iter()
-        .map(|c| {
+    table_of(
+        &answer["channels"],
+        &["channel", "messages", "last message", "topic"],
+        |c| {
             vec![
                 format!("#{}", text(&c["name"])),
                 text(&c["messages"]),
                 when(&c["last_message_at"]),
                 text(&c["topic"]),
             ]
-        })
-        .collect();
-    output::table(&["channel", "messages", "last message", "topic"], rows);
+        },
+    );
 }
 
 pub fn agents(answer: &Value) {
@@ -178,9 +209,17 @@ pub fn agents(answer: &Value) {
         text(&answer["online_count"]),
         list.len()
     );
-    let rows = list
-        .iter()
-        .map(|a| {
+    table_of(
+        &answer["agents"],
+        &[
+            "agent",
+            "online",
+            "status",
+            "activity",
+            "windows",
+            "last seen",
+        ],
+        |a| {
             let windows = folded_windows(a);
             let online = if a["disabled"] == true {
                 "disabled".into()
@@ -195,18 +234,7 @@ pub fn agents(answer: &Value) {
                 windows,
                 when(&a["last_seen_at"]),
             ]
-        })
-        .collect();
-    output::table(
-        &[
-            "agent",
-            "online",
-            "status",
-            "activity",
-            "windows",
-            "last seen",
-        ],
-        rows,
+        },
     );
 }
 
@@ -234,30 +262,12 @@ fn folded_windows(agent: &Value) -> String {
     if older > 0 {
         shown.push(format!("+{older} offline for over a day"));
     }
-    if shown.is_empty() {
-        "-".into()
-    } else {
-        shown.join(", ")
-    }
+    listed(shown, "-")
 }
 
 pub fn sessions(answer: &Value) {
-    let rows = items(&answer["sessions"])
-        .iter()
-        .map(|s| {
-            vec![
-                text(&s["address"]),
-                yes_no(&s["exact"]),
-                text(&s["state"]),
-                text(&s["status"]),
-                text(&s["project"]),
-                text(&s["role"]),
-                text(&s["activity"]),
-                when(&s["last_seen_at"]),
-            ]
-        })
-        .collect();
-    output::table(
+    table_of(
+        &answer["sessions"],
         &[
             "address",
             "exact",
@@ -268,7 +278,18 @@ pub fn sessions(answer: &Value) {
             "activity",
             "last seen",
         ],
-        rows,
+        |s| {
+            vec![
+                text(&s["address"]),
+                yes_no(&s["exact"]),
+                text(&s["state"]),
+                text(&s["status"]),
+                text(&s["project"]),
+                text(&s["role"]),
+                text(&s["activity"]),
+                when(&s["last_seen_at"]),
+            ]
+        },
     );
     if answer["truncated"] == true {
         println!("(more windows match: raise --limit or filter by --project/--role)");
@@ -311,17 +332,14 @@ fn blockers(task: &Value) -> String {
             }
         })
         .collect();
-    if parts.is_empty() {
-        "-".into()
-    } else {
-        parts.join(", ")
-    }
+    listed(parts, "-")
 }
 
 pub fn tasks(answer: &Value) {
-    let rows = items(&answer["tasks"])
-        .iter()
-        .map(|t| {
+    table_of(
+        &answer["tasks"],
+        &["key", "status", "priority", "holder", "blocked by", "title"],
+        |t| {
             vec![
                 text(&t["key"]),
                 text(&t["status"]),
@@ -330,11 +348,7 @@ pub fn tasks(answer: &Value) {
                 blockers(t),
                 one_line(t["title"].as_str().unwrap_or_default(), 60),
             ]
-        })
-        .collect();
-    output::table(
-        &["key", "status", "priority", "holder", "blocked by", "title"],
-        rows,
+        },
     );
     if answer["more"] == true {
         println!("(more tasks match: raise --limit or filter by --status)");
@@ -430,9 +444,7 @@ pub fn task_detail(task: &Value) {
     ] {
         if let Some(body) = task[field].as_str() {
             println!("{label}:");
-            for line in body.lines() {
-                println!("    {line}");
-            }
+            indented(body);
         }
     }
     let events = items(&task["events"]);
@@ -441,11 +453,9 @@ pub fn task_detail(task: &Value) {
         events.len(),
         text(&task["events_total"])
     );
-    let rows = events
-        .iter()
-        .map(|e| vec![when(&e["at"]), text(&e["kind"]), text(&e["by"])])
-        .collect();
-    output::table(&["at", "event", "by"], rows);
+    table_of(&task["events"], &["at", "event", "by"], |e| {
+        vec![when(&e["at"]), text(&e["kind"]), text(&e["by"])]
+    });
 }
 
 pub fn lock(acquired: &Value) {
@@ -471,9 +481,10 @@ pub fn lock_released(released: &Value) {
 }
 
 pub fn locks(answer: &Value) {
-    let rows = items(&answer["locks"])
-        .iter()
-        .map(|l| {
+    table_of(
+        &answer["locks"],
+        &["lock", "holder", "expires", "seconds left", "purpose"],
+        |l| {
             vec![
                 text(&l["name"]),
                 text(&l["holder"]),
@@ -481,11 +492,7 @@ pub fn locks(answer: &Value) {
                 text(&l["seconds_left"]),
                 text(&l["purpose"]),
             ]
-        })
-        .collect();
-    output::table(
-        &["lock", "holder", "expires", "seconds left", "purpose"],
-        rows,
+        },
     );
     if answer["more"] == true {
         println!("(more locks exist than were listed)");
@@ -519,18 +526,18 @@ pub fn note_deleted(deleted: &Value) {
 }
 
 pub fn note_hits(answer: &Value) {
-    let rows = items(&answer["results"])
-        .iter()
-        .map(|n| {
+    table_of(
+        &answer["results"],
+        &["scope", "key", "tags", "snippet"],
+        |n| {
             vec![
                 text(&n["scope"]),
                 text(&n["key"]),
                 joined(&n["tags"]),
                 one_line(&text(&n["snippet"]).replace('\n', " "), 80),
             ]
-        })
-        .collect();
-    output::table(&["scope", "key", "tags", "snippet"], rows);
+        },
+    );
     if answer["truncated"] == true {
         println!("(more notes match: narrow the query or --scope)");
     }
@@ -539,18 +546,13 @@ pub fn note_hits(answer: &Value) {
 pub fn wait(answer: &Value) {
     let events = items(&answer["events"]);
     if events.is_empty() {
-        if answer["server_restarting"] == true {
-            println!("the server is restarting: wait again");
-        } else if answer["timed_out"] == true {
-            println!("timed out: nothing happened");
-        } else {
-            println!("woke with nothing to show: read or wait again");
-        }
+        woke_empty(answer, "nothing happened");
         return;
     }
-    let rows = events
-        .iter()
-        .map(|e| {
+    table_of(
+        &answer["events"],
+        &["kind", "what", "by", "where", "preview"],
+        |e| {
             let place = match (e["channel"].as_str(), e["to"].as_str()) {
                 (Some(channel), _) => format!("#{channel}"),
                 (None, Some(to)) => to.to_string(),
@@ -563,9 +565,8 @@ pub fn wait(answer: &Value) {
                 place,
                 one_line(e["preview"].as_str().unwrap_or_default(), 60),
             ]
-        })
-        .collect();
-    output::table(&["kind", "what", "by", "where", "preview"], rows);
+        },
+    );
 }
 
 pub fn digest(digest: &Value) {
@@ -600,9 +601,10 @@ pub fn digest(digest: &Value) {
         }
     }
     println!("tasks:");
-    let rows = items(&digest["tasks"])
-        .iter()
-        .map(|t| {
+    table_of(
+        &digest["tasks"],
+        &["task", "status", "last event", "by", "at"],
+        |t| {
             vec![
                 text(&t["key"]),
                 text(&t["status"]),
@@ -610,38 +612,33 @@ pub fn digest(digest: &Value) {
                 text(&t["by"]),
                 when(&t["at"]),
             ]
-        })
-        .collect();
-    output::table(&["task", "status", "last event", "by", "at"], rows);
+        },
+    );
     println!("notes:");
-    let rows = items(&digest["notes"])
-        .iter()
-        .map(|n| {
-            vec![
-                format!("{}/{}", text(&n["scope"]), text(&n["key"])),
-                if n["deleted"] == true {
-                    "deleted".into()
-                } else {
-                    format!("revision {}", text(&n["revision"]))
-                },
-                text(&n["by"]),
-                when(&n["at"]),
-            ]
-        })
-        .collect();
-    output::table(&["note", "change", "by", "at"], rows);
+    table_of(&digest["notes"], &["note", "change", "by", "at"], |n| {
+        vec![
+            format!("{}/{}", text(&n["scope"]), text(&n["key"])),
+            if n["deleted"] == true {
+                "deleted".into()
+            } else {
+                format!("revision {}", text(&n["revision"]))
+            },
+            text(&n["by"]),
+            when(&n["at"]),
+        ]
+    });
     println!("agents seen:");
-    let rows = items(&digest["agents_seen"])
-        .iter()
-        .map(|a| {
+    table_of(
+        &digest["agents_seen"],
+        &["agent", "windows", "last seen"],
+        |a| {
             vec![
                 text(&a["agent"]),
                 text(&a["windows"]),
                 when(&a["last_seen_at"]),
             ]
-        })
-        .collect();
-    output::table(&["agent", "windows", "last seen"], rows);
+        },
+    );
     println!("reserved paths (now):");
     let rows = items(&digest["reservations"])
         .iter()

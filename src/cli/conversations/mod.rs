@@ -18,6 +18,7 @@ use super::Context;
 use super::args::NatsArgs;
 use super::output;
 use acs_store::backend::Backends;
+use acs_store::store::Actor;
 use acs_store::store::conversations::Publication;
 use acs_store::store::conversations::operator;
 use acs_store::store::delivery::moves::{self, Direction};
@@ -295,20 +296,18 @@ async fn retry(ctx: &Context, args: SweepArgs, json: bool) -> anyhow::Result<()>
         nats,
     } = args;
     let broker = nats.connect().await.transpose()?;
-    let report = ctx
-        .with_database(async |pool| {
-            let actor = acs_store::store::Actor::local_operator();
-            Ok(broker_conditions::retry_failed(
-                pool,
-                broker.as_ref(),
-                &team,
-                conversation,
-                apply,
-                &actor,
-            )
-            .await?)
-        })
-        .await?;
+    let report = as_operator(ctx, async |pool, actor| {
+        Ok(broker_conditions::retry_failed(
+            pool,
+            broker.as_ref(),
+            &team,
+            conversation,
+            apply,
+            actor,
+        )
+        .await?)
+    })
+    .await?;
     if json {
         return output::json(&report);
     }
@@ -349,15 +348,10 @@ async fn declare_lost(ctx: &Context, args: SweepArgs, json: bool) -> anyhow::Res
         nats,
     } = args;
     let broker = nats.connect_required().await?;
-    let found = ctx
-        .with_database(async |pool| {
-            let actor = acs_store::store::Actor::local_operator();
-            Ok(
-                lost_bodies::declare_lost(pool, &broker, &team, conversation, apply, &actor)
-                    .await?,
-            )
-        })
-        .await?;
+    let found = as_operator(ctx, async |pool, actor| {
+        Ok(lost_bodies::declare_lost(pool, &broker, &team, conversation, apply, actor).await?)
+    })
+    .await?;
     print_declared_lost(&found, json)
 }
 
@@ -372,7 +366,7 @@ async fn migrate(ctx: &Context, args: MigrateArgs, json: bool) -> anyhow::Result
     } = args;
     let direction: Direction = to.parse()?;
     let broker = nats.connect_required().await?;
-    ctx.with_database(async |pool| {
+    as_operator(ctx, async |pool, actor| {
         let team = teams::find(pool, &team).await?;
         let backends = Backends::with_broker(pool.clone(), broker);
         let plans = moves::plan(pool, &backends, team.id, direction, &conversations).await?;
@@ -384,7 +378,6 @@ async fn migrate(ctx: &Context, args: MigrateArgs, json: bool) -> anyhow::Result
             }
             return Ok(());
         }
-        let actor = acs_store::store::Actor::local_operator();
         let view = MoveView::new(direction, tombstone_lost, json);
         let moved = moves::run_all(
             pool,
@@ -392,7 +385,7 @@ async fn migrate(ctx: &Context, args: MigrateArgs, json: bool) -> anyhow::Result
             team.id,
             direction,
             &plans,
-            &actor,
+            actor,
             tombstone_lost,
             &|event| view.show(event),
         )
@@ -420,13 +413,11 @@ async fn migrate(ctx: &Context, args: MigrateArgs, json: bool) -> anyhow::Result
 }
 
 async fn unpause(ctx: &Context, team: &str, conversation: Uuid, json: bool) -> anyhow::Result<()> {
-    let unpaused = ctx
-        .with_database(async |pool| {
-            let team = teams::find(pool, team).await?;
-            let actor = acs_store::store::Actor::local_operator();
-            Ok(moves::unpause(pool, team.id, conversation, &actor).await?)
-        })
-        .await?;
+    let unpaused = as_operator(ctx, async |pool, actor| {
+        let team = teams::find(pool, team).await?;
+        Ok(moves::unpause(pool, team.id, conversation, actor).await?)
+    })
+    .await?;
     if json {
         return output::json(&unpaused);
     }
@@ -476,12 +467,10 @@ async fn set_publication(
     json: bool,
 ) -> anyhow::Result<()> {
     let mode = Publication::parse(mode)?;
-    let switched = ctx
-        .with_database(async |pool| {
-            let actor = acs_store::store::Actor::local_operator();
-            Ok(operator::set_publication(pool, team, conversation, mode, &actor).await?)
-        })
-        .await?;
+    let switched = as_operator(ctx, async |pool, actor| {
+        Ok(operator::set_publication(pool, team, conversation, mode, actor).await?)
+    })
+    .await?;
     if json {
         return output::json(&switched);
     }
@@ -507,12 +496,10 @@ async fn tombstone(
     reason: &str,
     json: bool,
 ) -> anyhow::Result<()> {
-    let done = ctx
-        .with_database(async |pool| {
-            let actor = acs_store::store::Actor::local_operator();
-            Ok(operator::tombstone_message(pool, team, conversation, seq, reason, &actor).await?)
-        })
-        .await?;
+    let done = as_operator(ctx, async |pool, actor| {
+        Ok(operator::tombstone_message(pool, team, conversation, seq, reason, actor).await?)
+    })
+    .await?;
     if json {
         return output::json(&done);
     }
@@ -525,6 +512,16 @@ async fn tombstone(
         done.reason
     );
     Ok(())
+}
+
+/// Run `work` on the database as the local operator, the actor its audited
+/// changes record.
+async fn as_operator<T>(
+    ctx: &Context,
+    work: impl AsyncFnOnce(&sqlx::PgPool, &Actor) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    ctx.with_database(async |pool| work(pool, &Actor::local_operator()).await)
+        .await
 }
 
 fn print_declared_lost(found: &lost_bodies::DeclaredLost, json: bool) -> anyhow::Result<()> {

@@ -179,13 +179,7 @@ pub async fn answer(
         trail.push("stop_hook_active is true: nothing said, so stop hooks cannot loop".into());
         return Ok(None);
     }
-    let epoch = window.epoch.to_string();
-    let bus = Connection::open_with_headers(
-        &window.url,
-        &window.credential,
-        &[("x-crew-session", &window.label), ("x-crew-epoch", &epoch)],
-    )
-    .await?;
+    let bus = window.connect().await?;
     let result = speak(event, &bus, &window, dir).await;
     bus.close().await;
     if let Ok(answer) = &result {
@@ -508,12 +502,9 @@ fn news(
     }
     for t in list(pending, "expiring_tasks") {
         let lease = format!("{}@{}", text(&t["key"]), text(&t["lease_expires_at"]));
-        if marks.leases_called_out.contains(&lease) {
+        if !called_out_now(&mut marks.leases_called_out, lease) {
             continue;
         }
-        marks.leases_called_out.push(lease);
-        let keep = marks.leases_called_out.len().saturating_sub(50);
-        marks.leases_called_out.drain(..keep);
         lines.push((
             format!(
                 "- your task {} \"{}\": lease lapses at {} (renew_task_lease, or complete_task)",
@@ -541,6 +532,18 @@ fn news(
     compose(window, pending, lines)
 }
 
+/// Whether `key` is news to call out: not in `called_out` (the newest 50
+/// call-outs), which from now on holds it.
+fn called_out_now(called_out: &mut Vec<String>, key: String) -> bool {
+    if called_out.contains(&key) {
+        return false;
+    }
+    called_out.push(key);
+    let keep = called_out.len().saturating_sub(50);
+    called_out.drain(..keep);
+    true
+}
+
 /// Conversations owing this window's acknowledgement, each debt (where it
 /// starts and how much) called out once; and the direct and channel
 /// messages its agent owes an acknowledgement (`owed_acks`).
@@ -553,12 +556,9 @@ fn owed(pending: &Value, marks: &mut HookMarks) -> Vec<(String, Option<Shown>)> 
             c["first_unacknowledged_seq"],
             c["unacknowledged"]
         );
-        if marks.owed_called_out.contains(&owed) {
+        if !called_out_now(&mut marks.owed_called_out, owed) {
             continue;
         }
-        marks.owed_called_out.push(owed);
-        let keep = marks.owed_called_out.len().saturating_sub(50);
-        marks.owed_called_out.drain(..keep);
         lines.push((
             format!(
                 "- conversation \"{}\" ({}): {} message(s) await your acknowledgement \
@@ -579,12 +579,9 @@ fn owed(pending: &Value, marks: &mut HookMarks) -> Vec<(String, Option<Shown>)> 
         .flatten()
     {
         let owed = format!("msg:{}:{}", text(&a["message_id"]), a["overdue"]);
-        if marks.owed_called_out.contains(&owed) {
+        if !called_out_now(&mut marks.owed_called_out, owed) {
             continue;
         }
-        marks.owed_called_out.push(owed);
-        let keep = marks.owed_called_out.len().saturating_sub(50);
-        marks.owed_called_out.drain(..keep);
         lines.push((
             format!(
                 "- {} (ack_message {{message_id: \"{}\"}}; list_owed lists them)",

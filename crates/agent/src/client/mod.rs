@@ -114,6 +114,24 @@ impl Connection {
         Self::open_with(mcp_url, bearer, headers).await
     }
 
+    /// Connect as a window: its session credential, label and epoch on
+    /// every request (the epoch fences a connection the window has moved
+    /// past).
+    pub async fn open_as_window(
+        mcp_url: &str,
+        credential: &str,
+        label: &str,
+        epoch: i64,
+    ) -> anyhow::Result<Connection> {
+        let epoch = epoch.to_string();
+        Self::open_with_headers(
+            mcp_url,
+            credential,
+            &[("x-crew-session", label), ("x-crew-epoch", &epoch)],
+        )
+        .await
+    }
+
     async fn open_with(
         mcp_url: &str,
         bearer: &str,

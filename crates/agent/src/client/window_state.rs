@@ -132,6 +132,13 @@ impl WindowState {
         found
     }
 
+    /// A connection to the bus as this window (its credential, label and
+    /// epoch).
+    pub async fn connect(&self) -> anyhow::Result<super::Connection> {
+        super::Connection::open_as_window(&self.url, &self.credential, &self.label, self.epoch)
+            .await
+    }
+
     /// Whether the proxy that wrote the record still runs (a signal-0 probe).
     pub fn proxy_running(&self) -> bool {
         let Ok(pid) = libc::pid_t::try_from(self.pid) else {

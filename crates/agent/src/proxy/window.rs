@@ -222,13 +222,7 @@ fn is_conflict(err: &anyhow::Error) -> bool {
 /// A connection that acts as the window: its credential, label and epoch on
 /// every request (the epoch fences a connection the window has moved past).
 pub async fn open(url: &str, window: &WindowCredential) -> anyhow::Result<Connection> {
-    let epoch = window.epoch.to_string();
-    Connection::open_with_headers(
-        url,
-        &window.credential,
-        &[("x-crew-session", &window.label), ("x-crew-epoch", &epoch)],
-    )
-    .await
+    Connection::open_as_window(url, &window.credential, &window.label, window.epoch).await
 }
 
 /// `renew_session`: a new expiry, same secret and epoch.

@@ -28,18 +28,15 @@ pub(crate) fn rate_limited(wait: Duration, per_minute: u32, what: &str) -> Respo
 /// 503 + `Retry-After`: the server holds as much as it is allowed to.
 pub(crate) fn server_busy(what: String) -> Response {
     let seconds = limits::RETRY_AFTER_BUSY.as_secs();
-    let mut response = json_error(
+    retry_after(
         StatusCode::SERVICE_UNAVAILABLE,
         "overloaded",
+        seconds,
         format!(
             "{what}. Nothing was done. Retry in {seconds} s; if this keeps happening, send \
              smaller bodies or fewer calls at once."
         ),
-    );
-    response
-        .headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
-    response
+    )
 }
 
 pub(crate) fn too_many_in_flight(limits: &Limits) -> Response {
@@ -97,8 +94,18 @@ pub(crate) fn address_throttled(
 }
 
 /// 429 `rate_limited` saying `message`, with `Retry-After: seconds`.
-fn too_many_requests(seconds: u64, message: String) -> Response {
-    let mut response = json_error(StatusCode::TOO_MANY_REQUESTS, "rate_limited", message);
+pub(crate) fn too_many_requests(seconds: u64, message: String) -> Response {
+    retry_after(
+        StatusCode::TOO_MANY_REQUESTS,
+        "rate_limited",
+        seconds,
+        message,
+    )
+}
+
+/// `status` with error `kind` saying `message`, and `Retry-After: seconds`.
+fn retry_after(status: StatusCode, kind: &str, seconds: u64, message: String) -> Response {
+    let mut response = json_error(status, kind, message);
     response
         .headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from(seconds));

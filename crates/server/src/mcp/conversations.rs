@@ -10,12 +10,15 @@ use rmcp::handler::server::tool::Extension;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::CallToolResult;
 use rmcp::{ErrorData, schemars, tool, tool_router};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::answers::Read;
 use super::{BusServer, caller, reply};
+use acs_store::auth::Identity;
+use acs_store::error::BusResult;
 use acs_store::store::conversations::{self, Placement};
+use acs_store::store::requests::Writer;
 
 // The capability gate in `mod.rs` reaches these through this module.
 pub(super) use acs_store::store::conversations::{TOOLS, disabled_error, enabled};
@@ -173,23 +176,14 @@ impl BusServer {
         Extension(parts): Extension<http::request::Parts>,
         Parameters(args): Parameters<InviteArgs>,
     ) -> Result<CallToolResult, ErrorData> {
-        let me = caller(&parts)?;
         let from_start = args.history_from_start.unwrap_or(false);
-        self.once(
+        self.once_in(
             &parts,
             "invite_to_conversation",
+            args.conversation_id,
             args.request_id.as_deref(),
-            |mut w| async move {
-                let invited = conversations::invite(
-                    &mut w,
-                    me,
-                    args.conversation_id,
-                    &args.address,
-                    &args.role,
-                    from_start,
-                )
-                .await;
-                (w, invited)
+            async move |w, me, id| {
+                conversations::invite(w, me, id, &args.address, &args.role, from_start).await
             },
         )
         .await
@@ -204,15 +198,12 @@ impl BusServer {
         Extension(parts): Extension<http::request::Parts>,
         Parameters(args): Parameters<ConversationIdArgs>,
     ) -> Result<CallToolResult, ErrorData> {
-        let me = caller(&parts)?;
-        self.once(
+        self.once_in(
             &parts,
             "join_conversation",
+            args.conversation_id,
             args.request_id.as_deref(),
-            |mut w| async move {
-                let done = conversations::join(&mut w, me, args.conversation_id).await;
-                (w, done)
-            },
+            conversations::join,
         )
         .await
     }
@@ -226,15 +217,12 @@ impl BusServer {
         Extension(parts): Extension<http::request::Parts>,
         Parameters(args): Parameters<ConversationIdArgs>,
     ) -> Result<CallToolResult, ErrorData> {
-        let me = caller(&parts)?;
-        self.once(
+        self.once_in(
             &parts,
             "leave_conversation",
+            args.conversation_id,
             args.request_id.as_deref(),
-            |mut w| async move {
-                let done = conversations::leave(&mut w, me, args.conversation_id).await;
-                (w, done)
-            },
+            conversations::leave,
         )
         .await
     }
@@ -249,16 +237,12 @@ impl BusServer {
         Extension(parts): Extension<http::request::Parts>,
         Parameters(args): Parameters<RemoveArgs>,
     ) -> Result<CallToolResult, ErrorData> {
-        let me = caller(&parts)?;
-        self.once(
+        self.once_in(
             &parts,
             "remove_conversation_member",
+            args.conversation_id,
             args.request_id.as_deref(),
-            |mut w| async move {
-                let done =
-                    conversations::remove(&mut w, me, args.conversation_id, &args.address).await;
-                (w, done)
-            },
+            async move |w, me, id| conversations::remove(w, me, id, &args.address).await,
         )
         .await
     }
@@ -272,15 +256,12 @@ impl BusServer {
         Extension(parts): Extension<http::request::Parts>,
         Parameters(args): Parameters<ConversationIdArgs>,
     ) -> Result<CallToolResult, ErrorData> {
-        let me = caller(&parts)?;
-        self.once(
+        self.once_in(
             &parts,
             "archive_conversation",
+            args.conversation_id,
             args.request_id.as_deref(),
-            |mut w| async move {
-                let done = conversations::archive(&mut w, me, args.conversation_id).await;
-                (w, done)
-            },
+            conversations::archive,
         )
         .await
     }
@@ -295,16 +276,12 @@ impl BusServer {
         Extension(parts): Extension<http::request::Parts>,
         Parameters(args): Parameters<TransferArgs>,
     ) -> Result<CallToolResult, ErrorData> {
-        let me = caller(&parts)?;
-        self.once(
+        self.once_in(
             &parts,
             "transfer_membership",
+            args.conversation_id,
             args.request_id.as_deref(),
-            |mut w| async move {
-                let done =
-                    conversations::transfer(&mut w, me, args.conversation_id, &args.to).await;
-                (w, done)
-            },
+            async move |w, me, id| conversations::transfer(w, me, id, &args.to).await,
         )
         .await
     }
@@ -333,5 +310,25 @@ impl BusServer {
             )
             .await,
         )
+    }
+}
+
+impl BusServer {
+    /// A membership tool's write on conversation `id`: the store's `change`
+    /// with the caller, once per request id.
+    async fn once_in<T: Serialize>(
+        &self,
+        parts: &http::request::Parts,
+        tool: &str,
+        id: Uuid,
+        request_id: Option<&str>,
+        change: impl AsyncFnOnce(&mut Writer, &Identity, Uuid) -> BusResult<T>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let me = caller(parts)?;
+        self.once(parts, tool, request_id, |mut w| async move {
+            let done = change(&mut w, me, id).await;
+            (w, done)
+        })
+        .await
     }
 }

@@ -105,15 +105,7 @@ impl Speaker {
 
     async fn connect(&self) -> anyhow::Result<Connection> {
         match self {
-            Speaker::Window(w) => {
-                let epoch = w.epoch.to_string();
-                Connection::open_with_headers(
-                    &w.url,
-                    &w.credential,
-                    &[("x-crew-session", &w.label), ("x-crew-epoch", &epoch)],
-                )
-                .await
-            }
+            Speaker::Window(w) => w.connect().await,
             Speaker::Shared { url, token, .. } => Connection::open(url, token, None).await,
         }
     }

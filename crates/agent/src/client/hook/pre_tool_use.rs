@@ -119,14 +119,10 @@ pub(super) async fn answer(
     let Some(window) = super::find_window(dir, &host_session, trail)? else {
         return Ok(None);
     };
-    let epoch = window.epoch.to_string();
-    let bus = Connection::open_with_headers(
-        &window.url,
-        &window.credential,
-        &[("x-crew-session", &window.label), ("x-crew-epoch", &epoch)],
-    )
-    .await
-    .map_err(|err| outage(err, &window.url))?;
+    let bus = window
+        .connect()
+        .await
+        .map_err(|err| outage(err, &window.url))?;
     let checked = check_all(&bus, &groups).await;
     // The answer is known: a slow goodbye must not cost the denial.
     let _ = tokio::time::timeout(CLOSE_WITHIN, bus.close()).await;

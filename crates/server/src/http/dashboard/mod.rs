@@ -186,20 +186,15 @@ async fn viewer(state: &Dashboard, headers: &HeaderMap) -> Result<Option<Viewer>
 fn rate_limited(state: &Dashboard, viewer: &Viewer) -> Option<Response> {
     let wait = state.limiter.check(viewer.principal.rate_key()).err()?;
     let seconds = wait.as_secs() + 1;
-    let mut response = super::json_error(
-        StatusCode::TOO_MANY_REQUESTS,
-        "rate_limited",
+    Some(super::refusals::too_many_requests(
+        seconds,
         format!(
             "this dashboard sign-in's credential asked for more than {} pages a minute (a tenth \
              of this server's --rate-limit-per-minute). Wait {seconds} s; one open page polls \
              every 3 s, so close other pages signed in with the same credential.",
             state.limiter.per_minute()
         ),
-    );
-    response
-        .headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
-    Some(response)
+    ))
 }
 
 /// What the sign-in form says besides any error: when the cookie is
