@@ -27,6 +27,7 @@ use crate::support::{McpClient, TestApp, eventually, in_team, test_authority};
 mod delivery;
 mod security;
 mod surfaces;
+mod task_events;
 
 /// One request the receiver got.
 #[derive(Clone, Debug)]

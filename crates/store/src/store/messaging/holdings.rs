@@ -285,7 +285,8 @@ fn queued(
 
 /// The task event columns of a release by the bus, for the `released` CTE's
 /// rows `r` (id, session, lapsed) joined with their agent `a`; $why and
-/// $phrase are the ending's word and phrase.
+/// $phrase are the ending's word and phrase. Returns the events, for
+/// `released_and_hooked!`.
 macro_rules! released_by_bus {
     ($why:literal, $phrase:literal) => {
         concat!(
@@ -302,8 +303,20 @@ macro_rules! released_by_bus {
                                        task_window_address(a.name, r.session), ",
             $phrase,
             "::text))
-             FROM released r JOIN agents a ON a.team_id = r.team_id AND a.id = r.agent_id"
+             FROM released r JOIN agents a ON a.team_id = r.team_id AND a.id = r.agent_id
+             RETURNING team_id, task_id, kind, agent_id, session, detail"
         )
+    };
+}
+
+/// The `released` rows `r` with their events `n` (the `noted` CTE), each
+/// event's webhook queued when the team has a hook (`task_event_webhook`,
+/// migration 0050; the task is open again, as `released` left it).
+macro_rules! released_and_hooked {
+    () => {
+        " FROM released r JOIN noted n ON n.task_id = r.id
+          CROSS JOIN LATERAL task_event_webhook(n.team_id, n.task_id, r.key, r.title, 'open',
+                                                n.kind, n.agent_id, n.session, n.detail) AS hook"
     };
 }
 
@@ -317,7 +330,7 @@ macro_rules! reopen_held {
                     lease_expires_at = NULL, claimed_at = NULL, updated_at = now()
                FROM held
               WHERE t.id = held.id
-             RETURNING t.team_id, t.id, t.key, held.agent_id, held.session, held.lapsed),"
+             RETURNING t.team_id, t.id, t.key, t.title, held.agent_id, held.session, held.lapsed),"
     };
 }
 
@@ -345,7 +358,8 @@ async fn release_tasks(
              noted AS (",
             released_by_bus!("$4", "$5"),
             ")
-             SELECT key, session FROM released"
+             SELECT r.key, r.session",
+            released_and_hooked!()
         ),
         team,
         agent,
@@ -442,7 +456,8 @@ pub async fn release_tasks_of_departed(
          noted AS (",
         released_by_bus!("$3", "$4"),
         ")
-         SELECT team_id, key, agent_id, session FROM released"
+         SELECT r.team_id, r.key, r.agent_id, r.session",
+        released_and_hooked!()
     ))
     .bind(grace.as_secs_f64())
     .bind(batch)

@@ -270,9 +270,17 @@ pub(super) async fn record_event(
     kind: TaskEventKind,
     detail: Value,
 ) -> BusResult<()> {
+    // The event and, when the team has a hook, its webhook event
+    // (`task_event_webhook`, migration 0050), with the task as this
+    // transaction's earlier statements left it.
     sqlx::query(
-        "INSERT INTO task_events (team_id, task_id, kind, agent_id, session, detail)
-         VALUES ($1, $2, $3, $4, $5, $6)",
+        "WITH e AS (
+             INSERT INTO task_events (team_id, task_id, kind, agent_id, session, detail)
+             VALUES ($1, $2, $3, $4, $5, $6)
+             RETURNING team_id, task_id, kind, agent_id, session, detail)
+         SELECT task_event_webhook(e.team_id, e.task_id, t.key, t.title, t.status, e.kind,
+                                   e.agent_id, e.session, e.detail)
+         FROM e JOIN tasks t ON t.team_id = e.team_id AND t.id = e.task_id",
     )
     .bind(me.team_id)
     .bind(task_id)
