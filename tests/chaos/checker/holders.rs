@@ -47,12 +47,17 @@ fn overlaps(
             {
                 continue;
             }
-            // a's window let go between taking it and b's start.
+            // a's window let go between taking it and b's take. The time an
+            // answer reports is its transaction's start (PostgreSQL's
+            // `now()`): with a request_id the write runs in a transaction of
+            // its own that may begin well before the statement that takes the
+            // lock, so b's take happened at the latest when its answer came.
+            let taken_by = b.from.max(input.epoch_ms(b.op.completed_ms));
             let let_go = releases.iter().any(|r| {
                 r.name == a.name
                     && r.op.window == a.op.window
                     && r.at + SLACK_MS >= a.from
-                    && r.at <= b.from + SLACK_MS
+                    && r.at <= taken_by + SLACK_MS
             });
             if !let_go {
                 violations.push(Violation::new(

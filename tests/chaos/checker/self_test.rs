@@ -514,31 +514,48 @@ fn retry_breakages() -> Vec<(&'static str, Breakage)> {
 /// by its check; otherwise says which check missed what.
 /// Runs that break no promise although they look odd: each must pass.
 fn clean_variants() -> Vec<(&'static str, Breakage)> {
-    vec![(
-        "a channel read refused because the connection broke moved the cursor",
-        |i| {
-            // Its statement committed and the answer was lost: the next read
-            // starts after what it handed out (a third post at position 3).
-            let post3 = id(12);
-            i.db.channel_messages.push(ChannelMessage {
-                id: post3,
-                position: 3,
-                request_id: None,
-                ..i.db.channel_messages[1].clone()
-            });
-            i.ops[11].outcome = Outcome::Refused {
-                kind: "unavailable".into(),
-                message: "the database connection broke during this request: if it was a \
+    vec![
+        (
+            "a lock's answer dates its take at its transaction's start, before the release it waited for",
+            |i| {
+                // W1's acquire began (its transaction's now()) before W0's
+                // release was invoked and answered after it.
+                let k = find(i, OpKind::AcquireLock, id(42), false);
+                let release = find(i, OpKind::ReleaseLock, id(41), false);
+                let released_at = i.ops[release].invoked_ms;
+                i.ops[k].invoked_ms = released_at - 500;
+                i.ops[k].completed_ms = released_at + 300;
+                i.ops[k].outcome = ok(json!({"name": "l", "holder": W1, "extended": false,
+                    "acquired_ms": released_at - 400, "expires_ms": released_at + 9_600}));
+                i.db.requests = Some(recorded(&i.ops));
+            },
+        ),
+        (
+            "a channel read refused because the connection broke moved the cursor",
+            |i| {
+                // Its statement committed and the answer was lost: the next read
+                // starts after what it handed out (a third post at position 3).
+                let post3 = id(12);
+                i.db.channel_messages.push(ChannelMessage {
+                    id: post3,
+                    position: 3,
+                    request_id: None,
+                    ..i.db.channel_messages[1].clone()
+                });
+                i.ops[11].outcome = Outcome::Refused {
+                    kind: "unavailable".into(),
+                    message: "the database connection broke during this request: if it was a \
                           change, it may or may not have been made"
-                    .into(),
-            };
-            let mut next = i.ops[11].clone();
-            next.invoked_ms += 10;
-            next.completed_ms += 10;
-            next.outcome = ok(json!({"ids": [post3]}));
-            i.ops.insert(12, next);
-        },
-    )]
+                        .into(),
+                };
+                let mut next = i.ops[11].clone();
+                next.invoked_ms += 10;
+                next.completed_ms += 10;
+                next.outcome = ok(json!({"ids": [post3]}));
+                i.ops.insert(12, next);
+            },
+        ),
+    ]
 }
 
 pub fn self_test() -> anyhow::Result<()> {
