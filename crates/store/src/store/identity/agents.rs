@@ -33,8 +33,11 @@ pub struct AgentSummary {
 /// What adding a row of `agents` of one kind writes and says: an agent
 /// here, a person in `people`.
 pub(crate) struct NewMember {
-    /// `agents.kind`.
-    pub(crate) kind: &'static str,
+    /// The row's insert ($1 id, $2 team, $3 name), which sets `agents.kind`.
+    /// An agent's leaves the column to its default ('agent'), so `agent add`
+    /// also writes a database migrated before people existed (0045), as the
+    /// migration tests' fixtures do.
+    pub(crate) insert: &'static str,
     /// The audit action, and the key of its detail that names the new id.
     pub(crate) action: &'static str,
     pub(crate) id_key: &'static str,
@@ -45,7 +48,8 @@ pub(crate) struct NewMember {
 }
 
 const AGENT: NewMember = NewMember {
-    kind: "agent",
+    insert: "INSERT INTO agents (id, team_id, name) VALUES ($1, $2, $3)
+             ON CONFLICT (team_id, name) DO NOTHING",
     action: "agent.add",
     id_key: "agent_id",
     label: None,
@@ -62,7 +66,7 @@ pub async fn add(pool: &PgPool, team: &TeamScope, name: &str) -> BusResult<Issue
     add_member(pool, team, name, &AGENT).await
 }
 
-/// Create a row of `agents` of `new.kind` named `name` and its first token in
+/// Create a row of `agents` of `new`'s kind named `name` and its first token in
 /// one transaction (audited). The name must be free among the team's agents
 /// and people.
 pub(crate) async fn add_member(
@@ -76,16 +80,12 @@ pub(crate) async fn add_member(
     let mut tx = pool.begin().await?;
     let team = teams::find(&mut *tx, team.slug()).await?;
     let id = Uuid::new_v4();
-    let inserted = sqlx::query(
-        "INSERT INTO agents (id, team_id, name, kind) VALUES ($1, $2, $3, $4)
-         ON CONFLICT (team_id, name) DO NOTHING",
-    )
-    .bind(id)
-    .bind(team.id)
-    .bind(&name)
-    .bind(new.kind)
-    .execute(&mut *tx)
-    .await?;
+    let inserted = sqlx::query(new.insert)
+        .bind(id)
+        .bind(team.id)
+        .bind(&name)
+        .execute(&mut *tx)
+        .await?;
     if inserted.rows_affected() == 0 {
         return Err(BusError::conflict((new.taken)(&name, &team.slug)));
     }

@@ -45,7 +45,8 @@ pub struct PersonRevocation {
 }
 
 const PERSON: NewMember = NewMember {
-    kind: "person",
+    insert: "INSERT INTO agents (id, team_id, name, kind) VALUES ($1, $2, $3, 'person')
+             ON CONFLICT (team_id, name) DO NOTHING",
     action: "person.add",
     id_key: "person_id",
     label: Some("dashboard sign-in"),
