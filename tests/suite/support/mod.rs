@@ -17,6 +17,7 @@ use ai_crew_sync::app::{App, AppSettings, BrokerSettings};
 use ai_crew_sync::backend::jetstream::{Broker, BrokerOptions};
 use ai_crew_sync::client::Connection;
 use ai_crew_sync::config::HttpSettings;
+use ai_crew_sync::events::ListenerState;
 use ai_crew_sync::store::identity::admin::{Authority, GlobalScope, TeamScope};
 use ai_crew_sync::store::{Actor, Source, identity::agents, identity::teams};
 use ai_crew_sync::workers::departures::DepartureSettings;
@@ -213,6 +214,14 @@ impl AppBuilder {
         let metrics_addr = app.metrics_addr();
         let bus = app.bus.clone();
         let serving = tokio::spawn(app.serve(listener));
+        // A notification sent before this process LISTENs is gone (a hint,
+        // by design: waiters re-check the database). A test that counts the
+        // raw events its calls send would wait for one it can never hear, so
+        // the app is handed over once its listener is attached.
+        eventually("the app's event listener to attach", async || {
+            bus.events.state() != ListenerState::Detached
+        })
+        .await;
         TestApp {
             addr,
             metrics_addr,
