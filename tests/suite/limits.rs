@@ -394,9 +394,12 @@ async fn bodies_beyond_the_byte_budget_are_refused_not_buffered() {
         .load(std::sync::atomic::Ordering::Relaxed)
         .saturating_sub(rss_before)
         / 1024;
+    // The whole test process's memory, and the suite runs another test
+    // beside this one (CI saw 120 MiB of growth with the budget working).
+    // Buffering the bodies would hold the 240 MiB sent on top of that.
     assert!(
-        grown_mib < (budget / MIB) as u64 + 96,
-        "256 MiB offered, 4 MiB budget, and the process grew by {grown_mib} MiB"
+        grown_mib < (budget / MIB) as u64 + 160,
+        "256 MiB offered (240 MiB of it sent), 4 MiB budget, and the process grew by {grown_mib} MiB"
     );
 
     // A chunked body is counted as it arrives: three declared 1 MiB uploads
