@@ -516,6 +516,38 @@ fn retry_breakages() -> Vec<(&'static str, Breakage)> {
 fn clean_variants() -> Vec<(&'static str, Breakage)> {
     vec![
         (
+            "a completion whose attempts were lost runs at a retry under the window's next claim",
+            |i| {
+                // The completion's first attempt comes after the lease ended
+                // and is lost; W0 claims t again; the retry completes it.
+                let k = find(i, OpKind::Complete, id(31), false);
+                i.ops[k].invoked_ms = 35_000;
+                i.ops[k].completed_ms = 35_005;
+                let mut retry = i.ops[k].clone();
+                i.ops[k].outcome = Outcome::Failed {
+                    status: None,
+                    message: "connection reset".into(),
+                };
+                retry.args["attempt"] = json!(1);
+                retry.invoked_ms = 45_000;
+                retry.completed_ms = 45_005;
+                let mut claim = i.ops[find(i, OpKind::ClaimNext, id(30), false)].clone();
+                claim.args["request_id"] = json!(id(32));
+                claim.invoked_ms = 40_000;
+                claim.completed_ms = 40_005;
+                claim.outcome = ok(json!({"claimed": true, "key": "t", "holder": W0,
+                    "claimed_ms": 40_000, "lease_expires_ms": 70_000}));
+                i.ops.insert(k + 1, claim);
+                i.ops.insert(k + 2, retry);
+                let events = &mut i.db.task_events;
+                events[1].at_us = 45_000_000;
+                let mut again = events[0].clone();
+                again.at_us = 40_000_000;
+                events.insert(1, again);
+                i.db.requests = Some(recorded(&i.ops));
+            },
+        ),
+        (
             "a lock's answer dates its take at its transaction's start, before the release it waited for",
             |i| {
                 // W1's acquire began (its transaction's now()) before W0's

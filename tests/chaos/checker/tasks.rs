@@ -147,7 +147,10 @@ pub fn reported(input: &Input) -> (usize, Vec<Violation>) {
         }
     }
     // A completion retried with its request_id took effect at one of its
-    // attempts, a replay answering later: judge it from its first attempt.
+    // attempts: a replay answering later is judged from its first attempt.
+    // An answer that is not a replay took effect at its own attempt (the
+    // request_ids row commits with the write, so no earlier attempt did):
+    // judged from that attempt, which may come under a later claim.
     let mut first_invoked: HashMap<&str, u64> = HashMap::new();
     for o in input.ops.iter().filter(|o| o.kind == OpKind::Complete) {
         if let Some(request) = o.args["request_id"].as_str() {
@@ -159,8 +162,10 @@ pub fn reported(input: &Input) -> (usize, Vec<Violation>) {
             continue;
         }
         checked += 1;
+        let replayed = op.outcome.ok().is_some_and(|r| r["replayed"] == true);
         let invoked_ms = op.args["request_id"]
             .as_str()
+            .filter(|_| replayed)
             .and_then(|r| first_invoked.get(r).copied())
             .unwrap_or(op.invoked_ms);
         let key = op.args["key"].as_str().unwrap_or_default();
