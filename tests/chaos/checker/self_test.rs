@@ -516,6 +516,31 @@ fn retry_breakages() -> Vec<(&'static str, Breakage)> {
 fn clean_variants() -> Vec<(&'static str, Breakage)> {
     vec![
         (
+            "a post refused because the connection broke was stored",
+            |i| {
+                let stored = ChannelMessage {
+                    id: id(13),
+                    position: 3,
+                    sender: W1.into(),
+                    request_id: None,
+                    ..i.db.channel_messages[0].clone()
+                };
+                i.db.channel_messages.push(stored);
+                i.ops.push(op(
+                    OpKind::Post,
+                    W1,
+                    json!({"channel": "ch", "sha256": "e1"}),
+                    700,
+                    Outcome::Refused {
+                        kind: "unavailable".into(),
+                        message: "the database connection broke during this request: if it \
+                                  was a change, it may or may not have been made"
+                            .into(),
+                    },
+                ));
+            },
+        ),
+        (
             "a completion whose attempts were lost runs at a retry under the window's next claim",
             |i| {
                 // The completion's first attempt comes after the lease ended
