@@ -265,25 +265,12 @@ async fn channel_activity(
     // position index) is in the period, and in each only its newest
     // DIGEST_COUNT_CAP + 1 messages, walked back on the channel's position
     // index (which carries created_at and announce), are counted and shown.
+    // `digest_channel_activity` (migration 0051) runs the statement on its
+    // generic plan: sent from here as a prepared statement, it was planned
+    // again for every call once the team's history was large (issue 34).
     let rows: Vec<Row> = sqlx::query_as(
-        "SELECT c.name AS channel, latest.total, m.id, left(m.body, $5) AS preview, m.announce,
-                m.created_at, s.kind = 'person' AS from_person,
-                CASE WHEN m.sender_session = '' THEN s.name ELSE s.name || '/' || m.sender_session END AS \"from\"
-         FROM channels c
-         CROSS JOIN LATERAL (
-             SELECT newest.position, count(*) OVER () AS total,
-                    row_number() OVER (ORDER BY newest.position DESC) AS rn
-             FROM (SELECT w.position, w.created_at, w.announce FROM messages w
-                   WHERE w.team_id = c.team_id AND w.channel_id = c.id
-                   ORDER BY w.position DESC LIMIT $7) newest
-             WHERE newest.created_at > $2 AND ($3 OR c.id = $4 OR newest.announce)) latest
-         JOIN messages m ON m.team_id = c.team_id AND m.position = latest.position
-         JOIN agents s ON s.team_id = m.team_id AND s.id = m.sender_id
-         WHERE c.team_id = $1 AND latest.rn <= $6
-           AND (SELECT n.created_at FROM messages n
-                 WHERE n.team_id = c.team_id AND n.channel_id = c.id
-                 ORDER BY n.position DESC LIMIT 1) > $2
-         ORDER BY c.name, latest.position",
+        "SELECT channel, total, id, preview, announce, created_at, from_person, \"from\"
+         FROM digest_channel_activity($1, $2, $3, $4, $5, $6, $7)",
     )
     .bind(me.team_id)
     .bind(since)
@@ -323,28 +310,16 @@ async fn channel_activity(
 
 /// The team's newest task moves in the period, each with its latest event.
 async fn task_moves(bus: &Bus, me: &Identity, since: DateTime<Utc>) -> BusResult<Vec<TaskMove>> {
-    // Bounded by the page: the team's newest $3 task moves, walked on their
+    // Bounded by the page: the team's newest task moves, walked on their
     // update-time index, then each task's latest event in the period. The
     // page is taken before the events are joined: every write that sets
     // updated_at records an event in the same transaction, so each of these
     // tasks has one; joined first, the planner read the events of every
     // task moved in the period (13.6 ms against 0.46 on the history
-    // benchmark's large team, issue 34).
+    // benchmark's large team, issue 34). `digest_task_moves` (migration
+    // 0051) runs it on its generic plan, never planned again per call.
     Ok(sqlx::query_as(
-        "SELECT t.key, t.title,
-                CASE WHEN t.status = 'claimed' AND t.lease_expires_at <= now() THEN 'open' ELSE t.status END
-                    AS status,
-                e.kind AS last_event, e.at,
-                CASE WHEN e.session = '' THEN a.name ELSE a.name || '/' || e.session END AS by
-         FROM (SELECT id, team_id, key, title, status, lease_expires_at FROM tasks
-               WHERE team_id = $1 AND updated_at > $2
-               ORDER BY updated_at DESC LIMIT $3) t
-         CROSS JOIN LATERAL (
-             SELECT kind, at, session, agent_id FROM task_events
-             WHERE team_id = t.team_id AND task_id = t.id AND at > $2
-             ORDER BY at DESC, id DESC LIMIT 1) e
-         JOIN agents a ON a.team_id = t.team_id AND a.id = e.agent_id
-         ORDER BY e.at DESC",
+        "SELECT key, title, status, last_event, at, by FROM digest_task_moves($1, $2, $3)",
     )
     .bind(me.team_id)
     .bind(since)
@@ -359,12 +334,9 @@ async fn note_changes(
     me: &Identity,
     since: DateTime<Utc>,
 ) -> BusResult<Vec<NoteChange>> {
+    // `digest_note_changes` (migration 0051): on its generic plan.
     Ok(sqlx::query_as(
-        "SELECT n.scope, n.key, n.revision, n.deleted_at IS NOT NULL AS deleted, n.updated_at AS at,
-                CASE WHEN n.updated_by_session = '' THEN a.name ELSE a.name || '/' || n.updated_by_session END AS by
-         FROM notes n JOIN agents a ON a.team_id = n.team_id AND a.id = n.updated_by_agent_id
-         WHERE n.team_id = $1 AND n.updated_at > $2
-         ORDER BY n.updated_at DESC LIMIT $3",
+        "SELECT scope, key, revision, deleted, at, by FROM digest_note_changes($1, $2, $3)",
     )
     .bind(me.team_id)
     .bind(since)
