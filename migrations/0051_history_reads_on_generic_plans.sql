@@ -89,10 +89,16 @@ $$;
 
 -- `team_digest`'s channel activity (store/messaging/overview.rs): the
 -- channels whose newest message is in the period, each counted among its
--- newest p_count messages and shown by its latest p_latest.
+-- newest p_count messages, and their latest p_latest each, of which only the
+-- newest p_shown in all are shown. A channel past them keeps its row(s)
+-- with the message's columns NULL: it is listed with its count and no
+-- message. The cap in all is new (issue 34 item 7): with every channel
+-- active, the latest p_latest of each made the answer, not the reads, grow
+-- with the history (3 a channel on the benchmark's large team, 1 on the
+-- small one). Messages and senders are read for the shown rows only.
 CREATE FUNCTION digest_channel_activity(
     p_team uuid, p_since timestamptz, p_all boolean, p_focus uuid, p_preview integer,
-    p_latest bigint, p_count bigint)
+    p_latest bigint, p_count bigint, p_shown bigint)
 RETURNS TABLE (channel text, total bigint, id uuid, preview text, announce boolean,
                created_at timestamptz, from_person boolean, "from" text)
 LANGUAGE plpgsql STABLE
@@ -101,24 +107,32 @@ AS $$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY
-    SELECT c.name, latest.total, m.id, left(m.body, p_preview), m.announce,
-           m.created_at, s.kind = 'person',
+    WITH active AS (
+        SELECT c.name, latest.position, latest.total
+          FROM channels c
+         CROSS JOIN LATERAL (
+             SELECT newest.position, count(*) OVER () AS total,
+                    row_number() OVER (ORDER BY newest.position DESC) AS rn
+               FROM (SELECT w.position, w.created_at, w.announce FROM messages w
+                      WHERE w.team_id = c.team_id AND w.channel_id = c.id
+                      ORDER BY w.position DESC LIMIT p_count) newest
+              WHERE newest.created_at > p_since
+                AND (p_all OR c.id = p_focus OR newest.announce)) latest
+         WHERE c.team_id = p_team AND latest.rn <= p_latest
+           AND (SELECT n.created_at FROM messages n
+                 WHERE n.team_id = c.team_id AND n.channel_id = c.id
+                 ORDER BY n.position DESC LIMIT 1) > p_since),
+    shown AS (
+        SELECT a.position FROM active a ORDER BY a.position DESC LIMIT p_shown)
+    SELECT a.name, a.total, m.id, left(m.body, p_preview), m.announce, m.created_at,
+           s.kind = 'person',
            CASE WHEN m.sender_session = '' THEN s.name ELSE s.name || '/' || m.sender_session END
-      FROM channels c
-     CROSS JOIN LATERAL (
-         SELECT newest.position, count(*) OVER () AS total,
-                row_number() OVER (ORDER BY newest.position DESC) AS rn
-           FROM (SELECT w.position, w.created_at, w.announce FROM messages w
-                  WHERE w.team_id = c.team_id AND w.channel_id = c.id
-                  ORDER BY w.position DESC LIMIT p_count) newest
-          WHERE newest.created_at > p_since AND (p_all OR c.id = p_focus OR newest.announce)) latest
-      JOIN messages m ON m.team_id = c.team_id AND m.position = latest.position
-      JOIN agents s ON s.team_id = m.team_id AND s.id = m.sender_id
-     WHERE c.team_id = p_team AND latest.rn <= p_latest
-       AND (SELECT n.created_at FROM messages n
-             WHERE n.team_id = c.team_id AND n.channel_id = c.id
-             ORDER BY n.position DESC LIMIT 1) > p_since
-     ORDER BY c.name, latest.position;
+      FROM active a
+      LEFT JOIN (shown h
+                 JOIN messages m ON m.team_id = p_team AND m.position = h.position
+                 JOIN agents s ON s.team_id = m.team_id AND s.id = m.sender_id)
+             ON h.position = a.position
+     ORDER BY a.name, a.position;
 END
 $$;
 

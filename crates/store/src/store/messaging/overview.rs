@@ -21,6 +21,11 @@ use crate::store::messaging::{channels, messages, reservations};
 pub const DIGEST_HOURS_MAX: i32 = 336;
 pub const DIGEST_HOURS_DEFAULT: i32 = 24;
 const LATEST_PER_CHANNEL: i64 = 3;
+/// The digest shows at most this many latest messages in all, the newest
+/// (at most [`LATEST_PER_CHANNEL`] of a channel); a channel past them is
+/// listed with its count and no message. Without it the answer grew with
+/// the team's active channels (issue 34 item 7).
+pub const DIGEST_LATEST_MAX: i64 = 20;
 const DIGEST_LIST_MAX: i64 = 50;
 /// A channel's messages in the period are counted among its newest this
 /// many + 1, so every active channel costs the same few index entries
@@ -156,6 +161,8 @@ pub struct ChannelActivity {
     pub messages: i64,
     /// True when counting stopped at the cap: at least that many.
     pub messages_at_least: bool,
+    /// Its latest messages, at most [`LATEST_PER_CHANNEL`]; the digest shows
+    /// [`DIGEST_LATEST_MAX`] in all, the newest: empty past them.
     pub latest: Vec<DigestMessage>,
 }
 
@@ -250,27 +257,30 @@ async fn channel_activity(
     all_channels: bool,
     focus_id: Option<Uuid>,
 ) -> BusResult<Vec<ChannelActivity>> {
+    // The message's columns are NULL on the rows of a channel past
+    // DIGEST_LATEST_MAX: it is listed with its count and no message.
     #[derive(sqlx::FromRow)]
     struct Row {
         channel: String,
         total: i64,
-        id: Uuid,
-        from: String,
-        from_person: bool,
-        preview: String,
-        announce: bool,
-        created_at: DateTime<Utc>,
+        id: Option<Uuid>,
+        from: Option<String>,
+        from_person: Option<bool>,
+        preview: Option<String>,
+        announce: Option<bool>,
+        created_at: Option<DateTime<Utc>>,
     }
     // Bounded by the page: only channels whose newest message (by the
     // position index) is in the period, and in each only its newest
     // DIGEST_COUNT_CAP + 1 messages, walked back on the channel's position
-    // index (which carries created_at and announce), are counted and shown.
+    // index (which carries created_at and announce), are counted, and of
+    // their latest the newest DIGEST_LATEST_MAX in all are shown.
     // `digest_channel_activity` (migration 0051) runs the statement on its
     // generic plan: sent from here as a prepared statement, it was planned
     // again for every call once the team's history was large (issue 34).
     let rows: Vec<Row> = sqlx::query_as(
         "SELECT channel, total, id, preview, announce, created_at, from_person, \"from\"
-         FROM digest_channel_activity($1, $2, $3, $4, $5, $6, $7)",
+         FROM digest_channel_activity($1, $2, $3, $4, $5, $6, $7, $8)",
     )
     .bind(me.team_id)
     .bind(since)
@@ -279,6 +289,7 @@ async fn channel_activity(
     .bind(PREVIEW_CHARS)
     .bind(LATEST_PER_CHANNEL)
     .bind(DIGEST_COUNT_CAP + 1)
+    .bind(DIGEST_LATEST_MAX)
     .fetch_all(&bus.pool)
     .await?;
     let mut channel_activity: Vec<ChannelActivity> = Vec::new();
@@ -294,14 +305,20 @@ async fn channel_activity(
                 latest: Vec::new(),
             });
         }
-        if let Some(current) = channel_activity.last_mut() {
+        if let (Some(current), Some(id), Some(from), Some(preview), Some(created_at)) = (
+            channel_activity.last_mut(),
+            row.id,
+            row.from,
+            row.preview,
+            row.created_at,
+        ) {
             current.latest.push(DigestMessage {
-                id: row.id,
-                from: row.from,
-                from_person: row.from_person,
-                preview: row.preview,
-                announce: row.announce,
-                created_at: row.created_at,
+                id,
+                from,
+                from_person: row.from_person.unwrap_or(false),
+                preview,
+                announce: row.announce.unwrap_or(false),
+                created_at,
             });
         }
     }
