@@ -215,3 +215,57 @@ async fn team_digest_lists_the_tasks_that_moved_last() {
     assert_eq!(digest["tasks"][0]["status"], "claimed", "{digest}");
     assert!(!listed.contains(&"t00".to_string()), "{digest}");
 }
+
+/// team_digest shows the latest 3 messages of a channel and 20 in all, the
+/// newest: a channel past them is listed with its count and no message, so
+/// the answer does not grow with the team's active channels (issue 34).
+#[tokio::test]
+async fn team_digest_shows_twenty_latest_messages_in_all() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.mcp(&app.agent("acme", "alice").await, None).await;
+    // 8 channels of 3 messages, posted channel by channel: 24 latest.
+    for c in 0..8 {
+        for i in 0..3 {
+            alice
+                .call(
+                    "post_message",
+                    json!({"channel": format!("c{c}"), "body": format!("c{c} m{i}")}),
+                )
+                .await
+                .unwrap();
+        }
+    }
+    let digest = alice
+        .call("team_digest", json!({"all_channels": true}))
+        .await
+        .unwrap();
+    let channels = digest["channels"].as_array().unwrap();
+    let latest = |name: &str| -> Vec<String> {
+        let channel = channels
+            .iter()
+            .find(|c| c["channel"] == name)
+            .unwrap_or_else(|| panic!("{name} is listed: {digest}"));
+        assert_eq!(channel["messages"], 3, "{digest}");
+        channel["latest"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["preview"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let shown: usize = channels
+        .iter()
+        .map(|c| c["latest"].as_array().unwrap().len())
+        .sum();
+    assert_eq!(shown, 20, "{digest}");
+    assert!(
+        latest("c0").is_empty(),
+        "the oldest is past the 20: {digest}"
+    );
+    assert_eq!(latest("c1"), ["c1 m1", "c1 m2"], "{digest}");
+    for c in 2..8 {
+        let expected: Vec<String> = (0..3).map(|i| format!("c{c} m{i}")).collect();
+        assert_eq!(latest(&format!("c{c}")), expected, "{digest}");
+    }
+}

@@ -86,7 +86,8 @@ impl BusServer {
                        list_channels for more) and \
                        the latest messages (your focused channel, the default channel whoami \
                        names, unless all_channels; \
-                       announcements always), \
+                       announcements always; at most 3 a channel and 20 in all, the newest: a \
+                       channel past them lists its count and no message), \
                        tasks that moved (the 50 that moved last), notes updated, agents seen, \
                        and the windows holding path reservations now (`reservations`: holder, \
                        count, the first 10). Never DMs. Empty lists mean nothing of that kind happened in the period (`as_of` says when it was read).",

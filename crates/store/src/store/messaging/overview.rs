@@ -21,6 +21,11 @@ use crate::store::messaging::{channels, messages, reservations};
 pub const DIGEST_HOURS_MAX: i32 = 336;
 pub const DIGEST_HOURS_DEFAULT: i32 = 24;
 const LATEST_PER_CHANNEL: i64 = 3;
+/// The digest shows at most this many latest messages in all, the newest
+/// (at most [`LATEST_PER_CHANNEL`] of a channel); a channel past them is
+/// listed with its count and no message. Without it the answer grew with
+/// the team's active channels (issue 34 item 7).
+pub const DIGEST_LATEST_MAX: i64 = 20;
 const DIGEST_LIST_MAX: i64 = 50;
 /// A channel's messages in the period are counted among its newest this
 /// many + 1, so every active channel costs the same few index entries
@@ -156,6 +161,8 @@ pub struct ChannelActivity {
     pub messages: i64,
     /// True when counting stopped at the cap: at least that many.
     pub messages_at_least: bool,
+    /// Its latest messages, at most [`LATEST_PER_CHANNEL`]; the digest shows
+    /// [`DIGEST_LATEST_MAX`] in all, the newest: empty past them.
     pub latest: Vec<DigestMessage>,
 }
 
@@ -250,40 +257,30 @@ async fn channel_activity(
     all_channels: bool,
     focus_id: Option<Uuid>,
 ) -> BusResult<Vec<ChannelActivity>> {
+    // The message's columns are NULL on the rows of a channel past
+    // DIGEST_LATEST_MAX: it is listed with its count and no message.
     #[derive(sqlx::FromRow)]
     struct Row {
         channel: String,
         total: i64,
-        id: Uuid,
-        from: String,
-        from_person: bool,
-        preview: String,
-        announce: bool,
-        created_at: DateTime<Utc>,
+        id: Option<Uuid>,
+        from: Option<String>,
+        from_person: Option<bool>,
+        preview: Option<String>,
+        announce: Option<bool>,
+        created_at: Option<DateTime<Utc>>,
     }
     // Bounded by the page: only channels whose newest message (by the
     // position index) is in the period, and in each only its newest
     // DIGEST_COUNT_CAP + 1 messages, walked back on the channel's position
-    // index (which carries created_at and announce), are counted and shown.
+    // index (which carries created_at and announce), are counted, and of
+    // their latest the newest DIGEST_LATEST_MAX in all are shown.
+    // `digest_channel_activity` (migration 0051) runs the statement on its
+    // generic plan: sent from here as a prepared statement, it was planned
+    // again for every call once the team's history was large (issue 34).
     let rows: Vec<Row> = sqlx::query_as(
-        "SELECT c.name AS channel, latest.total, m.id, left(m.body, $5) AS preview, m.announce,
-                m.created_at, s.kind = 'person' AS from_person,
-                CASE WHEN m.sender_session = '' THEN s.name ELSE s.name || '/' || m.sender_session END AS \"from\"
-         FROM channels c
-         CROSS JOIN LATERAL (
-             SELECT newest.position, count(*) OVER () AS total,
-                    row_number() OVER (ORDER BY newest.position DESC) AS rn
-             FROM (SELECT w.position, w.created_at, w.announce FROM messages w
-                   WHERE w.team_id = c.team_id AND w.channel_id = c.id
-                   ORDER BY w.position DESC LIMIT $7) newest
-             WHERE newest.created_at > $2 AND ($3 OR c.id = $4 OR newest.announce)) latest
-         JOIN messages m ON m.team_id = c.team_id AND m.position = latest.position
-         JOIN agents s ON s.team_id = m.team_id AND s.id = m.sender_id
-         WHERE c.team_id = $1 AND latest.rn <= $6
-           AND (SELECT n.created_at FROM messages n
-                 WHERE n.team_id = c.team_id AND n.channel_id = c.id
-                 ORDER BY n.position DESC LIMIT 1) > $2
-         ORDER BY c.name, latest.position",
+        "SELECT channel, total, id, preview, announce, created_at, from_person, \"from\"
+         FROM digest_channel_activity($1, $2, $3, $4, $5, $6, $7, $8)",
     )
     .bind(me.team_id)
     .bind(since)
@@ -292,6 +289,7 @@ async fn channel_activity(
     .bind(PREVIEW_CHARS)
     .bind(LATEST_PER_CHANNEL)
     .bind(DIGEST_COUNT_CAP + 1)
+    .bind(DIGEST_LATEST_MAX)
     .fetch_all(&bus.pool)
     .await?;
     let mut channel_activity: Vec<ChannelActivity> = Vec::new();
@@ -307,14 +305,20 @@ async fn channel_activity(
                 latest: Vec::new(),
             });
         }
-        if let Some(current) = channel_activity.last_mut() {
+        if let (Some(current), Some(id), Some(from), Some(preview), Some(created_at)) = (
+            channel_activity.last_mut(),
+            row.id,
+            row.from,
+            row.preview,
+            row.created_at,
+        ) {
             current.latest.push(DigestMessage {
-                id: row.id,
-                from: row.from,
-                from_person: row.from_person,
-                preview: row.preview,
-                announce: row.announce,
-                created_at: row.created_at,
+                id,
+                from,
+                from_person: row.from_person.unwrap_or(false),
+                preview,
+                announce: row.announce.unwrap_or(false),
+                created_at,
             });
         }
     }
@@ -323,28 +327,16 @@ async fn channel_activity(
 
 /// The team's newest task moves in the period, each with its latest event.
 async fn task_moves(bus: &Bus, me: &Identity, since: DateTime<Utc>) -> BusResult<Vec<TaskMove>> {
-    // Bounded by the page: the team's newest $3 task moves, walked on their
+    // Bounded by the page: the team's newest task moves, walked on their
     // update-time index, then each task's latest event in the period. The
     // page is taken before the events are joined: every write that sets
     // updated_at records an event in the same transaction, so each of these
     // tasks has one; joined first, the planner read the events of every
     // task moved in the period (13.6 ms against 0.46 on the history
-    // benchmark's large team, issue 34).
+    // benchmark's large team, issue 34). `digest_task_moves` (migration
+    // 0051) runs it on its generic plan, never planned again per call.
     Ok(sqlx::query_as(
-        "SELECT t.key, t.title,
-                CASE WHEN t.status = 'claimed' AND t.lease_expires_at <= now() THEN 'open' ELSE t.status END
-                    AS status,
-                e.kind AS last_event, e.at,
-                CASE WHEN e.session = '' THEN a.name ELSE a.name || '/' || e.session END AS by
-         FROM (SELECT id, team_id, key, title, status, lease_expires_at FROM tasks
-               WHERE team_id = $1 AND updated_at > $2
-               ORDER BY updated_at DESC LIMIT $3) t
-         CROSS JOIN LATERAL (
-             SELECT kind, at, session, agent_id FROM task_events
-             WHERE team_id = t.team_id AND task_id = t.id AND at > $2
-             ORDER BY at DESC, id DESC LIMIT 1) e
-         JOIN agents a ON a.team_id = t.team_id AND a.id = e.agent_id
-         ORDER BY e.at DESC",
+        "SELECT key, title, status, last_event, at, by FROM digest_task_moves($1, $2, $3)",
     )
     .bind(me.team_id)
     .bind(since)
@@ -359,12 +351,9 @@ async fn note_changes(
     me: &Identity,
     since: DateTime<Utc>,
 ) -> BusResult<Vec<NoteChange>> {
+    // `digest_note_changes` (migration 0051): on its generic plan.
     Ok(sqlx::query_as(
-        "SELECT n.scope, n.key, n.revision, n.deleted_at IS NOT NULL AS deleted, n.updated_at AS at,
-                CASE WHEN n.updated_by_session = '' THEN a.name ELSE a.name || '/' || n.updated_by_session END AS by
-         FROM notes n JOIN agents a ON a.team_id = n.team_id AND a.id = n.updated_by_agent_id
-         WHERE n.team_id = $1 AND n.updated_at > $2
-         ORDER BY n.updated_at DESC LIMIT $3",
+        "SELECT scope, key, revision, deleted, at, by FROM digest_note_changes($1, $2, $3)",
     )
     .bind(me.team_id)
     .bind(since)

@@ -249,6 +249,8 @@ pub struct Owed {
     pub handed_out: i64,
 }
 
+/// Refuses a bare agent token wearing the label of a live registered window
+/// (in the counts' one call).
 pub async fn owed(bus: &Bus, me: &Identity) -> BusResult<Owed> {
     let key = recipient_key(me.agent_id, &me.window);
     let counts = owed::counts(&bus.pool, me, &key).await?;
@@ -422,7 +424,7 @@ pub struct InboxStatus {
 }
 
 pub async fn status(bus: &Bus, me: &Identity) -> BusResult<InboxStatus> {
-    refuse_borrowed_label(bus, me).await?;
+    // The borrowed-label refusal is inside the counts' one call.
     let owed = owed(bus, me).await?;
     let consumer = match broker_for(bus, me.team_id).await? {
         None => "not_used",

@@ -12,7 +12,8 @@
 //!   read is as long as what the seat is owed.
 //! - The hand-out reads each conversation's first owed page from an index,
 //!   conversations found by a skip scan.
-//! - The counts stop at [`COUNTED_MAX`] and then say "at least".
+//! - The counts stop at [`COUNTED_MAX`] and then say "at least"; they run
+//!   in `inbox_owed_counts` (migration 0051) on its generic plan.
 
 use super::HANDOUT_SECS;
 use crate::auth::Identity;
@@ -30,6 +31,9 @@ pub const COUNTED_MAX: i64 = super::FETCH_MAX;
 /// What `conversation_inbox_status` counts, each up to [`COUNTED_MAX`].
 #[derive(sqlx::FromRow)]
 pub(super) struct Counts {
+    /// A bare agent token wears the label of a live registered window:
+    /// refused, nothing counted.
+    pub borrowed: bool,
     /// References not yet confirmed.
     pub queued: i64,
     /// Of those, handed out in the last [`HANDOUT_SECS`].
@@ -40,72 +44,31 @@ pub(super) struct Counts {
     pub at_least: bool,
 }
 
-/// Counts bounded by [`COUNTED_MAX`]. Receipts not yet referenced, counted
-/// only while the references are under the cap: for a seat with a mark,
-/// the owed receipts of the messages after it (below it every owed receipt
-/// has its reference); for one without, among at most [`COUNTED_MAX`] of
-/// its undelivered receipts.
+/// Counts bounded by [`COUNTED_MAX`], after the borrowed-label refusal, in
+/// one call: `inbox_owed_counts` (migration 0051), which always runs its
+/// generic plan (as a prepared statement sent from here, it was planned
+/// again for every call once the team's history was large: issue 34).
+/// Receipts not yet referenced are counted only while the references are
+/// under the cap: for a seat with a mark, the owed receipts of the messages
+/// after it (below it every owed receipt has its reference); for one
+/// without, among at most [`COUNTED_MAX`] of its undelivered receipts.
 pub(super) async fn counts(pool: &sqlx::PgPool, me: &Identity, key: &str) -> BusResult<Counts> {
-    let counts = sqlx::query_as(
-        "WITH seats AS (
-             SELECT w.id, w.conversation_id, k.through_seq
-               FROM conversation_members w
-               LEFT JOIN inbox_topup_marks k
-                      ON k.team_id = w.team_id AND k.member_id = w.id AND k.recipient_key = $2
-              WHERE w.team_id = $1 AND w.agent_id = $3 AND w.session = $4),
-         examined AS (
-             SELECT s.id AS member_id, x.message_id
-               FROM seats s
-               CROSS JOIN LATERAL (
-                   (SELECT m.id AS message_id
-                      FROM conversation_messages m
-                     WHERE s.through_seq IS NOT NULL
-                       AND m.team_id = $1 AND m.conversation_id = s.conversation_id
-                       AND m.seq > s.through_seq
-                     ORDER BY m.seq LIMIT $6)
-                   UNION ALL
-                   (SELECT r.message_id FROM message_receipts r
-                     WHERE s.through_seq IS NULL
-                       AND r.team_id = $1 AND r.member_id = s.id AND r.delivered_at IS NULL
-                     ORDER BY r.member_id, r.message_id LIMIT $6)) x),
-         unqueued AS (
-             SELECT 1 FROM examined e
-               JOIN message_receipts r
-                 ON r.team_id = $1 AND r.message_id = e.message_id AND r.member_id = e.member_id
-               JOIN conversation_messages m ON m.team_id = $1 AND m.id = e.message_id
-              WHERE r.delivered_at IS NULL AND m.publication_state = 'stored'
-                AND (SELECT true FROM inbox_references i
-                      WHERE i.team_id = $1 AND i.recipient_key = $2
-                        AND i.kind = 'message' AND i.message_id = e.message_id LIMIT 1) IS NULL),
-         queued AS (
-             SELECT count(*) AS n FROM (
-                 SELECT 1 FROM inbox_references
-                  WHERE team_id = $1 AND recipient_key = $2 AND delivered_at IS NULL
-                  LIMIT $6) q),
-         handed_out AS (
-             SELECT count(*) AS n FROM (
-                 SELECT 1 FROM inbox_references
-                  WHERE team_id = $1 AND recipient_key = $2 AND delivered_at IS NULL
-                    AND handed_out_at >= now() - make_interval(secs => $5)
-                  LIMIT $6) h)
-         -- Receipts are examined only when the references have not
-         -- already reached the cap.
-         SELECT q.n AS queued,
-                (SELECT n FROM handed_out) AS handed_out,
-                CASE WHEN q.n >= $6 THEN 0 ELSE (SELECT count(*) FROM unqueued) END AS unqueued,
-                q.n >= $6
-                OR EXISTS (SELECT 1 FROM examined GROUP BY member_id HAVING count(*) >= $6)
-                AS at_least
-           FROM queued q",
+    let counts: Counts = sqlx::query_as(
+        "SELECT borrowed, queued, handed_out, unqueued, at_least
+         FROM inbox_owed_counts($1, $2, $3, $4, $5, $6, $7)",
     )
     .bind(me.team_id)
-    .bind(key)
     .bind(me.agent_id)
     .bind(&me.window)
+    .bind(me.session_credential.is_none() && !me.window.is_empty())
+    .bind(key)
     .bind(HANDOUT_SECS)
     .bind(COUNTED_MAX)
     .fetch_one(pool)
     .await?;
+    if counts.borrowed {
+        return Err(crate::store::conversations::borrowed_label(me));
+    }
     Ok(counts)
 }
 
