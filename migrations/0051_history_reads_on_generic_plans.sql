@@ -146,9 +146,12 @@ AS $$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY
-    SELECT t.key, t.title,
-           CASE WHEN t.status = 'claimed' AND t.lease_expires_at <= now() THEN 'open' ELSE t.status END,
-           e.kind, e.at,
+    -- The task columns are domains over text (migration 0050): RETURN QUERY
+    -- wants the declared types exactly.
+    SELECT t.key::text, t.title::text,
+           (CASE WHEN t.status = 'claimed' AND t.lease_expires_at <= now() THEN 'open'
+                 ELSE t.status END)::text,
+           e.kind::text, e.at,
            CASE WHEN e.session = '' THEN a.name ELSE a.name || '/' || e.session END
       FROM (SELECT id, team_id, key, title, status, lease_expires_at FROM tasks
              WHERE team_id = p_team AND updated_at > p_since
