@@ -88,6 +88,7 @@ mod notes;
 mod outbox;
 mod overview;
 mod owed_acks;
+mod own_posts;
 mod parallel_posts;
 mod plugin;
 mod pre_tool_use;

@@ -15,8 +15,7 @@
 use chrono::Utc;
 use sqlx::{FromRow, PgPool, Row};
 
-use super::MessageView;
-use super::read::{FENCE, Reader, ScopeKind, branches};
+use super::read::{FENCE, MINE, Reader, Rows, ScopeKind, branches};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -35,10 +34,10 @@ const BOUNDS: &str = "SELECT
                   AND ((kind = 'channel' AND $3 AND ($2::uuid IS NULL OR key = $2))
                        OR (kind = 'direct' AND $5 AND key = $4))), 0) AS pruned";
 
-/// Each branch past `$13` (the position asked) up to `$8`, not this
-/// window's own posts, oldest first, at most the page.
+/// Each branch past `$13` (the position asked) up to `$8`, oldest first, at
+/// most the page; this window's own posts are on it (`mine`: the position
+/// read up to passes them) and left out of the answer, as `read.rs` does.
 const PAST_POSITION: &str = " AND position > $13 AND position <= $8
-     AND NOT (sender_id = $2 AND sender_session = $5)
      ORDER BY {key} position LIMIT $7";
 
 /// The statement: the write fence (as every read takes it), the page, and
@@ -59,7 +58,7 @@ fn after_sql(scope: ScopeKind, all_sessions: bool) -> String {
     format!(
         "WITH {FENCE},
               page AS MATERIALIZED (
-                  SELECT {columns} FROM messages m {joins}
+                  SELECT {columns}, {MINE} AS mine FROM messages m {joins}
                   WHERE m.team_id = $1 AND m.id IN (
                       SELECT id FROM ({union}) picked ORDER BY position LIMIT $7)),
               gaps AS MATERIALIZED (
@@ -134,7 +133,7 @@ pub(super) async fn read_after(
     reader: &Reader<'_>,
     scope: ScopeKind,
     after: i64,
-) -> BusResult<(Vec<MessageView>, i64)> {
+) -> BusResult<(Rows, i64)> {
     let pool = &bus.pool;
     let scope_name = reader.scope;
     check_position(pool, me, reader, scope, scope_name, after).await?;
@@ -153,23 +152,18 @@ pub(super) async fn read_after(
             )));
         };
         sessions::Refusal::from_row(first)?.check(me)?;
-        let mut messages = Vec::with_capacity(rows.len());
-        for row in &rows {
-            if row.try_get::<Option<uuid::Uuid>, _>("id")?.is_some() {
-                messages.push(MessageView::from_row(row)?);
-            }
-        }
+        let read = Rows::of(&rows, reader.limit, true)?;
         let gaps: Vec<i64> = first
             .try_get::<Option<Vec<i64>>, _>("gaps")?
             .unwrap_or_default();
-        let newest = messages.last().map_or(after, |m| m.position);
+        let newest = read.newest.unwrap_or(after);
         if gaps.is_empty() {
             // A prune that committed after the first check (while this read
             // waited for a gap's writer, say) deleted part of the page and
             // raised its mark in one transaction: looking again after the
             // page refuses what would look whole while it is not.
             check_position(pool, me, reader, scope, scope_name, after).await?;
-            return Ok((messages, newest));
+            return Ok((read, newest));
         }
         sqlx::query("SELECT message_positions_wait($1, $2)")
             .bind(me.team_id)
@@ -180,17 +174,13 @@ pub(super) async fn read_after(
     }
 }
 
-/// The answer of every `read_messages`: `more` when the page is full, the
-/// position it read up to, and on an empty page a note saying what was
-/// read, past where, as of when (never a bare `[]`). `past` says the read
-/// was past a position (a cursor or `after`), not the latest page.
-pub(super) fn answer(
-    scope: String,
-    messages: Vec<MessageView>,
-    limit: i64,
-    read_up_to: i64,
-    past: bool,
-) -> super::ReadResult {
+/// The answer of every `read_messages`: `more` when the page is full (this
+/// window's own posts count), the position it read up to, and on an empty
+/// page a note saying what was read, past where, as of when (never a bare
+/// `[]`). `past` says the read was past a position (a cursor or `after`),
+/// not the latest page.
+pub(super) fn answer(scope: String, read: Rows, read_up_to: i64, past: bool) -> super::ReadResult {
+    let Rows { messages, full, .. } = read;
     let note = messages.is_empty().then(|| {
         let now = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
         if past {
@@ -203,7 +193,7 @@ pub(super) fn answer(
         }
     });
     super::ReadResult {
-        more: messages.len() as i64 == limit,
+        more: full,
         scope,
         messages,
         read_up_to,

@@ -29,6 +29,7 @@ use std::sync::{Mutex, OnceLock};
 
 use serde::Serialize;
 use sqlx::postgres::PgArguments;
+use sqlx::postgres::PgRow;
 use sqlx::query::Query;
 use sqlx::{FromRow, PgPool, Postgres, Row};
 use uuid::Uuid;
@@ -72,11 +73,14 @@ const DMS_FROM_THE_AGENT: &str = "SELECT id, position FROM messages
      WHERE team_id = $1 AND recipient_id IS NOT NULL AND sender_id = $2";
 
 /// `only_new`: past the cursor (read in the same statement; for DMs to the
-/// agent as a whole, past the agent's cursor too) and at most $8, not this
-/// window's own posts, oldest first, at most the page ($7). `{after}` is the
-/// cursor, `{not_read}` what a DM branch adds (a DM read on its own is not new).
-const PAST_CURSOR: &str = " AND position > {after} AND position <= $8
-     AND NOT (sender_id = $2 AND sender_session = $5){not_read}
+/// agent as a whole, past the agent's cursor too) and at most $8, oldest
+/// first, at most the page ($7). This window's own posts are on the page
+/// (`mine`) so that the cursor moves past them, and left out of the answer:
+/// filtered out here instead, a window that mostly posts walked its own
+/// posts past the cursor again on every read, and one that wrote to itself
+/// never moved its cursor at all. `{after}` is the cursor, `{not_read}` what
+/// a DM branch adds (a DM read on its own is not new).
+const PAST_CURSOR: &str = " AND position > {after} AND position <= $8{not_read}
      ORDER BY {key} position LIMIT $7";
 const WINDOW_AFTER: &str = "(SELECT after FROM cursor)";
 const AGENT_AFTER: &str = "greatest((SELECT after FROM cursor), (SELECT after FROM agent_cursor))";
@@ -91,6 +95,10 @@ const NOT_READ_ALONE: &str = "
          SELECT 1 FROM message_reads x WHERE x.team_id = $1 AND x.message_id = messages.id))";
 /// The latest page ($7), newest first.
 const LATEST: &str = " ORDER BY {key_desc} position DESC LIMIT $7";
+
+/// Whether this window posted the page's row `m`: on the page (a read past
+/// a position moves past it), not in the answer.
+pub(super) const MINE: &str = "(m.sender_id = $2 AND m.sender_session = $5)";
 
 /// The write fence (`agent_write_refusal`, migration 0016) as the first `WITH`
 /// item of a read: its function takes the lock and reads the credential in a
@@ -208,7 +216,9 @@ pub(super) fn branches(scope: ScopeKind, only_new: bool, all_sessions: bool) -> 
 
 /// The page of one read: the branches' pages merged (UNION: a DM an agent
 /// sent itself is in two branches), cut to the page. Each row says whether
-/// it is a DM to the agent as a whole (`to_agent`: the agent's cursor).
+/// this window posted it (`mine`) and whether it is a DM to the agent as a
+/// whole that another window sent (`to_agent`: it moves the agent's cursor;
+/// one this window sent stays new for the agent's other windows).
 fn page_sql(only_new: bool, scope: ScopeKind, all_sessions: bool) -> String {
     let suffix = if only_new { PAST_CURSOR } else { LATEST };
     let union: Vec<String> = branches(scope, only_new, all_sessions)
@@ -239,9 +249,9 @@ fn page_sql(only_new: bool, scope: ScopeKind, all_sessions: bool) -> String {
         .collect();
     let direction = if only_new { "" } else { " DESC" };
     format!(
-        "SELECT {columns},
+        "SELECT {columns}, {MINE} AS mine,
                 m.recipient_id IS NOT NULL AND m.recipient_id = $2
-                    AND m.recipient_session IS NULL AS to_agent
+                    AND m.recipient_session IS NULL AND NOT {MINE} AS to_agent
          FROM messages m {joins}
          WHERE m.team_id = $1 AND m.id IN (
              SELECT id FROM ({union}) picked ORDER BY position{direction} LIMIT $7)",
@@ -292,9 +302,46 @@ fn raced(err: &sqlx::Error) -> bool {
         .is_some_and(|code| code == RACED)
 }
 
+/// The messages of one read statement's rows (a row of NULL message columns,
+/// an empty page, is none of them).
+pub(super) struct Rows {
+    /// What the answer holds: with `past` (a read past a position), not this
+    /// window's own posts.
+    pub(super) messages: Vec<MessageView>,
+    /// The page's newest position, this window's own posts included: where a
+    /// read past a position got to.
+    pub(super) newest: Option<i64>,
+    /// The page was full (own posts count): more may be waiting.
+    pub(super) full: bool,
+}
+
+impl Rows {
+    pub(super) fn of(rows: &[PgRow], limit: i64, past: bool) -> BusResult<Rows> {
+        let mut read = Rows {
+            messages: Vec::with_capacity(rows.len()),
+            newest: None,
+            full: false,
+        };
+        let mut count = 0;
+        for row in rows {
+            if row.try_get::<Option<Uuid>, _>("id")?.is_none() {
+                continue;
+            }
+            count += 1;
+            let message = MessageView::from_row(row)?;
+            read.newest = read.newest.max(Some(message.position));
+            if !(past && row.try_get::<bool, _>("mine")?) {
+                read.messages.push(message);
+            }
+        }
+        read.full = count == limit;
+        Ok(read)
+    }
+}
+
 /// What one read statement answered.
 struct Page {
-    messages: Vec<MessageView>,
+    read: Rows,
     /// `only_new`: the team's positions missing below the page's newest.
     gaps: Vec<i64>,
     /// `only_new`: whether this statement moved (or created) the cursor.
@@ -403,7 +450,11 @@ impl<'a> Reader<'a> {
             // Not an error: the read runs again (an error would be logged).
             Err(err) if raced(&err) => {
                 return Ok(Page {
-                    messages: Vec::new(),
+                    read: Rows {
+                        messages: Vec::new(),
+                        newest: None,
+                        full: false,
+                    },
                     gaps: Vec::new(),
                     moved: false,
                     raced: true,
@@ -419,18 +470,12 @@ impl<'a> Reader<'a> {
         };
         sessions::Refusal::from_row(first)?.check(me)?;
         let mut page = Page {
-            messages: Vec::with_capacity(rows.len()),
+            read: Rows::of(&rows, self.limit, self.only_new)?,
             gaps: Vec::new(),
             moved: false,
             raced: false,
             cursor: 0,
         };
-        for row in &rows {
-            if row.try_get::<Option<Uuid>, _>("id")?.is_none() {
-                continue;
-            }
-            page.messages.push(MessageView::from_row(row)?);
-        }
         if self.only_new {
             page.gaps = first
                 .try_get::<Option<Vec<i64>>, _>("gaps")?
@@ -446,8 +491,9 @@ impl<'a> Reader<'a> {
     /// its writer (of this team only), then read again up to the same newest
     /// position, now all settled. If another read of the same window and
     /// scope moved the cursor first, read again from where it left it.
-    /// Also the position read up to: the page's newest, or the cursor.
-    async fn read_new(&self, pool: &PgPool) -> BusResult<(Vec<MessageView>, i64)> {
+    /// Also the position read up to: the page's newest (this window's own
+    /// posts included), or the cursor.
+    async fn read_new(&self, pool: &PgPool) -> BusResult<(Rows, i64)> {
         let team = self.me.team_id;
         let (mut through, mut settled) = (i64::MAX, settled_through(team));
         loop {
@@ -457,7 +503,7 @@ impl<'a> Reader<'a> {
                 continue;
             }
             if !page.gaps.is_empty() {
-                let newest = page.messages.last().map_or(0, |m| m.position);
+                let newest = page.read.newest.unwrap_or(0);
                 sqlx::query("SELECT message_positions_wait($1, $2)")
                     .bind(team)
                     .bind(&page.gaps)
@@ -466,13 +512,12 @@ impl<'a> Reader<'a> {
                 (through, settled) = (newest, newest);
                 continue;
             }
-            let Some(last) = page.messages.last() else {
-                return Ok((page.messages, page.cursor));
+            let Some(up_to) = page.read.newest else {
+                return Ok((page.read, page.cursor));
             };
             if page.moved {
-                let up_to = last.position;
                 settle(team, up_to);
-                return Ok((page.messages, up_to));
+                return Ok((page.read, up_to));
             }
             (through, settled) = (i64::MAX, settled_through(team));
         }
@@ -517,20 +562,19 @@ pub async fn read(bus: &Bus, me: &Identity, request: ReadRequest) -> BusResult<R
         only_new: request.only_new,
         limit,
     };
-    let (mut messages, read_up_to) = if let Some(after) = request.after {
+    let (mut read, read_up_to) = if let Some(after) = request.after {
         super::after::read_after(bus, me, &reader, scope_kind, after).await?
     } else if request.only_new {
         reader.read_new(&bus.pool).await?
     } else {
-        let messages = reader.run(&bus.pool, i64::MAX, 0).await?.messages;
-        let newest = messages.iter().map(|m| m.position).max().unwrap_or(0);
-        (messages, newest)
+        let read = reader.run(&bus.pool, i64::MAX, 0).await?.read;
+        let newest = read.newest.unwrap_or(0);
+        (read, newest)
     };
-    crate::store::messaging::acks::mark_acked(bus, me, &mut messages).await?;
+    crate::store::messaging::acks::mark_acked(bus, me, &mut read.messages).await?;
     Ok(super::after::answer(
         scope,
-        messages,
-        limit,
+        read,
         read_up_to,
         request.only_new || request.after.is_some(),
     ))
