@@ -15,7 +15,7 @@
 use chrono::Utc;
 use sqlx::{FromRow, PgPool, Row};
 
-use super::read::{FENCE, MINE, Reader, Rows, ScopeKind, branches};
+use super::read::{FENCE, MINE, Reader, Rows, ScopeKind, branches, gaps_cte};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -61,18 +61,14 @@ fn after_sql(scope: ScopeKind, all_sessions: bool) -> String {
                   SELECT {columns}, {MINE} AS mine FROM messages m {joins}
                   WHERE m.team_id = $1 AND m.id IN (
                       SELECT id FROM ({union}) picked ORDER BY position LIMIT $7)),
-              gaps AS MATERIALIZED (
-                  SELECT coalesce(array_agg(g.p ORDER BY g.p), '{{}}') AS gaps
-                  FROM generate_series(greatest($13, $9) + 1,
-                                       (SELECT max(position) FROM page)) AS g(p)
-                  WHERE NOT EXISTS (SELECT 1 FROM messages x
-                                    WHERE x.team_id = $1 AND x.position = g.p))
+              {gaps}
          SELECT f.refusal, f.session_epoch, f.refused_since, p.*, g.gaps
          FROM fence f LEFT JOIN (page p CROSS JOIN gaps g) ON true
          ORDER BY p.position",
         columns = view_columns_from!(),
         joins = view_joins!(),
         union = union.join(" UNION "),
+        gaps = gaps_cte("$13"),
     )
 }
 

@@ -279,17 +279,31 @@ fn read_sql(only_new: bool, scope: ScopeKind, all_sessions: bool) -> String {
     format!(
         "WITH {FENCE}, {CURSOR},
               page AS MATERIALIZED ({page}),
-              gaps AS MATERIALIZED (
-                  SELECT coalesce(array_agg(g.p ORDER BY g.p), '{{}}') AS gaps
-                  FROM generate_series(greatest((SELECT after FROM cursor), $9) + 1,
-                                       (SELECT max(position) FROM page)) AS g(p)
-                  WHERE NOT EXISTS (SELECT 1 FROM messages x
-                                    WHERE x.team_id = $1 AND x.position = g.p)),
+              {gaps},
               {MOVE_CURSOR}
          SELECT f.refusal, f.session_epoch, f.refused_since, p.*, g.gaps, {MOVED},
                 (SELECT after FROM cursor) AS cursor_after
          FROM fence f LEFT JOIN (page p CROSS JOIN gaps g) ON true
-         ORDER BY p.position"
+         ORDER BY p.position",
+        gaps = gaps_cte("(SELECT after FROM cursor)"),
+    )
+}
+
+/// The `gaps` item of a read past a position: the team's positions missing
+/// past `from` (or $9, below which every position is settled) up to the
+/// page's newest. One probe of the position's index entry per position, a
+/// scalar subquery the planner keeps as one: written as `NOT EXISTS` it
+/// became an anti-join, and the generic plan (which cannot see how short
+/// the range is, 1 000 rows to it) hashed every message of the team on every
+/// read (13 ms against 0.08 ms for a range of 16 in a team of 8 500).
+pub(super) fn gaps_cte(from: &str) -> String {
+    format!(
+        "gaps AS MATERIALIZED (
+             SELECT coalesce(array_agg(g.p ORDER BY g.p), '{{}}') AS gaps
+             FROM generate_series(greatest({from}, $9) + 1,
+                                  (SELECT max(position) FROM page)) AS g(p)
+             WHERE (SELECT 1 FROM messages x
+                    WHERE x.team_id = $1 AND x.position = g.p LIMIT 1) IS NULL)"
     )
 }
 
