@@ -206,23 +206,9 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, OpenErro
         // planner, which cannot know how few rows a page or a bounded count
         // touches, estimates some past `jit_above_cost` on a large history;
         // compiling them took ~1.5 s where running them takes under 1 ms.
-        //
-        // Generic plans: every statement is prepared once per connection and
-        // planned once. Left to its default, PostgreSQL plans a statement
-        // again on every call whenever its generic plan looks dearer than the
-        // custom ones, which a `LIMIT $n` (a tenth of the rows to the
-        // planner) or a range on a parameter makes it look: on a workload of
-        // the read tools (pg_stat_statements), the reads of the latest page,
-        // list_tasks and pending_for_me's lists were planned on every call,
-        // 0.5-1 ms each against 0.02-0.3 ms of running, and planning was 60 %
-        // of PostgreSQL's time (22 % of its CPU in `capacity` at 3 000
-        // agents, perf). The statements are written for one plan that fits
-        // every call (index ranges on the key a call names, bounded pages);
-        // the one that is not, search, asks for a plan of its own words
-        // (`search.rs`).
         .connect_with(
             options
-                .options([("jit", "off"), ("plan_cache_mode", "force_generic_plan")])
+                .options([("jit", "off")])
                 .disable_statement_logging(),
         )
         .await

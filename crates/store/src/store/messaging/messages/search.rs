@@ -75,15 +75,7 @@ pub async fn search(
             " ORDER BY m.position DESC LIMIT $5"
         )
     };
-    // Planned with its own words (a generic plan cannot tell a word in
-    // every message from a rare one): the pool's connections plan every
-    // statement once (`db::connect`), so this transaction asks for a custom
-    // plan for itself.
-    let mut tx = bus.pool.begin().await?;
-    sqlx::query("SET LOCAL plan_cache_mode = force_custom_plan")
-        .execute(&mut *tx)
-        .await?;
-    let found = sqlx::query_as(sql)
+    Ok(sqlx::query_as(sql)
         .bind(me.team_id)
         .bind(me.agent_id)
         .bind(&me.window)
@@ -92,10 +84,9 @@ pub async fn search(
         .bind(&literals.required)
         .bind(&literals.excluded)
         .bind(SEARCH_CANDIDATES)
-        // Unnamed: planned for each search, nothing kept.
+        // Unnamed, so each search is planned with its own words: a generic
+        // plan cannot tell a word in every message from a rare one.
         .persistent(false)
-        .fetch_all(&mut *tx)
-        .await?;
-    tx.commit().await?;
-    Ok(found)
+        .fetch_all(&bus.pool)
+        .await?)
 }
