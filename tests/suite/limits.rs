@@ -742,18 +742,19 @@ async fn a_team_at_its_cap_of_calls_in_flight_leaves_room_for_other_teams() {
 /// stay taken until that stream ends, not until the handler first answered.
 #[tokio::test]
 async fn a_long_poll_streaming_progress_keeps_its_slot_until_it_ends() {
-    let (app, alice, _bob) = app_with(HttpSettings {
+    let (app, alice, bob) = app_with(HttpSettings {
         max_long_polls_per_credential: 1,
         ..HttpSettings::default()
     })
     .await;
     let app = Arc::new(app);
+    // Longer than the default 50 s: only such a wait sends progress.
     let waiter = {
         let (app, alice) = (app.clone(), alice.clone());
         tokio::spawn(async move {
             let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
                               "params": {"name": "wait_for_updates",
-                                         "arguments": {"timeout_seconds": 9},
+                                         "arguments": {"timeout_seconds": 120},
                                          "_meta": {"progressToken": "p1"}}})
             .to_string();
             let response = http_client()
@@ -783,13 +784,20 @@ async fn a_long_poll_streaming_progress_keeps_its_slot_until_it_ends() {
         status, 429,
         "the streaming wait still holds the one long-poll slot: {body}"
     );
+    let (status, _, body) = post(
+        &app,
+        &bob,
+        call_body("post_message", json!({"to": "alice", "body": "wake up"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
     let (status, text) = waiter.await.unwrap();
     assert_eq!(status, 200);
     assert!(
         text.contains("notifications/progress"),
         "progress was streamed: {text}"
     );
-    assert!(text.contains("timed_out"), "{text}");
+    assert!(text.contains(r#""woke":true"#), "woken by the DM: {text}");
 }
 
 /// A body that does not arrive in time is answered 408 and gives its

@@ -248,6 +248,12 @@ async fn a_blocked_long_poll_is_an_open_long_poll_until_it_answers() {
         "bus_mcp_tool_call_duration_seconds_count",
         &[("tool", "wait_for_updates")],
     );
+    // Timed from when the wait began: the HTTP gate runs a plain wait before
+    // rmcp sees the call (`mcp::park`), and the tool only answers it.
+    let sum = "bus_mcp_tool_call_duration_seconds_sum";
+    let with = [("tool", "wait_for_updates")];
+    let waited = value(&after, sum, &with) - value(&before, sum, &with);
+    assert!(waited >= 3.0, "a 3 s wait was timed as {waited} s in {sum}");
 }
 
 #[tokio::test]

@@ -391,32 +391,74 @@ impl rmcp::ClientHandler for ProgressRecorder {
     }
 }
 
-#[tokio::test]
-async fn a_blocked_wait_sends_progress_when_the_client_asks_for_it() {
+/// Alice of a new team `acme` on rmcp's own client, recording the progress
+/// notifications it receives (rmcp's client asks for progress on every call).
+async fn recorded_alice() -> (
+    crate::support::TestApp,
+    rmcp::service::RunningService<rmcp::RoleClient, ProgressRecorder>,
+    tokio::sync::mpsc::UnboundedReceiver<rmcp::model::ProgressNotificationParam>,
+) {
     use rmcp::ServiceExt;
-    use rmcp::model::{CallToolRequestParams, NumberOrString, ProgressToken, RequestParamsMeta};
     use rmcp::transport::StreamableHttpClientTransport;
     use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 
     let app = spawn_app().await;
     app.team("acme").await;
     let token = app.agent("acme", "alice").await;
-    let (sender, mut received) = tokio::sync::mpsc::unbounded_channel();
+    let (sender, received) = tokio::sync::mpsc::unbounded_channel();
     let config = StreamableHttpClientTransportConfig::with_uri(app.mcp_url()).auth_header(token);
     let client = ProgressRecorder(sender)
         .serve(StreamableHttpClientTransport::from_config(config))
         .await
         .unwrap();
+    (app, client, received)
+}
+
+#[tokio::test]
+async fn a_blocked_wait_sends_progress_when_the_client_asks_for_it() {
+    use rmcp::model::{CallToolRequestParams, NumberOrString, ProgressToken, RequestParamsMeta};
+
+    let (app, client, mut received) = recorded_alice().await;
     // rmcp's client assigns its own token; asking for one is what matters.
+    // Progress is sent for a wait longer than the default 50 s (one that
+    // clients allowing ~60 s a call would cut without it).
     let mut params = CallToolRequestParams::new("wait_for_updates")
-        .with_arguments(json!({"timeout_seconds": 7}).as_object().unwrap().clone());
+        .with_arguments(json!({"timeout_seconds": 120}).as_object().unwrap().clone());
     params.set_progress_token(ProgressToken(NumberOrString::String("w-1".into())));
+    let wait = tokio::spawn(async move { client.call_tool(params).await.unwrap() });
+    let progress = tokio::time::timeout(Duration::from_secs(30), received.recv())
+        .await
+        .expect("a progress notification within 30 s of blocking")
+        .expect("the recorder is alive");
+    assert_eq!(progress.total, Some(120.0));
+    // A DM ends the wait; its answer comes after the progress.
+    let bob = app.mcp(&app.agent("acme", "bob").await, None).await;
+    bob.call(
+        "post_message",
+        json!({"to": "alice", "body": "done waiting"}),
+    )
+    .await
+    .unwrap();
+    let result = wait.await.unwrap();
+    assert_eq!(result.structured_content.unwrap()["woke"], true);
+}
+
+#[tokio::test]
+async fn a_wait_within_the_default_length_sends_no_progress() {
+    use rmcp::model::CallToolRequestParams;
+
+    let (_app, client, mut received) = recorded_alice().await;
+    // rmcp's client asks for progress on this call too; a wait that ends
+    // within the default sends none (the server waits for it before rmcp
+    // builds its per-request service: `mcp::park`).
+    let params = CallToolRequestParams::new("wait_for_updates")
+        .with_arguments(json!({"timeout_seconds": 6}).as_object().unwrap().clone());
     let result = client.call_tool(params).await.unwrap();
     assert_eq!(result.structured_content.unwrap()["timed_out"], true);
-    let progress = received
-        .try_recv()
-        .expect("a progress notification while blocked");
-    assert_eq!(progress.total, Some(7.0));
+    assert!(
+        received.try_recv().is_err(),
+        "no progress for a wait within the default"
+    );
 }
 
 #[tokio::test]

@@ -97,6 +97,8 @@ const ROUTES: &[&str] = &[
 ];
 
 pub struct AppState {
+    /// For the waits the gate runs itself ([`crate::mcp::park`]).
+    pub bus: Bus,
     pub pool: PgPool,
     pub events: acs_store::events::Events,
     pub backends: acs_store::backend::Backends,
@@ -115,6 +117,7 @@ pub struct AppState {
 /// rmcp is given no token that would end a stream before its answer.
 pub fn router(bus: Bus, settings: HttpSettings) -> Router {
     let state = Arc::new(AppState {
+        bus: bus.clone(),
         pool: bus.pool.clone(),
         events: bus.events.clone(),
         backends: bus.backends.clone(),
@@ -536,6 +539,15 @@ async fn mcp_gate(State(state): State<Arc<AppState>>, request: Request, next: Ne
     } else {
         ordinary
     };
+    // A blocked wait waits here, before rmcp builds its service for the
+    // request (`mcp::park`): what a fleet's idle windows hold is then the
+    // request and the wait, not rmcp's tasks and channels.
+    if checked.tool() == Some(crate::mcp::PARKED_TOOL) {
+        own_the_head(&mut parts);
+        if let Some(parked) = crate::mcp::park(&state.bus, &identity, &bytes).await {
+            parts.extensions.insert(parked);
+        }
+    }
     parts.extensions.insert(identity);
     // Shared, not copied: only a call whose arguments fail to deserialise
     // reads it again, to name what is wrong (`mcp::BusServer::dispatch`).
@@ -555,6 +567,33 @@ async fn mcp_gate(State(state): State<Arc<AppState>>, request: Request, next: Ne
             _slots: (_slot, _call),
         }),
     )
+}
+
+/// Copy the request's header values and URIs into allocations of their own.
+/// hyper hands them out as slices of the connection's read buffer, so a
+/// request kept for minutes (a blocked wait) would keep that 8 KiB buffer
+/// alive beside the one hyper reads on with, to notice a client that goes
+/// away: once copied, the first buffer is freed.
+fn own_the_head(parts: &mut http::request::Parts) {
+    let owned = |value: &HeaderValue| {
+        let mut copy = HeaderValue::from_bytes(value.as_bytes()).unwrap_or_else(|_| value.clone());
+        copy.set_sensitive(value.is_sensitive());
+        copy
+    };
+    let headers = std::mem::take(&mut parts.headers);
+    parts.headers = headers
+        .iter()
+        .map(|(name, value)| (name.clone(), owned(value)))
+        .collect();
+    let own_uri = |uri: &axum::http::Uri| axum::http::Uri::try_from(uri.to_string()).ok();
+    if let Some(uri) = own_uri(&parts.uri) {
+        parts.uri = uri;
+    }
+    if let Some(original) = parts.extensions.get_mut::<axum::extract::OriginalUri>()
+        && let Some(uri) = own_uri(&original.0)
+    {
+        original.0 = uri;
+    }
 }
 
 /// Who sends an `/mcp` request, or the refusal. The window headers are

@@ -22,6 +22,8 @@ mod sessions;
 mod tasks;
 mod waits;
 
+pub use waits::{PARKED_TOOL, Parked, park};
+
 use std::sync::Arc;
 
 use rmcp::handler::server::router::tool::ToolRouter;
@@ -135,7 +137,11 @@ impl ServerHandler for BusServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let started = std::time::Instant::now();
+        // A wait the HTTP gate ran before this ([`park`]) is timed from its start.
+        let started = http_parts(&context)
+            .ok()
+            .and_then(|parts| parts.extensions.get::<Parked>())
+            .map_or_else(std::time::Instant::now, Parked::started);
         // Only a tool that exists names its label: a caller's text never does.
         let tool = match self.shared.tools.get(&request.name) {
             Some(tool) => tool.name.clone(),

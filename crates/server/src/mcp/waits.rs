@@ -1,8 +1,10 @@
 //! Waiting tools: `wait_for_updates` and `ask_agent`. The logic is in
 //! `store::messaging::waits`; this file adds MCP progress notifications while a call
-//! blocks, when the client asked for progress.
+//! blocks, when the client asked for progress, and [`park`]: the HTTP gate's way
+//! to run a `wait_for_updates` before rmcp builds anything for the request.
 
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use rmcp::handler::server::tool::Extension;
 use rmcp::handler::server::wrapper::Parameters;
@@ -13,6 +15,8 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::{BusServer, caller, refusal, reply};
+use acs_store::Bus;
+use acs_store::auth::Identity;
 use acs_store::error::{BusError, BusResult};
 use acs_store::store::messaging::waits;
 
@@ -48,6 +52,80 @@ pub struct AskArgs {
     /// request_id from this window within 24 h asks nothing again: it waits for the answer to
     /// the first question (like resume_message_id); the same id with other arguments is refused.
     pub request_id: Option<String>,
+}
+
+/// A `wait_for_updates` that already ran, parked in the request's extensions
+/// for the tool to answer with. A blocked wait is most of a large fleet's
+/// requests, and rmcp's service for a stateless request (its tasks and
+/// channels, ~60 KB) lives as long as the handler runs: waited for here,
+/// before the request reaches rmcp, a blocked wait holds only the HTTP
+/// request and the wait itself. rmcp then handles the call as any other
+/// (protocol checks, the argument struct, the answer's JSON-RPC shape); the
+/// tool finds the outcome here instead of waiting. A client that goes away
+/// drops the request, and the wait with it, as rmcp's cancellation would.
+#[derive(Clone)]
+pub struct Parked {
+    started: Instant,
+    outcome: Arc<Mutex<Option<BusResult<waits::WaitResult>>>>,
+}
+
+impl Parked {
+    /// When the wait began, for the call's duration in the metrics.
+    pub(super) fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// The outcome, once: a request is answered once.
+    fn take(&self) -> Option<BusResult<waits::WaitResult>> {
+        self.outcome.lock().ok()?.take()
+    }
+}
+
+/// The tool [`park`] runs.
+pub const PARKED_TOOL: &str = "wait_for_updates";
+
+/// Run the `wait_for_updates` call `body` holds, for `me`, when nothing about
+/// it needs rmcp while it waits: arguments that deserialise and pass the
+/// checks (anything else goes on to the tool, which refuses it as always),
+/// and no progress to send. Progress goes out through rmcp's peer, and it is
+/// sent only where it keeps a call alive: a wait longer than the default
+/// ([`waits::TIMEOUT_DEFAULT_SECS`], under the ~60 s clients allow a call)
+/// whose client asked for it (rmcp's client asks on every call). `None`
+/// leaves the call to the tool.
+pub async fn park(bus: &Bus, me: &Identity, body: &[u8]) -> Option<Parked> {
+    #[derive(Deserialize)]
+    struct Message {
+        params: Params,
+    }
+    #[derive(Deserialize)]
+    struct Params {
+        #[serde(default)]
+        arguments: Option<serde_json::Value>,
+        #[serde(rename = "_meta", default)]
+        meta: Option<serde_json::Map<String, serde_json::Value>>,
+    }
+    let params = serde_json::from_slice::<Message>(body).ok()?.params;
+    let arguments = params
+        .arguments
+        .unwrap_or_else(|| serde_json::Value::Object(Default::default()));
+    let args = serde_json::from_value::<WaitArgs>(arguments).ok()?;
+    let request = waits::WaitRequest {
+        timeout: waits::check_timeout(args.timeout_seconds).ok()?,
+        kinds: waits::parse_kinds(args.kinds).ok()?,
+        all_channels: args.all_channels,
+    };
+    let asks_progress = params
+        .meta
+        .is_some_and(|meta| meta.contains_key("progressToken"));
+    if asks_progress && request.timeout > Duration::from_secs(waits::TIMEOUT_DEFAULT_SECS) {
+        return None;
+    }
+    let started = Instant::now();
+    let outcome = waits::wait_for_updates(bus, me, request).await;
+    Some(Parked {
+        started,
+        outcome: Arc::new(Mutex::new(Some(outcome))),
+    })
 }
 
 /// Sends a progress notification every few seconds while alive, if the
@@ -122,6 +200,9 @@ impl BusServer {
         ctx: RequestContext<RoleServer>,
         Parameters(args): Parameters<WaitArgs>,
     ) -> Result<CallToolResult, ErrorData> {
+        if let Some(outcome) = parts.extensions.get::<Parked>().and_then(Parked::take) {
+            return reply(outcome);
+        }
         let me = caller(&parts)?;
         let request = match (
             waits::check_timeout(args.timeout_seconds),

@@ -160,6 +160,11 @@ pub(super) struct Checked {
 }
 
 impl Checked {
+    /// The tool a `tools/call` names, when short enough to keep.
+    pub(super) fn tool(&self) -> Option<&str> {
+        self.tool.as_deref()
+    }
+
     /// Whether the message is a `tools/call` of a long-polling tool
     /// ([`LONG_POLL_TOOLS`]), which moves to its caller's long-poll counts.
     pub(super) fn is_long_poll(&self) -> bool {
