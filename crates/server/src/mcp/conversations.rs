@@ -198,14 +198,8 @@ impl BusServer {
         Extension(parts): Extension<http::request::Parts>,
         Parameters(args): Parameters<ConversationIdArgs>,
     ) -> Result<CallToolResult, ErrorData> {
-        self.once_in(
-            &parts,
-            "join_conversation",
-            args.conversation_id,
-            args.request_id.as_deref(),
-            conversations::join,
-        )
-        .await
+        self.once_on(&parts, "join_conversation", args, conversations::join)
+            .await
     }
 
     #[tool(
@@ -217,14 +211,8 @@ impl BusServer {
         Extension(parts): Extension<http::request::Parts>,
         Parameters(args): Parameters<ConversationIdArgs>,
     ) -> Result<CallToolResult, ErrorData> {
-        self.once_in(
-            &parts,
-            "leave_conversation",
-            args.conversation_id,
-            args.request_id.as_deref(),
-            conversations::leave,
-        )
-        .await
+        self.once_on(&parts, "leave_conversation", args, conversations::leave)
+            .await
     }
 
     #[tool(
@@ -256,14 +244,8 @@ impl BusServer {
         Extension(parts): Extension<http::request::Parts>,
         Parameters(args): Parameters<ConversationIdArgs>,
     ) -> Result<CallToolResult, ErrorData> {
-        self.once_in(
-            &parts,
-            "archive_conversation",
-            args.conversation_id,
-            args.request_id.as_deref(),
-            conversations::archive,
-        )
-        .await
+        self.once_on(&parts, "archive_conversation", args, conversations::archive)
+            .await
     }
 
     #[tool(
@@ -330,5 +312,19 @@ impl BusServer {
             (w, done)
         })
         .await
+    }
+
+    /// [`Self::once_in`] for a tool whose only arguments are the
+    /// conversation and the request id.
+    async fn once_on<T: Serialize>(
+        &self,
+        parts: &http::request::Parts,
+        tool: &str,
+        args: ConversationIdArgs,
+        change: impl AsyncFnOnce(&mut Writer, &Identity, Uuid) -> BusResult<T>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let request_id = args.request_id.as_deref();
+        self.once_in(parts, tool, args.conversation_id, request_id, change)
+            .await
     }
 }
