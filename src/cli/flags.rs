@@ -9,7 +9,7 @@
 //!   open the database ([`DATABASE_COMMANDS`]);
 //! - `--log-format`: those, and `mcp proxy` (a long-running process whose
 //!   stderr a host keeps);
-//! - `--json`: the commands that print JSON ([`JSON_COMMANDS`]);
+//! - `--json`: the commands that print JSON ([`LOCAL_COMMANDS`], [`JSON_COMMANDS`]);
 //! - a secret's file flag (`--token-file`, `--nats-url-file`,
 //!   `--dashboard-secret-file`): the commands that take that secret's flag.
 //!
@@ -18,11 +18,10 @@
 
 use clap::{ArgMatches, Command, parser::ValueSource};
 
-/// Command paths (a prefix takes in every command under it) that open the
-/// database: the server, the local operator commands, `admin bootstrap`.
-const DATABASE_COMMANDS: &[&[&str]] = &[
-    &["serve"],
-    &["migrate"],
+/// The local operator commands and `admin bootstrap`: they open the
+/// database, and print JSON with `--json`. A path is a prefix: it takes in
+/// every command under it.
+const LOCAL_COMMANDS: &[&[&str]] = &[
     &["doctor"],
     &["quickstart"],
     &["team"],
@@ -34,21 +33,18 @@ const DATABASE_COMMANDS: &[&[&str]] = &[
     &["admin", "bootstrap"],
 ];
 
+/// The server and `migrate`: they open the database.
+const SERVER_COMMANDS: &[&[&str]] = &[&["serve"], &["migrate"]];
+
+/// The commands that open the database.
+const DATABASE_COMMANDS: &[&[&[&str]]] = &[SERVER_COMMANDS, LOCAL_COMMANDS];
+
 /// Commands besides [`DATABASE_COMMANDS`] whose logs `--log-format` shapes.
 const LOGGING_COMMANDS: &[&[&str]] = &[&["mcp", "proxy"]];
 
-/// Commands that print JSON with `--json`.
+/// The commands besides [`LOCAL_COMMANDS`] that print JSON with `--json`.
 const JSON_COMMANDS: &[&[&str]] = &[
-    &["doctor"],
-    &["quickstart"],
-    &["team"],
-    &["agent"],
-    &["person"],
-    &["conversations"],
-    &["token"],
-    &["webhook"],
     &["client"],
-    &["admin", "bootstrap"],
     &["admin", "whoami"],
     &["admin", "team"],
     &["admin", "agent"],
@@ -71,14 +67,14 @@ enum Takes {
 
 /// The root's flags given only to some commands (by clap id).
 const PLACED: &[(&str, Takes)] = &[
-    ("database_url", Takes::Under(&[DATABASE_COMMANDS])),
-    ("database_url_file", Takes::Under(&[DATABASE_COMMANDS])),
-    ("data_dir", Takes::Under(&[DATABASE_COMMANDS])),
+    ("database_url", Takes::Under(DATABASE_COMMANDS)),
+    ("database_url_file", Takes::Under(DATABASE_COMMANDS)),
+    ("data_dir", Takes::Under(DATABASE_COMMANDS)),
     (
         "log_format",
-        Takes::Under(&[DATABASE_COMMANDS, LOGGING_COMMANDS]),
+        Takes::Under(&[SERVER_COMMANDS, LOCAL_COMMANDS, LOGGING_COMMANDS]),
     ),
-    ("json", Takes::Under(&[JSON_COMMANDS])),
+    ("json", Takes::Under(&[LOCAL_COMMANDS, JSON_COMMANDS])),
     ("token_file", Takes::Beside("token")),
     ("nats_url_file", Takes::Beside("nats_url")),
     ("dashboard_secret_file", Takes::Beside("dashboard_secret")),
@@ -300,7 +296,7 @@ mod tests {
     #[test]
     fn database_commands_take_the_database_flags() {
         for (path, command) in all_commands() {
-            let under = DATABASE_COMMANDS.iter().any(|p| {
+            let under = DATABASE_COMMANDS.iter().copied().flatten().any(|p| {
                 path.iter()
                     .map(String::as_str)
                     .collect::<Vec<_>>()
