@@ -6,7 +6,7 @@ use uuid::Uuid;
 
 use super::access::{not_found, open, refuse_borrowed_label, require_manager, visible};
 use super::seats::{MEMBERS_MAX, invite_new_seat, lock_seats, parse_window, resolve_window};
-use super::{ConversationView, Publication, SeatRole, Visibility, audit, view, view_select};
+use super::{ConversationView, Publication, SeatRole, Visibility, audit_own, view, view_select};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::backend::BackendKind;
@@ -168,12 +168,11 @@ pub async fn create(
     .bind(&me.window)
     .execute(&mut *tx)
     .await?;
-    audit(
+    audit_own(
         &mut tx,
         me,
-        Some(id),
+        id,
         "create",
-        &me.address(),
         serde_json::json!({
             "visibility": visibility,
             "project_id": project_id,
@@ -231,12 +230,11 @@ pub async fn archive(w: &mut Writer, me: &Identity, id: Uuid) -> BusResult<Conve
         .bind(me.agent_id)
         .execute(&mut *tx)
         .await?;
-        audit(
+        audit_own(
             &mut tx,
             me,
-            Some(id),
+            id,
             "archive",
-            &me.address(),
             serde_json::json!({ "last_seq": conversation.last_seq }),
         )
         .await?;

@@ -394,6 +394,18 @@ async fn view(conn: &mut PgConnection, me: &Identity, id: Uuid) -> BusResult<Con
         .ok_or_else(|| not_found(id))
 }
 
+/// [`audit`] of what the caller did with its own seat of conversation `id`:
+/// the subject is the caller's address.
+pub(crate) async fn audit_own(
+    conn: &mut PgConnection,
+    me: &Identity,
+    id: Uuid,
+    action: &str,
+    detail: Value,
+) -> BusResult<()> {
+    audit(conn, me, Some(id), action, &me.address(), detail).await
+}
+
 /// One row of the conversation audit log, in the caller's transaction. Never a body.
 pub(crate) async fn audit(
     conn: &mut PgConnection,

@@ -9,7 +9,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::access::not_found;
-use super::{Conversation, audit, load};
+use super::{Conversation, audit_own, load};
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -222,12 +222,11 @@ async fn recover_entitled(
             chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
         )
     });
-    audit(
+    audit_own(
         &mut tx,
         me,
-        Some(conversation.id),
+        conversation.id,
         "recover",
-        &me.address(),
         serde_json::json!({
             "after_seq": after_seq, "returned": messages.len(), "next_after_seq": next_after_seq,
         }),

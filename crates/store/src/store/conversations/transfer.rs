@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::access::{not_found, open, standing, visible};
 use super::seats::{SeatRow, lock_seats, parse_window};
-use super::{Conversation, Membership, SeatState, audit};
+use super::{Conversation, Membership, SeatState, audit_own};
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::store;
@@ -119,12 +119,11 @@ pub async fn transfer(w: &mut Writer, me: &Identity, id: Uuid, to: &str) -> BusR
     .bind(&to)
     .execute(&mut *tx)
     .await?;
-    audit(
+    audit_own(
         &mut tx,
         me,
-        Some(id),
+        id,
         "transfer",
-        &me.address(),
         serde_json::json!({
             "phase": "proposed", "to": target_address, "replaces": seat.transfer_to_session,
         }),
@@ -243,12 +242,11 @@ pub(super) async fn transfer_complete(
         .execute(&mut *conn)
         .await?;
     let from = store::address(&me.agent, &source.session);
-    audit(
+    audit_own(
         conn,
         me,
-        Some(id),
+        id,
         "transfer",
-        &me.address(),
         serde_json::json!({
             "phase": "completed", "from": from, "role": source.role,
             "history_from_seq": source.history_from_seq, "receipts_moved": moved,
