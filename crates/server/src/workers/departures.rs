@@ -100,18 +100,15 @@ pub fn spawn(
     shutdown: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     let interval = settings.interval;
-    super::every(interval, shutdown, move || {
-        let (pool, settings) = (bus.pool.clone(), settings.clone());
-        async move {
-            // A failed pass leaves the tasks claimed until the next one.
-            super::report(
-                "departures",
-                "released the claimed tasks of windows that left and did not come back, or \
-                 were revoked",
-                run_once(&pool, &settings)
-                    .await
-                    .map(|keys| keys.len() as u64),
-            );
-        }
+    super::every_with(interval, bus, settings, shutdown, async |pool, settings| {
+        // A failed pass leaves the tasks claimed until the next one.
+        super::report(
+            "departures",
+            "released the claimed tasks of windows that left and did not come back, or \
+             were revoked",
+            run_once(&pool, &settings)
+                .await
+                .map(|keys| keys.len() as u64),
+        );
     })
 }

@@ -19,7 +19,9 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use acs_store::Bus;
 use acs_store::error::BusResult;
+use sqlx::PgPool;
 
 /// Run `pass` every `interval` (the first at start) until `shutdown`: the
 /// one loop of every periodic worker. A late tick is delayed, never
@@ -43,6 +45,25 @@ where
             }
             pass().await;
         }
+    })
+}
+
+/// [`every`] for a worker with settings: each pass gets the pool and its
+/// own copy of `settings`.
+pub(crate) fn every_with<S, F, Fut>(
+    interval: Duration,
+    bus: Bus,
+    settings: S,
+    shutdown: CancellationToken,
+    pass: F,
+) -> JoinHandle<()>
+where
+    S: Clone + Send + 'static,
+    F: Fn(PgPool, S) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    every(interval, shutdown, move || {
+        pass(bus.pool.clone(), settings.clone())
     })
 }
 

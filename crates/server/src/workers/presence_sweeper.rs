@@ -113,23 +113,20 @@ pub fn spawn(
     shutdown: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     let interval = settings.interval;
-    super::every(interval, shutdown, move || {
-        let (pool, settings) = (bus.pool.clone(), settings.clone());
-        async move {
-            let deleted = sweep(&pool, settings.retention, settings.batch).await;
-            super::report("presence sweeper", "deleted long-dead windows", deleted);
-            let freed = release_reservations(&pool, settings.batch).await;
-            super::report(
-                "presence sweeper",
-                "deleted the path reservations of windows gone idle, and expired ones",
-                freed,
-            );
-            let released = release_inbox(&pool, settings.inbox_retention, settings.batch).await;
-            super::report(
-                "presence sweeper",
-                "released inbox references owed to long-dead windows (their receipts stay)",
-                released,
-            );
-        }
+    super::every_with(interval, bus, settings, shutdown, async |pool, settings| {
+        let deleted = sweep(&pool, settings.retention, settings.batch).await;
+        super::report("presence sweeper", "deleted long-dead windows", deleted);
+        let freed = release_reservations(&pool, settings.batch).await;
+        super::report(
+            "presence sweeper",
+            "deleted the path reservations of windows gone idle, and expired ones",
+            freed,
+        );
+        let released = release_inbox(&pool, settings.inbox_retention, settings.batch).await;
+        super::report(
+            "presence sweeper",
+            "released inbox references owed to long-dead windows (their receipts stay)",
+            released,
+        );
     })
 }
