@@ -183,7 +183,11 @@ pub async fn wait_for_updates(
                 Box::new(move |event| may_concern(event, &me, &request)),
             )
         };
-        let focus = match messages::default_channel(bus, me).await? {
+        // Changes committed from `since` on are found by the database check
+        // too, so a notification that never arrives delays a wake by one
+        // re-check at most.
+        let (since, labels) = start(bus, me).await?;
+        let focus = match messages::default_channel_of(&labels, me) {
             Some(default) => channels::find(bus, me, &default.name).await?.map(|c| c.id),
             None => None,
         };
@@ -191,13 +195,9 @@ pub async fn wait_for_updates(
             .kinds
             .as_ref()
             .is_none_or(|k| k.contains(&EventKind::Message));
-        // Changes committed from here on are found by the database check too, so
-        // a notification that never arrives delays a wake by one re-check at most.
-        let since: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
-            .fetch_one(&bus.pool)
-            .await?;
         let deadline = Instant::now() + request.timeout;
         let request = &request;
+        let mut first_look = true;
         let polled = long_poll(
             &mut events,
             bus,
@@ -209,16 +209,26 @@ pub async fn wait_for_updates(
                     OnEvent::Ignore
                 }
             },
-            || async move {
-                // Unread direct messages wake at once: they may have arrived before we subscribed.
-                if wants_messages {
-                    let pending = pending_direct(bus, me).await?;
-                    if !pending.is_empty() {
-                        return Ok(Some(pending));
+            move || {
+                let first = std::mem::replace(&mut first_look, false);
+                async move {
+                    // Unread direct messages wake at once: they may have arrived before we subscribed.
+                    if wants_messages {
+                        let pending = pending_direct(bus, me).await?;
+                        if !pending.is_empty() {
+                            return Ok(Some(pending));
+                        }
                     }
+                    // The first look comes a round trip after `since`: what was
+                    // committed in between is an event this wait is subscribed
+                    // to, and one whose notification was lost is found by the
+                    // next look, as during the rest of the wait.
+                    if first {
+                        return Ok(None);
+                    }
+                    let missed = changes_since(bus, me, since, focus, request).await?;
+                    Ok((!missed.is_empty()).then_some(missed))
                 }
-                let missed = changes_since(bus, me, since, focus, request).await?;
-                Ok((!missed.is_empty()).then_some(missed))
             },
         )
         .await?;
@@ -236,6 +246,29 @@ pub async fn wait_for_updates(
         }
     })
     .await
+}
+
+/// The database's clock as a wait begins (its `since`) and the labels its
+/// window's default channel is decided from, in one round trip: a wait
+/// begins again after every answer, so a fleet's waits begin by thousands.
+async fn start(bus: &Bus, me: &Identity) -> BusResult<(DateTime<Utc>, messages::ChannelLabels)> {
+    #[derive(sqlx::FromRow)]
+    struct Start {
+        since: DateTime<Utc>,
+        #[sqlx(flatten)]
+        labels: messages::ChannelLabels,
+    }
+    let start: Start = sqlx::query_as(
+        "SELECT now() AS since, p.channel, p.project
+         FROM (SELECT) AS one
+         LEFT JOIN presence p ON p.team_id = $1 AND p.agent_id = $2 AND p.session = $3",
+    )
+    .bind(me.team_id)
+    .bind(me.agent_id)
+    .bind(&me.window)
+    .fetch_one(&bus.pool)
+    .await?;
+    Ok((start.since, start.labels))
 }
 
 /// What changed since `since` that concerns this window, read from the
