@@ -24,7 +24,9 @@
 //!    enforced while streaming (413); then the body must be one JSON-RPC
 //!    message, nested at most [`malformed::JSON_DEPTH_MAX`] deep, with a
 //!    protocol version this server speaks (400; see [`malformed`]); a long
-//!    poll then moves to its caller's long-poll counts (429 at a cap).
+//!    poll then moves to its caller's long-poll counts (429 at a cap), and
+//!    a `wait_for_updates` that needs nothing of rmcp while it blocks waits
+//!    here ([`crate::mcp::park`]).
 //! 4. rmcp's Streamable HTTP service, stateless with JSON responses, sees the
 //!    caller's [`Identity`] in the request extensions. A refusal it still
 //!    answers in plain text is rewritten as JSON on the way out.
