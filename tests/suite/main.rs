@@ -90,6 +90,7 @@ mod overview;
 mod owed_acks;
 mod own_posts;
 mod parallel_posts;
+mod pending;
 mod plugin;
 mod pre_tool_use;
 mod presence;
