@@ -18,8 +18,11 @@
 //! direct messages are counted as `whoami` counts them: a DM to the agent as
 //! a whole that any window of the agent read is not unread here.
 
+use std::sync::LazyLock;
+
 use chrono::{DateTime, Duration, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use sqlx::types::Json;
 use uuid::Uuid;
 
 use crate::Bus;
@@ -43,8 +46,6 @@ const CONVERSATIONS_SHOWN: i64 = 20;
 /// a preview (the oldest first).
 const AWAITING_SHOWN: i64 = 5;
 const TASKS_SHOWN: i64 = 20;
-/// How much of a body a preview keeps (the queries' `left(m.body, 280)` too).
-const PREVIEW_CHARS: usize = 280;
 /// `lease_within_seconds`: default and bounds.
 pub const LEASE_WITHIN_DEFAULT: i64 = 300;
 const LEASE_WITHIN_MAX: i64 = 86_400;
@@ -52,7 +53,7 @@ const LEASE_WITHIN_MAX: i64 = 86_400;
 const SINCE_MAX: Duration = Duration::days(7);
 
 /// A message, shortened.
-#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Preview {
     pub message_id: Uuid,
     pub from: String,
@@ -83,7 +84,7 @@ pub struct AwaitingAck {
 }
 
 /// A task of this window whose lease is about to lapse.
-#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ExpiringTask {
     pub key: String,
     pub title: String,
@@ -138,24 +139,20 @@ pub async fn pending_for_me(
     }
     let since = since.map(|s| s.max(now - SINCE_MAX));
     // One after another, as whoami does: at once they would hold several of
-    // the pool's connections for one call.
-    let unread = messages::unread_direct(bus, me).await?;
-    let direct_messages = if unread.count > 0 {
-        previews_of(bus, me, DIRECT_SHOWN).await?
-    } else {
-        Vec::new()
-    };
-    let open_questions = open_questions(bus, me).await?;
+    // the pool's connections for one call. The window's own lists come in
+    // one statement ([`own_lists`]).
+    let OwnLists {
+        unread,
+        direct_messages,
+        open_questions,
+        expiring_tasks,
+        announcements,
+    } = own_lists(bus, me, within, since).await?;
     let conversations = receipts::owed_acknowledgements(bus, me, CONVERSATIONS_SHOWN).await?;
     let awaiting_ack = if conversations.is_empty() {
         Vec::new()
     } else {
         awaiting_ack(bus, me).await?
-    };
-    let expiring_tasks = expiring_tasks(bus, me, within).await?;
-    let announcements = match since {
-        Some(since) => announcements_since(bus, me, since).await?,
-        None => Vec::new(),
     };
     let holdings = holdings::of_window(&bus.pool, me).await?;
     let owed_acks = owed::pending(&bus.pool, me).await?;
@@ -172,25 +169,9 @@ pub async fn pending_for_me(
     })
 }
 
-async fn previews_of(bus: &Bus, me: &Identity, limit: i64) -> BusResult<Vec<Preview>> {
-    let views = messages::unread_direct_messages(bus, me, limit).await?;
-    Ok(views
-        .into_iter()
-        .map(|m| {
-            let preview: String = m.body.chars().take(PREVIEW_CHARS).collect();
-            Preview {
-                message_id: m.id,
-                from: m.from,
-                channel: None,
-                at: m.created_at,
-                truncated: preview.len() < m.body.len(),
-                preview,
-            }
-        })
-        .collect())
-}
-
-/// The sender's address (`agent` or `agent/window`) of message `m`, joined as `s`.
+/// A [`Preview`] of message `m` (its sender joined as `s`, its channel as
+/// `c`): the sender's address (`agent` or `agent/window`), and the body's
+/// first 280 characters.
 macro_rules! preview_columns {
     () => {
         "m.id AS message_id,
@@ -198,34 +179,6 @@ macro_rules! preview_columns {
          c.name AS channel, m.created_at AS at,
          left(m.body, 280) AS preview, char_length(m.body) > 280 AS truncated"
     };
-}
-
-async fn open_questions(bus: &Bus, me: &Identity) -> BusResult<Vec<Preview>> {
-    Ok(sqlx::query_as(concat!(
-        "SELECT ",
-        preview_columns!(),
-        " FROM (SELECT * FROM messages
-                WHERE team_id = $1 AND recipient_id = $2
-                ORDER BY position DESC LIMIT $4) m
-          JOIN agents s ON s.team_id = m.team_id AND s.id = m.sender_id
-          LEFT JOIN channels c ON c.team_id = m.team_id AND c.id = m.channel_id
-          WHERE m.is_question
-            AND (m.recipient_session IS NULL OR m.recipient_session = $3)
-            AND NOT (m.sender_id = $2 AND m.sender_session = $3)
-            -- A reply from any window of this agent answers it, as
-            -- ask_agent itself counts an answer.
-            AND NOT EXISTS (SELECT 1 FROM messages a
-                            WHERE a.team_id = m.team_id AND a.reply_to = m.id
-                              AND a.sender_id = $2)
-          ORDER BY m.position DESC LIMIT $5"
-    ))
-    .bind(me.team_id)
-    .bind(me.agent_id)
-    .bind(&me.window)
-    .bind(QUESTIONS_SCANNED)
-    .bind(QUESTIONS_SHOWN)
-    .fetch_all(&bus.pool)
-    .await?)
 }
 
 async fn awaiting_ack(bus: &Bus, me: &Identity) -> BusResult<Vec<AwaitingAck>> {
@@ -254,42 +207,101 @@ async fn awaiting_ack(bus: &Bus, me: &Identity) -> BusResult<Vec<AwaitingAck>> {
     .await?)
 }
 
-async fn expiring_tasks(bus: &Bus, me: &Identity, within: i64) -> BusResult<Vec<ExpiringTask>> {
-    Ok(sqlx::query_as(
-        "SELECT key, title, lease_expires_at FROM tasks
-         WHERE team_id = $1 AND holder_agent_id = $2 AND holder_session = $3
-           AND status = 'claimed' AND lease_expires_at > now()
-           AND lease_expires_at <= now() + make_interval(secs => $4)
-         ORDER BY lease_expires_at LIMIT $5",
-    )
-    .bind(me.team_id)
-    .bind(me.agent_id)
-    .bind(&me.window)
-    .bind(within as f64)
-    .bind(TASKS_SHOWN)
-    .fetch_all(&bus.pool)
-    .await?)
+/// The lists of [`PendingForMe`] read from the window's own messages and
+/// tasks, in one statement: its unread direct messages (counted as
+/// `unread_direct` counts them, up to the cap, and the oldest
+/// [`DIRECT_SHOWN`] previewed), the questions asked of it not yet answered
+/// (among the newest [`QUESTIONS_SCANNED`] direct messages to its agent),
+/// its claims whose lease lapses within `within` seconds, and with `since`
+/// the announcements after it (among the team's newest
+/// [`ANNOUNCEMENTS_SCANNED`] messages). Each list comes as JSON.
+struct OwnLists {
+    unread: BoundedCount,
+    direct_messages: Vec<Preview>,
+    open_questions: Vec<Preview>,
+    expiring_tasks: Vec<ExpiringTask>,
+    announcements: Vec<Preview>,
 }
 
-async fn announcements_since(
+async fn own_lists(
     bus: &Bus,
     me: &Identity,
-    since: DateTime<Utc>,
-) -> BusResult<Vec<Preview>> {
-    Ok(sqlx::query_as(concat!(
-        "SELECT ",
-        preview_columns!(),
-        " FROM (SELECT * FROM messages WHERE team_id = $1
-                ORDER BY position DESC LIMIT $3) m
-          JOIN agents s ON s.team_id = m.team_id AND s.id = m.sender_id
-          LEFT JOIN channels c ON c.team_id = m.team_id AND c.id = m.channel_id
-          WHERE m.announce AND m.created_at > $2
-          ORDER BY m.position DESC LIMIT $4"
-    ))
-    .bind(me.team_id)
-    .bind(since)
-    .bind(ANNOUNCEMENTS_SCANNED)
-    .bind(ANNOUNCEMENTS_SHOWN)
-    .fetch_all(&bus.pool)
-    .await?)
+    within: i64,
+    since: Option<DateTime<Utc>>,
+) -> BusResult<OwnLists> {
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        unread: i64,
+        direct: Json<Vec<Preview>>,
+        questions: Json<Vec<Preview>>,
+        expiring: Json<Vec<ExpiringTask>>,
+        announcements: Json<Vec<Preview>>,
+    }
+    static OWN_LISTS: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "{cursor}, unread AS MATERIALIZED ({unread_ids})
+             SELECT
+               (SELECT count(*) FROM unread) AS unread,
+               (SELECT coalesce(json_agg(p ORDER BY p.position), '[]') FROM (
+                  SELECT m.position, {preview}
+                  FROM messages m {joins}
+                  WHERE m.team_id = $1
+                    AND m.id IN (SELECT id FROM unread ORDER BY position LIMIT $5)) p) AS direct,
+               (SELECT coalesce(json_agg(q ORDER BY q.position DESC), '[]') FROM (
+                  SELECT m.position, {preview}
+                  FROM (SELECT * FROM messages
+                        WHERE team_id = $1 AND recipient_id = $2
+                        ORDER BY position DESC LIMIT $6) m {joins}
+                  WHERE m.is_question
+                    AND (m.recipient_session IS NULL OR m.recipient_session = $3)
+                    AND NOT (m.sender_id = $2 AND m.sender_session = $3)
+                    -- A reply from any window of this agent answers it, as
+                    -- ask_agent itself counts an answer.
+                    AND NOT EXISTS (SELECT 1 FROM messages a
+                                    WHERE a.team_id = m.team_id AND a.reply_to = m.id
+                                      AND a.sender_id = $2)
+                  ORDER BY m.position DESC LIMIT $7) q) AS questions,
+               (SELECT coalesce(json_agg(t ORDER BY t.lease_expires_at), '[]') FROM (
+                  SELECT key, title, lease_expires_at FROM tasks
+                  WHERE team_id = $1 AND holder_agent_id = $2 AND holder_session = $3
+                    AND status = 'claimed' AND lease_expires_at > now()
+                    AND lease_expires_at <= now() + make_interval(secs => $8)
+                  ORDER BY lease_expires_at LIMIT $9) t) AS expiring,
+               CASE WHEN $11::timestamptz IS NULL THEN '[]'::json ELSE
+                 (SELECT coalesce(json_agg(n ORDER BY n.position DESC), '[]') FROM (
+                    SELECT m.position, {preview}
+                    FROM (SELECT * FROM messages WHERE team_id = $1
+                          ORDER BY position DESC LIMIT $10) m {joins}
+                    WHERE m.announce AND m.created_at > $11
+                    ORDER BY m.position DESC LIMIT $12) n)
+               END AS announcements",
+            cursor = messages::UNREAD_DM_CURSOR,
+            unread_ids = messages::UNREAD_DM_IDS,
+            preview = preview_columns!(),
+            joins = "JOIN agents s ON s.team_id = m.team_id AND s.id = m.sender_id
+                     LEFT JOIN channels c ON c.team_id = m.team_id AND c.id = m.channel_id",
+        )
+    });
+    let row: Row = sqlx::query_as(OWN_LISTS.as_str())
+        .bind(me.team_id)
+        .bind(me.agent_id)
+        .bind(&me.window)
+        .bind(messages::UNREAD_COUNT_CAP + 1)
+        .bind(DIRECT_SHOWN)
+        .bind(QUESTIONS_SCANNED)
+        .bind(QUESTIONS_SHOWN)
+        .bind(within as f64)
+        .bind(TASKS_SHOWN)
+        .bind(ANNOUNCEMENTS_SCANNED)
+        .bind(since)
+        .bind(ANNOUNCEMENTS_SHOWN)
+        .fetch_one(&bus.pool)
+        .await?;
+    Ok(OwnLists {
+        unread: BoundedCount::of(row.unread, messages::UNREAD_COUNT_CAP),
+        direct_messages: row.direct.0,
+        open_questions: row.questions.0,
+        expiring_tasks: row.expiring.0,
+        announcements: row.announcements.0,
+    })
 }

@@ -288,4 +288,4 @@ pub use search::search;
 pub use unread::{
     BoundedCount, answer_to, mark_read, unread_direct, unread_direct_messages, visible,
 };
-pub(crate) use unread::{UNREAD_DM_COUNT, UNREAD_DM_CURSOR};
+pub(crate) use unread::{UNREAD_DM_COUNT, UNREAD_DM_CURSOR, UNREAD_DM_IDS};

@@ -82,6 +82,9 @@ impl BoundedCount {
 /// the count beside other columns of one statement (`whoami`): a `WITH` item
 /// and a scalar subquery. Binds: $1 team, $2 agent, $3 window, $4 the cap + 1.
 pub(crate) const UNREAD_DM_CURSOR: &str = unread_dm_cursor!();
+/// [`unread_dm_ids`] as text, to put beside [`UNREAD_DM_CURSOR`] in a
+/// statement of its own (`pending_for_me`'s lists). Binds as there.
+pub(crate) const UNREAD_DM_IDS: &str = unread_dm_ids!();
 pub(crate) const UNREAD_DM_COUNT: &str =
     concat!("(SELECT count(*) FROM (", unread_dm_ids!(), ") counted)");
 
