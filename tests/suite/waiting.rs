@@ -491,6 +491,42 @@ async fn a_change_whose_notification_is_lost_still_wakes_a_wait() {
     assert_eq!(result["events"][0]["by"], "alice");
 }
 
+/// A direct message written behind the bus's back (no notification) while a
+/// wait is blocked: the wait's next look asks for unread direct messages and
+/// the changes in one statement, then reads the message it was told of.
+#[tokio::test]
+async fn a_direct_message_whose_notification_is_lost_still_wakes_a_wait() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    app.agent("acme", "alice").await;
+    let bob = app.mcp(&app.agent("acme", "bob").await, None).await;
+    let waiter = tokio::spawn(async move {
+        bob.call(
+            "wait_for_updates",
+            json!({"timeout_seconds": 9, "kinds": ["message"]}),
+        )
+        .await
+        .unwrap()
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    sqlx::query(
+        "INSERT INTO messages (id, team_id, sender_id, sender_session, recipient_id, body, position)
+         SELECT gen_random_uuid(), a.team_id, a.id, '', b.id, 'told quietly',
+                nextval(message_position_sequence(a.team_id)::regclass)
+         FROM agents a JOIN agents b ON b.team_id = a.team_id AND b.name = 'bob'
+         WHERE a.name = 'alice'",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let result = waiter.await.unwrap();
+    assert_eq!(result["woke"], true, "a later look found it: {result}");
+    assert_eq!(result["events"][0]["kind"], "message", "{result}");
+    assert_eq!(result["events"][0]["by"], "alice", "{result}");
+    assert_eq!(result["events"][0]["preview"], "told quietly", "{result}");
+    assert_eq!(result["events"].as_array().unwrap().len(), 1, "{result}");
+}
+
 /// Many windows blocked at once on one server: each is woken by the DM sent
 /// to it and by nothing else. Half of them get a DM, everyone hears
 /// chatter in a channel none of them focuses on; the windows nobody wrote to

@@ -18,11 +18,12 @@
 use crate::store::requests;
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+use sqlx::types::Json;
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -186,15 +187,17 @@ pub async fn wait_for_updates(
         // Changes committed from `since` on are found by the database check
         // too, so a notification that never arrives delays a wake by one
         // re-check at most.
-        let (since, labels) = start(bus, me).await?;
-        let focus = match messages::default_channel_of(&labels, me) {
-            Some(default) => channels::find(bus, me, &default.name).await?.map(|c| c.id),
-            None => None,
-        };
         let wants_messages = request
             .kinds
             .as_ref()
             .is_none_or(|k| k.contains(&EventKind::Message));
+        let started = start(bus, me, wants_messages).await?;
+        let since = started.since;
+        let focus = match messages::default_channel_of(&started.labels, me) {
+            Some(default) => channels::find(bus, me, &default.name).await?.map(|c| c.id),
+            None => None,
+        };
+        let unread_at_start = started.unread_direct;
         let deadline = Instant::now() + request.timeout;
         let request = &request;
         let mut first_look = true;
@@ -212,22 +215,19 @@ pub async fn wait_for_updates(
             move || {
                 let first = std::mem::replace(&mut first_look, false);
                 async move {
-                    // Unread direct messages wake at once: they may have arrived before we subscribed.
-                    if wants_messages {
-                        let pending = pending_direct(bus, me).await?;
-                        if !pending.is_empty() {
-                            return Ok(Some(pending));
-                        }
-                    }
-                    // The first look comes a round trip after `since`: what was
-                    // committed in between is an event this wait is subscribed
-                    // to, and one whose notification was lost is found by the
-                    // next look, as during the rest of the wait.
+                    // The first look is `start`'s: unread direct messages (they
+                    // may have arrived before we subscribed) seen in the
+                    // snapshot `since` was read in. What was committed after
+                    // it is an event this wait is subscribed to, and one whose
+                    // notification was lost is found by the next look, as
+                    // during the rest of the wait.
                     if first {
-                        return Ok(None);
+                        return match unread_at_start {
+                            true => pending_direct(bus, me).await,
+                            false => Ok(None),
+                        };
                     }
-                    let missed = changes_since(bus, me, since, focus, request).await?;
-                    Ok((!missed.is_empty()).then_some(missed))
+                    look(bus, me, since, focus, request).await
                 }
             },
         )
@@ -248,42 +248,86 @@ pub async fn wait_for_updates(
     .await
 }
 
-/// The database's clock as a wait begins (its `since`) and the labels its
-/// window's default channel is decided from, in one round trip: a wait
-/// begins again after every answer, so a fleet's waits begin by thousands.
-async fn start(bus: &Bus, me: &Identity) -> BusResult<(DateTime<Utc>, messages::ChannelLabels)> {
+/// How a wait begins, read in one round trip (a wait begins again after
+/// every answer, so a fleet's waits begin by thousands): the database's
+/// clock (its `since`), the labels its window's default channel is decided
+/// from, and whether the window has an unread direct message (its first look,
+/// asked only when the wait wants messages).
+struct Started {
+    since: DateTime<Utc>,
+    labels: messages::ChannelLabels,
+    unread_direct: bool,
+}
+
+async fn start(bus: &Bus, me: &Identity, wants_messages: bool) -> BusResult<Started> {
     #[derive(sqlx::FromRow)]
-    struct Start {
+    struct Row {
         since: DateTime<Utc>,
         #[sqlx(flatten)]
         labels: messages::ChannelLabels,
+        unread_direct: bool,
     }
-    let start: Start = sqlx::query_as(
-        "SELECT now() AS since, p.channel, p.project
-         FROM (SELECT) AS one
-         LEFT JOIN presence p ON p.team_id = $1 AND p.agent_id = $2 AND p.session = $3",
-    )
-    .bind(me.team_id)
-    .bind(me.agent_id)
-    .bind(&me.window)
-    .fetch_one(&bus.pool)
-    .await?;
-    Ok((start.since, start.labels))
+    static START: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "{cursor} SELECT now() AS since, p.channel, p.project,
+                    ($5 AND EXISTS ({unread})) AS unread_direct
+             FROM (SELECT) AS one
+             LEFT JOIN presence p ON p.team_id = $1 AND p.agent_id = $2 AND p.session = $3",
+            cursor = messages::UNREAD_DM_CURSOR,
+            unread = messages::UNREAD_DM_IDS,
+        )
+    });
+    let row: Row = sqlx::query_as(START.as_str())
+        .bind(me.team_id)
+        .bind(me.agent_id)
+        .bind(&me.window)
+        .bind(1_i64)
+        .bind(wants_messages)
+        .fetch_one(&bus.pool)
+        .await?;
+    Ok(Started {
+        since: row.since,
+        labels: row.labels,
+        unread_direct: row.unread_direct,
+    })
+}
+
+/// A look after the first: unread direct messages first (they wake at once),
+/// else what changed since `since`. One round trip while nothing is there,
+/// the case of almost every look; the messages themselves are read only
+/// when there is one.
+async fn look(
+    bus: &Bus,
+    me: &Identity,
+    since: DateTime<Utc>,
+    focus: Option<Uuid>,
+    request: &WaitRequest,
+) -> BusResult<Option<Vec<EventSummary>>> {
+    let (unread_direct, missed) = changes_since(bus, me, since, focus, request).await?;
+    if unread_direct {
+        // None when another window read them in between: then what changed.
+        if let Some(direct) = pending_direct(bus, me).await? {
+            return Ok(Some(direct));
+        }
+    }
+    Ok((!missed.is_empty()).then_some(missed))
 }
 
 /// What changed since `since` that concerns this window, read from the
 /// database: the safety net under lost notifications. Tasks (their events),
-/// notes, lock acquisitions, new reservations, and channel messages in the focus (or every
-/// channel) and announcements; never this window's own changes.
+/// notes, lock acquisitions, new reservations, and channel messages in the
+/// focus (or every channel) and announcements; never this window's own
+/// changes. In the same statement, whether the window has an unread direct
+/// message (when the wait wants messages): the first of the answer's values.
 async fn changes_since(
     bus: &Bus,
     me: &Identity,
     since: DateTime<Utc>,
     focus: Option<Uuid>,
     request: &WaitRequest,
-) -> BusResult<Vec<EventSummary>> {
+) -> BusResult<(bool, Vec<EventSummary>)> {
     let wants = |kind| request.kinds.as_ref().is_none_or(|k| k.contains(&kind));
-    #[derive(sqlx::FromRow)]
+    #[derive(serde::Deserialize)]
     struct Change {
         kind: String,
         id: String,
@@ -292,49 +336,62 @@ async fn changes_since(
         channel: Option<String>,
         preview: Option<String>,
     }
-    let rows: Vec<Change> = sqlx::query_as(
-        "SELECT changes.kind, changes.id, changes.channel, changes.preview,
-                a.kind = 'person' AS by_person,
-                CASE WHEN changes.by_session = '' THEN a.name ELSE a.name || '/' || changes.by_session END AS by
-         FROM (
-             SELECT 'task' AS kind, t.key AS id, e.agent_id AS by_agent, e.session AS by_session,
-                    NULL::text AS channel, NULL::text AS preview, e.at
-             FROM task_events e JOIN tasks t ON t.team_id = e.team_id AND t.id = e.task_id
-             WHERE e.team_id = $1 AND e.at > $2 AND $5
-             UNION ALL
-             SELECT 'note', n.key, n.updated_by_agent_id, n.updated_by_session, NULL, NULL, n.updated_at
-             FROM notes n WHERE n.team_id = $1 AND n.updated_at > $2 AND $6
-             UNION ALL
-             SELECT 'lock', l.name, l.holder_agent_id, l.holder_session, NULL, NULL, l.acquired_at
-             FROM locks l WHERE l.team_id = $1 AND l.acquired_at > $2 AND $7
-             UNION ALL
-             SELECT 'reservation', r.pattern, r.holder_agent_id, r.holder_session, NULL, NULL, r.created_at
-             FROM path_reservations r WHERE r.team_id = $1 AND r.created_at > $2 AND $12
-             UNION ALL
-             SELECT 'message', m.id::text, m.sender_id, m.sender_session, c.name, left(m.body, 200), m.created_at
-             FROM messages m JOIN channels c ON c.team_id = m.team_id AND c.id = m.channel_id
-             WHERE m.team_id = $1 AND m.created_at > $2 AND $8
-               AND (m.announce OR $9 OR m.channel_id = $10)
-         ) changes
-         JOIN agents a ON a.team_id = $1 AND a.id = changes.by_agent
-         WHERE NOT (changes.by_agent = $3 AND changes.by_session = $4)
-         ORDER BY changes.at LIMIT $11",
-    )
-    .bind(me.team_id)
-    .bind(since)
-    .bind(me.agent_id)
-    .bind(&me.window)
-    .bind(wants(EventKind::Task))
-    .bind(wants(EventKind::Note))
-    .bind(wants(EventKind::Lock))
-    .bind(wants(EventKind::Message))
-    .bind(request.all_channels)
-    .bind(focus)
-    .bind(SUMMARIES_MAX as i64)
-    .bind(wants(EventKind::Reservation))
-    .fetch_all(&bus.pool)
-    .await?;
-    Ok(rows
+    // Binds: $1 team, $2 agent, $3 window and $4 (1) as the unread-DM
+    // cursors read them; then $5 since, $6-$9 and $13 the kinds wanted, $10
+    // all channels, $11 the focus, $12 how many.
+    static CHANGES: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "{cursor}, missed AS (
+             SELECT changes.kind, changes.id, changes.channel, changes.preview, changes.at,
+                    a.kind = 'person' AS by_person,
+                    CASE WHEN changes.by_session = '' THEN a.name ELSE a.name || '/' || changes.by_session END AS by
+             FROM (
+                 SELECT 'task' AS kind, t.key AS id, e.agent_id AS by_agent, e.session AS by_session,
+                        NULL::text AS channel, NULL::text AS preview, e.at
+                 FROM task_events e JOIN tasks t ON t.team_id = e.team_id AND t.id = e.task_id
+                 WHERE e.team_id = $1 AND e.at > $5 AND $6
+                 UNION ALL
+                 SELECT 'note', n.key, n.updated_by_agent_id, n.updated_by_session, NULL, NULL, n.updated_at
+                 FROM notes n WHERE n.team_id = $1 AND n.updated_at > $5 AND $7
+                 UNION ALL
+                 SELECT 'lock', l.name, l.holder_agent_id, l.holder_session, NULL, NULL, l.acquired_at
+                 FROM locks l WHERE l.team_id = $1 AND l.acquired_at > $5 AND $8
+                 UNION ALL
+                 SELECT 'reservation', r.pattern, r.holder_agent_id, r.holder_session, NULL, NULL, r.created_at
+                 FROM path_reservations r WHERE r.team_id = $1 AND r.created_at > $5 AND $13
+                 UNION ALL
+                 SELECT 'message', m.id::text, m.sender_id, m.sender_session, c.name, left(m.body, 200), m.created_at
+                 FROM messages m JOIN channels c ON c.team_id = m.team_id AND c.id = m.channel_id
+                 WHERE m.team_id = $1 AND m.created_at > $5 AND $9
+                   AND (m.announce OR $10 OR m.channel_id = $11)
+             ) changes
+             JOIN agents a ON a.team_id = $1 AND a.id = changes.by_agent
+             WHERE NOT (changes.by_agent = $2 AND changes.by_session = $3)
+             ORDER BY changes.at LIMIT $12)
+             SELECT ($9 AND EXISTS ({unread})) AS unread_direct,
+                    (SELECT coalesce(json_agg(missed ORDER BY missed.at), '[]') FROM missed) AS changes",
+            cursor = messages::UNREAD_DM_CURSOR,
+            unread = messages::UNREAD_DM_IDS,
+        )
+    });
+    let (unread_direct, rows): (bool, Json<Vec<Change>>) = sqlx::query_as(CHANGES.as_str())
+        .bind(me.team_id)
+        .bind(me.agent_id)
+        .bind(&me.window)
+        .bind(1_i64)
+        .bind(since)
+        .bind(wants(EventKind::Task))
+        .bind(wants(EventKind::Note))
+        .bind(wants(EventKind::Lock))
+        .bind(wants(EventKind::Message))
+        .bind(request.all_channels)
+        .bind(focus)
+        .bind(SUMMARIES_MAX as i64)
+        .bind(wants(EventKind::Reservation))
+        .fetch_one(&bus.pool)
+        .await?;
+    let changes = rows
+        .0
         .into_iter()
         .filter_map(|row| {
             let kind = match row.kind.as_str() {
@@ -355,7 +412,8 @@ async fn changes_since(
                 preview: row.preview,
             })
         })
-        .collect())
+        .collect();
+    Ok((unread_direct, changes))
 }
 
 /// Take whatever else concerning us has already arrived, without waiting: a
@@ -376,11 +434,11 @@ fn gather(
     }
 }
 
-/// Unread direct messages to this window, as summaries; the cursors are not
-/// moved (read_messages does that).
-async fn pending_direct(bus: &Bus, me: &Identity) -> BusResult<Vec<EventSummary>> {
+/// Unread direct messages to this window, as summaries (`None`: there are
+/// none); the cursors are not moved (read_messages does that).
+async fn pending_direct(bus: &Bus, me: &Identity) -> BusResult<Option<Vec<EventSummary>>> {
     let unread = messages::unread_direct_messages(bus, me, SUMMARIES_MAX as i64).await?;
-    Ok(unread.into_iter().map(message_summary).collect())
+    Ok((!unread.is_empty()).then(|| unread.into_iter().map(message_summary).collect()))
 }
 
 fn message_summary(m: messages::MessageView) -> EventSummary {
@@ -402,28 +460,41 @@ async fn summarize(
     me: &Identity,
     woken: &[Arc<BusEvent>],
 ) -> BusResult<Vec<EventSummary>> {
+    // Each read only when there is something to read: a wake by a direct
+    // message (the common one) reads the message alone.
     let message_ids: Vec<Uuid> = woken
         .iter()
         .filter(|e| e.kind == EventKind::Message)
         .filter_map(|e| e.id.parse().ok())
         .collect();
-    let mut by_id: HashMap<String, messages::MessageView> =
+    let mut by_id: HashMap<String, messages::MessageView> = if message_ids.is_empty() {
+        HashMap::new()
+    } else {
         messages::visible(bus, me, &message_ids)
             .await?
             .into_iter()
             .map(|m| (m.id.to_string(), m))
-            .collect();
-    let actors: Vec<Uuid> = woken.iter().filter_map(|e| e.actor).collect();
-    let names: HashMap<Uuid, (String, bool)> = sqlx::query_as::<_, (Uuid, String, bool)>(
-        "SELECT id, name, kind = 'person' FROM agents WHERE team_id = $1 AND id = ANY($2)",
-    )
-    .bind(me.team_id)
-    .bind(&actors)
-    .fetch_all(&bus.pool)
-    .await?
-    .into_iter()
-    .map(|(id, name, person)| (id, (name, person)))
-    .collect();
+            .collect()
+    };
+    let actors: Vec<Uuid> = woken
+        .iter()
+        .filter(|e| e.kind != EventKind::Message)
+        .filter_map(|e| e.actor)
+        .collect();
+    let names: HashMap<Uuid, (String, bool)> = if actors.is_empty() {
+        HashMap::new()
+    } else {
+        sqlx::query_as::<_, (Uuid, String, bool)>(
+            "SELECT id, name, kind = 'person' FROM agents WHERE team_id = $1 AND id = ANY($2)",
+        )
+        .bind(me.team_id)
+        .bind(&actors)
+        .fetch_all(&bus.pool)
+        .await?
+        .into_iter()
+        .map(|(id, name, person)| (id, (name, person)))
+        .collect()
+    };
     let mut out = Vec::new();
     for event in woken {
         if event.kind == EventKind::Message {
