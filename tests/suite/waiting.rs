@@ -62,6 +62,68 @@ async fn a_wait_on_one_replica_wakes_on_a_teammates_write_on_another() {
     assert_eq!(woke["events"][0]["by"], "alice");
 }
 
+/// The focus a wait starts with comes from the window's labels, read in the
+/// wait's first statement with the channels their names could mean: a
+/// `project` label spelled loosely (`#`, capitals, spaces) focuses the
+/// channel it names, a `channel` label wins over it, and chatter elsewhere
+/// wakes nothing.
+#[tokio::test]
+async fn a_wait_focuses_on_the_channel_its_labels_name_however_spelled() {
+    let app = spawn_app().await;
+    app.team("acme").await;
+    let alice = app.mcp(&app.agent("acme", "alice").await, None).await;
+    let bob = app.mcp(&app.agent("acme", "bob").await, Some("w1")).await;
+    for name in ["backend", "frontend", "w1"] {
+        alice
+            .call("create_channel", json!({"name": name}))
+            .await
+            .unwrap();
+    }
+    let waits = [
+        (json!({"project": " #Backend"}), "backend"),
+        (json!({"channel": "frontend"}), "frontend"),
+        (json!({"project": "", "channel": ""}), "w1"),
+    ];
+    let mut bob = bob;
+    for (labels, focus) in waits {
+        bob.call("heartbeat", labels.clone()).await.unwrap();
+        let waiter = tokio::spawn(async move {
+            let woke = bob
+                .call("wait_for_updates", json!({"timeout_seconds": 5}))
+                .await
+                .unwrap();
+            (bob, woke)
+        });
+        app.until_waiting(1).await;
+        for elsewhere in ["backend", "frontend", "w1"]
+            .iter()
+            .filter(|c| **c != focus)
+        {
+            alice
+                .call(
+                    "post_message",
+                    json!({"channel": elsewhere, "body": "not yours"}),
+                )
+                .await
+                .unwrap();
+        }
+        alice
+            .call("post_message", json!({"channel": focus, "body": "yours"}))
+            .await
+            .unwrap();
+        let (back, woke) = waiter.await.unwrap();
+        bob = back;
+        assert_eq!(woke["woke"], true, "labels {labels}: {woke}");
+        let events = woke["events"].as_array().unwrap();
+        assert!(
+            events
+                .iter()
+                .all(|e| e["channel"] == focus && e["preview"] == "yours"),
+            "labels {labels} focus {focus}: {woke}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_wait_does_not_wake_for_a_sibling_windows_dm_or_other_channels_or_itself() {
     let app = spawn_app().await;

@@ -340,18 +340,16 @@ async fn an_admin_change_in_flight_across_its_credentials_revocation_is_refused(
     assert_eq!(mallory, 0, "no agent was added");
 }
 
-/// A long poll blocked when its credential is taken away answers the refusal
-/// when it wakes, never the message that woke it.
-#[tokio::test]
-async fn a_wait_blocked_across_its_token_revocation_answers_the_refusal_not_the_news() {
-    let app = spawn_app().await;
-    let token = acme_with_alice(&app).await;
-    let bob = app.mcp(&app.agent("acme", "bob").await, None).await;
-    let alice = app.mcp(&token, None).await;
-
+/// Alice (`acme_with_alice`) blocks in `wait_for_updates` for `timeout`
+/// seconds; once the wait is registered, her token is revoked.
+async fn wait_then_revoke_alices_token(
+    app: &TestApp,
+    alice: McpClient,
+    timeout: u64,
+) -> tokio::task::JoinHandle<Result<Value, Value>> {
     let wait = tokio::spawn(async move {
         alice
-            .call("wait_for_updates", json!({ "timeout_seconds": 30 }))
+            .call("wait_for_updates", json!({ "timeout_seconds": timeout }))
             .await
     });
     app.until_waiting(1).await;
@@ -364,6 +362,19 @@ async fn a_wait_blocked_across_its_token_revocation_answers_the_refusal_not_the_
     tokens::revoke(&app.pool, token_id, &in_team("acme"))
         .await
         .unwrap();
+    wait
+}
+
+/// A long poll blocked when its credential is taken away answers the refusal
+/// when it wakes, never the message that woke it.
+#[tokio::test]
+async fn a_wait_blocked_across_its_token_revocation_answers_the_refusal_not_the_news() {
+    let app = spawn_app().await;
+    let token = acme_with_alice(&app).await;
+    let bob = app.mcp(&app.agent("acme", "bob").await, None).await;
+    let alice = app.mcp(&token, None).await;
+
+    let wait = wait_then_revoke_alices_token(&app, alice, 30).await;
     bob.call(
         "post_message",
         json!({ "to": "alice", "body": "secret after revoke" }),
@@ -380,6 +391,55 @@ async fn a_wait_blocked_across_its_token_revocation_answers_the_refusal_not_the_
         message(&refusal).contains("this agent token was revoked"),
         "{refusal}"
     );
+    assert!(!refusal.to_string().contains("secret"), "{refusal}");
+}
+
+/// A wait that ends on its own look (at its deadline, or finding a change
+/// whose notification was lost) reads the credential in that look's
+/// statement: a token revoked while it waited is refused when it times out,
+/// and an agent disabled behind the bus's back is refused even though the
+/// look found news for it.
+#[tokio::test]
+async fn a_wait_that_ends_on_its_own_look_answers_the_refusal_of_a_credential_taken_away() {
+    let app = spawn_app().await;
+    let token = acme_with_alice(&app).await;
+    let alice = app.mcp(&token, None).await;
+    let bob_token = app.agent("acme", "bob").await;
+    let bob = app.mcp(&bob_token, None).await;
+
+    // Timed out: nothing wakes alice's wait; her token is revoked meanwhile.
+    let wait = wait_then_revoke_alices_token(&app, alice, 3).await;
+    let refusal = wait
+        .await
+        .unwrap()
+        .expect_err("a revoked token's timed-out wait");
+    assert!(
+        message(&refusal).contains("this agent token was revoked"),
+        "{refusal}"
+    );
+
+    // Found by a look: bob is disabled and a lock appears, both written
+    // behind the bus's back (no notification wakes the wait or clears the
+    // credential cache): the look that finds the lock refuses.
+    let wait = tokio::spawn(async move {
+        bob.call("wait_for_updates", json!({ "timeout_seconds": 4 }))
+            .await
+    });
+    app.until_waiting(1).await;
+    sqlx::query("UPDATE agents SET disabled_at = now() WHERE name = 'bob'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO locks (team_id, name, holder_agent_id, holder_session, expires_at)
+         SELECT team_id, 'secret-lock', id, '', now() + interval '1 minute'
+         FROM agents WHERE name = 'alice'",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let refusal = wait.await.unwrap().expect_err("a disabled agent's wait");
+    assert!(message(&refusal).contains("is disabled"), "{refusal}");
     assert!(!refusal.to_string().contains("secret"), "{refusal}");
 }
 

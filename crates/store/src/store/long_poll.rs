@@ -30,11 +30,28 @@ use crate::Bus;
 use crate::auth::Identity;
 use crate::error::BusResult;
 use crate::events::{BusEvent, Lagged, ListenerState, Waiter};
+use crate::store::identity::sessions::Refusal;
 
-/// How often a blocked wait re-checks the database regardless of events,
-/// while the event listener is live, and while it is not.
+/// How often, at the least, a blocked wait re-checks the database
+/// regardless of events, while the event listener is live, and while it is
+/// not. Each re-check is drawn from this to half as long again
+/// ([`recheck_after`]), and one that would fall in the last half interval
+/// before the deadline is left to the deadline's look: a default 50 s wait
+/// looks at its start, between 30 and 35 s for a third of them, and at its
+/// end; a lost notification delays a wake by at most 60 s (10 s while the
+/// listener is unsure).
 const RECHECK_LIVE: Duration = Duration::from_secs(30);
 const RECHECK_UNSURE: Duration = Duration::from_secs(5);
+
+/// When a blocked wait looks again: `every` stretched by a random share up
+/// to a half (`draw` in [0, 1)), so the waits of agents that connected in
+/// the same few seconds (a fleet starting, or reconnecting after a restart)
+/// do not re-check in the same second. Unspread, the looks of 1 000 agents
+/// that joined together queued every call of the server for the database's
+/// 32 connections for 1-2 s, 30 s after they began (issue 34's `capacity`).
+fn recheck_after(every: Duration, draw: f64) -> Duration {
+    every.mul_f64(1.0 + draw.clamp(0.0, 1.0) / 2.0)
+}
 
 /// What one event means to a wait.
 pub(crate) enum OnEvent<E> {
@@ -105,8 +122,23 @@ pub(crate) async fn answer_if_still_valid<T>(
     me: &Identity,
     wait: impl std::future::Future<Output = BusResult<T>>,
 ) -> BusResult<T> {
-    let answer = wait.await?;
-    crate::store::identity::sessions::still_valid(&bus.pool, me).await?;
+    answer_if_valid(bus, me, async { Ok((wait.await?, None)) }).await
+}
+
+/// [`answer_if_still_valid`] for a wait whose last look may have read the
+/// credential in its own statement (`Some`, when nothing was read after
+/// it): that reading decides, and no second round trip is made. A fleet's
+/// waits time out by thousands, each after such a look.
+pub(crate) async fn answer_if_valid<T>(
+    bus: &Bus,
+    me: &Identity,
+    wait: impl std::future::Future<Output = BusResult<(T, Option<Refusal>)>>,
+) -> BusResult<T> {
+    let (answer, checked) = wait.await?;
+    match checked {
+        Some(refusal) => refusal.check(me)?,
+        None => crate::store::identity::sessions::still_valid(&bus.pool, me).await?,
+    }
     Ok(answer)
 }
 
@@ -160,7 +192,13 @@ where
             ListenerState::Live => RECHECK_LIVE,
             ListenerState::Silent | ListenerState::Detached => RECHECK_UNSURE,
         };
-        let recheck_at = (Instant::now() + every).min(deadline);
+        // A look that would come less than half an interval before the
+        // deadline's own look is left to that one.
+        let recheck_at = Instant::now() + recheck_after(every, rand::random());
+        let recheck_at = match recheck_at + every / 2 >= deadline {
+            true => deadline,
+            false => recheck_at,
+        };
         loop {
             let received = tokio::select! {
                 received = events.recv() => received,
@@ -177,5 +215,34 @@ where
                 Err(Lagged) => break,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cohort_of_waits_re_checks_spread_over_half_the_interval() {
+        // The bounds: never sooner than `every`, never later than 1.5 x.
+        assert_eq!(recheck_after(RECHECK_LIVE, 0.0), RECHECK_LIVE);
+        assert!(recheck_after(RECHECK_LIVE, 0.999_999) < RECHECK_LIVE.mul_f64(1.5));
+        assert_eq!(
+            recheck_after(RECHECK_UNSURE, 7.0),
+            RECHECK_UNSURE.mul_f64(1.5)
+        );
+        // A thousand waits begun in the same instant: their looks fall in
+        // every second of the 15 s from 30 s on, none in one second more
+        // than a fifth of them.
+        let mut per_second = [0usize; 15];
+        for _ in 0..1_000 {
+            let after = recheck_after(RECHECK_LIVE, rand::random());
+            assert!(after >= RECHECK_LIVE && after < RECHECK_LIVE.mul_f64(1.5));
+            per_second[(after - RECHECK_LIVE).as_secs() as usize] += 1;
+        }
+        assert!(
+            per_second.iter().all(|&n| n > 0 && n < 200),
+            "{per_second:?}"
+        );
     }
 }

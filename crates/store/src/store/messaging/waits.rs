@@ -31,7 +31,11 @@ use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::events::{BusEvent, EventKind, Waiter};
-use crate::store::long_poll::{OnEvent, Polled, Waited, answer_if_still_valid, long_poll};
+use crate::store::fenced::BindCaller as _;
+use crate::store::identity::sessions::Refusal;
+use crate::store::long_poll::{
+    OnEvent, Polled, Waited, answer_if_still_valid, answer_if_valid, long_poll,
+};
 use crate::store::{messaging::channels, messaging::messages};
 
 pub const TIMEOUT_MIN_SECS: u64 = 1;
@@ -175,8 +179,10 @@ pub async fn wait_for_updates(
     me: &Identity,
     request: WaitRequest,
 ) -> BusResult<WaitResult> {
-    // No answer for a credential taken away while the call waited.
-    answer_if_still_valid(bus, me, async {
+    // No answer for a credential taken away while the call waited: read in
+    // the last look's statement when the wait ends on one (found, or timed
+    // out), else on its own.
+    answer_if_valid(bus, me, async {
         let mut events = {
             let (me, request) = (me.clone(), request.clone());
             bus.events.wait_for(
@@ -192,15 +198,15 @@ pub async fn wait_for_updates(
             .as_ref()
             .is_none_or(|k| k.contains(&EventKind::Message));
         let started = start(bus, me, wants_messages).await?;
-        let since = started.since;
-        let focus = match messages::default_channel_of(&started.labels, me) {
-            Some(default) => channels::find(bus, me, &default.name).await?.map(|c| c.id),
-            None => None,
-        };
+        let (since, focus) = (started.since, started.focus);
         let unread_at_start = started.unread_direct;
         let deadline = Instant::now() + request.timeout;
         let request = &request;
         let mut first_look = true;
+        // The credential as the latest look read it; none after a check that
+        // did not read it.
+        let last_read = std::sync::Mutex::new(None);
+        let last_read = &last_read;
         let polled = long_poll(
             &mut events,
             bus,
@@ -221,73 +227,106 @@ pub async fn wait_for_updates(
                     // it is an event this wait is subscribed to, and one whose
                     // notification was lost is found by the next look, as
                     // during the rest of the wait.
+                    *last_read.lock().expect("not poisoned") = None;
                     if first {
                         return match unread_at_start {
                             true => pending_direct(bus, me).await,
                             false => Ok(None),
                         };
                     }
-                    look(bus, me, since, focus, request).await
+                    let (found, credential) = look(bus, me, since, focus, request).await?;
+                    *last_read.lock().expect("not poisoned") = Some(credential);
+                    Ok(found)
                 }
             },
         )
         .await?;
-        match polled {
-            Polled::Found(found) => Ok(WaitResult::woke(Events { events: found })),
+        let last_read = last_read.lock().expect("not poisoned").take();
+        Ok(match polled {
+            Polled::Found(found) => (WaitResult::woke(Events { events: found }), last_read),
             Polled::Ended(event) => {
                 let mut woken = vec![event];
                 gather(&mut events, &mut woken, me, focus, request);
-                Ok(WaitResult::woke(Events {
-                    events: summarize(bus, me, &woken).await?,
-                }))
+                let events = summarize(bus, me, &woken).await?;
+                (WaitResult::woke(Events { events }), None)
             }
-            Polled::TimedOut => Ok(WaitResult::timed_out()),
-            Polled::Stopping => Ok(WaitResult::restarting("wait_for_updates")),
-        }
+            Polled::TimedOut => (WaitResult::timed_out(), last_read),
+            Polled::Stopping => (WaitResult::restarting("wait_for_updates"), None),
+        })
     })
     .await
 }
 
 /// How a wait begins, read in one round trip (a wait begins again after
 /// every answer, so a fleet's waits begin by thousands): the database's
-/// clock (its `since`), the labels its window's default channel is decided
-/// from, and whether the window has an unread direct message (its first look,
+/// clock (its `since`), the window's focus (the id of its default channel)
+/// and whether the window has an unread direct message (its first look,
 /// asked only when the wait wants messages).
 struct Started {
     since: DateTime<Utc>,
-    labels: messages::ChannelLabels,
+    focus: Option<Uuid>,
     unread_direct: bool,
 }
 
+/// The default channel is decided from the window's labels by
+/// [`messages::default_channel_of`], after they are read; so the statement
+/// that reads them also looks up the channels their names could mean (the
+/// window label, and the `channel` and `project` labels trimmed, without
+/// `#`, lower-cased) and says which names it looked for. When the decided
+/// name is one of those, its answer stands (found or not); otherwise (a
+/// label the rough SQL spelling does not match) the channel is looked up by
+/// its exact name.
 async fn start(bus: &Bus, me: &Identity, wants_messages: bool) -> BusResult<Started> {
+    #[derive(serde::Deserialize)]
+    struct Found {
+        id: Uuid,
+        name: String,
+    }
     #[derive(sqlx::FromRow)]
     struct Row {
         since: DateTime<Utc>,
         #[sqlx(flatten)]
         labels: messages::ChannelLabels,
         unread_direct: bool,
+        searched: Vec<String>,
+        found: Json<Vec<Found>>,
     }
     static START: LazyLock<String> = LazyLock::new(|| {
         format!(
             "{cursor} SELECT now() AS since, p.channel, p.project,
-                    ($5 AND EXISTS ({unread})) AS unread_direct
+                    ($5 AND EXISTS ({unread})) AS unread_direct, names.searched,
+                    (SELECT coalesce(json_agg(json_build_object('id', c.id, 'name', c.name)), '[]')
+                     FROM channels c WHERE c.team_id = $1 AND c.name = ANY (names.searched)) AS found
              FROM (SELECT) AS one
-             LEFT JOIN presence p ON p.team_id = $1 AND p.agent_id = $2 AND p.session = $3",
+             LEFT JOIN presence p ON p.team_id = $1 AND p.agent_id = $2 AND p.session = $3
+             CROSS JOIN LATERAL (SELECT array_remove(ARRAY[$6::text,
+                 lower(ltrim(btrim(p.channel), '#')), lower(ltrim(btrim(p.project), '#'))], NULL)
+                 AS searched) names",
             cursor = messages::UNREAD_DM_CURSOR,
             unread = messages::UNREAD_DM_IDS,
         )
     });
+    let window_channel = channels::normalize_name(&me.window).ok();
     let row: Row = sqlx::query_as(START.as_str())
         .bind(me.team_id)
         .bind(me.agent_id)
         .bind(&me.window)
         .bind(1_i64)
         .bind(wants_messages)
+        .bind(window_channel)
         .fetch_one(&bus.pool)
         .await?;
+    let focus = match messages::default_channel_of(&row.labels, me) {
+        Some(default) if row.searched.contains(&default.name) => {
+            let found = row.found.0.iter().find(|c| c.name == default.name);
+            found.map(|c| c.id)
+        }
+        Some(default) => channels::find(bus, me, &default.name).await?.map(|c| c.id),
+        None => None,
+    };
     Ok(Started {
         since: row.since,
-        labels: row.labels,
+        focus,
         unread_direct: row.unread_direct,
     })
 }
@@ -302,15 +341,15 @@ async fn look(
     since: DateTime<Utc>,
     focus: Option<Uuid>,
     request: &WaitRequest,
-) -> BusResult<Option<Vec<EventSummary>>> {
-    let (unread_direct, missed) = changes_since(bus, me, since, focus, request).await?;
+) -> BusResult<(Option<Vec<EventSummary>>, Refusal)> {
+    let (unread_direct, missed, credential) = changes_since(bus, me, since, focus, request).await?;
     if unread_direct {
         // None when another window read them in between: then what changed.
         if let Some(direct) = pending_direct(bus, me).await? {
-            return Ok(Some(direct));
+            return Ok((Some(direct), credential));
         }
     }
-    Ok((!missed.is_empty()).then_some(missed))
+    Ok(((!missed.is_empty()).then_some(missed), credential))
 }
 
 /// What changed since `since` that concerns this window, read from the
@@ -318,14 +357,16 @@ async fn look(
 /// notes, lock acquisitions, new reservations, and channel messages in the
 /// focus (or every channel) and announcements; never this window's own
 /// changes. In the same statement, whether the window has an unread direct
-/// message (when the wait wants messages): the first of the answer's values.
+/// message (when the wait wants messages): the first of the answer's values;
+/// and whether the caller's credential still holds (as
+/// `sessions::still_valid` reads it), the last.
 async fn changes_since(
     bus: &Bus,
     me: &Identity,
     since: DateTime<Utc>,
     focus: Option<Uuid>,
     request: &WaitRequest,
-) -> BusResult<(bool, Vec<EventSummary>)> {
+) -> BusResult<(bool, Vec<EventSummary>, Refusal)> {
     let wants = |kind| request.kinds.as_ref().is_none_or(|k| k.contains(&kind));
     #[derive(serde::Deserialize)]
     struct Change {
@@ -336,9 +377,16 @@ async fn changes_since(
         channel: Option<String>,
         preview: Option<String>,
     }
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        unread_direct: bool,
+        changes: Json<Vec<Change>>,
+        #[sqlx(flatten)]
+        credential: Refusal,
+    }
     // Binds: $1 team, $2 agent, $3 window and $4 (1) as the unread-DM
     // cursors read them; then $5 since, $6-$9 and $13 the kinds wanted, $10
-    // all channels, $11 the focus, $12 how many.
+    // all channels, $11 the focus, $12 how many; $14-$16 the credential.
     static CHANGES: LazyLock<String> = LazyLock::new(|| {
         format!(
             "{cursor}, missed AS (
@@ -369,12 +417,14 @@ async fn changes_since(
              WHERE NOT (changes.by_agent = $2 AND changes.by_session = $3)
              ORDER BY changes.at LIMIT $12)
              SELECT ($9 AND EXISTS ({unread})) AS unread_direct,
-                    (SELECT coalesce(json_agg(missed ORDER BY missed.at), '[]') FROM missed) AS changes",
+                    (SELECT coalesce(json_agg(missed ORDER BY missed.at), '[]') FROM missed) AS changes,
+                    credential.refusal, credential.session_epoch, credential.refused_since
+             FROM agent_credential_refusal($1, $2, $14, $15, $16) AS credential",
             cursor = messages::UNREAD_DM_CURSOR,
             unread = messages::UNREAD_DM_IDS,
         )
     });
-    let (unread_direct, rows): (bool, Json<Vec<Change>>) = sqlx::query_as(CHANGES.as_str())
+    let row: Row = sqlx::query_as(CHANGES.as_str())
         .bind(me.team_id)
         .bind(me.agent_id)
         .bind(&me.window)
@@ -388,9 +438,11 @@ async fn changes_since(
         .bind(focus)
         .bind(SUMMARIES_MAX as i64)
         .bind(wants(EventKind::Reservation))
+        .bind_credential(me)
         .fetch_one(&bus.pool)
         .await?;
-    let changes = rows
+    let changes = row
+        .changes
         .0
         .into_iter()
         .filter_map(|row| {
@@ -413,7 +465,7 @@ async fn changes_since(
             })
         })
         .collect();
-    Ok((unread_direct, changes))
+    Ok((row.unread_direct, changes, row.credential))
 }
 
 /// Take whatever else concerning us has already arrived, without waiting: a
