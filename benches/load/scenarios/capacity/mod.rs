@@ -18,7 +18,9 @@
 //! answered with an error, waits included), the server's resident memory and
 //! peak in the step, and the server's PostgreSQL connections
 //! (`pg_stat_activity` client backends less the runner's own pool). A step
-//! passes when every tool's p99 is under 100 ms and nothing was refused;
+//! passes when every tool's p99 is under 100 ms and nothing was refused
+//! (an agent that cannot connect while the step grows is a refusal too:
+//! `connect` in its line);
 //! `capacity_agents` on the last line is the largest passing count.
 
 mod setup;
@@ -153,11 +155,41 @@ pub(super) async fn capacity(ctx: Arc<Ctx>) -> Result<Run> {
             let gate = gate.clone();
             agents.spawn(async move { simulated.run(agent, gate).await });
         }
-        while live.load(Ordering::Relaxed) < count {
-            if let Some(Ok(Err(err))) = agents.try_join_next() {
-                return Err(err.context("a simulated agent failed to connect"));
+        // An agent the server refuses to connect fails the step (its line
+        // says so), not the steps measured before it.
+        let mut refused_connects = 0;
+        while live.load(Ordering::Relaxed) + refused_connects < count {
+            match agents.try_join_next() {
+                Some(Ok(Ok(()))) => {}
+                Some(ended) => {
+                    refused_connects += 1;
+                    if refused_connects <= 5 {
+                        let why = match ended {
+                            Ok(Err(err)) => format!("{err:#}"),
+                            Err(join) => join.to_string(),
+                            Ok(Ok(())) => String::new(),
+                        };
+                        eprintln!("bench: capacity: an agent failed to connect: {why}");
+                    }
+                }
+                None => tokio::time::sleep(Duration::from_millis(100)).await,
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if refused_connects > 0 {
+            let step = Step {
+                agents: count,
+                by_tool: BTreeMap::from([("connect", (Vec::new(), refused_connects as u64))]),
+                window,
+                rss: memory_mib(ctx.server_pid, "VmRSS"),
+                peak: memory_mib(ctx.server_pid, "VmHWM"),
+                pg: server_pg_connections(&ctx).await?,
+                blocked: blocked.load(Ordering::Relaxed),
+            };
+            eprintln!(
+                "bench: capacity: {refused_connects} of {count} agents failed to connect; stopping"
+            );
+            lines.push(step.line(false));
+            break;
         }
         // A moment for the last waits to block and the ramp's reads to settle.
         tokio::time::sleep(Duration::from_secs(3)).await;
