@@ -4,9 +4,9 @@
 //! check the database, then block. Unread direct messages (from before the
 //! wait too) are found by the check; anything after arrives as an event.
 //! Notifications can still be lost (a listener reconnecting, a failed
-//! notify), so a blocked wait re-checks the database every few seconds for
-//! unread DMs and for every change since the wait began: a lost notification
-//! delays a wake, it never loses one. That loop is `long_poll.rs`, shared
+//! notify), so a blocked wait re-checks the database on a timer and at its
+//! deadline for unread DMs and for every change since the wait began: a lost
+//! notification delays a wake, it never loses one. That loop is `long_poll.rs`, shared
 //! with `wait_for_conversation_updates`; this file says what wakes a window
 //! and what it is told.
 //!
