@@ -244,9 +244,8 @@ async fn own_lists(
                (SELECT count(*) FROM unread) AS unread,
                (SELECT coalesce(json_agg(p ORDER BY p.position), '[]') FROM (
                   SELECT m.position, {preview}
-                  FROM messages m {joins}
-                  WHERE m.team_id = $1
-                    AND m.id IN (SELECT id FROM unread ORDER BY position LIMIT $5)) p) AS direct,
+                  FROM (SELECT id FROM unread ORDER BY position LIMIT $5){lookup} {joins}
+                  WHERE m.team_id = $1) p) AS direct,
                (SELECT coalesce(json_agg(q ORDER BY q.position DESC), '[]') FROM (
                   SELECT m.position, {preview}
                   FROM (SELECT * FROM messages
@@ -277,6 +276,7 @@ async fn own_lists(
                END AS announcements",
             cursor = messages::UNREAD_DM_CURSOR,
             unread_ids = messages::UNREAD_DM_IDS,
+            lookup = messages::PAGE_LOOKUP,
             preview = preview_columns!(),
             joins = "JOIN agents s ON s.team_id = m.team_id AND s.id = m.sender_id
                      LEFT JOIN channels c ON c.team_id = m.team_id AND c.id = m.channel_id",

@@ -58,14 +58,16 @@ fn after_sql(scope: ScopeKind, all_sessions: bool) -> String {
     format!(
         "WITH {FENCE},
               page AS MATERIALIZED (
-                  SELECT {columns}, {MINE} AS mine FROM messages m {joins}
-                  WHERE m.team_id = $1 AND m.id IN (
-                      SELECT id FROM ({union}) picked ORDER BY position LIMIT $7)),
+                  SELECT {columns}, {MINE} AS mine
+                  FROM (SELECT id FROM ({union}) picked ORDER BY position LIMIT $7){lookup}
+                       {joins}
+                  WHERE m.team_id = $1),
               {gaps}
          SELECT f.refusal, f.session_epoch, f.refused_since, p.*, g.gaps
          FROM fence f LEFT JOIN (page p CROSS JOIN gaps g) ON true
          ORDER BY p.position",
         columns = view_columns_from!(),
+        lookup = page_lookup!(),
         joins = view_joins!(),
         union = union.join(" UNION "),
         gaps = gaps_cte("$13"),

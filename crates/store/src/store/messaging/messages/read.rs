@@ -252,10 +252,11 @@ fn page_sql(only_new: bool, scope: ScopeKind, all_sessions: bool) -> String {
         "SELECT {columns}, {MINE} AS mine,
                 m.recipient_id IS NOT NULL AND m.recipient_id = $2
                     AND m.recipient_session IS NULL AND NOT {MINE} AS to_agent
-         FROM messages m {joins}
-         WHERE m.team_id = $1 AND m.id IN (
-             SELECT id FROM ({union}) picked ORDER BY position{direction} LIMIT $7)",
+         FROM (SELECT id FROM ({union}) picked ORDER BY position{direction} LIMIT $7){lookup}
+              {joins}
+         WHERE m.team_id = $1",
         columns = view_columns_from!(),
+        lookup = page_lookup!(),
         joins = view_joins!(),
         union = union.join(" UNION "),
     )

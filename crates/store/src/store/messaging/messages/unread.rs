@@ -115,10 +115,13 @@ pub async fn unread_direct_messages(
     Ok(sqlx::query_as(concat!(
         unread_dm_cursor!(),
         "SELECT ",
-        view_columns!(),
-        " WHERE m.team_id = $1 AND m.id IN (SELECT id FROM (",
+        view_columns_from!(),
+        " FROM (",
         unread_dm_ids!(),
-        ") unread) ORDER BY m.position"
+        ")",
+        page_lookup!(),
+        view_joins!(),
+        " WHERE m.team_id = $1 ORDER BY m.position"
     ))
     .bind(me.team_id)
     .bind(me.agent_id)
