@@ -59,10 +59,10 @@ pub async fn search(
                      WHERE m.search @@ q.q AND ",
             searchable!(),
             "        ORDER BY m.position DESC LIMIT $8) c
-                 ORDER BY rank DESC, c.created_at DESC LIMIT $5) picked
-             JOIN messages m ON m.team_id = $1 AND m.id = picked.id",
+                 ORDER BY rank DESC, c.created_at DESC LIMIT $5)",
+            page_lookup!(),
             view_joins!(),
-            " ORDER BY picked.rank DESC, picked.created_at DESC"
+            " WHERE m.team_id = $1 ORDER BY page_ids.rank DESC, page_ids.created_at DESC"
         )
     } else {
         // Only symbols: no index helps, so this reads the team's history
@@ -75,7 +75,10 @@ pub async fn search(
             " ORDER BY m.position DESC LIMIT $5"
         )
     };
-    Ok(sqlx::query_as(sql)
+    // Planned with its own words: a generic plan cannot tell a word in
+    // every message from a rare one.
+    let mut tx = crate::db::custom_plans(&bus.pool).await?;
+    let found = sqlx::query_as(sql)
         .bind(me.team_id)
         .bind(me.agent_id)
         .bind(&me.window)
@@ -84,9 +87,9 @@ pub async fn search(
         .bind(&literals.required)
         .bind(&literals.excluded)
         .bind(SEARCH_CANDIDATES)
-        // Unnamed, so each search is planned with its own words: a generic
-        // plan cannot tell a word in every message from a rare one.
         .persistent(false)
-        .fetch_all(&bus.pool)
-        .await?)
+        .fetch_all(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(found)
 }
