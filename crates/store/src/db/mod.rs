@@ -176,20 +176,6 @@ pub async fn server_time(pool: &PgPool) -> Result<chrono::DateTime<chrono::Utc>,
         .await
 }
 
-/// A transaction whose statements are planned with their own values. The
-/// pool forces generic plans (`connect`); a rare statement that a generic
-/// plan serves badly (search's words, a team's storage recount, whose
-/// generic plan read 11 times the buffers) runs in one of these instead.
-pub async fn custom_plans(
-    pool: &PgPool,
-) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    sqlx::query("SET LOCAL plan_cache_mode = force_custom_plan")
-        .execute(&mut *tx)
-        .await?;
-    Ok(tx)
-}
-
 /// A pooled connection idle at least this long is pinged before it is handed out.
 const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
 
@@ -229,7 +215,7 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, OpenErro
         // inbox status, the task list: 1-2 ms of planning each), more CPU
         // than PostgreSQL spent running statements. A statement that needs
         // its values to be planned (search's words) asks for a custom plan
-        // in a transaction of its own.
+        // in a transaction of its own (`store::custom_plans`).
         .connect_with(
             options
                 .options([("jit", "off"), ("plan_cache_mode", "force_generic_plan")])

@@ -58,6 +58,20 @@ impl Actor {
 
 pub use acs_wire::label::address;
 
+/// A transaction whose statements are planned with their own values. The
+/// pool forces generic plans (`db::connect`); a rare statement that a generic
+/// plan serves badly (search's words, a team's storage recount, whose
+/// generic plan read 11 times the buffers) runs in one of these instead.
+pub async fn custom_plans(
+    pool: &sqlx::PgPool,
+) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET LOCAL plan_cache_mode = force_custom_plan")
+        .execute(&mut *tx)
+        .await?;
+    Ok(tx)
+}
+
 /// How a refusal names a window, so the reader knows exactly who holds what.
 pub(crate) fn window_phrase(agent: &str, session: &str) -> String {
     if session.is_empty() {

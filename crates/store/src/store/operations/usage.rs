@@ -166,7 +166,7 @@ pub async fn count(pool: &PgPool, team_id: Uuid, slug: &str) -> BusResult<Usage>
     // new one of ten do not share a good plan): a generic plan read ~11
     // times the buffers, and the recount of every team, once a minute,
     // took a core for seconds.
-    let mut tx = crate::db::custom_plans(pool).await?;
+    let mut tx = crate::store::custom_plans(pool).await?;
     let row = sqlx::query(COUNTS)
         .bind(team_id)
         .fetch_one(&mut *tx)

@@ -77,7 +77,7 @@ pub async fn search(
     };
     // Planned with its own words: a generic plan cannot tell a word in
     // every message from a rare one.
-    let mut tx = crate::db::custom_plans(&bus.pool).await?;
+    let mut tx = crate::store::custom_plans(&bus.pool).await?;
     let found = sqlx::query_as(sql)
         .bind(me.team_id)
         .bind(me.agent_id)
