@@ -345,6 +345,15 @@ pub async fn owed_acknowledgements(
     me: &Identity,
     limit: impl Into<Option<i64>>,
 ) -> BusResult<Vec<Pending>> {
+    owed_acknowledgements_on(&bus.pool, me, limit).await
+}
+
+/// [`owed_acknowledgements`] on a connection the caller holds.
+pub async fn owed_acknowledgements_on(
+    db: impl sqlx::PgExecutor<'_>,
+    me: &Identity,
+    limit: impl Into<Option<i64>>,
+) -> BusResult<Vec<Pending>> {
     Ok(sqlx::query_as(
         "SELECT c.id AS conversation_id, c.title, count(*) AS unacknowledged,
                 c.last_seq AS latest_seq, min(m.seq) AS first_unacknowledged_seq
@@ -361,7 +370,7 @@ pub async fn owed_acknowledgements(
     .bind(me.agent_id)
     .bind(&me.window)
     .bind(limit.into())
-    .fetch_all(&bus.pool)
+    .fetch_all(db)
     .await?)
 }
 

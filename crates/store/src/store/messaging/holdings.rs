@@ -98,7 +98,7 @@ pub struct Holdings {
 /// This window's holdings in one statement: each kind counted up to
 /// [`COUNTED_MAX`] and its first [`SHOWN`] listed, each through an index of
 /// the window's own (tasks, reservations) or of the team's live locks.
-pub async fn of_window(pool: &PgPool, me: &Identity) -> BusResult<Holdings> {
+pub async fn of_window(db: impl sqlx::PgExecutor<'_>, me: &Identity) -> BusResult<Holdings> {
     #[derive(sqlx::FromRow)]
     struct Row {
         tasks_counted: i64,
@@ -142,7 +142,7 @@ pub async fn of_window(pool: &PgPool, me: &Identity) -> BusResult<Holdings> {
     .bind(&me.window)
     .bind(COUNTED_MAX + 1)
     .bind(SHOWN)
-    .fetch_one(pool)
+    .fetch_one(db)
     .await?;
     Ok(Holdings {
         claimed_tasks: Held {

@@ -276,14 +276,14 @@ pub struct PendingAcks {
 }
 
 /// [`PendingAcks`] in one bounded query.
-pub async fn pending(pool: &sqlx::PgPool, me: &Identity) -> BusResult<PendingAcks> {
+pub async fn pending(db: impl sqlx::PgExecutor<'_>, me: &Identity) -> BusResult<PendingAcks> {
     let rows: Vec<OwedAck> = sqlx::query_as(messages_i_owe!())
         .bind(me.team_id)
         .bind(me.agent_id)
         .bind(&me.window)
         .bind(false)
         .bind(PENDING_COUNTED + 1)
-        .fetch_all(pool)
+        .fetch_all(db)
         .await?;
     let at_least = rows.len() as i64 > PENDING_COUNTED;
     let counted = &rows[..rows.len().min(PENDING_COUNTED as usize)];
