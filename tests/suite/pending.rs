@@ -113,3 +113,138 @@ async fn pending_for_me_lists_unread_dms_questions_lapsing_leases_and_announceme
     assert_eq!(pending["expiring_tasks"], json!([]));
     assert_eq!(pending["unread_direct_messages"]["count"], 8);
 }
+
+/// The lists a Stop hook reads: the conversations owing this window's
+/// acknowledgement and the oldest such messages, what the window holds
+/// (claimed tasks, locks, path reservations: counted, the first listed),
+/// and the direct messages asking its agent for an acknowledgement. All
+/// come from one statement; each is checked against what was written, and
+/// another window of the same agent sees none of the window's own.
+#[tokio::test]
+async fn pending_for_me_lists_owed_conversations_holdings_and_owed_acks() {
+    let app = spawn_app().await;
+    app.conversations_team("acme").await;
+    let alice_token = app.agent("acme", "alice").await;
+    let alice = app.mcp(&alice_token, Some("a1")).await;
+    let alice_other = app.mcp(&alice_token, Some("a2")).await;
+    let bob = app.mcp(&app.agent("acme", "bob").await, Some("b1")).await;
+
+    // Nothing yet: every list empty, every count 0.
+    let empty = alice.call("pending_for_me", json!({})).await.unwrap();
+    assert_eq!(empty["conversations"], json!([]), "{empty}");
+    assert_eq!(empty["awaiting_ack"], json!([]), "{empty}");
+    for kind in ["claimed_tasks", "locks", "reservations"] {
+        assert_eq!(
+            empty["holdings"][kind],
+            json!({"count": 0, "at_least": false, "items": []}),
+            "{empty}"
+        );
+    }
+    assert_eq!(
+        empty["owed_acks"],
+        json!({"count": 0, "at_least": false, "overdue": 0, "items": []})
+    );
+
+    // Bob opens a conversation with alice's window and sends two messages.
+    let conv = bob
+        .call(
+            "create_conversation",
+            json!({"title": "Release", "private": true, "invite": ["alice/a1"]}),
+        )
+        .await
+        .unwrap();
+    let conv_id = conv["id"].as_str().unwrap().to_string();
+    alice
+        .call("join_conversation", json!({"conversation_id": conv_id}))
+        .await
+        .unwrap();
+    for body in ["first: freeze", "second: tag it"] {
+        bob.call(
+            "send_conversation_message",
+            json!({"conversation_id": conv_id, "body": body,
+                   "request_id": uuid::Uuid::new_v4().to_string()}),
+        )
+        .await
+        .unwrap();
+    }
+    // Alice's window holds a task, a lock and a reservation.
+    alice
+        .call("create_task", json!({"key": "tag", "title": "tag 1.2"}))
+        .await
+        .unwrap();
+    alice
+        .call("claim_task", json!({"key": "tag", "lease_seconds": 600}))
+        .await
+        .unwrap();
+    alice
+        .call(
+            "acquire_lock",
+            json!({"name": "deploy:prod", "purpose": "1.2"}),
+        )
+        .await
+        .unwrap();
+    alice
+        .call(
+            "reserve_paths",
+            json!({"paths": ["src/**"], "exclusive": true}),
+        )
+        .await
+        .unwrap();
+    // And bob asks alice (the agent) to acknowledge a direct message.
+    let asked = bob
+        .call(
+            "post_message",
+            json!({"to": "alice", "body": "ack the freeze", "ack_required": true,
+                   "ack_within_seconds": 600}),
+        )
+        .await
+        .unwrap();
+
+    let pending = alice.call("pending_for_me", json!({})).await.unwrap();
+    let owed = &pending["conversations"];
+    assert_eq!(owed.as_array().unwrap().len(), 1, "{pending}");
+    assert_eq!(owed[0]["conversation_id"], json!(conv_id));
+    assert_eq!(owed[0]["title"], "Release");
+    assert_eq!(owed[0]["unacknowledged"], 2);
+    assert_eq!(owed[0]["first_unacknowledged_seq"], 1);
+    assert_eq!(owed[0]["latest_seq"], 2);
+    let awaiting = pending["awaiting_ack"].as_array().unwrap();
+    let shown: Vec<_> = awaiting
+        .iter()
+        .map(|m| (m["seq"].as_i64().unwrap(), m["preview"].as_str().unwrap()))
+        .collect();
+    assert_eq!(shown, vec![(1, "first: freeze"), (2, "second: tag it")]);
+    assert_eq!(awaiting[0]["from"], "bob/b1");
+    assert_eq!(awaiting[0]["title"], "Release");
+    assert_eq!(awaiting[0]["presented"], false);
+
+    let holdings = &pending["holdings"];
+    assert_eq!(holdings["claimed_tasks"]["count"], 1, "{holdings}");
+    assert_eq!(holdings["claimed_tasks"]["items"][0]["key"], "tag");
+    assert_eq!(holdings["claimed_tasks"]["items"][0]["lapsed"], false);
+    assert_eq!(holdings["locks"]["count"], 1, "{holdings}");
+    assert_eq!(holdings["locks"]["items"][0]["name"], "deploy:prod");
+    assert_eq!(holdings["reservations"]["count"], 1, "{holdings}");
+    assert_eq!(holdings["reservations"]["items"][0]["pattern"], "src/**");
+    assert_eq!(holdings["reservations"]["items"][0]["exclusive"], true);
+
+    let acks = &pending["owed_acks"];
+    assert_eq!(acks["count"], 1, "{acks}");
+    assert_eq!(acks["overdue"], 0);
+    assert_eq!(
+        acks["items"][0]["message_id"], asked["message"]["id"],
+        "{acks} {asked}"
+    );
+    assert_eq!(acks["items"][0]["kind"], "dm");
+    assert_eq!(acks["items"][0]["from"], "bob/b1");
+
+    // The agent's other window owes the same DM acknowledgement (a debt of
+    // the agent) but holds nothing and has no seat.
+    let other = alice_other.call("pending_for_me", json!({})).await.unwrap();
+    assert_eq!(other["conversations"], json!([]), "{other}");
+    assert_eq!(other["awaiting_ack"], json!([]));
+    assert_eq!(other["holdings"]["claimed_tasks"]["count"], 0);
+    assert_eq!(other["holdings"]["locks"]["count"], 0);
+    assert_eq!(other["holdings"]["reservations"]["count"], 0);
+    assert_eq!(other["owed_acks"]["count"], 1, "{other}");
+}

@@ -341,6 +341,14 @@ impl TestApp {
             .expect("create team");
     }
 
+    /// Create a team with conversations on (stored in PostgreSQL).
+    pub async fn conversations_team(&self, slug: &str) {
+        self.team(slug).await;
+        teams::capability(&self.pool, slug, Some(true), &test_actor())
+            .await
+            .expect("turn conversations on");
+    }
+
     /// Create a team routed to JetStream (conversations on, streams
     /// provisioned on this app's broker, new conversations on jetstream,
     /// publication through the outbox); its id.
@@ -356,10 +364,7 @@ impl TestApp {
         sizes: &ai_crew_sync::backend::jetstream::StreamSizes,
     ) -> uuid::Uuid {
         use ai_crew_sync::backend::BackendKind;
-        self.team(slug).await;
-        teams::capability(&self.pool, slug, Some(true), &test_actor())
-            .await
-            .expect("turn conversations on");
+        self.conversations_team(slug).await;
         teams::provision_streams(&self.pool, slug, self.broker(), sizes, false, &test_actor())
             .await
             .expect("provision the team's streams");

@@ -18,7 +18,7 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -316,7 +316,7 @@ pub(crate) async fn receipts_of(
 }
 
 /// A conversation with messages owed an acknowledgement by this window.
-#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow)]
 pub struct Pending {
     pub conversation_id: Uuid,
     pub title: String,
@@ -337,6 +337,30 @@ pub struct Conversations {
 /// `wait_for_conversation_updates`'s answer.
 pub type ConversationWait = Waited<Conversations>;
 
+/// [`owed_acknowledgements`]'s statement: the conversations where this
+/// window owes acknowledgements, the one with the oldest owed message first
+/// (`first_sent_at`, not a field of [`Pending`]), cut at `$limit` (a
+/// placeholder such as `"$4"`). Binds: $1 team, $2 agent, $3 window.
+macro_rules! owed_conversations {
+    ($limit:literal) => {
+        concat!(
+            "SELECT c.id AS conversation_id, c.title, count(*) AS unacknowledged,
+                    c.last_seq AS latest_seq, min(m.seq) AS first_unacknowledged_seq,
+                    min(m.created_at) AS first_sent_at
+             FROM conversation_members s
+             JOIN message_receipts r ON r.team_id = s.team_id AND r.member_id = s.id
+             JOIN conversation_messages m ON m.team_id = r.team_id AND m.id = r.message_id
+             JOIN conversations c ON c.team_id = s.team_id AND c.id = s.conversation_id
+             WHERE s.team_id = $1 AND s.agent_id = $2 AND s.session = $3 AND s.state = 'active'
+               AND r.acknowledged_at IS NULL AND r.stored_at IS NOT NULL
+             GROUP BY c.id, c.title, c.last_seq
+             ORDER BY min(m.created_at) LIMIT ",
+            $limit
+        )
+    };
+}
+pub(crate) use owed_conversations;
+
 /// What this window owes: per conversation where it holds an active seat,
 /// its stored, unacknowledged receipts, oldest first (the first `limit`;
 /// `None`: all).
@@ -345,33 +369,13 @@ pub async fn owed_acknowledgements(
     me: &Identity,
     limit: impl Into<Option<i64>>,
 ) -> BusResult<Vec<Pending>> {
-    owed_acknowledgements_on(&bus.pool, me, limit).await
-}
-
-/// [`owed_acknowledgements`] on a connection the caller holds.
-pub async fn owed_acknowledgements_on(
-    db: impl sqlx::PgExecutor<'_>,
-    me: &Identity,
-    limit: impl Into<Option<i64>>,
-) -> BusResult<Vec<Pending>> {
-    Ok(sqlx::query_as(
-        "SELECT c.id AS conversation_id, c.title, count(*) AS unacknowledged,
-                c.last_seq AS latest_seq, min(m.seq) AS first_unacknowledged_seq
-         FROM conversation_members s
-         JOIN message_receipts r ON r.team_id = s.team_id AND r.member_id = s.id
-         JOIN conversation_messages m ON m.team_id = r.team_id AND m.id = r.message_id
-         JOIN conversations c ON c.team_id = s.team_id AND c.id = s.conversation_id
-         WHERE s.team_id = $1 AND s.agent_id = $2 AND s.session = $3 AND s.state = 'active'
-           AND r.acknowledged_at IS NULL AND r.stored_at IS NOT NULL
-         GROUP BY c.id, c.title, c.last_seq
-         ORDER BY min(m.created_at) LIMIT $4",
-    )
-    .bind(me.team_id)
-    .bind(me.agent_id)
-    .bind(&me.window)
-    .bind(limit.into())
-    .fetch_all(db)
-    .await?)
+    Ok(sqlx::query_as(owed_conversations!("$4"))
+        .bind(me.team_id)
+        .bind(me.agent_id)
+        .bind(&me.window)
+        .bind(limit.into())
+        .fetch_all(&bus.pool)
+        .await?)
 }
 
 /// `wait_for_conversation_updates`: returns at once when this window owes

@@ -84,6 +84,15 @@ pub struct Held<T> {
     pub items: Vec<T>,
 }
 
+impl<T> Held<T> {
+    fn of(counted: i64, items: Vec<T>) -> Self {
+        Held {
+            count: BoundedCount::of(counted, COUNTED_MAX),
+            items,
+        }
+    }
+}
+
 /// What this window holds now.
 #[derive(Clone, Debug, Serialize)]
 pub struct Holdings {
@@ -95,70 +104,96 @@ pub struct Holdings {
     pub reservations: Held<HeldReservation>,
 }
 
-/// This window's holdings in one statement: each kind counted up to
-/// [`COUNTED_MAX`] and its first [`SHOWN`] listed, each through an index of
-/// the window's own (tasks, reservations) or of the team's live locks.
-pub async fn of_window(db: impl sqlx::PgExecutor<'_>, me: &Identity) -> BusResult<Holdings> {
-    #[derive(sqlx::FromRow)]
-    struct Row {
-        tasks_counted: i64,
-        tasks: Json<Vec<HeldTask>>,
-        locks_counted: i64,
-        locks: Json<Vec<HeldLock>>,
-        reservations_counted: i64,
-        reservations: Json<Vec<HeldReservation>>,
-    }
-    let row: Row = sqlx::query_as(
-        "WITH mine_tasks AS (
-             SELECT key, title, lease_expires_at, lease_expires_at <= now() AS lapsed, claimed_at
-             FROM tasks
-             WHERE team_id = $1 AND holder_agent_id = $2 AND holder_session = $3
-               AND status = 'claimed'
-             ORDER BY claimed_at LIMIT $4),
-         mine_locks AS (
-             SELECT name, expires_at FROM locks
-             WHERE team_id = $1 AND expires_at > now()
-               AND holder_agent_id = $2 AND holder_session = $3
-             ORDER BY expires_at LIMIT $4),
-         mine_reservations AS (
-             SELECT pattern, exclusive, project, expires_at FROM path_reservations
-             WHERE team_id = $1 AND holder_agent_id = $2 AND holder_session = $3
-               AND expires_at > now()
-             ORDER BY expires_at LIMIT $4)
-         SELECT
-             (SELECT count(*) FROM mine_tasks) AS tasks_counted,
+/// The `WITH` items that read what this window holds, for `pending_for_me`'s
+/// one statement: each kind, cut at `$counted` (a placeholder, bound to
+/// [`COUNTED_BIND`]), through an index of the window's own (tasks,
+/// reservations) or of the team's live locks. Binds $1 team, $2 agent, $3
+/// window.
+macro_rules! holdings_items {
+    ($counted:literal) => {
+        concat!(
+            "mine_tasks AS (
+                 SELECT key, title, lease_expires_at, lease_expires_at <= now() AS lapsed,
+                        claimed_at
+                 FROM tasks
+                 WHERE team_id = $1 AND holder_agent_id = $2 AND holder_session = $3
+                   AND status = 'claimed'
+                 ORDER BY claimed_at LIMIT ",
+            $counted,
+            "),
+             mine_locks AS (
+                 SELECT name, expires_at FROM locks
+                 WHERE team_id = $1 AND expires_at > now()
+                   AND holder_agent_id = $2 AND holder_session = $3
+                 ORDER BY expires_at LIMIT ",
+            $counted,
+            "),
+             mine_reservations AS (
+                 SELECT pattern, exclusive, project, expires_at FROM path_reservations
+                 WHERE team_id = $1 AND holder_agent_id = $2 AND holder_session = $3
+                   AND expires_at > now()
+                 ORDER BY expires_at LIMIT ",
+            $counted,
+            ")"
+        )
+    };
+}
+pub(crate) use holdings_items;
+
+/// The columns of [`HoldingsRow`] over [`holdings_items`]: each kind
+/// counted, and its first `$shown` (a placeholder, bound to [`SHOWN_BIND`])
+/// listed.
+macro_rules! holdings_columns {
+    ($shown:literal) => {
+        concat!(
+            "(SELECT count(*) FROM mine_tasks) AS tasks_counted,
              (SELECT coalesce(jsonb_agg(t ORDER BY t.claimed_at), '[]')
-                FROM (SELECT * FROM mine_tasks ORDER BY claimed_at LIMIT $5) t) AS tasks,
+                FROM (SELECT * FROM mine_tasks ORDER BY claimed_at LIMIT ",
+            $shown,
+            ") t)
+                 AS tasks,
              (SELECT count(*) FROM mine_locks) AS locks_counted,
              (SELECT coalesce(jsonb_agg(l ORDER BY l.expires_at), '[]')
-                FROM (SELECT * FROM mine_locks ORDER BY expires_at LIMIT $5) l) AS locks,
+                FROM (SELECT * FROM mine_locks ORDER BY expires_at LIMIT ",
+            $shown,
+            ") l)
+                 AS locks,
              (SELECT count(*) FROM mine_reservations) AS reservations_counted,
              (SELECT coalesce(jsonb_agg(r ORDER BY r.expires_at), '[]')
-                FROM (SELECT * FROM mine_reservations ORDER BY expires_at LIMIT $5) r)
-                 AS reservations",
-    )
-    .bind(me.team_id)
-    .bind(me.agent_id)
-    .bind(&me.window)
-    .bind(COUNTED_MAX + 1)
-    .bind(SHOWN)
-    .fetch_one(db)
-    .await?;
-    Ok(Holdings {
-        claimed_tasks: Held {
-            count: BoundedCount::of(row.tasks_counted, COUNTED_MAX),
-            items: row.tasks.0,
-        },
-        locks: Held {
-            count: BoundedCount::of(row.locks_counted, COUNTED_MAX),
-            items: row.locks.0,
-        },
-        reservations: Held {
-            count: BoundedCount::of(row.reservations_counted, COUNTED_MAX),
-            items: row.reservations.0,
-        },
-    })
+                FROM (SELECT * FROM mine_reservations ORDER BY expires_at LIMIT ",
+            $shown,
+            ") r) AS reservations"
+        )
+    };
 }
+pub(crate) use holdings_columns;
+
+/// [`Holdings`] as [`holdings_columns`] reads them.
+#[derive(sqlx::FromRow)]
+pub(crate) struct HoldingsRow {
+    tasks_counted: i64,
+    tasks: Json<Vec<HeldTask>>,
+    locks_counted: i64,
+    locks: Json<Vec<HeldLock>>,
+    reservations_counted: i64,
+    reservations: Json<Vec<HeldReservation>>,
+}
+
+impl HoldingsRow {
+    /// Each kind counted up to [`COUNTED_MAX`] and its first [`SHOWN`].
+    pub(crate) fn holdings(self) -> Holdings {
+        Holdings {
+            claimed_tasks: Held::of(self.tasks_counted, self.tasks.0),
+            locks: Held::of(self.locks_counted, self.locks.0),
+            reservations: Held::of(self.reservations_counted, self.reservations.0),
+        }
+    }
+}
+
+/// How many of each kind [`holdings_items`] counts (binds as its
+/// `$counted`), and how many [`holdings_columns`] lists (its `$shown`).
+pub(crate) const COUNTED_BIND: i64 = COUNTED_MAX + 1;
+pub(crate) const SHOWN_BIND: i64 = SHOWN;
 
 /// How a window ended, as a released task's event says it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -29,7 +29,7 @@ use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::store::conversations::receipts::{self, Pending};
-use crate::store::messaging::acks::owed::{self as owed, PendingAcks};
+use crate::store::messaging::acks::owed::{self as owed, OwedAck, PendingAcks};
 use crate::store::messaging::holdings::{self, Holdings};
 use crate::store::messaging::messages::{self, BoundedCount};
 
@@ -67,7 +67,7 @@ pub struct Preview {
 }
 
 /// A conversation message addressed to this window, not yet acknowledged.
-#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct AwaitingAck {
     pub message_id: Uuid,
     pub conversation_id: Uuid,
@@ -138,38 +138,27 @@ pub async fn pending_for_me(
         ));
     }
     let since = since.map(|s| s.max(now - SINCE_MAX));
-    // One after another on one connection: at once they would hold several
-    // of the pool's connections for one call, and taken from the pool each
-    // they queued for it four times under load (`capacity`: this tool's p99
-    // twice every other's). The window's own lists come in one statement
-    // ([`own_lists`]).
-    let mut conn = bus.pool.acquire().await?;
-    let OwnLists {
+    let Lists {
         unread,
-        direct_messages,
-        open_questions,
-        expiring_tasks,
+        direct,
+        questions,
+        expiring,
         announcements,
-    } = own_lists(&mut conn, me, within, since).await?;
-    let conversations =
-        receipts::owed_acknowledgements_on(&mut *conn, me, CONVERSATIONS_SHOWN).await?;
-    let awaiting_ack = if conversations.is_empty() {
-        Vec::new()
-    } else {
-        awaiting_ack(&mut conn, me).await?
-    };
-    let holdings = holdings::of_window(&mut *conn, me).await?;
-    let owed_acks = owed::pending(&mut *conn, me).await?;
-    Ok(PendingForMe {
-        unread_direct_messages: unread,
-        direct_messages,
-        open_questions,
         conversations,
-        awaiting_ack,
-        expiring_tasks,
-        announcements,
+        awaiting,
         holdings,
-        owed_acks,
+        owed,
+    } = lists(bus, me, within, since).await?;
+    Ok(PendingForMe {
+        unread_direct_messages: BoundedCount::of(unread, messages::UNREAD_COUNT_CAP),
+        direct_messages: direct.0,
+        open_questions: questions.0,
+        conversations: conversations.0,
+        awaiting_ack: awaiting.0,
+        expiring_tasks: expiring.0,
+        announcements: announcements.0,
+        holdings: holdings.holdings(),
+        owed_acks: PendingAcks::of(owed.0),
     })
 }
 
@@ -185,65 +174,42 @@ macro_rules! preview_columns {
     };
 }
 
-async fn awaiting_ack(db: &mut sqlx::PgConnection, me: &Identity) -> BusResult<Vec<AwaitingAck>> {
-    Ok(sqlx::query_as(
-        "SELECT m.id AS message_id, m.conversation_id, c.title, m.seq,
-                CASE WHEN m.sender_session = '' THEN a.name
-                     ELSE a.name || '/' || m.sender_session END AS from,
-                m.created_at AS at,
-                CASE WHEN m.tombstoned_at IS NULL AND m.body <> '' THEN left(m.body, 280) END
-                    AS preview,
-                r.presented_at IS NOT NULL AS presented
-         FROM conversation_members s
-         JOIN message_receipts r ON r.team_id = s.team_id AND r.member_id = s.id
-         JOIN conversation_messages m ON m.team_id = r.team_id AND m.id = r.message_id
-         JOIN conversations c ON c.team_id = m.team_id AND c.id = m.conversation_id
-         JOIN agents a ON a.team_id = m.team_id AND a.id = m.sender_id
-         WHERE s.team_id = $1 AND s.agent_id = $2 AND s.session = $3 AND s.state = 'active'
-           AND r.acknowledged_at IS NULL AND r.stored_at IS NOT NULL
-         ORDER BY m.created_at, m.seq LIMIT $4",
-    )
-    .bind(me.team_id)
-    .bind(me.agent_id)
-    .bind(&me.window)
-    .bind(AWAITING_SHOWN)
-    .fetch_all(db)
-    .await?)
-}
-
-/// The lists of [`PendingForMe`] read from the window's own messages and
-/// tasks, in one statement: its unread direct messages (counted as
-/// `unread_direct` counts them, up to the cap, and the oldest
+/// Every list of [`PendingForMe`] in one statement (one round trip, one
+/// hand-out of a pooled connection): the window's unread direct messages
+/// (counted as `unread_direct` counts them, up to the cap, and the oldest
 /// [`DIRECT_SHOWN`] previewed), the questions asked of it not yet answered
 /// (among the newest [`QUESTIONS_SCANNED`] direct messages to its agent),
-/// its claims whose lease lapses within `within` seconds, and with `since`
-/// the announcements after it (among the team's newest
-/// [`ANNOUNCEMENTS_SCANNED`] messages). Each list comes as JSON.
-struct OwnLists {
-    unread: BoundedCount,
-    direct_messages: Vec<Preview>,
-    open_questions: Vec<Preview>,
-    expiring_tasks: Vec<ExpiringTask>,
-    announcements: Vec<Preview>,
+/// its claims whose lease lapses within `within` seconds, with `since` the
+/// announcements after it (among the team's newest
+/// [`ANNOUNCEMENTS_SCANNED`] messages), the conversations where it owes
+/// acknowledgements and, only when there are some, the oldest such
+/// messages, what it holds ([`holdings`]) and what its agent owes
+/// ([`owed`]). Each list comes as JSON.
+#[derive(sqlx::FromRow)]
+struct Lists {
+    unread: i64,
+    direct: Json<Vec<Preview>>,
+    questions: Json<Vec<Preview>>,
+    expiring: Json<Vec<ExpiringTask>>,
+    announcements: Json<Vec<Preview>>,
+    conversations: Json<Vec<Pending>>,
+    awaiting: Json<Vec<AwaitingAck>>,
+    #[sqlx(flatten)]
+    holdings: holdings::HoldingsRow,
+    owed: Json<Vec<OwedAck>>,
 }
 
-async fn own_lists(
-    db: &mut sqlx::PgConnection,
+async fn lists(
+    bus: &Bus,
     me: &Identity,
     within: i64,
     since: Option<DateTime<Utc>>,
-) -> BusResult<OwnLists> {
-    #[derive(sqlx::FromRow)]
-    struct Row {
-        unread: i64,
-        direct: Json<Vec<Preview>>,
-        questions: Json<Vec<Preview>>,
-        expiring: Json<Vec<ExpiringTask>>,
-        announcements: Json<Vec<Preview>>,
-    }
-    static OWN_LISTS: LazyLock<String> = LazyLock::new(|| {
+) -> BusResult<Lists> {
+    static LISTS: LazyLock<String> = LazyLock::new(|| {
         format!(
-            "{cursor}, unread AS MATERIALIZED ({unread_ids})
+            "{cursor}, unread AS MATERIALIZED ({unread_ids}),
+             owed_conversations AS MATERIALIZED ({owed_conversations}),
+             {holdings_items}
              SELECT
                (SELECT count(*) FROM unread) AS unread,
                (SELECT coalesce(json_agg(p ORDER BY p.position), '[]') FROM (
@@ -277,16 +243,29 @@ async fn own_lists(
                           ORDER BY position DESC LIMIT $10) m {joins}
                     WHERE m.announce AND m.created_at > $11
                     ORDER BY m.position DESC LIMIT $12) n)
-               END AS announcements",
+               END AS announcements,
+               (SELECT coalesce(json_agg(o ORDER BY o.first_sent_at), '[]')
+                  FROM owed_conversations o) AS conversations,
+               CASE WHEN NOT EXISTS (SELECT 1 FROM owed_conversations) THEN '[]'::json ELSE
+                 (SELECT coalesce(json_agg(w ORDER BY w.at, w.seq), '[]') FROM ({awaiting}) w)
+               END AS awaiting,
+               {holdings_columns},
+               (SELECT coalesce(json_agg(k ORDER BY k.sent_at, k.message_id), '[]')
+                  FROM ({owed}) k) AS owed",
             cursor = messages::UNREAD_DM_CURSOR,
             unread_ids = messages::UNREAD_DM_IDS,
+            owed_conversations = receipts::owed_conversations!("$13"),
+            holdings_items = holdings::holdings_items!("$15"),
             lookup = messages::PAGE_LOOKUP,
             preview = preview_columns!(),
             joins = "JOIN agents s ON s.team_id = m.team_id AND s.id = m.sender_id
                      LEFT JOIN channels c ON c.team_id = m.team_id AND c.id = m.channel_id",
+            awaiting = AWAITING_ACK,
+            holdings_columns = holdings::holdings_columns!("$16"),
+            owed = owed::messages_i_owe!("false", "$17"),
         )
     });
-    let row: Row = sqlx::query_as(OWN_LISTS.as_str())
+    Ok(sqlx::query_as(LISTS.as_str())
         .bind(me.team_id)
         .bind(me.agent_id)
         .bind(&me.window)
@@ -299,13 +278,29 @@ async fn own_lists(
         .bind(ANNOUNCEMENTS_SCANNED)
         .bind(since)
         .bind(ANNOUNCEMENTS_SHOWN)
-        .fetch_one(db)
-        .await?;
-    Ok(OwnLists {
-        unread: BoundedCount::of(row.unread, messages::UNREAD_COUNT_CAP),
-        direct_messages: row.direct.0,
-        open_questions: row.questions.0,
-        expiring_tasks: row.expiring.0,
-        announcements: row.announcements.0,
-    })
+        .bind(CONVERSATIONS_SHOWN)
+        .bind(AWAITING_SHOWN)
+        .bind(holdings::COUNTED_BIND)
+        .bind(holdings::SHOWN_BIND)
+        .bind(owed::PENDING_BIND)
+        .fetch_one(&bus.pool)
+        .await?)
 }
+
+/// The conversation messages this window has not acknowledged, oldest
+/// first, the first [`AWAITING_SHOWN`] ($14).
+const AWAITING_ACK: &str = "SELECT m.id AS message_id, m.conversation_id, c.title, m.seq,
+        CASE WHEN m.sender_session = '' THEN a.name
+             ELSE a.name || '/' || m.sender_session END AS from,
+        m.created_at AS at,
+        CASE WHEN m.tombstoned_at IS NULL AND m.body <> '' THEN left(m.body, 280) END
+            AS preview,
+        r.presented_at IS NOT NULL AS presented
+ FROM conversation_members s
+ JOIN message_receipts r ON r.team_id = s.team_id AND r.member_id = s.id
+ JOIN conversation_messages m ON m.team_id = r.team_id AND m.id = r.message_id
+ JOIN conversations c ON c.team_id = m.team_id AND c.id = m.conversation_id
+ JOIN agents a ON a.team_id = m.team_id AND a.id = m.sender_id
+ WHERE s.team_id = $1 AND s.agent_id = $2 AND s.session = $3 AND s.state = 'active'
+   AND r.acknowledged_at IS NULL AND r.stored_at IS NOT NULL
+ ORDER BY m.created_at, m.seq LIMIT $14";

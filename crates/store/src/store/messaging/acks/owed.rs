@@ -11,7 +11,7 @@
 //! or the conversation messages it sent (`owed_to_me`).
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::Bus;
@@ -27,7 +27,7 @@ pub const PENDING_SHOWN: usize = 10;
 pub const PENDING_COUNTED: i64 = 100;
 
 /// One message owed an acknowledgement.
-#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow)]
 pub struct OwedAck {
     pub message_id: Uuid,
     /// `dm`, `channel` or `conversation`.
@@ -99,15 +99,16 @@ macro_rules! message_joins {
     };
 }
 
-/// The direct and channel messages this agent owes an ack.
-/// Binds: $1 team, $2 agent, $4 overdue only, $5 how many.
+/// The direct and channel messages this agent owes an ack, oldest first.
+/// Binds: $1 team, $2 agent; `$overdue` (overdue only) and `$limit` (how
+/// many) are placeholders such as `"$4"` or a literal.
 macro_rules! messages_i_owe {
-    () => {
+    ($overdue:literal, $limit:literal) => {
         concat!(
             "SELECT ",
-            message_columns!(),
+            $crate::store::messaging::acks::owed::message_columns!(),
             ", NULL::text[] AS owed_by, NULL::bigint AS owed_by_count",
-            message_joins!(),
+            $crate::store::messaging::acks::owed::message_joins!(),
             " JOIN agents me ON me.team_id = m.team_id AND me.id = $2
               WHERE m.team_id = $1 AND m.ack_required
                 AND (m.recipient_id = $2
@@ -116,18 +117,23 @@ macro_rules! messages_i_owe {
                 AND NOT EXISTS (SELECT 1 FROM message_acks k
                                 WHERE k.team_id = m.team_id AND k.message_id = m.id
                                   AND k.agent_id = $2)
-                AND (NOT $4 OR m.ack_due_at <= now())
-              ORDER BY m.created_at, m.id LIMIT $5"
+                AND (NOT ",
+            $overdue,
+            " OR m.ack_due_at <= now())
+              ORDER BY m.created_at, m.id LIMIT ",
+            $limit
         )
     };
 }
+
+pub(crate) use {message_columns, message_joins, messages_i_owe};
 
 /// `i_owe`: direct and channel messages (the agent's debts) and this
 /// window's unacknowledged conversation messages.
 /// Binds: $1 team, $2 agent, $3 window, $4 overdue only, $5 how many.
 const I_OWE: &str = concat!(
     "(",
-    messages_i_owe!(),
+    messages_i_owe!("$4", "$5"),
     ") UNION ALL (
      SELECT cm.id AS message_id, 'conversation' AS kind,
             CASE WHEN cm.sender_session = '' THEN s.name
@@ -275,22 +281,31 @@ pub struct PendingAcks {
     pub items: Vec<OwedAck>,
 }
 
+/// What `pending_for_me` binds as [`messages_i_owe`]'s `$limit`: one more
+/// than it counts.
+pub(crate) const PENDING_BIND: i64 = PENDING_COUNTED + 1;
+
 /// [`PendingAcks`] in one bounded query.
 pub async fn pending(db: impl sqlx::PgExecutor<'_>, me: &Identity) -> BusResult<PendingAcks> {
-    let rows: Vec<OwedAck> = sqlx::query_as(messages_i_owe!())
+    let rows: Vec<OwedAck> = sqlx::query_as(messages_i_owe!("false", "$3"))
         .bind(me.team_id)
         .bind(me.agent_id)
-        .bind(&me.window)
-        .bind(false)
-        .bind(PENDING_COUNTED + 1)
+        .bind(PENDING_BIND)
         .fetch_all(db)
         .await?;
-    let at_least = rows.len() as i64 > PENDING_COUNTED;
-    let counted = &rows[..rows.len().min(PENDING_COUNTED as usize)];
-    Ok(PendingAcks {
-        count: counted.len() as i64,
-        at_least,
-        overdue: counted.iter().filter(|r| r.overdue).count() as i64,
-        items: counted.iter().take(PENDING_SHOWN).cloned().collect(),
-    })
+    Ok(PendingAcks::of(rows))
+}
+
+impl PendingAcks {
+    /// From the rows of [`messages_i_owe`] (not only overdue), oldest first.
+    pub(crate) fn of(rows: Vec<OwedAck>) -> Self {
+        let at_least = rows.len() as i64 > PENDING_COUNTED;
+        let counted = &rows[..rows.len().min(PENDING_COUNTED as usize)];
+        PendingAcks {
+            count: counted.len() as i64,
+            at_least,
+            overdue: counted.iter().filter(|r| r.overdue).count() as i64,
+            items: counted.iter().take(PENDING_SHOWN).cloned().collect(),
+        }
+    }
 }
