@@ -245,49 +245,67 @@ pub struct Released {
 /// Which windows of one agent: these labels, or every one (`None`).
 type Labels<'a> = Option<&'a [String]>;
 
-/// Delete the live locks of `agent`'s windows `labels`, queueing their
-/// events (the team's live locks are all this reads).
-async fn release_locks(
+/// Delete the live locks of `agent`'s windows `labels` (the team's live
+/// locks are all this reads), for [`release`].
+const RELEASE_LOCKS: &str = "DELETE FROM locks
+     WHERE team_id = $1 AND expires_at > now()
+       AND holder_agent_id = $2 AND ($3::text[] IS NULL OR holder_session = ANY($3))
+     RETURNING name, holder_session";
+
+/// Delete the reservations (live or not) of `agent`'s windows `labels`,
+/// for [`release`].
+const RELEASE_RESERVATIONS: &str = "DELETE FROM path_reservations
+     WHERE team_id = $1 AND holder_agent_id = $2
+       AND ($3::text[] IS NULL OR holder_session = ANY($3))
+     RETURNING pattern, holder_session";
+
+/// Delete the locks and the reservations of `agent`'s windows `labels`,
+/// queueing their events: the locks' names, and how many reservations.
+async fn release_locks_and_reservations(
     conn: &mut PgConnection,
+    team: Uuid,
+    agent: Uuid,
+    labels: Labels<'_>,
+    wake: &mut Vec<BusEvent>,
+) -> BusResult<(Vec<String>, u64)> {
+    let locks = release(
+        conn,
+        RELEASE_LOCKS,
+        EventKind::Lock,
+        team,
+        agent,
+        labels,
+        wake,
+    )
+    .await?;
+    let reservations = release(
+        conn,
+        RELEASE_RESERVATIONS,
+        EventKind::Reservation,
+        team,
+        agent,
+        labels,
+        wake,
+    )
+    .await?;
+    Ok((locks, reservations.len() as u64))
+}
+
+/// Run the release `sql` (bound as [`of_windows`] binds it) and queue a
+/// `kind` event for each row it let go; the names.
+async fn release(
+    conn: &mut PgConnection,
+    sql: &'static str,
+    kind: EventKind,
     team: Uuid,
     agent: Uuid,
     labels: Labels<'_>,
     wake: &mut Vec<BusEvent>,
 ) -> BusResult<Vec<String>> {
-    let rows = of_windows(
-        "DELETE FROM locks
-         WHERE team_id = $1 AND expires_at > now()
-           AND holder_agent_id = $2 AND ($3::text[] IS NULL OR holder_session = ANY($3))
-         RETURNING name, holder_session",
-        team,
-        agent,
-        labels,
-    )
-    .fetch_all(&mut *conn)
-    .await?;
-    Ok(queued(rows, team, agent, EventKind::Lock, wake))
-}
-
-/// Delete the reservations (live or not) of `agent`'s windows `labels`.
-async fn release_reservations(
-    conn: &mut PgConnection,
-    team: Uuid,
-    agent: Uuid,
-    labels: Labels<'_>,
-    wake: &mut Vec<BusEvent>,
-) -> BusResult<u64> {
-    let rows = of_windows(
-        "DELETE FROM path_reservations
-         WHERE team_id = $1 AND holder_agent_id = $2
-           AND ($3::text[] IS NULL OR holder_session = ANY($3))
-         RETURNING pattern, holder_session",
-        team,
-        agent,
-        labels,
-    )
-    .fetch_all(&mut *conn)
-    .await?;
-    Ok(queued(rows, team, agent, EventKind::Reservation, wake).len() as u64)
+    let rows = of_windows(sql, team, agent, labels)
+        .fetch_all(&mut *conn)
+        .await?;
+    Ok(queued(rows, team, agent, kind, wake))
 }
 
 /// A release of `agent`'s windows `labels`: `sql` with the team ($1), the
@@ -417,9 +435,9 @@ pub(crate) async fn release_on_leave(
 ) -> BusResult<Released> {
     let labels = [me.window.clone()];
     let mut wake = Vec::new();
-    let locks = release_locks(conn, me.team_id, me.agent_id, Some(&labels), &mut wake).await?;
-    let reservations =
-        release_reservations(conn, me.team_id, me.agent_id, Some(&labels), &mut wake).await?;
+    let (locks, reservations) =
+        release_locks_and_reservations(conn, me.team_id, me.agent_id, Some(&labels), &mut wake)
+            .await?;
     events::notify_in(conn, &wake).await?;
     Ok(Released {
         tasks: Vec::new(),
@@ -442,8 +460,8 @@ pub(crate) async fn release_ended(
 ) -> BusResult<Released> {
     let mut wake = Vec::new();
     let tasks = release_tasks(conn, team, agent, labels, ending, &mut wake).await?;
-    let locks = release_locks(conn, team, agent, labels, &mut wake).await?;
-    let reservations = release_reservations(conn, team, agent, labels, &mut wake).await?;
+    let (locks, reservations) =
+        release_locks_and_reservations(conn, team, agent, labels, &mut wake).await?;
     events::notify_in(conn, &wake).await?;
     Ok(Released {
         tasks,
