@@ -21,6 +21,7 @@
 //! `server_restarting` instead of holding the shutdown.
 
 use serde::Serialize;
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -216,6 +217,47 @@ where
             }
         }
     }
+}
+
+/// How a wait that only re-checks ([`recheck_until`]) ended.
+pub(crate) enum Rechecked<T> {
+    /// The check found this, at a wake or at the deadline's last look.
+    Found(T),
+    /// Nothing, by the deadline.
+    TimedOut,
+    /// The server is stopping.
+    Stopping,
+}
+
+/// [`long_poll`] for a wait whose every event is worth a look and none ends
+/// it (its filter already chose them): the check runs once more when the
+/// deadline has passed, before the wait says it timed out.
+pub(crate) async fn recheck_until<T, Fut>(
+    events: &mut Waiter,
+    bus: &Bus,
+    deadline: Instant,
+    mut check: impl FnMut() -> Fut,
+) -> BusResult<Rechecked<T>>
+where
+    Fut: Future<Output = BusResult<Option<T>>>,
+{
+    let polled = long_poll(
+        events,
+        bus,
+        deadline,
+        |_| OnEvent::<Infallible>::Recheck,
+        &mut check,
+    )
+    .await?;
+    Ok(match polled {
+        Polled::Found(found) => Rechecked::Found(found),
+        Polled::Ended(never) => match never {},
+        Polled::Stopping => Rechecked::Stopping,
+        Polled::TimedOut => match check().await? {
+            Some(found) => Rechecked::Found(found),
+            None => Rechecked::TimedOut,
+        },
+    })
 }
 
 #[cfg(test)]

@@ -14,7 +14,6 @@
 //! the event hub first, then check the database, then block, re-checking on
 //! a timer so a lost notification only delays a wake.
 
-use std::convert::Infallible;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -29,7 +28,7 @@ use crate::events::EventKind;
 use crate::store::conversations::messages::{conversation_of, message_not_found};
 use crate::store::conversations::{self, ReadAccess};
 use crate::store::fenced;
-use crate::store::long_poll::{OnEvent, Polled, Waited, answer_if_still_valid, long_poll};
+use crate::store::long_poll::{Rechecked, Waited, answer_if_still_valid, recheck_until};
 use crate::store::requests::Writer;
 
 pub const NOTE_MAX_BYTES: usize = 1024;
@@ -407,31 +406,20 @@ pub async fn wait_for_conversation_updates(
             conversations::refuse_borrowed_label(&mut conn, me).await?;
         }
         let deadline = Instant::now() + timeout;
-        let polled = long_poll(
-            &mut events,
-            bus,
-            deadline,
-            |_| OnEvent::<Infallible>::Recheck,
-            || async move {
-                let owed = owed_acknowledgements(bus, me, None).await?;
-                Ok((!owed.is_empty()).then_some(owed))
-            },
-        )
+        let owed = recheck_until(&mut events, bus, deadline, || async move {
+            let owed = owed_acknowledgements(bus, me, None).await?;
+            Ok((!owed.is_empty()).then_some(owed))
+        })
         .await?;
-        let owed = match polled {
-            Polled::Found(owed) => owed,
-            Polled::Ended(never) => match never {},
-            Polled::Stopping => {
+        let owed = match owed {
+            Rechecked::Found(owed) => owed,
+            Rechecked::TimedOut => return Ok(ConversationWait::timed_out()),
+            Rechecked::Stopping => {
                 return Ok(ConversationWait::restarting(
                     "wait_for_conversation_updates",
                 ));
             }
-            // One last look at the deadline, then say it passed.
-            Polled::TimedOut => owed_acknowledgements(bus, me, None).await?,
         };
-        if owed.is_empty() {
-            return Ok(ConversationWait::timed_out());
-        }
         Ok(ConversationWait::woke(Conversations {
             conversations: owed,
         }))

@@ -1,7 +1,6 @@
 //! `ask_agent`: a question sent as a direct message, then a long poll for
 //! the reply addressed back to the asking window.
 
-use std::convert::Infallible;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -13,7 +12,7 @@ use crate::Bus;
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
 use crate::events::EventKind;
-use crate::store::long_poll::{OnEvent, Polled, answer_if_still_valid, long_poll};
+use crate::store::long_poll::{Rechecked, answer_if_still_valid, recheck_until};
 use crate::store::messaging::messages;
 use crate::store::requests;
 
@@ -112,30 +111,22 @@ pub async fn ask(
             }
         };
         let deadline = Instant::now() + timeout;
-        let polled = long_poll(
-            &mut events,
-            bus,
-            deadline,
-            |_| OnEvent::<Infallible>::Recheck,
-            || messages::answer_to(bus, me, question_id),
-        )
+        let answered_by = recheck_until(&mut events, bus, deadline, || {
+            messages::answer_to(bus, me, question_id)
+        })
         .await?;
-        let answer = match polled {
-            Polled::Found(answer) => answer,
-            Polled::Ended(never) => match never {},
-            Polled::Stopping => return Ok(not_answered_restarting(question_id)),
-            Polled::TimedOut => match messages::answer_to(bus, me, question_id).await? {
-                Some(answer) => answer,
-                None => {
-                    let suggestion = format!(
-                        "No answer within {} s. Call ask_agent again with resume_message_id \
-                         \"{question_id}\" to keep waiting without asking twice, or carry on and look \
-                         for the reply later with read_messages (scope inbox).",
-                        timeout.as_secs()
-                    );
-                    return Ok(not_answered(question_id, suggestion, false));
-                }
-            },
+        let answer = match answered_by {
+            Rechecked::Found(answer) => answer,
+            Rechecked::Stopping => return Ok(not_answered_restarting(question_id)),
+            Rechecked::TimedOut => {
+                let suggestion = format!(
+                    "No answer within {} s. Call ask_agent again with resume_message_id \
+                     \"{question_id}\" to keep waiting without asking twice, or carry on and look \
+                     for the reply later with read_messages (scope inbox).",
+                    timeout.as_secs()
+                );
+                return Ok(not_answered(question_id, suggestion, false));
+            }
         };
         Ok(answered(answer, question_id))
     })
