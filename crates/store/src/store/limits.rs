@@ -35,9 +35,6 @@ pub fn page_limit(requested: Option<i64>, page: Page, hint: &str) -> BusResult<i
     within("limit", limit, 1..=page.max, "", hint)
 }
 
-/// A number that must lie in `range`: refused as `{name} must be between MIN
-/// and MAX{shown}; got V. {hint}`. `shown` says the maximum in words where a
-/// reader would not see it in the number (" (24 h)"); either may be empty.
 /// A page read as `limit + 1` rows: cut to `limit`, and whether there were
 /// more (the answer's `more` / `truncated`).
 pub fn cut_page<T>(rows: &mut Vec<T>, limit: i64) -> bool {
@@ -46,6 +43,9 @@ pub fn cut_page<T>(rows: &mut Vec<T>, limit: i64) -> bool {
     more
 }
 
+/// A number that must lie in `range`: refused as `{name} must be between MIN
+/// and MAX{shown}; got V. {hint}`. `shown` says the maximum in words where a
+/// reader would not see it in the number (" (24 h)"); either may be empty.
 pub fn within<T: PartialOrd + Display + Copy>(
     name: &str,
     value: T,
@@ -65,6 +65,21 @@ pub fn within<T: PartialOrd + Display + Copy>(
     Err(BusError::invalid(format!(
         "{name} must be between {min} and {max}{shown}; got {value}.{hint}"
     )))
+}
+
+/// A span of seconds of at most a day (`ttl_seconds`, `lease_seconds`):
+/// `default` when omitted, refused outside `range` (which ends at a day,
+/// shown as 24 h) as [`within`] words it, with `hint` after.
+pub fn seconds_to_a_day(
+    name: &str,
+    requested: Option<i64>,
+    default: i64,
+    range: RangeInclusive<i64>,
+    hint: &str,
+) -> BusResult<chrono::Duration> {
+    debug_assert_eq!(*range.end(), 86_400, "{name}: the refusal says 24 h");
+    let seconds = within(name, requested.unwrap_or(default), range, " (24 h)", hint)?;
+    Ok(chrono::Duration::seconds(seconds))
 }
 
 /// A byte cap: refused as `{what} is N bytes; the limit is MAX (N KiB). {hint}`

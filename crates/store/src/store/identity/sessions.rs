@@ -64,14 +64,13 @@ pub struct SessionState {
 }
 
 fn check_ttl(ttl_seconds: Option<i64>) -> BusResult<Duration> {
-    let ttl = crate::store::limits::within(
+    crate::store::limits::seconds_to_a_day(
         "ttl_seconds",
-        ttl_seconds.unwrap_or(TTL_DEFAULT_SECS),
+        ttl_seconds,
+        TTL_DEFAULT_SECS,
         TTL_MIN_SECS..=TTL_MAX_SECS,
-        " (24 h)",
         "Omit it for 24 h, and call renew_session before it runs out.",
-    )?;
-    Ok(Duration::seconds(ttl))
+    )
 }
 
 fn usage(credential: &str, label: &str, epoch: i64) -> String {

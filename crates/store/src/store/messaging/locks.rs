@@ -107,16 +107,15 @@ fn check_name_size(name: String) -> BusResult<String> {
 }
 
 fn check_ttl(ttl_seconds: Option<i64>) -> BusResult<Duration> {
-    let ttl = limits::within(
+    limits::seconds_to_a_day(
         "ttl_seconds",
-        ttl_seconds.unwrap_or(TTL_DEFAULT_SECS),
+        ttl_seconds,
+        TTL_DEFAULT_SECS,
         TTL_MIN_SECS..=TTL_MAX_SECS,
-        " (24 h)",
         &format!(
             "Omit it for {TTL_DEFAULT_SECS} s, and acquire again before it runs out to extend it."
         ),
-    )?;
-    Ok(Duration::seconds(ttl))
+    )
 }
 
 fn check_purpose(raw: Option<&str>) -> BusResult<Option<String>> {

@@ -110,14 +110,13 @@ pub(super) fn check_dependencies(key: &str, raw: &[String]) -> BusResult<Vec<Str
 }
 
 pub(super) fn check_lease(lease_seconds: Option<i64>) -> BusResult<Duration> {
-    let lease = limits::within(
+    limits::seconds_to_a_day(
         "lease_seconds",
-        lease_seconds.unwrap_or(LEASE_DEFAULT_SECS),
+        lease_seconds,
+        LEASE_DEFAULT_SECS,
         LEASE_MIN_SECS..=LEASE_MAX_SECS,
-        " (24 h)",
         &format!("Omit it for {LEASE_DEFAULT_SECS} s, and call renew_task_lease while you work."),
-    )?;
-    Ok(Duration::seconds(lease))
+    )
 }
 
 pub(super) fn check_result(result: &str) -> BusResult<()> {

@@ -346,17 +346,16 @@ fn project_phrase(project: &str) -> String {
 }
 
 fn check_ttl(ttl_seconds: Option<i64>) -> BusResult<Duration> {
-    let ttl = limits::within(
+    limits::seconds_to_a_day(
         "ttl_seconds",
-        ttl_seconds.unwrap_or(TTL_DEFAULT_SECS),
+        ttl_seconds,
+        TTL_DEFAULT_SECS,
         TTL_MIN_SECS..=TTL_MAX_SECS,
-        " (24 h)",
         &format!(
             "Omit it for {TTL_DEFAULT_SECS} s (30 min); renew_reservations moves every \
              reservation of this window before it runs out."
         ),
-    )?;
-    Ok(Duration::seconds(ttl))
+    )
 }
 
 fn check_reason(raw: Option<&str>) -> BusResult<Option<String>> {
