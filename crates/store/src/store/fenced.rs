@@ -85,13 +85,18 @@ pub(crate) trait BindCaller<'q>: Sized {
             .bind_value(me.session_credential.map(|w| w.epoch))
     }
 
-    /// The calling window and its credential, as six arguments: team,
-    /// agent, window label, then [`bind_credential`](Self::bind_credential).
-    fn bind_caller(self, me: &'q Identity) -> Self {
+    /// The calling window, as three arguments: team, agent, window label.
+    fn bind_window(self, me: &'q Identity) -> Self {
         self.bind_value(me.team_id)
             .bind_value(me.agent_id)
             .bind_value(&me.window)
-            .bind_credential(me)
+    }
+
+    /// The calling window and its credential, as six arguments:
+    /// [`bind_window`](Self::bind_window), then
+    /// [`bind_credential`](Self::bind_credential).
+    fn bind_caller(self, me: &'q Identity) -> Self {
+        self.bind_window(me).bind_credential(me)
     }
 }
 

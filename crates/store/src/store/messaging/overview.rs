@@ -15,6 +15,7 @@ use uuid::Uuid;
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::BusResult;
+use crate::store::fenced::BindCaller as _;
 use crate::store::messaging::presence::listed;
 use crate::store::messaging::{channels, messages, reservations};
 
@@ -95,9 +96,7 @@ pub async fn whoami(bus: &Bus, me: &Identity) -> BusResult<WhoAmI> {
         )
     });
     let reads: Reads = sqlx::query_as(WHOAMI.as_str())
-        .bind(me.team_id)
-        .bind(me.agent_id)
-        .bind(&me.window)
+        .bind_window(me)
         .bind(messages::UNREAD_COUNT_CAP + 1)
         .fetch_one(&bus.pool)
         .await?;

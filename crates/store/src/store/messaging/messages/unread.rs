@@ -12,6 +12,7 @@ use super::read::UNREAD_COUNT_CAP;
 use crate::Bus;
 use crate::auth::Identity;
 use crate::error::BusResult;
+use crate::store::fenced::BindCaller as _;
 
 /// The direct messages to this window that it has not read yet: those to
 /// this window past both its `inbox` and its `all` cursor (either read
@@ -123,9 +124,7 @@ pub async fn unread_direct_messages(
         view_joins!(),
         " WHERE m.team_id = $1 ORDER BY m.position"
     ))
-    .bind(me.team_id)
-    .bind(me.agent_id)
-    .bind(&me.window)
+    .bind_window(me)
     .bind(limit)
     .fetch_all(&bus.pool)
     .await?)

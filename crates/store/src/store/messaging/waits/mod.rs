@@ -307,9 +307,7 @@ async fn start(bus: &Bus, me: &Identity, wants_messages: bool) -> BusResult<Star
     });
     let window_channel = channels::normalize_name(&me.window).ok();
     let row: Row = sqlx::query_as(START.as_str())
-        .bind(me.team_id)
-        .bind(me.agent_id)
-        .bind(&me.window)
+        .bind_window(me)
         .bind(1_i64)
         .bind(wants_messages)
         .bind(window_channel)
@@ -424,9 +422,7 @@ async fn changes_since(
         )
     });
     let row: Row = sqlx::query_as(CHANGES.as_str())
-        .bind(me.team_id)
-        .bind(me.agent_id)
-        .bind(&me.window)
+        .bind_window(me)
         .bind(1_i64)
         .bind(since)
         .bind(wants(EventKind::Task))
