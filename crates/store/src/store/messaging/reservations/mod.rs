@@ -139,6 +139,15 @@ macro_rules! joined {
 }
 use joined;
 
+/// This window's reservations, as a `WHERE` clause over `path_reservations`:
+/// $1 team, $2 agent, $3 window (`BindCaller::bind_window`).
+macro_rules! of_window {
+    () => {
+        " WHERE team_id = $1 AND holder_agent_id = $2 AND holder_session = $3"
+    };
+}
+use of_window;
+
 /// A reservation `r` whose holder window is still present: not one whose
 /// presence has expired (it left, or stopped beating and was not revived).
 /// Such a window's rows are deleted by the departures worker within half a

@@ -16,7 +16,8 @@ use acs_wire::globs::PathGlob;
 
 use super::{
     Live, PER_PROJECT_MAX, PER_WINDOW_MAX, PROJECT_LOCK, Reservation, Row, WindowPresence,
-    check_reason, check_ttl, live_rows, parse_patterns, parsed, project_phrase, window_presence,
+    check_reason, check_ttl, live_rows, of_window, parse_patterns, parsed, project_phrase,
+    window_presence,
 };
 use crate::auth::Identity;
 use crate::error::{BusError, BusResult};
@@ -269,11 +270,11 @@ async fn refuse_past_caps(
     if new == 0 {
         return Ok(());
     }
-    let window_live: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM path_reservations
-         WHERE team_id = $1 AND holder_agent_id = $2 AND holder_session = $3
-           AND expires_at > now()",
-    )
+    let window_live: i64 = sqlx::query_scalar(concat!(
+        "SELECT count(*) FROM path_reservations",
+        of_window!(),
+        " AND expires_at > now()"
+    ))
     .bind(me.team_id)
     .bind(me.agent_id)
     .bind(&me.window)

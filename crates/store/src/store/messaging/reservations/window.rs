@@ -10,10 +10,11 @@ use serde::Serialize;
 
 use acs_wire::globs::PathGlob;
 
-use super::{Reservation, Row, check_ttl, columns, joined, parse_patterns};
+use super::{Reservation, Row, check_ttl, columns, joined, of_window, parse_patterns};
 use crate::auth::Identity;
 use crate::error::BusResult;
 use crate::events::{BusEvent, EventKind};
+use crate::store::fenced::BindCaller as _;
 use crate::store::identity::sessions;
 use crate::store::requests::Writer;
 
@@ -72,11 +73,11 @@ pub async fn release(
     let (chosen, mut not_held) = match &asked {
         None => (None, Vec::new()),
         Some(asked) => {
-            let held: Vec<String> = sqlx::query_scalar(
-                "SELECT pattern FROM path_reservations
-                 WHERE team_id = $1 AND holder_agent_id = $2 AND holder_session = $3
-                   AND expires_at > now()",
-            )
+            let held: Vec<String> = sqlx::query_scalar(concat!(
+                "SELECT pattern FROM path_reservations",
+                of_window!(),
+                " AND expires_at > now()"
+            ))
             .bind(me.team_id)
             .bind(me.agent_id)
             .bind(&me.window)
@@ -93,15 +94,13 @@ pub async fn release(
             (Some(chosen), not_held)
         }
     };
-    let gone: Vec<(String, bool)> = sqlx::query_as(
-        "DELETE FROM path_reservations
-         WHERE team_id = $1 AND holder_agent_id = $2 AND holder_session = $3
-           AND ($4::text[] IS NULL OR pattern = ANY($4))
-         RETURNING pattern, expires_at > now()",
-    )
-    .bind(me.team_id)
-    .bind(me.agent_id)
-    .bind(&me.window)
+    let gone: Vec<(String, bool)> = sqlx::query_as(concat!(
+        "DELETE FROM path_reservations",
+        of_window!(),
+        " AND ($4::text[] IS NULL OR pattern = ANY($4))
+         RETURNING pattern, expires_at > now()"
+    ))
+    .bind_window(me)
     .bind(&chosen)
     .fetch_all(&mut *tx)
     .await?;
@@ -133,18 +132,16 @@ pub async fn renew(w: &mut Writer, me: &Identity, ttl_seconds: Option<i64>) -> B
     sessions::guard(&mut tx, me).await?;
     let rows: Vec<Row> = sqlx::query_as(concat!(
         "WITH renewed AS (
-             UPDATE path_reservations SET expires_at = now() + $4
-             WHERE team_id = $1 AND holder_agent_id = $2 AND holder_session = $3
-               AND expires_at > now()
+             UPDATE path_reservations SET expires_at = now() + $4",
+        of_window!(),
+        " AND expires_at > now()
              RETURNING *)
          SELECT ",
         columns!(),
         joined!("renewed"),
         " ORDER BY r.project, r.pattern"
     ))
-    .bind(me.team_id)
-    .bind(me.agent_id)
-    .bind(&me.window)
+    .bind_window(me)
     .bind(ttl)
     .fetch_all(&mut *tx)
     .await?;
