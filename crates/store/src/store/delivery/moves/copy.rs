@@ -45,6 +45,12 @@ impl Mover<'_> {
     ) -> BusResult<()> {
         let mut after_seq = 0_i64;
         loop {
+            // Planned with its values each time: this run's items grow from
+            // none to the whole thread while it copies, and a generic plan
+            // made while there were none probed them by walking every item
+            // for each message (the tail's empty page of a 10 000-message
+            // move: 13 ms, or 5 s once in three runs).
+            let mut tx = crate::store::custom_plans(self.pool).await?;
             let page: Vec<Source> = sqlx::query_as(
                 "SELECT m.seq, m.id, m.body, m.body_sha256, m.canonical_locator, m.backend,
                         m.publication_state
@@ -64,8 +70,9 @@ impl Mover<'_> {
             .bind(self.direction.target())
             .bind(self.migration_id)
             .bind(up_to_seq)
-            .fetch_all(self.pool)
+            .fetch_all(&mut *tx)
             .await?;
+            tx.commit().await?;
             let Some(last) = page.last() else {
                 break;
             };

@@ -381,7 +381,9 @@ impl Mover<'_> {
 
     /// One transaction, the conversation row first (M10).
     async fn cut_over(&mut self) -> BusResult<()> {
-        let mut tx = self.pool.begin().await?;
+        // Its statements join the run's items, which grew while it copied:
+        // planned with their values, as the copy's pages are.
+        let mut tx = crate::store::custom_plans(self.pool).await?;
         lock_conversation(&mut tx, self.team_id, self.conversation_id).await?;
         if !run_is_open(&mut tx, self.migration_id).await? {
             return Err(BusError::conflict(
