@@ -58,9 +58,10 @@ pub struct Acked {
     pub note_not_kept: Option<String>,
 }
 
-/// The note an acknowledgement carries (of a conversation message here, of
-/// a direct or channel message in `messaging::acks`): one line, at most
-/// 1 KiB; empty is none. `hint` ends the refusal of a longer one.
+/// The note an acknowledgement carries (of a conversation message, or of a
+/// direct or channel message), checked by `messaging::acks::ack_on` for
+/// both: one line, at most 1 KiB; empty is none. `hint` ends the refusal of
+/// a longer one.
 pub(crate) fn check_note(note: Option<String>, hint: &str) -> BusResult<Option<String>> {
     let note = note
         .map(|n| crate::store::text::one_line("acknowledgement note", &n))
@@ -79,18 +80,15 @@ pub(crate) fn check_note(note: Option<String>, hint: &str) -> BusResult<Option<S
 /// sender's receipt reference on a broker conversation and the audit row.
 /// Reached through `messaging::acks::ack_on`, on its `conn`: inside a
 /// caller's transaction, the acknowledgement commits with what else it
-/// writes (the dashboard's audit row).
-pub async fn ack_on(
+/// writes (the dashboard's audit row). That caller has checked the note
+/// ([`check_note`]) before it knew which kind of message it acknowledges.
+pub(crate) async fn ack_on(
     conn: &mut sqlx::PgConnection,
     me: &Identity,
     message_id: Uuid,
     resolved: bool,
     note: Option<String>,
 ) -> BusResult<Acked> {
-    let note = check_note(
-        note,
-        "Keep the note to a line; reply with send_conversation_message for anything longer.",
-    )?;
     #[derive(serde::Deserialize)]
     struct Stored {
         conversation_id: Option<Uuid>,
