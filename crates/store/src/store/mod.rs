@@ -62,14 +62,12 @@ pub use acs_wire::label::address;
 /// pool forces generic plans (`db::connect`); a rare statement that a generic
 /// plan serves badly (search's words, a team's storage recount, whose
 /// generic plan read 11 times the buffers) runs in one of these instead.
+/// The setting goes with `BEGIN` in one round trip.
 pub async fn custom_plans(
     pool: &sqlx::PgPool,
 ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    sqlx::query("SET LOCAL plan_cache_mode = force_custom_plan")
-        .execute(&mut *tx)
-        .await?;
-    Ok(tx)
+    pool.begin_with("BEGIN; SET LOCAL plan_cache_mode = force_custom_plan")
+        .await
 }
 
 /// How a refusal names a window, so the reader knows exactly who holds what.

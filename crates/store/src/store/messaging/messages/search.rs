@@ -76,7 +76,8 @@ pub async fn search(
         )
     };
     // Planned with its own words: a generic plan cannot tell a word in
-    // every message from a rare one.
+    // every message from a rare one. The statement stays prepared (parsed
+    // once a connection); `force_custom_plan` plans each call anew.
     let mut tx = crate::store::custom_plans(&bus.pool).await?;
     let found = sqlx::query_as(sql)
         .bind(me.team_id)
@@ -87,7 +88,6 @@ pub async fn search(
         .bind(&literals.required)
         .bind(&literals.excluded)
         .bind(SEARCH_CANDIDATES)
-        .persistent(false)
         .fetch_all(&mut *tx)
         .await?;
     tx.commit().await?;
