@@ -1296,33 +1296,25 @@ async fn a_send_rechecks_the_window_inside_its_transaction_with_the_guards_refus
 }
 
 // A send the database declines (here: the sender's seat was `left` when the
-// send got the conversation's lock) is explained afterwards. If what stood in
-// the way was undone in between (the seat active again before the
-// explanation could look), the explanation finds no refusal and the send is
-// tried again and stored, at the next seq with no gap, instead of failing.
+// send ran) is explained afterwards. If what stood in the way was undone in
+// between (the seat active again before the explanation could look), the
+// explanation finds no refusal and the send is tried again and stored, at the
+// next seq with no gap, instead of failing.
+//
+// The order is made by locks, not by timing: a transaction holds the
+// conversation row `FOR KEY SHARE` (as any insert referencing it does). The
+// send's `UPDATE conversations SET last_seq` (FOR NO KEY UPDATE) goes past
+// it and is declined; the explanation's `FOR UPDATE` waits for it. While the
+// explanation waits, that transaction makes the seat active and commits.
 #[tokio::test]
 async fn a_send_declined_for_a_change_undone_before_it_is_explained_is_tried_again() {
     let (app, conv, alice, alice_seat) = alice_and_bob_in_a_conversation().await;
-    // Who waits for a lock, told apart by what they run: the app's workers
-    // share this database, and a worker queued on a row would be counted as
-    // the send or the second writer if waiters were only counted.
-    let waiting_for_a_lock = |pid: Option<i32>, query: &'static str| {
-        sqlx::query_scalar::<_, bool>(
-            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-                             WHERE wait_event_type = 'Lock' AND datname = current_database()
-                               AND ($1::int IS NULL OR pid = $1) AND query LIKE $2)",
-        )
-        .bind(pid)
-        .bind(query)
-        .fetch_one(&app.pool)
-    };
     let set_seat_state = |state: &'static str| {
         sqlx::query("UPDATE conversation_members SET state = $2 WHERE id = $1")
             .bind(alice_seat)
             .bind(state)
     };
-
-    // A writer holds the conversation and has (uncommitted) let alice's seat go.
+    // Alice's seat goes, the way a leave does: under the conversation's lock.
     let mut leaving = app.pool.begin().await.unwrap();
     sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
         .bind(conv)
@@ -1330,37 +1322,38 @@ async fn a_send_declined_for_a_change_undone_before_it_is_explained_is_tried_aga
         .await
         .unwrap();
     set_seat_state("left").execute(&mut *leaving).await.unwrap();
+    leaving.commit().await.unwrap();
 
+    let mut returning = crate::write_fence::hold_row(
+        &app.pool,
+        "SELECT 1 FROM conversations WHERE id = $1 FOR KEY SHARE",
+        conv,
+    )
+    .await;
+    let returning_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *returning)
+        .await
+        .unwrap();
     let meanwhile = async {
-        // The send queues for the lock; a second writer queues behind it.
-        eventually("the send to queue for the lock", async || {
-            waiting_for_a_lock(None, "%store_conversation_message(%")
+        // Only the explanation takes the row FOR UPDATE and so waits for
+        // `returning` (the app's workers share this database: the blocker is
+        // named, and so is the statement).
+        eventually(
+            "the explanation to wait for the conversation's lock",
+            async || {
+                sqlx::query_scalar::<_, bool>(
+                    "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                                 WHERE datname = current_database()
+                                   AND $1 = ANY (pg_blocking_pids(pid))
+                                   AND query LIKE '%FOR UPDATE OF c%')",
+                )
+                .bind(returning_pid)
+                .fetch_one(&app.pool)
                 .await
                 .unwrap()
-        })
+            },
+        )
         .await;
-        let mut returning = app.pool.begin().await.unwrap();
-        let returning_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-            .fetch_one(&mut *returning)
-            .await
-            .unwrap();
-        let take_lock = sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
-            .bind(conv)
-            .execute(&mut *returning);
-        let release_first = async {
-            eventually("a second writer to queue behind the send", async || {
-                waiting_for_a_lock(Some(returning_pid), "%FOR UPDATE%")
-                    .await
-                    .unwrap()
-            })
-            .await;
-            // The send sees the seat `left` and is declined; the second
-            // writer gets the lock next and makes the seat active again
-            // before the explanation (which locks the row too) reads it.
-            leaving.commit().await.unwrap();
-        };
-        let (locked, ()) = tokio::join!(take_lock, release_first);
-        locked.unwrap();
         set_seat_state("active")
             .execute(&mut *returning)
             .await
