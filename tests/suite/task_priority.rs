@@ -343,7 +343,7 @@ async fn an_overseer_re_prioritises_and_cancels_any_unfinished_task_of_the_team(
     let raised = tasks::set_priority(&app.bus, &olga, "waiting", "urgent", Rights::Overseer)
         .await
         .unwrap();
-    assert_eq!(raised.priority, TaskPriority::Urgent);
+    assert_eq!(raised.summary.priority, TaskPriority::Urgent);
     let history = get(&alice, "waiting").await;
     let event = history["events"]
         .as_array()
@@ -394,8 +394,8 @@ async fn an_overseer_re_prioritises_and_cancels_any_unfinished_task_of_the_team(
     assert_eq!(woke["events"][0]["kind"], "task");
     assert_eq!(woke["events"][0]["id"], "held");
     assert_eq!(woke["events"][0]["by"], "olga");
-    assert_eq!(cancelled.task.status.as_str(), "cancelled");
-    assert!(cancelled.task.holder.is_none(), "the lease ended");
+    assert_eq!(cancelled.task.summary.status.as_str(), "cancelled");
+    assert!(cancelled.task.summary.holder.is_none(), "the lease ended");
     assert!(
         cancelled.message.contains("carol/w1"),
         "the answer names the lease that ended: {}",

@@ -110,6 +110,7 @@ pub async fn claim_next_in(
         }
     };
     let expiry = task
+        .summary
         .holder
         .as_ref()
         .map(|h| at(h.lease_expires_at))
@@ -120,7 +121,7 @@ pub async fn claim_next_in(
             "claimed `{}` for this window until {expiry}. renew_task_lease before then if the \
              work takes longer; complete_task with a result when done, or release_task to hand \
              it back.",
-            task.key
+            task.summary.key
         ),
         task: Some(task),
     })

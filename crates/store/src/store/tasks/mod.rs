@@ -103,22 +103,33 @@ impl TaskStatus {
     }
 }
 
-/// A task as `create_task`, `claim_task`, `get_task` and friends return it.
+/// A task as `create_task`, `claim_task`, `get_task` and friends return it:
+/// its [`TaskSummary`] and what a listing leaves out.
 #[derive(Clone, Debug, Serialize)]
 pub struct Task {
+    #[serde(flatten)]
+    pub summary: TaskSummary,
+    pub description: Option<String>,
+    pub metadata: Value,
+    pub depends_on: Vec<String>,
+    pub result: Option<String>,
+    /// Why the task was cancelled (by `cancelled_by`, at `cancelled_at`).
+    pub cancel_reason: Option<String>,
+}
+
+/// A task in a listing: no description, metadata, dependencies or result.
+#[derive(Clone, Debug, Serialize)]
+pub struct TaskSummary {
     pub key: String,
     pub title: String,
     /// A lapsed lease reads `open`.
     pub status: TaskStatus,
     /// `low`, `normal`, `high` or `urgent`: claim_next_task takes the highest first.
     pub priority: TaskPriority,
-    pub description: Option<String>,
-    pub metadata: Value,
     /// The window holding a live claim.
     pub holder: Option<Holder>,
     /// The window whose lease ran out; the task is open to anyone.
     pub lapsed_holder: Option<Holder>,
-    pub depends_on: Vec<String>,
     /// The dependencies not yet done; the task cannot be claimed until empty.
     pub blocked_by: Vec<String>,
     /// The entries of `blocked_by` that were cancelled: they will never be
@@ -129,29 +140,7 @@ pub struct Task {
     pub updated_at: DateTime<Utc>,
     pub completed_by: Option<String>,
     pub completed_at: Option<DateTime<Utc>>,
-    pub result: Option<String>,
-    /// The window that cancelled the task, when it was, and why.
-    pub cancelled_by: Option<String>,
-    pub cancelled_at: Option<DateTime<Utc>>,
-    pub cancel_reason: Option<String>,
-}
-
-/// A task in a listing: no description, metadata or result.
-#[derive(Clone, Debug, Serialize)]
-pub struct TaskSummary {
-    pub key: String,
-    pub title: String,
-    pub status: TaskStatus,
-    pub priority: TaskPriority,
-    pub holder: Option<Holder>,
-    pub lapsed_holder: Option<Holder>,
-    pub blocked_by: Vec<String>,
-    pub blocked_by_cancelled: Vec<String>,
-    pub created_by: String,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
-    pub completed_by: Option<String>,
-    pub completed_at: Option<DateTime<Utc>>,
+    /// The window that cancelled the task, and when.
     pub cancelled_by: Option<String>,
     pub cancelled_at: Option<DateTime<Utc>>,
 }

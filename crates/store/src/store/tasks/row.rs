@@ -166,25 +166,27 @@ impl TaskRow {
         let status = self.effective_status();
         let cancelled_by = self.cancelled_by_address();
         Task {
-            status,
-            priority: TaskPriority::from_rank(self.priority),
-            holder,
-            lapsed_holder,
-            created_by: address(&self.created_by, &self.created_session),
-            completed_by: self.completed_by_address(),
-            key: self.key,
-            title: self.title,
+            summary: TaskSummary {
+                status,
+                priority: TaskPriority::from_rank(self.priority),
+                holder,
+                lapsed_holder,
+                created_by: address(&self.created_by, &self.created_session),
+                completed_by: self.completed_by_address(),
+                key: self.key,
+                title: self.title,
+                blocked_by: self.blocked_by,
+                blocked_by_cancelled: self.blocked_by_cancelled,
+                created_at: self.created_at,
+                updated_at: self.updated_at,
+                completed_at: self.completed_at,
+                cancelled_by,
+                cancelled_at: self.cancelled_at,
+            },
             description: self.description,
             metadata: self.metadata,
             depends_on: self.depends_on,
-            blocked_by: self.blocked_by,
-            blocked_by_cancelled: self.blocked_by_cancelled,
-            created_at: self.created_at,
-            updated_at: self.updated_at,
-            completed_at: self.completed_at,
             result: self.result,
-            cancelled_by,
-            cancelled_at: self.cancelled_at,
             cancel_reason: self.cancel_reason,
         }
     }
@@ -192,24 +194,7 @@ impl TaskRow {
     /// The task as a listing shows it: [`into_task`](Self::into_task) less
     /// the description, metadata, dependencies and result.
     pub(super) fn into_summary(self) -> TaskSummary {
-        let task = self.into_task();
-        TaskSummary {
-            key: task.key,
-            title: task.title,
-            status: task.status,
-            priority: task.priority,
-            holder: task.holder,
-            lapsed_holder: task.lapsed_holder,
-            blocked_by: task.blocked_by,
-            blocked_by_cancelled: task.blocked_by_cancelled,
-            created_by: task.created_by,
-            created_at: task.created_at,
-            updated_at: task.updated_at,
-            completed_by: task.completed_by,
-            completed_at: task.completed_at,
-            cancelled_by: task.cancelled_by,
-            cancelled_at: task.cancelled_at,
-        }
+        self.into_task().summary
     }
 }
 

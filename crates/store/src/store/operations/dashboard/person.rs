@@ -236,8 +236,8 @@ pub async fn create_task(bus: &Bus, me: &Identity, new: NewTask) -> BusResult<Ta
         "dashboard.task_create",
         async |w| tasks::create_in(w, me, new).await,
         |task: &Task| {
-            let detail = json!({ "title": task.title, "priority": task.priority });
-            (task.key.clone(), detail)
+            let detail = json!({ "title": task.summary.title, "priority": task.summary.priority });
+            (task.summary.key.clone(), detail)
         },
     )
     .await
@@ -255,7 +255,12 @@ pub async fn set_task_priority(
         me,
         "dashboard.task_priority",
         async |w| tasks::set_priority_in(w, me, key, priority, Rights::Overseer).await,
-        |task: &Task| (task.key.clone(), json!({ "priority": task.priority })),
+        |task: &Task| {
+            (
+                task.summary.key.clone(),
+                json!({ "priority": task.summary.priority }),
+            )
+        },
     )
     .await
 }
@@ -272,7 +277,12 @@ pub async fn cancel_task(
         me,
         "dashboard.task_cancel",
         async |w| tasks::cancel_with_in(w, me, key, reason, Rights::Overseer).await,
-        |cancelled: &CancelledTask| (cancelled.task.key.clone(), json!({ "reason": reason })),
+        |cancelled: &CancelledTask| {
+            (
+                cancelled.task.summary.key.clone(),
+                json!({ "reason": reason }),
+            )
+        },
     )
     .await
 }
