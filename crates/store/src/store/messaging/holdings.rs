@@ -146,27 +146,56 @@ pub(crate) use holdings_items;
 macro_rules! holdings_columns {
     ($shown:literal) => {
         concat!(
-            "(SELECT count(*) FROM mine_tasks) AS tasks_counted,
-             (SELECT coalesce(jsonb_agg(t ORDER BY t.claimed_at), '[]')
-                FROM (SELECT * FROM mine_tasks ORDER BY claimed_at LIMIT ",
-            $shown,
-            ") t)
-                 AS tasks,
-             (SELECT count(*) FROM mine_locks) AS locks_counted,
-             (SELECT coalesce(jsonb_agg(l ORDER BY l.expires_at), '[]')
-                FROM (SELECT * FROM mine_locks ORDER BY expires_at LIMIT ",
-            $shown,
-            ") l)
-                 AS locks,
-             (SELECT count(*) FROM mine_reservations) AS reservations_counted,
-             (SELECT coalesce(jsonb_agg(r ORDER BY r.expires_at), '[]')
-                FROM (SELECT * FROM mine_reservations ORDER BY expires_at LIMIT ",
-            $shown,
-            ") r) AS reservations"
+            $crate::store::messaging::holdings::counted_and_shown!(
+                "mine_tasks",
+                "claimed_at",
+                $shown,
+                "tasks"
+            ),
+            ", ",
+            $crate::store::messaging::holdings::counted_and_shown!(
+                "mine_locks",
+                "expires_at",
+                $shown,
+                "locks"
+            ),
+            ", ",
+            $crate::store::messaging::holdings::counted_and_shown!(
+                "mine_reservations",
+                "expires_at",
+                $shown,
+                "reservations"
+            )
         )
     };
 }
 pub(crate) use holdings_columns;
+
+/// One kind's two columns: `{$name}_counted`, the rows of `$item`, and
+/// `$name`, its first `$shown` in `$order` as a JSON array.
+macro_rules! counted_and_shown {
+    ($item:literal, $order:literal, $shown:literal, $name:literal) => {
+        concat!(
+            "(SELECT count(*) FROM ",
+            $item,
+            ") AS ",
+            $name,
+            "_counted, ",
+            "(SELECT coalesce(jsonb_agg(x ORDER BY x.",
+            $order,
+            "), '[]') ",
+            "FROM (SELECT * FROM ",
+            $item,
+            " ORDER BY ",
+            $order,
+            " LIMIT ",
+            $shown,
+            ") x) AS ",
+            $name
+        )
+    };
+}
+pub(crate) use counted_and_shown;
 
 /// [`Holdings`] as [`holdings_columns`] reads them.
 #[derive(sqlx::FromRow)]
