@@ -119,10 +119,14 @@ async fn connection(
     let (server_read, server_write) = server.into_split();
     let up = pump(client_read, server_write, mode.clone(), true);
     let down = pump(server_read, client_write, mode, false);
+    // The cut first: a connection cut while bytes wait in its socket must
+    // not forward them when it is next polled, whatever the mode is by then
+    // (a test cuts and then lets replies pass again).
     tokio::select! {
+        biased;
+        _ = cut.changed() => {}
         _ = up => {}
         _ = down => {}
-        _ = cut.changed() => {}
     }
 }
 
